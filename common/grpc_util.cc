@@ -1,0 +1,86 @@
+#include "common/grpc_util.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+
+namespace tessera {
+
+std::string HostOf(const std::string& hp) {
+  if (!hp.empty() && hp[0] == '[') {
+    auto e = hp.find(']');
+    return e == std::string::npos ? hp : hp.substr(1, e - 1);
+  }
+  auto c = hp.rfind(':');
+  return c == std::string::npos ? hp : hp.substr(0, c);
+}
+
+bool IsLoopbackAddress(const std::string& hp) {
+  std::string h = HostOf(hp);
+  return h == "localhost" || h == "::1" || absl::StartsWith(h, "127.");
+}
+
+absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const ChannelOptions& o) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(o.max_message_bytes);
+  args.SetMaxSendMessageSize(o.max_message_bytes);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 20000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  std::shared_ptr<grpc::ChannelCredentials> creds;
+  if (o.insecure) {
+    if (!IsLoopbackAddress(o.address))
+      return absl::InvalidArgumentError(absl::StrCat(
+          "plaintext connections are only allowed to loopback addresses; ", o.address,
+          " is not loopback (give a CA certificate to use TLS)"));
+    creds = grpc::InsecureChannelCredentials();
+  } else {
+    if (o.ca_pem.empty())
+      return absl::InvalidArgumentError(absl::StrCat("no CA certificate to verify ", o.address,
+                                                     " with (--ca-cert or TESSERA_CA_CERT)"));
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = o.ca_pem;
+    creds = grpc::SslCredentials(ssl);
+    if (!o.tls_name_override.empty()) args.SetSslTargetNameOverride(o.tls_name_override);
+  }
+  return grpc::CreateCustomChannel(o.address, creds, args);
+}
+
+void PrepareContext(grpc::ClientContext& ctx, const std::string& token, int64_t timeout_ms) {
+  if (!token.empty()) ctx.AddMetadata("authorization", "Bearer " + token);
+  if (timeout_ms > 0)
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms));
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(const ServerTls& t,
+                                                                              const std::string& listen) {
+  if (t.insecure) {
+    if (!IsLoopbackAddress(listen))
+      return absl::InvalidArgumentError(absl::StrCat(
+          "plaintext serving is only allowed on a loopback address; ", listen, " is not loopback"));
+    return grpc::InsecureServerCredentials();
+  }
+  grpc::SslServerCredentialsOptions ssl;
+  ssl.pem_key_cert_pairs.push_back({t.identity.key_pem, t.identity.cert_pem});
+  return grpc::SslServerCredentials(ssl);
+}
+
+std::string BearerToken(const grpc::ServerContext* ctx) {
+  const auto& md = ctx->client_metadata();
+  auto it = md.find("authorization");
+  if (it == md.end()) return "";
+  std::string v(it->second.data(), it->second.size());
+  if (absl::StartsWithIgnoreCase(v, "bearer ")) return v.substr(7);
+  return "";
+}
+
+void EnableHealthAndReflection() {
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+}
+
+}  // namespace tessera

@@ -1,0 +1,50 @@
+// gRPC plumbing shared by every daemon and client: TLS or loopback-only plaintext
+// channels and servers, bearer-token metadata, and explicit message-size limits
+// (nothing relies on gRPC's 4 MiB default).
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "common/tls.h"
+
+namespace tessera {
+
+inline constexpr int kControlMaxMessageBytes = 16 << 20;   // control-plane RPCs
+inline constexpr int kDataMaxMessageBytes = 1 << 30;       // driver <-> executor batches
+
+struct ChannelOptions {
+  std::string address;           // host:port
+  std::string ca_pem;            // CA to verify the server with (TLS)
+  bool insecure = false;         // plaintext; only allowed for loopback addresses
+  std::string tls_name_override; // verify the server certificate against this name
+  int max_message_bytes = kControlMaxMessageBytes;
+};
+
+// Refuses plaintext to a non-loopback address.
+absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const ChannelOptions& o);
+
+// Sets the bearer token and deadline on a client context.
+void PrepareContext(grpc::ClientContext& ctx, const std::string& token, int64_t timeout_ms);
+
+struct ServerTls {
+  bool insecure = false;  // plaintext; the listen address must be loopback
+  KeyPair identity;       // certificate and key the server presents
+};
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(const ServerTls& t,
+                                                                              const std::string& listen);
+
+// "127.0.0.1:5", "[::1]:5", "localhost:5" -> true.
+bool IsLoopbackAddress(const std::string& host_port);
+std::string HostOf(const std::string& host_port);
+
+// Reads "authorization: Bearer X" from server metadata ("" if absent).
+std::string BearerToken(const grpc::ServerContext* ctx);
+
+// Registers health checking and reflection; call before building any server.
+void EnableHealthAndReflection();
+
+}  // namespace tessera

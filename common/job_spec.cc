@@ -1,0 +1,409 @@
+#include "common/job_spec.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <functional>
+#include <set>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/status.h"
+#include "common/util.h"
+#include "worker/parallel/layout.h"
+
+namespace tessera {
+namespace {
+
+using v1::JobSpec;
+
+absl::Status Bad(const std::string& path, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
+}
+
+std::string Show(const YAML::Node& n) {
+  if (n.IsScalar()) return absl::StrCat("'", n.Scalar(), "'");
+  if (n.IsSequence()) return "a list";
+  if (n.IsMap()) return "a mapping";
+  return "nothing";
+}
+
+absl::Status CheckKeys(const YAML::Node& n, const std::string& path,
+                       const std::set<std::string>& allowed) {
+  if (!n.IsMap()) return Bad(path.empty() ? "job" : path, absl::StrCat("expected a mapping, got ", Show(n)));
+  for (const auto& kv : n) {
+    std::string key = kv.first.Scalar();
+    if (!allowed.count(key)) {
+      return Bad(path.empty() ? key : absl::StrCat(path, ".", key),
+                 absl::StrCat("unknown key; expected one of ", absl::StrJoin(allowed, ", ")));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string Join(const std::string& path, const std::string& key) {
+  return path.empty() ? key : absl::StrCat(path, ".", key);
+}
+
+absl::StatusOr<int64_t> AsInt(const YAML::Node& n, const std::string& path, int64_t lo, int64_t hi) {
+  int64_t v = 0;
+  if (!n.IsScalar() || !absl::SimpleAtoi(n.Scalar(), &v))
+    return Bad(path, absl::StrCat("expected an integer, got ", Show(n)));
+  if (v < lo || v > hi) return Bad(path, absl::StrCat("must be in [", lo, ", ", hi, "], got ", v));
+  return v;
+}
+
+absl::StatusOr<double> AsDouble(const YAML::Node& n, const std::string& path, double lo, double hi) {
+  double v = 0;
+  if (!n.IsScalar() || !absl::SimpleAtod(n.Scalar(), &v))
+    return Bad(path, absl::StrCat("expected a number, got ", Show(n)));
+  if (!(v >= lo && v <= hi)) return Bad(path, absl::StrCat("must be in [", lo, ", ", hi, "], got ", v));
+  return v;
+}
+
+absl::StatusOr<bool> AsBool(const YAML::Node& n, const std::string& path) {
+  if (n.IsScalar()) {
+    std::string s = absl::AsciiStrToLower(n.Scalar());
+    if (s == "true" || s == "yes" || s == "on" || s == "1") return true;
+    if (s == "false" || s == "no" || s == "off" || s == "0") return false;
+  }
+  return Bad(path, absl::StrCat("expected true or false, got ", Show(n)));
+}
+
+absl::StatusOr<std::string> AsString(const YAML::Node& n, const std::string& path) {
+  if (!n.IsScalar()) return Bad(path, absl::StrCat("expected a string, got ", Show(n)));
+  return n.Scalar();
+}
+
+absl::StatusOr<std::vector<std::string>> AsStringList(const YAML::Node& n, const std::string& path) {
+  std::vector<std::string> out;
+  if (n.IsScalar()) {  // a single value or a comma-separated list, for --set convenience
+    for (auto s : absl::StrSplit(n.Scalar(), ',', absl::SkipWhitespace()))
+      out.emplace_back(absl::StripAsciiWhitespace(s));
+    return out;
+  }
+  if (!n.IsSequence()) return Bad(path, absl::StrCat("expected a list, got ", Show(n)));
+  for (size_t i = 0; i < n.size(); ++i) {
+    TESSERA_ASSIGN_OR_RETURN(auto s, AsString(n[i], absl::StrCat(path, "[", i, "]")));
+    out.push_back(s);
+  }
+  return out;
+}
+
+#define ASSIGN_INT(field, node, path, lo, hi)                  \
+  do {                                                         \
+    TESSERA_ASSIGN_OR_RETURN(auto _v, AsInt(node, path, lo, hi)); \
+    field(_v);                                                 \
+  } while (0)
+
+absl::Status ParseLayout(const YAML::Node& n, const std::string& path, v1::ParallelLayout* l) {
+  TESSERA_RETURN_IF_ERROR(CheckKeys(n, path, {"tp", "cp", "dp", "pp", "vpp", "sp", "zero"}));
+  for (const auto& kv : n) {
+    std::string k = kv.first.Scalar(), p = Join(path, k);
+    const YAML::Node& v = kv.second;
+    if (k == "tp") ASSIGN_INT(l->set_tp, v, p, 1, 1024);
+    else if (k == "cp") ASSIGN_INT(l->set_cp, v, p, 1, 1024);
+    else if (k == "dp") ASSIGN_INT(l->set_dp, v, p, 1, 65536);
+    else if (k == "pp") ASSIGN_INT(l->set_pp, v, p, 1, 1024);
+    else if (k == "vpp") ASSIGN_INT(l->set_vpp, v, p, 1, 1024);
+    else if (k == "zero") ASSIGN_INT(l->set_zero, v, p, 0, 3);
+    else if (k == "sp") {
+      TESSERA_ASSIGN_OR_RETURN(bool b, AsBool(v, p));
+      l->set_sp(b);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseModel(const YAML::Node& n, const std::string& path, v1::ModelShape* m) {
+  TESSERA_RETURN_IF_ERROR(CheckKeys(n, path, {"num_layers", "num_heads", "num_kv_heads", "vocab_size",
+                                              "seq_len", "global_batch", "micro_batch", "hidden"}));
+  const int64_t kMax = 1 << 30;
+  for (const auto& kv : n) {
+    std::string k = kv.first.Scalar(), p = Join(path, k);
+    const YAML::Node& v = kv.second;
+    if (k == "num_layers") ASSIGN_INT(m->set_num_layers, v, p, 1, kMax);
+    else if (k == "num_heads") ASSIGN_INT(m->set_num_heads, v, p, 1, kMax);
+    else if (k == "num_kv_heads") ASSIGN_INT(m->set_num_kv_heads, v, p, 1, kMax);
+    else if (k == "vocab_size") ASSIGN_INT(m->set_vocab_size, v, p, 1, kMax);
+    else if (k == "seq_len") ASSIGN_INT(m->set_seq_len, v, p, 1, kMax);
+    else if (k == "global_batch") ASSIGN_INT(m->set_global_batch, v, p, 1, kMax);
+    else if (k == "micro_batch") ASSIGN_INT(m->set_micro_batch, v, p, 1, kMax);
+    else if (k == "hidden") ASSIGN_INT(m->set_hidden, v, p, 1, kMax);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseGroup(const YAML::Node& n, const std::string& path, v1::GroupSpec* g) {
+  TESSERA_RETURN_IF_ERROR(CheckKeys(
+      n, path, {"name", "role", "devices", "device", "placement", "colocate_with", "layout"}));
+  for (const auto& kv : n) {
+    std::string k = kv.first.Scalar(), p = Join(path, k);
+    const YAML::Node& v = kv.second;
+    if (k == "name") {
+      TESSERA_ASSIGN_OR_RETURN(auto s, AsString(v, p));
+      g->set_name(s);
+    } else if (k == "role") {
+      TESSERA_ASSIGN_OR_RETURN(auto s, AsString(v, p));
+      g->set_role(s);
+    } else if (k == "devices") {
+      ASSIGN_INT(g->set_devices, v, p, 1, 65536);
+    } else if (k == "device") {
+      TESSERA_ASSIGN_OR_RETURN(auto s, AsString(v, p));
+      s = absl::AsciiStrToLower(s);
+      if (s == "cpu") g->set_device_type(v1::CPU);
+      else if (s == "gpu" || s == "cuda") g->set_device_type(v1::GPU);
+      else return Bad(p, absl::StrCat("expected cpu or gpu, got '", s, "'"));
+    } else if (k == "placement") {
+      TESSERA_ASSIGN_OR_RETURN(auto s, AsString(v, p));
+      s = absl::AsciiStrToLower(s);
+      if (s == "pack") g->set_placement(v1::PACK);
+      else if (s == "spread") g->set_placement(v1::SPREAD);
+      else return Bad(p, absl::StrCat("expected pack or spread, got '", s, "'"));
+    } else if (k == "colocate_with") {
+      TESSERA_ASSIGN_OR_RETURN(auto s, AsString(v, p));
+      g->set_colocate_with(s);
+    } else if (k == "layout") {
+      TESSERA_RETURN_IF_ERROR(ParseLayout(v, p, g->mutable_layout()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseCommCheck(const YAML::Node& n, const std::string& path, v1::CommCheckSpec* c) {
+  TESSERA_RETURN_IF_ERROR(CheckKeys(n, path, {"sizes", "iters", "warmup", "dtype", "collectives", "groups"}));
+  for (const auto& kv : n) {
+    std::string k = kv.first.Scalar(), p = Join(path, k);
+    const YAML::Node& v = kv.second;
+    if (k == "sizes") {
+      TESSERA_ASSIGN_OR_RETURN(auto list, AsStringList(v, p));
+      for (size_t i = 0; i < list.size(); ++i) {
+        auto b = ParseBytes(list[i]);
+        if (!b.ok()) return Bad(absl::StrCat(p, "[", i, "]"), b.status().message());
+        c->add_sizes_bytes(*b);
+      }
+    } else if (k == "iters") {
+      ASSIGN_INT(c->set_iters, v, p, 1, 100000);
+    } else if (k == "warmup") {
+      ASSIGN_INT(c->set_warmup, v, p, 0, 100000);
+    } else if (k == "dtype") {
+      TESSERA_ASSIGN_OR_RETURN(auto s, AsString(v, p));
+      c->set_dtype(s);
+    } else if (k == "collectives") {
+      TESSERA_ASSIGN_OR_RETURN(auto list, AsStringList(v, p));
+      for (auto& s : list) c->add_collectives(s);
+    } else if (k == "groups") {
+      TESSERA_ASSIGN_OR_RETURN(auto list, AsStringList(v, p));
+      for (auto& s : list) c->add_groups(s);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseJob(const YAML::Node& root, JobSpec* spec) {
+  TESSERA_RETURN_IF_ERROR(CheckKeys(root, "", {"name", "kind", "groups", "max_restarts", "restart_backoff_s",
+                                               "model", "comm_check", "collective_timeout_s",
+                                               "start_timeout_s", "env"}));
+  for (const auto& kv : root) {
+    std::string k = kv.first.Scalar();
+    const YAML::Node& v = kv.second;
+    if (k == "name") {
+      TESSERA_ASSIGN_OR_RETURN(auto s, AsString(v, k));
+      spec->set_name(s);
+    } else if (k == "kind") {
+      TESSERA_ASSIGN_OR_RETURN(auto s, AsString(v, k));
+      spec->set_kind(s);
+    } else if (k == "groups") {
+      if (!v.IsSequence()) return Bad(k, absl::StrCat("expected a list of worker groups, got ", Show(v)));
+      for (size_t i = 0; i < v.size(); ++i)
+        TESSERA_RETURN_IF_ERROR(ParseGroup(v[i], absl::StrCat("groups[", i, "]"), spec->add_groups()));
+    } else if (k == "max_restarts") {
+      ASSIGN_INT(spec->set_max_restarts, v, k, 0, 1000);
+    } else if (k == "restart_backoff_s") {
+      TESSERA_ASSIGN_OR_RETURN(double d, AsDouble(v, k, 0, 3600));
+      spec->set_restart_backoff_s(d);
+    } else if (k == "model") {
+      TESSERA_RETURN_IF_ERROR(ParseModel(v, k, spec->mutable_model()));
+    } else if (k == "comm_check") {
+      TESSERA_RETURN_IF_ERROR(ParseCommCheck(v, k, spec->mutable_comm_check()));
+    } else if (k == "collective_timeout_s") {
+      TESSERA_ASSIGN_OR_RETURN(double d, AsDouble(v, k, 0.1, 86400));
+      spec->set_collective_timeout_ms(static_cast<int64_t>(d * 1000));
+    } else if (k == "start_timeout_s") {
+      TESSERA_ASSIGN_OR_RETURN(double d, AsDouble(v, k, 1, 86400));
+      spec->set_start_timeout_ms(static_cast<int64_t>(d * 1000));
+    } else if (k == "env") {
+      if (!v.IsMap()) return Bad(k, absl::StrCat("expected a mapping of NAME: value, got ", Show(v)));
+      for (const auto& e : v) {
+        TESSERA_ASSIGN_OR_RETURN(auto val, AsString(e.second, Join(k, e.first.Scalar())));
+        (*spec->mutable_env())[e.first.Scalar()] = val;
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ApplyOverride(YAML::Node& root, const std::string& ov) {
+  auto eq = ov.find('=');
+  if (eq == std::string::npos || eq == 0)
+    return absl::InvalidArgumentError(absl::StrCat("--set '", ov, "': expected key=value"));
+  std::string key = ov.substr(0, eq), value = ov.substr(eq + 1);
+  YAML::Node parsed;
+  try {
+    parsed = YAML::Load(value);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("--set ", key, ": cannot parse value: ", e.what()));
+  }
+  std::vector<std::string> parts = absl::StrSplit(key, '.');
+  // yaml-cpp nodes are reference-like; walk with a stack of nodes.
+  std::function<absl::Status(YAML::Node, size_t)> walk = [&](YAML::Node n, size_t i) -> absl::Status {
+    const std::string& part = parts[i];
+    bool last = i + 1 == parts.size();
+    if (n.IsSequence()) {
+      size_t idx = 0;
+      if (!absl::SimpleAtoi(part, &idx) || idx >= n.size())
+        return absl::InvalidArgumentError(absl::StrCat("--set ", key, ": '", part, "' is not an index of a list of ", n.size()));
+      if (last) { n[idx] = parsed; return absl::OkStatus(); }
+      return walk(n[idx], i + 1);
+    }
+    if (!n.IsMap() && !n.IsNull())
+      return absl::InvalidArgumentError(absl::StrCat("--set ", key, ": '", part, "' is under a scalar"));
+    if (last) { n[part] = parsed; return absl::OkStatus(); }
+    YAML::Node child = n[part];
+    if (!child.IsDefined() || child.IsNull()) { n[part] = YAML::Node(YAML::NodeType::Map); child = n[part]; }
+    return walk(child, i + 1);
+  };
+  return walk(root, 0);
+}
+
+}  // namespace
+
+absl::StatusOr<JobSpec> ParseJobSpecYaml(absl::string_view yaml, const std::vector<std::string>& overrides) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(std::string(yaml));
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("job file is not valid YAML: ", e.what()));
+  }
+  if (root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
+  for (const auto& ov : overrides) TESSERA_RETURN_IF_ERROR(ApplyOverride(root, ov));
+  JobSpec spec;
+  try {
+    TESSERA_RETURN_IF_ERROR(ParseJob(root, &spec));
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("job file: ", e.what()));
+  }
+  return spec;
+}
+
+bool IsRunnableKind(absl::string_view kind) { return kind == "comm-check"; }
+
+namespace {
+bool ValidName(const std::string& s) {
+  if (s.empty() || s.size() > 63) return false;
+  for (char c : s)
+    if (!(absl::ascii_isalnum(c) || c == '-' || c == '_' || c == '.')) return false;
+  return true;
+}
+}  // namespace
+
+absl::Status NormalizeAndValidateJobSpec(JobSpec& spec) {
+  if (spec.name().empty()) return Bad("name", "is required");
+  if (!ValidName(spec.name()))
+    return Bad("name", absl::StrCat("'", spec.name(), "' must be 1-63 characters of letters, digits, '-', '_' or '.'"));
+  static const std::set<std::string> kKnown = {"comm-check", "pretrain", "sft", "grpo", "ppo", "generate", "evaluate"};
+  if (spec.kind().empty()) return Bad("kind", "is required (e.g. comm-check)");
+  if (!kKnown.count(spec.kind()))
+    return Bad("kind", absl::StrCat("unknown kind '", spec.kind(), "'; expected one of ", absl::StrJoin(kKnown, ", ")));
+  if (!IsRunnableKind(spec.kind()))
+    return absl::UnimplementedError(absl::StrCat("kind: '", spec.kind(), "' jobs are not available in this build yet; available: comm-check"));
+  if (spec.groups_size() == 0) return Bad("groups", "at least one worker group is required");
+  std::set<std::string> names;
+  for (int i = 0; i < spec.groups_size(); ++i) {
+    auto* g = spec.mutable_groups(i);
+    std::string p = absl::StrCat("groups[", i, "]");
+    if (!ValidName(g->name())) return Bad(p + ".name", absl::StrCat("'", g->name(), "' must be 1-63 characters of letters, digits, '-', '_' or '.'"));
+    if (!names.insert(g->name()).second) return Bad(p + ".name", absl::StrCat("duplicate group name '", g->name(), "'"));
+    if (g->devices() < 1) return Bad(p + ".devices", "is required and must be >= 1");
+    if (g->device_type() == v1::DEVICE_TYPE_UNSPECIFIED) g->set_device_type(v1::CPU);
+    if (g->placement() == v1::PLACEMENT_UNSPECIFIED) g->set_placement(v1::PACK);
+    if (g->role().empty()) g->set_role("worker");
+    auto* l = g->mutable_layout();
+    for (auto [get, set] : {std::pair{&v1::ParallelLayout::tp, &v1::ParallelLayout::set_tp},
+                            std::pair{&v1::ParallelLayout::cp, &v1::ParallelLayout::set_cp},
+                            std::pair{&v1::ParallelLayout::pp, &v1::ParallelLayout::set_pp},
+                            std::pair{&v1::ParallelLayout::vpp, &v1::ParallelLayout::set_vpp}})
+      if ((l->*get)() == 0) (l->*set)(1);
+    if (l->dp() == 0) {
+      int mp = l->tp() * l->cp() * l->pp();
+      if (g->devices() % mp != 0)
+        return Bad(p + ".layout", absl::StrCat("devices=", g->devices(), " is not divisible by tp*cp*pp = ", mp,
+                                               ", so dp cannot be derived"));
+      l->set_dp(g->devices() / mp);
+    }
+    parallel::Layout pl{l->tp(), l->cp(), l->dp(), l->pp(), l->vpp(), l->sp(), l->zero()};
+    const auto& m = spec.model();
+    parallel::ModelShape ms{m.num_layers(), m.num_heads(), m.num_kv_heads(), m.vocab_size(),
+                            m.seq_len(), m.global_batch(), m.micro_batch()};
+    auto st = parallel::ValidateLayout(pl, g->devices(), ms);
+    if (!st.ok()) return Bad(p, st.message());
+  }
+  for (int i = 0; i < spec.groups_size(); ++i) {
+    const auto& g = spec.groups(i);
+    if (g.colocate_with().empty()) continue;
+    std::string p = absl::StrCat("groups[", i, "].colocate_with");
+    const v1::GroupSpec* target = nullptr;
+    for (const auto& o : spec.groups()) if (o.name() == g.colocate_with()) target = &o;
+    if (!target) return Bad(p, absl::StrCat("no group named '", g.colocate_with(), "'"));
+    if (target == &g) return Bad(p, "a group cannot colocate with itself");
+    if (!target->colocate_with().empty())
+      return Bad(p, absl::StrCat("'", target->name(), "' is itself colocated; colocate with '", target->colocate_with(), "' instead"));
+    if (target->devices() != g.devices() || target->device_type() != g.device_type())
+      return Bad(p, absl::StrCat("group '", g.name(), "' has ", g.devices(), " devices but '", target->name(),
+                                 "' has ", target->devices(), "; colocated groups share the same devices"));
+  }
+  if (spec.kind() == "comm-check") {
+    auto* c = spec.mutable_comm_check();
+    if (c->sizes_bytes_size() == 0) for (int64_t s : {4096LL, 1LL << 20, 16LL << 20}) c->add_sizes_bytes(s);
+    for (int i = 0; i < c->sizes_bytes_size(); ++i)
+      if (c->sizes_bytes(i) < 4 || c->sizes_bytes(i) > (8LL << 30))
+        return Bad(absl::StrCat("comm_check.sizes[", i, "]"), absl::StrCat("must be between 4 bytes and 8GiB, got ", c->sizes_bytes(i)));
+    if (c->iters() == 0) c->set_iters(5);
+    if (c->dtype().empty()) c->set_dtype("f32");
+    if (c->dtype() != "f32" && c->dtype() != "i32" && c->dtype() != "bf16")
+      return Bad("comm_check.dtype", absl::StrCat("expected f32, bf16 or i32, got '", c->dtype(), "'"));
+    static const std::set<std::string> kColl = {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv"};
+    if (c->collectives_size() == 0) for (auto& s : kColl) c->add_collectives(s);
+    for (int i = 0; i < c->collectives_size(); ++i)
+      if (!kColl.count(c->collectives(i)))
+        return Bad(absl::StrCat("comm_check.collectives[", i, "]"),
+                   absl::StrCat("unknown collective '", c->collectives(i), "'; expected one of ", absl::StrJoin(kColl, ", ")));
+    for (int i = 0; i < c->groups_size(); ++i) {
+      auto k = parallel::ParseGroupKind(c->groups(i));
+      if (!k.ok()) return Bad(absl::StrCat("comm_check.groups[", i, "]"), k.status().message());
+    }
+  }
+  static const std::set<std::string> kEnvAllowed = {"NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_ALGO", "NCCL_PROTO",
+                                                    "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS", "NCCL_BUFFSIZE",
+                                                    "OMP_NUM_THREADS"};
+  for (const auto& [k, v] : spec.env())
+    if (!kEnvAllowed.count(k))
+      return Bad(absl::StrCat("env.", k), absl::StrCat("not an allowed variable; allowed: ", absl::StrJoin(kEnvAllowed, ", ")));
+  if (spec.restart_backoff_s() == 0) spec.set_restart_backoff_s(1.0);
+  if (spec.collective_timeout_ms() == 0) spec.set_collective_timeout_ms(120000);
+  if (spec.start_timeout_ms() == 0) spec.set_start_timeout_ms(120000);
+  return absl::OkStatus();
+}
+
+std::string JobStateName(v1::JobState s) {
+  std::string n = v1::JobState_Name(s);
+  return n.empty() ? "UNKNOWN" : n;
+}
+
+bool IsTerminal(v1::JobState s) {
+  return s == v1::SUCCEEDED || s == v1::FAILED || s == v1::STOPPED;
+}
+
+}  // namespace tessera

@@ -1,0 +1,36 @@
+// Job files: YAML <-> tessera.v1.JobSpec, `--set key=value` overrides, and the
+// validation every submitted spec goes through (client side before submit, and
+// again in the controller, which never trusts a client).
+//
+// Errors are INVALID_ARGUMENT and name the field by its path, e.g.
+//   groups[0].layout.tp: expected an integer, got 'two'
+#pragma once
+
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "tessera/v1/common.pb.h"
+
+namespace tessera {
+
+// Parses a job file. `overrides` are "dotted.path=value" strings applied to the
+// YAML tree before conversion; list items are addressed by index
+// ("groups.0.devices=4") and values are parsed as YAML ("comm_check.sizes=[1KiB,1MiB]").
+// Unknown keys and wrong types are errors.
+absl::StatusOr<v1::JobSpec> ParseJobSpecYaml(absl::string_view yaml,
+                                             const std::vector<std::string>& overrides = {});
+
+// Fills defaults (placement PACK, layout dims of 1, dp derived from the device
+// count, comm-check sizes) and checks every rule that needs no cluster knowledge:
+// names, kinds, device counts, colocation, and the layout rules of DESIGN §3.
+absl::Status NormalizeAndValidateJobSpec(v1::JobSpec& spec);
+
+// The job kinds this build can run.
+bool IsRunnableKind(absl::string_view kind);
+
+std::string JobStateName(v1::JobState s);
+bool IsTerminal(v1::JobState s);
+
+}  // namespace tessera

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs every build and test dependency of Tessera from Debian/Ubuntu packages.
+# Idempotent; run as root (or with sudo available) on Debian 12 or Ubuntu 24.04.
+# CUDA is not installed here: where /usr/local/cuda/bin/nvcc (or nvcc on PATH) exists,
+# the CUDA targets build; without it the CPU-only build is used.
+set -euo pipefail
+
+pkgs=(
+  build-essential cmake ninja-build pkg-config git ca-certificates openssl
+  protobuf-compiler libprotobuf-dev protobuf-compiler-grpc libgrpc++-dev libgrpc-dev
+  libabsl-dev libgloo-dev libyaml-cpp-dev nlohmann-json3-dev libsqlite3-dev
+  prometheus-cpp-dev libopenblas-dev libspdlog-dev libfmt-dev libcli11-dev libssl-dev
+  libgtest-dev libgmock-dev googletest libbenchmark-dev zlib1g-dev
+  curl procps iproute2
+)
+
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup: all ${#pkgs[@]} packages already installed"
+  exit 0
+fi
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+echo "setup: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -1,0 +1,106 @@
+#include "common/job_spec.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace tessera {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr char kGood[] = R"(
+name: cc
+kind: comm-check
+max_restarts: 2
+groups:
+  - name: workers
+    devices: 8
+    device: cpu
+    layout: {tp: 2, pp: 2}
+comm_check:
+  sizes: [4KiB, 1MiB]
+  iters: 3
+)";
+
+TEST(JobSpec, ParsesAndDerivesDp) {
+  auto spec = ParseJobSpecYaml(kGood);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ASSERT_TRUE(NormalizeAndValidateJobSpec(*spec).ok());
+  EXPECT_EQ(spec->max_restarts(), 2);
+  EXPECT_EQ(spec->groups(0).layout().dp(), 2);
+  EXPECT_EQ(spec->groups(0).layout().cp(), 1);
+  EXPECT_EQ(spec->groups(0).placement(), v1::PACK);
+  EXPECT_EQ(spec->comm_check().sizes_bytes(1), 1 << 20);
+  EXPECT_EQ(spec->comm_check().collectives_size(), 5);
+}
+
+TEST(JobSpec, OverridesApply) {
+  auto spec = ParseJobSpecYaml(kGood, {"groups.0.devices=4", "comm_check.sizes=[64]", "max_restarts=0",
+                                       "groups.0.layout.pp=1"});
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->groups(0).devices(), 4);
+  EXPECT_EQ(spec->comm_check().sizes_bytes(0), 64);
+  EXPECT_EQ(spec->max_restarts(), 0);
+  ASSERT_TRUE(NormalizeAndValidateJobSpec(*spec).ok());
+  EXPECT_EQ(spec->groups(0).layout().dp(), 2);
+}
+
+absl::Status ParseAndValidate(const std::string& yaml, std::vector<std::string> ov = {}) {
+  auto spec = ParseJobSpecYaml(yaml, ov);
+  if (!spec.ok()) return spec.status();
+  return NormalizeAndValidateJobSpec(*spec);
+}
+
+TEST(JobSpec, BadInputNamesTheField) {
+  struct Case {
+    std::vector<std::string> ov;
+    std::string want;
+  } cases[] = {
+      {{"groups.0.layout.tp=two"}, "groups[0].layout.tp: expected an integer, got 'two'"},
+      {{"groups.0.colour=red"}, "groups[0].colour: unknown key"},
+      {{"bogus=1"}, "bogus: unknown key"},
+      {{"groups.0.devices=6", "groups.0.layout.dp=2"}, "groups[0]: layout: the group has 6 devices but tp*cp*dp*pp = 2*1*2*2 = 8"},
+      {{"groups.0.device=tpu"}, "groups[0].device: expected cpu or gpu, got 'tpu'"},
+      {{"comm_check.sizes=[1XB]"}, "comm_check.sizes[0]: '1XB': unknown unit"},
+      {{"comm_check.collectives=[all_to_all]"}, "unknown collective 'all_to_all'"},
+      {{"kind=dance"}, "kind: unknown kind 'dance'"},
+      {{"name=has space"}, "name: 'has space' must be"},
+      {{"max_restarts=-1"}, "max_restarts: must be in [0, 1000], got -1"},
+      {{"groups.0.layout.vpp=2", "groups.0.layout.pp=1"}, "requires pp >= 2"},
+      {{"groups.0.layout.sp=true", "groups.0.layout.tp=1"}, "sp (sequence parallel) requires tp > 1"},
+      {{"groups.0.layout.zero=5"}, "groups[0].layout.zero: must be in [0, 3], got 5"},
+      {{"model.num_layers=3"}, "num_layers=3 is not divisible by pp*vpp = 2*1 = 2"},
+      {{"model.global_batch=5"}, "global_batch=5 is not divisible by dp*micro_batch = 2*1 = 2"},
+      {{"env.LD_PRELOAD=x"}, "env.LD_PRELOAD: not an allowed variable"},
+      {{"groups.1.name=x"}, "--set groups.1.name: '1' is not an index of a list of 1"},
+  };
+  for (const auto& c : cases) {
+    auto st = ParseAndValidate(kGood, c.ov);
+    EXPECT_FALSE(st.ok()) << c.want;
+    EXPECT_THAT(std::string(st.message()), HasSubstr(c.want));
+  }
+  EXPECT_THAT(std::string(ParseAndValidate("name: [unclosed").message()), HasSubstr("not valid YAML"));
+  EXPECT_THAT(std::string(ParseAndValidate("- a list").message()), HasSubstr("expected a mapping"));
+  EXPECT_EQ(ParseAndValidate(kGood, {"kind=sft"}).code(), absl::StatusCode::kUnimplemented);
+}
+
+TEST(JobSpec, Colocation) {
+  auto spec = ParseJobSpecYaml(kGood);
+  ASSERT_TRUE(spec.ok());
+  auto* g = spec->add_groups();
+  g->set_name("rollout");
+  g->set_devices(8);
+  g->set_colocate_with("workers");
+  EXPECT_TRUE(NormalizeAndValidateJobSpec(*spec).ok());
+  g->set_devices(4);
+  g->mutable_layout()->set_dp(0);
+  auto st = NormalizeAndValidateJobSpec(*spec);
+  EXPECT_THAT(std::string(st.message()), HasSubstr("groups[1].colocate_with: group 'rollout' has 4 devices but 'workers' has 8"));
+  g->set_devices(8);
+  g->mutable_layout()->set_dp(0);
+  g->set_colocate_with("nobody");
+  EXPECT_THAT(std::string(NormalizeAndValidateJobSpec(*spec).message()), HasSubstr("no group named 'nobody'"));
+}
+
+}  // namespace
+}  // namespace tessera

@@ -1,0 +1,151 @@
+#include "worker/parallel/layout.h"
+
+#include <algorithm>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace tessera::parallel {
+
+std::string Layout::ToString() const {
+  return absl::StrFormat("tp=%d cp=%d dp=%d pp=%d vpp=%d sp=%d zero=%d", tp, cp, dp, pp, vpp,
+                         sp ? 1 : 0, zero);
+}
+
+absl::Status ValidateLayout(const Layout& l, int world, const ModelShape& m) {
+  auto bad = [](auto&&... args) { return absl::InvalidArgumentError(absl::StrCat(args...)); };
+  if (l.tp < 1 || l.cp < 1 || l.dp < 1 || l.pp < 1 || l.vpp < 1)
+    return bad("layout: tp, cp, dp, pp and vpp must each be >= 1, got ", l.ToString());
+  if (world != l.world())
+    return bad("layout: the group has ", world, " devices but tp*cp*dp*pp = ", l.tp, "*", l.cp,
+               "*", l.dp, "*", l.pp, " = ", l.world());
+  if (l.vpp > 1 && l.pp < 2)
+    return bad("layout: vpp=", l.vpp, " (virtual pipeline stages) requires pp >= 2, got pp=", l.pp);
+  if (l.sp && l.tp < 2) return bad("layout: sp (sequence parallel) requires tp > 1, got tp=", l.tp);
+  if (l.zero < 0 || l.zero > 3) return bad("layout: zero must be 0, 1, 2 or 3, got ", l.zero);
+  if (m.num_layers > 0 && m.num_layers % (l.pp * l.vpp) != 0)
+    return bad("model.num_layers=", m.num_layers, " is not divisible by pp*vpp = ", l.pp, "*",
+               l.vpp, " = ", l.pp * l.vpp);
+  if (m.global_batch > 0) {
+    int mb = m.micro_batch > 0 ? m.micro_batch : 1;
+    if (m.global_batch % (l.dp * mb) != 0)
+      return bad("model.global_batch=", m.global_batch, " is not divisible by dp*micro_batch = ",
+                 l.dp, "*", mb, " = ", l.dp * mb);
+  }
+  if (m.num_heads > 0 && m.num_heads % l.tp != 0)
+    return bad("model.num_heads=", m.num_heads, " is not divisible by tp=", l.tp);
+  if (m.num_kv_heads > 0 && m.num_kv_heads % l.tp != 0 && l.tp % m.num_kv_heads != 0)
+    return bad("model.num_kv_heads=", m.num_kv_heads, " must be divisible by tp=", l.tp,
+               " (or divide it, so that KV heads are replicated)");
+  if (m.seq_len > 0) {
+    if (l.sp && m.seq_len % l.tp != 0)
+      return bad("model.seq_len=", m.seq_len, " is not divisible by tp=", l.tp,
+                 " (required by sequence parallelism)");
+    if (l.cp > 1 && m.seq_len % (2 * l.cp) != 0)
+      return bad("model.seq_len=", m.seq_len, " is not divisible by 2*cp = ", 2 * l.cp,
+                 " (load-balanced causal context parallelism)");
+  }
+  // vocab_size is padded up to a multiple of tp by the model; nothing to reject.
+  return absl::OkStatus();
+}
+
+Coords CoordsOf(const Layout& l, int rank) {
+  Coords c;
+  c.tp = rank % l.tp;
+  rank /= l.tp;
+  c.cp = rank % l.cp;
+  rank /= l.cp;
+  c.dp = rank % l.dp;
+  rank /= l.dp;
+  c.pp = rank;
+  return c;
+}
+
+int RankOf(const Layout& l, const Coords& c) {
+  return c.tp + l.tp * (c.cp + l.cp * (c.dp + l.dp * c.pp));
+}
+
+const char* GroupKindName(GroupKind kind) {
+  switch (kind) {
+    case GroupKind::kTp: return "tp";
+    case GroupKind::kCp: return "cp";
+    case GroupKind::kDp: return "dp";
+    case GroupKind::kPp: return "pp";
+    case GroupKind::kDpCp: return "dp_cp";
+    case GroupKind::kMp: return "mp";
+    case GroupKind::kEmbedding: return "embedding";
+    case GroupKind::kWorld: return "world";
+  }
+  return "?";
+}
+
+absl::StatusOr<GroupKind> ParseGroupKind(const std::string& name) {
+  for (GroupKind k : kAllGroupKinds)
+    if (name == GroupKindName(k)) return k;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown group '", name, "'; expected one of tp, cp, dp, pp, dp_cp, mp, embedding, world"));
+}
+
+namespace {
+// Key identifying the group of `kind` that rank `c` belongs to: the coordinates
+// that stay fixed within the group.
+std::vector<int> GroupKey(GroupKind kind, const Coords& c) {
+  switch (kind) {
+    case GroupKind::kTp: return {c.cp, c.dp, c.pp};
+    case GroupKind::kCp: return {c.tp, c.dp, c.pp};
+    case GroupKind::kDp: return {c.tp, c.cp, c.pp};
+    case GroupKind::kPp: return {c.tp, c.cp, c.dp};
+    case GroupKind::kDpCp: return {c.tp, c.pp};
+    case GroupKind::kMp: return {c.cp, c.dp};
+    case GroupKind::kEmbedding: return {c.tp, c.cp, c.dp};
+    case GroupKind::kWorld: return {};
+  }
+  return {};
+}
+}  // namespace
+
+std::vector<std::vector<int>> BuildGroups(const Layout& l, GroupKind kind) {
+  std::map<std::vector<int>, std::vector<int>> by_key;
+  std::vector<std::vector<int>> order;  // keys in order of first (smallest) rank
+  for (int r = 0; r < l.world(); ++r) {
+    Coords c = CoordsOf(l, r);
+    if (kind == GroupKind::kEmbedding && c.pp != 0 && c.pp != l.pp - 1) continue;
+    auto key = GroupKey(kind, c);
+    auto [it, inserted] = by_key.try_emplace(key);
+    if (inserted) order.push_back(key);
+    it->second.push_back(r);
+  }
+  std::vector<std::vector<int>> groups;
+  groups.reserve(order.size());
+  for (const auto& k : order) groups.push_back(std::move(by_key[k]));
+  return groups;
+}
+
+GroupMembership GroupOf(const Layout& l, GroupKind kind, int rank) {
+  auto groups = BuildGroups(l, kind);
+  GroupMembership m;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    auto it = std::find(groups[g].begin(), groups[g].end(), rank);
+    if (it != groups[g].end()) {
+      m.ranks = groups[g];
+      m.index = static_cast<int>(g);
+      m.rank_in_group = static_cast<int>(it - groups[g].begin());
+      return m;
+    }
+  }
+  return m;
+}
+
+std::vector<std::pair<int, int>> LayersOfRank(const Layout& l, int num_layers, int pp_rank) {
+  std::vector<std::pair<int, int>> out;
+  int stages = l.pp * l.vpp;
+  int per = num_layers / stages;
+  for (int chunk = 0; chunk < l.vpp; ++chunk) {
+    int stage = chunk * l.pp + pp_rank;
+    out.emplace_back(stage * per, (stage + 1) * per);
+  }
+  return out;
+}
+
+}  // namespace tessera::parallel

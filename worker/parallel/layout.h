@@ -1,0 +1,82 @@
+// Parallel layout: the rank arithmetic of DESIGN §3 as pure functions.
+//
+// Ranks are ordered tp-cp-dp-pp with tp fastest (Megatron's RankGenerator):
+//   rank = tp_r + tp*(cp_r + cp*(dp_r + dp*pp_r))
+// so a TP group is a run of contiguous ranks, which the scheduler keeps on one node.
+// Nothing here touches a network or a global: the executor and the scheduler call
+// these with the layout they were given.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace tessera::parallel {
+
+struct Layout {
+  int tp = 1;
+  int cp = 1;
+  int dp = 1;
+  int pp = 1;
+  int vpp = 1;
+  bool sp = false;
+  int zero = 0;
+
+  int world() const { return tp * cp * dp * pp; }
+  std::string ToString() const;
+};
+
+// Model and batch dimensions validated against the layout; 0 means "not given"
+// and skips the rules that need it.
+struct ModelShape {
+  int num_layers = 0;
+  int num_heads = 0;
+  int num_kv_heads = 0;
+  int vocab_size = 0;
+  int seq_len = 0;
+  int global_batch = 0;
+  int micro_batch = 0;
+};
+
+// Every rule of DESIGN §3 that needs no placement information. `world` is the
+// number of devices the group was given. Errors are INVALID_ARGUMENT and name the
+// numbers involved.
+absl::Status ValidateLayout(const Layout& layout, int world, const ModelShape& model);
+
+struct Coords {
+  int tp = 0, cp = 0, dp = 0, pp = 0;
+};
+
+Coords CoordsOf(const Layout& layout, int rank);
+int RankOf(const Layout& layout, const Coords& c);
+
+enum class GroupKind { kTp, kCp, kDp, kPp, kDpCp, kMp, kEmbedding, kWorld };
+constexpr GroupKind kAllGroupKinds[] = {GroupKind::kTp,   GroupKind::kCp,   GroupKind::kDp,
+                                        GroupKind::kPp,   GroupKind::kDpCp, GroupKind::kMp,
+                                        GroupKind::kEmbedding, GroupKind::kWorld};
+const char* GroupKindName(GroupKind kind);
+absl::StatusOr<GroupKind> ParseGroupKind(const std::string& name);
+
+// All groups of one kind, each a sorted list of global ranks, in a deterministic
+// order (by the smallest rank). The groups of a kind partition the world, except
+// kEmbedding, which holds the first and last pipeline stage of each PP group.
+std::vector<std::vector<int>> BuildGroups(const Layout& layout, GroupKind kind);
+
+// The group of `kind` that contains `rank` (empty for an embedding group that
+// `rank` is not part of, i.e. a middle pipeline stage), and the index of that
+// group among BuildGroups(layout, kind).
+struct GroupMembership {
+  std::vector<int> ranks;
+  int index = -1;        // which group of this kind
+  int rank_in_group = -1;
+};
+GroupMembership GroupOf(const Layout& layout, GroupKind kind, int rank);
+
+// Layers of virtual stage s = chunk*pp + pp_rank; contiguous blocks of
+// num_layers/(pp*vpp) layers. Returns [first, last) for each model chunk of pp_rank.
+std::vector<std::pair<int, int>> LayersOfRank(const Layout& layout, int num_layers, int pp_rank);
+
+}  // namespace tessera::parallel
