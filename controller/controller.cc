@@ -1,0 +1,214 @@
+#include "controller/controller.h"
+
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/ascii.h"
+#include "common/grpc_util.h"
+#include "common/status.h"
+#include "common/util.h"
+#include "controller/services.h"
+#include "tessera/v1/executor_service.grpc.pb.h"
+
+namespace tessera::controller {
+namespace {
+
+constexpr char kVersion[] = "tessera 0.1.0";
+
+absl::StatusOr<KeyPair> LoadOrMakeCa(const std::string& dir) {
+  auto cert = ReadFile(dir + "/ca.crt");
+  auto key = ReadFile(dir + "/ca.key");
+  if (cert.ok() && key.ok()) return KeyPair{*cert, *key};
+  TESSERA_ASSIGN_OR_RETURN(KeyPair ca, MakeCa("tessera-ca"));
+  TESSERA_RETURN_IF_ERROR(WriteFileAtomic(dir + "/ca.key", ca.key_pem, 0600));
+  TESSERA_RETURN_IF_ERROR(WriteFileAtomic(dir + "/ca.crt", ca.cert_pem, 0644));
+  spdlog::info("created a CA in {}", dir);
+  return ca;
+}
+
+absl::StatusOr<std::string> LoadOrMakeSecret(const std::string& path) {
+  auto s = ReadFile(path);
+  if (s.ok()) {
+    std::string v(absl::StripAsciiWhitespace(*s));
+    if (!v.empty()) return v;
+  }
+  std::string v = RandomHex(24);
+  TESSERA_RETURN_IF_ERROR(WriteFileAtomic(path, v + "\n", 0600));
+  return v;
+}
+
+class GrpcExecutorClient final : public ExecutorClient {
+ public:
+  explicit GrpcExecutorClient(std::shared_ptr<grpc::Channel> ch, std::string secret)
+      : stub_(v1::ExecutorService::NewStub(ch)), secret_(std::move(secret)) {}
+
+  template <typename Req, typename Resp, typename Fn>
+  absl::StatusOr<Resp> Do(const Req& req, int64_t timeout_ms, Fn fn) {
+    auto ctx = std::make_shared<grpc::ClientContext>();
+    PrepareContext(*ctx, secret_, timeout_ms);
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (cancelled_) return absl::CancelledError("the attempt was torn down");
+      active_.insert(ctx.get());
+    }
+    Resp resp;
+    grpc::Status st = fn(ctx.get(), req, &resp);
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      active_.erase(ctx.get());
+    }
+    if (!st.ok()) return FromGrpc(st);
+    return resp;
+  }
+  absl::StatusOr<v1::InitGroupResponse> InitGroup(const v1::InitGroupRequest& req, int64_t timeout_ms) override {
+    return Do<v1::InitGroupRequest, v1::InitGroupResponse>(req, timeout_ms, [&](auto* c, auto& r, auto* o) { return stub_->InitGroup(c, r, o); });
+  }
+  absl::StatusOr<v1::CallResponse> Call(const v1::CallRequest& req, int64_t timeout_ms) override {
+    return Do<v1::CallRequest, v1::CallResponse>(req, timeout_ms, [&](auto* c, auto& r, auto* o) { return stub_->Call(c, r, o); });
+  }
+  absl::Status Shutdown(int64_t timeout_ms) override {
+    return Do<v1::ShutdownRequest, v1::ShutdownResponse>(v1::ShutdownRequest{}, timeout_ms, [&](auto* c, auto& r, auto* o) { return stub_->Shutdown(c, r, o); }).status();
+  }
+  void Cancel() override {
+    std::lock_guard<std::mutex> l(mu_);
+    cancelled_ = true;
+    for (auto* c : active_) c->TryCancel();
+  }
+
+ private:
+  std::unique_ptr<v1::ExecutorService::Stub> stub_;
+  std::string secret_;
+  std::mutex mu_;
+  bool cancelled_ = false;
+  std::set<grpc::ClientContext*> active_;
+};
+
+}  // namespace
+
+ExecutorConnector GrpcExecutorConnector(std::string ca_pem, bool insecure) {
+  return [ca_pem, insecure](const std::string& address, const std::string& secret)
+             -> absl::StatusOr<std::shared_ptr<ExecutorClient>> {
+    ChannelOptions o;
+    o.address = address;
+    o.ca_pem = ca_pem;
+    o.insecure = insecure;
+    o.tls_name_override = kExecutorTlsName;
+    o.max_message_bytes = kDataMaxMessageBytes;
+    TESSERA_ASSIGN_OR_RETURN(auto ch, MakeChannel(o));
+    return std::shared_ptr<ExecutorClient>(std::make_shared<GrpcExecutorClient>(ch, secret));
+  };
+}
+
+absl::StatusOr<std::unique_ptr<Controller>> Controller::Start(const ControllerOptions& opts) {
+  std::unique_ptr<Controller> c(new Controller());
+  c->opts_ = opts;
+  const std::string& dir = opts.state_dir;
+  TESSERA_RETURN_IF_ERROR(MakeDirs(dir, 0700));
+  TESSERA_ASSIGN_OR_RETURN(c->ca_, LoadOrMakeCa(dir));
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  std::vector<std::string> dns = {"localhost", host}, ips = {"127.0.0.1", "::1"};
+  for (const auto& n : opts.tls_names) {
+    bool ip = !n.empty() && (isdigit(static_cast<unsigned char>(n[0])) || n.find(':') != std::string::npos);
+    (ip ? ips : dns).push_back(n);
+  }
+  TESSERA_ASSIGN_OR_RETURN(c->server_, IssueCert(c->ca_, "tessera-controller", dns, ips, 365));
+  TESSERA_ASSIGN_OR_RETURN(c->join_token_, LoadOrMakeSecret(dir + "/join-token"));
+  if (!ReadFile(dir + "/tokens").ok()) {
+    TESSERA_RETURN_IF_ERROR(WriteFileAtomic(dir + "/tokens",
+        absl::StrCat("# ROLE NAME TOKEN (roles: admin, submit, read)\nadmin admin ", RandomHex(24), "\n"), 0600));
+  }
+  TESSERA_RETURN_IF_ERROR(c->tokens_.LoadFile(dir + "/tokens"));
+  {
+    auto t = ReadFile(dir + "/tokens");
+    for (absl::string_view line : absl::StrSplit(*t, '\n')) {
+      std::vector<std::string> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
+      if (f.size() == 3 && f[0] == "admin") { c->admin_token_ = f[2]; break; }
+    }
+  }
+  TESSERA_ASSIGN_OR_RETURN(c->store_, Store::Open(dir + "/state.db"));
+  c->rdv_ = std::make_unique<Rendezvous>();
+  c->logs_ = std::make_unique<LogStore>(dir + "/logs");
+  c->metrics_ = std::make_unique<Metrics>();
+
+  auto creds = MakeServerCredentials({opts.insecure_loopback, c->server_}, opts.listen);
+  if (!creds.ok()) return creds.status();
+  EnableHealthAndReflection();
+  grpc::ServerBuilder b;
+  b.AddListeningPort(opts.listen, *creds, &c->port_);
+  b.SetMaxReceiveMessageSize(kControlMaxMessageBytes);
+  b.SetMaxSendMessageSize(kControlMaxMessageBytes);
+  grpc::ResourceQuota quota("controller");
+  quota.SetMaxThreads(2048);
+  b.SetResourceQuota(quota);
+  b.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
+  b.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+
+  JobManagerConfig jc;
+  jc.lease_ttl_ms = opts.lease_ttl_ms;
+  jc.heartbeat_interval_ms = opts.heartbeat_interval_ms;
+  jc.stop_grace_ms = opts.stop_grace_ms;
+  jc.version = kVersion;
+  // The port is known only after BuildAndStart; the JobManager reads the address
+  // when it starts executors, which is after Start() returns.
+  c->jobs_ = std::make_unique<JobManager>(jc, c->store_.get(), c->rdv_.get(), c->logs_.get(), c->metrics_.get(),
+                                          BuiltinDriver, GrpcExecutorConnector(c->ca_.cert_pem, opts.insecure_loopback));
+  ServiceDeps d{c->jobs_.get(), c->rdv_.get(), c->logs_.get(), c->metrics_.get(), &c->tokens_, c->join_token_, c->ca_, jc};
+  c->services_.push_back(MakeJobService(d));
+  c->services_.push_back(MakeClusterService(d));
+  c->services_.push_back(MakeNodeService(d));
+  c->services_.push_back(MakeRendezvousService(d));
+  for (auto& s : c->services_) b.RegisterService(s.get());
+  c->server_impl_ = b.BuildAndStart();
+  if (!c->server_impl_ || c->port_ == 0)
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", opts.listen));
+  c->jobs_->SetControllerAddress(c->address());
+  TESSERA_RETURN_IF_ERROR(c->jobs_->Recover());
+  c->jobs_->Start();
+  if (!opts.metrics_listen.empty()) {
+    try {
+      c->exposer_ = std::make_unique<prometheus::Exposer>(opts.metrics_listen);
+      c->exposer_->RegisterCollectable(c->metrics_->registry());
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", opts.metrics_listen, ": ", e.what()));
+    }
+  }
+  nlohmann::json conf = {{"address", c->address()}, {"token", c->admin_token_}, {"ca_cert", dir + "/ca.crt"},
+                         {"insecure", opts.insecure_loopback}};
+  TESSERA_RETURN_IF_ERROR(WriteFileAtomic(dir + "/admin.conf", conf.dump(2) + "\n", 0600));
+  spdlog::info("controller listening on {} (port {}, {}), state in {}", opts.listen, c->port_,
+               opts.insecure_loopback ? "plaintext loopback" : "TLS", dir);
+  return c;
+}
+
+std::string Controller::address() const {
+  if (!opts_.advertise.empty()) return opts_.advertise;
+  std::string host = HostOf(opts_.listen);
+  if (host == "0.0.0.0" || host == "::" || host.empty()) {
+    char h[256] = {0};
+    gethostname(h, sizeof(h) - 1);
+    host = h;
+  }
+  if (host.find(':') != std::string::npos) host = "[" + host + "]";
+  return absl::StrCat(host, ":", port_);
+}
+
+Controller::~Controller() { Shutdown(); }
+
+void Controller::Shutdown() {
+  if (shut_) return;
+  shut_ = true;
+  if (jobs_) jobs_->Shutdown();
+  if (server_impl_) server_impl_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+}
+
+void Controller::Wait() {
+  if (server_impl_) server_impl_->Wait();
+}
+
+}  // namespace tessera::controller

@@ -1,0 +1,109 @@
+// The comm-check driver: the cluster acceptance test. For every parallel group
+// kind of every worker group, all executors run each collective over each size
+// on exactly verifiable inputs (executor side: worker/executor/comm_check.cc);
+// the driver gathers the per-rank timings and checks, and reports per group kind,
+// collective and size the slowest rank's time, algorithm and bus bandwidth.
+#include <map>
+#include <tuple>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/status.h"
+#include "common/util.h"
+#include "controller/driver/driver.h"
+#include "worker/parallel/layout.h"
+
+namespace tessera::controller {
+namespace {
+
+using json = nlohmann::json;
+
+absl::StatusOr<std::string> RunCommCheck(DriverContext& ctx) {
+  const auto& cc = ctx.job.spec().comm_check();
+  json table = json::array();
+  int total = 0, step = 0;
+  std::vector<std::pair<std::string, std::vector<std::string>>> plan;
+  for (const auto& g : ctx.job.spec().groups()) {
+    if (!g.colocate_with().empty()) continue;  // same executors as its target
+    std::vector<std::string> kinds;
+    if (cc.groups_size() > 0) kinds.assign(cc.groups().begin(), cc.groups().end());
+    else for (auto k : parallel::kAllGroupKinds) kinds.push_back(parallel::GroupKindName(k));
+    total += kinds.size();
+    plan.emplace_back(g.name(), kinds);
+  }
+  for (const auto& [gname, kinds] : plan) {
+    WorkerGroup& wg = *ctx.groups.at(gname);
+    TESSERA_ASSIGN_OR_RETURN(auto inits, wg.InitAll());
+    double init_s = 0;
+    for (auto& r : inits) init_s = std::max(init_s, r.init_seconds());
+    v1::Progress p0;
+    p0.set_message(absl::StrCat("group '", gname, "': communicators ready in ", absl::StrFormat("%.2f", init_s), " s"));
+    p0.set_step(step);
+    p0.set_total_steps(total);
+    ctx.progress(p0);
+    for (const auto& kind : kinds) {
+      if (ctx.cancelled && *ctx.cancelled) return absl::CancelledError("cancelled");
+      json args = {{"group_kind", kind}, {"iters", cc.iters()}, {"warmup", cc.warmup()}, {"dtype", cc.dtype()},
+                   {"sizes", json(std::vector<int64_t>(cc.sizes_bytes().begin(), cc.sizes_bytes().end()))},
+                   {"collectives", json(std::vector<std::string>(cc.collectives().begin(), cc.collectives().end()))}};
+      TESSERA_ASSIGN_OR_RETURN(auto res, wg.CallOneToAll("comm_check", args.dump()));
+      // (collective, size) -> aggregate over ranks
+      struct Agg { double time_us = 0, algbw = 1e30, busbw = 1e30; int groups = 0, group_size = 0; int64_t errors = 0; std::string first_error; };
+      std::map<std::pair<std::string, int64_t>, Agg> agg;
+      std::vector<std::pair<std::string, int64_t>> order;
+      for (size_t r = 0; r < res.size(); ++r) {
+        json out;
+        try {
+          out = json::parse(res[r].result_json());
+        } catch (const std::exception& e) {
+          return absl::InternalError(absl::StrCat("rank ", r, " returned malformed comm_check results: ", e.what()));
+        }
+        for (const auto& row : out["results"]) {
+          auto key = std::make_pair(row["collective"].get<std::string>(), row["size"].get<int64_t>());
+          auto [it, fresh] = agg.try_emplace(key);
+          if (fresh) order.push_back(key);
+          Agg& a = it->second;
+          a.time_us = std::max(a.time_us, row["time_us"].get<double>());
+          a.algbw = std::min(a.algbw, row["algbw_gbps"].get<double>());
+          a.busbw = std::min(a.busbw, row["busbw_gbps"].get<double>());
+          a.group_size = row["group_size"].get<int>();
+          a.groups = std::max(a.groups, row["group_index"].get<int>() + 1);
+          int64_t e = row["errors"].get<int64_t>();
+          if (e > 0 && a.errors == 0)
+            a.first_error = absl::StrCat("rank ", r, ": ", row["first_error"].get<std::string>());
+          a.errors += e;
+        }
+      }
+      for (const auto& key : order) {
+        const Agg& a = agg[key];
+        if (a.errors > 0)
+          return absl::DataLossError(absl::StrCat("comm-check failed: ", key.first, " on ", kind, " groups of group '",
+                                                  gname, "' at ", FormatBytes(key.second), ": ", a.errors,
+                                                  " wrong elements; ", a.first_error));
+        table.push_back({{"group", gname}, {"kind", kind}, {"collective", key.first}, {"size", key.second},
+                         {"groups", a.groups}, {"group_size", a.group_size}, {"time_us", a.time_us},
+                         {"algbw_gbps", a.algbw}, {"busbw_gbps", a.busbw}, {"errors", 0}});
+      }
+      v1::Progress p;
+      p.set_step(++step);
+      p.set_total_steps(total);
+      p.set_message(absl::StrCat("group '", gname, "' ", kind, ": ", order.size(), " checks passed"));
+      for (const auto& key : order)
+        if (key.second == cc.sizes_bytes(cc.sizes_bytes_size() - 1))
+          (*p.mutable_metrics())[absl::StrCat(kind, ".", key.first, ".busbw_gbps")] = agg[key].busbw;
+      ctx.progress(p);
+    }
+  }
+  return json{{"comm_check", table}}.dump();
+}
+
+}  // namespace
+
+absl::StatusOr<DriverFn> BuiltinDriver(const std::string& kind) {
+  if (kind == "comm-check") return DriverFn(RunCommCheck);
+  return absl::UnimplementedError(absl::StrCat("no driver for job kind '", kind, "' in this build"));
+}
+
+}  // namespace tessera::controller

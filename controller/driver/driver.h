@@ -1,0 +1,52 @@
+// The driver framework: a job kind's single-controller loop, written against
+// WorkerGroup objects (DESIGN §2). The JobManager runs one DriverRun per running
+// attempt on its own thread.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "controller/driver/worker_group.h"
+#include "tessera/v1/job_service.pb.h"
+
+namespace tessera::controller {
+
+struct DriverContext {
+  v1::Job job;  // a snapshot at start (spec, attempt, assignments)
+  std::map<std::string, std::unique_ptr<WorkerGroup>> groups;
+  std::function<void(const v1::Progress&)> progress;
+  std::atomic<bool>* cancelled = nullptr;
+};
+
+// Runs the job; returns its result (JSON) or why it failed.
+using DriverFn = std::function<absl::StatusOr<std::string>(DriverContext&)>;
+// kind -> driver (NOT_FOUND for kinds without one).
+using DriverFactory = std::function<absl::StatusOr<DriverFn>(const std::string& kind)>;
+// Connects to an executor serving at `address`, authenticating with `secret`.
+using ExecutorConnector =
+    std::function<absl::StatusOr<std::shared_ptr<ExecutorClient>>(const std::string& address, const std::string& secret)>;
+
+// State shared between the JobManager and a driver thread.
+struct DriverRun {
+  std::atomic<bool> cancelled{false};
+  std::vector<std::shared_ptr<ExecutorClient>> clients;  // to cancel in-flight calls
+  std::mutex mu;
+  std::thread thread;
+  void Cancel() {
+    cancelled = true;
+    std::lock_guard<std::mutex> l(mu);
+    for (auto& c : clients) c->Cancel();
+  }
+};
+
+// The built-in drivers of this build.
+absl::StatusOr<DriverFn> BuiltinDriver(const std::string& kind);
+
+}  // namespace tessera::controller

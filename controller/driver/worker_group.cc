@@ -1,0 +1,146 @@
+#include "controller/driver/worker_group.h"
+
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status.h"
+
+namespace tessera::controller {
+
+int DTypeSize(v1::DType t) {
+  switch (t) {
+    case v1::F32: case v1::I32: return 4;
+    case v1::BF16: case v1::F16: return 2;
+    case v1::I64: return 8;
+    case v1::U8: return 1;
+    default: return 0;
+  }
+}
+
+WorkerGroup::WorkerGroup(std::string name, parallel::Layout layout,
+                         std::vector<std::shared_ptr<ExecutorClient>> by_rank, int64_t timeout_ms)
+    : name_(std::move(name)), layout_(layout), ranks_(std::move(by_rank)), timeout_ms_(timeout_ms) {}
+
+absl::StatusOr<std::vector<v1::InitGroupResponse>> WorkerGroup::InitAll() {
+  std::vector<absl::StatusOr<v1::InitGroupResponse>> res(ranks_.size(), absl::UnknownError("not run"));
+  std::vector<std::thread> ts;
+  v1::InitGroupRequest req;
+  req.set_group(name_);
+  for (size_t r = 0; r < ranks_.size(); ++r)
+    ts.emplace_back([&, r] { res[r] = ranks_[r]->InitGroup(req, timeout_ms_); });
+  for (auto& t : ts) t.join();
+  std::vector<v1::InitGroupResponse> out;
+  for (size_t r = 0; r < res.size(); ++r) {
+    if (!res[r].ok()) return Annotate(res[r].status(), absl::StrCat("group '", name_, "' rank ", r, ": InitGroup"));
+    out.push_back(*res[r]);
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<v1::CallResponse>> WorkerGroup::CallEach(const std::vector<v1::CallRequest>& reqs) {
+  std::vector<absl::StatusOr<v1::CallResponse>> res(ranks_.size(), absl::UnknownError("not run"));
+  std::vector<std::thread> ts;
+  for (size_t r = 0; r < ranks_.size(); ++r)
+    ts.emplace_back([&, r] {
+      res[r] = ranks_[r]->Call(reqs[r], timeout_ms_);
+      if (!res[r].ok()) CancelAll();  // a failed rank leaves its peers stuck in collectives
+    });
+  for (auto& t : ts) t.join();
+  std::vector<v1::CallResponse> out;
+  // Report the first rank whose failure is not a cancellation caused by another's.
+  int first = -1;
+  for (size_t r = 0; r < res.size(); ++r)
+    if (!res[r].ok() && (first < 0 || (res[first].status().code() == absl::StatusCode::kCancelled &&
+                                       res[r].status().code() != absl::StatusCode::kCancelled)))
+      first = static_cast<int>(r);
+  if (first >= 0)
+    return Annotate(res[first].status(), absl::StrCat("group '", name_, "' rank ", first, ": ", reqs[first].method()));
+  for (auto& r : res) out.push_back(std::move(*r));
+  return out;
+}
+
+absl::StatusOr<std::vector<v1::CallResponse>> WorkerGroup::CallOneToAll(const std::string& method,
+                                                                        const std::string& args_json,
+                                                                        const v1::TensorBatch& batch) {
+  v1::CallRequest req;
+  req.set_group(name_);
+  req.set_method(method);
+  req.set_args_json(args_json);
+  *req.mutable_batch() = batch;
+  return CallEach(std::vector<v1::CallRequest>(ranks_.size(), req));
+}
+
+absl::StatusOr<v1::TensorBatch> WorkerGroup::CallDpSplit(const std::string& method, const std::string& args_json,
+                                                         const v1::TensorBatch& batch) {
+  TESSERA_ASSIGN_OR_RETURN(auto shards, SplitBatch(batch, layout_.dp));
+  std::vector<v1::CallRequest> reqs(ranks_.size());
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    auto c = parallel::CoordsOf(layout_, static_cast<int>(r));
+    reqs[r].set_group(name_);
+    reqs[r].set_method(method);
+    reqs[r].set_args_json(args_json);
+    *reqs[r].mutable_batch() = shards[c.dp];
+  }
+  TESSERA_ASSIGN_OR_RETURN(auto res, CallEach(reqs));
+  std::vector<v1::TensorBatch> outs(layout_.dp);
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    auto c = parallel::CoordsOf(layout_, static_cast<int>(r));
+    if (c.tp == 0 && c.cp == 0 && c.pp == layout_.pp - 1) outs[c.dp] = res[r].batch();
+  }
+  return ConcatBatches(outs);
+}
+
+void WorkerGroup::CancelAll() {
+  for (auto& e : ranks_) e->Cancel();
+}
+
+absl::StatusOr<std::vector<v1::TensorBatch>> SplitBatch(const v1::TensorBatch& batch, int parts) {
+  std::vector<v1::TensorBatch> out(parts);
+  for (const auto& t : batch.tensors()) {
+    if (t.shape_size() == 0)
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name(), "' is a scalar and cannot be split by dp"));
+    int64_t rows = t.shape(0);
+    if (rows % parts != 0)
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name(), "' has ", rows,
+                                                     " rows, not divisible by dp=", parts));
+    int64_t row_elems = 1;
+    for (int i = 1; i < t.shape_size(); ++i) row_elems *= t.shape(i);
+    int64_t row_bytes = row_elems * DTypeSize(t.dtype());
+    if (static_cast<int64_t>(t.data().size()) != rows * row_bytes)
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name(), "' has ", t.data().size(),
+                                                     " bytes, expected ", rows * row_bytes, " for its shape"));
+    int64_t per = rows / parts;
+    for (int p = 0; p < parts; ++p) {
+      auto* s = out[p].add_tensors();
+      s->set_name(t.name());
+      s->set_dtype(t.dtype());
+      s->add_shape(per);
+      for (int i = 1; i < t.shape_size(); ++i) s->add_shape(t.shape(i));
+      s->set_data(t.data().substr(p * per * row_bytes, per * row_bytes));
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<v1::TensorBatch> ConcatBatches(const std::vector<v1::TensorBatch>& shards) {
+  v1::TensorBatch out;
+  if (shards.empty()) return out;
+  for (int i = 0; i < shards[0].tensors_size(); ++i) {
+    const auto& first = shards[0].tensors(i);
+    auto* t = out.add_tensors();
+    *t = first;
+    for (size_t s = 1; s < shards.size(); ++s) {
+      const v1::NamedTensor* m = nullptr;
+      for (const auto& c : shards[s].tensors()) if (c.name() == first.name()) m = &c;
+      if (!m) return absl::InternalError(absl::StrCat("shard ", s, " lacks tensor '", first.name(), "'"));
+      if (m->dtype() != first.dtype() || m->shape_size() != first.shape_size())
+        return absl::InternalError(absl::StrCat("shard ", s, " tensor '", first.name(), "' differs in dtype or rank"));
+      t->set_shape(0, t->shape(0) + m->shape(0));
+      t->mutable_data()->append(m->data());
+    }
+  }
+  return out;
+}
+
+}  // namespace tessera::controller

@@ -1,0 +1,759 @@
+#include "controller/job_manager.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <csignal>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/job_spec.h"
+#include "common/status.h"
+#include "common/util.h"
+
+namespace tessera::controller {
+
+namespace {
+bool Active(v1::JobState s) {
+  return s == v1::PLACING || s == v1::STARTING || s == v1::RUNNING || s == v1::RESTARTING;
+}
+std::string ExitDescription(const v1::ExecutorEvent& ev) {
+  if (ev.phase() == v1::EXECUTOR_FAILED_TO_START) return absl::StrCat("failed to start: ", ev.message());
+  if (ev.signal() != 0) return absl::StrCat("was killed by signal ", ev.signal(), " (", strsignal(ev.signal()), ")");
+  return absl::StrCat("exited with code ", ev.exit_code(), ev.message().empty() ? "" : ": ", ev.message());
+}
+}  // namespace
+
+JobManager::JobManager(JobManagerConfig cfg, Store* store, Rendezvous* rdv, LogStore* logs, Metrics* metrics,
+                       DriverFactory drivers, ExecutorConnector connect)
+    : cfg_(std::move(cfg)), store_(store), rdv_(rdv), logs_(logs), metrics_(metrics),
+      drivers_(std::move(drivers)), connect_(std::move(connect)) {}
+
+JobManager::~JobManager() { Shutdown(); }
+
+absl::Status JobManager::Recover() {
+  TESSERA_ASSIGN_OR_RETURN(auto incs, store_->LoadNodeIncarnations());
+  TESSERA_ASSIGN_OR_RETURN(auto jobs, store_->LoadJobs());
+  std::lock_guard<std::mutex> l(mu_);
+  incarnations_ = incs;
+  int64_t now = MonoMs();
+  for (auto& j : jobs) {
+    JobRt rt;
+    rt.job = j;
+    const std::string id = j.job_id();
+    job_counter_++;
+    if (!j.submission_id().empty()) by_submission_[j.submission_id()] = id;
+    if (Active(j.state())) {
+      // The driver of this attempt died with the old controller. Stop whatever of the
+      // attempt still runs, then start a new attempt (not counted as a restart).
+      for (const auto& a : j.assignments()) {
+        ExecRt e;
+        e.node_id = a.node_id();
+        rt.execs[a.executor()] = e;
+        auto& n = nodes_[a.node_id()];
+        if (n.status.node_id().empty()) {
+          n.status.set_node_id(a.node_id());
+          n.status.set_state(v1::READY);
+          n.last_seen_mono = now;  // give it a lease to re-register
+        }
+      }
+      rt.tearing_down = true;
+      rt.after_teardown = v1::RESTARTING;
+      rt.after_reason = "the controller restarted while the job was active";
+      rt.count_restart = false;
+      if (rt.execs.empty()) rt.tearing_down = false, rt.restart_at_ms = now;
+      spdlog::info("recovered job {} in state {}: attempt {} will be replaced", id, JobStateName(j.state()), j.attempt());
+      if (j.state() != v1::RESTARTING) {
+        rt.job.set_state(v1::RESTARTING);
+        rt.job.set_reason(rt.after_reason);
+        rt.job.set_updated_ms(NowMs());
+        TESSERA_RETURN_IF_ERROR(store_->PutJob(rt.job));
+      }
+    }
+    v1::JobEvent ev;
+    ev.set_state(rt.job.state());
+    ev.set_reason(rt.job.reason());
+    ev.set_attempt(rt.job.attempt());
+    AddEvent(rt, ev);
+    job_order_.push_back(id);
+    jobs_.emplace(id, std::move(rt));
+  }
+  // Devices of recovered attempts stay reserved until those executors are gone.
+  for (auto& [id, rt] : jobs_) if (rt.tearing_down) SetDevicesUsed(rt, true);
+  UpdateGauges();
+  return absl::OkStatus();
+}
+
+void JobManager::Start() { reconciler_ = std::thread([this] { ReconcileLoop(); }); }
+
+void JobManager::Shutdown() {
+  std::vector<std::shared_ptr<DriverRun>> runs;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (stopping_) return;
+    stopping_ = true;
+    for (auto& [id, rt] : jobs_) if (rt.driver) runs.push_back(rt.driver);
+  }
+  cv_.notify_all();
+  if (reconciler_.joinable()) reconciler_.join();
+  for (auto& r : runs) r->Cancel();
+  for (auto& r : runs) if (r->thread.joinable()) r->thread.join();
+  for (auto& t : finished_drivers_) if (t.joinable()) t.join();
+}
+
+void JobManager::Poke() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    wake_ = true;
+  }
+  cv_.notify_all();
+}
+
+void JobManager::Send(Outbox& out) {
+  for (auto& [link, msg] : out)
+    if (link && !link->Send(msg)) spdlog::warn("could not send a command to an agent (stream closed)");
+  out.clear();
+}
+
+void JobManager::AddEvent(JobRt& rt, const v1::JobEvent& ev) {
+  v1::JobEvent e = ev;
+  e.set_seq(rt.next_seq++);
+  e.set_time_ms(NowMs());
+  rt.events.push_back(std::move(e));
+  if (rt.events.size() > 10000) rt.events.erase(rt.events.begin(), rt.events.begin() + 1000);
+  cv_.notify_all();
+}
+
+absl::Status JobManager::Transition(JobRt& rt, v1::JobState state, const std::string& reason) {
+  v1::Job next = rt.job;
+  next.set_state(state);
+  next.set_reason(reason);
+  next.set_updated_ms(NowMs());
+  if (state == v1::RUNNING && next.started_ms() == 0) next.set_started_ms(NowMs());
+  if (tessera::IsTerminal(state)) next.set_finished_ms(NowMs());
+  auto st = store_->PutJob(next);  // persisted before it is acted on
+  if (!st.ok()) {
+    spdlog::error("cannot persist job {} -> {}: {}", rt.job.job_id(), JobStateName(state), std::string(st.message()));
+    return st;
+  }
+  rt.job = std::move(next);
+  spdlog::info("job {} attempt {}: {}{}{}", rt.job.job_id(), rt.job.attempt(), JobStateName(state),
+               reason.empty() ? "" : ": ", reason);
+  v1::JobEvent ev;
+  ev.set_state(state);
+  ev.set_reason(reason);
+  ev.set_attempt(rt.job.attempt());
+  AddEvent(rt, ev);
+  UpdateGauges();
+  return absl::OkStatus();
+}
+
+void JobManager::UpdateGauges() {
+  if (!metrics_) return;
+  std::map<v1::JobState, int> n;
+  for (auto& [id, rt] : jobs_) n[rt.job.state()]++;
+  for (int s = v1::PENDING; s <= v1::STOPPED; ++s)
+    metrics_->SetJobsByState(JobStateName(static_cast<v1::JobState>(s)), n[static_cast<v1::JobState>(s)]);
+  std::map<v1::NodeState, int> ns;
+  for (auto& [id, node] : nodes_) ns[node.status.state()]++;
+  for (auto s : {v1::READY, v1::LOST, v1::DRAINING}) metrics_->SetNodes(v1::NodeState_Name(s), ns[s]);
+}
+
+// ---------------------------------------------------------------- JobService
+
+absl::StatusOr<std::pair<v1::Job, bool>> JobManager::Submit(const v1::JobSpec& spec, const std::string& submission_id) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (!submission_id.empty()) {
+    auto it = by_submission_.find(submission_id);
+    if (it != by_submission_.end()) return std::make_pair(jobs_[it->second].job, false);
+  }
+  // A job that can never fit the cluster is rejected now rather than left pending forever.
+  auto fits = Place(spec, NodeViews(/*include_used=*/true), /*only_free=*/false);
+  if (!fits.ok())
+    return absl::Status(fits.status().code(), absl::StrCat("the job can never fit this cluster: ", fits.status().message()));
+  JobRt rt;
+  std::string id;
+  do {
+    id = absl::StrCat(spec.name(), "-", RandomHex(3));
+  } while (jobs_.count(id));
+  rt.job.set_job_id(id);
+  rt.job.set_submission_id(submission_id);
+  *rt.job.mutable_spec() = spec;
+  rt.job.set_created_ms(NowMs());
+  TESSERA_RETURN_IF_ERROR(Transition(rt, v1::PENDING, "waiting to be scheduled"));
+  if (!submission_id.empty()) by_submission_[submission_id] = id;
+  job_order_.push_back(id);
+  auto& stored = jobs_.emplace(id, std::move(rt)).first->second;
+  if (metrics_) metrics_->IncSubmitted();
+  wake_ = true;
+  cv_.notify_all();
+  return std::make_pair(stored.job, true);
+}
+
+absl::StatusOr<v1::Job> JobManager::GetJob(const std::string& job_id) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job '", job_id, "' not found"));
+  return it->second.job;
+}
+
+std::vector<v1::Job> JobManager::ListJobs(const std::set<v1::JobState>& states, int limit) {
+  std::lock_guard<std::mutex> l(mu_);
+  std::vector<v1::Job> out;
+  for (auto it = job_order_.rbegin(); it != job_order_.rend(); ++it) {
+    const auto& j = jobs_[*it].job;
+    if (!states.empty() && !states.count(j.state())) continue;
+    out.push_back(j);
+    if (limit > 0 && static_cast<int>(out.size()) >= limit) break;
+  }
+  return out;
+}
+
+absl::StatusOr<v1::Job> JobManager::Stop(const std::string& job_id, const std::string& reason) {
+  Outbox out;
+  v1::Job result;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = jobs_.find(job_id);
+    if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job '", job_id, "' not found"));
+    JobRt& rt = it->second;
+    std::string why = reason.empty() ? "stopped by user" : reason;
+    if (tessera::IsTerminal(rt.job.state())) return rt.job;
+    if (rt.job.state() == v1::PENDING || (rt.job.state() == v1::RESTARTING && !rt.tearing_down)) {
+      TESSERA_RETURN_IF_ERROR(Transition(rt, v1::STOPPED, why));
+    } else {
+      BeginTeardown(rt, v1::STOPPED, why, out, /*root_cause=*/true);
+    }
+    result = rt.job;
+  }
+  Send(out);
+  Poke();
+  return result;
+}
+
+bool JobManager::IsTerminal(const std::string& job_id) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = jobs_.find(job_id);
+  return it == jobs_.end() || tessera::IsTerminal(it->second.job.state());
+}
+
+absl::StatusOr<std::vector<v1::JobEvent>> JobManager::WaitEvents(const std::string& job_id, int64_t from_seq,
+                                                                 int64_t timeout_ms, bool* done) {
+  std::unique_lock<std::mutex> l(mu_);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (true) {
+    auto it = jobs_.find(job_id);
+    if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job '", job_id, "' not found"));
+    std::vector<v1::JobEvent> out;
+    for (const auto& e : it->second.events) if (e.seq() > from_seq) out.push_back(e);
+    *done = tessera::IsTerminal(it->second.job.state());
+    if (!out.empty() || *done || stopping_) return out;
+    if (cv_.wait_until(l, deadline) == std::cv_status::timeout) return out;
+  }
+}
+
+// ------------------------------------------------------------ ClusterService
+
+v1::GetClusterStatusResponse JobManager::ClusterStatus() {
+  std::lock_guard<std::mutex> l(mu_);
+  v1::GetClusterStatusResponse r;
+  int64_t now = MonoMs();
+  for (auto& [id, n] : nodes_) {
+    auto* s = r.add_nodes();
+    *s = n.status;
+    s->set_last_heartbeat_ms(NowMs() - (now - n.last_seen_mono));
+  }
+  r.set_controller_version(cfg_.version);
+  r.set_time_ms(NowMs());
+  for (auto& [id, rt] : jobs_) (*r.mutable_jobs_by_state())[JobStateName(rt.job.state())]++;
+  return r;
+}
+
+absl::StatusOr<v1::NodeStatus> JobManager::Drain(const std::string& node_id) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = nodes_.find(node_id);
+  if (it == nodes_.end()) return absl::NotFoundError(absl::StrCat("node '", node_id, "' not found"));
+  if (it->second.status.state() == v1::READY) it->second.status.set_state(v1::DRAINING);
+  UpdateGauges();
+  return it->second.status;
+}
+
+// ---------------------------------------------------------------- NodeService
+
+absl::Status JobManager::RegisterNode(const v1::RegisterNodeRequest& req) {
+  Outbox out;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    auto known = incarnations_.find(req.node_id());
+    if (known != incarnations_.end() && req.incarnation() < known->second)
+      return absl::FailedPreconditionError(absl::StrCat("node '", req.node_id(), "' registered with incarnation ",
+                                                        req.incarnation(), " but incarnation ", known->second,
+                                                        " is already known; a stale agent is refused"));
+    bool new_incarnation = known == incarnations_.end() || req.incarnation() != known->second;
+    if (new_incarnation) {
+      TESSERA_RETURN_IF_ERROR(store_->PutNodeIncarnation(req.node_id(), req.incarnation()));
+      incarnations_[req.node_id()] = req.incarnation();
+    }
+    NodeRt& n = nodes_[req.node_id()];
+    bool was_lost = n.status.state() == v1::LOST;
+    n.status.set_node_id(req.node_id());
+    n.status.set_hostname(req.hostname());
+    n.status.set_address(req.address());
+    n.status.set_incarnation(req.incarnation());
+    n.status.set_version(req.version());
+    if (n.status.state() != v1::DRAINING || was_lost) n.status.set_state(v1::READY);
+    n.status.clear_devices();
+    for (const auto& d : req.devices()) *n.status.add_devices() = d;
+    n.last_seen_mono = MonoMs();
+    // Executors the agent no longer runs have exited (a new incarnation runs none of
+    // the old ones); executors it runs that belong to no live attempt are stopped.
+    std::set<std::tuple<std::string, int, int>> running;
+    for (const auto& r : req.running()) running.insert({r.job_id(), r.attempt(), r.executor()});
+    for (auto& [id, rt] : jobs_) {
+      for (auto& [x, e] : rt.execs) {
+        if (e.node_id != req.node_id() || e.state == ExecState::kExited) continue;
+        if (!running.count({id, rt.job.attempt(), x})) {
+          spdlog::warn("job {} executor {} is gone from node {} (agent re-registered)", id, x, req.node_id());
+          if (!rt.tearing_down)
+            BeginTeardown(rt, v1::RESTARTING, absl::StrCat("executor ", x, " on node ", req.node_id(),
+                                                           " was lost when its agent restarted"), out, true);
+          MarkExited(rt, x);
+        }
+      }
+    }
+    for (const auto& r : req.running()) {
+      auto it = jobs_.find(r.job_id());
+      bool live = it != jobs_.end() && it->second.job.attempt() == r.attempt() && !it->second.tearing_down &&
+                  Active(it->second.job.state());
+      if (!live) {
+        v1::ControllerMessage m;
+        m.mutable_stop()->set_job_id(r.job_id());
+        m.mutable_stop()->set_attempt(r.attempt());
+        m.mutable_stop()->set_grace_ms(cfg_.stop_grace_ms);
+        n.pending.push_back(m);  // sent once the agent attaches its stream
+      }
+    }
+    // Devices whose executors have not exited stay used (also after a controller restart).
+    for (auto& [id, rt] : jobs_)
+      for (const auto& a : rt.job.assignments()) {
+        auto ex = rt.execs.find(a.executor());
+        if (a.node_id() != req.node_id() || ex == rt.execs.end() || ex->second.state == ExecState::kExited) continue;
+        for (auto& d : *n.status.mutable_devices())
+          if (d.index() == a.device_index() && d.type() == a.device_type()) {
+            d.set_used_by_job(id);
+            d.set_used_by_executor(a.executor());
+          }
+      }
+    UpdateGauges();
+    spdlog::info("node {} registered (incarnation {}, {} devices, {} running executors)", req.node_id(),
+                 req.incarnation(), req.devices_size(), req.running_size());
+  }
+  Send(out);
+  Poke();
+  return absl::OkStatus();
+}
+
+absl::Status JobManager::AttachAgent(const std::string& node_id, int64_t incarnation, std::shared_ptr<AgentLink> link) {
+  Outbox out;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = nodes_.find(node_id);
+    if (it == nodes_.end() || it->second.status.incarnation() != incarnation)
+      return absl::FailedPreconditionError(absl::StrCat("node '", node_id, "' incarnation ", incarnation,
+                                                        " is not registered; call RegisterNode first"));
+    it->second.link = link;
+    it->second.last_seen_mono = MonoMs();
+    for (auto& m : it->second.pending) out.emplace_back(link, m);
+    it->second.pending.clear();
+    // Re-send stops for attempts being torn down on this node (the old stream may have lost them).
+    for (auto& [id, rt] : jobs_) {
+      if (!rt.tearing_down) continue;
+      for (auto& [x, e] : rt.execs) {
+        if (e.node_id != node_id || e.state == ExecState::kExited) continue;
+        v1::ControllerMessage m;
+        m.mutable_stop()->set_job_id(id);
+        m.mutable_stop()->set_attempt(rt.job.attempt());
+        m.mutable_stop()->set_grace_ms(cfg_.stop_grace_ms);
+        out.emplace_back(link, m);
+        break;
+      }
+    }
+  }
+  Send(out);
+  return absl::OkStatus();
+}
+
+void JobManager::DetachAgent(const std::string& node_id, const AgentLink* link) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = nodes_.find(node_id);
+  if (it != nodes_.end() && it->second.link.get() == link) it->second.link.reset();
+}
+
+void JobManager::OnHeartbeat(const std::string& node_id, int64_t incarnation, const v1::Heartbeat& hb) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = nodes_.find(node_id);
+  if (it == nodes_.end() || it->second.status.incarnation() != incarnation) return;
+  it->second.last_seen_mono = MonoMs();
+  if (metrics_) metrics_->SetLeaseAge(node_id, 0);
+}
+
+void JobManager::OnExecutorEvent(const std::string& node_id, const v1::ExecutorEvent& ev) {
+  Outbox out;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = jobs_.find(ev.job_id());
+    if (it == jobs_.end()) return;
+    JobRt& rt = it->second;
+    if (ev.attempt() != rt.job.attempt()) return;  // a stale attempt's news
+    auto ex = rt.execs.find(ev.executor());
+    if (ex == rt.execs.end() || ex->second.node_id != node_id) return;
+    if (ev.phase() == v1::EXECUTOR_STARTED) return;
+    if (metrics_)
+      metrics_->IncExecutorExit(ev.signal() ? "signal" : ev.phase() == v1::EXECUTOR_FAILED_TO_START ? "start_failed"
+                                : ev.exit_code() == 0 ? "ok" : "error");
+    if (ex->second.state == ExecState::kExited) return;
+    std::string group_ranks;
+    for (const auto& a : rt.job.assignments())
+      if (a.executor() == ev.executor())
+        for (const auto& gr : a.ranks()) group_ranks += absl::StrCat(group_ranks.empty() ? "" : ", ", gr.group(), " rank ", gr.rank());
+    std::string why = absl::StrCat("executor ", ev.executor(), " (", group_ranks, ") on node ", node_id, " ",
+                                   ExitDescription(ev));
+    bool failed = ev.exit_code() != 0 || ev.signal() != 0 || ev.phase() == v1::EXECUTOR_FAILED_TO_START;
+    if (!ev.requested_stop() && (!rt.tearing_down || failed)) {
+      spdlog::warn("job {} attempt {}: {}", rt.job.job_id(), rt.job.attempt(), why);
+      BeginTeardown(rt, v1::RESTARTING, why, out, /*root_cause=*/true);
+    }
+    MarkExited(rt, ev.executor());
+  }
+  Send(out);
+  Poke();
+}
+
+void JobManager::OnLogs(const std::string& node_id, const v1::LogBatch& b) {
+  std::vector<std::string> lines(b.lines().begin(), b.lines().end());
+  logs_->Append(b.job_id(), b.attempt(), b.executor(), node_id, lines);
+}
+
+// ----------------------------------------------------------- RendezvousService
+
+absl::Status JobManager::CheckScope(const std::string& job_id, int attempt, const std::string& secret) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job '", job_id, "' not found"));
+  const JobRt& rt = it->second;
+  if (attempt != rt.job.attempt() || rt.tearing_down || !Active(rt.job.state()))
+    return absl::FailedPreconditionError(absl::StrCat("job '", job_id, "' attempt ", attempt,
+                                                      " is stale (current attempt ", rt.job.attempt(), ", ",
+                                                      JobStateName(rt.job.state()), rt.tearing_down ? ", tearing down" : "", ")"));
+  if (!ConstantTimeEquals(secret, rt.secret))
+    return absl::PermissionDeniedError(absl::StrCat("wrong executor secret for job '", job_id, "' attempt ", attempt));
+  return absl::OkStatus();
+}
+
+absl::Status JobManager::RegisterExecutor(const std::string& job_id, int attempt, int executor,
+                                          const std::string& address) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = jobs_.find(job_id);
+    if (it == jobs_.end() || it->second.job.attempt() != attempt)
+      return absl::FailedPreconditionError("stale attempt");
+    auto ex = it->second.execs.find(executor);
+    if (ex == it->second.execs.end())
+      return absl::InvalidArgumentError(absl::StrCat("job '", job_id, "' has no executor ", executor));
+    if (ex->second.state == ExecState::kLaunching) ex->second.state = ExecState::kReady;
+    ex->second.address = address;
+  }
+  Poke();
+  return absl::OkStatus();
+}
+
+// ----------------------------------------------------------------- Reconciler
+
+void JobManager::ReconcileLoop() {
+  while (true) {
+    {
+      std::unique_lock<std::mutex> l(mu_);
+      cv_.wait_for(l, std::chrono::milliseconds(200), [&] { return wake_ || stopping_; });
+      if (stopping_) return;
+      wake_ = false;
+    }
+    ReconcileOnce();
+  }
+}
+
+void JobManager::ReconcileOnce() {
+  Outbox out;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    CheckLeases(out);
+    FinishTeardowns();
+    CheckStarting(out);
+    ScheduleJobs(out);
+  }
+  Send(out);
+  std::vector<std::thread> done;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    done.swap(finished_drivers_);
+  }
+  for (auto& t : done) if (t.joinable()) t.join();
+}
+
+void JobManager::CheckLeases(Outbox& out) {
+  int64_t now = MonoMs();
+  for (auto& [id, n] : nodes_) {
+    if (metrics_) metrics_->SetLeaseAge(id, (now - n.last_seen_mono) / 1000.0);
+    if (n.status.state() == v1::LOST || now - n.last_seen_mono <= cfg_.lease_ttl_ms) continue;
+    spdlog::warn("node {} missed its lease ({} ms without a heartbeat): lost", id, now - n.last_seen_mono);
+    n.status.set_state(v1::LOST);
+    n.link.reset();
+    for (auto& [jid, rt] : jobs_) {
+      bool hit = false;
+      for (auto& [x, e] : rt.execs) {
+        if (e.node_id != id || e.state == ExecState::kExited) continue;
+        if (!hit && !rt.tearing_down)
+          BeginTeardown(rt, v1::RESTARTING, absl::StrCat("node ", id, " was lost (no heartbeat for ",
+                                                         cfg_.lease_ttl_ms / 1000.0, " s) with executor ", x, " on it"), out, true);
+        hit = true;
+        MarkExited(rt, x);
+      }
+    }
+    for (auto& d : *n.status.mutable_devices()) { d.clear_used_by_job(); d.set_used_by_executor(0); }
+    UpdateGauges();
+  }
+}
+
+std::vector<NodeView> JobManager::NodeViews(bool include_used) {
+  std::vector<NodeView> views;
+  for (auto& [id, n] : nodes_) {
+    NodeView v;
+    v.node_id = id;
+    v.schedulable = n.status.state() == v1::READY;
+    for (const auto& d : n.status.devices())
+      v.devices.push_back({d.type(), d.index(), include_used || d.used_by_job().empty()});
+    views.push_back(std::move(v));
+  }
+  return views;
+}
+
+void JobManager::SetDevicesUsed(const JobRt& rt, bool used) {
+  for (const auto& a : rt.job.assignments()) {
+    auto it = nodes_.find(a.node_id());
+    if (it == nodes_.end()) continue;
+    for (auto& d : *it->second.status.mutable_devices()) {
+      if (d.index() != a.device_index() || d.type() != a.device_type()) continue;
+      if (used) { d.set_used_by_job(rt.job.job_id()); d.set_used_by_executor(a.executor()); }
+      else if (d.used_by_job() == rt.job.job_id()) { d.clear_used_by_job(); d.set_used_by_executor(0); }
+    }
+  }
+}
+
+void JobManager::ScheduleJobs(Outbox& out) {
+  int64_t now = MonoMs();
+  for (const auto& id : job_order_) {
+    JobRt& rt = jobs_[id];
+    bool restart_due = rt.job.state() == v1::RESTARTING && !rt.tearing_down && now >= rt.restart_at_ms;
+    if (rt.job.state() != v1::PENDING && !restart_due) continue;
+    auto placed = Place(rt.job.spec(), NodeViews(false), /*only_free=*/true);
+    if (!placed.ok()) {
+      std::string reason = absl::StrCat("Unschedulable: ", placed.status().message());
+      if (rt.job.state() == v1::PENDING && rt.job.reason() != reason) (void)Transition(rt, v1::PENDING, reason);
+      continue;  // FIFO with backfill: smaller later jobs may still fit
+    }
+    rt.job.set_attempt(rt.job.attempt() + 1);
+    rt.job.clear_assignments();
+    for (auto& a : *placed) *rt.job.add_assignments() = a;
+    rt.secret = RandomHex(24);
+    rt.execs.clear();
+    if (!Transition(rt, v1::PLACING, absl::StrCat("placed ", placed->size(), " executors")).ok()) continue;
+    SetDevicesUsed(rt, true);
+    for (const auto& a : rt.job.assignments()) {
+      ExecRt e;
+      e.node_id = a.node_id();
+      rt.execs[a.executor()] = e;
+      v1::ControllerMessage m;
+      auto* c = m.mutable_start()->mutable_config();
+      c->set_job_id(id);
+      c->set_attempt(rt.job.attempt());
+      c->set_executor(a.executor());
+      c->set_node_id(a.node_id());
+      c->set_device_type(a.device_type());
+      c->set_device_index(a.device_index());
+      c->set_secret(rt.secret);
+      c->set_controller_address(cfg_.controller_address);
+      *c->mutable_spec() = rt.job.spec();
+      *c->mutable_ranks() = a.ranks();
+      out.emplace_back(nodes_[a.node_id()].link, m);
+    }
+    rt.start_deadline_ms = now + rt.job.spec().start_timeout_ms();
+    (void)Transition(rt, v1::STARTING, absl::StrCat("starting ", rt.execs.size(), " executors"));
+  }
+}
+
+void JobManager::CheckStarting(Outbox& out) {
+  int64_t now = MonoMs();
+  for (auto& [id, rt] : jobs_) {
+    if (rt.job.state() != v1::STARTING || rt.tearing_down) continue;
+    std::vector<int> waiting;
+    for (auto& [x, e] : rt.execs) if (e.state != ExecState::kReady) waiting.push_back(x);
+    if (waiting.empty()) {
+      if (Transition(rt, v1::RUNNING, "").ok()) StartDriver(rt);
+    } else if (now > rt.start_deadline_ms) {
+      BeginTeardown(rt, v1::RESTARTING, absl::StrCat("executors ", absl::StrJoin(waiting, ","), " did not become ready within ",
+                                                     rt.job.spec().start_timeout_ms() / 1000.0, " s"), out, true);
+    }
+  }
+}
+
+void JobManager::StartDriver(JobRt& rt) {
+  auto run = std::make_shared<DriverRun>();
+  rt.driver = run;
+  std::map<int, std::string> addrs;
+  for (auto& [x, e] : rt.execs) addrs[x] = e.address;
+  v1::Job snapshot = rt.job;
+  std::string secret = rt.secret;
+  run->thread = std::thread([this, run, snapshot, secret, addrs] {
+    auto result = [&]() -> absl::StatusOr<std::string> {
+      TESSERA_ASSIGN_OR_RETURN(DriverFn fn, drivers_(snapshot.spec().kind()));
+      std::map<int, std::shared_ptr<ExecutorClient>> clients;
+      for (auto& [x, addr] : addrs) {
+        TESSERA_ASSIGN_OR_RETURN(auto c, connect_(addr, secret));
+        clients[x] = c;
+        std::lock_guard<std::mutex> l(run->mu);
+        run->clients.push_back(c);
+      }
+      if (run->cancelled) return absl::CancelledError("the attempt was torn down");
+      DriverContext ctx;
+      ctx.job = snapshot;
+      ctx.cancelled = &run->cancelled;
+      for (const auto& g : snapshot.spec().groups()) {
+        std::vector<std::shared_ptr<ExecutorClient>> by_rank(g.devices());
+        for (const auto& a : snapshot.assignments())
+          for (const auto& gr : a.ranks())
+            if (gr.group() == g.name()) by_rank[gr.rank()] = clients[a.executor()];
+        const auto& pl = g.layout();
+        ctx.groups[g.name()] = std::make_unique<WorkerGroup>(
+            g.name(), parallel::Layout{pl.tp(), pl.cp(), pl.dp(), pl.pp(), pl.vpp(), pl.sp(), pl.zero()}, by_rank,
+            snapshot.spec().collective_timeout_ms() * 4 + 60000);
+      }
+      std::string job_id = snapshot.job_id();
+      int attempt = snapshot.attempt();
+      ctx.progress = [this, job_id, attempt](const v1::Progress& p) {
+        std::lock_guard<std::mutex> l(mu_);
+        auto it = jobs_.find(job_id);
+        if (it == jobs_.end() || it->second.job.attempt() != attempt) return;
+        v1::JobEvent ev;
+        *ev.mutable_progress() = p;
+        ev.set_attempt(attempt);
+        AddEvent(it->second, ev);
+      };
+      return fn(ctx);
+    }();
+    OnDriverDone(snapshot.job_id(), snapshot.attempt(), std::move(result));
+  });
+}
+
+void JobManager::OnDriverDone(const std::string& job_id, int attempt, absl::StatusOr<std::string> result) {
+  Outbox out;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = jobs_.find(job_id);
+    if (it == jobs_.end()) return;
+    JobRt& rt = it->second;
+    if (rt.driver) {
+      finished_drivers_.push_back(std::move(rt.driver->thread));
+      rt.driver.reset();
+    }
+    if (rt.job.attempt() != attempt || rt.tearing_down) {
+      wake_ = true;
+      cv_.notify_all();
+      return;
+    }
+    if (result.ok()) {
+      rt.job.set_result_json(*result);
+      BeginTeardown(rt, v1::SUCCEEDED, "", out);
+    } else {
+      // Possibly a symptom (an executor died mid-call); an exit event that arrives
+      // during teardown replaces this reason with the root cause.
+      BeginTeardown(rt, v1::RESTARTING, absl::StrCat("driver: ", result.status().message()), out);
+    }
+    wake_ = true;
+    cv_.notify_all();
+  }
+  Send(out);
+}
+
+void JobManager::BeginTeardown(JobRt& rt, v1::JobState target, const std::string& reason, Outbox& out, bool root_cause) {
+  if (rt.tearing_down) {
+    // Prefer the root cause: an executor's own exit over the driver's view of it.
+    if (root_cause && !rt.teardown_root_cause_known && rt.after_teardown != v1::SUCCEEDED &&
+        rt.after_teardown != v1::STOPPED) {
+      rt.after_reason = reason;
+      rt.teardown_root_cause_known = true;
+      if (rt.job.state() == v1::RESTARTING) (void)Transition(rt, v1::RESTARTING, reason);
+    }
+    return;
+  }
+  rt.tearing_down = true;
+  rt.teardown_root_cause_known = root_cause;
+  rt.count_restart = true;
+  if (target == v1::RESTARTING && rt.job.restarts() >= rt.job.spec().max_restarts()) target = v1::FAILED;
+  rt.after_teardown = target;
+  rt.after_reason = reason;
+  if (rt.driver) rt.driver->Cancel();
+  rdv_->Drop({rt.job.job_id(), rt.job.attempt()});
+  if (target == v1::RESTARTING) (void)Transition(rt, v1::RESTARTING, reason);
+  std::set<std::string> nodes;
+  for (auto& [x, e] : rt.execs) if (e.state != ExecState::kExited) nodes.insert(e.node_id);
+  for (const auto& n : nodes) {
+    v1::ControllerMessage m;
+    m.mutable_stop()->set_job_id(rt.job.job_id());
+    m.mutable_stop()->set_attempt(rt.job.attempt());
+    m.mutable_stop()->set_grace_ms(cfg_.stop_grace_ms);
+    out.emplace_back(nodes_[n].link, m);
+  }
+  wake_ = true;
+}
+
+void JobManager::MarkExited(JobRt& rt, int executor) {
+  auto it = rt.execs.find(executor);
+  if (it == rt.execs.end()) return;
+  it->second.state = ExecState::kExited;
+  for (const auto& a : rt.job.assignments()) {
+    if (a.executor() != executor) continue;
+    auto n = nodes_.find(a.node_id());
+    if (n == nodes_.end()) continue;
+    for (auto& d : *n->second.status.mutable_devices())
+      if (d.index() == a.device_index() && d.type() == a.device_type() && d.used_by_job() == rt.job.job_id()) {
+        d.clear_used_by_job();
+        d.set_used_by_executor(0);
+      }
+  }
+  wake_ = true;
+}
+
+void JobManager::FinishTeardowns() {
+  for (auto& [id, rt] : jobs_) {
+    if (!rt.tearing_down || rt.driver) continue;  // wait for the driver thread to let go
+    bool all_gone = true;
+    for (auto& [x, e] : rt.execs) all_gone &= e.state == ExecState::kExited;
+    if (!all_gone) continue;
+    rt.tearing_down = false;
+    SetDevicesUsed(rt, false);
+    v1::JobState target = rt.after_teardown;
+    if (target == v1::RESTARTING) {
+      if (rt.count_restart) {
+        rt.job.set_restarts(rt.job.restarts() + 1);
+        if (metrics_) metrics_->IncRestarts();
+      }
+      double backoff_s = rt.job.spec().restart_backoff_s() * (1 << std::min(rt.job.restarts(), 6));
+      rt.restart_at_ms = MonoMs() + std::min<int64_t>(static_cast<int64_t>(backoff_s * 1000), cfg_.max_backoff_ms);
+      (void)Transition(rt, v1::RESTARTING, rt.after_reason);
+    } else {
+      (void)Transition(rt, target, rt.after_reason);
+    }
+  }
+}
+
+}  // namespace tessera::controller

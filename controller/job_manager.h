@@ -1,0 +1,183 @@
+// JobManager: the controller's state — nodes, jobs, their attempts and executors —
+// and the state machine that moves jobs through
+//   PENDING -> PLACING -> STARTING -> RUNNING -> (RESTARTING -> PLACING ...)* ->
+//   SUCCEEDED | FAILED | STOPPED.
+// Every transition is persisted (Store) before it is acted on. Any executor
+// failure tears the whole attempt down (all its executors are stopped and their
+// exits awaited), then the job restarts with attempt+1 (after backoff) or fails.
+//
+// gRPC handlers call it; it calls agents through AgentLink and executors through
+// the driver. It is unit-testable without gRPC (fake links, fake drivers).
+//
+// Threading: one mutex (mu_) guards all state. A reconciler thread schedules,
+// checks leases and deadlines. Each running job has one driver thread. Messages to
+// agents are sent outside the lock.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/base/thread_annotations.h"
+#include "controller/driver/driver.h"
+#include "controller/log_store.h"
+#include "controller/metrics.h"
+#include "controller/rendezvous.h"
+#include "controller/scheduler.h"
+#include "controller/store.h"
+#include "tessera/v1/cluster_service.pb.h"
+#include "tessera/v1/job_service.pb.h"
+#include "tessera/v1/node_service.pb.h"
+
+namespace tessera::controller {
+
+struct JobManagerConfig {
+  int64_t lease_ttl_ms = 10000;
+  int64_t heartbeat_interval_ms = 2000;
+  int64_t stop_grace_ms = 5000;
+  std::string controller_address;  // what executors dial
+  std::string version;
+  int64_t max_backoff_ms = 60000;
+};
+
+// The controller's side of one agent's Connect stream.
+class AgentLink {
+ public:
+  virtual ~AgentLink() = default;
+  virtual bool Send(const v1::ControllerMessage& msg) = 0;
+};
+
+class JobManager {
+ public:
+  JobManager(JobManagerConfig cfg, Store* store, Rendezvous* rdv, LogStore* logs, Metrics* metrics,
+             DriverFactory drivers, ExecutorConnector connect);
+  ~JobManager();
+
+  // Loads jobs from the store. Jobs that were active are recovered: their old
+  // attempt's executors are stopped when their agents re-register (or their
+  // nodes are declared lost), then the job restarts with a new attempt.
+  absl::Status Recover();
+  void Start();
+  void Shutdown();
+
+  // --- JobService ---
+  // `spec` must be normalized and validated. Returns the job and whether it was created.
+  absl::StatusOr<std::pair<v1::Job, bool>> Submit(const v1::JobSpec& spec, const std::string& submission_id);
+  absl::StatusOr<v1::Job> GetJob(const std::string& job_id);
+  std::vector<v1::Job> ListJobs(const std::set<v1::JobState>& states, int limit);
+  absl::StatusOr<v1::Job> Stop(const std::string& job_id, const std::string& reason);
+  // Events with seq > from_seq; waits up to timeout_ms for one. `done` is set when
+  // the job is terminal and all its events were returned.
+  absl::StatusOr<std::vector<v1::JobEvent>> WaitEvents(const std::string& job_id, int64_t from_seq,
+                                                       int64_t timeout_ms, bool* done);
+  bool IsTerminal(const std::string& job_id);
+
+  // --- ClusterService ---
+  v1::GetClusterStatusResponse ClusterStatus();
+  absl::StatusOr<v1::NodeStatus> Drain(const std::string& node_id);
+
+  // --- NodeService ---
+  absl::Status RegisterNode(const v1::RegisterNodeRequest& req);
+  absl::Status AttachAgent(const std::string& node_id, int64_t incarnation, std::shared_ptr<AgentLink> link);
+  void DetachAgent(const std::string& node_id, const AgentLink* link);
+  void OnHeartbeat(const std::string& node_id, int64_t incarnation, const v1::Heartbeat& hb);
+  void OnExecutorEvent(const std::string& node_id, const v1::ExecutorEvent& ev);
+  void OnLogs(const std::string& node_id, const v1::LogBatch& logs);
+
+  // --- RendezvousService ---
+  // OK only for the current, live attempt with the right secret.
+  absl::Status CheckScope(const std::string& job_id, int attempt, const std::string& secret);
+  absl::Status RegisterExecutor(const std::string& job_id, int attempt, int executor, const std::string& address);
+
+  // The address executors dial (known once the server listens).
+  void SetControllerAddress(const std::string& a) {
+    std::lock_guard<std::mutex> l(mu_);
+    cfg_.controller_address = a;
+  }
+
+  // Wakes the reconciler (tests).
+  void Poke();
+
+ private:
+  enum class ExecState { kLaunching, kReady, kExited };
+  struct ExecRt {
+    std::string node_id;
+    ExecState state = ExecState::kLaunching;
+    std::string address;
+  };
+  struct JobRt {
+    v1::Job job;
+    std::string secret;
+    std::map<int, ExecRt> execs;
+    bool tearing_down = false;
+    bool teardown_root_cause_known = false;  // reason came from an executor exit
+    v1::JobState after_teardown = v1::JOB_STATE_UNSPECIFIED;
+    std::string after_reason;
+    int64_t restart_at_ms = 0;   // monotonic
+    int64_t start_deadline_ms = 0;
+    bool count_restart = true;
+    std::shared_ptr<DriverRun> driver;
+    std::vector<v1::JobEvent> events;
+    int64_t next_seq = 1;
+  };
+  struct NodeRt {
+    v1::NodeStatus status;
+    std::shared_ptr<AgentLink> link;
+    int64_t last_seen_mono = 0;
+    std::vector<v1::ControllerMessage> pending;  // waiting for the agent's stream
+  };
+  using Outbox = std::vector<std::pair<std::shared_ptr<AgentLink>, v1::ControllerMessage>>;
+
+  void ReconcileLoop();
+  void ReconcileOnce();
+  void CheckLeases(Outbox& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ScheduleJobs(Outbox& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CheckStarting(Outbox& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FinishTeardowns() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void StartDriver(JobRt& rt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnDriverDone(const std::string& job_id, int attempt, absl::StatusOr<std::string> result);
+
+  absl::Status Transition(JobRt& rt, v1::JobState state, const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Tears the current attempt down; `target` is SUCCEEDED, FAILED, STOPPED, or
+  // RESTARTING (which becomes FAILED when no restarts are left).
+  void BeginTeardown(JobRt& rt, v1::JobState target, const std::string& reason, Outbox& out,
+                     bool root_cause = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MarkExited(JobRt& rt, int executor) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AddEvent(JobRt& rt, const v1::JobEvent& ev) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::vector<NodeView> NodeViews(bool include_used) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SetDevicesUsed(const JobRt& rt, bool used) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Send(Outbox& out);
+  void UpdateGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  JobManagerConfig cfg_;
+  Store* store_;
+  Rendezvous* rdv_;
+  LogStore* logs_;
+  Metrics* metrics_;
+  DriverFactory drivers_;
+  ExecutorConnector connect_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;  // job events and reconciler wake-ups
+  std::map<std::string, JobRt> jobs_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> job_order_ ABSL_GUARDED_BY(mu_);  // submission order
+  std::map<std::string, std::string> by_submission_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, NodeRt> nodes_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, int64_t> incarnations_ ABSL_GUARDED_BY(mu_);
+  bool wake_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t job_counter_ ABSL_GUARDED_BY(mu_) = 0;
+  std::thread reconciler_;
+  std::vector<std::thread> finished_drivers_;
+};
+
+}  // namespace tessera::controller
