@@ -1,0 +1,272 @@
+#include "client/cli.h"
+
+#include <google/protobuf/util/json_util.h>
+
+#include <cstdlib>
+#include <ctime>
+#include <iomanip>
+#include <iostream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/grpc_util.h"
+#include "common/job_spec.h"
+#include "common/status.h"
+#include "common/util.h"
+
+namespace tessera::client {
+
+absl::StatusOr<ClientConfig> ResolveConfig(std::string address, std::string token, std::string ca_path,
+                                           std::string config_path, bool insecure) {
+  auto env = [](const char* k) { const char* v = std::getenv(k); return v ? std::string(v) : std::string(); };
+  if (address.empty()) address = env("TESSERA_ADDRESS");
+  if (token.empty()) token = env("TESSERA_TOKEN");
+  if (ca_path.empty()) ca_path = env("TESSERA_CA_CERT");
+  if (config_path.empty()) config_path = env("TESSERA_CONFIG");
+  bool explicit_config = !config_path.empty();
+  if (config_path.empty()) config_path = "/var/lib/tessera/admin.conf";
+  if (address.empty() || token.empty() || (ca_path.empty() && !insecure)) {
+    auto text = ReadFile(config_path);
+    if (text.ok()) {
+      try {
+        auto j = nlohmann::json::parse(*text);
+        if (address.empty()) address = j.value("address", "");
+        if (token.empty()) token = j.value("token", "");
+        if (ca_path.empty()) ca_path = j.value("ca_cert", "");
+        insecure = insecure || j.value("insecure", false);
+      } catch (const std::exception& e) {
+        return absl::InvalidArgumentError(absl::StrCat("config file ", config_path, ": ", e.what()));
+      }
+    } else if (explicit_config) {
+      return absl::InvalidArgumentError(absl::StrCat("config file: ", text.status().message()));
+    }
+  }
+  if (address.empty())
+    return absl::InvalidArgumentError("no controller address: pass --address, set TESSERA_ADDRESS, or --config");
+  ClientConfig c;
+  c.address = address;
+  c.token = token;
+  c.insecure = insecure;
+  if (!insecure) {
+    if (ca_path.empty()) return absl::InvalidArgumentError("no CA certificate: pass --ca-cert or set TESSERA_CA_CERT");
+    auto ca = ReadFile(ca_path);
+    if (!ca.ok()) return absl::InvalidArgumentError(absl::StrCat("CA certificate: ", ca.status().message()));
+    c.ca_pem = *ca;
+  }
+  return c;
+}
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientConfig& cfg) {
+  ChannelOptions o;
+  o.address = cfg.address;
+  o.ca_pem = cfg.ca_pem;
+  o.insecure = cfg.insecure;
+  TESSERA_ASSIGN_OR_RETURN(auto ch, MakeChannel(o));
+  auto c = std::unique_ptr<Client>(new Client());
+  c->cfg_ = cfg;
+  c->jobs_ = v1::JobService::NewStub(ch);
+  c->cluster_ = v1::ClusterService::NewStub(ch);
+  return c;
+}
+
+absl::StatusOr<v1::SubmitJobResponse> Client::Submit(const v1::JobSpec& spec, const std::string& sid) {
+  grpc::ClientContext ctx;
+  PrepareContext(ctx, cfg_.token, 30000);
+  v1::SubmitJobRequest req;
+  *req.mutable_spec() = spec;
+  req.set_submission_id(sid);
+  v1::SubmitJobResponse resp;
+  auto st = jobs_->SubmitJob(&ctx, req, &resp);
+  if (!st.ok()) return FromGrpc(st);
+  return resp;
+}
+
+absl::StatusOr<v1::Job> Client::Get(const std::string& id) {
+  grpc::ClientContext ctx;
+  PrepareContext(ctx, cfg_.token, 30000);
+  v1::GetJobRequest req;
+  req.set_job_id(id);
+  v1::GetJobResponse resp;
+  auto st = jobs_->GetJob(&ctx, req, &resp);
+  if (!st.ok()) return FromGrpc(st);
+  return resp.job();
+}
+
+absl::StatusOr<std::vector<v1::Job>> Client::List(int limit) {
+  grpc::ClientContext ctx;
+  PrepareContext(ctx, cfg_.token, 30000);
+  v1::ListJobsRequest req;
+  req.set_limit(limit);
+  v1::ListJobsResponse resp;
+  auto st = jobs_->ListJobs(&ctx, req, &resp);
+  if (!st.ok()) return FromGrpc(st);
+  return std::vector<v1::Job>(resp.jobs().begin(), resp.jobs().end());
+}
+
+absl::StatusOr<v1::Job> Client::Stop(const std::string& id) {
+  grpc::ClientContext ctx;
+  PrepareContext(ctx, cfg_.token, 30000);
+  v1::StopJobRequest req;
+  req.set_job_id(id);
+  v1::StopJobResponse resp;
+  auto st = jobs_->StopJob(&ctx, req, &resp);
+  if (!st.ok()) return FromGrpc(st);
+  return resp.job();
+}
+
+absl::StatusOr<v1::GetClusterStatusResponse> Client::Status() {
+  grpc::ClientContext ctx;
+  PrepareContext(ctx, cfg_.token, 30000);
+  v1::GetClusterStatusResponse resp;
+  auto st = cluster_->GetClusterStatus(&ctx, v1::GetClusterStatusRequest{}, &resp);
+  if (!st.ok()) return FromGrpc(st);
+  return resp;
+}
+
+namespace {
+std::string Clock(int64_t ms) {
+  std::time_t t = ms / 1000;
+  std::tm tm;
+  localtime_r(&t, &tm);
+  char b[16];
+  std::strftime(b, sizeof(b), "%H:%M:%S", &tm);
+  return b;
+}
+}  // namespace
+
+absl::StatusOr<v1::Job> Client::Watch(const std::string& id, std::ostream& out) {
+  int64_t seq = 0;
+  for (int tries = 0; tries < 30; ++tries) {
+    grpc::ClientContext ctx;
+    PrepareContext(ctx, cfg_.token, 0);
+    v1::WatchJobRequest req;
+    req.set_job_id(id);
+    req.set_from_seq(seq);
+    auto reader = jobs_->WatchJob(&ctx, req);
+    v1::WatchJobResponse r;
+    while (reader->Read(&r)) {
+      const auto& e = r.event();
+      seq = e.seq();
+      if (e.has_progress()) {
+        const auto& p = e.progress();
+        out << "[" << Clock(e.time_ms()) << "]   ";
+        if (p.total_steps() > 0) out << "[" << p.step() << "/" << p.total_steps() << "] ";
+        out << p.message() << "\n";
+      } else {
+        out << "[" << Clock(e.time_ms()) << "] " << JobStateName(e.state()) << " (attempt " << e.attempt() << ")"
+            << (e.reason().empty() ? "" : ": " + e.reason()) << "\n";
+      }
+      out.flush();
+    }
+    auto st = reader->Finish();
+    if (st.ok()) return Get(id);
+    if (st.error_code() != grpc::UNAVAILABLE) return FromGrpc(st);
+    std::this_thread::sleep_for(std::chrono::seconds(1));  // controller restarting: resume from seq
+  }
+  return absl::UnavailableError("lost the controller while watching the job");
+}
+
+absl::Status Client::Logs(const std::string& id, int rank, int attempt, bool follow, std::ostream& out) {
+  grpc::ClientContext ctx;
+  PrepareContext(ctx, cfg_.token, 0);
+  v1::GetLogsRequest req;
+  req.set_job_id(id);
+  req.set_rank(rank);
+  req.set_attempt(attempt);
+  req.set_follow(follow);
+  auto reader = jobs_->GetLogs(&ctx, req);
+  v1::GetLogsResponse r;
+  while (reader->Read(&r))
+    for (const auto& l : r.lines())
+      out << "[attempt " << l.attempt() << " executor " << l.executor() << " " << l.node_id() << "] " << l.text() << "\n";
+  return FromGrpc(reader->Finish());
+}
+
+void PrintJobs(const std::vector<v1::Job>& jobs, bool json, std::ostream& out) {
+  if (json) {
+    nlohmann::json arr = nlohmann::json::array();
+    for (const auto& j : jobs) {
+      std::string s;
+      google::protobuf::util::MessageToJsonString(j, &s);
+      arr.push_back(nlohmann::json::parse(s));
+    }
+    out << arr.dump(2) << "\n";
+    return;
+  }
+  out << absl::StrFormat("%-28s %-12s %-11s %7s %8s  %s\n", "JOB", "KIND", "STATE", "ATTEMPT", "RESTARTS", "REASON");
+  for (const auto& j : jobs)
+    out << absl::StrFormat("%-28s %-12s %-11s %7d %8d  %s\n", j.job_id(), j.spec().kind(), JobStateName(j.state()),
+                           j.attempt(), j.restarts(), j.reason());
+}
+
+void PrintJob(const v1::Job& j, bool json, std::ostream& out) {
+  if (json) {
+    std::string s;
+    google::protobuf::util::JsonPrintOptions o;
+    o.add_whitespace = true;
+    google::protobuf::util::MessageToJsonString(j, &s, o);
+    out << s << "\n";
+    return;
+  }
+  out << "job:       " << j.job_id() << "\nkind:      " << j.spec().kind() << "\nstate:     " << JobStateName(j.state())
+      << (j.reason().empty() ? "" : " (" + j.reason() + ")") << "\nattempt:   " << j.attempt()
+      << "\nrestarts:  " << j.restarts() << " of " << j.spec().max_restarts() << "\n";
+  for (const auto& g : j.spec().groups())
+    out << "group:     " << g.name() << " (" << g.devices() << " " << (g.device_type() == v1::GPU ? "gpu" : "cpu")
+        << ", tp=" << g.layout().tp() << " cp=" << g.layout().cp() << " dp=" << g.layout().dp() << " pp=" << g.layout().pp() << ")\n";
+  for (const auto& a : j.assignments()) {
+    out << "executor " << a.executor() << ": node " << a.node_id() << " " << (a.device_type() == v1::GPU ? "gpu" : "cpu")
+        << ":" << a.device_index();
+    for (const auto& r : a.ranks()) out << "  " << r.group() << "[" << r.rank() << "]";
+    out << "\n";
+  }
+  if (!j.result_json().empty()) PrintCommCheckTable(j.result_json(), out);
+}
+
+void PrintCluster(const v1::GetClusterStatusResponse& s, bool json, std::ostream& out) {
+  if (json) {
+    std::string t;
+    google::protobuf::util::JsonPrintOptions o;
+    o.add_whitespace = true;
+    google::protobuf::util::MessageToJsonString(s, &t, o);
+    out << t << "\n";
+    return;
+  }
+  out << "controller: " << s.controller_version() << "\n";
+  out << absl::StrFormat("%-20s %-9s %-16s %5s %5s %5s %5s  %s\n", "NODE", "STATE", "ADDRESS", "GPU", "GPU", "CPU", "CPU", "VERSION");
+  out << absl::StrFormat("%-20s %-9s %-16s %5s %5s %5s %5s\n", "", "", "", "used", "total", "used", "total");
+  for (const auto& n : s.nodes()) {
+    int gu = 0, gt = 0, cu = 0, ct = 0;
+    for (const auto& d : n.devices()) {
+      bool used = !d.used_by_job().empty();
+      if (d.type() == v1::GPU) { gt++; gu += used; } else { ct++; cu += used; }
+    }
+    out << absl::StrFormat("%-20s %-9s %-16s %5d %5d %5d %5d  %s\n", n.node_id(), v1::NodeState_Name(n.state()), n.address(),
+                           gu, gt, cu, ct, n.version());
+  }
+  for (const auto& [st, n] : s.jobs_by_state()) out << "jobs " << st << ": " << n << "\n";
+}
+
+void PrintCommCheckTable(const std::string& result_json, std::ostream& out) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(result_json);
+  } catch (...) {
+    out << result_json << "\n";
+    return;
+  }
+  if (!j.contains("comm_check")) return;
+  out << absl::StrFormat("%-8s %-10s %-15s %10s %6s %11s %10s %10s  %s\n", "GROUP", "KIND", "COLLECTIVE", "SIZE", "RANKS",
+                         "TIME(us)", "ALGBW", "BUSBW", "CHECK");
+  for (const auto& r : j["comm_check"])
+    out << absl::StrFormat("%-8s %-10s %-15s %10s %6d %11.1f %8.2fGB/s %8.2fGB/s  %s\n", r["group"].get<std::string>(),
+                           r["kind"].get<std::string>(), r["collective"].get<std::string>(),
+                           FormatBytes(r["size"].get<int64_t>()), r["group_size"].get<int>(), r["time_us"].get<double>(),
+                           r["algbw_gbps"].get<double>(), r["busbw_gbps"].get<double>(),
+                           r["errors"].get<int64_t>() == 0 ? "ok" : "FAILED");
+}
+
+}  // namespace tessera::client

@@ -1,0 +1,53 @@
+// The `tessera` client: connection settings and the commands of the CLI, as a
+// library so that tests and `tessera local` use the same code.
+#pragma once
+
+#include <iosfwd>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "tessera/v1/cluster_service.grpc.pb.h"
+#include "tessera/v1/job_service.grpc.pb.h"
+
+namespace tessera::client {
+
+struct ClientConfig {
+  std::string address;
+  std::string token;
+  std::string ca_pem;
+  bool insecure = false;
+};
+
+// Precedence: explicit flags, then TESSERA_ADDRESS / TESSERA_TOKEN / TESSERA_CA_CERT,
+// then the JSON config file (--config, TESSERA_CONFIG, or /var/lib/tessera/admin.conf)
+// that the controller writes for its local admin.
+absl::StatusOr<ClientConfig> ResolveConfig(std::string address, std::string token, std::string ca_path,
+                                           std::string config_path, bool insecure);
+
+class Client {
+ public:
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(const ClientConfig& cfg);
+  absl::StatusOr<v1::SubmitJobResponse> Submit(const v1::JobSpec& spec, const std::string& submission_id);
+  absl::StatusOr<v1::Job> Get(const std::string& id);
+  absl::StatusOr<std::vector<v1::Job>> List(int limit);
+  absl::StatusOr<v1::Job> Stop(const std::string& id);
+  absl::StatusOr<v1::GetClusterStatusResponse> Status();
+  // Streams the job's events to `out` until it ends; returns the final job.
+  absl::StatusOr<v1::Job> Watch(const std::string& id, std::ostream& out);
+  absl::Status Logs(const std::string& id, int rank, int attempt, bool follow, std::ostream& out);
+
+ private:
+  ClientConfig cfg_;
+  std::unique_ptr<v1::JobService::Stub> jobs_;
+  std::unique_ptr<v1::ClusterService::Stub> cluster_;
+};
+
+// Output helpers (-o table|json).
+void PrintJobs(const std::vector<v1::Job>& jobs, bool json, std::ostream& out);
+void PrintJob(const v1::Job& job, bool json, std::ostream& out);
+void PrintCluster(const v1::GetClusterStatusResponse& s, bool json, std::ostream& out);
+void PrintCommCheckTable(const std::string& result_json, std::ostream& out);
+
+}  // namespace tessera::client

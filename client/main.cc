@@ -1,0 +1,188 @@
+// tessera: the command-line client.
+//   tessera job submit -f JOB.yaml [--set k=v]... [--no-wait] [--submission-id ID]
+//   tessera job list | status JOB | logs JOB [--follow] [--rank R] | stop JOB
+//   tessera status
+//   tessera local JOB.yaml [--cpu-slots N] [--set k=v]...
+#include <unistd.h>
+
+#include <iostream>
+
+#include <CLI/CLI.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "client/cli.h"
+#include "common/job_spec.h"
+#include "common/logging.h"
+#include "common/util.h"
+#include "controller/controller.h"
+#include "worker/agent/agent.h"
+
+namespace {
+
+using namespace tessera;
+
+int Fail(const absl::Status& s) {
+  std::cerr << "error: " << absl::StatusCodeToString(s.code()) << ": " << s.message() << "\n";
+  return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+}
+
+absl::StatusOr<v1::JobSpec> LoadSpec(const std::string& file, const std::vector<std::string>& sets) {
+  auto text = ReadFile(file);
+  if (!text.ok()) return absl::InvalidArgumentError(absl::StrCat("job file: ", text.status().message()));
+  auto spec = ParseJobSpecYaml(*text, sets);
+  if (!spec.ok()) return absl::Status(spec.status().code(), absl::StrCat(file, ": ", spec.status().message()));
+  auto st = NormalizeAndValidateJobSpec(*spec);
+  if (!st.ok()) return absl::Status(st.code(), absl::StrCat(file, ": ", st.message()));
+  return spec;
+}
+
+int SubmitAndWait(client::Client& c, const v1::JobSpec& spec, const std::string& sid, bool wait, bool json) {
+  auto r = c.Submit(spec, sid);
+  if (!r.ok()) return Fail(r.status());
+  const auto& job = r->job();
+  std::cerr << (r->created() ? "submitted " : "already submitted as ") << job.job_id() << "\n";
+  if (!wait) {
+    std::cout << job.job_id() << "\n";
+    return 0;
+  }
+  auto final_job = c.Watch(job.job_id(), std::cerr);
+  if (!final_job.ok()) return Fail(final_job.status());
+  if (json) client::PrintJob(*final_job, true, std::cout);
+  else if (!final_job->result_json().empty()) client::PrintCommCheckTable(final_job->result_json(), std::cout);
+  std::cerr << "job " << final_job->job_id() << " " << JobStateName(final_job->state())
+            << (final_job->reason().empty() ? "" : ": " + final_job->reason()) << "\n";
+  return final_job->state() == v1::SUCCEEDED ? 0 : 1;
+}
+
+int RunLocal(const std::string& file, const std::vector<std::string>& sets, int cpu_slots, std::string state_dir,
+             bool json, bool gpus) {
+  auto spec = LoadSpec(file, sets);
+  if (!spec.ok()) return Fail(spec.status());
+  if (state_dir.empty()) state_dir = absl::StrCat("/tmp/tessera-local-", getuid());
+  if (cpu_slots <= 0) {
+    for (const auto& g : spec->groups())
+      if (g.device_type() == v1::CPU && g.colocate_with().empty()) cpu_slots += g.devices();
+  }
+  controller::ControllerOptions co;
+  co.state_dir = state_dir;
+  co.listen = "127.0.0.1:0";
+  co.advertise = "";
+  auto ctl = controller::Controller::Start(co);
+  if (!ctl.ok()) return Fail(ctl.status());
+  agent::AgentOptions ao;
+  ao.controller = (*ctl)->address().substr(0, 0) + absl::StrCat("127.0.0.1:", (*ctl)->port());
+  ao.ca_cert_path = state_dir + "/ca.crt";
+  ao.join_token = (*ctl)->join_token();
+  ao.node_id = "local";
+  ao.cpu_slots = cpu_slots;
+  ao.use_gpus = gpus;
+  ao.work_dir = state_dir + "/worker";
+  ao.listen_host = "127.0.0.1";
+  auto ag = agent::Agent::Create(ao);
+  if (!ag.ok()) return Fail(ag.status());
+  (*ag)->Start();
+  for (int i = 0; i < 200 && !(*ag)->registered(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  client::ClientConfig cc;
+  cc.address = absl::StrCat("127.0.0.1:", (*ctl)->port());
+  cc.token = (*ctl)->admin_token();
+  cc.ca_pem = (*ctl)->ca_pem();
+  auto cl = client::Client::Connect(cc);
+  if (!cl.ok()) return Fail(cl.status());
+  int rc = SubmitAndWait(**cl, *spec, "", true, json);
+  (*ag)->Shutdown();
+  (*ctl)->Shutdown();
+  return rc;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"tessera: submit and watch jobs on a Tessera cluster"};
+  app.require_subcommand(1);
+  std::string address, token, ca, config, output = "table", level = "warn";
+  bool insecure = false;
+  app.add_option("--address", address, "controller host:port (TESSERA_ADDRESS)");
+  app.add_option("--token", token, "bearer token (TESSERA_TOKEN)");
+  app.add_option("--ca-cert", ca, "controller CA certificate (TESSERA_CA_CERT)");
+  app.add_option("--config", config, "client config file written by the controller (TESSERA_CONFIG)");
+  app.add_flag("--insecure-loopback", insecure, "plaintext to a loopback controller");
+  app.add_option("-o,--output", output, "table|json")->check(CLI::IsMember({"table", "json"}));
+  app.add_option("--log-level", level);
+
+  auto* job = app.add_subcommand("job", "jobs");
+  job->require_subcommand(1);
+  std::string file, sid, job_id;
+  std::vector<std::string> sets;
+  bool no_wait = false, follow = false;
+  int rank = -1, attempt = 0, limit = 100;
+  auto* submit = job->add_subcommand("submit", "submit a job and stream its progress until it ends");
+  submit->add_option("-f,--file", file, "job file (YAML)")->required();
+  submit->add_option("--set", sets, "override a job-file key: dotted.key=value (repeatable)");
+  submit->add_flag("--no-wait", no_wait, "print the job id and return");
+  submit->add_option("--submission-id", sid, "idempotency key: resubmitting returns the same job");
+  auto* list = job->add_subcommand("list", "list jobs");
+  list->add_option("--limit", limit);
+  auto* status = job->add_subcommand("status", "show one job");
+  status->add_option("job", job_id)->required();
+  auto* logs = job->add_subcommand("logs", "print a job's executor logs");
+  logs->add_option("job", job_id)->required();
+  logs->add_flag("--follow", follow, "keep printing until the job ends");
+  logs->add_option("--rank", rank, "executor index (default: all)");
+  logs->add_option("--attempt", attempt, "attempt (default: all)");
+  auto* stop = job->add_subcommand("stop", "stop a job");
+  stop->add_option("job", job_id)->required();
+  auto* cluster = app.add_subcommand("status", "nodes, devices free/used, versions");
+  auto* local = app.add_subcommand("local", "run controller and agent in this process and run one job");
+  int cpu_slots = 0;
+  std::string state_dir;
+  bool no_gpus = false;
+  local->add_option("file", file, "job file (YAML)")->required();
+  local->add_option("--set", sets, "override a job-file key (repeatable)");
+  local->add_option("--cpu-slots", cpu_slots, "CPU devices (default: what the job needs)");
+  local->add_option("--state-dir", state_dir, "state directory (default /tmp/tessera-local-UID)");
+  local->add_flag("--no-gpus", no_gpus, "do not offer GPUs");
+  CLI11_PARSE(app, argc, argv);
+  tessera::InitLogging("tessera", level);
+  bool json = output == "json";
+
+  if (*local) return RunLocal(file, sets, cpu_slots, state_dir, json, !no_gpus);
+
+  auto cfg = tessera::client::ResolveConfig(address, token, ca, config, insecure);
+  if (!cfg.ok()) return Fail(cfg.status());
+  auto c = tessera::client::Client::Connect(*cfg);
+  if (!c.ok()) return Fail(c.status());
+  if (*submit) {
+    auto spec = LoadSpec(file, sets);
+    if (!spec.ok()) return Fail(spec.status());
+    return SubmitAndWait(**c, *spec, sid, !no_wait, json);
+  }
+  if (*list) {
+    auto jobs = (*c)->List(limit);
+    if (!jobs.ok()) return Fail(jobs.status());
+    tessera::client::PrintJobs(*jobs, json, std::cout);
+    return 0;
+  }
+  if (*status) {
+    auto j = (*c)->Get(job_id);
+    if (!j.ok()) return Fail(j.status());
+    tessera::client::PrintJob(*j, json, std::cout);
+    return 0;
+  }
+  if (*logs) {
+    auto st = (*c)->Logs(job_id, rank, attempt, follow, std::cout);
+    return st.ok() ? 0 : Fail(st);
+  }
+  if (*stop) {
+    auto j = (*c)->Stop(job_id);
+    if (!j.ok()) return Fail(j.status());
+    std::cout << j->job_id() << " " << tessera::JobStateName(j->state()) << "\n";
+    return 0;
+  }
+  if (*cluster) {
+    auto s = (*c)->Status();
+    if (!s.ok()) return Fail(s.status());
+    tessera::client::PrintCluster(*s, json, std::cout);
+    return 0;
+  }
+  return 2;
+}

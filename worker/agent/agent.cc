@@ -1,0 +1,364 @@
+#include "worker/agent/agent.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <spdlog/spdlog.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_util.h"
+#include "common/status.h"
+#include "common/util.h"
+#include "worker/agent/devices.h"
+
+extern char** environ;
+
+namespace tessera::agent {
+
+absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(AgentOptions o) {
+  if (o.node_id.empty()) {
+    char h[256] = {0};
+    gethostname(h, sizeof(h) - 1);
+    o.node_id = h;
+  }
+  if (o.executor_binary.empty()) o.executor_binary = SelfExeDir() + "/tessera-worker";
+  if (access(o.executor_binary.c_str(), X_OK) != 0)
+    return absl::NotFoundError(absl::StrCat("executor binary ", o.executor_binary, " is not executable"));
+  if (o.join_token.empty()) return absl::InvalidArgumentError("a join token is required (--join-token or --join-token-file)");
+  std::unique_ptr<Agent> a(new Agent(o));
+  if (!o.insecure) {
+    auto ca = ReadFile(o.ca_cert_path);
+    if (!ca.ok()) return absl::InvalidArgumentError(absl::StrCat("CA certificate: ", ca.status().message()));
+    a->ca_pem_ = *ca;
+  }
+  TESSERA_RETURN_IF_ERROR(MakeDirs(o.work_dir, 0700));
+  a->incarnation_ = NowMs() * 1000 + getpid() % 1000;  // a restarted agent always has a larger one
+  a->devices_ = DiscoverDevices(o.cpu_slots, o.use_gpus);
+  if (a->devices_.empty()) return absl::InvalidArgumentError("this node has no devices: no GPUs found and --cpu-slots is 0");
+  return a;
+}
+
+Agent::~Agent() { Shutdown(); }
+
+void Agent::Start() {
+  runner_ = std::thread([this] { Run(); });
+  heartbeat_ = std::thread([this] { HeartbeatLoop(); });
+}
+
+void Agent::Shutdown() {
+  if (stop_.exchange(true)) return;
+  {
+    std::lock_guard<std::mutex> l(stream_mu_);
+    if (ctx_) ctx_->TryCancel();
+  }
+  stop_cv_.notify_all();
+  if (runner_.joinable()) runner_.join();
+  if (heartbeat_.joinable()) heartbeat_.join();
+  std::vector<std::thread> readers;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    for (auto& [k, e] : execs_) {
+      e.requested_stop = true;
+      kill(e.pid, SIGKILL);
+    }
+  }
+  // Readers remove themselves from execs_; wait for them.
+  for (int i = 0; i < 100; ++i) {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (execs_.empty()) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  std::lock_guard<std::mutex> l(mu_);
+  for (auto& t : done_readers_) if (t.joinable()) t.join();
+  for (auto& [k, e] : execs_) if (e.reader.joinable()) e.reader.detach();
+}
+
+std::vector<v1::RunningExecutor> Agent::Running() {
+  std::lock_guard<std::mutex> l(mu_);
+  std::vector<v1::RunningExecutor> out;
+  for (auto& [k, e] : execs_) {
+    v1::RunningExecutor r;
+    r.set_job_id(std::get<0>(k));
+    r.set_attempt(std::get<1>(k));
+    r.set_executor(std::get<2>(k));
+    r.set_pid(e.pid);
+    out.push_back(r);
+  }
+  return out;
+}
+
+absl::Status Agent::RegisterOnce(v1::NodeService::Stub* stub, v1::RegisterNodeResponse* resp) {
+  grpc::ClientContext ctx;
+  PrepareContext(ctx, opts_.join_token, 10000);
+  v1::RegisterNodeRequest req;
+  req.set_node_id(opts_.node_id);
+  char h[256] = {0};
+  gethostname(h, sizeof(h) - 1);
+  req.set_hostname(h);
+  req.set_address(opts_.listen_host);
+  req.set_incarnation(incarnation_);
+  req.set_version("tessera 0.1.0");
+  for (auto& d : devices_) *req.add_devices() = d;
+  for (auto& r : Running()) *req.add_running() = r;
+  return FromGrpc(stub->RegisterNode(&ctx, req, resp));
+}
+
+void Agent::Run() {
+  ChannelOptions co;
+  co.address = opts_.controller;
+  co.ca_pem = ca_pem_;
+  co.insecure = opts_.insecure;
+  auto ch = MakeChannel(co);
+  if (!ch.ok()) {
+    spdlog::error("agent: {}", std::string(ch.status().message()));
+    return;
+  }
+  auto stub = v1::NodeService::NewStub(*ch);
+  int64_t backoff = 250;
+  while (!stop_) {
+    v1::RegisterNodeResponse resp;
+    auto st = RegisterOnce(stub.get(), &resp);
+    if (!st.ok()) {
+      spdlog::warn("agent {}: cannot register with {}: {} (retrying in {} ms)", opts_.node_id, opts_.controller,
+                   st.ToString(), backoff);
+      if (st.code() == absl::StatusCode::kUnauthenticated || st.code() == absl::StatusCode::kFailedPrecondition)
+        backoff = 5000;
+      std::unique_lock<std::mutex> l(stream_mu_);
+      stop_cv_.wait_for(l, std::chrono::milliseconds(backoff), [&] { return stop_.load(); });
+      backoff = std::min<int64_t>(backoff * 2, 5000);
+      continue;
+    }
+    backoff = 250;
+    heartbeat_ms_ = resp.heartbeat_interval_ms() > 0 ? resp.heartbeat_interval_ms() : 2000;
+    auto w1 = WriteFileAtomic(opts_.work_dir + "/node.crt", resp.node_cert_pem(), 0644);
+    auto w2 = WriteFileAtomic(opts_.work_dir + "/node.key", resp.node_key_pem(), 0600);
+    auto w3 = WriteFileAtomic(opts_.work_dir + "/ca.crt", resp.ca_cert_pem(), 0644);
+    if (!w1.ok() || !w2.ok() || !w3.ok()) spdlog::error("agent: cannot write TLS material to {}", opts_.work_dir);
+    spdlog::info("agent {}: registered with {} (incarnation {}, {} devices)", opts_.node_id, opts_.controller,
+                 incarnation_, devices_.size());
+    Serve(stub.get());
+    registered_ = false;
+    if (!stop_) spdlog::warn("agent {}: lost the controller stream; re-registering", opts_.node_id);
+  }
+}
+
+void Agent::Serve(v1::NodeService::Stub* stub) {
+  grpc::ClientContext ctx;
+  PrepareContext(ctx, opts_.join_token, 0);
+  auto stream = stub->Connect(&ctx);
+  v1::AgentMessage hello;
+  hello.mutable_hello()->set_node_id(opts_.node_id);
+  hello.mutable_hello()->set_incarnation(incarnation_);
+  {
+    std::lock_guard<std::mutex> l(stream_mu_);
+    if (stop_) return;
+    if (!stream->Write(hello)) {
+      auto st = stream->Finish();
+      spdlog::warn("agent: Connect failed: {}", st.error_message());
+      return;
+    }
+    ctx_ = &ctx;
+    stream_ = stream.get();
+    while (!pending_.empty()) {
+      if (!stream->Write(pending_.front())) break;
+      pending_.pop_front();
+    }
+  }
+  registered_ = true;
+  v1::ControllerMessage m;
+  while (stream->Read(&m)) Handle(m);
+  {
+    std::lock_guard<std::mutex> l(stream_mu_);
+    ctx_ = nullptr;
+    stream_ = nullptr;
+  }
+  auto st = stream->Finish();
+  if (!st.ok() && !stop_) spdlog::warn("agent: controller stream ended: {}", st.error_message());
+}
+
+void Agent::SendUp(const v1::AgentMessage& m, bool droppable) {
+  std::lock_guard<std::mutex> l(stream_mu_);
+  if (stream_ && stream_->Write(m)) return;
+  if (droppable && pending_.size() > 10000) return;
+  pending_.push_back(m);
+}
+
+void Agent::HeartbeatLoop() {
+  while (!stop_) {
+    {
+      std::unique_lock<std::mutex> l(stream_mu_);
+      stop_cv_.wait_for(l, std::chrono::milliseconds(heartbeat_ms_.load()), [&] { return stop_.load(); });
+      if (stop_) return;
+    }
+    if (!registered_) continue;
+    v1::AgentMessage m;
+    m.mutable_heartbeat()->set_time_ms(NowMs());
+    for (auto& r : Running()) *m.mutable_heartbeat()->add_running() = r;
+    std::lock_guard<std::mutex> l(stream_mu_);
+    if (stream_) stream_->Write(m);
+  }
+}
+
+void Agent::Handle(const v1::ControllerMessage& m) {
+  if (m.has_start()) StartExecutor(m.start().config());
+  else if (m.has_stop()) StopExecutors(m.stop().job_id(), m.stop().attempt(), m.stop().grace_ms());
+}
+
+void Agent::StartExecutor(const v1::ExecutorConfig& cfg) {
+  Key key{cfg.job_id(), cfg.attempt(), cfg.executor()};
+  auto fail = [&](const std::string& why) {
+    spdlog::error("agent: executor {} of job {} attempt {} failed to start: {}", cfg.executor(), cfg.job_id(), cfg.attempt(), why);
+    v1::AgentMessage m;
+    auto* e = m.mutable_executor_event();
+    e->set_job_id(cfg.job_id());
+    e->set_attempt(cfg.attempt());
+    e->set_executor(cfg.executor());
+    e->set_phase(v1::EXECUTOR_FAILED_TO_START);
+    e->set_message(why);
+    SendUp(m, false);
+  };
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (execs_.count(key)) return;  // already running: a re-sent command
+  }
+  std::string dir = absl::StrCat(opts_.work_dir, "/jobs/", cfg.job_id(), "/attempt-", cfg.attempt());
+  if (auto st = MakeDirs(dir, 0700); !st.ok()) return fail(std::string(st.message()));
+  v1::ExecutorConfig local = cfg;
+  local.set_listen_host(opts_.listen_host);
+  std::string path = absl::StrCat(dir, "/executor-", cfg.executor(), ".pb");
+  if (auto st = WriteFileAtomic(path, local.SerializeAsString(), 0600); !st.ok()) return fail(std::string(st.message()));
+
+  std::vector<std::string> args = {opts_.executor_binary, "executor", "--config", path, "--listen-host", opts_.listen_host};
+  if (opts_.insecure) args.push_back("--insecure");
+  else for (auto s : {"--ca-cert", "/ca.crt", "--cert", "/node.crt", "--key", "/node.key"}) args.push_back(s[0] == '/' ? opts_.work_dir + s : s);
+  std::vector<std::string> env;
+  for (char** e = environ; *e; ++e) env.emplace_back(*e);
+  for (const auto& [k, v] : cfg.spec().env()) env.push_back(k + "=" + v);
+  std::vector<char*> argv, envp;
+  for (auto& s : args) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  for (auto& s : env) envp.push_back(s.data());
+  envp.push_back(nullptr);
+
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) return fail(absl::StrCat("pipe: ", strerror(errno)));
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
+  posix_spawn_file_actions_adddup2(&fa, fds[1], 2);
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  pid_t pid = 0;
+  std::lock_guard<std::mutex> l(mu_);  // held so the reader cannot reap before the entry exists
+  int rc = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), envp.data());
+  posix_spawn_file_actions_destroy(&fa);
+  close(fds[1]);
+  if (rc != 0) {
+    close(fds[0]);
+    mu_.unlock();
+    fail(absl::StrCat("spawn ", argv[0], ": ", strerror(rc)));
+    mu_.lock();
+    return;
+  }
+  spdlog::info("agent: started executor {} of job {} attempt {} (pid {})", cfg.executor(), cfg.job_id(), cfg.attempt(), pid);
+  Exec& e = execs_[key];
+  e.pid = pid;
+  e.reader = std::thread([this, key, fd = fds[0], pid] { ReadAndReap(key, fd, pid); });
+  v1::AgentMessage m;
+  auto* ev = m.mutable_executor_event();
+  ev->set_job_id(cfg.job_id());
+  ev->set_attempt(cfg.attempt());
+  ev->set_executor(cfg.executor());
+  ev->set_phase(v1::EXECUTOR_STARTED);
+  ev->set_pid(pid);
+  std::thread([this, m] { SendUp(m, false); }).detach();
+}
+
+void Agent::StopExecutors(const std::string& job, int attempt, int64_t grace_ms) {
+  std::vector<pid_t> pids;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    for (auto& [k, e] : execs_)
+      if (std::get<0>(k) == job && std::get<1>(k) <= attempt) {
+        e.requested_stop = true;
+        pids.push_back(e.pid);
+        kill(e.pid, SIGTERM);
+      }
+  }
+  if (pids.empty()) return;
+  spdlog::info("agent: stopping {} executors of job {} attempt {}", pids.size(), job, attempt);
+  std::thread([this, pids, grace_ms] {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(grace_ms);
+    while (std::chrono::steady_clock::now() < deadline && !stop_) {
+      bool alive = false;
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        for (auto& [k, e] : execs_) for (pid_t p : pids) alive |= e.pid == p;
+      }
+      if (!alive) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    std::lock_guard<std::mutex> l(mu_);
+    for (auto& [k, e] : execs_) for (pid_t p : pids) if (e.pid == p) kill(p, SIGKILL);
+  }).detach();
+}
+
+void Agent::ReadAndReap(Key key, int fd, pid_t pid) {
+  const auto& [job, attempt, executor] = key;
+  std::string buf;
+  char chunk[8192];
+  auto flush = [&](bool all) {
+    v1::AgentMessage m;
+    auto* lb = m.mutable_logs();
+    lb->set_job_id(job);
+    lb->set_attempt(attempt);
+    lb->set_executor(executor);
+    size_t start = 0, nl;
+    while ((nl = buf.find('\n', start)) != std::string::npos) {
+      lb->add_lines(buf.substr(start, nl - start));
+      start = nl + 1;
+    }
+    if (all && start < buf.size()) { lb->add_lines(buf.substr(start)); start = buf.size(); }
+    buf.erase(0, start);
+    if (lb->lines_size() > 0) SendUp(m, true);
+  };
+  while (true) {
+    ssize_t n = read(fd, chunk, sizeof(chunk));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    buf.append(chunk, n);
+    flush(false);
+  }
+  flush(true);
+  close(fd);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+  v1::AgentMessage m;
+  auto* ev = m.mutable_executor_event();
+  ev->set_job_id(job);
+  ev->set_attempt(attempt);
+  ev->set_executor(executor);
+  ev->set_phase(v1::EXECUTOR_EXITED);
+  ev->set_pid(pid);
+  if (WIFSIGNALED(status)) ev->set_signal(WTERMSIG(status));
+  else ev->set_exit_code(WEXITSTATUS(status));
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = execs_.find(key);
+    if (it != execs_.end()) {
+      ev->set_requested_stop(it->second.requested_stop);
+      done_readers_.push_back(std::move(it->second.reader));
+      execs_.erase(it);
+    }
+  }
+  spdlog::info("agent: executor {} of job {} attempt {} (pid {}) ended: {}", executor, job, attempt, pid,
+               ev->signal() ? absl::StrCat("signal ", ev->signal()) : absl::StrCat("exit code ", ev->exit_code()));
+  SendUp(m, false);
+}
+
+}  // namespace tessera::agent

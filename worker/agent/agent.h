@@ -1,0 +1,94 @@
+// The node agent (`tessera-worker`): registers this machine's devices with the
+// controller (incarnation-fenced), keeps the Connect stream (heartbeats and
+// executor events up, start/stop commands down), spawns one executor process per
+// assigned device, supervises it (exit code, signal), forwards its output as log
+// lines, and kills it on stop. When the controller is lost it retries with
+// backoff and re-registers, reporting the executors it still runs.
+//
+// Threading: Run() owns the connection loop; one reader thread per executor;
+// one heartbeat thread. mu_ guards the executor table, stream_mu_ the stream.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "tessera/v1/node_service.grpc.pb.h"
+
+namespace tessera::agent {
+
+struct AgentOptions {
+  std::string controller;       // host:port
+  std::string ca_cert_path;     // controller CA (TLS)
+  std::string join_token;
+  std::string node_id;          // default: hostname
+  int cpu_slots = 0;
+  bool use_gpus = true;
+  std::string work_dir = "/var/lib/tessera-worker";
+  std::string executor_binary;  // default: tessera-worker next to this binary
+  std::string listen_host = "127.0.0.1";  // address executors listen on and peers dial
+  bool insecure = false;        // loopback plaintext
+};
+
+class Agent {
+ public:
+  static absl::StatusOr<std::unique_ptr<Agent>> Create(AgentOptions opts);
+  ~Agent();
+  void Start();
+  // Stops the connection loop and kills every executor.
+  void Shutdown();
+  const std::string& node_id() const { return opts_.node_id; }
+  bool registered() const { return registered_; }
+
+ private:
+  explicit Agent(AgentOptions o) : opts_(std::move(o)) {}
+  using Key = std::tuple<std::string, int, int>;  // job, attempt, executor
+  struct Exec {
+    pid_t pid = 0;
+    bool requested_stop = false;
+    std::thread reader;
+  };
+
+  void Run();
+  absl::Status RegisterOnce(v1::NodeService::Stub* stub, v1::RegisterNodeResponse* resp);
+  void Serve(v1::NodeService::Stub* stub);
+  void Handle(const v1::ControllerMessage& m);
+  void StartExecutor(const v1::ExecutorConfig& cfg);
+  void StopExecutors(const std::string& job, int attempt, int64_t grace_ms);
+  void ReadAndReap(Key key, int fd, pid_t pid);
+  void SendUp(const v1::AgentMessage& m, bool droppable);
+  void HeartbeatLoop();
+  std::vector<v1::RunningExecutor> Running();
+
+  AgentOptions opts_;
+  std::string ca_pem_;
+  int64_t incarnation_ = 0;
+  std::vector<v1::Device> devices_;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> registered_{false};
+  std::atomic<int64_t> heartbeat_ms_{2000};
+  std::thread runner_, heartbeat_;
+
+  std::mutex mu_;
+  std::map<Key, Exec> execs_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::thread> done_readers_ ABSL_GUARDED_BY(mu_);
+
+  std::mutex stream_mu_;
+  grpc::ClientContext* ctx_ ABSL_GUARDED_BY(stream_mu_) = nullptr;
+  grpc::ClientReaderWriter<v1::AgentMessage, v1::ControllerMessage>* stream_ ABSL_GUARDED_BY(stream_mu_) = nullptr;
+  std::deque<v1::AgentMessage> pending_ ABSL_GUARDED_BY(stream_mu_);
+  std::condition_variable stop_cv_;
+};
+
+}  // namespace tessera::agent

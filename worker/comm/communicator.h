@@ -1,0 +1,91 @@
+// Communicator: one per parallel group (DESIGN §4). Public methods are the single
+// choke point every collective goes through: they validate arguments, number
+// the call (sequence number per communicator), time it and count its bytes,
+// then call the backend (Gloo for CPU tensors, NCCL for GPU tensors).
+//
+// Buffers live where the backend expects them (host memory for Gloo, device
+// memory for NCCL). Counts are in elements. For NCCL, calls are enqueued on the
+// communicator's stream; Synchronize() waits for them (and is where a stuck
+// collective is detected by the watchdog).
+//
+// Threading: a communicator is used by one thread at a time.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace tessera::comm {
+
+enum class DType { kF32, kBF16, kF16, kI32, kI64, kU8 };
+enum class ReduceOp { kSum, kMax, kMin };
+size_t DTypeSize(DType t);
+const char* DTypeName(DType t);
+
+struct CommStats {
+  uint64_t calls = 0;
+  uint64_t bytes = 0;
+  double seconds = 0;  // host-observed time of enqueue (+ completion for blocking backends)
+};
+
+class Communicator {
+ public:
+  Communicator(std::string name, int rank, int size) : name_(std::move(name)), rank_(rank), size_(size) {}
+  virtual ~Communicator() = default;
+
+  const std::string& name() const { return name_; }
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  uint64_t seq() const { return seq_; }
+  const CommStats& stats() const { return stats_; }
+  virtual const char* backend() const = 0;
+
+  absl::Status AllReduce(const void* in, void* out, size_t count, DType t, ReduceOp op);
+  // `in` holds size()*recv_count elements; `out` receives this rank's reduced chunk.
+  absl::Status ReduceScatter(const void* in, void* out, size_t recv_count, DType t, ReduceOp op);
+  // `out` receives size()*send_count elements, rank r's at offset r*send_count.
+  absl::Status AllGather(const void* in, void* out, size_t send_count, DType t);
+  absl::Status Broadcast(void* buf, size_t count, DType t, int root);
+  absl::Status Send(const void* buf, size_t count, DType t, int peer);
+  absl::Status Recv(void* buf, size_t count, DType t, int peer);
+  absl::Status Barrier();
+  // Sends and receives between GroupStart and GroupEnd proceed concurrently.
+  void GroupStart();
+  absl::Status GroupEnd();
+  // Waits until every enqueued operation has completed.
+  virtual absl::Status Synchronize() = 0;
+  // Fails pending and future operations; safe to call from another thread.
+  virtual void Abort() = 0;
+
+ protected:
+  virtual absl::Status DoAllReduce(const void* in, void* out, size_t count, DType t, ReduceOp op) = 0;
+  virtual absl::Status DoReduceScatter(const void* in, void* out, size_t recv_count, DType t, ReduceOp op) = 0;
+  virtual absl::Status DoAllGather(const void* in, void* out, size_t send_count, DType t) = 0;
+  virtual absl::Status DoBroadcast(void* buf, size_t count, DType t, int root) = 0;
+  virtual absl::Status DoSend(const void* buf, size_t count, DType t, int peer) = 0;
+  virtual absl::Status DoRecv(void* buf, size_t count, DType t, int peer) = 0;
+  virtual absl::Status DoBarrier() = 0;
+  virtual void DoGroupStart() {}
+  virtual absl::Status DoGroupEnd() { return absl::OkStatus(); }
+  // Prefixes errors with the group, collective and sequence number.
+  absl::Status Describe(const absl::Status& s, const char* op) const;
+
+ private:
+  template <typename F>
+  absl::Status Run(const char* op, size_t bytes, F&& f);
+  std::string name_;
+  int rank_, size_;
+  uint64_t seq_ = 0;
+  int group_depth_ = 0;
+  CommStats stats_;
+};
+
+// A communicator of one rank: every collective is a local copy.
+std::unique_ptr<Communicator> MakeSelfCommunicator(std::string name);
+
+}  // namespace tessera::comm

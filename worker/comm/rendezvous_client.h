@@ -1,0 +1,50 @@
+// The executor's client of the controller's RendezvousService, scoped to its job
+// attempt, and a gloo::rendezvous::Store backed by it (Gloo's bootstrap).
+//
+// Threading: thread-safe (gRPC stubs are).
+#pragma once
+
+#include <gloo/rendezvous/store.h>
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "tessera/v1/rendezvous_service.grpc.pb.h"
+
+namespace tessera::comm {
+
+class RendezvousClient {
+ public:
+  RendezvousClient(std::shared_ptr<grpc::Channel> ch, std::string job_id, int attempt, std::string secret);
+  absl::Status Set(const std::string& key, const std::string& value);
+  absl::StatusOr<std::string> Get(const std::string& key, int64_t timeout_ms);
+  absl::StatusOr<int64_t> Add(const std::string& key, int64_t delta);
+  absl::Status Barrier(const std::string& key, int world, int64_t timeout_ms);
+  absl::Status RegisterExecutor(int executor, const std::string& address);
+
+ private:
+  v1::Scope scope_;
+  std::string secret_;
+  std::unique_ptr<v1::RendezvousService::Stub> stub_;
+};
+
+// Gloo store over the rendezvous, under `prefix` (one per communicator).
+// Gloo expects exceptions from a store; errors are thrown as gloo::IoException.
+class GlooStore final : public gloo::rendezvous::Store {
+ public:
+  GlooStore(RendezvousClient* rdv, std::string prefix, int64_t timeout_ms)
+      : rdv_(rdv), prefix_(std::move(prefix)), timeout_ms_(timeout_ms) {}
+  void set(const std::string& key, const std::vector<char>& data) override;
+  std::vector<char> get(const std::string& key) override;
+  void wait(const std::vector<std::string>& keys) override;
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override;
+
+ private:
+  RendezvousClient* rdv_;
+  std::string prefix_;
+  int64_t timeout_ms_;
+};
+
+}  // namespace tessera::comm

@@ -1,0 +1,232 @@
+#include "worker/executor/executor.h"
+
+#include <spdlog/spdlog.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_util.h"
+#include "common/status.h"
+#include "common/util.h"
+#include "worker/comm/gloo_communicator.h"
+#include "worker/comm/nccl_communicator.h"
+#include "worker/executor/comm_check.h"
+#include "worker/executor/cuda_buffer_space.h"
+
+namespace tessera::executor {
+namespace {
+
+std::atomic<bool> g_stop{false};
+void OnSignal(int) { g_stop = true; }
+
+absl::StatusOr<comm::DType> ParseDType(const std::string& s) {
+  if (s == "f32") return comm::DType::kF32;
+  if (s == "bf16") return comm::DType::kBF16;
+  if (s == "i32") return comm::DType::kI32;
+  return absl::InvalidArgumentError(absl::StrCat("dtype: unsupported '", s, "'"));
+}
+
+class ExecutorServiceImpl final : public v1::ExecutorService::Service {
+ public:
+  ExecutorServiceImpl(v1::ExecutorConfig cfg, comm::RendezvousClient* rdv, std::string listen_host)
+      : cfg_(std::move(cfg)), rdv_(rdv), listen_host_(std::move(listen_host)) {}
+
+  grpc::Status Auth(grpc::ServerContext* ctx) {
+    if (!ConstantTimeEquals(BearerToken(ctx), cfg_.secret()))
+      return grpc::Status(grpc::UNAUTHENTICATED, "wrong or missing attempt secret");
+    return grpc::Status::OK;
+  }
+
+  absl::StatusOr<std::pair<const v1::GroupSpec*, int>> Find(const std::string& group) {
+    for (const auto& gr : cfg_.ranks())
+      if (gr.group() == group)
+        for (const auto& g : cfg_.spec().groups())
+          if (g.name() == group) return std::make_pair(&g, gr.rank());
+    return absl::NotFoundError(absl::StrCat("this executor hosts no rank of group '", group, "'"));
+  }
+
+  grpc::Status InitGroup(grpc::ServerContext* ctx, const v1::InitGroupRequest* req, v1::InitGroupResponse* resp) override {
+    if (auto s = Auth(ctx); !s.ok()) return s;
+    auto found = Find(req->group());
+    if (!found.ok()) return ToGrpc(found.status());
+    auto [g, rank] = *found;
+    const auto& l = g->layout();
+    parallel::Layout layout{l.tp(), l.cp(), l.dp(), l.pp(), l.vpp(), l.sp(), l.zero()};
+    auto t0 = std::chrono::steady_clock::now();
+    auto built = BuildGroupComms(g->name(), layout, rank, cfg_.device_type(), cfg_.device_index(), rdv_, listen_host_,
+                                 cfg_.spec().collective_timeout_ms());
+    if (!built.ok()) return ToGrpc(built.status());
+    resp->set_init_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    for (auto& [k, c] : built->comms) resp->add_communicators(c->name());
+    std::lock_guard<std::mutex> lk(mu_);
+    groups_[g->name()] = std::make_shared<GroupComms>(std::move(*built));
+    spdlog::info("group '{}' rank {}: {} communicators ready in {:.2f} s", g->name(), rank, resp->communicators_size(),
+                 resp->init_seconds());
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Call(grpc::ServerContext* ctx, const v1::CallRequest* req, v1::CallResponse* resp) override {
+    if (auto s = Auth(ctx); !s.ok()) return s;
+    std::shared_ptr<GroupComms> gc;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      auto it = groups_.find(req->group());
+      if (it == groups_.end())
+        return grpc::Status(grpc::FAILED_PRECONDITION, absl::StrCat("group '", req->group(), "' is not initialized; call InitGroup first"));
+      gc = it->second;
+    }
+    if (req->method() == "comm_check") return ToGrpc(CommCheck(*gc, req->args_json(), resp));
+    return grpc::Status(grpc::UNIMPLEMENTED, absl::StrCat("method '", req->method(), "' is not implemented"));
+  }
+
+  grpc::Status Shutdown(grpc::ServerContext* ctx, const v1::ShutdownRequest*, v1::ShutdownResponse*) override {
+    if (auto s = Auth(ctx); !s.ok()) return s;
+    g_stop = true;
+    return grpc::Status::OK;
+  }
+
+ private:
+  absl::Status CommCheck(GroupComms& gc, const std::string& args_json, v1::CallResponse* resp) {
+    nlohmann::json a;
+    try {
+      a = nlohmann::json::parse(args_json);
+    } catch (const std::exception& e) {
+      return absl::InvalidArgumentError(absl::StrCat("args_json: ", e.what()));
+    }
+    TESSERA_ASSIGN_OR_RETURN(auto kind, parallel::ParseGroupKind(a.value("group_kind", "")));
+    CommCheckArgs args;
+    args.sizes = a.value("sizes", std::vector<int64_t>{});
+    args.collectives = a.value("collectives", std::vector<std::string>{});
+    args.iters = a.value("iters", 5);
+    args.warmup = a.value("warmup", 1);
+    TESSERA_ASSIGN_OR_RETURN(args.dtype, ParseDType(a.value("dtype", "f32")));
+    nlohmann::json rows = nlohmann::json::array();
+    auto it = gc.comms.find(kind);
+    if (it != gc.comms.end() && it->second->size() > 1) {
+      std::unique_ptr<BufferSpace> space = cfg_.device_type() == v1::GPU ? MakeCudaBufferSpace(cfg_.device_index())
+                                                                         : MakeHostBufferSpace();
+      if (!space) return absl::UnimplementedError("GPU buffers are not available in this build (built without CUDA)");
+      TESSERA_ASSIGN_OR_RETURN(rows, RunCommCheck(*it->second, *space, args, gc.group_index[kind]));
+      spdlog::info("comm_check {} ({} ranks): {} checks done", it->second->name(), it->second->size(), rows.size());
+    }
+    resp->set_result_json(nlohmann::json{{"results", rows}}.dump());
+    return absl::OkStatus();
+  }
+
+  v1::ExecutorConfig cfg_;
+  comm::RendezvousClient* rdv_;
+  std::string listen_host_;
+  std::mutex mu_;
+  std::map<std::string, std::shared_ptr<GroupComms>> groups_;
+};
+
+}  // namespace
+
+absl::StatusOr<GroupComms> BuildGroupComms(const std::string& group, const parallel::Layout& layout, int rank,
+                                           v1::DeviceType device, int device_index, comm::RendezvousClient* rdv,
+                                           const std::string& listen_host, int64_t timeout_ms) {
+  GroupComms gc;
+  gc.layout = layout;
+  gc.rank = rank;
+  for (auto kind : parallel::kAllGroupKinds) {
+    auto m = parallel::GroupOf(layout, kind, rank);
+    if (m.ranks.empty()) continue;  // e.g. a middle pipeline stage has no embedding group
+    std::string name = absl::StrCat(group, "/", parallel::GroupKindName(kind), "/", m.index);
+    std::unique_ptr<comm::Communicator> c;
+    if (m.ranks.size() == 1) {
+      c = comm::MakeSelfCommunicator(name);
+    } else if (device == v1::GPU) {
+      comm::NcclOptions o;
+      o.device = device_index;
+      o.timeout_ms = timeout_ms;
+      TESSERA_ASSIGN_OR_RETURN(c, comm::MakeNcclCommunicator(name, name, m.rank_in_group, m.ranks.size(), rdv, o));
+    } else {
+      comm::GlooOptions o;
+      o.listen_host = listen_host;
+      o.timeout_ms = timeout_ms;
+      TESSERA_ASSIGN_OR_RETURN(c, comm::MakeGlooCommunicator(name, name, m.rank_in_group, m.ranks.size(), rdv, o));
+    }
+    gc.group_index[kind] = m.index;
+    gc.comms[kind] = std::move(c);
+  }
+  return gc;
+}
+
+int RunExecutor(const ExecutorOptions& opts) {
+  prctl(PR_SET_PDEATHSIG, SIGKILL);  // die with the agent that spawned us
+  std::signal(SIGTERM, OnSignal);
+  std::signal(SIGINT, OnSignal);
+  auto raw = ReadFile(opts.config_path);
+  if (!raw.ok()) {
+    spdlog::error("executor config: {}", std::string(raw.status().message()));
+    return 2;
+  }
+  v1::ExecutorConfig cfg;
+  if (!cfg.ParseFromString(*raw)) {
+    spdlog::error("executor config {} is corrupt", opts.config_path);
+    return 2;
+  }
+  spdlog::info("executor {} of job {} attempt {} on node {} ({} {}), pid {}", cfg.executor(), cfg.job_id(), cfg.attempt(),
+               cfg.node_id(), cfg.device_type() == v1::GPU ? "gpu" : "cpu", cfg.device_index(), getpid());
+  std::string ca, cert, key;
+  if (!opts.insecure) {
+    auto c = ReadFile(opts.ca_cert_path), ce = ReadFile(opts.cert_path), k = ReadFile(opts.key_path);
+    if (!c.ok() || !ce.ok() || !k.ok()) {
+      spdlog::error("executor TLS material is missing ({}, {}, {})", opts.ca_cert_path, opts.cert_path, opts.key_path);
+      return 2;
+    }
+    ca = *c, cert = *ce, key = *k;
+  }
+  ChannelOptions co;
+  co.address = cfg.controller_address();
+  co.ca_pem = ca;
+  co.insecure = opts.insecure;
+  auto ch = MakeChannel(co);
+  if (!ch.ok()) {
+    spdlog::error("{}", std::string(ch.status().message()));
+    return 2;
+  }
+  comm::RendezvousClient rdv(*ch, cfg.job_id(), cfg.attempt(), cfg.secret());
+
+  EnableHealthAndReflection();
+  ExecutorServiceImpl svc(cfg, &rdv, opts.listen_host);
+  std::string listen = absl::StrCat(opts.listen_host.find(':') != std::string::npos ? "[" + opts.listen_host + "]" : opts.listen_host, ":0");
+  auto creds = MakeServerCredentials({opts.insecure, {cert, key}}, listen);
+  if (!creds.ok()) {
+    spdlog::error("{}", std::string(creds.status().message()));
+    return 2;
+  }
+  int port = 0;
+  grpc::ServerBuilder b;
+  b.AddListeningPort(listen, *creds, &port);
+  b.SetMaxReceiveMessageSize(kDataMaxMessageBytes);
+  b.SetMaxSendMessageSize(kDataMaxMessageBytes);
+  b.RegisterService(&svc);
+  auto server = b.BuildAndStart();
+  if (!server || port == 0) {
+    spdlog::error("cannot listen on {}", listen);
+    return 2;
+  }
+  std::string addr = absl::StrCat(listen.substr(0, listen.size() - 1), port);
+  auto st = rdv.RegisterExecutor(cfg.executor(), addr);
+  if (!st.ok()) {
+    spdlog::error("cannot register with the controller: {}", st.ToString());
+    return 3;
+  }
+  spdlog::info("serving ExecutorService on {}", addr);
+  while (!g_stop) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  spdlog::info("executor {} shutting down", cfg.executor());
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  // Communicators (Gloo threads, NCCL comms) are torn down by process exit.
+  std::fflush(nullptr);
+  _exit(0);
+}
+
+}  // namespace tessera::executor
