@@ -88,18 +88,20 @@ absl::Status JobManager::Recover() {
 void JobManager::Start() { reconciler_ = std::thread([this] { ReconcileLoop(); }); }
 
 void JobManager::Shutdown() {
-  std::vector<std::shared_ptr<DriverRun>> runs;
   {
     std::lock_guard<std::mutex> l(mu_);
     if (stopping_) return;
-    stopping_ = true;
-    for (auto& [id, rt] : jobs_) if (rt.driver) runs.push_back(rt.driver);
+    stopping_ = true;  // from here on, driver results change no job state
   }
   cv_.notify_all();
   if (reconciler_.joinable()) reconciler_.join();
+  std::vector<std::shared_ptr<DriverRun>> runs;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    runs.swap(runs_);
+  }
   for (auto& r : runs) r->Cancel();
   for (auto& r : runs) if (r->thread.joinable()) r->thread.join();
-  for (auto& t : finished_drivers_) if (t.joinable()) t.join();
 }
 
 void JobManager::Poke() {
@@ -492,12 +494,14 @@ void JobManager::ReconcileOnce() {
     ScheduleJobs(out);
   }
   Send(out);
-  std::vector<std::thread> done;
+  std::vector<std::shared_ptr<DriverRun>> done;
   {
     std::lock_guard<std::mutex> l(mu_);
-    done.swap(finished_drivers_);
+    for (auto it = runs_.begin(); it != runs_.end();) {
+      if ((*it)->finished) { done.push_back(*it); it = runs_.erase(it); } else ++it;
+    }
   }
-  for (auto& t : done) if (t.joinable()) t.join();
+  for (auto& r : done) if (r->thread.joinable()) r->thread.join();
 }
 
 void JobManager::CheckLeases(Outbox& out) {
@@ -651,20 +655,20 @@ void JobManager::StartDriver(JobRt& rt) {
       return fn(ctx);
     }();
     OnDriverDone(snapshot.job_id(), snapshot.attempt(), std::move(result));
+    run->finished = true;
   });
+  runs_.push_back(run);
 }
 
 void JobManager::OnDriverDone(const std::string& job_id, int attempt, absl::StatusOr<std::string> result) {
   Outbox out;
   {
     std::lock_guard<std::mutex> l(mu_);
+    if (stopping_) return;
     auto it = jobs_.find(job_id);
     if (it == jobs_.end()) return;
     JobRt& rt = it->second;
-    if (rt.driver) {
-      finished_drivers_.push_back(std::move(rt.driver->thread));
-      rt.driver.reset();
-    }
+    rt.driver.reset();
     if (rt.job.attempt() != attempt || rt.tearing_down) {
       wake_ = true;
       cv_.notify_all();
@@ -749,7 +753,12 @@ void JobManager::FinishTeardowns() {
       }
       double backoff_s = rt.job.spec().restart_backoff_s() * (1 << std::min(rt.job.restarts(), 6));
       rt.restart_at_ms = MonoMs() + std::min<int64_t>(static_cast<int64_t>(backoff_s * 1000), cfg_.max_backoff_ms);
-      (void)Transition(rt, v1::RESTARTING, rt.after_reason);
+      if (rt.job.state() == v1::RESTARTING && rt.job.reason() == rt.after_reason) {
+        rt.job.set_updated_ms(NowMs());
+        if (auto st = store_->PutJob(rt.job); !st.ok()) spdlog::error("cannot persist job {}: {}", id, st.ToString());
+      } else {
+        (void)Transition(rt, v1::RESTARTING, rt.after_reason);
+      }
     } else {
       (void)Transition(rt, target, rt.after_reason);
     }

@@ -177,7 +177,7 @@ class JobManager {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   int64_t job_counter_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread reconciler_;
-  std::vector<std::thread> finished_drivers_;
+  std::vector<std::shared_ptr<DriverRun>> runs_ ABSL_GUARDED_BY(mu_);  // driver threads to join
 };
 
 }  // namespace tessera::controller

@@ -36,6 +36,7 @@ using ExecutorConnector =
 // State shared between the JobManager and a driver thread.
 struct DriverRun {
   std::atomic<bool> cancelled{false};
+  std::atomic<bool> finished{false};  // the thread is about to exit
   std::vector<std::shared_ptr<ExecutorClient>> clients;  // to cancel in-flight calls
   std::mutex mu;
   std::thread thread;

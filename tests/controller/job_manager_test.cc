@@ -1,0 +1,334 @@
+#include "controller/job_manager.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "common/job_spec.h"
+#include "common/util.h"
+
+namespace tessera::controller {
+namespace {
+
+using ::testing::HasSubstr;
+
+class FakeLink : public AgentLink {
+ public:
+  bool Send(const v1::ControllerMessage& m) override {
+    std::lock_guard<std::mutex> l(mu);
+    msgs.push_back(m);
+    return true;
+  }
+  std::vector<v1::ControllerMessage> Take() {
+    std::lock_guard<std::mutex> l(mu);
+    auto out = std::move(msgs);
+    msgs.clear();
+    return out;
+  }
+  std::mutex mu;
+  std::vector<v1::ControllerMessage> msgs;
+};
+
+class FakeExecutor : public ExecutorClient {
+ public:
+  absl::StatusOr<v1::InitGroupResponse> InitGroup(const v1::InitGroupRequest&, int64_t) override { return v1::InitGroupResponse{}; }
+  absl::StatusOr<v1::CallResponse> Call(const v1::CallRequest&, int64_t) override { return v1::CallResponse{}; }
+  absl::Status Shutdown(int64_t) override { return absl::OkStatus(); }
+  void Cancel() override {}
+};
+
+template <typename F>
+bool WaitFor(F pred, int ms = 5000) {
+  for (int i = 0; i < ms / 5; ++i) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return pred();
+}
+
+class JobManagerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = "/tmp/tessera-jm-test-" + RandomHex(4);
+    ASSERT_TRUE(MakeDirs(dir_).ok());
+    Open();
+  }
+  void Open() {
+    store_ = *Store::Open(dir_ + "/state.db");
+    logs_ = std::make_unique<LogStore>(dir_ + "/logs");
+    JobManagerConfig cfg;
+    cfg.lease_ttl_ms = lease_ms_;
+    cfg.controller_address = "127.0.0.1:1";
+    auto drivers = [this](const std::string&) -> absl::StatusOr<DriverFn> {
+      return DriverFn([this](DriverContext& ctx) -> absl::StatusOr<std::string> {
+        driver_runs_++;
+        while (block_driver_ && !*ctx.cancelled) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        if (*ctx.cancelled) return absl::CancelledError("cancelled");
+        if (!driver_error_.empty()) return absl::InternalError(driver_error_);
+        return std::string("{\"ok\":true}");
+      });
+    };
+    auto connect = [](const std::string&, const std::string&) -> absl::StatusOr<std::shared_ptr<ExecutorClient>> {
+      return std::shared_ptr<ExecutorClient>(std::make_shared<FakeExecutor>());
+    };
+    jm_ = std::make_unique<JobManager>(cfg, store_.get(), &rdv_, logs_.get(), nullptr, drivers, connect);
+    ASSERT_TRUE(jm_->Recover().ok());
+    jm_->Start();
+  }
+  void TearDown() override {
+    jm_.reset();
+    system(("rm -rf " + dir_).c_str());
+  }
+  void AddNode(const std::string& id, int cpus, std::shared_ptr<FakeLink> link, int64_t inc = 1) {
+    v1::RegisterNodeRequest r;
+    r.set_node_id(id);
+    r.set_address("127.0.0.1");
+    r.set_incarnation(inc);
+    for (int i = 0; i < cpus; ++i) {
+      auto* d = r.add_devices();
+      d->set_index(i);
+      d->set_type(v1::CPU);
+    }
+    ASSERT_TRUE(jm_->RegisterNode(r).ok());
+    ASSERT_TRUE(jm_->AttachAgent(id, inc, link).ok());
+  }
+  v1::JobSpec Spec(int devices, int max_restarts) {
+    auto s = ParseJobSpecYaml("name: t\nkind: comm-check\nrestart_backoff_s: 0.01\ngroups:\n  - {name: w, devices: " +
+                              std::to_string(devices) + "}\n");
+    EXPECT_TRUE(s.ok());
+    s->set_max_restarts(max_restarts);
+    EXPECT_TRUE(NormalizeAndValidateJobSpec(*s).ok());
+    return *s;
+  }
+  v1::JobState State(const std::string& id) { return jm_->GetJob(id)->state(); }
+  // Waits for `n` start commands and registers those executors; returns their configs.
+  std::vector<v1::ExecutorConfig> StartAll(FakeLink& link, size_t n) {
+    std::vector<v1::ExecutorConfig> cfgs;
+    EXPECT_TRUE(WaitFor([&] {
+      std::lock_guard<std::mutex> l(link.mu);
+      for (auto it = link.msgs.begin(); it != link.msgs.end();) {
+        if (it->has_start()) { cfgs.push_back(it->start().config()); it = link.msgs.erase(it); } else ++it;
+      }
+      return cfgs.size() >= n;
+    }));
+    for (auto& c : cfgs) EXPECT_TRUE(jm_->RegisterExecutor(c.job_id(), c.attempt(), c.executor(), "127.0.0.1:2").ok());
+    return cfgs;
+  }
+  // Waits until the manager asks the agent to stop the attempt (the driver finished).
+  void WaitStop(FakeLink& link) {
+    EXPECT_TRUE(WaitFor([&] {
+      std::lock_guard<std::mutex> l(link.mu);
+      for (auto& m : link.msgs) if (m.has_stop()) return true;
+      return false;
+    }));
+  }
+  void ExitAll(const std::vector<v1::ExecutorConfig>& cfgs, const std::string& node, bool requested) {
+    for (auto& c : cfgs) {
+      v1::ExecutorEvent ev;
+      ev.set_job_id(c.job_id());
+      ev.set_attempt(c.attempt());
+      ev.set_executor(c.executor());
+      ev.set_phase(v1::EXECUTOR_EXITED);
+      ev.set_requested_stop(requested);
+      ev.set_signal(requested ? 15 : 0);
+      jm_->OnExecutorEvent(node, ev);
+    }
+  }
+
+  std::string dir_;
+  std::unique_ptr<Store> store_;
+  Rendezvous rdv_;
+  std::unique_ptr<LogStore> logs_;
+  std::unique_ptr<JobManager> jm_;
+  int64_t lease_ms_ = 60000;
+  std::atomic<int> driver_runs_{0};
+  std::atomic<bool> block_driver_{false};
+  std::string driver_error_;
+};
+
+TEST_F(JobManagerTest, RunsToSuccessThroughEveryState) {
+  auto link = std::make_shared<FakeLink>();
+  AddNode("n1", 4, link);
+  auto r = jm_->Submit(Spec(4, 0), "sub-1");
+  ASSERT_TRUE(r.ok()) << r.status();
+  std::string id = r->first.job_id();
+  auto cfgs = StartAll(*link, 4);
+  ASSERT_TRUE(WaitFor([&] { return State(id) != v1::STARTING && State(id) != v1::PLACING; }));
+  // Driver finished: the attempt is torn down (stop sent), then SUCCEEDED once executors exit.
+  ASSERT_TRUE(WaitFor([&] {
+    std::lock_guard<std::mutex> l(link->mu);
+    for (auto& m : link->msgs) if (m.has_stop()) return true;
+    return false;
+  }));
+  EXPECT_NE(State(id), v1::SUCCEEDED);
+  ExitAll(cfgs, "n1", true);
+  ASSERT_TRUE(WaitFor([&] { return State(id) == v1::SUCCEEDED; }));
+  bool done = false;
+  auto evs = jm_->WaitEvents(id, 0, 0, &done);
+  std::vector<v1::JobState> states;
+  for (auto& e : *evs) if (!e.has_progress()) states.push_back(e.state());
+  EXPECT_EQ(states, (std::vector<v1::JobState>{v1::PENDING, v1::PLACING, v1::STARTING, v1::RUNNING, v1::SUCCEEDED}));
+  EXPECT_TRUE(done);
+  EXPECT_EQ(jm_->GetJob(id)->result_json(), "{\"ok\":true}");
+  // Idempotent submission.
+  auto again = jm_->Submit(Spec(4, 0), "sub-1");
+  EXPECT_FALSE(again->second);
+  EXPECT_EQ(again->first.job_id(), id);
+  // Devices are free again.
+  auto cs = jm_->ClusterStatus();
+  for (auto& d : cs.nodes(0).devices()) EXPECT_TRUE(d.used_by_job().empty());
+}
+
+TEST_F(JobManagerTest, ExecutorCrashRestartsWholeAttempt) {
+  auto link = std::make_shared<FakeLink>();
+  AddNode("n1", 4, link);
+  block_driver_ = true;
+  std::string id = jm_->Submit(Spec(4, 1), "")->first.job_id();
+  auto cfgs = StartAll(*link, 4);
+  ASSERT_TRUE(WaitFor([&] { return State(id) == v1::RUNNING; }));
+  std::string secret = cfgs[0].secret();
+  EXPECT_TRUE(jm_->CheckScope(id, 1, secret).ok());
+  EXPECT_EQ(jm_->CheckScope(id, 1, "wrong").code(), absl::StatusCode::kPermissionDenied);
+  // kill -9 of executor 2
+  v1::ExecutorEvent ev;
+  ev.set_job_id(id);
+  ev.set_attempt(1);
+  ev.set_executor(2);
+  ev.set_phase(v1::EXECUTOR_EXITED);
+  ev.set_signal(9);
+  jm_->OnExecutorEvent("n1", ev);
+  ASSERT_TRUE(WaitFor([&] { return State(id) == v1::RESTARTING; }));
+  EXPECT_THAT(jm_->GetJob(id)->reason(), HasSubstr("executor 2 (w rank 2) on node n1 was killed by signal 9"));
+  // The stale attempt is refused from now on.
+  EXPECT_EQ(jm_->CheckScope(id, 1, secret).code(), absl::StatusCode::kFailedPrecondition);
+  // Nothing new starts before the old executors are gone.
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  for (auto& m : link->Take()) EXPECT_FALSE(m.has_start());
+  cfgs.erase(cfgs.begin() + 2);
+  ExitAll(cfgs, "n1", true);
+  block_driver_ = false;
+  auto cfgs2 = StartAll(*link, 4);
+  EXPECT_EQ(cfgs2[0].attempt(), 2);
+  WaitStop(*link);
+  ExitAll(cfgs2, "n1", true);
+  ASSERT_TRUE(WaitFor([&] { return State(id) == v1::SUCCEEDED; }));
+  EXPECT_EQ(jm_->GetJob(id)->restarts(), 1);
+}
+
+TEST_F(JobManagerTest, NoRestartsLeftFailsWithRankAndNode) {
+  auto link = std::make_shared<FakeLink>();
+  AddNode("n1", 2, link);
+  block_driver_ = true;
+  std::string id = jm_->Submit(Spec(2, 0), "")->first.job_id();
+  auto cfgs = StartAll(*link, 2);
+  ASSERT_TRUE(WaitFor([&] { return State(id) == v1::RUNNING; }));
+  v1::ExecutorEvent ev;
+  ev.set_job_id(id);
+  ev.set_attempt(1);
+  ev.set_executor(1);
+  ev.set_phase(v1::EXECUTOR_EXITED);
+  ev.set_exit_code(3);
+  jm_->OnExecutorEvent("n1", ev);
+  ExitAll({cfgs[0]}, "n1", true);
+  ASSERT_TRUE(WaitFor([&] { return State(id) == v1::FAILED; }));
+  EXPECT_THAT(jm_->GetJob(id)->reason(), HasSubstr("executor 1 (w rank 1) on node n1 exited with code 3"));
+}
+
+TEST_F(JobManagerTest, NeverFitsIsRejectedAndNotPersisted) {
+  auto link = std::make_shared<FakeLink>();
+  AddNode("n1", 2, link);
+  auto r = jm_->Submit(Spec(4, 0), "");
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("can never fit"));
+  EXPECT_TRUE(jm_->ListJobs({}, 0).empty());
+  EXPECT_TRUE(store_->LoadJobs()->empty());
+}
+
+TEST_F(JobManagerTest, CannotFitNowWaitsPending) {
+  auto link = std::make_shared<FakeLink>();
+  AddNode("n1", 2, link);
+  block_driver_ = true;
+  std::string a = jm_->Submit(Spec(2, 0), "")->first.job_id();
+  auto cfgs = StartAll(*link, 2);
+  std::string b = jm_->Submit(Spec(2, 0), "")->first.job_id();
+  ASSERT_TRUE(WaitFor([&] { return jm_->GetJob(b)->reason().find("Unschedulable") != std::string::npos; }));
+  EXPECT_EQ(State(b), v1::PENDING);
+  ASSERT_TRUE(jm_->Stop(a, "").ok());
+  ExitAll(cfgs, "n1", true);
+  ASSERT_TRUE(WaitFor([&] { return State(a) == v1::STOPPED; }));
+  ASSERT_TRUE(WaitFor([&] { return State(b) == v1::STARTING; }));
+}
+
+TEST_F(JobManagerTest, LostNodeRestartsItsJobs) {
+  jm_.reset();
+  lease_ms_ = 600;
+  Open();
+  auto link = std::make_shared<FakeLink>();
+  AddNode("n1", 2, link);
+  block_driver_ = true;
+  std::string id = jm_->Submit(Spec(2, 0), "")->first.job_id();
+  StartAll(*link, 2);
+  ASSERT_TRUE(WaitFor([&] { return State(id) == v1::RUNNING; }));
+  // No heartbeats: after the 600 ms lease the node is lost and the job fails (no restarts left).
+  ASSERT_TRUE(WaitFor([&] { return State(id) == v1::FAILED; }, 5000));
+  EXPECT_THAT(jm_->GetJob(id)->reason(), HasSubstr("node n1 was lost"));
+  EXPECT_EQ(jm_->ClusterStatus().nodes(0).state(), v1::LOST);
+}
+
+TEST_F(JobManagerTest, StaleIncarnationIsRefused) {
+  auto link = std::make_shared<FakeLink>();
+  AddNode("n1", 2, link, 5);
+  v1::RegisterNodeRequest r;
+  r.set_node_id("n1");
+  r.set_address("x");
+  r.set_incarnation(4);
+  EXPECT_EQ(jm_->RegisterNode(r).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(JobManagerTest, RecoversJobsAfterRestartWithoutLaunchingTwice) {
+  auto link = std::make_shared<FakeLink>();
+  AddNode("n1", 2, link);
+  block_driver_ = true;
+  std::string id = jm_->Submit(Spec(2, 1), "")->first.job_id();
+  auto cfgs = StartAll(*link, 2);
+  ASSERT_TRUE(WaitFor([&] { return State(id) == v1::RUNNING; }));
+  std::string done_id;
+  jm_.reset();  // the controller dies
+  block_driver_ = false;
+  Open();
+  EXPECT_EQ(State(id), v1::RESTARTING);
+  // The agent re-registers (same incarnation) still running both old executors:
+  // they are stopped, and only after they exit does attempt 2 start.
+  auto link2 = std::make_shared<FakeLink>();
+  v1::RegisterNodeRequest r;
+  r.set_node_id("n1");
+  r.set_address("127.0.0.1");
+  r.set_incarnation(1);
+  for (int i = 0; i < 2; ++i) {
+    auto* d = r.add_devices();
+    d->set_index(i);
+    d->set_type(v1::CPU);
+    auto* run = r.add_running();
+    run->set_job_id(id);
+    run->set_attempt(1);
+    run->set_executor(i);
+  }
+  ASSERT_TRUE(jm_->RegisterNode(r).ok());
+  ASSERT_TRUE(jm_->AttachAgent("n1", 1, link2).ok());
+  bool stop_seen = false;
+  for (auto& m : link2->Take()) { EXPECT_FALSE(m.has_start()); stop_seen |= m.has_stop(); }
+  EXPECT_TRUE(stop_seen);
+  ExitAll(cfgs, "n1", true);
+  auto cfgs2 = StartAll(*link2, 2);
+  EXPECT_EQ(cfgs2[0].attempt(), 2);
+  WaitStop(*link2);
+  ExitAll(cfgs2, "n1", true);
+  ASSERT_TRUE(WaitFor([&] { return State(id) == v1::SUCCEEDED; }));
+  EXPECT_EQ(jm_->GetJob(id)->restarts(), 0);  // a controller restart is not the job's fault
+}
+
+}  // namespace
+}  // namespace tessera::controller
