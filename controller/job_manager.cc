@@ -113,9 +113,26 @@ void JobManager::Poke() {
 }
 
 void JobManager::Send(Outbox& out) {
-  for (auto& [link, msg] : out)
-    if (link && !link->Send(msg)) spdlog::warn("could not send a command to an agent (stream closed)");
+  // Resolve each node's stream under the lock; commands for a node without one
+  // wait in its pending queue until the agent attaches (AttachAgent flushes it).
+  std::vector<std::tuple<std::string, std::shared_ptr<AgentLink>, v1::ControllerMessage>> ready;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    for (auto& [node, msg] : out) {
+      auto it = nodes_.find(node);
+      if (it == nodes_.end()) continue;
+      if (it->second.link) ready.emplace_back(node, it->second.link, std::move(msg));
+      else it->second.pending.push_back(std::move(msg));
+    }
+  }
   out.clear();
+  for (auto& [node, link, msg] : ready) {
+    if (link->Send(msg)) continue;
+    spdlog::warn("could not send a command to node {} (stream closed); it waits for the agent to reconnect", node);
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = nodes_.find(node);
+    if (it != nodes_.end()) it->second.pending.push_back(std::move(msg));
+  }
 }
 
 void JobManager::AddEvent(JobRt& rt, const v1::JobEvent& ev) {
@@ -336,6 +353,7 @@ absl::Status JobManager::RegisterNode(const v1::RegisterNodeRequest& req) {
         n.pending.push_back(m);  // sent once the agent attaches its stream
       }
     }
+    UpdateStaleDevices(n, req.running());
     // Devices whose executors have not exited stay used (also after a controller restart).
     for (auto& [id, rt] : jobs_)
       for (const auto& a : rt.job.assignments()) {
@@ -366,7 +384,7 @@ absl::Status JobManager::AttachAgent(const std::string& node_id, int64_t incarna
                                                         " is not registered; call RegisterNode first"));
     it->second.link = link;
     it->second.last_seen_mono = MonoMs();
-    for (auto& m : it->second.pending) out.emplace_back(link, m);
+    for (auto& m : it->second.pending) out.emplace_back(node_id, m);
     it->second.pending.clear();
     // Re-send stops for attempts being torn down on this node (the old stream may have lost them).
     for (auto& [id, rt] : jobs_) {
@@ -377,7 +395,7 @@ absl::Status JobManager::AttachAgent(const std::string& node_id, int64_t incarna
         m.mutable_stop()->set_job_id(id);
         m.mutable_stop()->set_attempt(rt.job.attempt());
         m.mutable_stop()->set_grace_ms(cfg_.stop_grace_ms);
-        out.emplace_back(link, m);
+        out.emplace_back(node_id, m);
         break;
       }
     }
@@ -397,6 +415,7 @@ void JobManager::OnHeartbeat(const std::string& node_id, int64_t incarnation, co
   auto it = nodes_.find(node_id);
   if (it == nodes_.end() || it->second.status.incarnation() != incarnation) return;
   it->second.last_seen_mono = MonoMs();
+  UpdateStaleDevices(it->second, hb.running());
   if (metrics_) metrics_->SetLeaseAge(node_id, 0);
 }
 
@@ -528,6 +547,19 @@ void JobManager::CheckLeases(Outbox& out) {
   }
 }
 
+void JobManager::UpdateStaleDevices(NodeRt& n, const google::protobuf::RepeatedPtrField<v1::RunningExecutor>& running) {
+  n.stale_devices.clear();
+  for (const auto& r : running) {
+    auto it = jobs_.find(r.job_id());
+    bool owned = false;
+    if (it != jobs_.end() && it->second.job.attempt() == r.attempt()) {
+      auto ex = it->second.execs.find(r.executor());
+      owned = ex != it->second.execs.end() && ex->second.state != ExecState::kExited;
+    }
+    if (!owned) n.stale_devices.insert({r.device_type(), r.device_index()});
+  }
+}
+
 std::vector<NodeView> JobManager::NodeViews(bool include_used) {
   std::vector<NodeView> views;
   for (auto& [id, n] : nodes_) {
@@ -535,7 +567,8 @@ std::vector<NodeView> JobManager::NodeViews(bool include_used) {
     v.node_id = id;
     v.schedulable = n.status.state() == v1::READY;
     for (const auto& d : n.status.devices())
-      v.devices.push_back({d.type(), d.index(), include_used || d.used_by_job().empty()});
+      v.devices.push_back({d.type(), d.index(),
+                           include_used || (d.used_by_job().empty() && !n.stale_devices.count({d.type(), d.index()}))});
     views.push_back(std::move(v));
   }
   return views;
@@ -588,7 +621,7 @@ void JobManager::ScheduleJobs(Outbox& out) {
       c->set_controller_address(cfg_.controller_address);
       *c->mutable_spec() = rt.job.spec();
       *c->mutable_ranks() = a.ranks();
-      out.emplace_back(nodes_[a.node_id()].link, m);
+      out.emplace_back(a.node_id(), m);
     }
     rt.start_deadline_ms = now + rt.job.spec().start_timeout_ms();
     (void)Transition(rt, v1::STARTING, absl::StrCat("starting ", rt.execs.size(), " executors"));
@@ -715,7 +748,7 @@ void JobManager::BeginTeardown(JobRt& rt, v1::JobState target, const std::string
     m.mutable_stop()->set_job_id(rt.job.job_id());
     m.mutable_stop()->set_attempt(rt.job.attempt());
     m.mutable_stop()->set_grace_ms(cfg_.stop_grace_ms);
-    out.emplace_back(nodes_[n].link, m);
+    out.emplace_back(n, m);
   }
   wake_ = true;
 }

@@ -133,8 +133,9 @@ class JobManager {
     std::shared_ptr<AgentLink> link;
     int64_t last_seen_mono = 0;
     std::vector<v1::ControllerMessage> pending;  // waiting for the agent's stream
+    std::set<std::pair<int, int>> stale_devices; // (type, index) held by executors of no live attempt
   };
-  using Outbox = std::vector<std::pair<std::shared_ptr<AgentLink>, v1::ControllerMessage>>;
+  using Outbox = std::vector<std::pair<std::string, v1::ControllerMessage>>;  // node id, command
 
   void ReconcileLoop();
   void ReconcileOnce();
@@ -157,6 +158,10 @@ class JobManager {
   void SetDevicesUsed(const JobRt& rt, bool used) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Send(Outbox& out);
   void UpdateGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Devices the agent reports busy with executors that no live attempt owns (e.g.
+  // the old attempt after a controller restart): not schedulable until they exit.
+  void UpdateStaleDevices(NodeRt& n, const google::protobuf::RepeatedPtrField<v1::RunningExecutor>& running)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   JobManagerConfig cfg_;
   Store* store_;

@@ -88,6 +88,8 @@ std::vector<v1::RunningExecutor> Agent::Running() {
     r.set_attempt(std::get<1>(k));
     r.set_executor(std::get<2>(k));
     r.set_pid(e.pid);
+    r.set_device_type(e.device_type);
+    r.set_device_index(e.device_index);
     out.push_back(r);
   }
   return out;
@@ -114,14 +116,19 @@ void Agent::Run() {
   co.address = opts_.controller;
   co.ca_pem = ca_pem_;
   co.insecure = opts_.insecure;
-  auto ch = MakeChannel(co);
-  if (!ch.ok()) {
-    spdlog::error("agent: {}", std::string(ch.status().message()));
-    return;
-  }
-  auto stub = v1::NodeService::NewStub(*ch);
   int64_t backoff = 250;
+  std::unique_ptr<v1::NodeService::Stub> stub;
   while (!stop_) {
+    if (!stub) {
+      // A fresh channel per attempt: a channel that saw the controller go away keeps
+      // its own reconnect backoff, which would delay re-registration.
+      auto ch = MakeChannel(co);
+      if (!ch.ok()) {
+        spdlog::error("agent: {}", std::string(ch.status().message()));
+        return;
+      }
+      stub = v1::NodeService::NewStub(*ch);
+    }
     v1::RegisterNodeResponse resp;
     auto st = RegisterOnce(stub.get(), &resp);
     if (!st.ok()) {
@@ -131,7 +138,8 @@ void Agent::Run() {
         backoff = 5000;
       std::unique_lock<std::mutex> l(stream_mu_);
       stop_cv_.wait_for(l, std::chrono::milliseconds(backoff), [&] { return stop_.load(); });
-      backoff = std::min<int64_t>(backoff * 2, 5000);
+      backoff = std::min<int64_t>(backoff * 2, 2000);
+      stub.reset();
       continue;
     }
     backoff = 250;
@@ -144,6 +152,7 @@ void Agent::Run() {
                  incarnation_, devices_.size());
     Serve(stub.get());
     registered_ = false;
+    stub.reset();
     if (!stop_) spdlog::warn("agent {}: lost the controller stream; re-registering", opts_.node_id);
   }
 }
@@ -268,6 +277,8 @@ void Agent::StartExecutor(const v1::ExecutorConfig& cfg) {
   spdlog::info("agent: started executor {} of job {} attempt {} (pid {})", cfg.executor(), cfg.job_id(), cfg.attempt(), pid);
   Exec& e = execs_[key];
   e.pid = pid;
+  e.device_type = cfg.device_type();
+  e.device_index = cfg.device_index();
   e.reader = std::thread([this, key, fd = fds[0], pid] { ReadAndReap(key, fd, pid); });
   v1::AgentMessage m;
   auto* ev = m.mutable_executor_event();

@@ -57,6 +57,8 @@ class Agent {
   struct Exec {
     pid_t pid = 0;
     bool requested_stop = false;
+    v1::DeviceType device_type = v1::CPU;
+    int device_index = 0;
     std::thread reader;
   };
 

@@ -1,0 +1,175 @@
+#include "tests/integration/cluster.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "common/job_spec.h"
+#include "common/util.h"
+
+extern char** environ;
+
+namespace tessera::testing {
+
+bool Proc::Start(const std::vector<std::string>& argv, const std::string& log_path) {
+  std::vector<char*> a;
+  for (auto& s : argv) a.push_back(const_cast<char*>(s.c_str()));
+  a.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  int rc = posix_spawn(&pid_, a[0], &fa, nullptr, a.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  if (rc != 0) pid_ = -1;
+  return rc == 0;
+}
+
+void Proc::Kill(int sig) {
+  if (pid_ > 0) ::kill(pid_, sig);
+}
+
+int Proc::Wait(int timeout_ms) {
+  if (pid_ <= 0) return 0;
+  for (int i = 0; i <= timeout_ms / 10; ++i) {
+    int st = 0;
+    if (waitpid(pid_, &st, WNOHANG) == pid_) {
+      pid_ = -1;
+      return st;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return -1;
+}
+
+Cluster::Cluster(ClusterOptions o) : o_(o) {
+  dir_ = "/tmp/tessera-it-" + RandomHex(4);
+  (void)MakeDirs(dir_ + "/controller", 0700);
+  admin_token_ = RandomHex(16);
+  read_token_ = RandomHex(16);
+  (void)WriteFileAtomic(dir_ + "/controller/tokens",
+                        absl::StrCat("admin admin ", admin_token_, "\nread viewer ", read_token_, "\n"), 0600);
+}
+
+Cluster::~Cluster() {
+  client_.reset();
+  for (auto& a : agents_) if (a) { a->Kill(SIGTERM); a->Wait(3000); }
+  agents_.clear();
+  controller_.reset();
+  if (!getenv("TESSERA_KEEP_TEST_DIRS")) system(("rm -rf " + dir_).c_str());
+}
+
+std::string Cluster::address() const { return absl::StrCat("127.0.0.1:", port_); }
+std::string Cluster::ca_pem() const { return *ReadFile(dir_ + "/controller/ca.crt"); }
+std::string Cluster::agent_work_dir(int i) const { return absl::StrCat(dir_, "/agent", i); }
+
+absl::Status Cluster::StartController() {
+  controller_ = std::make_unique<Proc>();
+  std::string conf = dir_ + "/controller/admin.conf";
+  unlink(conf.c_str());
+  std::vector<std::string> argv = {std::string(TESSERA_BIN_DIR) + "/tessera-controller",
+                                   "--state-dir", dir_ + "/controller",
+                                   "--listen", absl::StrCat("127.0.0.1:", port_),
+                                   "--lease-ttl", absl::StrCat(o_.lease_s)};
+  if (!controller_->Start(argv, dir_ + "/controller.log")) return absl::InternalError("cannot start controller");
+  for (int i = 0; i < 1000; ++i) {
+    auto text = ReadFile(conf);
+    if (text.ok()) {
+      auto j = nlohmann::json::parse(*text);
+      std::string addr = j["address"];
+      port_ = std::stoi(addr.substr(addr.rfind(':') + 1));
+      client::ClientConfig cc{address(), admin_token_, ca_pem(), false};
+      auto c = client::Client::Connect(cc);
+      if (!c.ok()) return c.status();
+      client_ = std::move(*c);
+      return absl::OkStatus();
+    }
+    if (controller_->Wait(0) != -1) return absl::InternalError("controller exited; see " + dir_ + "/controller.log");
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return absl::DeadlineExceededError("controller did not write admin.conf");
+}
+
+absl::Status Cluster::StartAgent(int i) {
+  if (static_cast<int>(agents_.size()) <= i) agents_.resize(i + 1);
+  agents_[i] = std::make_unique<Proc>();
+  std::vector<std::string> argv = {std::string(TESSERA_BIN_DIR) + "/tessera-worker",
+                                   "--controller", address(),
+                                   "--ca-cert", dir_ + "/controller/ca.crt",
+                                   "--join-token-file", dir_ + "/controller/join-token",
+                                   "--node-id", absl::StrCat("n", i),
+                                   "--cpu-slots", absl::StrCat(o_.cpu_slots),
+                                   "--no-gpus",
+                                   "--work-dir", agent_work_dir(i),
+                                   "--listen-host", "127.0.0.1"};
+  if (!agents_[i]->Start(argv, absl::StrCat(dir_, "/agent", i, ".log"))) return absl::InternalError("cannot start agent");
+  return absl::OkStatus();
+}
+
+absl::Status Cluster::WaitNodes(int ready, int timeout_ms) {
+  for (int i = 0; i < timeout_ms / 20; ++i) {
+    auto s = client_->Status();
+    if (s.ok()) {
+      int n = 0;
+      for (auto& node : s->nodes()) n += node.state() == v1::READY;
+      if (n >= ready) return absl::OkStatus();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return absl::DeadlineExceededError(absl::StrCat(ready, " nodes did not become ready"));
+}
+
+absl::StatusOr<std::unique_ptr<client::Client>> Cluster::ClientWithToken(const std::string& token) {
+  return client::Client::Connect({address(), token, ca_pem(), false});
+}
+
+absl::StatusOr<v1::Job> Cluster::WaitState(const std::string& job, v1::JobState s, int timeout_ms) {
+  v1::Job last;
+  for (int i = 0; i < timeout_ms / 20; ++i) {
+    auto j = client_->Get(job);
+    if (j.ok()) {
+      last = *j;
+      if (j->state() == s) return *j;
+      if (IsTerminal(j->state())) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return absl::DeadlineExceededError(absl::StrCat("job ", job, " is ", JobStateName(last.state()), " (", last.reason(),
+                                                  "), not ", JobStateName(s)));
+}
+
+std::vector<pid_t> Cluster::ExecutorPids(const std::string& job, int attempt) {
+  std::vector<pid_t> out;
+  std::string needle = absl::StrCat("/jobs/", job, "/attempt-", attempt, "/executor-");
+  DIR* d = opendir("/proc");
+  while (dirent* e = readdir(d)) {
+    pid_t pid = atoi(e->d_name);
+    if (pid <= 0) continue;
+    std::ifstream in(absl::StrCat("/proc/", pid, "/cmdline"));
+    std::string cmd((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (cmd.find(needle) != std::string::npos && cmd.find("executor") != std::string::npos) out.push_back(pid);
+  }
+  closedir(d);
+  return out;
+}
+
+v1::JobSpec CommCheckSpec(int devices, int tp, int pp, int max_restarts, int iters) {
+  auto s = ParseJobSpecYaml(absl::StrCat(
+      "name: cc\nkind: comm-check\nrestart_backoff_s: 0.2\nmax_restarts: ", max_restarts,
+      "\ncollective_timeout_s: 20\ngroups:\n  - name: workers\n    devices: ", devices, "\n    layout: {tp: ", tp,
+      ", pp: ", pp, "}\ncomm_check:\n  sizes: [4KiB, 64KiB]\n  iters: ", iters, "\n"));
+  (void)NormalizeAndValidateJobSpec(*s);
+  return *s;
+}
+
+}  // namespace tessera::testing

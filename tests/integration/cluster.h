@@ -1,0 +1,76 @@
+// Multi-process test harness: a real tessera-controller and real tessera-worker
+// agents (which spawn real executors) on loopback, with TLS and tokens as in
+// production. Processes are killed at teardown.
+#pragma once
+
+#include <signal.h>
+#include <sys/types.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "client/cli.h"
+
+namespace tessera::testing {
+
+class Proc {
+ public:
+  Proc() = default;
+  Proc(const Proc&) = delete;
+  ~Proc() { Kill(SIGKILL); Wait(5000); }
+  bool Start(const std::vector<std::string>& argv, const std::string& log_path);
+  void Kill(int sig);
+  // Returns the wait status, or -1 if still running after timeout.
+  int Wait(int timeout_ms);
+  bool alive() const { return pid_ > 0; }
+  pid_t pid() const { return pid_; }
+
+ private:
+  pid_t pid_ = -1;
+};
+
+struct ClusterOptions {
+  int agents = 2;
+  int cpu_slots = 4;
+  double lease_s = 10;
+};
+
+class Cluster {
+ public:
+  explicit Cluster(ClusterOptions o);
+  ~Cluster();
+  // Starts (or restarts, on the same port and state dir) the controller.
+  absl::Status StartController();
+  absl::Status StartAgent(int i);
+  absl::Status WaitNodes(int ready, int timeout_ms);
+  client::Client& client() { return *client_; }
+  absl::StatusOr<std::unique_ptr<client::Client>> ClientWithToken(const std::string& token);
+  std::vector<std::unique_ptr<Proc>>& agents() { return agents_; }
+  Proc& controller() { return *controller_; }
+  const std::string& dir() const { return dir_; }
+  std::string address() const;
+  const std::string& read_token() const { return read_token_; }
+  const std::string& admin_token() const { return admin_token_; }
+  std::string ca_pem() const;
+  std::string agent_work_dir(int i) const;
+
+  absl::StatusOr<v1::Job> WaitState(const std::string& job, v1::JobState s, int timeout_ms);
+  // Pids of the executors of job `job`, attempt `attempt`, found in /proc.
+  static std::vector<pid_t> ExecutorPids(const std::string& job, int attempt);
+
+ private:
+  ClusterOptions o_;
+  std::string dir_;
+  int port_ = 0;
+  std::string admin_token_, read_token_;
+  std::unique_ptr<Proc> controller_;
+  std::vector<std::unique_ptr<Proc>> agents_;
+  std::unique_ptr<client::Client> client_;
+};
+
+// A comm-check job spec on `devices` CPU executors.
+v1::JobSpec CommCheckSpec(int devices, int tp, int pp, int max_restarts, int iters = 2);
+
+}  // namespace tessera::testing

@@ -1,0 +1,257 @@
+// Integration tests: real controller, agents and executors on loopback.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <sstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_util.h"
+#include "common/util.h"
+#include "tessera/v1/node_service.pb.h"
+#include "tessera/v1/rendezvous_service.grpc.pb.h"
+#include "tests/integration/cluster.h"
+
+namespace tessera::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::unique_ptr<Cluster> Up(ClusterOptions o) {
+  auto c = std::make_unique<Cluster>(o);
+  EXPECT_TRUE(c->StartController().ok());
+  for (int i = 0; i < o.agents; ++i) EXPECT_TRUE(c->StartAgent(i).ok());
+  EXPECT_TRUE(c->WaitNodes(o.agents, 20000).ok());
+  return c;
+}
+
+std::string Submit(Cluster& c, const v1::JobSpec& spec) {
+  auto r = c.client().Submit(spec, "");
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r.ok() ? r->job().job_id() : "";
+}
+
+// Waits until the job runs and returns its executor pids.
+std::vector<pid_t> RunningExecutors(Cluster& c, const std::string& id, int attempt, size_t n) {
+  std::vector<pid_t> pids;
+  for (int i = 0; i < 1500 && pids.size() < n; ++i) {
+    pids = Cluster::ExecutorPids(id, attempt);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(c.WaitState(id, v1::RUNNING, 30000).ok());
+  return pids;
+}
+
+TEST(Cluster, CommCheckTp2Dp2Pp2OnTwoAgentsOverGloo) {
+  auto c = Up({.agents = 2, .cpu_slots = 4});
+  std::string id = Submit(*c, CommCheckSpec(8, 2, 2, 0));
+  std::ostringstream progress;
+  auto job = c->client().Watch(id, progress);
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_EQ(job->state(), v1::SUCCEEDED) << job->reason() << "\n" << progress.str();
+  EXPECT_THAT(progress.str(), HasSubstr("RUNNING"));
+  EXPECT_THAT(progress.str(), HasSubstr("tp: 10 checks passed"));
+  // Both nodes were used, TP pairs on one node.
+  std::set<std::string> nodes;
+  for (const auto& a : job->assignments()) nodes.insert(a.node_id());
+  EXPECT_EQ(nodes.size(), 2u);
+  auto table = nlohmann::json::parse(job->result_json())["comm_check"];
+  std::set<std::string> kinds;
+  for (const auto& r : table) {
+    kinds.insert(r["kind"].get<std::string>());
+    EXPECT_EQ(r["errors"].get<int>(), 0);
+    EXPECT_GT(r["busbw_gbps"].get<double>(), 0);
+  }
+  EXPECT_EQ(kinds, (std::set<std::string>{"tp", "dp", "pp", "dp_cp", "mp", "embedding", "world"}));
+  // Every rank's log is retrievable after the job ended.
+  std::ostringstream logs;
+  ASSERT_TRUE(c->client().Logs(id, -1, 0, false, logs).ok());
+  for (int x = 0; x < 8; ++x)
+    EXPECT_THAT(logs.str(), HasSubstr(absl::StrCat("[attempt 1 executor ", x, " n"))) << logs.str();
+  EXPECT_THAT(logs.str(), HasSubstr("serving ExecutorService"));
+  std::ostringstream one;
+  ASSERT_TRUE(c->client().Logs(id, 5, 0, false, one).ok());
+  EXPECT_THAT(one.str(), Not(HasSubstr("executor 4 ")));
+  // The devices are free again.
+  auto st = c->client().Status();
+  for (const auto& n : st->nodes())
+    for (const auto& d : n.devices()) EXPECT_TRUE(d.used_by_job().empty());
+}
+
+TEST(Cluster, KilledExecutorRestartsTheAttempt) {
+  auto c = Up({.agents = 2, .cpu_slots = 2});
+  std::string id = Submit(*c, CommCheckSpec(4, 2, 1, 1, 20));
+  auto pids = RunningExecutors(*c, id, 1, 4);
+  ASSERT_EQ(pids.size(), 4u);
+  ASSERT_EQ(kill(pids[1], SIGKILL), 0);
+  auto j = c->WaitState(id, v1::SUCCEEDED, 90000);
+  ASSERT_TRUE(j.ok()) << j.status();
+  EXPECT_EQ(j->attempt(), 2);
+  EXPECT_EQ(j->restarts(), 1);
+  // The old attempt's executors are all gone, and the stale attempt is refused.
+  EXPECT_TRUE(Cluster::ExecutorPids(id, 1).empty());
+  std::string cfg_path;
+  for (int a = 0; a < 2 && cfg_path.empty(); ++a)
+    for (int x = 0; x < 4; ++x) {
+      std::string p = absl::StrCat(c->agent_work_dir(a), "/jobs/", id, "/attempt-1/executor-", x, ".pb");
+      if (ReadFile(p).ok()) { cfg_path = p; break; }
+    }
+  ASSERT_FALSE(cfg_path.empty());
+  v1::ExecutorConfig old;
+  ASSERT_TRUE(old.ParseFromString(*ReadFile(cfg_path)));
+  auto ch = MakeChannel({c->address(), c->ca_pem()});
+  auto stub = v1::RendezvousService::NewStub(*ch);
+  grpc::ClientContext ctx;
+  PrepareContext(ctx, old.secret(), 5000);
+  v1::SetRequest req;
+  req.mutable_scope()->set_job_id(id);
+  req.mutable_scope()->set_attempt(1);
+  req.set_key("x");
+  v1::SetResponse resp;
+  auto st = stub->Set(&ctx, req, &resp);
+  EXPECT_EQ(st.error_code(), grpc::FAILED_PRECONDITION) << st.error_message();
+  EXPECT_THAT(st.error_message(), HasSubstr("attempt 1 is stale"));
+}
+
+TEST(Cluster, KilledExecutorWithoutRestartsFailsNamingRankAndNode) {
+  auto c = Up({.agents = 1, .cpu_slots = 2});
+  std::string id = Submit(*c, CommCheckSpec(2, 2, 1, 0, 20));
+  auto pids = RunningExecutors(*c, id, 1, 2);
+  ASSERT_EQ(pids.size(), 2u);
+  kill(pids[0], SIGKILL);
+  auto j = c->WaitState(id, v1::FAILED, 60000);
+  ASSERT_TRUE(j.ok()) << j.status();
+  EXPECT_THAT(j->reason(), HasSubstr("on node n0 was killed by signal 9"));
+  EXPECT_THAT(j->reason(), HasSubstr("workers rank"));
+}
+
+TEST(Cluster, KilledAgentLosesItsNodeAfterTheLease) {
+  auto c = Up({.agents = 2, .cpu_slots = 2, .lease_s = 2});
+  std::string id = Submit(*c, CommCheckSpec(4, 2, 1, 0, 20));
+  RunningExecutors(*c, id, 1, 4);
+  c->agents()[1]->Kill(SIGKILL);
+  c->agents()[1]->Wait(2000);
+  auto j = c->WaitState(id, v1::FAILED, 60000);
+  ASSERT_TRUE(j.ok()) << j.status();
+  auto st = c->client().Status();
+  ASSERT_TRUE(st.ok());
+  bool lost = false;
+  for (const auto& n : st->nodes()) lost |= n.node_id() == "n1" && n.state() == v1::LOST;
+  EXPECT_TRUE(lost);
+  // The job's reason names what went first: the node, or an executor on it.
+  EXPECT_THAT(j->reason(), ::testing::AnyOf(HasSubstr("node n1"), HasSubstr("executor")));
+}
+
+TEST(Cluster, ControllerRestartMidJobLosesNothingAndLaunchesNothingTwice) {
+  auto c = Up({.agents = 2, .cpu_slots = 2, .lease_s = 4});
+  std::string id = Submit(*c, CommCheckSpec(4, 2, 1, 0, 10));
+  RunningExecutors(*c, id, 1, 4);
+  c->controller().Kill(SIGKILL);
+  c->controller().Wait(2000);
+  ASSERT_TRUE(c->StartController().ok());
+  auto j = c->WaitState(id, v1::SUCCEEDED, 90000);
+  ASSERT_TRUE(j.ok()) << j.status();
+  EXPECT_EQ(j->attempt(), 2);
+  EXPECT_EQ(j->restarts(), 0);
+  ASSERT_TRUE(c->WaitNodes(2, 10000).ok());  // agents re-registered
+  // Exactly one executor per rank was launched for attempt 2, and no attempt 3.
+  int configs = 0;
+  for (int a = 0; a < 2; ++a)
+    for (int x = 0; x < 4; ++x) {
+      configs += ReadFile(absl::StrCat(c->agent_work_dir(a), "/jobs/", id, "/attempt-2/executor-", x, ".pb")).ok();
+      EXPECT_FALSE(ReadFile(absl::StrCat(c->agent_work_dir(a), "/jobs/", id, "/attempt-3/executor-", x, ".pb")).ok());
+    }
+  EXPECT_EQ(configs, 4);
+  EXPECT_EQ(c->client().List(100)->size(), 1u);
+}
+
+TEST(Cluster, BadInputIsRejectedAndDisturbsNothing) {
+  auto c = Up({.agents = 1, .cpu_slots = 2});
+  std::string running = Submit(*c, CommCheckSpec(2, 2, 1, 0, 5));
+  auto expect = [&](v1::JobSpec spec, grpc::StatusCode code, const std::string& text) {
+    auto r = c->client().Submit(spec, "");
+    EXPECT_FALSE(r.ok());
+    EXPECT_EQ(static_cast<int>(r.status().code()), static_cast<int>(code)) << r.status();
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr(text));
+  };
+  auto spec = CommCheckSpec(2, 2, 1, 0);
+  auto bad = spec;
+  bad.mutable_groups(0)->set_devices(3);
+  expect(bad, grpc::INVALID_ARGUMENT, "groups[0]: layout: the group has 3 devices but tp*cp*dp*pp = 2*1*1*1 = 2");
+  bad = spec;
+  bad.mutable_groups(0)->mutable_layout()->set_vpp(2);
+  expect(bad, grpc::INVALID_ARGUMENT, "vpp=2 (virtual pipeline stages) requires pp >= 2");
+  bad = spec;
+  bad.mutable_groups(0)->set_devices(8);
+  bad.mutable_groups(0)->mutable_layout()->set_dp(4);
+  expect(bad, grpc::RESOURCE_EXHAUSTED, "can never fit this cluster");
+  bad = spec;
+  bad.set_name("");
+  expect(bad, grpc::INVALID_ARGUMENT, "name: is required");
+  bad = spec;
+  (*bad.mutable_env())["X"] = std::string(20 << 20, 'x');
+  expect(bad, grpc::RESOURCE_EXHAUSTED, "");
+  // Auth: no token, a wrong token, a read-only token.
+  auto anon = c->ClientWithToken("");
+  EXPECT_EQ((*anon)->Submit(spec, "").status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ((*anon)->List(10).status().code(), absl::StatusCode::kUnauthenticated);
+  auto wrong = c->ClientWithToken(std::string(32, 'a'));
+  EXPECT_EQ((*wrong)->List(10).status().code(), absl::StatusCode::kUnauthenticated);
+  auto reader = c->ClientWithToken(c->read_token());
+  EXPECT_TRUE((*reader)->List(10).ok());
+  EXPECT_EQ((*reader)->Submit(spec, "").status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ((*reader)->Stop(running).status().code(), absl::StatusCode::kPermissionDenied);
+  // Nothing was persisted for the rejected jobs; the running job finishes normally.
+  EXPECT_EQ(c->client().List(100)->size(), 1u);
+  auto j = c->WaitState(running, v1::SUCCEEDED, 60000);
+  EXPECT_TRUE(j.ok()) << j.status();
+  // Plaintext to the TLS port fails; TLS without the right CA fails.
+  ChannelOptions plain{c->address(), "", true};
+  auto ch = MakeChannel(plain);
+  auto pc = client::Client::Connect({c->address(), c->admin_token(), "", true});
+  EXPECT_FALSE((*pc)->List(1).ok());
+}
+
+TEST(Cluster, CliSubmitStatusLogs) {
+  auto c = Up({.agents = 1, .cpu_slots = 2});
+  std::string conf = c->dir() + "/controller/admin.conf";
+  std::string job_file = c->dir() + "/job.yaml";
+  ASSERT_TRUE(WriteFileAtomic(job_file, "name: cli\nkind: comm-check\ngroups:\n  - {name: w, devices: 4, layout: {tp: 2}}\n"
+                                        "comm_check: {sizes: [4KiB], iters: 2}\n").ok());
+  std::string bin = std::string(TESSERA_BIN_DIR) + "/tessera --config " + conf;
+  std::string out = c->dir() + "/cli.out";
+  // Too big for 2 slots: rejected at submit, exit code non-zero, message names the problem.
+  int rc = system((bin + " job submit -f " + job_file + " > " + out + " 2>&1").c_str());
+  EXPECT_NE(WEXITSTATUS(rc), 0);
+  EXPECT_THAT(*ReadFile(out), HasSubstr("can never fit"));
+  rc = system((bin + " job submit -f " + job_file + " --set groups.0.devices=2 --set bogus=1 > " + out + " 2>&1").c_str());
+  EXPECT_EQ(WEXITSTATUS(rc), 2);
+  EXPECT_THAT(*ReadFile(out), HasSubstr("bogus: unknown key"));
+  rc = system((bin + " job submit -f " + job_file + " --set groups.0.devices=2 --submission-id s1 > " + out + " 2>&1").c_str());
+  EXPECT_EQ(WEXITSTATUS(rc), 0) << *ReadFile(out);
+  EXPECT_THAT(*ReadFile(out), HasSubstr("SUCCEEDED"));
+  EXPECT_THAT(*ReadFile(out), HasSubstr("all_reduce"));
+  auto jobs = c->client().List(10);
+  ASSERT_EQ(jobs->size(), 1u);
+  std::string id = (*jobs)[0].job_id();
+  // Resubmitting with the same submission id returns the same job.
+  rc = system((bin + " job submit -f " + job_file + " --set groups.0.devices=2 --submission-id s1 --no-wait > " + out + " 2>&1").c_str());
+  EXPECT_THAT(*ReadFile(out), HasSubstr("already submitted as " + id));
+  rc = system((bin + " -o json job status " + id + " > " + out + " 2>&1").c_str());
+  EXPECT_EQ(WEXITSTATUS(rc), 0);
+  EXPECT_EQ(nlohmann::json::parse(*ReadFile(out))["state"], "SUCCEEDED");
+  rc = system((bin + " job logs " + id + " --rank 1 > " + out + " 2>&1").c_str());
+  EXPECT_EQ(WEXITSTATUS(rc), 0);
+  EXPECT_THAT(*ReadFile(out), HasSubstr("[attempt 1 executor 1 n0]"));
+  rc = system((bin + " status > " + out + " 2>&1").c_str());
+  EXPECT_THAT(*ReadFile(out), HasSubstr("n0"));
+  rc = system((std::string(TESSERA_BIN_DIR) + "/tessera --address " + c->address() + " --ca-cert " + c->dir() +
+               "/controller/ca.crt job list > " + out + " 2>&1").c_str());
+  EXPECT_NE(WEXITSTATUS(rc), 0);
+  EXPECT_THAT(*ReadFile(out), HasSubstr("UNAUTHENTICATED"));
+}
+
+}  // namespace
+}  // namespace tessera::testing
