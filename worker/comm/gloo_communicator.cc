@@ -205,7 +205,7 @@ class GlooCommunicator final : public Communicator {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Communicator>> MakeGlooCommunicator(const std::string& name, const std::string& key,
-                                                                   int rank, int size, RendezvousClient* rdv,
+                                                                   int rank, int size, KvStore* rdv,
                                                                    const GlooOptions& opts) {
   if (size == 1) return MakeSelfCommunicator(name);
   try {

@@ -20,7 +20,7 @@ struct GlooOptions {
 
 // Builds a full-mesh Gloo context among `size` ranks under rendezvous prefix `key`.
 absl::StatusOr<std::unique_ptr<Communicator>> MakeGlooCommunicator(const std::string& name, const std::string& key,
-                                                                   int rank, int size, RendezvousClient* rdv,
+                                                                   int rank, int size, KvStore* rdv,
                                                                    const GlooOptions& opts);
 
 }  // namespace tessera::comm

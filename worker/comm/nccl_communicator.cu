@@ -128,7 +128,7 @@ class NcclCommunicator final : public Communicator {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Communicator>> MakeNcclCommunicator(const std::string& name, const std::string& key,
-                                                                   int rank, int size, RendezvousClient* rdv,
+                                                                   int rank, int size, KvStore* rdv,
                                                                    const NcclOptions& opts) {
   auto fail = [&](const std::string& m) {
     return absl::UnavailableError(absl::StrCat("communicator '", name, "' (nccl, rank ", rank, " of ", size, "): ", m));

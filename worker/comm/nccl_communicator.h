@@ -23,7 +23,7 @@ struct NcclOptions {
 };
 
 absl::StatusOr<std::unique_ptr<Communicator>> MakeNcclCommunicator(const std::string& name, const std::string& key,
-                                                                   int rank, int size, RendezvousClient* rdv,
+                                                                   int rank, int size, KvStore* rdv,
                                                                    const NcclOptions& opts);
 
 // Number of CUDA devices (0 without CUDA or without a driver).

@@ -4,7 +4,7 @@
 
 namespace tessera::comm {
 absl::StatusOr<std::unique_ptr<Communicator>> MakeNcclCommunicator(const std::string& name, const std::string&, int,
-                                                                   int, RendezvousClient*, const NcclOptions&) {
+                                                                   int, KvStore*, const NcclOptions&) {
   return absl::UnimplementedError("communicator '" + name + "': this build has no CUDA/NCCL support");
 }
 int CudaDeviceCount() { return 0; }

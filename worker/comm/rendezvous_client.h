@@ -15,11 +15,21 @@
 
 namespace tessera::comm {
 
-class RendezvousClient {
+// The key-value operations communicator bootstrap needs (Gloo's store, NCCL's
+// unique id). RendezvousClient implements it over gRPC; tests use an in-memory one.
+class KvStore {
+ public:
+  virtual ~KvStore() = default;
+  virtual absl::Status Set(const std::string& key, const std::string& value) = 0;
+  // Waits up to timeout_ms for the key (DEADLINE_EXCEEDED).
+  virtual absl::StatusOr<std::string> Get(const std::string& key, int64_t timeout_ms) = 0;
+};
+
+class RendezvousClient final : public KvStore {
  public:
   RendezvousClient(std::shared_ptr<grpc::Channel> ch, std::string job_id, int attempt, std::string secret);
-  absl::Status Set(const std::string& key, const std::string& value);
-  absl::StatusOr<std::string> Get(const std::string& key, int64_t timeout_ms);
+  absl::Status Set(const std::string& key, const std::string& value) override;
+  absl::StatusOr<std::string> Get(const std::string& key, int64_t timeout_ms) override;
   absl::StatusOr<int64_t> Add(const std::string& key, int64_t delta);
   absl::Status Barrier(const std::string& key, int world, int64_t timeout_ms);
   absl::Status RegisterExecutor(int executor, const std::string& address);
@@ -34,7 +44,7 @@ class RendezvousClient {
 // Gloo expects exceptions from a store; errors are thrown as gloo::IoException.
 class GlooStore final : public gloo::rendezvous::Store {
  public:
-  GlooStore(RendezvousClient* rdv, std::string prefix, int64_t timeout_ms)
+  GlooStore(KvStore* rdv, std::string prefix, int64_t timeout_ms)
       : rdv_(rdv), prefix_(std::move(prefix)), timeout_ms_(timeout_ms) {}
   void set(const std::string& key, const std::vector<char>& data) override;
   std::vector<char> get(const std::string& key) override;
@@ -42,7 +52,7 @@ class GlooStore final : public gloo::rendezvous::Store {
   void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override;
 
  private:
-  RendezvousClient* rdv_;
+  KvStore* rdv_;
   std::string prefix_;
   int64_t timeout_ms_;
 };

@@ -130,7 +130,7 @@ class ExecutorServiceImpl final : public v1::ExecutorService::Service {
 }  // namespace
 
 absl::StatusOr<GroupComms> BuildGroupComms(const std::string& group, const parallel::Layout& layout, int rank,
-                                           v1::DeviceType device, int device_index, comm::RendezvousClient* rdv,
+                                           v1::DeviceType device, int device_index, comm::KvStore* rdv,
                                            const std::string& listen_host, int64_t timeout_ms) {
   GroupComms gc;
   gc.layout = layout;

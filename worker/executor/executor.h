@@ -47,7 +47,7 @@ struct GroupComms {
 // Builds every communicator kind of `layout` for `rank`, through the rendezvous.
 // Backend: Gloo for CPU devices, NCCL for GPU devices.
 absl::StatusOr<GroupComms> BuildGroupComms(const std::string& group, const parallel::Layout& layout, int rank,
-                                           v1::DeviceType device, int device_index, comm::RendezvousClient* rdv,
+                                           v1::DeviceType device, int device_index, comm::KvStore* rdv,
                                            const std::string& listen_host, int64_t timeout_ms);
 
 }  // namespace tessera::executor

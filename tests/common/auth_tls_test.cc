@@ -1,0 +1,60 @@
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "common/auth.h"
+#include "common/tls.h"
+#include "common/util.h"
+
+namespace tessera {
+namespace {
+
+TEST(Auth, RolesAreOrdered) {
+  TokenAuthority a;
+  a.AddToken("admin-token-0123456789", Role::kAdmin, "root");
+  a.AddToken("read-token-0123456789", Role::kRead, "viewer");
+  EXPECT_EQ(a.Check("", Role::kRead).status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(a.Check("nope", Role::kRead).status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_TRUE(a.Check("read-token-0123456789", Role::kRead).ok());
+  auto denied = a.Check("read-token-0123456789", Role::kSubmit);
+  EXPECT_EQ(denied.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(std::string(denied.status().message()), ::testing::HasSubstr("token 'viewer' has role read; this call needs submit"));
+  EXPECT_THAT(std::string(denied.status().message()), ::testing::Not(::testing::HasSubstr("read-token-0123456789")));
+  EXPECT_EQ(a.Check("admin-token-0123456789", Role::kAdmin)->name, "root");
+}
+
+TEST(Auth, TokenFileIsValidated) {
+  std::string p = "/tmp/tessera-tokens-" + RandomHex(4);
+  ASSERT_TRUE(WriteFileAtomic(p, "# c\nsubmit ci 0123456789abcdef0123\n").ok());
+  TokenAuthority a;
+  EXPECT_TRUE(a.LoadFile(p).ok());
+  EXPECT_TRUE(a.Check("0123456789abcdef0123", Role::kSubmit).ok());
+  ASSERT_TRUE(WriteFileAtomic(p, "boss x 0123456789abcdef0123\n").ok());
+  EXPECT_THAT(std::string(TokenAuthority().LoadFile(p).message()), ::testing::HasSubstr(":1: unknown role 'boss'"));
+  ASSERT_TRUE(WriteFileAtomic(p, "read x short\n").ok());
+  EXPECT_THAT(std::string(TokenAuthority().LoadFile(p).message()), ::testing::HasSubstr("shorter than 16"));
+  unlink(p.c_str());
+}
+
+TEST(Tls, IssuesCertificatesSignedByTheCa) {
+  auto ca = MakeCa("test-ca");
+  ASSERT_TRUE(ca.ok()) << ca.status();
+  EXPECT_THAT(ca->cert_pem, ::testing::HasSubstr("BEGIN CERTIFICATE"));
+  auto leaf = IssueCert(*ca, "node", {"localhost", kExecutorTlsName}, {"127.0.0.1"}, 30);
+  ASSERT_TRUE(leaf.ok()) << leaf.status();
+  EXPECT_THAT(leaf->key_pem, ::testing::HasSubstr("PRIVATE KEY"));
+  EXPECT_FALSE(IssueCert(KeyPair{"junk", "junk"}, "x", {}, {}, 1).ok());
+}
+
+TEST(Util, ConstantTimeEqualsAndBytes) {
+  EXPECT_TRUE(ConstantTimeEquals("abc", "abc"));
+  EXPECT_FALSE(ConstantTimeEquals("abc", "abd"));
+  EXPECT_FALSE(ConstantTimeEquals("abc", "ab"));
+  EXPECT_EQ(*ParseBytes("4KiB"), 4096);
+  EXPECT_EQ(*ParseBytes("1GiB"), 1LL << 30);
+  EXPECT_FALSE(ParseBytes("-1").ok());
+  EXPECT_FALSE(ParseBytes("2TiB").ok());
+  EXPECT_EQ(FormatBytes(1 << 20), "1MiB");
+}
+
+}  // namespace
+}  // namespace tessera

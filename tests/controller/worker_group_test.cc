@@ -1,0 +1,98 @@
+#include "controller/driver/worker_group.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+namespace tessera::controller {
+namespace {
+
+// Echoes its input batch with every float multiplied by 10, and records what it got.
+class EchoExecutor : public ExecutorClient {
+ public:
+  absl::StatusOr<v1::InitGroupResponse> InitGroup(const v1::InitGroupRequest&, int64_t) override { return v1::InitGroupResponse{}; }
+  absl::StatusOr<v1::CallResponse> Call(const v1::CallRequest& req, int64_t) override {
+    got = req.batch();
+    if (fail) return absl::UnavailableError("executor died");
+    v1::CallResponse r;
+    *r.mutable_batch() = req.batch();
+    for (auto& t : *r.mutable_batch()->mutable_tensors()) {
+      std::string& d = *t.mutable_data();
+      for (size_t i = 0; i + 4 <= d.size(); i += 4) {
+        float f;
+        std::memcpy(&f, &d[i], 4);
+        f *= 10;
+        std::memcpy(&d[i], &f, 4);
+      }
+    }
+    r.set_result_json(req.method());
+    return r;
+  }
+  absl::Status Shutdown(int64_t) override { return absl::OkStatus(); }
+  void Cancel() override { cancelled = true; }
+  v1::TensorBatch got;
+  bool fail = false;
+  std::atomic<bool> cancelled{false};
+};
+
+v1::TensorBatch Rows(int rows) {
+  v1::TensorBatch b;
+  auto* t = b.add_tensors();
+  t->set_name("x");
+  t->set_dtype(v1::F32);
+  t->add_shape(rows);
+  t->add_shape(2);
+  for (int i = 0; i < rows * 2; ++i) {
+    float f = i;
+    t->mutable_data()->append(reinterpret_cast<char*>(&f), 4);
+  }
+  return b;
+}
+
+float At(const v1::NamedTensor& t, int i) {
+  float f;
+  std::memcpy(&f, t.data().data() + 4 * i, 4);
+  return f;
+}
+
+TEST(WorkerGroup, DpSplitShardsByDpRankAndGathersFromOutputRanks) {
+  // tp=2 dp=2 pp=2: 8 ranks; DP rank of r is (r/2)%2; output ranks are tp=0 on the last stage: 4 and 6.
+  std::vector<std::shared_ptr<EchoExecutor>> ex;
+  std::vector<std::shared_ptr<ExecutorClient>> clients;
+  for (int i = 0; i < 8; ++i) {
+    ex.push_back(std::make_shared<EchoExecutor>());
+    clients.push_back(ex.back());
+  }
+  WorkerGroup g("actor", parallel::Layout{2, 1, 2, 2}, clients, 1000);
+  auto out = g.CallDpSplit("fwd", "{}", Rows(4));
+  ASSERT_TRUE(out.ok()) << out.status();
+  // Ranks 0,1,4,5 (dp 0) got rows 0-1; ranks 2,3,6,7 (dp 1) got rows 2-3.
+  for (int r : {0, 1, 4, 5}) EXPECT_EQ(At(ex[r]->got.tensors(0), 0), 0) << r;
+  for (int r : {2, 3, 6, 7}) EXPECT_EQ(At(ex[r]->got.tensors(0), 0), 4) << r;
+  EXPECT_EQ(ex[3]->got.tensors(0).shape(0), 2);
+  ASSERT_EQ(out->tensors(0).shape(0), 4);
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(At(out->tensors(0), i), 10 * i);
+  auto bad = g.CallDpSplit("fwd", "{}", Rows(3));
+  EXPECT_THAT(std::string(bad.status().message()), ::testing::HasSubstr("tensor 'x' has 3 rows, not divisible by dp=2"));
+}
+
+TEST(WorkerGroup, OneToAllReportsTheFailedRankAndCancelsPeers) {
+  std::vector<std::shared_ptr<EchoExecutor>> ex;
+  std::vector<std::shared_ptr<ExecutorClient>> clients;
+  for (int i = 0; i < 4; ++i) {
+    ex.push_back(std::make_shared<EchoExecutor>());
+    clients.push_back(ex.back());
+  }
+  WorkerGroup g("actor", parallel::Layout{1, 1, 4, 1}, clients, 1000);
+  auto ok = g.CallOneToAll("ping", "{}");
+  ASSERT_TRUE(ok.ok());
+  EXPECT_EQ((*ok)[3].result_json(), "ping");
+  ex[2]->fail = true;
+  auto st = g.CallOneToAll("ping", "{}");
+  EXPECT_THAT(std::string(st.status().message()), ::testing::HasSubstr("group 'actor' rank 2: ping: executor died"));
+  EXPECT_TRUE(ex[0]->cancelled);
+}
+
+}  // namespace
+}  // namespace tessera::controller
