@@ -80,7 +80,7 @@ int RunLocal(const std::string& file, const std::vector<std::string>& sets, int 
   ao.listen_host = "127.0.0.1";
   auto ag = agent::Agent::Create(ao);
   if (!ag.ok()) return Fail(ag.status());
-  (*ag)->Start();
+  if (auto st = (*ag)->Start(); !st.ok()) return Fail(st);
   for (int i = 0; i < 200 && !(*ag)->registered(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(25));
   client::ClientConfig cc;
   cc.address = absl::StrCat("127.0.0.1:", (*ctl)->port());

@@ -207,7 +207,14 @@ class NodeServiceImpl final : public v1::NodeService::Service {
     if (auto st = d_.jobs->AttachAgent(node, inc, link); !st.ok()) return ToGrpc(st);
     while (stream->Read(&m)) {
       switch (m.msg_case()) {
-        case v1::AgentMessage::kHeartbeat: d_.jobs->OnHeartbeat(node, inc, m.heartbeat()); break;
+        case v1::AgentMessage::kHeartbeat: {
+          d_.jobs->OnHeartbeat(node, inc, m.heartbeat());
+          v1::ControllerMessage ack;
+          ack.mutable_heartbeat_ack()->set_agent_time_ms(m.heartbeat().time_ms());
+          ack.mutable_heartbeat_ack()->set_lease_ttl_ms(d_.cfg.lease_ttl_ms);
+          link->Send(ack);
+          break;
+        }
         case v1::AgentMessage::kExecutorEvent: d_.jobs->OnExecutorEvent(node, m.executor_event()); break;
         case v1::AgentMessage::kLogs: d_.jobs->OnLogs(node, m.logs()); break;
         default: break;

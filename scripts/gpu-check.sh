@@ -13,6 +13,7 @@ mkdir -p "$OUT"
 nvidia-smi -L | tee "$OUT/gpus.txt"
 card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 ngpu=$(nvidia-smi -L | wc -l)
+dist/bin/nccl_communicator_test 2>&1 | tee "$OUT/nccl_test.txt" | tail -3
 b1=$(dist/bin/nccl_allreduce_baseline 1073741824 2>&1 | tee "$OUT/baseline1.txt" | tail -1)
 state=$(mktemp -d)
 set +e

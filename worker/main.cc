@@ -30,6 +30,8 @@ int main(int argc, char** argv) {
   app.add_option("--work-dir", ao.work_dir, "executor configs and certificates")->capture_default_str();
   app.add_option("--listen-host", ao.listen_host, "address executors listen on (reachable by peers)")->capture_default_str();
   app.add_flag("--insecure-loopback", ao.insecure, "plaintext to a loopback controller");
+  app.add_option("--health-listen", ao.health_listen, "serve grpc.health.v1 (SERVING once registered) on a loopback host:port");
+  app.add_option("--metrics-listen", ao.metrics_listen, "serve Prometheus /metrics on host:port");
   app.add_option("--log-level", level)->capture_default_str();
 
   tessera::executor::ExecutorOptions eo;
@@ -66,7 +68,10 @@ int main(int argc, char** argv) {
   }
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
-  (*agent)->Start();
+  if (auto st = (*agent)->Start(); !st.ok()) {
+    spdlog::error("{}", st.ToString());
+    return 2;
+  }
   while (!g_stop) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   (*agent)->Shutdown();
   return 0;

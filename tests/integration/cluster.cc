@@ -3,6 +3,9 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <spawn.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -52,7 +55,39 @@ int Proc::Wait(int timeout_ms) {
   return -1;
 }
 
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  socklen_t len = sizeof(a);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+std::string HttpGet(int port, const std::string& path) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) { close(fd); return ""; }
+  std::string req = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+  (void)!write(fd, req.data(), req.size());
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof(buf))) > 0) out.append(buf, n);
+  close(fd);
+  return out;
+}
+
 Cluster::Cluster(ClusterOptions o) : o_(o) {
+  cmetrics_ = FreePort();
+  ametrics_ = FreePort();
+  ahealth_ = FreePort();
   dir_ = "/tmp/tessera-it-" + RandomHex(4);
   (void)MakeDirs(dir_ + "/controller", 0700);
   admin_token_ = RandomHex(16);
@@ -80,7 +115,8 @@ absl::Status Cluster::StartController() {
   std::vector<std::string> argv = {std::string(TESSERA_BIN_DIR) + "/tessera-controller",
                                    "--state-dir", dir_ + "/controller",
                                    "--listen", absl::StrCat("127.0.0.1:", port_),
-                                   "--lease-ttl", absl::StrCat(o_.lease_s)};
+                                   "--lease-ttl", absl::StrCat(o_.lease_s),
+                                   "--metrics-listen", absl::StrCat("127.0.0.1:", cmetrics_)};
   if (!controller_->Start(argv, dir_ + "/controller.log")) return absl::InternalError("cannot start controller");
   for (int i = 0; i < 1000; ++i) {
     auto text = ReadFile(conf);
@@ -112,6 +148,11 @@ absl::Status Cluster::StartAgent(int i) {
                                    "--no-gpus",
                                    "--work-dir", agent_work_dir(i),
                                    "--listen-host", "127.0.0.1"};
+  if (i == 0) {
+    for (auto s : {std::string("--metrics-listen"), absl::StrCat("127.0.0.1:", ametrics_), std::string("--health-listen"),
+                   absl::StrCat("127.0.0.1:", ahealth_)})
+      argv.push_back(s);
+  }
   if (!agents_[i]->Start(argv, absl::StrCat(dir_, "/agent", i, ".log"))) return absl::InternalError("cannot start agent");
   return absl::OkStatus();
 }

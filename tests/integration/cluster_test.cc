@@ -12,6 +12,8 @@
 #include "common/util.h"
 #include "tessera/v1/node_service.pb.h"
 #include "tessera/v1/rendezvous_service.grpc.pb.h"
+#include <grpcpp/health_check_service_interface.h>
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "tests/integration/cluster.h"
 
 namespace tessera::testing {
@@ -74,6 +76,34 @@ TEST(Cluster, CommCheckTp2Dp2Pp2OnTwoAgentsOverGloo) {
   std::ostringstream one;
   ASSERT_TRUE(c->client().Logs(id, 5, 0, false, one).ok());
   EXPECT_THAT(one.str(), Not(HasSubstr("executor 4 ")));
+  // Metrics on the controller and the agent.
+  std::string cm = HttpGet(c->controller_metrics_port(), "/metrics");
+  EXPECT_THAT(cm, HasSubstr("tessera_jobs{state=\"SUCCEEDED\"} 1"));
+  EXPECT_THAT(cm, HasSubstr("tessera_nodes{state=\"READY\"} 2"));
+  EXPECT_THAT(cm, HasSubstr("tessera_rpc_seconds_bucket{method=\"SubmitJob\""));
+  EXPECT_THAT(cm, HasSubstr("tessera_node_lease_age_seconds{node=\"n0\"}"));
+  EXPECT_THAT(cm, HasSubstr("tessera_executor_exits_total"));
+  std::string am = HttpGet(c->agent_metrics_port(), "/metrics");
+  EXPECT_THAT(am, HasSubstr("tessera_agent_registered 1"));
+  EXPECT_THAT(am, HasSubstr("tessera_agent_executor_exits_total{how="));
+  EXPECT_THAT(am, HasSubstr("tessera_agent_heartbeat_rtt_seconds_count"));
+  // gRPC health on the agent (plaintext loopback) and on the controller (TLS).
+  for (auto [addr, tls] : {std::pair{absl::StrCat("127.0.0.1:", c->agent_health_port()), false},
+                           std::pair{c->address(), true}}) {
+    ChannelOptions o;
+    o.address = addr;
+    o.insecure = !tls;
+    o.ca_pem = tls ? c->ca_pem() : "";
+    auto ch = MakeChannel(o);
+    auto stub = grpc::health::v1::Health::NewStub(*ch);
+    grpc::ClientContext ctx;
+    PrepareContext(ctx, "", 5000);
+    grpc::health::v1::HealthCheckRequest hreq;
+    grpc::health::v1::HealthCheckResponse hresp;
+    auto hs = stub->Check(&ctx, hreq, &hresp);
+    EXPECT_TRUE(hs.ok()) << addr << ": " << hs.error_message();
+    EXPECT_EQ(hresp.status(), grpc::health::v1::HealthCheckResponse::SERVING) << addr;
+  }
   // The devices are free again.
   auto st = c->client().Status();
   for (const auto& n : st->nodes())

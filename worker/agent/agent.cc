@@ -44,13 +44,52 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(AgentOptions o) {
 
 Agent::~Agent() { Shutdown(); }
 
-void Agent::Start() {
+absl::Status Agent::Start() {
+  exits_ = &prometheus::BuildCounter().Name("tessera_agent_executor_exits_total")
+                .Help("Executor exits by how they ended (ok, error, signal)").Register(*registry_);
+  running_ = &prometheus::BuildGauge().Name("tessera_agent_executors_running").Help("Executors running")
+                  .Register(*registry_).Add({});
+  registered_gauge_ = &prometheus::BuildGauge().Name("tessera_agent_registered")
+                           .Help("1 while registered with the controller").Register(*registry_).Add({});
+  registrations_ = &prometheus::BuildCounter().Name("tessera_agent_registrations_total")
+                        .Help("Successful registrations (re-registrations after losing the controller included)")
+                        .Register(*registry_).Add({});
+  heartbeat_rtt_ = &prometheus::BuildHistogram().Name("tessera_agent_heartbeat_rtt_seconds")
+                        .Help("Heartbeat round trip to the controller").Register(*registry_)
+                        .Add({}, prometheus::Histogram::BucketBoundaries{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1});
+  if (!opts_.metrics_listen.empty()) {
+    try {
+      exposer_ = std::make_unique<prometheus::Exposer>(opts_.metrics_listen);
+      exposer_->RegisterCollectable(registry_);
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", opts_.metrics_listen, ": ", e.what()));
+    }
+  }
+  if (!opts_.health_listen.empty()) {
+    auto creds = MakeServerCredentials({/*insecure=*/true, {}}, opts_.health_listen);
+    if (!creds.ok()) return creds.status();
+    EnableHealthAndReflection();
+    grpc::ServerBuilder b;
+    b.AddListeningPort(opts_.health_listen, *creds);
+    health_ = b.BuildAndStart();
+    if (!health_) return absl::UnavailableError(absl::StrCat("cannot serve health on ", opts_.health_listen));
+    health_->GetHealthCheckService()->SetServingStatus(false);
+  }
   runner_ = std::thread([this] { Run(); });
   heartbeat_ = std::thread([this] { HeartbeatLoop(); });
+  return absl::OkStatus();
+}
+
+void Agent::SetRegistered(bool r) {
+  registered_ = r;
+  if (registered_gauge_) registered_gauge_->Set(r ? 1 : 0);
+  if (r && registrations_) registrations_->Increment();
+  if (health_) health_->GetHealthCheckService()->SetServingStatus(r);
 }
 
 void Agent::Shutdown() {
   if (stop_.exchange(true)) return;
+  if (health_) health_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
   {
     std::lock_guard<std::mutex> l(stream_mu_);
     if (ctx_) ctx_->TryCancel();
@@ -151,7 +190,7 @@ void Agent::Run() {
     spdlog::info("agent {}: registered with {} (incarnation {}, {} devices)", opts_.node_id, opts_.controller,
                  incarnation_, devices_.size());
     Serve(stub.get());
-    registered_ = false;
+    SetRegistered(false);
     stub.reset();
     if (!stop_) spdlog::warn("agent {}: lost the controller stream; re-registering", opts_.node_id);
   }
@@ -179,7 +218,7 @@ void Agent::Serve(v1::NodeService::Stub* stub) {
       pending_.pop_front();
     }
   }
-  registered_ = true;
+  SetRegistered(true);
   v1::ControllerMessage m;
   while (stream->Read(&m)) Handle(m);
   {
@@ -217,6 +256,8 @@ void Agent::HeartbeatLoop() {
 void Agent::Handle(const v1::ControllerMessage& m) {
   if (m.has_start()) StartExecutor(m.start().config());
   else if (m.has_stop()) StopExecutors(m.stop().job_id(), m.stop().attempt(), m.stop().grace_ms());
+  else if (m.has_heartbeat_ack() && heartbeat_rtt_)
+    heartbeat_rtt_->Observe(std::max<int64_t>(0, NowMs() - m.heartbeat_ack().agent_time_ms()) / 1000.0);
 }
 
 void Agent::StartExecutor(const v1::ExecutorConfig& cfg) {
@@ -279,6 +320,7 @@ void Agent::StartExecutor(const v1::ExecutorConfig& cfg) {
   e.pid = pid;
   e.device_type = cfg.device_type();
   e.device_index = cfg.device_index();
+  if (running_) running_->Increment();
   e.reader = std::thread([this, key, fd = fds[0], pid] { ReadAndReap(key, fd, pid); });
   v1::AgentMessage m;
   auto* ev = m.mutable_executor_event();
@@ -365,8 +407,10 @@ void Agent::ReadAndReap(Key key, int fd, pid_t pid) {
       ev->set_requested_stop(it->second.requested_stop);
       done_readers_.push_back(std::move(it->second.reader));
       execs_.erase(it);
+      if (running_) running_->Decrement();
     }
   }
+  if (exits_) exits_->Add({{"how", ev->signal() ? "signal" : ev->exit_code() == 0 ? "ok" : "error"}}).Increment();
   spdlog::info("agent: executor {} of job {} attempt {} (pid {}) ended: {}", executor, job, attempt, pid,
                ev->signal() ? absl::StrCat("signal ", ev->signal()) : absl::StrCat("exit code ", ev->exit_code()));
   SendUp(m, false);

@@ -10,6 +10,11 @@
 #pragma once
 
 #include <grpcpp/grpcpp.h>
+#include <prometheus/counter.h>
+#include <prometheus/exposer.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
 
 #include <atomic>
 #include <condition_variable>
@@ -39,13 +44,15 @@ struct AgentOptions {
   std::string executor_binary;  // default: tessera-worker next to this binary
   std::string listen_host = "127.0.0.1";  // address executors listen on and peers dial
   bool insecure = false;        // loopback plaintext
+  std::string health_listen;    // grpc.health.v1 + reflection (loopback); SERVING once registered
+  std::string metrics_listen;   // Prometheus /metrics (host:port)
 };
 
 class Agent {
  public:
   static absl::StatusOr<std::unique_ptr<Agent>> Create(AgentOptions opts);
   ~Agent();
-  void Start();
+  absl::Status Start();
   // Stops the connection loop and kills every executor.
   void Shutdown();
   const std::string& node_id() const { return opts_.node_id; }
@@ -72,6 +79,17 @@ class Agent {
   void SendUp(const v1::AgentMessage& m, bool droppable);
   void HeartbeatLoop();
   std::vector<v1::RunningExecutor> Running();
+  void SetRegistered(bool r);
+
+  // Metrics (prometheus-cpp objects are thread-safe).
+  std::shared_ptr<prometheus::Registry> registry_ = std::make_shared<prometheus::Registry>();
+  prometheus::Family<prometheus::Counter>* exits_ = nullptr;
+  prometheus::Gauge* running_ = nullptr;
+  prometheus::Gauge* registered_gauge_ = nullptr;
+  prometheus::Counter* registrations_ = nullptr;
+  prometheus::Histogram* heartbeat_rtt_ = nullptr;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::unique_ptr<grpc::Server> health_;
 
   AgentOptions opts_;
   std::string ca_pem_;

@@ -38,6 +38,7 @@ absl::Status Communicator::Describe(const absl::Status& s, const char* op) const
 template <typename F>
 absl::Status Communicator::Run(const char* op, size_t bytes, F&& f) {
   ++seq_;
+  last_op_ = op;
   auto t0 = std::chrono::steady_clock::now();
   absl::Status s = f();
   stats_.calls++;

@@ -42,6 +42,8 @@ class Communicator {
   int rank() const { return rank_; }
   int size() const { return size_; }
   uint64_t seq() const { return seq_; }
+  // The most recently issued operation (what a stuck stream is most likely waiting on).
+  const char* last_op() const { return last_op_; }
   const CommStats& stats() const { return stats_; }
   virtual const char* backend() const = 0;
 
@@ -81,6 +83,7 @@ class Communicator {
   std::string name_;
   int rank_, size_;
   uint64_t seq_ = 0;
+  const char* last_op_ = "none";
   int group_depth_ = 0;
   CommStats stats_;
 };

@@ -59,8 +59,8 @@ class NcclCommunicator final : public Communicator {
       }
       if (std::chrono::steady_clock::now() > deadline) {
         Abort();
-        return Describe(absl::DeadlineExceededError(absl::StrCat("collective did not complete within ", timeout_ms_,
-                                                                 " ms; communicator aborted")), "watchdog");
+        return Describe(absl::DeadlineExceededError(absl::StrCat(last_op(), " #", seq(), " did not complete within ",
+                                                                 timeout_ms_, " ms; communicator aborted")), "watchdog");
       }
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }

@@ -1,0 +1,106 @@
+// GPU tests (label gpu): NCCL communicators on 2 GPUs, bootstrapped through an
+// in-memory store; skipped where fewer than 2 GPUs are visible.
+#include <cuda_runtime.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <condition_variable>
+#include <map>
+#include <thread>
+
+#include "common/util.h"
+#include "worker/comm/nccl_communicator.h"
+
+namespace tessera::comm {
+namespace {
+
+using ::testing::HasSubstr;
+
+class MemStore : public KvStore {
+ public:
+  absl::Status Set(const std::string& k, const std::string& v) override {
+    std::lock_guard<std::mutex> l(mu_);
+    kv_[k] = v;
+    cv_.notify_all();
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::string> Get(const std::string& k, int64_t timeout_ms) override {
+    std::unique_lock<std::mutex> l(mu_);
+    if (!cv_.wait_for(l, std::chrono::milliseconds(timeout_ms), [&] { return kv_.count(k) > 0; }))
+      return absl::DeadlineExceededError("no key " + k);
+    return kv_[k];
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::string, std::string> kv_;
+};
+
+template <typename F>
+void OnGpus(int64_t timeout_ms, F fn) {
+  if (CudaDeviceCount() < 2) GTEST_SKIP() << "needs 2 GPUs";
+  MemStore store;
+  std::string key = RandomHex(4);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 2; ++r)
+    ts.emplace_back([&, r] {
+      auto c = MakeNcclCommunicator("gpu/dp/0", key, r, 2, &store, {r, timeout_ms});
+      ASSERT_TRUE(c.ok()) << c.status();
+      fn(r, **c);
+    });
+  for (auto& t : ts) t.join();
+}
+
+TEST(Nccl, AllReduceAndAllGatherAreExact) {
+  OnGpus(60000, [](int r, Communicator& c) {
+    const size_t n = (1 << 20) + 3;  // odd size
+    std::vector<float> h(n);
+    for (size_t i = 0; i < n; ++i) h[i] = static_cast<float>((r * 7 + i) % 5);
+    float *in, *out;
+    ASSERT_EQ(cudaMalloc(&in, n * 4), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&out, 2 * n * 4), cudaSuccess);
+    cudaMemcpy(in, h.data(), n * 4, cudaMemcpyHostToDevice);
+    cudaMemset(out, 0xff, 2 * n * 4);
+    ASSERT_TRUE(c.AllReduce(in, out, n, DType::kF32, ReduceOp::kSum).ok());
+    ASSERT_TRUE(c.Synchronize().ok());
+    std::vector<float> got(n);
+    cudaMemcpy(got.data(), out, n * 4, cudaMemcpyDeviceToHost);
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(got[i], (i % 5) + ((7 + i) % 5)) << i;
+    ASSERT_TRUE(c.AllGather(in, out, n, DType::kF32).ok());
+    ASSERT_TRUE(c.Synchronize().ok());
+    std::vector<float> all(2 * n);
+    cudaMemcpy(all.data(), out, 2 * n * 4, cudaMemcpyDeviceToHost);
+    for (size_t i = 0; i < n; ++i) {
+      ASSERT_EQ(all[i], i % 5);
+      ASSERT_EQ(all[n + i], (7 + i) % 5);
+    }
+    cudaFree(in);
+    cudaFree(out);
+  });
+}
+
+TEST(Nccl, WatchdogAbortsAStuckCollectiveNamingGroupCollectiveAndSequence) {
+  OnGpus(3000, [](int r, Communicator& c) {
+    float* buf;
+    ASSERT_EQ(cudaMalloc(&buf, 1024 * 4), cudaSuccess);
+    ASSERT_TRUE(c.AllReduce(buf, buf, 1024, DType::kF32, ReduceOp::kSum).ok());
+    ASSERT_TRUE(c.Synchronize().ok());
+    if (r == 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5000));  // never joins the second all-reduce
+      c.Abort();
+      return;
+    }
+    auto t0 = std::chrono::steady_clock::now();
+    auto enq = c.AllReduce(buf, buf, 1024, DType::kF32, ReduceOp::kSum);
+    auto st = enq.ok() ? c.Synchronize() : enq;
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_EQ(st.code(), absl::StatusCode::kDeadlineExceeded) << st;
+    EXPECT_THAT(std::string(st.message()), HasSubstr("communicator 'gpu/dp/0' (nccl, rank 0 of 2)"));
+    EXPECT_THAT(std::string(st.message()), HasSubstr("all_reduce #2 did not complete within 3000 ms"));
+    EXPECT_LT(s, 4.5);
+  });
+}
+
+}  // namespace
+}  // namespace tessera::comm
