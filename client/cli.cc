@@ -139,6 +139,7 @@ std::string Clock(int64_t ms) {
 
 absl::StatusOr<v1::Job> Client::Watch(const std::string& id, std::ostream& out) {
   int64_t seq = 0;
+  int64_t first_progress_ms = 0;
   for (int tries = 0; tries < 30; ++tries) {
     grpc::ClientContext ctx;
     PrepareContext(ctx, cfg_.token, 0);
@@ -153,8 +154,22 @@ absl::StatusOr<v1::Job> Client::Watch(const std::string& id, std::ostream& out) 
       if (e.has_progress()) {
         const auto& p = e.progress();
         out << "[" << Clock(e.time_ms()) << "]   ";
-        if (p.total_steps() > 0) out << "[" << p.step() << "/" << p.total_steps() << "] ";
-        out << p.message() << "\n";
+        if (p.total_steps() > 0) {
+          // A bar and an ETA from the rate so far (lines, not redraws: logs stay readable).
+          if (first_progress_ms == 0) first_progress_ms = e.time_ms();
+          const int width = 20;
+          int filled = static_cast<int>(width * p.step() / p.total_steps());
+          out << "[" << std::string(filled, '#') << std::string(width - filled, '.') << "] " << p.step() << "/"
+              << p.total_steps();
+          if (p.step() > 0 && p.step() < p.total_steps()) {
+            double per = static_cast<double>(e.time_ms() - first_progress_ms) / p.step();
+            out << " ETA " << static_cast<int>(per * (p.total_steps() - p.step()) / 1000 + 0.5) << "s";
+          }
+          out << "  ";
+        }
+        out << p.message();
+        for (const auto& [k, v] : p.metrics()) out << "  " << k << "=" << absl::StrFormat("%.3g", v);
+        out << "\n";
       } else {
         out << "[" << Clock(e.time_ms()) << "] " << JobStateName(e.state()) << " (attempt " << e.attempt() << ")"
             << (e.reason().empty() ? "" : ": " + e.reason()) << "\n";

@@ -89,9 +89,10 @@ absl::StatusOr<std::string> RunCommCheck(DriverContext& ctx) {
       v1::Progress p;
       p.set_step(++step);
       p.set_total_steps(total);
-      p.set_message(absl::StrCat("group '", gname, "' ", kind, ": ", order.size(), " checks passed"));
+      p.set_message(order.empty() ? absl::StrCat("group '", gname, "' ", kind, ": groups of one rank, nothing to check")
+                                  : absl::StrCat("group '", gname, "' ", kind, ": ", order.size(), " checks passed"));
       for (const auto& key : order)
-        if (key.second == cc.sizes_bytes(cc.sizes_bytes_size() - 1))
+        if (key.first == "all_reduce" && key.second == order.back().second)
           (*p.mutable_metrics())[absl::StrCat(kind, ".", key.first, ".busbw_gbps")] = agg[key].busbw;
       ctx.progress(p);
     }
