@@ -278,6 +278,24 @@ TEST_F(JobManagerTest, LostNodeRestartsItsJobs) {
   EXPECT_EQ(jm_->ClusterStatus().nodes(0).state(), v1::LOST);
 }
 
+TEST_F(JobManagerTest, DrainedNodeTakesNoNewWork) {
+  auto l1 = std::make_shared<FakeLink>(), l2 = std::make_shared<FakeLink>();
+  AddNode("n1", 2, l1);
+  AddNode("n2", 2, l2);
+  auto d = jm_->Drain("n1");
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->state(), v1::DRAINING);
+  EXPECT_EQ(jm_->Drain("nope").status().code(), absl::StatusCode::kNotFound);
+  block_driver_ = true;
+  std::string id = jm_->Submit(Spec(2, 0), "")->first.job_id();
+  auto cfgs = StartAll(*l2, 2);
+  for (auto& c : cfgs) EXPECT_EQ(c.node_id(), "n2");
+  EXPECT_TRUE(l1->Take().empty());
+  // A second job does not fit: n1 is draining, n2 is busy.
+  std::string b = jm_->Submit(Spec(2, 0), "")->first.job_id();
+  ASSERT_TRUE(WaitFor([&] { return jm_->GetJob(b)->reason().find("Unschedulable") != std::string::npos; }));
+}
+
 TEST_F(JobManagerTest, StaleIncarnationIsRefused) {
   auto link = std::make_shared<FakeLink>();
   AddNode("n1", 2, link, 5);

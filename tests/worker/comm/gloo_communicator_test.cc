@@ -90,7 +90,7 @@ TEST(Gloo, HangingPeerTimesOutNamingGroupCollectiveAndSequence) {
     float x = 1, y = 0;
     ASSERT_TRUE(c.AllReduce(&x, &y, 1, DType::kF32, ReduceOp::kSum).ok());
     if (r == 1) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // never joins the second call
+      std::this_thread::sleep_for(std::chrono::milliseconds(6000));  // never joins the second call
       return;
     }
     auto t0 = std::chrono::steady_clock::now();
@@ -98,7 +98,7 @@ TEST(Gloo, HangingPeerTimesOutNamingGroupCollectiveAndSequence) {
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     EXPECT_EQ(st.code(), absl::StatusCode::kDeadlineExceeded) << st;
     EXPECT_THAT(std::string(st.message()), HasSubstr("communicator 'test/tp/0' (gloo, rank 0 of 2): all_reduce #2"));
-    EXPECT_LT(s, 2.4);
+    EXPECT_LT(s, 5.0);  // the 1.5 s timeout, with room for a loaded machine
   });
 }
 
