@@ -72,58 +72,53 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientConfig& cfg)
   return c;
 }
 
-absl::StatusOr<v1::SubmitJobResponse> Client::Submit(const v1::JobSpec& spec, const std::string& sid) {
+namespace {
+// One unary call with the client's token and a 30 s deadline.
+template <typename Resp, typename Req, typename Fn>
+absl::StatusOr<Resp> Unary(const std::string& token, const Req& req, Fn fn) {
   grpc::ClientContext ctx;
-  PrepareContext(ctx, cfg_.token, 30000);
+  PrepareContext(ctx, token, 30000);
+  Resp resp;
+  auto st = fn(&ctx, req, &resp);
+  if (!st.ok()) return FromGrpc(st);
+  return resp;
+}
+}  // namespace
+
+absl::StatusOr<v1::SubmitJobResponse> Client::Submit(const v1::JobSpec& spec, const std::string& sid) {
   v1::SubmitJobRequest req;
   *req.mutable_spec() = spec;
   req.set_submission_id(sid);
-  v1::SubmitJobResponse resp;
-  auto st = jobs_->SubmitJob(&ctx, req, &resp);
-  if (!st.ok()) return FromGrpc(st);
-  return resp;
+  return Unary<v1::SubmitJobResponse>(cfg_.token, req, [&](auto* c, auto& r, auto* o) { return jobs_->SubmitJob(c, r, o); });
 }
 
 absl::StatusOr<v1::Job> Client::Get(const std::string& id) {
-  grpc::ClientContext ctx;
-  PrepareContext(ctx, cfg_.token, 30000);
   v1::GetJobRequest req;
   req.set_job_id(id);
-  v1::GetJobResponse resp;
-  auto st = jobs_->GetJob(&ctx, req, &resp);
-  if (!st.ok()) return FromGrpc(st);
-  return resp.job();
+  auto r = Unary<v1::GetJobResponse>(cfg_.token, req, [&](auto* c, auto& q, auto* o) { return jobs_->GetJob(c, q, o); });
+  if (!r.ok()) return r.status();
+  return r->job();
 }
 
 absl::StatusOr<std::vector<v1::Job>> Client::List(int limit) {
-  grpc::ClientContext ctx;
-  PrepareContext(ctx, cfg_.token, 30000);
   v1::ListJobsRequest req;
   req.set_limit(limit);
-  v1::ListJobsResponse resp;
-  auto st = jobs_->ListJobs(&ctx, req, &resp);
-  if (!st.ok()) return FromGrpc(st);
-  return std::vector<v1::Job>(resp.jobs().begin(), resp.jobs().end());
+  auto r = Unary<v1::ListJobsResponse>(cfg_.token, req, [&](auto* c, auto& q, auto* o) { return jobs_->ListJobs(c, q, o); });
+  if (!r.ok()) return r.status();
+  return std::vector<v1::Job>(r->jobs().begin(), r->jobs().end());
 }
 
 absl::StatusOr<v1::Job> Client::Stop(const std::string& id) {
-  grpc::ClientContext ctx;
-  PrepareContext(ctx, cfg_.token, 30000);
   v1::StopJobRequest req;
   req.set_job_id(id);
-  v1::StopJobResponse resp;
-  auto st = jobs_->StopJob(&ctx, req, &resp);
-  if (!st.ok()) return FromGrpc(st);
-  return resp.job();
+  auto r = Unary<v1::StopJobResponse>(cfg_.token, req, [&](auto* c, auto& q, auto* o) { return jobs_->StopJob(c, q, o); });
+  if (!r.ok()) return r.status();
+  return r->job();
 }
 
 absl::StatusOr<v1::GetClusterStatusResponse> Client::Status() {
-  grpc::ClientContext ctx;
-  PrepareContext(ctx, cfg_.token, 30000);
-  v1::GetClusterStatusResponse resp;
-  auto st = cluster_->GetClusterStatus(&ctx, v1::GetClusterStatusRequest{}, &resp);
-  if (!st.ok()) return FromGrpc(st);
-  return resp;
+  return Unary<v1::GetClusterStatusResponse>(cfg_.token, v1::GetClusterStatusRequest{},
+                                             [&](auto* c, auto& q, auto* o) { return cluster_->GetClusterStatus(c, q, o); });
 }
 
 namespace {

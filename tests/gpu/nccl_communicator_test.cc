@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "common/util.h"
+#include "tests/common/mem_store.h"
 #include "worker/comm/nccl_communicator.h"
 
 namespace tessera::comm {
@@ -16,26 +17,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-class MemStore : public KvStore {
- public:
-  absl::Status Set(const std::string& k, const std::string& v) override {
-    std::lock_guard<std::mutex> l(mu_);
-    kv_[k] = v;
-    cv_.notify_all();
-    return absl::OkStatus();
-  }
-  absl::StatusOr<std::string> Get(const std::string& k, int64_t timeout_ms) override {
-    std::unique_lock<std::mutex> l(mu_);
-    if (!cv_.wait_for(l, std::chrono::milliseconds(timeout_ms), [&] { return kv_.count(k) > 0; }))
-      return absl::DeadlineExceededError("no key " + k);
-    return kv_[k];
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::map<std::string, std::string> kv_;
-};
+using ::tessera::testing::MemStore;
 
 template <typename F>
 void OnGpus(int64_t timeout_ms, F fn) {
