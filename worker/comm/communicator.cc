@@ -7,28 +7,6 @@
 
 namespace tessera::comm {
 
-size_t DTypeSize(DType t) {
-  switch (t) {
-    case DType::kF32: case DType::kI32: return 4;
-    case DType::kBF16: case DType::kF16: return 2;
-    case DType::kI64: return 8;
-    case DType::kU8: return 1;
-  }
-  return 0;
-}
-
-const char* DTypeName(DType t) {
-  switch (t) {
-    case DType::kF32: return "f32";
-    case DType::kBF16: return "bf16";
-    case DType::kF16: return "f16";
-    case DType::kI32: return "i32";
-    case DType::kI64: return "i64";
-    case DType::kU8: return "u8";
-  }
-  return "?";
-}
-
 absl::Status Communicator::Describe(const absl::Status& s, const char* op) const {
   if (s.ok()) return s;
   return absl::Status(s.code(), absl::StrCat("communicator '", name_, "' (", backend(), ", rank ", rank_, " of ",

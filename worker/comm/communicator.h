@@ -19,13 +19,14 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "worker/runtime/dtype.h"
 
 namespace tessera::comm {
 
-enum class DType { kF32, kBF16, kF16, kI32, kI64, kU8 };
+using runtime::DType;
+using runtime::DTypeName;
+using runtime::DTypeSize;
 enum class ReduceOp { kSum, kMax, kMin };
-size_t DTypeSize(DType t);
-const char* DTypeName(DType t);
 
 struct CommStats {
   uint64_t calls = 0;

@@ -17,19 +17,8 @@
 namespace tessera::comm {
 namespace {
 
-float Bf16ToF32(uint16_t v) {
-  uint32_t u = static_cast<uint32_t>(v) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-uint16_t F32ToBf16(float f) {  // round to nearest even
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffff) > 0x7f800000) return 0x7fc0;  // NaN
-  u += 0x7fff + ((u >> 16) & 1);
-  return static_cast<uint16_t>(u >> 16);
-}
+using runtime::Bf16ToFloat;
+using runtime::FloatToBf16;
 
 template <typename T, ReduceOp op>
 void Reduce(void* c, const void* a, const void* b, size_t n) {
@@ -49,9 +38,9 @@ void ReduceBf16(void* c, const void* a, const void* b, size_t n) {
   const uint16_t* x = static_cast<const uint16_t*>(a);
   const uint16_t* y = static_cast<const uint16_t*>(b);
   for (size_t i = 0; i < n; ++i) {
-    float fx = Bf16ToF32(x[i]), fy = Bf16ToF32(y[i]);
+    float fx = Bf16ToFloat(x[i]), fy = Bf16ToFloat(y[i]);
     float r = op == ReduceOp::kSum ? fx + fy : op == ReduceOp::kMax ? std::max(fx, fy) : std::min(fx, fy);
-    o[i] = F32ToBf16(r);
+    o[i] = FloatToBf16(r);
   }
 }
 

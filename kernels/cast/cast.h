@@ -1,0 +1,12 @@
+// Cast between f32 and bf16. Launchers take raw pointers (and a CUDA stream as void*).
+#pragma once
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "worker/runtime/dtype.h"
+
+namespace tessera::kernels {
+using runtime::DType;
+absl::Status CastCpu(const void* x, DType xt, void* y, DType yt, int64_t n);
+absl::Status CastCuda(const void* x, DType xt, void* y, DType yt, int64_t n, void* stream);
+}  // namespace tessera::kernels

@@ -1,0 +1,18 @@
+// Row-major GEMM: C[m,n] = alpha * op(A) @ op(B) + beta * C, op = transpose when set.
+// A is [m,k] ([k,m] if ta), B is [k,n] ([n,k] if tb). f32 or bf16 (f32 accumulate).
+// CPU: OpenBLAS sgemm (bf16 converted through f32). CUDA: cuBLASLt.
+#pragma once
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "worker/runtime/dtype.h"
+
+namespace tessera::kernels {
+using runtime::DType;
+absl::Status GemmCpu(const void* a, bool ta, const void* b, bool tb, void* c, int64_t m, int64_t n, int64_t k, float alpha,
+                     float beta, DType t);
+// `workspace` (device memory, `workspace_bytes`) is reused across calls; `handle` is a cublasLtHandle_t.
+absl::Status GemmCuda(const void* a, bool ta, const void* b, bool tb, void* c, int64_t m, int64_t n, int64_t k,
+                      float alpha, float beta, DType t, void* handle, void* workspace, size_t workspace_bytes,
+                      void* stream);
+}  // namespace tessera::kernels

@@ -1,0 +1,84 @@
+// RMSNorm on CUDA: one block per row, f32 accumulation, warp-shuffle reductions.
+// Backward accumulates dw with atomics (f32; summation order varies between runs).
+#include "kernels/common/cuda_elem.cuh"
+#include "kernels/rmsnorm/rmsnorm.h"
+
+namespace tessera::kernels {
+namespace {
+
+constexpr int kThreads = 256;
+
+__device__ float BlockSum(float v) {
+  __shared__ float partial[kThreads / 32];
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  float t = 0;
+  if (threadIdx.x < kThreads / 32) t = partial[threadIdx.x];
+  if (warp == 0)
+    for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffff, t, o);
+  __shared__ float total;
+  if (threadIdx.x == 0) total = t;
+  __syncthreads();
+  return total;
+}
+
+template <typename T>
+__global__ void Forward(const T* x, const T* w, T* y, float* rstd, int64_t cols, float eps) {
+  const T* xr = x + blockIdx.x * cols;
+  float ss = 0;
+  for (int64_t c = threadIdx.x; c < cols; c += kThreads) {
+    float v = ToF(xr[c]);
+    ss += v * v;
+  }
+  float rs = rsqrtf(BlockSum(ss) / cols + eps);
+  if (threadIdx.x == 0) rstd[blockIdx.x] = rs;
+  T* yr = y + blockIdx.x * cols;
+  for (int64_t c = threadIdx.x; c < cols; c += kThreads) yr[c] = FromF<T>(ToF(xr[c]) * rs * ToF(w[c]));
+}
+
+template <typename T>
+__global__ void Backward(const T* dy, const T* x, const T* w, const float* rstd, T* dx, float* dw, int64_t cols) {
+  const int64_t off = blockIdx.x * cols;
+  const float rs = rstd[blockIdx.x];
+  float dot = 0;
+  for (int64_t c = threadIdx.x; c < cols; c += kThreads) dot += ToF(dy[off + c]) * ToF(w[c]) * ToF(x[off + c]);
+  float coef = rs * rs * rs * BlockSum(dot) / cols;
+  for (int64_t c = threadIdx.x; c < cols; c += kThreads) {
+    float g = ToF(dy[off + c]), xv = ToF(x[off + c]);
+    dx[off + c] = FromF<T>(rs * g * ToF(w[c]) - xv * coef);
+    atomicAdd(&dw[c], g * xv * rs);
+  }
+}
+
+}  // namespace
+
+absl::Status RmsNormForwardCuda(const void* x, const void* w, void* y, float* rstd, int64_t rows, int64_t cols, float eps,
+                                DType t, void* stream) {
+  if (rows == 0) return absl::OkStatus();
+  auto s = static_cast<cudaStream_t>(stream);
+  if (t == DType::kF32)
+    Forward<<<rows, kThreads, 0, s>>>(static_cast<const float*>(x), static_cast<const float*>(w), static_cast<float*>(y), rstd, cols, eps);
+  else
+    Forward<<<rows, kThreads, 0, s>>>(static_cast<const __nv_bfloat16*>(x), static_cast<const __nv_bfloat16*>(w),
+                                      static_cast<__nv_bfloat16*>(y), rstd, cols, eps);
+  return LaunchStatus("rmsnorm_forward");
+}
+
+absl::Status RmsNormBackwardCuda(const void* dy, const void* x, const void* w, const float* rstd, void* dx, float* dw,
+                                 int64_t rows, int64_t cols, DType t, void* stream) {
+  auto s = static_cast<cudaStream_t>(stream);
+  if (cudaMemsetAsync(dw, 0, cols * sizeof(float), s) != cudaSuccess) return LaunchStatus("rmsnorm_backward(memset)");
+  if (rows == 0) return absl::OkStatus();
+  using bf = __nv_bfloat16;
+  if (t == DType::kF32)
+    Backward<<<rows, kThreads, 0, s>>>(static_cast<const float*>(dy), static_cast<const float*>(x), static_cast<const float*>(w),
+                                       rstd, static_cast<float*>(dx), dw, cols);
+  else
+    Backward<<<rows, kThreads, 0, s>>>(static_cast<const bf*>(dy), static_cast<const bf*>(x), static_cast<const bf*>(w), rstd,
+                                       static_cast<bf*>(dx), dw, cols);
+  return LaunchStatus("rmsnorm_backward");
+}
+
+}  // namespace tessera::kernels

@@ -1,0 +1,16 @@
+// SwiGLU: y = silu(g) * u; dg = dy * u * silu'(g); du = dy * silu(g).
+// silu(g) = g * s, s = sigmoid(g); silu'(g) = s * (1 + g * (1 - s)).
+#pragma once
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "worker/runtime/dtype.h"
+
+namespace tessera::kernels {
+using runtime::DType;
+absl::Status SwiGluForwardCpu(const void* g, const void* u, void* y, int64_t n, DType t);
+absl::Status SwiGluBackwardCpu(const void* dy, const void* g, const void* u, void* dg, void* du, int64_t n, DType t);
+absl::Status SwiGluForwardCuda(const void* g, const void* u, void* y, int64_t n, DType t, void* stream);
+absl::Status SwiGluBackwardCuda(const void* dy, const void* g, const void* u, void* dg, void* du, int64_t n, DType t,
+                                void* stream);
+}  // namespace tessera::kernels

@@ -1,0 +1,345 @@
+// The op harness: every op on every backend against a reference, on fresh random
+// inputs (a new seed each run, printed on failure), odd and boundary shapes, outputs
+// poisoned (0xff bytes = NaN) before each run so that unwritten elements fail.
+//
+// References and tolerances (relative L2 error ||got - ref|| / ||ref||):
+//  - CPU backend vs an independent double-precision implementation in this file:
+//    1e-6 for f32 (the CPU ops accumulate in double and round once to f32; GEMM uses
+//    OpenBLAS f32 accumulation over k <= 300 terms: 1e-5).
+//  - CPU backward ops vs central finite differences of the double forward: 1e-4
+//    (h = 1e-3 on O(1) inputs: truncation error ~h^2, rounding ~1e-16/h).
+//  - CUDA backend vs the CPU backend: f32 1e-5 (different summation order; SwiGLU
+//    uses __expf: 1e-5 still holds at these magnitudes); bf16 2e-2 (outputs are rounded
+//    to bf16, 8 bits of mantissa: a few ulp of 2^-8 after different f32 accumulation;
+//    GEMM in bf16 accumulates in f32 on both sides).
+//  - AdamW: per element, 1e-6 of the magnitude of the terms (one step; the CPU in
+//    double, CUDA in f32; m can cancel, so plain relative error would be meaningless).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "worker/runtime/backend.h"
+
+namespace tessera::runtime {
+namespace {
+
+using ::testing::HasSubstr;
+
+struct Rng {
+  explicit Rng(uint64_t seed) : gen(seed) {}
+  std::vector<float> Normal(size_t n, float scale = 1.f) {
+    std::normal_distribution<float> d(0.f, scale);
+    std::vector<float> v(n);
+    for (auto& x : v) x = d(gen);
+    return v;
+  }
+  std::mt19937_64 gen;
+};
+
+uint64_t Seed() {
+  static uint64_t s = std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32);
+  return s++;
+}
+
+// Rounds values through the dtype so that every backend and reference sees the same inputs.
+std::vector<float> Quantize(std::vector<float> v, DType t) {
+  if (t == DType::kBF16) for (auto& x : v) x = Bf16ToFloat(FloatToBf16(x));
+  return v;
+}
+
+Tensor Make(Backend& b, std::vector<int64_t> shape, DType t, const std::vector<float>& vals) {
+  auto ten = b.Empty(shape, t);
+  EXPECT_TRUE(ten.ok()) << ten.status();
+  std::vector<char> bytes(vals.size() * DTypeSize(t));
+  for (size_t i = 0; i < vals.size(); ++i) {
+    if (t == DType::kF32) std::memcpy(&bytes[i * 4], &vals[i], 4);
+    else { uint16_t h = FloatToBf16(vals[i]); std::memcpy(&bytes[i * 2], &h, 2); }
+  }
+  EXPECT_TRUE(b.CopyFromHost(bytes.data(), *ten).ok());
+  return *ten;
+}
+
+Tensor Out(Backend& b, std::vector<int64_t> shape, DType t) {
+  auto ten = b.Empty(shape, t);
+  EXPECT_TRUE(ten.ok());
+  EXPECT_TRUE(b.Fill(*ten, 0xff).ok());  // poison
+  return *ten;
+}
+
+std::vector<float> Read(Backend& b, const Tensor& t) {
+  std::vector<char> bytes(t.nbytes());
+  EXPECT_TRUE(b.CopyToHost(t, bytes.data()).ok());
+  std::vector<float> v(t.numel());
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (t.dtype() == DType::kF32) std::memcpy(&v[i], &bytes[i * 4], 4);
+    else { uint16_t h; std::memcpy(&h, &bytes[i * 2], 2); v[i] = Bf16ToFloat(h); }
+  }
+  return v;
+}
+
+double RelErr(const std::vector<float>& got, const std::vector<double>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!std::isfinite(got[i])) return INFINITY;  // NaN from poison or overflow never passes
+    num += (got[i] - ref[i]) * (got[i] - ref[i]);
+    den += ref[i] * ref[i];
+  }
+  return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
+}
+double RelErr(const std::vector<float>& got, const std::vector<float>& ref) {
+  return RelErr(got, std::vector<double>(ref.begin(), ref.end()));
+}
+
+// ---- double-precision references ----
+std::vector<double> RmsNormRef(const std::vector<float>& x, const std::vector<float>& w, int64_t rows, int64_t cols,
+                               double eps, std::vector<double>* rstd = nullptr) {
+  std::vector<double> y(x.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    double ss = 0;
+    for (int64_t c = 0; c < cols; ++c) ss += double(x[r * cols + c]) * x[r * cols + c];
+    double rs = 1 / std::sqrt(ss / cols + eps);
+    if (rstd) rstd->push_back(rs);
+    for (int64_t c = 0; c < cols; ++c) y[r * cols + c] = x[r * cols + c] * rs * w[c];
+  }
+  return y;
+}
+double Silu(double g) { return g / (1 + std::exp(-g)); }
+
+class OpTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    auto b = MakeBackend(GetParam() == "cpu" ? Device::Cpu() : Device::Cuda(0));
+    if (!b.ok()) GTEST_SKIP() << GetParam() << ": " << b.status();
+    be_ = std::move(*b);
+    ref_ = MakeCpuBackend();
+    seed_ = Seed();
+  }
+  bool cpu() const { return GetParam() == "cpu"; }
+  double Tol(DType t) const { return t == DType::kBF16 ? 2e-2 : (cpu() ? 1e-6 : 1e-5); }
+  std::unique_ptr<Backend> be_, ref_;
+  uint64_t seed_ = 0;
+};
+
+TEST_P(OpTest, Cast) {
+  Rng rng(seed_);
+  for (int64_t n : {1, 7, 1000, 65537}) {
+    SCOPED_TRACE(::testing::Message() << "n=" << n << " seed=" << seed_);
+    auto v = rng.Normal(n, 3.f);
+    auto x = Make(*be_, {n}, DType::kF32, v);
+    auto y = Out(*be_, {n}, DType::kBF16);
+    ASSERT_TRUE(be_->Cast(x, y).ok());
+    auto got = Read(*be_, y);
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(got[i], Bf16ToFloat(FloatToBf16(v[i]))) << i;  // exact RNE
+    auto back = Out(*be_, {n}, DType::kF32);
+    ASSERT_TRUE(be_->Cast(y, back).ok());
+    EXPECT_EQ(Read(*be_, back), got);
+  }
+}
+
+TEST_P(OpTest, RmsNormForwardAndBackward) {
+  Rng rng(seed_);
+  for (DType t : {DType::kF32, DType::kBF16}) {
+    for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1, 1}, {3, 7}, {17, 33}, {64, 1000}, {5, 4097}, {2, 8192}}) {
+      SCOPED_TRACE(::testing::Message() << DTypeName(t) << " rows=" << rows << " cols=" << cols << " seed=" << seed_);
+      auto xv = Quantize(rng.Normal(rows * cols), t), wv = Quantize(rng.Normal(cols, 0.5f), t);
+      auto dyv = Quantize(rng.Normal(rows * cols), t);
+      auto x = Make(*be_, {rows, cols}, t, xv), w = Make(*be_, {cols}, t, wv), dy = Make(*be_, {rows, cols}, t, dyv);
+      auto y = Out(*be_, {rows, cols}, t), rstd = Out(*be_, {rows}, DType::kF32);
+      ASSERT_TRUE(be_->RmsNormForward(x, w, 1e-5f, y, rstd).ok());
+      auto dx = Out(*be_, {rows, cols}, t), dw = Out(*be_, {cols}, DType::kF32);
+      ASSERT_TRUE(be_->RmsNormBackward(dy, x, w, rstd, dx, dw).ok());
+      if (cpu() && t == DType::kF32) {
+        std::vector<double> rs;
+        EXPECT_LT(RelErr(Read(*be_, y), RmsNormRef(xv, wv, rows, cols, 1e-5, &rs)), 1e-6);
+        EXPECT_LT(RelErr(Read(*be_, rstd), rs), 1e-6);
+      } else {
+        auto rx = Make(*ref_, {rows, cols}, t, xv), rw = Make(*ref_, {cols}, t, wv), rdy = Make(*ref_, {rows, cols}, t, dyv);
+        auto ry = Out(*ref_, {rows, cols}, t), rr = Out(*ref_, {rows}, DType::kF32);
+        auto rdx = Out(*ref_, {rows, cols}, t), rdw = Out(*ref_, {cols}, DType::kF32);
+        ASSERT_TRUE(ref_->RmsNormForward(rx, rw, 1e-5f, ry, rr).ok());
+        ASSERT_TRUE(ref_->RmsNormBackward(rdy, rx, rw, rr, rdx, rdw).ok());
+        EXPECT_LT(RelErr(Read(*be_, y), Read(*ref_, ry)), Tol(t));
+        EXPECT_LT(RelErr(Read(*be_, rstd), Read(*ref_, rr)), 1e-5);
+        EXPECT_LT(RelErr(Read(*be_, dx), Read(*ref_, rdx)), Tol(t));
+        EXPECT_LT(RelErr(Read(*be_, dw), Read(*ref_, rdw)), t == DType::kBF16 ? Tol(t) : 1e-5);
+      }
+    }
+  }
+}
+
+// Finite differences (double) for the CPU backward: L = sum(y * r).
+TEST_P(OpTest, RmsNormBackwardMatchesFiniteDifferences) {
+  if (!cpu()) GTEST_SKIP() << "finite differences check the CPU reference";
+  Rng rng(seed_);
+  const int64_t rows = 3, cols = 11;
+  auto xv = rng.Normal(rows * cols), wv = rng.Normal(cols), rv = rng.Normal(rows * cols);
+  auto x = Make(*be_, {rows, cols}, DType::kF32, xv), w = Make(*be_, {cols}, DType::kF32, wv);
+  auto dy = Make(*be_, {rows, cols}, DType::kF32, rv);
+  auto y = Out(*be_, {rows, cols}, DType::kF32), rstd = Out(*be_, {rows}, DType::kF32);
+  auto dx = Out(*be_, {rows, cols}, DType::kF32), dw = Out(*be_, {cols}, DType::kF32);
+  ASSERT_TRUE(be_->RmsNormForward(x, w, 1e-5f, y, rstd).ok());
+  ASSERT_TRUE(be_->RmsNormBackward(dy, x, w, rstd, dx, dw).ok());
+  auto loss = [&](const std::vector<float>& xx, const std::vector<float>& ww) {
+    auto yy = RmsNormRef(xx, ww, rows, cols, 1e-5);
+    double l = 0;
+    for (size_t i = 0; i < yy.size(); ++i) l += yy[i] * rv[i];
+    return l;
+  };
+  const double h = 1e-3;
+  std::vector<double> ndx(xv.size()), ndw(wv.size());
+  for (size_t i = 0; i < xv.size(); ++i) {
+    auto p = xv, m = xv;
+    p[i] += h, m[i] -= h;
+    ndx[i] = (loss(p, wv) - loss(m, wv)) / (2 * h);
+  }
+  for (size_t i = 0; i < wv.size(); ++i) {
+    auto p = wv, m = wv;
+    p[i] += h, m[i] -= h;
+    ndw[i] = (loss(xv, p) - loss(xv, m)) / (2 * h);
+  }
+  EXPECT_LT(RelErr(Read(*be_, dx), ndx), 1e-4) << "seed " << seed_;
+  EXPECT_LT(RelErr(Read(*be_, dw), ndw), 1e-4) << "seed " << seed_;
+}
+
+TEST_P(OpTest, SwiGluForwardAndBackward) {
+  Rng rng(seed_);
+  for (DType t : {DType::kF32, DType::kBF16}) {
+    for (int64_t n : {1, 7, 1000, 65537}) {
+      SCOPED_TRACE(::testing::Message() << DTypeName(t) << " n=" << n << " seed=" << seed_);
+      auto gv = Quantize(rng.Normal(n, 2.f), t), uv = Quantize(rng.Normal(n), t), dv = Quantize(rng.Normal(n), t);
+      auto g = Make(*be_, {n}, t, gv), u = Make(*be_, {n}, t, uv), dy = Make(*be_, {n}, t, dv);
+      auto y = Out(*be_, {n}, t), dg = Out(*be_, {n}, t), du = Out(*be_, {n}, t);
+      ASSERT_TRUE(be_->SwiGluForward(g, u, y).ok());
+      ASSERT_TRUE(be_->SwiGluBackward(dy, g, u, dg, du).ok());
+      std::vector<double> ry(n), rdg(n), rdu(n);
+      for (int64_t i = 0; i < n; ++i) {
+        double s = 1 / (1 + std::exp(-double(gv[i])));
+        ry[i] = Silu(gv[i]) * uv[i];
+        rdg[i] = dv[i] * uv[i] * s * (1 + gv[i] * (1 - s));
+        rdu[i] = dv[i] * Silu(gv[i]);
+      }
+      double tol = t == DType::kBF16 ? 2e-2 : 1e-5;
+      EXPECT_LT(RelErr(Read(*be_, y), ry), tol);
+      EXPECT_LT(RelErr(Read(*be_, dg), rdg), tol);
+      EXPECT_LT(RelErr(Read(*be_, du), rdu), tol);
+    }
+  }
+  // Finite differences of the double forward confirm the derivative formula.
+  double g0 = 0.7, u0 = -1.3, h = 1e-5, s = 1 / (1 + std::exp(-g0));
+  EXPECT_NEAR((Silu(g0 + h) - Silu(g0 - h)) / (2 * h) * u0, u0 * s * (1 + g0 * (1 - s)), 1e-8);
+}
+
+TEST_P(OpTest, Gemm) {
+  Rng rng(seed_);
+  struct G { int64_t m, n, k; };
+  for (DType t : {DType::kF32, DType::kBF16}) {
+    for (G g : {G{1, 1, 1}, G{7, 5, 3}, G{33, 17, 65}, G{128, 256, 64}, G{100, 300, 257}}) {
+      for (int tr = 0; tr < 4; ++tr) {
+        bool ta = tr & 1, tb = tr & 2;
+        SCOPED_TRACE(::testing::Message() << DTypeName(t) << " m=" << g.m << " n=" << g.n << " k=" << g.k << " ta=" << ta
+                                          << " tb=" << tb << " seed=" << seed_);
+        auto av = Quantize(rng.Normal(g.m * g.k), t), bv = Quantize(rng.Normal(g.k * g.n), t);
+        auto cv = Quantize(rng.Normal(g.m * g.n), t);
+        std::vector<int64_t> as = ta ? std::vector<int64_t>{g.k, g.m} : std::vector<int64_t>{g.m, g.k};
+        std::vector<int64_t> bs = tb ? std::vector<int64_t>{g.n, g.k} : std::vector<int64_t>{g.k, g.n};
+        auto a = Make(*be_, as, t, av), b = Make(*be_, bs, t, bv), c = Make(*be_, {g.m, g.n}, t, cv);
+        ASSERT_TRUE(be_->Gemm(a, ta, b, tb, c, 0.5f, 0.25f).ok());
+        std::vector<double> ref(g.m * g.n);
+        for (int64_t i = 0; i < g.m; ++i)
+          for (int64_t j = 0; j < g.n; ++j) {
+            double acc = 0;
+            for (int64_t p = 0; p < g.k; ++p)
+              acc += double(av[ta ? p * g.m + i : i * g.k + p]) * bv[tb ? j * g.k + p : p * g.n + j];
+            ref[i * g.n + j] = 0.5 * acc + 0.25 * cv[i * g.n + j];
+          }
+        EXPECT_LT(RelErr(Read(*be_, c), ref), t == DType::kBF16 ? 2e-2 : 1e-5);
+      }
+    }
+  }
+}
+
+TEST_P(OpTest, AdamW) {
+  Rng rng(seed_);
+  for (DType gt : {DType::kF32, DType::kBF16}) {
+    for (int64_t n : {1, 1000, 4097}) {
+      SCOPED_TRACE(::testing::Message() << "grad " << DTypeName(gt) << " n=" << n << " seed=" << seed_);
+      auto pv = rng.Normal(n), gv = Quantize(rng.Normal(n), gt), mv = rng.Normal(n, 0.1f), vv = rng.Normal(n, 0.1f);
+      for (auto& x : vv) x = x * x;
+      AdamWParams hp{1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 7};
+      auto p = Make(*be_, {n}, DType::kF32, pv), g = Make(*be_, {n}, gt, gv), m = Make(*be_, {n}, DType::kF32, mv);
+      auto v = Make(*be_, {n}, DType::kF32, vv);
+      auto lowp = Out(*be_, {n}, DType::kBF16);
+      ASSERT_TRUE(be_->AdamW(p, g, m, v, hp, &lowp).ok());
+      // Reference in double with the same (float) hyperparameters. Errors are measured
+      // per element against the magnitude of the terms, since m = b1 m + (1-b1) g can cancel.
+      std::vector<double> rp(n), rm(n), rv(n), sp(n), sm(n), sv(n);
+      const double b1 = hp.beta1, b2 = hp.beta2, lr = hp.lr, wd = hp.weight_decay, eps = hp.eps;
+      double bc1 = 1 - std::pow(b1, 7), bc2 = 1 - std::pow(b2, 7);
+      for (int64_t i = 0; i < n; ++i) {
+        rm[i] = b1 * mv[i] + (1 - b1) * gv[i];
+        rv[i] = b2 * vv[i] + (1 - b2) * double(gv[i]) * gv[i];
+        double upd = (rm[i] / bc1) / (std::sqrt(rv[i] / bc2) + eps);
+        rp[i] = pv[i] - lr * (upd + wd * pv[i]);
+        sm[i] = std::abs(b1 * mv[i]) + std::abs((1 - b1) * gv[i]);
+        sv[i] = std::abs(rv[i]);
+        sp[i] = std::abs(pv[i]) + lr * (std::abs(upd) + std::abs(wd * pv[i]));
+      }
+      auto close = [&](const std::vector<float>& got, const std::vector<double>& ref, const std::vector<double>& sc) {
+        double worst = 0;
+        for (int64_t i = 0; i < n; ++i) worst = std::max(worst, std::abs(got[i] - ref[i]) / std::max(sc[i], 1e-30));
+        return worst;
+      };
+      auto gp = Read(*be_, p);
+      EXPECT_LT(close(gp, rp, sp), 1e-6);
+      EXPECT_LT(close(Read(*be_, m), rm, sm), 1e-6);
+      EXPECT_LT(close(Read(*be_, v), rv, sv), 1e-6);
+      auto lp = Read(*be_, lowp);
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(lp[i], Bf16ToFloat(FloatToBf16(gp[i])));
+    }
+  }
+}
+
+TEST_P(OpTest, ValidationNamesShapes) {
+  auto x = *be_->Empty({4, 8}, DType::kF32), w = *be_->Empty({7}, DType::kF32), y = *be_->Empty({4, 8}, DType::kF32);
+  auto r = *be_->Empty({4}, DType::kF32);
+  EXPECT_THAT(std::string(be_->RmsNormForward(x, w, 1e-5f, y, r).message()), HasSubstr("w [7] must be [8]"));
+  auto a = *be_->Empty({3, 5}, DType::kF32), b = *be_->Empty({4, 2}, DType::kF32), c = *be_->Empty({3, 2}, DType::kF32);
+  EXPECT_THAT(std::string(be_->Gemm(a, false, b, false, c).message()),
+              HasSubstr("inner dimensions differ: op(a) is [3, 5], op(b) is [4, 2]"));
+  auto bf = *be_->Empty({4, 8}, DType::kBF16);
+  EXPECT_THAT(std::string(be_->SwiGluForward(x, bf, y).message()), HasSubstr("gate is f32 but up is bf16"));
+  auto col = *x.Slice(1, 2, 3);
+  EXPECT_THAT(std::string(be_->Cast(col, col).message()), HasSubstr("is not contiguous"));
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, OpTest, ::testing::Values("cpu", "cuda"),
+                         [](const auto& info) { return info.param; });
+
+TEST(Tensor, SlicesAndAccounting) {
+  auto* alloc = CpuAllocator();
+  int64_t before = alloc->stats().current_bytes;
+  {
+    auto t = Tensor::Empty({4, 6}, DType::kF32, alloc);
+    ASSERT_TRUE(t.ok());
+    EXPECT_EQ(alloc->stats().current_bytes - before, 96);
+    for (int i = 0; i < 24; ++i) t->data_as<float>()[i] = i;
+    auto rows = t->Slice(0, 1, 2);
+    ASSERT_TRUE(rows.ok());
+    EXPECT_TRUE(rows->contiguous());
+    EXPECT_EQ(rows->data_as<float>()[0], 6);
+    auto cols = t->Slice(1, 2, 2);
+    EXPECT_FALSE(cols->contiguous());
+    EXPECT_EQ(cols->data_as<float>()[0], 2);
+    EXPECT_EQ(cols->strides()[0], 6);
+    EXPECT_THAT(std::string(t->Slice(1, 5, 2).status().message()), HasSubstr("[5, 7) out of range for dim 1 of shape [4, 6]"));
+    EXPECT_THAT(std::string(t->Reshape({5, 5}).status().message()), HasSubstr("[4, 6] has 24 elements, [5, 5] has 25"));
+    EXPECT_FALSE(cols->Reshape({4}).ok());
+  }
+  EXPECT_EQ(alloc->stats().current_bytes, before);
+  EXPECT_GE(alloc->stats().peak_bytes, 96);
+}
+
+}  // namespace
+}  // namespace tessera::runtime

@@ -1,0 +1,80 @@
+// Backend: where tensors live and ops run (DESIGN §5). Chosen at runtime by device
+// (MakeBackend), no #ifdef in callers. The CPU backend is the reference every CUDA op
+// is tested against; it runs the whole system where there is no GPU.
+//
+// Public methods validate shapes and dtypes (errors name the shapes) and then call
+// the backend's kernels (kernels/<op>/), which take raw pointers and a stream.
+// Conventions: activations are f32 or bf16; weights share the activation dtype;
+// statistics (rstd), weight gradients of norms, and optimizer state are f32.
+//
+// Threading: one backend per device per thread; CUDA ops are ordered on the
+// backend's stream, and Synchronize() waits for them.
+#pragma once
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "worker/runtime/tensor.h"
+
+namespace tessera::runtime {
+
+struct AdamWParams {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;
+  int64_t step = 1;  // 1-based, for bias correction
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual Device device() const = 0;
+  virtual Allocator* allocator() = 0;
+  virtual absl::Status Synchronize() = 0;
+  // Host <-> backend copies of a whole contiguous tensor.
+  virtual absl::Status CopyFromHost(const void* src, Tensor& dst) = 0;
+  virtual absl::Status CopyToHost(const Tensor& src, void* dst) = 0;
+  // Sets every byte of `t` (tests poison outputs with 0xff = NaN).
+  virtual absl::Status Fill(Tensor& t, uint8_t byte) = 0;
+
+  absl::StatusOr<Tensor> Empty(std::vector<int64_t> shape, DType dtype) { return Tensor::Empty(std::move(shape), dtype, allocator()); }
+
+  // y = x converted to y's dtype (f32 <-> bf16).
+  absl::Status Cast(const Tensor& x, Tensor& y);
+  // x, y: [rows, cols]; w: [cols]; rstd: [rows] f32.  y = x * rstd * w, rstd = 1/sqrt(mean(x^2)+eps).
+  absl::Status RmsNormForward(const Tensor& x, const Tensor& w, float eps, Tensor& y, Tensor& rstd);
+  // dx: [rows, cols]; dw: [cols] f32 (overwritten).
+  absl::Status RmsNormBackward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, Tensor& dx,
+                               Tensor& dw);
+  // y = silu(gate) * up, elementwise over equal shapes.
+  absl::Status SwiGluForward(const Tensor& gate, const Tensor& up, Tensor& y);
+  absl::Status SwiGluBackward(const Tensor& dy, const Tensor& gate, const Tensor& up, Tensor& dgate, Tensor& dup);
+  // c = alpha * op(a) @ op(b) + beta * c, row-major 2-D; op transposes when t* is set.
+  // f32 x f32 -> f32, or bf16 x bf16 -> bf16 with f32 accumulation.
+  absl::Status Gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c, float alpha = 1.f, float beta = 0.f);
+  // Fused AdamW on f32 master params and state; grad f32 or bf16. If param_lowp is
+  // given (bf16, same shape) it receives the updated params.
+  absl::Status AdamW(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& p,
+                     Tensor* param_lowp = nullptr);
+
+ protected:
+  virtual absl::Status DoCast(const Tensor& x, Tensor& y) = 0;
+  virtual absl::Status DoRmsNormForward(const Tensor& x, const Tensor& w, float eps, Tensor& y, Tensor& rstd) = 0;
+  virtual absl::Status DoRmsNormBackward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
+                                         Tensor& dx, Tensor& dw) = 0;
+  virtual absl::Status DoSwiGluForward(const Tensor& gate, const Tensor& up, Tensor& y) = 0;
+  virtual absl::Status DoSwiGluBackward(const Tensor& dy, const Tensor& gate, const Tensor& up, Tensor& dgate,
+                                        Tensor& dup) = 0;
+  virtual absl::Status DoGemm(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c, float alpha, float beta) = 0;
+  virtual absl::Status DoAdamW(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& p,
+                               Tensor* param_lowp) = 0;
+};
+
+std::unique_ptr<Backend> MakeCpuBackend();
+// UNIMPLEMENTED in a build without CUDA; UNAVAILABLE without a usable device.
+absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device);
+absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(Device d);
+
+}  // namespace tessera::runtime

@@ -1,0 +1,149 @@
+// The CUDA backend: stream-ordered allocations from the device's memory pool
+// (cudaMallocAsync) with accounting and a peak report, one stream per backend, and
+// the CUDA kernels of kernels/<op>/*.cu (cuBLASLt for GEMM).
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/adamw/adamw.h"
+#include "kernels/cast/cast.h"
+#include "kernels/gemm/gemm.h"
+#include "kernels/rmsnorm/rmsnorm.h"
+#include "kernels/swiglu/swiglu.h"
+#include "worker/runtime/backend.h"
+
+namespace tessera::runtime {
+namespace {
+
+absl::Status Cuda(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(e)));
+}
+
+class PoolAllocator final : public Allocator {
+ public:
+  PoolAllocator(int device, cudaStream_t stream) : device_(device), stream_(stream) {}
+  absl::StatusOr<void*> Allocate(size_t bytes) override {
+    void* p = nullptr;
+    cudaSetDevice(device_);
+    cudaError_t e = cudaMallocAsync(&p, std::max<size_t>(bytes, 1), stream_);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      return absl::ResourceExhaustedError(absl::StrCat("cuda:", device_, ": cannot allocate ", bytes, " bytes (",
+                                                       cudaGetErrorString(e), "); in use ", s_.current_bytes,
+                                                       ", peak ", s_.peak_bytes));
+    }
+    std::lock_guard<std::mutex> l(mu_);
+    s_.current_bytes += bytes;
+    s_.peak_bytes = std::max(s_.peak_bytes, s_.current_bytes);
+    s_.allocations++;
+    return p;
+  }
+  void Free(void* p, size_t bytes) override {
+    cudaFreeAsync(p, stream_);
+    std::lock_guard<std::mutex> l(mu_);
+    s_.current_bytes -= bytes;
+  }
+  Device device() const override { return Device::Cuda(device_); }
+  MemoryStats stats() const override {
+    std::lock_guard<std::mutex> l(mu_);
+    return s_;
+  }
+
+ private:
+  int device_;
+  cudaStream_t stream_;
+  mutable std::mutex mu_;
+  MemoryStats s_;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  static absl::StatusOr<std::unique_ptr<Backend>> Create(int device) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || device >= n) {
+      cudaGetLastError();
+      return absl::UnavailableError(absl::StrCat("no CUDA device ", device, " (", n, " visible)"));
+    }
+    auto b = std::unique_ptr<CudaBackend>(new CudaBackend());
+    b->device_ = device;
+    if (auto s = Cuda(cudaSetDevice(device), "cudaSetDevice"); !s.ok()) return s;
+    if (auto s = Cuda(cudaStreamCreateWithFlags(&b->stream_, cudaStreamNonBlocking), "cudaStreamCreate"); !s.ok()) return s;
+    // Keep freed memory in the pool instead of returning it to the driver at every sync.
+    cudaMemPool_t pool;
+    cudaDeviceGetDefaultMemPool(&pool, device);
+    uint64_t threshold = UINT64_MAX;
+    cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold);
+    b->alloc_ = std::make_unique<PoolAllocator>(device, b->stream_);
+    if (cublasLtCreate(reinterpret_cast<cublasLtHandle_t*>(&b->lt_)) != CUBLAS_STATUS_SUCCESS)
+      return absl::InternalError("cublasLtCreate failed");
+    if (auto s = Cuda(cudaMalloc(&b->workspace_, kWorkspace), "cudaMalloc(workspace)"); !s.ok()) return s;
+    return std::unique_ptr<Backend>(std::move(b));
+  }
+  ~CudaBackend() override {
+    cudaStreamSynchronize(stream_);
+    if (workspace_) cudaFree(workspace_);
+    if (lt_) cublasLtDestroy(static_cast<cublasLtHandle_t>(lt_));
+    alloc_.reset();
+    cudaStreamDestroy(stream_);
+  }
+  Device device() const override { return Device::Cuda(device_); }
+  Allocator* allocator() override { return alloc_.get(); }
+  absl::Status Synchronize() override { return Cuda(cudaStreamSynchronize(stream_), "synchronize"); }
+  absl::Status CopyFromHost(const void* src, Tensor& dst) override {
+    return Cuda(cudaMemcpyAsync(dst.data(), src, dst.nbytes(), cudaMemcpyHostToDevice, stream_), "copy to device");
+  }
+  absl::Status CopyToHost(const Tensor& src, void* dst) override {
+    auto s = Cuda(cudaMemcpyAsync(dst, src.data(), src.nbytes(), cudaMemcpyDeviceToHost, stream_), "copy to host");
+    return s.ok() ? Synchronize() : s;
+  }
+  absl::Status Fill(Tensor& t, uint8_t byte) override {
+    return Cuda(cudaMemsetAsync(t.data(), byte, t.nbytes(), stream_), "memset");
+  }
+
+ protected:
+  absl::Status DoCast(const Tensor& x, Tensor& y) override {
+    return kernels::CastCuda(x.data(), x.dtype(), y.data(), y.dtype(), x.numel(), stream_);
+  }
+  absl::Status DoRmsNormForward(const Tensor& x, const Tensor& w, float eps, Tensor& y, Tensor& rstd) override {
+    return kernels::RmsNormForwardCuda(x.data(), w.data(), y.data(), rstd.data_as<float>(), x.dim(0), x.dim(1), eps,
+                                       x.dtype(), stream_);
+  }
+  absl::Status DoRmsNormBackward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, Tensor& dx,
+                                 Tensor& dw) override {
+    return kernels::RmsNormBackwardCuda(dy.data(), x.data(), w.data(), rstd.data_as<float>(), dx.data(),
+                                        dw.data_as<float>(), x.dim(0), x.dim(1), x.dtype(), stream_);
+  }
+  absl::Status DoSwiGluForward(const Tensor& g, const Tensor& u, Tensor& y) override {
+    return kernels::SwiGluForwardCuda(g.data(), u.data(), y.data(), g.numel(), g.dtype(), stream_);
+  }
+  absl::Status DoSwiGluBackward(const Tensor& dy, const Tensor& g, const Tensor& u, Tensor& dg, Tensor& du) override {
+    return kernels::SwiGluBackwardCuda(dy.data(), g.data(), u.data(), dg.data(), du.data(), g.numel(), g.dtype(), stream_);
+  }
+  absl::Status DoGemm(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c, float alpha, float beta) override {
+    int64_t m = c.dim(0), n = c.dim(1), k = ta ? a.dim(0) : a.dim(1);
+    return kernels::GemmCuda(a.data(), ta, b.data(), tb, c.data(), m, n, k, alpha, beta, a.dtype(), lt_, workspace_,
+                             kWorkspace, stream_);
+  }
+  absl::Status DoAdamW(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const AdamWParams& a, Tensor* lowp) override {
+    return kernels::AdamWCuda(p.data_as<float>(), g.data(), g.dtype(), m.data_as<float>(), v.data_as<float>(),
+                              lowp ? lowp->data_as<uint16_t>() : nullptr, p.numel(),
+                              {a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, a.step}, stream_);
+  }
+
+ private:
+  static constexpr size_t kWorkspace = 32 << 20;
+  int device_ = 0;
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<PoolAllocator> alloc_;
+  void* lt_ = nullptr;
+  void* workspace_ = nullptr;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device) { return CudaBackend::Create(device); }
+
+}  // namespace tessera::runtime
