@@ -6,6 +6,8 @@
 # Writes logs and JSON under $OUT and prints a short table last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# dist/ travels compressed (.carry/dist.tar.xz) to stay under the tree-size limit.
+if [ -f .carry/dist.tar.xz ]; then rm -rf dist && tar -xJf .carry/dist.tar.xz; fi
 export LD_LIBRARY_PATH=$PWD/dist/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export NCCL_NVLS_ENABLE=0
 OUT=${OUT:-/tmp/tessera-gpu-out}
@@ -13,6 +15,14 @@ mkdir -p "$OUT"
 nvidia-smi -L | tee "$OUT/gpus.txt"
 card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 ngpu=$(nvidia-smi -L | wc -l)
+dist/bin/op_test 2>&1 | tee "$OUT/op_test.txt" | grep -E "^\[  (FAILED|PASSED|SKIPPED)|Failure|trace|seed=" | head -40
+san=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+if [ -n "$san" ]; then
+  "$san" --tool memcheck --error-exitcode 9 dist/bin/op_test --gtest_filter='*cuda*' > "$OUT/memcheck.txt" 2>&1
+  echo "compute-sanitizer memcheck on the CUDA op tests: exit $? ($(grep -c 'Invalid' "$OUT/memcheck.txt") invalid accesses)"
+else
+  echo "compute-sanitizer: not found"
+fi
 dist/bin/nccl_communicator_test 2>&1 | tee "$OUT/nccl_test.txt" | tail -3
 b1=$(dist/bin/nccl_allreduce_baseline 1073741824 2>&1 | tee "$OUT/baseline1.txt" | tail -1)
 state=$(mktemp -d)

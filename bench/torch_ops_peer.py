@@ -1,0 +1,66 @@
+"""Peer for bench/op_bench: the same ops and shapes in PyTorch (eager and
+torch.compile), timed with CUDA events after warm-up. Prints one JSON line per case."""
+import json
+import torch
+import torch.nn.functional as F
+
+torch.manual_seed(0)
+dev = "cuda"
+bf = torch.bfloat16
+
+
+def time_ms(fn, iters=20, warmup=3):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    for _ in range(iters):
+        fn()
+    e.record()
+    torch.cuda.synchronize()
+    return s.elapsed_time(e) / iters
+
+
+def line(op, variant, shape, ms, unit, value):
+    print(json.dumps({"op": op, "variant": variant, "shape": shape, "ms": round(ms, 4), unit: round(value, 2)}), flush=True)
+
+
+def rmsnorm(x, w):
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-5)).to(bf) * w
+
+
+def swiglu(g, u):
+    return F.silu(g) * u
+
+
+r, c = 16384, 2048
+x, w = torch.randn(r, c, device=dev, dtype=bf), torch.randn(c, device=dev, dtype=bf)
+for name, fn in (("eager", rmsnorm), ("compile", torch.compile(rmsnorm))):
+    ms = time_ms(lambda: fn(x, w))
+    line("rmsnorm_fwd", name, "16384x2048 bf16", ms, "gbps", (2.0 * r * c * 2 + r * 4) / ms / 1e6)
+n = 16384 * 8192
+g, u = torch.randn(n, device=dev, dtype=bf), torch.randn(n, device=dev, dtype=bf)
+for name, fn in (("eager", swiglu), ("compile", torch.compile(swiglu))):
+    ms = time_ms(lambda: fn(g, u))
+    line("swiglu_fwd", name, "16384x8192 bf16", ms, "gbps", 3.0 * n * 2 / ms / 1e6)
+del g, u, x
+n = 256 << 20
+p = torch.nn.Parameter(torch.randn(n, device=dev))
+p.grad = torch.randn(n, device=dev)  # fused AdamW wants grads in the param dtype
+opt = torch.optim.AdamW([p], lr=1e-3, fused=True)
+ms = time_ms(lambda: opt.step())
+line("adamw", "torch fused", "256M f32 (f32 grad, no bf16 out)", ms, "gbps", (4.0 * 4 + 4 * 3) * n / ms / 1e6)
+del p, opt
+copy_src = torch.empty(1 << 30, device=dev, dtype=torch.uint8)
+copy_dst = torch.empty_like(copy_src)
+ms = time_ms(lambda: copy_dst.copy_(copy_src))
+line("device_copy", "torch", "1 GiB", ms, "gbps", 2.0 * (1 << 30) / ms / 1e6)
+del copy_src, copy_dst
+for name, m, nn, k in (("gemm_qkv", 8192, 3072, 2048), ("gemm_o", 8192, 2048, 2048), ("gemm_gate_up", 8192, 16384, 2048),
+                       ("gemm_down", 8192, 2048, 8192), ("gemm_lm_head", 8192, 128256, 2048)):
+    a = torch.randn(m, k, device=dev, dtype=bf)
+    wt = torch.randn(nn, k, device=dev, dtype=bf) * 0.02
+    ms = time_ms(lambda: torch.matmul(a, wt.t()))
+    line(name, "torch.matmul", f"{m}x{nn}x{k} bf16", ms, "tflops", 2.0 * m * nn * k / ms / 1e9)

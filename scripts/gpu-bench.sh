@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Op benchmarks on a lent GPU: Tessera's CUDA ops (bench/op_bench) and the PyTorch
+# peer (bench/torch_ops_peer.py) in the same call; prints a side-by-side table.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+if [ -f .carry/dist.tar.xz ] && [ ! -d dist ]; then tar -xJf .carry/dist.tar.xz; fi
+export LD_LIBRARY_PATH=$PWD/dist/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+OUT=${OUT:-/tmp/tessera-gpu-out}
+mkdir -p "$OUT"
+dist/bin/op_bench > "$OUT/op_bench.jsonl" 2> "$OUT/op_bench.err"
+python3 bench/torch_ops_peer.py > "$OUT/torch_peer.jsonl" 2> "$OUT/torch_peer.err"
+python3 - "$OUT/op_bench.jsonl" "$OUT/torch_peer.jsonl" "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" <<'PY'
+import json, sys
+ours = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+peer = [json.loads(l) for l in open(sys.argv[2]) if l.startswith("{")]
+copy = next((p["gbps"] for p in peer if p["op"] == "device_copy"), float("nan"))
+print(f"\n== op benchmarks on {sys.argv[3]} (device copy {copy:.0f} GB/s, bf16 GEMM ceiling ~790 TFLOP/s)")
+print(f"{'op':14} {'tessera ms':>10} {'value':>10} {'best peer':>22} {'peer ms':>9} {'ratio':>6} {'of limit':>8}")
+for o in ours:
+    cands = [p for p in peer if p["op"] == o["op"]]
+    best = min(cands, key=lambda p: p["ms"]) if cands else None
+    unit = "gbps" if "gbps" in o else "tflops"
+    limit = copy if unit == "gbps" else 790.0
+    ratio = best["ms"] / o["ms"] if best else float("nan")
+    print(f"{o['op']:14} {o['ms']:>10.3f} {o[unit]:>7.0f} {unit[:2]} {(best['variant'] if best else '-'):>22} "
+          f"{(best['ms'] if best else float('nan')):>9.3f} {ratio:>6.2f} {o[unit]/limit:>8.0%}")
+PY
