@@ -3,6 +3,8 @@
 #include "kernels/common/cuda_elem.cuh"
 #include "kernels/rmsnorm/rmsnorm.h"
 
+#include <cstdint>
+
 namespace tessera::kernels {
 namespace {
 
@@ -52,12 +54,62 @@ __global__ void Backward(const T* dy, const T* x, const T* w, const float* rstd,
   }
 }
 
+// bf16 rows with cols % 8 == 0 and cols <= 256 * 8 * kMaxVec: each thread loads its
+// 16-byte vectors once, keeps them in registers for the second pass, writes 16 bytes.
+constexpr int kMaxVec = 4;
+__global__ void ForwardVecBf16(const uint4* x, const uint4* w, uint4* y, float* rstd, int64_t cols, float eps) {
+  const int64_t nvec = cols / 8;
+  const uint4* xr = x + blockIdx.x * nvec;
+  uint4 v[kMaxVec];
+  float ss = 0;
+#pragma unroll
+  for (int k = 0; k < kMaxVec; ++k) {
+    int64_t i = threadIdx.x + int64_t(k) * kThreads;
+    if (i < nvec) {
+      v[k] = xr[i];
+      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v[k]);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        float2 f = __bfloat1622float2(h[j]);
+        ss += f.x * f.x + f.y * f.y;
+      }
+    }
+  }
+  float rs = rsqrtf(BlockSum(ss) / cols + eps);
+  if (threadIdx.x == 0) rstd[blockIdx.x] = rs;
+  uint4* yr = y + blockIdx.x * nvec;
+#pragma unroll
+  for (int k = 0; k < kMaxVec; ++k) {
+    int64_t i = threadIdx.x + int64_t(k) * kThreads;
+    if (i < nvec) {
+      uint4 wv = w[i], out;
+      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v[k]);
+      const __nv_bfloat162* wh = reinterpret_cast<const __nv_bfloat162*>(&wv);
+      __nv_bfloat162* o = reinterpret_cast<__nv_bfloat162*>(&out);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        float2 f = __bfloat1622float2(h[j]), g = __bfloat1622float2(wh[j]);
+        o[j] = __floats2bfloat162_rn(f.x * rs * g.x, f.y * rs * g.y);
+      }
+      yr[i] = out;
+    }
+  }
+}
+
+bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
 }  // namespace
 
 absl::Status RmsNormForwardCuda(const void* x, const void* w, void* y, float* rstd, int64_t rows, int64_t cols, float eps,
                                 DType t, void* stream) {
   if (rows == 0) return absl::OkStatus();
   auto s = static_cast<cudaStream_t>(stream);
+  if (t == DType::kBF16 && cols % 8 == 0 && cols <= int64_t(kThreads) * 8 * kMaxVec && Aligned16(x) && Aligned16(w) &&
+      Aligned16(y)) {
+    ForwardVecBf16<<<rows, kThreads, 0, s>>>(static_cast<const uint4*>(x), static_cast<const uint4*>(w),
+                                             static_cast<uint4*>(y), rstd, cols, eps);
+    return LaunchStatus("rmsnorm_forward");
+  }
   if (t == DType::kF32)
     Forward<<<rows, kThreads, 0, s>>>(static_cast<const float*>(x), static_cast<const float*>(w), static_cast<float*>(y), rstd, cols, eps);
   else
