@@ -14,6 +14,29 @@ template <typename T> __device__ __forceinline__ T FromF(float v);
 template <> __device__ __forceinline__ float FromF<float>(float v) { return v; }
 template <> __device__ __forceinline__ __nv_bfloat16 FromF<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 
+// Block-wide reductions for blockDim.x == kThreads (a multiple of 32); every thread
+// gets the result.
+template <int kThreads, typename Op>
+__device__ __forceinline__ float BlockReduce(float v, Op op) {
+  __shared__ float partial[kThreads / 32];
+  __shared__ float total;
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffff, v, o));
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    float t = lane < kThreads / 32 ? partial[lane] : partial[0];
+    for (int o = 16; o > 0; o >>= 1) t = op(t, __shfl_xor_sync(0xffffffff, t, o));
+    if (lane == 0) total = t;
+  }
+  __syncthreads();
+  float r = total;
+  __syncthreads();  // `total` may be reused by the next reduction
+  return r;
+}
+struct SumOp { __device__ float operator()(float a, float b) const { return a + b; } };
+struct MaxOp { __device__ float operator()(float a, float b) const { return fmaxf(a, b); } };
+
 inline absl::Status LaunchStatus(const char* kernel) {
   cudaError_t e = cudaGetLastError();
   if (e == cudaSuccess) return absl::OkStatus();

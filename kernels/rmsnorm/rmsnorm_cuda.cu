@@ -10,21 +10,7 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__device__ float BlockSum(float v) {
-  __shared__ float partial[kThreads / 32];
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
-  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (lane == 0) partial[warp] = v;
-  __syncthreads();
-  float t = 0;
-  if (threadIdx.x < kThreads / 32) t = partial[threadIdx.x];
-  if (warp == 0)
-    for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffff, t, o);
-  __shared__ float total;
-  if (threadIdx.x == 0) total = t;
-  __syncthreads();
-  return total;
-}
+__device__ __forceinline__ float BlockSum(float v) { return BlockReduce<kThreads>(v, SumOp()); }
 
 template <typename T>
 __global__ void Forward(const T* x, const T* w, T* y, float* rstd, int64_t cols, float eps) {

@@ -20,6 +20,7 @@
 #include <cmath>
 #include <random>
 
+#include "kernels/cross_entropy/cross_entropy.h"
 #include "worker/runtime/backend.h"
 
 namespace tessera::runtime {
@@ -59,6 +60,13 @@ Tensor Make(Backend& b, std::vector<int64_t> shape, DType t, const std::vector<f
   }
   EXPECT_TRUE(b.CopyFromHost(bytes.data(), *ten).ok());
   return *ten;
+}
+
+Tensor Ints(Backend& b, const std::vector<int32_t>& v) {
+  auto t = b.Empty({static_cast<int64_t>(v.size())}, DType::kI32);
+  EXPECT_TRUE(t.ok());
+  EXPECT_TRUE(b.CopyFromHost(v.data(), *t).ok());
+  return *t;
 }
 
 Tensor Out(Backend& b, std::vector<int64_t> shape, DType t) {
@@ -314,6 +322,193 @@ TEST_P(OpTest, AdamW) {
       EXPECT_LT(close(Read(*be_, v), rv, sv), 1e-6);
       auto lp = Read(*be_, lowp);
       for (int64_t i = 0; i < n; ++i) ASSERT_EQ(lp[i], Bf16ToFloat(FloatToBf16(gp[i])));
+    }
+  }
+}
+
+TEST_P(OpTest, EmbeddingVocabParallel) {
+  Rng rng(seed_);
+  std::uniform_int_distribution<int32_t> id(0, 99);
+  for (DType t : {DType::kF32, DType::kBF16}) {
+    for (int64_t hidden : {1, 7, 256}) {
+      SCOPED_TRACE(::testing::Message() << DTypeName(t) << " hidden=" << hidden << " seed=" << seed_);
+      // Vocab 100 split in two shards of 50; 33 tokens with repeats.
+      std::vector<int32_t> ids(33);
+      for (auto& x : ids) x = id(rng.gen);
+      ids[1] = ids[0];
+      auto tv = Quantize(rng.Normal(100 * hidden), t), dv = Quantize(rng.Normal(33 * hidden), t);
+      std::vector<double> sum_out(33 * hidden, 0.0), dtab(100 * hidden, 0.0);
+      for (int shard = 0; shard < 2; ++shard) {
+        std::vector<float> part(tv.begin() + shard * 50 * hidden, tv.begin() + (shard + 1) * 50 * hidden);
+        auto ids_t = Ints(*be_, ids);
+        auto table = Make(*be_, {50, hidden}, t, part), out = Out(*be_, {33, hidden}, t);
+        ASSERT_TRUE(be_->EmbeddingForward(ids_t, table, shard * 50, out).ok());
+        auto o = Read(*be_, out);
+        for (size_t k = 0; k < o.size(); ++k) sum_out[k] += o[k];
+        auto dout = Make(*be_, {33, hidden}, t, dv), dtable = Out(*be_, {50, hidden}, DType::kF32);
+        ASSERT_TRUE(be_->EmbeddingBackward(ids_t, dout, shard * 50, dtable).ok());
+        auto d = Read(*be_, dtable);
+        for (size_t k = 0; k < d.size(); ++k) dtab[shard * 50 * hidden + k] = d[k];
+      }
+      // The all-reduce of the shards' outputs is the full lookup; dtable sums repeats.
+      std::vector<double> want(33 * hidden), wantd(100 * hidden, 0.0);
+      for (int i = 0; i < 33; ++i)
+        for (int64_t h = 0; h < hidden; ++h) {
+          want[i * hidden + h] = tv[ids[i] * hidden + h];
+          wantd[ids[i] * hidden + h] += dv[i * hidden + h];
+        }
+      std::vector<float> got(sum_out.begin(), sum_out.end()), gotd(dtab.begin(), dtab.end());
+      EXPECT_EQ(RelErr(got, want), 0.0);
+      EXPECT_LT(RelErr(gotd, wantd), 1e-6);
+    }
+  }
+}
+
+TEST_P(OpTest, RopeWithExplicitPositions) {
+  Rng rng(seed_);
+  std::uniform_int_distribution<int32_t> posd(0, 16383);
+  for (DType t : {DType::kF32, DType::kBF16}) {
+    for (auto [tokens, heads, dim] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 2}, {5, 3, 64}, {33, 8, 128}}) {
+      SCOPED_TRACE(::testing::Message() << DTypeName(t) << " tokens=" << tokens << " heads=" << heads << " dim=" << dim
+                                        << " seed=" << seed_);
+      std::vector<int32_t> pos(tokens);
+      for (auto& p : pos) p = posd(rng.gen);
+      auto xv = Quantize(rng.Normal(tokens * heads * dim), t);
+      auto x = Make(*be_, {tokens, heads, dim}, t, xv), p = Ints(*be_, pos), y = Out(*be_, {tokens, heads, dim}, t);
+      ASSERT_TRUE(be_->Rope(x, p, 10000.f, y).ok());
+      std::vector<double> ref(xv.size());
+      int64_t half = dim / 2;
+      for (int64_t tok = 0; tok < tokens; ++tok)
+        for (int64_t h = 0; h < heads; ++h)
+          for (int64_t i = 0; i < half; ++i) {
+            double ang = pos[tok] * std::pow(10000.0, -2.0 * i / dim);
+            int64_t o = (tok * heads + h) * dim;
+            ref[o + i] = xv[o + i] * std::cos(ang) - xv[o + i + half] * std::sin(ang);
+            ref[o + i + half] = xv[o + i + half] * std::cos(ang) + xv[o + i] * std::sin(ang);
+          }
+      auto yv = Read(*be_, y);
+      EXPECT_LT(RelErr(yv, ref), t == DType::kBF16 ? 1e-2 : 1e-6);
+      auto back = Out(*be_, {tokens, heads, dim}, t);
+      ASSERT_TRUE(be_->Rope(y, p, 10000.f, back, /*inverse=*/true).ok());
+      EXPECT_LT(RelErr(Read(*be_, back), xv), t == DType::kBF16 ? 1e-2 : 1e-6);  // a rotation is undone by its inverse
+    }
+  }
+}
+
+TEST_P(OpTest, CrossEntropyVocabParallel) {
+  Rng rng(seed_);
+  for (DType t : {DType::kF32, DType::kBF16}) {
+    for (auto [n, vocab] : {std::pair<int64_t, int64_t>{1, 2}, {7, 1000}, {3, 128256}}) {
+      SCOPED_TRACE(::testing::Message() << DTypeName(t) << " n=" << n << " vocab=" << vocab << " seed=" << seed_);
+      auto zv = Quantize(rng.Normal(n * vocab, 3.f), t);
+      std::vector<int32_t> tg(n);
+      std::uniform_int_distribution<int32_t> td(0, vocab - 1);
+      for (auto& x : tg) x = td(rng.gen);
+      // Two shards of the vocabulary (the second may be larger for odd sizes).
+      int64_t v0 = vocab / 2, v1 = vocab - v0;
+      std::vector<std::vector<std::vector<float>>> shards;
+      std::vector<std::pair<int64_t, int64_t>> ranges = {{0, v0}, {v0, v1}};
+      if (v0 == 0) ranges = {{0, vocab}};
+      std::vector<Tensor> shard_logits;
+      auto targets = Ints(*be_, tg);
+      for (auto [start, len] : ranges) {
+        std::vector<float> part(n * len);
+        for (int64_t i = 0; i < n; ++i)
+          for (int64_t j = 0; j < len; ++j) part[i * len + j] = zv[i * vocab + start + j];
+        auto z = Make(*be_, {n, len}, t, part);
+        auto mx = Out(*be_, {n}, DType::kF32), sm = Out(*be_, {n}, DType::kF32), dt = Out(*be_, {n}, DType::kF32),
+             tgt = Out(*be_, {n}, DType::kF32);
+        ASSERT_TRUE(be_->CrossEntropyPartials(z, targets, start, mx, sm, dt, tgt).ok());
+        shards.push_back({Read(*be_, mx), Read(*be_, sm), Read(*be_, dt), Read(*be_, tgt)});
+        shard_logits.push_back(z);
+      }
+      auto res = kernels::CombineCrossEntropy(shards);
+      // Reference in double from the full logits.
+      std::vector<double> loss(n), ent(n), lse(n);
+      for (int64_t i = 0; i < n; ++i) {
+        double m = -INFINITY;
+        for (int64_t j = 0; j < vocab; ++j) m = std::max(m, double(zv[i * vocab + j]));
+        double S = 0, D = 0;
+        for (int64_t j = 0; j < vocab; ++j) {
+          double e = std::exp(zv[i * vocab + j] - m);
+          S += e;
+          D += e * zv[i * vocab + j];
+        }
+        lse[i] = m + std::log(S);
+        loss[i] = lse[i] - zv[i * vocab + tg[i]];
+        ent[i] = lse[i] - D / S;
+      }
+      double tol = cpu() ? 1e-6 : 1e-5;  // partials are f32 on every backend; bf16 inputs are exact
+      EXPECT_LT(RelErr(res.lse, lse), tol);
+      EXPECT_LT(RelErr(res.loss, loss), cpu() ? 1e-5 : 1e-4);
+      EXPECT_LT(RelErr(res.entropy, ent), cpu() ? 1e-5 : 1e-4);
+      for (int64_t i = 0; i < n; ++i) EXPECT_FLOAT_EQ(res.logprob[i], -res.loss[i]);
+      // Backward per shard with the global lse, against the closed form.
+      std::vector<float> dl = rng.Normal(n);
+      auto lse_t = Make(*be_, {n}, DType::kF32, res.lse), dloss = Make(*be_, {n}, DType::kF32, dl);
+      for (size_t k = 0; k < ranges.size(); ++k) {
+        auto [start, len] = ranges[k];
+        auto dz = Out(*be_, {n, len}, t);
+        ASSERT_TRUE(be_->CrossEntropyBackward(shard_logits[k], targets, start, lse_t, dloss, dz).ok());
+        std::vector<double> ref(n * len);
+        for (int64_t i = 0; i < n; ++i)
+          for (int64_t j = 0; j < len; ++j)
+            ref[i * len + j] = dl[i] * (std::exp(zv[i * vocab + start + j] - lse[i]) - (start + j == tg[i] ? 1.0 : 0.0));
+        EXPECT_LT(RelErr(Read(*be_, dz), ref), t == DType::kBF16 ? 2e-2 : (cpu() ? 1e-5 : 1e-4));
+      }
+    }
+  }
+}
+
+TEST_P(OpTest, CrossEntropyBackwardMatchesFiniteDifferences) {
+  if (!cpu()) GTEST_SKIP() << "finite differences check the CPU reference";
+  Rng rng(seed_);
+  const int64_t n = 2, v = 9;
+  auto zv = rng.Normal(n * v, 2.f);
+  std::vector<int32_t> tg = {3, 8};
+  auto loss = [&](const std::vector<float>& z) {
+    double l = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      double m = -INFINITY, S = 0;
+      for (int64_t j = 0; j < v; ++j) m = std::max(m, double(z[i * v + j]));
+      for (int64_t j = 0; j < v; ++j) S += std::exp(z[i * v + j] - m);
+      l += (i + 1) * (m + std::log(S) - z[i * v + tg[i]]);  // dloss = (1, 2)
+    }
+    return l;
+  };
+  auto z = Make(*be_, {n, v}, DType::kF32, zv), targets = Ints(*be_, tg);
+  auto mx = Out(*be_, {n}, DType::kF32), sm = Out(*be_, {n}, DType::kF32), dt = Out(*be_, {n}, DType::kF32),
+       tgt = Out(*be_, {n}, DType::kF32);
+  ASSERT_TRUE(be_->CrossEntropyPartials(z, targets, 0, mx, sm, dt, tgt).ok());
+  auto res = kernels::CombineCrossEntropy({{Read(*be_, mx), Read(*be_, sm), Read(*be_, dt), Read(*be_, tgt)}});
+  auto lse = Make(*be_, {n}, DType::kF32, res.lse), dl = Make(*be_, {n}, DType::kF32, {1.f, 2.f});
+  auto dz = Out(*be_, {n, v}, DType::kF32);
+  ASSERT_TRUE(be_->CrossEntropyBackward(z, targets, 0, lse, dl, dz).ok());
+  std::vector<double> num(n * v);
+  const double h = 1e-3;
+  for (int64_t k = 0; k < n * v; ++k) {
+    auto p = zv, m = zv;
+    p[k] += h, m[k] -= h;
+    num[k] = (loss(p) - loss(m)) / (2 * h);
+  }
+  EXPECT_LT(RelErr(Read(*be_, dz), num), 1e-4) << "seed " << seed_;
+}
+
+TEST_P(OpTest, SumSquaresAndScale) {
+  Rng rng(seed_);
+  for (DType t : {DType::kF32, DType::kBF16}) {
+    for (int64_t n : {1, 1000, 1 << 20}) {
+      SCOPED_TRACE(::testing::Message() << DTypeName(t) << " n=" << n << " seed=" << seed_);
+      auto xv = Quantize(rng.Normal(n), t);
+      auto x = Make(*be_, {n}, t, xv), out = Make(*be_, {1}, DType::kF32, {2.f});
+      ASSERT_TRUE(be_->SumSquares(x, out).ok());
+      double want = 2;
+      for (float v : xv) want += double(v) * v;
+      EXPECT_LT(RelErr(Read(*be_, out), std::vector<double>{want}), cpu() ? 1e-7 : 1e-5);
+      ASSERT_TRUE(be_->Scale(x, 0.5f).ok());
+      std::vector<double> half(xv.begin(), xv.end());
+      for (auto& v : half) v *= 0.5;
+      EXPECT_EQ(RelErr(Read(*be_, x), half), 0.0);  // scaling by a power of two is exact
     }
   }
 }

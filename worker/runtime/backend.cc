@@ -140,6 +140,89 @@ absl::Status Backend::AdamW(Tensor& param, const Tensor& grad, Tensor& m, Tensor
   return DoAdamW(param, grad, m, v, p, param_lowp);
 }
 
+namespace {
+absl::Status Vec(const char* op, const char* name, const Tensor& t, int64_t n, DType dt) {
+  if (t.rank() != 1 || t.dim(0) != n || t.dtype() != dt)
+    return Bad(op, absl::StrCat(name, " must be ", DTypeName(dt), " [", n, "], got ", DTypeName(t.dtype()), " ", t.ShapeString()));
+  return absl::OkStatus();
+}
+}  // namespace
+
+absl::Status Backend::EmbeddingForward(const Tensor& ids, const Tensor& table, int64_t vocab_start, Tensor& out) {
+  const char* op = "embedding_forward";
+  TRY(CheckTensors(op, device(), {{"ids", &ids}, {"table", &table}, {"out", &out}}));
+  if (ids.rank() != 1 || ids.dtype() != DType::kI32) return Bad(op, absl::StrCat("ids must be i32 [n], got ", ids.ShapeString()));
+  if (table.rank() != 2 || !Float(table.dtype())) return Bad(op, absl::StrCat("table must be f32/bf16 [rows, hidden], got ", table.ShapeString()));
+  TRY(SameDType(op, "out", out, "table", table));
+  if (out.rank() != 2 || out.dim(0) != ids.dim(0) || out.dim(1) != table.dim(1))
+    return Bad(op, absl::StrCat("out ", out.ShapeString(), " must be [", ids.dim(0), ", ", table.dim(1), "]"));
+  if (vocab_start < 0) return Bad(op, absl::StrCat("vocab_start must be >= 0, got ", vocab_start));
+  return DoEmbeddingForward(ids, table, vocab_start, out);
+}
+
+absl::Status Backend::EmbeddingBackward(const Tensor& ids, const Tensor& dout, int64_t vocab_start, Tensor& dtable) {
+  const char* op = "embedding_backward";
+  TRY(CheckTensors(op, device(), {{"ids", &ids}, {"dout", &dout}, {"dtable", &dtable}}));
+  if (ids.rank() != 1 || ids.dtype() != DType::kI32) return Bad(op, absl::StrCat("ids must be i32 [n], got ", ids.ShapeString()));
+  if (dout.rank() != 2 || dout.dim(0) != ids.dim(0) || !Float(dout.dtype()))
+    return Bad(op, absl::StrCat("dout must be f32/bf16 [", ids.dim(0), ", hidden], got ", dout.ShapeString()));
+  if (dtable.rank() != 2 || dtable.dtype() != DType::kF32 || dtable.dim(1) != dout.dim(1))
+    return Bad(op, absl::StrCat("dtable must be f32 [rows, ", dout.dim(1), "], got ", DTypeName(dtable.dtype()), " ", dtable.ShapeString()));
+  return DoEmbeddingBackward(ids, dout, vocab_start, dtable);
+}
+
+absl::Status Backend::Rope(const Tensor& x, const Tensor& positions, float base, Tensor& y, bool inverse) {
+  const char* op = "rope";
+  TRY(CheckTensors(op, device(), {{"x", &x}, {"positions", &positions}, {"y", &y}}));
+  if (x.rank() != 3 || !Float(x.dtype())) return Bad(op, absl::StrCat("x must be f32/bf16 [tokens, heads, dim], got ", x.ShapeString()));
+  if (x.dim(2) % 2 != 0) return Bad(op, absl::StrCat("head dim must be even, got ", x.dim(2)));
+  TRY(SameShape(op, "x", x, "y", y));
+  TRY(SameDType(op, "x", x, "y", y));
+  TRY(Vec(op, "positions", positions, x.dim(0), DType::kI32));
+  if (!(base > 1)) return Bad(op, absl::StrCat("base must be > 1, got ", base));
+  return DoRope(x, positions, base, y, inverse ? -1.f : 1.f);
+}
+
+absl::Status Backend::CrossEntropyPartials(const Tensor& logits, const Tensor& targets, int64_t vocab_start, Tensor& max,
+                                           Tensor& sum, Tensor& dot, Tensor& tgt) {
+  const char* op = "cross_entropy_partials";
+  TRY(CheckTensors(op, device(), {{"logits", &logits}, {"targets", &targets}, {"max", &max}, {"sum", &sum}, {"dot", &dot}, {"tgt", &tgt}}));
+  if (logits.rank() != 2 || !Float(logits.dtype()) || logits.dim(1) == 0)
+    return Bad(op, absl::StrCat("logits must be f32/bf16 [n, v] with v > 0, got ", logits.ShapeString()));
+  int64_t n = logits.dim(0);
+  TRY(Vec(op, "targets", targets, n, DType::kI32));
+  for (auto [name, t] : {std::pair<const char*, const Tensor*>{"max", &max}, {"sum", &sum}, {"dot", &dot}, {"tgt", &tgt}})
+    TRY(Vec(op, name, *t, n, DType::kF32));
+  return DoCrossEntropyPartials(logits, targets, vocab_start, max, sum, dot, tgt);
+}
+
+absl::Status Backend::CrossEntropyBackward(const Tensor& logits, const Tensor& targets, int64_t vocab_start,
+                                           const Tensor& lse, const Tensor& dloss, Tensor& dlogits) {
+  const char* op = "cross_entropy_backward";
+  TRY(CheckTensors(op, device(), {{"logits", &logits}, {"targets", &targets}, {"lse", &lse}, {"dloss", &dloss}, {"dlogits", &dlogits}}));
+  if (logits.rank() != 2 || !Float(logits.dtype())) return Bad(op, absl::StrCat("logits must be f32/bf16 [n, v], got ", logits.ShapeString()));
+  int64_t n = logits.dim(0);
+  TRY(Vec(op, "targets", targets, n, DType::kI32));
+  TRY(Vec(op, "lse", lse, n, DType::kF32));
+  TRY(Vec(op, "dloss", dloss, n, DType::kF32));
+  TRY(SameShape(op, "dlogits", dlogits, "logits", logits));
+  TRY(SameDType(op, "dlogits", dlogits, "logits", logits));
+  return DoCrossEntropyBackward(logits, targets, vocab_start, lse, dloss, dlogits);
+}
+
+absl::Status Backend::SumSquares(const Tensor& x, Tensor& out) {
+  TRY(CheckTensors("sum_squares", device(), {{"x", &x}, {"out", &out}}));
+  if (!Float(x.dtype())) return Bad("sum_squares", "x must be f32 or bf16");
+  TRY(Vec("sum_squares", "out", out, 1, DType::kF32));
+  return DoSumSquares(x, out);
+}
+
+absl::Status Backend::Scale(Tensor& x, float s) {
+  TRY(CheckTensors("scale", device(), {{"x", &x}}));
+  if (!Float(x.dtype())) return Bad("scale", "x must be f32 or bf16");
+  return DoScale(x, s);
+}
+
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(Device d) {
   if (d.kind == DeviceKind::kCpu) return MakeCpuBackend();
   return MakeCudaBackend(d.index);

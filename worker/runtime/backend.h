@@ -54,6 +54,22 @@ class Backend {
   // c = alpha * op(a) @ op(b) + beta * c, row-major 2-D; op transposes when t* is set.
   // f32 x f32 -> f32, or bf16 x bf16 -> bf16 with f32 accumulation.
   absl::Status Gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c, float alpha = 1.f, float beta = 0.f);
+  // Vocab-parallel embedding: table [rows, hidden] holds ids [vocab_start, vocab_start+rows);
+  // ids [n] i32; out [n, hidden] (zeros for ids outside the shard); dtable f32 [rows, hidden].
+  absl::Status EmbeddingForward(const Tensor& ids, const Tensor& table, int64_t vocab_start, Tensor& out);
+  absl::Status EmbeddingBackward(const Tensor& ids, const Tensor& dout, int64_t vocab_start, Tensor& dtable);
+  // RoPE on x [tokens, heads, dim] with positions [tokens] i32; inverse rotates back (the backward).
+  absl::Status Rope(const Tensor& x, const Tensor& positions, float base, Tensor& y, bool inverse = false);
+  // Cross-entropy partials over a vocab shard (see kernels/cross_entropy): logits [n, v],
+  // targets [n] i32 (global ids); max, sum, dot, tgt: f32 [n].
+  absl::Status CrossEntropyPartials(const Tensor& logits, const Tensor& targets, int64_t vocab_start, Tensor& max,
+                                    Tensor& sum, Tensor& dot, Tensor& tgt);
+  // dlogits = dloss * (softmax(logits; lse) - onehot(target)); lse, dloss: f32 [n].
+  absl::Status CrossEntropyBackward(const Tensor& logits, const Tensor& targets, int64_t vocab_start, const Tensor& lse,
+                                    const Tensor& dloss, Tensor& dlogits);
+  // out (f32 [1]) += sum(x^2); x *= s.
+  absl::Status SumSquares(const Tensor& x, Tensor& out);
+  absl::Status Scale(Tensor& x, float s);
   // Fused AdamW on f32 master params and state; grad f32 or bf16. If param_lowp is
   // given (bf16, same shape) it receives the updated params.
   absl::Status AdamW(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& p,
@@ -68,6 +84,15 @@ class Backend {
   virtual absl::Status DoSwiGluBackward(const Tensor& dy, const Tensor& gate, const Tensor& up, Tensor& dgate,
                                         Tensor& dup) = 0;
   virtual absl::Status DoGemm(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c, float alpha, float beta) = 0;
+  virtual absl::Status DoEmbeddingForward(const Tensor& ids, const Tensor& table, int64_t vocab_start, Tensor& out) = 0;
+  virtual absl::Status DoEmbeddingBackward(const Tensor& ids, const Tensor& dout, int64_t vocab_start, Tensor& dtable) = 0;
+  virtual absl::Status DoRope(const Tensor& x, const Tensor& positions, float base, Tensor& y, float sign) = 0;
+  virtual absl::Status DoCrossEntropyPartials(const Tensor& logits, const Tensor& targets, int64_t vocab_start,
+                                              Tensor& max, Tensor& sum, Tensor& dot, Tensor& tgt) = 0;
+  virtual absl::Status DoCrossEntropyBackward(const Tensor& logits, const Tensor& targets, int64_t vocab_start,
+                                              const Tensor& lse, const Tensor& dloss, Tensor& dlogits) = 0;
+  virtual absl::Status DoSumSquares(const Tensor& x, Tensor& out) = 0;
+  virtual absl::Status DoScale(Tensor& x, float s) = 0;
   virtual absl::Status DoAdamW(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& p,
                                Tensor* param_lowp) = 0;
 };

@@ -3,6 +3,10 @@
 
 #include "kernels/adamw/adamw.h"
 #include "kernels/cast/cast.h"
+#include "kernels/cross_entropy/cross_entropy.h"
+#include "kernels/embedding/embedding.h"
+#include "kernels/reduce/reduce.h"
+#include "kernels/rope/rope.h"
 #include "kernels/gemm/gemm.h"
 #include "kernels/rmsnorm/rmsnorm.h"
 #include "kernels/swiglu/swiglu.h"
@@ -51,6 +55,32 @@ class CpuBackend final : public Backend {
     int64_t m = c.dim(0), n = c.dim(1), k = ta ? a.dim(0) : a.dim(1);
     return kernels::GemmCpu(a.data(), ta, b.data(), tb, c.data(), m, n, k, alpha, beta, a.dtype());
   }
+  absl::Status DoEmbeddingForward(const Tensor& ids, const Tensor& table, int64_t vs, Tensor& out) override {
+    return kernels::EmbeddingForwardCpu(ids.data_as<int32_t>(), table.data(), out.data(), ids.dim(0), table.dim(0),
+                                        table.dim(1), vs, table.dtype());
+  }
+  absl::Status DoEmbeddingBackward(const Tensor& ids, const Tensor& dout, int64_t vs, Tensor& dtable) override {
+    return kernels::EmbeddingBackwardCpu(ids.data_as<int32_t>(), dout.data(), dtable.data_as<float>(), ids.dim(0),
+                                         dtable.dim(0), dtable.dim(1), vs, dout.dtype());
+  }
+  absl::Status DoRope(const Tensor& x, const Tensor& pos, float base, Tensor& y, float sign) override {
+    return kernels::RopeCpu(x.data(), pos.data_as<int32_t>(), y.data(), x.dim(0), x.dim(1), x.dim(2), base, sign,
+                            x.dtype());
+  }
+  absl::Status DoCrossEntropyPartials(const Tensor& z, const Tensor& t, int64_t vs, Tensor& mx, Tensor& sm, Tensor& dt,
+                                      Tensor& tg) override {
+    return kernels::CrossEntropyPartialsCpu(z.data(), t.data_as<int32_t>(), mx.data_as<float>(), sm.data_as<float>(),
+                                            dt.data_as<float>(), tg.data_as<float>(), z.dim(0), z.dim(1), vs, z.dtype());
+  }
+  absl::Status DoCrossEntropyBackward(const Tensor& z, const Tensor& t, int64_t vs, const Tensor& lse, const Tensor& dl,
+                                      Tensor& dz) override {
+    return kernels::CrossEntropyBackwardCpu(z.data(), t.data_as<int32_t>(), lse.data_as<float>(), dl.data_as<float>(),
+                                            dz.data(), z.dim(0), z.dim(1), vs, z.dtype());
+  }
+  absl::Status DoSumSquares(const Tensor& x, Tensor& out) override {
+    return kernels::SumSquaresCpu(x.data(), x.numel(), x.dtype(), out.data_as<float>());
+  }
+  absl::Status DoScale(Tensor& x, float s) override { return kernels::ScaleCpu(x.data(), x.numel(), s, x.dtype()); }
   absl::Status DoAdamW(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const AdamWParams& a, Tensor* lowp) override {
     return kernels::AdamWCpu(p.data_as<float>(), g.data(), g.dtype(), m.data_as<float>(), v.data_as<float>(),
                              lowp ? lowp->data_as<uint16_t>() : nullptr, p.numel(),

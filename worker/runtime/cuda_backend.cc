@@ -9,6 +9,10 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/adamw/adamw.h"
 #include "kernels/cast/cast.h"
+#include "kernels/cross_entropy/cross_entropy.h"
+#include "kernels/embedding/embedding.h"
+#include "kernels/reduce/reduce.h"
+#include "kernels/rope/rope.h"
 #include "kernels/gemm/gemm.h"
 #include "kernels/rmsnorm/rmsnorm.h"
 #include "kernels/swiglu/swiglu.h"
@@ -127,6 +131,32 @@ class CudaBackend final : public Backend {
     return kernels::GemmCuda(a.data(), ta, b.data(), tb, c.data(), m, n, k, alpha, beta, a.dtype(), lt_, workspace_,
                              kWorkspace, stream_);
   }
+  absl::Status DoEmbeddingForward(const Tensor& ids, const Tensor& table, int64_t vs, Tensor& out) override {
+    return kernels::EmbeddingForwardCuda(ids.data_as<int32_t>(), table.data(), out.data(), ids.dim(0), table.dim(0),
+                                        table.dim(1), vs, table.dtype(), stream_);
+  }
+  absl::Status DoEmbeddingBackward(const Tensor& ids, const Tensor& dout, int64_t vs, Tensor& dtable) override {
+    return kernels::EmbeddingBackwardCuda(ids.data_as<int32_t>(), dout.data(), dtable.data_as<float>(), ids.dim(0),
+                                         dtable.dim(0), dtable.dim(1), vs, dout.dtype(), stream_);
+  }
+  absl::Status DoRope(const Tensor& x, const Tensor& pos, float base, Tensor& y, float sign) override {
+    return kernels::RopeCuda(x.data(), pos.data_as<int32_t>(), y.data(), x.dim(0), x.dim(1), x.dim(2), base, sign,
+                            x.dtype(), stream_);
+  }
+  absl::Status DoCrossEntropyPartials(const Tensor& z, const Tensor& t, int64_t vs, Tensor& mx, Tensor& sm, Tensor& dt,
+                                      Tensor& tg) override {
+    return kernels::CrossEntropyPartialsCuda(z.data(), t.data_as<int32_t>(), mx.data_as<float>(), sm.data_as<float>(),
+                                            dt.data_as<float>(), tg.data_as<float>(), z.dim(0), z.dim(1), vs, z.dtype(), stream_);
+  }
+  absl::Status DoCrossEntropyBackward(const Tensor& z, const Tensor& t, int64_t vs, const Tensor& lse, const Tensor& dl,
+                                      Tensor& dz) override {
+    return kernels::CrossEntropyBackwardCuda(z.data(), t.data_as<int32_t>(), lse.data_as<float>(), dl.data_as<float>(),
+                                            dz.data(), z.dim(0), z.dim(1), vs, z.dtype(), stream_);
+  }
+  absl::Status DoSumSquares(const Tensor& x, Tensor& out) override {
+    return kernels::SumSquaresCuda(x.data(), x.numel(), x.dtype(), out.data_as<float>(), stream_);
+  }
+  absl::Status DoScale(Tensor& x, float s) override { return kernels::ScaleCuda(x.data(), x.numel(), s, x.dtype(), stream_); }
   absl::Status DoAdamW(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const AdamWParams& a, Tensor* lowp) override {
     return kernels::AdamWCuda(p.data_as<float>(), g.data(), g.dtype(), m.data_as<float>(), v.data_as<float>(),
                               lowp ? lowp->data_as<uint16_t>() : nullptr, p.numel(),

@@ -1,0 +1,33 @@
+// Softmax cross-entropy over a vocab shard (vocab-parallel): logits [n, v] hold columns
+// [vocab_start, vocab_start + v) of the full vocabulary. Per token the shard produces
+//   max_i  = max_j z_ij
+//   sum_i  = sum_j exp(z_ij - max_i)
+//   dot_i  = sum_j exp(z_ij - max_i) * z_ij          (for the entropy)
+//   tgt_i  = z_i,target if the target is in this shard, else 0
+// Shards combine (CombineCrossEntropy, or all-reduces in the engine) into
+//   lse = M + log S, loss = lse - z_t, logprob_t = -loss, entropy = lse - D / S.
+// Backward per shard with the global lse: dz_ij = dloss_i * (exp(z_ij - lse_i) - [j == t_i]).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "worker/runtime/dtype.h"
+
+namespace tessera::kernels {
+using runtime::DType;
+absl::Status CrossEntropyPartialsCpu(const void* logits, const int32_t* targets, float* max, float* sum, float* dot,
+                                     float* tgt, int64_t n, int64_t v, int64_t vocab_start, DType t);
+absl::Status CrossEntropyBackwardCpu(const void* logits, const int32_t* targets, const float* lse, const float* dloss,
+                                     void* dlogits, int64_t n, int64_t v, int64_t vocab_start, DType t);
+absl::Status CrossEntropyPartialsCuda(const void* logits, const int32_t* targets, float* max, float* sum, float* dot,
+                                      float* tgt, int64_t n, int64_t v, int64_t vocab_start, DType t, void* stream);
+absl::Status CrossEntropyBackwardCuda(const void* logits, const int32_t* targets, const float* lse, const float* dloss,
+                                      void* dlogits, int64_t n, int64_t v, int64_t vocab_start, DType t, void* stream);
+
+// Host-side combination of per-shard partials (shards[k] = {max, sum, dot, tgt}, each [n]).
+struct CrossEntropyResult {
+  std::vector<float> lse, loss, logprob, entropy;
+};
+CrossEntropyResult CombineCrossEntropy(const std::vector<std::vector<std::vector<float>>>& shards);
+}  // namespace tessera::kernels
