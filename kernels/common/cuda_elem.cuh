@@ -18,6 +18,7 @@ template <> __device__ __forceinline__ __nv_bfloat16 FromF<__nv_bfloat16>(float 
 // gets the result.
 template <int kThreads, typename Op>
 __device__ __forceinline__ float BlockReduce(float v, Op op) {
+  const float identity = Op::kIdentity;
   __shared__ float partial[kThreads / 32];
   __shared__ float total;
   for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffff, v, o));
@@ -25,7 +26,7 @@ __device__ __forceinline__ float BlockReduce(float v, Op op) {
   if (lane == 0) partial[warp] = v;
   __syncthreads();
   if (warp == 0) {
-    float t = lane < kThreads / 32 ? partial[lane] : partial[0];
+    float t = lane < kThreads / 32 ? partial[lane] : identity;
     for (int o = 16; o > 0; o >>= 1) t = op(t, __shfl_xor_sync(0xffffffff, t, o));
     if (lane == 0) total = t;
   }
@@ -34,8 +35,14 @@ __device__ __forceinline__ float BlockReduce(float v, Op op) {
   __syncthreads();  // `total` may be reused by the next reduction
   return r;
 }
-struct SumOp { __device__ float operator()(float a, float b) const { return a + b; } };
-struct MaxOp { __device__ float operator()(float a, float b) const { return fmaxf(a, b); } };
+struct SumOp {
+  static constexpr float kIdentity = 0.f;
+  __device__ float operator()(float a, float b) const { return a + b; }
+};
+struct MaxOp {
+  static constexpr float kIdentity = -__builtin_huge_valf();
+  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
 
 inline absl::Status LaunchStatus(const char* kernel) {
   cudaError_t e = cudaGetLastError();
