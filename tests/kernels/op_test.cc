@@ -12,8 +12,10 @@
 //    uses __expf: 1e-5 still holds at these magnitudes); bf16 2e-2 (outputs are rounded
 //    to bf16, 8 bits of mantissa: a few ulp of 2^-8 after different f32 accumulation;
 //    GEMM in bf16 accumulates in f32 on both sides).
-//  - AdamW: per element, 1e-6 of the magnitude of the terms (one step; the CPU in
-//    double, CUDA in f32; m can cancel, so plain relative error would be meaningless).
+//  - AdamW: per element, relative to the magnitude of the terms (m can cancel, so plain
+//    relative error would be meaningless): 1e-6 on the CPU (double), 5e-6 on CUDA (f32).
+//  - Cancelling results (RMSNorm dx, cross-entropy dlogits at p -> 1) are measured
+//    against the size of their terms, not of the result.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -316,10 +318,13 @@ TEST_P(OpTest, AdamW) {
         for (int64_t i = 0; i < n; ++i) worst = std::max(worst, std::abs(got[i] - ref[i]) / std::max(sc[i], 1e-30));
         return worst;
       };
+      // CPU: double, one rounding to f32 (1e-6). CUDA: ~10 f32 roundings plus sqrtf and a
+      // division in the update (seen up to 1.2e-6 in 40 runs on H200): 5e-6.
+      const double tol = cpu() ? 1e-6 : 5e-6;
       auto gp = Read(*be_, p);
-      EXPECT_LT(close(gp, rp, sp), 1e-6);
-      EXPECT_LT(close(Read(*be_, m), rm, sm), 1e-6);
-      EXPECT_LT(close(Read(*be_, v), rv, sv), 1e-6);
+      EXPECT_LT(close(gp, rp, sp), tol);
+      EXPECT_LT(close(Read(*be_, m), rm, sm), tol);
+      EXPECT_LT(close(Read(*be_, v), rv, sv), tol);
       auto lp = Read(*be_, lowp);
       for (int64_t i = 0; i < n; ++i) ASSERT_EQ(lp[i], Bf16ToFloat(FloatToBf16(gp[i])));
     }
