@@ -210,6 +210,56 @@ absl::Status Backend::CrossEntropyBackward(const Tensor& logits, const Tensor& t
   return DoCrossEntropyBackward(logits, targets, vocab_start, lse, dloss, dlogits);
 }
 
+namespace {
+absl::Status CheckAttention(Backend& be, const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
+                            const Tensor& cu, const Tensor& out, const Tensor& lse) {
+  TRY(CheckTensors(op, be.device(), {{"q", &q}, {"k", &k}, {"v", &v}, {"cu_seqlens", &cu}, {"out", &out}, {"lse", &lse}}));
+  if (q.rank() != 3 || k.rank() != 3 || !Float(q.dtype()))
+    return Bad(op, absl::StrCat("q ", q.ShapeString(), " and k ", k.ShapeString(), " must be f32/bf16 [tokens, heads, head_dim]"));
+  TRY(SameDType(op, "k", k, "q", q));
+  TRY(SameDType(op, "v", v, "q", q));
+  TRY(SameShape(op, "v", v, "k", k));
+  TRY(SameShape(op, "out", out, "q", q));
+  TRY(SameDType(op, "out", out, "q", q));
+  if (k.dim(0) != q.dim(0) || k.dim(2) != q.dim(2))
+    return Bad(op, absl::StrCat("k ", k.ShapeString(), " must match q ", q.ShapeString(), " in tokens and head_dim"));
+  if (k.dim(1) == 0 || q.dim(1) % k.dim(1) != 0)
+    return Bad(op, absl::StrCat("query heads (", q.dim(1), ") must be a multiple of kv heads (", k.dim(1), ")"));
+  if (lse.dtype() != DType::kF32 || lse.rank() != 2 || lse.dim(0) != q.dim(0) || lse.dim(1) != q.dim(1))
+    return Bad(op, absl::StrCat("lse must be f32 [", q.dim(0), ", ", q.dim(1), "], got ", lse.ShapeString()));
+  if (cu.rank() != 1 || cu.dtype() != DType::kI32 || cu.dim(0) < 2)
+    return Bad(op, absl::StrCat("cu_seqlens must be i32 [batch+1] with batch >= 1, got ", cu.ShapeString()));
+  std::vector<int32_t> h(cu.dim(0));
+  TRY(be.CopyToHost(cu, h.data()));
+  if (h[0] != 0 || h.back() != q.dim(0))
+    return Bad(op, absl::StrCat("cu_seqlens must start at 0 and end at tokens=", q.dim(0), ", got ", h[0], " ... ", h.back()));
+  for (size_t i = 1; i < h.size(); ++i)
+    if (h[i] <= h[i - 1]) return Bad(op, absl::StrCat("cu_seqlens must be strictly increasing; entry ", i, " is ", h[i], " after ", h[i - 1]));
+  return absl::OkStatus();
+}
+}  // namespace
+
+absl::Status Backend::AttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu, bool causal,
+                                       Tensor& out, Tensor& lse) {
+  TRY(CheckAttention(*this, "attention_forward", q, k, v, cu, out, lse));
+  return DoAttentionForward(q, k, v, cu, causal, out, lse);
+}
+
+absl::Status Backend::AttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu, bool causal,
+                                        const Tensor& out, const Tensor& dout, const Tensor& lse, Tensor& dq, Tensor& dk,
+                                        Tensor& dv) {
+  const char* op = "attention_backward";
+  TRY(CheckAttention(*this, op, q, k, v, cu, out, lse));
+  TRY(CheckTensors(op, device(), {{"dout", &dout}, {"dq", &dq}, {"dk", &dk}, {"dv", &dv}}));
+  TRY(SameShape(op, "dout", dout, "q", q));
+  TRY(SameShape(op, "dq", dq, "q", q));
+  TRY(SameShape(op, "dk", dk, "k", k));
+  TRY(SameShape(op, "dv", dv, "v", v));
+  for (auto [n, t] : {std::pair<const char*, const Tensor*>{"dout", &dout}, {"dq", &dq}, {"dk", &dk}, {"dv", &dv}})
+    TRY(SameDType(op, n, *t, "q", q));
+  return DoAttentionBackward(q, k, v, cu, causal, out, dout, lse, dq, dk, dv);
+}
+
 absl::Status Backend::SumSquares(const Tensor& x, Tensor& out) {
   TRY(CheckTensors("sum_squares", device(), {{"x", &x}, {"out", &out}}));
   if (!Float(x.dtype())) return Bad("sum_squares", "x must be f32 or bf16");

@@ -67,6 +67,14 @@ class Backend {
   // dlogits = dloss * (softmax(logits; lse) - onehot(target)); lse, dloss: f32 [n].
   absl::Status CrossEntropyBackward(const Tensor& logits, const Tensor& targets, int64_t vocab_start, const Tensor& lse,
                                     const Tensor& dloss, Tensor& dlogits);
+  // Varlen attention (see kernels/attention): q [T, Hq, D], k/v [T, Hkv, D], cu_seqlens
+  // [B+1] i32 on this device; out like q; lse f32 [T, Hq]. cu_seqlens is checked (0, strictly
+  // increasing, ending at T) with one small device-to-host copy.
+  absl::Status AttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens, bool causal,
+                                Tensor& out, Tensor& lse);
+  absl::Status AttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens, bool causal,
+                                 const Tensor& out, const Tensor& dout, const Tensor& lse, Tensor& dq, Tensor& dk,
+                                 Tensor& dv);
   // out (f32 [1]) += sum(x^2); x *= s.
   absl::Status SumSquares(const Tensor& x, Tensor& out);
   absl::Status Scale(Tensor& x, float s);
@@ -91,6 +99,11 @@ class Backend {
                                               Tensor& max, Tensor& sum, Tensor& dot, Tensor& tgt) = 0;
   virtual absl::Status DoCrossEntropyBackward(const Tensor& logits, const Tensor& targets, int64_t vocab_start,
                                               const Tensor& lse, const Tensor& dloss, Tensor& dlogits) = 0;
+  virtual absl::Status DoAttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu,
+                                          bool causal, Tensor& out, Tensor& lse) = 0;
+  virtual absl::Status DoAttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu,
+                                           bool causal, const Tensor& out, const Tensor& dout, const Tensor& lse,
+                                           Tensor& dq, Tensor& dk, Tensor& dv) = 0;
   virtual absl::Status DoSumSquares(const Tensor& x, Tensor& out) = 0;
   virtual absl::Status DoScale(Tensor& x, float s) = 0;
   virtual absl::Status DoAdamW(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& p,

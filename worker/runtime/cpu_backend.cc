@@ -2,6 +2,9 @@
 #include <cstring>
 
 #include "kernels/adamw/adamw.h"
+#include "kernels/attention/attention.h"
+
+#include <cmath>
 #include "kernels/cast/cast.h"
 #include "kernels/cross_entropy/cross_entropy.h"
 #include "kernels/embedding/embedding.h"
@@ -81,6 +84,17 @@ class CpuBackend final : public Backend {
     return kernels::SumSquaresCpu(x.data(), x.numel(), x.dtype(), out.data_as<float>());
   }
   absl::Status DoScale(Tensor& x, float s) override { return kernels::ScaleCpu(x.data(), x.numel(), s, x.dtype()); }
+  absl::Status DoAttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu, bool causal,
+                                  Tensor& out, Tensor& lse) override {
+    return kernels::AttentionForwardCpu(q.data(), k.data(), v.data(), cu.data_as<int32_t>(), out.data(), lse.data_as<float>(),
+                                        kernels::AttentionDims{q.dim(0), q.dim(1), k.dim(1), q.dim(2), cu.dim(0) - 1, causal, static_cast<float>(1.0 / std::sqrt(double(q.dim(2))))}, q.dtype());
+  }
+  absl::Status DoAttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu, bool causal,
+                                   const Tensor& out, const Tensor& dout, const Tensor& lse, Tensor& dq, Tensor& dk,
+                                   Tensor& dv) override {
+    return kernels::AttentionBackwardCpu(q.data(), k.data(), v.data(), cu.data_as<int32_t>(), out.data(), dout.data(),
+                                         lse.data_as<float>(), dq.data(), dk.data(), dv.data(), kernels::AttentionDims{q.dim(0), q.dim(1), k.dim(1), q.dim(2), cu.dim(0) - 1, causal, static_cast<float>(1.0 / std::sqrt(double(q.dim(2))))}, q.dtype());
+  }
   absl::Status DoAdamW(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const AdamWParams& a, Tensor* lowp) override {
     return kernels::AdamWCpu(p.data_as<float>(), g.data(), g.dtype(), m.data_as<float>(), v.data_as<float>(),
                              lowp ? lowp->data_as<uint16_t>() : nullptr, p.numel(),

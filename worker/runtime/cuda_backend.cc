@@ -8,6 +8,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/adamw/adamw.h"
+#include "kernels/attention/attention.h"
+
+#include <cmath>
 #include "kernels/cast/cast.h"
 #include "kernels/cross_entropy/cross_entropy.h"
 #include "kernels/embedding/embedding.h"
@@ -157,6 +160,15 @@ class CudaBackend final : public Backend {
     return kernels::SumSquaresCuda(x.data(), x.numel(), x.dtype(), out.data_as<float>(), stream_);
   }
   absl::Status DoScale(Tensor& x, float s) override { return kernels::ScaleCuda(x.data(), x.numel(), s, x.dtype(), stream_); }
+  absl::Status DoAttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu, bool causal,
+                                  Tensor& out, Tensor& lse) override {
+    return kernels::AttentionForwardCuda(q.data(), k.data(), v.data(), cu.data_as<int32_t>(), out.data(), lse.data_as<float>(),
+                                         kernels::AttentionDims{q.dim(0), q.dim(1), k.dim(1), q.dim(2), cu.dim(0) - 1, causal, static_cast<float>(1.0 / std::sqrt(double(q.dim(2))))}, q.dtype(), stream_);
+  }
+  absl::Status DoAttentionBackward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool, const Tensor&,
+                                   const Tensor&, const Tensor&, Tensor&, Tensor&, Tensor&) override {
+    return absl::UnimplementedError("attention_backward: no CUDA kernel yet (the flash-attention backward is in progress)");
+  }
   absl::Status DoAdamW(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const AdamWParams& a, Tensor* lowp) override {
     return kernels::AdamWCuda(p.data_as<float>(), g.data(), g.dtype(), m.data_as<float>(), v.data_as<float>(),
                               lowp ? lowp->data_as<uint16_t>() : nullptr, p.numel(),
