@@ -38,32 +38,25 @@ class PoolAllocator final : public Allocator {
     cudaError_t e = cudaMallocAsync(&p, std::max<size_t>(bytes, 1), stream_);
     if (e != cudaSuccess) {
       cudaGetLastError();
+      auto st = account_.stats();
       return absl::ResourceExhaustedError(absl::StrCat("cuda:", device_, ": cannot allocate ", bytes, " bytes (",
-                                                       cudaGetErrorString(e), "); in use ", s_.current_bytes,
-                                                       ", peak ", s_.peak_bytes));
+                                                       cudaGetErrorString(e), "); in use ", st.current_bytes,
+                                                       ", peak ", st.peak_bytes));
     }
-    std::lock_guard<std::mutex> l(mu_);
-    s_.current_bytes += bytes;
-    s_.peak_bytes = std::max(s_.peak_bytes, s_.current_bytes);
-    s_.allocations++;
+    account_.Add(bytes);
     return p;
   }
   void Free(void* p, size_t bytes) override {
     cudaFreeAsync(p, stream_);
-    std::lock_guard<std::mutex> l(mu_);
-    s_.current_bytes -= bytes;
+    account_.Sub(bytes);
   }
   Device device() const override { return Device::Cuda(device_); }
-  MemoryStats stats() const override {
-    std::lock_guard<std::mutex> l(mu_);
-    return s_;
-  }
+  MemoryStats stats() const override { return account_.stats(); }
 
  private:
   int device_;
   cudaStream_t stream_;
-  mutable std::mutex mu_;
-  MemoryStats s_;
+  MemoryAccount account_;
 };
 
 class CudaBackend final : public Backend {

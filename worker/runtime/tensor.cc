@@ -13,6 +13,23 @@ std::string Device::ToString() const { return kind == DeviceKind::kCpu ? "cpu" :
 
 std::string ShapeString(const std::vector<int64_t>& shape) { return absl::StrCat("[", absl::StrJoin(shape, ", "), "]"); }
 
+void MemoryAccount::Add(int64_t bytes) {
+  std::lock_guard<std::mutex> l(mu_);
+  s_.current_bytes += bytes;
+  s_.peak_bytes = std::max(s_.peak_bytes, s_.current_bytes);
+  s_.allocations++;
+}
+
+void MemoryAccount::Sub(int64_t bytes) {
+  std::lock_guard<std::mutex> l(mu_);
+  s_.current_bytes -= bytes;
+}
+
+MemoryStats MemoryAccount::stats() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return s_;
+}
+
 namespace {
 class HostAllocator final : public Allocator {
  public:
@@ -20,26 +37,18 @@ class HostAllocator final : public Allocator {
     size_t n = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
     void* p = std::aligned_alloc(64, n);
     if (!p) return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", bytes, " bytes of host memory"));
-    std::lock_guard<std::mutex> l(mu_);
-    s_.current_bytes += bytes;
-    s_.peak_bytes = std::max(s_.peak_bytes, s_.current_bytes);
-    s_.allocations++;
+    account_.Add(bytes);
     return p;
   }
   void Free(void* p, size_t bytes) override {
     std::free(p);
-    std::lock_guard<std::mutex> l(mu_);
-    s_.current_bytes -= bytes;
+    account_.Sub(bytes);
   }
   Device device() const override { return Device::Cpu(); }
-  MemoryStats stats() const override {
-    std::lock_guard<std::mutex> l(mu_);
-    return s_;
-  }
+  MemoryStats stats() const override { return account_.stats(); }
 
  private:
-  mutable std::mutex mu_;
-  MemoryStats s_;
+  MemoryAccount account_;
 };
 }  // namespace
 

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,18 @@ struct MemoryStats {
   int64_t current_bytes = 0;
   int64_t peak_bytes = 0;
   int64_t allocations = 0;
+};
+
+// Thread-safe byte accounting shared by the allocators.
+class MemoryAccount {
+ public:
+  void Add(int64_t bytes);
+  void Sub(int64_t bytes);
+  MemoryStats stats() const;
+
+ private:
+  mutable std::mutex mu_;
+  MemoryStats s_;
 };
 
 // Allocates device (or host) memory. CUDA allocators are stream-ordered.
