@@ -634,6 +634,128 @@ TEST_P(OpTest, AttentionRejectsBadSeqlens) {
               HasSubstr("query heads (2) must be a multiple of kv heads (3)"));
 }
 
+Tensor I64(Backend& b, const std::vector<int64_t>& v) {
+  auto t = b.Empty({static_cast<int64_t>(v.size())}, DType::kI64);
+  EXPECT_TRUE(b.CopyFromHost(v.data(), *t).ok());
+  return *t;
+}
+template <typename T>
+std::vector<T> ReadRaw(Backend& b, const Tensor& t) {
+  std::vector<T> v(t.numel());
+  EXPECT_TRUE(b.CopyToHost(t, v.data()).ok());
+  return v;
+}
+
+struct SampleCase {
+  std::vector<float> temp, top_p;
+  std::vector<int32_t> top_k;
+  std::vector<int64_t> seed, offset;
+};
+
+// Runs Sample on `b` and returns (tokens, logprobs).
+std::pair<std::vector<int32_t>, std::vector<float>> RunSample(Backend& b, const std::vector<float>& z, int64_t n, int64_t v,
+                                                              DType t, const SampleCase& c) {
+  auto logits = Make(b, {n, v}, t, z), temp = Make(b, {n}, DType::kF32, c.temp), top_p = Make(b, {n}, DType::kF32, c.top_p);
+  auto top_k = Ints(b, c.top_k), seed = I64(b, c.seed), offset = I64(b, c.offset);
+  auto tok = Out(b, {n}, DType::kI32), lp = Out(b, {n}, DType::kF32);
+  auto st = b.Sample(logits, temp, top_k, top_p, seed, offset, tok, lp);
+  EXPECT_TRUE(st.ok()) << st;
+  return {ReadRaw<int32_t>(b, tok), Read(b, lp)};
+}
+
+TEST_P(OpTest, SamplingGreedyAndReproducible) {
+  Rng rng(seed_);
+  for (DType t : {DType::kF32, DType::kBF16}) {
+    for (int64_t v : {1, 7, 1000, 32003}) {
+      const int64_t n = 64;
+      SCOPED_TRACE(::testing::Message() << DTypeName(t) << " v=" << v << " seed=" << seed_);
+      auto z = Quantize(rng.Normal(n * v, 2.f), t);
+      SampleCase c;
+      for (int64_t i = 0; i < n; ++i) {
+        c.temp.push_back(i % 4 == 0 ? 0.f : 0.7f + 0.1f * (i % 5));
+        c.top_k.push_back(i % 3 == 0 ? 0 : 1 + i % 50);
+        c.top_p.push_back(i % 2 == 0 ? 1.f : 0.9f);
+        c.seed.push_back(1000 + i);
+        c.offset.push_back(i % 7);
+      }
+      auto [tok, lp] = RunSample(*be_, z, n, v, t, c);
+      auto [rtok, rlp] = RunSample(*ref_, z, n, v, t, c);
+      int same = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        ASSERT_GE(tok[i], 0);
+        ASSERT_LT(tok[i], v);
+        if (c.temp[i] == 0) {  // greedy: the argmax, lowest id on ties
+          int64_t arg = 0;
+          for (int64_t j = 1; j < v; ++j) if (z[i * v + j] > z[i * v + arg]) arg = j;
+          EXPECT_EQ(tok[i], arg) << "row " << i;
+        }
+        // logprob of the chosen token under softmax(z / T), in double.
+        double T = c.temp[i] > 0 ? c.temp[i] : 1.0, m = -INFINITY, s = 0;
+        for (int64_t j = 0; j < v; ++j) m = std::max(m, double(z[i * v + j]));
+        for (int64_t j = 0; j < v; ++j) s += std::exp((z[i * v + j] - m) / T);
+        double want = (z[i * v + tok[i]] - m) / T - std::log(s);
+        EXPECT_NEAR(lp[i], want, 1e-4 * std::max(1.0, std::abs(want))) << "row " << i;
+        same += tok[i] == rtok[i];
+      }
+      // The same (seed, offset) draws the same u on every backend; only draws within
+      // rounding of a CDF boundary may differ between f32 (CUDA) and double (CPU).
+      EXPECT_GE(same, cpu() ? n : n - 2);
+      auto [again, lp2] = RunSample(*be_, z, n, v, t, c);
+      EXPECT_EQ(again, tok);  // replay is exact
+    }
+  }
+}
+
+TEST_P(OpTest, SamplingFollowsTheTruncatedDistribution) {
+  // One row drawn 4000 times (offsets 0..3999): frequencies match softmax(z/T) restricted
+  // to top-k then top-p, renormalized (chi-square with a generous bound), and nothing
+  // outside the kept set is ever drawn.
+  const int64_t v = 12, draws = 4000;
+  std::vector<float> row = {2.0f, 1.5f, 1.4f, 1.0f, 0.5f, 0.3f, 0.0f, -0.5f, -1.0f, -2.0f, -3.0f, 0.9f};
+  std::vector<float> z;
+  SampleCase c;
+  for (int64_t d = 0; d < draws; ++d) {
+    z.insert(z.end(), row.begin(), row.end());
+    c.temp.push_back(0.8f);
+    c.top_k.push_back(6);
+    c.top_p.push_back(0.8f);
+    c.seed.push_back(42);
+    c.offset.push_back(d);
+  }
+  auto [tok, lp] = RunSample(*be_, z, draws, v, DType::kF32, c);
+  std::vector<double> p(v);
+  double s = 0;
+  for (int64_t j = 0; j < v; ++j) s += p[j] = std::exp(row[j] / 0.8);
+  for (auto& x : p) x /= s;
+  std::vector<int64_t> order(v);
+  for (int64_t j = 0; j < v; ++j) order[j] = j;
+  std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return p[a] > p[b]; });
+  std::vector<bool> keep(v, false);
+  double kept_total = 0;
+  for (int j = 0; j < 6; ++j) kept_total += p[order[j]];
+  double cum = 0, mass = 0;
+  for (int j = 0; j < 6; ++j) {
+    keep[order[j]] = true;
+    cum += p[order[j]];
+    mass += p[order[j]];
+    if (cum >= 0.8 * kept_total) break;
+  }
+  std::vector<int64_t> count(v, 0);
+  for (int32_t t : tok) count[t]++;
+  double chi2 = 0;
+  int dof = -1;
+  for (int64_t j = 0; j < v; ++j) {
+    if (!keep[j]) {
+      EXPECT_EQ(count[j], 0) << "token " << j << " is outside the kept set";
+      continue;
+    }
+    double e = draws * p[j] / mass;
+    chi2 += (count[j] - e) * (count[j] - e) / e;
+    dof++;
+  }
+  EXPECT_LT(chi2, 30.0) << "chi-square " << chi2 << " with " << dof << " degrees of freedom";  // p < 1e-5 for dof <= 5
+}
+
 TEST_P(OpTest, ValidationNamesShapes) {
   auto x = *be_->Empty({4, 8}, DType::kF32), w = *be_->Empty({7}, DType::kF32), y = *be_->Empty({4, 8}, DType::kF32);
   auto r = *be_->Empty({4}, DType::kF32);

@@ -260,6 +260,24 @@ absl::Status Backend::AttentionBackward(const Tensor& q, const Tensor& k, const 
   return DoAttentionBackward(q, k, v, cu, causal, out, dout, lse, dq, dk, dv);
 }
 
+absl::Status Backend::Sample(const Tensor& logits, const Tensor& temperature, const Tensor& top_k, const Tensor& top_p,
+                             const Tensor& seed, const Tensor& offset, Tensor& token, Tensor& logprob) {
+  const char* op = "sample";
+  TRY(CheckTensors(op, device(), {{"logits", &logits}, {"temperature", &temperature}, {"top_k", &top_k}, {"top_p", &top_p},
+                                  {"seed", &seed}, {"offset", &offset}, {"token", &token}, {"logprob", &logprob}}));
+  if (logits.rank() != 2 || !Float(logits.dtype()) || logits.dim(1) == 0)
+    return Bad(op, absl::StrCat("logits must be f32/bf16 [n, v] with v > 0, got ", logits.ShapeString()));
+  int64_t n = logits.dim(0);
+  TRY(Vec(op, "temperature", temperature, n, DType::kF32));
+  TRY(Vec(op, "top_k", top_k, n, DType::kI32));
+  TRY(Vec(op, "top_p", top_p, n, DType::kF32));
+  TRY(Vec(op, "seed", seed, n, DType::kI64));
+  TRY(Vec(op, "offset", offset, n, DType::kI64));
+  TRY(Vec(op, "token", token, n, DType::kI32));
+  TRY(Vec(op, "logprob", logprob, n, DType::kF32));
+  return DoSample(logits, temperature, top_k, top_p, seed, offset, token, logprob);
+}
+
 absl::Status Backend::SumSquares(const Tensor& x, Tensor& out) {
   TRY(CheckTensors("sum_squares", device(), {{"x", &x}, {"out", &out}}));
   if (!Float(x.dtype())) return Bad("sum_squares", "x must be f32 or bf16");

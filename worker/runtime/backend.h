@@ -75,6 +75,11 @@ class Backend {
   absl::Status AttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens, bool causal,
                                  const Tensor& out, const Tensor& dout, const Tensor& lse, Tensor& dq, Tensor& dk,
                                  Tensor& dv);
+  // Per-row sampling (kernels/sampling): logits [n, v]; temperature f32 [n] (0 = greedy),
+  // top_k i32 [n] (0 = all), top_p f32 [n] (1 = all), seed and offset i64 [n] (used as
+  // unsigned); token i32 [n], logprob f32 [n].
+  absl::Status Sample(const Tensor& logits, const Tensor& temperature, const Tensor& top_k, const Tensor& top_p,
+                      const Tensor& seed, const Tensor& offset, Tensor& token, Tensor& logprob);
   // out (f32 [1]) += sum(x^2); x *= s.
   absl::Status SumSquares(const Tensor& x, Tensor& out);
   absl::Status Scale(Tensor& x, float s);
@@ -104,6 +109,8 @@ class Backend {
   virtual absl::Status DoAttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu,
                                            bool causal, const Tensor& out, const Tensor& dout, const Tensor& lse,
                                            Tensor& dq, Tensor& dk, Tensor& dv) = 0;
+  virtual absl::Status DoSample(const Tensor& logits, const Tensor& temperature, const Tensor& top_k, const Tensor& top_p,
+                                const Tensor& seed, const Tensor& offset, Tensor& token, Tensor& logprob) = 0;
   virtual absl::Status DoSumSquares(const Tensor& x, Tensor& out) = 0;
   virtual absl::Status DoScale(Tensor& x, float s) = 0;
   virtual absl::Status DoAdamW(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& p,

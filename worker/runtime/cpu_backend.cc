@@ -10,6 +10,7 @@
 #include "kernels/embedding/embedding.h"
 #include "kernels/reduce/reduce.h"
 #include "kernels/rope/rope.h"
+#include "kernels/sampling/sampling.h"
 #include "kernels/gemm/gemm.h"
 #include "kernels/rmsnorm/rmsnorm.h"
 #include "kernels/swiglu/swiglu.h"
@@ -94,6 +95,12 @@ class CpuBackend final : public Backend {
                                    Tensor& dv) override {
     return kernels::AttentionBackwardCpu(q.data(), k.data(), v.data(), cu.data_as<int32_t>(), out.data(), dout.data(),
                                          lse.data_as<float>(), dq.data(), dk.data(), dv.data(), kernels::AttentionDims{q.dim(0), q.dim(1), k.dim(1), q.dim(2), cu.dim(0) - 1, causal, static_cast<float>(1.0 / std::sqrt(double(q.dim(2))))}, q.dtype());
+  }
+  absl::Status DoSample(const Tensor& z, const Tensor& temp, const Tensor& k, const Tensor& p, const Tensor& seed,
+                        const Tensor& offset, Tensor& token, Tensor& logprob) override {
+    kernels::SampleArgs a{temp.data_as<float>(), k.data_as<int32_t>(), p.data_as<float>(), seed.data_as<uint64_t>(),
+                          offset.data_as<uint64_t>()};
+    return kernels::SampleCpu(z.data(), z.dim(0), z.dim(1), z.dtype(), a, token.data_as<int32_t>(), logprob.data_as<float>());
   }
   absl::Status DoAdamW(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const AdamWParams& a, Tensor* lowp) override {
     return kernels::AdamWCpu(p.data_as<float>(), g.data(), g.dtype(), m.data_as<float>(), v.data_as<float>(),

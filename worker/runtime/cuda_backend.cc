@@ -16,6 +16,7 @@
 #include "kernels/embedding/embedding.h"
 #include "kernels/reduce/reduce.h"
 #include "kernels/rope/rope.h"
+#include "kernels/sampling/sampling.h"
 #include "kernels/gemm/gemm.h"
 #include "kernels/rmsnorm/rmsnorm.h"
 #include "kernels/swiglu/swiglu.h"
@@ -161,6 +162,12 @@ class CudaBackend final : public Backend {
   absl::Status DoAttentionBackward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool, const Tensor&,
                                    const Tensor&, const Tensor&, Tensor&, Tensor&, Tensor&) override {
     return absl::UnimplementedError("attention_backward: no CUDA kernel yet (the flash-attention backward is in progress)");
+  }
+  absl::Status DoSample(const Tensor& z, const Tensor& temp, const Tensor& k, const Tensor& p, const Tensor& seed,
+                        const Tensor& offset, Tensor& token, Tensor& logprob) override {
+    kernels::SampleArgs a{temp.data_as<float>(), k.data_as<int32_t>(), p.data_as<float>(), seed.data_as<uint64_t>(),
+                          offset.data_as<uint64_t>()};
+    return kernels::SampleCuda(z.data(), z.dim(0), z.dim(1), z.dtype(), a, token.data_as<int32_t>(), logprob.data_as<float>(), stream_);
   }
   absl::Status DoAdamW(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const AdamWParams& a, Tensor* lowp) override {
     return kernels::AdamWCuda(p.data_as<float>(), g.data(), g.dtype(), m.data_as<float>(), v.data_as<float>(),
