@@ -756,6 +756,59 @@ TEST_P(OpTest, SamplingFollowsTheTruncatedDistribution) {
   EXPECT_LT(chi2, 30.0) << "chi-square " << chi2 << " with " << dof << " degrees of freedom";  // p < 1e-5 for dof <= 5
 }
 
+TEST_P(OpTest, PagedDecodeAttention) {
+  Rng rng(seed_);
+  for (DType t : {DType::kF32, DType::kBF16}) {
+    const int64_t B = 5, hq = 8, hkv = 2, dim = 64, bs = 16, blocks = 40, maxb = 8;
+    SCOPED_TRACE(::testing::Message() << DTypeName(t) << " seed=" << seed_);
+    std::vector<int32_t> lens = {1, 16, 17, 100, 128};
+    // Each sequence gets distinct blocks in a shuffled order (as an allocator would).
+    std::vector<int32_t> perm(blocks);
+    for (int i = 0; i < blocks; ++i) perm[i] = i;
+    std::shuffle(perm.begin(), perm.end(), rng.gen);
+    std::vector<int32_t> tables(B * maxb, -1);
+    int next = 0;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < (lens[b] + bs - 1) / bs; ++i) tables[b * maxb + i] = perm[next++];
+    auto qv = Quantize(rng.Normal(B * hq * dim), t), kv = Quantize(rng.Normal(blocks * bs * hkv * dim), t),
+         vv = Quantize(rng.Normal(blocks * bs * hkv * dim), t);
+    auto q = Make(*be_, {B, hq, dim}, t, qv), kc = Make(*be_, {blocks, bs, hkv, dim}, t, kv),
+         vc = Make(*be_, {blocks, bs, hkv, dim}, t, vv), bt = *be_->Empty({B, maxb}, DType::kI32), cl = Ints(*be_, lens);
+    ASSERT_TRUE(be_->CopyFromHost(tables.data(), bt).ok());
+    auto out = Out(*be_, {B, hq, dim}, t), lse = Out(*be_, {B, hq}, DType::kF32);
+    auto st = be_->PagedAttention(q, kc, vc, bt, cl, out, lse);
+    ASSERT_TRUE(st.ok()) << st;
+    // Reference: gather each sequence's tokens, then plain softmax attention in double.
+    std::vector<double> ro(B * hq * dim, 0.0), rl(B * hq);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < hq; ++h) {
+        int64_t g = h / (hq / hkv);
+        std::vector<double> sc(lens[b]);
+        for (int64_t tok = 0; tok < lens[b]; ++tok) {
+          int64_t base = ((int64_t(tables[b * maxb + tok / bs]) * bs + tok % bs) * hkv + g) * dim;
+          double dot = 0;
+          for (int64_t c = 0; c < dim; ++c) dot += double(qv[(b * hq + h) * dim + c]) * kv[base + c];
+          sc[tok] = dot / std::sqrt(double(dim));
+        }
+        double m = *std::max_element(sc.begin(), sc.end()), z = 0;
+        for (double x : sc) z += std::exp(x - m);
+        rl[b * hq + h] = m + std::log(z);
+        for (int64_t tok = 0; tok < lens[b]; ++tok) {
+          int64_t base = ((int64_t(tables[b * maxb + tok / bs]) * bs + tok % bs) * hkv + g) * dim;
+          for (int64_t c = 0; c < dim; ++c) ro[(b * hq + h) * dim + c] += std::exp(sc[tok] - m) / z * vv[base + c];
+        }
+      }
+    EXPECT_LT(RelErr(Read(*be_, out), ro), t == DType::kBF16 ? 2e-2 : (cpu() ? 1e-6 : 1e-5));
+    EXPECT_LT(RelErr(Read(*be_, lse), rl), cpu() ? 1e-6 : 1e-5);
+    // A table entry outside the cache is refused, not read.
+    std::vector<int32_t> bad = tables;
+    bad[3 * maxb + 2] = blocks + 7;
+    ASSERT_TRUE(be_->CopyFromHost(bad.data(), bt).ok());
+    EXPECT_THAT(std::string(be_->PagedAttention(q, kc, vc, bt, cl, out, lse).message()),
+                HasSubstr("block_tables[3][2] = 47 is not a block of the cache (40 blocks)"));
+  }
+}
+
 TEST_P(OpTest, ValidationNamesShapes) {
   auto x = *be_->Empty({4, 8}, DType::kF32), w = *be_->Empty({7}, DType::kF32), y = *be_->Empty({4, 8}, DType::kF32);
   auto r = *be_->Empty({4}, DType::kF32);

@@ -260,6 +260,42 @@ absl::Status Backend::AttentionBackward(const Tensor& q, const Tensor& k, const 
   return DoAttentionBackward(q, k, v, cu, causal, out, dout, lse, dq, dk, dv);
 }
 
+absl::Status Backend::PagedAttention(const Tensor& q, const Tensor& kc, const Tensor& vc, const Tensor& tables,
+                                     const Tensor& lens, Tensor& out, Tensor& lse) {
+  const char* op = "paged_attention";
+  TRY(CheckTensors(op, device(), {{"q", &q}, {"k_cache", &kc}, {"v_cache", &vc}, {"block_tables", &tables},
+                                  {"context_lens", &lens}, {"out", &out}, {"lse", &lse}}));
+  if (q.rank() != 3 || !Float(q.dtype())) return Bad(op, absl::StrCat("q must be f32/bf16 [batch, heads, dim], got ", q.ShapeString()));
+  if (kc.rank() != 4 || kc.dim(3) != q.dim(2))
+    return Bad(op, absl::StrCat("k_cache must be [blocks, block_size, kv_heads, ", q.dim(2), "], got ", kc.ShapeString()));
+  TRY(SameShape(op, "v_cache", vc, "k_cache", kc));
+  TRY(SameDType(op, "k_cache", kc, "q", q));
+  TRY(SameDType(op, "v_cache", vc, "q", q));
+  TRY(SameShape(op, "out", out, "q", q));
+  TRY(SameDType(op, "out", out, "q", q));
+  if (kc.dim(2) == 0 || q.dim(1) % kc.dim(2) != 0)
+    return Bad(op, absl::StrCat("query heads (", q.dim(1), ") must be a multiple of kv heads (", kc.dim(2), ")"));
+  const int64_t B = q.dim(0);
+  if (tables.rank() != 2 || tables.dtype() != DType::kI32 || tables.dim(0) != B)
+    return Bad(op, absl::StrCat("block_tables must be i32 [", B, ", max_blocks], got ", tables.ShapeString()));
+  TRY(Vec(op, "context_lens", lens, B, DType::kI32));
+  if (lse.dtype() != DType::kF32 || lse.rank() != 2 || lse.dim(0) != B || lse.dim(1) != q.dim(1))
+    return Bad(op, absl::StrCat("lse must be f32 [", B, ", ", q.dim(1), "], got ", lse.ShapeString()));
+  std::vector<int32_t> ht(tables.numel()), hl(B);
+  TRY(CopyToHost(tables, ht.data()));
+  TRY(CopyToHost(lens, hl.data()));
+  const int64_t bs = kc.dim(1), maxb = tables.dim(1);
+  for (int64_t b = 0; b < B; ++b) {
+    if (hl[b] < 1 || hl[b] > maxb * bs)
+      return Bad(op, absl::StrCat("context_lens[", b, "] = ", hl[b], " must be in [1, ", maxb * bs, "]"));
+    for (int64_t i = 0; i < (hl[b] + bs - 1) / bs; ++i)
+      if (ht[b * maxb + i] < 0 || ht[b * maxb + i] >= kc.dim(0))
+        return Bad(op, absl::StrCat("block_tables[", b, "][", i, "] = ", ht[b * maxb + i], " is not a block of the cache (",
+                                    kc.dim(0), " blocks)"));
+  }
+  return DoPagedAttention(q, kc, vc, tables, lens, out, lse);
+}
+
 absl::Status Backend::Sample(const Tensor& logits, const Tensor& temperature, const Tensor& top_k, const Tensor& top_p,
                              const Tensor& seed, const Tensor& offset, Tensor& token, Tensor& logprob) {
   const char* op = "sample";

@@ -75,6 +75,12 @@ class Backend {
   absl::Status AttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens, bool causal,
                                  const Tensor& out, const Tensor& dout, const Tensor& lse, Tensor& dq, Tensor& dk,
                                  Tensor& dv);
+  // Decode attention over a paged KV cache (kernels/paged_attention): q [B, Hq, D],
+  // k_cache/v_cache [blocks, block_size, Hkv, D], block_tables [B, max_blocks] i32,
+  // context_lens [B] i32; out like q; lse f32 [B, Hq]. Tables and lengths are checked
+  // against the cache (one small device-to-host copy).
+  absl::Status PagedAttention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& block_tables,
+                              const Tensor& context_lens, Tensor& out, Tensor& lse);
   // Per-row sampling (kernels/sampling): logits [n, v]; temperature f32 [n] (0 = greedy),
   // top_k i32 [n] (0 = all), top_p f32 [n] (1 = all), seed and offset i64 [n] (used as
   // unsigned); token i32 [n], logprob f32 [n].
@@ -109,6 +115,9 @@ class Backend {
   virtual absl::Status DoAttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu,
                                            bool causal, const Tensor& out, const Tensor& dout, const Tensor& lse,
                                            Tensor& dq, Tensor& dk, Tensor& dv) = 0;
+  virtual absl::Status DoPagedAttention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                                        const Tensor& block_tables, const Tensor& context_lens, Tensor& out,
+                                        Tensor& lse) = 0;
   virtual absl::Status DoSample(const Tensor& logits, const Tensor& temperature, const Tensor& top_k, const Tensor& top_p,
                                 const Tensor& seed, const Tensor& offset, Tensor& token, Tensor& logprob) = 0;
   virtual absl::Status DoSumSquares(const Tensor& x, Tensor& out) = 0;

@@ -15,6 +15,7 @@
 #include "kernels/cross_entropy/cross_entropy.h"
 #include "kernels/embedding/embedding.h"
 #include "kernels/reduce/reduce.h"
+#include "kernels/paged_attention/paged_attention.h"
 #include "kernels/rope/rope.h"
 #include "kernels/sampling/sampling.h"
 #include "kernels/gemm/gemm.h"
@@ -168,6 +169,11 @@ class CudaBackend final : public Backend {
     kernels::SampleArgs a{temp.data_as<float>(), k.data_as<int32_t>(), p.data_as<float>(), seed.data_as<uint64_t>(),
                           offset.data_as<uint64_t>()};
     return kernels::SampleCuda(z.data(), z.dim(0), z.dim(1), z.dtype(), a, token.data_as<int32_t>(), logprob.data_as<float>(), stream_);
+  }
+  absl::Status DoPagedAttention(const Tensor& q, const Tensor& kc, const Tensor& vc, const Tensor& bt, const Tensor& cl,
+                                Tensor& out, Tensor& lse) override {
+    return kernels::PagedAttentionCuda(q.data(), kc.data(), vc.data(), bt.data_as<int32_t>(), cl.data_as<int32_t>(), out.data(),
+                                      lse.data_as<float>(), kernels::PagedDims{q.dim(0), q.dim(1), kc.dim(2), q.dim(2), kc.dim(1), bt.dim(1), static_cast<float>(1.0 / std::sqrt(double(q.dim(2))))}, q.dtype(), stream_);
   }
   absl::Status DoAdamW(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const AdamWParams& a, Tensor* lowp) override {
     return kernels::AdamWCuda(p.data_as<float>(), g.data(), g.dtype(), m.data_as<float>(), v.data_as<float>(),

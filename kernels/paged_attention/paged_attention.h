@@ -1,0 +1,25 @@
+// Decode attention over a paged KV cache (vLLM-style block tables): one new query token
+// per sequence attends to its first context_len cached tokens.
+//   q [B, Hq, D]; k_cache, v_cache [num_blocks, block_size, Hkv, D];
+//   block_tables [B, max_blocks] i32 (token t of sequence b lives in block
+//   block_tables[b][t / block_size], slot t % block_size); context_lens [B] i32 (>= 1);
+//   out [B, Hq, D]; lse [B, Hq] f32. GQA as in attention.h.
+// CPU: double accumulation. CUDA: one warp per (sequence, head), online softmax.
+#pragma once
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "worker/runtime/dtype.h"
+
+namespace tessera::kernels {
+using runtime::DType;
+struct PagedDims {
+  int64_t batch, q_heads, kv_heads, head_dim, block_size, max_blocks;
+  float scale;
+};
+absl::Status PagedAttentionCpu(const void* q, const void* k_cache, const void* v_cache, const int32_t* block_tables,
+                               const int32_t* context_lens, void* out, float* lse, const PagedDims& d, DType t);
+absl::Status PagedAttentionCuda(const void* q, const void* k_cache, const void* v_cache, const int32_t* block_tables,
+                                const int32_t* context_lens, void* out, float* lse, const PagedDims& d, DType t,
+                                void* stream);
+}  // namespace tessera::kernels

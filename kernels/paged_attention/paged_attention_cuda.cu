@@ -1,0 +1,67 @@
+// Paged decode attention on CUDA: one warp per (sequence, query head), cached tokens in
+// order through the block table, online softmax; lanes hold head_dim/32 elements.
+// Correct for any context length; not yet tuned toward the KV-bytes roofline.
+#include "kernels/common/cuda_elem.cuh"
+#include "kernels/paged_attention/paged_attention.h"
+
+namespace tessera::kernels {
+namespace {
+constexpr int kMaxPerLane = 8;
+
+template <typename T>
+__global__ void Decode(const T* q, const T* kc, const T* vc, const int32_t* tables, const int32_t* lens, T* out,
+                       float* lse, PagedDims d) {
+  const int64_t warp = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
+  const int lane = threadIdx.x & 31;
+  if (warp >= d.batch * d.q_heads) return;
+  const int64_t b = warp / d.q_heads, h = warp % d.q_heads, g = h / (d.q_heads / d.kv_heads);
+  const int per = static_cast<int>((d.head_dim + 31) / 32);
+  float qv[kMaxPerLane], acc[kMaxPerLane];
+  for (int e = 0; e < per; ++e) {
+    int64_t c = lane + 32 * e;
+    qv[e] = c < d.head_dim ? ToF(q[(b * d.q_heads + h) * d.head_dim + c]) : 0.f;
+    acc[e] = 0.f;
+  }
+  float m = -INFINITY, l = 0.f;
+  const int64_t n = lens[b];
+  for (int64_t tok = 0; tok < n; ++tok) {
+    const int64_t blk = tables[b * d.max_blocks + tok / d.block_size];
+    const int64_t base = ((blk * d.block_size + tok % d.block_size) * d.kv_heads + g) * d.head_dim;
+    float s = 0.f;
+    for (int e = 0; e < per; ++e) {
+      int64_t c = lane + 32 * e;
+      if (c < d.head_dim) s += qv[e] * ToF(kc[base + c]);
+    }
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffff, s, o);
+    s *= d.scale;
+    float mn = fmaxf(m, s), corr = __expf(m - mn), p = __expf(s - mn);
+    l = l * corr + p;
+    for (int e = 0; e < per; ++e) {
+      int64_t c = lane + 32 * e;
+      acc[e] = acc[e] * corr + (c < d.head_dim ? p * ToF(vc[base + c]) : 0.f);
+    }
+    m = mn;
+  }
+  for (int e = 0; e < per; ++e) {
+    int64_t c = lane + 32 * e;
+    if (c < d.head_dim) out[(b * d.q_heads + h) * d.head_dim + c] = FromF<T>(acc[e] / l);
+  }
+  if (lane == 0) lse[b * d.q_heads + h] = m + logf(l);
+}
+}  // namespace
+
+absl::Status PagedAttentionCuda(const void* q, const void* kc, const void* vc, const int32_t* tables, const int32_t* lens,
+                                void* out, float* lse, const PagedDims& d, DType t, void* stream) {
+  if (d.batch == 0) return absl::OkStatus();
+  if (d.head_dim > 32 * kMaxPerLane) return absl::UnimplementedError("paged attention (cuda): head_dim > 256");
+  auto s = static_cast<cudaStream_t>(stream);
+  unsigned blocks = static_cast<unsigned>((d.batch * d.q_heads * 32 + 255) / 256);
+  if (t == DType::kF32)
+    Decode<<<blocks, 256, 0, s>>>(static_cast<const float*>(q), static_cast<const float*>(kc), static_cast<const float*>(vc),
+                                  tables, lens, static_cast<float*>(out), lse, d);
+  else
+    Decode<<<blocks, 256, 0, s>>>(static_cast<const __nv_bfloat16*>(q), static_cast<const __nv_bfloat16*>(kc),
+                                  static_cast<const __nv_bfloat16*>(vc), tables, lens, static_cast<__nv_bfloat16*>(out), lse, d);
+  return LaunchStatus("paged_attention");
+}
+}  // namespace tessera::kernels
