@@ -238,8 +238,6 @@ TEST(Cluster, BadInputIsRejectedAndDisturbsNothing) {
   auto j = c->WaitState(running, v1::SUCCEEDED, 60000);
   EXPECT_TRUE(j.ok()) << j.status();
   // Plaintext to the TLS port fails; TLS without the right CA fails.
-  ChannelOptions plain{c->address(), "", true};
-  auto ch = MakeChannel(plain);
   auto pc = client::Client::Connect({c->address(), c->admin_token(), "", true});
   EXPECT_FALSE((*pc)->List(1).ok());
 }
