@@ -82,6 +82,59 @@ __global__ void ForwardVecBf16(const uint4* x, const uint4* w, uint4* y, float* 
   }
 }
 
+// bf16 rows with cols % 256 == 0 and cols <= 32 * 8 * kWarpVec: one warp per row, 8
+// rows per block, each lane issues all its 16-byte loads before the first use and the
+// reduction is warp shuffles only (no block barriers between load and store).
+constexpr int kWarpVec = 16;
+template <int kVec>
+__global__ void ForwardWarpRowBf16(const uint4* x, const uint4* w, uint4* y, float* rstd, int64_t rows, int64_t cols,
+                                   float eps) {
+  const int64_t row = blockIdx.x * int64_t(kThreads / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x & 31;
+  if (row >= rows) return;
+  const int64_t nvec = cols / 8;
+  const uint4* xr = x + row * nvec;
+  uint4 v[kVec];
+  float ss = 0;
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) {
+    int64_t i = lane + 32 * k;
+    if (i < nvec) v[k] = xr[i];
+  }
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) {
+    int64_t i = lane + 32 * k;
+    if (i < nvec) {
+      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v[k]);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        float2 f = __bfloat1622float2(h[j]);
+        ss += f.x * f.x + f.y * f.y;
+      }
+    }
+  }
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffff, ss, o);
+  const float rs = rsqrtf(ss / cols + eps);
+  if (lane == 0) rstd[row] = rs;
+  uint4* yr = y + row * nvec;
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) {
+    int64_t i = lane + 32 * k;
+    if (i < nvec) {
+      uint4 wv = w[i], out;
+      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v[k]);
+      const __nv_bfloat162* wh = reinterpret_cast<const __nv_bfloat162*>(&wv);
+      __nv_bfloat162* o = reinterpret_cast<__nv_bfloat162*>(&out);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        float2 f = __bfloat1622float2(h[j]), g = __bfloat1622float2(wh[j]);
+        o[j] = __floats2bfloat162_rn(f.x * rs * g.x, f.y * rs * g.y);
+      }
+      yr[i] = out;
+    }
+  }
+}
+
 bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 }  // namespace
@@ -90,6 +143,15 @@ absl::Status RmsNormForwardCuda(const void* x, const void* w, void* y, float* rs
                                 DType t, void* stream) {
   if (rows == 0) return absl::OkStatus();
   auto s = static_cast<cudaStream_t>(stream);
+  if (t == DType::kBF16 && cols % 256 == 0 && cols <= 32 * 8 * kWarpVec && Aligned16(x) && Aligned16(w) && Aligned16(y)) {
+    const unsigned blocks = static_cast<unsigned>((rows + kThreads / 32 - 1) / (kThreads / 32));
+    auto xv = static_cast<const uint4*>(x);
+    auto wv = static_cast<const uint4*>(w);
+    auto yv = static_cast<uint4*>(y);
+    if (cols <= 32 * 8 * 8) ForwardWarpRowBf16<8><<<blocks, kThreads, 0, s>>>(xv, wv, yv, rstd, rows, cols, eps);
+    else ForwardWarpRowBf16<kWarpVec><<<blocks, kThreads, 0, s>>>(xv, wv, yv, rstd, rows, cols, eps);
+    return LaunchStatus("rmsnorm_forward");
+  }
   if (t == DType::kBF16 && cols % 8 == 0 && cols <= int64_t(kThreads) * 8 * kMaxVec && Aligned16(x) && Aligned16(w) &&
       Aligned16(y)) {
     ForwardVecBf16<<<rows, kThreads, 0, s>>>(static_cast<const uint4*>(x), static_cast<const uint4*>(w),

@@ -131,7 +131,10 @@ TEST(Cluster, KilledExecutorRestartsTheAttempt) {
   ASSERT_FALSE(cfg_path.empty());
   v1::ExecutorConfig old;
   ASSERT_TRUE(old.ParseFromString(*ReadFile(cfg_path)));
-  auto ch = MakeChannel({c->address(), c->ca_pem()});
+  ChannelOptions co;
+  co.address = c->address();
+  co.ca_pem = c->ca_pem();
+  auto ch = MakeChannel(co);
   auto stub = v1::RendezvousService::NewStub(*ch);
   grpc::ClientContext ctx;
   PrepareContext(ctx, old.secret(), 5000);
