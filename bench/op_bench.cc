@@ -80,6 +80,38 @@ int main() {
     double ms = TimeMs(b, [&] { return b.AdamW(p, g, m, v, hp, &lowp); });
     Line("adamw", "256M f32 (bf16 grad, bf16 out)", ms, "gbps", (4.0 + 2 + 4 + 4 + 4 + 4 + 4 + 2) * n / ms / 1e6);
   }
+  {  // RoPE: 16384 tokens x 32 heads x 64, bf16
+    int64_t T = 16384, H = 32, D = 64;
+    auto x = Random(b, {T, H, D}, bf), y = *b.Empty({T, H, D}, bf), pos = *b.Empty({T}, DType::kI32);
+    std::vector<int32_t> hp(T);
+    for (int64_t i = 0; i < T; ++i) hp[i] = static_cast<int32_t>(i);
+    (void)b.CopyFromHost(hp.data(), pos);
+    double ms = TimeMs(b, [&] { return b.Rope(x, pos, 10000.f, y); });
+    Line("rope", "16384x32x64 bf16", ms, "gbps", (2.0 * T * H * D * 2 + T * 4) / ms / 1e6);
+  }
+  {  // Cross-entropy forward (partials of one shard = the full vocab): 4096 x 128256 bf16
+    int64_t n = 4096, v = 128256;
+    auto z = Random(b, {n, v}, bf), tg = *b.Empty({n}, DType::kI32);
+    std::vector<int32_t> ht(n);
+    for (int64_t i = 0; i < n; ++i) ht[i] = static_cast<int32_t>((i * 7919) % v);
+    (void)b.CopyFromHost(ht.data(), tg);
+    auto mx = *b.Empty({n}, DType::kF32), sm = *b.Empty({n}, DType::kF32), dt = *b.Empty({n}, DType::kF32),
+         tt = *b.Empty({n}, DType::kF32);
+    double ms = TimeMs(b, [&] { return b.CrossEntropyPartials(z, tg, 0, mx, sm, dt, tt); });
+    Line("cross_entropy_fwd", "4096x128256 bf16", ms, "gbps", 1.0 * n * v * 2 / ms / 1e6);
+  }
+  {  // Paged decode: 64 sequences x 4096 cached tokens, 32 q heads, 8 kv heads, dim 128, blocks of 16
+    int64_t B = 64, ctx = 4096, hq = 32, hkv = 8, D = 128, bs = 16, maxb = ctx / bs, blocks = B * maxb;
+    auto q = Random(b, {B, hq, D}, bf), kc = Random(b, {blocks, bs, hkv, D}, bf), vc = Random(b, {blocks, bs, hkv, D}, bf);
+    auto bt = *b.Empty({B, maxb}, DType::kI32), cl = *b.Empty({B}, DType::kI32);
+    std::vector<int32_t> tables(B * maxb), lens(B, static_cast<int32_t>(ctx));
+    for (int64_t i = 0; i < B * maxb; ++i) tables[i] = static_cast<int32_t>((i * 48271) % blocks);  // scattered blocks
+    (void)b.CopyFromHost(tables.data(), bt);
+    (void)b.CopyFromHost(lens.data(), cl);
+    auto out = *b.Empty({B, hq, D}, bf), lse = *b.Empty({B, hq}, DType::kF32);
+    double ms = TimeMs(b, [&] { return b.PagedAttention(q, kc, vc, bt, cl, out, lse); }, 10, 2);
+    Line("paged_decode", "64x4096 ctx, 32/8 heads, d128 bf16", ms, "gbps", 2.0 * B * ctx * hkv * D * 2 / ms / 1e6);
+  }
   struct G { const char* name; int64_t m, n, k; };
   // Llama-3.2-1B shapes at 8192 tokens: y = x @ W^T with W stored [out, in].
   for (G g : {G{"gemm_qkv", 8192, 3072, 2048}, G{"gemm_o", 8192, 2048, 2048}, G{"gemm_gate_up", 8192, 16384, 2048},

@@ -46,6 +46,36 @@ for name, fn in (("eager", swiglu), ("compile", torch.compile(swiglu))):
     ms = time_ms(lambda: fn(g, u))
     line("swiglu_fwd", name, "16384x8192 bf16", ms, "gbps", 3.0 * n * 2 / ms / 1e6)
 del g, u, x
+T, H, D = 16384, 32, 64
+xr = torch.randn(T, H, D, device=dev, dtype=bf)
+inv = 1.0 / (10000 ** (torch.arange(0, D, 2, device=dev, dtype=torch.float32) / D))
+ang = torch.arange(T, device=dev, dtype=torch.float32)[:, None] * inv[None, :]
+cos = torch.cat([ang.cos(), ang.cos()], -1)[:, None, :].to(bf)
+sin = torch.cat([ang.sin(), ang.sin()], -1)[:, None, :].to(bf)
+
+
+def rope(x, cos, sin):
+    x1, x2 = x[..., : D // 2], x[..., D // 2:]
+    return x * cos + torch.cat([-x2, x1], -1) * sin
+
+
+for name, fn in (("eager", rope), ("compile", torch.compile(rope))):
+    ms = time_ms(lambda: fn(xr, cos, sin))
+    line("rope", name, "16384x32x64 bf16 (cos/sin precomputed)", ms, "gbps", (2.0 * T * H * D * 2 + T * 4) / ms / 1e6)
+del xr
+nz, vz = 4096, 128256
+zl = torch.randn(nz, vz, device=dev, dtype=bf)
+tz = torch.randint(0, vz, (nz,), device=dev)
+
+
+def ce(z, t):
+    return F.cross_entropy(z.float(), t, reduction="none")
+
+
+for name, fn in (("eager", ce), ("compile", torch.compile(ce))):
+    ms = time_ms(lambda: fn(zl, tz))
+    line("cross_entropy_fwd", name, "4096x128256 bf16", ms, "gbps", 1.0 * nz * vz * 2 / ms / 1e6)
+del zl
 n = 256 << 20
 p = torch.nn.Parameter(torch.randn(n, device=dev))
 p.grad = torch.randn(n, device=dev)  # fused AdamW wants grads in the param dtype
