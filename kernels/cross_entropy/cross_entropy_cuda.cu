@@ -2,6 +2,8 @@
 #include "kernels/common/cuda_elem.cuh"
 #include "kernels/cross_entropy/cross_entropy.h"
 
+#include <cstdint>
+
 namespace tessera::kernels {
 namespace {
 constexpr int kThreads = 256;
@@ -30,6 +32,66 @@ __global__ void Partials(const T* logits, const int32_t* targets, float* max, fl
   }
 }
 
+// One pass: each thread keeps an online (max, sum, dot) over its elements, read as 16-byte
+// vectors of 8 bf16; the triples are merged across the warp and then across the block.
+struct Online {
+  float m = -INFINITY, s = 0.f, d = 0.f;
+  __device__ void Add(float z) {
+    if (z > m) {
+      float c = __expf(m - z);
+      s = s * c + 1.f;
+      d = d * c + z;
+      m = z;
+    } else {
+      float e = __expf(z - m);
+      s += e;
+      d += e * z;
+    }
+  }
+  __device__ void Merge(float om, float os, float od) {
+    float nm = fmaxf(m, om);
+    if (nm == -INFINITY) return;
+    float a = __expf(m - nm), b = __expf(om - nm);
+    s = s * a + os * b;
+    d = d * a + od * b;
+    m = nm;
+  }
+};
+
+__global__ void PartialsVecBf16(const uint4* logits, const int32_t* targets, float* max, float* sum, float* dot, float* tgt,
+                                int64_t v, int64_t start) {
+  const int64_t nvec = v / 8;
+  const uint4* z = logits + blockIdx.x * nvec;
+  Online o;
+  for (int64_t i = threadIdx.x; i < nvec; i += kThreads) {
+    uint4 u = z[i];
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      float2 f = __bfloat1622float2(h[j]);
+      o.Add(f.x);
+      o.Add(f.y);
+    }
+  }
+  for (int off = 16; off > 0; off >>= 1)
+    o.Merge(__shfl_xor_sync(0xffffffff, o.m, off), __shfl_xor_sync(0xffffffff, o.s, off),
+            __shfl_xor_sync(0xffffffff, o.d, off));
+  __shared__ float wm[kThreads / 32], ws[kThreads / 32], wd[kThreads / 32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) wm[warp] = o.m, ws[warp] = o.s, wd[warp] = o.d;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    Online t;
+    for (int w = 0; w < kThreads / 32; ++w) t.Merge(wm[w], ws[w], wd[w]);
+    const int64_t local = targets[blockIdx.x] - start;
+    const __nv_bfloat16* zr = reinterpret_cast<const __nv_bfloat16*>(z);
+    max[blockIdx.x] = t.m;
+    sum[blockIdx.x] = t.s;
+    dot[blockIdx.x] = t.d;
+    tgt[blockIdx.x] = (local >= 0 && local < v) ? __bfloat162float(zr[local]) : 0.f;
+  }
+}
+
 template <typename T>
 __global__ void Backward(const T* logits, const int32_t* targets, const float* lse, const float* dloss, T* dlogits,
                          int64_t v, int64_t start) {
@@ -46,6 +108,10 @@ absl::Status CrossEntropyPartialsCuda(const void* logits, const int32_t* targets
                                       float* tgt, int64_t n, int64_t v, int64_t start, DType t, void* stream) {
   if (n == 0) return absl::OkStatus();
   auto s = static_cast<cudaStream_t>(stream);
+  if (t == DType::kBF16 && v % 8 == 0 && (reinterpret_cast<uintptr_t>(logits) & 15) == 0) {
+    PartialsVecBf16<<<n, kThreads, 0, s>>>(static_cast<const uint4*>(logits), targets, max, sum, dot, tgt, v, start);
+    return LaunchStatus("cross_entropy_partials");
+  }
   if (t == DType::kF32) Partials<<<n, kThreads, 0, s>>>(static_cast<const float*>(logits), targets, max, sum, dot, tgt, v, start);
   else Partials<<<n, kThreads, 0, s>>>(static_cast<const __nv_bfloat16*>(logits), targets, max, sum, dot, tgt, v, start);
   return LaunchStatus("cross_entropy_partials");
