@@ -3,6 +3,7 @@
 // for any length; O(T^2 D) with no tiling — a placeholder until the flash kernel.
 #include "kernels/attention/attention.h"
 #include "kernels/common/cuda_elem.cuh"
+#include "kernels/common/warp_attention.cuh"
 
 #include <algorithm>
 
@@ -14,41 +15,16 @@ template <typename T>
 __global__ void Forward(const T* q, const T* k, const T* v, const int32_t* cu, T* out, float* lse, AttentionDims d,
                         const int32_t* seq_of_token) {
   const int64_t warp = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
-  const int lane = threadIdx.x & 31;
   if (warp >= d.tokens * d.q_heads) return;
   const int64_t i = warp / d.q_heads, h = warp % d.q_heads, kvh = h / (d.q_heads / d.kv_heads);
   const int b = seq_of_token[i];
   const int64_t start = cu[b], last = d.causal ? i : cu[b + 1] - 1;
-  const int per = static_cast<int>((d.head_dim + 31) / 32);
-  float qv[kMaxPerLane], acc[kMaxPerLane];
-  for (int e = 0; e < per; ++e) {
-    int64_t c = lane + 32 * e;
-    qv[e] = c < d.head_dim ? ToF(q[(i * d.q_heads + h) * d.head_dim + c]) : 0.f;
-    acc[e] = 0.f;
-  }
-  float m = -INFINITY, l = 0.f;
+  WarpAttentionRow<T, kMaxPerLane> row(q + (i * d.q_heads + h) * d.head_dim, d.head_dim);
   for (int64_t j = start; j <= last; ++j) {
     const int64_t kb = (j * d.kv_heads + kvh) * d.head_dim;
-    float s = 0.f;
-    for (int e = 0; e < per; ++e) {
-      int64_t c = lane + 32 * e;
-      if (c < d.head_dim) s += qv[e] * ToF(k[kb + c]);
-    }
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffff, s, o);
-    s *= d.scale;
-    float mn = fmaxf(m, s), corr = __expf(m - mn), p = __expf(s - mn);
-    l = l * corr + p;
-    for (int e = 0; e < per; ++e) {
-      int64_t c = lane + 32 * e;
-      acc[e] = acc[e] * corr + (c < d.head_dim ? p * ToF(v[kb + c]) : 0.f);
-    }
-    m = mn;
+    row.Visit(k + kb, v + kb, d.scale);
   }
-  for (int e = 0; e < per; ++e) {
-    int64_t c = lane + 32 * e;
-    if (c < d.head_dim) out[(i * d.q_heads + h) * d.head_dim + c] = FromF<T>(acc[e] / l);
-  }
-  if (lane == 0) lse[i * d.q_heads + h] = m + logf(l);
+  row.Finish(out + (i * d.q_heads + h) * d.head_dim, lse + i * d.q_heads + h);
 }
 
 __global__ void SeqOfToken(const int32_t* cu, int64_t batch, int32_t* seq) {

@@ -2,6 +2,7 @@
 // order through the block table, online softmax; lanes hold head_dim/32 elements.
 // Correct for any context length; not yet tuned toward the KV-bytes roofline.
 #include "kernels/common/cuda_elem.cuh"
+#include "kernels/common/warp_attention.cuh"
 #include "kernels/paged_attention/paged_attention.h"
 
 namespace tessera::kernels {
@@ -12,41 +13,16 @@ template <typename T>
 __global__ void Decode(const T* q, const T* kc, const T* vc, const int32_t* tables, const int32_t* lens, T* out,
                        float* lse, PagedDims d) {
   const int64_t warp = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
-  const int lane = threadIdx.x & 31;
   if (warp >= d.batch * d.q_heads) return;
   const int64_t b = warp / d.q_heads, h = warp % d.q_heads, g = h / (d.q_heads / d.kv_heads);
-  const int per = static_cast<int>((d.head_dim + 31) / 32);
-  float qv[kMaxPerLane], acc[kMaxPerLane];
-  for (int e = 0; e < per; ++e) {
-    int64_t c = lane + 32 * e;
-    qv[e] = c < d.head_dim ? ToF(q[(b * d.q_heads + h) * d.head_dim + c]) : 0.f;
-    acc[e] = 0.f;
-  }
-  float m = -INFINITY, l = 0.f;
+  WarpAttentionRow<T, kMaxPerLane> row(q + (b * d.q_heads + h) * d.head_dim, d.head_dim);
   const int64_t n = lens[b];
   for (int64_t tok = 0; tok < n; ++tok) {
     const int64_t blk = tables[b * d.max_blocks + tok / d.block_size];
     const int64_t base = ((blk * d.block_size + tok % d.block_size) * d.kv_heads + g) * d.head_dim;
-    float s = 0.f;
-    for (int e = 0; e < per; ++e) {
-      int64_t c = lane + 32 * e;
-      if (c < d.head_dim) s += qv[e] * ToF(kc[base + c]);
-    }
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffff, s, o);
-    s *= d.scale;
-    float mn = fmaxf(m, s), corr = __expf(m - mn), p = __expf(s - mn);
-    l = l * corr + p;
-    for (int e = 0; e < per; ++e) {
-      int64_t c = lane + 32 * e;
-      acc[e] = acc[e] * corr + (c < d.head_dim ? p * ToF(vc[base + c]) : 0.f);
-    }
-    m = mn;
+    row.Visit(kc + base, vc + base, d.scale);
   }
-  for (int e = 0; e < per; ++e) {
-    int64_t c = lane + 32 * e;
-    if (c < d.head_dim) out[(b * d.q_heads + h) * d.head_dim + c] = FromF<T>(acc[e] / l);
-  }
-  if (lane == 0) lse[b * d.q_heads + h] = m + logf(l);
+  row.Finish(out + (b * d.q_heads + h) * d.head_dim, lse + b * d.q_heads + h);
 }
 }  // namespace
 

@@ -40,6 +40,30 @@ __global__ void Backward(const T* dy, const T* x, const T* w, const float* rstd,
   }
 }
 
+// 8 bf16 values in one 16-byte vector.
+__device__ __forceinline__ float SumSqBf16x8(const uint4& x) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&x);
+  float ss = 0;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    float2 f = __bfloat1622float2(h[j]);
+    ss += f.x * f.x + f.y * f.y;
+  }
+  return ss;
+}
+__device__ __forceinline__ uint4 NormalizeBf16x8(const uint4& x, const uint4& w, float rs) {
+  uint4 out;
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&x);
+  const __nv_bfloat162* wh = reinterpret_cast<const __nv_bfloat162*>(&w);
+  __nv_bfloat162* o = reinterpret_cast<__nv_bfloat162*>(&out);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    float2 f = __bfloat1622float2(h[j]), g = __bfloat1622float2(wh[j]);
+    o[j] = __floats2bfloat162_rn(f.x * rs * g.x, f.y * rs * g.y);
+  }
+  return out;
+}
+
 // bf16 rows with cols % 8 == 0 and cols <= 256 * 8 * kMaxVec: each thread loads its
 // 16-byte vectors once, keeps them in registers for the second pass, writes 16 bytes.
 constexpr int kMaxVec = 4;
@@ -53,12 +77,7 @@ __global__ void ForwardVecBf16(const uint4* x, const uint4* w, uint4* y, float* 
     int64_t i = threadIdx.x + int64_t(k) * kThreads;
     if (i < nvec) {
       v[k] = xr[i];
-      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v[k]);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        float2 f = __bfloat1622float2(h[j]);
-        ss += f.x * f.x + f.y * f.y;
-      }
+      ss += SumSqBf16x8(v[k]);
     }
   }
   float rs = rsqrtf(BlockSum(ss) / cols + eps);
@@ -68,16 +87,7 @@ __global__ void ForwardVecBf16(const uint4* x, const uint4* w, uint4* y, float* 
   for (int k = 0; k < kMaxVec; ++k) {
     int64_t i = threadIdx.x + int64_t(k) * kThreads;
     if (i < nvec) {
-      uint4 wv = w[i], out;
-      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v[k]);
-      const __nv_bfloat162* wh = reinterpret_cast<const __nv_bfloat162*>(&wv);
-      __nv_bfloat162* o = reinterpret_cast<__nv_bfloat162*>(&out);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        float2 f = __bfloat1622float2(h[j]), g = __bfloat1622float2(wh[j]);
-        o[j] = __floats2bfloat162_rn(f.x * rs * g.x, f.y * rs * g.y);
-      }
-      yr[i] = out;
+      yr[i] = NormalizeBf16x8(v[k], w[i], rs);
     }
   }
 }
@@ -105,12 +115,7 @@ __global__ void ForwardWarpRowBf16(const uint4* x, const uint4* w, uint4* y, flo
   for (int k = 0; k < kVec; ++k) {
     int64_t i = lane + 32 * k;
     if (i < nvec) {
-      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v[k]);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        float2 f = __bfloat1622float2(h[j]);
-        ss += f.x * f.x + f.y * f.y;
-      }
+      ss += SumSqBf16x8(v[k]);
     }
   }
   for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffff, ss, o);
@@ -121,16 +126,7 @@ __global__ void ForwardWarpRowBf16(const uint4* x, const uint4* w, uint4* y, flo
   for (int k = 0; k < kVec; ++k) {
     int64_t i = lane + 32 * k;
     if (i < nvec) {
-      uint4 wv = w[i], out;
-      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v[k]);
-      const __nv_bfloat162* wh = reinterpret_cast<const __nv_bfloat162*>(&wv);
-      __nv_bfloat162* o = reinterpret_cast<__nv_bfloat162*>(&out);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        float2 f = __bfloat1622float2(h[j]), g = __bfloat1622float2(wh[j]);
-        o[j] = __floats2bfloat162_rn(f.x * rs * g.x, f.y * rs * g.y);
-      }
-      yr[i] = out;
+      yr[i] = NormalizeBf16x8(v[k], w[i], rs);
     }
   }
 }
