@@ -112,6 +112,32 @@ int main() {
     double ms = TimeMs(b, [&] { return b.PagedAttention(q, kc, vc, bt, cl, out, lse); }, 10, 2);
     Line("paged_decode", "64x4096 ctx, 32/8 heads, d128 bf16", ms, "gbps", 2.0 * B * ctx * hkv * D * 2 / ms / 1e6);
   }
+  // Attention: 16384 tokens packed as sequences of S (cu_seqlens), MHA, as in the peer.
+  for (auto [D, H] : {std::pair<int64_t, int64_t>{64, 32}, {128, 16}}) {
+    for (int64_t S : {1024, 4096, 16384}) {
+      const int64_t T = 16384, B = T / S;
+      auto q = Random(b, {T, H, D}, bf), k = Random(b, {T, H, D}, bf), v = Random(b, {T, H, D}, bf);
+      auto g = Random(b, {T, H, D}, bf), out = *b.Empty({T, H, D}, bf), lse = *b.Empty({T, H}, DType::kF32);
+      auto dq = *b.Empty({T, H, D}, bf), dk = *b.Empty({T, H, D}, bf), dv = *b.Empty({T, H, D}, bf);
+      auto cu = *b.Empty({B + 1}, DType::kI32);
+      std::vector<int32_t> hc(B + 1);
+      for (int64_t i = 0; i <= B; ++i) hc[i] = static_cast<int32_t>(i * S);
+      (void)b.CopyFromHost(hc.data(), cu);
+      for (bool causal : {true, false}) {
+        const double flops = 4.0 * B * S * S * H * D * (causal ? 0.5 : 1.0);
+        const std::string tag = "d" + std::to_string(D) + " s" + std::to_string(S) + (causal ? " c" : " n");
+        const std::string shape = "B" + std::to_string(B) + " S" + std::to_string(S) + " H" + std::to_string(H) + " D" +
+                                  std::to_string(D) + (causal ? " causal" : " full");
+        double ms = TimeMs(b, [&] { return b.AttentionForward(q, k, v, cu, causal, out, lse); }, 10, 2);
+        Line(("attn_fwd " + tag).c_str(), shape, ms, "tflops", flops / ms / 1e9);
+        ms = TimeMs(b, [&] {
+          auto st = b.AttentionForward(q, k, v, cu, causal, out, lse);
+          return st.ok() ? b.AttentionBackward(q, k, v, cu, causal, out, g, lse, dq, dk, dv) : st;
+        }, 10, 2);
+        Line(("attn_fwdbwd " + tag).c_str(), shape, ms, "tflops", 3.5 * flops / ms / 1e9);
+      }
+    }
+  }
   struct G { const char* name; int64_t m, n, k; };
   // Llama-3.2-1B shapes at 8192 tokens: y = x @ W^T with W stored [out, in].
   for (G g : {G{"gemm_qkv", 8192, 3072, 2048}, G{"gemm_o", 8192, 2048, 2048}, G{"gemm_gate_up", 8192, 16384, 2048},

@@ -5,8 +5,10 @@
 //   cu_seqlens [B+1] i32 (0 = cu[0] < ... < cu[B] = T), out [T, Hq, D], lse [T, Hq] f32.
 //   Causal masks are aligned at each sequence's start (query i sees keys j <= i).
 // Backward: dq, dk, dv (same shapes/dtypes as q, k, v) from dout, out and lse.
-// CPU: double accumulation (the oracle). CUDA: forward only for now, one warp per
-// (query, head) with an online softmax (correct, not fast; the flash kernel replaces it).
+// CPU: double accumulation (the oracle). CUDA: bf16 with head_dim 64/128 runs the flash
+// kernels (tensor cores, see flash_cuda.h); other dtypes/head dims run generic one-warp-
+// per-row kernels (correct, not fast). The CUDA backward needs scratch of
+// tokens*q_heads*(head_dim+1) f32 from the stream-ordered pool.
 #pragma once
 #include <cstdint>
 
@@ -27,4 +29,7 @@ absl::Status AttentionBackwardCpu(const void* q, const void* k, const void* v, c
                                   const AttentionDims& d, DType t);
 absl::Status AttentionForwardCuda(const void* q, const void* k, const void* v, const int32_t* cu_seqlens, void* out,
                                   float* lse, const AttentionDims& d, DType t, void* stream);
+absl::Status AttentionBackwardCuda(const void* q, const void* k, const void* v, const int32_t* cu_seqlens,
+                                   const void* out, const void* dout, const float* lse, void* dq, void* dk, void* dv,
+                                   const AttentionDims& d, DType t, void* stream);
 }  // namespace tessera::kernels

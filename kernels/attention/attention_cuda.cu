@@ -1,19 +1,27 @@
-// Attention forward on CUDA, one warp per (query token, head): keys are visited in
-// order with an online softmax; each lane holds head_dim/32 output elements. Correct
-// for any length; O(T^2 D) with no tiling — a placeholder until the flash kernel.
-#include "kernels/attention/attention.h"
-#include "kernels/common/cuda_elem.cuh"
-#include "kernels/common/warp_attention.cuh"
+// Attention on CUDA: bf16 with head_dim 64/128 runs the flash kernels (flash_*_cuda.cu);
+// everything else (f32, other head dims) runs the generic kernels here, one warp per
+// row with an online softmax — correct for any shape, O(T^2 D) with no tiling.
+#include <cub/block/block_scan.cuh>
 
 #include <algorithm>
 
+#include "kernels/attention/attention.h"
+#include "kernels/attention/flash_cuda.h"
+#include "kernels/common/cuda_elem.cuh"
+#include "kernels/common/warp_attention.cuh"
+
 namespace tessera::kernels {
 namespace {
-constexpr int kMaxPerLane = 8;  // head_dim <= 256
+constexpr int kMaxPerLane = 8;  // head_dim <= 256 on the generic path
+
+__device__ __forceinline__ float WarpSum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
+  return v;
+}
 
 template <typename T>
-__global__ void Forward(const T* q, const T* k, const T* v, const int32_t* cu, T* out, float* lse, AttentionDims d,
-                        const int32_t* seq_of_token) {
+__global__ void GenericForward(const T* q, const T* k, const T* v, const int32_t* cu, T* out, float* lse,
+                               AttentionDims d, const int32_t* seq_of_token) {
   const int64_t warp = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
   if (warp >= d.tokens * d.q_heads) return;
   const int64_t i = warp / d.q_heads, h = warp % d.q_heads, kvh = h / (d.q_heads / d.kv_heads);
@@ -27,30 +35,198 @@ __global__ void Forward(const T* q, const T* k, const T* v, const int32_t* cu, T
   row.Finish(out + (i * d.q_heads + h) * d.head_dim, lse + i * d.q_heads + h);
 }
 
+// Loads one head_dim row into per-lane registers (lane + 32 e).
+template <typename T>
+__device__ __forceinline__ void LoadRow(const T* p, int64_t dim, float (&x)[kMaxPerLane]) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int e = 0; e < kMaxPerLane; ++e) x[e] = lane + 32 * e < dim ? ToF(p[lane + 32 * e]) : 0.f;
+}
+__device__ __forceinline__ float Dot(const float (&a)[kMaxPerLane], const float (&b)[kMaxPerLane]) {
+  float s = 0.f;
+#pragma unroll
+  for (int e = 0; e < kMaxPerLane; ++e) s += a[e] * b[e];
+  return WarpSum(s);
+}
+
+// D[i, h] = sum_c dout * out (f32), one warp per row.
+template <typename T>
+__global__ void RowDot(const T* dout, const T* out, float* dvec, int64_t rows, int64_t dim) {
+  const int64_t row = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
+  if (row >= rows) return;
+  float s = 0.f;
+  for (int64_t c = threadIdx.x & 31; c < dim; c += 32) s += ToF(dout[row * dim + c]) * ToF(out[row * dim + c]);
+  s = WarpSum(s);
+  if ((threadIdx.x & 31) == 0) dvec[row] = s;
+}
+
+// dq[i, h] = scale * sum_j P_ij (dP_ij - D_i) k_j, one warp per (query, head).
+template <typename T>
+__global__ void GenericBackwardDq(const T* q, const T* k, const T* v, const int32_t* cu, const T* dout,
+                                  const float* lse, const float* dvec, T* dq, AttentionDims d, const int32_t* seq_of_token) {
+  const int64_t warp = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
+  if (warp >= d.tokens * d.q_heads) return;
+  const int64_t i = warp / d.q_heads, h = warp % d.q_heads, kvh = h / (d.q_heads / d.kv_heads), D = d.head_dim;
+  const int b = seq_of_token[i];
+  const int64_t start = cu[b], last = d.causal ? i : cu[b + 1] - 1, row = i * d.q_heads + h;
+  float qr[kMaxPerLane], gr[kMaxPerLane], kr[kMaxPerLane], vr[kMaxPerLane], acc[kMaxPerLane] = {};
+  LoadRow(q + row * D, D, qr);
+  LoadRow(dout + row * D, D, gr);
+  for (int64_t j = start; j <= last; ++j) {
+    LoadRow(k + (j * d.kv_heads + kvh) * D, D, kr);
+    LoadRow(v + (j * d.kv_heads + kvh) * D, D, vr);
+    const float p = __expf(Dot(qr, kr) * d.scale - lse[row]), ds = p * (Dot(gr, vr) - dvec[row]);
+#pragma unroll
+    for (int e = 0; e < kMaxPerLane; ++e) acc[e] += ds * kr[e];
+  }
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int e = 0; e < kMaxPerLane; ++e)
+    if (lane + 32 * e < D) dq[row * D + lane + 32 * e] = FromF<T>(acc[e] * d.scale);
+}
+
+// dk[j, g], dv[j, g] summed over the group's query heads and the queries that see key j;
+// one warp per (key, kv head).
+template <typename T>
+__global__ void GenericBackwardDkv(const T* q, const T* k, const T* v, const int32_t* cu, const T* dout,
+                                   const float* lse, const float* dvec, T* dk, T* dv, AttentionDims d,
+                                   const int32_t* seq_of_token) {
+  const int64_t warp = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
+  if (warp >= d.tokens * d.kv_heads) return;
+  const int64_t j = warp / d.kv_heads, kvh = warp % d.kv_heads, group = d.q_heads / d.kv_heads, D = d.head_dim;
+  const int b = seq_of_token[j];
+  const int64_t first = d.causal ? j : cu[b], end = cu[b + 1];
+  float kr[kMaxPerLane], vr[kMaxPerLane], qr[kMaxPerLane], gr[kMaxPerLane], ak[kMaxPerLane] = {}, av[kMaxPerLane] = {};
+  LoadRow(k + warp * D, D, kr);
+  LoadRow(v + warp * D, D, vr);
+  for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h)
+    for (int64_t i = first; i < end; ++i) {
+      const int64_t row = i * d.q_heads + h;
+      LoadRow(q + row * D, D, qr);
+      LoadRow(dout + row * D, D, gr);
+      const float p = __expf(Dot(qr, kr) * d.scale - lse[row]), ds = p * (Dot(gr, vr) - dvec[row]);
+#pragma unroll
+      for (int e = 0; e < kMaxPerLane; ++e) av[e] += p * gr[e], ak[e] += ds * qr[e];
+    }
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int e = 0; e < kMaxPerLane; ++e)
+    if (lane + 32 * e < D) {
+      dk[warp * D + lane + 32 * e] = FromF<T>(ak[e] * d.scale);
+      dv[warp * D + lane + 32 * e] = FromF<T>(av[e]);
+    }
+}
+
+__global__ void ScaleToBf16(const float* x, __nv_bfloat16* y, int64_t n, float scale) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    y[i] = __float2bfloat16_rn(x[i] * scale);
+}
+
 __global__ void SeqOfToken(const int32_t* cu, int64_t batch, int32_t* seq) {
   for (int64_t b = blockIdx.x; b < batch; b += gridDim.x)
     for (int64_t t = cu[b] + threadIdx.x; t < cu[b + 1]; t += blockDim.x) seq[t] = static_cast<int32_t>(b);
 }
+
+constexpr int kTableThreads = 1024;
+__global__ void __launch_bounds__(kTableThreads) TileTable(const int32_t* cu, int64_t batch, int tile, int2* table,
+                                                          int64_t capacity) {
+  using Scan = cub::BlockScan<int64_t, kTableThreads>;
+  __shared__ typename Scan::TempStorage tmp;
+  int64_t carry = 0;
+  for (int64_t base = 0; base < batch; base += kTableThreads) {
+    const int64_t b = base + threadIdx.x;
+    const int64_t n = b < batch ? (cu[b + 1] - cu[b] + tile - 1) / tile : 0;
+    int64_t off, total;
+    Scan(tmp).ExclusiveSum(n, off, total);
+    for (int64_t j = 0; j < n; ++j)  // the last tile of a sequence first: causal tiles grow along it
+      table[carry + off + j] = make_int2(static_cast<int>(b), static_cast<int>(n - 1 - j));
+    carry += total;
+    __syncthreads();  // tmp is reused
+  }
+  for (int64_t i = carry + threadIdx.x; i < capacity; i += kTableThreads) table[i] = make_int2(-1, 0);
+}
+
+template <typename T>
+const T* C(const void* p) { return static_cast<const T*>(p); }
+template <typename T>
+T* M(void* p) { return static_cast<T*>(p); }
+
+// Stream-ordered scratch from the pool, freed (stream-ordered) on scope exit.
+struct Scratch {
+  void* p = nullptr;
+  cudaStream_t s;
+  explicit Scratch(cudaStream_t st) : s(st) {}
+  ~Scratch() { if (p) cudaFreeAsync(p, s); }
+  bool Alloc(size_t bytes) { return cudaMallocAsync(&p, bytes ? bytes : 1, s) == cudaSuccess; }
+};
+
+unsigned WarpBlocks(int64_t warps) { return static_cast<unsigned>((warps * 32 + 255) / 256); }
 }  // namespace
+
+namespace flash {
+absl::Status BuildTileTable(const int32_t* cu, int64_t batch, int tile, int2* table, int64_t capacity, cudaStream_t s) {
+  TileTable<<<1, kTableThreads, 0, s>>>(cu, batch, tile, table, capacity);
+  return LaunchStatus("attention(tile table)");
+}
+}  // namespace flash
 
 absl::Status AttentionForwardCuda(const void* q, const void* k, const void* v, const int32_t* cu, void* out, float* lse,
                                   const AttentionDims& d, DType t, void* stream) {
   if (d.tokens == 0) return absl::OkStatus();
-  if (d.head_dim > 32 * kMaxPerLane) return absl::UnimplementedError("attention (cuda): head_dim > 256");
   auto s = static_cast<cudaStream_t>(stream);
-  int32_t* seq = nullptr;
-  if (cudaMallocAsync(&seq, d.tokens * sizeof(int32_t), s) != cudaSuccess) return LaunchStatus("attention(alloc)");
-  SeqOfToken<<<std::min<int64_t>(d.batch, 65535), 256, 0, s>>>(cu, d.batch, seq);
-  int64_t warps = d.tokens * d.q_heads;
-  unsigned blocks = static_cast<unsigned>((warps * 32 + 255) / 256);
+  if (flash::Supported(d, t)) return flash::Forward(q, k, v, cu, out, lse, d, s);
+  if (d.head_dim > 32 * kMaxPerLane) return absl::UnimplementedError("attention (cuda): head_dim > 256");
+  Scratch seq(s);
+  if (!seq.Alloc(d.tokens * sizeof(int32_t))) return LaunchStatus("attention(alloc)");
+  SeqOfToken<<<std::min<int64_t>(d.batch, 65535), 256, 0, s>>>(cu, d.batch, M<int32_t>(seq.p));
+  const unsigned blocks = WarpBlocks(d.tokens * d.q_heads);
   if (t == DType::kF32)
-    Forward<<<blocks, 256, 0, s>>>(static_cast<const float*>(q), static_cast<const float*>(k), static_cast<const float*>(v),
-                                   cu, static_cast<float*>(out), lse, d, seq);
+    GenericForward<<<blocks, 256, 0, s>>>(C<float>(q), C<float>(k), C<float>(v), cu, M<float>(out), lse, d, M<int32_t>(seq.p));
   else
-    Forward<<<blocks, 256, 0, s>>>(static_cast<const __nv_bfloat16*>(q), static_cast<const __nv_bfloat16*>(k),
-                                   static_cast<const __nv_bfloat16*>(v), cu, static_cast<__nv_bfloat16*>(out), lse, d, seq);
-  auto st = LaunchStatus("attention_forward");
-  cudaFreeAsync(seq, s);
-  return st;
+    GenericForward<<<blocks, 256, 0, s>>>(C<__nv_bfloat16>(q), C<__nv_bfloat16>(k), C<__nv_bfloat16>(v), cu,
+                                          M<__nv_bfloat16>(out), lse, d, M<int32_t>(seq.p));
+  return LaunchStatus("attention_forward");
+}
+
+absl::Status AttentionBackwardCuda(const void* q, const void* k, const void* v, const int32_t* cu, const void* out,
+                                   const void* dout, const float* lse, void* dq, void* dk, void* dv,
+                                   const AttentionDims& d, DType t, void* stream) {
+  if (d.tokens == 0) return absl::OkStatus();
+  if (d.head_dim > 32 * kMaxPerLane) return absl::UnimplementedError("attention backward (cuda): head_dim > 256");
+  auto s = static_cast<cudaStream_t>(stream);
+  const int64_t rows = d.tokens * d.q_heads;
+  Scratch dvec(s);
+  if (!dvec.Alloc(rows * sizeof(float))) return LaunchStatus("attention_backward(alloc)");
+  float* D = M<float>(dvec.p);
+  if (t == DType::kF32)
+    RowDot<<<WarpBlocks(rows), 256, 0, s>>>(C<float>(dout), C<float>(out), D, rows, d.head_dim);
+  else
+    RowDot<<<WarpBlocks(rows), 256, 0, s>>>(C<__nv_bfloat16>(dout), C<__nv_bfloat16>(out), D, rows, d.head_dim);
+  if (flash::Supported(d, t)) {
+    Scratch acc(s);
+    const int64_t n = rows * d.head_dim;
+    if (!acc.Alloc(n * sizeof(float))) return LaunchStatus("attention_backward(alloc)");
+    if (cudaMemsetAsync(acc.p, 0, n * sizeof(float), s) != cudaSuccess) return LaunchStatus("attention_backward(memset)");
+    auto st = flash::Backward(q, k, v, cu, dout, lse, D, M<float>(acc.p), dk, dv, d, s);
+    if (!st.ok()) return st;
+    ScaleToBf16<<<GridFor(n, 256), 256, 0, s>>>(M<float>(acc.p), M<__nv_bfloat16>(dq), n, d.scale);
+    return LaunchStatus("attention_backward(dq)");
+  }
+  Scratch seq(s);
+  if (!seq.Alloc(d.tokens * sizeof(int32_t))) return LaunchStatus("attention_backward(alloc)");
+  const int32_t* sot = M<int32_t>(seq.p);
+  SeqOfToken<<<std::min<int64_t>(d.batch, 65535), 256, 0, s>>>(cu, d.batch, M<int32_t>(seq.p));
+  if (t == DType::kF32) {
+    GenericBackwardDq<<<WarpBlocks(rows), 256, 0, s>>>(C<float>(q), C<float>(k), C<float>(v), cu, C<float>(dout), lse, D,
+                                                       M<float>(dq), d, sot);
+    GenericBackwardDkv<<<WarpBlocks(d.tokens * d.kv_heads), 256, 0, s>>>(C<float>(q), C<float>(k), C<float>(v), cu,
+                                                                          C<float>(dout), lse, D, M<float>(dk), M<float>(dv), d, sot);
+  } else {
+    using B = __nv_bfloat16;
+    GenericBackwardDq<<<WarpBlocks(rows), 256, 0, s>>>(C<B>(q), C<B>(k), C<B>(v), cu, C<B>(dout), lse, D, M<B>(dq), d, sot);
+    GenericBackwardDkv<<<WarpBlocks(d.tokens * d.kv_heads), 256, 0, s>>>(C<B>(q), C<B>(k), C<B>(v), cu, C<B>(dout), lse, D,
+                                                                          M<B>(dk), M<B>(dv), d, sot);
+  }
+  return LaunchStatus("attention_backward");
 }
 }  // namespace tessera::kernels

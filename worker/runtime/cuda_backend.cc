@@ -61,6 +61,11 @@ class PoolAllocator final : public Allocator {
   MemoryAccount account_;
 };
 
+kernels::AttentionDims AttnDims(const Tensor& q, const Tensor& k, const Tensor& cu, bool causal) {
+  return kernels::AttentionDims{q.dim(0), q.dim(1), k.dim(1), q.dim(2), cu.dim(0) - 1, causal,
+                                static_cast<float>(1.0 / std::sqrt(double(q.dim(2))))};
+}
+
 class CudaBackend final : public Backend {
  public:
   static absl::StatusOr<std::unique_ptr<Backend>> Create(int device) {
@@ -158,11 +163,14 @@ class CudaBackend final : public Backend {
   absl::Status DoAttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu, bool causal,
                                   Tensor& out, Tensor& lse) override {
     return kernels::AttentionForwardCuda(q.data(), k.data(), v.data(), cu.data_as<int32_t>(), out.data(), lse.data_as<float>(),
-                                         kernels::AttentionDims{q.dim(0), q.dim(1), k.dim(1), q.dim(2), cu.dim(0) - 1, causal, static_cast<float>(1.0 / std::sqrt(double(q.dim(2))))}, q.dtype(), stream_);
+                                         AttnDims(q, k, cu, causal), q.dtype(), stream_);
   }
-  absl::Status DoAttentionBackward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool, const Tensor&,
-                                   const Tensor&, const Tensor&, Tensor&, Tensor&, Tensor&) override {
-    return absl::UnimplementedError("attention_backward: no CUDA kernel yet (the flash-attention backward is in progress)");
+  absl::Status DoAttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu, bool causal,
+                                   const Tensor& out, const Tensor& dout, const Tensor& lse, Tensor& dq, Tensor& dk,
+                                   Tensor& dv) override {
+    return kernels::AttentionBackwardCuda(q.data(), k.data(), v.data(), cu.data_as<int32_t>(), out.data(), dout.data(),
+                                          lse.data_as<float>(), dq.data(), dk.data(), dv.data(), AttnDims(q, k, cu, causal),
+                                          q.dtype(), stream_);
   }
   absl::Status DoSample(const Tensor& z, const Tensor& temp, const Tensor& k, const Tensor& p, const Tensor& seed,
                         const Tensor& offset, Tensor& token, Tensor& logprob) override {
