@@ -52,7 +52,10 @@ void Line(const char* op, const std::string& shape, double ms, const char* unit,
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  // Optional argument: run only the cases whose group name starts with it (e.g. "attn").
+  const std::string only = argc > 1 ? argv[1] : "";
+  auto Want = [&](const std::string& group) { return only.empty() || group.rfind(only, 0) == 0 || only.rfind(group, 0) == 0; };
   auto be = MakeCudaBackend(0);
   if (!be.ok()) {
     fprintf(stderr, "%s\n", be.status().ToString().c_str());
@@ -60,19 +63,19 @@ int main() {
   }
   Backend& b = **be;
   const DType bf = DType::kBF16;
-  {  // RMSNorm forward: 16384 tokens x 2048, bf16
+  if (Want("rmsnorm")) {  // RMSNorm forward: 16384 tokens x 2048, bf16
     int64_t r = 16384, c = 2048;
     auto x = Random(b, {r, c}, bf), w = Random(b, {c}, bf), y = *b.Empty({r, c}, bf), rs = *b.Empty({r}, DType::kF32);
     double ms = TimeMs(b, [&] { return b.RmsNormForward(x, w, 1e-5f, y, rs); });
     Line("rmsnorm_fwd", "16384x2048 bf16", ms, "gbps", (2.0 * r * c * 2 + r * 4) / ms / 1e6);
   }
-  {  // SwiGLU forward: 16384 x 8192 bf16
+  if (Want("swiglu")) {  // SwiGLU forward: 16384 x 8192 bf16
     int64_t n = 16384LL * 8192;
     auto g = Random(b, {n}, bf), u = Random(b, {n}, bf), y = *b.Empty({n}, bf);
     double ms = TimeMs(b, [&] { return b.SwiGluForward(g, u, y); });
     Line("swiglu_fwd", "16384x8192 bf16", ms, "gbps", 3.0 * n * 2 / ms / 1e6);
   }
-  {  // AdamW: 256M f32 params, bf16 grads, bf16 param copy out
+  if (Want("adamw")) {  // AdamW: 256M f32 params, bf16 grads, bf16 param copy out
     int64_t n = 256LL << 20;
     auto p = Random(b, {n}, DType::kF32), g = Random(b, {n}, bf), m = Random(b, {n}, DType::kF32, 0.1f);
     auto v = Random(b, {n}, DType::kF32, 0.1f), lowp = *b.Empty({n}, bf);
@@ -80,7 +83,7 @@ int main() {
     double ms = TimeMs(b, [&] { return b.AdamW(p, g, m, v, hp, &lowp); });
     Line("adamw", "256M f32 (bf16 grad, bf16 out)", ms, "gbps", (4.0 + 2 + 4 + 4 + 4 + 4 + 4 + 2) * n / ms / 1e6);
   }
-  {  // RoPE: 16384 tokens x 32 heads x 64, bf16
+  if (Want("rope")) {  // RoPE: 16384 tokens x 32 heads x 64, bf16
     int64_t T = 16384, H = 32, D = 64;
     auto x = Random(b, {T, H, D}, bf), y = *b.Empty({T, H, D}, bf), pos = *b.Empty({T}, DType::kI32);
     std::vector<int32_t> hp(T);
@@ -89,7 +92,7 @@ int main() {
     double ms = TimeMs(b, [&] { return b.Rope(x, pos, 10000.f, y); });
     Line("rope", "16384x32x64 bf16", ms, "gbps", (2.0 * T * H * D * 2 + T * 4) / ms / 1e6);
   }
-  {  // Cross-entropy forward (partials of one shard = the full vocab): 4096 x 128256 bf16
+  if (Want("cross_entropy")) {  // Cross-entropy forward (partials of one shard = the full vocab): 4096 x 128256 bf16
     int64_t n = 4096, v = 128256;
     auto z = Random(b, {n, v}, bf), tg = *b.Empty({n}, DType::kI32);
     std::vector<int32_t> ht(n);
@@ -100,7 +103,7 @@ int main() {
     double ms = TimeMs(b, [&] { return b.CrossEntropyPartials(z, tg, 0, mx, sm, dt, tt); });
     Line("cross_entropy_fwd", "4096x128256 bf16", ms, "gbps", 1.0 * n * v * 2 / ms / 1e6);
   }
-  {  // Paged decode: 64 sequences x 4096 cached tokens, 32 q heads, 8 kv heads, dim 128, blocks of 16
+  if (Want("paged_decode")) {  // Paged decode: 64 sequences x 4096 cached tokens, 32 q heads, 8 kv heads, dim 128, blocks of 16
     int64_t B = 64, ctx = 4096, hq = 32, hkv = 8, D = 128, bs = 16, maxb = ctx / bs, blocks = B * maxb;
     auto q = Random(b, {B, hq, D}, bf), kc = Random(b, {blocks, bs, hkv, D}, bf), vc = Random(b, {blocks, bs, hkv, D}, bf);
     auto bt = *b.Empty({B, maxb}, DType::kI32), cl = *b.Empty({B}, DType::kI32);
@@ -113,7 +116,7 @@ int main() {
     Line("paged_decode", "64x4096 ctx, 32/8 heads, d128 bf16", ms, "gbps", 2.0 * B * ctx * hkv * D * 2 / ms / 1e6);
   }
   // Attention: 16384 tokens packed as sequences of S (cu_seqlens), MHA, as in the peer.
-  for (auto [D, H] : {std::pair<int64_t, int64_t>{64, 32}, {128, 16}}) {
+  if (Want("attn")) for (auto [D, H] : {std::pair<int64_t, int64_t>{64, 32}, {128, 16}}) {
     for (int64_t S : {1024, 4096, 16384}) {
       const int64_t T = 16384, B = T / S;
       auto q = Random(b, {T, H, D}, bf), k = Random(b, {T, H, D}, bf), v = Random(b, {T, H, D}, bf);
@@ -140,7 +143,7 @@ int main() {
   }
   struct G { const char* name; int64_t m, n, k; };
   // Llama-3.2-1B shapes at 8192 tokens: y = x @ W^T with W stored [out, in].
-  for (G g : {G{"gemm_qkv", 8192, 3072, 2048}, G{"gemm_o", 8192, 2048, 2048}, G{"gemm_gate_up", 8192, 16384, 2048},
+  if (Want("gemm")) for (G g : {G{"gemm_qkv", 8192, 3072, 2048}, G{"gemm_o", 8192, 2048, 2048}, G{"gemm_gate_up", 8192, 16384, 2048},
               G{"gemm_down", 8192, 2048, 8192}, G{"gemm_lm_head", 8192, 128256, 2048}}) {
     auto a = Random(b, {g.m, g.k}, bf), w = Random(b, {g.n, g.k}, bf, 0.02f), c = *b.Empty({g.m, g.n}, bf);
     double ms = TimeMs(b, [&] { return b.Gemm(a, false, w, true, c); });
