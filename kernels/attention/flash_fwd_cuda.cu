@@ -1,13 +1,22 @@
-// Flash-attention forward for sm_90a: wgmma (warpgroup MMA) on shared-memory tiles in
-// the 128-byte swizzle, FlashAttention-2's online softmax in registers.
-// One CTA = 2 warpgroups = 128 queries of one head (64 per warpgroup); keys stream in
-// tiles of 128 through a three-stage cp.async pipeline. Per tile and warpgroup:
-// S = Q K^T (wgmma, both operands in shared memory, K-major), masking only on tiles that
-// cross the diagonal or the sequence end, the online softmax on the accumulators, and
-// O += P V with P straight from registers (the accumulator layout is the A-fragment
-// layout) and V N-major in shared memory. The P V product of tile j-1 runs on the tensor
-// cores while the softmax of tile j runs on the CUDA cores (FlashAttention-3's
-// intra-warpgroup overlap). Causal CTAs stop at the diagonal.
+// Flash-attention forward for sm_90a, in the structure of FlashAttention-3:
+// one CTA = 3 warpgroups for 128 queries of one head. Warpgroup 0 is the producer: one
+// thread streams Q and the K/V tiles (128 keys) into shared memory with TMA (bulk tensor
+// copies, 128-byte swizzle, completion on mbarriers), two stages deep; it gives up its
+// registers (setmaxnreg) to the two consumer warpgroups of 64 queries each. Consumers
+// compute S = Q K^T with wgmma (both operands in shared memory, K-major), the online
+// softmax on the accumulators, and O += P V with P straight from registers (the
+// accumulator layout is the A-fragment layout) and V N-major in shared memory; the P V
+// product of tile j-1 runs on the tensor cores while the softmax of tile j runs on the
+// CUDA cores. Stages are handed back to the producer through "empty" mbarriers, so the
+// warpgroups never wait on each other. Masking only on tiles that cross the diagonal or
+// the sequence end (TMA reads past a sequence end come from the next sequence or are
+// zero past the tensor: masked keys get P = 0, extra query rows are never written).
+// Causal CTAs stop at the diagonal.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
 #include "kernels/attention/flash_cuda.h"
 #include "kernels/common/cuda_elem.cuh"
 #include "kernels/common/wgmma.cuh"
@@ -16,10 +25,9 @@ namespace tessera::kernels::flash {
 namespace {
 using bf16 = __nv_bfloat16;
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr int kWarpgroups = 2, kThreads = 128 * kWarpgroups, kBr = 64 * kWarpgroups, kBc = 128, kStages = 3;
+constexpr int kConsumers = 2, kThreads = 128 * (kConsumers + 1), kBr = 64 * kConsumers, kBc = 128, kStages = 2;
 
 struct FwdParams {
-  const bf16 *q, *k, *v;
   bf16* out;
   float* lse;
   const int32_t* cu;
@@ -29,9 +37,13 @@ struct FwdParams {
 };
 
 template <int D>
-constexpr int FwdSmemBytes() {
-  return wg::Sw128Tile<kBr, D>::kBytes + 2 * kStages * wg::Sw128Tile<kBc, D>::kBytes + 1024;  // + alignment slack
-}
+struct FwdSmem {
+  using QTile = wg::Sw128Tile<kBr, D>;
+  using KTile = wg::Sw128Tile<kBc, D>;
+  static constexpr int kTiles = QTile::kBytes + 2 * kStages * KTile::kBytes;
+  static constexpr int kBarriers = 1 + 4 * kStages;  // q_full, k_full[], v_full[], k_empty[], v_empty[]
+  static constexpr int kBytes = kTiles + kBarriers * 8 + 1024;  // + alignment slack
+};
 
 template <int D>
 __device__ __forceinline__ void PvMma(float (&o)[D / 2], const uint32_t (&a)[4], uint64_t desc) {
@@ -40,68 +52,96 @@ __device__ __forceinline__ void PvMma(float (&o)[D / 2], const uint32_t (&a)[4],
 }
 
 template <int D, bool kCausal>
-__global__ void __launch_bounds__(kThreads, 1) FwdKernel(FwdParams p) {
-  using QTile = wg::Sw128Tile<kBr, D>;
-  using KTile = wg::Sw128Tile<kBc, D>;
+__global__ void __launch_bounds__(kThreads, 1)
+    FwdKernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+              const __grid_constant__ CUtensorMap tv, FwdParams p) {
+  using S = FwdSmem<D>;
+  using QTile = typename S::QTile;
+  using KTile = typename S::KTile;
   extern __shared__ unsigned char smem_raw[];
   char* smem = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   const QTile sQ{reinterpret_cast<bf16*>(smem)};
   auto sK = [&](int st) { return KTile{reinterpret_cast<bf16*>(smem + QTile::kBytes + 2 * st * KTile::kBytes)}; };
   auto sV = [&](int st) { return KTile{reinterpret_cast<bf16*>(smem + QTile::kBytes + (2 * st + 1) * KTile::kBytes)}; };
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + S::kTiles);
+  uint64_t* q_full = bars;
+  uint64_t* k_full = bars + 1;
+  uint64_t* v_full = k_full + kStages;
+  uint64_t* k_empty = v_full + kStages;
+  uint64_t* v_empty = k_empty + kStages;
 
   const int2 tile = p.table[blockIdx.x];
   if (tile.x < 0) return;
   const int h = blockIdx.y, kvh = h / (p.hq / p.hkv);
   const int start = p.cu[tile.x], len = p.cu[tile.x + 1] - start, m0 = tile.y * kBr;
-  const int64_t q_stride = int64_t(p.hq) * D, kv_stride = int64_t(p.hkv) * D;
-  const int tid = threadIdx.x, wgi = tid / 128, warp = (tid / 32) % 4, lane = tid % 32, g = lane / 4, t = lane % 4;
-  const int row0 = m0 + wgi * 64 + warp * 16;  // sequence-local query of this thread's rows g and g + 8
-  const float sl2 = p.scale * kLog2e;
-
-  const bf16* kbase = p.k + int64_t(start) * kv_stride + kvh * D;
-  const bf16* vbase = p.v + int64_t(start) * kv_stride + kvh * D;
   const int n_end = kCausal ? min(len, m0 + kBr) : len;
   const int n_tiles = (n_end + kBc - 1) / kBc;
-  auto load_kv = [&](int j) {
-    const int n0 = j * kBc, st = j % kStages;
-    wg::LoadTileAsync<kBc, D, kThreads>(sK(st), kbase + int64_t(n0) * kv_stride, kv_stride, len - n0, tid);
-    wg::LoadTileAsync<kBc, D, kThreads>(sV(st), vbase + int64_t(n0) * kv_stride, kv_stride, len - n0, tid);
-    tc::CpAsyncCommit();
-  };
-  wg::LoadTileAsync<kBr, D, kThreads>(sQ, p.q + (int64_t(start) + m0) * q_stride + h * D, q_stride, len - m0, tid);
-  load_kv(0);
-  if (n_tiles > 1) load_kv(1);
+  const int tid = threadIdx.x, wgi = tid / 128 - 1, warp = (tid / 32) % 4, lane = tid % 32;
 
-  // Software pipeline per warpgroup: while the softmax of tile j runs on the CUDA cores,
-  // the tensor cores do O += P(j-1) V(j-1). Tile j+2 loads into the stage of j-1.
+  if (tid == 0) {
+    tma::BarInit(q_full, 1);
+    for (int i = 0; i < kStages; ++i) {
+      tma::BarInit(k_full + i, 1);
+      tma::BarInit(v_full + i, 1);
+      tma::BarInit(k_empty + i, 4 * kConsumers);  // lane 0 of every consumer warp
+      tma::BarInit(v_empty + i, 4 * kConsumers);
+    }
+    tma::FenceBarrierInit();
+  }
+  __syncthreads();
+
+  if (wgi < 0) {  // producer warpgroup
+    tma::RegDealloc<24>();
+    if (tid == 0) {
+      tma::ArriveExpectTx(q_full, QTile::kBytes);
+      for (int b = 0; b < D / 64; ++b)
+        tma::Load3d(reinterpret_cast<char*>(sQ.base) + b * QTile::kBlockBytes, &tq, q_full, 64 * b, h, start + m0);
+      for (int j = 0; j < n_tiles; ++j) {
+        const int st = j % kStages, row = start + j * kBc;
+        if (j >= kStages) tma::Wait(k_empty + st, ((j / kStages) & 1) ^ 1);
+        tma::ArriveExpectTx(k_full + st, KTile::kBytes);
+        for (int b = 0; b < D / 64; ++b)
+          tma::Load3d(reinterpret_cast<char*>(sK(st).base) + b * KTile::kBlockBytes, &tk, k_full + st, 64 * b, kvh, row);
+        if (j >= kStages) tma::Wait(v_empty + st, ((j / kStages) & 1) ^ 1);
+        tma::ArriveExpectTx(v_full + st, KTile::kBytes);
+        for (int b = 0; b < D / 64; ++b)
+          tma::Load3d(reinterpret_cast<char*>(sV(st).base) + b * KTile::kBlockBytes, &tv, v_full + st, 64 * b, kvh, row);
+      }
+    }
+    return;
+  }
+  tma::RegAlloc<240>();
+  const int64_t q_stride = int64_t(p.hq) * D;
+  const int g = lane / 4, t = lane % 4;
+  const int row0 = m0 + wgi * 64 + warp * 16;  // sequence-local query of this thread's rows g and g + 8
+  const float sl2 = p.scale * kLog2e;
+  tma::Wait(q_full, 0);
+
   float o[D / 2] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   uint32_t pa[kBc / 16][4];
   for (int j = 0; j < n_tiles; ++j) {
-    const int n0 = j * kBc;
-    if (j + 1 < n_tiles) tc::CpAsyncWait<1>();
-    else tc::CpAsyncWait<0>();
-    wg::FenceProxyAsync();
-    __syncthreads();  // tile j (and Q) visible to every warpgroup's wgmma
-
+    const int n0 = j * kBc, st = j % kStages, pst = (j + kStages - 1) % kStages;
+    tma::Wait(k_full + st, (j / kStages) & 1);
     float s[kBc / 2];
 #pragma unroll
     for (int i = 0; i < kBc / 2; ++i) s[i] = 0.f;
     wg::Fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
-      wg::WgmmaSS_m64n128(s, wg::KMajorDesc(sQ, wgi * 64, kk), wg::KMajorDesc(sK(j % kStages), 0, kk), 1);
+      wg::WgmmaSS_m64n128(s, wg::KMajorDesc(sQ, wgi * 64, kk), wg::KMajorDesc(sK(st), 0, kk), 1);
     wg::Commit();
     if (j > 0) {
-      const KTile v = sV((j - 1) % kStages);
+      tma::Wait(v_full + pst, ((j - 1) / kStages) & 1);
 #pragma unroll
-      for (int kk = 0; kk < kBc / 16; ++kk) PvMma<D>(o, pa[kk], wg::MnMajorDesc(v, kk));
+      for (int kk = 0; kk < kBc / 16; ++kk) PvMma<D>(o, pa[kk], wg::MnMajorDesc(sV(pst), kk));
       wg::Commit();
       wg::Wait<1>();
     } else {
       wg::Wait<0>();
     }
     wg::FenceRegs(s);
+    if (lane == 0) tma::Arrive(k_empty + st);
 
     if (n0 + kBc > len || (kCausal && n0 + kBc - 1 > row0)) {
 #pragma unroll
@@ -132,8 +172,9 @@ __global__ void __launch_bounds__(kThreads, 1) FwdKernel(FwdParams p) {
         }
       l[r] = l[r] * alpha[r] + sum;
     }
-    wg::Wait<0>();  // O += P(j-1) V(j-1) done: O and pa are free
+    wg::Wait<0>();  // O += P(j-1) V(j-1) done: O, pa and that V stage are free
     wg::FenceRegs(o);
+    if (j > 0 && lane == 0) tma::Arrive(v_empty + pst);
 #pragma unroll
     for (int c = 0; c < D / 8; ++c)
 #pragma unroll
@@ -142,14 +183,13 @@ __global__ void __launch_bounds__(kThreads, 1) FwdKernel(FwdParams p) {
     for (int kk = 0; kk < kBc / 16; ++kk)
 #pragma unroll
       for (int e = 0; e < 4; ++e) pa[kk][e] = tc::PackBf16(s[8 * kk + 2 * e], s[8 * kk + 2 * e + 1]);
-    __syncthreads();  // every warpgroup is done with tile j-1: its stage takes tile j+2
-    if (j + 2 < n_tiles) load_kv(j + 2);
   }
-  if (n_tiles > 0) {
-    const KTile v = sV((n_tiles - 1) % kStages);
+  {
+    const int pst = (n_tiles - 1) % kStages;
+    tma::Wait(v_full + pst, ((n_tiles - 1) / kStages) & 1);
     wg::Fence();
 #pragma unroll
-    for (int kk = 0; kk < kBc / 16; ++kk) PvMma<D>(o, pa[kk], wg::MnMajorDesc(v, kk));
+    for (int kk = 0; kk < kBc / 16; ++kk) PvMma<D>(o, pa[kk], wg::MnMajorDesc(sV(pst), kk));
     wg::Commit();
     wg::Wait<0>();
     wg::FenceRegs(o);
@@ -169,24 +209,56 @@ __global__ void __launch_bounds__(kThreads, 1) FwdKernel(FwdParams p) {
   }
 }
 
+PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      f = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// [tokens, heads, D] bf16 as a 3-D tensor map read in boxes of 64 x 1 x rows.
+absl::Status TokenMap(CUtensorMap* map, const void* base, int64_t tokens, int64_t heads, int64_t D, int rows,
+                      const char* name) {
+  auto encode = TensorMapEncoder();
+  if (encode == nullptr) return absl::InternalError("flash_forward: the driver has no cuTensorMapEncodeTiled");
+  const cuuint64_t dims[3] = {cuuint64_t(D), cuuint64_t(heads), cuuint64_t(tokens)};
+  const cuuint64_t strides[2] = {cuuint64_t(D * 2), cuuint64_t(heads * D * 2)};
+  const cuuint32_t box[3] = {64, 1, cuuint32_t(rows)}, elem[3] = {1, 1, 1};
+  CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(base), dims, strides, box, elem,
+                      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    return absl::InvalidArgumentError(absl::StrCat("flash_forward: cannot describe ", name, " [", tokens, ", ", heads, ", ",
+                                                   D, "] for TMA (CUresult ", int(r), "; needs a 16-byte aligned base)"));
+  return absl::OkStatus();
+}
+
 template <int D, bool kCausal>
-absl::Status Launch(const FwdParams& p, const AttentionDims& d, int2* table, cudaStream_t s) {
-  constexpr int kSmem = FwdSmemBytes<D>();
+absl::Status Launch(const void* q, const void* k, const void* v, const FwdParams& p, const AttentionDims& d, int2* table,
+                    cudaStream_t s) {
+  constexpr int kSmem = FwdSmem<D>::kBytes;
+  CUtensorMap tq, tk, tv;
+  TESSERA_RETURN_IF_ERROR(TokenMap(&tq, q, d.tokens, d.q_heads, D, kBr, "q"));
+  TESSERA_RETURN_IF_ERROR(TokenMap(&tk, k, d.tokens, d.kv_heads, D, kBc, "k"));
+  TESSERA_RETURN_IF_ERROR(TokenMap(&tv, v, d.tokens, d.kv_heads, D, kBc, "v"));
   auto kernel = FwdKernel<D, kCausal>;
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem) != cudaSuccess)
     return LaunchStatus("flash_forward(smem attribute)");
   const int64_t tiles = TileCapacity(d, kBr);
-  auto st = BuildTileTable(p.cu, d.batch, kBr, table, tiles, s);
-  if (!st.ok()) return st;
-  kernel<<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(d.q_heads)), kThreads, kSmem, s>>>(p);
+  TESSERA_RETURN_IF_ERROR(BuildTileTable(p.cu, d.batch, kBr, table, tiles, s));
+  kernel<<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(d.q_heads)), kThreads, kSmem, s>>>(tq, tk, tv, p);
   return LaunchStatus("flash_forward");
 }
 }  // namespace
 
 absl::Status Forward(const void* q, const void* k, const void* v, const int32_t* cu, void* out, float* lse,
                      const AttentionDims& d, cudaStream_t s) {
-  FwdParams p{static_cast<const bf16*>(q), static_cast<const bf16*>(k), static_cast<const bf16*>(v),
-              static_cast<bf16*>(out), lse, cu, nullptr, static_cast<int>(d.q_heads), static_cast<int>(d.kv_heads),
+  FwdParams p{static_cast<bf16*>(out), lse, cu, nullptr, static_cast<int>(d.q_heads), static_cast<int>(d.kv_heads),
               d.scale};
   int2* table = nullptr;
   if (cudaMallocAsync(&table, TileCapacity(d, kBr) * sizeof(int2), s) != cudaSuccess)
@@ -194,7 +266,7 @@ absl::Status Forward(const void* q, const void* k, const void* v, const int32_t*
   p.table = table;
   auto launch = d.head_dim == 64 ? (d.causal ? Launch<64, true> : Launch<64, false>)
                                  : (d.causal ? Launch<128, true> : Launch<128, false>);
-  absl::Status st = launch(p, d, table, s);
+  absl::Status st = launch(q, k, v, p, d, table, s);
   cudaFreeAsync(table, s);
   return st;
 }

@@ -119,3 +119,45 @@ __device__ __forceinline__ void WgmmaRS_m64n128(float (&d)[64], const uint32_t (
 }
 
 }  // namespace tessera::kernels::wg
+
+// ---- mbarriers, bulk tensor copies (TMA) and register reallocation (sm_90) ----
+namespace tessera::kernels::tma {
+
+__device__ __forceinline__ void BarInit(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(tc::SmemAddr(bar)), "r"(count));
+}
+// Makes barrier initialization visible to the async proxy (TMA) and other threads.
+__device__ __forceinline__ void FenceBarrierInit() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+__device__ __forceinline__ void ArriveExpectTx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(tc::SmemAddr(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void Arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(tc::SmemAddr(bar)) : "memory");
+}
+// Blocks until the barrier's phase with this parity has completed.
+__device__ __forceinline__ void Wait(uint64_t* bar, int parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nWAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n}\n" ::"r"(tc::SmemAddr(bar)),
+      "r"(parity)
+      : "memory");
+}
+// One box of a 3-D tensor map into shared memory; completion counted on `bar` in bytes.
+__device__ __forceinline__ void Load3d(void* smem, const void* tensor_map, uint64_t* bar, int c0, int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(
+          tc::SmemAddr(smem)),
+      "l"(tensor_map), "r"(c0), "r"(c1), "r"(c2), "r"(tc::SmemAddr(bar))
+      : "memory");
+}
+template <int N>
+__device__ __forceinline__ void RegAlloc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void RegDealloc() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
+}  // namespace tessera::kernels::tma
