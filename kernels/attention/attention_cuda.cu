@@ -117,11 +117,6 @@ __global__ void GenericBackwardDkv(const T* q, const T* k, const T* v, const int
     }
 }
 
-__global__ void ScaleToBf16(const float* x, __nv_bfloat16* y, int64_t n, float scale) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    y[i] = __float2bfloat16_rn(x[i] * scale);
-}
-
 __global__ void SeqOfToken(const int32_t* cu, int64_t batch, int32_t* seq) {
   for (int64_t b = blockIdx.x; b < batch; b += gridDim.x)
     for (int64_t t = cu[b] + threadIdx.x; t < cu[b + 1]; t += blockDim.x) seq[t] = static_cast<int32_t>(b);
@@ -194,6 +189,7 @@ absl::Status AttentionBackwardCuda(const void* q, const void* k, const void* v, 
   if (d.tokens == 0) return absl::OkStatus();
   if (d.head_dim > 32 * kMaxPerLane) return absl::UnimplementedError("attention backward (cuda): head_dim > 256");
   auto s = static_cast<cudaStream_t>(stream);
+  if (flash::Supported(d, t)) return flash::Backward(q, k, v, cu, out, dout, lse, dq, dk, dv, d, s);
   const int64_t rows = d.tokens * d.q_heads;
   Scratch dvec(s);
   if (!dvec.Alloc(rows * sizeof(float))) return LaunchStatus("attention_backward(alloc)");
@@ -202,16 +198,6 @@ absl::Status AttentionBackwardCuda(const void* q, const void* k, const void* v, 
     RowDot<<<WarpBlocks(rows), 256, 0, s>>>(C<float>(dout), C<float>(out), D, rows, d.head_dim);
   else
     RowDot<<<WarpBlocks(rows), 256, 0, s>>>(C<__nv_bfloat16>(dout), C<__nv_bfloat16>(out), D, rows, d.head_dim);
-  if (flash::Supported(d, t)) {
-    Scratch acc(s);
-    const int64_t n = rows * d.head_dim;
-    if (!acc.Alloc(n * sizeof(float))) return LaunchStatus("attention_backward(alloc)");
-    if (cudaMemsetAsync(acc.p, 0, n * sizeof(float), s) != cudaSuccess) return LaunchStatus("attention_backward(memset)");
-    auto st = flash::Backward(q, k, v, cu, dout, lse, D, M<float>(acc.p), dk, dv, d, s);
-    if (!st.ok()) return st;
-    ScaleToBf16<<<GridFor(n, 256), 256, 0, s>>>(M<float>(acc.p), M<__nv_bfloat16>(dq), n, d.scale);
-    return LaunchStatus("attention_backward(dq)");
-  }
   Scratch seq(s);
   if (!seq.Alloc(d.tokens * sizeof(int32_t))) return LaunchStatus("attention_backward(alloc)");
   const int32_t* sot = M<int32_t>(seq.p);

@@ -1,241 +1,308 @@
-// Flash-attention backward (FlashAttention-2 scheme) with bf16 mma.sync tensor cores.
-// One CTA = 8 warps = a tile of 128 keys of one kv head; warp w owns keys 16w..16w+15
-// and accumulates their dK and dV in registers over every query head of the GQA group
-// and every query tile that sees them (so GQA needs no extra reduction). Per query tile
-// (64 queries, double-buffered through cp.async):
-//   S^T  = K Q^T            P^T  = exp(S^T * scale - lse)        (masked)
-//   dV  += P^T dO           dP^T = V dO^T
-//   dS^T = P^T (dP^T - D)   dK  += dS^T Q
-//   dQ  += dS K             (dS^T staged in shared memory; f32 atomics into dq_acc)
-// with D = rowsum(dO * O) precomputed. dK is scaled at the end; dq_acc is scaled by the
-// caller.
+// Flash-attention backward for sm_90a (FlashAttention-2's algorithm in FlashAttention-3's
+// structure). One CTA = 3 warpgroups for a tile of 128 keys of one kv head: warpgroup 0
+// is the producer (one thread loads K and V once, then Q and dO tiles of 64 queries with
+// TMA, two stages deep, for every query head of the GQA group and every query tile that
+// sees these keys); two consumer warpgroups own 64 keys each and keep their dK and dV
+// accumulators in registers across the whole loop (so GQA needs no extra reduction).
+// Per query tile, each consumer warpgroup runs on the tensor cores (wgmma):
+//   S^T  = K Q^T                  dP^T = V dO^T           (shared x shared, K-major)
+//   P^T  = exp2(S^T scale log2e - lse log2e), dS^T = P^T (dP^T - D)   (registers, masked)
+//   dV  += P^T dO                 dK  += dS^T Q           (registers x shared, N-major)
+//   dQ[:, half] = dS K            (dS^T staged in shared memory, M-major; f32 atomics)
+// D = rowsum(dO O) and lse log2e are prepared per (head, token) by a small kernel;
+// dq_acc is scaled and cast at the end. A stage goes back to the producer through an
+// "empty" mbarrier once every consumer warp's wgmma reading it has completed.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
 #include "kernels/attention/flash_cuda.h"
 #include "kernels/common/cuda_elem.cuh"
-#include "kernels/common/tensor_core.cuh"
+#include "kernels/common/wgmma.cuh"
 
 namespace tessera::kernels::flash {
 namespace {
 using bf16 = __nv_bfloat16;
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr int kWarps = 8, kThreads = kWarps * 32, kBc = kWarps * 16, kBr = 64;
+constexpr int kConsumers = 2, kThreads = 128 * (kConsumers + 1), kBc = 64 * kConsumers, kBr = 64, kStages = 2;
 
 struct BwdParams {
-  const bf16 *q, *k, *v, *dout;
-  const float *lse, *dvec;
-  float* dq_acc;
+  const float *lse2, *dvec;  // [Hq][T]: lse * log2(e) and rowsum(dO * O)
+  float* dq_acc;             // [T, Hq, D], unscaled dS K
   bf16 *dk, *dv;
   const int32_t* cu;
   const int2* table;
   int hq, hkv;
+  int64_t tokens;
   float scale;
 };
 
 template <int D>
-constexpr int BwdSmemBytes() {
-  return (2 * kBc * D + 4 * kBr * D + kBc * kBr) * 2 + 4 * kBr * 4;
+struct BwdSmem {
+  using KTile = wg::Sw128Tile<kBc, D>;    // K, V
+  using QTile = wg::Sw128Tile<kBr, D>;    // Q, dO (per stage)
+  using STile = wg::Sw128Tile<kBc, kBr>;  // dS^T [keys][queries] (double-buffered)
+  static constexpr int kTiles = 2 * KTile::kBytes + 2 * kStages * QTile::kBytes + 2 * STile::kBytes;
+  static constexpr int kBarriers = 1 + 2 * kStages;  // kv_full, q_full[], q_empty[]
+  static constexpr int kBytes = kTiles + kBarriers * 8 + 1024;
+};
+
+template <int D>
+__device__ __forceinline__ void RsMma(float (&acc)[D / 2], const uint32_t (&a)[4], uint64_t desc) {
+  if constexpr (D == 128) wg::WgmmaRS_m64n128<1>(acc, a, desc);
+  else wg::WgmmaRS_m64n64<1>(acc, a, desc);
 }
+template <int D>
+__device__ __forceinline__ void DqMma(float (&acc)[D / 4], uint64_t a, uint64_t b) {
+  if constexpr (D == 128) wg::WgmmaSS_m64n64<1, 1>(acc, a, b, 1);
+  else wg::WgmmaSS_m64n32<1, 1>(acc, a, b, 1);
+}
+__device__ __forceinline__ void ConsumerBarrier() { asm volatile("bar.sync 1, %0;\n" ::"n"(128 * kConsumers) : "memory"); }
 
 template <int D, bool kCausal>
-__global__ void __launch_bounds__(kThreads) BwdKernel(BwdParams p) {
-  constexpr int kKSteps = D / 16, kNTiles = kBr / 8, kDTiles = D / 8;
-  extern __shared__ __align__(128) unsigned char smem[];
-  bf16* base = reinterpret_cast<bf16*>(smem);
-  const tc::SwizzledTile<D> sK{base}, sV{base + kBc * D};
-  bf16* const q_bufs = base + 2 * kBc * D;  // [2][kBr][D], then dO [2][kBr][D]
-  auto sQ = [&](int buf) { return tc::SwizzledTile<D>{q_bufs + buf * kBr * D}; };
-  auto sdO = [&](int buf) { return tc::SwizzledTile<D>{q_bufs + (2 + buf) * kBr * D}; };
-  const tc::SwizzledTile<kBr> sdS{base + 2 * kBc * D + 4 * kBr * D};
-  float* sL = reinterpret_cast<float*>(base + 2 * kBc * D + 4 * kBr * D + kBc * kBr);  // [2][kBr] lse * log2e
-  float* sD = sL + 2 * kBr;                                                             // [2][kBr] rowsum(dO O)
+__global__ void __launch_bounds__(kThreads, 1)
+    BwdKernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+              const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo, BwdParams p) {
+  using S = BwdSmem<D>;
+  using KTile = typename S::KTile;
+  using QTile = typename S::QTile;
+  using STile = typename S::STile;
+  extern __shared__ unsigned char smem_raw[];
+  char* smem = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  const KTile sK{reinterpret_cast<bf16*>(smem)}, sV{reinterpret_cast<bf16*>(smem + KTile::kBytes)};
+  char* const qbase = smem + 2 * KTile::kBytes;
+  auto sQ = [&](int st) { return QTile{reinterpret_cast<bf16*>(qbase + 2 * st * QTile::kBytes)}; };
+  auto sdO = [&](int st) { return QTile{reinterpret_cast<bf16*>(qbase + (2 * st + 1) * QTile::kBytes)}; };
+  char* const sbase = qbase + 2 * kStages * QTile::kBytes;
+  auto sdS = [&](int b) { return STile{reinterpret_cast<bf16*>(sbase + b * STile::kBytes)}; };
+  uint64_t* kv_full = reinterpret_cast<uint64_t*>(smem + S::kTiles);
+  uint64_t* q_full = kv_full + 1;
+  uint64_t* q_empty = q_full + kStages;
 
   const int2 tile = p.table[blockIdx.x];
   if (tile.x < 0) return;
   const int kvh = blockIdx.y, group = p.hq / p.hkv;
   const int start = p.cu[tile.x], len = p.cu[tile.x + 1] - start, n0 = tile.y * kBc;
-  const int64_t q_stride = int64_t(p.hq) * D, kv_stride = int64_t(p.hkv) * D;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int mi = lane / 8, mr = lane % 8;
-  const float sl2 = p.scale * kLog2e;
-
-  tc::LoadTileAsync<kBc, D, kThreads>(sK, p.k + (int64_t(start) + n0) * kv_stride + kvh * D, kv_stride, len - n0);
-  tc::LoadTileAsync<kBc, D, kThreads>(sV, p.v + (int64_t(start) + n0) * kv_stride + kvh * D, kv_stride, len - n0);
-
   const int m_first = kCausal ? n0 / kBr : 0, m_tiles = (len + kBr - 1) / kBr - m_first;
   const int iters = group * m_tiles;
-  auto issue = [&](int it, int buf) {
-    const int h = kvh * group + it / m_tiles, m0 = (m_first + it % m_tiles) * kBr;
-    const int64_t off = (int64_t(start) + m0) * q_stride + h * D;
-    tc::LoadTileAsync<kBr, D, kThreads>(sQ(buf), p.q + off, q_stride, len - m0);
-    tc::LoadTileAsync<kBr, D, kThreads>(sdO(buf), p.dout + off, q_stride, len - m0);
-    for (int i = threadIdx.x; i < kBr; i += kThreads) {
-      const bool ok = m0 + i < len;
-      const int64_t row = (int64_t(start) + m0 + i) * p.hq + h;
-      sL[buf * kBr + i] = ok ? p.lse[row] * kLog2e : INFINITY;  // +inf: P = 0 for padding rows
-      sD[buf * kBr + i] = ok ? p.dvec[row] : 0.f;
-    }
-    tc::CpAsyncCommit();
-  };
-  issue(0, 0);  // the first group also carries K and V
+  const int tid = threadIdx.x, wgi = tid / 128 - 1;
 
-  float dk[kDTiles][4] = {}, dv[kDTiles][4] = {};
-  const int key_row = warp * 16;  // this warp's keys within the tile
-  for (int it = 0; it < iters; ++it) {
-    const int buf = it & 1, h = kvh * group + it / m_tiles, m0 = (m_first + it % m_tiles) * kBr;
-    if (it + 1 < iters) {
-      issue(it + 1, buf ^ 1);
-      tc::CpAsyncWait<1>();
-    } else {
-      tc::CpAsyncWait<0>();
+  if (tid == 0) {
+    tma::BarInit(kv_full, 1);
+    for (int i = 0; i < kStages; ++i) {
+      tma::BarInit(q_full + i, 1);
+      tma::BarInit(q_empty + i, 4 * kConsumers);
     }
-    __syncthreads();
-    const float* lrow = sL + buf * kBr;
-    const float* drow = sD + buf * kBr;
+    tma::FenceBarrierInit();
+  }
+  __syncthreads();
 
-    // S^T = K Q^T (16 keys x 64 queries per warp).
-    float s[kNTiles][4] = {};
-#pragma unroll
-    for (int kk = 0; kk < kKSteps; ++kk) {
-      uint32_t kf[4];
-      tc::Ldmatrix4(kf, sK.Chunk(key_row + (mi & 1) * 8 + mr, kk * 2 + (mi >> 1)));
-#pragma unroll
-      for (int np = 0; np < kNTiles / 2; ++np) {
-        uint32_t qf[4];
-        tc::Ldmatrix4(qf, sQ(buf).Chunk(np * 16 + (mi >> 1) * 8 + mr, kk * 2 + (mi & 1)));
-        tc::Mma(s[2 * np], kf, qf[0], qf[1]);
-        tc::Mma(s[2 * np + 1], kf, qf[2], qf[3]);
+  if (wgi < 0) {  // producer warpgroup
+    tma::RegDealloc<24>();
+    if (tid == 0) {
+      tma::ArriveExpectTx(kv_full, 2 * KTile::kBytes);
+      for (int b = 0; b < D / 64; ++b) {
+        tma::Load3d(reinterpret_cast<char*>(sK.base) + b * KTile::kBlockBytes, &tk, kv_full, 64 * b, kvh, start + n0);
+        tma::Load3d(reinterpret_cast<char*>(sV.base) + b * KTile::kBlockBytes, &tv, kv_full, 64 * b, kvh, start + n0);
       }
-    }
-    // P^T, masked where the key is past the sequence end or (causal) after the query.
-    const bool mask = n0 + kBc > len || (kCausal && n0 + key_row + 15 > m0);
-#pragma unroll
-    for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int col = nt * 8 + 2 * t + (e & 1), kj = n0 + key_row + g + (e >> 1) * 8;
-        float pv = tc::Exp2(fmaf(s[nt][e], sl2, -lrow[col]));
-        if (mask && (kj >= len || (kCausal && kj > m0 + col))) pv = 0.f;
-        s[nt][e] = pv;
-      }
-    // dV += P^T dO
-#pragma unroll
-    for (int kk = 0; kk < kBr / 16; ++kk) {
-      const uint32_t a[4] = {tc::PackBf16(s[2 * kk][0], s[2 * kk][1]), tc::PackBf16(s[2 * kk][2], s[2 * kk][3]),
-                             tc::PackBf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                             tc::PackBf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-      for (int dp = 0; dp < D / 16; ++dp) {
-        uint32_t b[4];
-        tc::Ldmatrix4T(b, sdO(buf).Chunk(kk * 16 + (mi & 1) * 8 + mr, dp * 2 + (mi >> 1)));
-        tc::Mma(dv[2 * dp], a, b[0], b[1]);
-        tc::Mma(dv[2 * dp + 1], a, b[2], b[3]);
-      }
-    }
-    // dP^T = V dO^T
-    float dpt[kNTiles][4] = {};
-#pragma unroll
-    for (int kk = 0; kk < kKSteps; ++kk) {
-      uint32_t vf[4];
-      tc::Ldmatrix4(vf, sV.Chunk(key_row + (mi & 1) * 8 + mr, kk * 2 + (mi >> 1)));
-#pragma unroll
-      for (int np = 0; np < kNTiles / 2; ++np) {
-        uint32_t of[4];
-        tc::Ldmatrix4(of, sdO(buf).Chunk(np * 16 + (mi >> 1) * 8 + mr, kk * 2 + (mi & 1)));
-        tc::Mma(dpt[2 * np], vf, of[0], of[1]);
-        tc::Mma(dpt[2 * np + 1], vf, of[2], of[3]);
-      }
-    }
-    // dS^T = P^T (dP^T - D), kept in dpt; also staged (bf16) in shared memory for dQ.
-#pragma unroll
-    for (int nt = 0; nt < kNTiles; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) dpt[nt][e] = s[nt][e] * (dpt[nt][e] - drow[nt * 8 + 2 * t + (e & 1)]);
-#pragma unroll
-      for (int r = 0; r < 2; ++r)
-        *reinterpret_cast<uint32_t*>(sdS.At(key_row + g + 8 * r, nt * 8 + 2 * t)) =
-            tc::PackBf16(dpt[nt][2 * r], dpt[nt][2 * r + 1]);
-    }
-    // dK += dS^T Q
-#pragma unroll
-    for (int kk = 0; kk < kBr / 16; ++kk) {
-      const uint32_t a[4] = {tc::PackBf16(dpt[2 * kk][0], dpt[2 * kk][1]), tc::PackBf16(dpt[2 * kk][2], dpt[2 * kk][3]),
-                             tc::PackBf16(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]),
-                             tc::PackBf16(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3])};
-#pragma unroll
-      for (int dp = 0; dp < D / 16; ++dp) {
-        uint32_t b[4];
-        tc::Ldmatrix4T(b, sQ(buf).Chunk(kk * 16 + (mi & 1) * 8 + mr, dp * 2 + (mi >> 1)));
-        tc::Mma(dk[2 * dp], a, b[0], b[1]);
-        tc::Mma(dk[2 * dp + 1], a, b[2], b[3]);
-      }
-    }
-    __syncthreads();  // dS^T complete
-    // dQ (64 queries x D) += dS K: warp (wm, wn) takes queries 16wm.. and half wn of D.
-    {
-      const int wm = warp % 4, wn = warp / 4;
-      float dq[D / 16][4] = {};
-#pragma unroll
-      for (int kk = 0; kk < kBc / 16; ++kk) {
-        uint32_t a[4];
-        tc::Ldmatrix4T(a, sdS.Chunk(kk * 16 + (mi >> 1) * 8 + mr, wm * 2 + (mi & 1)));
-#pragma unroll
-        for (int dp = 0; dp < D / 32; ++dp) {
-          uint32_t b[4];
-          tc::Ldmatrix4T(b, sK.Chunk(kk * 16 + (mi & 1) * 8 + mr, wn * (D / 16) + dp * 2 + (mi >> 1)));
-          tc::Mma(dq[2 * dp], a, b[0], b[1]);
-          tc::Mma(dq[2 * dp + 1], a, b[2], b[3]);
+      for (int it = 0; it < iters; ++it) {
+        const int st = it % kStages, h = kvh * group + it / m_tiles, row = start + (m_first + it % m_tiles) * kBr;
+        if (it >= kStages) tma::Wait(q_empty + st, ((it / kStages) & 1) ^ 1);
+        tma::ArriveExpectTx(q_full + st, 2 * QTile::kBytes);
+        for (int b = 0; b < D / 64; ++b) {
+          tma::Load3d(reinterpret_cast<char*>(sQ(st).base) + b * QTile::kBlockBytes, &tq, q_full + st, 64 * b, h, row);
+          tma::Load3d(reinterpret_cast<char*>(sdO(st).base) + b * QTile::kBlockBytes, &tdo, q_full + st, 64 * b, h, row);
         }
       }
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int qi = m0 + wm * 16 + g + 8 * r;
-        if (qi >= len) continue;
-        float* row = p.dq_acc + (int64_t(start) + qi) * q_stride + h * D + wn * (D / 2) + 2 * t;
-#pragma unroll
-        for (int nt = 0; nt < D / 16; ++nt)
-          atomicAdd(reinterpret_cast<float2*>(row + nt * 8), make_float2(dq[nt][2 * r], dq[nt][2 * r + 1]));
-      }
     }
-    __syncthreads();  // buffers of this iteration and dS^T are free again
+    return;
   }
-  // Epilogue: dK (scaled) and dV for this warp's keys.
+  tma::RegAlloc<240>();
+  const int warp = (tid / 32) % 4, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int key0 = 64 * wgi + 16 * warp;  // tile-local key of this thread's rows g and g + 8
+  const float sl2 = p.scale * kLog2e;
+  const int64_t q_stride = int64_t(p.hq) * D;
+  const bool key_mask = n0 + kBc > len;
+  tma::Wait(kv_full, 0);
+
+  float dk[D / 2] = {}, dv[D / 2] = {};
+  for (int it = 0; it < iters; ++it) {
+    const int st = it % kStages, h = kvh * group + it / m_tiles, m0 = (m_first + it % m_tiles) * kBr;
+    tma::Wait(q_full + st, (it / kStages) & 1);
+    float s[kBr / 2], dp[kBr / 2];
+#pragma unroll
+    for (int i = 0; i < kBr / 2; ++i) s[i] = 0.f, dp[i] = 0.f;
+    wg::Fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+      wg::WgmmaSS_m64n64(s, wg::KMajorDesc(sK, 64 * wgi, kk), wg::KMajorDesc(sQ(st), 0, kk), 1);
+    wg::Commit();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+      wg::WgmmaSS_m64n64(dp, wg::KMajorDesc(sV, 64 * wgi, kk), wg::KMajorDesc(sdO(st), 0, kk), 1);
+    wg::Commit();
+    // This thread's query columns: 8 c + 2 t + e.
+    const float* lrow = p.lse2 + int64_t(h) * p.tokens + start + m0;
+    const float* drow = p.dvec + int64_t(h) * p.tokens + start + m0;
+    float lv[kBr / 4], dvv[kBr / 4];
+#pragma unroll
+    for (int c = 0; c < kBr / 8; ++c)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int col = 8 * c + 2 * t + e;
+        const bool ok = m0 + col < len;
+        lv[2 * c + e] = ok ? lrow[col] : INFINITY;  // P = 0 for queries past the sequence
+        dvv[2 * c + e] = ok ? drow[col] : 0.f;
+      }
+    wg::Wait<1>();
+    wg::FenceRegs(s);
+    const bool mask = key_mask || (kCausal && n0 + key0 + 15 > m0);
+#pragma unroll
+    for (int i = 0; i < kBr / 2; ++i) {
+      const int col = 8 * (i / 4) + 2 * t + (i & 1), kj = n0 + key0 + g + 8 * ((i >> 1) & 1);
+      float pv = tc::Exp2(fmaf(s[i], sl2, -lv[2 * (i / 4) + (i & 1)]));
+      if (mask && (kj >= len || (kCausal && kj > m0 + col))) pv = 0.f;
+      s[i] = pv;
+    }
+    wg::Wait<0>();
+    wg::FenceRegs(dp);
+#pragma unroll
+    for (int i = 0; i < kBr / 2; ++i) dp[i] = s[i] * (dp[i] - dvv[2 * (i / 4) + (i & 1)]);
+    uint32_t ap[kBr / 16][4], ads[kBr / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < kBr / 16; ++kk)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        ap[kk][e] = tc::PackBf16(s[8 * kk + 2 * e], s[8 * kk + 2 * e + 1]);
+        ads[kk][e] = tc::PackBf16(dp[8 * kk + 2 * e], dp[8 * kk + 2 * e + 1]);
+      }
+    // Stage dS^T (keys x queries) for dQ; every consumer warpgroup reads all 128 keys.
+    const STile ds = sdS(it & 1);
+#pragma unroll
+    for (int c = 0; c < kBr / 8; ++c)
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+        *reinterpret_cast<uint32_t*>(ds.Chunk(key0 + g + 8 * r, c) + 2 * t) = ads[c / 2][2 * (c & 1) + r];
+    wg::Fence();
+#pragma unroll
+    for (int kk = 0; kk < kBr / 16; ++kk) RsMma<D>(dv, ap[kk], wg::MnMajorDesc(sdO(st), kk));
+#pragma unroll
+    for (int kk = 0; kk < kBr / 16; ++kk) RsMma<D>(dk, ads[kk], wg::MnMajorDesc(sQ(st), kk));
+    wg::Commit();
+    wg::FenceProxyAsync();
+    ConsumerBarrier();  // dS^T of both warpgroups written
+    // dQ[:, wgi half] = dS K: A = dS (M = queries) M-major from dS^T, B = K N-major.
+    float dq[D / 4];
+#pragma unroll
+    for (int i = 0; i < D / 4; ++i) dq[i] = 0.f;
+    const char* kcols = reinterpret_cast<const char*>(sK.base) + (D == 128 ? wgi * KTile::kBlockBytes : wgi * 64);
+#pragma unroll
+    for (int kk = 0; kk < kBc / 16; ++kk)
+      DqMma<D>(dq, wg::MnMajorDesc(ds, kk), wg::Desc(kcols + kk * 16 * 128, KTile::kBlockBytes, 1024));
+    wg::Commit();
+    wg::Wait<0>();
+    wg::FenceRegs(dq);
+    wg::FenceRegs(dk);
+    wg::FenceRegs(dv);
+    if (lane == 0) tma::Arrive(q_empty + st);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int qi = m0 + 16 * warp + g + 8 * r;
+      if (qi >= len) continue;
+      float* row = p.dq_acc + (int64_t(start) + qi) * q_stride + h * D + wgi * (D / 2) + 2 * t;
+#pragma unroll
+      for (int c = 0; c < D / 16; ++c)
+        atomicAdd(reinterpret_cast<float2*>(row + 8 * c), make_float2(dq[4 * c + 2 * r], dq[4 * c + 2 * r + 1]));
+    }
+  }
+  // Epilogue: dK (scaled) and dV of this thread's keys.
+  const int64_t kv_stride = int64_t(p.hkv) * D;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const int kj = n0 + key_row + g + 8 * r;
+    const int kj = n0 + key0 + g + 8 * r;
     if (kj >= len) continue;
     const int64_t off = (int64_t(start) + kj) * kv_stride + kvh * D + 2 * t;
 #pragma unroll
-    for (int dt = 0; dt < kDTiles; ++dt) {
-      *reinterpret_cast<uint32_t*>(p.dk + off + dt * 8) = tc::PackBf16(dk[dt][2 * r] * p.scale, dk[dt][2 * r + 1] * p.scale);
-      *reinterpret_cast<uint32_t*>(p.dv + off + dt * 8) = tc::PackBf16(dv[dt][2 * r], dv[dt][2 * r + 1]);
+    for (int c = 0; c < D / 8; ++c) {
+      *reinterpret_cast<uint32_t*>(p.dk + off + 8 * c) =
+          tc::PackBf16(dk[4 * c + 2 * r] * p.scale, dk[4 * c + 2 * r + 1] * p.scale);
+      *reinterpret_cast<uint32_t*>(p.dv + off + 8 * c) = tc::PackBf16(dv[4 * c + 2 * r], dv[4 * c + 2 * r + 1]);
     }
   }
 }
 
+// lse2[h][i] = lse[i][h] * log2(e), dvec[h][i] = sum_c dout[i][h][c] * out[i][h][c]; one warp per (i, h).
+__global__ void Prepare(const bf16* dout, const bf16* out, const float* lse, float* lse2, float* dvec, int64_t tokens,
+                        int hq, int dim) {
+  const int64_t row = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
+  if (row >= tokens * hq) return;
+  const int lane = threadIdx.x & 31;
+  float s = 0.f;
+  for (int c = 2 * lane; c < dim; c += 64) {
+    const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(dout + row * dim + c));
+    const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(out + row * dim + c));
+    s += a.x * b.x + a.y * b.y;
+  }
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffff, s, o);
+  if (lane == 0) {
+    const int64_t i = row / hq, h = row % hq;
+    dvec[h * tokens + i] = s;
+    lse2[h * tokens + i] = lse[row] * kLog2e;
+  }
+}
+
+__global__ void ScaleToBf16(const float* x, bf16* y, int64_t n, float scale) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    y[i] = __float2bfloat16_rn(x[i] * scale);
+}
+
 template <int D, bool kCausal>
-absl::Status Launch(const BwdParams& p, const AttentionDims& d, cudaStream_t s) {
-  constexpr int kSmem = BwdSmemBytes<D>();
+absl::Status Launch(const void* q, const void* k, const void* v, const void* dout, const BwdParams& p,
+                    const AttentionDims& d, cudaStream_t s) {
+  constexpr int kSmem = BwdSmem<D>::kBytes;
+  CUtensorMap tq, tk, tv, tdo;
+  TESSERA_RETURN_IF_ERROR(TokenTensorMap(&tq, q, d.tokens, d.q_heads, D, kBr, "q"));
+  TESSERA_RETURN_IF_ERROR(TokenTensorMap(&tdo, dout, d.tokens, d.q_heads, D, kBr, "dout"));
+  TESSERA_RETURN_IF_ERROR(TokenTensorMap(&tk, k, d.tokens, d.kv_heads, D, kBc, "k"));
+  TESSERA_RETURN_IF_ERROR(TokenTensorMap(&tv, v, d.tokens, d.kv_heads, D, kBc, "v"));
   auto kernel = BwdKernel<D, kCausal>;
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem) != cudaSuccess)
     return LaunchStatus("flash_backward(smem attribute)");
-  kernel<<<dim3(static_cast<unsigned>(TileCapacity(d, kBc)), static_cast<unsigned>(d.kv_heads)), kThreads, kSmem, s>>>(p);
+  kernel<<<dim3(static_cast<unsigned>(TileCapacity(d, kBc)), static_cast<unsigned>(d.kv_heads)), kThreads, kSmem, s>>>(
+      tq, tk, tv, tdo, p);
   return LaunchStatus("flash_backward");
 }
 }  // namespace
 
-absl::Status Backward(const void* q, const void* k, const void* v, const int32_t* cu, const void* dout,
-                      const float* lse, const float* dvec, float* dq_acc, void* dk, void* dv, const AttentionDims& d,
-                      cudaStream_t s) {
-  int2* table = nullptr;
-  const int64_t tiles = TileCapacity(d, kBc);
-  if (cudaMallocAsync(&table, tiles * sizeof(int2), s) != cudaSuccess) return LaunchStatus("flash_backward(alloc)");
-  BwdParams p{static_cast<const bf16*>(q), static_cast<const bf16*>(k), static_cast<const bf16*>(v),
-              static_cast<const bf16*>(dout), lse, dvec, dq_acc, static_cast<bf16*>(dk), static_cast<bf16*>(dv), cu,
-              table, static_cast<int>(d.q_heads), static_cast<int>(d.kv_heads), d.scale};
+absl::Status Backward(const void* q, const void* k, const void* v, const int32_t* cu, const void* out, const void* dout,
+                      const float* lse, void* dq, void* dk, void* dv, const AttentionDims& d, cudaStream_t s) {
+  const int64_t rows = d.tokens * d.q_heads, n = rows * d.head_dim, tiles = TileCapacity(d, kBc);
+  // Scratch: dq_acc [n] f32, lse2 and dvec [rows] f32, the tile table.
+  char* scratch = nullptr;
+  const size_t bytes = (n + 2 * rows) * sizeof(float) + tiles * sizeof(int2);
+  if (cudaMallocAsync(&scratch, bytes, s) != cudaSuccess) return LaunchStatus("flash_backward(alloc)");
+  float* dq_acc = reinterpret_cast<float*>(scratch);
+  float* lse2 = dq_acc + n;
+  float* dvec = lse2 + rows;
+  int2* table = reinterpret_cast<int2*>(dvec + rows);
+  BwdParams p{lse2, dvec, dq_acc, static_cast<bf16*>(dk), static_cast<bf16*>(dv), cu, table,
+              static_cast<int>(d.q_heads), static_cast<int>(d.kv_heads), d.tokens, d.scale};
   auto launch = d.head_dim == 64 ? (d.causal ? Launch<64, true> : Launch<64, false>)
                                  : (d.causal ? Launch<128, true> : Launch<128, false>);
-  absl::Status st = BuildTileTable(cu, d.batch, kBc, table, tiles, s);
-  if (st.ok()) st.Update(launch(p, d, s));
-  cudaFreeAsync(table, s);
+  auto run = [&]() -> absl::Status {
+    if (cudaMemsetAsync(dq_acc, 0, n * sizeof(float), s) != cudaSuccess) return LaunchStatus("flash_backward(memset)");
+    Prepare<<<static_cast<unsigned>((rows * 32 + 255) / 256), 256, 0, s>>>(
+        static_cast<const bf16*>(dout), static_cast<const bf16*>(out), lse, lse2, dvec, d.tokens,
+        static_cast<int>(d.q_heads), static_cast<int>(d.head_dim));
+    TESSERA_RETURN_IF_ERROR(LaunchStatus("flash_backward(prepare)"));
+    TESSERA_RETURN_IF_ERROR(BuildTileTable(cu, d.batch, kBc, table, tiles, s));
+    TESSERA_RETURN_IF_ERROR(launch(q, k, v, dout, p, d, s));
+    ScaleToBf16<<<GridFor(n, 256), 256, 0, s>>>(dq_acc, static_cast<bf16*>(dq), n, d.scale);
+    return LaunchStatus("flash_backward(dq)");
+  };
+  const absl::Status st = run();
+  cudaFreeAsync(scratch, s);
   return st;
 }
 

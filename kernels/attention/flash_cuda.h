@@ -1,12 +1,14 @@
 // Flash attention on CUDA (internal to kernels/attention; the public launchers are in
 // attention.h). bf16, head_dim 64 or 128, causal or not, GQA, varlen (cu_seqlens).
 //
-// Work is split into tiles of one sequence: the forward runs one CTA per (query tile,
-// query head), the backward one CTA per (key tile, kv head) that loops over the query
-// heads of its group and the query tiles that see it. Sequence boundaries live on the
+// Both are written for sm_90a (TMA, mbarriers, wgmma; see flash_fwd_cuda.cu and
+// flash_bwd_cuda.cu). Work is split into tiles of one sequence: the forward runs one CTA
+// per (query tile, query head), the backward one CTA per (key tile, kv head) that loops
+// over the query heads of its group and the query tiles that see it. Sequence boundaries live on the
 // device (cu_seqlens), so a small kernel first writes the tile table {sequence, tile}
 // — no host synchronization — and CTAs past the real tile count exit at once.
 #pragma once
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -30,10 +32,14 @@ absl::Status BuildTileTable(const int32_t* cu, int64_t batch, int tile, int2* ta
 
 absl::Status Forward(const void* q, const void* k, const void* v, const int32_t* cu, void* out, float* lse,
                      const AttentionDims& d, cudaStream_t s);
-// dvec [T, Hq] = rowsum(dout * out) must be computed first; dq_acc [T, Hq, D] f32 must be
-// zero. dq_acc receives dS K unscaled (the caller scales and casts); dk, dv are written.
-absl::Status Backward(const void* q, const void* k, const void* v, const int32_t* cu, const void* dout,
-                      const float* lse, const float* dvec, float* dq_acc, void* dk, void* dv, const AttentionDims& d,
-                      cudaStream_t s);
+// Gradients dq, dk, dv (bf16, like q, k, v); takes stream-ordered scratch of
+// tokens*q_heads*(head_dim+2) f32 for the dq accumulator, lse*log2(e) and rowsum(dO O).
+absl::Status Backward(const void* q, const void* k, const void* v, const int32_t* cu, const void* out, const void* dout,
+                      const float* lse, void* dq, void* dk, void* dv, const AttentionDims& d, cudaStream_t s);
+
+// Describes a [tokens, heads, dim] bf16 tensor for TMA, read in 128-byte-swizzled boxes
+// of 64 (dim) x 1 (head) x rows (tokens). `name` goes into the error.
+absl::Status TokenTensorMap(CUtensorMap* map, const void* base, int64_t tokens, int64_t heads, int64_t dim, int rows,
+                            const char* name);
 
 }  // namespace tessera::kernels::flash

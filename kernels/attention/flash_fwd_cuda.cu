@@ -221,31 +221,14 @@ PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
   return fn;
 }
 
-// [tokens, heads, D] bf16 as a 3-D tensor map read in boxes of 64 x 1 x rows.
-absl::Status TokenMap(CUtensorMap* map, const void* base, int64_t tokens, int64_t heads, int64_t D, int rows,
-                      const char* name) {
-  auto encode = TensorMapEncoder();
-  if (encode == nullptr) return absl::InternalError("flash_forward: the driver has no cuTensorMapEncodeTiled");
-  const cuuint64_t dims[3] = {cuuint64_t(D), cuuint64_t(heads), cuuint64_t(tokens)};
-  const cuuint64_t strides[2] = {cuuint64_t(D * 2), cuuint64_t(heads * D * 2)};
-  const cuuint32_t box[3] = {64, 1, cuuint32_t(rows)}, elem[3] = {1, 1, 1};
-  CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(base), dims, strides, box, elem,
-                      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS)
-    return absl::InvalidArgumentError(absl::StrCat("flash_forward: cannot describe ", name, " [", tokens, ", ", heads, ", ",
-                                                   D, "] for TMA (CUresult ", int(r), "; needs a 16-byte aligned base)"));
-  return absl::OkStatus();
-}
-
 template <int D, bool kCausal>
 absl::Status Launch(const void* q, const void* k, const void* v, const FwdParams& p, const AttentionDims& d, int2* table,
                     cudaStream_t s) {
   constexpr int kSmem = FwdSmem<D>::kBytes;
   CUtensorMap tq, tk, tv;
-  TESSERA_RETURN_IF_ERROR(TokenMap(&tq, q, d.tokens, d.q_heads, D, kBr, "q"));
-  TESSERA_RETURN_IF_ERROR(TokenMap(&tk, k, d.tokens, d.kv_heads, D, kBc, "k"));
-  TESSERA_RETURN_IF_ERROR(TokenMap(&tv, v, d.tokens, d.kv_heads, D, kBc, "v"));
+  TESSERA_RETURN_IF_ERROR(TokenTensorMap(&tq, q, d.tokens, d.q_heads, D, kBr, "q"));
+  TESSERA_RETURN_IF_ERROR(TokenTensorMap(&tk, k, d.tokens, d.kv_heads, D, kBc, "k"));
+  TESSERA_RETURN_IF_ERROR(TokenTensorMap(&tv, v, d.tokens, d.kv_heads, D, kBc, "v"));
   auto kernel = FwdKernel<D, kCausal>;
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem) != cudaSuccess)
     return LaunchStatus("flash_forward(smem attribute)");
@@ -255,6 +238,22 @@ absl::Status Launch(const void* q, const void* k, const void* v, const FwdParams
   return LaunchStatus("flash_forward");
 }
 }  // namespace
+
+absl::Status TokenTensorMap(CUtensorMap* map, const void* base, int64_t tokens, int64_t heads, int64_t D, int rows,
+                            const char* name) {
+  auto encode = TensorMapEncoder();
+  if (encode == nullptr) return absl::InternalError("flash attention: the driver has no cuTensorMapEncodeTiled");
+  const cuuint64_t dims[3] = {cuuint64_t(D), cuuint64_t(heads), cuuint64_t(tokens)};
+  const cuuint64_t strides[2] = {cuuint64_t(D * 2), cuuint64_t(heads * D * 2)};
+  const cuuint32_t box[3] = {64, 1, cuuint32_t(rows)}, elem[3] = {1, 1, 1};
+  CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(base), dims, strides, box, elem,
+                      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    return absl::InvalidArgumentError(absl::StrCat("flash attention: cannot describe ", name, " [", tokens, ", ", heads, ", ",
+                                                   D, "] for TMA (CUresult ", int(r), "; needs a 16-byte aligned base)"));
+  return absl::OkStatus();
+}
 
 absl::Status Forward(const void* q, const void* k, const void* v, const int32_t* cu, void* out, float* lse,
                      const AttentionDims& d, cudaStream_t s) {
