@@ -54,9 +54,9 @@ __device__ __forceinline__ void RsMma(float (&acc)[D / 2], const uint32_t (&a)[4
   else wg::WgmmaRS_m64n64<1>(acc, a, desc);
 }
 template <int D>
-__device__ __forceinline__ void DqMma(float (&acc)[D / 4], uint64_t a, uint64_t b) {
-  if constexpr (D == 128) wg::WgmmaSS_m64n64<1, 1>(acc, a, b, 1);
-  else wg::WgmmaSS_m64n32<1, 1>(acc, a, b, 1);
+__device__ __forceinline__ void DqMma(float (&acc)[D / 4], uint64_t a, uint64_t b, int accumulate) {
+  if constexpr (D == 128) wg::WgmmaSS_m64n64<1, 1>(acc, a, b, accumulate);
+  else wg::WgmmaSS_m64n32<1, 1>(acc, a, b, accumulate);
 }
 __device__ __forceinline__ void ConsumerBarrier() { asm volatile("bar.sync 1, %0;\n" ::"n"(128 * kConsumers) : "memory"); }
 
@@ -130,17 +130,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int it = 0; it < iters; ++it) {
     const int st = it % kStages, h = kvh * group + it / m_tiles, m0 = (m_first + it % m_tiles) * kBr;
     tma::Wait(q_full + st, (it / kStages) & 1);
+    // Accumulators start from the first product (scale-d = 0), so they need no zeroing:
+    // non-wgmma writes to them inside the pipeline would serialize the wgmmas.
     float s[kBr / 2], dp[kBr / 2];
-#pragma unroll
-    for (int i = 0; i < kBr / 2; ++i) s[i] = 0.f, dp[i] = 0.f;
     wg::Fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
-      wg::WgmmaSS_m64n64(s, wg::KMajorDesc(sK, 64 * wgi, kk), wg::KMajorDesc(sQ(st), 0, kk), 1);
+      wg::WgmmaSS_m64n64(s, wg::KMajorDesc(sK, 64 * wgi, kk), wg::KMajorDesc(sQ(st), 0, kk), kk > 0);
     wg::Commit();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
-      wg::WgmmaSS_m64n64(dp, wg::KMajorDesc(sV, 64 * wgi, kk), wg::KMajorDesc(sdO(st), 0, kk), 1);
+      wg::WgmmaSS_m64n64(dp, wg::KMajorDesc(sV, 64 * wgi, kk), wg::KMajorDesc(sdO(st), 0, kk), kk > 0);
     wg::Commit();
     // This thread's query columns: 8 c + 2 t + e.
     const float* lrow = p.lse2 + int64_t(h) * p.tokens + start + m0;
@@ -184,28 +184,24 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int r = 0; r < 2; ++r)
         *reinterpret_cast<uint32_t*>(ds.Chunk(key0 + g + 8 * r, c) + 2 * t) = ads[c / 2][2 * (c & 1) + r];
+    wg::FenceProxyAsync();
+    ConsumerBarrier();  // dS^T of both warpgroups written
+    // dQ[:, wgi half] = dS K (A = dS M-major from dS^T, B = K N-major), then dV and dK;
+    // the dQ atomics below overlap the dV/dK product on the tensor cores.
+    float dq[D / 4];
+    const char* kcols = reinterpret_cast<const char*>(sK.base) + (D == 128 ? wgi * KTile::kBlockBytes : wgi * 64);
     wg::Fence();
+#pragma unroll
+    for (int kk = 0; kk < kBc / 16; ++kk)
+      DqMma<D>(dq, wg::MnMajorDesc(ds, kk), wg::Desc(kcols + kk * 16 * 128, KTile::kBlockBytes, 1024), kk > 0);
+    wg::Commit();
 #pragma unroll
     for (int kk = 0; kk < kBr / 16; ++kk) RsMma<D>(dv, ap[kk], wg::MnMajorDesc(sdO(st), kk));
 #pragma unroll
     for (int kk = 0; kk < kBr / 16; ++kk) RsMma<D>(dk, ads[kk], wg::MnMajorDesc(sQ(st), kk));
     wg::Commit();
-    wg::FenceProxyAsync();
-    ConsumerBarrier();  // dS^T of both warpgroups written
-    // dQ[:, wgi half] = dS K: A = dS (M = queries) M-major from dS^T, B = K N-major.
-    float dq[D / 4];
-#pragma unroll
-    for (int i = 0; i < D / 4; ++i) dq[i] = 0.f;
-    const char* kcols = reinterpret_cast<const char*>(sK.base) + (D == 128 ? wgi * KTile::kBlockBytes : wgi * 64);
-#pragma unroll
-    for (int kk = 0; kk < kBc / 16; ++kk)
-      DqMma<D>(dq, wg::MnMajorDesc(ds, kk), wg::Desc(kcols + kk * 16 * 128, KTile::kBlockBytes, 1024));
-    wg::Commit();
-    wg::Wait<0>();
+    wg::Wait<1>();
     wg::FenceRegs(dq);
-    wg::FenceRegs(dk);
-    wg::FenceRegs(dv);
-    if (lane == 0) tma::Arrive(q_empty + st);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int qi = m0 + 16 * warp + g + 8 * r;
@@ -215,6 +211,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int c = 0; c < D / 16; ++c)
         atomicAdd(reinterpret_cast<float2*>(row + 8 * c), make_float2(dq[4 * c + 2 * r], dq[4 * c + 2 * r + 1]));
     }
+    // dV/dK retire before the loop carries their registers (an in-flight accumulator
+    // across the back edge would serialize every wgmma); the stage goes back.
+    wg::Wait<0>();
+    wg::FenceRegs(dk);
+    wg::FenceRegs(dv);
+    if (lane == 0) tma::Arrive(q_empty + st);
   }
   // Epilogue: dK (scaled) and dV of this thread's keys.
   const int64_t kv_stride = int64_t(p.hkv) * D;

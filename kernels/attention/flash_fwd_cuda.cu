@@ -123,13 +123,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int j = 0; j < n_tiles; ++j) {
     const int n0 = j * kBc, st = j % kStages, pst = (j + kStages - 1) % kStages;
     tma::Wait(k_full + st, (j / kStages) & 1);
-    float s[kBc / 2];
-#pragma unroll
-    for (int i = 0; i < kBc / 2; ++i) s[i] = 0.f;
+    float s[kBc / 2];  // no zeroing: the first product overwrites (scale-d = 0)
     wg::Fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
-      wg::WgmmaSS_m64n128(s, wg::KMajorDesc(sQ, wgi * 64, kk), wg::KMajorDesc(sK(st), 0, kk), 1);
+      wg::WgmmaSS_m64n128(s, wg::KMajorDesc(sQ, wgi * 64, kk), wg::KMajorDesc(sK(st), 0, kk), kk > 0);
     wg::Commit();
     if (j > 0) {
       tma::Wait(v_full + pst, ((j - 1) / kStages) & 1);
