@@ -124,7 +124,7 @@ __global__ void SeqOfToken(const int32_t* cu, int64_t batch, int32_t* seq) {
 
 constexpr int kTableThreads = 1024;
 __global__ void __launch_bounds__(kTableThreads) TileTable(const int32_t* cu, int64_t batch, int tile, int2* table,
-                                                          int64_t capacity) {
+                                                          int64_t capacity, int32_t* first_tile) {
   using Scan = cub::BlockScan<int64_t, kTableThreads>;
   __shared__ typename Scan::TempStorage tmp;
   int64_t carry = 0;
@@ -133,12 +133,15 @@ __global__ void __launch_bounds__(kTableThreads) TileTable(const int32_t* cu, in
     const int64_t n = b < batch ? (cu[b + 1] - cu[b] + tile - 1) / tile : 0;
     int64_t off, total;
     Scan(tmp).ExclusiveSum(n, off, total);
-    for (int64_t j = 0; j < n; ++j)  // the last tile of a sequence first: causal tiles grow along it
-      table[carry + off + j] = make_int2(static_cast<int>(b), static_cast<int>(n - 1 - j));
+    if (first_tile != nullptr && b < batch) first_tile[b] = static_cast<int32_t>(carry + off);
+    if (table != nullptr)
+      for (int64_t j = 0; j < n; ++j)  // the last tile of a sequence first: causal tiles grow along it
+        table[carry + off + j] = make_int2(static_cast<int>(b), static_cast<int>(n - 1 - j));
     carry += total;
     __syncthreads();  // tmp is reused
   }
-  for (int64_t i = carry + threadIdx.x; i < capacity; i += kTableThreads) table[i] = make_int2(-1, 0);
+  if (table != nullptr)
+    for (int64_t i = carry + threadIdx.x; i < capacity; i += kTableThreads) table[i] = make_int2(-1, 0);
 }
 
 template <typename T>
@@ -159,8 +162,9 @@ unsigned WarpBlocks(int64_t warps) { return static_cast<unsigned>((warps * 32 + 
 }  // namespace
 
 namespace flash {
-absl::Status BuildTileTable(const int32_t* cu, int64_t batch, int tile, int2* table, int64_t capacity, cudaStream_t s) {
-  TileTable<<<1, kTableThreads, 0, s>>>(cu, batch, tile, table, capacity);
+absl::Status BuildTileTable(const int32_t* cu, int64_t batch, int tile, int2* table, int64_t capacity, cudaStream_t s,
+                            int32_t* first_tile) {
+  TileTable<<<1, kTableThreads, 0, s>>>(cu, batch, tile, table, capacity, first_tile);
   return LaunchStatus("attention(tile table)");
 }
 }  // namespace flash

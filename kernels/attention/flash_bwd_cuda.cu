@@ -8,7 +8,8 @@
 //   S^T  = K Q^T                  dP^T = V dO^T           (shared x shared, K-major)
 //   P^T  = exp2(S^T scale log2e - lse log2e), dS^T = P^T (dP^T - D)   (registers, masked)
 //   dV  += P^T dO                 dK  += dS^T Q           (registers x shared, N-major)
-//   dQ[:, half] = dS K            (dS^T staged in shared memory, M-major; f32 atomics)
+//   dQ[:, half] = dS K            (dS^T staged in shared memory, M-major), reduced into
+//                                 global f32 with one bulk reduce-add per query tile
 // D = rowsum(dO O) and lse log2e are prepared per (head, token) by a small kernel;
 // dq_acc is scaled and cast at the end. A stage goes back to the producer through an
 // "empty" mbarrier once every consumer warp's wgmma reading it has completed.
@@ -29,7 +30,9 @@ constexpr int kConsumers = 2, kThreads = 128 * (kConsumers + 1), kBc = 64 * kCon
 
 struct BwdParams {
   const float *lse2, *dvec;  // [Hq][T]: lse * log2(e) and rowsum(dO * O)
-  float* dq_acc;             // [T, Hq, D], unscaled dS K
+  float* dq_acc;             // [Hq][q slots][64 x D] in fragment order (see DqSlotOffset), unscaled dS K
+  const int32_t* q_first;    // first 64-query slot of each sequence
+  int64_t q_slots;           // slots per head
   bf16 *dk, *dv;
   const int32_t* cu;
   const int2* table;
@@ -43,7 +46,8 @@ struct BwdSmem {
   using KTile = wg::Sw128Tile<kBc, D>;    // K, V
   using QTile = wg::Sw128Tile<kBr, D>;    // Q, dO (per stage)
   using STile = wg::Sw128Tile<kBc, kBr>;  // dS^T [keys][queries] (double-buffered)
-  static constexpr int kTiles = 2 * KTile::kBytes + 2 * kStages * QTile::kBytes + 2 * STile::kBytes;
+  static constexpr int kDqBytes = kBr * D * 4;  // one dQ slot, f32 (double-buffered)
+  static constexpr int kTiles = 2 * KTile::kBytes + 2 * kStages * QTile::kBytes + 2 * STile::kBytes + 2 * kDqBytes;
   static constexpr int kBarriers = 1 + 2 * kStages;  // kv_full, q_full[], q_empty[]
   static constexpr int kBytes = kTiles + kBarriers * 8 + 1024;
 };
@@ -76,6 +80,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto sdO = [&](int st) { return QTile{reinterpret_cast<bf16*>(qbase + (2 * st + 1) * QTile::kBytes)}; };
   char* const sbase = qbase + 2 * kStages * QTile::kBytes;
   auto sdS = [&](int b) { return STile{reinterpret_cast<bf16*>(sbase + b * STile::kBytes)}; };
+  float* const dq_smem = reinterpret_cast<float*>(sbase + 2 * STile::kBytes);  // [2][kBr * D]
   uint64_t* kv_full = reinterpret_cast<uint64_t*>(smem + S::kTiles);
   uint64_t* q_full = kv_full + 1;
   uint64_t* q_empty = q_full + kStages;
@@ -122,7 +127,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warp = (tid / 32) % 4, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int key0 = 64 * wgi + 16 * warp;  // tile-local key of this thread's rows g and g + 8
   const float sl2 = p.scale * kLog2e;
-  const int64_t q_stride = int64_t(p.hq) * D;
   const bool key_mask = n0 + kBc > len;
   tma::Wait(kv_full, 0);
 
@@ -202,14 +206,22 @@ __global__ void __launch_bounds__(kThreads, 1)
     wg::Commit();
     wg::Wait<1>();
     wg::FenceRegs(dq);
+    // dQ goes to global memory as one bulk reduce-add of the 64 x D slot: the fragments
+    // are stored in fragment order (float4 k of consumer thread i at [k][i]), which makes
+    // these stores conflict-free and the slot contiguous; DqFromSlots undoes the order.
+    {
+      float4* buf = reinterpret_cast<float4*>(dq_smem + (it & 1) * kBr * D);
+      const int ct = tid - 128;
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int qi = m0 + 16 * warp + g + 8 * r;
-      if (qi >= len) continue;
-      float* row = p.dq_acc + (int64_t(start) + qi) * q_stride + h * D + wgi * (D / 2) + 2 * t;
-#pragma unroll
-      for (int c = 0; c < D / 16; ++c)
-        atomicAdd(reinterpret_cast<float2*>(row + 8 * c), make_float2(dq[4 * c + 2 * r], dq[4 * c + 2 * r + 1]));
+      for (int k = 0; k < D / 16; ++k) buf[k * 256 + ct] = make_float4(dq[4 * k], dq[4 * k + 1], dq[4 * k + 2], dq[4 * k + 3]);
+      wg::FenceProxyAsync();
+      ConsumerBarrier();
+      if (ct == 0) {
+        const int64_t slot = int64_t(h) * p.q_slots + p.q_first[tile.x] + m0 / kBr;
+        tma::BulkReduceAddF32(p.dq_acc + slot * (kBr * D), buf, kBr * D * 4);
+        tma::BulkCommit();
+        tma::BulkWaitRead<1>();  // the other buffer is free for the next tile
+      }
     }
     // dV/dK retire before the loop carries their registers (an in-flight accumulator
     // across the back edge would serialize every wgmma); the stage goes back.
@@ -218,6 +230,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wg::FenceRegs(dv);
     if (lane == 0) tma::Arrive(q_empty + st);
   }
+  if (tid == 128) tma::BulkWait<0>();
   // Epilogue: dK (scaled) and dV of this thread's keys.
   const int64_t kv_stride = int64_t(p.hkv) * D;
 #pragma unroll
@@ -254,9 +267,34 @@ __global__ void Prepare(const bf16* dout, const bf16* out, const float* lse, flo
   }
 }
 
-__global__ void ScaleToBf16(const float* x, bf16* y, int64_t n, float scale) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    y[i] = __float2bfloat16_rn(x[i] * scale);
+// dq = scale * dq_acc, undoing the fragment order of the slots: one CTA per (slot, head),
+// each of its 256 threads reads back what consumer thread `ct` stored (coalesced float4s)
+// and writes bf16 pairs of rows 16 warp + g + 8 r, columns half + 8 c + 2 t.
+template <int D>
+__global__ void __launch_bounds__(256) DqFromSlots(const float* acc, const int2* slots, const int32_t* q_first,
+                                                   const int32_t* cu, int64_t q_slots, int hq, float scale, bf16* dq) {
+  const int2 sl = slots[blockIdx.x];
+  if (sl.x < 0) return;
+  const int h = blockIdx.y, ct = threadIdx.x, wgi = ct / 128, warp = (ct / 32) % 4, lane = ct % 32, g = lane / 4,
+            t = lane % 4;
+  const int start = cu[sl.x], len = cu[sl.x + 1] - start;
+  const int m0 = (static_cast<int>(blockIdx.x) - q_first[sl.x]) * kBr;  // slot = first slot of the sequence + tile
+  const float4* src = reinterpret_cast<const float4*>(acc + (int64_t(h) * q_slots + blockIdx.x) * (kBr * D));
+  float v[D / 4];
+#pragma unroll
+  for (int k = 0; k < D / 16; ++k) {
+    const float4 x = src[k * 256 + ct];
+    v[4 * k] = x.x, v[4 * k + 1] = x.y, v[4 * k + 2] = x.z, v[4 * k + 3] = x.w;
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int qi = m0 + 16 * warp + g + 8 * r;
+    if (qi >= len) continue;
+    bf16* row = dq + ((int64_t(start) + qi) * hq + h) * D + wgi * (D / 2) + 2 * t;
+#pragma unroll
+    for (int c = 0; c < D / 16; ++c)
+      *reinterpret_cast<uint32_t*>(row + 8 * c) = tc::PackBf16(v[4 * c + 2 * r] * scale, v[4 * c + 2 * r + 1] * scale);
+  }
 }
 
 template <int D, bool kCausal>
@@ -279,28 +317,38 @@ absl::Status Launch(const void* q, const void* k, const void* v, const void* dou
 
 absl::Status Backward(const void* q, const void* k, const void* v, const int32_t* cu, const void* out, const void* dout,
                       const float* lse, void* dq, void* dk, void* dv, const AttentionDims& d, cudaStream_t s) {
-  const int64_t rows = d.tokens * d.q_heads, n = rows * d.head_dim, tiles = TileCapacity(d, kBc);
-  // Scratch: dq_acc [n] f32, lse2 and dvec [rows] f32, the tile table.
+  const int64_t rows = d.tokens * d.q_heads, tiles = TileCapacity(d, kBc), q_slots = TileCapacity(d, kBr);
+  const int64_t acc_n = d.q_heads * q_slots * kBr * d.head_dim;
+  // Scratch: dq_acc f32, lse2 and dvec [rows] f32, the key-tile table, the query-slot table
+  // and each sequence's first query slot.
   char* scratch = nullptr;
-  const size_t bytes = (n + 2 * rows) * sizeof(float) + tiles * sizeof(int2);
+  const size_t bytes =
+      (acc_n + 2 * rows) * sizeof(float) + (tiles + q_slots) * sizeof(int2) + d.batch * sizeof(int32_t);
   if (cudaMallocAsync(&scratch, bytes, s) != cudaSuccess) return LaunchStatus("flash_backward(alloc)");
   float* dq_acc = reinterpret_cast<float*>(scratch);
-  float* lse2 = dq_acc + n;
+  float* lse2 = dq_acc + acc_n;
   float* dvec = lse2 + rows;
   int2* table = reinterpret_cast<int2*>(dvec + rows);
-  BwdParams p{lse2, dvec, dq_acc, static_cast<bf16*>(dk), static_cast<bf16*>(dv), cu, table,
+  int2* slots = table + tiles;
+  int32_t* q_first = reinterpret_cast<int32_t*>(slots + q_slots);
+  BwdParams p{lse2, dvec, dq_acc, q_first, q_slots, static_cast<bf16*>(dk), static_cast<bf16*>(dv), cu, table,
               static_cast<int>(d.q_heads), static_cast<int>(d.kv_heads), d.tokens, d.scale};
   auto launch = d.head_dim == 64 ? (d.causal ? Launch<64, true> : Launch<64, false>)
                                  : (d.causal ? Launch<128, true> : Launch<128, false>);
   auto run = [&]() -> absl::Status {
-    if (cudaMemsetAsync(dq_acc, 0, n * sizeof(float), s) != cudaSuccess) return LaunchStatus("flash_backward(memset)");
+    if (cudaMemsetAsync(dq_acc, 0, acc_n * sizeof(float), s) != cudaSuccess) return LaunchStatus("flash_backward(memset)");
     Prepare<<<static_cast<unsigned>((rows * 32 + 255) / 256), 256, 0, s>>>(
         static_cast<const bf16*>(dout), static_cast<const bf16*>(out), lse, lse2, dvec, d.tokens,
         static_cast<int>(d.q_heads), static_cast<int>(d.head_dim));
     TESSERA_RETURN_IF_ERROR(LaunchStatus("flash_backward(prepare)"));
     TESSERA_RETURN_IF_ERROR(BuildTileTable(cu, d.batch, kBc, table, tiles, s));
+    TESSERA_RETURN_IF_ERROR(BuildTileTable(cu, d.batch, kBr, slots, q_slots, s, q_first));
     TESSERA_RETURN_IF_ERROR(launch(q, k, v, dout, p, d, s));
-    ScaleToBf16<<<GridFor(n, 256), 256, 0, s>>>(dq_acc, static_cast<bf16*>(dq), n, d.scale);
+    const dim3 grid(static_cast<unsigned>(q_slots), static_cast<unsigned>(d.q_heads));
+    if (d.head_dim == 64)
+      DqFromSlots<64><<<grid, 256, 0, s>>>(dq_acc, slots, q_first, cu, q_slots, static_cast<int>(d.q_heads), d.scale, static_cast<bf16*>(dq));
+    else
+      DqFromSlots<128><<<grid, 256, 0, s>>>(dq_acc, slots, q_first, cu, q_slots, static_cast<int>(d.q_heads), d.scale, static_cast<bf16*>(dq));
     return LaunchStatus("flash_backward(dq)");
   };
   const absl::Status st = run();

@@ -27,8 +27,10 @@ inline bool Supported(const AttentionDims& d, DType t) {
 inline int64_t TileCapacity(const AttentionDims& d, int tile) { return (d.tokens + tile - 1) / tile + d.batch; }
 
 // Writes table[0, capacity) = {sequence, tile index within it}, heaviest causal tiles
-// first; unused entries get sequence -1.
-absl::Status BuildTileTable(const int32_t* cu, int64_t batch, int tile, int2* table, int64_t capacity, cudaStream_t s);
+// first; unused entries get sequence -1. Optionally (first_tile != null) also the index
+// of each sequence's first tile, first_tile[b]; table may be null.
+absl::Status BuildTileTable(const int32_t* cu, int64_t batch, int tile, int2* table, int64_t capacity, cudaStream_t s,
+                            int32_t* first_tile = nullptr);
 
 absl::Status Forward(const void* q, const void* k, const void* v, const int32_t* cu, void* out, float* lse,
                      const AttentionDims& d, cudaStream_t s);

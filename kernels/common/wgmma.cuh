@@ -163,6 +163,22 @@ __device__ __forceinline__ void Load3d(void* smem, const void* tensor_map, uint6
       "l"(tensor_map), "r"(c0), "r"(c1), "r"(c2), "r"(tc::SmemAddr(bar))
       : "memory");
 }
+// Bulk (non-tensor) reduce-add of `bytes` f32 from shared to global memory, and the
+// bulk-group bookkeeping of the issuing thread.
+__device__ __forceinline__ void BulkReduceAddF32(float* global, const void* smem, uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(global),
+               "r"(tc::SmemAddr(smem)), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void BulkCommit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+template <int N>  // at most N groups still reading shared memory
+__device__ __forceinline__ void BulkWaitRead() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+template <int N>  // at most N groups not complete
+__device__ __forceinline__ void BulkWait() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+}
 template <int N>
 __device__ __forceinline__ void RegAlloc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
