@@ -116,6 +116,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int row0 = m0 + wgi * 64 + warp * 16;  // sequence-local query of this thread's rows g and g + 8
   const float sl2 = p.scale * kLog2e;
   tma::Wait(q_full, 0);
+  // Ping-pong: the two consumer warpgroups take turns issuing their wgmmas (named
+  // barriers 2 and 3), so one warpgroup's softmax runs while the other's products occupy
+  // the tensor cores. Warpgroup 0 goes first; warpgroup 1 skips its last hand-over so
+  // that both barriers end balanced.
+  const int turns = n_tiles + 1;
+  auto my_turn = [&] { asm volatile("bar.sync %0, 256;\n" ::"r"(2 + wgi) : "memory"); };
+  auto pass_turn = [&](int turn) {
+    if (wgi == 0 || turn + 1 < turns) asm volatile("bar.arrive %0, 256;\n" ::"r"(3 - wgi) : "memory");
+  };
+  if (wgi == 1) asm volatile("bar.arrive 2, 256;\n" ::: "memory");
 
   float o[D / 2] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
@@ -124,6 +134,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int n0 = j * kBc, st = j % kStages, pst = (j + kStages - 1) % kStages;
     tma::Wait(k_full + st, (j / kStages) & 1);
     float s[kBc / 2];  // no zeroing: the first product overwrites (scale-d = 0)
+    my_turn();
     wg::Fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
@@ -134,8 +145,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int kk = 0; kk < kBc / 16; ++kk) PvMma<D>(o, pa[kk], wg::MnMajorDesc(sV(pst), kk));
       wg::Commit();
+      pass_turn(j);
       wg::Wait<1>();
     } else {
+      pass_turn(j);
       wg::Wait<0>();
     }
     wg::FenceRegs(s);
@@ -185,10 +198,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   {
     const int pst = (n_tiles - 1) % kStages;
     tma::Wait(v_full + pst, ((n_tiles - 1) / kStages) & 1);
+    my_turn();
     wg::Fence();
 #pragma unroll
     for (int kk = 0; kk < kBc / 16; ++kk) PvMma<D>(o, pa[kk], wg::MnMajorDesc(sV(pst), kk));
     wg::Commit();
+    pass_turn(n_tiles);
     wg::Wait<0>();
     wg::FenceRegs(o);
   }
