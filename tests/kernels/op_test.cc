@@ -642,8 +642,10 @@ TEST_P(OpTest, AttentionBackwardMatchesCpu) {
       std::vector<std::vector<float>> grads[2];
       for (int side = 0; side < 2; ++side) {
         Backend& b = side == 0 ? *be_ : *ref;
+        // cu_seqlens on the host (causal cases) or on the device (the others): both paths.
         auto q = Make(b, {T, c.hq, c.dim}, c.t, qv), k = Make(b, {T, c.hkv, c.dim}, c.t, kv),
-             v = Make(b, {T, c.hkv, c.dim}, c.t, vv), g = Make(b, {T, c.hq, c.dim}, c.t, gv), cut = Ints(b, cu);
+             v = Make(b, {T, c.hkv, c.dim}, c.t, vv), g = Make(b, {T, c.hq, c.dim}, c.t, gv),
+             cut = Ints(causal ? *ref : b, cu);
         auto out = Out(b, {T, c.hq, c.dim}, c.t), lse = Out(b, {T, c.hq}, DType::kF32);
         ASSERT_TRUE(b.AttentionForward(q, k, v, cut, causal, out, lse).ok());
         auto dq = Out(b, {T, c.hq, c.dim}, c.t), dk = Out(b, {T, c.hkv, c.dim}, c.t), dv = Out(b, {T, c.hkv, c.dim}, c.t);
@@ -668,6 +670,10 @@ TEST_P(OpTest, AttentionRejectsBadSeqlens) {
   auto not_inc = Ints(*be_, {0, 3, 3, 5});
   EXPECT_THAT(std::string(be_->AttentionForward(q, k, v, not_inc, true, out, lse).message()),
               HasSubstr("strictly increasing; entry 2 is 3 after 3"));
+  auto host = MakeCpuBackend();
+  auto host_bad = Ints(*host, {0, 2, 2, 5});  // a host cu_seqlens is validated in place
+  EXPECT_THAT(std::string(be_->AttentionForward(q, k, v, host_bad, true, out, lse).message()),
+              HasSubstr("strictly increasing; entry 2 is 2 after 2"));
   auto k3 = *be_->Empty({5, 3, 8}, DType::kF32);
   auto ok_cu = Ints(*be_, {0, 5});
   EXPECT_THAT(std::string(be_->AttentionForward(q, k3, k3, ok_cu, true, out, lse).message()),

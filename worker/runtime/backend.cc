@@ -213,7 +213,12 @@ absl::Status Backend::CrossEntropyBackward(const Tensor& logits, const Tensor& t
 namespace {
 absl::Status CheckAttention(Backend& be, const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
                             const Tensor& cu, const Tensor& out, const Tensor& lse) {
-  TRY(CheckTensors(op, be.device(), {{"q", &q}, {"k", &k}, {"v", &v}, {"cu_seqlens", &cu}, {"out", &out}, {"lse", &lse}}));
+  TRY(CheckTensors(op, be.device(), {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"lse", &lse}}));
+  // cu_seqlens may live on this device or on the host; a host copy is validated in place,
+  // a device copy has to come back first (which waits for the device).
+  const bool cu_on_host = cu.defined() && cu.device().kind == DeviceKind::kCpu;
+  if (!cu_on_host) TRY(CheckTensors(op, be.device(), {{"cu_seqlens", &cu}}));
+  else if (!cu.contiguous()) return Bad(op, "cu_seqlens is not contiguous");
   if (q.rank() != 3 || k.rank() != 3 || !Float(q.dtype()))
     return Bad(op, absl::StrCat("q ", q.ShapeString(), " and k ", k.ShapeString(), " must be f32/bf16 [tokens, heads, head_dim]"));
   TRY(SameDType(op, "k", k, "q", q));
@@ -230,7 +235,8 @@ absl::Status CheckAttention(Backend& be, const char* op, const Tensor& q, const 
   if (cu.rank() != 1 || cu.dtype() != DType::kI32 || cu.dim(0) < 2)
     return Bad(op, absl::StrCat("cu_seqlens must be i32 [batch+1] with batch >= 1, got ", cu.ShapeString()));
   std::vector<int32_t> h(cu.dim(0));
-  TRY(be.CopyToHost(cu, h.data()));
+  if (cu_on_host) std::copy_n(cu.data_as<int32_t>(), h.size(), h.begin());
+  else TRY(be.CopyToHost(cu, h.data()));
   if (h[0] != 0 || h.back() != q.dim(0))
     return Bad(op, absl::StrCat("cu_seqlens must start at 0 and end at tokens=", q.dim(0), ", got ", h[0], " ... ", h.back()));
   for (size_t i = 1; i < h.size(); ++i)

@@ -68,8 +68,10 @@ class Backend {
   absl::Status CrossEntropyBackward(const Tensor& logits, const Tensor& targets, int64_t vocab_start, const Tensor& lse,
                                     const Tensor& dloss, Tensor& dlogits);
   // Varlen attention (see kernels/attention): q [T, Hq, D], k/v [T, Hkv, D], cu_seqlens
-  // [B+1] i32 on this device; out like q; lse f32 [T, Hq]. cu_seqlens is checked (0, strictly
-  // increasing, ending at T) with one small device-to-host copy.
+  // [B+1] i32 on this device or on the host; out like q; lse f32 [T, Hq]. cu_seqlens is
+  // checked (0, strictly increasing, ending at T): in place when it is a host tensor (then
+  // nothing waits for the device: pass host cu_seqlens on hot paths), else after a small
+  // device-to-host copy that waits for the stream.
   absl::Status AttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens, bool causal,
                                 Tensor& out, Tensor& lse);
   absl::Status AttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens, bool causal,

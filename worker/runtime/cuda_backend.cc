@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 #include "kernels/adamw/adamw.h"
 #include "kernels/attention/attention.h"
 
@@ -162,15 +163,26 @@ class CudaBackend final : public Backend {
   absl::Status DoScale(Tensor& x, float s) override { return kernels::ScaleCuda(x.data(), x.numel(), s, x.dtype(), stream_); }
   absl::Status DoAttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu, bool causal,
                                   Tensor& out, Tensor& lse) override {
-    return kernels::AttentionForwardCuda(q.data(), k.data(), v.data(), cu.data_as<int32_t>(), out.data(), lse.data_as<float>(),
+    TESSERA_ASSIGN_OR_RETURN(Tensor dcu, OnDevice(cu));
+    return kernels::AttentionForwardCuda(q.data(), k.data(), v.data(), dcu.data_as<int32_t>(), out.data(), lse.data_as<float>(),
                                          AttnDims(q, k, cu, causal), q.dtype(), stream_);
   }
   absl::Status DoAttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu, bool causal,
                                    const Tensor& out, const Tensor& dout, const Tensor& lse, Tensor& dq, Tensor& dk,
                                    Tensor& dv) override {
-    return kernels::AttentionBackwardCuda(q.data(), k.data(), v.data(), cu.data_as<int32_t>(), out.data(), dout.data(),
+    TESSERA_ASSIGN_OR_RETURN(Tensor dcu, OnDevice(cu));
+    return kernels::AttentionBackwardCuda(q.data(), k.data(), v.data(), dcu.data_as<int32_t>(), out.data(), dout.data(),
                                           lse.data_as<float>(), dq.data(), dk.data(), dv.data(), AttnDims(q, k, cu, causal),
                                           q.dtype(), stream_);
+  }
+  // A host tensor is copied into stream-ordered device memory (the copy is ordered before
+  // the kernels that read it, and the temporary is freed after them); a device tensor is
+  // returned as is.
+  absl::StatusOr<Tensor> OnDevice(const Tensor& t) {
+    if (t.device() == device()) return t;
+    TESSERA_ASSIGN_OR_RETURN(Tensor d, Empty(t.shape(), t.dtype()));
+    TESSERA_RETURN_IF_ERROR(CopyFromHost(t.data(), d));
+    return d;
   }
   absl::Status DoSample(const Tensor& z, const Tensor& temp, const Tensor& k, const Tensor& p, const Tensor& seed,
                         const Tensor& offset, Tensor& token, Tensor& logprob) override {
