@@ -4,7 +4,8 @@
 //   block_tables [B, max_blocks] i32 (token t of sequence b lives in block
 //   block_tables[b][t / block_size], slot t % block_size); context_lens [B] i32 (>= 1);
 //   out [B, Hq, D]; lse [B, Hq] f32. GQA as in attention.h.
-// CPU: double accumulation. CUDA: one warp per (sequence, head), online softmax.
+// CPU: double accumulation. CUDA: bf16 with head_dim 64/128 (GQA group <= 16) runs a
+// split-KV tensor-core kernel (paged_split.h); other cases one warp per (sequence, head).
 #pragma once
 #include <cstdint>
 

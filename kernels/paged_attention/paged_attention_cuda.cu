@@ -1,9 +1,10 @@
-// Paged decode attention on CUDA: one warp per (sequence, query head), cached tokens in
-// order through the block table, online softmax; lanes hold head_dim/32 elements.
-// Correct for any context length; not yet tuned toward the KV-bytes roofline.
+// Paged decode attention on CUDA. bf16 with head_dim 64/128 runs the split-KV tensor-core
+// kernel (paged_split_cuda.cu); other cases run this generic one: one warp per (sequence,
+// query head), cached tokens in order through the block table, online softmax.
 #include "kernels/common/cuda_elem.cuh"
 #include "kernels/common/warp_attention.cuh"
 #include "kernels/paged_attention/paged_attention.h"
+#include "kernels/paged_attention/paged_split.h"
 
 namespace tessera::kernels {
 namespace {
@@ -31,6 +32,7 @@ absl::Status PagedAttentionCuda(const void* q, const void* kc, const void* vc, c
   if (d.batch == 0) return absl::OkStatus();
   if (d.head_dim > 32 * kMaxPerLane) return absl::UnimplementedError("paged attention (cuda): head_dim > 256");
   auto s = static_cast<cudaStream_t>(stream);
+  if (paged::Supported(d, t)) return paged::Decode(q, kc, vc, tables, lens, out, lse, d, s);
   unsigned blocks = static_cast<unsigned>((d.batch * d.q_heads * 32 + 255) / 256);
   if (t == DType::kF32)
     Decode<<<blocks, 256, 0, s>>>(static_cast<const float*>(q), static_cast<const float*>(kc), static_cast<const float*>(vc),

@@ -23,6 +23,7 @@
 #include <cmath>
 #include <random>
 
+#include "absl/strings/str_cat.h"
 #include "kernels/cross_entropy/cross_entropy.h"
 #include "worker/runtime/backend.h"
 
@@ -804,10 +805,15 @@ TEST_P(OpTest, SamplingFollowsTheTruncatedDistribution) {
 
 TEST_P(OpTest, PagedDecodeAttention) {
   Rng rng(seed_);
-  for (DType t : {DType::kF32, DType::kBF16}) {
-    const int64_t B = 5, hq = 8, hkv = 2, dim = 64, bs = 16, blocks = 40, maxb = 8;
-    SCOPED_TRACE(::testing::Message() << DTypeName(t) << " seed=" << seed_);
-    std::vector<int32_t> lens = {1, 16, 17, 100, 128};
+  // The second shape has a long context (CUDA: split across CTAs and merged), d = 128 and
+  // a GQA group of 8; the first, short ones of every length class around a block.
+  struct C { std::vector<int32_t> lens; int64_t hq, hkv, dim, blocks, maxb; };
+  for (DType t : {DType::kF32, DType::kBF16})
+  for (const C& c : {C{{1, 16, 17, 100, 128}, 8, 2, 64, 40, 8}, C{{1000, 300, 1}, 16, 2, 128, 90, 64}}) {
+    const int64_t B = static_cast<int64_t>(c.lens.size()), hq = c.hq, hkv = c.hkv, dim = c.dim, bs = 16,
+                  blocks = c.blocks, maxb = c.maxb;
+    const std::vector<int32_t>& lens = c.lens;
+    SCOPED_TRACE(::testing::Message() << DTypeName(t) << " dim=" << dim << " seed=" << seed_);
     // Each sequence gets distinct blocks in a shuffled order (as an allocator would).
     std::vector<int32_t> perm(blocks);
     for (int i = 0; i < blocks; ++i) perm[i] = i;
@@ -833,7 +839,7 @@ TEST_P(OpTest, PagedDecodeAttention) {
         for (int64_t tok = 0; tok < lens[b]; ++tok) {
           int64_t base = ((int64_t(tables[b * maxb + tok / bs]) * bs + tok % bs) * hkv + g) * dim;
           double dot = 0;
-          for (int64_t c = 0; c < dim; ++c) dot += double(qv[(b * hq + h) * dim + c]) * kv[base + c];
+          for (int64_t k = 0; k < dim; ++k) dot += double(qv[(b * hq + h) * dim + k]) * kv[base + k];
           sc[tok] = dot / std::sqrt(double(dim));
         }
         double m = *std::max_element(sc.begin(), sc.end()), z = 0;
@@ -841,17 +847,19 @@ TEST_P(OpTest, PagedDecodeAttention) {
         rl[b * hq + h] = m + std::log(z);
         for (int64_t tok = 0; tok < lens[b]; ++tok) {
           int64_t base = ((int64_t(tables[b * maxb + tok / bs]) * bs + tok % bs) * hkv + g) * dim;
-          for (int64_t c = 0; c < dim; ++c) ro[(b * hq + h) * dim + c] += std::exp(sc[tok] - m) / z * vv[base + c];
+          for (int64_t k = 0; k < dim; ++k) ro[(b * hq + h) * dim + k] += std::exp(sc[tok] - m) / z * vv[base + k];
         }
       }
+    // bf16 on CUDA: P is rounded to bf16 before the P V product (as in flash attention).
     EXPECT_LT(RelErr(Read(*be_, out), ro), t == DType::kBF16 ? 2e-2 : (cpu() ? 1e-6 : 1e-5));
     EXPECT_LT(RelErr(Read(*be_, lse), rl), cpu() ? 1e-6 : 1e-5);
     // A table entry outside the cache is refused, not read.
     std::vector<int32_t> bad = tables;
-    bad[3 * maxb + 2] = blocks + 7;
+    bad[(B - 2) * maxb + 2] = static_cast<int32_t>(blocks + 7);
     ASSERT_TRUE(be_->CopyFromHost(bad.data(), bt).ok());
     EXPECT_THAT(std::string(be_->PagedAttention(q, kc, vc, bt, cl, out, lse).message()),
-                HasSubstr("block_tables[3][2] = 47 is not a block of the cache (40 blocks)"));
+                HasSubstr(absl::StrCat("block_tables[", B - 2, "][2] = ", blocks + 7, " is not a block of the cache (",
+                                       blocks, " blocks)")));
   }
 }
 

@@ -1,0 +1,254 @@
+// Paged decode attention, bf16 with head_dim 64/128 (FlashDecoding-style): one CTA per
+// (sequence, kv head, split of the context). All query heads of the GQA group are the
+// 16 rows of one tensor-core tile (rows past the group are zero), so every K/V byte is
+// read once per kv head. Tokens stream through shared memory in tiles of 64 (cp.async,
+// two stages, rows gathered through the block table, 16-byte chunks swizzled); each of
+// the 4 warps owns 16 tokens of a tile and keeps its own online-softmax state
+// (S = Q K^T and O += P V with mma.sync), merged across warps at the end. With several
+// splits, a second kernel merges the splits' (max, sum, O) into out and lse.
+#include <algorithm>
+
+#include "kernels/common/cuda_elem.cuh"
+#include "kernels/common/tensor_core.cuh"
+#include "kernels/paged_attention/paged_attention.h"
+#include "kernels/paged_attention/paged_split.h"
+
+namespace tessera::kernels::paged {
+namespace {
+using bf16 = __nv_bfloat16;
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr int kWarps = 4, kThreads = 32 * kWarps, kTile = 16 * kWarps, kRows = 16;
+
+struct Params {
+  const bf16 *q, *kc, *vc;
+  const int32_t *tables, *lens;
+  bf16* out;
+  float* lse;
+  float *part_o, *part_ml;  // [B, Hq, splits, D] and [B, Hq, splits, 2] when splits > 1
+  int hq, hkv, block_size, max_blocks, splits, chunk;
+  float scale;
+};
+
+template <int D>
+constexpr int SmemBytes() {
+  return (kRows + 4 * kTile) * D * 2;  // q tile, K and V tiles x 2 stages (the merge reuses them)
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads) SplitKernel(Params p) {
+  constexpr int kChunks = D / 8;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const tc::SwizzledTile<D> sQ{reinterpret_cast<bf16*>(smem)};
+  auto sK = [&](int st) { return tc::SwizzledTile<D>{sQ.base + kRows * D + 2 * st * kTile * D}; };
+  auto sV = [&](int st) { return tc::SwizzledTile<D>{sQ.base + kRows * D + (2 * st + 1) * kTile * D}; };
+  const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z, group = p.hq / p.hkv;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4, mi = lane / 8, mr = lane % 8;
+  const int len = p.lens[b], c0 = split * p.chunk, c1 = min(len, c0 + p.chunk);
+  const int n_tiles = c1 > c0 ? (c1 - c0 + kTile - 1) / kTile : 0;
+  const int64_t kv_row = int64_t(p.hkv) * D;  // elements between consecutive slots of a block
+  const int32_t* table = p.tables + int64_t(b) * p.max_blocks;
+
+  // Q rows: the group's heads, zero past the group.
+  for (int i = tid; i < kRows * kChunks; i += kThreads) {
+    const int r = i / kChunks, c = i % kChunks;
+    const bool ok = r < group;
+    tc::CpAsync16(sQ.Chunk(r, c), p.q + (int64_t(b) * p.hq + kvh * group + (ok ? r : 0)) * D + c * 8, ok);
+  }
+  auto load = [&](int j) {
+    const int st = j & 1, tok0 = c0 + j * kTile;
+#pragma unroll
+    for (int it = 0; it < kTile * kChunks / kThreads; ++it) {
+      const int i = it * kThreads + tid, r = i / kChunks, c = i % kChunks, tok = tok0 + r;
+      const bool ok = tok < c1;
+      const int64_t slot = ok ? int64_t(table[tok / p.block_size]) * p.block_size + tok % p.block_size : 0;
+      const int64_t off = slot * kv_row + kvh * D + c * 8;
+      tc::CpAsync16(sK(st).Chunk(r, c), p.kc + off, ok);
+      tc::CpAsync16(sV(st).Chunk(r, c), p.vc + off, ok);
+    }
+    tc::CpAsyncCommit();
+  };
+  if (n_tiles > 0) load(0);
+  else tc::CpAsyncCommit();
+
+  const float sl2 = p.scale * kLog2e;
+  float o[D / 8][4] = {};
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  uint32_t qf[D / 16][4];
+  for (int j = 0; j < n_tiles; ++j) {
+    const int st = j & 1;
+    if (j + 1 < n_tiles) {
+      load(j + 1);
+      tc::CpAsyncWait<1>();
+    } else {
+      tc::CpAsyncWait<0>();
+    }
+    __syncthreads();
+    if (j == 0) {
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) tc::Ldmatrix4(qf[kk], sQ.Chunk((mi & 1) * 8 + mr, kk * 2 + (mi >> 1)));
+    }
+    // S (16 heads x this warp's 16 tokens).
+    float s[2][4] = {};
+    const int key0 = warp * 16;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t kf[4];
+      tc::Ldmatrix4(kf, sK(st).Chunk(key0 + (mi >> 1) * 8 + mr, kk * 2 + (mi & 1)));
+      tc::Mma(s[0], qf[kk], kf[0], kf[1]);
+      tc::Mma(s[1], qf[kk], kf[2], kf[3]);
+    }
+    const int tok0 = c0 + j * kTile + key0;
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (tok0 + nt * 8 + 2 * t + (e & 1) >= c1) s[nt][e] = -INFINITY;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float mx = tc::QuadMax(fmaxf(fmaxf(m[r], fmaxf(s[0][2 * r], s[0][2 * r + 1])), fmaxf(s[1][2 * r], s[1][2 * r + 1])));
+      const float ms = mx == -INFINITY ? 0.f : mx * sl2;
+      const float alpha = tc::Exp2(m[r] * sl2 - ms);
+      m[r] = mx;
+      float sum = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 2 * r; e < 2 * r + 2; ++e) {
+          s[nt][e] = tc::Exp2(fmaf(s[nt][e], sl2, -ms));
+          sum += s[nt][e];
+        }
+      l[r] = l[r] * alpha + sum;
+#pragma unroll
+      for (int dt = 0; dt < D / 8; ++dt) o[dt][2 * r] *= alpha, o[dt][2 * r + 1] *= alpha;
+    }
+    const uint32_t a[4] = {tc::PackBf16(s[0][0], s[0][1]), tc::PackBf16(s[0][2], s[0][3]), tc::PackBf16(s[1][0], s[1][1]),
+                           tc::PackBf16(s[1][2], s[1][3])};
+#pragma unroll
+    for (int dp = 0; dp < D / 16; ++dp) {
+      uint32_t vf[4];
+      tc::Ldmatrix4T(vf, sV(st).Chunk(key0 + (mi & 1) * 8 + mr, dp * 2 + (mi >> 1)));
+      tc::Mma(o[2 * dp], a, vf[0], vf[1]);
+      tc::Mma(o[2 * dp + 1], a, vf[2], vf[3]);
+    }
+    __syncthreads();  // stage st is reloaded next iteration
+  }
+  // Merge the 4 warps' states (rows g, g + 8 = heads) through shared memory, which the
+  // tiles no longer use (nothing may still be in flight when no tile was loaded).
+  tc::CpAsyncWait<0>();
+  __syncthreads();
+  float* sm = reinterpret_cast<float*>(smem);  // [warps][16] max, [warps][16] sum, [warps][16][D] O
+  float* sl = sm + kWarps * kRows;
+  float* so = sl + kWarps * kRows;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float lsum = tc::QuadSum(l[r]);
+    const int row = g + 8 * r;
+    if (t == 0) sm[warp * kRows + row] = m[r], sl[warp * kRows + row] = lsum;
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt)
+      *reinterpret_cast<float2*>(so + (warp * kRows + row) * D + dt * 8 + 2 * t) = make_float2(o[dt][2 * r], o[dt][2 * r + 1]);
+  }
+  __syncthreads();
+  for (int i = tid; i < group * D; i += kThreads) {
+    const int row = i / D, c = i % D;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, sm[w * kRows + row]);
+    const float ms = mx == -INFINITY ? 0.f : mx * sl2;
+    float sum = 0.f, acc = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float f = tc::Exp2(sm[w * kRows + row] * sl2 - ms);
+      sum += sl[w * kRows + row] * f;
+      acc += so[(w * kRows + row) * D + c] * f;
+    }
+    const int64_t hrow = int64_t(b) * p.hq + kvh * group + row;
+    if (p.splits == 1) {
+      p.out[hrow * D + c] = __float2bfloat16_rn(acc / sum);
+      if (c == 0) p.lse[hrow] = mx * p.scale + logf(sum);
+    } else {  // unnormalized O with its max (natural-log units) and sum
+      p.part_o[(hrow * p.splits + split) * D + c] = acc;
+      if (c == 0) {
+        p.part_ml[(hrow * p.splits + split) * 2] = mx == -INFINITY ? -INFINITY : mx * p.scale;
+        p.part_ml[(hrow * p.splits + split) * 2 + 1] = sum;
+      }
+    }
+  }
+}
+
+// out = sum_s e^(m_s - M) O_s / sum_s e^(m_s - M) l_s; one warp per (sequence, head).
+__global__ void Merge(const float* part_o, const float* part_ml, int64_t rows, int splits, int dim, bf16* out, float* lse) {
+  const int64_t row = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
+  if (row >= rows) return;
+  const int lane = threadIdx.x & 31;
+  float mx = -INFINITY;
+  for (int s = 0; s < splits; ++s) mx = fmaxf(mx, part_ml[(row * splits + s) * 2]);
+  float sum = 0.f;
+  for (int s = 0; s < splits; ++s) {
+    const float ms = part_ml[(row * splits + s) * 2];
+    if (ms != -INFINITY) sum += part_ml[(row * splits + s) * 2 + 1] * __expf(ms - mx);
+  }
+  for (int c = lane; c < dim; c += 32) {
+    float acc = 0.f;
+    for (int s = 0; s < splits; ++s) {
+      const float ms = part_ml[(row * splits + s) * 2];
+      if (ms != -INFINITY) acc += part_o[(row * splits + s) * dim + c] * __expf(ms - mx);
+    }
+    out[row * dim + c] = __float2bfloat16_rn(acc / sum);
+  }
+  if (lane == 0) lse[row] = mx + logf(sum);
+}
+
+template <int D>
+absl::Status Run(const Params& base, const PagedDims& d, int sms, cudaStream_t s) {
+  Params p = base;
+  const int64_t max_ctx = d.max_blocks * d.block_size;
+  // Split the context until there are ~12 CTAs per multiprocessor (several waves of the ~3
+  // that fit at once, so the last wave's tail is short), in chunks of at least 256 tokens.
+  const int64_t ctas = d.batch * d.kv_heads;
+  int splits = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((12 * sms + ctas - 1) / ctas, (max_ctx + 255) / 256)));
+  p.chunk = static_cast<int>((max_ctx + splits - 1) / splits);
+  p.chunk = (p.chunk + kTile - 1) / kTile * kTile;
+  splits = static_cast<int>((max_ctx + p.chunk - 1) / p.chunk);
+  p.splits = splits;
+  constexpr int kSmem = SmemBytes<D>();
+  if (cudaFuncSetAttribute(SplitKernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem) != cudaSuccess)
+    return LaunchStatus("paged_attention(smem attribute)");
+  float* part = nullptr;
+  const int64_t rows = d.batch * d.q_heads;
+  if (splits > 1) {
+    if (cudaMallocAsync(&part, rows * splits * (D + 2) * sizeof(float), s) != cudaSuccess)
+      return LaunchStatus("paged_attention(alloc)");
+    p.part_o = part;
+    p.part_ml = part + rows * splits * D;
+  }
+  auto launch = [&]() -> absl::Status {
+    SplitKernel<D><<<dim3(splits, static_cast<unsigned>(d.kv_heads), static_cast<unsigned>(d.batch)), kThreads, kSmem, s>>>(p);
+    if (auto st = LaunchStatus("paged_attention(split)"); !st.ok() || splits == 1) return st;
+    Merge<<<static_cast<unsigned>((rows * 32 + 255) / 256), 256, 0, s>>>(p.part_o, p.part_ml, rows, splits, D, p.out, p.lse);
+    return LaunchStatus("paged_attention(merge)");
+  };
+  const absl::Status st = launch();
+  if (part != nullptr) cudaFreeAsync(part, s);
+  return st;
+}
+}  // namespace
+
+bool Supported(const PagedDims& d, DType t) {
+  return t == DType::kBF16 && (d.head_dim == 64 || d.head_dim == 128) && d.q_heads / d.kv_heads <= kRows;
+}
+
+absl::Status Decode(const void* q, const void* kc, const void* vc, const int32_t* tables, const int32_t* lens, void* out,
+                    float* lse, const PagedDims& d, cudaStream_t s) {
+  static const int sms = [] {
+    int dev = 0, n = 132;
+    if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+    return n;
+  }();
+  Params p{static_cast<const bf16*>(q), static_cast<const bf16*>(kc), static_cast<const bf16*>(vc), tables, lens,
+           static_cast<bf16*>(out), lse, nullptr, nullptr, static_cast<int>(d.q_heads), static_cast<int>(d.kv_heads),
+           static_cast<int>(d.block_size), static_cast<int>(d.max_blocks), 1, 0, d.scale};
+  return d.head_dim == 64 ? Run<64>(p, d, sms, s) : Run<128>(p, d, sms, s);
+}
+
+}  // namespace tessera::kernels::paged
