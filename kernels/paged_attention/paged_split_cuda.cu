@@ -2,7 +2,7 @@
 // (sequence, kv head, split of the context). All query heads of the GQA group are the
 // 16 rows of one tensor-core tile (rows past the group are zero), so every K/V byte is
 // read once per kv head. Tokens stream through shared memory in tiles of 64 (cp.async,
-// two stages, rows gathered through the block table, 16-byte chunks swizzled); each of
+// three stages, rows gathered through the block table, 16-byte chunks swizzled); each of
 // the 4 warps owns 16 tokens of a tile and keeps its own online-softmax state
 // (S = Q K^T and O += P V with mma.sync), merged across warps at the end. With several
 // splits, a second kernel merges the splits' (max, sum, O) into out and lse.
@@ -17,7 +17,7 @@ namespace tessera::kernels::paged {
 namespace {
 using bf16 = __nv_bfloat16;
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr int kWarps = 4, kThreads = 32 * kWarps, kTile = 16 * kWarps, kRows = 16;
+constexpr int kWarps = 4, kThreads = 32 * kWarps, kTile = 16 * kWarps, kRows = 16, kStages = 3;
 
 struct Params {
   const bf16 *q, *kc, *vc;
@@ -31,7 +31,7 @@ struct Params {
 
 template <int D>
 constexpr int SmemBytes() {
-  return (kRows + 4 * kTile) * D * 2;  // q tile, K and V tiles x 2 stages (the merge reuses them)
+  return (kRows + 2 * kStages * kTile) * D * 2;  // q tile, K and V tiles x stages (the merge reuses them)
 }
 
 template <int D>
@@ -41,6 +41,8 @@ __global__ void __launch_bounds__(kThreads) SplitKernel(Params p) {
   const tc::SwizzledTile<D> sQ{reinterpret_cast<bf16*>(smem)};
   auto sK = [&](int st) { return tc::SwizzledTile<D>{sQ.base + kRows * D + 2 * st * kTile * D}; };
   auto sV = [&](int st) { return tc::SwizzledTile<D>{sQ.base + kRows * D + (2 * st + 1) * kTile * D}; };
+  // One cp.async group per tile slot (empty past the end), so "tile j landed" is always
+  // "at most kStages - 1 newer groups pending".
   const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z, group = p.hq / p.hkv;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4, mi = lane / 8, mr = lane % 8;
   const int len = p.lens[b], c0 = split * p.chunk, c1 = min(len, c0 + p.chunk);
@@ -55,7 +57,8 @@ __global__ void __launch_bounds__(kThreads) SplitKernel(Params p) {
     tc::CpAsync16(sQ.Chunk(r, c), p.q + (int64_t(b) * p.hq + kvh * group + (ok ? r : 0)) * D + c * 8, ok);
   }
   auto load = [&](int j) {
-    const int st = j & 1, tok0 = c0 + j * kTile;
+    if (j >= n_tiles) return tc::CpAsyncCommit();
+    const int st = j % kStages, tok0 = c0 + j * kTile;
 #pragma unroll
     for (int it = 0; it < kTile * kChunks / kThreads; ++it) {
       const int i = it * kThreads + tid, r = i / kChunks, c = i % kChunks, tok = tok0 + r;
@@ -67,21 +70,16 @@ __global__ void __launch_bounds__(kThreads) SplitKernel(Params p) {
     }
     tc::CpAsyncCommit();
   };
-  if (n_tiles > 0) load(0);
-  else tc::CpAsyncCommit();
+  for (int j = 0; j < kStages - 1; ++j) load(j);
 
   const float sl2 = p.scale * kLog2e;
   float o[D / 8][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   uint32_t qf[D / 16][4];
   for (int j = 0; j < n_tiles; ++j) {
-    const int st = j & 1;
-    if (j + 1 < n_tiles) {
-      load(j + 1);
-      tc::CpAsyncWait<1>();
-    } else {
-      tc::CpAsyncWait<0>();
-    }
+    const int st = j % kStages;
+    load(j + kStages - 1);  // into the stage read in iteration j - 1 (free since its last barrier)
+    tc::CpAsyncWait<kStages - 1>();
     __syncthreads();
     if (j == 0) {
 #pragma unroll

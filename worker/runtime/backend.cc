@@ -269,8 +269,16 @@ absl::Status Backend::AttentionBackward(const Tensor& q, const Tensor& k, const 
 absl::Status Backend::PagedAttention(const Tensor& q, const Tensor& kc, const Tensor& vc, const Tensor& tables,
                                      const Tensor& lens, Tensor& out, Tensor& lse) {
   const char* op = "paged_attention";
-  TRY(CheckTensors(op, device(), {{"q", &q}, {"k_cache", &kc}, {"v_cache", &vc}, {"block_tables", &tables},
-                                  {"context_lens", &lens}, {"out", &out}, {"lse", &lse}}));
+  TRY(CheckTensors(op, device(), {{"q", &q}, {"k_cache", &kc}, {"v_cache", &vc}, {"out", &out}, {"lse", &lse}}));
+  // Tables and lengths may live on this device or on the host (validated in place there;
+  // a device copy comes back first, which waits for the stream).
+  for (auto [name, t] : {std::pair<const char*, const Tensor*>{"block_tables", &tables}, {"context_lens", &lens}}) {
+    if (t->defined() && t->device().kind == DeviceKind::kCpu) {
+      if (!t->contiguous()) return Bad(op, absl::StrCat(name, " is not contiguous"));
+    } else {
+      TRY(CheckTensors(op, device(), {{name, t}}));
+    }
+  }
   if (q.rank() != 3 || !Float(q.dtype())) return Bad(op, absl::StrCat("q must be f32/bf16 [batch, heads, dim], got ", q.ShapeString()));
   if (kc.rank() != 4 || kc.dim(3) != q.dim(2))
     return Bad(op, absl::StrCat("k_cache must be [blocks, block_size, kv_heads, ", q.dim(2), "], got ", kc.ShapeString()));
@@ -288,8 +296,10 @@ absl::Status Backend::PagedAttention(const Tensor& q, const Tensor& kc, const Te
   if (lse.dtype() != DType::kF32 || lse.rank() != 2 || lse.dim(0) != B || lse.dim(1) != q.dim(1))
     return Bad(op, absl::StrCat("lse must be f32 [", B, ", ", q.dim(1), "], got ", lse.ShapeString()));
   std::vector<int32_t> ht(tables.numel()), hl(B);
-  TRY(CopyToHost(tables, ht.data()));
-  TRY(CopyToHost(lens, hl.data()));
+  for (auto [t, h] : {std::pair<const Tensor*, int32_t*>{&tables, ht.data()}, {&lens, hl.data()}}) {
+    if (t->device().kind == DeviceKind::kCpu) std::copy_n(t->data_as<int32_t>(), t->numel(), h);
+    else TRY(CopyToHost(*t, h));
+  }
   const int64_t bs = kc.dim(1), maxb = tables.dim(1);
   for (int64_t b = 0; b < B; ++b) {
     if (hl[b] < 1 || hl[b] > maxb * bs)

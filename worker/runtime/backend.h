@@ -79,8 +79,9 @@ class Backend {
                                  Tensor& dv);
   // Decode attention over a paged KV cache (kernels/paged_attention): q [B, Hq, D],
   // k_cache/v_cache [blocks, block_size, Hkv, D], block_tables [B, max_blocks] i32,
-  // context_lens [B] i32; out like q; lse f32 [B, Hq]. Tables and lengths are checked
-  // against the cache (one small device-to-host copy).
+  // context_lens [B] i32, both on this device or on the host; out like q; lse f32 [B, Hq].
+  // Tables and lengths are checked against the cache: in place when on the host (nothing
+  // waits for the device: the rollout engine's path), else after a device-to-host copy.
   absl::Status PagedAttention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& block_tables,
                               const Tensor& context_lens, Tensor& out, Tensor& lse);
   // Per-row sampling (kernels/sampling): logits [n, v]; temperature f32 [n] (0 = greedy),

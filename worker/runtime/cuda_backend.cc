@@ -192,7 +192,9 @@ class CudaBackend final : public Backend {
   }
   absl::Status DoPagedAttention(const Tensor& q, const Tensor& kc, const Tensor& vc, const Tensor& bt, const Tensor& cl,
                                 Tensor& out, Tensor& lse) override {
-    return kernels::PagedAttentionCuda(q.data(), kc.data(), vc.data(), bt.data_as<int32_t>(), cl.data_as<int32_t>(), out.data(),
+    TESSERA_ASSIGN_OR_RETURN(Tensor dbt, OnDevice(bt));
+    TESSERA_ASSIGN_OR_RETURN(Tensor dcl, OnDevice(cl));
+    return kernels::PagedAttentionCuda(q.data(), kc.data(), vc.data(), dbt.data_as<int32_t>(), dcl.data_as<int32_t>(), out.data(),
                                       lse.data_as<float>(), kernels::PagedDims{q.dim(0), q.dim(1), kc.dim(2), q.dim(2), kc.dim(1), bt.dim(1), static_cast<float>(1.0 / std::sqrt(double(q.dim(2))))}, q.dtype(), stream_);
   }
   absl::Status DoAdamW(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const AdamWParams& a, Tensor* lowp) override {
