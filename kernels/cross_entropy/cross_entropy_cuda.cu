@@ -36,18 +36,6 @@ __global__ void Partials(const T* logits, const int32_t* targets, float* max, fl
 // vectors of 8 bf16; the triples are merged across the warp and then across the block.
 struct Online {
   float m = -INFINITY, s = 0.f, d = 0.f;
-  __device__ void Add(float z) {
-    if (z > m) {
-      float c = __expf(m - z);
-      s = s * c + 1.f;
-      d = d * c + z;
-      m = z;
-    } else {
-      float e = __expf(z - m);
-      s += e;
-      d += e * z;
-    }
-  }
   __device__ void Merge(float om, float os, float od) {
     float nm = fmaxf(m, om);
     if (nm == -INFINITY) return;
@@ -62,15 +50,38 @@ __global__ void PartialsVecBf16(const uint4* logits, const int32_t* targets, flo
                                 int64_t v, int64_t start) {
   const int64_t nvec = v / 8;
   const uint4* z = logits + blockIdx.x * nvec;
+  // Four 16-byte loads in flight per thread; each vector of 8 logits is folded in with one
+  // rescale (when its max is new) and 8 exponentials.
   Online o;
-  for (int64_t i = threadIdx.x; i < nvec; i += kThreads) {
-    uint4 u = z[i];
-    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+  constexpr int kLoads = 4;
+  for (int64_t i = threadIdx.x; i < nvec; i += kThreads * kLoads) {
+    uint4 u[kLoads];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      float2 f = __bfloat1622float2(h[j]);
-      o.Add(f.x);
-      o.Add(f.y);
+    for (int k = 0; k < kLoads; ++k)
+      if (i + k * kThreads < nvec) u[k] = __ldcs(z + i + k * kThreads);
+#pragma unroll
+    for (int k = 0; k < kLoads; ++k) {
+      if (i + k * kThreads >= nvec) break;
+      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u[k]);
+      float f[8];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float2 v2 = __bfloat1622float2(h[j]);
+        f[2 * j] = v2.x, f[2 * j + 1] = v2.y;
+      }
+      float m8 = f[0];
+#pragma unroll
+      for (int j = 1; j < 8; ++j) m8 = fmaxf(m8, f[j]);
+      if (m8 == -INFINITY) continue;  // all masked: contributes nothing
+      if (m8 > o.m) {
+        const float c = __expf(o.m - m8);  // 0 while o is empty
+        o.s *= c, o.d *= c, o.m = m8;
+      }
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float e = __expf(f[j] - o.m);
+        o.s += e, o.d += e * f[j];
+      }
     }
   }
   for (int off = 16; off > 0; off >>= 1)
