@@ -206,21 +206,26 @@ __global__ void __launch_bounds__(kThreads, 1)
     wg::Commit();
     wg::Wait<1>();
     wg::FenceRegs(dq);
-    // dQ goes to global memory as one bulk reduce-add of the 64 x D slot: the fragments
-    // are stored in fragment order (float4 k of consumer thread i at [k][i]), which makes
-    // these stores conflict-free and the slot contiguous; DqFromSlots undoes the order.
+    // dQ goes to global memory as bulk reduce-adds, one per warpgroup (its D/2 columns of
+    // the 64 x D slot). Fragments are stored in fragment order (float4 k of warpgroup
+    // thread i at [warpgroup][k][i]): the stores are conflict-free and each warpgroup's
+    // half is contiguous, so only the warpgroup itself has to agree that it is complete.
+    // DqFromSlots undoes the order.
     {
-      float4* buf = reinterpret_cast<float4*>(dq_smem + (it & 1) * kBr * D);
-      const int ct = tid - 128;
+      constexpr int kHalf = kBr * D / 2;  // floats per warpgroup
+      float* half = dq_smem + (it & 1) * kBr * D + wgi * kHalf;
+      float4* buf = reinterpret_cast<float4*>(half);
+      const int wt = tid % 128;
 #pragma unroll
-      for (int k = 0; k < D / 16; ++k) buf[k * 256 + ct] = make_float4(dq[4 * k], dq[4 * k + 1], dq[4 * k + 2], dq[4 * k + 3]);
+      for (int k = 0; k < D / 16; ++k) buf[k * 128 + wt] = make_float4(dq[4 * k], dq[4 * k + 1], dq[4 * k + 2], dq[4 * k + 3]);
       wg::FenceProxyAsync();
-      ConsumerBarrier();
-      if (ct == 0) {
+      if (wgi == 0) asm volatile("bar.sync 2, 128;\n" ::: "memory");
+      else asm volatile("bar.sync 3, 128;\n" ::: "memory");
+      if (wt == 0) {
         const int64_t slot = int64_t(h) * p.q_slots + p.q_first[tile.x] + m0 / kBr;
-        tma::BulkReduceAddF32(p.dq_acc + slot * (kBr * D), buf, kBr * D * 4);
+        tma::BulkReduceAddF32(p.dq_acc + slot * (kBr * D) + wgi * kHalf, half, kHalf * 4);
         tma::BulkCommit();
-        tma::BulkWaitRead<1>();  // the other buffer is free for the next tile
+        tma::BulkWaitRead<1>();  // this warpgroup's other buffer is free for the next tile
       }
     }
     // dV/dK retire before the loop carries their registers (an in-flight accumulator
@@ -230,7 +235,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wg::FenceRegs(dv);
     if (lane == 0) tma::Arrive(q_empty + st);
   }
-  if (tid == 128) tma::BulkWait<0>();
+  if (tid % 128 == 0) tma::BulkWait<0>();
   // Epilogue: dK (scaled) and dV of this thread's keys.
   const int64_t kv_stride = int64_t(p.hkv) * D;
 #pragma unroll
@@ -268,7 +273,8 @@ __global__ void Prepare(const bf16* dout, const bf16* out, const float* lse, flo
 }
 
 // dq = scale * dq_acc, undoing the fragment order of the slots: one CTA per (slot, head),
-// each of its 256 threads reads back what consumer thread `ct` stored (coalesced float4s)
+// each of its 256 threads reads back what consumer thread `ct` stored (coalesced float4s,
+// [warpgroup][k][thread of the warpgroup])
 // and writes bf16 pairs of rows 16 warp + g + 8 r, columns half + 8 c + 2 t.
 template <int D>
 __global__ void __launch_bounds__(256) DqFromSlots(const float* acc, const int2* slots, const int32_t* q_first,
@@ -283,7 +289,7 @@ __global__ void __launch_bounds__(256) DqFromSlots(const float* acc, const int2*
   float v[D / 4];
 #pragma unroll
   for (int k = 0; k < D / 16; ++k) {
-    const float4 x = src[k * 256 + ct];
+    const float4 x = src[(wgi * (D / 16) + k) * 128 + ct % 128];
     v[4 * k] = x.x, v[4 * k + 1] = x.y, v[4 * k + 2] = x.z, v[4 * k + 3] = x.w;
   }
 #pragma unroll

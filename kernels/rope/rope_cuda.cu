@@ -32,52 +32,55 @@ __global__ void Rope(const T* x, const int32_t* pos, T* y, int64_t tokens, int64
   }
 }
 
-// bf16 with dim % 16 == 0: one thread per (token, 8 consecutive frequencies) forms its 8
-// angles once and rotates every head with 16-byte loads and stores of both halves, four
-// heads in flight at a time.
+// bf16 with dim % 16 == 0: one thread per (token, 8 consecutive frequencies, group of
+// kHeads heads) rotates its heads with 16-byte loads and stores of both halves. All of
+// its loads are issued before the angles are formed (pos times a host-made double table
+// of frequencies, reduced in double, sin/cos in f32), which hides under the latency.
+constexpr int kRopeHeads = 8, kMaxHalf = 128;
+struct InvFreq {  // base^(-2i/d) in double, formed once on the host (passed by value)
+  double v[kMaxHalf];
+};
 __global__ void RopeBf16Vec(const __nv_bfloat16* x, const int32_t* pos, __nv_bfloat16* y, int64_t tokens, int heads,
-                            int dim, double log_base, float sign) {
-  const int half = dim / 2, chunks = half / 8;
+                            int dim, InvFreq inv, float sign) {
+  const int half = dim / 2, chunks = half / 8, groups = (heads + kRopeHeads - 1) / kRopeHeads;
   constexpr double kTwoPi = 6.283185307179586476925286766559;
-  constexpr int kUnroll = 4;
-  for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < tokens * chunks; k += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t tok = k / chunks;
-    const int c = static_cast<int>(k % chunks);
+  for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < tokens * chunks * groups;
+       k += int64_t(gridDim.x) * blockDim.x) {
+    const int c = static_cast<int>(k % chunks), h0 = static_cast<int>(k / chunks % groups) * kRopeHeads;
+    const int64_t tok = k / chunks / groups;
+    const int64_t base = tok * heads * dim + c * 8;
+    uint4 a[kRopeHeads], b[kRopeHeads];
+#pragma unroll
+    for (int u = 0; u < kRopeHeads; ++u)
+      if (h0 + u < heads) {
+        a[u] = __ldcs(reinterpret_cast<const uint4*>(x + base + int64_t(h0 + u) * dim));
+        b[u] = __ldcs(reinterpret_cast<const uint4*>(x + base + int64_t(h0 + u) * dim + half));
+      }
     const double p = pos[tok];
     float cs[8], sn[8];
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
-      const double ang = p * exp(-2.0 * (c * 8 + e) / dim * log_base);
+      const double ang = p * inv.v[c * 8 + e];
       sincosf(static_cast<float>(ang - kTwoPi * rint(ang / kTwoPi)), &sn[e], &cs[e]);
       sn[e] *= sign;
     }
-    const int64_t base = tok * heads * dim + c * 8;
-    for (int h0 = 0; h0 < heads; h0 += kUnroll) {
-      uint4 a[kUnroll], b[kUnroll];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u)
-        if (h0 + u < heads) {
-          a[u] = __ldg(reinterpret_cast<const uint4*>(x + base + int64_t(h0 + u) * dim));
-          b[u] = __ldg(reinterpret_cast<const uint4*>(x + base + int64_t(h0 + u) * dim + half));
-        }
+    for (int u = 0; u < kRopeHeads; ++u) {
+      if (h0 + u >= heads) break;
+      const __nv_bfloat162* a2 = reinterpret_cast<const __nv_bfloat162*>(&a[u]);
+      const __nv_bfloat162* b2 = reinterpret_cast<const __nv_bfloat162*>(&b[u]);
+      uint4 ya, yb;
+      __nv_bfloat162* ya2 = reinterpret_cast<__nv_bfloat162*>(&ya);
+      __nv_bfloat162* yb2 = reinterpret_cast<__nv_bfloat162*>(&yb);
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        if (h0 + u >= heads) break;
-        const __nv_bfloat162* a2 = reinterpret_cast<const __nv_bfloat162*>(&a[u]);
-        const __nv_bfloat162* b2 = reinterpret_cast<const __nv_bfloat162*>(&b[u]);
-        uint4 ya, yb;
-        __nv_bfloat162* ya2 = reinterpret_cast<__nv_bfloat162*>(&ya);
-        __nv_bfloat162* yb2 = reinterpret_cast<__nv_bfloat162*>(&yb);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float2 av = __bfloat1622float2(a2[e]), bv = __bfloat1622float2(b2[e]);
-          const float c0 = cs[2 * e], c1 = cs[2 * e + 1], s0 = sn[2 * e], s1 = sn[2 * e + 1];
-          ya2[e] = __floats2bfloat162_rn(av.x * c0 - bv.x * s0, av.y * c1 - bv.y * s1);
-          yb2[e] = __floats2bfloat162_rn(bv.x * c0 + av.x * s0, bv.y * c1 + av.y * s1);
-        }
-        *reinterpret_cast<uint4*>(y + base + int64_t(h0 + u) * dim) = ya;
-        *reinterpret_cast<uint4*>(y + base + int64_t(h0 + u) * dim + half) = yb;
+      for (int e = 0; e < 4; ++e) {
+        const float2 av = __bfloat1622float2(a2[e]), bv = __bfloat1622float2(b2[e]);
+        const float c0 = cs[2 * e], c1 = cs[2 * e + 1], s0 = sn[2 * e], s1 = sn[2 * e + 1];
+        ya2[e] = __floats2bfloat162_rn(av.x * c0 - bv.x * s0, av.y * c1 - bv.y * s1);
+        yb2[e] = __floats2bfloat162_rn(bv.x * c0 + av.x * s0, bv.y * c1 + av.y * s1);
       }
+      __stcs(reinterpret_cast<uint4*>(y + base + int64_t(h0 + u) * dim), ya);
+      __stcs(reinterpret_cast<uint4*>(y + base + int64_t(h0 + u) * dim + half), yb);
     }
   }
 }
@@ -91,11 +94,13 @@ absl::Status RopeCuda(const void* x, const int32_t* pos, void* y, int64_t tokens
   if (total == 0) return absl::OkStatus();
   auto s = static_cast<cudaStream_t>(stream);
   double lb = std::log(static_cast<double>(base));
-  if (t == DType::kBF16 && dim % 16 == 0 && Aligned16(x) && Aligned16(y) && heads < (1 << 30)) {
-    const int64_t threads = tokens * (dim / 16);
+  if (t == DType::kBF16 && dim % 16 == 0 && dim / 2 <= kMaxHalf && Aligned16(x) && Aligned16(y) && heads < (1 << 30)) {
+    InvFreq inv{};
+    for (int64_t i = 0; i < dim / 2; ++i) inv.v[i] = std::exp(-2.0 * i / dim * lb);
+    const int64_t threads = tokens * (dim / 16) * ((heads + kRopeHeads - 1) / kRopeHeads);
     RopeBf16Vec<<<GridFor(threads, 128), 128, 0, s>>>(static_cast<const __nv_bfloat16*>(x), pos,
                                                       static_cast<__nv_bfloat16*>(y), tokens, static_cast<int>(heads),
-                                                      static_cast<int>(dim), lb, sign);
+                                                      static_cast<int>(dim), inv, sign);
     return LaunchStatus("rope");
   }
   if (t == DType::kF32)
