@@ -12,6 +12,8 @@
 // the sequence end (TMA reads past a sequence end come from the next sequence or are
 // zero past the tensor: masked keys get P = 0, extra query rows are never written).
 // Causal CTAs stop at the diagonal.
+#include <algorithm>
+
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
@@ -32,6 +34,7 @@ struct FwdParams {
   float* lse;
   const int32_t* cu;
   const int2* table;
+  int64_t tiles;  // table entries (query tiles, some unused)
   int hq, hkv;
   float scale;
 };
@@ -41,7 +44,7 @@ struct FwdSmem {
   using QTile = wg::Sw128Tile<kBr, D>;
   using KTile = wg::Sw128Tile<kBc, D>;
   static constexpr int kTiles = QTile::kBytes + 2 * kStages * KTile::kBytes;
-  static constexpr int kBarriers = 1 + 4 * kStages;  // q_full, k_full[], v_full[], k_empty[], v_empty[]
+  static constexpr int kBarriers = 2 + 4 * kStages;  // q_full, q_empty, k_full[], v_full[], k_empty[], v_empty[]
   static constexpr int kBytes = kTiles + kBarriers * 8 + 1024;  // + alignment slack
 };
 
@@ -65,47 +68,71 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto sV = [&](int st) { return KTile{reinterpret_cast<bf16*>(smem + QTile::kBytes + (2 * st + 1) * KTile::kBytes)}; };
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + S::kTiles);
   uint64_t* q_full = bars;
-  uint64_t* k_full = bars + 1;
+  uint64_t* q_empty = bars + 1;
+  uint64_t* k_full = bars + 2;
   uint64_t* v_full = k_full + kStages;
   uint64_t* k_empty = v_full + kStages;
   uint64_t* v_empty = k_empty + kStages;
-
-  const int2 tile = p.table[blockIdx.x];
-  if (tile.x < 0) return;
-  const int h = blockIdx.y, kvh = h / (p.hq / p.hkv);
-  const int start = p.cu[tile.x], len = p.cu[tile.x + 1] - start, m0 = tile.y * kBr;
-  const int n_end = kCausal ? min(len, m0 + kBr) : len;
-  const int n_tiles = (n_end + kBc - 1) / kBc;
   const int tid = threadIdx.x, wgi = tid / 128 - 1, warp = (tid / 32) % 4, lane = tid % 32;
 
   if (tid == 0) {
     tma::BarInit(q_full, 1);
+    tma::BarInit(q_empty, 4 * kConsumers);  // lane 0 of every consumer warp
     for (int i = 0; i < kStages; ++i) {
       tma::BarInit(k_full + i, 1);
       tma::BarInit(v_full + i, 1);
-      tma::BarInit(k_empty + i, 4 * kConsumers);  // lane 0 of every consumer warp
+      tma::BarInit(k_empty + i, 4 * kConsumers);
       tma::BarInit(v_empty + i, 4 * kConsumers);
     }
     tma::FenceBarrierInit();
   }
   __syncthreads();
 
+  // Persistent CTAs: work item w = (query tile w % tiles, head w / tiles), taken round
+  // robin. Producer and consumers walk the same items; the K/V ring's stage and phase
+  // run on across items (`kv` counts tiles), so the next item's Q and K/V load while the
+  // consumers finish the last one (its P V products and its epilogue).
+  struct Item {
+    int h, start, len, m0, n_tiles;
+  };
+  auto item = [&](int64_t w, Item& it) {
+    const int2 tile = p.table[w % p.tiles];
+    if (tile.x < 0) return false;
+    it.h = static_cast<int>(w / p.tiles);
+    it.start = p.cu[tile.x];
+    it.len = p.cu[tile.x + 1] - it.start;
+    it.m0 = tile.y * kBr;
+    const int n_end = kCausal ? min(it.len, it.m0 + kBr) : it.len;
+    it.n_tiles = (n_end + kBc - 1) / kBc;
+    return true;
+  };
+  const int64_t items = p.tiles * p.hq;
+
   if (wgi < 0) {  // producer warpgroup
     tma::RegDealloc<24>();
     if (tid == 0) {
-      tma::ArriveExpectTx(q_full, QTile::kBytes);
-      for (int b = 0; b < D / 64; ++b)
-        tma::Load3d(reinterpret_cast<char*>(sQ.base) + b * QTile::kBlockBytes, &tq, q_full, 64 * b, h, start + m0);
-      for (int j = 0; j < n_tiles; ++j) {
-        const int st = j % kStages, row = start + j * kBc;
-        if (j >= kStages) tma::Wait(k_empty + st, ((j / kStages) & 1) ^ 1);
-        tma::ArriveExpectTx(k_full + st, KTile::kBytes);
+      int64_t kv = 0, nq = 0;
+      for (int64_t w = blockIdx.x; w < items; w += gridDim.x) {
+        Item it;
+        if (!item(w, it)) continue;
+        const int kvh = it.h / (p.hq / p.hkv);
+        if (nq > 0) tma::Wait(q_empty, (nq - 1) & 1);
+        ++nq;
+        tma::ArriveExpectTx(q_full, QTile::kBytes);
         for (int b = 0; b < D / 64; ++b)
-          tma::Load3d(reinterpret_cast<char*>(sK(st).base) + b * KTile::kBlockBytes, &tk, k_full + st, 64 * b, kvh, row);
-        if (j >= kStages) tma::Wait(v_empty + st, ((j / kStages) & 1) ^ 1);
-        tma::ArriveExpectTx(v_full + st, KTile::kBytes);
-        for (int b = 0; b < D / 64; ++b)
-          tma::Load3d(reinterpret_cast<char*>(sV(st).base) + b * KTile::kBlockBytes, &tv, v_full + st, 64 * b, kvh, row);
+          tma::Load3d(reinterpret_cast<char*>(sQ.base) + b * QTile::kBlockBytes, &tq, q_full, 64 * b, it.h, it.start + it.m0);
+        for (int j = 0; j < it.n_tiles; ++j, ++kv) {
+          const int st = kv % kStages, row = it.start + j * kBc;
+          const int ph = static_cast<int>(kv / kStages) & 1;
+          if (kv >= kStages) tma::Wait(k_empty + st, ph ^ 1);
+          tma::ArriveExpectTx(k_full + st, KTile::kBytes);
+          for (int b = 0; b < D / 64; ++b)
+            tma::Load3d(reinterpret_cast<char*>(sK(st).base) + b * KTile::kBlockBytes, &tk, k_full + st, 64 * b, kvh, row);
+          if (kv >= kStages) tma::Wait(v_empty + st, ph ^ 1);
+          tma::ArriveExpectTx(v_full + st, KTile::kBytes);
+          for (int b = 0; b < D / 64; ++b)
+            tma::Load3d(reinterpret_cast<char*>(sV(st).base) + b * KTile::kBlockBytes, &tv, v_full + st, 64 * b, kvh, row);
+        }
       }
     }
     return;
@@ -113,113 +140,124 @@ __global__ void __launch_bounds__(kThreads, 1)
   tma::RegAlloc<240>();
   const int64_t q_stride = int64_t(p.hq) * D;
   const int g = lane / 4, t = lane % 4;
-  const int row0 = m0 + wgi * 64 + warp * 16;  // sequence-local query of this thread's rows g and g + 8
   const float sl2 = p.scale * kLog2e;
-  tma::Wait(q_full, 0);
-  // Ping-pong: the two consumer warpgroups take turns issuing their wgmmas (named
-  // barriers 2 and 3), so one warpgroup's softmax runs while the other's products occupy
-  // the tensor cores. Warpgroup 0 goes first; warpgroup 1 skips its last hand-over so
-  // that both barriers end balanced.
-  const int turns = n_tiles + 1;
-  auto my_turn = [&] { asm volatile("bar.sync %0, 256;\n" ::"r"(2 + wgi) : "memory"); };
-  auto pass_turn = [&](int turn) {
-    if (wgi == 0 || turn + 1 < turns) asm volatile("bar.arrive %0, 256;\n" ::"r"(3 - wgi) : "memory");
-  };
-  if (wgi == 1) asm volatile("bar.arrive 2, 256;\n" ::: "memory");
+  int64_t kv = 0, nq = 0;
+  for (int64_t w = blockIdx.x; w < items; w += gridDim.x) {
+    Item it;
+    if (!item(w, it)) continue;
+    const int h = it.h, start = it.start, len = it.len, n_tiles = it.n_tiles;
+    const int row0 = it.m0 + wgi * 64 + warp * 16;  // sequence-local query of this thread's rows g and g + 8
+    tma::Wait(q_full, nq & 1);
+    ++nq;
+    // Ping-pong: the two consumer warpgroups take turns issuing their wgmmas (named
+    // barriers 2 and 3), so one warpgroup's softmax runs while the other's products occupy
+    // the tensor cores. Warpgroup 0 goes first; warpgroup 1 skips its last hand-over so
+    // that both barriers end balanced (per item).
+    const int turns = n_tiles + 1;
+    auto my_turn = [&] { asm volatile("bar.sync %0, 256;\n" ::"r"(2 + wgi) : "memory"); };
+    auto pass_turn = [&](int turn) {
+      if (wgi == 0 || turn + 1 < turns) asm volatile("bar.arrive %0, 256;\n" ::"r"(3 - wgi) : "memory");
+    };
+    if (wgi == 1) asm volatile("bar.arrive 2, 256;\n" ::: "memory");
 
-  float o[D / 2] = {};
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-  uint32_t pa[kBc / 16][4];
-  for (int j = 0; j < n_tiles; ++j) {
-    const int n0 = j * kBc, st = j % kStages, pst = (j + kStages - 1) % kStages;
-    tma::Wait(k_full + st, (j / kStages) & 1);
-    float s[kBc / 2];  // no zeroing: the first product overwrites (scale-d = 0)
-    my_turn();
-    wg::Fence();
+    float o[D / 2] = {};
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+    uint32_t pa[kBc / 16][4];
+    for (int j = 0; j < n_tiles; ++j, ++kv) {
+      const int n0 = j * kBc, st = kv % kStages, pst = (kv + kStages - 1) % kStages;
+      tma::Wait(k_full + st, static_cast<int>(kv / kStages) & 1);
+      float s[kBc / 2];  // no zeroing: the first product overwrites (scale-d = 0)
+      my_turn();
+      wg::Fence();
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
-      wg::WgmmaSS_m64n128(s, wg::KMajorDesc(sQ, wgi * 64, kk), wg::KMajorDesc(sK(st), 0, kk), kk > 0);
-    wg::Commit();
-    if (j > 0) {
-      tma::Wait(v_full + pst, ((j - 1) / kStages) & 1);
+      for (int kk = 0; kk < D / 16; ++kk)
+        wg::WgmmaSS_m64n128(s, wg::KMajorDesc(sQ, wgi * 64, kk), wg::KMajorDesc(sK(st), 0, kk), kk > 0);
+      wg::Commit();
+      if (j > 0) {
+        tma::Wait(v_full + pst, static_cast<int>((kv - 1) / kStages) & 1);
+#pragma unroll
+        for (int kk = 0; kk < kBc / 16; ++kk) PvMma<D>(o, pa[kk], wg::MnMajorDesc(sV(pst), kk));
+        wg::Commit();
+        pass_turn(j);
+        wg::Wait<1>();
+      } else {
+        pass_turn(j);
+        wg::Wait<0>();
+      }
+      wg::FenceRegs(s);
+      if (lane == 0) {
+        tma::Arrive(k_empty + st);
+        if (j + 1 == n_tiles) tma::Arrive(q_empty);  // Q's last reader is done
+      }
+
+      if (n0 + kBc > len || (kCausal && n0 + kBc - 1 > row0)) {
+#pragma unroll
+        for (int i = 0; i < kBc / 2; ++i) {
+          const int kj = n0 + 8 * (i / 4) + 2 * t + (i & 1), qi = row0 + g + 8 * ((i >> 1) & 1);
+          if (kj >= len || (kCausal && kj > qi)) s[i] = -INFINITY;
+        }
+      }
+      // Online softmax for rows g (r = 0) and g + 8 (r = 1).
+      float alpha[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float mx = m[r];
+#pragma unroll
+        for (int c = 0; c < kBc / 8; ++c) mx = fmaxf(mx, fmaxf(s[4 * c + 2 * r], s[4 * c + 2 * r + 1]));
+        mx = tc::QuadMax(mx);
+        const float ms = mx == -INFINITY ? 0.f : mx * sl2;
+        alpha[r] = tc::Exp2(m[r] * sl2 - ms);
+        m[r] = mx;
+        float sum = 0.f;
+#pragma unroll
+        for (int c = 0; c < kBc / 8; ++c)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float& x = s[4 * c + 2 * r + e];
+            x = tc::Exp2(fmaf(x, sl2, -ms));
+            sum += x;
+          }
+        l[r] = l[r] * alpha[r] + sum;
+      }
+      wg::Wait<0>();  // O += P(j-1) V(j-1) done: O, pa and that V stage are free
+      wg::FenceRegs(o);
+      if (j > 0 && lane == 0) tma::Arrive(v_empty + pst);
+#pragma unroll
+      for (int c = 0; c < D / 8; ++c)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[4 * c + e] *= alpha[e >> 1];
+#pragma unroll
+      for (int kk = 0; kk < kBc / 16; ++kk)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) pa[kk][e] = tc::PackBf16(s[8 * kk + 2 * e], s[8 * kk + 2 * e + 1]);
+    }
+    {
+      const int pst = (kv + kStages - 1) % kStages;
+      tma::Wait(v_full + pst, static_cast<int>((kv - 1) / kStages) & 1);
+      my_turn();
+      wg::Fence();
 #pragma unroll
       for (int kk = 0; kk < kBc / 16; ++kk) PvMma<D>(o, pa[kk], wg::MnMajorDesc(sV(pst), kk));
       wg::Commit();
-      pass_turn(j);
-      wg::Wait<1>();
-    } else {
-      pass_turn(j);
+      pass_turn(n_tiles);
       wg::Wait<0>();
+      wg::FenceRegs(o);
+      if (lane == 0) tma::Arrive(v_empty + pst);
     }
-    wg::FenceRegs(s);
-    if (lane == 0) tma::Arrive(k_empty + st);
-
-    if (n0 + kBc > len || (kCausal && n0 + kBc - 1 > row0)) {
-#pragma unroll
-      for (int i = 0; i < kBc / 2; ++i) {
-        const int kj = n0 + 8 * (i / 4) + 2 * t + (i & 1), qi = row0 + g + 8 * ((i >> 1) & 1);
-        if (kj >= len || (kCausal && kj > qi)) s[i] = -INFINITY;
-      }
-    }
-    // Online softmax for rows g (r = 0) and g + 8 (r = 1).
-    float alpha[2];
+    // Epilogue: normalize, write bf16 pairs and the log-sum-exp.
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      float mx = m[r];
+      const float sum = tc::QuadSum(l[r]);
+      const int qi = row0 + g + 8 * r;
+      if (qi >= len) continue;
+      const float inv = 1.f / sum;
+      bf16* orow = p.out + (int64_t(start) + qi) * q_stride + h * D + 2 * t;
 #pragma unroll
-      for (int c = 0; c < kBc / 8; ++c) mx = fmaxf(mx, fmaxf(s[4 * c + 2 * r], s[4 * c + 2 * r + 1]));
-      mx = tc::QuadMax(mx);
-      const float ms = mx == -INFINITY ? 0.f : mx * sl2;
-      alpha[r] = tc::Exp2(m[r] * sl2 - ms);
-      m[r] = mx;
-      float sum = 0.f;
-#pragma unroll
-      for (int c = 0; c < kBc / 8; ++c)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float& x = s[4 * c + 2 * r + e];
-          x = tc::Exp2(fmaf(x, sl2, -ms));
-          sum += x;
-        }
-      l[r] = l[r] * alpha[r] + sum;
+      for (int c = 0; c < D / 8; ++c)
+        *reinterpret_cast<uint32_t*>(orow + 8 * c) = tc::PackBf16(o[4 * c + 2 * r] * inv, o[4 * c + 2 * r + 1] * inv);
+      if (t == 0) p.lse[(int64_t(start) + qi) * p.hq + h] = m[r] * p.scale + logf(sum);
     }
-    wg::Wait<0>();  // O += P(j-1) V(j-1) done: O, pa and that V stage are free
-    wg::FenceRegs(o);
-    if (j > 0 && lane == 0) tma::Arrive(v_empty + pst);
-#pragma unroll
-    for (int c = 0; c < D / 8; ++c)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) o[4 * c + e] *= alpha[e >> 1];
-#pragma unroll
-    for (int kk = 0; kk < kBc / 16; ++kk)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) pa[kk][e] = tc::PackBf16(s[8 * kk + 2 * e], s[8 * kk + 2 * e + 1]);
-  }
-  {
-    const int pst = (n_tiles - 1) % kStages;
-    tma::Wait(v_full + pst, ((n_tiles - 1) / kStages) & 1);
-    my_turn();
-    wg::Fence();
-#pragma unroll
-    for (int kk = 0; kk < kBc / 16; ++kk) PvMma<D>(o, pa[kk], wg::MnMajorDesc(sV(pst), kk));
-    wg::Commit();
-    pass_turn(n_tiles);
-    wg::Wait<0>();
-    wg::FenceRegs(o);
-  }
-  // Epilogue: normalize, write bf16 pairs and the log-sum-exp.
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const float sum = tc::QuadSum(l[r]);
-    const int qi = row0 + g + 8 * r;
-    if (qi >= len) continue;
-    const float inv = 1.f / sum;
-    bf16* orow = p.out + (int64_t(start) + qi) * q_stride + h * D + 2 * t;
-#pragma unroll
-    for (int c = 0; c < D / 8; ++c)
-      *reinterpret_cast<uint32_t*>(orow + 8 * c) = tc::PackBf16(o[4 * c + 2 * r] * inv, o[4 * c + 2 * r + 1] * inv);
-    if (t == 0) p.lse[(int64_t(start) + qi) * p.hq + h] = m[r] * p.scale + logf(sum);
-  }
+  }  // work items
 }
 
 PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
@@ -247,7 +285,16 @@ absl::Status Launch(const void* q, const void* k, const void* v, const FwdParams
     return LaunchStatus("flash_forward(smem attribute)");
   const int64_t tiles = TileCapacity(d, kBr);
   TESSERA_RETURN_IF_ERROR(BuildTileTable(p.cu, d.batch, kBr, table, tiles, s));
-  kernel<<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(d.q_heads)), kThreads, kSmem, s>>>(tq, tk, tv, p);
+  // Persistent: one CTA per multiprocessor (each holds one), or fewer when there is less work.
+  static const int sms = [] {
+    int dev = 0, n = 132;
+    if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+    return n;
+  }();
+  const int64_t items = tiles * d.q_heads;
+  FwdParams params = p;
+  params.tiles = tiles;
+  kernel<<<static_cast<unsigned>(std::min<int64_t>(items, sms)), kThreads, kSmem, s>>>(tq, tk, tv, params);
   return LaunchStatus("flash_forward");
 }
 }  // namespace
@@ -270,7 +317,7 @@ absl::Status TokenTensorMap(CUtensorMap* map, const void* base, int64_t tokens, 
 
 absl::Status Forward(const void* q, const void* k, const void* v, const int32_t* cu, void* out, float* lse,
                      const AttentionDims& d, cudaStream_t s) {
-  FwdParams p{static_cast<bf16*>(out), lse, cu, nullptr, static_cast<int>(d.q_heads), static_cast<int>(d.kv_heads),
+  FwdParams p{static_cast<bf16*>(out), lse, cu, nullptr, 0, static_cast<int>(d.q_heads), static_cast<int>(d.kv_heads),
               d.scale};
   int2* table = nullptr;
   if (cudaMallocAsync(&table, TileCapacity(d, kBr) * sizeof(int2), s) != cudaSuccess)
