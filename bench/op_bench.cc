@@ -69,12 +69,18 @@ int main(int argc, char** argv) {
     auto x = Random(b, {r, c}, bf), w = Random(b, {c}, bf), y = *b.Empty({r, c}, bf), rs = *b.Empty({r}, DType::kF32);
     double ms = TimeMs(b, [&] { return b.RmsNormForward(x, w, 1e-5f, y, rs); });
     Line("rmsnorm_fwd", "16384x2048 bf16", ms, "gbps", (2.0 * r * c * 2 + r * 4) / ms / 1e6);
+    auto dy = Random(b, {r, c}, bf), dx = *b.Empty({r, c}, bf), dw = *b.Empty({c}, DType::kF32);
+    ms = TimeMs(b, [&] { return b.RmsNormBackward(dy, x, w, rs, dx, dw); });
+    Line("rmsnorm_bwd", "16384x2048 bf16", ms, "gbps", (3.0 * r * c * 2 + r * 4 + c * 6) / ms / 1e6);
   }
   if (Want("swiglu")) {  // SwiGLU forward: 16384 x 8192 bf16
     int64_t n = 16384LL * 8192;
     auto g = Random(b, {n}, bf), u = Random(b, {n}, bf), y = *b.Empty({n}, bf);
     double ms = TimeMs(b, [&] { return b.SwiGluForward(g, u, y); });
     Line("swiglu_fwd", "16384x8192 bf16", ms, "gbps", 3.0 * n * 2 / ms / 1e6);
+    auto dy = Random(b, {n}, bf), dg = *b.Empty({n}, bf), du = *b.Empty({n}, bf);
+    ms = TimeMs(b, [&] { return b.SwiGluBackward(dy, g, u, dg, du); });
+    Line("swiglu_bwd", "16384x8192 bf16", ms, "gbps", 5.0 * n * 2 / ms / 1e6);
   }
   if (Want("adamw")) {  // AdamW: 256M f32 params, bf16 grads, bf16 param copy out
     int64_t n = 256LL << 20;
@@ -103,6 +109,9 @@ int main(int argc, char** argv) {
          tt = *b.Empty({n}, DType::kF32);
     double ms = TimeMs(b, [&] { return b.CrossEntropyPartials(z, tg, 0, mx, sm, dt, tt); });
     Line("cross_entropy_fwd", "4096x128256 bf16", ms, "gbps", 1.0 * n * v * 2 / ms / 1e6);
+    auto lse = Random(b, {n}, DType::kF32), dl = Random(b, {n}, DType::kF32), dz = *b.Empty({n, v}, bf);
+    ms = TimeMs(b, [&] { return b.CrossEntropyBackward(z, tg, 0, lse, dl, dz); });
+    Line("cross_entropy_bwd", "4096x128256 bf16", ms, "gbps", 2.0 * n * v * 2 / ms / 1e6);
   }
   if (Want("paged_decode")) {  // Paged decode: 64 sequences x 4096 cached tokens, 32 q heads, 8 kv heads, dim 128, blocks of 16
     int64_t B = 64, ctx = 4096, hq = 32, hkv = 8, D = 128, bs = 16, maxb = ctx / bs, blocks = B * maxb;

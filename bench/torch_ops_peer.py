@@ -40,12 +40,41 @@ x, w = torch.randn(r, c, device=dev, dtype=bf), torch.randn(c, device=dev, dtype
 for name, fn in (("eager", rmsnorm), ("compile", torch.compile(rmsnorm))):
     ms = time_ms(lambda: fn(x, w))
     line("rmsnorm_fwd", name, "16384x2048 bf16", ms, "gbps", (2.0 * r * c * 2 + r * 4) / ms / 1e6)
+
+
+def rmsnorm_bwd(x, w, rstd, dy):
+    xf, gf = x.float(), dy.float()
+    xhat = xf * rstd[:, None]
+    dw = (gf * xhat).sum(0)
+    gw = gf * w.float()
+    dx = rstd[:, None] * (gw - xhat * (gw * xhat).mean(-1, keepdim=True))
+    return dx.to(bf), dw
+
+
+rstd = torch.rsqrt(x.float().pow(2).mean(-1) + 1e-5)
+dyr = torch.randn(r, c, device=dev, dtype=bf)
+for name, fn in (("eager", rmsnorm_bwd), ("compile", torch.compile(rmsnorm_bwd))):
+    ms = time_ms(lambda: fn(x, w, rstd, dyr))
+    line("rmsnorm_bwd", name, "16384x2048 bf16", ms, "gbps", (3.0 * r * c * 2 + r * 4 + c * 6) / ms / 1e6)
+del dyr
 n = 16384 * 8192
 g, u = torch.randn(n, device=dev, dtype=bf), torch.randn(n, device=dev, dtype=bf)
 for name, fn in (("eager", swiglu), ("compile", torch.compile(swiglu))):
     ms = time_ms(lambda: fn(g, u))
     line("swiglu_fwd", name, "16384x8192 bf16", ms, "gbps", 3.0 * n * 2 / ms / 1e6)
-del g, u, x
+
+
+def swiglu_bwd(dy, g, u):
+    gf, uf, df = g.float(), u.float(), dy.float()
+    s = torch.sigmoid(gf)
+    return (df * uf * s * (1 + gf * (1 - s))).to(bf), (df * gf * s).to(bf)
+
+
+dys = torch.randn(n, device=dev, dtype=bf)
+for name, fn in (("eager", swiglu_bwd), ("compile", torch.compile(swiglu_bwd))):
+    ms = time_ms(lambda: fn(dys, g, u))
+    line("swiglu_bwd", name, "16384x8192 bf16", ms, "gbps", 5.0 * n * 2 / ms / 1e6)
+del g, u, x, dys
 T, H, D = 16384, 32, 64
 xr = torch.randn(T, H, D, device=dev, dtype=bf)
 inv = 1.0 / (10000 ** (torch.arange(0, D, 2, device=dev, dtype=torch.float32) / D))
@@ -75,6 +104,19 @@ def ce(z, t):
 for name, fn in (("eager", ce), ("compile", torch.compile(ce))):
     ms = time_ms(lambda: fn(zl, tz))
     line("cross_entropy_fwd", name, "4096x128256 bf16", ms, "gbps", 1.0 * nz * vz * 2 / ms / 1e6)
+
+
+def ce_bwd(z, t, lse, dl):
+    p = torch.exp(z.float() - lse[:, None])
+    p[torch.arange(z.shape[0], device=z.device), t] -= 1.0
+    return (p * dl[:, None]).to(bf)
+
+
+lsez = torch.logsumexp(zl.float(), -1)
+dlz = torch.randn(nz, device=dev)
+for name, fn in (("eager", ce_bwd), ("compile", torch.compile(ce_bwd))):
+    ms = time_ms(lambda: fn(zl, tz, lsez, dlz))
+    line("cross_entropy_bwd", name, "4096x128256 bf16", ms, "gbps", 2.0 * nz * vz * 2 / ms / 1e6)
 del zl
 n = 256 << 20
 p = torch.nn.Parameter(torch.randn(n, device=dev))

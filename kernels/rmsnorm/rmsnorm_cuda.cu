@@ -1,8 +1,11 @@
 // RMSNorm on CUDA: one block per row, f32 accumulation, warp-shuffle reductions.
-// Backward accumulates dw with atomics (f32; summation order varies between runs).
+// Backward: bf16 rows of up to 2048 (multiple of 256) run a warp per row with dw partials
+// per CTA (deterministic); others accumulate dw with atomics (order varies between runs).
+#include "common/status.h"
 #include "kernels/common/cuda_elem.cuh"
 #include "kernels/rmsnorm/rmsnorm.h"
 
+#include <algorithm>
 #include <cstdint>
 
 namespace tessera::kernels {
@@ -131,6 +134,86 @@ __global__ void ForwardWarpRowBf16(const uint4* x, const uint4* w, uint4* y, flo
   }
 }
 
+// Backward, bf16 rows with cols % 256 == 0 and cols <= 32 * 8 * kBwdVec: a warp per row
+// (rows strided over the grid's warps): dx from the row's dot(dy w, x) by warp shuffles;
+// dw partials stay in each lane's registers across its rows, are summed per CTA in shared
+// memory and written per CTA; DwReduce adds the CTAs' partials (no global atomics, and
+// the same order every run).
+constexpr int kBwdVec = 8;
+constexpr int kBwdBlocksPerSm = 4;
+__global__ void __launch_bounds__(kThreads) BackwardWarpRowBf16(const uint4* dy, const uint4* x, const uint4* w,
+                                                                const float* rstd, uint4* dx, float* partial,
+                                                                int64_t rows, int64_t cols) {
+  extern __shared__ float dw_smem[];  // [cols]
+  const int lane = threadIdx.x & 31, nvec = static_cast<int>(cols / 8);
+  for (int i = threadIdx.x; i < cols; i += kThreads) dw_smem[i] = 0.f;
+  __syncthreads();
+  float acc[kBwdVec][8] = {};
+  const int64_t warps = int64_t(gridDim.x) * (kThreads / 32);
+  for (int64_t row = blockIdx.x * int64_t(kThreads / 32) + threadIdx.x / 32; row < rows; row += warps) {
+    uint4 xv[kBwdVec], gv[kBwdVec];
+#pragma unroll
+    for (int k = 0; k < kBwdVec; ++k) {
+      const int i = lane + 32 * k;
+      if (i < nvec) xv[k] = __ldcs(x + row * nvec + i), gv[k] = __ldcs(dy + row * nvec + i);
+    }
+    const float rs = rstd[row];
+    float dot = 0.f;
+#pragma unroll
+    for (int k = 0; k < kBwdVec; ++k) {
+      const int i = lane + 32 * k;
+      if (i >= nvec) break;
+      const uint4 wv = w[i];
+      const __nv_bfloat162 *x2 = reinterpret_cast<const __nv_bfloat162*>(&xv[k]),
+                          *g2 = reinterpret_cast<const __nv_bfloat162*>(&gv[k]),
+                          *w2 = reinterpret_cast<const __nv_bfloat162*>(&wv);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float2 xf = __bfloat1622float2(x2[j]), gf = __bfloat1622float2(g2[j]), wf = __bfloat1622float2(w2[j]);
+        dot += gf.x * wf.x * xf.x + gf.y * wf.y * xf.y;
+        acc[k][2 * j] += gf.x * xf.x * rs;
+        acc[k][2 * j + 1] += gf.y * xf.y * rs;
+      }
+    }
+    for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffff, dot, o);
+    const float coef = rs * rs * rs * dot / cols;
+#pragma unroll
+    for (int k = 0; k < kBwdVec; ++k) {
+      const int i = lane + 32 * k;
+      if (i >= nvec) break;
+      const uint4 wv = w[i];
+      const __nv_bfloat162 *x2 = reinterpret_cast<const __nv_bfloat162*>(&xv[k]),
+                          *g2 = reinterpret_cast<const __nv_bfloat162*>(&gv[k]),
+                          *w2 = reinterpret_cast<const __nv_bfloat162*>(&wv);
+      uint4 out;
+      __nv_bfloat162* o2 = reinterpret_cast<__nv_bfloat162*>(&out);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float2 xf = __bfloat1622float2(x2[j]), gf = __bfloat1622float2(g2[j]), wf = __bfloat1622float2(w2[j]);
+        o2[j] = __floats2bfloat162_rn(rs * gf.x * wf.x - xf.x * coef, rs * gf.y * wf.y - xf.y * coef);
+      }
+      __stcs(dx + row * nvec + i, out);
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < kBwdVec; ++k) {
+    const int i = lane + 32 * k;
+    if (i >= nvec) break;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) atomicAdd(&dw_smem[i * 8 + j], acc[k][j]);
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < cols; i += kThreads) partial[blockIdx.x * cols + i] = dw_smem[i];
+}
+
+__global__ void DwReduce(const float* partial, int blocks, int64_t cols, float* dw) {
+  for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < cols; c += int64_t(gridDim.x) * blockDim.x) {
+    float s = 0.f;
+    for (int b = 0; b < blocks; ++b) s += partial[b * cols + c];
+    dw[c] = s;
+  }
+}
+
 bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 }  // namespace
@@ -168,6 +251,26 @@ absl::Status RmsNormBackwardCuda(const void* dy, const void* x, const void* w, c
   if (cudaMemsetAsync(dw, 0, cols * sizeof(float), s) != cudaSuccess) return LaunchStatus("rmsnorm_backward(memset)");
   if (rows == 0) return absl::OkStatus();
   using bf = __nv_bfloat16;
+  if (t == DType::kBF16 && cols % 256 == 0 && cols <= 32 * 8 * kBwdVec && Aligned16(dy) && Aligned16(x) && Aligned16(w) &&
+      Aligned16(dx)) {
+    int dev = 0, sms = 132;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    const int blocks = static_cast<int>(std::min<int64_t>((rows + kThreads / 32 - 1) / (kThreads / 32), int64_t(sms) * kBwdBlocksPerSm));
+    float* partial = nullptr;
+    if (cudaMallocAsync(&partial, blocks * cols * sizeof(float), s) != cudaSuccess) return LaunchStatus("rmsnorm_backward(alloc)");
+    BackwardWarpRowBf16<<<blocks, kThreads, cols * sizeof(float), s>>>(
+        static_cast<const uint4*>(dy), static_cast<const uint4*>(x), static_cast<const uint4*>(w), rstd,
+        static_cast<uint4*>(dx), partial, rows, cols);
+    auto reduce = [&]() -> absl::Status {
+      TESSERA_RETURN_IF_ERROR(LaunchStatus("rmsnorm_backward"));
+      DwReduce<<<GridFor(cols, 256), 256, 0, s>>>(partial, blocks, cols, dw);
+      return LaunchStatus("rmsnorm_backward(dw)");
+    };
+    const absl::Status st = reduce();
+    cudaFreeAsync(partial, s);
+    return st;
+  }
   if (t == DType::kF32)
     Backward<<<rows, kThreads, 0, s>>>(static_cast<const float*>(dy), static_cast<const float*>(x), static_cast<const float*>(w),
                                        rstd, static_cast<float*>(dx), dw, cols);

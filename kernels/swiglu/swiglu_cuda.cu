@@ -54,6 +54,36 @@ __global__ void ForwardVec(const uint4* g, const uint4* u, uint4* y, int64_t nve
   }
 }
 
+__global__ void BackwardVec(const uint4* dy, const uint4* g, const uint4* u, uint4* dg, uint4* du, int64_t nvec) {
+  constexpr int kPer = 2;
+  const int64_t i0 = (blockIdx.x * int64_t(blockDim.x)) * kPer + threadIdx.x;
+  uint4 dv[kPer], gv[kPer], uv[kPer];
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) {
+    const int64_t i = i0 + k * blockDim.x;
+    if (i < nvec) dv[k] = __ldcs(dy + i), gv[k] = __ldcs(g + i), uv[k] = __ldcs(u + i);
+  }
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) {
+    const int64_t i = i0 + k * blockDim.x;
+    if (i >= nvec) break;
+    uint4 og, ou;
+    const __nv_bfloat162 *d2 = reinterpret_cast<const __nv_bfloat162*>(&dv[k]),
+                        *g2 = reinterpret_cast<const __nv_bfloat162*>(&gv[k]),
+                        *u2 = reinterpret_cast<const __nv_bfloat162*>(&uv[k]);
+    __nv_bfloat162 *og2 = reinterpret_cast<__nv_bfloat162*>(&og), *ou2 = reinterpret_cast<__nv_bfloat162*>(&ou);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float2 df = __bfloat1622float2(d2[e]), gf = __bfloat1622float2(g2[e]), uf = __bfloat1622float2(u2[e]);
+      const float sx = 1.f / (1.f + __expf(-gf.x)), sy = 1.f / (1.f + __expf(-gf.y));
+      og2[e] = __floats2bfloat162_rn(df.x * uf.x * sx * (1.f + gf.x * (1.f - sx)), df.y * uf.y * sy * (1.f + gf.y * (1.f - sy)));
+      ou2[e] = __floats2bfloat162_rn(df.x * gf.x * sx, df.y * gf.y * sy);
+    }
+    __stcs(dg + i, og);
+    __stcs(du + i, ou);
+  }
+}
+
 bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 }  // namespace
 
@@ -77,6 +107,13 @@ absl::Status SwiGluBackwardCuda(const void* dy, const void* g, const void* u, vo
   if (n == 0) return absl::OkStatus();
   auto s = static_cast<cudaStream_t>(stream);
   using bf = __nv_bfloat16;
+  if (t == DType::kBF16 && n % 8 == 0 && Aligned16(dy) && Aligned16(g) && Aligned16(u) && Aligned16(dg) && Aligned16(du)) {
+    const int64_t nvec = n / 8, per_block = 256 * 2;
+    BackwardVec<<<static_cast<unsigned>((nvec + per_block - 1) / per_block), 256, 0, s>>>(
+        static_cast<const uint4*>(dy), static_cast<const uint4*>(g), static_cast<const uint4*>(u), static_cast<uint4*>(dg),
+        static_cast<uint4*>(du), nvec);
+    return LaunchStatus("swiglu_backward");
+  }
   if (t == DType::kF32)
     Backward<<<GridFor(n, 256), 256, 0, s>>>(static_cast<const float*>(dy), static_cast<const float*>(g), static_cast<const float*>(u),
                                              static_cast<float*>(dg), static_cast<float*>(du), n);

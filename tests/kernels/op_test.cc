@@ -236,7 +236,7 @@ TEST_P(OpTest, RmsNormBackwardMatchesFiniteDifferences) {
 TEST_P(OpTest, SwiGluForwardAndBackward) {
   Rng rng(seed_);
   for (DType t : {DType::kF32, DType::kBF16}) {
-    for (int64_t n : {1, 7, 1000, 65537}) {
+    for (int64_t n : {1, 7, 1000, 65536, 65537}) {  // 1000 and 65536: the 16-byte-vector path
       SCOPED_TRACE(::testing::Message() << DTypeName(t) << " n=" << n << " seed=" << seed_);
       auto gv = Quantize(rng.Normal(n, 2.f), t), uv = Quantize(rng.Normal(n), t), dv = Quantize(rng.Normal(n), t);
       auto g = Make(*be_, {n}, t, gv), u = Make(*be_, {n}, t, uv), dy = Make(*be_, {n}, t, dv);
