@@ -1,6 +1,6 @@
 // RMSNorm on CUDA: one block per row, f32 accumulation, warp-shuffle reductions.
-// Backward: bf16 rows of up to 2048 (multiple of 256) run a warp per row with dw partials
-// per CTA (deterministic); others accumulate dw with atomics (order varies between runs).
+// Backward: bf16 rows of up to 2048 (multiple of 256) run a warp per row for dx and
+// per-CTA column partials for dw (deterministic); others accumulate dw with atomics.
 #include "common/status.h"
 #include "kernels/common/cuda_elem.cuh"
 #include "kernels/rmsnorm/rmsnorm.h"
@@ -134,45 +134,36 @@ __global__ void ForwardWarpRowBf16(const uint4* x, const uint4* w, uint4* y, flo
   }
 }
 
-// Backward, bf16 rows with cols % 256 == 0 and cols <= 32 * 8 * kBwdVec: a warp per row
-// (rows strided over the grid's warps): dx from the row's dot(dy w, x) by warp shuffles;
-// dw partials stay in each lane's registers across its rows, are summed per CTA in shared
-// memory and written per CTA; DwReduce adds the CTAs' partials (no global atomics, and
-// the same order every run).
-constexpr int kBwdVec = 8;
-constexpr int kBwdBlocksPerSm = 4;
+// Backward, bf16 rows with cols % 256 == 0 and cols <= 32 * 8 * kBwdVec. A CTA owns
+// kBwdRows consecutive rows. Phase 1: a warp per row, dx from the row's dot(dy w, x) by
+// warp shuffles. Phase 2: each thread owns 8 columns and sums dy x rstd over the CTA's
+// rows (a second read of rows it just read, from L2) into the CTA's dw partial; DwReduce
+// adds the partials (no global atomics, the same order every run).
+constexpr int kBwdVec = 8, kBwdRows = 64;
 __global__ void __launch_bounds__(kThreads) BackwardWarpRowBf16(const uint4* dy, const uint4* x, const uint4* w,
                                                                 const float* rstd, uint4* dx, float* partial,
                                                                 int64_t rows, int64_t cols) {
-  extern __shared__ float dw_smem[];  // [cols]
   const int lane = threadIdx.x & 31, nvec = static_cast<int>(cols / 8);
-  for (int i = threadIdx.x; i < cols; i += kThreads) dw_smem[i] = 0.f;
-  __syncthreads();
-  float acc[kBwdVec][8] = {};
-  const int64_t warps = int64_t(gridDim.x) * (kThreads / 32);
-  for (int64_t row = blockIdx.x * int64_t(kThreads / 32) + threadIdx.x / 32; row < rows; row += warps) {
-    uint4 xv[kBwdVec], gv[kBwdVec];
+  const int64_t row0 = blockIdx.x * int64_t(kBwdRows), row_end = (rows < row0 + kBwdRows ? rows : row0 + kBwdRows);
+  for (int64_t row = row0 + threadIdx.x / 32; row < row_end; row += kThreads / 32) {
+    uint4 xv[kBwdVec], gv[kBwdVec], wv[kBwdVec];
 #pragma unroll
     for (int k = 0; k < kBwdVec; ++k) {
       const int i = lane + 32 * k;
-      if (i < nvec) xv[k] = __ldcs(x + row * nvec + i), gv[k] = __ldcs(dy + row * nvec + i);
+      if (i < nvec) xv[k] = x[row * nvec + i], gv[k] = dy[row * nvec + i], wv[k] = w[i];
     }
     const float rs = rstd[row];
     float dot = 0.f;
 #pragma unroll
     for (int k = 0; k < kBwdVec; ++k) {
-      const int i = lane + 32 * k;
-      if (i >= nvec) break;
-      const uint4 wv = w[i];
+      if (lane + 32 * k >= nvec) break;
       const __nv_bfloat162 *x2 = reinterpret_cast<const __nv_bfloat162*>(&xv[k]),
                           *g2 = reinterpret_cast<const __nv_bfloat162*>(&gv[k]),
-                          *w2 = reinterpret_cast<const __nv_bfloat162*>(&wv);
+                          *w2 = reinterpret_cast<const __nv_bfloat162*>(&wv[k]);
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const float2 xf = __bfloat1622float2(x2[j]), gf = __bfloat1622float2(g2[j]), wf = __bfloat1622float2(w2[j]);
         dot += gf.x * wf.x * xf.x + gf.y * wf.y * xf.y;
-        acc[k][2 * j] += gf.x * xf.x * rs;
-        acc[k][2 * j + 1] += gf.y * xf.y * rs;
       }
     }
     for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffff, dot, o);
@@ -181,10 +172,9 @@ __global__ void __launch_bounds__(kThreads) BackwardWarpRowBf16(const uint4* dy,
     for (int k = 0; k < kBwdVec; ++k) {
       const int i = lane + 32 * k;
       if (i >= nvec) break;
-      const uint4 wv = w[i];
       const __nv_bfloat162 *x2 = reinterpret_cast<const __nv_bfloat162*>(&xv[k]),
                           *g2 = reinterpret_cast<const __nv_bfloat162*>(&gv[k]),
-                          *w2 = reinterpret_cast<const __nv_bfloat162*>(&wv);
+                          *w2 = reinterpret_cast<const __nv_bfloat162*>(&wv[k]);
       uint4 out;
       __nv_bfloat162* o2 = reinterpret_cast<__nv_bfloat162*>(&out);
 #pragma unroll
@@ -195,22 +185,43 @@ __global__ void __launch_bounds__(kThreads) BackwardWarpRowBf16(const uint4* dy,
       __stcs(dx + row * nvec + i, out);
     }
   }
+  // Phase 2: column partials of dw over this CTA's rows.
+  for (int i = threadIdx.x; i < nvec; i += kThreads) {
+    float acc[8] = {};
+    for (int64_t row = row0; row < row_end; ++row) {
+      const uint4 xq = x[row * nvec + i], gq = dy[row * nvec + i];
+      const float rs = rstd[row];
+      const __nv_bfloat162 *x2 = reinterpret_cast<const __nv_bfloat162*>(&xq),
+                          *g2 = reinterpret_cast<const __nv_bfloat162*>(&gq);
 #pragma unroll
-  for (int k = 0; k < kBwdVec; ++k) {
-    const int i = lane + 32 * k;
-    if (i >= nvec) break;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) atomicAdd(&dw_smem[i * 8 + j], acc[k][j]);
+      for (int j = 0; j < 4; ++j) {
+        const float2 xf = __bfloat1622float2(x2[j]), gf = __bfloat1622float2(g2[j]);
+        acc[2 * j] += gf.x * xf.x * rs;
+        acc[2 * j + 1] += gf.y * xf.y * rs;
+      }
+    }
+    float4* dst = reinterpret_cast<float4*>(partial + blockIdx.x * cols + i * 8);
+    dst[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+    dst[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
   }
-  __syncthreads();
-  for (int i = threadIdx.x; i < cols; i += kThreads) partial[blockIdx.x * cols + i] = dw_smem[i];
 }
 
-__global__ void DwReduce(const float* partial, int blocks, int64_t cols, float* dw) {
-  for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < cols; c += int64_t(gridDim.x) * blockDim.x) {
-    float s = 0.f;
-    for (int b = 0; b < blocks; ++b) s += partial[b * cols + c];
-    dw[c] = s;
+// dw[c] = sum over the CTAs' partials; a CTA per 32 columns, 8 rows of threads splitting
+// the partials (coalesced 128-byte rows), combined in shared memory.
+__global__ void __launch_bounds__(256) DwReduce(const float* partial, int blocks, int64_t cols, float* dw) {
+  __shared__ float acc[8][33];
+  const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
+  const int64_t c = blockIdx.x * int64_t(32) + tx;
+  float s = 0.f;
+  if (c < cols)
+    for (int b = ty; b < blocks; b += 8) s += partial[b * cols + c];
+  acc[ty][tx] = s;
+  __syncthreads();
+  if (ty == 0 && c < cols) {
+    float t = 0.f;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) t += acc[k][tx];
+    dw[c] = t;
   }
 }
 
@@ -253,18 +264,15 @@ absl::Status RmsNormBackwardCuda(const void* dy, const void* x, const void* w, c
   using bf = __nv_bfloat16;
   if (t == DType::kBF16 && cols % 256 == 0 && cols <= 32 * 8 * kBwdVec && Aligned16(dy) && Aligned16(x) && Aligned16(w) &&
       Aligned16(dx)) {
-    int dev = 0, sms = 132;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    const int blocks = static_cast<int>(std::min<int64_t>((rows + kThreads / 32 - 1) / (kThreads / 32), int64_t(sms) * kBwdBlocksPerSm));
+    const int blocks = static_cast<int>((rows + kBwdRows - 1) / kBwdRows);
     float* partial = nullptr;
     if (cudaMallocAsync(&partial, blocks * cols * sizeof(float), s) != cudaSuccess) return LaunchStatus("rmsnorm_backward(alloc)");
-    BackwardWarpRowBf16<<<blocks, kThreads, cols * sizeof(float), s>>>(
+    BackwardWarpRowBf16<<<blocks, kThreads, 0, s>>>(
         static_cast<const uint4*>(dy), static_cast<const uint4*>(x), static_cast<const uint4*>(w), rstd,
         static_cast<uint4*>(dx), partial, rows, cols);
     auto reduce = [&]() -> absl::Status {
       TESSERA_RETURN_IF_ERROR(LaunchStatus("rmsnorm_backward"));
-      DwReduce<<<GridFor(cols, 256), 256, 0, s>>>(partial, blocks, cols, dw);
+      DwReduce<<<static_cast<unsigned>((cols + 31) / 32), 256, 0, s>>>(partial, blocks, cols, dw);
       return LaunchStatus("rmsnorm_backward(dw)");
     };
     const absl::Status st = reduce();
