@@ -2,11 +2,7 @@
 # Op benchmarks on a lent GPU: Tessera's CUDA ops (bench/op_bench) and the PyTorch
 # peer (bench/torch_ops_peer.py) in the same call; prints a side-by-side table.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-if [ -f .carry/dist.tar.xz ] && [ ! -d dist ]; then tar -xJf .carry/dist.tar.xz; fi
-export LD_LIBRARY_PATH=$PWD/dist/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-OUT=${OUT:-/tmp/tessera-gpu-out}
-mkdir -p "$OUT"
+GPU_ENV_KEEP_DIST=1 source "$(dirname "$0")/gpu-env.sh"
 dist/bin/op_bench > "$OUT/op_bench.jsonl" 2> "$OUT/op_bench.err"
 python3 bench/torch_ops_peer.py > "$OUT/torch_peer.jsonl" 2> "$OUT/torch_peer.err"
 python3 - "$OUT/op_bench.jsonl" "$OUT/torch_peer.jsonl" "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" <<'PY'

@@ -5,13 +5,7 @@
 #   3. the baseline again (run-to-run spread).
 # Writes logs and JSON under $OUT and prints a short table last.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-# dist/ travels compressed (.carry/dist.tar.xz) to stay under the tree-size limit.
-if [ -f .carry/dist.tar.xz ]; then rm -rf dist && tar -xJf .carry/dist.tar.xz; fi
-export LD_LIBRARY_PATH=$PWD/dist/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export NCCL_NVLS_ENABLE=0
-OUT=${OUT:-/tmp/tessera-gpu-out}
-mkdir -p "$OUT"
+source "$(dirname "$0")/gpu-env.sh"
 nvidia-smi -L | tee "$OUT/gpus.txt"
 card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 ngpu=$(nvidia-smi -L | wc -l)

@@ -4,12 +4,7 @@
 # tests, then the op benchmarks against PyTorch (scripts/gpu-bench.sh). Prints a short
 # table last; logs go to $OUT.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-if [ -f .carry/dist.tar.xz ]; then rm -rf dist && tar -xJf .carry/dist.tar.xz; fi
-export LD_LIBRARY_PATH=$PWD/dist/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export NCCL_NVLS_ENABLE=0
-OUT=${OUT:-/tmp/tessera-gpu-out}
-mkdir -p "$OUT"
+source "$(dirname "$0")/gpu-env.sh"
 nvidia-smi -L | tee "$OUT/gpus.txt"
 dist/bin/op_test --gtest_filter='*cuda*' > "$OUT/op_test.txt" 2>&1
 op_rc=$?
