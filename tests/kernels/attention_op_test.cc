@@ -1,0 +1,356 @@
+// Attention, paged decode and sampling ops in the op harness (see op_test.cc for the
+// tolerances that are not written next to their checks).
+#include "absl/strings/str_cat.h"
+#include "tests/kernels/op_harness.h"
+
+namespace tessera::runtime::test {
+namespace {
+
+void AttentionRef(const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v,
+                  const std::vector<int32_t>& cu, int64_t hq, int64_t hkv, int64_t dim, bool causal,
+                  std::vector<double>& out, std::vector<double>& lse) {
+  int64_t T = cu.back();
+  out.assign(T * hq * dim, 0.0);
+  lse.assign(T * hq, 0.0);
+  double scale = 1.0 / std::sqrt(double(dim));
+  for (size_t b = 0; b + 1 < cu.size(); ++b)
+    for (int64_t h = 0; h < hq; ++h) {
+      int64_t g = h / (hq / hkv);
+      for (int64_t i = cu[b]; i < cu[b + 1]; ++i) {
+        std::vector<double> sc;
+        for (int64_t j = cu[b]; j < cu[b + 1]; ++j) {
+          if (causal && j > i) break;
+          double dot = 0;
+          for (int64_t c = 0; c < dim; ++c) dot += double(q[(i * hq + h) * dim + c]) * k[(j * hkv + g) * dim + c];
+          sc.push_back(dot * scale);
+        }
+        double m = *std::max_element(sc.begin(), sc.end()), z = 0;
+        for (double x : sc) z += std::exp(x - m);
+        lse[i * hq + h] = m + std::log(z);
+        for (size_t jj = 0; jj < sc.size(); ++jj)
+          for (int64_t c = 0; c < dim; ++c)
+            out[(i * hq + h) * dim + c] += std::exp(sc[jj] - m) / z * v[((cu[b] + jj) * hkv + g) * dim + c];
+      }
+    }
+}
+
+TEST_P(OpTest, AttentionForwardVarlenGqaCausal) {
+  Rng rng(seed_);
+  struct C { std::vector<int32_t> lens; int64_t hq, hkv, dim; };
+  for (DType t : {DType::kF32, DType::kBF16}) {
+    // Flash path (bf16, d 64/128): tiles of 128 queries x 64 keys, so 130, 200 and 300 cross
+    // tile edges inside and between packed sequences.
+    for (C c : {C{{1}, 1, 1, 8}, C{{3, 5}, 4, 2, 64}, C{{7, 1, 16}, 8, 1, 128}, C{{130}, 2, 2, 64},
+                C{{200, 77, 300}, 4, 2, 64}, C{{130, 1, 200}, 4, 1, 128}}) {
+      for (bool causal : {true, false}) {
+        std::vector<int32_t> cu = {0};
+        for (int32_t l : c.lens) cu.push_back(cu.back() + l);
+        int64_t T = cu.back();
+        SCOPED_TRACE(::testing::Message() << DTypeName(t) << " T=" << T << " hq=" << c.hq << " hkv=" << c.hkv << " d=" << c.dim
+                                          << " causal=" << causal << " seed=" << seed_);
+        auto qv = Quantize(rng.Normal(T * c.hq * c.dim), t), kv = Quantize(rng.Normal(T * c.hkv * c.dim), t),
+             vv = Quantize(rng.Normal(T * c.hkv * c.dim), t);
+        auto q = Make(*be_, {T, c.hq, c.dim}, t, qv), k = Make(*be_, {T, c.hkv, c.dim}, t, kv),
+             v = Make(*be_, {T, c.hkv, c.dim}, t, vv), cut = Ints(*be_, cu);
+        auto out = Out(*be_, {T, c.hq, c.dim}, t), lse = Out(*be_, {T, c.hq}, DType::kF32);
+        auto st = be_->AttentionForward(q, k, v, cut, causal, out, lse);
+        ASSERT_TRUE(st.ok()) << st;
+        std::vector<double> ro, rl;
+        AttentionRef(qv, kv, vv, cu, c.hq, c.hkv, c.dim, causal, ro, rl);
+        EXPECT_LT(RelErr(Read(*be_, out), ro), t == DType::kBF16 ? 2e-2 : (cpu() ? 1e-6 : 1e-5));
+        EXPECT_LT(RelErr(Read(*be_, lse), rl), cpu() ? 1e-6 : 1e-5);
+      }
+    }
+  }
+}
+
+TEST_P(OpTest, AttentionBackward) {
+  Rng rng(seed_);
+  const std::vector<int32_t> cu = {0, 3, 7};
+  const int64_t T = 7, hq = 2, hkv = 1, dim = 4;
+  auto qv = rng.Normal(T * hq * dim), kv = rng.Normal(T * hkv * dim), vv = rng.Normal(T * hkv * dim), rv = rng.Normal(T * hq * dim);
+  auto q = Make(*be_, {T, hq, dim}, DType::kF32, qv), k = Make(*be_, {T, hkv, dim}, DType::kF32, kv),
+       v = Make(*be_, {T, hkv, dim}, DType::kF32, vv), cut = Ints(*be_, cu), dout = Make(*be_, {T, hq, dim}, DType::kF32, rv);
+  auto out = Out(*be_, {T, hq, dim}, DType::kF32), lse = Out(*be_, {T, hq}, DType::kF32);
+  ASSERT_TRUE(be_->AttentionForward(q, k, v, cut, true, out, lse).ok());
+  auto dq = Out(*be_, {T, hq, dim}, DType::kF32), dk = Out(*be_, {T, hkv, dim}, DType::kF32), dv = Out(*be_, {T, hkv, dim}, DType::kF32);
+  auto st = be_->AttentionBackward(q, k, v, cut, true, out, dout, lse, dq, dk, dv);
+  ASSERT_TRUE(st.ok()) << st;
+  // Finite differences of L = sum(out * r) through the double reference.
+  auto loss = [&](const std::vector<float>& a, const std::vector<float>& b, const std::vector<float>& c) {
+    std::vector<double> o, l;
+    AttentionRef(a, b, c, cu, hq, hkv, dim, true, o, l);
+    double s = 0;
+    for (size_t i = 0; i < o.size(); ++i) s += o[i] * rv[i];
+    return s;
+  };
+  const double h = 1e-3;
+  auto fd = [&](int which) {
+    std::vector<std::vector<float>> in = {qv, kv, vv};
+    std::vector<double> g(in[which].size());
+    for (size_t i = 0; i < g.size(); ++i) {
+      auto p = in, m = in;
+      p[which][i] += h, m[which][i] -= h;
+      g[i] = (loss(p[0], p[1], p[2]) - loss(m[0], m[1], m[2])) / (2 * h);
+    }
+    return g;
+  };
+  EXPECT_LT(RelErr(Read(*be_, dq), fd(0)), 1e-4) << "seed " << seed_;
+  EXPECT_LT(RelErr(Read(*be_, dk), fd(1)), 1e-4) << "seed " << seed_;
+  EXPECT_LT(RelErr(Read(*be_, dv), fd(2)), 1e-4) << "seed " << seed_;
+}
+
+// CUDA backward (flash for bf16 d 64/128, generic otherwise) against the CPU backward on
+// the same inputs (the CPU backward itself is checked by finite differences above).
+// Tolerance: f32 1e-4 (__expf and f32 sums over up to 300 keys vs double); bf16 3e-2
+// (P and dS are rounded to bf16 before their MMAs, as in FlashAttention-2, on top of
+// bf16 outputs).
+TEST_P(OpTest, AttentionBackwardMatchesCpu) {
+  if (cpu()) GTEST_SKIP() << "the CPU backward is the reference";
+  auto ref = MakeCpuBackend();
+  Rng rng(seed_);
+  struct C { DType t; std::vector<int32_t> lens; int64_t hq, hkv, dim; };
+  for (C c : {C{DType::kF32, {3, 5}, 4, 2, 8}, C{DType::kBF16, {5, 3}, 2, 1, 48}, C{DType::kBF16, {1, 70, 130}, 4, 2, 64},
+              C{DType::kBF16, {200, 9}, 2, 1, 128}, C{DType::kBF16, {300}, 2, 2, 128}}) {
+    for (bool causal : {true, false}) {
+      std::vector<int32_t> cu = {0};
+      for (int32_t l : c.lens) cu.push_back(cu.back() + l);
+      const int64_t T = cu.back();
+      SCOPED_TRACE(::testing::Message() << DTypeName(c.t) << " T=" << T << " hq=" << c.hq << " hkv=" << c.hkv
+                                        << " d=" << c.dim << " causal=" << causal << " seed=" << seed_);
+      auto qv = Quantize(rng.Normal(T * c.hq * c.dim), c.t), kv = Quantize(rng.Normal(T * c.hkv * c.dim), c.t),
+           vv = Quantize(rng.Normal(T * c.hkv * c.dim), c.t), gv = Quantize(rng.Normal(T * c.hq * c.dim), c.t);
+      std::vector<std::vector<float>> grads[2];
+      for (int side = 0; side < 2; ++side) {
+        Backend& b = side == 0 ? *be_ : *ref;
+        // cu_seqlens on the host (causal cases) or on the device (the others): both paths.
+        auto q = Make(b, {T, c.hq, c.dim}, c.t, qv), k = Make(b, {T, c.hkv, c.dim}, c.t, kv),
+             v = Make(b, {T, c.hkv, c.dim}, c.t, vv), g = Make(b, {T, c.hq, c.dim}, c.t, gv),
+             cut = Ints(causal ? *ref : b, cu);
+        auto out = Out(b, {T, c.hq, c.dim}, c.t), lse = Out(b, {T, c.hq}, DType::kF32);
+        ASSERT_TRUE(b.AttentionForward(q, k, v, cut, causal, out, lse).ok());
+        auto dq = Out(b, {T, c.hq, c.dim}, c.t), dk = Out(b, {T, c.hkv, c.dim}, c.t), dv = Out(b, {T, c.hkv, c.dim}, c.t);
+        auto st = b.AttentionBackward(q, k, v, cut, causal, out, g, lse, dq, dk, dv);
+        ASSERT_TRUE(st.ok()) << st;
+        grads[side] = {Read(b, dq), Read(b, dk), Read(b, dv)};
+      }
+      const double tol = c.t == DType::kBF16 ? 3e-2 : 1e-4;
+      EXPECT_LT(RelErr(grads[0][0], grads[1][0]), tol) << "dq";
+      EXPECT_LT(RelErr(grads[0][1], grads[1][1]), tol) << "dk";
+      EXPECT_LT(RelErr(grads[0][2], grads[1][2]), tol) << "dv";
+    }
+  }
+}
+
+TEST_P(OpTest, AttentionRejectsBadSeqlens) {
+  auto q = *be_->Empty({5, 2, 8}, DType::kF32), k = *be_->Empty({5, 1, 8}, DType::kF32), v = *be_->Empty({5, 1, 8}, DType::kF32);
+  auto out = *be_->Empty({5, 2, 8}, DType::kF32), lse = *be_->Empty({5, 2}, DType::kF32);
+  auto bad_end = Ints(*be_, {0, 3, 6});
+  EXPECT_THAT(std::string(be_->AttentionForward(q, k, v, bad_end, true, out, lse).message()),
+              HasSubstr("must start at 0 and end at tokens=5, got 0 ... 6"));
+  auto not_inc = Ints(*be_, {0, 3, 3, 5});
+  EXPECT_THAT(std::string(be_->AttentionForward(q, k, v, not_inc, true, out, lse).message()),
+              HasSubstr("strictly increasing; entry 2 is 3 after 3"));
+  auto host = MakeCpuBackend();
+  auto host_bad = Ints(*host, {0, 2, 2, 5});  // a host cu_seqlens is validated in place
+  EXPECT_THAT(std::string(be_->AttentionForward(q, k, v, host_bad, true, out, lse).message()),
+              HasSubstr("strictly increasing; entry 2 is 2 after 2"));
+  auto k3 = *be_->Empty({5, 3, 8}, DType::kF32);
+  auto ok_cu = Ints(*be_, {0, 5});
+  EXPECT_THAT(std::string(be_->AttentionForward(q, k3, k3, ok_cu, true, out, lse).message()),
+              HasSubstr("query heads (2) must be a multiple of kv heads (3)"));
+}
+
+Tensor I64(Backend& b, const std::vector<int64_t>& v) {
+  auto t = b.Empty({static_cast<int64_t>(v.size())}, DType::kI64);
+  EXPECT_TRUE(b.CopyFromHost(v.data(), *t).ok());
+  return *t;
+}
+template <typename T>
+std::vector<T> ReadRaw(Backend& b, const Tensor& t) {
+  std::vector<T> v(t.numel());
+  EXPECT_TRUE(b.CopyToHost(t, v.data()).ok());
+  return v;
+}
+
+struct SampleCase {
+  std::vector<float> temp, top_p;
+  std::vector<int32_t> top_k;
+  std::vector<int64_t> seed, offset;
+};
+
+// Runs Sample on `b` and returns (tokens, logprobs).
+std::pair<std::vector<int32_t>, std::vector<float>> RunSample(Backend& b, const std::vector<float>& z, int64_t n, int64_t v,
+                                                              DType t, const SampleCase& c) {
+  auto logits = Make(b, {n, v}, t, z), temp = Make(b, {n}, DType::kF32, c.temp), top_p = Make(b, {n}, DType::kF32, c.top_p);
+  auto top_k = Ints(b, c.top_k), seed = I64(b, c.seed), offset = I64(b, c.offset);
+  auto tok = Out(b, {n}, DType::kI32), lp = Out(b, {n}, DType::kF32);
+  auto st = b.Sample(logits, temp, top_k, top_p, seed, offset, tok, lp);
+  EXPECT_TRUE(st.ok()) << st;
+  return {ReadRaw<int32_t>(b, tok), Read(b, lp)};
+}
+
+TEST_P(OpTest, SamplingGreedyAndReproducible) {
+  Rng rng(seed_);
+  for (DType t : {DType::kF32, DType::kBF16}) {
+    for (int64_t v : {1, 7, 1000, 32003}) {
+      const int64_t n = 64;
+      SCOPED_TRACE(::testing::Message() << DTypeName(t) << " v=" << v << " seed=" << seed_);
+      auto z = Quantize(rng.Normal(n * v, 2.f), t);
+      SampleCase c;
+      for (int64_t i = 0; i < n; ++i) {
+        c.temp.push_back(i % 4 == 0 ? 0.f : 0.7f + 0.1f * (i % 5));
+        c.top_k.push_back(i % 3 == 0 ? 0 : 1 + i % 50);
+        c.top_p.push_back(i % 2 == 0 ? 1.f : 0.9f);
+        c.seed.push_back(1000 + i);
+        c.offset.push_back(i % 7);
+      }
+      auto [tok, lp] = RunSample(*be_, z, n, v, t, c);
+      auto [rtok, rlp] = RunSample(*ref_, z, n, v, t, c);
+      int same = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        ASSERT_GE(tok[i], 0);
+        ASSERT_LT(tok[i], v);
+        if (c.temp[i] == 0) {  // greedy: the argmax, lowest id on ties
+          int64_t arg = 0;
+          for (int64_t j = 1; j < v; ++j) if (z[i * v + j] > z[i * v + arg]) arg = j;
+          EXPECT_EQ(tok[i], arg) << "row " << i;
+        }
+        // logprob of the chosen token under softmax(z / T), in double.
+        double T = c.temp[i] > 0 ? c.temp[i] : 1.0, m = -INFINITY, s = 0;
+        for (int64_t j = 0; j < v; ++j) m = std::max(m, double(z[i * v + j]));
+        for (int64_t j = 0; j < v; ++j) s += std::exp((z[i * v + j] - m) / T);
+        double want = (z[i * v + tok[i]] - m) / T - std::log(s);
+        EXPECT_NEAR(lp[i], want, 1e-4 * std::max(1.0, std::abs(want))) << "row " << i;
+        same += tok[i] == rtok[i];
+      }
+      // The same (seed, offset) draws the same u on every backend; only draws within
+      // rounding of a CDF boundary may differ between f32 (CUDA) and double (CPU).
+      EXPECT_GE(same, cpu() ? n : n - 2);
+      auto [again, lp2] = RunSample(*be_, z, n, v, t, c);
+      EXPECT_EQ(again, tok);  // replay is exact
+    }
+  }
+}
+
+TEST_P(OpTest, SamplingFollowsTheTruncatedDistribution) {
+  // One row drawn 4000 times (offsets 0..3999): frequencies match softmax(z/T) restricted
+  // to top-k then top-p, renormalized (chi-square with a generous bound), and nothing
+  // outside the kept set is ever drawn.
+  const int64_t v = 12, draws = 4000;
+  std::vector<float> row = {2.0f, 1.5f, 1.4f, 1.0f, 0.5f, 0.3f, 0.0f, -0.5f, -1.0f, -2.0f, -3.0f, 0.9f};
+  std::vector<float> z;
+  SampleCase c;
+  for (int64_t d = 0; d < draws; ++d) {
+    z.insert(z.end(), row.begin(), row.end());
+    c.temp.push_back(0.8f);
+    c.top_k.push_back(6);
+    c.top_p.push_back(0.8f);
+    c.seed.push_back(42);
+    c.offset.push_back(d);
+  }
+  auto [tok, lp] = RunSample(*be_, z, draws, v, DType::kF32, c);
+  std::vector<double> p(v);
+  double s = 0;
+  for (int64_t j = 0; j < v; ++j) s += p[j] = std::exp(row[j] / 0.8);
+  for (auto& x : p) x /= s;
+  std::vector<int64_t> order(v);
+  for (int64_t j = 0; j < v; ++j) order[j] = j;
+  std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return p[a] > p[b]; });
+  std::vector<bool> keep(v, false);
+  double kept_total = 0;
+  for (int j = 0; j < 6; ++j) kept_total += p[order[j]];
+  double cum = 0, mass = 0;
+  for (int j = 0; j < 6; ++j) {
+    keep[order[j]] = true;
+    cum += p[order[j]];
+    mass += p[order[j]];
+    if (cum >= 0.8 * kept_total) break;
+  }
+  std::vector<int64_t> count(v, 0);
+  for (int32_t t : tok) count[t]++;
+  double chi2 = 0;
+  int dof = -1;
+  for (int64_t j = 0; j < v; ++j) {
+    if (!keep[j]) {
+      EXPECT_EQ(count[j], 0) << "token " << j << " is outside the kept set";
+      continue;
+    }
+    double e = draws * p[j] / mass;
+    chi2 += (count[j] - e) * (count[j] - e) / e;
+    dof++;
+  }
+  EXPECT_LT(chi2, 30.0) << "chi-square " << chi2 << " with " << dof << " degrees of freedom";  // p < 1e-5 for dof <= 5
+}
+
+TEST_P(OpTest, PagedDecodeAttention) {
+  Rng rng(seed_);
+  // The second shape has a long context (CUDA: split across CTAs and merged), d = 128 and
+  // a GQA group of 8; the first, short ones of every length class around a block.
+  struct C { std::vector<int32_t> lens; int64_t hq, hkv, dim, blocks, maxb; };
+  for (DType t : {DType::kF32, DType::kBF16})
+  for (const C& c : {C{{1, 16, 17, 100, 128}, 8, 2, 64, 40, 8}, C{{1000, 300, 1}, 16, 2, 128, 90, 64}}) {
+    const int64_t B = static_cast<int64_t>(c.lens.size()), hq = c.hq, hkv = c.hkv, dim = c.dim, bs = 16,
+                  blocks = c.blocks, maxb = c.maxb;
+    const std::vector<int32_t>& lens = c.lens;
+    SCOPED_TRACE(::testing::Message() << DTypeName(t) << " dim=" << dim << " seed=" << seed_);
+    // Each sequence gets distinct blocks in a shuffled order (as an allocator would).
+    std::vector<int32_t> perm(blocks);
+    for (int i = 0; i < blocks; ++i) perm[i] = i;
+    std::shuffle(perm.begin(), perm.end(), rng.gen);
+    std::vector<int32_t> tables(B * maxb, -1);
+    int next = 0;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < (lens[b] + bs - 1) / bs; ++i) tables[b * maxb + i] = perm[next++];
+    auto qv = Quantize(rng.Normal(B * hq * dim), t), kv = Quantize(rng.Normal(blocks * bs * hkv * dim), t),
+         vv = Quantize(rng.Normal(blocks * bs * hkv * dim), t);
+    auto q = Make(*be_, {B, hq, dim}, t, qv), kc = Make(*be_, {blocks, bs, hkv, dim}, t, kv),
+         vc = Make(*be_, {blocks, bs, hkv, dim}, t, vv), bt = *be_->Empty({B, maxb}, DType::kI32), cl = Ints(*be_, lens);
+    ASSERT_TRUE(be_->CopyFromHost(tables.data(), bt).ok());
+    auto out = Out(*be_, {B, hq, dim}, t), lse = Out(*be_, {B, hq}, DType::kF32);
+    auto st = be_->PagedAttention(q, kc, vc, bt, cl, out, lse);
+    ASSERT_TRUE(st.ok()) << st;
+    // Reference: gather each sequence's tokens, then plain softmax attention in double.
+    std::vector<double> ro(B * hq * dim, 0.0), rl(B * hq);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < hq; ++h) {
+        int64_t g = h / (hq / hkv);
+        std::vector<double> sc(lens[b]);
+        for (int64_t tok = 0; tok < lens[b]; ++tok) {
+          int64_t base = ((int64_t(tables[b * maxb + tok / bs]) * bs + tok % bs) * hkv + g) * dim;
+          double dot = 0;
+          for (int64_t k = 0; k < dim; ++k) dot += double(qv[(b * hq + h) * dim + k]) * kv[base + k];
+          sc[tok] = dot / std::sqrt(double(dim));
+        }
+        double m = *std::max_element(sc.begin(), sc.end()), z = 0;
+        for (double x : sc) z += std::exp(x - m);
+        rl[b * hq + h] = m + std::log(z);
+        for (int64_t tok = 0; tok < lens[b]; ++tok) {
+          int64_t base = ((int64_t(tables[b * maxb + tok / bs]) * bs + tok % bs) * hkv + g) * dim;
+          for (int64_t k = 0; k < dim; ++k) ro[(b * hq + h) * dim + k] += std::exp(sc[tok] - m) / z * vv[base + k];
+        }
+      }
+    // bf16 on CUDA: P is rounded to bf16 before the P V product (as in flash attention).
+    EXPECT_LT(RelErr(Read(*be_, out), ro), t == DType::kBF16 ? 2e-2 : (cpu() ? 1e-6 : 1e-5));
+    EXPECT_LT(RelErr(Read(*be_, lse), rl), cpu() ? 1e-6 : 1e-5);
+    if (!cpu()) {  // host tables and lengths give the same result
+      auto host = MakeCpuBackend();
+      auto hbt = *host->Empty({B, maxb}, DType::kI32);
+      std::copy(tables.begin(), tables.end(), hbt.data_as<int32_t>());
+      auto first = Read(*be_, out);
+      auto out2 = Out(*be_, {B, hq, dim}, t);
+      ASSERT_TRUE(be_->PagedAttention(q, kc, vc, hbt, Ints(*host, lens), out2, lse).ok());
+      EXPECT_EQ(RelErr(Read(*be_, out2), first), 0.0);
+    }
+    // A table entry outside the cache is refused, not read.
+    std::vector<int32_t> bad = tables;
+    bad[(B - 2) * maxb + 2] = static_cast<int32_t>(blocks + 7);
+    ASSERT_TRUE(be_->CopyFromHost(bad.data(), bt).ok());
+    EXPECT_THAT(std::string(be_->PagedAttention(q, kc, vc, bt, cl, out, lse).message()),
+                HasSubstr(absl::StrCat("block_tables[", B - 2, "][2] = ", blocks + 7, " is not a block of the cache (",
+                                       blocks, " blocks)")));
+  }
+}
+
+}  // namespace
+}  // namespace tessera::runtime::test
