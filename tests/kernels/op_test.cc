@@ -419,6 +419,29 @@ TEST_P(OpTest, SumSquaresAndScale) {
 }
 
 // Independent double reference: per sequence and head, full score matrix and softmax.
+TEST_P(OpTest, AxpbyMixedDtypes) {
+  Rng rng(seed_);
+  for (DType tx : {DType::kF32, DType::kBF16})
+    for (DType ty : {DType::kF32, DType::kBF16})
+      for (int64_t n : {1, 1000, 65537}) {
+        SCOPED_TRACE(::testing::Message() << DTypeName(tx) << " -> " << DTypeName(ty) << " n=" << n << " seed=" << seed_);
+        auto xv = Quantize(rng.Normal(n), tx), yv = Quantize(rng.Normal(n), ty);
+        auto x = Make(*be_, {n}, tx, xv), y = Make(*be_, {n}, ty, yv);
+        ASSERT_TRUE(be_->Axpby(0.5f, x, -2.f, y).ok());
+        std::vector<double> want(n);
+        for (int64_t i = 0; i < n; ++i) want[i] = 0.5 * xv[i] - 2.0 * yv[i];
+        // One rounding into y's dtype: bf16 keeps 8 mantissa bits (relative error <= 2^-9
+        // per element); f32 arithmetic on CUDA vs double on the CPU.
+        EXPECT_LT(RelErr(Read(*be_, y), want), ty == DType::kBF16 ? 4e-3 : (cpu() ? 1e-7 : 1e-6));
+        // beta = 0 overwrites without reading y: poisoned (NaN) y must not leak through.
+        auto z = Out(*be_, {n}, ty);
+        ASSERT_TRUE(be_->Axpby(1.f, x, 0.f, z).ok());
+        EXPECT_LT(RelErr(Read(*be_, z), std::vector<double>(xv.begin(), xv.end())), ty == DType::kBF16 ? 4e-3 : 1e-7);
+      }
+  auto a = *be_->Empty({4}, DType::kF32), b = *be_->Empty({5}, DType::kF32);
+  EXPECT_THAT(std::string(be_->Axpby(1.f, a, 1.f, b).message()), HasSubstr("x [4] and y [5] must have the same shape"));
+}
+
 TEST_P(OpTest, ValidationNamesShapes) {
   auto x = *be_->Empty({4, 8}, DType::kF32), w = *be_->Empty({7}, DType::kF32), y = *be_->Empty({4, 8}, DType::kF32);
   auto r = *be_->Empty({4}, DType::kF32);

@@ -343,6 +343,13 @@ absl::Status Backend::Scale(Tensor& x, float s) {
   return DoScale(x, s);
 }
 
+absl::Status Backend::Axpby(float alpha, const Tensor& x, float beta, Tensor& y) {
+  TRY(CheckTensors("axpby", device(), {{"x", &x}, {"y", &y}}));
+  if (!Float(x.dtype()) || !Float(y.dtype())) return Bad("axpby", "x and y must be f32 or bf16");
+  TRY(SameShape("axpby", "x", x, "y", y));
+  return DoAxpby(alpha, x, beta, y);
+}
+
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(Device d) {
   if (d.kind == DeviceKind::kCpu) return MakeCpuBackend();
   return MakeCudaBackend(d.index);

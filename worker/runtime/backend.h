@@ -92,6 +92,9 @@ class Backend {
   // out (f32 [1]) += sum(x^2); x *= s.
   absl::Status SumSquares(const Tensor& x, Tensor& out);
   absl::Status Scale(Tensor& x, float s);
+  // y = alpha * x + beta * y over equal shapes; x, y f32 or bf16 independently (residual
+  // adds; bf16 gradients accumulated into f32). beta == 0 writes y without reading it.
+  absl::Status Axpby(float alpha, const Tensor& x, float beta, Tensor& y);
   // Fused AdamW on f32 master params and state; grad f32 or bf16. If param_lowp is
   // given (bf16, same shape) it receives the updated params.
   absl::Status AdamW(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& p,
@@ -125,6 +128,7 @@ class Backend {
                                 const Tensor& seed, const Tensor& offset, Tensor& token, Tensor& logprob) = 0;
   virtual absl::Status DoSumSquares(const Tensor& x, Tensor& out) = 0;
   virtual absl::Status DoScale(Tensor& x, float s) = 0;
+  virtual absl::Status DoAxpby(float alpha, const Tensor& x, float beta, Tensor& y) = 0;
   virtual absl::Status DoAdamW(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& p,
                                Tensor* param_lowp) = 0;
 };

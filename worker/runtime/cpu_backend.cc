@@ -7,6 +7,7 @@
 #include <cmath>
 #include "kernels/cast/cast.h"
 #include "kernels/cross_entropy/cross_entropy.h"
+#include "kernels/elementwise/elementwise.h"
 #include "kernels/embedding/embedding.h"
 #include "kernels/reduce/reduce.h"
 #include "kernels/paged_attention/paged_attention.h"
@@ -86,6 +87,9 @@ class CpuBackend final : public Backend {
     return kernels::SumSquaresCpu(x.data(), x.numel(), x.dtype(), out.data_as<float>());
   }
   absl::Status DoScale(Tensor& x, float s) override { return kernels::ScaleCpu(x.data(), x.numel(), s, x.dtype()); }
+  absl::Status DoAxpby(float alpha, const Tensor& x, float beta, Tensor& y) override {
+    return kernels::AxpbyCpu(alpha, x.data(), x.dtype(), beta, y.data(), y.dtype(), x.numel());
+  }
   absl::Status DoAttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu, bool causal,
                                   Tensor& out, Tensor& lse) override {
     return kernels::AttentionForwardCpu(q.data(), k.data(), v.data(), cu.data_as<int32_t>(), out.data(), lse.data_as<float>(),

@@ -14,6 +14,7 @@
 #include <cmath>
 #include "kernels/cast/cast.h"
 #include "kernels/cross_entropy/cross_entropy.h"
+#include "kernels/elementwise/elementwise.h"
 #include "kernels/embedding/embedding.h"
 #include "kernels/reduce/reduce.h"
 #include "kernels/paged_attention/paged_attention.h"
@@ -161,6 +162,9 @@ class CudaBackend final : public Backend {
     return kernels::SumSquaresCuda(x.data(), x.numel(), x.dtype(), out.data_as<float>(), stream_);
   }
   absl::Status DoScale(Tensor& x, float s) override { return kernels::ScaleCuda(x.data(), x.numel(), s, x.dtype(), stream_); }
+  absl::Status DoAxpby(float alpha, const Tensor& x, float beta, Tensor& y) override {
+    return kernels::AxpbyCuda(alpha, x.data(), x.dtype(), beta, y.data(), y.dtype(), x.numel(), stream_);
+  }
   absl::Status DoAttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu, bool causal,
                                   Tensor& out, Tensor& lse) override {
     TESSERA_ASSIGN_OR_RETURN(Tensor dcu, OnDevice(cu));

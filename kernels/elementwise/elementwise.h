@@ -1,0 +1,15 @@
+// Elementwise ops the engines need: y = alpha * x + beta * y over n elements (residual
+// adds, gradient accumulation into f32 buffers, scaled copies). x and y are f32 or
+// bf16, independently (a bf16 gradient can accumulate into an f32 buffer); arithmetic is
+// f32 (CPU: double), rounded once into y's dtype.
+#pragma once
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "worker/runtime/dtype.h"
+
+namespace tessera::kernels {
+using runtime::DType;
+absl::Status AxpbyCpu(float alpha, const void* x, DType tx, float beta, void* y, DType ty, int64_t n);
+absl::Status AxpbyCuda(float alpha, const void* x, DType tx, float beta, void* y, DType ty, int64_t n, void* stream);
+}  // namespace tessera::kernels
