@@ -292,11 +292,7 @@ absl::Status Launch(const void* q, const void* k, const void* v, const FwdParams
   // last item's tail and epilogue. Causal items differ in cost (up to 2x per sequence
   // tile): static round robin measured 1.6x slower there (H200, 16k tokens), so causal
   // runs one CTA per item and lets the hardware hand them out, heaviest first.
-  static const int sms = [] {
-    int dev = 0, n = 132;
-    if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
-    return n;
-  }();
+  const int sms = SmCount();
   const int64_t items = tiles * d.q_heads;
   FwdParams params = p;
   params.tiles = tiles;

@@ -3,6 +3,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
+
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 
@@ -48,6 +50,19 @@ inline absl::Status LaunchStatus(const char* kernel) {
   cudaError_t e = cudaGetLastError();
   if (e == cudaSuccess) return absl::OkStatus();
   return absl::InternalError(absl::StrCat(kernel, ": ", cudaGetErrorString(e)));
+}
+
+// Multiprocessors of the current device (persistent and split-work launches size their
+// grids with it); looked up once per device.
+inline int SmCount() {
+  static std::atomic<int> cache[16] = {};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 132;
+  if (dev < 16 && cache[dev].load(std::memory_order_relaxed) > 0) return cache[dev].load(std::memory_order_relaxed);
+  int n = 132;
+  cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+  if (dev < 16) cache[dev].store(n, std::memory_order_relaxed);
+  return n;
 }
 
 inline unsigned GridFor(int64_t n, int threads) {

@@ -239,11 +239,7 @@ bool Supported(const PagedDims& d, DType t) {
 
 absl::Status Decode(const void* q, const void* kc, const void* vc, const int32_t* tables, const int32_t* lens, void* out,
                     float* lse, const PagedDims& d, cudaStream_t s) {
-  static const int sms = [] {
-    int dev = 0, n = 132;
-    if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
-    return n;
-  }();
+  const int sms = SmCount();
   Params p{static_cast<const bf16*>(q), static_cast<const bf16*>(kc), static_cast<const bf16*>(vc), tables, lens,
            static_cast<bf16*>(out), lse, nullptr, nullptr, static_cast<int>(d.q_heads), static_cast<int>(d.kv_heads),
            static_cast<int>(d.block_size), static_cast<int>(d.max_blocks), 1, 0, d.scale};

@@ -1,5 +1,7 @@
 #include "worker/runtime/backend.h"
 
+#include "common/status.h"
+
 #include "absl/strings/str_cat.h"
 
 namespace tessera::runtime {
@@ -211,14 +213,25 @@ absl::Status Backend::CrossEntropyBackward(const Tensor& logits, const Tensor& t
 }
 
 namespace {
+// Index tensors (cu_seqlens, block tables, context lengths) may live on the backend's
+// device or on the host: a host tensor is read in place, a device one has to come back
+// first (which waits for the stream), so hot paths pass host tensors.
+absl::Status CheckIndexTensor(const char* op, Device dev, const char* name, const Tensor& t) {
+  if (t.defined() && t.device().kind == DeviceKind::kCpu)
+    return t.contiguous() ? absl::OkStatus() : Bad(op, absl::StrCat(name, " is not contiguous"));
+  return CheckTensors(op, dev, {{name, &t}});
+}
+absl::StatusOr<std::vector<int32_t>> ReadIndices(Backend& be, const Tensor& t) {
+  std::vector<int32_t> h(t.numel());
+  if (t.device().kind == DeviceKind::kCpu) std::copy_n(t.data_as<int32_t>(), h.size(), h.begin());
+  else TRY(be.CopyToHost(t, h.data()));
+  return h;
+}
+
 absl::Status CheckAttention(Backend& be, const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
                             const Tensor& cu, const Tensor& out, const Tensor& lse) {
   TRY(CheckTensors(op, be.device(), {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"lse", &lse}}));
-  // cu_seqlens may live on this device or on the host; a host copy is validated in place,
-  // a device copy has to come back first (which waits for the device).
-  const bool cu_on_host = cu.defined() && cu.device().kind == DeviceKind::kCpu;
-  if (!cu_on_host) TRY(CheckTensors(op, be.device(), {{"cu_seqlens", &cu}}));
-  else if (!cu.contiguous()) return Bad(op, "cu_seqlens is not contiguous");
+  TRY(CheckIndexTensor(op, be.device(), "cu_seqlens", cu));
   if (q.rank() != 3 || k.rank() != 3 || !Float(q.dtype()))
     return Bad(op, absl::StrCat("q ", q.ShapeString(), " and k ", k.ShapeString(), " must be f32/bf16 [tokens, heads, head_dim]"));
   TRY(SameDType(op, "k", k, "q", q));
@@ -234,9 +247,7 @@ absl::Status CheckAttention(Backend& be, const char* op, const Tensor& q, const 
     return Bad(op, absl::StrCat("lse must be f32 [", q.dim(0), ", ", q.dim(1), "], got ", lse.ShapeString()));
   if (cu.rank() != 1 || cu.dtype() != DType::kI32 || cu.dim(0) < 2)
     return Bad(op, absl::StrCat("cu_seqlens must be i32 [batch+1] with batch >= 1, got ", cu.ShapeString()));
-  std::vector<int32_t> h(cu.dim(0));
-  if (cu_on_host) std::copy_n(cu.data_as<int32_t>(), h.size(), h.begin());
-  else TRY(be.CopyToHost(cu, h.data()));
+  TESSERA_ASSIGN_OR_RETURN(const std::vector<int32_t> h, ReadIndices(be, cu));
   if (h[0] != 0 || h.back() != q.dim(0))
     return Bad(op, absl::StrCat("cu_seqlens must start at 0 and end at tokens=", q.dim(0), ", got ", h[0], " ... ", h.back()));
   for (size_t i = 1; i < h.size(); ++i)
@@ -270,15 +281,8 @@ absl::Status Backend::PagedAttention(const Tensor& q, const Tensor& kc, const Te
                                      const Tensor& lens, Tensor& out, Tensor& lse) {
   const char* op = "paged_attention";
   TRY(CheckTensors(op, device(), {{"q", &q}, {"k_cache", &kc}, {"v_cache", &vc}, {"out", &out}, {"lse", &lse}}));
-  // Tables and lengths may live on this device or on the host (validated in place there;
-  // a device copy comes back first, which waits for the stream).
-  for (auto [name, t] : {std::pair<const char*, const Tensor*>{"block_tables", &tables}, {"context_lens", &lens}}) {
-    if (t->defined() && t->device().kind == DeviceKind::kCpu) {
-      if (!t->contiguous()) return Bad(op, absl::StrCat(name, " is not contiguous"));
-    } else {
-      TRY(CheckTensors(op, device(), {{name, t}}));
-    }
-  }
+  TRY(CheckIndexTensor(op, device(), "block_tables", tables));
+  TRY(CheckIndexTensor(op, device(), "context_lens", lens));
   if (q.rank() != 3 || !Float(q.dtype())) return Bad(op, absl::StrCat("q must be f32/bf16 [batch, heads, dim], got ", q.ShapeString()));
   if (kc.rank() != 4 || kc.dim(3) != q.dim(2))
     return Bad(op, absl::StrCat("k_cache must be [blocks, block_size, kv_heads, ", q.dim(2), "], got ", kc.ShapeString()));
@@ -295,11 +299,8 @@ absl::Status Backend::PagedAttention(const Tensor& q, const Tensor& kc, const Te
   TRY(Vec(op, "context_lens", lens, B, DType::kI32));
   if (lse.dtype() != DType::kF32 || lse.rank() != 2 || lse.dim(0) != B || lse.dim(1) != q.dim(1))
     return Bad(op, absl::StrCat("lse must be f32 [", B, ", ", q.dim(1), "], got ", lse.ShapeString()));
-  std::vector<int32_t> ht(tables.numel()), hl(B);
-  for (auto [t, h] : {std::pair<const Tensor*, int32_t*>{&tables, ht.data()}, {&lens, hl.data()}}) {
-    if (t->device().kind == DeviceKind::kCpu) std::copy_n(t->data_as<int32_t>(), t->numel(), h);
-    else TRY(CopyToHost(*t, h));
-  }
+  TESSERA_ASSIGN_OR_RETURN(const std::vector<int32_t> ht, ReadIndices(*this, tables));
+  TESSERA_ASSIGN_OR_RETURN(const std::vector<int32_t> hl, ReadIndices(*this, lens));
   const int64_t bs = kc.dim(1), maxb = tables.dim(1);
   for (int64_t b = 0; b < B; ++b) {
     if (hl[b] < 1 || hl[b] > maxb * bs)
