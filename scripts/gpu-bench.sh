@@ -5,6 +5,10 @@ set -uo pipefail
 GPU_ENV_KEEP_DIST=1 source "$(dirname "$0")/gpu-env.sh"
 dist/bin/op_bench > "$OUT/op_bench.jsonl" 2> "$OUT/op_bench.err"
 python3 bench/torch_ops_peer.py > "$OUT/torch_peer.jsonl" 2> "$OUT/torch_peer.err"
+# Kernel-variant sweeps, when bench/variants/build.sh put them into dist/bin.
+for v in rope_variants rmsnorm_bwd_variants; do
+  [ -x "dist/bin/$v" ] && "dist/bin/$v" > "$OUT/$v.txt" 2>&1
+done
 python3 - "$OUT/op_bench.jsonl" "$OUT/torch_peer.jsonl" "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" <<'PY'
 import json, sys
 ours = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]

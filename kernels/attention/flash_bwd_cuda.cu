@@ -10,9 +10,11 @@
 //   dV  += P^T dO                 dK  += dS^T Q           (registers x shared, N-major)
 //   dQ[:, half] = dS K            (dS^T staged in shared memory, M-major), reduced into
 //                                 global f32 with one bulk reduce-add per query tile
-// D = rowsum(dO O) and lse log2e are prepared per (head, token) by a small kernel;
-// dq_acc is scaled and cast at the end. A stage goes back to the producer through an
-// "empty" mbarrier once every consumer warp's wgmma reading it has completed.
+// D = rowsum(dO O) and lse log2e are prepared by a small kernel per (head, 64-query
+// slot), padded with (0, +inf) past the sequence so padded queries get P = 0; the
+// producer copies each tile's 2 x 256 bytes into the stage with the Q and dO tiles (the
+// consumers never wait on a global load). dq_acc is scaled and cast at the end. A stage goes back to the producer through an
+// "empty" mbarrier once every consumer thread's reads of it have completed.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
@@ -26,10 +28,10 @@ namespace tessera::kernels::flash {
 namespace {
 using bf16 = __nv_bfloat16;
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr int kConsumers = 2, kThreads = 128 * (kConsumers + 1), kBc = 64 * kConsumers, kBr = 64, kStages = 2;
+constexpr int kConsumers = 2, kThreads = 128 * (kConsumers + 1), kBc = 64 * kConsumers, kBr = 64;
 
 struct BwdParams {
-  const float *lse2, *dvec;  // [Hq][T]: lse * log2(e) and rowsum(dO * O)
+  const float *lse2, *dvec;  // [Hq][q slots][64]: lse * log2(e) and rowsum(dO * O), padded
   float* dq_acc;             // [Hq][q slots][64 x D] in fragment order (see DqSlotOffset), unscaled dS K
   const int32_t* q_first;    // first 64-query slot of each sequence
   int64_t q_slots;           // slots per head
@@ -47,9 +49,15 @@ struct BwdSmem {
   using QTile = wg::Sw128Tile<kBr, D>;    // Q, dO (per stage)
   using STile = wg::Sw128Tile<kBc, kBr>;  // dS^T [keys][queries] (double-buffered)
   static constexpr int kDqBytes = kBr * D * 4;  // one dQ slot, f32 (double-buffered)
-  static constexpr int kTiles = 2 * KTile::kBytes + 2 * kStages * QTile::kBytes + 2 * STile::kBytes + 2 * kDqBytes;
+  static constexpr int kRowBytes = kBr * 4;     // lse2 or dvec of one tile (per stage)
+  // Q/dO stages in flight. d128 has room for two only; three at d64 measured no faster
+  // (H200: 0.98-1.01x).
+  static constexpr int kStages = 2;
+  static constexpr int kTiles =
+      2 * KTile::kBytes + 2 * kStages * QTile::kBytes + 2 * STile::kBytes + 2 * kDqBytes + 2 * kStages * kRowBytes;
   static constexpr int kBarriers = 1 + 2 * kStages;  // kv_full, q_full[], q_empty[]
   static constexpr int kBytes = kTiles + kBarriers * 8 + 1024;
+  static_assert(kBytes <= 227 * 1024, "backward tiles exceed the shared memory of an SM");
 };
 
 template <int D>
@@ -72,6 +80,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   using KTile = typename S::KTile;
   using QTile = typename S::QTile;
   using STile = typename S::STile;
+  constexpr int kStages = S::kStages;
   extern __shared__ unsigned char smem_raw[];
   char* smem = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   const KTile sK{reinterpret_cast<bf16*>(smem)}, sV{reinterpret_cast<bf16*>(smem + KTile::kBytes)};
@@ -81,6 +90,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   char* const sbase = qbase + 2 * kStages * QTile::kBytes;
   auto sdS = [&](int b) { return STile{reinterpret_cast<bf16*>(sbase + b * STile::kBytes)}; };
   float* const dq_smem = reinterpret_cast<float*>(sbase + 2 * STile::kBytes);  // [2][kBr * D]
+  float* const rows_smem = dq_smem + 2 * kBr * D;  // [kStages][2][kBr]: lse2, dvec
   uint64_t* kv_full = reinterpret_cast<uint64_t*>(smem + S::kTiles);
   uint64_t* q_full = kv_full + 1;
   uint64_t* q_empty = q_full + kStages;
@@ -90,14 +100,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int kvh = blockIdx.y, group = p.hq / p.hkv;
   const int start = p.cu[tile.x], len = p.cu[tile.x + 1] - start, n0 = tile.y * kBc;
   const int m_first = kCausal ? n0 / kBr : 0, m_tiles = (len + kBr - 1) / kBr - m_first;
-  const int iters = group * m_tiles;
+  const int iters = group * m_tiles, q_first = p.q_first[tile.x];
   const int tid = threadIdx.x, wgi = tid / 128 - 1;
 
   if (tid == 0) {
     tma::BarInit(kv_full, 1);
     for (int i = 0; i < kStages; ++i) {
       tma::BarInit(q_full + i, 1);
-      tma::BarInit(q_empty + i, 4 * kConsumers);
+      tma::BarInit(q_empty + i, 128 * kConsumers);  // every consumer thread releases
     }
     tma::FenceBarrierInit();
   }
@@ -112,9 +122,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         tma::Load3d(reinterpret_cast<char*>(sV.base) + b * KTile::kBlockBytes, &tv, kv_full, 64 * b, kvh, start + n0);
       }
       for (int it = 0; it < iters; ++it) {
-        const int st = it % kStages, h = kvh * group + it / m_tiles, row = start + (m_first + it % m_tiles) * kBr;
+        const int st = it % kStages, h = kvh * group + it / m_tiles, mt = m_first + it % m_tiles, row = start + mt * kBr;
         if (it >= kStages) tma::Wait(q_empty + st, ((it / kStages) & 1) ^ 1);
-        tma::ArriveExpectTx(q_full + st, 2 * QTile::kBytes);
+        tma::ArriveExpectTx(q_full + st, 2 * QTile::kBytes + 2 * S::kRowBytes);
+        const int64_t slot = (int64_t(h) * p.q_slots + q_first + mt) * kBr;
+        tma::BulkLoad(rows_smem + st * 2 * kBr, p.lse2 + slot, S::kRowBytes, q_full + st);
+        tma::BulkLoad(rows_smem + st * 2 * kBr + kBr, p.dvec + slot, S::kRowBytes, q_full + st);
         for (int b = 0; b < D / 64; ++b) {
           tma::Load3d(reinterpret_cast<char*>(sQ(st).base) + b * QTile::kBlockBytes, &tq, q_full + st, 64 * b, h, row);
           tma::Load3d(reinterpret_cast<char*>(sdO(st).base) + b * QTile::kBlockBytes, &tdo, q_full + st, 64 * b, h, row);
@@ -146,19 +159,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int kk = 0; kk < D / 16; ++kk)
       wg::WgmmaSS_m64n64(dp, wg::KMajorDesc(sV, 64 * wgi, kk), wg::KMajorDesc(sdO(st), 0, kk), kk > 0);
     wg::Commit();
-    // This thread's query columns: 8 c + 2 t + e.
-    const float* lrow = p.lse2 + int64_t(h) * p.tokens + start + m0;
-    const float* drow = p.dvec + int64_t(h) * p.tokens + start + m0;
+    // This thread's query columns: 8 c + 2 t + e (padded with +inf and 0 past the sequence).
+    const float* lrow = rows_smem + st * 2 * kBr;
+    const float* drow = lrow + kBr;
     float lv[kBr / 4], dvv[kBr / 4];
 #pragma unroll
-    for (int c = 0; c < kBr / 8; ++c)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int col = 8 * c + 2 * t + e;
-        const bool ok = m0 + col < len;
-        lv[2 * c + e] = ok ? lrow[col] : INFINITY;  // P = 0 for queries past the sequence
-        dvv[2 * c + e] = ok ? drow[col] : 0.f;
-      }
+    for (int c = 0; c < kBr / 8; ++c) {
+      const float2 l2 = *reinterpret_cast<const float2*>(lrow + 8 * c + 2 * t);
+      const float2 d2 = *reinterpret_cast<const float2*>(drow + 8 * c + 2 * t);
+      lv[2 * c] = l2.x, lv[2 * c + 1] = l2.y, dvv[2 * c] = d2.x, dvv[2 * c + 1] = d2.y;
+    }
     wg::Wait<1>();
     wg::FenceRegs(s);
     const bool mask = key_mask || (kCausal && n0 + key0 + 15 > m0);
@@ -222,7 +232,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (wgi == 0) asm volatile("bar.sync 2, 128;\n" ::: "memory");
       else asm volatile("bar.sync 3, 128;\n" ::: "memory");
       if (wt == 0) {
-        const int64_t slot = int64_t(h) * p.q_slots + p.q_first[tile.x] + m0 / kBr;
+        const int64_t slot = int64_t(h) * p.q_slots + q_first + m0 / kBr;
         tma::BulkReduceAddF32(p.dq_acc + slot * (kBr * D) + wgi * kHalf, half, kHalf * 4);
         tma::BulkCommit();
         tma::BulkWaitRead<1>();  // this warpgroup's other buffer is free for the next tile
@@ -233,7 +243,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     wg::Wait<0>();
     wg::FenceRegs(dk);
     wg::FenceRegs(dv);
-    if (lane == 0) tma::Arrive(q_empty + st);
+    // Every thread releases the stage after its own reads of the stage's lse2/dvec (one
+    // arrive per warp after __syncwarp is enough by the memory model, but not to
+    // compute-sanitizer's racecheck, which then reports the next bulk copy as a race).
+    tma::Arrive(q_empty + st);
   }
   if (tid % 128 == 0) tma::BulkWait<0>();
   // Epilogue: dK (scaled) and dV of this thread's keys.
@@ -252,23 +265,33 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-// lse2[h][i] = lse[i][h] * log2(e), dvec[h][i] = sum_c dout[i][h][c] * out[i][h][c]; one warp per (i, h).
-__global__ void Prepare(const bf16* dout, const bf16* out, const float* lse, float* lse2, float* dvec, int64_t tokens,
-                        int hq, int dim) {
-  const int64_t row = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
-  if (row >= tokens * hq) return;
-  const int lane = threadIdx.x & 31;
-  float s = 0.f;
-  for (int c = 2 * lane; c < dim; c += 64) {
-    const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(dout + row * dim + c));
-    const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(out + row * dim + c));
-    s += a.x * b.x + a.y * b.y;
-  }
-  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffff, s, o);
-  if (lane == 0) {
-    const int64_t i = row / hq, h = row % hq;
-    dvec[h * tokens + i] = s;
-    lse2[h * tokens + i] = lse[row] * kLog2e;
+// lse2 and dvec of one 64-query slot of one head: lse * log2(e) and
+// sum_c dout[i][h][c] * out[i][h][c], one warp per query, (+inf, 0) past the sequence.
+__global__ void __launch_bounds__(256) Prepare(const bf16* dout, const bf16* out, const float* lse, const int2* slots,
+                                               const int32_t* q_first, const int32_t* cu, int64_t q_slots, int hq,
+                                               int dim, float* lse2, float* dvec) {
+  const int2 sl = slots[blockIdx.x];
+  if (sl.x < 0) return;
+  const int h = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+  const int start = cu[sl.x], len = cu[sl.x + 1] - start;
+  const int m0 = (static_cast<int>(blockIdx.x) - q_first[sl.x]) * kBr;
+  const int64_t base = (int64_t(h) * q_slots + blockIdx.x) * kBr;
+  for (int r = warp; r < kBr; r += 8) {
+    const int qi = m0 + r;
+    float s = 0.f;
+    if (qi < len) {
+      const int64_t row = (int64_t(start) + qi) * hq + h;
+      for (int c = 2 * lane; c < dim; c += 64) {
+        const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(dout + row * dim + c));
+        const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(out + row * dim + c));
+        s += a.x * b.x + a.y * b.y;
+      }
+      for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffff, s, o);
+    }
+    if (lane == 0) {
+      dvec[base + r] = s;
+      lse2[base + r] = qi < len ? lse[(int64_t(start) + qi) * hq + h] * kLog2e : INFINITY;
+    }
   }
 }
 
@@ -323,9 +346,9 @@ absl::Status Launch(const void* q, const void* k, const void* v, const void* dou
 
 absl::Status Backward(const void* q, const void* k, const void* v, const int32_t* cu, const void* out, const void* dout,
                       const float* lse, void* dq, void* dk, void* dv, const AttentionDims& d, cudaStream_t s) {
-  const int64_t rows = d.tokens * d.q_heads, tiles = TileCapacity(d, kBc), q_slots = TileCapacity(d, kBr);
+  const int64_t tiles = TileCapacity(d, kBc), q_slots = TileCapacity(d, kBr), rows = d.q_heads * q_slots * kBr;
   const int64_t acc_n = d.q_heads * q_slots * kBr * d.head_dim;
-  // Scratch: dq_acc f32, lse2 and dvec [rows] f32, the key-tile table, the query-slot table
+  // Scratch: dq_acc f32, lse2 and dvec [Hq][q slots][64] f32, the key-tile table, the query-slot table
   // and each sequence's first query slot.
   char* scratch = nullptr;
   const size_t bytes =
@@ -343,14 +366,13 @@ absl::Status Backward(const void* q, const void* k, const void* v, const int32_t
                                  : (d.causal ? Launch<128, true> : Launch<128, false>);
   auto run = [&]() -> absl::Status {
     if (cudaMemsetAsync(dq_acc, 0, acc_n * sizeof(float), s) != cudaSuccess) return LaunchStatus("flash_backward(memset)");
-    Prepare<<<static_cast<unsigned>((rows * 32 + 255) / 256), 256, 0, s>>>(
-        static_cast<const bf16*>(dout), static_cast<const bf16*>(out), lse, lse2, dvec, d.tokens,
-        static_cast<int>(d.q_heads), static_cast<int>(d.head_dim));
-    TESSERA_RETURN_IF_ERROR(LaunchStatus("flash_backward(prepare)"));
     TESSERA_RETURN_IF_ERROR(BuildTileTable(cu, d.batch, kBc, table, tiles, s));
     TESSERA_RETURN_IF_ERROR(BuildTileTable(cu, d.batch, kBr, slots, q_slots, s, q_first));
-    TESSERA_RETURN_IF_ERROR(launch(q, k, v, dout, p, d, s));
     const dim3 grid(static_cast<unsigned>(q_slots), static_cast<unsigned>(d.q_heads));
+    Prepare<<<grid, 256, 0, s>>>(static_cast<const bf16*>(dout), static_cast<const bf16*>(out), lse, slots, q_first, cu,
+                                 q_slots, static_cast<int>(d.q_heads), static_cast<int>(d.head_dim), lse2, dvec);
+    TESSERA_RETURN_IF_ERROR(LaunchStatus("flash_backward(prepare)"));
+    TESSERA_RETURN_IF_ERROR(launch(q, k, v, dout, p, d, s));
     if (d.head_dim == 64)
       DqFromSlots<64><<<grid, 256, 0, s>>>(dq_acc, slots, q_first, cu, q_slots, static_cast<int>(d.q_heads), d.scale, static_cast<bf16*>(dq));
     else

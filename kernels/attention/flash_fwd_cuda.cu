@@ -40,13 +40,18 @@ struct FwdParams {
   float scale;
 };
 
+// One work item (a query tile of one head) as the producer hands it to the consumers.
+struct FwdItem {
+  int h, start, len, m0, n_tiles;  // h < 0: no more items
+};
+
 template <int D>
 struct FwdSmem {
   using QTile = wg::Sw128Tile<kBr, D>;
   using KTile = wg::Sw128Tile<kBc, D>;
   static constexpr int kTiles = QTile::kBytes + 2 * kStages * KTile::kBytes;
   static constexpr int kBarriers = 2 + 4 * kStages;  // q_full, q_empty, k_full[], v_full[], k_empty[], v_empty[]
-  static constexpr int kBytes = kTiles + kBarriers * 8 + 1024;  // + alignment slack
+  static constexpr int kBytes = kTiles + kBarriers * 8 + 32 + 1024;  // + the item slot, alignment slack
 };
 
 template <int D>
@@ -74,11 +79,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint64_t* v_full = k_full + kStages;
   uint64_t* k_empty = v_full + kStages;
   uint64_t* v_empty = k_empty + kStages;
+  FwdItem* const slot = reinterpret_cast<FwdItem*>(v_empty + kStages);
   const int tid = threadIdx.x, wgi = tid / 128 - 1, warp = (tid / 32) % 4, lane = tid % 32;
 
   if (tid == 0) {
     tma::BarInit(q_full, 1);
-    tma::BarInit(q_empty, 4 * kConsumers);  // lane 0 of every consumer warp
+    // Every consumer thread: each read the item slot itself (one arrive per warp would do
+    // by the memory model, but racecheck then reports the producer's next slot write).
+    tma::BarInit(q_empty, 128 * kConsumers);
     for (int i = 0; i < kStages; ++i) {
       tma::BarInit(k_full + i, 1);
       tma::BarInit(v_full + i, 1);
@@ -90,39 +98,47 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
 
   // Work item w = (query tile w % tiles, head w / tiles); a CTA takes items blockIdx.x,
-  // blockIdx.x + gridDim.x, ... (one item per CTA when the grid covers them all).
-  // Producer and consumers walk the same items; the K/V ring's stage and phase
-  // run on across items (`kv` counts tiles), so the next item's Q and K/V load while the
-  // consumers finish the last one (its P V products and its epilogue).
-  struct Item {
-    int h, start, len, m0, n_tiles;
-  };
-  auto item = [&](int64_t w, Item& it) {
-    const int2 tile = p.table[w % p.tiles];
-    if (tile.x < 0) return false;
-    it.h = static_cast<int>(w / p.tiles);
-    it.start = p.cu[tile.x];
-    it.len = p.cu[tile.x + 1] - it.start;
-    it.m0 = tile.y * kBr;
-    const int n_end = kCausal ? min(it.len, it.m0 + kBr) : it.len;
-    it.n_tiles = (n_end + kBc - 1) / kBc;
-    return true;
-  };
+  // blockIdx.x + gridDim.x, ... (one item per CTA when the grid covers them all). Only
+  // the producer reads the tile table and cu_seqlens (a chain of dependent global
+  // loads), one item ahead of its use; it hands each item to the consumers in a shared
+  // slot published by the Q barrier, and ends the list with h = -1. The K/V ring's stage
+  // and phase run on across items (`kv` counts tiles), so the next item's Q and K/V load
+  // while the consumers finish the last one (its P V products and its epilogue).
   const int64_t items = p.tiles * p.hq;
+  auto next_item = [&](int64_t w, FwdItem& it) {  // first valid item at or after w
+    for (; w < items; w += gridDim.x) {
+      const int2 tile = p.table[w % p.tiles];
+      if (tile.x < 0) continue;
+      it.h = static_cast<int>(w / p.tiles);
+      it.start = p.cu[tile.x];
+      it.len = p.cu[tile.x + 1] - it.start;
+      it.m0 = tile.y * kBr;
+      const int n_end = kCausal ? min(it.len, it.m0 + kBr) : it.len;
+      it.n_tiles = (n_end + kBc - 1) / kBc;
+      return w;
+    }
+    return items;
+  };
 
   if (wgi < 0) {  // producer warpgroup
     tma::RegDealloc<24>();
     if (tid == 0) {
       int64_t kv = 0, nq = 0;
-      for (int64_t w = blockIdx.x; w < items; w += gridDim.x) {
-        Item it;
-        if (!item(w, it)) continue;
+      FwdItem it;
+      for (int64_t w = next_item(blockIdx.x, it);; ++nq) {
+        if (nq > 0) tma::Wait(q_empty, (nq - 1) & 1);  // the consumers are past the slot and Q
+        if (w >= items) {
+          slot->h = -1;
+          tma::Arrive(q_full);
+          break;
+        }
+        *slot = it;
         const int kvh = it.h / (p.hq / p.hkv);
-        if (nq > 0) tma::Wait(q_empty, (nq - 1) & 1);
-        ++nq;
         tma::ArriveExpectTx(q_full, QTile::kBytes);
         for (int b = 0; b < D / 64; ++b)
           tma::Load3d(reinterpret_cast<char*>(sQ.base) + b * QTile::kBlockBytes, &tq, q_full, 64 * b, it.h, it.start + it.m0);
+        FwdItem next;  // its loads are in flight during this item's K/V stream
+        const int64_t w_next = next_item(w + gridDim.x, next);
         for (int j = 0; j < it.n_tiles; ++j, ++kv) {
           const int st = kv % kStages, row = it.start + j * kBc;
           const int ph = static_cast<int>(kv / kStages) & 1;
@@ -135,6 +151,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           for (int b = 0; b < D / 64; ++b)
             tma::Load3d(reinterpret_cast<char*>(sV(st).base) + b * KTile::kBlockBytes, &tv, v_full + st, 64 * b, kvh, row);
         }
+        it = next;
+        w = w_next;
       }
     }
     return;
@@ -144,13 +162,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int g = lane / 4, t = lane % 4;
   const float sl2 = p.scale * kLog2e;
   int64_t kv = 0, nq = 0;
-  for (int64_t w = blockIdx.x; w < items; w += gridDim.x) {
-    Item it;
-    if (!item(w, it)) continue;
-    const int h = it.h, start = it.start, len = it.len, n_tiles = it.n_tiles;
-    const int row0 = it.m0 + wgi * 64 + warp * 16;  // sequence-local query of this thread's rows g and g + 8
+  for (;;) {
     tma::Wait(q_full, nq & 1);
     ++nq;
+    const FwdItem it = *slot;
+    if (it.h < 0) break;
+    const int h = it.h, start = it.start, len = it.len, n_tiles = it.n_tiles;
+    const int row0 = it.m0 + wgi * 64 + warp * 16;  // sequence-local query of this thread's rows g and g + 8
     // Ping-pong: the two consumer warpgroups take turns issuing their wgmmas (named
     // barriers 2 and 3), so one warpgroup's softmax runs while the other's products occupy
     // the tensor cores. Warpgroup 0 goes first; warpgroup 1 skips its last hand-over so
@@ -187,10 +205,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         wg::Wait<0>();
       }
       wg::FenceRegs(s);
-      if (lane == 0) {
-        tma::Arrive(k_empty + st);
-        if (j + 1 == n_tiles) tma::Arrive(q_empty);  // Q's last reader is done
-      }
+      if (lane == 0) tma::Arrive(k_empty + st);
+      if (j + 1 == n_tiles) tma::Arrive(q_empty);  // Q's last reader is done
 
       if (n0 + kBc > len || (kCausal && n0 + kBc - 1 > row0)) {
 #pragma unroll
@@ -275,8 +291,8 @@ PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
 }
 
 template <int D, bool kCausal>
-absl::Status Launch(const void* q, const void* k, const void* v, const FwdParams& p, const AttentionDims& d, int2* table,
-                    cudaStream_t s) {
+absl::Status Launch(const void* q, const void* k, const void* v, const FwdParams& p, const AttentionDims& d,
+                    int2* table, cudaStream_t s) {
   constexpr int kSmem = FwdSmem<D>::kBytes;
   CUtensorMap tq, tk, tv;
   TESSERA_RETURN_IF_ERROR(TokenTensorMap(&tq, q, d.tokens, d.q_heads, D, kBr, "q"));
@@ -290,11 +306,13 @@ absl::Status Launch(const void* q, const void* k, const void* v, const FwdParams
   // Full attention: persistent, one CTA per multiprocessor (each holds one) taking items
   // round robin (they all cost the same), so each CTA's next Q and K/V load under its
   // last item's tail and epilogue. Causal items differ in cost (up to 2x per sequence
-  // tile): static round robin measured 1.6x slower there (H200, 16k tokens), so causal
-  // runs one CTA per item and lets the hardware hand them out, heaviest first.
+  // tile): static round robin measured slower at every length there (H200: 0.92-0.97x at
+  // 512-2048 tokens per sequence, 0.57-0.78x at 4k-16k), so causal runs one CTA per item
+  // and lets the hardware hand them out, heaviest first.
   const int sms = SmCount();
   const int64_t items = tiles * d.q_heads;
   FwdParams params = p;
+  params.table = table;
   params.tiles = tiles;
   const int64_t grid = kCausal ? items : std::min<int64_t>(items, sms);
   kernel<<<static_cast<unsigned>(grid), kThreads, kSmem, s>>>(tq, tk, tv, params);
@@ -320,12 +338,11 @@ absl::Status TokenTensorMap(CUtensorMap* map, const void* base, int64_t tokens, 
 
 absl::Status Forward(const void* q, const void* k, const void* v, const int32_t* cu, void* out, float* lse,
                      const AttentionDims& d, cudaStream_t s) {
-  FwdParams p{static_cast<bf16*>(out), lse, cu, nullptr, 0, static_cast<int>(d.q_heads), static_cast<int>(d.kv_heads),
-              d.scale};
-  int2* table = nullptr;
+  int2* table = nullptr;  // scratch: the tile table
   if (cudaMallocAsync(&table, TileCapacity(d, kBr) * sizeof(int2), s) != cudaSuccess)
     return LaunchStatus("flash_forward(alloc)");
-  p.table = table;
+  FwdParams p{static_cast<bf16*>(out), lse, cu, nullptr, 0, static_cast<int>(d.q_heads), static_cast<int>(d.kv_heads),
+              d.scale};
   auto launch = d.head_dim == 64 ? (d.causal ? Launch<64, true> : Launch<64, false>)
                                  : (d.causal ? Launch<128, true> : Launch<128, false>);
   absl::Status st = launch(q, k, v, p, d, table, s);

@@ -163,6 +163,14 @@ __device__ __forceinline__ void Load3d(void* smem, const void* tensor_map, uint6
       "l"(tensor_map), "r"(c0), "r"(c1), "r"(c2), "r"(tc::SmemAddr(bar))
       : "memory");
 }
+// Bulk (non-tensor) copy of `bytes` (a multiple of 16, both addresses 16-byte aligned)
+// from global to shared memory; completion counted on `bar` in bytes.
+__device__ __forceinline__ void BulkLoad(void* smem, const void* global, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   tc::SmemAddr(smem)),
+               "l"(global), "r"(bytes), "r"(tc::SmemAddr(bar))
+               : "memory");
+}
 // Bulk (non-tensor) reduce-add of `bytes` f32 from shared to global memory, and the
 // bulk-group bookkeeping of the issuing thread.
 __device__ __forceinline__ void BulkReduceAddF32(float* global, const void* smem, uint32_t bytes) {

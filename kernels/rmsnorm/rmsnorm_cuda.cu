@@ -1,8 +1,11 @@
 // RMSNorm on CUDA: one block per row, f32 accumulation, warp-shuffle reductions.
-// Backward: bf16 rows of up to 2048 (multiple of 256) run a warp per row for dx and
-// per-CTA column partials for dw (deterministic); others accumulate dw with atomics.
+// Backward: bf16 rows of up to 2048 (multiple of 256) run a warp per row for dx, with
+// the next rows prefetched into shared memory by bulk copies, and per-CTA column
+// partials for dw summed in shared memory (deterministic); others accumulate dw with
+// atomics.
 #include "common/status.h"
 #include "kernels/common/cuda_elem.cuh"
+#include "kernels/common/wgmma.cuh"
 #include "kernels/rmsnorm/rmsnorm.h"
 
 #include <algorithm>
@@ -134,32 +137,79 @@ __global__ void ForwardWarpRowBf16(const uint4* x, const uint4* w, uint4* y, flo
   }
 }
 
-// Backward, bf16 rows with cols % 256 == 0 and cols <= 32 * 8 * kBwdVec. A CTA owns
-// kBwdRows consecutive rows. Phase 1: a warp per row, dx from the row's dot(dy w, x) by
-// warp shuffles. Phase 2: each thread owns 8 columns and sums dy x rstd over the CTA's
-// rows (a second read of rows it just read, from L2) into the CTA's dw partial; DwReduce
-// adds the partials (no global atomics, the same order every run).
-constexpr int kBwdVec = 8, kBwdRows = 64;
-__global__ void __launch_bounds__(kThreads) BackwardWarpRowBf16(const uint4* dy, const uint4* x, const uint4* w,
-                                                                const float* rstd, uint4* dx, float* partial,
-                                                                int64_t rows, int64_t cols) {
-  const int lane = threadIdx.x & 31, nvec = static_cast<int>(cols / 8);
-  const int64_t row0 = blockIdx.x * int64_t(kBwdRows), row_end = (rows < row0 + kBwdRows ? rows : row0 + kBwdRows);
-  for (int64_t row = row0 + threadIdx.x / 32; row < row_end; row += kThreads / 32) {
-    uint4 xv[kBwdVec], gv[kBwdVec], wv[kBwdVec];
+// Backward, bf16 rows with cols % 256 == 0 and cols <= 32 * 8 * kBwdVec. A CTA owns a
+// run of consecutive rows, a warp per row at a time. The op is DRAM-latency-bound when
+// each warp only loads the row it works on (ncu: long-scoreboard stalls, DRAM 58% busy),
+// so lane 0 of each warp keeps the warp's next kBwdBufs rows of x and dy streaming into
+// shared memory with bulk copies (cp.async.bulk on an mbarrier per buffer): the bytes in
+// flight no longer cost registers. Per row: dx from dot(dy w, x) by warp shuffles, and
+// dy x rstd added into the warp's own dw row in shared memory (a lane owns the same
+// columns in every row: no atomics, no barrier). At the end the CTA sums its warps' dw
+// rows into its partial; DwReduce adds the partials (the same order every run).
+// Warps per CTA and row buffers per warp. The defaults are the fastest of a sweep
+// (bench/variants, H200, 16384 x 2048): 8 warps x 1 buffer 3.01 TB/s; 8 x 2: 2.62-2.66;
+// 4 x 1, 6 x 1, 12 x 1: 2.65-2.70; 4 x 2, 4 x 3, 2 x 3, 2 x 4: 2.43-2.78; the same kernel
+// without prefetch (rows loaded into registers): 2.70-2.82. Overridable for such sweeps.
+#ifndef TESSERA_RMS_BWD_WARPS
+#define TESSERA_RMS_BWD_WARPS 8
+#endif
+#ifndef TESSERA_RMS_BWD_BUFS
+#define TESSERA_RMS_BWD_BUFS 1
+#endif
+constexpr int kBwdVec = 8, kBwdWarps = TESSERA_RMS_BWD_WARPS, kBwdBufs = TESSERA_RMS_BWD_BUFS;
+// Shared memory: per warp kBwdBufs x (x row, dy row) in bf16, then per warp a dw row in
+// f32, then the mbarriers.
+inline size_t BwdSmemBytes(int64_t cols) {
+  return size_t(kBwdWarps) * kBwdBufs * 2 * cols * 2 + size_t(kBwdWarps) * cols * 4 + kBwdWarps * kBwdBufs * 8;
+}
+__global__ void __launch_bounds__(kBwdWarps * 32) BackwardWarpRowBf16(const uint4* dy, const uint4* x, const uint4* w,
+                                                                      const float* rstd, uint4* dx, float* partial,
+                                                                      int64_t rows, int64_t cols, int rows_per_cta) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x / 32, nvec = static_cast<int>(cols / 8);
+  const uint32_t row_bytes = static_cast<uint32_t>(cols * 2);
+  uint4* const bufs = reinterpret_cast<uint4*>(smem_raw) + warp * kBwdBufs * 2 * nvec;  // [buf][x | dy][nvec]
+  float4* const mine = reinterpret_cast<float4*>(smem_raw + size_t(kBwdWarps) * kBwdBufs * 2 * row_bytes) + warp * (cols / 4);
+  uint64_t* const bars = reinterpret_cast<uint64_t*>(reinterpret_cast<char*>(mine - warp * (cols / 4)) + kBwdWarps * cols * 4) +
+                         warp * kBwdBufs;
+  for (int i = lane; i < nvec; i += 32) mine[2 * i] = mine[2 * i + 1] = make_float4(0.f, 0.f, 0.f, 0.f);
+  const int64_t row0 = blockIdx.x * int64_t(rows_per_cta);
+  const int64_t row_end = rows < row0 + rows_per_cta ? rows : row0 + rows_per_cta;
+  const int my_rows = row0 + warp < row_end ? static_cast<int>((row_end - row0 - warp + kBwdWarps - 1) / kBwdWarps) : 0;
+  auto fetch = [&](int i) {  // lane 0: this warp's i-th row into buffer i % kBwdBufs
+    const int b = i % kBwdBufs;
+    const int64_t row = row0 + warp + int64_t(i) * kBwdWarps;
+    tma::ArriveExpectTx(bars + b, 2 * row_bytes);
+    tma::BulkLoad(bufs + b * 2 * nvec, x + row * nvec, row_bytes, bars + b);
+    tma::BulkLoad(bufs + b * 2 * nvec + nvec, dy + row * nvec, row_bytes, bars + b);
+  };
+  if (lane == 0) {
+    for (int b = 0; b < kBwdBufs; ++b) tma::BarInit(bars + b, 1);
+    tma::FenceBarrierInit();
+    for (int i = 0; i < kBwdBufs && i < my_rows; ++i) fetch(i);
+  }
+  __syncwarp();
+  for (int i = 0; i < my_rows; ++i) {
+    const int64_t row = row0 + warp + int64_t(i) * kBwdWarps;
+    const int b = i % kBwdBufs;
+    const float rs = rstd[row];
+    tma::Wait(bars + b, (i / kBwdBufs) & 1);
+    uint4 xv[kBwdVec], gv[kBwdVec];
 #pragma unroll
     for (int k = 0; k < kBwdVec; ++k) {
-      const int i = lane + 32 * k;
-      if (i < nvec) xv[k] = x[row * nvec + i], gv[k] = dy[row * nvec + i], wv[k] = w[i];
+      const int v = lane + 32 * k;
+      if (v < nvec) xv[k] = bufs[b * 2 * nvec + v], gv[k] = bufs[b * 2 * nvec + nvec + v];
     }
-    const float rs = rstd[row];
+    __syncwarp();  // every lane has read buffer b: it may be refilled
+    if (lane == 0 && i + kBwdBufs < my_rows) fetch(i + kBwdBufs);
     float dot = 0.f;
 #pragma unroll
     for (int k = 0; k < kBwdVec; ++k) {
       if (lane + 32 * k >= nvec) break;
+      const uint4 wq = __ldg(w + lane + 32 * k);
       const __nv_bfloat162 *x2 = reinterpret_cast<const __nv_bfloat162*>(&xv[k]),
                           *g2 = reinterpret_cast<const __nv_bfloat162*>(&gv[k]),
-                          *w2 = reinterpret_cast<const __nv_bfloat162*>(&wv[k]);
+                          *w2 = reinterpret_cast<const __nv_bfloat162*>(&wq);
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const float2 xf = __bfloat1622float2(x2[j]), gf = __bfloat1622float2(g2[j]), wf = __bfloat1622float2(w2[j]);
@@ -170,57 +220,57 @@ __global__ void __launch_bounds__(kThreads) BackwardWarpRowBf16(const uint4* dy,
     const float coef = rs * rs * rs * dot / cols;
 #pragma unroll
     for (int k = 0; k < kBwdVec; ++k) {
-      const int i = lane + 32 * k;
-      if (i >= nvec) break;
+      const int i8 = lane + 32 * k;
+      if (i8 >= nvec) break;
+      const uint4 wq = __ldg(w + i8);
       const __nv_bfloat162 *x2 = reinterpret_cast<const __nv_bfloat162*>(&xv[k]),
                           *g2 = reinterpret_cast<const __nv_bfloat162*>(&gv[k]),
-                          *w2 = reinterpret_cast<const __nv_bfloat162*>(&wv[k]);
+                          *w2 = reinterpret_cast<const __nv_bfloat162*>(&wq);
       uint4 out;
       __nv_bfloat162* o2 = reinterpret_cast<__nv_bfloat162*>(&out);
+      float d[8];
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const float2 xf = __bfloat1622float2(x2[j]), gf = __bfloat1622float2(g2[j]), wf = __bfloat1622float2(w2[j]);
         o2[j] = __floats2bfloat162_rn(rs * gf.x * wf.x - xf.x * coef, rs * gf.y * wf.y - xf.y * coef);
+        d[2 * j] = gf.x * xf.x * rs;
+        d[2 * j + 1] = gf.y * xf.y * rs;
       }
-      __stcs(dx + row * nvec + i, out);
+      __stcs(dx + row * nvec + i8, out);
+      float4 a = mine[2 * i8], c = mine[2 * i8 + 1];
+      a.x += d[0], a.y += d[1], a.z += d[2], a.w += d[3];
+      c.x += d[4], c.y += d[5], c.z += d[6], c.w += d[7];
+      mine[2 * i8] = a, mine[2 * i8 + 1] = c;
     }
   }
-  // Phase 2: column partials of dw over this CTA's rows.
-  for (int i = threadIdx.x; i < nvec; i += kThreads) {
-    float acc[8] = {};
-    for (int64_t row = row0; row < row_end; ++row) {
-      const uint4 xq = x[row * nvec + i], gq = dy[row * nvec + i];
-      const float rs = rstd[row];
-      const __nv_bfloat162 *x2 = reinterpret_cast<const __nv_bfloat162*>(&xq),
-                          *g2 = reinterpret_cast<const __nv_bfloat162*>(&gq);
+  __syncthreads();
+  const float* all = reinterpret_cast<const float*>(smem_raw + size_t(kBwdWarps) * kBwdBufs * 2 * row_bytes);
+  for (int c = threadIdx.x; c < cols; c += kBwdWarps * 32) {
+    float sum = 0.f;
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float2 xf = __bfloat1622float2(x2[j]), gf = __bfloat1622float2(g2[j]);
-        acc[2 * j] += gf.x * xf.x * rs;
-        acc[2 * j + 1] += gf.y * xf.y * rs;
-      }
-    }
-    float4* dst = reinterpret_cast<float4*>(partial + blockIdx.x * cols + i * 8);
-    dst[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
-    dst[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+    for (int k = 0; k < kBwdWarps; ++k) sum += all[k * cols + c];
+    partial[blockIdx.x * cols + c] = sum;
   }
 }
 
-// dw[c] = sum over the CTAs' partials; a CTA per 32 columns, 8 rows of threads splitting
-// the partials (coalesced 128-byte rows), combined in shared memory.
-__global__ void __launch_bounds__(256) DwReduce(const float* partial, int blocks, int64_t cols, float* dw) {
-  __shared__ float acc[8][33];
+// dw[c] = sum over the CTAs' partials: a CTA per 32 columns, 32 rows of threads each
+// summing every 32nd partial (coalesced 128-byte rows, several loads in flight per
+// thread), combined in shared memory in a fixed order.
+__global__ void __launch_bounds__(1024) DwReduce(const float* partial, int blocks, int64_t cols, float* dw) {
+  __shared__ float acc[32][33];
   const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
   const int64_t c = blockIdx.x * int64_t(32) + tx;
   float s = 0.f;
-  if (c < cols)
-    for (int b = ty; b < blocks; b += 8) s += partial[b * cols + c];
+  if (c < cols) {
+#pragma unroll 4
+    for (int b = ty; b < blocks; b += 32) s += partial[b * cols + c];
+  }
   acc[ty][tx] = s;
   __syncthreads();
   if (ty == 0 && c < cols) {
     float t = 0.f;
 #pragma unroll
-    for (int k = 0; k < 8; ++k) t += acc[k][tx];
+    for (int k = 0; k < 32; ++k) t += acc[k][tx];
     dw[c] = t;
   }
 }
@@ -264,15 +314,26 @@ absl::Status RmsNormBackwardCuda(const void* dy, const void* x, const void* w, c
   using bf = __nv_bfloat16;
   if (t == DType::kBF16 && cols % 256 == 0 && cols <= 32 * 8 * kBwdVec && Aligned16(dy) && Aligned16(x) && Aligned16(w) &&
       Aligned16(dx)) {
-    const int blocks = static_cast<int>((rows + kBwdRows - 1) / kBwdRows);
+    // As many CTAs as fit on the device at once (by shared memory), each owning a run of rows.
+    const size_t smem = BwdSmemBytes(cols);
+    if (cudaFuncSetAttribute(BackwardWarpRowBf16, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)) !=
+        cudaSuccess)
+      return LaunchStatus("rmsnorm_backward(smem)");
+    int per_sm = 1;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, BackwardWarpRowBf16, kBwdWarps * 32, smem) != cudaSuccess ||
+        per_sm < 1)
+      per_sm = 1;
+    const int64_t slots = int64_t(SmCount()) * per_sm;
+    const int64_t per = std::max<int64_t>(kBwdWarps, (rows + slots - 1) / slots);
+    const int blocks = static_cast<int>((rows + per - 1) / per);
     float* partial = nullptr;
     if (cudaMallocAsync(&partial, blocks * cols * sizeof(float), s) != cudaSuccess) return LaunchStatus("rmsnorm_backward(alloc)");
-    BackwardWarpRowBf16<<<blocks, kThreads, 0, s>>>(
+    BackwardWarpRowBf16<<<blocks, kBwdWarps * 32, smem, s>>>(
         static_cast<const uint4*>(dy), static_cast<const uint4*>(x), static_cast<const uint4*>(w), rstd,
-        static_cast<uint4*>(dx), partial, rows, cols);
+        static_cast<uint4*>(dx), partial, rows, cols, static_cast<int>(per));
     auto reduce = [&]() -> absl::Status {
       TESSERA_RETURN_IF_ERROR(LaunchStatus("rmsnorm_backward"));
-      DwReduce<<<static_cast<unsigned>((cols + 31) / 32), 256, 0, s>>>(partial, blocks, cols, dw);
+      DwReduce<<<static_cast<unsigned>((cols + 31) / 32), 1024, 0, s>>>(partial, blocks, cols, dw);
       return LaunchStatus("rmsnorm_backward(dw)");
     };
     const absl::Status st = reduce();

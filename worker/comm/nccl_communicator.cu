@@ -113,9 +113,6 @@ class NcclCommunicator final : public Communicator {
   void DoGroupStart() override { ncclGroupStart(); }
   absl::Status DoGroupEnd() override { return Check(ncclGroupEnd()); }
 
- public:
-  cudaStream_t stream() const { return stream_; }
-
  private:
   ncclComm_t comm_;
   cudaStream_t stream_;
@@ -216,10 +213,8 @@ class CudaSpace final : public BufferSpace {
   // the communicator and nothing else runs on the device).
   absl::StatusOr<double> Time(const std::function<absl::Status()>& fn, comm::Communicator& c) override {
     auto t0 = std::chrono::steady_clock::now();
-    auto s = fn();
-    if (!s.ok()) return s;
-    s = c.Synchronize();
-    if (!s.ok()) return s;
+    if (absl::Status s = fn(); !s.ok()) return s;
+    if (absl::Status s = c.Synchronize(); !s.ok()) return s;
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
 
