@@ -72,117 +72,183 @@ __device__ __forceinline__ void DqMma(float (&acc)[D / 4], uint64_t a, uint64_t 
 }
 __device__ __forceinline__ void ConsumerBarrier() { asm volatile("bar.sync 1, %0;\n" ::"n"(128 * kConsumers) : "memory"); }
 
-template <int D, bool kCausal>
-__global__ void __launch_bounds__(kThreads, 1)
-    BwdKernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-              const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo, BwdParams p) {
+// The CTA's shared memory: K and V, the Q/dO stages, dS^T (double-buffered), the dQ
+// staging slots, each stage's lse2/dvec rows, the mbarriers.
+template <int D>
+struct BwdShared {
   using S = BwdSmem<D>;
   using KTile = typename S::KTile;
   using QTile = typename S::QTile;
   using STile = typename S::STile;
-  constexpr int kStages = S::kStages;
-  extern __shared__ unsigned char smem_raw[];
-  char* smem = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  const KTile sK{reinterpret_cast<bf16*>(smem)}, sV{reinterpret_cast<bf16*>(smem + KTile::kBytes)};
-  char* const qbase = smem + 2 * KTile::kBytes;
-  auto sQ = [&](int st) { return QTile{reinterpret_cast<bf16*>(qbase + 2 * st * QTile::kBytes)}; };
-  auto sdO = [&](int st) { return QTile{reinterpret_cast<bf16*>(qbase + (2 * st + 1) * QTile::kBytes)}; };
-  char* const sbase = qbase + 2 * kStages * QTile::kBytes;
-  auto sdS = [&](int b) { return STile{reinterpret_cast<bf16*>(sbase + b * STile::kBytes)}; };
-  float* const dq_smem = reinterpret_cast<float*>(sbase + 2 * STile::kBytes);  // [2][kBr * D]
-  float* const rows_smem = dq_smem + 2 * kBr * D;  // [kStages][2][kBr]: lse2, dvec
-  uint64_t* kv_full = reinterpret_cast<uint64_t*>(smem + S::kTiles);
-  uint64_t* q_full = kv_full + 1;
-  uint64_t* q_empty = q_full + kStages;
+  static constexpr int kStages = S::kStages;
+  char* base;  // 1024-byte aligned (128B swizzle)
 
-  const int2 tile = p.table[blockIdx.x];
-  if (tile.x < 0) return;
-  const int kvh = blockIdx.y, group = p.hq / p.hkv;
-  const int start = p.cu[tile.x], len = p.cu[tile.x + 1] - start, n0 = tile.y * kBc;
-  const int m_first = kCausal ? n0 / kBr : 0, m_tiles = (len + kBr - 1) / kBr - m_first;
-  const int iters = group * m_tiles, q_first = p.q_first[tile.x];
-  const int tid = threadIdx.x, wgi = tid / 128 - 1;
+  __device__ static BwdShared Make(unsigned char* raw) {
+    return {reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023))};
+  }
+  __device__ KTile k() const { return KTile{reinterpret_cast<bf16*>(base)}; }
+  __device__ KTile v() const { return KTile{reinterpret_cast<bf16*>(base + KTile::kBytes)}; }
+  __device__ char* qbase() const { return base + 2 * KTile::kBytes; }
+  __device__ QTile q(int st) const { return QTile{reinterpret_cast<bf16*>(qbase() + 2 * st * QTile::kBytes)}; }
+  __device__ QTile dout(int st) const { return QTile{reinterpret_cast<bf16*>(qbase() + (2 * st + 1) * QTile::kBytes)}; }
+  __device__ char* sbase() const { return qbase() + 2 * kStages * QTile::kBytes; }
+  __device__ STile ds(int b) const { return STile{reinterpret_cast<bf16*>(sbase() + b * STile::kBytes)}; }
+  __device__ float* dq() const { return reinterpret_cast<float*>(sbase() + 2 * STile::kBytes); }  // [2][kBr * D]
+  __device__ float* rows(int st) const { return dq() + 2 * kBr * D + st * 2 * kBr; }  // lse2[kBr], dvec[kBr]
+  __device__ uint64_t* kv_full() const { return reinterpret_cast<uint64_t*>(base + S::kTiles); }
+  __device__ uint64_t* q_full(int st) const { return kv_full() + 1 + st; }
+  __device__ uint64_t* q_empty(int st) const { return kv_full() + 1 + kStages + st; }
 
-  if (tid == 0) {
-    tma::BarInit(kv_full, 1);
+  __device__ void InitBarriers() const {
+    tma::BarInit(kv_full(), 1);
     for (int i = 0; i < kStages; ++i) {
-      tma::BarInit(q_full + i, 1);
-      tma::BarInit(q_empty + i, 128 * kConsumers);  // every consumer thread releases
+      tma::BarInit(q_full(i), 1);
+      // Every consumer thread releases the stage after its own reads of the stage's
+      // lse2/dvec (one arrive per warp after __syncwarp is enough by the memory model,
+      // but not to compute-sanitizer's racecheck, which then reports the next bulk copy).
+      tma::BarInit(q_empty(i), 128 * kConsumers);
     }
     tma::FenceBarrierInit();
   }
-  __syncthreads();
+};
 
-  if (wgi < 0) {  // producer warpgroup
-    tma::RegDealloc<24>();
-    if (tid == 0) {
-      tma::ArriveExpectTx(kv_full, 2 * KTile::kBytes);
-      for (int b = 0; b < D / 64; ++b) {
-        tma::Load3d(reinterpret_cast<char*>(sK.base) + b * KTile::kBlockBytes, &tk, kv_full, 64 * b, kvh, start + n0);
-        tma::Load3d(reinterpret_cast<char*>(sV.base) + b * KTile::kBlockBytes, &tv, kv_full, 64 * b, kvh, start + n0);
-      }
-      for (int it = 0; it < iters; ++it) {
-        const int st = it % kStages, h = kvh * group + it / m_tiles, mt = m_first + it % m_tiles, row = start + mt * kBr;
-        if (it >= kStages) tma::Wait(q_empty + st, ((it / kStages) & 1) ^ 1);
-        tma::ArriveExpectTx(q_full + st, 2 * QTile::kBytes + 2 * S::kRowBytes);
-        const int64_t slot = (int64_t(h) * p.q_slots + q_first + mt) * kBr;
-        tma::BulkLoad(rows_smem + st * 2 * kBr, p.lse2 + slot, S::kRowBytes, q_full + st);
-        tma::BulkLoad(rows_smem + st * 2 * kBr + kBr, p.dvec + slot, S::kRowBytes, q_full + st);
-        for (int b = 0; b < D / 64; ++b) {
-          tma::Load3d(reinterpret_cast<char*>(sQ(st).base) + b * QTile::kBlockBytes, &tq, q_full + st, 64 * b, h, row);
-          tma::Load3d(reinterpret_cast<char*>(sdO(st).base) + b * QTile::kBlockBytes, &tdo, q_full + st, 64 * b, h, row);
-        }
-      }
-    }
-    return;
+// What one CTA works on: 128 keys of one kv head, against the query tiles that see them
+// for every query head of the group (iteration it = head (it / m_tiles), tile
+// m_first + it % m_tiles).
+struct BwdWork {
+  int kvh, group, start, len, n0, m_first, m_tiles, iters, q_first;
+};
+
+// The producer (one thread): K and V once, then Q, dO and the rows' lse2/dvec per iteration.
+template <int D>
+__device__ __forceinline__ void ProduceBwd(const BwdShared<D>& sm, const CUtensorMap* tq, const CUtensorMap* tk,
+                                           const CUtensorMap* tv, const CUtensorMap* tdo, const BwdParams& p,
+                                           const BwdWork& w) {
+  using KTile = typename BwdShared<D>::KTile;
+  using QTile = typename BwdShared<D>::QTile;
+  constexpr int kStages = BwdShared<D>::kStages, kRowBytes = BwdSmem<D>::kRowBytes;
+  tma::ArriveExpectTx(sm.kv_full(), 2 * KTile::kBytes);
+  for (int b = 0; b < D / 64; ++b) {
+    tma::Load3d(reinterpret_cast<char*>(sm.k().base) + b * KTile::kBlockBytes, tk, sm.kv_full(), 64 * b, w.kvh, w.start + w.n0);
+    tma::Load3d(reinterpret_cast<char*>(sm.v().base) + b * KTile::kBlockBytes, tv, sm.kv_full(), 64 * b, w.kvh, w.start + w.n0);
   }
-  tma::RegAlloc<240>();
-  const int warp = (tid / 32) % 4, lane = tid % 32, g = lane / 4, t = lane % 4;
+  for (int it = 0; it < w.iters; ++it) {
+    const int st = it % kStages, h = w.kvh * w.group + it / w.m_tiles, mt = w.m_first + it % w.m_tiles;
+    const int row = w.start + mt * kBr;
+    if (it >= kStages) tma::Wait(sm.q_empty(st), ((it / kStages) & 1) ^ 1);
+    tma::ArriveExpectTx(sm.q_full(st), 2 * QTile::kBytes + 2 * kRowBytes);
+    const int64_t slot = (int64_t(h) * p.q_slots + w.q_first + mt) * kBr;
+    tma::BulkLoad(sm.rows(st), p.lse2 + slot, kRowBytes, sm.q_full(st));
+    tma::BulkLoad(sm.rows(st) + kBr, p.dvec + slot, kRowBytes, sm.q_full(st));
+    for (int b = 0; b < D / 64; ++b) {
+      tma::Load3d(reinterpret_cast<char*>(sm.q(st).base) + b * QTile::kBlockBytes, tq, sm.q_full(st), 64 * b, h, row);
+      tma::Load3d(reinterpret_cast<char*>(sm.dout(st).base) + b * QTile::kBlockBytes, tdo, sm.q_full(st), 64 * b, h, row);
+    }
+  }
+}
+
+// P^T = exp2(S^T scale log2e - lse log2e) (masked to 0 past the sequence and, causal,
+// above the diagonal) and dS^T = P^T (dP^T - D), in place in s and dp. This thread holds
+// keys key0 + g (+8) and queries 8 (i/4) + 2t + (i&1) of the 64-query tile at m0; lv and
+// dvv are its queries' lse2 and D.
+template <bool kCausal>
+__device__ __forceinline__ void ScoresToGrads(float (&s)[kBr / 2], float (&dp)[kBr / 2], const float (&lv)[kBr / 4],
+                                              const float (&dvv)[kBr / 4], float sl2, bool mask, int n0, int key0,
+                                              int m0, int len, int g, int t) {
+#pragma unroll
+  for (int i = 0; i < kBr / 2; ++i) {
+    const int col = 8 * (i / 4) + 2 * t + (i & 1), kj = n0 + key0 + g + 8 * ((i >> 1) & 1);
+    float pv = tc::Exp2(fmaf(s[i], sl2, -lv[2 * (i / 4) + (i & 1)]));
+    if (mask && (kj >= len || (kCausal && kj > m0 + col))) pv = 0.f;
+    s[i] = pv;
+  }
+  wg::Wait<0>();
+  wg::FenceRegs(dp);
+#pragma unroll
+  for (int i = 0; i < kBr / 2; ++i) dp[i] = s[i] * (dp[i] - dvv[2 * (i / 4) + (i & 1)]);
+}
+
+// dQ goes to global memory as bulk reduce-adds, one per warpgroup (its D/2 columns of
+// the 64 x D slot). Fragments are stored in fragment order (float4 k of warpgroup thread
+// i at [warpgroup][k][i]): the stores are conflict-free and each warpgroup's half is
+// contiguous, so only the warpgroup itself has to agree that it is complete.
+// DqFromSlots undoes the order.
+template <int D>
+__device__ __forceinline__ void ReduceDq(const float (&dq)[D / 4], float* dq_smem, float* dq_acc, int64_t slot, int wgi,
+                                         int wt) {
+  constexpr int kHalf = kBr * D / 2;  // floats per warpgroup
+  float* half = dq_smem + wgi * kHalf;
+  float4* buf = reinterpret_cast<float4*>(half);
+#pragma unroll
+  for (int k = 0; k < D / 16; ++k) buf[k * 128 + wt] = make_float4(dq[4 * k], dq[4 * k + 1], dq[4 * k + 2], dq[4 * k + 3]);
+  wg::FenceProxyAsync();
+  if (wgi == 0) asm volatile("bar.sync 2, 128;\n" ::: "memory");
+  else asm volatile("bar.sync 3, 128;\n" ::: "memory");
+  if (wt == 0) {
+    tma::BulkReduceAddF32(dq_acc + slot * (kBr * D) + wgi * kHalf, half, kHalf * 4);
+    tma::BulkCommit();
+    tma::BulkWaitRead<1>();  // this warpgroup's other buffer is free for the next tile
+  }
+}
+
+// dK (scaled) and dV of this thread's keys n0 + key0 + g (+8), as bf16 pairs.
+template <int D>
+__device__ __forceinline__ void WriteDkDv(const float (&dk)[D / 2], const float (&dv)[D / 2], const BwdParams& p,
+                                          const BwdWork& w, int key0, int g, int t) {
+  const int64_t kv_stride = int64_t(p.hkv) * D;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int kj = w.n0 + key0 + g + 8 * r;
+    if (kj >= w.len) continue;
+    const int64_t off = (int64_t(w.start) + kj) * kv_stride + w.kvh * D + 2 * t;
+#pragma unroll
+    for (int c = 0; c < D / 8; ++c) {
+      *reinterpret_cast<uint32_t*>(p.dk + off + 8 * c) =
+          tc::PackBf16(dk[4 * c + 2 * r] * p.scale, dk[4 * c + 2 * r + 1] * p.scale);
+      *reinterpret_cast<uint32_t*>(p.dv + off + 8 * c) = tc::PackBf16(dv[4 * c + 2 * r], dv[4 * c + 2 * r + 1]);
+    }
+  }
+}
+
+// One consumer warpgroup (64 keys): the whole loop over the group's heads and query tiles.
+template <int D, bool kCausal>
+__device__ __forceinline__ void ConsumeBwd(const BwdShared<D>& sm, const BwdParams& p, const BwdWork& w, int wgi) {
+  using KTile = typename BwdShared<D>::KTile;
+  constexpr int kStages = BwdShared<D>::kStages;
+  const int tid = threadIdx.x, warp = (tid / 32) % 4, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int key0 = 64 * wgi + 16 * warp;  // tile-local key of this thread's rows g and g + 8
   const float sl2 = p.scale * kLog2e;
-  const bool key_mask = n0 + kBc > len;
-  tma::Wait(kv_full, 0);
-
+  const bool key_mask = w.n0 + kBc > w.len;
+  tma::Wait(sm.kv_full(), 0);
   float dk[D / 2] = {}, dv[D / 2] = {};
-  for (int it = 0; it < iters; ++it) {
-    const int st = it % kStages, h = kvh * group + it / m_tiles, m0 = (m_first + it % m_tiles) * kBr;
-    tma::Wait(q_full + st, (it / kStages) & 1);
+  for (int it = 0; it < w.iters; ++it) {
+    const int st = it % kStages, h = w.kvh * w.group + it / w.m_tiles, m0 = (w.m_first + it % w.m_tiles) * kBr;
+    tma::Wait(sm.q_full(st), (it / kStages) & 1);
     // Accumulators start from the first product (scale-d = 0), so they need no zeroing:
     // non-wgmma writes to them inside the pipeline would serialize the wgmmas.
     float s[kBr / 2], dp[kBr / 2];
     wg::Fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
-      wg::WgmmaSS_m64n64(s, wg::KMajorDesc(sK, 64 * wgi, kk), wg::KMajorDesc(sQ(st), 0, kk), kk > 0);
+      wg::WgmmaSS_m64n64(s, wg::KMajorDesc(sm.k(), 64 * wgi, kk), wg::KMajorDesc(sm.q(st), 0, kk), kk > 0);
     wg::Commit();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
-      wg::WgmmaSS_m64n64(dp, wg::KMajorDesc(sV, 64 * wgi, kk), wg::KMajorDesc(sdO(st), 0, kk), kk > 0);
+      wg::WgmmaSS_m64n64(dp, wg::KMajorDesc(sm.v(), 64 * wgi, kk), wg::KMajorDesc(sm.dout(st), 0, kk), kk > 0);
     wg::Commit();
     // This thread's query columns: 8 c + 2 t + e (padded with +inf and 0 past the sequence).
-    const float* lrow = rows_smem + st * 2 * kBr;
-    const float* drow = lrow + kBr;
+    const float* lrow = sm.rows(st);
     float lv[kBr / 4], dvv[kBr / 4];
 #pragma unroll
     for (int c = 0; c < kBr / 8; ++c) {
       const float2 l2 = *reinterpret_cast<const float2*>(lrow + 8 * c + 2 * t);
-      const float2 d2 = *reinterpret_cast<const float2*>(drow + 8 * c + 2 * t);
+      const float2 d2 = *reinterpret_cast<const float2*>(lrow + kBr + 8 * c + 2 * t);
       lv[2 * c] = l2.x, lv[2 * c + 1] = l2.y, dvv[2 * c] = d2.x, dvv[2 * c + 1] = d2.y;
     }
     wg::Wait<1>();
     wg::FenceRegs(s);
-    const bool mask = key_mask || (kCausal && n0 + key0 + 15 > m0);
-#pragma unroll
-    for (int i = 0; i < kBr / 2; ++i) {
-      const int col = 8 * (i / 4) + 2 * t + (i & 1), kj = n0 + key0 + g + 8 * ((i >> 1) & 1);
-      float pv = tc::Exp2(fmaf(s[i], sl2, -lv[2 * (i / 4) + (i & 1)]));
-      if (mask && (kj >= len || (kCausal && kj > m0 + col))) pv = 0.f;
-      s[i] = pv;
-    }
-    wg::Wait<0>();
-    wg::FenceRegs(dp);
-#pragma unroll
-    for (int i = 0; i < kBr / 2; ++i) dp[i] = s[i] * (dp[i] - dvv[2 * (i / 4) + (i & 1)]);
+    const bool mask = key_mask || (kCausal && w.n0 + key0 + 15 > m0);
+    ScoresToGrads<kCausal>(s, dp, lv, dvv, sl2, mask, w.n0, key0, m0, w.len, g, t);
     uint32_t ap[kBr / 16][4], ads[kBr / 16][4];
 #pragma unroll
     for (int kk = 0; kk < kBr / 16; ++kk)
@@ -192,7 +258,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         ads[kk][e] = tc::PackBf16(dp[8 * kk + 2 * e], dp[8 * kk + 2 * e + 1]);
       }
     // Stage dS^T (keys x queries) for dQ; every consumer warpgroup reads all 128 keys.
-    const STile ds = sdS(it & 1);
+    const auto ds = sm.ds(it & 1);
 #pragma unroll
     for (int c = 0; c < kBr / 8; ++c)
 #pragma unroll
@@ -201,68 +267,57 @@ __global__ void __launch_bounds__(kThreads, 1)
     wg::FenceProxyAsync();
     ConsumerBarrier();  // dS^T of both warpgroups written
     // dQ[:, wgi half] = dS K (A = dS M-major from dS^T, B = K N-major), then dV and dK;
-    // the dQ atomics below overlap the dV/dK product on the tensor cores.
+    // the dQ reduction below overlaps the dV/dK product on the tensor cores.
     float dq[D / 4];
-    const char* kcols = reinterpret_cast<const char*>(sK.base) + (D == 128 ? wgi * KTile::kBlockBytes : wgi * 64);
+    const char* kcols = reinterpret_cast<const char*>(sm.k().base) + (D == 128 ? wgi * KTile::kBlockBytes : wgi * 64);
     wg::Fence();
 #pragma unroll
     for (int kk = 0; kk < kBc / 16; ++kk)
       DqMma<D>(dq, wg::MnMajorDesc(ds, kk), wg::Desc(kcols + kk * 16 * 128, KTile::kBlockBytes, 1024), kk > 0);
     wg::Commit();
 #pragma unroll
-    for (int kk = 0; kk < kBr / 16; ++kk) RsMma<D>(dv, ap[kk], wg::MnMajorDesc(sdO(st), kk));
+    for (int kk = 0; kk < kBr / 16; ++kk) RsMma<D>(dv, ap[kk], wg::MnMajorDesc(sm.dout(st), kk));
 #pragma unroll
-    for (int kk = 0; kk < kBr / 16; ++kk) RsMma<D>(dk, ads[kk], wg::MnMajorDesc(sQ(st), kk));
+    for (int kk = 0; kk < kBr / 16; ++kk) RsMma<D>(dk, ads[kk], wg::MnMajorDesc(sm.q(st), kk));
     wg::Commit();
     wg::Wait<1>();
     wg::FenceRegs(dq);
-    // dQ goes to global memory as bulk reduce-adds, one per warpgroup (its D/2 columns of
-    // the 64 x D slot). Fragments are stored in fragment order (float4 k of warpgroup
-    // thread i at [warpgroup][k][i]): the stores are conflict-free and each warpgroup's
-    // half is contiguous, so only the warpgroup itself has to agree that it is complete.
-    // DqFromSlots undoes the order.
-    {
-      constexpr int kHalf = kBr * D / 2;  // floats per warpgroup
-      float* half = dq_smem + (it & 1) * kBr * D + wgi * kHalf;
-      float4* buf = reinterpret_cast<float4*>(half);
-      const int wt = tid % 128;
-#pragma unroll
-      for (int k = 0; k < D / 16; ++k) buf[k * 128 + wt] = make_float4(dq[4 * k], dq[4 * k + 1], dq[4 * k + 2], dq[4 * k + 3]);
-      wg::FenceProxyAsync();
-      if (wgi == 0) asm volatile("bar.sync 2, 128;\n" ::: "memory");
-      else asm volatile("bar.sync 3, 128;\n" ::: "memory");
-      if (wt == 0) {
-        const int64_t slot = int64_t(h) * p.q_slots + q_first + m0 / kBr;
-        tma::BulkReduceAddF32(p.dq_acc + slot * (kBr * D) + wgi * kHalf, half, kHalf * 4);
-        tma::BulkCommit();
-        tma::BulkWaitRead<1>();  // this warpgroup's other buffer is free for the next tile
-      }
-    }
+    ReduceDq<D>(dq, sm.dq() + (it & 1) * kBr * D, p.dq_acc, int64_t(h) * p.q_slots + w.q_first + m0 / kBr, wgi,
+                tid % 128);
     // dV/dK retire before the loop carries their registers (an in-flight accumulator
     // across the back edge would serialize every wgmma); the stage goes back.
     wg::Wait<0>();
     wg::FenceRegs(dk);
     wg::FenceRegs(dv);
-    // Every thread releases the stage after its own reads of the stage's lse2/dvec (one
-    // arrive per warp after __syncwarp is enough by the memory model, but not to
-    // compute-sanitizer's racecheck, which then reports the next bulk copy as a race).
-    tma::Arrive(q_empty + st);
+    tma::Arrive(sm.q_empty(st));
   }
   if (tid % 128 == 0) tma::BulkWait<0>();
-  // Epilogue: dK (scaled) and dV of this thread's keys.
-  const int64_t kv_stride = int64_t(p.hkv) * D;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int kj = n0 + key0 + g + 8 * r;
-    if (kj >= len) continue;
-    const int64_t off = (int64_t(start) + kj) * kv_stride + kvh * D + 2 * t;
-#pragma unroll
-    for (int c = 0; c < D / 8; ++c) {
-      *reinterpret_cast<uint32_t*>(p.dk + off + 8 * c) =
-          tc::PackBf16(dk[4 * c + 2 * r] * p.scale, dk[4 * c + 2 * r + 1] * p.scale);
-      *reinterpret_cast<uint32_t*>(p.dv + off + 8 * c) = tc::PackBf16(dv[4 * c + 2 * r], dv[4 * c + 2 * r + 1]);
-    }
+  WriteDkDv<D>(dk, dv, p, w, key0, g, t);
+}
+
+template <int D, bool kCausal>
+__global__ void __launch_bounds__(kThreads, 1)
+    BwdKernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+              const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo, BwdParams p) {
+  extern __shared__ unsigned char smem_raw[];
+  const BwdShared<D> sm = BwdShared<D>::Make(smem_raw);
+  const int2 tile = p.table[blockIdx.x];
+  if (tile.x < 0) return;
+  BwdWork w;
+  w.kvh = blockIdx.y, w.group = p.hq / p.hkv;
+  w.start = p.cu[tile.x], w.len = p.cu[tile.x + 1] - w.start, w.n0 = tile.y * kBc;
+  w.m_first = kCausal ? w.n0 / kBr : 0, w.m_tiles = (w.len + kBr - 1) / kBr - w.m_first;
+  w.iters = w.group * w.m_tiles, w.q_first = p.q_first[tile.x];
+  const int tid = threadIdx.x, wgi = tid / 128 - 1;
+  if (tid == 0) sm.InitBarriers();
+  __syncthreads();
+  if (wgi < 0) {  // producer warpgroup
+    tma::RegDealloc<24>();
+    if (tid == 0) ProduceBwd<D>(sm, &tq, &tk, &tv, &tdo, p, w);
+    return;
   }
+  tma::RegAlloc<240>();
+  ConsumeBwd<D, kCausal>(sm, p, w, wgi);
 }
 
 // lse2 and dvec of one 64-query slot of one head: lse * log2(e) and

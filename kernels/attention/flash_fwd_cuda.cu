@@ -60,222 +60,266 @@ __device__ __forceinline__ void PvMma(float (&o)[D / 2], const uint32_t (&a)[4],
   else wg::WgmmaRS_m64n64<1>(o, a, desc);
 }
 
+// The CTA's shared memory: Q, the K/V ring, the mbarriers and the item slot.
+template <int D>
+struct FwdShared {
+  using QTile = typename FwdSmem<D>::QTile;
+  using KTile = typename FwdSmem<D>::KTile;
+  char* base;  // 1024-byte aligned (128B swizzle)
+  uint64_t* bars;
+
+  __device__ static FwdShared Make(unsigned char* raw) {
+    char* b = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
+    return {b, reinterpret_cast<uint64_t*>(b + FwdSmem<D>::kTiles)};
+  }
+  __device__ QTile q() const { return QTile{reinterpret_cast<bf16*>(base)}; }
+  __device__ KTile k(int st) const { return KTile{reinterpret_cast<bf16*>(base + QTile::kBytes + 2 * st * KTile::kBytes)}; }
+  __device__ KTile v(int st) const {
+    return KTile{reinterpret_cast<bf16*>(base + QTile::kBytes + (2 * st + 1) * KTile::kBytes)};
+  }
+  __device__ uint64_t* q_full() const { return bars; }
+  __device__ uint64_t* q_empty() const { return bars + 1; }
+  __device__ uint64_t* k_full(int st) const { return bars + 2 + st; }
+  __device__ uint64_t* v_full(int st) const { return bars + 2 + kStages + st; }
+  __device__ uint64_t* k_empty(int st) const { return bars + 2 + 2 * kStages + st; }
+  __device__ uint64_t* v_empty(int st) const { return bars + 2 + 3 * kStages + st; }
+  __device__ FwdItem* slot() const { return reinterpret_cast<FwdItem*>(bars + 2 + 4 * kStages); }
+
+  __device__ void InitBarriers() const {
+    tma::BarInit(q_full(), 1);
+    // Every consumer thread: each read the item slot itself (one arrive per warp would do
+    // by the memory model, but racecheck then reports the producer's next slot write).
+    tma::BarInit(q_empty(), 128 * kConsumers);
+    for (int i = 0; i < kStages; ++i) {
+      tma::BarInit(k_full(i), 1);
+      tma::BarInit(v_full(i), 1);
+      tma::BarInit(k_empty(i), 4 * kConsumers);
+      tma::BarInit(v_empty(i), 4 * kConsumers);
+    }
+    tma::FenceBarrierInit();
+  }
+};
+
+// Work item w = (query tile w % tiles, head w / tiles); a CTA takes items blockIdx.x,
+// blockIdx.x + gridDim.x, ... (one item per CTA when the grid covers them all). Only
+// the producer reads the tile table and cu_seqlens (a chain of dependent global loads),
+// one item ahead of its use; it hands each item to the consumers in a shared slot
+// published by the Q barrier, and ends the list with h = -1. The K/V ring's stage and
+// phase run on across items (`kv` counts tiles), so the next item's Q and K/V load while
+// the consumers finish the last one (its P V products and its epilogue).
+// Returns the first valid item at or after w (filling `it`), or the item count.
+template <bool kCausal>
+__device__ __forceinline__ int64_t NextItem(const FwdParams& p, int64_t w, FwdItem& it) {
+  const int64_t items = p.tiles * p.hq;
+  for (; w < items; w += gridDim.x) {
+    const int2 tile = p.table[w % p.tiles];
+    if (tile.x < 0) continue;
+    it.h = static_cast<int>(w / p.tiles);
+    it.start = p.cu[tile.x];
+    it.len = p.cu[tile.x + 1] - it.start;
+    it.m0 = tile.y * kBr;
+    const int n_end = kCausal ? min(it.len, it.m0 + kBr) : it.len;
+    it.n_tiles = (n_end + kBc - 1) / kBc;
+    return w;
+  }
+  return items;
+}
+
+// The producer (one thread): Q of each item, then its K/V tiles through the ring.
+template <int D, bool kCausal>
+__device__ __forceinline__ void Produce(const FwdShared<D>& sm, const CUtensorMap* tq, const CUtensorMap* tk,
+                                        const CUtensorMap* tv, const FwdParams& p) {
+  using QTile = typename FwdShared<D>::QTile;
+  using KTile = typename FwdShared<D>::KTile;
+  const int64_t items = p.tiles * p.hq;
+  int64_t kv = 0, nq = 0;
+  FwdItem it;
+  for (int64_t w = NextItem<kCausal>(p, blockIdx.x, it);; ++nq) {
+    if (nq > 0) tma::Wait(sm.q_empty(), (nq - 1) & 1);  // the consumers are past the slot and Q
+    if (w >= items) {
+      sm.slot()->h = -1;
+      tma::Arrive(sm.q_full());
+      return;
+    }
+    *sm.slot() = it;
+    const int kvh = it.h / (p.hq / p.hkv);
+    tma::ArriveExpectTx(sm.q_full(), QTile::kBytes);
+    for (int b = 0; b < D / 64; ++b)
+      tma::Load3d(reinterpret_cast<char*>(sm.q().base) + b * QTile::kBlockBytes, tq, sm.q_full(), 64 * b, it.h,
+                  it.start + it.m0);
+    FwdItem next;  // its loads are in flight during this item's K/V stream
+    const int64_t w_next = NextItem<kCausal>(p, w + gridDim.x, next);
+    for (int j = 0; j < it.n_tiles; ++j, ++kv) {
+      const int st = kv % kStages, row = it.start + j * kBc;
+      const int ph = static_cast<int>(kv / kStages) & 1;
+      if (kv >= kStages) tma::Wait(sm.k_empty(st), ph ^ 1);
+      tma::ArriveExpectTx(sm.k_full(st), KTile::kBytes);
+      for (int b = 0; b < D / 64; ++b)
+        tma::Load3d(reinterpret_cast<char*>(sm.k(st).base) + b * KTile::kBlockBytes, tk, sm.k_full(st), 64 * b, kvh, row);
+      if (kv >= kStages) tma::Wait(sm.v_empty(st), ph ^ 1);
+      tma::ArriveExpectTx(sm.v_full(st), KTile::kBytes);
+      for (int b = 0; b < D / 64; ++b)
+        tma::Load3d(reinterpret_cast<char*>(sm.v(st).base) + b * KTile::kBlockBytes, tv, sm.v_full(st), 64 * b, kvh, row);
+    }
+    it = next;
+    w = w_next;
+  }
+}
+
+// Keys past the sequence end, and (causal) after the query, get -inf. s holds this
+// thread's rows g and g + 8 of the 64 x 128 score tile (columns 8 (i/4) + 2t + (i&1)).
+template <bool kCausal>
+__device__ __forceinline__ void MaskTile(float (&s)[kBc / 2], int n0, int len, int row0, int g, int t) {
+#pragma unroll
+  for (int i = 0; i < kBc / 2; ++i) {
+    const int kj = n0 + 8 * (i / 4) + 2 * t + (i & 1), qi = row0 + g + 8 * ((i >> 1) & 1);
+    if (kj >= len || (kCausal && kj > qi)) s[i] = -INFINITY;
+  }
+}
+
+// Online softmax over one score tile for rows g (r = 0) and g + 8 (r = 1): new running
+// max m and sum l, the rescale factor alpha of the old accumulators, s -> exp2 in place.
+__device__ __forceinline__ void SoftmaxTile(float (&s)[kBc / 2], float (&m)[2], float (&l)[2], float (&alpha)[2],
+                                            float sl2) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float mx = m[r];
+#pragma unroll
+    for (int c = 0; c < kBc / 8; ++c) mx = fmaxf(mx, fmaxf(s[4 * c + 2 * r], s[4 * c + 2 * r + 1]));
+    mx = tc::QuadMax(mx);
+    const float ms = mx == -INFINITY ? 0.f : mx * sl2;
+    alpha[r] = tc::Exp2(m[r] * sl2 - ms);
+    m[r] = mx;
+    float sum = 0.f;
+#pragma unroll
+    for (int c = 0; c < kBc / 8; ++c)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float& x = s[4 * c + 2 * r + e];
+        x = tc::Exp2(fmaf(x, sl2, -ms));
+        sum += x;
+      }
+    l[r] = l[r] * alpha[r] + sum;
+  }
+}
+
+// Normalizes O, writes its bf16 rows and the log-sum-exp (rows past the sequence are not
+// written).
+template <int D>
+__device__ __forceinline__ void WriteOutput(const float (&o)[D / 2], const float (&m)[2], const float (&l)[2],
+                                            const FwdParams& p, const FwdItem& it, int row0, int g, int t) {
+  const int64_t q_stride = int64_t(p.hq) * D;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float sum = tc::QuadSum(l[r]);
+    const int qi = row0 + g + 8 * r;
+    if (qi >= it.len) continue;
+    const float inv = 1.f / sum;
+    bf16* orow = p.out + (int64_t(it.start) + qi) * q_stride + it.h * D + 2 * t;
+#pragma unroll
+    for (int c = 0; c < D / 8; ++c)
+      *reinterpret_cast<uint32_t*>(orow + 8 * c) = tc::PackBf16(o[4 * c + 2 * r] * inv, o[4 * c + 2 * r + 1] * inv);
+    if (t == 0) p.lse[(int64_t(it.start) + qi) * p.hq + it.h] = m[r] * p.scale + logf(sum);
+  }
+}
+
+// One consumer warpgroup's share (64 query rows) of one item. `kv` counts the K/V tiles
+// this CTA consumed so far (the ring's stage and phase).
+template <int D, bool kCausal>
+__device__ __forceinline__ void ConsumeItem(const FwdShared<D>& sm, const FwdParams& p, const FwdItem& it, int64_t& kv,
+                                            int wgi, int warp, int lane) {
+  const int g = lane / 4, t = lane % 4, n_tiles = it.n_tiles;
+  const float sl2 = p.scale * kLog2e;
+  const int row0 = it.m0 + wgi * 64 + warp * 16;  // sequence-local query of this thread's rows g and g + 8
+  // Ping-pong: the two consumer warpgroups take turns issuing their wgmmas (named
+  // barriers 2 and 3), so one warpgroup's softmax runs while the other's products occupy
+  // the tensor cores. Warpgroup 0 goes first; warpgroup 1 skips its last hand-over so
+  // that both barriers end balanced (per item).
+  const int turns = n_tiles + 1;
+  auto my_turn = [&] { asm volatile("bar.sync %0, 256;\n" ::"r"(2 + wgi) : "memory"); };
+  auto pass_turn = [&](int turn) {
+    if (wgi == 0 || turn + 1 < turns) asm volatile("bar.arrive %0, 256;\n" ::"r"(3 - wgi) : "memory");
+  };
+  if (wgi == 1) asm volatile("bar.arrive 2, 256;\n" ::: "memory");
+
+  float o[D / 2] = {};
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  uint32_t pa[kBc / 16][4];
+  for (int j = 0; j < n_tiles; ++j, ++kv) {
+    const int n0 = j * kBc, st = kv % kStages, pst = (kv + kStages - 1) % kStages;
+    tma::Wait(sm.k_full(st), static_cast<int>(kv / kStages) & 1);
+    float s[kBc / 2];  // no zeroing: the first product overwrites (scale-d = 0)
+    my_turn();
+    wg::Fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+      wg::WgmmaSS_m64n128(s, wg::KMajorDesc(sm.q(), wgi * 64, kk), wg::KMajorDesc(sm.k(st), 0, kk), kk > 0);
+    wg::Commit();
+    if (j > 0) {
+      tma::Wait(sm.v_full(pst), static_cast<int>((kv - 1) / kStages) & 1);
+#pragma unroll
+      for (int kk = 0; kk < kBc / 16; ++kk) PvMma<D>(o, pa[kk], wg::MnMajorDesc(sm.v(pst), kk));
+      wg::Commit();
+      pass_turn(j);
+      wg::Wait<1>();
+    } else {
+      pass_turn(j);
+      wg::Wait<0>();
+    }
+    wg::FenceRegs(s);
+    if (lane == 0) tma::Arrive(sm.k_empty(st));
+    if (j + 1 == n_tiles) tma::Arrive(sm.q_empty());  // Q's last reader is done
+    if (n0 + kBc > it.len || (kCausal && n0 + kBc - 1 > row0)) MaskTile<kCausal>(s, n0, it.len, row0, g, t);
+    float alpha[2];
+    SoftmaxTile(s, m, l, alpha, sl2);
+    wg::Wait<0>();  // O += P(j-1) V(j-1) done: O, pa and that V stage are free
+    wg::FenceRegs(o);
+    if (j > 0 && lane == 0) tma::Arrive(sm.v_empty(pst));
+#pragma unroll
+    for (int c = 0; c < D / 8; ++c)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[4 * c + e] *= alpha[e >> 1];
+#pragma unroll
+    for (int kk = 0; kk < kBc / 16; ++kk)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) pa[kk][e] = tc::PackBf16(s[8 * kk + 2 * e], s[8 * kk + 2 * e + 1]);
+  }
+  const int pst = (kv + kStages - 1) % kStages;  // the last tile's P V
+  tma::Wait(sm.v_full(pst), static_cast<int>((kv - 1) / kStages) & 1);
+  my_turn();
+  wg::Fence();
+#pragma unroll
+  for (int kk = 0; kk < kBc / 16; ++kk) PvMma<D>(o, pa[kk], wg::MnMajorDesc(sm.v(pst), kk));
+  wg::Commit();
+  pass_turn(n_tiles);
+  wg::Wait<0>();
+  wg::FenceRegs(o);
+  if (lane == 0) tma::Arrive(sm.v_empty(pst));
+  WriteOutput<D>(o, m, l, p, it, row0, g, t);
+}
+
 template <int D, bool kCausal>
 __global__ void __launch_bounds__(kThreads, 1)
     FwdKernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
               const __grid_constant__ CUtensorMap tv, FwdParams p) {
-  using S = FwdSmem<D>;
-  using QTile = typename S::QTile;
-  using KTile = typename S::KTile;
   extern __shared__ unsigned char smem_raw[];
-  char* smem = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  const QTile sQ{reinterpret_cast<bf16*>(smem)};
-  auto sK = [&](int st) { return KTile{reinterpret_cast<bf16*>(smem + QTile::kBytes + 2 * st * KTile::kBytes)}; };
-  auto sV = [&](int st) { return KTile{reinterpret_cast<bf16*>(smem + QTile::kBytes + (2 * st + 1) * KTile::kBytes)}; };
-  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + S::kTiles);
-  uint64_t* q_full = bars;
-  uint64_t* q_empty = bars + 1;
-  uint64_t* k_full = bars + 2;
-  uint64_t* v_full = k_full + kStages;
-  uint64_t* k_empty = v_full + kStages;
-  uint64_t* v_empty = k_empty + kStages;
-  FwdItem* const slot = reinterpret_cast<FwdItem*>(v_empty + kStages);
+  const FwdShared<D> sm = FwdShared<D>::Make(smem_raw);
   const int tid = threadIdx.x, wgi = tid / 128 - 1, warp = (tid / 32) % 4, lane = tid % 32;
-
-  if (tid == 0) {
-    tma::BarInit(q_full, 1);
-    // Every consumer thread: each read the item slot itself (one arrive per warp would do
-    // by the memory model, but racecheck then reports the producer's next slot write).
-    tma::BarInit(q_empty, 128 * kConsumers);
-    for (int i = 0; i < kStages; ++i) {
-      tma::BarInit(k_full + i, 1);
-      tma::BarInit(v_full + i, 1);
-      tma::BarInit(k_empty + i, 4 * kConsumers);
-      tma::BarInit(v_empty + i, 4 * kConsumers);
-    }
-    tma::FenceBarrierInit();
-  }
+  if (tid == 0) sm.InitBarriers();
   __syncthreads();
-
-  // Work item w = (query tile w % tiles, head w / tiles); a CTA takes items blockIdx.x,
-  // blockIdx.x + gridDim.x, ... (one item per CTA when the grid covers them all). Only
-  // the producer reads the tile table and cu_seqlens (a chain of dependent global
-  // loads), one item ahead of its use; it hands each item to the consumers in a shared
-  // slot published by the Q barrier, and ends the list with h = -1. The K/V ring's stage
-  // and phase run on across items (`kv` counts tiles), so the next item's Q and K/V load
-  // while the consumers finish the last one (its P V products and its epilogue).
-  const int64_t items = p.tiles * p.hq;
-  auto next_item = [&](int64_t w, FwdItem& it) {  // first valid item at or after w
-    for (; w < items; w += gridDim.x) {
-      const int2 tile = p.table[w % p.tiles];
-      if (tile.x < 0) continue;
-      it.h = static_cast<int>(w / p.tiles);
-      it.start = p.cu[tile.x];
-      it.len = p.cu[tile.x + 1] - it.start;
-      it.m0 = tile.y * kBr;
-      const int n_end = kCausal ? min(it.len, it.m0 + kBr) : it.len;
-      it.n_tiles = (n_end + kBc - 1) / kBc;
-      return w;
-    }
-    return items;
-  };
-
   if (wgi < 0) {  // producer warpgroup
     tma::RegDealloc<24>();
-    if (tid == 0) {
-      int64_t kv = 0, nq = 0;
-      FwdItem it;
-      for (int64_t w = next_item(blockIdx.x, it);; ++nq) {
-        if (nq > 0) tma::Wait(q_empty, (nq - 1) & 1);  // the consumers are past the slot and Q
-        if (w >= items) {
-          slot->h = -1;
-          tma::Arrive(q_full);
-          break;
-        }
-        *slot = it;
-        const int kvh = it.h / (p.hq / p.hkv);
-        tma::ArriveExpectTx(q_full, QTile::kBytes);
-        for (int b = 0; b < D / 64; ++b)
-          tma::Load3d(reinterpret_cast<char*>(sQ.base) + b * QTile::kBlockBytes, &tq, q_full, 64 * b, it.h, it.start + it.m0);
-        FwdItem next;  // its loads are in flight during this item's K/V stream
-        const int64_t w_next = next_item(w + gridDim.x, next);
-        for (int j = 0; j < it.n_tiles; ++j, ++kv) {
-          const int st = kv % kStages, row = it.start + j * kBc;
-          const int ph = static_cast<int>(kv / kStages) & 1;
-          if (kv >= kStages) tma::Wait(k_empty + st, ph ^ 1);
-          tma::ArriveExpectTx(k_full + st, KTile::kBytes);
-          for (int b = 0; b < D / 64; ++b)
-            tma::Load3d(reinterpret_cast<char*>(sK(st).base) + b * KTile::kBlockBytes, &tk, k_full + st, 64 * b, kvh, row);
-          if (kv >= kStages) tma::Wait(v_empty + st, ph ^ 1);
-          tma::ArriveExpectTx(v_full + st, KTile::kBytes);
-          for (int b = 0; b < D / 64; ++b)
-            tma::Load3d(reinterpret_cast<char*>(sV(st).base) + b * KTile::kBlockBytes, &tv, v_full + st, 64 * b, kvh, row);
-        }
-        it = next;
-        w = w_next;
-      }
-    }
+    if (tid == 0) Produce<D, kCausal>(sm, &tq, &tk, &tv, p);
     return;
   }
   tma::RegAlloc<240>();
-  const int64_t q_stride = int64_t(p.hq) * D;
-  const int g = lane / 4, t = lane % 4;
-  const float sl2 = p.scale * kLog2e;
-  int64_t kv = 0, nq = 0;
-  for (;;) {
-    tma::Wait(q_full, nq & 1);
-    ++nq;
-    const FwdItem it = *slot;
-    if (it.h < 0) break;
-    const int h = it.h, start = it.start, len = it.len, n_tiles = it.n_tiles;
-    const int row0 = it.m0 + wgi * 64 + warp * 16;  // sequence-local query of this thread's rows g and g + 8
-    // Ping-pong: the two consumer warpgroups take turns issuing their wgmmas (named
-    // barriers 2 and 3), so one warpgroup's softmax runs while the other's products occupy
-    // the tensor cores. Warpgroup 0 goes first; warpgroup 1 skips its last hand-over so
-    // that both barriers end balanced (per item).
-    const int turns = n_tiles + 1;
-    auto my_turn = [&] { asm volatile("bar.sync %0, 256;\n" ::"r"(2 + wgi) : "memory"); };
-    auto pass_turn = [&](int turn) {
-      if (wgi == 0 || turn + 1 < turns) asm volatile("bar.arrive %0, 256;\n" ::"r"(3 - wgi) : "memory");
-    };
-    if (wgi == 1) asm volatile("bar.arrive 2, 256;\n" ::: "memory");
-
-    float o[D / 2] = {};
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-    uint32_t pa[kBc / 16][4];
-    for (int j = 0; j < n_tiles; ++j, ++kv) {
-      const int n0 = j * kBc, st = kv % kStages, pst = (kv + kStages - 1) % kStages;
-      tma::Wait(k_full + st, static_cast<int>(kv / kStages) & 1);
-      float s[kBc / 2];  // no zeroing: the first product overwrites (scale-d = 0)
-      my_turn();
-      wg::Fence();
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk)
-        wg::WgmmaSS_m64n128(s, wg::KMajorDesc(sQ, wgi * 64, kk), wg::KMajorDesc(sK(st), 0, kk), kk > 0);
-      wg::Commit();
-      if (j > 0) {
-        tma::Wait(v_full + pst, static_cast<int>((kv - 1) / kStages) & 1);
-#pragma unroll
-        for (int kk = 0; kk < kBc / 16; ++kk) PvMma<D>(o, pa[kk], wg::MnMajorDesc(sV(pst), kk));
-        wg::Commit();
-        pass_turn(j);
-        wg::Wait<1>();
-      } else {
-        pass_turn(j);
-        wg::Wait<0>();
-      }
-      wg::FenceRegs(s);
-      if (lane == 0) tma::Arrive(k_empty + st);
-      if (j + 1 == n_tiles) tma::Arrive(q_empty);  // Q's last reader is done
-
-      if (n0 + kBc > len || (kCausal && n0 + kBc - 1 > row0)) {
-#pragma unroll
-        for (int i = 0; i < kBc / 2; ++i) {
-          const int kj = n0 + 8 * (i / 4) + 2 * t + (i & 1), qi = row0 + g + 8 * ((i >> 1) & 1);
-          if (kj >= len || (kCausal && kj > qi)) s[i] = -INFINITY;
-        }
-      }
-      // Online softmax for rows g (r = 0) and g + 8 (r = 1).
-      float alpha[2];
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        float mx = m[r];
-#pragma unroll
-        for (int c = 0; c < kBc / 8; ++c) mx = fmaxf(mx, fmaxf(s[4 * c + 2 * r], s[4 * c + 2 * r + 1]));
-        mx = tc::QuadMax(mx);
-        const float ms = mx == -INFINITY ? 0.f : mx * sl2;
-        alpha[r] = tc::Exp2(m[r] * sl2 - ms);
-        m[r] = mx;
-        float sum = 0.f;
-#pragma unroll
-        for (int c = 0; c < kBc / 8; ++c)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            float& x = s[4 * c + 2 * r + e];
-            x = tc::Exp2(fmaf(x, sl2, -ms));
-            sum += x;
-          }
-        l[r] = l[r] * alpha[r] + sum;
-      }
-      wg::Wait<0>();  // O += P(j-1) V(j-1) done: O, pa and that V stage are free
-      wg::FenceRegs(o);
-      if (j > 0 && lane == 0) tma::Arrive(v_empty + pst);
-#pragma unroll
-      for (int c = 0; c < D / 8; ++c)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) o[4 * c + e] *= alpha[e >> 1];
-#pragma unroll
-      for (int kk = 0; kk < kBc / 16; ++kk)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) pa[kk][e] = tc::PackBf16(s[8 * kk + 2 * e], s[8 * kk + 2 * e + 1]);
-    }
-    {
-      const int pst = (kv + kStages - 1) % kStages;
-      tma::Wait(v_full + pst, static_cast<int>((kv - 1) / kStages) & 1);
-      my_turn();
-      wg::Fence();
-#pragma unroll
-      for (int kk = 0; kk < kBc / 16; ++kk) PvMma<D>(o, pa[kk], wg::MnMajorDesc(sV(pst), kk));
-      wg::Commit();
-      pass_turn(n_tiles);
-      wg::Wait<0>();
-      wg::FenceRegs(o);
-      if (lane == 0) tma::Arrive(v_empty + pst);
-    }
-    // Epilogue: normalize, write bf16 pairs and the log-sum-exp.
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const float sum = tc::QuadSum(l[r]);
-      const int qi = row0 + g + 8 * r;
-      if (qi >= len) continue;
-      const float inv = 1.f / sum;
-      bf16* orow = p.out + (int64_t(start) + qi) * q_stride + h * D + 2 * t;
-#pragma unroll
-      for (int c = 0; c < D / 8; ++c)
-        *reinterpret_cast<uint32_t*>(orow + 8 * c) = tc::PackBf16(o[4 * c + 2 * r] * inv, o[4 * c + 2 * r + 1] * inv);
-      if (t == 0) p.lse[(int64_t(start) + qi) * p.hq + h] = m[r] * p.scale + logf(sum);
-    }
-  }  // work items
+  int64_t kv = 0;
+  for (int64_t nq = 0;; ++nq) {
+    tma::Wait(sm.q_full(), nq & 1);
+    const FwdItem it = *sm.slot();
+    if (it.h < 0) return;
+    ConsumeItem<D, kCausal>(sm, p, it, kv, wgi, warp, lane);
+  }
 }
 
 PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {

@@ -1,4 +1,5 @@
-// Cast between f32 and bf16. Launchers take raw pointers (and a CUDA stream as void*).
+// Cast between any two of f32, bf16 and f16 (round to nearest even; NaN stays NaN, f16
+// overflows to inf). Launchers take raw pointers (and a CUDA stream as void*).
 #pragma once
 #include <cstdint>
 

@@ -1,6 +1,7 @@
 // Shared pieces of the CUDA kernels: bf16 <-> f32, launch checks.
 #pragma once
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -12,9 +13,11 @@ namespace tessera::kernels {
 
 __device__ __forceinline__ float ToF(float v) { return v; }
 __device__ __forceinline__ float ToF(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float ToF(__half v) { return __half2float(v); }
 template <typename T> __device__ __forceinline__ T FromF(float v);
 template <> __device__ __forceinline__ float FromF<float>(float v) { return v; }
 template <> __device__ __forceinline__ __nv_bfloat16 FromF<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <> __device__ __forceinline__ __half FromF<__half>(float v) { return __float2half_rn(v); }
 
 // Block-wide reductions for blockDim.x == kThreads (a multiple of 32); every thread
 // gets the result.

@@ -45,7 +45,10 @@ inline Tensor Make(Backend& b, std::vector<int64_t> shape, DType t, const std::v
   std::vector<char> bytes(vals.size() * DTypeSize(t));
   for (size_t i = 0; i < vals.size(); ++i) {
     if (t == DType::kF32) std::memcpy(&bytes[i * 4], &vals[i], 4);
-    else { uint16_t h = FloatToBf16(vals[i]); std::memcpy(&bytes[i * 2], &h, 2); }
+    else {
+      const uint16_t h = t == DType::kF16 ? FloatToF16(vals[i]) : FloatToBf16(vals[i]);
+      std::memcpy(&bytes[i * 2], &h, 2);
+    }
   }
   EXPECT_TRUE(b.CopyFromHost(bytes.data(), *ten).ok());
   return *ten;
@@ -71,7 +74,11 @@ inline std::vector<float> Read(Backend& b, const Tensor& t) {
   std::vector<float> v(t.numel());
   for (size_t i = 0; i < v.size(); ++i) {
     if (t.dtype() == DType::kF32) std::memcpy(&v[i], &bytes[i * 4], 4);
-    else { uint16_t h; std::memcpy(&h, &bytes[i * 2], 2); v[i] = Bf16ToFloat(h); }
+    else {
+      uint16_t h;
+      std::memcpy(&h, &bytes[i * 2], 2);
+      v[i] = t.dtype() == DType::kF16 ? F16ToFloat(h) : Bf16ToFloat(h);
+    }
   }
   return v;
 }

@@ -39,20 +39,40 @@ std::vector<double> RmsNormRef(const std::vector<float>& x, const std::vector<fl
 }
 double Silu(double g) { return g / (1 + std::exp(-g)); }
 
+float RoundTo(DType t, float v) {
+  if (t == DType::kBF16) return Bf16ToFloat(FloatToBf16(v));
+  if (t == DType::kF16) return F16ToFloat(FloatToF16(v));
+  return v;
+}
+
+// Every cast between f32, bf16 and f16 rounds exactly as the host conversions (round to
+// nearest even): no tolerance. Values span f16's subnormals, normals and overflow.
 TEST_P(OpTest, Cast) {
   Rng rng(seed_);
+  const std::vector<DType> types = {DType::kF32, DType::kBF16, DType::kF16};
   for (int64_t n : {1, 7, 1000, 65537}) {
-    SCOPED_TRACE(::testing::Message() << "n=" << n << " seed=" << seed_);
     auto v = rng.Normal(n, 3.f);
-    auto x = Make(*be_, {n}, DType::kF32, v);
-    auto y = Out(*be_, {n}, DType::kBF16);
-    ASSERT_TRUE(be_->Cast(x, y).ok());
-    auto got = Read(*be_, y);
-    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(got[i], Bf16ToFloat(FloatToBf16(v[i]))) << i;  // exact RNE
-    auto back = Out(*be_, {n}, DType::kF32);
-    ASSERT_TRUE(be_->Cast(y, back).ok());
-    EXPECT_EQ(Read(*be_, back), got);
+    for (int64_t i = 0; i < n; i += 5) v[i] *= (i % 3 == 0) ? 1e-6f : 3e4f;  // f16 subnormals and overflow
+    for (DType from : types)
+      for (DType to : types) {
+        SCOPED_TRACE(::testing::Message() << DTypeName(from) << " -> " << DTypeName(to) << " n=" << n << " seed=" << seed_);
+        std::vector<float> src(n);
+        for (int64_t i = 0; i < n; ++i) src[i] = RoundTo(from, v[i]);
+        auto x = Make(*be_, {n}, from, src);
+        auto y = Out(*be_, {n}, to);
+        ASSERT_TRUE(be_->Cast(x, y).ok());
+        auto got = Read(*be_, y);
+        for (int64_t i = 0; i < n; ++i) {
+          const float want = RoundTo(to, src[i]);
+          ASSERT_TRUE(got[i] == want || (std::isnan(got[i]) && std::isnan(want))) << i << ": " << got[i] << " vs " << want;
+        }
+      }
   }
+}
+
+TEST_P(OpTest, CastRejectsIntegers) {
+  auto x = Out(*be_, {4}, DType::kI32), y = Out(*be_, {4}, DType::kF32);
+  EXPECT_THAT(std::string(be_->Cast(x, y).message()), HasSubstr("i32 -> f32"));
 }
 
 TEST_P(OpTest, RmsNormForwardAndBackward) {

@@ -47,7 +47,10 @@ absl::Status SameDType(const char* op, const char* an, const Tensor& a, const ch
 absl::Status Backend::Cast(const Tensor& x, Tensor& y) {
   TRY(CheckTensors("cast", device(), {{"x", &x}, {"y", &y}}));
   TRY(SameShape("cast", "x", x, "y", y));
-  if (!Float(x.dtype()) || !Float(y.dtype())) return Bad("cast", "only f32 <-> bf16 casts are supported");
+  auto castable = [](DType t) { return Float(t) || t == DType::kF16; };
+  if (!castable(x.dtype()) || !castable(y.dtype()))
+    return Bad("cast", absl::StrCat("casts are between f32, bf16 and f16; got ", DTypeName(x.dtype()), " -> ",
+                                    DTypeName(y.dtype())));
   return DoCast(x, y);
 }
 

@@ -41,7 +41,7 @@ class Backend {
 
   absl::StatusOr<Tensor> Empty(std::vector<int64_t> shape, DType dtype) { return Tensor::Empty(std::move(shape), dtype, allocator()); }
 
-  // y = x converted to y's dtype (f32 <-> bf16).
+  // y = x converted to y's dtype (any of f32, bf16, f16; round to nearest even).
   absl::Status Cast(const Tensor& x, Tensor& y);
   // x, y: [rows, cols]; w: [cols]; rstd: [rows] f32.  y = x * rstd * w, rstd = 1/sqrt(mean(x^2)+eps).
   absl::Status RmsNormForward(const Tensor& x, const Tensor& w, float eps, Tensor& y, Tensor& rstd);
