@@ -1,0 +1,181 @@
+// The single-rank Llama on the CPU backend: configuration and batch validation, the
+// backward against directional finite differences of the forward for every parameter
+// (plain, and tied embeddings + QKV bias), and a few AdamW steps that fit a fixed batch.
+#include "worker/model/llama.h"
+
+#include <cmath>
+#include <random>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tessera::model {
+namespace {
+using ::testing::HasSubstr;
+using runtime::Tensor;
+
+LlamaConfig Tiny(bool tied, bool bias) {
+  LlamaConfig c;
+  c.vocab = 13, c.hidden = 16, c.layers = 2, c.heads = 4, c.kv_heads = 2, c.ffn = 24;
+  c.tie_embeddings = tied, c.qkv_bias = bias;
+  return c;
+}
+
+// Three sequences (5, 3, 4 tokens); next-token targets, none after a sequence's last token.
+TokenBatch MakeBatch(int64_t vocab, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  TokenBatch b;
+  b.cu_seqlens = {0};
+  for (int len : {5, 3, 4}) {
+    std::vector<int32_t> seq(len);
+    for (auto& x : seq) x = static_cast<int32_t>(rng() % vocab);
+    for (int i = 0; i < len; ++i) {
+      b.tokens.push_back(seq[i]);
+      b.targets.push_back(i + 1 < len ? seq[i + 1] : -1);
+      b.positions.push_back(i);
+    }
+    b.cu_seqlens.push_back(b.cu_seqlens.back() + len);
+  }
+  return b;
+}
+
+std::vector<float> Read(runtime::Backend& b, const Tensor& t) {
+  std::vector<float> v(t.numel());
+  EXPECT_TRUE(b.CopyToHost(t, v.data()).ok());
+  return v;
+}
+
+TEST(LlamaConfigTest, RejectsBadSizesNamingTheField) {
+  LlamaConfig c = Tiny(false, false);
+  c.kv_heads = 3;
+  EXPECT_THAT(std::string(c.Validate().message()), HasSubstr("heads (4) must be a multiple of kv_heads (3)"));
+  c = Tiny(false, false);
+  c.ffn = 0;
+  EXPECT_THAT(std::string(c.Validate().message()), HasSubstr("ffn must be > 0"));
+  c = Tiny(false, false);
+  c.hidden = 18;
+  EXPECT_THAT(std::string(c.Validate().message()), HasSubstr("hidden (18) must be a multiple of heads (4)"));
+  c = Tiny(false, false);
+  c.head_dim = 5;
+  EXPECT_THAT(std::string(c.Validate().message()), HasSubstr("head_dim must be even"));
+  EXPECT_TRUE(Tiny(true, true).Validate().ok());
+}
+
+TEST(LlamaConfigTest, ParamSpecsFollowHuggingFaceNames) {
+  const auto specs = LlamaParamSpecs(Tiny(false, true));
+  ASSERT_EQ(specs.size(), 1 + 2 * 12 + 2u);  // embedding, 12 per layer with biases, norm, head
+  EXPECT_EQ(specs[0].name, "model.embed_tokens.weight");
+  EXPECT_EQ(specs[2].name, "model.layers.0.self_attn.q_proj.weight");
+  EXPECT_EQ(specs[2].shape, (std::vector<int64_t>{16, 16}));
+  EXPECT_EQ(specs[3].shape, (std::vector<int64_t>{8, 16}));  // k_proj: 2 kv heads x 4
+  EXPECT_EQ(specs[5].name, "model.layers.0.self_attn.q_proj.bias");
+  EXPECT_EQ(specs.back().name, "lm_head.weight");
+  EXPECT_EQ(LlamaParamSpecs(Tiny(true, false)).back().name, "model.norm.weight");
+  EXPECT_EQ(Tiny(true, false).NumParams(), 13 * 16 + 2 * (16 + 16 * 16 + 2 * 8 * 16 + 16 * 16 + 16 + 3 * 24 * 16) + 16);
+}
+
+TEST(LlamaTest, RejectsBadBatches) {
+  auto be = runtime::MakeCpuBackend();
+  auto m = Llama::Create(Tiny(false, false), be.get());
+  ASSERT_TRUE(m.ok()) << m.status();
+  TokenBatch b = MakeBatch(13, 1);
+  b.tokens[2] = 13;
+  EXPECT_THAT(std::string((*m)->Forward(b).status().message()), HasSubstr("token 2 = 13 is outside [0, 13)"));
+  b = MakeBatch(13, 1);
+  b.cu_seqlens = {0, 5, 5, 12};
+  EXPECT_THAT(std::string((*m)->Forward(b).status().message()), HasSubstr("cu_seqlens must increase strictly"));
+  b = MakeBatch(13, 1);
+  b.targets.pop_back();
+  EXPECT_THAT(std::string((*m)->Forward(b).status().message()), HasSubstr("must have one size"));
+}
+
+// Randomizes every parameter (norm weights around 1, biases small) so every term of the
+// backward matters.
+void Randomize(Llama& m, runtime::Backend& be, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  for (auto& p : m.params()) {
+    std::vector<float> v(p.value.numel());
+    const bool norm = p.name.find("norm") != std::string::npos;
+    for (auto& x : v) x = norm ? 1.f + 0.2f * normal(rng) : 0.3f * normal(rng);
+    ASSERT_TRUE(be.CopyFromHost(v.data(), p.value).ok());
+  }
+}
+
+class LlamaGradTest : public ::testing::TestWithParam<std::pair<bool, bool>> {};
+
+// d/de L(theta + e v) at e = 0 by central differences (v a random unit direction in one
+// parameter) against grad . v. The loss is a sum of ~9 token losses of O(1) in f32:
+// rounding ~1e-6 / (2 e) = 5e-5 absolute, truncation ~e^2 = 1e-4 relative; tolerance
+// 2e-3 relative + 2e-4 absolute (seen: <= 2e-4 relative).
+TEST_P(LlamaGradTest, BackwardMatchesFiniteDifferences) {
+  auto [tied, bias] = GetParam();
+  auto be = runtime::MakeCpuBackend();
+  auto made = Llama::Create(Tiny(tied, bias), be.get());
+  ASSERT_TRUE(made.ok()) << made.status();
+  Llama& m = **made;
+  Randomize(m, *be, 7);
+  const TokenBatch batch = MakeBatch(13, 3);
+  ASSERT_TRUE(m.ZeroGrads().ok());
+  auto base = m.ForwardBackward(batch, 1.f);
+  ASSERT_TRUE(base.ok()) << base.status();
+  EXPECT_EQ(base->tokens, 9);
+  std::mt19937_64 rng(11);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  const float eps = 1e-2f;
+  for (auto& p : m.params()) {
+    SCOPED_TRACE(p.name);
+    const auto theta = Read(*be, p.value), grad = Read(*be, p.grad);
+    std::vector<float> v(theta.size());
+    double norm = 0, analytic = 0;
+    for (auto& x : v) x = normal(rng), norm += double(x) * x;
+    for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(v[i] / std::sqrt(norm)), analytic += double(grad[i]) * v[i];
+    auto loss_at = [&](float e) {
+      std::vector<float> shifted(theta.size());
+      for (size_t i = 0; i < theta.size(); ++i) shifted[i] = theta[i] + e * v[i];
+      EXPECT_TRUE(be->CopyFromHost(shifted.data(), p.value).ok());
+      auto l = m.Forward(batch);
+      EXPECT_TRUE(l.ok()) << l.status();
+      return l.ok() ? l->sum : NAN;
+    };
+    const double numeric = (loss_at(eps) - loss_at(-eps)) / (2 * eps);
+    ASSERT_TRUE(be->CopyFromHost(theta.data(), p.value).ok());
+    EXPECT_NEAR(analytic, numeric, 2e-3 * std::abs(numeric) + 2e-4) << "analytic " << analytic << " numeric " << numeric;
+  }
+}
+INSTANTIATE_TEST_SUITE_P(Variants, LlamaGradTest,
+                         ::testing::Values(std::pair{false, false}, std::pair{true, true}),
+                         [](const auto& info) {
+                           return std::string(info.param.first ? "tied" : "untied") + (info.param.second ? "_bias" : "");
+                         });
+
+// Token-mean loss over the batch, AdamW on every parameter: 40 steps fit 9 tokens.
+TEST(LlamaTest, AdamWStepsFitABatch) {
+  auto be = runtime::MakeCpuBackend();
+  auto made = Llama::Create(Tiny(false, true), be.get());
+  ASSERT_TRUE(made.ok()) << made.status();
+  Llama& m = **made;
+  ASSERT_TRUE(m.InitRandom(5, 0.1f).ok());
+  const TokenBatch batch = MakeBatch(13, 4);
+  std::vector<Tensor> mom, var;
+  for (auto& p : m.params()) {
+    mom.push_back(*be->Empty(p.value.shape(), runtime::DType::kF32));
+    var.push_back(*be->Empty(p.value.shape(), runtime::DType::kF32));
+    ASSERT_TRUE(be->Fill(mom.back(), 0).ok() && be->Fill(var.back(), 0).ok());
+  }
+  double first = 0, last = 0;
+  for (int step = 1; step <= 40; ++step) {
+    ASSERT_TRUE(m.ZeroGrads().ok());
+    auto l = m.ForwardBackward(batch, 1.f / 9);
+    ASSERT_TRUE(l.ok()) << l.status();
+    (step == 1 ? first : last) = l->sum / l->tokens;
+    runtime::AdamWParams hp{3e-2f, 0.9f, 0.95f, 1e-8f, 0.f, step};
+    for (size_t i = 0; i < m.params().size(); ++i)
+      ASSERT_TRUE(be->AdamW(m.params()[i].value, m.params()[i].grad, mom[i], var[i], hp).ok());
+  }
+  EXPECT_NEAR(first, std::log(13.0), 0.3);  // near uniform at a small init
+  EXPECT_LT(last, 0.25 * first) << "first " << first << " last " << last;
+}
+
+}  // namespace
+}  // namespace tessera::model

@@ -1,0 +1,65 @@
+#include "worker/model/config.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace tessera::model {
+namespace {
+absl::Status Bad(const std::string& what) { return absl::InvalidArgumentError(absl::StrCat("model config: ", what)); }
+}  // namespace
+
+absl::Status LlamaConfig::Validate() const {
+  struct Field {
+    const char* name;
+    int64_t value;
+  };
+  for (Field f : {Field{"vocab", vocab}, Field{"hidden", hidden}, Field{"layers", layers}, Field{"heads", heads},
+                  Field{"kv_heads", kv_heads}, Field{"ffn", ffn}})
+    if (f.value <= 0) return Bad(absl::StrCat(f.name, " must be > 0, got ", f.value));
+  if (heads % kv_heads != 0)
+    return Bad(absl::StrCat("heads (", heads, ") must be a multiple of kv_heads (", kv_heads, ")"));
+  if (head_dim < 0) return Bad(absl::StrCat("head_dim must be >= 0 (0: hidden / heads), got ", head_dim));
+  if (head_dim == 0 && hidden % heads != 0)
+    return Bad(absl::StrCat("hidden (", hidden, ") must be a multiple of heads (", heads, ") when head_dim is not set"));
+  if (HeadDim() % 2 != 0) return Bad(absl::StrCat("head_dim must be even for RoPE, got ", HeadDim()));
+  if (!(rope_base > 1.f)) return Bad(absl::StrCat("rope_base must be > 1, got ", rope_base));
+  if (!(norm_eps > 0.f)) return Bad(absl::StrCat("norm_eps must be > 0, got ", norm_eps));
+  return absl::OkStatus();
+}
+
+std::vector<ParamSpec> LlamaParamSpecs(const LlamaConfig& c) {
+  const int64_t d = c.HeadDim(), q = c.heads * d, kv = c.kv_heads * d;
+  std::vector<ParamSpec> p;
+  p.push_back({"model.embed_tokens.weight", {c.vocab, c.hidden}});
+  for (int64_t i = 0; i < c.layers; ++i) {
+    const std::string l = absl::StrCat("model.layers.", i, ".");
+    p.push_back({l + "input_layernorm.weight", {c.hidden}});
+    p.push_back({l + "self_attn.q_proj.weight", {q, c.hidden}});
+    p.push_back({l + "self_attn.k_proj.weight", {kv, c.hidden}});
+    p.push_back({l + "self_attn.v_proj.weight", {kv, c.hidden}});
+    if (c.qkv_bias) {
+      p.push_back({l + "self_attn.q_proj.bias", {q}});
+      p.push_back({l + "self_attn.k_proj.bias", {kv}});
+      p.push_back({l + "self_attn.v_proj.bias", {kv}});
+    }
+    p.push_back({l + "self_attn.o_proj.weight", {c.hidden, q}});
+    p.push_back({l + "post_attention_layernorm.weight", {c.hidden}});
+    p.push_back({l + "mlp.gate_proj.weight", {c.ffn, c.hidden}});
+    p.push_back({l + "mlp.up_proj.weight", {c.ffn, c.hidden}});
+    p.push_back({l + "mlp.down_proj.weight", {c.hidden, c.ffn}});
+  }
+  p.push_back({"model.norm.weight", {c.hidden}});
+  if (!c.tie_embeddings) p.push_back({"lm_head.weight", {c.vocab, c.hidden}});
+  return p;
+}
+
+int64_t LlamaConfig::NumParams() const {
+  int64_t n = 0;
+  for (const auto& s : LlamaParamSpecs(*this)) {
+    int64_t e = 1;
+    for (int64_t d : s.shape) e *= d;
+    n += e;
+  }
+  return n;
+}
+
+}  // namespace tessera::model

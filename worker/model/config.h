@@ -1,0 +1,46 @@
+// Llama-family model configuration (DESIGN §6): Llama 2/3 and Qwen2 (QKV bias) shapes,
+// optional tied embeddings. Parameter names follow Hugging Face's so checkpoints map
+// one to one (model.layers.{i}.self_attn.q_proj.weight, ...).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace tessera::model {
+
+struct LlamaConfig {
+  int64_t vocab = 0;
+  int64_t hidden = 0;
+  int64_t layers = 0;
+  int64_t heads = 0;
+  int64_t kv_heads = 0;
+  int64_t head_dim = 0;  // 0: hidden / heads
+  int64_t ffn = 0;       // SwiGLU intermediate size
+  float rope_base = 10000.f;
+  float norm_eps = 1e-5f;
+  bool tie_embeddings = false;
+  bool qkv_bias = false;  // Qwen2
+
+  int64_t HeadDim() const { return head_dim > 0 ? head_dim : (heads > 0 ? hidden / heads : 0); }
+  // INVALID_ARGUMENT naming the field and the expected value when a size is missing or
+  // inconsistent (heads % kv_heads, hidden % heads without head_dim, ...).
+  absl::Status Validate() const;
+  // Parameter count (tied embeddings counted once).
+  int64_t NumParams() const;
+};
+
+// One parameter: its Hugging Face name and shape. Linear weights are [out, in].
+struct ParamSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+};
+
+// Every parameter of the model, in a fixed order: embedding, then per layer (input
+// norm, q/k/v (+bias), o, post-attention norm, gate, up, down), final norm, LM head
+// (absent when tied).
+std::vector<ParamSpec> LlamaParamSpecs(const LlamaConfig& c);
+
+}  // namespace tessera::model

@@ -1,0 +1,337 @@
+#include "worker/model/llama.h"
+
+#include <cmath>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+
+namespace tessera::model {
+using runtime::Backend;
+using runtime::DType;
+using runtime::Tensor;
+
+namespace {
+absl::StatusOr<Tensor> New(Backend& b, std::vector<int64_t> shape, DType t = DType::kF32) {
+  return b.Empty(std::move(shape), t);
+}
+// y [T, out] = x [T, in] W^T, W [out, in].
+absl::Status Linear(Backend& b, const Tensor& x, const Tensor& w, Tensor& y) { return b.Gemm(x, false, w, true, y); }
+// dW += dy^T x; dx = dy W + beta_dx dx.
+absl::Status LinearBackward(Backend& b, const Tensor& dy, const Tensor& x, Param& w, Tensor& dx, float beta_dx) {
+  TESSERA_RETURN_IF_ERROR(b.Gemm(dy, true, x, false, w.grad, 1.f, 1.f));
+  return b.Gemm(dy, false, w.value, false, dx, 1.f, beta_dx);
+}
+// y [T, n] += bias [n] (broadcast over rows: ones [T, 1] x bias [1, n]).
+absl::Status AddBias(Backend& b, const Tensor& ones, const Param& bias, Tensor& y) {
+  TESSERA_ASSIGN_OR_RETURN(Tensor row, bias.value.Reshape({1, bias.value.numel()}));
+  return b.Gemm(ones, false, row, false, y, 1.f, 1.f);
+}
+// dbias [n] += column sums of dy [T, n].
+absl::Status BiasBackward(Backend& b, const Tensor& ones, const Tensor& dy, Param& bias) {
+  TESSERA_ASSIGN_OR_RETURN(Tensor row, bias.grad.Reshape({1, bias.grad.numel()}));
+  return b.Gemm(ones, true, dy, false, row, 1.f, 1.f);
+}
+// grad += RMSNorm weight gradient (the kernel overwrites its dw output).
+absl::Status NormBackward(Backend& b, const Tensor& dy, const Tensor& x, Param& w, const Tensor& rstd, Tensor& dx) {
+  TESSERA_ASSIGN_OR_RETURN(Tensor dw, New(b, {w.value.numel()}));
+  TESSERA_RETURN_IF_ERROR(b.RmsNormBackward(dy, x, w.value, rstd, dx, dw));
+  return b.Axpby(1.f, dw, 1.f, w.grad);
+}
+uint64_t NameHash(const std::string& s) {  // FNV-1a
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+bool EndsWith(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+}  // namespace
+
+absl::Status TokenBatch::Validate(int64_t vocab) const {
+  const int64_t t = size();
+  if (t == 0) return absl::InvalidArgumentError("batch: no tokens");
+  if (static_cast<int64_t>(targets.size()) != t || static_cast<int64_t>(positions.size()) != t)
+    return absl::InvalidArgumentError(absl::StrCat("batch: tokens (", t, "), targets (", targets.size(),
+                                                   ") and positions (", positions.size(), ") must have one size"));
+  if (cu_seqlens.size() < 2 || cu_seqlens.front() != 0 || cu_seqlens.back() != t)
+    return absl::InvalidArgumentError(absl::StrCat("batch: cu_seqlens must run from 0 to the token count ", t));
+  for (size_t i = 1; i < cu_seqlens.size(); ++i)
+    if (cu_seqlens[i] <= cu_seqlens[i - 1])
+      return absl::InvalidArgumentError(absl::StrCat("batch: cu_seqlens must increase strictly (entry ", i, ")"));
+  for (int64_t i = 0; i < t; ++i) {
+    if (tokens[i] < 0 || tokens[i] >= vocab)
+      return absl::InvalidArgumentError(absl::StrCat("batch: token ", i, " = ", tokens[i], " is outside [0, ", vocab, ")"));
+    if (targets[i] < -1 || targets[i] >= vocab)
+      return absl::InvalidArgumentError(
+          absl::StrCat("batch: target ", i, " = ", targets[i], " is outside [-1, ", vocab, ")"));
+    if (positions[i] < 0) return absl::InvalidArgumentError(absl::StrCat("batch: position ", i, " is negative"));
+  }
+  return absl::OkStatus();
+}
+
+struct Llama::LayerParams {
+  Param *norm1, *wq, *wk, *wv, *bq = nullptr, *bk = nullptr, *bv = nullptr, *wo, *norm2, *wg, *wu, *wd;
+};
+
+struct Llama::Inputs {
+  std::unique_ptr<Backend> host;      // cu's allocator: declared first, destroyed last
+  Tensor tokens, targets, positions;  // on the backend, i32 [T]
+  Tensor cu;                          // on the host, i32 [B + 1]
+  Tensor ones;                        // [T, 1] f32, for bias broadcasts (QKV bias only)
+};
+
+// What the backward of one layer needs from its forward.
+struct Llama::LayerActs {
+  Tensor x_in, xn1, rstd1, q, k, v, o, lse, x_mid, xn2, rstd2, gate, up, act;
+};
+
+Llama::Llama(const LlamaConfig& config, Backend* backend) : config_(config), backend_(backend) {}
+Llama::~Llama() = default;
+
+absl::StatusOr<std::unique_ptr<Llama>> Llama::Create(const LlamaConfig& config, Backend* backend) {
+  TESSERA_RETURN_IF_ERROR(config.Validate());
+  if (backend == nullptr) return absl::InvalidArgumentError("model: no backend");
+  std::unique_ptr<Llama> m(new Llama(config, backend));
+  TESSERA_RETURN_IF_ERROR(m->Allocate());
+  return m;
+}
+
+absl::Status Llama::Allocate() {
+  const auto specs = LlamaParamSpecs(config_);
+  params_.reserve(specs.size());  // Param pointers below stay valid
+  for (const auto& s : specs) {
+    TESSERA_ASSIGN_OR_RETURN(Tensor value, New(*backend_, s.shape));
+    TESSERA_ASSIGN_OR_RETURN(Tensor grad, New(*backend_, s.shape));
+    params_.push_back({s.name, std::move(value), std::move(grad)});
+  }
+  TESSERA_RETURN_IF_ERROR(ZeroGrads());
+  embed_ = Find("model.embed_tokens.weight");
+  final_norm_ = Find("model.norm.weight");
+  lm_head_ = config_.tie_embeddings ? embed_ : Find("lm_head.weight");
+  layers_.resize(config_.layers);
+  for (int64_t i = 0; i < config_.layers; ++i) {
+    const std::string l = absl::StrCat("model.layers.", i, ".");
+    LayerParams& w = layers_[i];
+    w.norm1 = Find(l + "input_layernorm.weight");
+    w.wq = Find(l + "self_attn.q_proj.weight");
+    w.wk = Find(l + "self_attn.k_proj.weight");
+    w.wv = Find(l + "self_attn.v_proj.weight");
+    if (config_.qkv_bias) {
+      w.bq = Find(l + "self_attn.q_proj.bias");
+      w.bk = Find(l + "self_attn.k_proj.bias");
+      w.bv = Find(l + "self_attn.v_proj.bias");
+    }
+    w.wo = Find(l + "self_attn.o_proj.weight");
+    w.norm2 = Find(l + "post_attention_layernorm.weight");
+    w.wg = Find(l + "mlp.gate_proj.weight");
+    w.wu = Find(l + "mlp.up_proj.weight");
+    w.wd = Find(l + "mlp.down_proj.weight");
+  }
+  return absl::OkStatus();
+}
+
+Param* Llama::Find(const std::string& name) {
+  for (auto& p : params_)
+    if (p.name == name) return &p;
+  return nullptr;
+}
+
+absl::Status Llama::InitRandom(uint64_t seed, float stddev) {
+  for (auto& p : params_) {
+    std::vector<float> v(p.value.numel());
+    if (EndsWith(p.name, "norm.weight")) {
+      std::fill(v.begin(), v.end(), 1.f);
+    } else if (EndsWith(p.name, ".bias")) {
+      std::fill(v.begin(), v.end(), 0.f);
+    } else {
+      std::mt19937_64 rng(seed ^ NameHash(p.name));
+      std::normal_distribution<float> normal(0.f, stddev);
+      for (auto& x : v) x = normal(rng);
+    }
+    TESSERA_RETURN_IF_ERROR(backend_->CopyFromHost(v.data(), p.value));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Llama::ZeroGrads() {
+  for (auto& p : params_) TESSERA_RETURN_IF_ERROR(backend_->Fill(p.grad, 0));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Llama::Inputs> Llama::Upload(const TokenBatch& batch) {
+  Backend& b = *backend_;
+  const int64_t t = batch.size();
+  Inputs in;
+  TESSERA_ASSIGN_OR_RETURN(in.tokens, New(b, {t}, DType::kI32));
+  TESSERA_ASSIGN_OR_RETURN(in.targets, New(b, {t}, DType::kI32));
+  TESSERA_ASSIGN_OR_RETURN(in.positions, New(b, {t}, DType::kI32));
+  TESSERA_RETURN_IF_ERROR(b.CopyFromHost(batch.tokens.data(), in.tokens));
+  TESSERA_RETURN_IF_ERROR(b.CopyFromHost(batch.targets.data(), in.targets));
+  TESSERA_RETURN_IF_ERROR(b.CopyFromHost(batch.positions.data(), in.positions));
+  in.host = runtime::MakeCpuBackend();
+  TESSERA_ASSIGN_OR_RETURN(in.cu, in.host->Empty({static_cast<int64_t>(batch.cu_seqlens.size())}, DType::kI32));
+  std::copy(batch.cu_seqlens.begin(), batch.cu_seqlens.end(), in.cu.data_as<int32_t>());
+  if (config_.qkv_bias) {
+    TESSERA_ASSIGN_OR_RETURN(in.ones, New(b, {t, 1}));
+    const std::vector<float> ones(t, 1.f);
+    TESSERA_RETURN_IF_ERROR(b.CopyFromHost(ones.data(), in.ones));
+  }
+  return in;
+}
+
+absl::Status Llama::LayerForward(const LayerParams& w, const Inputs& in, const Tensor& x, LayerActs& a, Tensor& out) {
+  Backend& b = *backend_;
+  const LlamaConfig& c = config_;
+  const int64_t t = x.dim(0), d = c.HeadDim();
+  a.x_in = x;
+  TESSERA_ASSIGN_OR_RETURN(a.xn1, New(b, {t, c.hidden}));
+  TESSERA_ASSIGN_OR_RETURN(a.rstd1, New(b, {t}));
+  TESSERA_RETURN_IF_ERROR(b.RmsNormForward(x, w.norm1->value, c.norm_eps, a.xn1, a.rstd1));
+  // Q, K, V projections (+ bias), then RoPE on Q and K.
+  auto project = [&](const Param* wt, const Param* bias, int64_t heads, Tensor& lin) -> absl::Status {
+    TESSERA_ASSIGN_OR_RETURN(lin, New(b, {t, heads * d}));
+    TESSERA_RETURN_IF_ERROR(Linear(b, a.xn1, wt->value, lin));
+    if (bias != nullptr) TESSERA_RETURN_IF_ERROR(AddBias(b, in.ones, *bias, lin));
+    TESSERA_ASSIGN_OR_RETURN(lin, lin.Reshape({t, heads, d}));
+    return absl::OkStatus();
+  };
+  Tensor q_lin, k_lin;
+  TESSERA_RETURN_IF_ERROR(project(w.wq, w.bq, c.heads, q_lin));
+  TESSERA_RETURN_IF_ERROR(project(w.wk, w.bk, c.kv_heads, k_lin));
+  TESSERA_RETURN_IF_ERROR(project(w.wv, w.bv, c.kv_heads, a.v));
+  TESSERA_ASSIGN_OR_RETURN(a.q, New(b, {t, c.heads, d}));
+  TESSERA_ASSIGN_OR_RETURN(a.k, New(b, {t, c.kv_heads, d}));
+  TESSERA_RETURN_IF_ERROR(b.Rope(q_lin, in.positions, c.rope_base, a.q));
+  TESSERA_RETURN_IF_ERROR(b.Rope(k_lin, in.positions, c.rope_base, a.k));
+  TESSERA_ASSIGN_OR_RETURN(a.o, New(b, {t, c.heads, d}));
+  TESSERA_ASSIGN_OR_RETURN(a.lse, New(b, {t, c.heads}));
+  TESSERA_RETURN_IF_ERROR(b.AttentionForward(a.q, a.k, a.v, in.cu, /*causal=*/true, a.o, a.lse));
+  // Output projection and the first residual.
+  TESSERA_ASSIGN_OR_RETURN(Tensor o2, a.o.Reshape({t, c.heads * d}));
+  TESSERA_ASSIGN_OR_RETURN(a.x_mid, New(b, {t, c.hidden}));
+  TESSERA_RETURN_IF_ERROR(Linear(b, o2, w.wo->value, a.x_mid));
+  TESSERA_RETURN_IF_ERROR(b.Axpby(1.f, x, 1.f, a.x_mid));
+  // MLP and the second residual.
+  TESSERA_ASSIGN_OR_RETURN(a.xn2, New(b, {t, c.hidden}));
+  TESSERA_ASSIGN_OR_RETURN(a.rstd2, New(b, {t}));
+  TESSERA_RETURN_IF_ERROR(b.RmsNormForward(a.x_mid, w.norm2->value, c.norm_eps, a.xn2, a.rstd2));
+  TESSERA_ASSIGN_OR_RETURN(a.gate, New(b, {t, c.ffn}));
+  TESSERA_ASSIGN_OR_RETURN(a.up, New(b, {t, c.ffn}));
+  TESSERA_ASSIGN_OR_RETURN(a.act, New(b, {t, c.ffn}));
+  TESSERA_RETURN_IF_ERROR(Linear(b, a.xn2, w.wg->value, a.gate));
+  TESSERA_RETURN_IF_ERROR(Linear(b, a.xn2, w.wu->value, a.up));
+  TESSERA_RETURN_IF_ERROR(b.SwiGluForward(a.gate, a.up, a.act));
+  TESSERA_ASSIGN_OR_RETURN(out, New(b, {t, c.hidden}));
+  TESSERA_RETURN_IF_ERROR(Linear(b, a.act, w.wd->value, out));
+  return b.Axpby(1.f, a.x_mid, 1.f, out);
+}
+
+// dx: the gradient of the layer's output on entry, of its input on return.
+absl::Status Llama::LayerBackward(const LayerParams& w, const Inputs& in, const LayerActs& a, Tensor& dx) {
+  Backend& b = *backend_;
+  const LlamaConfig& c = config_;
+  const int64_t t = dx.dim(0), d = c.HeadDim();
+  // MLP: out = x_mid + down(swiglu(gate(xn2), up(xn2))), xn2 = norm2(x_mid).
+  TESSERA_ASSIGN_OR_RETURN(Tensor dact, New(b, {t, c.ffn}));
+  TESSERA_RETURN_IF_ERROR(LinearBackward(b, dx, a.act, *w.wd, dact, 0.f));
+  TESSERA_ASSIGN_OR_RETURN(Tensor dgate, New(b, {t, c.ffn}));
+  TESSERA_ASSIGN_OR_RETURN(Tensor dup, New(b, {t, c.ffn}));
+  TESSERA_RETURN_IF_ERROR(b.SwiGluBackward(dact, a.gate, a.up, dgate, dup));
+  TESSERA_ASSIGN_OR_RETURN(Tensor dxn, New(b, {t, c.hidden}));
+  TESSERA_RETURN_IF_ERROR(LinearBackward(b, dgate, a.xn2, *w.wg, dxn, 0.f));
+  TESSERA_RETURN_IF_ERROR(LinearBackward(b, dup, a.xn2, *w.wu, dxn, 1.f));
+  TESSERA_ASSIGN_OR_RETURN(Tensor dnorm, New(b, {t, c.hidden}));
+  TESSERA_RETURN_IF_ERROR(NormBackward(b, dxn, a.x_mid, *w.norm2, a.rstd2, dnorm));
+  TESSERA_RETURN_IF_ERROR(b.Axpby(1.f, dnorm, 1.f, dx));  // dx = d(x_mid)
+  // Attention: x_mid = x_in + o_proj(attn(rope(q(xn1)), rope(k(xn1)), v(xn1))).
+  TESSERA_ASSIGN_OR_RETURN(Tensor o2, a.o.Reshape({t, c.heads * d}));
+  TESSERA_ASSIGN_OR_RETURN(Tensor do2, New(b, {t, c.heads * d}));
+  TESSERA_RETURN_IF_ERROR(LinearBackward(b, dx, o2, *w.wo, do2, 0.f));
+  TESSERA_ASSIGN_OR_RETURN(Tensor do3, do2.Reshape({t, c.heads, d}));
+  TESSERA_ASSIGN_OR_RETURN(Tensor dq, New(b, {t, c.heads, d}));
+  TESSERA_ASSIGN_OR_RETURN(Tensor dk, New(b, {t, c.kv_heads, d}));
+  TESSERA_ASSIGN_OR_RETURN(Tensor dv, New(b, {t, c.kv_heads, d}));
+  TESSERA_RETURN_IF_ERROR(b.AttentionBackward(a.q, a.k, a.v, in.cu, true, a.o, do3, a.lse, dq, dk, dv));
+  // RoPE is a rotation: its backward rotates back.
+  TESSERA_ASSIGN_OR_RETURN(Tensor dq_lin, New(b, {t, c.heads, d}));
+  TESSERA_ASSIGN_OR_RETURN(Tensor dk_lin, New(b, {t, c.kv_heads, d}));
+  TESSERA_RETURN_IF_ERROR(b.Rope(dq, in.positions, c.rope_base, dq_lin, /*inverse=*/true));
+  TESSERA_RETURN_IF_ERROR(b.Rope(dk, in.positions, c.rope_base, dk_lin, /*inverse=*/true));
+  TESSERA_ASSIGN_OR_RETURN(dq_lin, dq_lin.Reshape({t, c.heads * d}));
+  TESSERA_ASSIGN_OR_RETURN(dk_lin, dk_lin.Reshape({t, c.kv_heads * d}));
+  TESSERA_ASSIGN_OR_RETURN(Tensor dv_lin, dv.Reshape({t, c.kv_heads * d}));
+  if (c.qkv_bias) {
+    TESSERA_RETURN_IF_ERROR(BiasBackward(b, in.ones, dq_lin, *w.bq));
+    TESSERA_RETURN_IF_ERROR(BiasBackward(b, in.ones, dk_lin, *w.bk));
+    TESSERA_RETURN_IF_ERROR(BiasBackward(b, in.ones, dv_lin, *w.bv));
+  }
+  TESSERA_RETURN_IF_ERROR(LinearBackward(b, dq_lin, a.xn1, *w.wq, dxn, 0.f));
+  TESSERA_RETURN_IF_ERROR(LinearBackward(b, dk_lin, a.xn1, *w.wk, dxn, 1.f));
+  TESSERA_RETURN_IF_ERROR(LinearBackward(b, dv_lin, a.xn1, *w.wv, dxn, 1.f));
+  TESSERA_RETURN_IF_ERROR(NormBackward(b, dxn, a.x_in, *w.norm1, a.rstd1, dnorm));
+  return b.Axpby(1.f, dnorm, 1.f, dx);  // dx = d(x_in)
+}
+
+absl::StatusOr<LossSum> Llama::Forward(const TokenBatch& batch) { return Run(batch, false, 0.f); }
+absl::StatusOr<LossSum> Llama::ForwardBackward(const TokenBatch& batch, float grad_scale) {
+  return Run(batch, true, grad_scale);
+}
+
+absl::StatusOr<LossSum> Llama::Run(const TokenBatch& batch, bool backward, float grad_scale) {
+  TESSERA_RETURN_IF_ERROR(batch.Validate(config_.vocab));
+  Backend& b = *backend_;
+  const LlamaConfig& c = config_;
+  const int64_t t = batch.size();
+  TESSERA_ASSIGN_OR_RETURN(Inputs in, Upload(batch));
+  TESSERA_ASSIGN_OR_RETURN(Tensor x, New(b, {t, c.hidden}));
+  TESSERA_RETURN_IF_ERROR(b.EmbeddingForward(in.tokens, embed_->value, 0, x));
+  std::vector<LayerActs> acts(c.layers);
+  for (int64_t l = 0; l < c.layers; ++l) {
+    Tensor out;
+    TESSERA_RETURN_IF_ERROR(LayerForward(layers_[l], in, x, acts[l], out));
+    x = out;
+  }
+  // Final norm, LM head, cross-entropy (one shard: the whole vocabulary).
+  TESSERA_ASSIGN_OR_RETURN(Tensor xn, New(b, {t, c.hidden}));
+  TESSERA_ASSIGN_OR_RETURN(Tensor rstd, New(b, {t}));
+  TESSERA_RETURN_IF_ERROR(b.RmsNormForward(x, final_norm_->value, c.norm_eps, xn, rstd));
+  TESSERA_ASSIGN_OR_RETURN(Tensor logits, New(b, {t, c.vocab}));
+  TESSERA_RETURN_IF_ERROR(Linear(b, xn, lm_head_->value, logits));
+  Tensor part[4];
+  for (auto& p : part) {
+    TESSERA_ASSIGN_OR_RETURN(p, New(b, {t}));
+  }
+  TESSERA_RETURN_IF_ERROR(b.CrossEntropyPartials(logits, in.targets, 0, part[0], part[1], part[2], part[3]));
+  std::vector<float> mx(t), sum(t), tgt(t), lse(t), dloss(t, 0.f);
+  TESSERA_RETURN_IF_ERROR(b.CopyToHost(part[0], mx.data()));
+  TESSERA_RETURN_IF_ERROR(b.CopyToHost(part[1], sum.data()));
+  TESSERA_RETURN_IF_ERROR(b.CopyToHost(part[3], tgt.data()));
+  LossSum loss;
+  for (int64_t i = 0; i < t; ++i) {
+    lse[i] = mx[i] + std::log(sum[i]);
+    if (batch.targets[i] < 0) continue;
+    loss.sum += static_cast<double>(lse[i]) - tgt[i];
+    ++loss.tokens;
+    dloss[i] = grad_scale;
+  }
+  if (!backward) return loss;
+  // Backward, from the loss down to the embedding.
+  TESSERA_ASSIGN_OR_RETURN(Tensor lse_t, New(b, {t}));
+  TESSERA_ASSIGN_OR_RETURN(Tensor dloss_t, New(b, {t}));
+  TESSERA_RETURN_IF_ERROR(b.CopyFromHost(lse.data(), lse_t));
+  TESSERA_RETURN_IF_ERROR(b.CopyFromHost(dloss.data(), dloss_t));
+  TESSERA_ASSIGN_OR_RETURN(Tensor dlogits, New(b, {t, c.vocab}));
+  TESSERA_RETURN_IF_ERROR(b.CrossEntropyBackward(logits, in.targets, 0, lse_t, dloss_t, dlogits));
+  TESSERA_ASSIGN_OR_RETURN(Tensor dxn, New(b, {t, c.hidden}));
+  TESSERA_RETURN_IF_ERROR(LinearBackward(b, dlogits, xn, *lm_head_, dxn, 0.f));
+  TESSERA_ASSIGN_OR_RETURN(Tensor dx, New(b, {t, c.hidden}));
+  TESSERA_RETURN_IF_ERROR(NormBackward(b, dxn, x, *final_norm_, rstd, dx));
+  for (int64_t l = c.layers - 1; l >= 0; --l) TESSERA_RETURN_IF_ERROR(LayerBackward(layers_[l], in, acts[l], dx));
+  TESSERA_ASSIGN_OR_RETURN(Tensor dembed, New(b, embed_->value.shape()));
+  TESSERA_RETURN_IF_ERROR(b.EmbeddingBackward(in.tokens, dx, 0, dembed));
+  TESSERA_RETURN_IF_ERROR(b.Axpby(1.f, dembed, 1.f, embed_->grad));
+  return loss;
+}
+
+}  // namespace tessera::model
