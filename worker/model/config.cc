@@ -26,29 +26,42 @@ absl::Status LlamaConfig::Validate() const {
   return absl::OkStatus();
 }
 
+absl::Status LlamaConfig::ValidateTensorParallel(int tp) const {
+  if (tp < 1) return Bad(absl::StrCat("tensor parallel degree must be >= 1, got ", tp));
+  struct Field {
+    const char* name;
+    int64_t value;
+  };
+  for (Field f : {Field{"heads", heads}, Field{"kv_heads", kv_heads}, Field{"ffn", ffn}, Field{"vocab", vocab}})
+    if (f.value % tp != 0)
+      return Bad(absl::StrCat(f.name, " (", f.value, ") must be a multiple of the tensor parallel degree (", tp,
+                              ")", std::string(f.name) == "vocab" ? "; pad the vocabulary" : ""));
+  return absl::OkStatus();
+}
+
 std::vector<ParamSpec> LlamaParamSpecs(const LlamaConfig& c) {
   const int64_t d = c.HeadDim(), q = c.heads * d, kv = c.kv_heads * d;
   std::vector<ParamSpec> p;
-  p.push_back({"model.embed_tokens.weight", {c.vocab, c.hidden}});
+  p.push_back({"model.embed_tokens.weight", {c.vocab, c.hidden}, 0});
   for (int64_t i = 0; i < c.layers; ++i) {
     const std::string l = absl::StrCat("model.layers.", i, ".");
     p.push_back({l + "input_layernorm.weight", {c.hidden}});
-    p.push_back({l + "self_attn.q_proj.weight", {q, c.hidden}});
-    p.push_back({l + "self_attn.k_proj.weight", {kv, c.hidden}});
-    p.push_back({l + "self_attn.v_proj.weight", {kv, c.hidden}});
+    p.push_back({l + "self_attn.q_proj.weight", {q, c.hidden}, 0});
+    p.push_back({l + "self_attn.k_proj.weight", {kv, c.hidden}, 0});
+    p.push_back({l + "self_attn.v_proj.weight", {kv, c.hidden}, 0});
     if (c.qkv_bias) {
-      p.push_back({l + "self_attn.q_proj.bias", {q}});
-      p.push_back({l + "self_attn.k_proj.bias", {kv}});
-      p.push_back({l + "self_attn.v_proj.bias", {kv}});
+      p.push_back({l + "self_attn.q_proj.bias", {q}, 0});
+      p.push_back({l + "self_attn.k_proj.bias", {kv}, 0});
+      p.push_back({l + "self_attn.v_proj.bias", {kv}, 0});
     }
-    p.push_back({l + "self_attn.o_proj.weight", {c.hidden, q}});
+    p.push_back({l + "self_attn.o_proj.weight", {c.hidden, q}, 1});
     p.push_back({l + "post_attention_layernorm.weight", {c.hidden}});
-    p.push_back({l + "mlp.gate_proj.weight", {c.ffn, c.hidden}});
-    p.push_back({l + "mlp.up_proj.weight", {c.ffn, c.hidden}});
-    p.push_back({l + "mlp.down_proj.weight", {c.hidden, c.ffn}});
+    p.push_back({l + "mlp.gate_proj.weight", {c.ffn, c.hidden}, 0});
+    p.push_back({l + "mlp.up_proj.weight", {c.ffn, c.hidden}, 0});
+    p.push_back({l + "mlp.down_proj.weight", {c.hidden, c.ffn}, 1});
   }
   p.push_back({"model.norm.weight", {c.hidden}});
-  if (!c.tie_embeddings) p.push_back({"lm_head.weight", {c.vocab, c.hidden}});
+  if (!c.tie_embeddings) p.push_back({"lm_head.weight", {c.vocab, c.hidden}, 0});
   return p;
 }
 

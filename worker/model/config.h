@@ -30,12 +30,19 @@ struct LlamaConfig {
   absl::Status Validate() const;
   // Parameter count (tied embeddings counted once).
   int64_t NumParams() const;
+  // INVALID_ARGUMENT naming the numbers unless tensor parallelism of degree tp can split
+  // heads, kv heads, the MLP and the vocabulary evenly.
+  absl::Status ValidateTensorParallel(int tp) const;
 };
 
-// One parameter: its Hugging Face name and shape. Linear weights are [out, in].
+// One parameter: its Hugging Face name and (global) shape. Linear weights are [out, in].
+// shard_dim: the dimension tensor parallelism splits (Megatron: column-parallel q/k/v,
+// gate/up and their biases and the vocab-parallel embedding and LM head split dim 0;
+// row-parallel o and down split dim 1); -1: replicated (norms).
 struct ParamSpec {
   std::string name;
   std::vector<int64_t> shape;
+  int shard_dim = -1;
 };
 
 // Every parameter of the model, in a fixed order: embedding, then per layer (input

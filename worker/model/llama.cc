@@ -38,6 +38,20 @@ absl::Status NormBackward(Backend& b, const Tensor& dy, const Tensor& x, Param& 
   TESSERA_RETURN_IF_ERROR(b.RmsNormBackward(dy, x, w.value, rstd, dx, dw));
   return b.Axpby(1.f, dw, 1.f, w.grad);
 }
+// This rank's block of a global tensor ([rows] or [rows, cols]) split along dim.
+std::vector<float> ShardOf(const std::vector<float>& g, const std::vector<int64_t>& shape, int dim, int parts, int index) {
+  if (dim < 0 || parts == 1) return g;
+  const int64_t rows = shape[0], cols = shape.size() > 1 ? shape[1] : 1;
+  if (dim == 0) {
+    const int64_t n = rows / parts * cols;
+    return std::vector<float>(g.begin() + index * n, g.begin() + (index + 1) * n);
+  }
+  const int64_t c = cols / parts;
+  std::vector<float> out;
+  out.reserve(rows * c);
+  for (int64_t r = 0; r < rows; ++r) out.insert(out.end(), g.begin() + r * cols + index * c, g.begin() + r * cols + (index + 1) * c);
+  return out;
+}
 uint64_t NameHash(const std::string& s) {  // FNV-1a
   uint64_t h = 1469598103934665603ull;
   for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
@@ -79,6 +93,7 @@ struct Llama::Inputs {
   Tensor tokens, targets, positions;  // on the backend, i32 [T]
   Tensor cu;                          // on the host, i32 [B + 1]
   Tensor ones;                        // [T, 1] f32, for bias broadcasts (QKV bias only)
+  std::vector<float> target_logit;    // [T] on the host, after the cross-entropy
 };
 
 // What the backward of one layer needs from its forward.
@@ -86,13 +101,16 @@ struct Llama::LayerActs {
   Tensor x_in, xn1, rstd1, q, k, v, o, lse, x_mid, xn2, rstd2, gate, up, act;
 };
 
-Llama::Llama(const LlamaConfig& config, Backend* backend) : config_(config), backend_(backend) {}
+Llama::Llama(const LlamaConfig& config, Backend* backend, comm::Communicator* tp)
+    : config_(config), backend_(backend), tp_(tp != nullptr && tp->size() > 1 ? tp : nullptr) {}
 Llama::~Llama() = default;
 
-absl::StatusOr<std::unique_ptr<Llama>> Llama::Create(const LlamaConfig& config, Backend* backend) {
+absl::StatusOr<std::unique_ptr<Llama>> Llama::Create(const LlamaConfig& config, Backend* backend,
+                                                     comm::Communicator* tp) {
   TESSERA_RETURN_IF_ERROR(config.Validate());
+  TESSERA_RETURN_IF_ERROR(config.ValidateTensorParallel(tp != nullptr ? tp->size() : 1));
   if (backend == nullptr) return absl::InvalidArgumentError("model: no backend");
-  std::unique_ptr<Llama> m(new Llama(config, backend));
+  std::unique_ptr<Llama> m(new Llama(config, backend, tp));
   TESSERA_RETURN_IF_ERROR(m->Allocate());
   return m;
 }
@@ -101,9 +119,11 @@ absl::Status Llama::Allocate() {
   const auto specs = LlamaParamSpecs(config_);
   params_.reserve(specs.size());  // Param pointers below stay valid
   for (const auto& s : specs) {
-    TESSERA_ASSIGN_OR_RETURN(Tensor value, New(*backend_, s.shape));
-    TESSERA_ASSIGN_OR_RETURN(Tensor grad, New(*backend_, s.shape));
-    params_.push_back({s.name, std::move(value), std::move(grad)});
+    std::vector<int64_t> local = s.shape;
+    if (s.shard_dim >= 0) local[s.shard_dim] /= tp_size();
+    TESSERA_ASSIGN_OR_RETURN(Tensor value, New(*backend_, local));
+    TESSERA_ASSIGN_OR_RETURN(Tensor grad, New(*backend_, local));
+    params_.push_back({s, std::move(value), std::move(grad)});
   }
   TESSERA_RETURN_IF_ERROR(ZeroGrads());
   embed_ = Find("model.embed_tokens.weight");
@@ -133,23 +153,61 @@ absl::Status Llama::Allocate() {
 
 Param* Llama::Find(const std::string& name) {
   for (auto& p : params_)
-    if (p.name == name) return &p;
+    if (p.name() == name) return &p;
   return nullptr;
+}
+
+absl::Status Llama::AllReduce(Tensor& t) {
+  if (tp_ == nullptr) return absl::OkStatus();
+  return tp_->AllReduce(t.data(), t.data(), t.numel(), t.dtype(), comm::ReduceOp::kSum);
+}
+
+absl::Status Llama::SetGlobal(Param& p, const std::vector<float>& global) {
+  int64_t n = 1;
+  for (int64_t d : p.spec.shape) n *= d;
+  if (static_cast<int64_t>(global.size()) != n)
+    return absl::InvalidArgumentError(
+        absl::StrCat("model: ", p.name(), " has ", n, " elements, got a value of ", global.size()));
+  const auto shard = ShardOf(global, p.spec.shape, p.spec.shard_dim, tp_size(), tp_rank());
+  return backend_->CopyFromHost(shard.data(), p.value);
+}
+
+absl::StatusOr<std::vector<float>> Llama::GatherGlobal(const Param& p, bool grad) {
+  const Tensor& local = grad ? p.grad : p.value;
+  const int64_t n = local.numel(), parts = tp_size();
+  if (tp_ == nullptr || p.spec.shard_dim < 0) {  // the local tensor is the whole one
+    std::vector<float> whole(n);
+    TESSERA_RETURN_IF_ERROR(backend_->CopyToHost(local, whole.data()));
+    return whole;
+  }
+  std::vector<float> all(n * parts);
+  TESSERA_ASSIGN_OR_RETURN(Tensor gathered, New(*backend_, {parts * n}));
+  TESSERA_RETURN_IF_ERROR(tp_->AllGather(local.data(), gathered.data(), n, local.dtype()));
+  TESSERA_RETURN_IF_ERROR(backend_->CopyToHost(gathered, all.data()));
+  if (p.spec.shard_dim == 0) return all;  // shards are consecutive row blocks
+  const int64_t rows = p.spec.shape[0], cols = p.spec.shape[1], c = cols / parts;
+  std::vector<float> out(all.size());
+  for (int64_t k = 0; k < parts; ++k)
+    for (int64_t r = 0; r < rows; ++r)
+      std::copy_n(all.begin() + k * n + r * c, c, out.begin() + r * cols + k * c);
+  return out;
 }
 
 absl::Status Llama::InitRandom(uint64_t seed, float stddev) {
   for (auto& p : params_) {
-    std::vector<float> v(p.value.numel());
-    if (EndsWith(p.name, "norm.weight")) {
+    int64_t n = 1;
+    for (int64_t d : p.spec.shape) n *= d;
+    std::vector<float> v(n);
+    if (EndsWith(p.name(), "norm.weight")) {
       std::fill(v.begin(), v.end(), 1.f);
-    } else if (EndsWith(p.name, ".bias")) {
+    } else if (EndsWith(p.name(), ".bias")) {
       std::fill(v.begin(), v.end(), 0.f);
     } else {
-      std::mt19937_64 rng(seed ^ NameHash(p.name));
+      std::mt19937_64 rng(seed ^ NameHash(p.name()));
       std::normal_distribution<float> normal(0.f, stddev);
       for (auto& x : v) x = normal(rng);
     }
-    TESSERA_RETURN_IF_ERROR(backend_->CopyFromHost(v.data(), p.value));
+    TESSERA_RETURN_IF_ERROR(SetGlobal(p, v));
   }
   return absl::OkStatus();
 }
@@ -183,7 +241,8 @@ absl::StatusOr<Llama::Inputs> Llama::Upload(const TokenBatch& batch) {
 absl::Status Llama::LayerForward(const LayerParams& w, const Inputs& in, const Tensor& x, LayerActs& a, Tensor& out) {
   Backend& b = *backend_;
   const LlamaConfig& c = config_;
-  const int64_t t = x.dim(0), d = c.HeadDim();
+  const int64_t t = x.dim(0), d = c.HeadDim(), hq = c.heads / tp_size(), hkv = c.kv_heads / tp_size();
+  const int64_t ffn = c.ffn / tp_size();
   a.x_in = x;
   TESSERA_ASSIGN_OR_RETURN(a.xn1, New(b, {t, c.hidden}));
   TESSERA_ASSIGN_OR_RETURN(a.rstd1, New(b, {t}));
@@ -197,33 +256,35 @@ absl::Status Llama::LayerForward(const LayerParams& w, const Inputs& in, const T
     return absl::OkStatus();
   };
   Tensor q_lin, k_lin;
-  TESSERA_RETURN_IF_ERROR(project(w.wq, w.bq, c.heads, q_lin));
-  TESSERA_RETURN_IF_ERROR(project(w.wk, w.bk, c.kv_heads, k_lin));
-  TESSERA_RETURN_IF_ERROR(project(w.wv, w.bv, c.kv_heads, a.v));
-  TESSERA_ASSIGN_OR_RETURN(a.q, New(b, {t, c.heads, d}));
-  TESSERA_ASSIGN_OR_RETURN(a.k, New(b, {t, c.kv_heads, d}));
+  TESSERA_RETURN_IF_ERROR(project(w.wq, w.bq, hq, q_lin));
+  TESSERA_RETURN_IF_ERROR(project(w.wk, w.bk, hkv, k_lin));
+  TESSERA_RETURN_IF_ERROR(project(w.wv, w.bv, hkv, a.v));
+  TESSERA_ASSIGN_OR_RETURN(a.q, New(b, {t, hq, d}));
+  TESSERA_ASSIGN_OR_RETURN(a.k, New(b, {t, hkv, d}));
   TESSERA_RETURN_IF_ERROR(b.Rope(q_lin, in.positions, c.rope_base, a.q));
   TESSERA_RETURN_IF_ERROR(b.Rope(k_lin, in.positions, c.rope_base, a.k));
-  TESSERA_ASSIGN_OR_RETURN(a.o, New(b, {t, c.heads, d}));
-  TESSERA_ASSIGN_OR_RETURN(a.lse, New(b, {t, c.heads}));
+  TESSERA_ASSIGN_OR_RETURN(a.o, New(b, {t, hq, d}));
+  TESSERA_ASSIGN_OR_RETURN(a.lse, New(b, {t, hq}));
   TESSERA_RETURN_IF_ERROR(b.AttentionForward(a.q, a.k, a.v, in.cu, /*causal=*/true, a.o, a.lse));
-  // Output projection and the first residual.
-  TESSERA_ASSIGN_OR_RETURN(Tensor o2, a.o.Reshape({t, c.heads * d}));
+  // Output projection (row-parallel: partial sums over this rank's heads) and the first residual.
+  TESSERA_ASSIGN_OR_RETURN(Tensor o2, a.o.Reshape({t, hq * d}));
   TESSERA_ASSIGN_OR_RETURN(a.x_mid, New(b, {t, c.hidden}));
   TESSERA_RETURN_IF_ERROR(Linear(b, o2, w.wo->value, a.x_mid));
+  TESSERA_RETURN_IF_ERROR(AllReduce(a.x_mid));
   TESSERA_RETURN_IF_ERROR(b.Axpby(1.f, x, 1.f, a.x_mid));
   // MLP and the second residual.
   TESSERA_ASSIGN_OR_RETURN(a.xn2, New(b, {t, c.hidden}));
   TESSERA_ASSIGN_OR_RETURN(a.rstd2, New(b, {t}));
   TESSERA_RETURN_IF_ERROR(b.RmsNormForward(a.x_mid, w.norm2->value, c.norm_eps, a.xn2, a.rstd2));
-  TESSERA_ASSIGN_OR_RETURN(a.gate, New(b, {t, c.ffn}));
-  TESSERA_ASSIGN_OR_RETURN(a.up, New(b, {t, c.ffn}));
-  TESSERA_ASSIGN_OR_RETURN(a.act, New(b, {t, c.ffn}));
+  TESSERA_ASSIGN_OR_RETURN(a.gate, New(b, {t, ffn}));
+  TESSERA_ASSIGN_OR_RETURN(a.up, New(b, {t, ffn}));
+  TESSERA_ASSIGN_OR_RETURN(a.act, New(b, {t, ffn}));
   TESSERA_RETURN_IF_ERROR(Linear(b, a.xn2, w.wg->value, a.gate));
   TESSERA_RETURN_IF_ERROR(Linear(b, a.xn2, w.wu->value, a.up));
   TESSERA_RETURN_IF_ERROR(b.SwiGluForward(a.gate, a.up, a.act));
   TESSERA_ASSIGN_OR_RETURN(out, New(b, {t, c.hidden}));
   TESSERA_RETURN_IF_ERROR(Linear(b, a.act, w.wd->value, out));
+  TESSERA_RETURN_IF_ERROR(AllReduce(out));  // row-parallel
   return b.Axpby(1.f, a.x_mid, 1.f, out);
 }
 
@@ -231,36 +292,38 @@ absl::Status Llama::LayerForward(const LayerParams& w, const Inputs& in, const T
 absl::Status Llama::LayerBackward(const LayerParams& w, const Inputs& in, const LayerActs& a, Tensor& dx) {
   Backend& b = *backend_;
   const LlamaConfig& c = config_;
-  const int64_t t = dx.dim(0), d = c.HeadDim();
+  const int64_t t = dx.dim(0), d = c.HeadDim(), hq = c.heads / tp_size(), hkv = c.kv_heads / tp_size();
+  const int64_t ffn = c.ffn / tp_size();
   // MLP: out = x_mid + down(swiglu(gate(xn2), up(xn2))), xn2 = norm2(x_mid).
-  TESSERA_ASSIGN_OR_RETURN(Tensor dact, New(b, {t, c.ffn}));
+  TESSERA_ASSIGN_OR_RETURN(Tensor dact, New(b, {t, ffn}));
   TESSERA_RETURN_IF_ERROR(LinearBackward(b, dx, a.act, *w.wd, dact, 0.f));
-  TESSERA_ASSIGN_OR_RETURN(Tensor dgate, New(b, {t, c.ffn}));
-  TESSERA_ASSIGN_OR_RETURN(Tensor dup, New(b, {t, c.ffn}));
+  TESSERA_ASSIGN_OR_RETURN(Tensor dgate, New(b, {t, ffn}));
+  TESSERA_ASSIGN_OR_RETURN(Tensor dup, New(b, {t, ffn}));
   TESSERA_RETURN_IF_ERROR(b.SwiGluBackward(dact, a.gate, a.up, dgate, dup));
   TESSERA_ASSIGN_OR_RETURN(Tensor dxn, New(b, {t, c.hidden}));
   TESSERA_RETURN_IF_ERROR(LinearBackward(b, dgate, a.xn2, *w.wg, dxn, 0.f));
   TESSERA_RETURN_IF_ERROR(LinearBackward(b, dup, a.xn2, *w.wu, dxn, 1.f));
+  TESSERA_RETURN_IF_ERROR(AllReduce(dxn));  // column-parallel: partial input gradients
   TESSERA_ASSIGN_OR_RETURN(Tensor dnorm, New(b, {t, c.hidden}));
   TESSERA_RETURN_IF_ERROR(NormBackward(b, dxn, a.x_mid, *w.norm2, a.rstd2, dnorm));
   TESSERA_RETURN_IF_ERROR(b.Axpby(1.f, dnorm, 1.f, dx));  // dx = d(x_mid)
   // Attention: x_mid = x_in + o_proj(attn(rope(q(xn1)), rope(k(xn1)), v(xn1))).
-  TESSERA_ASSIGN_OR_RETURN(Tensor o2, a.o.Reshape({t, c.heads * d}));
-  TESSERA_ASSIGN_OR_RETURN(Tensor do2, New(b, {t, c.heads * d}));
+  TESSERA_ASSIGN_OR_RETURN(Tensor o2, a.o.Reshape({t, hq * d}));
+  TESSERA_ASSIGN_OR_RETURN(Tensor do2, New(b, {t, hq * d}));
   TESSERA_RETURN_IF_ERROR(LinearBackward(b, dx, o2, *w.wo, do2, 0.f));
-  TESSERA_ASSIGN_OR_RETURN(Tensor do3, do2.Reshape({t, c.heads, d}));
-  TESSERA_ASSIGN_OR_RETURN(Tensor dq, New(b, {t, c.heads, d}));
-  TESSERA_ASSIGN_OR_RETURN(Tensor dk, New(b, {t, c.kv_heads, d}));
-  TESSERA_ASSIGN_OR_RETURN(Tensor dv, New(b, {t, c.kv_heads, d}));
+  TESSERA_ASSIGN_OR_RETURN(Tensor do3, do2.Reshape({t, hq, d}));
+  TESSERA_ASSIGN_OR_RETURN(Tensor dq, New(b, {t, hq, d}));
+  TESSERA_ASSIGN_OR_RETURN(Tensor dk, New(b, {t, hkv, d}));
+  TESSERA_ASSIGN_OR_RETURN(Tensor dv, New(b, {t, hkv, d}));
   TESSERA_RETURN_IF_ERROR(b.AttentionBackward(a.q, a.k, a.v, in.cu, true, a.o, do3, a.lse, dq, dk, dv));
   // RoPE is a rotation: its backward rotates back.
-  TESSERA_ASSIGN_OR_RETURN(Tensor dq_lin, New(b, {t, c.heads, d}));
-  TESSERA_ASSIGN_OR_RETURN(Tensor dk_lin, New(b, {t, c.kv_heads, d}));
+  TESSERA_ASSIGN_OR_RETURN(Tensor dq_lin, New(b, {t, hq, d}));
+  TESSERA_ASSIGN_OR_RETURN(Tensor dk_lin, New(b, {t, hkv, d}));
   TESSERA_RETURN_IF_ERROR(b.Rope(dq, in.positions, c.rope_base, dq_lin, /*inverse=*/true));
   TESSERA_RETURN_IF_ERROR(b.Rope(dk, in.positions, c.rope_base, dk_lin, /*inverse=*/true));
-  TESSERA_ASSIGN_OR_RETURN(dq_lin, dq_lin.Reshape({t, c.heads * d}));
-  TESSERA_ASSIGN_OR_RETURN(dk_lin, dk_lin.Reshape({t, c.kv_heads * d}));
-  TESSERA_ASSIGN_OR_RETURN(Tensor dv_lin, dv.Reshape({t, c.kv_heads * d}));
+  TESSERA_ASSIGN_OR_RETURN(dq_lin, dq_lin.Reshape({t, hq * d}));
+  TESSERA_ASSIGN_OR_RETURN(dk_lin, dk_lin.Reshape({t, hkv * d}));
+  TESSERA_ASSIGN_OR_RETURN(Tensor dv_lin, dv.Reshape({t, hkv * d}));
   if (c.qkv_bias) {
     TESSERA_RETURN_IF_ERROR(BiasBackward(b, in.ones, dq_lin, *w.bq));
     TESSERA_RETURN_IF_ERROR(BiasBackward(b, in.ones, dk_lin, *w.bk));
@@ -269,6 +332,7 @@ absl::Status Llama::LayerBackward(const LayerParams& w, const Inputs& in, const 
   TESSERA_RETURN_IF_ERROR(LinearBackward(b, dq_lin, a.xn1, *w.wq, dxn, 0.f));
   TESSERA_RETURN_IF_ERROR(LinearBackward(b, dk_lin, a.xn1, *w.wk, dxn, 1.f));
   TESSERA_RETURN_IF_ERROR(LinearBackward(b, dv_lin, a.xn1, *w.wv, dxn, 1.f));
+  TESSERA_RETURN_IF_ERROR(AllReduce(dxn));
   TESSERA_RETURN_IF_ERROR(NormBackward(b, dxn, a.x_in, *w.norm1, a.rstd1, dnorm));
   return b.Axpby(1.f, dnorm, 1.f, dx);  // dx = d(x_in)
 }
@@ -282,36 +346,29 @@ absl::StatusOr<LossSum> Llama::Run(const TokenBatch& batch, bool backward, float
   TESSERA_RETURN_IF_ERROR(batch.Validate(config_.vocab));
   Backend& b = *backend_;
   const LlamaConfig& c = config_;
-  const int64_t t = batch.size();
+  const int64_t t = batch.size(), vocab = c.vocab / tp_size(), vocab_start = tp_rank() * vocab;
   TESSERA_ASSIGN_OR_RETURN(Inputs in, Upload(batch));
   TESSERA_ASSIGN_OR_RETURN(Tensor x, New(b, {t, c.hidden}));
-  TESSERA_RETURN_IF_ERROR(b.EmbeddingForward(in.tokens, embed_->value, 0, x));
+  TESSERA_RETURN_IF_ERROR(b.EmbeddingForward(in.tokens, embed_->value, vocab_start, x));
+  TESSERA_RETURN_IF_ERROR(AllReduce(x));  // vocab-parallel: each id's row lives on one rank
   std::vector<LayerActs> acts(c.layers);
   for (int64_t l = 0; l < c.layers; ++l) {
     Tensor out;
     TESSERA_RETURN_IF_ERROR(LayerForward(layers_[l], in, x, acts[l], out));
     x = out;
   }
-  // Final norm, LM head, cross-entropy (one shard: the whole vocabulary).
+  // Final norm, LM head (this rank's vocabulary columns), cross-entropy.
   TESSERA_ASSIGN_OR_RETURN(Tensor xn, New(b, {t, c.hidden}));
   TESSERA_ASSIGN_OR_RETURN(Tensor rstd, New(b, {t}));
   TESSERA_RETURN_IF_ERROR(b.RmsNormForward(x, final_norm_->value, c.norm_eps, xn, rstd));
-  TESSERA_ASSIGN_OR_RETURN(Tensor logits, New(b, {t, c.vocab}));
+  TESSERA_ASSIGN_OR_RETURN(Tensor logits, New(b, {t, vocab}));
   TESSERA_RETURN_IF_ERROR(Linear(b, xn, lm_head_->value, logits));
-  Tensor part[4];
-  for (auto& p : part) {
-    TESSERA_ASSIGN_OR_RETURN(p, New(b, {t}));
-  }
-  TESSERA_RETURN_IF_ERROR(b.CrossEntropyPartials(logits, in.targets, 0, part[0], part[1], part[2], part[3]));
-  std::vector<float> mx(t), sum(t), tgt(t), lse(t), dloss(t, 0.f);
-  TESSERA_RETURN_IF_ERROR(b.CopyToHost(part[0], mx.data()));
-  TESSERA_RETURN_IF_ERROR(b.CopyToHost(part[1], sum.data()));
-  TESSERA_RETURN_IF_ERROR(b.CopyToHost(part[3], tgt.data()));
+  TESSERA_ASSIGN_OR_RETURN(std::vector<float> lse, CrossEntropyLse(logits, in, vocab_start));
   LossSum loss;
+  std::vector<float> dloss(t, 0.f);
   for (int64_t i = 0; i < t; ++i) {
-    lse[i] = mx[i] + std::log(sum[i]);
     if (batch.targets[i] < 0) continue;
-    loss.sum += static_cast<double>(lse[i]) - tgt[i];
+    loss.sum += static_cast<double>(lse[i]) - in.target_logit[i];
     ++loss.tokens;
     dloss[i] = grad_scale;
   }
@@ -321,17 +378,50 @@ absl::StatusOr<LossSum> Llama::Run(const TokenBatch& batch, bool backward, float
   TESSERA_ASSIGN_OR_RETURN(Tensor dloss_t, New(b, {t}));
   TESSERA_RETURN_IF_ERROR(b.CopyFromHost(lse.data(), lse_t));
   TESSERA_RETURN_IF_ERROR(b.CopyFromHost(dloss.data(), dloss_t));
-  TESSERA_ASSIGN_OR_RETURN(Tensor dlogits, New(b, {t, c.vocab}));
-  TESSERA_RETURN_IF_ERROR(b.CrossEntropyBackward(logits, in.targets, 0, lse_t, dloss_t, dlogits));
+  TESSERA_ASSIGN_OR_RETURN(Tensor dlogits, New(b, {t, vocab}));
+  TESSERA_RETURN_IF_ERROR(b.CrossEntropyBackward(logits, in.targets, vocab_start, lse_t, dloss_t, dlogits));
   TESSERA_ASSIGN_OR_RETURN(Tensor dxn, New(b, {t, c.hidden}));
   TESSERA_RETURN_IF_ERROR(LinearBackward(b, dlogits, xn, *lm_head_, dxn, 0.f));
+  TESSERA_RETURN_IF_ERROR(AllReduce(dxn));
   TESSERA_ASSIGN_OR_RETURN(Tensor dx, New(b, {t, c.hidden}));
   TESSERA_RETURN_IF_ERROR(NormBackward(b, dxn, x, *final_norm_, rstd, dx));
   for (int64_t l = c.layers - 1; l >= 0; --l) TESSERA_RETURN_IF_ERROR(LayerBackward(layers_[l], in, acts[l], dx));
   TESSERA_ASSIGN_OR_RETURN(Tensor dembed, New(b, embed_->value.shape()));
-  TESSERA_RETURN_IF_ERROR(b.EmbeddingBackward(in.tokens, dx, 0, dembed));
+  TESSERA_RETURN_IF_ERROR(b.EmbeddingBackward(in.tokens, dx, vocab_start, dembed));
   TESSERA_RETURN_IF_ERROR(b.Axpby(1.f, dembed, 1.f, embed_->grad));
   return loss;
+}
+
+// Per-token log-sum-exp over the whole vocabulary from this rank's logits [T, V/tp]:
+// shard partials (max, sum of exp, target logit), combined over the TP group as
+// M = max_k max_k, S = sum_k sum_k exp(max_k - M), z_t = sum_k tgt_k (zero off-shard).
+// Leaves the target logits in in.target_logit.
+absl::StatusOr<std::vector<float>> Llama::CrossEntropyLse(const Tensor& logits, Inputs& in, int64_t vocab_start) {
+  Backend& b = *backend_;
+  const int64_t t = logits.dim(0);
+  Tensor part[4];
+  for (auto& p : part) {
+    TESSERA_ASSIGN_OR_RETURN(p, New(b, {t}));
+  }
+  TESSERA_RETURN_IF_ERROR(b.CrossEntropyPartials(logits, in.targets, vocab_start, part[0], part[1], part[2], part[3]));
+  std::vector<float> mx(t), sum(t), lse(t);
+  in.target_logit.assign(t, 0.f);
+  TESSERA_RETURN_IF_ERROR(b.CopyToHost(part[0], mx.data()));
+  TESSERA_RETURN_IF_ERROR(b.CopyToHost(part[1], sum.data()));
+  if (tp_ != nullptr) {
+    TESSERA_RETURN_IF_ERROR(tp_->AllReduce(part[0].data(), part[2].data(), t, part[0].dtype(), comm::ReduceOp::kMax));
+    std::vector<float> global_max(t);
+    TESSERA_RETURN_IF_ERROR(b.CopyToHost(part[2], global_max.data()));
+    for (int64_t i = 0; i < t; ++i) sum[i] *= std::exp(mx[i] - global_max[i]);
+    mx = global_max;
+    TESSERA_RETURN_IF_ERROR(b.CopyFromHost(sum.data(), part[1]));
+    TESSERA_RETURN_IF_ERROR(AllReduce(part[1]));
+    TESSERA_RETURN_IF_ERROR(AllReduce(part[3]));
+    TESSERA_RETURN_IF_ERROR(b.CopyToHost(part[1], sum.data()));
+  }
+  TESSERA_RETURN_IF_ERROR(b.CopyToHost(part[3], in.target_logit.data()));
+  for (int64_t i = 0; i < t; ++i) lse[i] = mx[i] + std::log(sum[i]);
+  return lse;
 }
 
 }  // namespace tessera::model

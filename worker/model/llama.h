@@ -3,7 +3,15 @@
 // residual, final RMSNorm, LM head (optionally tied to the embedding). Explicit forward
 // and backward per layer with saved activations — no autograd. Runs on any Backend
 // (the CPU backend is the oracle); parameters, activations and gradients are f32 here
-// (mixed precision and the parallel layouts build on this in the training engine).
+// (mixed precision and the other parallel layouts build on this in the training engine).
+//
+// Tensor parallelism (Megatron), when given a TP communicator of size tp: q/k/v and
+// gate/up are column-parallel (this rank's heads and MLP columns), o and down are
+// row-parallel (partial sums all-reduced in the forward), the input gradient of a
+// column-parallel block is all-reduced in the backward, the embedding and the LM head
+// are vocab-parallel (rows [rank V/tp, (rank+1) V/tp)), and the cross-entropy combines
+// the shards' max / sum-exp / target logit with three all-reduces. Norms are replicated
+// (their inputs and gradients are the same on every rank).
 //
 // Threading: a Llama is used by one thread at a time (its backend's thread).
 #pragma once
@@ -14,6 +22,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "worker/comm/communicator.h"
 #include "worker/model/config.h"
 #include "worker/runtime/backend.h"
 
@@ -39,14 +48,18 @@ struct LossSum {
 };
 
 struct Param {
-  std::string name;
-  runtime::Tensor value;  // f32
+  ParamSpec spec;         // name, global shape, tensor-parallel dimension
+  runtime::Tensor value;  // f32, this rank's shard
   runtime::Tensor grad;   // f32, accumulated by ForwardBackward
+  const std::string& name() const { return spec.name; }
 };
 
 class Llama {
  public:
-  static absl::StatusOr<std::unique_ptr<Llama>> Create(const LlamaConfig& config, runtime::Backend* backend);
+  // tp: the tensor-parallel group (null or size 1: no tensor parallelism); it must hold
+  // host buffers for a CPU backend (Gloo) and device buffers for a GPU one (NCCL).
+  static absl::StatusOr<std::unique_ptr<Llama>> Create(const LlamaConfig& config, runtime::Backend* backend,
+                                                       comm::Communicator* tp = nullptr);
   ~Llama();
 
   const LlamaConfig& config() const { return config_; }
@@ -54,8 +67,14 @@ class Llama {
   Param* Find(const std::string& name);
 
   // Deterministic from (seed, parameter name): normal(0, stddev) weights, norms 1,
-  // biases 0 — the same values whatever the layout that later shards them.
+  // biases 0 — the full tensor is drawn and this rank keeps its shard, so every layout
+  // holds the same model.
   absl::Status InitRandom(uint64_t seed, float stddev = 0.02f);
+  // Sets a parameter from its full (global) value; this rank keeps its shard.
+  absl::Status SetGlobal(Param& p, const std::vector<float>& global);
+  // The full (global) value or gradient of a parameter, gathered over the TP group
+  // (every rank of the group must call it).
+  absl::StatusOr<std::vector<float>> GatherGlobal(const Param& p, bool grad);
   absl::Status ZeroGrads();
 
   // Forward only: the summed loss.
@@ -68,16 +87,21 @@ class Llama {
   struct LayerParams;
   struct LayerActs;
   struct Inputs;
-  Llama(const LlamaConfig& config, runtime::Backend* backend);
+  Llama(const LlamaConfig& config, runtime::Backend* backend, comm::Communicator* tp);
+  int tp_size() const { return tp_ ? tp_->size() : 1; }
+  int tp_rank() const { return tp_ ? tp_->rank() : 0; }
+  absl::Status AllReduce(runtime::Tensor& t);  // sum over the TP group, in place
   absl::Status Allocate();
   absl::StatusOr<Inputs> Upload(const TokenBatch& batch);
   absl::Status LayerForward(const LayerParams& w, const Inputs& in, const runtime::Tensor& x, LayerActs& a,
                             runtime::Tensor& out);
   absl::Status LayerBackward(const LayerParams& w, const Inputs& in, const LayerActs& a, runtime::Tensor& dx);
   absl::StatusOr<LossSum> Run(const TokenBatch& batch, bool backward, float grad_scale);
+  absl::StatusOr<std::vector<float>> CrossEntropyLse(const runtime::Tensor& logits, Inputs& in, int64_t vocab_start);
 
   LlamaConfig config_;
   runtime::Backend* backend_;
+  comm::Communicator* tp_;  // null: one rank
   std::vector<Param> params_;
   std::vector<LayerParams> layers_;
   Param *embed_ = nullptr, *final_norm_ = nullptr, *lm_head_ = nullptr;
