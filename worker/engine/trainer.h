@@ -1,0 +1,75 @@
+// One rank's optimizer step (DESIGN §6): gradient accumulation over micro-batches, data-
+// parallel gradient reduction (all-reduce, or reduce-scatter into this rank's shard with
+// ZeRO-1: the distributed optimizer), the global gradient norm across data- and tensor-parallel ranks and
+// clipping, warmup + cosine learning rate, AdamW on fp32 state, and (ZeRO) the
+// all-gather of the updated parameters.
+//
+// The loss is a token mean over the global batch: every micro-batch's gradient is
+// scaled by 1 / (target tokens of the whole global batch, summed over data-parallel
+// ranks), so any split of the batch over ranks and micro-batches gives the same update.
+//
+// Threading: one thread (the model's backend thread).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/comm/communicator.h"
+#include "worker/model/llama.h"
+#include "worker/runtime/backend.h"
+
+namespace tessera::engine {
+
+struct OptimizerOptions {
+  float lr = 3e-4f;
+  float min_lr = 3e-5f;
+  int64_t warmup_steps = 0;
+  int64_t total_steps = 1;  // cosine decay ends here
+  float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f;
+  float clip_norm = 1.0f;  // <= 0: no clipping
+  int zero = 0;            // 0: all-reduce grads, state replicated; 1: state sharded over DP (2, 3: not yet)
+};
+
+// Learning rate at a 1-based step: linear warmup to lr, then cosine to min_lr.
+float LearningRate(const OptimizerOptions& o, int64_t step);
+
+struct StepStats {
+  double loss = 0;       // token mean over the global batch
+  double grad_norm = 0;  // before clipping
+  float lr = 0;
+  int64_t tokens = 0;  // target tokens of the global batch
+};
+
+class Trainer {
+ public:
+  // dp: the gradient-reduction group (DP x CP), tp: the model's tensor-parallel group
+  // (either null for one rank).
+  static absl::StatusOr<std::unique_ptr<Trainer>> Create(model::Llama* model, runtime::Backend* backend,
+                                                         comm::Communicator* dp, comm::Communicator* tp,
+                                                         const OptimizerOptions& options);
+  ~Trainer();
+  // One optimizer step over this rank's micro-batches of the global batch.
+  absl::StatusOr<StepStats> Step(const std::vector<model::TokenBatch>& micro_batches);
+  int64_t step() const { return step_; }
+
+ private:
+  struct State;
+  Trainer(model::Llama* model, runtime::Backend* backend, comm::Communicator* dp, comm::Communicator* tp,
+          const OptimizerOptions& options);
+  absl::Status Allocate();
+  absl::StatusOr<int64_t> GlobalTokens(const std::vector<model::TokenBatch>& micro_batches);
+  absl::StatusOr<double> ReduceGradsAndNorm();
+  absl::Status Update(float lr, float clip_scale);
+
+  model::Llama* model_;
+  runtime::Backend* backend_;
+  comm::Communicator* dp_;  // null: one data-parallel rank
+  comm::Communicator* tp_;
+  OptimizerOptions options_;
+  std::vector<State> state_;  // per parameter
+  int64_t step_ = 0;
+};
+
+}  // namespace tessera::engine
