@@ -118,8 +118,9 @@ absl::Status ParseLayout(const YAML::Node& n, const std::string& path, v1::Paral
 }
 
 absl::Status ParseModel(const YAML::Node& n, const std::string& path, v1::ModelShape* m) {
-  TESSERA_RETURN_IF_ERROR(CheckKeys(n, path, {"num_layers", "num_heads", "num_kv_heads", "vocab_size",
-                                              "seq_len", "global_batch", "micro_batch", "hidden"}));
+  TESSERA_RETURN_IF_ERROR(CheckKeys(n, path, {"num_layers", "num_heads", "num_kv_heads", "vocab_size", "seq_len",
+                                              "global_batch", "micro_batch", "hidden", "ffn", "head_dim", "rope_base",
+                                              "tie_embeddings", "qkv_bias"}));
   const int64_t kMax = 1 << 30;
   for (const auto& kv : n) {
     std::string k = kv.first.Scalar(), p = Join(path, k);
@@ -132,6 +133,55 @@ absl::Status ParseModel(const YAML::Node& n, const std::string& path, v1::ModelS
     else if (k == "global_batch") ASSIGN_INT(m->set_global_batch, v, p, 1, kMax);
     else if (k == "micro_batch") ASSIGN_INT(m->set_micro_batch, v, p, 1, kMax);
     else if (k == "hidden") ASSIGN_INT(m->set_hidden, v, p, 1, kMax);
+    else if (k == "ffn") ASSIGN_INT(m->set_ffn, v, p, 1, kMax);
+    else if (k == "head_dim") ASSIGN_INT(m->set_head_dim, v, p, 2, 1024);
+    else if (k == "rope_base") {
+      TESSERA_ASSIGN_OR_RETURN(double d, AsDouble(v, p, 2, 1e12));
+      m->set_rope_base(d);
+    } else if (k == "tie_embeddings" || k == "qkv_bias") {
+      TESSERA_ASSIGN_OR_RETURN(bool b, AsBool(v, p));
+      k == "qkv_bias" ? m->set_qkv_bias(b) : m->set_tie_embeddings(b);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseTrain(const YAML::Node& n, const std::string& path, v1::TrainSpec* t) {
+  TESSERA_RETURN_IF_ERROR(CheckKeys(n, path, {"steps", "lr", "min_lr", "warmup_steps", "weight_decay", "clip_norm",
+                                              "seed", "data", "init_std"}));
+  for (const auto& kv : n) {
+    std::string k = kv.first.Scalar(), p = Join(path, k);
+    const YAML::Node& v = kv.second;
+    if (k == "steps") ASSIGN_INT(t->set_steps, v, p, 1, 100000000);
+    else if (k == "warmup_steps") ASSIGN_INT(t->set_warmup_steps, v, p, 0, 100000000);
+    else if (k == "seed") ASSIGN_INT(t->set_seed, v, p, 0, int64_t(1) << 62);
+    else if (k == "data") {
+      TESSERA_RETURN_IF_ERROR(CheckKeys(v, p, {"kind", "digits"}));
+      for (const auto& d : v) {
+        const std::string dk = d.first.Scalar(), dp = Join(p, dk);
+        if (dk == "kind") {
+          TESSERA_ASSIGN_OR_RETURN(auto kind, AsString(d.second, dp));
+          if (kind != "arithmetic") return Bad(dp, absl::StrCat("expected arithmetic, got '", kind, "'"));
+          t->mutable_data()->set_kind(kind);
+        } else if (dk == "digits") {
+          ASSIGN_INT(t->mutable_data()->set_digits, d.second, dp, 1, 9);
+        }
+      }
+    } else {
+      struct Range {
+        const char* key;
+        double lo, hi;
+        void (v1::TrainSpec::*set)(double);
+      };
+      for (Range r : {Range{"lr", 1e-9, 10, &v1::TrainSpec::set_lr}, Range{"min_lr", 0, 10, &v1::TrainSpec::set_min_lr},
+                      Range{"weight_decay", 0, 10, &v1::TrainSpec::set_weight_decay},
+                      Range{"clip_norm", -1, 1e6, &v1::TrainSpec::set_clip_norm},
+                      Range{"init_std", 1e-6, 10, &v1::TrainSpec::set_init_std}})
+        if (k == r.key) {
+          TESSERA_ASSIGN_OR_RETURN(double d, AsDouble(v, p, r.lo, r.hi));
+          (t->*r.set)(d);
+        }
+    }
   }
   return absl::OkStatus();
 }
@@ -205,7 +255,7 @@ absl::Status ParseCommCheck(const YAML::Node& n, const std::string& path, v1::Co
 absl::Status ParseJob(const YAML::Node& root, JobSpec* spec) {
   TESSERA_RETURN_IF_ERROR(CheckKeys(root, "", {"name", "kind", "groups", "max_restarts", "restart_backoff_s",
                                                "model", "comm_check", "collective_timeout_s",
-                                               "start_timeout_s", "env"}));
+                                               "start_timeout_s", "env", "train"}));
   for (const auto& kv : root) {
     std::string k = kv.first.Scalar();
     const YAML::Node& v = kv.second;
@@ -228,6 +278,8 @@ absl::Status ParseJob(const YAML::Node& root, JobSpec* spec) {
       TESSERA_RETURN_IF_ERROR(ParseModel(v, k, spec->mutable_model()));
     } else if (k == "comm_check") {
       TESSERA_RETURN_IF_ERROR(ParseCommCheck(v, k, spec->mutable_comm_check()));
+    } else if (k == "train") {
+      TESSERA_RETURN_IF_ERROR(ParseTrain(v, k, spec->mutable_train()));
     } else if (k == "collective_timeout_s") {
       TESSERA_ASSIGN_OR_RETURN(double d, AsDouble(v, k, 0.1, 86400));
       spec->set_collective_timeout_ms(static_cast<int64_t>(d * 1000));
@@ -298,7 +350,7 @@ absl::StatusOr<JobSpec> ParseJobSpecYaml(absl::string_view yaml, const std::vect
   return spec;
 }
 
-bool IsRunnableKind(absl::string_view kind) { return kind == "comm-check"; }
+bool IsRunnableKind(absl::string_view kind) { return kind == "comm-check" || kind == "pretrain"; }
 
 namespace {
 bool ValidName(const std::string& s) {
@@ -309,6 +361,37 @@ bool ValidName(const std::string& s) {
 }
 }  // namespace
 
+// pretrain: one worker group training a Llama on built-in data (byte tokens). Layouts
+// the engine does not run yet are refused here, at submit.
+static absl::Status ValidatePretrain(JobSpec& spec) {
+  if (spec.groups_size() != 1) return Bad("groups", "a pretrain job has exactly one worker group");
+  const auto& l = spec.groups(0).layout();
+  if (l.pp() > 1 || l.cp() > 1 || l.sp() || l.zero() > 1)
+    return absl::UnimplementedError(absl::StrCat(
+        "groups[0].layout: the training engine runs tp, dp and zero 0/1 so far; pp=", l.pp(), ", cp=", l.cp(),
+        ", sp=", l.sp() ? "true" : "false", ", zero=", l.zero(), " are not available yet"));
+  const auto& m = spec.model();
+  struct Req {
+    const char* name;
+    int64_t value;
+  };
+  for (Req r : {Req{"hidden", m.hidden()}, Req{"num_layers", m.num_layers()}, Req{"num_heads", m.num_heads()},
+                Req{"num_kv_heads", m.num_kv_heads()}, Req{"vocab_size", m.vocab_size()}, Req{"ffn", m.ffn()},
+                Req{"seq_len", m.seq_len()}, Req{"global_batch", m.global_batch()}, Req{"micro_batch", m.micro_batch()}})
+    if (r.value <= 0) return Bad(absl::StrCat("model.", r.name), "is required for pretrain jobs");
+  if (m.vocab_size() < 256)
+    return Bad("model.vocab_size", absl::StrCat("must be >= 256 for byte-level tokens, got ", m.vocab_size()));
+  auto* t = spec.mutable_train();
+  if (t->steps() <= 0) return Bad("train.steps", "is required for pretrain jobs");
+  if (t->lr() <= 0) return Bad("train.lr", "is required for pretrain jobs");
+  if (t->min_lr() > t->lr()) return Bad("train.min_lr", absl::StrCat("must be <= lr (", t->lr(), ")"));
+  if (t->clip_norm() == 0) t->set_clip_norm(1.0);
+  if (t->init_std() == 0) t->set_init_std(0.02);
+  if (t->data().kind().empty()) t->mutable_data()->set_kind("arithmetic");
+  if (t->data().digits() == 0) t->mutable_data()->set_digits(3);
+  return absl::OkStatus();
+}
+
 absl::Status NormalizeAndValidateJobSpec(JobSpec& spec) {
   if (spec.name().empty()) return Bad("name", "is required");
   if (!ValidName(spec.name()))
@@ -318,7 +401,8 @@ absl::Status NormalizeAndValidateJobSpec(JobSpec& spec) {
   if (!kKnown.count(spec.kind()))
     return Bad("kind", absl::StrCat("unknown kind '", spec.kind(), "'; expected one of ", absl::StrJoin(kKnown, ", ")));
   if (!IsRunnableKind(spec.kind()))
-    return absl::UnimplementedError(absl::StrCat("kind: '", spec.kind(), "' jobs are not available in this build yet; available: comm-check"));
+    return absl::UnimplementedError(
+        absl::StrCat("kind: '", spec.kind(), "' jobs are not available in this build yet; available: comm-check, pretrain"));
   if (spec.groups_size() == 0) return Bad("groups", "at least one worker group is required");
   std::set<std::string> names;
   for (int i = 0; i < spec.groups_size(); ++i) {
@@ -385,6 +469,7 @@ absl::Status NormalizeAndValidateJobSpec(JobSpec& spec) {
       if (!k.ok()) return Bad(absl::StrCat("comm_check.groups[", i, "]"), k.status().message());
     }
   }
+  if (spec.kind() == "pretrain") TESSERA_RETURN_IF_ERROR(ValidatePretrain(spec));
   static const std::set<std::string> kEnvAllowed = {"NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_ALGO", "NCCL_PROTO",
                                                     "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS", "NCCL_BUFFSIZE",
                                                     "OMP_NUM_THREADS"};

@@ -102,8 +102,11 @@ absl::StatusOr<std::string> RunCommCheck(DriverContext& ctx) {
 
 }  // namespace
 
+absl::StatusOr<std::string> RunPretrain(DriverContext& ctx);  // driver/pretrain.cc
+
 absl::StatusOr<DriverFn> BuiltinDriver(const std::string& kind) {
   if (kind == "comm-check") return DriverFn(RunCommCheck);
+  if (kind == "pretrain") return DriverFn(RunPretrain);
   return absl::UnimplementedError(absl::StrCat("no driver for job kind '", kind, "' in this build"));
 }
 

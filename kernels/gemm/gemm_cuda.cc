@@ -1,9 +1,9 @@
 // GEMM through cuBLASLt. Row-major C = op(A) op(B) is computed as the column-major
 // C^T = op(B)^T op(A)^T, i.e. cuBLAS sees B as its first operand.
-#include <cublasLt.h>
 #include <cuda_runtime.h>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/gemm/cublaslt_loader.h"
 #include "kernels/gemm/gemm.h"
 
 namespace tessera::kernels {
@@ -13,15 +13,16 @@ absl::Status Lt(cublasStatus_t s, const char* what) {
   return absl::InternalError(absl::StrCat("cublasLt ", what, ": status ", static_cast<int>(s)));
 }
 struct Descs {
+  const CublasLt* api;
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   cublasLtMatmulPreference_t pref = nullptr;
   ~Descs() {
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    if (c) cublasLtMatrixLayoutDestroy(c);
-    if (b) cublasLtMatrixLayoutDestroy(b);
-    if (a) cublasLtMatrixLayoutDestroy(a);
-    if (op) cublasLtMatmulDescDestroy(op);
+    if (pref) api->MatmulPreferenceDestroy(pref);
+    if (c) api->MatrixLayoutDestroy(c);
+    if (b) api->MatrixLayoutDestroy(b);
+    if (a) api->MatrixLayoutDestroy(a);
+    if (op) api->MatmulDescDestroy(op);
   }
 };
 }  // namespace
@@ -31,27 +32,30 @@ absl::Status GemmCuda(const void* a, bool ta, const void* b, bool tb, void* c, i
                       void* stream) {
   if (m == 0 || n == 0) return absl::OkStatus();
   cudaDataType_t dt = t == DType::kF32 ? CUDA_R_32F : CUDA_R_16BF;
-  Descs d;
+  const absl::StatusOr<const CublasLt*> loaded = GetCublasLt();
+  if (!loaded.ok()) return loaded.status();
+  const CublasLt* api = *loaded;
+  Descs d{api};
   absl::Status s;
-  if (!(s = Lt(cublasLtMatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc")).ok()) return s;
+  if (!(s = Lt(api->MatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc")).ok()) return s;
   cublasOperation_t opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
-  cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa));
-  cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb));
+  api->MatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa));
+  api->MatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb));
   // First operand: B (row-major [k,n], or [n,k] if tb) seen column-major.
-  if (!(s = Lt(cublasLtMatrixLayoutCreate(&d.a, dt, tb ? k : n, tb ? n : k, tb ? k : n), "layout A")).ok()) return s;
+  if (!(s = Lt(api->MatrixLayoutCreate(&d.a, dt, tb ? k : n, tb ? n : k, tb ? k : n), "layout A")).ok()) return s;
   // Second operand: A (row-major [m,k], or [k,m] if ta) seen column-major.
-  if (!(s = Lt(cublasLtMatrixLayoutCreate(&d.b, dt, ta ? m : k, ta ? k : m, ta ? m : k), "layout B")).ok()) return s;
-  if (!(s = Lt(cublasLtMatrixLayoutCreate(&d.c, dt, n, m, n), "layout C")).ok()) return s;
-  if (!(s = Lt(cublasLtMatmulPreferenceCreate(&d.pref), "preference")).ok()) return s;
-  cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
+  if (!(s = Lt(api->MatrixLayoutCreate(&d.b, dt, ta ? m : k, ta ? k : m, ta ? m : k), "layout B")).ok()) return s;
+  if (!(s = Lt(api->MatrixLayoutCreate(&d.c, dt, n, m, n), "layout C")).ok()) return s;
+  if (!(s = Lt(api->MatmulPreferenceCreate(&d.pref), "preference")).ok()) return s;
+  api->MatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
                                        sizeof(workspace_bytes));
   cublasLtMatmulHeuristicResult_t h;
   int found = 0;
   auto lt = static_cast<cublasLtHandle_t>(handle);
-  if (!(s = Lt(cublasLtMatmulAlgoGetHeuristic(lt, d.op, d.a, d.b, d.c, d.c, d.pref, 1, &h, &found), "heuristic")).ok())
+  if (!(s = Lt(api->MatmulAlgoGetHeuristic(lt, d.op, d.a, d.b, d.c, d.c, d.pref, 1, &h, &found), "heuristic")).ok())
     return s;
   if (found == 0) return absl::UnimplementedError(absl::StrCat("cublasLt has no algorithm for gemm m=", m, " n=", n, " k=", k));
-  return Lt(cublasLtMatmul(lt, d.op, &alpha, b, d.a, a, d.b, &beta, c, d.c, c, d.c, &h.algo, workspace, workspace_bytes,
+  return Lt(api->Matmul(lt, d.op, &alpha, b, d.a, a, d.b, &beta, c, d.c, c, d.c, &h.algo, workspace, workspace_bytes,
                            static_cast<cudaStream_t>(stream)),
             "matmul");
 }

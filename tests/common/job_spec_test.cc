@@ -102,5 +102,42 @@ TEST(JobSpec, Colocation) {
   EXPECT_THAT(std::string(NormalizeAndValidateJobSpec(*spec).message()), HasSubstr("no group named 'nobody'"));
 }
 
+constexpr char kPretrain[] = R"(
+name: pt
+kind: pretrain
+groups:
+  - {name: actor, devices: 4, layout: {tp: 2, zero: 1}}
+model: {vocab_size: 256, hidden: 32, num_layers: 2, num_heads: 4, num_kv_heads: 2, ffn: 64, seq_len: 32,
+        global_batch: 8, micro_batch: 2}
+train: {steps: 3, lr: 1.0e-3}
+)";
+
+TEST(JobSpec, PretrainDefaultsAndRefusals) {
+  auto spec = ParseJobSpecYaml(kPretrain);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ASSERT_TRUE(NormalizeAndValidateJobSpec(*spec).ok());
+  EXPECT_EQ(spec->groups(0).layout().dp(), 2);
+  EXPECT_EQ(spec->train().data().kind(), "arithmetic");
+  EXPECT_EQ(spec->train().data().digits(), 3);
+  EXPECT_DOUBLE_EQ(spec->train().clip_norm(), 1.0);
+  auto check = [](std::vector<std::string> ov) {
+    auto s = ParseJobSpecYaml(kPretrain, ov);
+    if (!s.ok()) return s.status();
+    return NormalizeAndValidateJobSpec(*s);
+  };
+  auto no_ffn = ParseJobSpecYaml(kPretrain);
+  no_ffn->mutable_model()->clear_ffn();
+  EXPECT_THAT(std::string(NormalizeAndValidateJobSpec(*no_ffn).message()), HasSubstr("model.ffn: is required"));
+  EXPECT_THAT(std::string(check({"model.vocab_size=100"}).message()), HasSubstr("must be >= 256"));
+  auto no_lr = ParseJobSpecYaml(kPretrain);
+  no_lr->mutable_train()->clear_lr();
+  EXPECT_THAT(std::string(NormalizeAndValidateJobSpec(*no_lr).message()), HasSubstr("train.lr: is required"));
+  EXPECT_THAT(std::string(check({"train.data.kind=jsonl"}).message()), HasSubstr("expected arithmetic"));
+  EXPECT_THAT(std::string(check({"train.colour=red"}).message()), HasSubstr("colour"));
+  EXPECT_EQ(check({"groups.0.layout.pp=2", "groups.0.devices=4", "groups.0.layout.tp=1"}).code(),
+            absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(check({"groups.0.layout.zero=3"}).code(), absl::StatusCode::kUnimplemented);
+}
+
 }  // namespace
 }  // namespace tessera

@@ -213,4 +213,16 @@ v1::JobSpec CommCheckSpec(int devices, int tp, int pp, int max_restarts, int ite
   return *s;
 }
 
+v1::JobSpec PretrainSpec(int devices, int tp, int zero, int steps) {
+  auto s = ParseJobSpecYaml(absl::StrCat(
+      "name: pt\nkind: pretrain\ncollective_timeout_s: 30\ngroups:\n  - name: actor\n    devices: ", devices,
+      "\n    layout: {tp: ", tp, ", zero: ", zero,
+      "}\nmodel: {vocab_size: 256, hidden: 32, num_layers: 2, num_heads: 4, num_kv_heads: 2, ffn: 48, seq_len: 16,\n"
+      "        global_batch: 8, micro_batch: 2, qkv_bias: true}\n"
+      "train: {steps: ",
+      steps, ", lr: 1.0e-2, min_lr: 1.0e-3, warmup_steps: 1, seed: 5, init_std: 0.1}\n"));
+  (void)NormalizeAndValidateJobSpec(*s);
+  return *s;
+}
+
 }  // namespace tessera::testing

@@ -1,6 +1,8 @@
 #include "worker/executor/executor.h"
 
 #include <spdlog/spdlog.h>
+
+#include "absl/base/thread_annotations.h"
 #include <sys/prctl.h>
 #include <unistd.h>
 
@@ -18,6 +20,7 @@
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/nccl_communicator.h"
 #include "worker/executor/comm_check.h"
+#include "worker/executor/train.h"
 #include "worker/executor/cuda_buffer_space.h"
 
 namespace tessera::executor {
@@ -83,6 +86,8 @@ class ExecutorServiceImpl final : public v1::ExecutorService::Service {
       gc = it->second;
     }
     if (req->method() == "comm_check") return ToGrpc(CommCheck(*gc, req->args_json(), resp));
+    if (req->method() == "train_init" || req->method() == "train_step")
+      return ToGrpc(Train(req->group(), req->method(), *gc, req->args_json(), resp));
     return grpc::Status(grpc::UNIMPLEMENTED, absl::StrCat("method '", req->method(), "' is not implemented"));
   }
 
@@ -120,8 +125,34 @@ class ExecutorServiceImpl final : public v1::ExecutorService::Service {
     return absl::OkStatus();
   }
 
+  // train_init builds the group's training session; train_step {"step": s} runs step s.
+  absl::Status Train(const std::string& group, const std::string& method, GroupComms& gc, const std::string& args_json,
+                     v1::CallResponse* resp) {
+    std::lock_guard<std::mutex> lk(train_mu_);
+    if (method == "train_init") {
+      TESSERA_ASSIGN_OR_RETURN(auto session, TrainSession::Create(cfg_.spec(), gc, cfg_.device_type(), cfg_.device_index()));
+      sessions_[group] = std::move(session);
+      resp->set_result_json("{}");
+      return absl::OkStatus();
+    }
+    auto it = sessions_.find(group);
+    if (it == sessions_.end())
+      return absl::FailedPreconditionError(absl::StrCat("group '", group, "' has no training session; call train_init first"));
+    int64_t step = 0;
+    try {
+      step = nlohmann::json::parse(args_json).at("step").get<int64_t>();
+    } catch (const std::exception& e) {
+      return absl::InvalidArgumentError(absl::StrCat("train_step args_json: expected {\"step\": N}: ", e.what()));
+    }
+    TESSERA_ASSIGN_OR_RETURN(std::string out, it->second->Step(step));
+    resp->set_result_json(out);
+    return absl::OkStatus();
+  }
+
   v1::ExecutorConfig cfg_;
   comm::RendezvousClient* rdv_;
+  std::mutex train_mu_;  // one training call at a time
+  std::map<std::string, std::unique_ptr<TrainSession>> sessions_ ABSL_GUARDED_BY(train_mu_);
   std::string listen_host_;
   std::mutex mu_;
   std::map<std::string, std::shared_ptr<GroupComms>> groups_;

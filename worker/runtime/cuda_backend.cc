@@ -1,7 +1,7 @@
 // The CUDA backend: stream-ordered allocations from the device's memory pool
 // (cudaMallocAsync) with accounting and a peak report, one stream per backend, and
 // the CUDA kernels of kernels/<op>/*.cu (cuBLASLt for GEMM).
-#include <cublasLt.h>
+#include "kernels/gemm/cublaslt_loader.h"
 #include <cuda_runtime.h>
 
 #include <mutex>
@@ -86,7 +86,9 @@ class CudaBackend final : public Backend {
     uint64_t threshold = UINT64_MAX;
     cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold);
     b->alloc_ = std::make_unique<PoolAllocator>(device, b->stream_);
-    if (cublasLtCreate(reinterpret_cast<cublasLtHandle_t*>(&b->lt_)) != CUBLAS_STATUS_SUCCESS)
+    auto api = kernels::GetCublasLt();
+    if (!api.ok()) return api.status();
+    if ((*api)->Create(reinterpret_cast<cublasLtHandle_t*>(&b->lt_)) != CUBLAS_STATUS_SUCCESS)
       return absl::InternalError("cublasLtCreate failed");
     if (auto s = Cuda(cudaMalloc(&b->workspace_, kWorkspace), "cudaMalloc(workspace)"); !s.ok()) return s;
     return std::unique_ptr<Backend>(std::move(b));
@@ -94,7 +96,7 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_);
     if (workspace_) cudaFree(workspace_);
-    if (lt_) cublasLtDestroy(static_cast<cublasLtHandle_t>(lt_));
+    if (lt_) (*kernels::GetCublasLt())->Destroy(static_cast<cublasLtHandle_t>(lt_));  // loaded: lt_ exists
     alloc_.reset();
     cudaStreamDestroy(stream_);
   }

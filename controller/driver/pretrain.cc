@@ -1,0 +1,70 @@
+// The pretrain driver: one worker group trains the job's Llama on the built-in data.
+// It builds the group's communicators, asks every executor to set up its training
+// session (model shard, optimizer, data shard), then runs the steps: every rank takes
+// part in each step, and every rank reports the same global loss (DP- and TP-reduced),
+// which the driver checks before streaming it as progress.
+#include <cmath>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/status.h"
+#include "controller/driver/driver.h"
+
+namespace tessera::controller {
+
+using json = nlohmann::json;
+
+absl::StatusOr<std::string> RunPretrain(DriverContext& ctx) {
+  const auto& spec = ctx.job.spec();
+  const std::string& name = spec.groups(0).name();
+  WorkerGroup& wg = *ctx.groups.at(name);
+  TESSERA_ASSIGN_OR_RETURN(auto inits, wg.InitAll());
+  TESSERA_RETURN_IF_ERROR(wg.CallOneToAll("train_init", "{}").status());
+  const int steps = spec.train().steps();
+  v1::Progress ready;
+  ready.set_total_steps(steps);
+  ready.set_message(absl::StrCat("group '", name, "': ", inits.size(), " ranks ready to train"));
+  ctx.progress(ready);
+  json losses = json::array(), norms = json::array();
+  int64_t tokens = 0;
+  for (int s = 0; s < steps; ++s) {
+    if (ctx.cancelled && *ctx.cancelled) return absl::CancelledError("cancelled");
+    TESSERA_ASSIGN_OR_RETURN(auto res, wg.CallOneToAll("train_step", json{{"step", s}}.dump()));
+    json first;
+    double seconds = 0;
+    for (size_t r = 0; r < res.size(); ++r) {
+      json out;
+      try {
+        out = json::parse(res[r].result_json());
+      } catch (const std::exception& e) {
+        return absl::InternalError(absl::StrCat("rank ", r, " returned a malformed train_step result: ", e.what()));
+      }
+      seconds = std::max(seconds, out.value("seconds", 0.0));
+      if (r == 0) {
+        first = out;
+      } else if (std::abs(out["loss"].get<double>() - first["loss"].get<double>()) >
+                 1e-5 * std::abs(first["loss"].get<double>())) {
+        return absl::DataLossError(absl::StrCat("step ", s, ": rank ", r, " reports loss ", out["loss"].dump(),
+                                                " but rank 0 reports ", first["loss"].dump(),
+                                                " (the ranks disagree on the global loss)"));
+      }
+    }
+    losses.push_back(first["loss"]);
+    norms.push_back(first["grad_norm"]);
+    tokens += first["tokens"].get<int64_t>();
+    v1::Progress p;
+    p.set_step(s + 1);
+    p.set_total_steps(steps);
+    p.set_message(absl::StrFormat("step %d/%d loss %.4f", s + 1, steps, first["loss"].get<double>()));
+    (*p.mutable_metrics())["loss"] = first["loss"].get<double>();
+    (*p.mutable_metrics())["grad_norm"] = first["grad_norm"].get<double>();
+    (*p.mutable_metrics())["lr"] = first["lr"].get<double>();
+    if (seconds > 0) (*p.mutable_metrics())["tokens_per_s"] = first["tokens"].get<double>() / seconds;
+    ctx.progress(p);
+  }
+  return json{{"losses", losses}, {"grad_norms", norms}, {"tokens", tokens}}.dump();
+}
+
+}  // namespace tessera::controller

@@ -1,0 +1,27 @@
+// Built-in training data that needs no download (DESIGN §8): multi-digit addition in
+// decimal, "a+b=c\n", as byte tokens (the byte-level tokenizer: token = byte value).
+// Every micro-batch is a pure function of (seed, index), so any split of a global batch
+// over data-parallel ranks and micro-batches sees the same sequences.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "worker/model/llama.h"
+
+namespace tessera::engine {
+
+struct ArithmeticData {
+  int digits = 3;      // operands in [0, 10^digits)
+  uint64_t seed = 0;
+  int64_t seq_len = 0;  // sequences longer than this are cut (0: no limit)
+};
+
+// One problem: its text ("17+305=322\n").
+std::string ArithmeticProblem(const ArithmeticData& d, int64_t index);
+
+// Micro-batch `index` (global numbering): `sequences` problems packed, next-byte
+// targets on every token but the last of each sequence.
+model::TokenBatch MakeArithmeticBatch(const ArithmeticData& d, int64_t index, int sequences);
+
+}  // namespace tessera::engine

@@ -1,0 +1,60 @@
+#include "worker/executor/train.h"
+
+#include <chrono>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+
+namespace tessera::executor {
+
+absl::StatusOr<std::unique_ptr<TrainSession>> TrainSession::Create(const v1::JobSpec& spec, GroupComms& comms,
+                                                                   v1::DeviceType device, int device_index) {
+  const auto& m = spec.model();
+  const auto& t = spec.train();
+  model::LlamaConfig config;
+  config.vocab = m.vocab_size(), config.hidden = m.hidden(), config.layers = m.num_layers();
+  config.heads = m.num_heads(), config.kv_heads = m.num_kv_heads(), config.head_dim = m.head_dim(), config.ffn = m.ffn();
+  if (m.rope_base() > 0) config.rope_base = static_cast<float>(m.rope_base());
+  config.tie_embeddings = m.tie_embeddings(), config.qkv_bias = m.qkv_bias();
+  std::unique_ptr<TrainSession> s(new TrainSession());
+  runtime::Device dev = device == v1::GPU ? runtime::Device::Cuda(device_index) : runtime::Device::Cpu();
+  TESSERA_ASSIGN_OR_RETURN(s->backend_, runtime::MakeBackend(dev));
+  auto comm_of = [&](parallel::GroupKind k) -> comm::Communicator* {
+    auto it = comms.comms.find(k);
+    return it == comms.comms.end() ? nullptr : it->second.get();
+  };
+  comm::Communicator* tp = comm_of(parallel::GroupKind::kTp);
+  comm::Communicator* dp = comm_of(parallel::GroupKind::kDpCp);
+  TESSERA_ASSIGN_OR_RETURN(s->model_, model::Llama::Create(config, s->backend_.get(), tp));
+  TESSERA_RETURN_IF_ERROR(s->model_->InitRandom(t.seed(), static_cast<float>(t.init_std())));
+  engine::OptimizerOptions o;
+  o.lr = static_cast<float>(t.lr()), o.min_lr = static_cast<float>(t.min_lr());
+  o.warmup_steps = t.warmup_steps(), o.total_steps = t.steps();
+  o.weight_decay = static_cast<float>(t.weight_decay()), o.clip_norm = static_cast<float>(t.clip_norm());
+  o.zero = comms.layout.zero;
+  TESSERA_ASSIGN_OR_RETURN(s->trainer_, engine::Trainer::Create(s->model_.get(), s->backend_.get(), dp, tp, o));
+  s->data_ = {t.data().digits(), t.seed(), m.seq_len()};
+  const int dps = comms.layout.dp * comms.layout.cp;
+  const int dp_rank = dp != nullptr ? dp->rank() : 0;
+  s->sequences_ = m.micro_batch();
+  s->micro_per_step_ = m.global_batch() / m.micro_batch();
+  s->micro_per_rank_ = s->micro_per_step_ / dps;
+  s->first_micro_ = dp_rank * s->micro_per_rank_;
+  return s;
+}
+
+absl::StatusOr<std::string> TrainSession::Step(int64_t step) {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<model::TokenBatch> mine;
+  for (int64_t k = 0; k < micro_per_rank_; ++k)
+    mine.push_back(engine::MakeArithmeticBatch(data_, step * micro_per_step_ + first_micro_ + k, sequences_));
+  TESSERA_ASSIGN_OR_RETURN(engine::StepStats st, trainer_->Step(mine));
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return nlohmann::json{{"step", step}, {"loss", st.loss}, {"grad_norm", st.grad_norm}, {"lr", st.lr},
+                        {"tokens", st.tokens}, {"seconds", secs}}
+      .dump();
+}
+
+}  // namespace tessera::executor
