@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cuda_runtime.h>
 #include "absl/status/status.h"
+#include "bench/variants/timing.h"
 #include "worker/runtime/dtype.h"
 namespace tessera::kernels {
 using runtime::DType;
@@ -12,14 +13,6 @@ using runtime::DType;
 DECL(RmsBwd_w2_b1) DECL(RmsBwd_w3_b1) DECL(RmsBwd_w4_b1) DECL(RmsBwd_w6_b1) DECL(RmsBwd_w8_b1) DECL(RmsBwd_w12_b1) DECL(RmsBwd_w8_b2)
 }
 using namespace tessera::kernels;
-template <typename F> float Time(F f, int iters = 50) {
-  cudaEvent_t a, b; cudaEventCreate(&a); cudaEventCreate(&b);
-  for (int i = 0; i < 5; ++i) f();
-  cudaEventRecord(a);
-  for (int i = 0; i < iters; ++i) f();
-  cudaEventRecord(b); cudaEventSynchronize(b);
-  float ms; cudaEventElapsedTime(&ms, a, b); return ms / iters;
-}
 __global__ void Fill(float* r, int64_t n) { for (int64_t i = blockIdx.x * 256 + threadIdx.x; i < n; i += 256LL * gridDim.x) r[i] = 1.f; }
 int main() {
   const int64_t R = 16384, C = 2048, n = R * C;
@@ -31,11 +24,11 @@ int main() {
   for (int rep = 0; rep < 2; ++rep)
     for (auto& v : vs) {
       absl::Status st;
-      float ms = Time([&] { st.Update(v.f(dy, x, w, rs, dx, dw, R, C, DType::kBF16, nullptr)); });
+      float ms = TimeMs([&] { st.Update(v.f(dy, x, w, rs, dx, dw, R, C, DType::kBF16, nullptr)); });
       printf("rmsnorm_bwd %-7s %.4f ms %.0f GB/s %s\n", v.name, ms, bytes / ms / 1e6, st.ok() ? "" : st.ToString().c_str());
     }
   void *a, *b; size_t sz = 3 * n * 2 / 2; cudaMalloc(&a, sz); cudaMalloc(&b, sz);
-  float ms = Time([&] { cudaMemcpyAsync(b, a, sz, cudaMemcpyDeviceToDevice); });
+  float ms = TimeMs([&] { cudaMemcpyAsync(b, a, sz, cudaMemcpyDeviceToDevice); });
   printf("memcpy %zu MB (same traffic) %.4f ms %.0f GB/s\n", sz >> 20, ms, 2.0 * sz / ms / 1e6);
   printf("err %s\n", cudaGetErrorString(cudaGetLastError()));
 }

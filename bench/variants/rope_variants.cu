@@ -7,6 +7,7 @@
 #include <vector>
 #include <cuda_runtime.h>
 #include "absl/status/status.h"
+#include "bench/variants/timing.h"
 #include "worker/runtime/dtype.h"
 namespace tessera::kernels {
 using runtime::DType;
@@ -14,14 +15,6 @@ using runtime::DType;
 DECL(Rope_h2_b128) DECL(Rope_h4_b128) DECL(Rope_h8_b128) DECL(Rope_h4_b256) DECL(Rope_h8_b256) DECL(Rope_h16_b128)
 }
 using namespace tessera::kernels;
-template <typename F> float Time(F f, int iters = 50) {
-  cudaEvent_t a, b; cudaEventCreate(&a); cudaEventCreate(&b);
-  for (int i = 0; i < 5; ++i) f();
-  cudaEventRecord(a);
-  for (int i = 0; i < iters; ++i) f();
-  cudaEventRecord(b); cudaEventSynchronize(b);
-  float ms; cudaEventElapsedTime(&ms, a, b); return ms / iters;
-}
 int main() {
   const int64_t T = 16384, H = 32, D = 64, n = T * H * D;
   void *x, *y; int32_t* pos;
@@ -34,12 +27,12 @@ int main() {
       {"h8 b128", Rope_h8_b128}, {"h4 b256", Rope_h4_b256}, {"h8 b256", Rope_h8_b256}, {"h16 b128", Rope_h16_b128}};
   for (int rep = 0; rep < 2; ++rep)
   for (auto& v : vs) {
-    float ms = Time([&] { (void)v.f(x, pos, y, T, H, D, 10000.f, 1.f, DType::kBF16, nullptr); });
+    float ms = TimeMs([&] { (void)v.f(x, pos, y, T, H, D, 10000.f, 1.f, DType::kBF16, nullptr); });
     printf("rope %-9s %.4f ms %.0f GB/s\n", v.name, ms, bytes / ms / 1e6);
   }
   for (size_t sz : {size_t(n * 2), size_t(256) << 20, size_t(1) << 30}) {
     void *a, *b; cudaMalloc(&a, sz); cudaMalloc(&b, sz);
-    float ms = Time([&] { cudaMemcpyAsync(b, a, sz, cudaMemcpyDeviceToDevice); });
+    float ms = TimeMs([&] { cudaMemcpyAsync(b, a, sz, cudaMemcpyDeviceToDevice); });
     printf("memcpy %zu MB %.4f ms %.0f GB/s\n", sz >> 20, ms, 2.0 * sz / ms / 1e6);
     cudaFree(a); cudaFree(b);
   }

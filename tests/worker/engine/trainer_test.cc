@@ -13,6 +13,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/common/mem_store.h"
+#include "tests/worker/model/model_test_util.h"
 #include "worker/comm/gloo_communicator.h"
 
 namespace tessera::engine {
@@ -32,27 +33,10 @@ TEST(LearningRate, WarmupThenCosine) {
   EXPECT_FLOAT_EQ(LearningRate(o, 20), 0.1f);  // stays at min_lr
 }
 
-LlamaConfig Tiny() {
-  LlamaConfig c;
-  c.vocab = 14, c.hidden = 16, c.layers = 2, c.heads = 4, c.kv_heads = 2, c.ffn = 24, c.qkv_bias = true;
-  return c;
-}
-
+LlamaConfig Tiny() { return model::test::TinyConfig(14, false, true); }
+// Two sequences (5 and 2-5 tokens).
 TokenBatch MakeBatch(int64_t vocab, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  TokenBatch b;
-  b.cu_seqlens = {0};
-  for (int len : {5, 2 + static_cast<int>(seed % 4)}) {
-    std::vector<int32_t> seq(len);
-    for (auto& x : seq) x = static_cast<int32_t>(rng() % vocab);
-    for (int i = 0; i < len; ++i) {
-      b.tokens.push_back(seq[i]);
-      b.targets.push_back(i + 1 < len ? seq[i + 1] : -1);
-      b.positions.push_back(i);
-    }
-    b.cu_seqlens.push_back(b.cu_seqlens.back() + len);
-  }
-  return b;
+  return model::test::RandomBatch(vocab, seed, {5, 2 + static_cast<int>(seed % 4)});
 }
 
 struct Trace {
@@ -83,11 +67,7 @@ void Train(int zero, comm::Communicator* tp, comm::Communicator* dp, Trace& out)
   for (auto& p : (*model)->params()) out.weights[p.name()] = *(*model)->GatherGlobal(p, false);
 }
 
-double RelDiff(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]), den += double(b[i]) * b[i];
-  return a.size() == b.size() ? std::sqrt(num / std::max(den, 1e-30)) : INFINITY;
-}
+using model::test::RelDiff;
 
 struct Layout {
   const char* name;

@@ -8,36 +8,16 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/worker/model/model_test_util.h"
 
 namespace tessera::model {
 namespace {
 using ::testing::HasSubstr;
 using runtime::Tensor;
 
-LlamaConfig Tiny(bool tied, bool bias) {
-  LlamaConfig c;
-  c.vocab = 13, c.hidden = 16, c.layers = 2, c.heads = 4, c.kv_heads = 2, c.ffn = 24;
-  c.tie_embeddings = tied, c.qkv_bias = bias;
-  return c;
-}
-
-// Three sequences (5, 3, 4 tokens); next-token targets, none after a sequence's last token.
-TokenBatch MakeBatch(int64_t vocab, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  TokenBatch b;
-  b.cu_seqlens = {0};
-  for (int len : {5, 3, 4}) {
-    std::vector<int32_t> seq(len);
-    for (auto& x : seq) x = static_cast<int32_t>(rng() % vocab);
-    for (int i = 0; i < len; ++i) {
-      b.tokens.push_back(seq[i]);
-      b.targets.push_back(i + 1 < len ? seq[i + 1] : -1);
-      b.positions.push_back(i);
-    }
-    b.cu_seqlens.push_back(b.cu_seqlens.back() + len);
-  }
-  return b;
-}
+LlamaConfig Tiny(bool tied, bool bias) { return test::TinyConfig(13, tied, bias); }
+// Three sequences (5, 3, 4 tokens): 9 targets.
+TokenBatch MakeBatch(int64_t vocab, uint64_t seed) { return test::RandomBatch(vocab, seed, {5, 3, 4}); }
 
 std::vector<float> Read(runtime::Backend& b, const Tensor& t) {
   std::vector<float> v(t.numel());

@@ -10,6 +10,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/common/mem_store.h"
+#include "tests/worker/model/model_test_util.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/model/llama.h"
 
@@ -17,29 +18,9 @@ namespace tessera::model {
 namespace {
 using runtime::Tensor;
 
-LlamaConfig Tiny(bool tied, bool bias) {
-  LlamaConfig c;
-  c.vocab = 14, c.hidden = 16, c.layers = 2, c.heads = 4, c.kv_heads = 2, c.ffn = 24;
-  c.tie_embeddings = tied, c.qkv_bias = bias;
-  return c;
-}
-
-TokenBatch MakeBatch(int64_t vocab, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  TokenBatch b;
-  b.cu_seqlens = {0};
-  for (int len : {6, 3, 5}) {
-    std::vector<int32_t> seq(len);
-    for (auto& x : seq) x = static_cast<int32_t>(rng() % vocab);
-    for (int i = 0; i < len; ++i) {
-      b.tokens.push_back(seq[i]);
-      b.targets.push_back(i + 1 < len ? seq[i + 1] : -1);
-      b.positions.push_back(i);
-    }
-    b.cu_seqlens.push_back(b.cu_seqlens.back() + len);
-  }
-  return b;
-}
+LlamaConfig Tiny(bool tied, bool bias) { return test::TinyConfig(14, tied, bias); }
+// Three sequences (6, 3, 5 tokens): 11 targets.
+TokenBatch MakeBatch(int64_t vocab, uint64_t seed) { return test::RandomBatch(vocab, seed, {6, 3, 5}); }
 
 // What one run records: per-step losses, first-step gradients and final weights (global).
 struct Trace {
@@ -76,11 +57,7 @@ void Train(const LlamaConfig& config, comm::Communicator* tp, Trace& out) {
   for (auto& p : m.params()) out.weights[p.name()] = *m.GatherGlobal(p, /*grad=*/false);
 }
 
-double RelDiff(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]), den += double(b[i]) * b[i];
-  return std::sqrt(num / std::max(den, 1e-30));
-}
+using test::RelDiff;
 
 class LlamaTpTest : public ::testing::TestWithParam<std::pair<bool, bool>> {};
 
