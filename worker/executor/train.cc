@@ -27,7 +27,8 @@ absl::StatusOr<std::unique_ptr<TrainSession>> TrainSession::Create(const v1::Job
   };
   comm::Communicator* tp = comm_of(parallel::GroupKind::kTp);
   comm::Communicator* dp = comm_of(parallel::GroupKind::kDpCp);
-  TESSERA_ASSIGN_OR_RETURN(s->model_, model::Llama::Create(config, s->backend_.get(), tp));
+  TESSERA_ASSIGN_OR_RETURN(s->model_, model::Llama::Create(config, s->backend_.get(), tp, comms.layout.sp));
+  s->pad_to_ = comms.layout.sp ? comms.layout.tp : 1;
   TESSERA_RETURN_IF_ERROR(s->model_->InitRandom(t.seed(), static_cast<float>(t.init_std())));
   engine::OptimizerOptions o;
   o.lr = static_cast<float>(t.lr()), o.min_lr = static_cast<float>(t.min_lr());
@@ -48,8 +49,19 @@ absl::StatusOr<std::unique_ptr<TrainSession>> TrainSession::Create(const v1::Job
 absl::StatusOr<std::string> TrainSession::Step(int64_t step) {
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<model::TokenBatch> mine;
-  for (int64_t k = 0; k < micro_per_rank_; ++k)
+  for (int64_t k = 0; k < micro_per_rank_; ++k) {
     mine.push_back(engine::MakeArithmeticBatch(data_, step * micro_per_step_ + first_micro_ + k, sequences_));
+    // Sequence parallelism splits the packed tokens over TP: pad with one more sequence
+    // that takes no loss (it attends only to itself, so nothing else changes).
+    model::TokenBatch& b = mine.back();
+    const int64_t pad = (pad_to_ - b.size() % pad_to_) % pad_to_;
+    for (int64_t i = 0; i < pad; ++i) {
+      b.tokens.push_back(0);
+      b.targets.push_back(-1);
+      b.positions.push_back(static_cast<int32_t>(i));
+    }
+    if (pad > 0) b.cu_seqlens.push_back(static_cast<int32_t>(b.size()));
+  }
   TESSERA_ASSIGN_OR_RETURN(engine::StepStats st, trainer_->Step(mine));
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return nlohmann::json{{"step", step}, {"loss", st.loss}, {"grad_norm", st.grad_norm}, {"lr", st.lr},

@@ -32,6 +32,7 @@ class TrainSession {
   engine::ArithmeticData data_;
   int64_t micro_per_rank_ = 0, micro_per_step_ = 0, first_micro_ = 0;
   int sequences_ = 0;
+  int64_t pad_to_ = 1;  // micro-batches padded to a multiple of this many tokens (tp under SP)
 };
 
 }  // namespace tessera::executor

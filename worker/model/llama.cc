@@ -32,12 +32,6 @@ absl::Status BiasBackward(Backend& b, const Tensor& ones, const Tensor& dy, Para
   TESSERA_ASSIGN_OR_RETURN(Tensor row, bias.grad.Reshape({1, bias.grad.numel()}));
   return b.Gemm(ones, true, dy, false, row, 1.f, 1.f);
 }
-// grad += RMSNorm weight gradient (the kernel overwrites its dw output).
-absl::Status NormBackward(Backend& b, const Tensor& dy, const Tensor& x, Param& w, const Tensor& rstd, Tensor& dx) {
-  TESSERA_ASSIGN_OR_RETURN(Tensor dw, New(b, {w.value.numel()}));
-  TESSERA_RETURN_IF_ERROR(b.RmsNormBackward(dy, x, w.value, rstd, dx, dw));
-  return b.Axpby(1.f, dw, 1.f, w.grad);
-}
 // This rank's block of a global tensor ([rows] or [rows, cols]) split along dim.
 std::vector<float> ShardOf(const std::vector<float>& g, const std::vector<int64_t>& shape, int dim, int parts, int index) {
   if (dim < 0 || parts == 1) return g;
@@ -97,20 +91,24 @@ struct Llama::Inputs {
 };
 
 // What the backward of one layer needs from its forward.
+// (x_in, xn, rstd, x_mid: this rank's tokens under SP; xn_full and the rest: all tokens.)
 struct Llama::LayerActs {
-  Tensor x_in, xn1, rstd1, q, k, v, o, lse, x_mid, xn2, rstd2, gate, up, act;
+  Tensor x_in, xn1, xn1_full, rstd1, q, k, v, o, lse, x_mid, xn2, xn2_full, rstd2, gate, up, act;
 };
 
-Llama::Llama(const LlamaConfig& config, Backend* backend, comm::Communicator* tp)
-    : config_(config), backend_(backend), tp_(tp != nullptr && tp->size() > 1 ? tp : nullptr) {}
+Llama::Llama(const LlamaConfig& config, Backend* backend, comm::Communicator* tp, bool sequence_parallel)
+    : config_(config),
+      backend_(backend),
+      tp_(tp != nullptr && tp->size() > 1 ? tp : nullptr),
+      sp_(sequence_parallel && tp_ != nullptr) {}
 Llama::~Llama() = default;
 
 absl::StatusOr<std::unique_ptr<Llama>> Llama::Create(const LlamaConfig& config, Backend* backend,
-                                                     comm::Communicator* tp) {
+                                                     comm::Communicator* tp, bool sequence_parallel) {
   TESSERA_RETURN_IF_ERROR(config.Validate());
   TESSERA_RETURN_IF_ERROR(config.ValidateTensorParallel(tp != nullptr ? tp->size() : 1));
   if (backend == nullptr) return absl::InvalidArgumentError("model: no backend");
-  std::unique_ptr<Llama> m(new Llama(config, backend, tp));
+  std::unique_ptr<Llama> m(new Llama(config, backend, tp, sequence_parallel));
   TESSERA_RETURN_IF_ERROR(m->Allocate());
   return m;
 }
@@ -238,19 +236,53 @@ absl::StatusOr<Llama::Inputs> Llama::Upload(const TokenBatch& batch) {
   return in;
 }
 
+// The input of a column-parallel block: with SP the rank's token shard [T/tp, H] is
+// all-gathered into [T, H]; without, every rank already holds all tokens.
+absl::StatusOr<Tensor> Llama::EnterTp(const Tensor& local) {
+  if (!sp_) return local;
+  TESSERA_ASSIGN_OR_RETURN(Tensor full, New(*backend_, {local.dim(0) * tp_size(), local.dim(1)}));
+  TESSERA_RETURN_IF_ERROR(tp_->AllGather(local.data(), full.data(), local.numel(), local.dtype()));
+  return full;
+}
+
+// The output of a row-parallel block (partial sums over this rank's heads or columns,
+// [T, H]): summed over TP — with SP by a reduce-scatter into this rank's tokens.
+absl::StatusOr<Tensor> Llama::LeaveTp(Tensor& partial) {
+  if (!sp_) {
+    TESSERA_RETURN_IF_ERROR(AllReduce(partial));
+    return partial;
+  }
+  TESSERA_ASSIGN_OR_RETURN(Tensor local, New(*backend_, {partial.dim(0) / tp_size(), partial.dim(1)}));
+  TESSERA_RETURN_IF_ERROR(
+      tp_->ReduceScatter(partial.data(), local.data(), local.numel(), partial.dtype(), comm::ReduceOp::kSum));
+  return local;
+}
+
+// RMSNorm backward; the weight gradient is summed over TP under SP (each rank saw its
+// own tokens) before it is accumulated.
+absl::Status Llama::NormBackward(const Tensor& dy, const Tensor& x, Param& w, const Tensor& rstd, Tensor& dx) {
+  Backend& b = *backend_;
+  TESSERA_ASSIGN_OR_RETURN(Tensor dw, New(b, {w.value.numel()}));
+  TESSERA_RETURN_IF_ERROR(b.RmsNormBackward(dy, x, w.value, rstd, dx, dw));
+  if (sp_) TESSERA_RETURN_IF_ERROR(AllReduce(dw));
+  return b.Axpby(1.f, dw, 1.f, w.grad);
+}
+
+// x: this rank's tokens of the residual stream (all tokens without SP).
 absl::Status Llama::LayerForward(const LayerParams& w, const Inputs& in, const Tensor& x, LayerActs& a, Tensor& out) {
   Backend& b = *backend_;
   const LlamaConfig& c = config_;
-  const int64_t t = x.dim(0), d = c.HeadDim(), hq = c.heads / tp_size(), hkv = c.kv_heads / tp_size();
-  const int64_t ffn = c.ffn / tp_size();
+  const int64_t tl = x.dim(0), t = in.tokens.numel(), d = c.HeadDim(), hq = c.heads / tp_size(),
+                hkv = c.kv_heads / tp_size(), ffn = c.ffn / tp_size();
   a.x_in = x;
-  TESSERA_ASSIGN_OR_RETURN(a.xn1, New(b, {t, c.hidden}));
-  TESSERA_ASSIGN_OR_RETURN(a.rstd1, New(b, {t}));
+  TESSERA_ASSIGN_OR_RETURN(a.xn1, New(b, {tl, c.hidden}));
+  TESSERA_ASSIGN_OR_RETURN(a.rstd1, New(b, {tl}));
   TESSERA_RETURN_IF_ERROR(b.RmsNormForward(x, w.norm1->value, c.norm_eps, a.xn1, a.rstd1));
+  TESSERA_ASSIGN_OR_RETURN(a.xn1_full, EnterTp(a.xn1));
   // Q, K, V projections (+ bias), then RoPE on Q and K.
   auto project = [&](const Param* wt, const Param* bias, int64_t heads, Tensor& lin) -> absl::Status {
     TESSERA_ASSIGN_OR_RETURN(lin, New(b, {t, heads * d}));
-    TESSERA_RETURN_IF_ERROR(Linear(b, a.xn1, wt->value, lin));
+    TESSERA_RETURN_IF_ERROR(Linear(b, a.xn1_full, wt->value, lin));
     if (bias != nullptr) TESSERA_RETURN_IF_ERROR(AddBias(b, in.ones, *bias, lin));
     TESSERA_ASSIGN_OR_RETURN(lin, lin.Reshape({t, heads, d}));
     return absl::OkStatus();
@@ -268,49 +300,53 @@ absl::Status Llama::LayerForward(const LayerParams& w, const Inputs& in, const T
   TESSERA_RETURN_IF_ERROR(b.AttentionForward(a.q, a.k, a.v, in.cu, /*causal=*/true, a.o, a.lse));
   // Output projection (row-parallel: partial sums over this rank's heads) and the first residual.
   TESSERA_ASSIGN_OR_RETURN(Tensor o2, a.o.Reshape({t, hq * d}));
-  TESSERA_ASSIGN_OR_RETURN(a.x_mid, New(b, {t, c.hidden}));
-  TESSERA_RETURN_IF_ERROR(Linear(b, o2, w.wo->value, a.x_mid));
-  TESSERA_RETURN_IF_ERROR(AllReduce(a.x_mid));
+  TESSERA_ASSIGN_OR_RETURN(Tensor attn, New(b, {t, c.hidden}));
+  TESSERA_RETURN_IF_ERROR(Linear(b, o2, w.wo->value, attn));
+  TESSERA_ASSIGN_OR_RETURN(a.x_mid, LeaveTp(attn));
   TESSERA_RETURN_IF_ERROR(b.Axpby(1.f, x, 1.f, a.x_mid));
   // MLP and the second residual.
-  TESSERA_ASSIGN_OR_RETURN(a.xn2, New(b, {t, c.hidden}));
-  TESSERA_ASSIGN_OR_RETURN(a.rstd2, New(b, {t}));
+  TESSERA_ASSIGN_OR_RETURN(a.xn2, New(b, {tl, c.hidden}));
+  TESSERA_ASSIGN_OR_RETURN(a.rstd2, New(b, {tl}));
   TESSERA_RETURN_IF_ERROR(b.RmsNormForward(a.x_mid, w.norm2->value, c.norm_eps, a.xn2, a.rstd2));
+  TESSERA_ASSIGN_OR_RETURN(a.xn2_full, EnterTp(a.xn2));
   TESSERA_ASSIGN_OR_RETURN(a.gate, New(b, {t, ffn}));
   TESSERA_ASSIGN_OR_RETURN(a.up, New(b, {t, ffn}));
   TESSERA_ASSIGN_OR_RETURN(a.act, New(b, {t, ffn}));
-  TESSERA_RETURN_IF_ERROR(Linear(b, a.xn2, w.wg->value, a.gate));
-  TESSERA_RETURN_IF_ERROR(Linear(b, a.xn2, w.wu->value, a.up));
+  TESSERA_RETURN_IF_ERROR(Linear(b, a.xn2_full, w.wg->value, a.gate));
+  TESSERA_RETURN_IF_ERROR(Linear(b, a.xn2_full, w.wu->value, a.up));
   TESSERA_RETURN_IF_ERROR(b.SwiGluForward(a.gate, a.up, a.act));
-  TESSERA_ASSIGN_OR_RETURN(out, New(b, {t, c.hidden}));
-  TESSERA_RETURN_IF_ERROR(Linear(b, a.act, w.wd->value, out));
-  TESSERA_RETURN_IF_ERROR(AllReduce(out));  // row-parallel
+  TESSERA_ASSIGN_OR_RETURN(Tensor mlp, New(b, {t, c.hidden}));
+  TESSERA_RETURN_IF_ERROR(Linear(b, a.act, w.wd->value, mlp));
+  TESSERA_ASSIGN_OR_RETURN(out, LeaveTp(mlp));  // row-parallel
   return b.Axpby(1.f, a.x_mid, 1.f, out);
 }
 
-// dx: the gradient of the layer's output on entry, of its input on return.
+// dx: the gradient of the layer's output on entry, of its input on return (this rank's
+// tokens under SP).
 absl::Status Llama::LayerBackward(const LayerParams& w, const Inputs& in, const LayerActs& a, Tensor& dx) {
   Backend& b = *backend_;
   const LlamaConfig& c = config_;
-  const int64_t t = dx.dim(0), d = c.HeadDim(), hq = c.heads / tp_size(), hkv = c.kv_heads / tp_size();
-  const int64_t ffn = c.ffn / tp_size();
+  const int64_t t = in.tokens.numel(), d = c.HeadDim(), hq = c.heads / tp_size(), hkv = c.kv_heads / tp_size(),
+                ffn = c.ffn / tp_size();
   // MLP: out = x_mid + down(swiglu(gate(xn2), up(xn2))), xn2 = norm2(x_mid).
+  TESSERA_ASSIGN_OR_RETURN(Tensor dmlp, EnterTp(dx));
   TESSERA_ASSIGN_OR_RETURN(Tensor dact, New(b, {t, ffn}));
-  TESSERA_RETURN_IF_ERROR(LinearBackward(b, dx, a.act, *w.wd, dact, 0.f));
+  TESSERA_RETURN_IF_ERROR(LinearBackward(b, dmlp, a.act, *w.wd, dact, 0.f));
   TESSERA_ASSIGN_OR_RETURN(Tensor dgate, New(b, {t, ffn}));
   TESSERA_ASSIGN_OR_RETURN(Tensor dup, New(b, {t, ffn}));
   TESSERA_RETURN_IF_ERROR(b.SwiGluBackward(dact, a.gate, a.up, dgate, dup));
-  TESSERA_ASSIGN_OR_RETURN(Tensor dxn, New(b, {t, c.hidden}));
-  TESSERA_RETURN_IF_ERROR(LinearBackward(b, dgate, a.xn2, *w.wg, dxn, 0.f));
-  TESSERA_RETURN_IF_ERROR(LinearBackward(b, dup, a.xn2, *w.wu, dxn, 1.f));
-  TESSERA_RETURN_IF_ERROR(AllReduce(dxn));  // column-parallel: partial input gradients
-  TESSERA_ASSIGN_OR_RETURN(Tensor dnorm, New(b, {t, c.hidden}));
-  TESSERA_RETURN_IF_ERROR(NormBackward(b, dxn, a.x_mid, *w.norm2, a.rstd2, dnorm));
+  TESSERA_ASSIGN_OR_RETURN(Tensor dxn_full, New(b, {t, c.hidden}));
+  TESSERA_RETURN_IF_ERROR(LinearBackward(b, dgate, a.xn2_full, *w.wg, dxn_full, 0.f));
+  TESSERA_RETURN_IF_ERROR(LinearBackward(b, dup, a.xn2_full, *w.wu, dxn_full, 1.f));
+  TESSERA_ASSIGN_OR_RETURN(Tensor dxn, LeaveTp(dxn_full));  // column-parallel: partial input gradients
+  TESSERA_ASSIGN_OR_RETURN(Tensor dnorm, New(b, dx.shape()));
+  TESSERA_RETURN_IF_ERROR(NormBackward(dxn, a.x_mid, *w.norm2, a.rstd2, dnorm));
   TESSERA_RETURN_IF_ERROR(b.Axpby(1.f, dnorm, 1.f, dx));  // dx = d(x_mid)
   // Attention: x_mid = x_in + o_proj(attn(rope(q(xn1)), rope(k(xn1)), v(xn1))).
+  TESSERA_ASSIGN_OR_RETURN(Tensor dattn, EnterTp(dx));
   TESSERA_ASSIGN_OR_RETURN(Tensor o2, a.o.Reshape({t, hq * d}));
   TESSERA_ASSIGN_OR_RETURN(Tensor do2, New(b, {t, hq * d}));
-  TESSERA_RETURN_IF_ERROR(LinearBackward(b, dx, o2, *w.wo, do2, 0.f));
+  TESSERA_RETURN_IF_ERROR(LinearBackward(b, dattn, o2, *w.wo, do2, 0.f));
   TESSERA_ASSIGN_OR_RETURN(Tensor do3, do2.Reshape({t, hq, d}));
   TESSERA_ASSIGN_OR_RETURN(Tensor dq, New(b, {t, hq, d}));
   TESSERA_ASSIGN_OR_RETURN(Tensor dk, New(b, {t, hkv, d}));
@@ -329,11 +365,11 @@ absl::Status Llama::LayerBackward(const LayerParams& w, const Inputs& in, const 
     TESSERA_RETURN_IF_ERROR(BiasBackward(b, in.ones, dk_lin, *w.bk));
     TESSERA_RETURN_IF_ERROR(BiasBackward(b, in.ones, dv_lin, *w.bv));
   }
-  TESSERA_RETURN_IF_ERROR(LinearBackward(b, dq_lin, a.xn1, *w.wq, dxn, 0.f));
-  TESSERA_RETURN_IF_ERROR(LinearBackward(b, dk_lin, a.xn1, *w.wk, dxn, 1.f));
-  TESSERA_RETURN_IF_ERROR(LinearBackward(b, dv_lin, a.xn1, *w.wv, dxn, 1.f));
-  TESSERA_RETURN_IF_ERROR(AllReduce(dxn));
-  TESSERA_RETURN_IF_ERROR(NormBackward(b, dxn, a.x_in, *w.norm1, a.rstd1, dnorm));
+  TESSERA_RETURN_IF_ERROR(LinearBackward(b, dq_lin, a.xn1_full, *w.wq, dxn_full, 0.f));
+  TESSERA_RETURN_IF_ERROR(LinearBackward(b, dk_lin, a.xn1_full, *w.wk, dxn_full, 1.f));
+  TESSERA_RETURN_IF_ERROR(LinearBackward(b, dv_lin, a.xn1_full, *w.wv, dxn_full, 1.f));
+  TESSERA_ASSIGN_OR_RETURN(dxn, LeaveTp(dxn_full));
+  TESSERA_RETURN_IF_ERROR(NormBackward(dxn, a.x_in, *w.norm1, a.rstd1, dnorm));
   return b.Axpby(1.f, dnorm, 1.f, dx);  // dx = d(x_in)
 }
 
@@ -344,13 +380,16 @@ absl::StatusOr<LossSum> Llama::ForwardBackward(const TokenBatch& batch, float gr
 
 absl::StatusOr<LossSum> Llama::Run(const TokenBatch& batch, bool backward, float grad_scale) {
   TESSERA_RETURN_IF_ERROR(batch.Validate(config_.vocab));
+  if (sp_ && batch.size() % tp_size() != 0)
+    return absl::InvalidArgumentError(absl::StrCat("batch: ", batch.size(), " tokens do not split over the ",
+                                                   tp_size(), " tensor-parallel ranks of sequence parallelism; pad it"));
   Backend& b = *backend_;
   const LlamaConfig& c = config_;
   const int64_t t = batch.size(), vocab = c.vocab / tp_size(), vocab_start = tp_rank() * vocab;
   TESSERA_ASSIGN_OR_RETURN(Inputs in, Upload(batch));
-  TESSERA_ASSIGN_OR_RETURN(Tensor x, New(b, {t, c.hidden}));
-  TESSERA_RETURN_IF_ERROR(b.EmbeddingForward(in.tokens, embed_->value, vocab_start, x));
-  TESSERA_RETURN_IF_ERROR(AllReduce(x));  // vocab-parallel: each id's row lives on one rank
+  TESSERA_ASSIGN_OR_RETURN(Tensor emb, New(b, {t, c.hidden}));
+  TESSERA_RETURN_IF_ERROR(b.EmbeddingForward(in.tokens, embed_->value, vocab_start, emb));
+  TESSERA_ASSIGN_OR_RETURN(Tensor x, LeaveTp(emb));  // vocab-parallel: each id's row lives on one rank
   std::vector<LayerActs> acts(c.layers);
   for (int64_t l = 0; l < c.layers; ++l) {
     Tensor out;
@@ -358,11 +397,12 @@ absl::StatusOr<LossSum> Llama::Run(const TokenBatch& batch, bool backward, float
     x = out;
   }
   // Final norm, LM head (this rank's vocabulary columns), cross-entropy.
-  TESSERA_ASSIGN_OR_RETURN(Tensor xn, New(b, {t, c.hidden}));
-  TESSERA_ASSIGN_OR_RETURN(Tensor rstd, New(b, {t}));
+  TESSERA_ASSIGN_OR_RETURN(Tensor xn, New(b, x.shape()));
+  TESSERA_ASSIGN_OR_RETURN(Tensor rstd, New(b, {x.dim(0)}));
   TESSERA_RETURN_IF_ERROR(b.RmsNormForward(x, final_norm_->value, c.norm_eps, xn, rstd));
+  TESSERA_ASSIGN_OR_RETURN(Tensor xn_full, EnterTp(xn));
   TESSERA_ASSIGN_OR_RETURN(Tensor logits, New(b, {t, vocab}));
-  TESSERA_RETURN_IF_ERROR(Linear(b, xn, lm_head_->value, logits));
+  TESSERA_RETURN_IF_ERROR(Linear(b, xn_full, lm_head_->value, logits));
   TESSERA_ASSIGN_OR_RETURN(std::vector<float> lse, CrossEntropyLse(logits, in, vocab_start));
   LossSum loss;
   std::vector<float> dloss(t, 0.f);
@@ -380,14 +420,15 @@ absl::StatusOr<LossSum> Llama::Run(const TokenBatch& batch, bool backward, float
   TESSERA_RETURN_IF_ERROR(b.CopyFromHost(dloss.data(), dloss_t));
   TESSERA_ASSIGN_OR_RETURN(Tensor dlogits, New(b, {t, vocab}));
   TESSERA_RETURN_IF_ERROR(b.CrossEntropyBackward(logits, in.targets, vocab_start, lse_t, dloss_t, dlogits));
-  TESSERA_ASSIGN_OR_RETURN(Tensor dxn, New(b, {t, c.hidden}));
-  TESSERA_RETURN_IF_ERROR(LinearBackward(b, dlogits, xn, *lm_head_, dxn, 0.f));
-  TESSERA_RETURN_IF_ERROR(AllReduce(dxn));
-  TESSERA_ASSIGN_OR_RETURN(Tensor dx, New(b, {t, c.hidden}));
-  TESSERA_RETURN_IF_ERROR(NormBackward(b, dxn, x, *final_norm_, rstd, dx));
+  TESSERA_ASSIGN_OR_RETURN(Tensor dxn_full, New(b, {t, c.hidden}));
+  TESSERA_RETURN_IF_ERROR(LinearBackward(b, dlogits, xn_full, *lm_head_, dxn_full, 0.f));
+  TESSERA_ASSIGN_OR_RETURN(Tensor dxn, LeaveTp(dxn_full));
+  TESSERA_ASSIGN_OR_RETURN(Tensor dx, New(b, x.shape()));
+  TESSERA_RETURN_IF_ERROR(NormBackward(dxn, x, *final_norm_, rstd, dx));
   for (int64_t l = c.layers - 1; l >= 0; --l) TESSERA_RETURN_IF_ERROR(LayerBackward(layers_[l], in, acts[l], dx));
+  TESSERA_ASSIGN_OR_RETURN(Tensor dx_full, EnterTp(dx));
   TESSERA_ASSIGN_OR_RETURN(Tensor dembed, New(b, embed_->value.shape()));
-  TESSERA_RETURN_IF_ERROR(b.EmbeddingBackward(in.tokens, dx, vocab_start, dembed));
+  TESSERA_RETURN_IF_ERROR(b.EmbeddingBackward(in.tokens, dx_full, vocab_start, dembed));
   TESSERA_RETURN_IF_ERROR(b.Axpby(1.f, dembed, 1.f, embed_->grad));
   return loss;
 }

@@ -13,6 +13,12 @@
 // the shards' max / sum-exp / target logit with three all-reduces. Norms are replicated
 // (their inputs and gradients are the same on every rank).
 //
+// Sequence parallelism (with TP): the residual stream, the norms and the residual adds
+// hold this rank's T/tp tokens; the input of every column-parallel block is all-gathered
+// over TP and the output of every row-parallel block reduce-scattered (and the reverse
+// in the backward) instead of all-reduced; norm weight gradients are summed over TP.
+// The packed batch's token count must divide by tp.
+//
 // Threading: a Llama is used by one thread at a time (its backend's thread).
 #pragma once
 
@@ -59,7 +65,8 @@ class Llama {
   // tp: the tensor-parallel group (null or size 1: no tensor parallelism); it must hold
   // host buffers for a CPU backend (Gloo) and device buffers for a GPU one (NCCL).
   static absl::StatusOr<std::unique_ptr<Llama>> Create(const LlamaConfig& config, runtime::Backend* backend,
-                                                       comm::Communicator* tp = nullptr);
+                                                       comm::Communicator* tp = nullptr,
+                                                       bool sequence_parallel = false);
   ~Llama();
 
   const LlamaConfig& config() const { return config_; }
@@ -87,10 +94,14 @@ class Llama {
   struct LayerParams;
   struct LayerActs;
   struct Inputs;
-  Llama(const LlamaConfig& config, runtime::Backend* backend, comm::Communicator* tp);
+  Llama(const LlamaConfig& config, runtime::Backend* backend, comm::Communicator* tp, bool sequence_parallel);
   int tp_size() const { return tp_ ? tp_->size() : 1; }
   int tp_rank() const { return tp_ ? tp_->rank() : 0; }
   absl::Status AllReduce(runtime::Tensor& t);  // sum over the TP group, in place
+  absl::StatusOr<runtime::Tensor> EnterTp(const runtime::Tensor& local);
+  absl::StatusOr<runtime::Tensor> LeaveTp(runtime::Tensor& partial);
+  absl::Status NormBackward(const runtime::Tensor& dy, const runtime::Tensor& x, Param& w,
+                            const runtime::Tensor& rstd, runtime::Tensor& dx);
   absl::Status Allocate();
   absl::StatusOr<Inputs> Upload(const TokenBatch& batch);
   absl::Status LayerForward(const LayerParams& w, const Inputs& in, const runtime::Tensor& x, LayerActs& a,
@@ -102,6 +113,7 @@ class Llama {
   LlamaConfig config_;
   runtime::Backend* backend_;
   comm::Communicator* tp_;  // null: one rank
+  bool sp_;                 // sequence parallel (only with tp_)
   std::vector<Param> params_;
   std::vector<LayerParams> layers_;
   Param *embed_ = nullptr, *final_norm_ = nullptr, *lm_head_ = nullptr;

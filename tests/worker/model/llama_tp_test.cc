@@ -1,7 +1,8 @@
 // Tensor parallelism of the Llama on the CPU backend: tp = 2 ranks (threads, Gloo over
 // loopback) against one rank on the same model and data — per-step losses and the
 // gathered weights after three AdamW steps within 1e-5 relative, the gathered gradients
-// of the first step too. Plain and tied + QKV bias, GQA.
+// of the first step too. Plain and tied + QKV bias, GQA, with and without sequence
+// parallelism.
 #include <cmath>
 #include <random>
 #include <thread>
@@ -29,9 +30,9 @@ struct Trace {
 };
 
 // Three steps of token-mean loss + AdamW on `comm`'s rank (comm null: one rank).
-void Train(const LlamaConfig& config, comm::Communicator* tp, Trace& out) {
+void Train(const LlamaConfig& config, comm::Communicator* tp, bool sp, Trace& out) {
   auto be = runtime::MakeCpuBackend();
-  auto made = Llama::Create(config, be.get(), tp);
+  auto made = Llama::Create(config, be.get(), tp, sp);
   ASSERT_TRUE(made.ok()) << made.status();
   Llama& m = **made;
   ASSERT_TRUE(m.InitRandom(3, 0.3f).ok());
@@ -59,12 +60,18 @@ void Train(const LlamaConfig& config, comm::Communicator* tp, Trace& out) {
 
 using test::RelDiff;
 
-class LlamaTpTest : public ::testing::TestWithParam<std::pair<bool, bool>> {};
+struct Variant {
+  bool tied, bias, sp;
+};
+void PrintTo(const Variant& v, std::ostream* os) { *os << v.tied << v.bias << v.sp; }
+
+class LlamaTpTest : public ::testing::TestWithParam<Variant> {};
 
 TEST_P(LlamaTpTest, Tp2EqualsOneRank) {
-  const LlamaConfig config = Tiny(GetParam().first, GetParam().second);
+  const Variant v = GetParam();
+  const LlamaConfig config = Tiny(v.tied, v.bias);
   Trace one;
-  Train(config, nullptr, one);
+  Train(config, nullptr, false, one);
   testing::MemStore store;
   const std::string key = RandomHex(4);
   Trace ranks[2];
@@ -73,7 +80,7 @@ TEST_P(LlamaTpTest, Tp2EqualsOneRank) {
     threads.emplace_back([&, r] {
       auto c = comm::MakeGlooCommunicator("test/tp/0", key, r, 2, &store, {"127.0.0.1", 60000});
       ASSERT_TRUE(c.ok()) << c.status();
-      Train(config, c->get(), ranks[r]);
+      Train(config, c->get(), v.sp, ranks[r]);
     });
   for (auto& t : threads) t.join();
   for (int r = 0; r < 2; ++r) {
@@ -86,9 +93,12 @@ TEST_P(LlamaTpTest, Tp2EqualsOneRank) {
   EXPECT_GT(one.losses[0], one.losses[2]);  // the steps did something
 }
 
-INSTANTIATE_TEST_SUITE_P(Variants, LlamaTpTest, ::testing::Values(std::pair{false, false}, std::pair{true, true}),
+INSTANTIATE_TEST_SUITE_P(Variants, LlamaTpTest,
+                         ::testing::Values(Variant{false, false, false}, Variant{true, true, false},
+                                           Variant{false, false, true}, Variant{true, true, true}),
                          [](const auto& info) {
-                           return std::string(info.param.first ? "tied" : "untied") + (info.param.second ? "_bias" : "");
+                           return std::string(info.param.tied ? "tied" : "untied") + (info.param.bias ? "_bias" : "") +
+                                  (info.param.sp ? "_sp" : "");
                          });
 
 }  // namespace
