@@ -350,7 +350,7 @@ absl::StatusOr<JobSpec> ParseJobSpecYaml(absl::string_view yaml, const std::vect
   return spec;
 }
 
-bool IsRunnableKind(absl::string_view kind) { return kind == "comm-check" || kind == "pretrain"; }
+bool IsRunnableKind(absl::string_view kind) { return kind == "comm-check" || kind == "pretrain" || kind == "sft"; }
 
 namespace {
 bool ValidName(const std::string& s) {
@@ -361,10 +361,11 @@ bool ValidName(const std::string& s) {
 }
 }  // namespace
 
-// pretrain: one worker group training a Llama on built-in data (byte tokens). Layouts
-// the engine does not run yet are refused here, at submit.
+// pretrain / sft: one worker group training a Llama on built-in data (byte tokens; sft
+// takes the loss on the answers only). Layouts the engine does not run yet are refused
+// here, at submit.
 static absl::Status ValidatePretrain(JobSpec& spec) {
-  if (spec.groups_size() != 1) return Bad("groups", "a pretrain job has exactly one worker group");
+  if (spec.groups_size() != 1) return Bad("groups", absl::StrCat("a ", spec.kind(), " job has exactly one worker group"));
   const auto& l = spec.groups(0).layout();
   if (l.pp() > 1 || l.cp() > 1 || l.zero() > 1)
     return absl::UnimplementedError(absl::StrCat("groups[0].layout: the training engine runs tp (with sp), dp and ",
@@ -378,12 +379,12 @@ static absl::Status ValidatePretrain(JobSpec& spec) {
   for (Req r : {Req{"hidden", m.hidden()}, Req{"num_layers", m.num_layers()}, Req{"num_heads", m.num_heads()},
                 Req{"num_kv_heads", m.num_kv_heads()}, Req{"vocab_size", m.vocab_size()}, Req{"ffn", m.ffn()},
                 Req{"seq_len", m.seq_len()}, Req{"global_batch", m.global_batch()}, Req{"micro_batch", m.micro_batch()}})
-    if (r.value <= 0) return Bad(absl::StrCat("model.", r.name), "is required for pretrain jobs");
+    if (r.value <= 0) return Bad(absl::StrCat("model.", r.name), absl::StrCat("is required for ", spec.kind(), " jobs"));
   if (m.vocab_size() < 256)
     return Bad("model.vocab_size", absl::StrCat("must be >= 256 for byte-level tokens, got ", m.vocab_size()));
   auto* t = spec.mutable_train();
-  if (t->steps() <= 0) return Bad("train.steps", "is required for pretrain jobs");
-  if (t->lr() <= 0) return Bad("train.lr", "is required for pretrain jobs");
+  if (t->steps() <= 0) return Bad("train.steps", absl::StrCat("is required for ", spec.kind(), " jobs"));
+  if (t->lr() <= 0) return Bad("train.lr", absl::StrCat("is required for ", spec.kind(), " jobs"));
   if (t->min_lr() > t->lr()) return Bad("train.min_lr", absl::StrCat("must be <= lr (", t->lr(), ")"));
   if (t->clip_norm() == 0) t->set_clip_norm(1.0);
   if (t->init_std() == 0) t->set_init_std(0.02);
@@ -402,7 +403,8 @@ absl::Status NormalizeAndValidateJobSpec(JobSpec& spec) {
     return Bad("kind", absl::StrCat("unknown kind '", spec.kind(), "'; expected one of ", absl::StrJoin(kKnown, ", ")));
   if (!IsRunnableKind(spec.kind()))
     return absl::UnimplementedError(
-        absl::StrCat("kind: '", spec.kind(), "' jobs are not available in this build yet; available: comm-check, pretrain"));
+        absl::StrCat("kind: '", spec.kind(),
+                     "' jobs are not available in this build yet; available: comm-check, pretrain, sft"));
   if (spec.groups_size() == 0) return Bad("groups", "at least one worker group is required");
   std::set<std::string> names;
   for (int i = 0; i < spec.groups_size(); ++i) {
@@ -469,7 +471,7 @@ absl::Status NormalizeAndValidateJobSpec(JobSpec& spec) {
       if (!k.ok()) return Bad(absl::StrCat("comm_check.groups[", i, "]"), k.status().message());
     }
   }
-  if (spec.kind() == "pretrain") TESSERA_RETURN_IF_ERROR(ValidatePretrain(spec));
+  if (spec.kind() == "pretrain" || spec.kind() == "sft") TESSERA_RETURN_IF_ERROR(ValidatePretrain(spec));
   static const std::set<std::string> kEnvAllowed = {"NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_ALGO", "NCCL_PROTO",
                                                     "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS", "NCCL_BUFFSIZE",
                                                     "OMP_NUM_THREADS"};

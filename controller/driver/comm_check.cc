@@ -106,7 +106,7 @@ absl::StatusOr<std::string> RunPretrain(DriverContext& ctx);  // driver/pretrain
 
 absl::StatusOr<DriverFn> BuiltinDriver(const std::string& kind) {
   if (kind == "comm-check") return DriverFn(RunCommCheck);
-  if (kind == "pretrain") return DriverFn(RunPretrain);
+  if (kind == "pretrain" || kind == "sft") return DriverFn(RunPretrain);  // sft: loss on answers only
   return absl::UnimplementedError(absl::StrCat("no driver for job kind '", kind, "' in this build"));
 }
 

@@ -81,7 +81,7 @@ TEST(JobSpec, BadInputNamesTheField) {
   }
   EXPECT_THAT(std::string(ParseAndValidate("name: [unclosed").message()), HasSubstr("not valid YAML"));
   EXPECT_THAT(std::string(ParseAndValidate("- a list").message()), HasSubstr("expected a mapping"));
-  EXPECT_EQ(ParseAndValidate(kGood, {"kind=sft"}).code(), absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(ParseAndValidate(kGood, {"kind=grpo"}).code(), absl::StatusCode::kUnimplemented);
 }
 
 TEST(JobSpec, Colocation) {
@@ -138,6 +138,7 @@ TEST(JobSpec, PretrainDefaultsAndRefusals) {
             absl::StatusCode::kUnimplemented);
   EXPECT_EQ(check({"groups.0.layout.zero=3"}).code(), absl::StatusCode::kUnimplemented);
   EXPECT_TRUE(check({"groups.0.layout.sp=true"}).ok());
+  EXPECT_TRUE(check({"kind=sft"}).ok());
 }
 
 }  // namespace

@@ -20,9 +20,11 @@ model::TokenBatch MakeArithmeticBatch(const ArithmeticData& d, int64_t index, in
   for (int s = 0; s < sequences; ++s) {
     std::string text = ArithmeticProblem(d, index * sequences + s);
     if (d.seq_len > 0 && static_cast<int64_t>(text.size()) > d.seq_len) text.resize(d.seq_len);
+    const size_t answer = text.find('=') + 1;  // first byte of the answer
     for (size_t i = 0; i < text.size(); ++i) {
+      const bool scored = i + 1 < text.size() && (!d.answer_only || i + 1 >= answer);
       batch.tokens.push_back(static_cast<unsigned char>(text[i]));
-      batch.targets.push_back(i + 1 < text.size() ? static_cast<unsigned char>(text[i + 1]) : -1);
+      batch.targets.push_back(scored ? static_cast<unsigned char>(text[i + 1]) : -1);
       batch.positions.push_back(static_cast<int32_t>(i));
     }
     batch.cu_seqlens.push_back(static_cast<int32_t>(batch.tokens.size()));

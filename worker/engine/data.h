@@ -15,13 +15,15 @@ struct ArithmeticData {
   int digits = 3;      // operands in [0, 10^digits)
   uint64_t seed = 0;
   int64_t seq_len = 0;  // sequences longer than this are cut (0: no limit)
+  bool answer_only = false;  // SFT: loss only on the answer ("c\n"), not on the prompt "a+b="
 };
 
 // One problem: its text ("17+305=322\n").
 std::string ArithmeticProblem(const ArithmeticData& d, int64_t index);
 
 // Micro-batch `index` (global numbering): `sequences` problems packed, next-byte
-// targets on every token but the last of each sequence.
+// targets on every token but the last of each sequence (answer_only: only where the
+// predicted byte belongs to the answer).
 model::TokenBatch MakeArithmeticBatch(const ArithmeticData& d, int64_t index, int sequences);
 
 }  // namespace tessera::engine

@@ -36,7 +36,7 @@ absl::StatusOr<std::unique_ptr<TrainSession>> TrainSession::Create(const v1::Job
   o.weight_decay = static_cast<float>(t.weight_decay()), o.clip_norm = static_cast<float>(t.clip_norm());
   o.zero = comms.layout.zero;
   TESSERA_ASSIGN_OR_RETURN(s->trainer_, engine::Trainer::Create(s->model_.get(), s->backend_.get(), dp, tp, o));
-  s->data_ = {t.data().digits(), t.seed(), m.seq_len()};
+  s->data_ = {t.data().digits(), t.seed(), m.seq_len(), /*answer_only=*/spec.kind() == "sft"};
   const int dps = comms.layout.dp * comms.layout.cp;
   const int dp_rank = dp != nullptr ? dp->rank() : 0;
   s->sequences_ = m.micro_batch();

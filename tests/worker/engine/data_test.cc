@@ -1,0 +1,65 @@
+// The built-in arithmetic data: deterministic per (seed, index), correct sums, packing,
+// the seq_len cut and the SFT answer-only targets.
+#include "worker/engine/data.h"
+
+#include <string>
+
+#include "gtest/gtest.h"
+
+namespace tessera::engine {
+namespace {
+
+std::string Text(const model::TokenBatch& b, int seq) {
+  std::string s;
+  for (int i = b.cu_seqlens[seq]; i < b.cu_seqlens[seq + 1]; ++i) s.push_back(static_cast<char>(b.tokens[i]));
+  return s;
+}
+
+TEST(ArithmeticData, ProblemsAreCorrectAndDeterministic) {
+  ArithmeticData d{3, 7, 0, false};
+  for (int i = 0; i < 50; ++i) {
+    const std::string p = ArithmeticProblem(d, i);
+    ASSERT_EQ(p, ArithmeticProblem(d, i));
+    long a = 0, b = 0, c = 0;
+    ASSERT_EQ(std::sscanf(p.c_str(), "%ld+%ld=%ld\n", &a, &b, &c), 3) << p;
+    EXPECT_LT(a, 1000);
+    EXPECT_LT(b, 1000);
+    EXPECT_EQ(a + b, c) << p;
+    EXPECT_EQ(p.back(), '\n');
+  }
+  EXPECT_NE(ArithmeticProblem(d, 0), ArithmeticProblem(ArithmeticData{3, 8, 0, false}, 0));
+}
+
+TEST(ArithmeticData, PacksSequencesWithNextByteTargets) {
+  ArithmeticData d{2, 1, 0, false};
+  const auto b = MakeArithmeticBatch(d, 5, 3);
+  ASSERT_EQ(b.cu_seqlens.size(), 4u);
+  ASSERT_TRUE(b.Validate(256).ok());
+  for (int s = 0; s < 3; ++s) {
+    EXPECT_EQ(Text(b, s), ArithmeticProblem(d, 5 * 3 + s));
+    const int begin = b.cu_seqlens[s], end = b.cu_seqlens[s + 1];
+    for (int i = begin; i < end; ++i) {
+      EXPECT_EQ(b.positions[i], i - begin);
+      EXPECT_EQ(b.targets[i], i + 1 < end ? b.tokens[i + 1] : -1);
+    }
+  }
+  ArithmeticData cut{2, 1, 4, false};
+  const auto c = MakeArithmeticBatch(cut, 5, 3);
+  for (int s = 0; s < 3; ++s) EXPECT_EQ(c.cu_seqlens[s + 1] - c.cu_seqlens[s], 4);
+}
+
+TEST(ArithmeticData, AnswerOnlyScoresTheAnswer) {
+  ArithmeticData d{3, 2, 0, true};
+  const auto b = MakeArithmeticBatch(d, 0, 2);
+  for (int s = 0; s < 2; ++s) {
+    const std::string text = Text(b, s);
+    const int eq = static_cast<int>(text.find('=')), begin = b.cu_seqlens[s];
+    for (int i = 0; i < static_cast<int>(text.size()); ++i) {
+      const int32_t want = (i >= eq && i + 1 < static_cast<int>(text.size())) ? text[i + 1] : -1;
+      EXPECT_EQ(b.targets[begin + i], want) << text << " at " << i;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tessera::engine
