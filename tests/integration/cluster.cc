@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <fstream>
+#include <random>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -55,16 +56,24 @@ int Proc::Wait(int timeout_ms) {
   return -1;
 }
 
+// A port for a daemon to listen on later. Not from the kernel's ephemeral range (port 0
+// would hand one out): between this check and the daemon's bind, the executors, Gloo
+// pairs and gRPC clients of tests running in parallel take ephemeral ports, and one of
+// them took a metrics port once (CI, 2026-11-26). A random bindable port below the range.
 int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  socklen_t len = sizeof(a);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
+  static std::mt19937 rng(std::random_device{}());
+  for (int attempt = 0; attempt < 1000; ++attempt) {
+    const int port = 20000 + static_cast<int>(rng() % 12000);  // ephemeral range starts at 32768
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+    close(fd);
+    if (ok) return port;
+  }
+  return -1;
 }
 
 std::string HttpGet(int port, const std::string& path) {
