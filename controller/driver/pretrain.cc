@@ -2,7 +2,9 @@
 // It builds the group's communicators, asks every executor to set up its training
 // session (model shard, optimizer, data shard), then runs the steps: every rank takes
 // part in each step, and every rank reports the same global loss (DP- and TP-reduced),
-// which the driver checks before streaming it as progress.
+// which the driver checks before streaming it as progress (with tokens/s, the model
+// TFLOP/s of all ranks over the slowest rank's step time, and the largest rank's peak
+// memory).
 #include <cmath>
 
 #include <nlohmann/json.hpp>
@@ -33,7 +35,7 @@ absl::StatusOr<std::string> RunPretrain(DriverContext& ctx) {
     if (ctx.cancelled && *ctx.cancelled) return absl::CancelledError("cancelled");
     TESSERA_ASSIGN_OR_RETURN(auto res, wg.CallOneToAll("train_step", json{{"step", s}}.dump()));
     json first;
-    double seconds = 0;
+    double seconds = 0, flops = 0, peak_memory = 0;
     for (size_t r = 0; r < res.size(); ++r) {
       json out;
       try {
@@ -42,6 +44,8 @@ absl::StatusOr<std::string> RunPretrain(DriverContext& ctx) {
         return absl::InternalError(absl::StrCat("rank ", r, " returned a malformed train_step result: ", e.what()));
       }
       seconds = std::max(seconds, out.value("seconds", 0.0));
+      flops += out.value("model_flops", 0.0);
+      peak_memory = std::max(peak_memory, out.value("memory_peak_bytes", 0.0));
       if (r == 0) {
         first = out;
       } else if (std::abs(out["loss"].get<double>() - first["loss"].get<double>()) >
@@ -61,7 +65,11 @@ absl::StatusOr<std::string> RunPretrain(DriverContext& ctx) {
     (*p.mutable_metrics())["loss"] = first["loss"].get<double>();
     (*p.mutable_metrics())["grad_norm"] = first["grad_norm"].get<double>();
     (*p.mutable_metrics())["lr"] = first["lr"].get<double>();
-    if (seconds > 0) (*p.mutable_metrics())["tokens_per_s"] = first["tokens"].get<double>() / seconds;
+    if (seconds > 0) {
+      (*p.mutable_metrics())["tokens_per_s"] = first["tokens"].get<double>() / seconds;
+      (*p.mutable_metrics())["model_tflops_per_s"] = flops / seconds / 1e12;  // all ranks, slowest rank's time
+    }
+    (*p.mutable_metrics())["memory_peak_gb"] = peak_memory / 1e9;  // the largest rank
     ctx.progress(p);
   }
   return json{{"losses", losses}, {"grad_norms", norms}, {"tokens", tokens}}.dump();

@@ -124,6 +124,8 @@ TEST(Cluster, PretrainTp2Dp2Zero1AndTp2SpEqualOneRank) {
     if (!job.ok()) return {};
     EXPECT_EQ(job->state(), v1::SUCCEEDED) << job->reason() << "\n" << progress.str();
     EXPECT_THAT(progress.str(), HasSubstr("step 3/3 loss"));
+    EXPECT_THAT(progress.str(), HasSubstr("model_tflops_per_s="));
+    EXPECT_THAT(progress.str(), HasSubstr("memory_peak_gb="));
     return nlohmann::json::parse(job->result_json())["losses"].get<std::vector<double>>();
   };
   const auto one = run(PretrainSpec(1, 1, 0, 3));

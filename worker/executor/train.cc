@@ -29,6 +29,7 @@ absl::StatusOr<std::unique_ptr<TrainSession>> TrainSession::Create(const v1::Job
   comm::Communicator* dp = comm_of(parallel::GroupKind::kDpCp);
   TESSERA_ASSIGN_OR_RETURN(s->model_, model::Llama::Create(config, s->backend_.get(), tp, comms.layout.sp));
   s->pad_to_ = comms.layout.sp ? comms.layout.tp : 1;
+  s->tp_size_ = comms.layout.tp;
   TESSERA_RETURN_IF_ERROR(s->model_->InitRandom(t.seed(), static_cast<float>(t.init_std())));
   engine::OptimizerOptions o;
   o.lr = static_cast<float>(t.lr()), o.min_lr = static_cast<float>(t.min_lr());
@@ -64,8 +65,24 @@ absl::StatusOr<std::string> TrainSession::Step(int64_t step) {
   }
   TESSERA_ASSIGN_OR_RETURN(engine::StepStats st, trainer_->Step(mine));
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return nlohmann::json{{"step", step}, {"loss", st.loss}, {"grad_norm", st.grad_norm}, {"lr", st.lr},
-                        {"tokens", st.tokens}, {"seconds", secs}}
+  // This rank's share of the step's model FLOPs (Megatron's estimate: 6 N per token for
+  // the weights, plus causal attention 6 L Hq D s^2 per sequence of s tokens, forward and
+  // backward), split evenly over the TP ranks that shared its tokens.
+  const auto& c = model_->config();
+  double tokens = 0, attn = 0;
+  for (const auto& mb : mine) {
+    tokens += static_cast<double>(mb.size());
+    for (size_t k = 1; k < mb.cu_seqlens.size(); ++k) {
+      const double len = mb.cu_seqlens[k] - mb.cu_seqlens[k - 1];
+      attn += len * len;
+    }
+  }
+  const double flops = (6.0 * static_cast<double>(c.NumParams()) * tokens +
+                        6.0 * c.layers * c.heads * c.HeadDim() * attn) / tp_size_;
+  return nlohmann::json{{"step", step},   {"loss", st.loss},     {"grad_norm", st.grad_norm},
+                        {"lr", st.lr},     {"tokens", st.tokens}, {"seconds", secs},
+                        {"model_flops", flops},
+                        {"memory_peak_bytes", backend_->allocator()->stats().peak_bytes}}
       .dump();
 }
 

@@ -21,7 +21,8 @@ class TrainSession {
  public:
   static absl::StatusOr<std::unique_ptr<TrainSession>> Create(const v1::JobSpec& spec, GroupComms& comms,
                                                               v1::DeviceType device, int device_index);
-  // One optimizer step; its statistics as JSON (loss, grad_norm, lr, tokens, seconds).
+  // One optimizer step; its statistics as JSON: loss, grad_norm, lr, tokens (global),
+  // seconds, model_flops (this rank's share) and memory_peak_bytes (this rank's backend).
   absl::StatusOr<std::string> Step(int64_t step);
 
  private:
@@ -32,7 +33,8 @@ class TrainSession {
   engine::ArithmeticData data_;
   int64_t micro_per_rank_ = 0, micro_per_step_ = 0, first_micro_ = 0;
   int sequences_ = 0;
-  int64_t pad_to_ = 1;  // micro-batches padded to a multiple of this many tokens (tp under SP)
+  int64_t pad_to_ = 1;
+  int tp_size_ = 1;  // micro-batches padded to a multiple of this many tokens (tp under SP)
 };
 
 }  // namespace tessera::executor
