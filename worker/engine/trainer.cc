@@ -162,7 +162,10 @@ absl::Status Trainer::Update(float lr, float clip_scale) {
     TESSERA_RETURN_IF_ERROR(dp_->AllGather(s.stage.data(), s.padded.data(), s.shard, DType::kF32));
     TESSERA_ASSIGN_OR_RETURN(Tensor head, s.padded.Slice(0, 0, s.n));
     TESSERA_RETURN_IF_ERROR(b.Axpby(1.f, head, 0.f, flat));
-    TESSERA_RETURN_IF_ERROR(b.Fill(s.padded, 0));  // the next reduce-scatter expects a zero tail
+    if (const int64_t tail = s.padded.numel() - s.n; tail > 0) {  // the next reduce-scatter expects zeros there
+      TESSERA_ASSIGN_OR_RETURN(Tensor rest, s.padded.Slice(0, s.n, tail));
+      TESSERA_RETURN_IF_ERROR(b.Fill(rest, 0));
+    }
   }
   return absl::OkStatus();
 }

@@ -83,7 +83,6 @@ struct Llama::LayerParams {
 };
 
 struct Llama::Inputs {
-  std::unique_ptr<Backend> host;      // cu's allocator: declared first, destroyed last
   Tensor tokens, targets, positions;  // on the backend, i32 [T]
   Tensor cu;                          // on the host, i32 [B + 1]
   Tensor ones;                        // [T, 1] f32, for bias broadcasts (QKV bias only)
@@ -100,7 +99,8 @@ Llama::Llama(const LlamaConfig& config, Backend* backend, comm::Communicator* tp
     : config_(config),
       backend_(backend),
       tp_(tp != nullptr && tp->size() > 1 ? tp : nullptr),
-      sp_(sequence_parallel && tp_ != nullptr) {}
+      sp_(sequence_parallel && tp_ != nullptr),
+      host_(runtime::MakeCpuBackend()) {}
 Llama::~Llama() = default;
 
 absl::StatusOr<std::unique_ptr<Llama>> Llama::Create(const LlamaConfig& config, Backend* backend,
@@ -225,8 +225,7 @@ absl::StatusOr<Llama::Inputs> Llama::Upload(const TokenBatch& batch) {
   TESSERA_RETURN_IF_ERROR(b.CopyFromHost(batch.tokens.data(), in.tokens));
   TESSERA_RETURN_IF_ERROR(b.CopyFromHost(batch.targets.data(), in.targets));
   TESSERA_RETURN_IF_ERROR(b.CopyFromHost(batch.positions.data(), in.positions));
-  in.host = runtime::MakeCpuBackend();
-  TESSERA_ASSIGN_OR_RETURN(in.cu, in.host->Empty({static_cast<int64_t>(batch.cu_seqlens.size())}, DType::kI32));
+  TESSERA_ASSIGN_OR_RETURN(in.cu, host_->Empty({static_cast<int64_t>(batch.cu_seqlens.size())}, DType::kI32));
   std::copy(batch.cu_seqlens.begin(), batch.cu_seqlens.end(), in.cu.data_as<int32_t>());
   if (config_.qkv_bias) {
     TESSERA_ASSIGN_OR_RETURN(in.ones, New(b, {t, 1}));

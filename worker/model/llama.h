@@ -114,6 +114,7 @@ class Llama {
   runtime::Backend* backend_;
   comm::Communicator* tp_;  // null: one rank
   bool sp_;                 // sequence parallel (only with tp_)
+  std::unique_ptr<runtime::Backend> host_;  // host tensors (cu_seqlens) of every micro-batch
   std::vector<Param> params_;
   std::vector<LayerParams> layers_;
   Param *embed_ = nullptr, *final_norm_ = nullptr, *lm_head_ = nullptr;
