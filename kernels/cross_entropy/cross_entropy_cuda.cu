@@ -46,6 +46,15 @@ struct Online {
   }
 };
 
+// Issues the kLoads 16-byte loads of row vectors i, i + kThreads, ... (those below nvec)
+// before any is used, so they are in flight together.
+template <int kLoads>
+__device__ __forceinline__ void LoadRow(const uint4* z, int64_t i, int64_t nvec, uint4 (&u)[kLoads]) {
+#pragma unroll
+  for (int k = 0; k < kLoads; ++k)
+    if (i + k * kThreads < nvec) u[k] = __ldcs(z + i + k * kThreads);
+}
+
 __global__ void PartialsVecBf16(const uint4* logits, const int32_t* targets, float* max, float* sum, float* dot, float* tgt,
                                 int64_t v, int64_t start) {
   const int64_t nvec = v / 8;
@@ -56,9 +65,7 @@ __global__ void PartialsVecBf16(const uint4* logits, const int32_t* targets, flo
   constexpr int kLoads = 4;
   for (int64_t i = threadIdx.x; i < nvec; i += kThreads * kLoads) {
     uint4 u[kLoads];
-#pragma unroll
-    for (int k = 0; k < kLoads; ++k)
-      if (i + k * kThreads < nvec) u[k] = __ldcs(z + i + k * kThreads);
+    LoadRow<kLoads>(z, i, nvec, u);
 #pragma unroll
     for (int k = 0; k < kLoads; ++k) {
       if (i + k * kThreads >= nvec) break;
@@ -123,9 +130,7 @@ __global__ void BackwardVecBf16(const uint4* logits, const int32_t* targets, con
   constexpr int kLoads = 4;
   for (int64_t i = threadIdx.x; i < nvec; i += kThreads * kLoads) {
     uint4 u[kLoads];
-#pragma unroll
-    for (int k = 0; k < kLoads; ++k)
-      if (i + k * kThreads < nvec) u[k] = __ldcs(z + i + k * kThreads);
+    LoadRow<kLoads>(z, i, nvec, u);
 #pragma unroll
     for (int k = 0; k < kLoads; ++k) {
       const int64_t vi = i + k * kThreads;
