@@ -16,10 +16,15 @@ using namespace tessera::runtime;
 
 namespace {
 
+constexpr int kShortIters = 100;
+
 double TimeMs(Backend& b, const std::function<absl::Status()>& fn, int iters = 20, int warmup = 3) {
   for (int i = 0; i < warmup; ++i) if (!fn().ok()) return -1;
   // The backend's stream is private: time the loop on the host between two
-  // synchronizations (launches are asynchronous, so their cost overlaps the kernels).
+  // synchronizations (launches are asynchronous, so their cost overlaps the kernels). Ops
+  // under 0.1 ms pass kShortIters calls, so that the final synchronization's latency
+  // (~10-20 us) stays under 1% of the loop; the rest run as many calls as the peer (20) —
+  // longer loops heat the card and run slower (GEMM LM head: 0.95x at 100 calls).
   (void)b.Synchronize();
   auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < iters; ++i) if (!fn().ok()) return -1;
@@ -67,10 +72,10 @@ int main(int argc, char** argv) {
   if (Want("rmsnorm")) {  // RMSNorm forward: 16384 tokens x 2048, bf16
     int64_t r = 16384, c = 2048;
     auto x = Random(b, {r, c}, bf), w = Random(b, {c}, bf), y = *b.Empty({r, c}, bf), rs = *b.Empty({r}, DType::kF32);
-    double ms = TimeMs(b, [&] { return b.RmsNormForward(x, w, 1e-5f, y, rs); });
+    double ms = TimeMs(b, [&] { return b.RmsNormForward(x, w, 1e-5f, y, rs); }, kShortIters);
     Line("rmsnorm_fwd", "16384x2048 bf16", ms, "gbps", (2.0 * r * c * 2 + r * 4) / ms / 1e6);
     auto dy = Random(b, {r, c}, bf), dx = *b.Empty({r, c}, bf), dw = *b.Empty({c}, DType::kF32);
-    ms = TimeMs(b, [&] { return b.RmsNormBackward(dy, x, w, rs, dx, dw); });
+    ms = TimeMs(b, [&] { return b.RmsNormBackward(dy, x, w, rs, dx, dw); }, kShortIters);
     Line("rmsnorm_bwd", "16384x2048 bf16", ms, "gbps", (3.0 * r * c * 2 + r * 4 + c * 6) / ms / 1e6);
   }
   if (Want("swiglu")) {  // SwiGLU forward: 16384 x 8192 bf16
@@ -96,7 +101,7 @@ int main(int argc, char** argv) {
     std::vector<int32_t> hp(T);
     for (int64_t i = 0; i < T; ++i) hp[i] = static_cast<int32_t>(i);
     (void)b.CopyFromHost(hp.data(), pos);
-    double ms = TimeMs(b, [&] { return b.Rope(x, pos, 10000.f, y); });
+    double ms = TimeMs(b, [&] { return b.Rope(x, pos, 10000.f, y); }, kShortIters);
     Line("rope", "16384x32x64 bf16", ms, "gbps", (2.0 * T * H * D * 2 + T * 4) / ms / 1e6);
   }
   if (Want("cross_entropy")) {  // Cross-entropy forward (partials of one shard = the full vocab): 4096 x 128256 bf16

@@ -1,6 +1,8 @@
 """Peer for bench/op_bench: the same ops and shapes in PyTorch (eager and
-torch.compile), timed with CUDA events after warm-up. Prints one JSON line per case."""
+torch.compile), timed with CUDA events after warm-up. Prints one JSON line per case.
+With --memory-only: the memory-bound ops and the device copy only (no GEMM, attention)."""
 import json
+import sys
 import torch
 import torch.nn.functional as F
 
@@ -130,6 +132,8 @@ copy_dst = torch.empty_like(copy_src)
 ms = time_ms(lambda: copy_dst.copy_(copy_src))
 line("device_copy", "torch", "1 GiB", ms, "gbps", 2.0 * (1 << 30) / ms / 1e6)
 del copy_src, copy_dst
+if "--memory-only" in sys.argv:
+    sys.exit(0)
 for name, m, nn, k in (("gemm_qkv", 8192, 3072, 2048), ("gemm_o", 8192, 2048, 2048), ("gemm_gate_up", 8192, 16384, 2048),
                        ("gemm_down", 8192, 2048, 8192), ("gemm_lm_head", 8192, 128256, 2048)):
     a = torch.randn(m, k, device=dev, dtype=bf)

@@ -16,12 +16,14 @@ for v in "2 128" "4 128" "8 128" "4 256" "8 256" "16 128"; do
   set -- $v
   $NV -DTESSERA_ROPE_HEADS=$1 -DTESSERA_ROPE_BLOCK=$2 -DRopeCuda=Rope_h$1_b$2 -c kernels/rope/rope_cuda.cu -o "$tmp/rope_h$1_b$2.o" &
 done
-for v in "2 1" "3 1" "4 1" "6 1" "8 1" "12 1" "8 2"; do
-  set -- $v
-  $NV -DTESSERA_RMS_BWD_WARPS=$1 -DTESSERA_RMS_BWD_BUFS=$2 -DRmsNormBackwardCuda=RmsBwd_w$1_b$2 \
-    -DRmsNormForwardCuda=RmsFwd_w$1_b$2 -c kernels/rmsnorm/rmsnorm_cuda.cu -o "$tmp/rms_w$1_b$2.o" &
+RMS_VARIANTS="0_32_8_1 1_32_8_1 0_16_8_1 1_16_8_1 1_32_6_1 1_32_12_1"
+for v in $RMS_VARIANTS; do
+  IFS=_ read -r p r w b <<< "$v"
+  $NV -DTESSERA_RMS_BWD_PDL=$p -DTESSERA_RMS_BWD_RCOLS=$r -DTESSERA_RMS_BWD_WARPS=$w -DTESSERA_RMS_BWD_BUFS=$b -DRmsNormBackwardCuda=RmsBwd_p$v \
+    -DRmsNormForwardCuda=RmsFwd_p$v -c kernels/rmsnorm/rmsnorm_cuda.cu -o "$tmp/rms_p$v.o" &
 done
 wait
 mkdir -p "$out"
 $NV bench/variants/rope_variants.cu "$tmp"/rope_*.o -o "$out/rope_variants" $ABSL
-$NV bench/variants/rmsnorm_bwd_variants.cu "$tmp"/rms_*.o -o "$out/rmsnorm_bwd_variants" $ABSL
+decl=$(for v in $RMS_VARIANTS; do printf 'X(p%s) ' "$v"; done)
+$NV "-DRMS_VARIANTS=$decl" bench/variants/rmsnorm_bwd_variants.cu "$tmp"/rms_*.o -o "$out/rmsnorm_bwd_variants" $ABSL

@@ -1,8 +1,8 @@
 // RMSNorm on CUDA: one block per row, f32 accumulation, warp-shuffle reductions.
 // Backward: bf16 rows of up to 2048 (multiple of 256) run a warp per row for dx, with
 // the next rows prefetched into shared memory by bulk copies, and per-CTA column
-// partials for dw summed in shared memory (deterministic); others accumulate dw with
-// atomics.
+// partials for dw summed in shared memory and then by a second kernel (deterministic);
+// others accumulate dw with atomics.
 #include "common/status.h"
 #include "kernels/common/cuda_elem.cuh"
 #include "kernels/common/wgmma.cuh"
@@ -145,18 +145,31 @@ __global__ void ForwardWarpRowBf16(const uint4* x, const uint4* w, uint4* y, flo
 // flight no longer cost registers. Per row: dx from dot(dy w, x) by warp shuffles, and
 // dy x rstd added into the warp's own dw row in shared memory (a lane owns the same
 // columns in every row: no atomics, no barrier). At the end the CTA sums its warps' dw
-// rows into its partial; DwReduce adds the partials (the same order every run).
-// Warps per CTA and row buffers per warp. The defaults are the fastest of a sweep
-// (bench/variants, H200, 16384 x 2048): 8 warps x 1 buffer 3.01 TB/s; 8 x 2: 2.62-2.66;
-// 4 x 1, 6 x 1, 12 x 1: 2.65-2.70; 4 x 2, 4 x 3, 2 x 3, 2 x 4: 2.43-2.78; the same kernel
-// without prefetch (rows loaded into registers): 2.70-2.82. Overridable for such sweeps.
+// rows into its partial; DwReduce adds the partials (the same order every run). Both are
+// programmatic dependent launches (ncu, H200: row kernel 56 us, DwReduce 3.4 us; the
+// overlap took the op from 0.067 to 0.060 ms), and dw needs no memset.
+// Warps per CTA and row buffers per warp. The defaults are the fastest of sweeps
+// (bench/variants, H200, 16384 x 2048; session 3, before PDL): 8 warps x 1 buffer
+// 3.01 TB/s; 8 x 2: 2.62-2.66; 4 x 1, 6 x 1, 12 x 1: 2.65-2.70; 4 x 2, 4 x 3, 2 x 3, 2 x 4:
+// 2.43-2.78; without prefetch (rows loaded into registers): 2.70-2.82. Session 4, with
+// PDL: 8 x 1 3.30-3.36 TB/s; 6 x 1 / 12 x 1 2.8-2.9; dw in registers instead of shared
+// rows (refill after the row, 2-4 buffers, 3-12 warps): 2.58-3.13; the partials summed in
+// the same kernel after a cooperative grid barrier: 3.11. Overridable for such sweeps.
 #ifndef TESSERA_RMS_BWD_WARPS
 #define TESSERA_RMS_BWD_WARPS 8
 #endif
 #ifndef TESSERA_RMS_BWD_BUFS
 #define TESSERA_RMS_BWD_BUFS 1
 #endif
+#ifndef TESSERA_RMS_BWD_PDL
+#define TESSERA_RMS_BWD_PDL 1
+#endif
+#ifndef TESSERA_RMS_BWD_RCOLS
+#define TESSERA_RMS_BWD_RCOLS 16
+#endif
 constexpr int kBwdVec = 8, kBwdWarps = TESSERA_RMS_BWD_WARPS, kBwdBufs = TESSERA_RMS_BWD_BUFS;
+constexpr bool kBwdPdl = TESSERA_RMS_BWD_PDL != 0;  // the row kernel, too, is a dependent launch
+constexpr int kReduceCols = TESSERA_RMS_BWD_RCOLS;   // DwReduce: columns per CTA (x 32 rows of threads)
 // Shared memory: per warp kBwdBufs x (x row, dy row) in bf16, then per warp a dw row in
 // f32, then the mbarriers.
 inline size_t BwdSmemBytes(int64_t cols) {
@@ -183,6 +196,9 @@ __global__ void __launch_bounds__(kBwdWarps * 32) BackwardWarpRowBf16(const uint
     tma::BulkLoad(bufs + b * 2 * nvec, x + row * nvec, row_bytes, bars + b);
     tma::BulkLoad(bufs + b * 2 * nvec + nvec, dy + row * nvec, row_bytes, bars + b);
   };
+  // Launched as a dependent (PDL), the start above overlaps the previous kernel's tail;
+  // nothing global is read or written before the previous grid is complete.
+  asm volatile("griddepcontrol.wait;" ::: "memory");
   if (lane == 0) {
     for (int b = 0; b < kBwdBufs; ++b) tma::BarInit(bars + b, 1);
     tma::FenceBarrierInit();
@@ -244,6 +260,7 @@ __global__ void __launch_bounds__(kBwdWarps * 32) BackwardWarpRowBf16(const uint
     }
   }
   __syncthreads();
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   const float* all = reinterpret_cast<const float*>(smem_raw + size_t(kBwdWarps) * kBwdBufs * 2 * row_bytes);
   for (int c = threadIdx.x; c < cols; c += kBwdWarps * 32) {
     float sum = 0.f;
@@ -253,13 +270,14 @@ __global__ void __launch_bounds__(kBwdWarps * 32) BackwardWarpRowBf16(const uint
   }
 }
 
-// dw[c] = sum over the CTAs' partials: a CTA per 32 columns, 32 rows of threads each
-// summing every 32nd partial (coalesced 128-byte rows, several loads in flight per
-// thread), combined in shared memory in a fixed order.
-__global__ void __launch_bounds__(1024) DwReduce(const float* partial, int blocks, int64_t cols, float* dw) {
-  __shared__ float acc[32][33];
-  const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
-  const int64_t c = blockIdx.x * int64_t(32) + tx;
+// dw[c] = sum over the CTAs' partials: a CTA per kReduceCols columns, 32 rows of threads
+// each summing every 32nd partial (coalesced rows, several loads in flight per thread),
+// combined in shared memory in a fixed order.
+__global__ void __launch_bounds__(32 * kReduceCols) DwReduce(const float* partial, int blocks, int64_t cols, float* dw) {
+  __shared__ float acc[32][kReduceCols + 1];
+  asm volatile("griddepcontrol.wait;" ::: "memory");  // launched early (PDL): the partials are complete after this
+  const int tx = threadIdx.x % kReduceCols, ty = threadIdx.x / kReduceCols;
+  const int64_t c = blockIdx.x * int64_t(kReduceCols) + tx;
   float s = 0.f;
   if (c < cols) {
 #pragma unroll 4
@@ -309,37 +327,57 @@ absl::Status RmsNormForwardCuda(const void* x, const void* w, void* y, float* rs
 absl::Status RmsNormBackwardCuda(const void* dy, const void* x, const void* w, const float* rstd, void* dx, float* dw,
                                  int64_t rows, int64_t cols, DType t, void* stream) {
   auto s = static_cast<cudaStream_t>(stream);
-  if (cudaMemsetAsync(dw, 0, cols * sizeof(float), s) != cudaSuccess) return LaunchStatus("rmsnorm_backward(memset)");
-  if (rows == 0) return absl::OkStatus();
   using bf = __nv_bfloat16;
-  if (t == DType::kBF16 && cols % 256 == 0 && cols <= 32 * 8 * kBwdVec && Aligned16(dy) && Aligned16(x) && Aligned16(w) &&
-      Aligned16(dx)) {
-    // As many CTAs as fit on the device at once (by shared memory), each owning a run of rows.
+  if (rows > 0 && t == DType::kBF16 && cols % 256 == 0 && cols <= 32 * 8 * kBwdVec && Aligned16(dy) && Aligned16(x) &&
+      Aligned16(w) && Aligned16(dx)) {
+    // As many CTAs as fit on the device at once (by shared memory), each owning a run of
+    // rows; DwReduce writes every dw column, so dw needs no memset here.
+    auto* kernel = BackwardWarpRowBf16;
     const size_t smem = BwdSmemBytes(cols);
-    if (cudaFuncSetAttribute(BackwardWarpRowBf16, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)) !=
-        cudaSuccess)
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)) != cudaSuccess)
       return LaunchStatus("rmsnorm_backward(smem)");
     int per_sm = 1;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, BackwardWarpRowBf16, kBwdWarps * 32, smem) != cudaSuccess ||
-        per_sm < 1)
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kBwdWarps * 32, smem) != cudaSuccess || per_sm < 1)
       per_sm = 1;
     const int64_t slots = int64_t(SmCount()) * per_sm;
     const int64_t per = std::max<int64_t>(kBwdWarps, (rows + slots - 1) / slots);
     const int blocks = static_cast<int>((rows + per - 1) / per);
     float* partial = nullptr;
     if (cudaMallocAsync(&partial, blocks * cols * sizeof(float), s) != cudaSuccess) return LaunchStatus("rmsnorm_backward(alloc)");
-    BackwardWarpRowBf16<<<blocks, kBwdWarps * 32, smem, s>>>(
-        static_cast<const uint4*>(dy), static_cast<const uint4*>(x), static_cast<const uint4*>(w), rstd,
-        static_cast<uint4*>(dx), partial, rows, cols, static_cast<int>(per));
-    auto reduce = [&]() -> absl::Status {
+    const uint4 *dyv = static_cast<const uint4*>(dy), *xv = static_cast<const uint4*>(x), *wv = static_cast<const uint4*>(w);
+    uint4* dxv = static_cast<uint4*>(dx);
+    const int per_cta = static_cast<int>(per);
+    // Both kernels are programmatic dependent launches: each may start while the kernel
+    // before it finishes (the row kernel's set-up, DwReduce's launch) and waits for it with
+    // griddepcontrol.wait before touching its data; the row kernel's CTAs signal once their
+    // rows are done.
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    cfg.stream = s;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    auto launch = [&]() -> absl::Status {
+      cfg.gridDim = dim3(static_cast<unsigned>(blocks));
+      cfg.blockDim = dim3(kBwdWarps * 32);
+      cfg.dynamicSmemBytes = smem;
+      attr[0].val.programmaticStreamSerializationAllowed = kBwdPdl ? 1 : 0;
+      cudaLaunchKernelEx(&cfg, kernel, dyv, xv, wv, rstd, dxv, static_cast<float*>(partial), rows, cols, per_cta);
       TESSERA_RETURN_IF_ERROR(LaunchStatus("rmsnorm_backward"));
-      DwReduce<<<static_cast<unsigned>((cols + 31) / 32), 1024, 0, s>>>(partial, blocks, cols, dw);
+      cfg.gridDim = dim3(static_cast<unsigned>((cols + kReduceCols - 1) / kReduceCols));
+      cfg.blockDim = dim3(32 * kReduceCols);
+      cfg.dynamicSmemBytes = 0;
+      attr[0].val.programmaticStreamSerializationAllowed = 1;
+      const float* cpartial = partial;
+      cudaLaunchKernelEx(&cfg, DwReduce, cpartial, blocks, cols, dw);
       return LaunchStatus("rmsnorm_backward(dw)");
     };
-    const absl::Status st = reduce();
+    const absl::Status st = launch();
     cudaFreeAsync(partial, s);
     return st;
   }
+  if (cudaMemsetAsync(dw, 0, cols * sizeof(float), s) != cudaSuccess) return LaunchStatus("rmsnorm_backward(memset)");
+  if (rows == 0) return absl::OkStatus();
   if (t == DType::kF32)
     Backward<<<rows, kThreads, 0, s>>>(static_cast<const float*>(dy), static_cast<const float*>(x), static_cast<const float*>(w),
                                        rstd, static_cast<float*>(dx), dw, cols);
