@@ -367,9 +367,9 @@ bool ValidName(const std::string& s) {
 static absl::Status ValidatePretrain(JobSpec& spec) {
   if (spec.groups_size() != 1) return Bad("groups", absl::StrCat("a ", spec.kind(), " job has exactly one worker group"));
   const auto& l = spec.groups(0).layout();
-  if (l.pp() > 1 || l.cp() > 1 || l.zero() > 1)
-    return absl::UnimplementedError(absl::StrCat("groups[0].layout: the training engine runs tp (with sp), dp and ",
-                                                 "zero 0/1 so far; pp=", l.pp(), ", cp=", l.cp(), ", zero=", l.zero(),
+  if (l.pp() > 1 || l.cp() > 1)
+    return absl::UnimplementedError(absl::StrCat("groups[0].layout: the training engine runs tp (with sp) and dp ",
+                                                 "(zero 0-3) so far; pp=", l.pp(), ", cp=", l.cp(),
                                                  " are not available yet"));
   const auto& m = spec.model();
   struct Req {

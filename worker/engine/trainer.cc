@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <unordered_map>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
@@ -19,15 +20,71 @@ float LearningRate(const OptimizerOptions& o, int64_t step) {
 
 // Optimizer state of one parameter. ZeRO: this DP rank owns elements
 // [rank * shard, rank * shard + shard) of the flattened (local, TP-sharded) parameter,
-// padded so that every rank's shard has the same size.
+// padded so that every rank's shard has the same size (the padding is zero).
 struct Trainer::State {
+  model::Param* param = nullptr;
+  std::vector<int64_t> shape;  // the parameter's local (TP-sharded) shape
   int64_t n = 0, shard = 0;
   Tensor m, v;        // [shard] with ZeRO, else [n]
-  Tensor grad_shard;  // [shard] with ZeRO
-  Tensor padded;      // [shard * dp] with ZeRO: the flat gradient / the gathered parameter
-  Tensor stage;       // [shard] with ZeRO: this rank's updated parameter slice
+  Tensor grad_shard;  // [shard] with ZeRO: this rank's slice of the reduced gradient
+  Tensor padded;      // [shard * dp], ZeRO-1: the flat gradient / the gathered parameter
+  Tensor stage;       // [shard], ZeRO-1/2: this rank's updated slice; ZeRO-2/3: a reduce-scatter's output
+  Tensor value_shard; // [shard], ZeRO-3: this rank's slice of the parameter (the only copy between steps)
+  Tensor grad_full;   // [shard * dp], ZeRO-2/3: the gradient buffer while a block's backward runs
   bool decay = true;  // weight decay (not for norms and biases: 1-D parameters)
   bool tp_sharded = false;
+};
+
+// ZeRO-2/3 through the model's block hooks. Values (ZeRO-3) are gathered for the block
+// about to run and for the next one in the same direction (prefetch: with NCCL the
+// gather is enqueued before the block's compute; Gloo blocks, so on the CPU it only
+// fixes the order), and freed unless the next block uses them too. The embedding's
+// backward needs no weights, so block 0 gathers none in the backward.
+class Trainer::Hooks : public model::ParamHooks {
+ public:
+  explicit Hooks(Trainer* t) : t_(t) {
+    for (size_t i = 0; i < t->state_.size(); ++i) index_[t->state_[i].param] = i;
+  }
+  absl::Status Acquire(int block, Phase phase) override {
+    const bool backward = phase == Phase::kBackward;
+    if (t_->options_.zero >= 3 && !(backward && block == 0)) {
+      TESSERA_RETURN_IF_ERROR(GatherValues(block));
+      const int next = Next(block, phase);
+      if (next >= 0 && !(backward && next == 0)) TESSERA_RETURN_IF_ERROR(GatherValues(next));
+    }
+    if (backward)
+      for (model::Param* p : t_->model_->BlockUses(block)) TESSERA_RETURN_IF_ERROR(t_->EnsureGrad(State(p)));
+    return absl::OkStatus();
+  }
+  absl::Status Release(int block, Phase phase) override {
+    if (t_->options_.zero < 3) return absl::OkStatus();
+    const int next = Next(block, phase);
+    for (model::Param* p : t_->model_->BlockUses(block)) {
+      if (next >= 0) {
+        const auto& keep = t_->model_->BlockUses(next);
+        if (std::find(keep.begin(), keep.end(), p) != keep.end()) continue;
+      }
+      p->value = Tensor();
+    }
+    return absl::OkStatus();
+  }
+  absl::Status GradsReady(int block) override {
+    for (model::Param* p : t_->model_->BlockOwns(block)) TESSERA_RETURN_IF_ERROR(t_->ReduceGrad(State(p)));
+    return absl::OkStatus();
+  }
+
+ private:
+  int Next(int block, Phase phase) const {
+    const int next = phase == Phase::kForward ? block + 1 : block - 1;
+    return next >= 0 && next < t_->model_->num_blocks() ? next : -1;
+  }
+  Trainer::State& State(const model::Param* p) { return t_->state_[index_.at(p)]; }
+  absl::Status GatherValues(int block) {
+    for (model::Param* p : t_->model_->BlockUses(block)) TESSERA_RETURN_IF_ERROR(t_->GatherValue(State(p)));
+    return absl::OkStatus();
+  }
+  Trainer* t_;
+  std::unordered_map<const model::Param*, size_t> index_;
 };
 
 Trainer::Trainer(model::Llama* model, runtime::Backend* backend, comm::Communicator* dp, comm::Communicator* tp,
@@ -36,8 +93,12 @@ Trainer::Trainer(model::Llama* model, runtime::Backend* backend, comm::Communica
       backend_(backend),
       dp_(dp != nullptr && dp->size() > 1 ? dp : nullptr),
       tp_(tp != nullptr && tp->size() > 1 ? tp : nullptr),
-      options_(options) {}
-Trainer::~Trainer() = default;
+      options_(options) {
+  if (dp_ == nullptr) options_.zero = 0;  // one DP rank: nothing to shard
+}
+Trainer::~Trainer() {
+  if (hooks_ != nullptr) model_->set_hooks(nullptr);
+}
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(model::Llama* model, runtime::Backend* backend,
                                                          comm::Communicator* dp, comm::Communicator* tp,
@@ -45,8 +106,6 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(model::Llama* model, ru
   if (model == nullptr || backend == nullptr) return absl::InvalidArgumentError("trainer: no model or backend");
   if (options.zero < 0 || options.zero > 3)
     return absl::InvalidArgumentError(absl::StrCat("trainer: zero must be 0, 1, 2 or 3, got ", options.zero));
-  if (options.zero > 1)  // ZeRO-2 shards gradients during the backward, ZeRO-3 the parameters: not yet
-    return absl::UnimplementedError(absl::StrCat("trainer: ZeRO-", options.zero, " is not implemented yet (0 and 1 are)"));
   if (!(options.lr > 0) || options.min_lr < 0 || options.min_lr > options.lr)
     return absl::InvalidArgumentError(
         absl::StrCat("trainer: need 0 <= min_lr <= lr and lr > 0, got lr ", options.lr, ", min_lr ", options.min_lr));
@@ -57,28 +116,90 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(model::Llama* model, ru
   return t;
 }
 
+// ZeRO-3 starts from the model's full values (as initialized or loaded): each rank keeps
+// its slice and frees the rest; ZeRO-2/3 free the model's gradient buffers.
 absl::Status Trainer::Allocate() {
   runtime::Backend& b = *backend_;
-  const int dp = dp_ ? dp_->size() : 1;
-  const bool zero = options_.zero > 0 && dp_ != nullptr;
+  const int dp = dp_ ? dp_->size() : 1, rank = dp_ ? dp_->rank() : 0;
+  const int zero = options_.zero;
   for (auto& p : model_->params()) {
     State s;
+    s.param = &p;
+    s.shape = p.value.shape();
     s.n = p.value.numel();
     s.decay = p.spec.shape.size() > 1;
     s.tp_sharded = tp_ != nullptr && p.spec.shard_dim >= 0;
-    s.shard = zero ? (s.n + dp - 1) / dp : s.n;
+    s.shard = zero > 0 ? (s.n + dp - 1) / dp : s.n;
     TESSERA_ASSIGN_OR_RETURN(s.m, b.Empty({s.shard}, DType::kF32));
     TESSERA_ASSIGN_OR_RETURN(s.v, b.Empty({s.shard}, DType::kF32));
     TESSERA_RETURN_IF_ERROR(b.Fill(s.m, 0));
     TESSERA_RETURN_IF_ERROR(b.Fill(s.v, 0));
-    if (zero) {
+    if (zero > 0) {
       TESSERA_ASSIGN_OR_RETURN(s.grad_shard, b.Empty({s.shard}, DType::kF32));
-      TESSERA_ASSIGN_OR_RETURN(s.padded, b.Empty({s.shard * dp}, DType::kF32));
       TESSERA_ASSIGN_OR_RETURN(s.stage, b.Empty({s.shard}, DType::kF32));
+    }
+    if (zero == 1) {
+      TESSERA_ASSIGN_OR_RETURN(s.padded, b.Empty({s.shard * dp}, DType::kF32));
       TESSERA_RETURN_IF_ERROR(b.Fill(s.padded, 0));  // the tail past n stays zero
     }
+    if (zero == 3) {
+      TESSERA_ASSIGN_OR_RETURN(s.value_shard, b.Empty({s.shard}, DType::kF32));
+      TESSERA_RETURN_IF_ERROR(b.Fill(s.value_shard, 0));
+      const int64_t begin = std::min<int64_t>(s.n, rank * s.shard), len = std::min<int64_t>(s.shard, s.n - begin);
+      if (len > 0) {
+        TESSERA_ASSIGN_OR_RETURN(Tensor flat, p.value.Reshape({s.n}));
+        TESSERA_ASSIGN_OR_RETURN(Tensor mine, flat.Slice(0, begin, len));
+        TESSERA_ASSIGN_OR_RETURN(Tensor dst, s.value_shard.Slice(0, 0, len));
+        TESSERA_RETURN_IF_ERROR(b.Axpby(1.f, mine, 0.f, dst));
+      }
+      p.value = Tensor();
+    }
+    if (zero >= 2) p.grad = Tensor();
     state_.push_back(std::move(s));
   }
+  if (zero >= 2) {
+    hooks_ = std::make_unique<Hooks>(this);
+    model_->set_hooks(hooks_.get());
+  }
+  return absl::OkStatus();
+}
+
+// ZeRO-3: the full value of one parameter from every rank's slice (no-op when present).
+absl::Status Trainer::GatherValue(State& s) {
+  if (s.param->value.defined()) return absl::OkStatus();
+  TESSERA_ASSIGN_OR_RETURN(Tensor full, backend_->Empty({s.shard * dp_->size()}, DType::kF32));
+  TESSERA_RETURN_IF_ERROR(dp_->AllGather(s.value_shard.data(), full.data(), s.shard, DType::kF32));
+  TESSERA_ASSIGN_OR_RETURN(Tensor head, full.Slice(0, 0, s.n));
+  TESSERA_ASSIGN_OR_RETURN(s.param->value, head.Reshape(s.shape));
+  return absl::OkStatus();
+}
+
+// ZeRO-2/3: a zeroed, padded gradient buffer for a block's backward (no-op when present:
+// a tied embedding's gradient lives from the LM head's backward to the embedding's).
+absl::Status Trainer::EnsureGrad(State& s) {
+  if (s.param->grad.defined()) return absl::OkStatus();
+  TESSERA_ASSIGN_OR_RETURN(s.grad_full, backend_->Empty({s.shard * dp_->size()}, DType::kF32));
+  TESSERA_RETURN_IF_ERROR(backend_->Fill(s.grad_full, 0));
+  TESSERA_ASSIGN_OR_RETURN(Tensor head, s.grad_full.Slice(0, 0, s.n));
+  TESSERA_ASSIGN_OR_RETURN(s.param->grad, head.Reshape(s.shape));
+  return absl::OkStatus();
+}
+
+// ZeRO-2/3: adds this micro-batch's gradient, reduce-scattered over DP, into the rank's
+// slice and frees the full buffer.
+absl::Status Trainer::ReduceGrad(State& s) {
+  if (!s.grad_full.defined()) return absl::InternalError(absl::StrCat("trainer: no gradient buffer for ", s.param->name()));
+  TESSERA_RETURN_IF_ERROR(
+      dp_->ReduceScatter(s.grad_full.data(), s.stage.data(), s.shard, DType::kF32, comm::ReduceOp::kSum));
+  TESSERA_RETURN_IF_ERROR(backend_->Axpby(1.f, s.stage, 1.f, s.grad_shard));
+  s.param->grad = Tensor();
+  s.grad_full = Tensor();
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::GatherParams() {
+  if (options_.zero < 3) return absl::OkStatus();
+  for (State& s : state_) TESSERA_RETURN_IF_ERROR(GatherValue(s));
   return absl::OkStatus();
 }
 
@@ -104,12 +225,16 @@ absl::StatusOr<double> Trainer::ReduceGradsAndNorm() {
   TESSERA_RETURN_IF_ERROR(b.Fill(sq, 0));
   TESSERA_ASSIGN_OR_RETURN(Tensor sq_sharded, sq.Slice(0, 0, 1));
   TESSERA_ASSIGN_OR_RETURN(Tensor sq_repl, sq.Slice(0, 1, 1));
-  const bool zero = !state_.empty() && state_[0].grad_shard.defined();
+  const bool zero = options_.zero > 0;
   auto& params = model_->params();
   for (size_t i = 0; i < params.size(); ++i) {
     State& s = state_[i];
     Tensor& g = params[i].grad;
     Tensor& acc = s.tp_sharded ? sq_sharded : sq_repl;
+    if (options_.zero >= 2) {  // reduced into the slice during the backward
+      TESSERA_RETURN_IF_ERROR(b.SumSquares(s.grad_shard, acc));
+      continue;
+    }
     if (!zero) {
       if (dp_ != nullptr)
         TESSERA_RETURN_IF_ERROR(dp_->AllReduce(g.data(), g.data(), s.n, DType::kF32, comm::ReduceOp::kSum));
@@ -146,9 +271,20 @@ absl::Status Trainer::Update(float lr, float clip_scale) {
       TESSERA_RETURN_IF_ERROR(b.AdamW(params[i].value, params[i].grad, m, v, hp));
       continue;
     }
-    // ZeRO: update this rank's slice, then all-gather the parameter.
-    TESSERA_ASSIGN_OR_RETURN(Tensor flat, params[i].value.Reshape({s.n}));
     const int64_t begin = std::min<int64_t>(s.n, rank * s.shard), len = std::min<int64_t>(s.shard, s.n - begin);
+    if (options_.zero == 3) {  // the slice is the parameter; gathered again when a block needs it
+      params[i].value = Tensor();
+      if (len == 0) continue;
+      TESSERA_ASSIGN_OR_RETURN(Tensor p, s.value_shard.Slice(0, 0, len));
+      TESSERA_ASSIGN_OR_RETURN(Tensor g, s.grad_shard.Slice(0, 0, len));
+      TESSERA_ASSIGN_OR_RETURN(Tensor m, s.m.Slice(0, 0, len));
+      TESSERA_ASSIGN_OR_RETURN(Tensor v, s.v.Slice(0, 0, len));
+      if (clip_scale != 1.f) TESSERA_RETURN_IF_ERROR(b.Scale(g, clip_scale));
+      TESSERA_RETURN_IF_ERROR(b.AdamW(p, g, m, v, hp));
+      continue;
+    }
+    // ZeRO-1/2: update this rank's slice, then all-gather the parameter.
+    TESSERA_ASSIGN_OR_RETURN(Tensor flat, params[i].value.Reshape({s.n}));
     if (len > 0) {
       TESSERA_ASSIGN_OR_RETURN(Tensor p, flat.Slice(0, begin, len));
       TESSERA_ASSIGN_OR_RETURN(Tensor g, s.grad_shard.Slice(0, 0, len));
@@ -159,10 +295,16 @@ absl::Status Trainer::Update(float lr, float clip_scale) {
       TESSERA_RETURN_IF_ERROR(b.AdamW(p, g, m, v, hp));
       TESSERA_RETURN_IF_ERROR(b.Axpby(1.f, p, 0.f, st));
     }
-    TESSERA_RETURN_IF_ERROR(dp_->AllGather(s.stage.data(), s.padded.data(), s.shard, DType::kF32));
-    TESSERA_ASSIGN_OR_RETURN(Tensor head, s.padded.Slice(0, 0, s.n));
+    // ZeRO-2 has no persistent full-size buffer: the gather goes through a temporary one.
+    Tensor gathered = s.padded;
+    if (!gathered.defined()) {
+      TESSERA_ASSIGN_OR_RETURN(gathered, b.Empty({s.shard * dp_->size()}, DType::kF32));
+    }
+    TESSERA_RETURN_IF_ERROR(dp_->AllGather(s.stage.data(), gathered.data(), s.shard, DType::kF32));
+    TESSERA_ASSIGN_OR_RETURN(Tensor head, gathered.Slice(0, 0, s.n));
     TESSERA_RETURN_IF_ERROR(b.Axpby(1.f, head, 0.f, flat));
-    if (const int64_t tail = s.padded.numel() - s.n; tail > 0) {  // the next reduce-scatter expects zeros there
+    if (const int64_t tail = s.padded.defined() ? s.padded.numel() - s.n : 0; tail > 0) {
+      // ZeRO-1: the next reduce-scatter reads the padding, which must be zero.
       TESSERA_ASSIGN_OR_RETURN(Tensor rest, s.padded.Slice(0, s.n, tail));
       TESSERA_RETURN_IF_ERROR(b.Fill(rest, 0));
     }
@@ -175,6 +317,8 @@ absl::StatusOr<StepStats> Trainer::Step(const std::vector<model::TokenBatch>& mi
   TESSERA_ASSIGN_OR_RETURN(stats.tokens, GlobalTokens(micro_batches));
   if (stats.tokens == 0) return absl::InvalidArgumentError("trainer: the global batch has no target tokens");
   TESSERA_RETURN_IF_ERROR(model_->ZeroGrads());
+  if (options_.zero >= 2)
+    for (State& s : state_) TESSERA_RETURN_IF_ERROR(backend_->Fill(s.grad_shard, 0));
   const float scale = 1.f / static_cast<float>(stats.tokens);
   float loss_sum = 0.f;
   for (const auto& mb : micro_batches) {

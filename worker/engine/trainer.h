@@ -1,8 +1,18 @@
 // One rank's optimizer step (DESIGN §6): gradient accumulation over micro-batches, data-
-// parallel gradient reduction (all-reduce, or reduce-scatter into this rank's shard with
-// ZeRO-1: the distributed optimizer), the global gradient norm across data- and tensor-parallel ranks and
-// clipping, warmup + cosine learning rate, AdamW on fp32 state, and (ZeRO) the
-// all-gather of the updated parameters.
+// parallel gradient reduction, the global gradient norm across data- and tensor-parallel
+// ranks and clipping, warmup + cosine learning rate, AdamW on fp32 state. The ZeRO stage
+// decides what is sharded over the DP (x CP) group; a rank owns the same contiguous slice
+// [rank * shard, (rank + 1) * shard) of every flattened (TP-local) parameter:
+//   0: nothing — gradients all-reduced after the last micro-batch, state replicated;
+//   1: optimizer state (the distributed optimizer) — gradients reduce-scattered after the
+//      last micro-batch, AdamW on the slice, the parameter all-gathered;
+//   2: + gradients — each block's gradients are reduce-scattered into the slice as soon
+//      as the block's backward is done (every micro-batch) and their full buffers freed;
+//   3: + parameters (FSDP) — a block's parameters are all-gathered before its forward and
+//      its backward (the next block's one ahead) and freed after; AdamW updates the slice,
+//      which is the only copy kept between steps.
+// ZeRO-2/3 work through the model's ParamHooks (worker/model/llama.h). With one DP rank
+// every stage is stage 0.
 //
 // The loss is a token mean over the global batch: every micro-batch's gradient is
 // scaled by 1 / (target tokens of the whole global batch, summed over data-parallel
@@ -29,7 +39,7 @@ struct OptimizerOptions {
   int64_t total_steps = 1;  // cosine decay ends here
   float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f;
   float clip_norm = 1.0f;  // <= 0: no clipping
-  int zero = 0;            // 0: all-reduce grads, state replicated; 1: state sharded over DP (2, 3: not yet)
+  int zero = 0;            // ZeRO stage, 0-3 (above)
 };
 
 // Learning rate at a 1-based step: linear warmup to lr, then cosine to min_lr.
@@ -53,22 +63,31 @@ class Trainer {
   // One optimizer step over this rank's micro-batches of the global batch.
   absl::StatusOr<StepStats> Step(const std::vector<model::TokenBatch>& micro_batches);
   int64_t step() const { return step_; }
+  // ZeRO-3: gathers every parameter's value onto the model (for evaluation, checkpoints
+  // and Llama::GatherGlobal); the next Step frees them again. Other stages: nothing to do.
+  // Every rank of the DP group must call it.
+  absl::Status GatherParams();
 
  private:
   struct State;
+  class Hooks;
   Trainer(model::Llama* model, runtime::Backend* backend, comm::Communicator* dp, comm::Communicator* tp,
           const OptimizerOptions& options);
   absl::Status Allocate();
   absl::StatusOr<int64_t> GlobalTokens(const std::vector<model::TokenBatch>& micro_batches);
   absl::StatusOr<double> ReduceGradsAndNorm();
   absl::Status Update(float lr, float clip_scale);
+  absl::Status GatherValue(State& s);
+  absl::Status EnsureGrad(State& s);
+  absl::Status ReduceGrad(State& s);
 
   model::Llama* model_;
   runtime::Backend* backend_;
   comm::Communicator* dp_;  // null: one data-parallel rank
   comm::Communicator* tp_;
   OptimizerOptions options_;
-  std::vector<State> state_;  // per parameter
+  std::vector<State> state_;  // per parameter, in the model's order
+  std::unique_ptr<Hooks> hooks_;  // ZeRO-2/3
   int64_t step_ = 0;
 };
 

@@ -1,5 +1,7 @@
 #include "worker/model/llama.h"
 
+#include <algorithm>
+
 #include <cmath>
 #include <random>
 
@@ -146,6 +148,21 @@ absl::Status Llama::Allocate() {
     w.wu = Find(l + "mlp.up_proj.weight");
     w.wd = Find(l + "mlp.down_proj.weight");
   }
+  uses_.assign(num_blocks(), {});
+  owns_.assign(num_blocks(), {});
+  uses_[0] = {embed_};
+  for (int64_t i = 0; i < config_.layers; ++i) {
+    const LayerParams& w = layers_[i];
+    for (Param* p : {w.norm1, w.wq, w.wk, w.wv, w.bq, w.bk, w.bv, w.wo, w.norm2, w.wg, w.wu, w.wd})
+      if (p != nullptr) uses_[i + 1].push_back(p);
+  }
+  uses_.back() = {final_norm_, lm_head_};
+  for (Param& p : params_)
+    for (int b = 0; b < num_blocks(); ++b)
+      if (std::find(uses_[b].begin(), uses_[b].end(), &p) != uses_[b].end()) {
+        owns_[b].push_back(&p);
+        break;
+      }
   return absl::OkStatus();
 }
 
@@ -211,7 +228,8 @@ absl::Status Llama::InitRandom(uint64_t seed, float stddev) {
 }
 
 absl::Status Llama::ZeroGrads() {
-  for (auto& p : params_) TESSERA_RETURN_IF_ERROR(backend_->Fill(p.grad, 0));
+  for (auto& p : params_)
+    if (p.grad.defined()) TESSERA_RETURN_IF_ERROR(backend_->Fill(p.grad, 0));
   return absl::OkStatus();
 }
 
@@ -382,20 +400,35 @@ absl::StatusOr<LossSum> Llama::Run(const TokenBatch& batch, bool backward, float
   if (sp_ && batch.size() % tp_size() != 0)
     return absl::InvalidArgumentError(absl::StrCat("batch: ", batch.size(), " tokens do not split over the ",
                                                    tp_size(), " tensor-parallel ranks of sequence parallelism; pad it"));
+  using Phase = ParamHooks::Phase;
+  auto acquire = [&](int block, Phase ph) { return hooks_ ? hooks_->Acquire(block, ph) : absl::OkStatus(); };
+  auto release = [&](int block, Phase ph) { return hooks_ ? hooks_->Release(block, ph) : absl::OkStatus(); };
+  auto done = [&](int block) {  // the block's backward is complete
+    if (hooks_ == nullptr) return absl::OkStatus();
+    TESSERA_RETURN_IF_ERROR(hooks_->GradsReady(block));
+    return hooks_->Release(block, Phase::kBackward);
+  };
   Backend& b = *backend_;
   const LlamaConfig& c = config_;
+  const int head_block = num_blocks() - 1;
   const int64_t t = batch.size(), vocab = c.vocab / tp_size(), vocab_start = tp_rank() * vocab;
   TESSERA_ASSIGN_OR_RETURN(Inputs in, Upload(batch));
   TESSERA_ASSIGN_OR_RETURN(Tensor emb, New(b, {t, c.hidden}));
+  TESSERA_RETURN_IF_ERROR(acquire(0, Phase::kForward));
   TESSERA_RETURN_IF_ERROR(b.EmbeddingForward(in.tokens, embed_->value, vocab_start, emb));
+  TESSERA_RETURN_IF_ERROR(release(0, Phase::kForward));
   TESSERA_ASSIGN_OR_RETURN(Tensor x, LeaveTp(emb));  // vocab-parallel: each id's row lives on one rank
   std::vector<LayerActs> acts(c.layers);
   for (int64_t l = 0; l < c.layers; ++l) {
     Tensor out;
+    TESSERA_RETURN_IF_ERROR(acquire(static_cast<int>(l) + 1, Phase::kForward));
     TESSERA_RETURN_IF_ERROR(LayerForward(layers_[l], in, x, acts[l], out));
+    TESSERA_RETURN_IF_ERROR(release(static_cast<int>(l) + 1, Phase::kForward));
     x = out;
   }
-  // Final norm, LM head (this rank's vocabulary columns), cross-entropy.
+  // Final norm, LM head (this rank's vocabulary columns), cross-entropy. With a backward
+  // the head block stays acquired: its backward comes next.
+  TESSERA_RETURN_IF_ERROR(acquire(head_block, Phase::kForward));
   TESSERA_ASSIGN_OR_RETURN(Tensor xn, New(b, x.shape()));
   TESSERA_ASSIGN_OR_RETURN(Tensor rstd, New(b, {x.dim(0)}));
   TESSERA_RETURN_IF_ERROR(b.RmsNormForward(x, final_norm_->value, c.norm_eps, xn, rstd));
@@ -411,8 +444,12 @@ absl::StatusOr<LossSum> Llama::Run(const TokenBatch& batch, bool backward, float
     ++loss.tokens;
     dloss[i] = grad_scale;
   }
-  if (!backward) return loss;
+  if (!backward) {
+    TESSERA_RETURN_IF_ERROR(release(head_block, Phase::kForward));
+    return loss;
+  }
   // Backward, from the loss down to the embedding.
+  TESSERA_RETURN_IF_ERROR(acquire(head_block, Phase::kBackward));
   TESSERA_ASSIGN_OR_RETURN(Tensor lse_t, New(b, {t}));
   TESSERA_ASSIGN_OR_RETURN(Tensor dloss_t, New(b, {t}));
   TESSERA_RETURN_IF_ERROR(b.CopyFromHost(lse.data(), lse_t));
@@ -424,11 +461,18 @@ absl::StatusOr<LossSum> Llama::Run(const TokenBatch& batch, bool backward, float
   TESSERA_ASSIGN_OR_RETURN(Tensor dxn, LeaveTp(dxn_full));
   TESSERA_ASSIGN_OR_RETURN(Tensor dx, New(b, x.shape()));
   TESSERA_RETURN_IF_ERROR(NormBackward(dxn, x, *final_norm_, rstd, dx));
-  for (int64_t l = c.layers - 1; l >= 0; --l) TESSERA_RETURN_IF_ERROR(LayerBackward(layers_[l], in, acts[l], dx));
+  TESSERA_RETURN_IF_ERROR(done(head_block));
+  for (int64_t l = c.layers - 1; l >= 0; --l) {
+    TESSERA_RETURN_IF_ERROR(acquire(static_cast<int>(l) + 1, Phase::kBackward));
+    TESSERA_RETURN_IF_ERROR(LayerBackward(layers_[l], in, acts[l], dx));
+    TESSERA_RETURN_IF_ERROR(done(static_cast<int>(l) + 1));
+  }
   TESSERA_ASSIGN_OR_RETURN(Tensor dx_full, EnterTp(dx));
-  TESSERA_ASSIGN_OR_RETURN(Tensor dembed, New(b, embed_->value.shape()));
+  TESSERA_RETURN_IF_ERROR(acquire(0, Phase::kBackward));
+  TESSERA_ASSIGN_OR_RETURN(Tensor dembed, New(b, embed_->grad.shape()));
   TESSERA_RETURN_IF_ERROR(b.EmbeddingBackward(in.tokens, dx_full, vocab_start, dembed));
   TESSERA_RETURN_IF_ERROR(b.Axpby(1.f, dembed, 1.f, embed_->grad));
+  TESSERA_RETURN_IF_ERROR(done(0));
   return loss;
 }
 

@@ -53,6 +53,24 @@ struct LossSum {
   int64_t tokens = 0;
 };
 
+// Hooks of sharded data parallelism (ZeRO-2/3, worker/engine/trainer.h). The model runs
+// in blocks — 0: the embedding, 1..layers: the decoder layers, layers + 1: the final
+// norm and the LM head — and calls these around each block's forward and backward.
+class ParamHooks {
+ public:
+  enum class Phase { kForward, kBackward };
+  virtual ~ParamHooks() = default;
+  // Before a block runs: the values of the parameters it uses must be present (ZeRO-3
+  // gathers them) and, in the backward, their gradient buffers too (ZeRO-2/3 allocate
+  // them zeroed).
+  virtual absl::Status Acquire(int block, Phase phase) = 0;
+  // After the block ran (ZeRO-3 frees what the next block does not use).
+  virtual absl::Status Release(int block, Phase phase) = 0;
+  // After the block's backward: the gradients of the parameters it owns (BlockOwns) are
+  // complete for this micro-batch (ZeRO-2/3 reduce-scatter them into the rank's shard).
+  virtual absl::Status GradsReady(int block) = 0;
+};
+
 struct Param {
   ParamSpec spec;         // name, global shape, tensor-parallel dimension
   runtime::Tensor value;  // f32, this rank's shard
@@ -82,7 +100,17 @@ class Llama {
   // The full (global) value or gradient of a parameter, gathered over the TP group
   // (every rank of the group must call it).
   absl::StatusOr<std::vector<float>> GatherGlobal(const Param& p, bool grad);
+  // Zeroes every gradient buffer that is present (ZeRO-2/3 keep none between blocks).
   absl::Status ZeroGrads();
+
+  // Blocks (see ParamHooks): the parameters a block uses, and those whose gradient is
+  // complete after its backward (each parameter is owned by the lowest block using it:
+  // the backward runs from the top block down; a tied embedding belongs to block 0).
+  int num_blocks() const { return static_cast<int>(config_.layers) + 2; }
+  const std::vector<Param*>& BlockUses(int block) const { return uses_[block]; }
+  const std::vector<Param*>& BlockOwns(int block) const { return owns_[block]; }
+  // Not owned; null: every parameter's value and gradient are always present.
+  void set_hooks(ParamHooks* hooks) { hooks_ = hooks; }
 
   // Forward only: the summed loss.
   absl::StatusOr<LossSum> Forward(const TokenBatch& batch);
@@ -118,6 +146,8 @@ class Llama {
   std::vector<Param> params_;
   std::vector<LayerParams> layers_;
   Param *embed_ = nullptr, *final_norm_ = nullptr, *lm_head_ = nullptr;
+  std::vector<std::vector<Param*>> uses_, owns_;  // per block
+  ParamHooks* hooks_ = nullptr;
 };
 
 }  // namespace tessera::model
