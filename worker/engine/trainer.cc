@@ -197,6 +197,62 @@ absl::Status Trainer::ReduceGrad(State& s) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<Trainer::Piece> Trainer::ReadPiece(size_t i) {
+  if (i >= state_.size()) return absl::OutOfRangeError(absl::StrCat("trainer: no parameter ", i));
+  State& s = state_[i];
+  runtime::Backend& b = *backend_;
+  const int rank = dp_ ? dp_->rank() : 0;
+  const int64_t begin = std::min<int64_t>(s.n, rank * s.shard), len = std::min<int64_t>(s.shard, s.n - begin);
+  Piece p;
+  auto read = [&](const Tensor& t, int64_t count, std::vector<float>& out) -> absl::Status {
+    out.resize(count);
+    if (count == 0) return absl::OkStatus();
+    TESSERA_ASSIGN_OR_RETURN(Tensor flat, t.Reshape({t.numel()}));
+    TESSERA_ASSIGN_OR_RETURN(Tensor head, flat.Slice(0, 0, count));
+    return b.CopyToHost(head, out.data());
+  };
+  if (options_.zero == 3) {
+    p.value_begin = begin;
+    TESSERA_RETURN_IF_ERROR(read(s.value_shard, len, p.value));
+  } else {
+    TESSERA_RETURN_IF_ERROR(read(s.param->value, s.n, p.value));
+  }
+  p.state_begin = options_.zero > 0 ? begin : 0;
+  const int64_t state_len = options_.zero > 0 ? len : s.n;
+  TESSERA_RETURN_IF_ERROR(read(s.m, state_len, p.m));
+  TESSERA_RETURN_IF_ERROR(read(s.v, state_len, p.v));
+  return p;
+}
+
+absl::Status Trainer::LoadPiece(size_t i, const std::vector<float>& value, const std::vector<float>& m,
+                                const std::vector<float>& v) {
+  if (i >= state_.size()) return absl::OutOfRangeError(absl::StrCat("trainer: no parameter ", i));
+  State& s = state_[i];
+  if (static_cast<int64_t>(value.size()) != s.n || static_cast<int64_t>(m.size()) != s.n ||
+      static_cast<int64_t>(v.size()) != s.n)
+    return absl::InvalidArgumentError(absl::StrCat("trainer: ", s.param->name(), " holds ", s.n, " elements, got ",
+                                                   value.size(), " / ", m.size(), " / ", v.size()));
+  runtime::Backend& b = *backend_;
+  const int rank = dp_ ? dp_->rank() : 0;
+  const int64_t begin = std::min<int64_t>(s.n, rank * s.shard), len = std::min<int64_t>(s.shard, s.n - begin);
+  auto write = [&](const std::vector<float>& src, int64_t from, int64_t count, Tensor& t) -> absl::Status {
+    TESSERA_RETURN_IF_ERROR(b.Fill(t, 0));  // the padding past n stays zero
+    if (count == 0) return absl::OkStatus();
+    TESSERA_ASSIGN_OR_RETURN(Tensor flat, t.Reshape({t.numel()}));
+    TESSERA_ASSIGN_OR_RETURN(Tensor head, flat.Slice(0, 0, count));
+    return b.CopyFromHost(src.data() + from, head);
+  };
+  if (options_.zero == 3) {
+    s.param->value = Tensor();
+    TESSERA_RETURN_IF_ERROR(write(value, begin, len, s.value_shard));
+  } else {
+    TESSERA_RETURN_IF_ERROR(write(value, 0, s.n, s.param->value));
+  }
+  const int64_t from = options_.zero > 0 ? begin : 0, count = options_.zero > 0 ? len : s.n;
+  TESSERA_RETURN_IF_ERROR(write(m, from, count, s.m));
+  return write(v, from, count, s.v);
+}
+
 absl::Status Trainer::GatherParams() {
   if (options_.zero < 3) return absl::OkStatus();
   for (State& s : state_) TESSERA_RETURN_IF_ERROR(GatherValue(s));

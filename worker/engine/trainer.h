@@ -68,6 +68,23 @@ class Trainer {
   // Every rank of the DP group must call it.
   absl::Status GatherParams();
 
+  // Checkpoints (worker/checkpoint). Parameter i (the model's order) as this rank holds
+  // it: `value` is elements [value_begin, value_begin + value.size()) of the flattened
+  // TP-local tensor (ZeRO-3: the rank's slice, else all of it), the AdamW moments m and v
+  // elements [state_begin, ...) (ZeRO >= 1: the slice, else all of it); no padding.
+  struct Piece {
+    int64_t value_begin = 0, state_begin = 0;
+    std::vector<float> value, m, v;
+  };
+  absl::StatusOr<Piece> ReadPiece(size_t i);
+  // Sets parameter i's value and moments from its whole TP-local tensors (n elements
+  // each); the rank keeps what it holds.
+  absl::Status LoadPiece(size_t i, const std::vector<float>& value, const std::vector<float>& m,
+                         const std::vector<float>& v);
+  void set_step(int64_t step) { step_ = step; }
+  int zero() const { return options_.zero; }  // the effective stage (0 with one DP rank)
+  runtime::Backend* backend() const { return backend_; }
+
  private:
   struct State;
   class Hooks;

@@ -1,0 +1,396 @@
+#include "worker/checkpoint/checkpoint.h"
+
+#include <fcntl.h>
+#include <openssl/evp.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <memory>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "common/status.h"
+#include "common/util.h"
+#include "worker/checkpoint/safetensors.h"
+
+namespace tessera::checkpoint {
+namespace {
+using nlohmann::json;
+constexpr char kFormat[] = "tessera-checkpoint-1";
+
+int TpRank(const Group& g) { return g.tp ? g.tp->rank() : 0; }
+int TpSize(const Group& g) { return g.tp ? g.tp->size() : 1; }
+int DpRank(const Group& g) { return g.dp ? g.dp->rank() : 0; }
+int DpSize(const Group& g) { return g.dp ? g.dp->size() : 1; }
+std::string RankFile(int rank, const char* ext) { return absl::StrFormat("rank-%05d.%s", rank, ext); }
+
+int64_t Numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// What TP rank tp_r, DP rank dp_r writes of a parameter (see the header).
+struct Plan {
+  int tp_dim = -1, tp_size = 1;
+  bool value = false, state = false;
+  int64_t value_begin = 0, value_len = 0, state_begin = 0, state_len = 0;
+};
+Plan PlanFor(const model::ParamSpec& spec, int tp, int dp, int zero, int tp_r, int dp_r) {
+  Plan p;
+  const bool tp_sharded = tp > 1 && spec.shard_dim >= 0;
+  if (!tp_sharded && tp_r != 0) return p;  // the TP ranks hold the same tensor: rank 0 writes it
+  p.tp_dim = tp_sharded ? spec.shard_dim : -1;
+  p.tp_size = tp_sharded ? tp : 1;
+  const int64_t n = Numel(spec.shape) / p.tp_size;
+  const int64_t shard = (n + dp - 1) / dp, begin = std::min<int64_t>(n, dp_r * shard),
+                len = std::min<int64_t>(shard, n - begin);
+  if (zero == 3 && dp > 1) {
+    p.value = len > 0, p.value_begin = begin, p.value_len = len;
+  } else if (dp_r == 0) {
+    p.value = true, p.value_len = n;
+  }
+  if (zero >= 1 && dp > 1) {
+    p.state = len > 0, p.state_begin = begin, p.state_len = len;
+  } else if (dp_r == 0) {
+    p.state = true, p.state_len = n;
+  }
+  return p;
+}
+
+// Global index of element `li` of TP rank r's flattened local tensor (split along dim d
+// into t parts).
+struct TpMap {
+  int64_t outer = 1, dim = 1, inner = 1, parts = 1, rank = 0;
+  TpMap(const std::vector<int64_t>& shape, int d, int t, int r) : parts(t), rank(r) {
+    if (d < 0) {
+      dim = Numel(shape), parts = 1, rank = 0;
+      return;
+    }
+    for (int i = 0; i < d; ++i) outer *= shape[i];
+    dim = shape[d];
+    for (size_t i = d + 1; i < shape.size(); ++i) inner *= shape[i];
+  }
+  int64_t Global(int64_t li) const {
+    const int64_t dl = dim / parts, o = li / (dl * inner), rem = li % (dl * inner);
+    return (o * dim + rank * dl + rem / inner) * inner + rem % inner;
+  }
+};
+
+// Every rank learns whether every rank succeeded (an all-reduce of a failure flag over TP,
+// then DP): no rank is left waiting in a later collective when another one failed.
+absl::Status Agree(const Group& g, const absl::Status& local, const char* phase) {
+  runtime::Backend& b = *g.trainer->backend();
+  float flag = local.ok() ? 0.f : 1.f;
+  auto reduce = [&](comm::Communicator* c) -> absl::Status {
+    if (c == nullptr || c->size() == 1) return absl::OkStatus();
+    TESSERA_ASSIGN_OR_RETURN(runtime::Tensor t, b.Empty({1}, runtime::DType::kF32));
+    TESSERA_RETURN_IF_ERROR(b.CopyFromHost(&flag, t));
+    TESSERA_RETURN_IF_ERROR(c->AllReduce(t.data(), t.data(), 1, runtime::DType::kF32, comm::ReduceOp::kMax));
+    return b.CopyToHost(t, &flag);
+  };
+  TESSERA_RETURN_IF_ERROR(reduce(g.tp));
+  TESSERA_RETURN_IF_ERROR(reduce(g.dp));
+  TESSERA_RETURN_IF_ERROR(reduce(g.tp));  // a TP peer may only now have learnt of a DP failure
+  if (!local.ok()) return local;
+  if (flag != 0.f) return absl::AbortedError(absl::StrCat("checkpoint ", phase, " failed on another rank"));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> Sha256File(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return absl::NotFoundError(absl::StrCat("cannot open ", path, ": ", strerror(errno)));
+  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
+  EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr);
+  std::vector<char> buf(1 << 20);
+  for (;;) {
+    const ssize_t n = ::read(fd, buf.data(), buf.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int e = errno;
+      ::close(fd);
+      return absl::DataLossError(absl::StrCat("cannot read ", path, ": ", strerror(e)));
+    }
+    if (n == 0) break;
+    EVP_DigestUpdate(ctx.get(), buf.data(), static_cast<size_t>(n));
+  }
+  ::close(fd);
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_DigestFinal_ex(ctx.get(), md, &len);
+  std::string hex;
+  for (unsigned i = 0; i < len; ++i) absl::StrAppendFormat(&hex, "%02x", md[i]);
+  return hex;
+}
+
+absl::Status FsyncDir(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return absl::InternalError(absl::StrCat("cannot open directory ", dir, ": ", strerror(errno)));
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) return absl::InternalError(absl::StrCat("cannot sync directory ", dir, ": ", strerror(errno)));
+  return absl::OkStatus();
+}
+
+absl::Status RemoveTree(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::remove_all(path, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot remove ", path, ": ", ec.message()));
+  return absl::OkStatus();
+}
+
+// This rank's shard file and its sidecar (size and SHA-256), if it holds anything to write.
+absl::Status WriteRankFile(const std::string& tmp, int rank, const Group& g) {
+  auto& params = g.model->params();
+  std::vector<engine::Trainer::Piece> pieces;
+  std::vector<TensorToWrite> tensors;
+  pieces.reserve(params.size());
+  const int tp = TpSize(g), dp = DpSize(g), zero = g.trainer->zero();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Plan plan = PlanFor(params[i].spec, tp, dp, zero, TpRank(g), DpRank(g));
+    if (!plan.value && !plan.state) continue;
+    TESSERA_ASSIGN_OR_RETURN(engine::Trainer::Piece p, g.trainer->ReadPiece(i));
+    if (p.value_begin != plan.value_begin || static_cast<int64_t>(p.value.size()) < plan.value_len ||
+        p.state_begin != plan.state_begin || static_cast<int64_t>(p.m.size()) < plan.state_len)
+      return absl::InternalError(absl::StrCat("checkpoint: ", params[i].name(), ": the trainer holds other elements than planned"));
+    pieces.push_back(std::move(p));
+    const engine::Trainer::Piece& q = pieces.back();
+    const std::string& name = params[i].name();
+    if (plan.value) tensors.push_back({name, "F32", {plan.value_len}, q.value.data(), size_t(plan.value_len) * 4});
+    if (plan.state) {
+      tensors.push_back({name + "/exp_avg", "F32", {plan.state_len}, q.m.data(), size_t(plan.state_len) * 4});
+      tensors.push_back({name + "/exp_avg_sq", "F32", {plan.state_len}, q.v.data(), size_t(plan.state_len) * 4});
+    }
+  }
+  if (tensors.empty()) return absl::OkStatus();
+  const std::string file = absl::StrCat(tmp, "/", RankFile(rank, "safetensors"));
+  TESSERA_RETURN_IF_ERROR(WriteSafetensors(file, tensors, {{"format", kFormat}}));
+  TESSERA_ASSIGN_OR_RETURN(std::string sha, Sha256File(file));
+  struct stat st {};
+  if (::stat(file.c_str(), &st) != 0) return absl::InternalError(absl::StrCat("cannot stat ", file));
+  const json side = {{"bytes", static_cast<int64_t>(st.st_size)}, {"sha256", sha}};
+  return WriteFileAtomic(absl::StrCat(tmp, "/", RankFile(rank, "sha256")), side.dump());
+}
+
+// Rank 0: the metadata of every rank's shards, then the commit.
+absl::Status CommitOnRankZero(const std::string& dir, const std::string& tmp, const std::string& final_dir,
+                              int64_t step, const Group& g) {
+  const int tp = TpSize(g), dp = DpSize(g), zero = g.trainer->zero();
+  json tensors = json::object(), files = json::object();
+  for (const auto& p : g.model->params()) {
+    json value = json::array(), m = json::array(), v = json::array();
+    for (int d = 0; d < dp; ++d)
+      for (int t = 0; t < tp; ++t) {
+        const Plan plan = PlanFor(p.spec, tp, dp, zero, t, d);
+        if (!plan.value && !plan.state) continue;
+        const std::string file = RankFile(t + tp * d, "safetensors");
+        if (!files.contains(file)) {
+          TESSERA_ASSIGN_OR_RETURN(std::string side, ReadFile(absl::StrCat(tmp, "/", RankFile(t + tp * d, "sha256"))));
+          files[file] = json::parse(side, nullptr, false);
+        }
+        auto shard = [&](const std::string& key, int64_t begin, int64_t len) {
+          return json{{"file", file}, {"key", key},   {"tp_dim", plan.tp_dim}, {"tp_rank", plan.tp_dim >= 0 ? t : 0},
+                      {"tp_size", plan.tp_size}, {"begin", begin}, {"len", len}};
+        };
+        if (plan.value) value.push_back(shard(p.name(), plan.value_begin, plan.value_len));
+        if (plan.state) {
+          m.push_back(shard(p.name() + "/exp_avg", plan.state_begin, plan.state_len));
+          v.push_back(shard(p.name() + "/exp_avg_sq", plan.state_begin, plan.state_len));
+        }
+      }
+    tensors[p.name()] = {{"shape", p.spec.shape}, {"value", value}, {"exp_avg", m}, {"exp_avg_sq", v}};
+  }
+  const auto& c = g.model->config();
+  const json meta = {{"format", kFormat},
+                     {"step", step},
+                     {"layout", {{"tp", tp}, {"dp", dp}, {"zero", zero}}},
+                     {"model",
+                      {{"vocab", c.vocab}, {"hidden", c.hidden}, {"layers", c.layers}, {"heads", c.heads},
+                       {"kv_heads", c.kv_heads}, {"head_dim", c.HeadDim()}, {"ffn", c.ffn},
+                       {"tie_embeddings", c.tie_embeddings}, {"qkv_bias", c.qkv_bias}}},
+                     {"files", files},
+                     {"tensors", tensors}};
+  TESSERA_RETURN_IF_ERROR(WriteFileAtomic(tmp + "/metadata.json", meta.dump(1)));
+  TESSERA_RETURN_IF_ERROR(FsyncDir(tmp));
+  TESSERA_RETURN_IF_ERROR(RemoveTree(final_dir));  // an earlier save of the same step, if any
+  if (::rename(tmp.c_str(), final_dir.c_str()) != 0)
+    return absl::InternalError(absl::StrCat("cannot rename ", tmp, " to ", final_dir, ": ", strerror(errno)));
+  TESSERA_RETURN_IF_ERROR(FsyncDir(dir));
+  TESSERA_RETURN_IF_ERROR(WriteFileAtomic(dir + "/latest", StepDirName(step) + "\n"));
+  return FsyncDir(dir);
+}
+
+bool GetInt(const json& j, const char* key, int64_t* out) {
+  if (!j.is_object() || !j.contains(key) || !j[key].is_number_integer()) return false;
+  *out = j[key].get<int64_t>();
+  return true;
+}
+
+// Files of a checkpoint being loaded: opened once, size and SHA-256 checked on first use.
+class Files {
+ public:
+  Files(std::string dir, const json& listing) : dir_(std::move(dir)), listing_(listing) {}
+  absl::StatusOr<const SafetensorsReader*> Get(const std::string& name) {
+    if (auto it = open_.find(name); it != open_.end()) return it->second.get();
+    if (name.find('/') != std::string::npos || name.empty() || name[0] == '.')
+      return absl::DataLossError(absl::StrCat(dir_, ": bad shard file name '", name, "'"));
+    int64_t bytes = -1;
+    if (!listing_.contains(name) || !GetInt(listing_[name], "bytes", &bytes) || !listing_[name].contains("sha256") ||
+        !listing_[name]["sha256"].is_string())
+      return absl::DataLossError(absl::StrCat(dir_, "/metadata.json: no size and sha256 for ", name));
+    const std::string path = absl::StrCat(dir_, "/", name);
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) return absl::DataLossError(absl::StrCat(path, ": missing"));
+    if (st.st_size != bytes)
+      return absl::DataLossError(absl::StrCat(path, ": ", st.st_size, " bytes, the metadata says ", bytes, " (truncated?)"));
+    TESSERA_ASSIGN_OR_RETURN(std::string sha, Sha256File(path));
+    if (sha != listing_[name]["sha256"].get<std::string>())
+      return absl::DataLossError(absl::StrCat(path, ": SHA-256 mismatch (the file is corrupt)"));
+    TESSERA_ASSIGN_OR_RETURN(auto reader, SafetensorsReader::Open(path));
+    return (open_[name] = std::move(reader)).get();
+  }
+
+ private:
+  std::string dir_;
+  const json& listing_;
+  std::map<std::string, std::unique_ptr<SafetensorsReader>> open_;
+};
+
+// A global tensor from its shards (any layout), checked to cover every element once.
+absl::StatusOr<std::vector<float>> Assemble(const std::string& what, const std::vector<int64_t>& shape,
+                                            const json& shards, Files& files) {
+  auto bad = [&](const std::string& why) { return absl::DataLossError(absl::StrCat("checkpoint: ", what, ": ", why)); };
+  if (!shards.is_array() || shards.empty()) return bad("no shards");
+  const int64_t numel = Numel(shape);
+  std::vector<float> global(numel);
+  std::map<int64_t, std::vector<std::pair<int64_t, int64_t>>> cover;  // tp rank -> [begin, end)
+  int64_t tp_dim = -2, tp_size = 0;
+  for (const auto& s : shards) {
+    int64_t dim, size, rank, begin, len;
+    if (!GetInt(s, "tp_dim", &dim) || !GetInt(s, "tp_size", &size) || !GetInt(s, "tp_rank", &rank) ||
+        !GetInt(s, "begin", &begin) || !GetInt(s, "len", &len) || !s.contains("file") || !s["file"].is_string() ||
+        !s.contains("key") || !s["key"].is_string())
+      return bad("a shard lacks file, key, tp_dim, tp_size, tp_rank, begin or len");
+    if (tp_dim == -2) tp_dim = dim, tp_size = size;
+    if (dim != tp_dim || size != tp_size) return bad("shards disagree on the tensor-parallel split");
+    if (dim < -1 || dim >= static_cast<int64_t>(shape.size()) || size < 1 || (dim < 0 && size != 1) ||
+        (dim >= 0 && shape[dim] % size != 0) || rank < 0 || rank >= size)
+      return bad(absl::StrCat("invalid split (tp_dim ", dim, ", tp_size ", size, ", tp_rank ", rank, ")"));
+    const int64_t local_n = numel / size;
+    if (begin < 0 || len < 0 || begin > local_n - len)
+      return bad(absl::StrCat("shard [", begin, ", +", len, ") outside the ", local_n, " local elements"));
+    TESSERA_ASSIGN_OR_RETURN(const SafetensorsReader* r, files.Get(s["file"].get<std::string>()));
+    TESSERA_ASSIGN_OR_RETURN(std::vector<float> data, r->ReadF32(s["key"].get<std::string>()));
+    if (static_cast<int64_t>(data.size()) != len)
+      return bad(absl::StrCat(s["key"].get<std::string>(), " holds ", data.size(), " elements, the metadata says ", len));
+    const TpMap map(shape, static_cast<int>(dim), static_cast<int>(size), static_cast<int>(rank));
+    for (int64_t k = 0; k < len; ++k) global[map.Global(begin + k)] = data[k];
+    cover[rank].push_back({begin, begin + len});
+  }
+  for (int64_t r = 0; r < tp_size; ++r) {
+    auto& c = cover[r];
+    std::sort(c.begin(), c.end());
+    int64_t at = 0;
+    for (auto [b, e] : c) {
+      if (b != at) return bad(absl::StrCat("TP rank ", r, "'s elements are not covered exactly once near ", at));
+      at = e;
+    }
+    if (at != numel / tp_size) return bad(absl::StrCat("TP rank ", r, "'s shards end at ", at, " of ", numel / tp_size));
+  }
+  return global;
+}
+
+// This rank's TP-local part of a global tensor.
+std::vector<float> TpLocal(const std::vector<float>& global, const model::ParamSpec& spec, int tp, int tp_r) {
+  if (tp == 1 || spec.shard_dim < 0) return global;
+  const TpMap map(spec.shape, spec.shard_dim, tp, tp_r);
+  std::vector<float> local(global.size() / tp);
+  for (size_t i = 0; i < local.size(); ++i) local[i] = global[map.Global(static_cast<int64_t>(i))];
+  return local;
+}
+
+absl::StatusOr<int64_t> LoadLocal(const std::string& path, const Group& g) {
+  TESSERA_ASSIGN_OR_RETURN(std::string text, ReadFile(path + "/metadata.json"));
+  const json meta = json::parse(text, nullptr, false);
+  int64_t step = -1;
+  if (meta.is_discarded() || !meta.is_object() || !meta.contains("format") || meta["format"] != kFormat ||
+      !GetInt(meta, "step", &step) || step < 0 || !meta.contains("tensors") || !meta["tensors"].is_object() ||
+      !meta.contains("files") || !meta["files"].is_object())
+    return absl::DataLossError(absl::StrCat(path, "/metadata.json: not a ", kFormat, " metadata file"));
+  Files files(path, meta["files"]);
+  const auto& tensors = meta["tensors"];
+  auto& params = g.model->params();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const model::ParamSpec& spec = params[i].spec;
+    if (!tensors.contains(spec.name))
+      return absl::NotFoundError(absl::StrCat("checkpoint ", path, " has no tensor ", spec.name));
+    const json& t = tensors[spec.name];
+    std::vector<int64_t> shape;
+    if (t.contains("shape") && t["shape"].is_array())
+      for (const auto& d : t["shape"])
+        if (d.is_number_integer()) shape.push_back(d.get<int64_t>());
+    if (shape != spec.shape)
+      return absl::InvalidArgumentError(absl::StrCat("checkpoint ", path, ": ", spec.name, " has shape [",
+                                                     absl::StrJoin(shape, ", "), "], the model expects [",
+                                                     absl::StrJoin(spec.shape, ", "), "]"));
+    std::vector<float> local[3];
+    const char* parts[3] = {"value", "exp_avg", "exp_avg_sq"};
+    for (int k = 0; k < 3; ++k) {
+      if (!t.contains(parts[k])) return absl::DataLossError(absl::StrCat("checkpoint ", path, ": ", spec.name, " has no ", parts[k]));
+      TESSERA_ASSIGN_OR_RETURN(std::vector<float> global,
+                               Assemble(absl::StrCat(spec.name, " ", parts[k]), spec.shape, t[parts[k]], files));
+      local[k] = TpLocal(global, spec, TpSize(g), TpRank(g));
+    }
+    TESSERA_RETURN_IF_ERROR(g.trainer->LoadPiece(i, local[0], local[1], local[2]));
+  }
+  return step;
+}
+
+}  // namespace
+
+std::string StepDirName(int64_t step) { return absl::StrFormat("step-%08d", step); }
+
+absl::Status SaveCheckpoint(const std::string& dir, int64_t step, const Group& g) {
+  if (g.model == nullptr || g.trainer == nullptr) return absl::InvalidArgumentError("checkpoint: no model or trainer");
+  const int rank = TpRank(g) + TpSize(g) * DpRank(g);
+  const std::string final_dir = absl::StrCat(dir, "/", StepDirName(step)), tmp = final_dir + ".tmp";
+  absl::Status st;
+  if (rank == 0) {
+    st = MakeDirs(dir);
+    if (st.ok()) st = RemoveTree(tmp);  // left by a save that crashed
+    if (st.ok()) st = MakeDirs(tmp);
+  }
+  TESSERA_RETURN_IF_ERROR(Agree(g, st, "set-up"));
+  TESSERA_RETURN_IF_ERROR(Agree(g, WriteRankFile(tmp, rank, g), "write"));
+  if (rank == 0) st = CommitOnRankZero(dir, tmp, final_dir, step, g);
+  return Agree(g, st, "commit");
+}
+
+absl::StatusOr<std::string> LatestCheckpoint(const std::string& dir) {
+  auto text = ReadFile(dir + "/latest");
+  if (!text.ok()) return absl::NotFoundError(absl::StrCat("no checkpoint in ", dir, " yet (no ", dir, "/latest)"));
+  const std::string name(absl::StripAsciiWhitespace(*text));
+  if (name.rfind("step-", 0) != 0 || name.find('/') != std::string::npos)
+    return absl::DataLossError(absl::StrCat(dir, "/latest: expected a step-N directory name, got '", name, "'"));
+  return absl::StrCat(dir, "/", name);
+}
+
+absl::StatusOr<int64_t> LoadCheckpoint(const std::string& path, const Group& g) {
+  if (g.model == nullptr || g.trainer == nullptr) return absl::InvalidArgumentError("checkpoint: no model or trainer");
+  auto step = LoadLocal(path, g);
+  TESSERA_RETURN_IF_ERROR(Agree(g, step.status(), "load"));
+  g.trainer->set_step(*step);
+  return *step;
+}
+
+}  // namespace tessera::checkpoint

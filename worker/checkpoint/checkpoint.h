@@ -1,0 +1,52 @@
+// Sharded training checkpoints (DESIGN §6).
+//
+// Layout on disk, under a checkpoint directory D:
+//   D/step-00000042/rank-00003.safetensors   what rank 3 holds (parameters and AdamW moments, f32)
+//   D/step-00000042/rank-00003.sha256        its size and SHA-256
+//   D/step-00000042/metadata.json            every global tensor -> its shards, the step, the layout
+//   D/latest                                 "step-00000042": the last committed checkpoint
+// A shard is elements [begin, begin + len) of the flattened TP-local tensor of TP rank r
+// (of tp_size, split along tp_dim; tp_dim -1: not TP-sharded). Who writes what follows
+// from the layout: a value is written by DP rank 0 (ZeRO-3: each DP rank its slice), the
+// moments by DP rank 0 (ZeRO >= 1: each its slice); a tensor TP ranks share, by TP rank 0.
+//
+// Saving is atomic: everything goes into D/step-N.tmp, fsynced; rank 0 writes the
+// metadata, renames the directory to D/step-N, fsyncs D and then replaces D/latest. A
+// crash at any point leaves the previous `latest` valid. Loading reads any layout's
+// checkpoint into any other (it assembles each global tensor and keeps this rank's part),
+// checks file sizes and SHA-256 sums and every shard's bounds, and restores the step (the
+// data position and LR follow from it; the model has no other random state).
+//
+// Every rank of the training group (TP x DP) calls Save and Load together; a failure on
+// any rank fails the call on every rank (no rank is left waiting).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "worker/comm/communicator.h"
+#include "worker/engine/trainer.h"
+#include "worker/model/llama.h"
+
+namespace tessera::checkpoint {
+
+struct Group {
+  model::Llama* model = nullptr;
+  engine::Trainer* trainer = nullptr;
+  comm::Communicator* tp = nullptr;  // null: tp = 1
+  comm::Communicator* dp = nullptr;  // the DP (x CP) group; null: dp = 1
+};
+
+// "step-00000042"
+std::string StepDirName(int64_t step);
+
+absl::Status SaveCheckpoint(const std::string& dir, int64_t step, const Group& g);
+
+// The directory D/latest names; NOT_FOUND when there is none yet.
+absl::StatusOr<std::string> LatestCheckpoint(const std::string& dir);
+
+// Loads a committed checkpoint directory (D/step-N) into this rank; returns N.
+absl::StatusOr<int64_t> LoadCheckpoint(const std::string& path, const Group& g);
+
+}  // namespace tessera::checkpoint

@@ -1,0 +1,184 @@
+#include "worker/checkpoint/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <limits>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status.h"
+#include "worker/runtime/dtype.h"
+
+namespace tessera::checkpoint {
+namespace {
+
+constexpr uint64_t kMaxHeader = 100ull << 20;  // as Hugging Face's reader
+
+absl::Status PreadAll(int fd, void* dst, size_t bytes, uint64_t offset, const std::string& path) {
+  auto* p = static_cast<char*>(dst);
+  while (bytes > 0) {
+    const ssize_t n = ::pread(fd, p, bytes, static_cast<off_t>(offset));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return absl::DataLossError(absl::StrCat(path, ": read failed: ", strerror(errno)));
+    if (n == 0) return absl::DataLossError(absl::StrCat(path, ": file ends early (truncated?)"));
+    p += n, bytes -= static_cast<size_t>(n), offset += static_cast<uint64_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WriteAll(int fd, const void* src, size_t bytes, const std::string& path) {
+  const auto* p = static_cast<const char*>(src);
+  while (bytes > 0) {
+    const ssize_t n = ::write(fd, p, bytes);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return absl::InternalError(absl::StrCat("cannot write ", path, ": ", strerror(errno)));
+    p += n, bytes -= static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int SafetensorsDTypeSize(const std::string& d) {
+  if (d == "F64" || d == "I64" || d == "U64") return 8;
+  if (d == "F32" || d == "I32" || d == "U32") return 4;
+  if (d == "BF16" || d == "F16" || d == "I16" || d == "U16") return 2;
+  if (d == "I8" || d == "U8" || d == "BOOL") return 1;
+  return 0;
+}
+
+int64_t TensorInfo::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+SafetensorsReader::~SafetensorsReader() { ::close(fd_); }
+
+absl::StatusOr<std::unique_ptr<SafetensorsReader>> SafetensorsReader::Open(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return absl::NotFoundError(absl::StrCat("cannot open ", path, ": ", strerror(errno)));
+  std::unique_ptr<SafetensorsReader> r(new SafetensorsReader(path, fd));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return absl::InternalError(absl::StrCat("cannot stat ", path, ": ", strerror(errno)));
+  TESSERA_RETURN_IF_ERROR(r->ParseHeader(static_cast<uint64_t>(st.st_size)));
+  return r;
+}
+
+absl::Status SafetensorsReader::ParseHeader(uint64_t file_size) {
+  auto bad = [&](const std::string& what) { return absl::DataLossError(absl::StrCat(path_, ": not a valid safetensors file: ", what)); };
+  if (file_size < 8) return bad(absl::StrCat("only ", file_size, " bytes"));
+  unsigned char len_bytes[8];
+  TESSERA_RETURN_IF_ERROR(PreadAll(fd_, len_bytes, 8, 0, path_));
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | len_bytes[i];
+  if (n > kMaxHeader || n > file_size - 8) return bad(absl::StrCat("header size ", n, " for a file of ", file_size, " bytes"));
+  std::string text(n, '\0');
+  TESSERA_RETURN_IF_ERROR(PreadAll(fd_, text.data(), n, 8, path_));
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return bad("the header is not a JSON object");
+  data_start_ = 8 + n;
+  const uint64_t data_size = file_size - data_start_;
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  for (const auto& [name, v] : j.items()) {
+    if (name == "__metadata__") {
+      if (!v.is_object()) return bad("__metadata__ is not an object");
+      for (const auto& [k, s] : v.items()) {
+        if (!s.is_string()) return bad(absl::StrCat("__metadata__.", k, " is not a string"));
+        metadata_[k] = s.get<std::string>();
+      }
+      continue;
+    }
+    auto tbad = [&](const std::string& what) { return bad(absl::StrCat("tensor '", name, "': ", what)); };
+    if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") || !v.contains("data_offsets"))
+      return tbad("needs dtype, shape and data_offsets");
+    TensorInfo t;
+    if (!v["dtype"].is_string()) return tbad("dtype is not a string");
+    t.dtype = v["dtype"].get<std::string>();
+    const int size = SafetensorsDTypeSize(t.dtype);
+    if (size == 0) return tbad(absl::StrCat("unknown dtype ", t.dtype));
+    if (!v["shape"].is_array()) return tbad("shape is not an array");
+    uint64_t numel = 1;
+    for (const auto& d : v["shape"]) {
+      if (!d.is_number_integer() || d.get<int64_t>() < 0) return tbad("shape has a negative or non-integer size");
+      const auto dim = static_cast<uint64_t>(d.get<int64_t>());
+      if (dim != 0 && numel > std::numeric_limits<uint64_t>::max() / 8 / dim) return tbad("shape too large");
+      numel *= dim;
+      t.shape.push_back(static_cast<int64_t>(dim));
+    }
+    const auto& off = v["data_offsets"];
+    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
+      return tbad("data_offsets is not [begin, end]");
+    t.begin = off[0].get<uint64_t>(), t.end = off[1].get<uint64_t>();
+    if (t.begin > t.end || t.end > data_size)
+      return tbad(absl::StrCat("bytes [", t.begin, ", ", t.end, ") outside the ", data_size, " data bytes (truncated?)"));
+    if (t.end - t.begin != numel * static_cast<uint64_t>(size))
+      return tbad(absl::StrCat(t.end - t.begin, " bytes for shape [", absl::StrJoin(t.shape, ", "), "] of ", t.dtype));
+    ranges.emplace_back(t.begin, t.end);
+    tensors_[name] = std::move(t);
+  }
+  std::sort(ranges.begin(), ranges.end());
+  for (size_t i = 1; i < ranges.size(); ++i)
+    if (ranges[i].first < ranges[i - 1].second) return bad("two tensors' byte ranges overlap");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<const TensorInfo*> SafetensorsReader::Find(const std::string& name) const {
+  auto it = tensors_.find(name);
+  if (it == tensors_.end()) return absl::NotFoundError(absl::StrCat(path_, ": no tensor '", name, "'"));
+  return &it->second;
+}
+
+absl::StatusOr<std::vector<float>> SafetensorsReader::ReadF32(const std::string& name) const {
+  TESSERA_ASSIGN_OR_RETURN(const TensorInfo* t, Find(name));
+  const size_t n = static_cast<size_t>(t->numel());
+  std::vector<float> out(n);
+  if (t->dtype == "F32") {
+    TESSERA_RETURN_IF_ERROR(PreadAll(fd_, out.data(), n * 4, data_start_ + t->begin, path_));
+    return out;
+  }
+  if (t->dtype != "BF16" && t->dtype != "F16")
+    return absl::InvalidArgumentError(absl::StrCat(path_, ": tensor '", name, "' is ", t->dtype, ", expected F32, BF16 or F16"));
+  std::vector<uint16_t> raw(n);
+  TESSERA_RETURN_IF_ERROR(PreadAll(fd_, raw.data(), n * 2, data_start_ + t->begin, path_));
+  for (size_t i = 0; i < n; ++i) out[i] = t->dtype == "BF16" ? runtime::Bf16ToFloat(raw[i]) : runtime::F16ToFloat(raw[i]);
+  return out;
+}
+
+absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
+                              const std::map<std::string, std::string>& metadata) {
+  nlohmann::json header = nlohmann::json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  uint64_t offset = 0;
+  for (const auto& t : tensors) {
+    const int size = SafetensorsDTypeSize(t.dtype);
+    int64_t numel = 1;
+    for (int64_t d : t.shape) numel *= d;
+    if (size == 0 || t.bytes != static_cast<uint64_t>(numel) * size || t.name == "__metadata__" || header.contains(t.name))
+      return absl::InvalidArgumentError(absl::StrCat("safetensors ", path, ": tensor '", t.name, "' (", t.dtype, ", ",
+                                                     t.bytes, " bytes) is invalid or repeated"));
+    header[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.bytes}}};
+    offset += t.bytes;
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
+  unsigned char len_bytes[8];
+  for (int i = 0; i < 8; ++i) len_bytes[i] = static_cast<unsigned char>(static_cast<uint64_t>(text.size()) >> (8 * i));
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return absl::InternalError(absl::StrCat("cannot create ", path, ": ", strerror(errno)));
+  absl::Status st = WriteAll(fd, len_bytes, 8, path);
+  if (st.ok()) st = WriteAll(fd, text.data(), text.size(), path);
+  for (size_t i = 0; st.ok() && i < tensors.size(); ++i) st = WriteAll(fd, tensors[i].data, tensors[i].bytes, path);
+  if (st.ok() && ::fsync(fd) != 0) st = absl::InternalError(absl::StrCat("cannot sync ", path, ": ", strerror(errno)));
+  if (::close(fd) != 0 && st.ok()) st = absl::InternalError(absl::StrCat("cannot close ", path, ": ", strerror(errno)));
+  return st;
+}
+
+}  // namespace tessera::checkpoint

@@ -1,0 +1,69 @@
+// The safetensors format (Hugging Face): an 8-byte little-endian header size N, N bytes
+// of JSON — {"<name>": {"dtype": "F32", "shape": [..], "data_offsets": [begin, end]},
+// "__metadata__": {"<key>": "<string>"}} — then the data, offsets relative to its start.
+// Used for checkpoint shards and for Hugging Face imports and exports.
+//
+// Reading validates the whole header before anything is read: the size fits the file,
+// the JSON parses, every dtype is known, shapes are non-negative, each tensor's byte
+// range matches its shape, lies inside the file and overlaps no other. A corrupt or
+// truncated file is an error naming the file and the tensor, never an out-of-bounds read.
+//
+// Threading: a reader may be used from several threads (pread on one descriptor).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace tessera::checkpoint {
+
+struct TensorInfo {
+  std::string dtype;  // "F32", "BF16", "F16", "F64", "I64", "I32", "I16", "I8", "U8", "BOOL"
+  std::vector<int64_t> shape;
+  uint64_t begin = 0, end = 0;  // byte range in the data section
+  int64_t numel() const;
+};
+
+class SafetensorsReader {
+ public:
+  static absl::StatusOr<std::unique_ptr<SafetensorsReader>> Open(const std::string& path);
+  ~SafetensorsReader();
+  const std::string& path() const { return path_; }
+  const std::map<std::string, TensorInfo>& tensors() const { return tensors_; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  // NOT_FOUND naming the tensor and the file when absent.
+  absl::StatusOr<const TensorInfo*> Find(const std::string& name) const;
+  // The tensor's values as f32 (from F32, BF16 or F16; others are an error).
+  absl::StatusOr<std::vector<float>> ReadF32(const std::string& name) const;
+
+ private:
+  SafetensorsReader(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
+  absl::Status ParseHeader(uint64_t file_size);
+  std::string path_;
+  int fd_;
+  uint64_t data_start_ = 0;
+  std::map<std::string, TensorInfo> tensors_;
+  std::map<std::string, std::string> metadata_;
+};
+
+struct TensorToWrite {
+  std::string name;
+  std::string dtype;  // "F32" or "BF16" (data already in that format)
+  std::vector<int64_t> shape;
+  const void* data = nullptr;
+  size_t bytes = 0;  // must equal numel * the dtype's size
+};
+
+// Writes a safetensors file (tensors in the given order, 8-byte aligned header) and
+// fsyncs it. Not atomic by itself: checkpoints write into a temporary directory.
+absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
+                              const std::map<std::string, std::string>& metadata = {});
+
+// Bytes per element of a safetensors dtype name; 0 if unknown.
+int SafetensorsDTypeSize(const std::string& dtype);
+
+}  // namespace tessera::checkpoint
