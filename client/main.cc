@@ -3,6 +3,7 @@
 //   tessera job list | status JOB | logs JOB [--follow] [--rank R] | stop JOB
 //   tessera status
 //   tessera local JOB.yaml [--cpu-slots N] [--set k=v]...
+#include <filesystem>
 #include <unistd.h>
 
 #include <iostream>
@@ -26,11 +27,22 @@ int Fail(const absl::Status& s) {
   return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
 }
 
-absl::StatusOr<v1::JobSpec> LoadSpec(const std::string& file, const std::vector<std::string>& sets) {
+// base_dir non-empty (tessera local): relative paths in the spec are taken from it.
+absl::StatusOr<v1::JobSpec> LoadSpec(const std::string& file, const std::vector<std::string>& sets,
+                                     const std::string& base_dir = "") {
   auto text = ReadFile(file);
   if (!text.ok()) return absl::InvalidArgumentError(absl::StrCat("job file: ", text.status().message()));
   auto spec = ParseJobSpecYaml(*text, sets);
   if (!spec.ok()) return absl::Status(spec.status().code(), absl::StrCat(file, ": ", spec.status().message()));
+  if (!base_dir.empty()) {
+    auto* ck = spec->mutable_train()->mutable_checkpoint();
+    auto absolute = [&](const std::string& p) {
+      return p.empty() || p[0] == '/' ? p : (std::filesystem::path(base_dir) / p).lexically_normal().string();
+    };
+    ck->set_dir(absolute(ck->dir()));
+    ck->set_load(absolute(ck->load()));
+    if (ck->ByteSizeLong() == 0) spec->mutable_train()->clear_checkpoint();
+  }
   auto st = NormalizeAndValidateJobSpec(*spec);
   if (!st.ok()) return absl::Status(st.code(), absl::StrCat(file, ": ", st.message()));
   return spec;
@@ -56,7 +68,10 @@ int SubmitAndWait(client::Client& c, const v1::JobSpec& spec, const std::string&
 
 int RunLocal(const std::string& file, const std::vector<std::string>& sets, int cpu_slots, std::string state_dir,
              bool json, bool gpus) {
-  auto spec = LoadSpec(file, sets);
+  // A local run may name paths under the working directory and the state directory;
+  // relative ones are taken from the working directory.
+  const std::string cwd = std::filesystem::current_path().string();
+  auto spec = LoadSpec(file, sets, cwd);
   if (!spec.ok()) return Fail(spec.status());
   if (state_dir.empty()) state_dir = absl::StrCat("/tmp/tessera-local-", getuid());
   if (cpu_slots <= 0) {
@@ -65,6 +80,7 @@ int RunLocal(const std::string& file, const std::vector<std::string>& sets, int 
   }
   controller::ControllerOptions co;
   co.state_dir = state_dir;
+  co.path_roots = {cwd, state_dir};
   co.listen = "127.0.0.1:0";
   co.advertise = "";
   auto ctl = controller::Controller::Start(co);

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -148,14 +149,29 @@ absl::Status ParseModel(const YAML::Node& n, const std::string& path, v1::ModelS
 
 absl::Status ParseTrain(const YAML::Node& n, const std::string& path, v1::TrainSpec* t) {
   TESSERA_RETURN_IF_ERROR(CheckKeys(n, path, {"steps", "lr", "min_lr", "warmup_steps", "weight_decay", "clip_norm",
-                                              "seed", "data", "init_std"}));
+                                              "seed", "data", "init_std", "checkpoint"}));
   for (const auto& kv : n) {
     std::string k = kv.first.Scalar(), p = Join(path, k);
     const YAML::Node& v = kv.second;
     if (k == "steps") ASSIGN_INT(t->set_steps, v, p, 1, 100000000);
     else if (k == "warmup_steps") ASSIGN_INT(t->set_warmup_steps, v, p, 0, 100000000);
     else if (k == "seed") ASSIGN_INT(t->set_seed, v, p, 0, int64_t(1) << 62);
-    else if (k == "data") {
+    else if (k == "checkpoint") {
+      TESSERA_RETURN_IF_ERROR(CheckKeys(v, p, {"dir", "save_every", "resume", "load"}));
+      auto* c = t->mutable_checkpoint();
+      for (const auto& d : v) {
+        const std::string ck = d.first.Scalar(), cp = Join(p, ck);
+        if (ck == "dir" || ck == "load") {
+          TESSERA_ASSIGN_OR_RETURN(auto s, AsString(d.second, cp));
+          ck == "dir" ? c->set_dir(s) : c->set_load(s);
+        } else if (ck == "save_every") {
+          ASSIGN_INT(c->set_save_every, d.second, cp, 0, 100000000);
+        } else if (ck == "resume") {
+          TESSERA_ASSIGN_OR_RETURN(bool b, AsBool(d.second, cp));
+          c->set_resume(b);
+        }
+      }
+    } else if (k == "data") {
       TESSERA_RETURN_IF_ERROR(CheckKeys(v, p, {"kind", "digits"}));
       for (const auto& d : v) {
         const std::string dk = d.first.Scalar(), dp = Join(p, dk);
@@ -361,6 +377,15 @@ bool ValidName(const std::string& s) {
 }
 }  // namespace
 
+// A path in a job spec: absolute, no '.' or '..' components (so that the check against
+// the controller's roots is a plain prefix test).
+static absl::Status CheckCleanAbsolute(const std::string& field, const std::string& path) {
+  if (path.empty() || path[0] != '/') return Bad(field, absl::StrCat("must be an absolute path, got '", path, "'"));
+  for (absl::string_view part : absl::StrSplit(path, '/'))
+    if (part == "." || part == "..") return Bad(field, absl::StrCat("must not contain '.' or '..' components: '", path, "'"));
+  return absl::OkStatus();
+}
+
 // pretrain / sft: one worker group training a Llama on built-in data (byte tokens; sft
 // takes the loss on the answers only). Layouts the engine does not run yet are refused
 // here, at submit.
@@ -390,6 +415,11 @@ static absl::Status ValidatePretrain(JobSpec& spec) {
   if (t->init_std() == 0) t->set_init_std(0.02);
   if (t->data().kind().empty()) t->mutable_data()->set_kind("arithmetic");
   if (t->data().digits() == 0) t->mutable_data()->set_digits(3);
+  auto* c = t->mutable_checkpoint();
+  for (auto [field, path] : {std::pair{"train.checkpoint.dir", c->dir()}, std::pair{"train.checkpoint.load", c->load()}})
+    if (!path.empty()) TESSERA_RETURN_IF_ERROR(CheckCleanAbsolute(field, path));
+  if (!c->has_resume()) c->set_resume(true);
+  if (c->dir().empty() && c->save_every() > 0) return Bad("train.checkpoint.save_every", "needs train.checkpoint.dir");
   return absl::OkStatus();
 }
 
@@ -491,6 +521,26 @@ std::string JobStateName(v1::JobState s) {
 
 bool IsTerminal(v1::JobState s) {
   return s == v1::SUCCEEDED || s == v1::FAILED || s == v1::STOPPED;
+}
+
+absl::Status CheckJobPaths(const v1::JobSpec& spec, const std::vector<std::string>& roots) {
+  const auto& c = spec.train().checkpoint();
+  for (auto [field, path] : {std::pair{"train.checkpoint.dir", c.dir()}, std::pair{"train.checkpoint.load", c.load()}}) {
+    if (path.empty()) continue;
+    TESSERA_RETURN_IF_ERROR(CheckCleanAbsolute(field, path));
+    bool inside = false;
+    for (std::string root : roots) {
+      while (root.size() > 1 && root.back() == '/') root.pop_back();
+      if (path == root || absl::StartsWith(path, root == "/" ? root : root + "/")) inside = true;
+    }
+    if (roots.empty())
+      return absl::PermissionDeniedError(absl::StrCat(field, ": '", path, "': this controller allows no paths in job ",
+                                                      "specs (start it with --path-root DIR)"));
+    if (!inside)
+      return absl::PermissionDeniedError(absl::StrCat(field, ": '", path, "' is outside the controller's path roots (",
+                                                      absl::StrJoin(roots, ", "), ")"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace tessera

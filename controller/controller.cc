@@ -158,7 +158,8 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Start(const ControllerOp
   // when it starts executors, which is after Start() returns.
   c->jobs_ = std::make_unique<JobManager>(jc, c->store_.get(), c->rdv_.get(), c->logs_.get(), c->metrics_.get(),
                                           BuiltinDriver, GrpcExecutorConnector(c->ca_.cert_pem, opts.insecure_loopback));
-  ServiceDeps d{c->jobs_.get(), c->rdv_.get(), c->logs_.get(), c->metrics_.get(), &c->tokens_, c->join_token_, c->ca_, jc};
+  ServiceDeps d{c->jobs_.get(), c->rdv_.get(), c->logs_.get(), c->metrics_.get(), &c->tokens_, c->join_token_, c->ca_, jc,
+                opts.path_roots};
   c->services_.push_back(MakeJobService(d));
   c->services_.push_back(MakeClusterService(d));
   c->services_.push_back(MakeNodeService(d));

@@ -35,6 +35,7 @@ struct ControllerOptions {
   int64_t heartbeat_interval_ms = 2000;
   int64_t stop_grace_ms = 5000;
   std::vector<std::string> tls_names;  // extra DNS names / IPs for the server certificate
+  std::vector<std::string> path_roots;  // directories job specs may name (checkpoints); none: no paths
 };
 
 class Controller {

@@ -23,6 +23,8 @@ int main(int argc, char** argv) {
   app.add_option("--metrics-listen", o.metrics_listen, "serve Prometheus /metrics on host:port");
   app.add_option("--lease-ttl", lease_s, "seconds without a heartbeat before a node is lost")->capture_default_str();
   app.add_option("--tls-name", o.tls_names, "extra DNS name or IP for the server certificate (repeatable)");
+  app.add_option("--path-root", o.path_roots,
+                 "directory under which job specs may name paths, e.g. checkpoints (repeatable; none: no paths)");
   app.add_option("--log-level", level, "trace|debug|info|warn|error")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   o.lease_ttl_ms = static_cast<int64_t>(lease_s * 1000);

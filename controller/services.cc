@@ -46,6 +46,7 @@ class JobServiceImpl final : public v1::JobService::Service {
       return Status(grpc::INVALID_ARGUMENT, "submission_id: longer than 128 characters");
     v1::JobSpec spec = req->spec();
     if (auto st = NormalizeAndValidateJobSpec(spec); !st.ok()) return ToGrpc(st);
+    if (auto st = CheckJobPaths(spec, d_.path_roots); !st.ok()) return ToGrpc(st);
     auto r = d_.jobs->Submit(spec, req->submission_id());
     if (!r.ok()) return ToGrpc(r.status());
     *resp->mutable_job() = r->first;

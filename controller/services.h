@@ -26,6 +26,7 @@ struct ServiceDeps {
   std::string join_token;
   KeyPair ca;  // to issue node certificates
   JobManagerConfig cfg;
+  std::vector<std::string> path_roots;  // CheckJobPaths at submit
 };
 
 std::unique_ptr<v1::JobService::Service> MakeJobService(ServiceDeps d);

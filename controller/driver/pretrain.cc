@@ -4,7 +4,9 @@
 // part in each step, and every rank reports the same global loss (DP- and TP-reduced),
 // which the driver checks before streaming it as progress (with tokens/s, the model
 // TFLOP/s of all ranks over the slowest rank's step time, and the largest rank's peak
-// memory).
+// memory). A session that resumed from a checkpoint reports its step from train_init;
+// every rank must report the same one, and the loop continues from there (the result's
+// first_step says which step its losses start at).
 #include <cmath>
 
 #include <nlohmann/json.hpp>
@@ -23,19 +25,31 @@ absl::StatusOr<std::string> RunPretrain(DriverContext& ctx) {
   const std::string& name = spec.groups(0).name();
   WorkerGroup& wg = *ctx.groups.at(name);
   TESSERA_ASSIGN_OR_RETURN(auto inits, wg.InitAll());
-  TESSERA_RETURN_IF_ERROR(wg.CallOneToAll("train_init", "{}").status());
+  TESSERA_ASSIGN_OR_RETURN(auto started, wg.CallOneToAll("train_init", "{}"));
+  int64_t start = -1;
+  for (size_t r = 0; r < started.size(); ++r) {
+    const json out = json::parse(started[r].result_json(), nullptr, false);
+    if (out.is_discarded() || !out.contains("start_step") || !out["start_step"].is_number_integer())
+      return absl::InternalError(absl::StrCat("rank ", r, " returned a malformed train_init result"));
+    const int64_t s = out["start_step"].get<int64_t>();
+    if (start >= 0 && s != start)
+      return absl::DataLossError(absl::StrCat("rank ", r, " resumed from step ", s, " but rank 0 from step ", start));
+    start = s;
+  }
   const int steps = spec.train().steps();
   v1::Progress ready;
   ready.set_total_steps(steps);
-  ready.set_message(absl::StrCat("group '", name, "': ", inits.size(), " ranks ready to train"));
+  ready.set_step(static_cast<int32_t>(std::min<int64_t>(start, steps)));
+  ready.set_message(absl::StrCat("group '", name, "': ", inits.size(), " ranks ready to train",
+                                 start > 0 ? absl::StrCat(", resumed from the checkpoint of step ", start) : ""));
   ctx.progress(ready);
   json losses = json::array(), norms = json::array();
   int64_t tokens = 0;
-  for (int s = 0; s < steps; ++s) {
+  for (int64_t s = start; s < steps; ++s) {
     if (ctx.cancelled && *ctx.cancelled) return absl::CancelledError("cancelled");
     TESSERA_ASSIGN_OR_RETURN(auto res, wg.CallOneToAll("train_step", json{{"step", s}}.dump()));
     json first;
-    double seconds = 0, flops = 0, peak_memory = 0;
+    double seconds = 0, flops = 0, peak_memory = 0, checkpoint_seconds = -1;
     for (size_t r = 0; r < res.size(); ++r) {
       json out;
       try {
@@ -46,6 +60,7 @@ absl::StatusOr<std::string> RunPretrain(DriverContext& ctx) {
       seconds = std::max(seconds, out.value("seconds", 0.0));
       flops += out.value("model_flops", 0.0);
       peak_memory = std::max(peak_memory, out.value("memory_peak_bytes", 0.0));
+      checkpoint_seconds = std::max(checkpoint_seconds, out.value("checkpoint_seconds", -1.0));
       if (r == 0) {
         first = out;
       } else if (std::abs(out["loss"].get<double>() - first["loss"].get<double>()) >
@@ -59,9 +74,11 @@ absl::StatusOr<std::string> RunPretrain(DriverContext& ctx) {
     norms.push_back(first["grad_norm"]);
     tokens += first["tokens"].get<int64_t>();
     v1::Progress p;
-    p.set_step(s + 1);
+    p.set_step(static_cast<int32_t>(s + 1));
     p.set_total_steps(steps);
-    p.set_message(absl::StrFormat("step %d/%d loss %.4f", s + 1, steps, first["loss"].get<double>()));
+    p.set_message(absl::StrFormat("step %d/%d loss %.4f%s", s + 1, steps, first["loss"].get<double>(),
+                                  checkpoint_seconds >= 0 ? " (checkpoint saved)" : ""));
+    if (checkpoint_seconds >= 0) (*p.mutable_metrics())["checkpoint_s"] = checkpoint_seconds;  // the slowest rank
     (*p.mutable_metrics())["loss"] = first["loss"].get<double>();
     (*p.mutable_metrics())["grad_norm"] = first["grad_norm"].get<double>();
     (*p.mutable_metrics())["lr"] = first["lr"].get<double>();
@@ -72,7 +89,7 @@ absl::StatusOr<std::string> RunPretrain(DriverContext& ctx) {
     (*p.mutable_metrics())["memory_peak_gb"] = peak_memory / 1e9;  // the largest rank
     ctx.progress(p);
   }
-  return json{{"losses", losses}, {"grad_norms", norms}, {"tokens", tokens}}.dump();
+  return json{{"first_step", start + 1}, {"losses", losses}, {"grad_norms", norms}, {"tokens", tokens}}.dump();
 }
 
 }  // namespace tessera::controller

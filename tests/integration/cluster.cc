@@ -125,7 +125,8 @@ absl::Status Cluster::StartController() {
                                    "--state-dir", dir_ + "/controller",
                                    "--listen", absl::StrCat("127.0.0.1:", port_),
                                    "--lease-ttl", absl::StrCat(o_.lease_s),
-                                   "--metrics-listen", absl::StrCat("127.0.0.1:", cmetrics_)};
+                                   "--metrics-listen", absl::StrCat("127.0.0.1:", cmetrics_),
+                                   "--path-root", dir_};
   if (!controller_->Start(argv, dir_ + "/controller.log")) return absl::InternalError("cannot start controller");
   for (int i = 0; i < 1000; ++i) {
     auto text = ReadFile(conf);

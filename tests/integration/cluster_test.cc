@@ -2,12 +2,15 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <functional>
+#include <iostream>
 #include <sstream>
 #include <thread>
 
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/grpc_util.h"
 #include "common/util.h"
 #include "tessera/v1/node_service.pb.h"
@@ -139,6 +142,66 @@ TEST(Cluster, PretrainTp2Dp2Zero3AndTp2SpEqualOneRank) {
     EXPECT_NEAR(sp[s], one[s], 1e-5 * one[s]) << "tp2 sp, step " << s + 1;
   }
   EXPECT_LT(one[2], one[0]);
+}
+
+// N steps straight equal k steps, kill -9 of an executor, the restarted attempt resuming
+// from the checkpoint of step k, N - k steps (bit for bit: same layout, same data); a
+// third job in another layout (tp2 instead of dp2) starts from that checkpoint and
+// matches within 1e-5; a checkpoint directory outside the controller's path roots is
+// refused at submit.
+TEST(Cluster, KilledTrainingResumesFromItsCheckpoint) {
+  auto c = Up({.agents = 1, .cpu_slots = 2});
+  constexpr int kSteps = 40;
+  auto run = [&](const v1::JobSpec& spec, std::function<void(const std::string&)> during = nullptr) {
+    std::string id = Submit(*c, spec);
+    if (during) during(id);
+    auto job = c->WaitState(id, v1::SUCCEEDED, 120000);
+    EXPECT_TRUE(job.ok()) << job.status();
+    return job.ok() ? *job : v1::Job();
+  };
+  auto losses = [](const v1::Job& j) {
+    auto r = nlohmann::json::parse(j.result_json(), nullptr, false);
+    return r.is_discarded() ? std::vector<double>{} : r["losses"].get<std::vector<double>>();
+  };
+  const auto straight = losses(run(PretrainSpec(2, 1, 1, kSteps)));
+  ASSERT_EQ(straight.size(), size_t(kSteps));
+
+  const std::string dir = c->dir() + "/ckpt";
+  v1::JobSpec spec = PretrainSpec(2, 1, 1, kSteps);
+  spec.mutable_train()->mutable_checkpoint()->set_dir(dir);
+  spec.mutable_train()->mutable_checkpoint()->set_save_every(4);
+  spec.set_max_restarts(1);
+  spec.set_restart_backoff_s(0.2);
+  const v1::Job resumed = run(spec, [&](const std::string& id) {
+    auto pids = RunningExecutors(*c, id, 1, 2);
+    ASSERT_EQ(pids.size(), 2u);
+    for (int i = 0; i < 3000 && !ReadFile(dir + "/latest").ok(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    ASSERT_EQ(kill(pids[1], SIGKILL), 0);
+  });
+  EXPECT_EQ(resumed.attempt(), 2) << "the kill came after the job ended: make the steps more or slower";
+  const auto r = nlohmann::json::parse(resumed.result_json());
+  const int first = r["first_step"].get<int>();
+  EXPECT_GT(first, 1);
+  std::cout << "resumed at step " << first << " of " << kSteps << "\n";
+  EXPECT_EQ((first - 1) % 4, 0);
+  const auto tail = r["losses"].get<std::vector<double>>();
+  ASSERT_EQ(tail.size(), size_t(kSteps - first + 1));
+  for (size_t i = 0; i < tail.size(); ++i) EXPECT_EQ(tail[i], straight[first - 1 + i]) << "step " << first + i;
+  EXPECT_EQ(*ReadFile(dir + "/latest"), absl::StrFormat("step-%08d\n", kSteps));
+
+  v1::JobSpec other = PretrainSpec(2, 2, 0, kSteps);  // tp2, one DP rank
+  other.mutable_train()->mutable_checkpoint()->set_load(dir + "/step-00000008");
+  const auto resharded = losses(run(other));
+  ASSERT_EQ(resharded.size(), size_t(kSteps - 8));
+  for (size_t i = 0; i < resharded.size(); ++i)
+    EXPECT_NEAR(resharded[i], straight[8 + i], 1e-5 * straight[8 + i]) << "step " << 9 + i;
+
+  v1::JobSpec outside = PretrainSpec(2, 1, 1, kSteps);
+  outside.mutable_train()->mutable_checkpoint()->set_dir("/etc/tessera-ckpt");
+  auto refused = c->client().Submit(outside, "");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("train.checkpoint.dir"));
 }
 
 TEST(Cluster, KilledExecutorRestartsTheAttempt) {

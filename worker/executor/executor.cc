@@ -125,14 +125,15 @@ class ExecutorServiceImpl final : public v1::ExecutorService::Service {
     return absl::OkStatus();
   }
 
-  // train_init builds the group's training session; train_step {"step": s} runs step s.
+  // train_init builds the group's training session (resuming from a checkpoint: its
+  // result is {"start_step": N}); train_step {"step": s} runs step s.
   absl::Status Train(const std::string& group, const std::string& method, GroupComms& gc, const std::string& args_json,
                      v1::CallResponse* resp) {
     std::lock_guard<std::mutex> lk(train_mu_);
     if (method == "train_init") {
       TESSERA_ASSIGN_OR_RETURN(auto session, TrainSession::Create(cfg_.spec(), gc, cfg_.device_type(), cfg_.device_index()));
+      resp->set_result_json(nlohmann::json{{"start_step", session->start_step()}}.dump());
       sessions_[group] = std::move(session);
-      resp->set_result_json("{}");
       return absl::OkStatus();
     }
     auto it = sessions_.find(group);

@@ -6,6 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "common/util.h"
+#include "worker/checkpoint/checkpoint.h"
 
 namespace tessera::executor {
 
@@ -44,10 +46,37 @@ absl::StatusOr<std::unique_ptr<TrainSession>> TrainSession::Create(const v1::Job
   s->micro_per_step_ = m.global_batch() / m.micro_batch();
   s->micro_per_rank_ = s->micro_per_step_ / dps;
   s->first_micro_ = dp_rank * s->micro_per_rank_;
+  s->tp_ = tp, s->dp_ = dp;
+  s->checkpoint_ = t.checkpoint();
+  s->total_steps_ = t.steps();
+  TESSERA_RETURN_IF_ERROR(s->Resume(t.checkpoint()));
   return s;
 }
 
+// The directory's latest checkpoint if resuming and there is one, else `load` (a step-N
+// directory, or a checkpoint directory whose latest is taken).
+absl::Status TrainSession::Resume(const v1::CheckpointSpec& ck) {
+  std::string from;
+  if (!ck.dir().empty() && ck.resume()) {
+    auto latest = checkpoint::LatestCheckpoint(ck.dir());
+    if (latest.ok()) from = *latest;
+    else if (latest.status().code() != absl::StatusCode::kNotFound) return latest.status();
+  }
+  if (from.empty() && !ck.load().empty()) {
+    from = ck.load();
+    if (!ReadFile(from + "/metadata.json").ok()) {
+      TESSERA_ASSIGN_OR_RETURN(from, checkpoint::LatestCheckpoint(ck.load()));
+    }
+  }
+  if (from.empty()) return absl::OkStatus();
+  TESSERA_ASSIGN_OR_RETURN(start_step_, checkpoint::LoadCheckpoint(from, {model_.get(), trainer_.get(), tp_, dp_}));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::string> TrainSession::Step(int64_t step) {
+  if (step != trainer_->step())
+    return absl::FailedPreconditionError(absl::StrCat("train_step ", step, ": the session is at step ", trainer_->step(),
+                                                      " (started from ", start_step_, ")"));
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<model::TokenBatch> mine;
   for (int64_t k = 0; k < micro_per_rank_; ++k) {
@@ -65,6 +94,14 @@ absl::StatusOr<std::string> TrainSession::Step(int64_t step) {
   }
   TESSERA_ASSIGN_OR_RETURN(engine::StepStats st, trainer_->Step(mine));
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  double checkpoint_secs = -1;  // no save this step
+  const int64_t done = trainer_->step();
+  const int64_t every = checkpoint_.save_every();
+  if (!checkpoint_.dir().empty() && ((every > 0 && done % every == 0) || done == total_steps_)) {
+    const auto c0 = std::chrono::steady_clock::now();
+    TESSERA_RETURN_IF_ERROR(checkpoint::SaveCheckpoint(checkpoint_.dir(), done, {model_.get(), trainer_.get(), tp_, dp_}));
+    checkpoint_secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count();
+  }
   // This rank's share of the step's model FLOPs (Megatron's estimate: 6 N per token for
   // the weights, plus causal attention 6 L Hq D s^2 per sequence of s tokens, forward and
   // backward), split evenly over the TP ranks that shared its tokens.
@@ -82,7 +119,8 @@ absl::StatusOr<std::string> TrainSession::Step(int64_t step) {
   return nlohmann::json{{"step", step},   {"loss", st.loss},     {"grad_norm", st.grad_norm},
                         {"lr", st.lr},     {"tokens", st.tokens}, {"seconds", secs},
                         {"model_flops", flops},
-                        {"memory_peak_bytes", backend_->allocator()->stats().peak_bytes}}
+                        {"memory_peak_bytes", backend_->allocator()->stats().peak_bytes},
+                        {"checkpoint_seconds", checkpoint_secs}}
       .dump();
 }
 

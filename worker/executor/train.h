@@ -2,6 +2,9 @@
 // executor — a backend on the executor's device, the Llama sharded over the group's TP
 // communicator, the Trainer reducing over its DP x CP communicator, and the built-in
 // data for this data-parallel rank. Calls: train_init (once), train_step (per step).
+// Checkpoints (train.checkpoint): at creation the session resumes from the directory's
+// latest checkpoint (or starts from `load`), in any layout; after every save_every-th
+// and the last step every rank saves its shard (worker/checkpoint/checkpoint.h).
 //
 // Threading: the driver calls one method at a time per executor.
 #pragma once
@@ -23,10 +26,15 @@ class TrainSession {
                                                               v1::DeviceType device, int device_index);
   // One optimizer step; its statistics as JSON: loss, grad_norm, lr, tokens (global),
   // seconds, model_flops (this rank's share) and memory_peak_bytes (this rank's backend).
+  // Steps are 0-based here (step s makes the trainer's step count s + 1) and must follow
+  // on from start_step(): FAILED_PRECONDITION otherwise.
   absl::StatusOr<std::string> Step(int64_t step);
+  // The step count of the checkpoint the session started from (0: none).
+  int64_t start_step() const { return start_step_; }
 
  private:
   TrainSession() = default;
+  absl::Status Resume(const v1::CheckpointSpec& ck);
   std::unique_ptr<runtime::Backend> backend_;
   std::unique_ptr<model::Llama> model_;
   std::unique_ptr<engine::Trainer> trainer_;
@@ -35,6 +43,10 @@ class TrainSession {
   int sequences_ = 0;
   int64_t pad_to_ = 1;
   int tp_size_ = 1;  // micro-batches padded to a multiple of this many tokens (tp under SP)
+  comm::Communicator* tp_ = nullptr;
+  comm::Communicator* dp_ = nullptr;
+  v1::CheckpointSpec checkpoint_;
+  int64_t total_steps_ = 0, start_step_ = 0;
 };
 
 }  // namespace tessera::executor
