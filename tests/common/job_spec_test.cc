@@ -142,5 +142,36 @@ TEST(JobSpec, PretrainDefaultsAndRefusals) {
   EXPECT_TRUE(check({"kind=sft"}).ok());
 }
 
+TEST(JobSpec, CheckpointPathsAreAbsoluteAndUnderTheRoots) {
+  auto parse = [](std::vector<std::string> sets) { return ParseJobSpecYaml(kPretrain, sets); };
+  auto spec = parse({"train.checkpoint={dir: /data/ckpt/run1, save_every: 10}"});
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ASSERT_TRUE(NormalizeAndValidateJobSpec(*spec).ok());
+  EXPECT_EQ(spec->train().checkpoint().save_every(), 10);
+  EXPECT_TRUE(spec->train().checkpoint().resume());  // the default
+  EXPECT_TRUE(CheckJobPaths(*spec, {"/data"}).ok());
+  EXPECT_TRUE(CheckJobPaths(*spec, {"/scratch", "/data/"}).ok());
+  auto denied = CheckJobPaths(*spec, {"/dat"});  // a prefix of a component is not the directory
+  EXPECT_EQ(denied.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(std::string(denied.message()), HasSubstr("train.checkpoint.dir: '/data/ckpt/run1' is outside"));
+  EXPECT_THAT(std::string(CheckJobPaths(*spec, {}).message()), HasSubstr("start it with --path-root"));
+  auto check = [&](std::vector<std::string> sets) {
+    auto s = parse(sets);
+    return s.ok() ? NormalizeAndValidateJobSpec(*s) : s.status();
+  };
+  EXPECT_THAT(std::string(check({"train.checkpoint.dir=ckpt"}).message()),
+              HasSubstr("train.checkpoint.dir: must be an absolute path, got 'ckpt'"));
+  EXPECT_THAT(std::string(check({"train.checkpoint.load=/data/../etc"}).message()),
+              HasSubstr("train.checkpoint.load: must not contain '.' or '..'"));
+  EXPECT_THAT(std::string(check({"train.checkpoint.save_every=5"}).message()),
+              HasSubstr("train.checkpoint.save_every: needs train.checkpoint.dir"));
+  EXPECT_THAT(std::string(check({"train.checkpoint.every=5"}).message()), HasSubstr("every"));
+  EXPECT_THAT(std::string(check({"train.checkpoint.resume=maybe"}).message()), HasSubstr("train.checkpoint.resume"));
+  auto no_resume = parse({"train.checkpoint={dir: /d, resume: false}"});
+  ASSERT_TRUE(no_resume.ok());
+  ASSERT_TRUE(NormalizeAndValidateJobSpec(*no_resume).ok());
+  EXPECT_FALSE(no_resume->train().checkpoint().resume());
+}
+
 }  // namespace
 }  // namespace tessera
