@@ -395,7 +395,13 @@ absl::StatusOr<LossSum> Llama::ForwardBackward(const TokenBatch& batch, float gr
   return Run(batch, true, grad_scale);
 }
 
-absl::StatusOr<LossSum> Llama::Run(const TokenBatch& batch, bool backward, float grad_scale) {
+absl::StatusOr<std::vector<float>> Llama::ForwardLogits(const TokenBatch& batch) {
+  std::vector<float> logits;
+  TESSERA_RETURN_IF_ERROR(Run(batch, false, 0.f, &logits).status());
+  return logits;
+}
+
+absl::StatusOr<LossSum> Llama::Run(const TokenBatch& batch, bool backward, float grad_scale, std::vector<float>* logits_out) {
   TESSERA_RETURN_IF_ERROR(batch.Validate(config_.vocab));
   if (sp_ && batch.size() % tp_size() != 0)
     return absl::InvalidArgumentError(absl::StrCat("batch: ", batch.size(), " tokens do not split over the ",
@@ -435,6 +441,10 @@ absl::StatusOr<LossSum> Llama::Run(const TokenBatch& batch, bool backward, float
   TESSERA_ASSIGN_OR_RETURN(Tensor xn_full, EnterTp(xn));
   TESSERA_ASSIGN_OR_RETURN(Tensor logits, New(b, {t, vocab}));
   TESSERA_RETURN_IF_ERROR(Linear(b, xn_full, lm_head_->value, logits));
+  if (logits_out != nullptr) {
+    logits_out->resize(logits.numel());
+    TESSERA_RETURN_IF_ERROR(b.CopyToHost(logits, logits_out->data()));
+  }
   TESSERA_ASSIGN_OR_RETURN(std::vector<float> lse, CrossEntropyLse(logits, in, vocab_start));
   LossSum loss;
   std::vector<float> dloss(t, 0.f);

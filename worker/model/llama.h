@@ -114,6 +114,9 @@ class Llama {
 
   // Forward only: the summed loss.
   absl::StatusOr<LossSum> Forward(const TokenBatch& batch);
+  // Forward only: this rank's logits, [T, vocab / tp] row-major, on the host (targets
+  // may all be -1).
+  absl::StatusOr<std::vector<float>> ForwardLogits(const TokenBatch& batch);
   // Forward and backward: adds grad_scale * d(loss sum)/d(param) into every grad (so a
   // token-mean over a global batch passes 1 / its target count to every micro-batch).
   absl::StatusOr<LossSum> ForwardBackward(const TokenBatch& batch, float grad_scale);
@@ -135,7 +138,8 @@ class Llama {
   absl::Status LayerForward(const LayerParams& w, const Inputs& in, const runtime::Tensor& x, LayerActs& a,
                             runtime::Tensor& out);
   absl::Status LayerBackward(const LayerParams& w, const Inputs& in, const LayerActs& a, runtime::Tensor& dx);
-  absl::StatusOr<LossSum> Run(const TokenBatch& batch, bool backward, float grad_scale);
+  absl::StatusOr<LossSum> Run(const TokenBatch& batch, bool backward, float grad_scale,
+                              std::vector<float>* logits_out = nullptr);
   absl::StatusOr<std::vector<float>> CrossEntropyLse(const runtime::Tensor& logits, Inputs& in, int64_t vocab_start);
 
   LlamaConfig config_;

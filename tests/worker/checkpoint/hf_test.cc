@@ -1,0 +1,130 @@
+// Hugging Face directories: export then import gives identical weights (F32) or the
+// bf16-rounded ones (BF16), for a Llama (GQA, untied) and a Qwen2-style model (QKV bias,
+// tied embeddings); sharded directories (model.safetensors.index.json) import; config.json
+// is read with Hugging Face's keys and unsupported features are refused naming the key.
+// (Our logits against transformers' on the same weights: bench/hf_logits_check.py on a
+// GPU host, where transformers is installed.)
+#include "worker/checkpoint/hf.h"
+
+#include <unistd.h>
+
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "common/util.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/worker/model/model_test_util.h"
+#include "worker/checkpoint/safetensors.h"
+#include "worker/runtime/dtype.h"
+
+namespace tessera::checkpoint {
+namespace {
+using ::testing::HasSubstr;
+
+std::string TempDir() { return absl::StrCat(::testing::TempDir(), "/hf-", getpid(), "-", RandomHex(4)); }
+
+std::unique_ptr<model::Llama> Make(const model::LlamaConfig& c, runtime::Backend* b, uint64_t seed) {
+  auto m = model::Llama::Create(c, b);
+  EXPECT_TRUE(m.ok()) << m.status();
+  EXPECT_TRUE((*m)->InitRandom(seed, 0.5f).ok());
+  return std::move(*m);
+}
+
+TEST(Hf, ExportImportRoundTrip) {
+  auto be = runtime::MakeCpuBackend();
+  for (bool qwen : {false, true}) {
+    SCOPED_TRACE(qwen ? "qwen2 (bias, tied)" : "llama (untied)");
+    auto c = model::test::TinyConfig(300, /*tied=*/qwen, /*bias=*/qwen);
+    c.rope_base = 500000.f, c.norm_eps = 1e-6f;
+    auto a = Make(c, be.get(), 3);
+    for (const char* dtype : {"F32", "BF16"}) {
+      const std::string dir = TempDir();
+      ASSERT_TRUE(ExportHf(dir, *a, dtype, true).ok());
+      auto read = ReadHfConfig(dir);
+      ASSERT_TRUE(read.ok()) << read.status();
+      EXPECT_EQ(read->vocab, c.vocab);
+      EXPECT_EQ(read->hidden, c.hidden);
+      EXPECT_EQ(read->kv_heads, c.kv_heads);
+      EXPECT_EQ(read->HeadDim(), c.HeadDim());
+      EXPECT_EQ(read->tie_embeddings, c.tie_embeddings);
+      EXPECT_EQ(read->qkv_bias, c.qkv_bias);
+      EXPECT_EQ(read->rope_base, c.rope_base);
+      EXPECT_EQ(read->norm_eps, c.norm_eps);
+      auto b = Make(*read, be.get(), 99);  // other weights until imported
+      ASSERT_TRUE(ImportHf(dir, *b).ok());
+      for (auto& p : a->params()) {
+        auto want = *a->GatherGlobal(p, false);
+        if (std::string(dtype) == "BF16")
+          for (float& x : want) x = runtime::Bf16ToFloat(runtime::FloatToBf16(x));
+        EXPECT_EQ(*b->GatherGlobal(*b->Find(p.name()), false), want) << dtype << " " << p.name();
+      }
+    }
+  }
+}
+
+TEST(Hf, ShardedDirectoryAndErrors) {
+  auto be = runtime::MakeCpuBackend();
+  auto c = model::test::TinyConfig(300, false, false);
+  auto a = Make(c, be.get(), 3);
+  const std::string one = TempDir(), two = TempDir();
+  ASSERT_TRUE(ExportHf(one, *a, "F32", true).ok());
+  // Split into two files with an index, as large Hugging Face checkpoints are.
+  auto r = SafetensorsReader::Open(one + "/model.safetensors");
+  ASSERT_TRUE(r.ok());
+  std::vector<std::vector<float>> data;
+  std::vector<TensorToWrite> first, second;
+  std::string map;
+  data.reserve((*r)->tensors().size());
+  for (const auto& [name, info] : (*r)->tensors()) {
+    data.push_back(*(*r)->ReadF32(name));
+    const bool in_first = name.find("layers.1.") == std::string::npos;
+    (in_first ? first : second).push_back({name, "F32", info.shape, data.back().data(), data.back().size() * 4});
+    absl::StrAppend(&map, map.empty() ? "" : ", ", "\"", name, "\": \"model-0000", in_first ? 1 : 2, "-of-00002.safetensors\"");
+  }
+  ASSERT_TRUE(MakeDirs(two).ok());
+  ASSERT_TRUE(WriteSafetensors(two + "/model-00001-of-00002.safetensors", first).ok());
+  ASSERT_TRUE(WriteSafetensors(two + "/model-00002-of-00002.safetensors", second).ok());
+  std::ofstream(two + "/model.safetensors.index.json") << "{\"metadata\": {}, \"weight_map\": {" << map << "}}";
+  std::ofstream(two + "/config.json") << *ReadFile(one + "/config.json");
+  auto b = Make(c, be.get(), 99);
+  ASSERT_TRUE(ImportHf(two, *b).ok());
+  for (auto& p : a->params()) EXPECT_EQ(*b->GatherGlobal(*b->Find(p.name()), false), *a->GatherGlobal(p, false));
+
+  // A model of another shape: the tensor, the file and both shapes are named.
+  auto wide = c;
+  wide.ffn = 32;
+  auto w = Make(wide, be.get(), 1);
+  EXPECT_THAT(std::string(ImportHf(one, *w).message()),
+              HasSubstr("model.safetensors: model.layers.0.mlp.gate_proj.weight has shape [24, 16], the model expects [32, 16]"));
+  // A tensor the file lacks (a Qwen2-style model asks for biases).
+  auto biased = c;
+  biased.qkv_bias = true;
+  auto q = Make(biased, be.get(), 1);
+  EXPECT_THAT(std::string(ImportHf(one, *q).message()), HasSubstr("no tensor 'model.layers.0.self_attn.q_proj.bias'"));
+
+  // config.json: Hugging Face's keys; what we cannot run is refused naming the key.
+  const std::string cfg = *ReadFile(one + "/config.json");
+  auto with = [&](const std::string& from, const std::string& to) {
+    std::string text = cfg;
+    const size_t at = text.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    text.replace(at, from.size(), to);
+    std::ofstream(one + "/config.json", std::ios::trunc) << text;
+    return ReadHfConfig(one).status();
+  };
+  EXPECT_THAT(std::string(with("\"hidden_size\"", "\"hidden_sizes\"").message()), HasSubstr("hidden_size: is required"));
+  auto scaled = with("\"rope_theta\"", "\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 32.0}, \"rope_theta\"");
+  EXPECT_EQ(scaled.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(std::string(scaled.message()), HasSubstr("rope_scaling"));
+  EXPECT_THAT(std::string(with("\"llama\"", "\"mistral\"").message()), HasSubstr("model_type 'mistral' is not supported"));
+  EXPECT_THAT(std::string(with("\"attention_bias\": false", "\"attention_bias\": true").message()), HasSubstr("attention_bias"));
+  EXPECT_THAT(std::string(with("\"silu\"", "\"gelu\"").message()), HasSubstr("hidden_act"));
+  EXPECT_THAT(std::string(with("\"num_attention_heads\": 4", "\"num_attention_heads\": 3").message()), HasSubstr("config.json"));
+  EXPECT_TRUE(with("\"rope_theta\"", "\"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 1000.0}, \"x\"").ok());
+  EXPECT_EQ(ReadHfConfig(one)->rope_base, 1000.f);
+  EXPECT_EQ(ExportHf(one, *a, "F16", true).code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace tessera::checkpoint

@@ -1,0 +1,33 @@
+// Hugging Face Llama / Qwen2 model directories: config.json plus model.safetensors, or
+// shards listed by model.safetensors.index.json. Our parameter names are Hugging Face's
+// (worker/model/config.h), and our RoPE rotates halves as theirs does, so weights map
+// one to one.
+//
+// Supported: model_type llama and qwen2 (q/k/v bias), grouped-query attention, head_dim,
+// tied embeddings, rope_theta, rms_norm_eps. Refused with a message naming the key:
+// rope_scaling (e.g. Llama 3.1's "llama3"), attention_bias / mlp_bias on Llama (biases on
+// o_proj / the MLP), hidden activations other than silu, sliding windows.
+#pragma once
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "worker/model/llama.h"
+
+namespace tessera::checkpoint {
+
+// The model shape from dir/config.json (INVALID_ARGUMENT or UNIMPLEMENTED naming the key).
+absl::StatusOr<model::LlamaConfig> ReadHfConfig(const std::string& dir);
+
+// Loads every parameter from the directory's safetensors into the model (any TP layout:
+// each rank reads the whole tensors and keeps its shard; F32, BF16 and F16 files). The
+// tensors' shapes must match the model's. Call before Trainer::Create (ZeRO-3 shards
+// the full values it finds).
+absl::Status ImportHf(const std::string& dir, model::Llama& model);
+
+// Writes config.json and model.safetensors (dtype "BF16" or "F32") into dir, from the
+// model's global weights. Every TP rank calls it (the weights are gathered over TP;
+// under ZeRO-3 call Trainer::GatherParams first); only ranks with `write` set write.
+absl::Status ExportHf(const std::string& dir, model::Llama& model, const std::string& dtype, bool write);
+
+}  // namespace tessera::checkpoint
