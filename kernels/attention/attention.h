@@ -27,6 +27,14 @@ absl::Status AttentionForwardCpu(const void* q, const void* k, const void* v, co
 absl::Status AttentionBackwardCpu(const void* q, const void* k, const void* v, const int32_t* cu_seqlens,
                                   const void* out, const void* dout, const float* lse, void* dq, void* dk, void* dv,
                                   const AttentionDims& d, DType t);
+// Merges a block's partial attention into a running one (ring attention over CP): per
+// (token, head) with L = logaddexp(lse, lse_b): out = out e^(lse - L) + out_b e^(lse_b - L),
+// lse = L. out/out_b [rows, D] (rows = tokens * heads, any float dtype), lse/lse_b [rows]
+// f32. A row whose lse is -inf (no keys yet) takes the block's values.
+absl::Status AttentionMergeCpu(void* out, float* lse, const void* out_b, const float* lse_b, int64_t rows, int64_t dim,
+                               DType t);
+absl::Status AttentionMergeCuda(void* out, float* lse, const void* out_b, const float* lse_b, int64_t rows, int64_t dim,
+                                DType t, void* stream);
 absl::Status AttentionForwardCuda(const void* q, const void* k, const void* v, const int32_t* cu_seqlens, void* out,
                                   float* lse, const AttentionDims& d, DType t, void* stream);
 absl::Status AttentionBackwardCuda(const void* q, const void* k, const void* v, const int32_t* cu_seqlens,

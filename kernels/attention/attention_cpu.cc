@@ -1,4 +1,5 @@
 // Reference attention: per sequence, per query head, scores in double.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -14,6 +15,20 @@ struct Idx {
   int64_t K(int64_t tok, int64_t h) const { return (tok * d.kv_heads + h / (d.q_heads / d.kv_heads)) * d.head_dim; }
 };
 }  // namespace
+
+absl::Status AttentionMergeCpu(void* out, float* lse, const void* out_b, const float* lse_b, int64_t rows, int64_t dim,
+                               DType t) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const double a = lse[r], b = lse_b[r];
+    if (b == -std::numeric_limits<double>::infinity()) continue;  // the block adds nothing
+    const double m = std::max(a, b), l = m + std::log(std::exp(a - m) + std::exp(b - m));
+    const double wa = std::exp(a - l), wb = std::exp(b - l);
+    for (int64_t i = r * dim; i < (r + 1) * dim; ++i)
+      StoreElem(out, i, static_cast<float>(wa * LoadElem(out, i, t) + wb * LoadElem(out_b, i, t)), t);
+    lse[r] = static_cast<float>(l);
+  }
+  return absl::OkStatus();
+}
 
 absl::Status AttentionForwardCpu(const void* q, const void* k, const void* v, const int32_t* cu, void* out, float* lse,
                                  const AttentionDims& d, DType t) {

@@ -219,4 +219,37 @@ absl::Status AttentionBackwardCuda(const void* q, const void* k, const void* v, 
   }
   return LaunchStatus("attention_backward");
 }
+namespace {
+// One warp per row: the weights from the two log-sum-exps, then the row blended.
+template <typename T>
+__global__ void AttentionMergeKernel(T* out, float* lse, const T* out_b, const float* lse_b, int64_t rows, int64_t dim) {
+  const int64_t row = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32;
+  if (row >= rows) return;
+  const float a = lse[row], b = lse_b[row];
+  if (b == -INFINITY) return;
+  const float m = fmaxf(a, b), l = m + logf(expf(a - m) + expf(b - m));
+  const float wa = expf(a - l), wb = expf(b - l);
+  for (int64_t i = threadIdx.x % 32; i < dim; i += 32)
+    out[row * dim + i] = FromF<T>(wa * ToF(out[row * dim + i]) + wb * ToF(out_b[row * dim + i]));
+  __syncwarp();
+  if (threadIdx.x % 32 == 0) lse[row] = l;
+}
+}  // namespace
+
+absl::Status AttentionMergeCuda(void* out, float* lse, const void* out_b, const float* lse_b, int64_t rows, int64_t dim,
+                                DType t, void* stream) {
+  if (rows == 0) return absl::OkStatus();
+  auto s = static_cast<cudaStream_t>(stream);
+  const unsigned blocks = static_cast<unsigned>((rows + 7) / 8);
+  if (t == DType::kF32)
+    AttentionMergeKernel<<<blocks, 256, 0, s>>>(static_cast<float*>(out), lse, static_cast<const float*>(out_b), lse_b, rows, dim);
+  else if (t == DType::kBF16)
+    AttentionMergeKernel<<<blocks, 256, 0, s>>>(static_cast<__nv_bfloat16*>(out), lse,
+                                                static_cast<const __nv_bfloat16*>(out_b), lse_b, rows, dim);
+  else
+    AttentionMergeKernel<<<blocks, 256, 0, s>>>(static_cast<__half*>(out), lse, static_cast<const __half*>(out_b), lse_b,
+                                                rows, dim);
+  return LaunchStatus("attention_merge");
+}
+
 }  // namespace tessera::kernels

@@ -64,6 +64,50 @@ TEST_P(OpTest, AttentionForwardVarlenGqaCausal) {
   }
 }
 
+// Ring attention's merge: attention of queries over keys K1 and over K2, merged, equals
+// attention over [K1; K2] (the reference: double precision over the concatenated keys).
+// Rows whose second block is empty (lse -inf) keep the first block's values.
+TEST_P(OpTest, AttentionMergeEqualsAttentionOverBothBlocks) {
+  Rng rng(seed_);
+  for (DType t : {DType::kF32, DType::kBF16}) {
+    for (auto [T, hq, hkv, dim] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{1, 1, 1, 8}, {37, 4, 2, 64}, {130, 2, 1, 128}}) {
+      SCOPED_TRACE(::testing::Message() << DTypeName(t) << " T=" << T << " d=" << dim << " seed=" << seed_);
+      auto qv = Quantize(rng.Normal(T * hq * dim), t);
+      std::vector<float> kb[2], vb[2];
+      for (int i = 0; i < 2; ++i) kb[i] = Quantize(rng.Normal(T * hkv * dim), t), vb[i] = Quantize(rng.Normal(T * hkv * dim), t);
+      auto q = Make(*be_, {T, hq, dim}, t, qv);
+      auto cu = Ints(*be_, {0, static_cast<int32_t>(T)});
+      Tensor out[2], lse[2];
+      for (int i = 0; i < 2; ++i) {
+        auto k = Make(*be_, {T, hkv, dim}, t, kb[i]), v = Make(*be_, {T, hkv, dim}, t, vb[i]);
+        out[i] = Out(*be_, {T, hq, dim}, t), lse[i] = Out(*be_, {T, hq}, DType::kF32);
+        ASSERT_TRUE(be_->AttentionForward(q, k, v, cu, false, out[i], lse[i]).ok());
+      }
+      ASSERT_TRUE(be_->AttentionMerge(out[0], lse[0], out[1], lse[1]).ok());
+      // Reference: the queries twice over the 2T keys, non-causal; the first T rows.
+      std::vector<float> q2 = qv, k2 = kb[0], v2 = vb[0];
+      q2.insert(q2.end(), qv.begin(), qv.end());
+      k2.insert(k2.end(), kb[1].begin(), kb[1].end());
+      v2.insert(v2.end(), vb[1].begin(), vb[1].end());
+      std::vector<double> ro, rl;
+      AttentionRef(q2, k2, v2, {0, static_cast<int32_t>(2 * T)}, hq, hkv, dim, false, ro, rl);
+      ro.resize(T * hq * dim);
+      rl.resize(T * hq);
+      EXPECT_LT(RelErr(Read(*be_, out[0]), ro), t == DType::kBF16 ? 2e-2 : (cpu() ? 1e-6 : 1e-5));
+      EXPECT_LT(RelErr(Read(*be_, lse[0]), rl), cpu() ? 1e-6 : 1e-5);
+      // An empty block (lse -inf everywhere) changes nothing.
+      auto before = Read(*be_, out[0]);
+      std::vector<float> ninf(T * hq, -INFINITY);
+      auto empty_lse = Make(*be_, {T, hq}, DType::kF32, ninf);
+      ASSERT_TRUE(be_->AttentionMerge(out[0], lse[0], out[1], empty_lse).ok());
+      EXPECT_EQ(Read(*be_, out[0]), before);
+    }
+  }
+  // Shapes are checked.
+  auto a = Out(*be_, {4, 2, 8}, DType::kF32), l = Out(*be_, {4, 2}, DType::kF32), b = Out(*be_, {4, 2, 4}, DType::kF32);
+  EXPECT_FALSE(be_->AttentionMerge(a, l, b, l).ok());
+}
+
 TEST_P(OpTest, AttentionBackward) {
   Rng rng(seed_);
   const std::vector<int32_t> cu = {0, 3, 7};

@@ -1,5 +1,7 @@
 #include "worker/model/llama.h"
 
+#include "worker/model/context_parallel.h"
+
 #include <algorithm>
 
 #include <cmath>
@@ -87,6 +89,7 @@ struct Llama::LayerParams {
 struct Llama::Inputs {
   Tensor tokens, targets, positions;  // on the backend, i32 [T]
   Tensor cu;                          // on the host, i32 [B + 1]
+  Tensor cu_half;                     // CP: the chunk boundaries within a half, host i32
   Tensor ones;                        // [T, 1] f32, for bias broadcasts (QKV bias only)
   std::vector<float> target_logit;    // [T] on the host, after the cross-entropy
 };
@@ -97,20 +100,23 @@ struct Llama::LayerActs {
   Tensor x_in, xn1, xn1_full, rstd1, q, k, v, o, lse, x_mid, xn2, xn2_full, rstd2, gate, up, act;
 };
 
-Llama::Llama(const LlamaConfig& config, Backend* backend, comm::Communicator* tp, bool sequence_parallel)
+Llama::Llama(const LlamaConfig& config, Backend* backend, comm::Communicator* tp, bool sequence_parallel,
+             comm::Communicator* cp)
     : config_(config),
       backend_(backend),
       tp_(tp != nullptr && tp->size() > 1 ? tp : nullptr),
+      cp_(cp != nullptr && cp->size() > 1 ? cp : nullptr),
       sp_(sequence_parallel && tp_ != nullptr),
       host_(runtime::MakeCpuBackend()) {}
 Llama::~Llama() = default;
 
 absl::StatusOr<std::unique_ptr<Llama>> Llama::Create(const LlamaConfig& config, Backend* backend,
-                                                     comm::Communicator* tp, bool sequence_parallel) {
+                                                     comm::Communicator* tp, bool sequence_parallel,
+                                                     comm::Communicator* cp) {
   TESSERA_RETURN_IF_ERROR(config.Validate());
   TESSERA_RETURN_IF_ERROR(config.ValidateTensorParallel(tp != nullptr ? tp->size() : 1));
   if (backend == nullptr) return absl::InvalidArgumentError("model: no backend");
-  std::unique_ptr<Llama> m(new Llama(config, backend, tp, sequence_parallel));
+  std::unique_ptr<Llama> m(new Llama(config, backend, tp, sequence_parallel, cp));
   TESSERA_RETURN_IF_ERROR(m->Allocate());
   return m;
 }
@@ -245,6 +251,11 @@ absl::StatusOr<Llama::Inputs> Llama::Upload(const TokenBatch& batch) {
   TESSERA_RETURN_IF_ERROR(b.CopyFromHost(batch.positions.data(), in.positions));
   TESSERA_ASSIGN_OR_RETURN(in.cu, host_->Empty({static_cast<int64_t>(batch.cu_seqlens.size())}, DType::kI32));
   std::copy(batch.cu_seqlens.begin(), batch.cu_seqlens.end(), in.cu.data_as<int32_t>());
+  if (cp_ != nullptr) {
+    TESSERA_ASSIGN_OR_RETURN(std::vector<int32_t> half, ContextParallelHalf(batch));
+    TESSERA_ASSIGN_OR_RETURN(in.cu_half, host_->Empty({static_cast<int64_t>(half.size())}, DType::kI32));
+    std::copy(half.begin(), half.end(), in.cu_half.data_as<int32_t>());
+  }
   if (config_.qkv_bias) {
     TESSERA_ASSIGN_OR_RETURN(in.ones, New(b, {t, 1}));
     const std::vector<float> ones(t, 1.f);
@@ -314,7 +325,11 @@ absl::Status Llama::LayerForward(const LayerParams& w, const Inputs& in, const T
   TESSERA_RETURN_IF_ERROR(b.Rope(k_lin, in.positions, c.rope_base, a.k));
   TESSERA_ASSIGN_OR_RETURN(a.o, New(b, {t, hq, d}));
   TESSERA_ASSIGN_OR_RETURN(a.lse, New(b, {t, hq}));
-  TESSERA_RETURN_IF_ERROR(b.AttentionForward(a.q, a.k, a.v, in.cu, /*causal=*/true, a.o, a.lse));
+  if (cp_ != nullptr) {
+    TESSERA_RETURN_IF_ERROR(RingAttentionForward(b, *cp_, a.q, a.k, a.v, in.cu_half, a.o, a.lse));
+  } else {
+    TESSERA_RETURN_IF_ERROR(b.AttentionForward(a.q, a.k, a.v, in.cu, /*causal=*/true, a.o, a.lse));
+  }
   // Output projection (row-parallel: partial sums over this rank's heads) and the first residual.
   TESSERA_ASSIGN_OR_RETURN(Tensor o2, a.o.Reshape({t, hq * d}));
   TESSERA_ASSIGN_OR_RETURN(Tensor attn, New(b, {t, c.hidden}));
@@ -368,7 +383,11 @@ absl::Status Llama::LayerBackward(const LayerParams& w, const Inputs& in, const 
   TESSERA_ASSIGN_OR_RETURN(Tensor dq, New(b, {t, hq, d}));
   TESSERA_ASSIGN_OR_RETURN(Tensor dk, New(b, {t, hkv, d}));
   TESSERA_ASSIGN_OR_RETURN(Tensor dv, New(b, {t, hkv, d}));
-  TESSERA_RETURN_IF_ERROR(b.AttentionBackward(a.q, a.k, a.v, in.cu, true, a.o, do3, a.lse, dq, dk, dv));
+  if (cp_ != nullptr) {
+    TESSERA_RETURN_IF_ERROR(RingAttentionBackward(b, *cp_, a.q, a.k, a.v, in.cu_half, a.o, do3, a.lse, dq, dk, dv));
+  } else {
+    TESSERA_RETURN_IF_ERROR(b.AttentionBackward(a.q, a.k, a.v, in.cu, true, a.o, do3, a.lse, dq, dk, dv));
+  }
   // RoPE is a rotation: its backward rotates back.
   TESSERA_ASSIGN_OR_RETURN(Tensor dq_lin, New(b, {t, hq, d}));
   TESSERA_ASSIGN_OR_RETURN(Tensor dk_lin, New(b, {t, hkv, d}));

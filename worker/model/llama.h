@@ -19,6 +19,11 @@
 // in the backward) instead of all-reduced; norm weight gradients are summed over TP.
 // The packed batch's token count must divide by tp.
 //
+// Context parallelism (worker/model/context_parallel.h): each CP rank holds two chunks of
+// every sequence; everything but attention is per token, attention runs round the CP
+// ring. Gradients are partial sums over the rank's tokens: the trainer reduces them over
+// the DP x CP group.
+//
 // Threading: a Llama is used by one thread at a time (its backend's thread).
 #pragma once
 
@@ -82,9 +87,12 @@ class Llama {
  public:
   // tp: the tensor-parallel group (null or size 1: no tensor parallelism); it must hold
   // host buffers for a CPU backend (Gloo) and device buffers for a GPU one (NCCL).
+  // cp: the context-parallel group (null or size 1: none); batches are then this rank's
+  // split (worker/model/context_parallel.h) and attention runs round the CP ring.
   static absl::StatusOr<std::unique_ptr<Llama>> Create(const LlamaConfig& config, runtime::Backend* backend,
                                                        comm::Communicator* tp = nullptr,
-                                                       bool sequence_parallel = false);
+                                                       bool sequence_parallel = false,
+                                                       comm::Communicator* cp = nullptr);
   ~Llama();
 
   const LlamaConfig& config() const { return config_; }
@@ -125,7 +133,8 @@ class Llama {
   struct LayerParams;
   struct LayerActs;
   struct Inputs;
-  Llama(const LlamaConfig& config, runtime::Backend* backend, comm::Communicator* tp, bool sequence_parallel);
+  Llama(const LlamaConfig& config, runtime::Backend* backend, comm::Communicator* tp, bool sequence_parallel,
+        comm::Communicator* cp);
   int tp_size() const { return tp_ ? tp_->size() : 1; }
   int tp_rank() const { return tp_ ? tp_->rank() : 0; }
   absl::Status AllReduce(runtime::Tensor& t);  // sum over the TP group, in place
@@ -145,6 +154,7 @@ class Llama {
   LlamaConfig config_;
   runtime::Backend* backend_;
   comm::Communicator* tp_;  // null: one rank
+  comm::Communicator* cp_;  // null: no context parallelism
   bool sp_;                 // sequence parallel (only with tp_)
   std::unique_ptr<runtime::Backend> host_;  // host tensors (cu_seqlens) of every micro-batch
   std::vector<Param> params_;

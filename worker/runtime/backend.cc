@@ -280,6 +280,21 @@ absl::Status Backend::AttentionBackward(const Tensor& q, const Tensor& k, const 
   return DoAttentionBackward(q, k, v, cu, causal, out, dout, lse, dq, dk, dv);
 }
 
+absl::Status Backend::AttentionMerge(Tensor& out, Tensor& lse, const Tensor& out_b, const Tensor& lse_b) {
+  const char* op = "attention_merge";
+  TRY(CheckTensors(op, device(), {{"out", &out}, {"lse", &lse}, {"out_b", &out_b}, {"lse_b", &lse_b}}));
+  TRY(SameShape(op, "out_b", out_b, "out", out));
+  TRY(SameDType(op, "out_b", out_b, "out", out));
+  TRY(SameShape(op, "lse_b", lse_b, "lse", lse));
+  if (out.rank() != 3 || lse.rank() != 2 || lse.dim(0) != out.dim(0) || lse.dim(1) != out.dim(1) ||
+      lse.dtype() != DType::kF32 || lse_b.dtype() != DType::kF32 ||
+      !(out.dtype() == DType::kF32 || out.dtype() == DType::kBF16 || out.dtype() == DType::kF16))
+    return absl::InvalidArgumentError(absl::StrCat(op, ": need out [T, H, D] (f32/bf16/f16) and lse [T, H] f32, got out ",
+                                                   out.ShapeString(), " ", DTypeName(out.dtype()), ", lse ",
+                                                   lse.ShapeString(), " ", DTypeName(lse.dtype())));
+  return DoAttentionMerge(out, lse, out_b, lse_b);
+}
+
 absl::Status Backend::PagedAttention(const Tensor& q, const Tensor& kc, const Tensor& vc, const Tensor& tables,
                                      const Tensor& lens, Tensor& out, Tensor& lse) {
   const char* op = "paged_attention";

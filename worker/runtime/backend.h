@@ -77,6 +77,10 @@ class Backend {
   absl::Status AttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens, bool causal,
                                  const Tensor& out, const Tensor& dout, const Tensor& lse, Tensor& dq, Tensor& dk,
                                  Tensor& dv);
+  // Ring attention's merge (kernels/attention): out/lse hold a partial attention over
+  // some keys, out_b/lse_b another block's; afterwards out/lse are the attention over
+  // both. out, out_b [T, H, D] of one float dtype; lse, lse_b [T, H] f32.
+  absl::Status AttentionMerge(Tensor& out, Tensor& lse, const Tensor& out_b, const Tensor& lse_b);
   // Decode attention over a paged KV cache (kernels/paged_attention): q [B, Hq, D],
   // k_cache/v_cache [blocks, block_size, Hkv, D], block_tables [B, max_blocks] i32,
   // context_lens [B] i32, both on this device or on the host; out like q; lse f32 [B, Hq].
@@ -121,6 +125,7 @@ class Backend {
   virtual absl::Status DoAttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu,
                                            bool causal, const Tensor& out, const Tensor& dout, const Tensor& lse,
                                            Tensor& dq, Tensor& dk, Tensor& dv) = 0;
+  virtual absl::Status DoAttentionMerge(Tensor& out, Tensor& lse, const Tensor& out_b, const Tensor& lse_b) = 0;
   virtual absl::Status DoPagedAttention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                                         const Tensor& block_tables, const Tensor& context_lens, Tensor& out,
                                         Tensor& lse) = 0;

@@ -101,6 +101,10 @@ class CpuBackend final : public Backend {
     return kernels::AttentionBackwardCpu(q.data(), k.data(), v.data(), cu.data_as<int32_t>(), out.data(), dout.data(),
                                          lse.data_as<float>(), dq.data(), dk.data(), dv.data(), kernels::AttentionDims{q.dim(0), q.dim(1), k.dim(1), q.dim(2), cu.dim(0) - 1, causal, static_cast<float>(1.0 / std::sqrt(double(q.dim(2))))}, q.dtype());
   }
+  absl::Status DoAttentionMerge(Tensor& out, Tensor& lse, const Tensor& out_b, const Tensor& lse_b) override {
+    return kernels::AttentionMergeCpu(out.data(), lse.data_as<float>(), out_b.data(), lse_b.data_as<float>(),
+                                      out.dim(0) * out.dim(1), out.dim(2), out.dtype());
+  }
   absl::Status DoSample(const Tensor& z, const Tensor& temp, const Tensor& k, const Tensor& p, const Tensor& seed,
                         const Tensor& offset, Tensor& token, Tensor& logprob) override {
     kernels::SampleArgs a{temp.data_as<float>(), k.data_as<int32_t>(), p.data_as<float>(), seed.data_as<uint64_t>(),

@@ -181,6 +181,10 @@ class CudaBackend final : public Backend {
                                           lse.data_as<float>(), dq.data(), dk.data(), dv.data(), AttnDims(q, k, cu, causal),
                                           q.dtype(), stream_);
   }
+  absl::Status DoAttentionMerge(Tensor& out, Tensor& lse, const Tensor& out_b, const Tensor& lse_b) override {
+    return kernels::AttentionMergeCuda(out.data(), lse.data_as<float>(), out_b.data(), lse_b.data_as<float>(),
+                                       out.dim(0) * out.dim(1), out.dim(2), out.dtype(), stream_);
+  }
   // A host tensor is copied into stream-ordered device memory (the copy is ordered before
   // the kernels that read it, and the temporary is freed after them); a device tensor is
   // returned as is.
