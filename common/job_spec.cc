@@ -392,10 +392,9 @@ static absl::Status CheckCleanAbsolute(const std::string& field, const std::stri
 static absl::Status ValidatePretrain(JobSpec& spec) {
   if (spec.groups_size() != 1) return Bad("groups", absl::StrCat("a ", spec.kind(), " job has exactly one worker group"));
   const auto& l = spec.groups(0).layout();
-  if (l.pp() > 1 || l.cp() > 1)
-    return absl::UnimplementedError(absl::StrCat("groups[0].layout: the training engine runs tp (with sp) and dp ",
-                                                 "(zero 0-3) so far; pp=", l.pp(), ", cp=", l.cp(),
-                                                 " are not available yet"));
+  if (l.pp() > 1)
+    return absl::UnimplementedError(absl::StrCat("groups[0].layout: the training engine runs tp (with sp), cp and dp ",
+                                                 "(zero 0-3) so far; pp=", l.pp(), " is not available yet"));
   const auto& m = spec.model();
   struct Req {
     const char* name;

@@ -8,6 +8,7 @@
 #include "common/status.h"
 #include "common/util.h"
 #include "worker/checkpoint/checkpoint.h"
+#include "worker/model/context_parallel.h"
 
 namespace tessera::executor {
 
@@ -29,7 +30,8 @@ absl::StatusOr<std::unique_ptr<TrainSession>> TrainSession::Create(const v1::Job
   };
   comm::Communicator* tp = comm_of(parallel::GroupKind::kTp);
   comm::Communicator* dp = comm_of(parallel::GroupKind::kDpCp);
-  TESSERA_ASSIGN_OR_RETURN(s->model_, model::Llama::Create(config, s->backend_.get(), tp, comms.layout.sp));
+  comm::Communicator* cp = comm_of(parallel::GroupKind::kCp);
+  TESSERA_ASSIGN_OR_RETURN(s->model_, model::Llama::Create(config, s->backend_.get(), tp, comms.layout.sp, cp));
   s->pad_to_ = comms.layout.sp ? comms.layout.tp : 1;
   s->tp_size_ = comms.layout.tp;
   TESSERA_RETURN_IF_ERROR(s->model_->InitRandom(t.seed(), static_cast<float>(t.init_std())));
@@ -40,8 +42,12 @@ absl::StatusOr<std::unique_ptr<TrainSession>> TrainSession::Create(const v1::Job
   o.zero = comms.layout.zero;
   TESSERA_ASSIGN_OR_RETURN(s->trainer_, engine::Trainer::Create(s->model_.get(), s->backend_.get(), dp, tp, o));
   s->data_ = {t.data().digits(), t.seed(), m.seq_len(), /*answer_only=*/spec.kind() == "sft"};
-  const int dps = comms.layout.dp * comms.layout.cp;
-  const int dp_rank = dp != nullptr ? dp->rank() : 0;
+  // The CP ranks of a DP rank take the same micro-batches, each its split of them.
+  const int dps = comms.layout.dp;
+  comm::Communicator* dp_only = comm_of(parallel::GroupKind::kDp);
+  const int dp_rank = dp_only != nullptr ? dp_only->rank() : 0;
+  s->cp_ = comms.layout.cp;
+  s->cp_rank_ = cp != nullptr ? cp->rank() : 0;
   s->sequences_ = m.micro_batch();
   s->micro_per_step_ = m.global_batch() / m.micro_batch();
   s->micro_per_rank_ = s->micro_per_step_ / dps;
@@ -79,11 +85,23 @@ absl::StatusOr<std::string> TrainSession::Step(int64_t step) {
                                                       " (started from ", start_step_, ")"));
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<model::TokenBatch> mine;
+  double tokens = 0, attn = 0;  // of this DP rank's sequences (before any CP split or padding)
   for (int64_t k = 0; k < micro_per_rank_; ++k) {
     mine.push_back(engine::MakeArithmeticBatch(data_, step * micro_per_step_ + first_micro_ + k, sequences_));
+    model::TokenBatch& b = mine.back();
+    for (size_t i = 1; i < b.cu_seqlens.size(); ++i) {  // the model FLOPs count the whole sequences
+      const double len = b.cu_seqlens[i] - b.cu_seqlens[i - 1];
+      tokens += len;
+      attn += len * len;
+    }
+    if (cp_ > 1) {
+      // Context parallelism: this rank's chunks of every sequence, each sequence padded to
+      // a multiple of 2·cp (·tp under SP, so that the local tokens split over TP).
+      TESSERA_ASSIGN_OR_RETURN(b, model::SplitForContextParallel(b, cp_, cp_rank_, static_cast<int>(pad_to_)));
+      continue;
+    }
     // Sequence parallelism splits the packed tokens over TP: pad with one more sequence
     // that takes no loss (it attends only to itself, so nothing else changes).
-    model::TokenBatch& b = mine.back();
     const int64_t pad = (pad_to_ - b.size() % pad_to_) % pad_to_;
     for (int64_t i = 0; i < pad; ++i) {
       b.tokens.push_back(0);
@@ -106,16 +124,8 @@ absl::StatusOr<std::string> TrainSession::Step(int64_t step) {
   // the weights, plus causal attention 6 L Hq D s^2 per sequence of s tokens, forward and
   // backward), split evenly over the TP ranks that shared its tokens.
   const auto& c = model_->config();
-  double tokens = 0, attn = 0;
-  for (const auto& mb : mine) {
-    tokens += static_cast<double>(mb.size());
-    for (size_t k = 1; k < mb.cu_seqlens.size(); ++k) {
-      const double len = mb.cu_seqlens[k] - mb.cu_seqlens[k - 1];
-      attn += len * len;
-    }
-  }
   const double flops = (6.0 * static_cast<double>(c.NumParams()) * tokens +
-                        6.0 * c.layers * c.heads * c.HeadDim() * attn) / tp_size_;
+                        6.0 * c.layers * c.heads * c.HeadDim() * attn) / (tp_size_ * cp_);
   return nlohmann::json{{"step", step},   {"loss", st.loss},     {"grad_norm", st.grad_norm},
                         {"lr", st.lr},     {"tokens", st.tokens}, {"seconds", secs},
                         {"model_flops", flops},

@@ -43,6 +43,7 @@ class TrainSession {
   int sequences_ = 0;
   int64_t pad_to_ = 1;
   int tp_size_ = 1;  // micro-batches padded to a multiple of this many tokens (tp under SP)
+  int cp_ = 1, cp_rank_ = 0;  // context parallelism: this rank's split of every micro-batch
   comm::Communicator* tp_ = nullptr;
   comm::Communicator* dp_ = nullptr;
   v1::CheckpointSpec checkpoint_;
