@@ -121,7 +121,7 @@ absl::Status ParseLayout(const YAML::Node& n, const std::string& path, v1::Paral
 absl::Status ParseModel(const YAML::Node& n, const std::string& path, v1::ModelShape* m) {
   TESSERA_RETURN_IF_ERROR(CheckKeys(n, path, {"num_layers", "num_heads", "num_kv_heads", "vocab_size", "seq_len",
                                               "global_batch", "micro_batch", "hidden", "ffn", "head_dim", "rope_base",
-                                              "tie_embeddings", "qkv_bias"}));
+                                              "tie_embeddings", "qkv_bias", "hf_dir"}));
   const int64_t kMax = 1 << 30;
   for (const auto& kv : n) {
     std::string k = kv.first.Scalar(), p = Join(path, k);
@@ -142,6 +142,9 @@ absl::Status ParseModel(const YAML::Node& n, const std::string& path, v1::ModelS
     } else if (k == "tie_embeddings" || k == "qkv_bias") {
       TESSERA_ASSIGN_OR_RETURN(bool b, AsBool(v, p));
       k == "qkv_bias" ? m->set_qkv_bias(b) : m->set_tie_embeddings(b);
+    } else if (k == "hf_dir") {
+      TESSERA_ASSIGN_OR_RETURN(auto s, AsString(v, p));
+      m->set_hf_dir(s);
     }
   }
   return absl::OkStatus();
@@ -149,14 +152,20 @@ absl::Status ParseModel(const YAML::Node& n, const std::string& path, v1::ModelS
 
 absl::Status ParseTrain(const YAML::Node& n, const std::string& path, v1::TrainSpec* t) {
   TESSERA_RETURN_IF_ERROR(CheckKeys(n, path, {"steps", "lr", "min_lr", "warmup_steps", "weight_decay", "clip_norm",
-                                              "seed", "data", "init_std", "checkpoint"}));
+                                              "seed", "data", "init_std", "checkpoint", "recompute", "export_hf"}));
   for (const auto& kv : n) {
     std::string k = kv.first.Scalar(), p = Join(path, k);
     const YAML::Node& v = kv.second;
     if (k == "steps") ASSIGN_INT(t->set_steps, v, p, 1, 100000000);
     else if (k == "warmup_steps") ASSIGN_INT(t->set_warmup_steps, v, p, 0, 100000000);
     else if (k == "seed") ASSIGN_INT(t->set_seed, v, p, 0, int64_t(1) << 62);
-    else if (k == "checkpoint") {
+    else if (k == "recompute") {
+      TESSERA_ASSIGN_OR_RETURN(bool b, AsBool(v, p));
+      t->set_recompute(b);
+    } else if (k == "export_hf") {
+      TESSERA_ASSIGN_OR_RETURN(auto s, AsString(v, p));
+      t->set_export_hf(s);
+    } else if (k == "checkpoint") {
       TESSERA_RETURN_IF_ERROR(CheckKeys(v, p, {"dir", "save_every", "resume", "load"}));
       auto* c = t->mutable_checkpoint();
       for (const auto& d : v) {
@@ -400,11 +409,23 @@ static absl::Status ValidatePretrain(JobSpec& spec) {
     const char* name;
     int64_t value;
   };
+  // With hf_dir the model's dims come from its config.json (read by the executors).
+  const bool hf = !m.hf_dir().empty();
+  if (hf) {
+    TESSERA_RETURN_IF_ERROR(CheckCleanAbsolute("model.hf_dir", m.hf_dir()));
+    for (Req r : {Req{"hidden", m.hidden()}, Req{"num_layers", m.num_layers()}, Req{"num_heads", m.num_heads()},
+                  Req{"num_kv_heads", m.num_kv_heads()}, Req{"vocab_size", m.vocab_size()}, Req{"ffn", m.ffn()},
+                  Req{"head_dim", m.head_dim()}})
+      if (r.value != 0)
+        return Bad(absl::StrCat("model.", r.name), "comes from model.hf_dir's config.json; leave it out");
+  }
   for (Req r : {Req{"hidden", m.hidden()}, Req{"num_layers", m.num_layers()}, Req{"num_heads", m.num_heads()},
                 Req{"num_kv_heads", m.num_kv_heads()}, Req{"vocab_size", m.vocab_size()}, Req{"ffn", m.ffn()},
                 Req{"seq_len", m.seq_len()}, Req{"global_batch", m.global_batch()}, Req{"micro_batch", m.micro_batch()}})
-    if (r.value <= 0) return Bad(absl::StrCat("model.", r.name), absl::StrCat("is required for ", spec.kind(), " jobs"));
-  if (m.vocab_size() < 256)
+    if (r.value <= 0 && !(hf && std::string(r.name) != "seq_len" && std::string(r.name) != "global_batch" &&
+                          std::string(r.name) != "micro_batch"))
+      return Bad(absl::StrCat("model.", r.name), absl::StrCat("is required for ", spec.kind(), " jobs"));
+  if (!hf && m.vocab_size() < 256)
     return Bad("model.vocab_size", absl::StrCat("must be >= 256 for byte-level tokens, got ", m.vocab_size()));
   auto* t = spec.mutable_train();
   if (t->steps() <= 0) return Bad("train.steps", absl::StrCat("is required for ", spec.kind(), " jobs"));
@@ -415,7 +436,8 @@ static absl::Status ValidatePretrain(JobSpec& spec) {
   if (t->data().kind().empty()) t->mutable_data()->set_kind("arithmetic");
   if (t->data().digits() == 0) t->mutable_data()->set_digits(3);
   auto* c = t->mutable_checkpoint();
-  for (auto [field, path] : {std::pair{"train.checkpoint.dir", c->dir()}, std::pair{"train.checkpoint.load", c->load()}})
+  for (auto [field, path] : {std::pair{"train.checkpoint.dir", c->dir()}, std::pair{"train.checkpoint.load", c->load()},
+                             std::pair{"train.export_hf", t->export_hf()}})
     if (!path.empty()) TESSERA_RETURN_IF_ERROR(CheckCleanAbsolute(field, path));
   if (!c->has_resume()) c->set_resume(true);
   if (c->dir().empty() && c->save_every() > 0) return Bad("train.checkpoint.save_every", "needs train.checkpoint.dir");
@@ -524,7 +546,9 @@ bool IsTerminal(v1::JobState s) {
 
 absl::Status CheckJobPaths(const v1::JobSpec& spec, const std::vector<std::string>& roots) {
   const auto& c = spec.train().checkpoint();
-  for (auto [field, path] : {std::pair{"train.checkpoint.dir", c.dir()}, std::pair{"train.checkpoint.load", c.load()}}) {
+  for (auto [field, path] : {std::pair{"train.checkpoint.dir", c.dir()}, std::pair{"train.checkpoint.load", c.load()},
+                             std::pair{"train.export_hf", spec.train().export_hf()},
+                             std::pair{"model.hf_dir", spec.model().hf_dir()}}) {
     if (path.empty()) continue;
     TESSERA_RETURN_IF_ERROR(CheckCleanAbsolute(field, path));
     bool inside = false;

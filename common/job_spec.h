@@ -27,7 +27,8 @@ absl::StatusOr<v1::JobSpec> ParseJobSpecYaml(absl::string_view yaml,
 // names, kinds, device counts, colocation, and the layout rules of DESIGN §3.
 absl::Status NormalizeAndValidateJobSpec(v1::JobSpec& spec);
 
-// Paths a job reads or writes (train.checkpoint.dir, .load) must lie under one of the
+// Paths a job reads or writes (train.checkpoint.dir, .load, train.export_hf,
+// model.hf_dir) must lie under one of the
 // controller's roots (--path-root); PERMISSION_DENIED naming the field otherwise. The
 // controller checks this at submit; the syntax (absolute, no '..') is checked above.
 absl::Status CheckJobPaths(const v1::JobSpec& spec, const std::vector<std::string>& roots);

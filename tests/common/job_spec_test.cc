@@ -167,6 +167,17 @@ TEST(JobSpec, CheckpointPathsAreAbsoluteAndUnderTheRoots) {
               HasSubstr("train.checkpoint.save_every: needs train.checkpoint.dir"));
   EXPECT_THAT(std::string(check({"train.checkpoint.every=5"}).message()), HasSubstr("every"));
   EXPECT_THAT(std::string(check({"train.checkpoint.resume=maybe"}).message()), HasSubstr("train.checkpoint.resume"));
+  // A Hugging Face start: the dims come from its config.json; paths are checked too.
+  EXPECT_THAT(std::string(check({"model.hf_dir=/models/llama"}).message()),
+              HasSubstr("model.hidden: comes from model.hf_dir's config.json; leave it out"));
+  auto hf = parse({"model={hf_dir: /models/llama, seq_len: 32, global_batch: 8, micro_batch: 2}",
+                   "train.export_hf=/out/model", "train.recompute=true"});
+  ASSERT_TRUE(hf.ok()) << hf.status();
+  ASSERT_TRUE(NormalizeAndValidateJobSpec(*hf).ok());
+  EXPECT_TRUE(hf->train().recompute());
+  EXPECT_THAT(std::string(CheckJobPaths(*hf, {"/models"}).message()), HasSubstr("train.export_hf: '/out/model'"));
+  EXPECT_TRUE(CheckJobPaths(*hf, {"/models", "/out"}).ok());
+  EXPECT_THAT(std::string(check({"train.export_hf=out"}).message()), HasSubstr("train.export_hf: must be an absolute path"));
   auto no_resume = parse({"train.checkpoint={dir: /d, resume: false}"});
   ASSERT_TRUE(no_resume.ok());
   ASSERT_TRUE(NormalizeAndValidateJobSpec(*no_resume).ok());

@@ -2,6 +2,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <functional>
 #include <iostream>
 #include <sstream>
@@ -205,6 +206,35 @@ TEST(Cluster, KilledTrainingResumesFromItsCheckpoint) {
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kPermissionDenied);
   EXPECT_THAT(std::string(refused.status().message()), HasSubstr("train.checkpoint.dir"));
+}
+
+// A job exports its model as a Hugging Face directory after its last step; another job
+// (tp2, with activation recomputation) starts from that directory: its first loss is far
+// below a fresh model's (ln 256 = 5.55) and near the first job's last one.
+TEST(Cluster, PretrainExportsAndStartsFromAHuggingFaceDirectory) {
+  auto c = Up({.agents = 1, .cpu_slots = 2});
+  const std::string hf = c->dir() + "/hf-export";
+  v1::JobSpec first = PretrainSpec(2, 1, 3, 30);
+  first.mutable_train()->set_export_hf(hf);
+  auto a = c->WaitState(Submit(*c, first), v1::SUCCEEDED, 120000);
+  ASSERT_TRUE(a.ok()) << a.status();
+  const auto la = nlohmann::json::parse(a->result_json())["losses"].get<std::vector<double>>();
+  ASSERT_TRUE(ReadFile(hf + "/config.json").ok());
+  ASSERT_TRUE(ReadFile(hf + "/model.safetensors").ok());
+  v1::JobSpec second = PretrainSpec(2, 2, 0, 2);
+  auto* m = second.mutable_model();
+  for (auto clear : {&v1::ModelShape::clear_hidden, &v1::ModelShape::clear_num_layers, &v1::ModelShape::clear_num_heads,
+                     &v1::ModelShape::clear_num_kv_heads, &v1::ModelShape::clear_vocab_size, &v1::ModelShape::clear_ffn,
+                     &v1::ModelShape::clear_head_dim, &v1::ModelShape::clear_qkv_bias})
+    (m->*clear)();
+  m->set_hf_dir(hf);
+  second.mutable_train()->set_recompute(true);
+  auto b = c->WaitState(Submit(*c, second), v1::SUCCEEDED, 120000);
+  ASSERT_TRUE(b.ok()) << b.status();
+  const auto lb = nlohmann::json::parse(b->result_json())["losses"].get<std::vector<double>>();
+  ASSERT_EQ(lb.size(), 2u);
+  EXPECT_LT(lb[0], 0.75 * std::log(256.0)) << "first job's last loss " << la.back();
+  EXPECT_NEAR(lb[0], la.back(), 0.25 * la.back());
 }
 
 TEST(Cluster, KilledExecutorRestartsTheAttempt) {

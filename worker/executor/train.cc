@@ -8,6 +8,7 @@
 #include "common/status.h"
 #include "common/util.h"
 #include "worker/checkpoint/checkpoint.h"
+#include "worker/checkpoint/hf.h"
 #include "worker/model/context_parallel.h"
 
 namespace tessera::executor {
@@ -17,10 +18,14 @@ absl::StatusOr<std::unique_ptr<TrainSession>> TrainSession::Create(const v1::Job
   const auto& m = spec.model();
   const auto& t = spec.train();
   model::LlamaConfig config;
-  config.vocab = m.vocab_size(), config.hidden = m.hidden(), config.layers = m.num_layers();
-  config.heads = m.num_heads(), config.kv_heads = m.num_kv_heads(), config.head_dim = m.head_dim(), config.ffn = m.ffn();
-  if (m.rope_base() > 0) config.rope_base = static_cast<float>(m.rope_base());
-  config.tie_embeddings = m.tie_embeddings(), config.qkv_bias = m.qkv_bias();
+  if (!m.hf_dir().empty()) {  // the dims from the Hugging Face directory
+    TESSERA_ASSIGN_OR_RETURN(config, checkpoint::ReadHfConfig(m.hf_dir()));
+  } else {
+    config.vocab = m.vocab_size(), config.hidden = m.hidden(), config.layers = m.num_layers();
+    config.heads = m.num_heads(), config.kv_heads = m.num_kv_heads(), config.head_dim = m.head_dim(), config.ffn = m.ffn();
+    if (m.rope_base() > 0) config.rope_base = static_cast<float>(m.rope_base());
+    config.tie_embeddings = m.tie_embeddings(), config.qkv_bias = m.qkv_bias();
+  }
   std::unique_ptr<TrainSession> s(new TrainSession());
   runtime::Device dev = device == v1::GPU ? runtime::Device::Cuda(device_index) : runtime::Device::Cpu();
   TESSERA_ASSIGN_OR_RETURN(s->backend_, runtime::MakeBackend(dev));
@@ -34,7 +39,12 @@ absl::StatusOr<std::unique_ptr<TrainSession>> TrainSession::Create(const v1::Job
   TESSERA_ASSIGN_OR_RETURN(s->model_, model::Llama::Create(config, s->backend_.get(), tp, comms.layout.sp, cp));
   s->pad_to_ = comms.layout.sp ? comms.layout.tp : 1;
   s->tp_size_ = comms.layout.tp;
-  TESSERA_RETURN_IF_ERROR(s->model_->InitRandom(t.seed(), static_cast<float>(t.init_std())));
+  if (!m.hf_dir().empty()) {
+    TESSERA_RETURN_IF_ERROR(checkpoint::ImportHf(m.hf_dir(), *s->model_));
+  } else {
+    TESSERA_RETURN_IF_ERROR(s->model_->InitRandom(t.seed(), static_cast<float>(t.init_std())));
+  }
+  s->model_->set_recompute(t.recompute());
   engine::OptimizerOptions o;
   o.lr = static_cast<float>(t.lr()), o.min_lr = static_cast<float>(t.min_lr());
   o.warmup_steps = t.warmup_steps(), o.total_steps = t.steps();
@@ -54,6 +64,8 @@ absl::StatusOr<std::unique_ptr<TrainSession>> TrainSession::Create(const v1::Job
   s->first_micro_ = dp_rank * s->micro_per_rank_;
   s->tp_ = tp, s->dp_ = dp;
   s->checkpoint_ = t.checkpoint();
+  s->export_hf_ = t.export_hf();
+  s->first_replica_ = (dp == nullptr || dp->rank() == 0) && (tp == nullptr || tp->rank() == 0);
   s->total_steps_ = t.steps();
   TESSERA_RETURN_IF_ERROR(s->Resume(t.checkpoint()));
   return s;
@@ -119,6 +131,12 @@ absl::StatusOr<std::string> TrainSession::Step(int64_t step) {
     const auto c0 = std::chrono::steady_clock::now();
     TESSERA_RETURN_IF_ERROR(checkpoint::SaveCheckpoint(checkpoint_.dir(), done, {model_.get(), trainer_.get(), tp_, dp_}));
     checkpoint_secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count();
+  }
+  if (!export_hf_.empty() && done == total_steps_) {
+    // Every rank takes part (the weights are gathered over TP, and over DP under ZeRO-3);
+    // the first one writes.
+    TESSERA_RETURN_IF_ERROR(trainer_->GatherParams());
+    TESSERA_RETURN_IF_ERROR(checkpoint::ExportHf(export_hf_, *model_, "BF16", first_replica_));
   }
   // This rank's share of the step's model FLOPs (Megatron's estimate: 6 N per token for
   // the weights, plus causal attention 6 L Hq D s^2 per sequence of s tokens, forward and

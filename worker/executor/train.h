@@ -5,6 +5,8 @@
 // Checkpoints (train.checkpoint): at creation the session resumes from the directory's
 // latest checkpoint (or starts from `load`), in any layout; after every save_every-th
 // and the last step every rank saves its shard (worker/checkpoint/checkpoint.h).
+// model.hf_dir starts from a Hugging Face directory, train.export_hf writes one after the
+// last step (bf16), train.recompute turns on activation recomputation.
 //
 // Threading: the driver calls one method at a time per executor.
 #pragma once
@@ -47,6 +49,8 @@ class TrainSession {
   comm::Communicator* tp_ = nullptr;
   comm::Communicator* dp_ = nullptr;
   v1::CheckpointSpec checkpoint_;
+  std::string export_hf_;      // train.export_hf
+  bool first_replica_ = false;  // TP rank 0 of DP x CP rank 0: writes the export
   int64_t total_steps_ = 0, start_step_ = 0;
 };
 

@@ -448,6 +448,10 @@ absl::StatusOr<LossSum> Llama::Run(const TokenBatch& batch, bool backward, float
     Tensor out;
     TESSERA_RETURN_IF_ERROR(acquire(static_cast<int>(l) + 1, Phase::kForward));
     TESSERA_RETURN_IF_ERROR(LayerForward(layers_[l], in, x, acts[l], out));
+    if (recompute_ && backward) {  // keep the input only; the backward recomputes the rest
+      acts[l] = LayerActs();
+      acts[l].x_in = x;
+    }
     TESSERA_RETURN_IF_ERROR(release(static_cast<int>(l) + 1, Phase::kForward));
     x = out;
   }
@@ -493,7 +497,13 @@ absl::StatusOr<LossSum> Llama::Run(const TokenBatch& batch, bool backward, float
   TESSERA_RETURN_IF_ERROR(done(head_block));
   for (int64_t l = c.layers - 1; l >= 0; --l) {
     TESSERA_RETURN_IF_ERROR(acquire(static_cast<int>(l) + 1, Phase::kBackward));
+    if (recompute_) {
+      Tensor out;
+      const Tensor x_in = acts[l].x_in;
+      TESSERA_RETURN_IF_ERROR(LayerForward(layers_[l], in, x_in, acts[l], out));
+    }
     TESSERA_RETURN_IF_ERROR(LayerBackward(layers_[l], in, acts[l], dx));
+    acts[l] = LayerActs();  // this layer's activations are no longer needed
     TESSERA_RETURN_IF_ERROR(done(static_cast<int>(l) + 1));
   }
   TESSERA_ASSIGN_OR_RETURN(Tensor dx_full, EnterTp(dx));

@@ -119,6 +119,10 @@ class Llama {
   const std::vector<Param*>& BlockOwns(int block) const { return owns_[block]; }
   // Not owned; null: every parameter's value and gradient are always present.
   void set_hooks(ParamHooks* hooks) { hooks_ = hooks; }
+  // Activation recomputation per layer: the forward keeps only each layer's input and the
+  // backward runs the layer's forward again (its collectives too) before its backward —
+  // about one more forward of compute for activations of one layer instead of all.
+  void set_recompute(bool on) { recompute_ = on; }
 
   // Forward only: the summed loss.
   absl::StatusOr<LossSum> Forward(const TokenBatch& batch);
@@ -162,6 +166,7 @@ class Llama {
   Param *embed_ = nullptr, *final_norm_ = nullptr, *lm_head_ = nullptr;
   std::vector<std::vector<Param*>> uses_, owns_;  // per block
   ParamHooks* hooks_ = nullptr;
+  bool recompute_ = false;
 };
 
 }  // namespace tessera::model

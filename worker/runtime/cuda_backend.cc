@@ -56,6 +56,7 @@ class PoolAllocator final : public Allocator {
   }
   Device device() const override { return Device::Cuda(device_); }
   MemoryStats stats() const override { return account_.stats(); }
+  void ResetPeak() override { account_.ResetPeak(); }
 
  private:
   int device_;

@@ -25,6 +25,11 @@ void MemoryAccount::Sub(int64_t bytes) {
   s_.current_bytes -= bytes;
 }
 
+void MemoryAccount::ResetPeak() {
+  std::lock_guard<std::mutex> l(mu_);
+  s_.peak_bytes = s_.current_bytes;
+}
+
 MemoryStats MemoryAccount::stats() const {
   std::lock_guard<std::mutex> l(mu_);
   return s_;
@@ -46,6 +51,7 @@ class HostAllocator final : public Allocator {
   }
   Device device() const override { return Device::Cpu(); }
   MemoryStats stats() const override { return account_.stats(); }
+  void ResetPeak() override { account_.ResetPeak(); }
 
  private:
   MemoryAccount account_;

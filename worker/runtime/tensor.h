@@ -39,6 +39,7 @@ class MemoryAccount {
   void Add(int64_t bytes);
   void Sub(int64_t bytes);
   MemoryStats stats() const;
+  void ResetPeak();  // the peak restarts from the current bytes
 
  private:
   mutable std::mutex mu_;
@@ -53,6 +54,9 @@ class Allocator {
   virtual void Free(void* p, size_t bytes) = 0;
   virtual Device device() const = 0;
   virtual MemoryStats stats() const = 0;
+  // Peaks are since the allocator's creation or this call (the CPU allocator is shared by
+  // every CPU backend of the process).
+  virtual void ResetPeak() = 0;
 };
 
 // 64-byte aligned host memory, with accounting.
