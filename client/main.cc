@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/cli.h"
+#include "client/plan_cmd.h"
 #include "common/job_spec.h"
 #include "common/logging.h"
 #include "common/util.h"
@@ -150,6 +151,13 @@ int main(int argc, char** argv) {
   auto* stop = job->add_subcommand("stop", "stop a job");
   stop->add_option("job", job_id)->required();
   auto* cluster = app.add_subcommand("status", "nodes, devices free/used, versions");
+  auto* plan = app.add_subcommand("plan", "per-rank memory and communication of a training job's layout");
+  int plan_devices = 0;
+  std::string plan_memory;
+  plan->add_option("file", file, "job file (YAML)")->required();
+  plan->add_option("--set", sets, "override a job-file key (repeatable)");
+  plan->add_option("--devices", plan_devices, "also propose layouts of this many devices ...");
+  plan->add_option("--memory", plan_memory, "... that fit this much memory per device (e.g. 80GiB)");
   auto* local = app.add_subcommand("local", "run controller and agent in this process and run one job");
   int cpu_slots = 0;
   std::string state_dir;
@@ -164,6 +172,17 @@ int main(int argc, char** argv) {
   bool json = output == "json";
 
   if (*local) return RunLocal(file, sets, cpu_slots, state_dir, json, !no_gpus);
+  if (*plan) {  // relative paths as `tessera local` takes them (plan reads none but model.hf_dir)
+    auto spec = LoadSpec(file, sets, std::filesystem::current_path().string());
+    if (!spec.ok()) return Fail(spec.status());
+    int64_t memory = 0;
+    if (!plan_memory.empty()) {
+      auto m = tessera::ParseBytes(plan_memory);
+      if (!m.ok()) return Fail(absl::InvalidArgumentError(absl::StrCat("--memory: ", m.status().message())));
+      memory = *m;
+    }
+    return tessera::client::RunPlan(*spec, plan_devices, memory, json, std::cout);
+  }
 
   auto cfg = tessera::client::ResolveConfig(address, token, ca, config, insecure);
   if (!cfg.ok()) return Fail(cfg.status());

@@ -1,0 +1,93 @@
+#include "client/plan_cmd.h"
+
+#include <iostream>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_format.h"
+#include "common/util.h"
+#include "worker/checkpoint/hf.h"
+#include "worker/engine/plan.h"
+
+namespace tessera::client {
+namespace {
+
+std::string Mb(int64_t bytes) { return absl::StrFormat("%.1f MiB", bytes / 1048576.0); }
+std::string LayoutName(const parallel::Layout& l) {
+  return absl::StrFormat("tp%d cp%d dp%d zero%d%s", l.tp, l.cp, l.dp, l.zero, l.sp ? " sp" : "");
+}
+nlohmann::json ToJson(const engine::Plan& p) {
+  const auto& m = p.memory;
+  return {{"layout", LayoutName(p.input.layout)},
+          {"recompute", p.input.recompute},
+          {"params_per_rank", p.params_per_rank},
+          {"memory_bytes",
+           {{"params", m.params}, {"grads", m.grads}, {"optimizer", m.optimizer}, {"activations", m.activations},
+            {"total", m.total()}}},
+          {"comm_bytes_per_step", {{"tp", p.comm.tp}, {"cp", p.comm.cp}, {"dp", p.comm.dp}, {"total", p.comm.total()}}}};
+}
+
+}  // namespace
+
+int RunPlan(const v1::JobSpec& spec, int devices, int64_t memory_bytes, bool json, std::ostream& out) {
+  if (spec.kind() != "pretrain" && spec.kind() != "sft") {
+    std::cerr << "error: plan covers pretrain and sft jobs, not '" << spec.kind() << "'\n";
+    return 1;
+  }
+  const auto& g = spec.groups(0);
+  const auto& m = spec.model();
+  engine::PlanInput in;
+  if (!m.hf_dir().empty()) {
+    auto c = checkpoint::ReadHfConfig(m.hf_dir());
+    if (!c.ok()) {
+      std::cerr << "error: model.hf_dir: " << c.status().message() << "\n";
+      return 1;
+    }
+    in.config = *c;
+  } else {
+    auto& c = in.config;
+    c.vocab = m.vocab_size(), c.hidden = m.hidden(), c.layers = m.num_layers(), c.heads = m.num_heads();
+    c.kv_heads = m.num_kv_heads(), c.head_dim = m.head_dim(), c.ffn = m.ffn();
+    c.tie_embeddings = m.tie_embeddings(), c.qkv_bias = m.qkv_bias();
+  }
+  const auto& l = g.layout();
+  in.layout = parallel::Layout{l.tp(), l.cp(), l.dp(), l.pp(), l.vpp(), l.sp(), l.zero()};
+  in.seq_len = m.seq_len(), in.micro_batch = m.micro_batch(), in.global_batch = m.global_batch();
+  in.recompute = spec.train().recompute();
+  auto plan = engine::PlanTraining(in);
+  if (!plan.ok()) {
+    std::cerr << "error: groups[0].layout: " << plan.status().message() << "\n";
+    return 1;
+  }
+  std::vector<engine::Plan> proposals;
+  if (devices > 0 && memory_bytes > 0) proposals = engine::ProposeLayouts(in, devices, memory_bytes);
+  const bool fits = memory_bytes <= 0 || plan->memory.total() <= memory_bytes;
+  if (json) {
+    nlohmann::json j = {{"job", spec.name()}, {"plan", ToJson(*plan)}, {"fits", fits}};
+    j["proposals"] = nlohmann::json::array();
+    for (const auto& p : proposals) j["proposals"].push_back(ToJson(p));
+    out << j.dump(2) << "\n";
+    return fits ? 0 : 2;
+  }
+  const auto& mem = plan->memory;
+  out << absl::StrFormat("%s (%s): %s%s, %d ranks, %lld x %lld tokens per micro-batch, %lld parameters per rank\n",
+                         spec.name(), spec.kind(), LayoutName(in.layout), in.recompute ? " recompute" : "",
+                         in.layout.world(), in.micro_batch, in.seq_len, plan->params_per_rank);
+  out << absl::StrFormat("  memory per rank: params %s, grads %s, optimizer %s, activations %s = %s%s\n", Mb(mem.params),
+                         Mb(mem.grads), Mb(mem.optimizer), Mb(mem.activations), Mb(mem.total()),
+                         memory_bytes > 0 ? (fits ? " (fits)" : absl::StrCat(" (over ", Mb(memory_bytes), ")")) : "");
+  out << absl::StrFormat("  sent per rank and step (bus bytes): tp %s, cp %s, dp %s\n", Mb(int64_t(plan->comm.tp)),
+                         Mb(int64_t(plan->comm.cp)), Mb(int64_t(plan->comm.dp)));
+  if (devices > 0 && memory_bytes > 0) {
+    out << absl::StrFormat("layouts of %d devices within %s per device (%zu; best first):\n", devices, Mb(memory_bytes),
+                           proposals.size());
+    for (size_t i = 0; i < proposals.size() && i < 12; ++i) {
+      const auto& p = proposals[i];
+      out << absl::StrFormat("  %-22s %-10s memory %-12s sent %s\n", LayoutName(p.input.layout),
+                             p.input.recompute ? "recompute" : "", Mb(p.memory.total()), Mb(int64_t(p.comm.total())));
+    }
+  }
+  return fits ? 0 : 2;
+}
+
+}  // namespace tessera::client

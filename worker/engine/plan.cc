@@ -1,0 +1,121 @@
+#include "worker/engine/plan.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+
+namespace tessera::engine {
+namespace {
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Bytes one micro-batch's forward keeps per layer, and the peak of a layer's backward
+// temporaries (locals of Llama::LayerForward / LayerBackward, f32).
+struct LayerBytes {
+  int64_t saved = 0, backward = 0, input = 0;
+};
+LayerBytes Layer(const model::LlamaConfig& c, const parallel::Layout& l, int64_t t, int64_t tl) {
+  const int64_t h = c.hidden, d = c.HeadDim(), hq = c.heads / l.tp, hkv = c.kv_heads / l.tp, f = c.ffn / l.tp;
+  const bool sp = l.sp && l.tp > 1;
+  LayerBytes b;
+  b.input = 4 * tl * h;
+  b.saved = 4 * (4 * tl * h + 2 * tl + (sp ? 2 * t * h : 0) + t * (2 * hq * d + 2 * hkv * d + hq) + 3 * t * f);
+  b.backward = 4 * (3 * t * f + t * h + 2 * tl * h + (l.tp > 1 ? t * h : 0) + t * hq * d + t * (hq + 2 * hkv) * d +
+                    t * (hq + hkv) * d);
+  return b;
+}
+
+}  // namespace
+
+absl::StatusOr<Plan> PlanTraining(const PlanInput& in) {
+  const model::LlamaConfig& c = in.config;
+  const parallel::Layout& l = in.layout;
+  TESSERA_RETURN_IF_ERROR(c.Validate());
+  TESSERA_RETURN_IF_ERROR(c.ValidateTensorParallel(l.tp));
+  parallel::ModelShape shape{static_cast<int>(c.layers), static_cast<int>(c.heads),        static_cast<int>(c.kv_heads),
+                             static_cast<int>(c.vocab),  static_cast<int>(in.seq_len),     static_cast<int>(in.global_batch),
+                             static_cast<int>(in.micro_batch)};
+  TESSERA_RETURN_IF_ERROR(parallel::ValidateLayout(l, l.world(), shape));
+  if (l.pp > 1) return absl::UnimplementedError("plan: pipeline parallelism (pp > 1) is not built yet");
+  if (in.seq_len <= 0 || in.micro_batch <= 0 || in.global_batch <= 0)
+    return absl::InvalidArgumentError("plan: seq_len, micro_batch and global_batch are required");
+  Plan p;
+  p.input = in;
+  const int dp = l.dp * l.cp, zero = dp > 1 ? l.zero : 0;
+  // This rank's parameters: the TP shard; ZeRO slices of every tensor.
+  int64_t shard = 0, padded = 0, largest_block = 0, block = 0;
+  std::string block_prefix;
+  for (const auto& s : model::LlamaParamSpecs(c)) {
+    int64_t n = 1;
+    for (int64_t x : s.shape) n *= x;
+    if (s.shard_dim >= 0) n /= l.tp;
+    p.params_per_rank += n;
+    shard += CeilDiv(n, dp);
+    padded += CeilDiv(n, dp) * dp;
+    // Blocks: the embedding, each layer, the head (ZeRO-2/3 hold one or two at a time).
+    const std::string prefix = s.name.rfind("model.layers.", 0) == 0 ? s.name.substr(0, s.name.find('.', 13)) : s.name;
+    if (prefix != block_prefix) block = 0, block_prefix = prefix;
+    block += n;
+    largest_block = std::max(largest_block, block);
+  }
+  const int64_t P = p.params_per_rank;
+  RankMemory& m = p.memory;
+  m.params = 4 * (zero == 3 ? shard + 2 * largest_block : P);  // ZeRO-3: the slice + the gathered block and the next
+  m.grads = zero >= 2 ? 4 * (shard + largest_block) : 4 * P;   // the reduced slice + one block's buffer
+  m.optimizer = 8 * (zero >= 1 ? shard : P) + (zero >= 1 ? 4 * shard : 0) + (zero == 1 ? 4 * padded : 0);
+  // Activations of one micro-batch.
+  const int64_t t = in.micro_batch * in.seq_len / l.cp, tl = l.sp && l.tp > 1 ? t / l.tp : t;
+  const LayerBytes lb = Layer(c, l, t, tl);
+  const int64_t v = c.vocab / l.tp, h = c.hidden;
+  const int64_t head = 4 * (2 * t * v + 3 * tl * h + 2 * t * h + 8 * t);  // logits, dlogits, norms, embedding, CE partials
+  m.activations = (in.recompute ? c.layers * lb.input + lb.saved : c.layers * lb.saved) + head + lb.backward;
+  // Communication per step.
+  const int64_t micro = in.global_batch / (in.micro_batch * l.dp);
+  auto ring = [](int n) { return n > 1 ? double(n - 1) / n : 0.0; };
+  if (l.tp > 1) {
+    // Per layer two collectives of [T, h] forward and two backward (all-reduce, or an
+    // all-gather + reduce-scatter pair each under SP), the embedding's and the head's.
+    const double per = l.sp ? ring(l.tp) : 2 * ring(l.tp);
+    p.comm.tp = micro * (4.0 * c.layers + 4) * 4.0 * t * h * per;
+  }
+  if (l.cp > 1) {  // K/V round the ring forward; K/V and dK/dV backward, one more hop for dK/dV
+    const double kv = 4.0 * t * 2 * (c.kv_heads / l.tp) * c.HeadDim();
+    p.comm.cp = micro * c.layers * (kv * (l.cp - 1) * (in.recompute ? 2 : 1) + 2 * kv * (l.cp - 1) + kv);
+  }
+  if (dp > 1) {
+    const double g = 4.0 * P;
+    switch (zero) {
+      case 0: p.comm.dp = g * 2 * ring(dp); break;
+      case 1: p.comm.dp = 2 * g * ring(dp); break;                       // reduce-scatter + all-gather
+      case 2: p.comm.dp = (micro + 1) * g * ring(dp); break;             // a reduce-scatter per micro-batch
+      default: p.comm.dp = micro * (in.recompute ? 4 : 3) * g * ring(dp);  // gather fwd + bwd (+ recompute), scatter
+    }
+  }
+  return p;
+}
+
+std::vector<Plan> ProposeLayouts(const PlanInput& base, int devices, int64_t memory_bytes) {
+  std::vector<Plan> out;
+  for (int tp = 1; tp <= devices; ++tp)
+    for (int cp = 1; tp * cp <= devices; ++cp) {
+      if (devices % (tp * cp) != 0) continue;
+      const int dp = devices / (tp * cp);
+      for (int zero = 0; zero <= (dp * cp > 1 ? 3 : 0); ++zero)
+        for (bool recompute : {false, true}) {
+          PlanInput in = base;
+          in.layout = parallel::Layout{tp, cp, dp, 1, 1, tp > 1, zero};
+          in.recompute = recompute;
+          auto p = PlanTraining(in);
+          if (p.ok() && p->memory.total() <= memory_bytes) out.push_back(*p);
+        }
+    }
+  std::stable_sort(out.begin(), out.end(), [](const Plan& a, const Plan& b) {
+    if (a.input.recompute != b.input.recompute) return !a.input.recompute;
+    if (a.input.layout.zero != b.input.layout.zero) return a.input.layout.zero < b.input.layout.zero;
+    return a.comm.total() < b.comm.total();
+  });
+  return out;
+}
+
+}  // namespace tessera::engine

@@ -1,0 +1,60 @@
+// `tessera plan`: what a training layout costs each rank — memory of parameters,
+// gradients, optimizer state and activations, and the bytes each rank sends per step —
+// from the model's shape alone, following what this engine allocates (f32 parameters,
+// gradients and AdamW moments; see worker/engine/trainer.h, worker/model/llama.h):
+//   parameters  4 B x this rank's TP shard (ZeRO-3: its DP slice of it);
+//   gradients   4 B x the shard (ZeRO-2/3: only the block being reduced);
+//   optimizer   8 B x the shard (m, v; ZeRO >= 1: the DP slice) plus the ZeRO buffers
+//               (slices for the reduced gradient and the update; ZeRO-1 a full flat copy);
+//   activations what each layer's forward keeps for its backward, for one micro-batch of
+//               micro_batch x seq_len tokens (split over CP, and over TP under SP), plus
+//               the LM head's logits and the peak of one layer's backward; with
+//               recomputation one input per layer plus one layer's activations.
+// Communication counts bus bytes per rank and step as nccl-tests does (all-reduce
+// 2(n-1)/n, all-gather and reduce-scatter (n-1)/n, ring hops 1).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/model/config.h"
+#include "worker/parallel/layout.h"
+
+namespace tessera::engine {
+
+struct PlanInput {
+  model::LlamaConfig config;
+  parallel::Layout layout;
+  int64_t seq_len = 0, micro_batch = 0, global_batch = 0;
+  bool recompute = false;
+};
+
+struct RankMemory {
+  int64_t params = 0, grads = 0, optimizer = 0, activations = 0;
+  int64_t total() const { return params + grads + optimizer + activations; }
+};
+
+struct CommVolume {  // bus bytes per rank per optimizer step
+  double tp = 0, cp = 0, dp = 0;
+  double total() const { return tp + cp + dp; }
+};
+
+struct Plan {
+  PlanInput input;
+  int64_t params_per_rank = 0;  // elements of this rank's TP shard
+  RankMemory memory;
+  CommVolume comm;
+};
+
+// INVALID_ARGUMENT naming the rule when the layout cannot run the model (DESIGN §3).
+absl::StatusOr<Plan> PlanTraining(const PlanInput& in);
+
+// Every layout of `devices` ranks (tp, cp, dp, ZeRO stage, recomputation; sp with tp;
+// pp 1: pipelines are not built yet) that runs the model and needs at most
+// `memory_bytes` per rank, cheapest first: least memory-bound choices (no recomputation,
+// lower ZeRO stage) and then the fewest bytes sent.
+std::vector<Plan> ProposeLayouts(const PlanInput& base, int devices, int64_t memory_bytes);
+
+}  // namespace tessera::engine
