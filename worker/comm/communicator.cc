@@ -61,6 +61,16 @@ absl::Status Communicator::Recv(void* buf, size_t count, DType t, int peer) {
   return Run("recv", count * DTypeSize(t), [&] { return DoRecv(buf, count, t, peer); });
 }
 
+absl::Status Communicator::Isend(const void* buf, size_t count, DType t, int peer) {
+  if (peer < 0 || peer >= size_ || peer == rank_)
+    return Describe(Bad(absl::StrCat("peer ", peer, " is not another rank of ", size_)), "isend");
+  return Run("isend", count * DTypeSize(t), [&] { return DoIsend(buf, count, t, peer); });
+}
+
+absl::Status Communicator::WaitSends() {
+  return Run("wait_sends", 0, [&] { return DoWaitSends(); });
+}
+
 absl::Status Communicator::Barrier() {
   return Run("barrier", 0, [&] { return DoBarrier(); });
 }

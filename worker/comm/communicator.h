@@ -56,6 +56,12 @@ class Communicator {
   absl::Status Broadcast(void* buf, size_t count, DType t, int root);
   absl::Status Send(const void* buf, size_t count, DType t, int peer);
   absl::Status Recv(void* buf, size_t count, DType t, int peer);
+  // A send that does not wait for the receiver (pipeline schedules: with every send
+  // asynchronous and every receive blocking, any schedule that respects the data
+  // dependencies runs without deadlock). The buffer must stay valid until WaitSends,
+  // which waits for all of them. NCCL enqueues it like Send.
+  absl::Status Isend(const void* buf, size_t count, DType t, int peer);
+  absl::Status WaitSends();
   absl::Status Barrier();
   // Sends and receives between GroupStart and GroupEnd proceed concurrently.
   void GroupStart();
@@ -73,6 +79,8 @@ class Communicator {
   virtual absl::Status DoSend(const void* buf, size_t count, DType t, int peer) = 0;
   virtual absl::Status DoRecv(void* buf, size_t count, DType t, int peer) = 0;
   virtual absl::Status DoBarrier() = 0;
+  virtual absl::Status DoIsend(const void* buf, size_t count, DType t, int peer) { return DoSend(buf, count, t, peer); }
+  virtual absl::Status DoWaitSends() { return absl::OkStatus(); }
   virtual void DoGroupStart() {}
   virtual absl::Status DoGroupEnd() { return absl::OkStatus(); }
   // Prefixes errors with the group, collective and sequence number.

@@ -152,6 +152,22 @@ class GlooCommunicator final : public Communicator {
     });
   }
 
+  absl::Status DoIsend(const void* buf, size_t count, DType t, int peer) override {
+    return Guard([&] {
+      auto ub = ctx_->createUnboundBuffer(const_cast<void*>(buf), count * DTypeSize(t));
+      ub->send(peer, SlotFor(rank(), peer));
+      async_sends_.push_back(std::move(ub));
+    });
+  }
+  absl::Status DoWaitSends() override {
+    auto st = Guard([&] {
+      for (auto& s : async_sends_)
+        if (!s->waitSend(timeout_)) throw std::runtime_error("send timed out");
+    });
+    async_sends_.clear();
+    return st;
+  }
+
   absl::Status DoBarrier() override {
     return Guard([&] {
       gloo::BarrierOptions o(ctx_);
@@ -187,7 +203,7 @@ class GlooCommunicator final : public Communicator {
   std::chrono::milliseconds timeout_;
   uint64_t tag_ = 0;
   bool grouped_ = false;
-  std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> pending_sends_, pending_recvs_;
+  std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> pending_sends_, pending_recvs_, async_sends_;
   std::map<int, uint64_t> p2p_seq_;
 };
 

@@ -68,8 +68,12 @@ absl::StatusOr<Plan> PlanTraining(const PlanInput& in) {
   const int64_t t = in.micro_batch * in.seq_len / l.cp, tl = l.sp && l.tp > 1 ? t / l.tp : t;
   const LayerBytes lb = Layer(c, l, t, tl);
   const int64_t v = c.vocab / l.tp, h = c.hidden;
-  const int64_t head = 4 * (2 * t * v + 3 * tl * h + 2 * t * h + 8 * t);  // logits, dlogits, norms, embedding, CE partials
-  m.activations = (in.recompute ? c.layers * lb.input + lb.saved : c.layers * lb.saved) + head + lb.backward;
+  // On top of what the layers keep, the larger of the LM head's backward (logits, their
+  // gradient, the norms' tensors, the CE partials) and a layer's backward (with the
+  // running gradient and the head's kept norm input).
+  const int64_t head = 4 * (2 * t * v + 3 * tl * h + 2 * t * h + 8 * t);
+  const int64_t extra = std::max(head, lb.backward + 4 * 2 * t * h);
+  m.activations = (in.recompute ? c.layers * lb.input + lb.saved : c.layers * lb.saved) + extra;
   // Communication per step.
   const int64_t micro = in.global_batch / (in.micro_batch * l.dp);
   auto ring = [](int n) { return n > 1 ? double(n - 1) / n : 0.0; };

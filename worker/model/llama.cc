@@ -101,30 +101,52 @@ struct Llama::LayerActs {
 };
 
 Llama::Llama(const LlamaConfig& config, Backend* backend, comm::Communicator* tp, bool sequence_parallel,
-             comm::Communicator* cp)
+             comm::Communicator* cp, StageSpec stage)
     : config_(config),
       backend_(backend),
       tp_(tp != nullptr && tp->size() > 1 ? tp : nullptr),
       cp_(cp != nullptr && cp->size() > 1 ? cp : nullptr),
       sp_(sequence_parallel && tp_ != nullptr),
-      host_(runtime::MakeCpuBackend()) {}
+      host_(runtime::MakeCpuBackend()),
+      stage_(stage) {}
 Llama::~Llama() = default;
 
 absl::StatusOr<std::unique_ptr<Llama>> Llama::Create(const LlamaConfig& config, Backend* backend,
                                                      comm::Communicator* tp, bool sequence_parallel,
-                                                     comm::Communicator* cp) {
+                                                     comm::Communicator* cp, StageSpec stage) {
   TESSERA_RETURN_IF_ERROR(config.Validate());
   TESSERA_RETURN_IF_ERROR(config.ValidateTensorParallel(tp != nullptr ? tp->size() : 1));
   if (backend == nullptr) return absl::InvalidArgumentError("model: no backend");
-  std::unique_ptr<Llama> m(new Llama(config, backend, tp, sequence_parallel, cp));
+  if (stage.pp < 1 || stage.vpp < 1 || stage.rank < 0 || stage.rank >= stage.pp ||
+      config.layers % (int64_t(stage.pp) * stage.vpp) != 0)
+    return absl::InvalidArgumentError(absl::StrCat("model: pipeline stage ", stage.rank, " of pp ", stage.pp, " x vpp ",
+                                                   stage.vpp, " does not split ", config.layers, " layers evenly"));
+  std::unique_ptr<Llama> m(new Llama(config, backend, tp, sequence_parallel, cp, stage));
   TESSERA_RETURN_IF_ERROR(m->Allocate());
   return m;
 }
 
 absl::Status Llama::Allocate() {
+  // This rank's chunks and what they hold.
+  const int64_t per = config_.layers / (int64_t(stage_.pp) * stage_.vpp);
+  chunk_layers_.assign(stage_.vpp, {});
+  std::vector<bool> held(config_.layers, false);
+  for (int c = 0; c < stage_.vpp; ++c)
+    for (int64_t l = (int64_t(c) * stage_.pp + stage_.rank) * per, e = l + per; l < e; ++l) {
+      chunk_layers_[c].push_back(l);
+      held[l] = true;
+    }
+  const bool first = FirstVirtualStage(0), last = LastVirtualStage(stage_.vpp - 1);
+  auto holds = [&](const std::string& name) {
+    if (name == "model.embed_tokens.weight") return first || (last && config_.tie_embeddings);
+    if (name == "model.norm.weight" || name == "lm_head.weight") return last;
+    const int64_t layer = std::stoll(name.substr(13, name.find('.', 13) - 13));  // model.layers.N.
+    return bool(held[layer]);
+  };
   const auto specs = LlamaParamSpecs(config_);
   params_.reserve(specs.size());  // Param pointers below stay valid
   for (const auto& s : specs) {
+    if (!holds(s.name)) continue;
     std::vector<int64_t> local = s.shape;
     if (s.shard_dim >= 0) local[s.shard_dim] /= tp_size();
     TESSERA_ASSIGN_OR_RETURN(Tensor value, New(*backend_, local));
@@ -156,13 +178,14 @@ absl::Status Llama::Allocate() {
   }
   uses_.assign(num_blocks(), {});
   owns_.assign(num_blocks(), {});
-  uses_[0] = {embed_};
+  if (first) uses_[0] = {embed_};
   for (int64_t i = 0; i < config_.layers; ++i) {
+    if (!held[i]) continue;
     const LayerParams& w = layers_[i];
     for (Param* p : {w.norm1, w.wq, w.wk, w.wv, w.bq, w.bk, w.bv, w.wo, w.norm2, w.wg, w.wu, w.wd})
       if (p != nullptr) uses_[i + 1].push_back(p);
   }
-  uses_.back() = {final_norm_, lm_head_};
+  if (last) uses_.back() = {final_norm_, lm_head_};
   for (Param& p : params_)
     for (int b = 0; b < num_blocks(); ++b)
       if (std::find(uses_[b].begin(), uses_[b].end(), &p) != uses_[b].end()) {
@@ -420,14 +443,86 @@ absl::StatusOr<std::vector<float>> Llama::ForwardLogits(const TokenBatch& batch)
   return logits;
 }
 
-absl::StatusOr<LossSum> Llama::Run(const TokenBatch& batch, bool backward, float grad_scale, std::vector<float>* logits_out) {
+// One micro-batch's pass through one model chunk: what its backward needs.
+struct Llama::Flight {
+  Inputs in;
+  std::vector<LayerActs> acts;  // per layer of the chunk
+  Tensor x_last, xn, rstd, xn_full, logits;  // the head (last virtual stage)
+  std::vector<float> lse, dloss;
+};
+
+absl::Status Llama::CheckBatch(const TokenBatch& batch) const {
   TESSERA_RETURN_IF_ERROR(batch.Validate(config_.vocab));
   if (sp_ && batch.size() % tp_size() != 0)
     return absl::InvalidArgumentError(absl::StrCat("batch: ", batch.size(), " tokens do not split over the ",
                                                    tp_size(), " tensor-parallel ranks of sequence parallelism; pad it"));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Tensor> Llama::ChunkForward(int chunk, const TokenBatch& batch, Flight& f, const Tensor* input,
+                                           bool backward, float grad_scale, LossSum* loss,
+                                           std::vector<float>* logits_out) {
   using Phase = ParamHooks::Phase;
   auto acquire = [&](int block, Phase ph) { return hooks_ ? hooks_->Acquire(block, ph) : absl::OkStatus(); };
   auto release = [&](int block, Phase ph) { return hooks_ ? hooks_->Release(block, ph) : absl::OkStatus(); };
+  Backend& b = *backend_;
+  const LlamaConfig& c = config_;
+  const int head_block = num_blocks() - 1;
+  const int64_t t = batch.size(), vocab = c.vocab / tp_size(), vocab_start = tp_rank() * vocab;
+  Tensor x;
+  if (FirstVirtualStage(chunk)) {
+    TESSERA_ASSIGN_OR_RETURN(Tensor emb, New(b, {t, c.hidden}));
+    TESSERA_RETURN_IF_ERROR(acquire(0, Phase::kForward));
+    TESSERA_RETURN_IF_ERROR(b.EmbeddingForward(f.in.tokens, embed_->value, vocab_start, emb));
+    TESSERA_RETURN_IF_ERROR(release(0, Phase::kForward));
+    TESSERA_ASSIGN_OR_RETURN(x, LeaveTp(emb));  // vocab-parallel: each id's row lives on one rank
+  } else {
+    x = *input;
+  }
+  const auto& layers = chunk_layers_[chunk];
+  f.acts.assign(layers.size(), LayerActs());
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const int block = static_cast<int>(layers[i]) + 1;
+    Tensor out;
+    TESSERA_RETURN_IF_ERROR(acquire(block, Phase::kForward));
+    TESSERA_RETURN_IF_ERROR(LayerForward(layers_[layers[i]], f.in, x, f.acts[i], out));
+    if (recompute_ && backward) {  // keep the input only; the backward recomputes the rest
+      f.acts[i] = LayerActs();
+      f.acts[i].x_in = x;
+    }
+    TESSERA_RETURN_IF_ERROR(release(block, Phase::kForward));
+    x = out;
+  }
+  if (!LastVirtualStage(chunk)) return x;
+  // Final norm, LM head (this rank's vocabulary columns), cross-entropy. With a backward
+  // the head block stays acquired: its backward comes next.
+  TESSERA_RETURN_IF_ERROR(acquire(head_block, Phase::kForward));
+  f.x_last = x;
+  TESSERA_ASSIGN_OR_RETURN(f.xn, New(b, x.shape()));
+  TESSERA_ASSIGN_OR_RETURN(f.rstd, New(b, {x.dim(0)}));
+  TESSERA_RETURN_IF_ERROR(b.RmsNormForward(x, final_norm_->value, c.norm_eps, f.xn, f.rstd));
+  TESSERA_ASSIGN_OR_RETURN(f.xn_full, EnterTp(f.xn));
+  TESSERA_ASSIGN_OR_RETURN(f.logits, New(b, {t, vocab}));
+  TESSERA_RETURN_IF_ERROR(Linear(b, f.xn_full, lm_head_->value, f.logits));
+  if (logits_out != nullptr) {
+    logits_out->resize(f.logits.numel());
+    TESSERA_RETURN_IF_ERROR(b.CopyToHost(f.logits, logits_out->data()));
+  }
+  TESSERA_ASSIGN_OR_RETURN(f.lse, CrossEntropyLse(f.logits, f.in, vocab_start));
+  f.dloss.assign(t, 0.f);
+  for (int64_t i = 0; i < t; ++i) {
+    if (batch.targets[i] < 0) continue;
+    loss->sum += static_cast<double>(f.lse[i]) - f.in.target_logit[i];
+    ++loss->tokens;
+    f.dloss[i] = grad_scale;
+  }
+  if (!backward) TESSERA_RETURN_IF_ERROR(release(head_block, Phase::kForward));
+  return Tensor();
+}
+
+absl::StatusOr<Tensor> Llama::ChunkBackward(int chunk, Flight& f, const Tensor* grad_output) {
+  using Phase = ParamHooks::Phase;
+  auto acquire = [&](int block, Phase ph) { return hooks_ ? hooks_->Acquire(block, ph) : absl::OkStatus(); };
   auto done = [&](int block) {  // the block's backward is complete
     if (hooks_ == nullptr) return absl::OkStatus();
     TESSERA_RETURN_IF_ERROR(hooks_->GradsReady(block));
@@ -436,83 +531,92 @@ absl::StatusOr<LossSum> Llama::Run(const TokenBatch& batch, bool backward, float
   Backend& b = *backend_;
   const LlamaConfig& c = config_;
   const int head_block = num_blocks() - 1;
-  const int64_t t = batch.size(), vocab = c.vocab / tp_size(), vocab_start = tp_rank() * vocab;
-  TESSERA_ASSIGN_OR_RETURN(Inputs in, Upload(batch));
-  TESSERA_ASSIGN_OR_RETURN(Tensor emb, New(b, {t, c.hidden}));
-  TESSERA_RETURN_IF_ERROR(acquire(0, Phase::kForward));
-  TESSERA_RETURN_IF_ERROR(b.EmbeddingForward(in.tokens, embed_->value, vocab_start, emb));
-  TESSERA_RETURN_IF_ERROR(release(0, Phase::kForward));
-  TESSERA_ASSIGN_OR_RETURN(Tensor x, LeaveTp(emb));  // vocab-parallel: each id's row lives on one rank
-  std::vector<LayerActs> acts(c.layers);
-  for (int64_t l = 0; l < c.layers; ++l) {
-    Tensor out;
-    TESSERA_RETURN_IF_ERROR(acquire(static_cast<int>(l) + 1, Phase::kForward));
-    TESSERA_RETURN_IF_ERROR(LayerForward(layers_[l], in, x, acts[l], out));
-    if (recompute_ && backward) {  // keep the input only; the backward recomputes the rest
-      acts[l] = LayerActs();
-      acts[l].x_in = x;
-    }
-    TESSERA_RETURN_IF_ERROR(release(static_cast<int>(l) + 1, Phase::kForward));
-    x = out;
+  const int64_t t = f.in.tokens.numel(), vocab = c.vocab / tp_size(), vocab_start = tp_rank() * vocab;
+  Tensor dx;
+  if (LastVirtualStage(chunk)) {  // from the loss: cross-entropy, LM head, final norm
+    TESSERA_RETURN_IF_ERROR(acquire(head_block, Phase::kBackward));
+    TESSERA_ASSIGN_OR_RETURN(Tensor lse_t, New(b, {t}));
+    TESSERA_ASSIGN_OR_RETURN(Tensor dloss_t, New(b, {t}));
+    TESSERA_RETURN_IF_ERROR(b.CopyFromHost(f.lse.data(), lse_t));
+    TESSERA_RETURN_IF_ERROR(b.CopyFromHost(f.dloss.data(), dloss_t));
+    TESSERA_ASSIGN_OR_RETURN(Tensor dlogits, New(b, {t, vocab}));
+    TESSERA_RETURN_IF_ERROR(b.CrossEntropyBackward(f.logits, f.in.targets, vocab_start, lse_t, dloss_t, dlogits));
+    f.logits = Tensor();
+    TESSERA_ASSIGN_OR_RETURN(Tensor dxn_full, New(b, {t, c.hidden}));
+    TESSERA_RETURN_IF_ERROR(LinearBackward(b, dlogits, f.xn_full, *lm_head_, dxn_full, 0.f));
+    TESSERA_ASSIGN_OR_RETURN(Tensor dxn, LeaveTp(dxn_full));
+    TESSERA_ASSIGN_OR_RETURN(dx, New(b, f.x_last.shape()));
+    TESSERA_RETURN_IF_ERROR(NormBackward(dxn, f.x_last, *final_norm_, f.rstd, dx));
+    TESSERA_RETURN_IF_ERROR(done(head_block));
+  } else {  // the next stage's gradient of this chunk's output (copied: the backward works in place)
+    TESSERA_ASSIGN_OR_RETURN(dx, New(b, grad_output->shape()));
+    TESSERA_RETURN_IF_ERROR(b.Axpby(1.f, *grad_output, 0.f, dx));
   }
-  // Final norm, LM head (this rank's vocabulary columns), cross-entropy. With a backward
-  // the head block stays acquired: its backward comes next.
-  TESSERA_RETURN_IF_ERROR(acquire(head_block, Phase::kForward));
-  TESSERA_ASSIGN_OR_RETURN(Tensor xn, New(b, x.shape()));
-  TESSERA_ASSIGN_OR_RETURN(Tensor rstd, New(b, {x.dim(0)}));
-  TESSERA_RETURN_IF_ERROR(b.RmsNormForward(x, final_norm_->value, c.norm_eps, xn, rstd));
-  TESSERA_ASSIGN_OR_RETURN(Tensor xn_full, EnterTp(xn));
-  TESSERA_ASSIGN_OR_RETURN(Tensor logits, New(b, {t, vocab}));
-  TESSERA_RETURN_IF_ERROR(Linear(b, xn_full, lm_head_->value, logits));
-  if (logits_out != nullptr) {
-    logits_out->resize(logits.numel());
-    TESSERA_RETURN_IF_ERROR(b.CopyToHost(logits, logits_out->data()));
-  }
-  TESSERA_ASSIGN_OR_RETURN(std::vector<float> lse, CrossEntropyLse(logits, in, vocab_start));
-  LossSum loss;
-  std::vector<float> dloss(t, 0.f);
-  for (int64_t i = 0; i < t; ++i) {
-    if (batch.targets[i] < 0) continue;
-    loss.sum += static_cast<double>(lse[i]) - in.target_logit[i];
-    ++loss.tokens;
-    dloss[i] = grad_scale;
-  }
-  if (!backward) {
-    TESSERA_RETURN_IF_ERROR(release(head_block, Phase::kForward));
-    return loss;
-  }
-  // Backward, from the loss down to the embedding.
-  TESSERA_RETURN_IF_ERROR(acquire(head_block, Phase::kBackward));
-  TESSERA_ASSIGN_OR_RETURN(Tensor lse_t, New(b, {t}));
-  TESSERA_ASSIGN_OR_RETURN(Tensor dloss_t, New(b, {t}));
-  TESSERA_RETURN_IF_ERROR(b.CopyFromHost(lse.data(), lse_t));
-  TESSERA_RETURN_IF_ERROR(b.CopyFromHost(dloss.data(), dloss_t));
-  TESSERA_ASSIGN_OR_RETURN(Tensor dlogits, New(b, {t, vocab}));
-  TESSERA_RETURN_IF_ERROR(b.CrossEntropyBackward(logits, in.targets, vocab_start, lse_t, dloss_t, dlogits));
-  TESSERA_ASSIGN_OR_RETURN(Tensor dxn_full, New(b, {t, c.hidden}));
-  TESSERA_RETURN_IF_ERROR(LinearBackward(b, dlogits, xn_full, *lm_head_, dxn_full, 0.f));
-  TESSERA_ASSIGN_OR_RETURN(Tensor dxn, LeaveTp(dxn_full));
-  TESSERA_ASSIGN_OR_RETURN(Tensor dx, New(b, x.shape()));
-  TESSERA_RETURN_IF_ERROR(NormBackward(dxn, x, *final_norm_, rstd, dx));
-  TESSERA_RETURN_IF_ERROR(done(head_block));
-  for (int64_t l = c.layers - 1; l >= 0; --l) {
-    TESSERA_RETURN_IF_ERROR(acquire(static_cast<int>(l) + 1, Phase::kBackward));
+  const auto& layers = chunk_layers_[chunk];
+  for (size_t i = layers.size(); i-- > 0;) {
+    const int block = static_cast<int>(layers[i]) + 1;
+    TESSERA_RETURN_IF_ERROR(acquire(block, Phase::kBackward));
     if (recompute_) {
       Tensor out;
-      const Tensor x_in = acts[l].x_in;
-      TESSERA_RETURN_IF_ERROR(LayerForward(layers_[l], in, x_in, acts[l], out));
+      const Tensor x_in = f.acts[i].x_in;
+      TESSERA_RETURN_IF_ERROR(LayerForward(layers_[layers[i]], f.in, x_in, f.acts[i], out));
     }
-    TESSERA_RETURN_IF_ERROR(LayerBackward(layers_[l], in, acts[l], dx));
-    acts[l] = LayerActs();  // this layer's activations are no longer needed
-    TESSERA_RETURN_IF_ERROR(done(static_cast<int>(l) + 1));
+    TESSERA_RETURN_IF_ERROR(LayerBackward(layers_[layers[i]], f.in, f.acts[i], dx));
+    f.acts[i] = LayerActs();  // this layer's activations are no longer needed
+    TESSERA_RETURN_IF_ERROR(done(block));
   }
+  if (!FirstVirtualStage(chunk)) return dx;
   TESSERA_ASSIGN_OR_RETURN(Tensor dx_full, EnterTp(dx));
   TESSERA_RETURN_IF_ERROR(acquire(0, Phase::kBackward));
   TESSERA_ASSIGN_OR_RETURN(Tensor dembed, New(b, embed_->grad.shape()));
-  TESSERA_RETURN_IF_ERROR(b.EmbeddingBackward(in.tokens, dx_full, vocab_start, dembed));
+  TESSERA_RETURN_IF_ERROR(b.EmbeddingBackward(f.in.tokens, dx_full, vocab_start, dembed));
   TESSERA_RETURN_IF_ERROR(b.Axpby(1.f, dembed, 1.f, embed_->grad));
   TESSERA_RETURN_IF_ERROR(done(0));
+  return Tensor();
+}
+
+absl::StatusOr<LossSum> Llama::Run(const TokenBatch& batch, bool backward, float grad_scale, std::vector<float>* logits_out) {
+  if (stage_.pp > 1 || stage_.vpp > 1)
+    return absl::FailedPreconditionError("model: a pipeline stage runs micro-batches through PipelineForward/Backward");
+  TESSERA_RETURN_IF_ERROR(CheckBatch(batch));
+  Flight f;
+  TESSERA_ASSIGN_OR_RETURN(f.in, Upload(batch));
+  LossSum loss;
+  TESSERA_RETURN_IF_ERROR(ChunkForward(0, batch, f, nullptr, backward, grad_scale, &loss, logits_out).status());
+  if (backward) TESSERA_RETURN_IF_ERROR(ChunkBackward(0, f, nullptr).status());
   return loss;
+}
+
+absl::StatusOr<Tensor> Llama::PipelineForward(int chunk, int64_t micro_batch, const TokenBatch& batch,
+                                              const Tensor* input, float grad_scale, LossSum* loss) {
+  if (chunk < 0 || chunk >= stage_.vpp) return absl::OutOfRangeError(absl::StrCat("model: no chunk ", chunk));
+  TESSERA_RETURN_IF_ERROR(CheckBatch(batch));
+  if (FirstVirtualStage(chunk) != (input == nullptr))
+    return absl::InvalidArgumentError("model: the first virtual stage takes no input, every other one does");
+  if (input != nullptr && (input->rank() != 2 || input->dim(0) != StageTokens(batch) || input->dim(1) != config_.hidden))
+    return absl::InvalidArgumentError(absl::StrCat("model: stage input ", input->ShapeString(), ", expected [",
+                                                   StageTokens(batch), ", ", config_.hidden, "]"));
+  auto& slot = flights_[{chunk, micro_batch}];
+  if (slot != nullptr)
+    return absl::FailedPreconditionError(absl::StrCat("model: micro-batch ", micro_batch, " is already in chunk ", chunk));
+  slot = std::make_unique<Flight>();
+  TESSERA_ASSIGN_OR_RETURN(slot->in, Upload(batch));
+  LossSum local;
+  auto out = ChunkForward(chunk, batch, *slot, input, true, grad_scale, &local, nullptr);
+  if (!out.ok()) flights_.erase({chunk, micro_batch});
+  if (loss != nullptr) loss->sum += local.sum, loss->tokens += local.tokens;
+  return out;
+}
+
+absl::StatusOr<Tensor> Llama::PipelineBackward(int chunk, int64_t micro_batch, const Tensor* grad_output) {
+  auto it = flights_.find({chunk, micro_batch});
+  if (it == flights_.end())
+    return absl::FailedPreconditionError(absl::StrCat("model: micro-batch ", micro_batch, " has no forward in chunk ", chunk));
+  if (LastVirtualStage(chunk) != (grad_output == nullptr))
+    return absl::InvalidArgumentError("model: the last virtual stage takes no output gradient, every other one does");
+  std::unique_ptr<Flight> f = std::move(it->second);
+  flights_.erase(it);
+  return ChunkBackward(chunk, *f, grad_output);
 }
 
 // Per-token log-sum-exp over the whole vocabulary from this rank's logits [T, V/tp]:

@@ -28,6 +28,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -83,16 +84,27 @@ struct Param {
   const std::string& name() const { return spec.name; }
 };
 
+// This rank's place in a pipeline (DESIGN §6): pp stages, vpp model chunks per rank;
+// chunk c of rank r is virtual stage c·pp + r and holds layers [s·L/(pp·vpp), (s+1)·L/(pp·vpp)).
+// Virtual stage 0 also holds the embedding, the last one the final norm and the LM head
+// (with tied embeddings it keeps its own copy of the embedding, whose gradient the
+// trainer sums with the first stage's).
+struct StageSpec {
+  int pp = 1, rank = 0, vpp = 1;
+};
+
 class Llama {
  public:
   // tp: the tensor-parallel group (null or size 1: no tensor parallelism); it must hold
   // host buffers for a CPU backend (Gloo) and device buffers for a GPU one (NCCL).
   // cp: the context-parallel group (null or size 1: none); batches are then this rank's
   // split (worker/model/context_parallel.h) and attention runs round the CP ring.
+  // stage: this rank's pipeline stage (default: the whole model); it holds only the
+  // parameters of its chunks.
   static absl::StatusOr<std::unique_ptr<Llama>> Create(const LlamaConfig& config, runtime::Backend* backend,
                                                        comm::Communicator* tp = nullptr,
                                                        bool sequence_parallel = false,
-                                                       comm::Communicator* cp = nullptr);
+                                                       comm::Communicator* cp = nullptr, StageSpec stage = {});
   ~Llama();
 
   const LlamaConfig& config() const { return config_; }
@@ -124,6 +136,22 @@ class Llama {
   // about one more forward of compute for activations of one layer instead of all.
   void set_recompute(bool on) { recompute_ = on; }
 
+  // Pipeline parallelism: one model chunk of one micro-batch (the schedule is the
+  // trainer's). The first virtual stage reads the batch's tokens (input null), others
+  // the previous stage's output [tokens (/ tp under SP), hidden]; the last returns an
+  // empty tensor and adds its loss to *loss. The backward takes the gradient of the
+  // chunk's output (null on the last virtual stage) and returns that of its input (empty
+  // on the first); gradients accumulate as in ForwardBackward.
+  int num_chunks() const { return stage_.vpp; }
+  bool FirstVirtualStage(int chunk) const { return chunk == 0 && stage_.rank == 0; }
+  bool LastVirtualStage(int chunk) const { return chunk == stage_.vpp - 1 && stage_.rank == stage_.pp - 1; }
+  const StageSpec& stage() const { return stage_; }
+  absl::StatusOr<runtime::Tensor> PipelineForward(int chunk, int64_t micro_batch, const TokenBatch& batch,
+                                                  const runtime::Tensor* input, float grad_scale, LossSum* loss);
+  absl::StatusOr<runtime::Tensor> PipelineBackward(int chunk, int64_t micro_batch, const runtime::Tensor* grad_output);
+  // Tokens of a stage's activation for this batch (the local tokens under SP).
+  int64_t StageTokens(const TokenBatch& batch) const { return sp_ ? batch.size() / tp_size() : batch.size(); }
+
   // Forward only: the summed loss.
   absl::StatusOr<LossSum> Forward(const TokenBatch& batch);
   // Forward only: this rank's logits, [T, vocab / tp] row-major, on the host (targets
@@ -137,8 +165,14 @@ class Llama {
   struct LayerParams;
   struct LayerActs;
   struct Inputs;
+  struct Flight;
   Llama(const LlamaConfig& config, runtime::Backend* backend, comm::Communicator* tp, bool sequence_parallel,
-        comm::Communicator* cp);
+        comm::Communicator* cp, StageSpec stage);
+  absl::Status CheckBatch(const TokenBatch& batch) const;
+  absl::StatusOr<runtime::Tensor> ChunkForward(int chunk, const TokenBatch& batch, Flight& f, const runtime::Tensor* input,
+                                               bool backward, float grad_scale, LossSum* loss,
+                                               std::vector<float>* logits_out);
+  absl::StatusOr<runtime::Tensor> ChunkBackward(int chunk, Flight& f, const runtime::Tensor* grad_output);
   int tp_size() const { return tp_ ? tp_->size() : 1; }
   int tp_rank() const { return tp_ ? tp_->rank() : 0; }
   absl::Status AllReduce(runtime::Tensor& t);  // sum over the TP group, in place
@@ -167,6 +201,9 @@ class Llama {
   std::vector<std::vector<Param*>> uses_, owns_;  // per block
   ParamHooks* hooks_ = nullptr;
   bool recompute_ = false;
+  StageSpec stage_;
+  std::vector<std::vector<int64_t>> chunk_layers_;  // per chunk, its layers
+  std::map<std::pair<int, int64_t>, std::unique_ptr<Flight>> flights_;  // (chunk, micro-batch) in flight
 };
 
 }  // namespace tessera::model

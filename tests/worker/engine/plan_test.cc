@@ -50,7 +50,7 @@ TEST(Plan, EstimateMatchesTheEnginesPeakOnOneRank) {
       std::cout << "tied " << tied << " recompute " << recompute << ": plan " << est << " B (params " << plan->memory.params
                 << ", grads " << plan->memory.grads << ", optimizer " << plan->memory.optimizer << ", activations "
                 << plan->memory.activations << "), measured peak " << peak << " B\n";
-      EXPECT_NEAR(static_cast<double>(est), static_cast<double>(peak), 0.05 * peak);  // seen: 1.5-3.3% above
+      EXPECT_NEAR(static_cast<double>(est), static_cast<double>(peak), 0.05 * peak);  // seen: -0.1% to +1.2%
     }
 }
 
