@@ -61,10 +61,16 @@ absl::Status Communicator::Recv(void* buf, size_t count, DType t, int peer) {
   return Run("recv", count * DTypeSize(t), [&] { return DoRecv(buf, count, t, peer); });
 }
 
-absl::Status Communicator::Isend(const void* buf, size_t count, DType t, int peer) {
-  if (peer < 0 || peer >= size_ || peer == rank_)
-    return Describe(Bad(absl::StrCat("peer ", peer, " is not another rank of ", size_)), "isend");
-  return Run("isend", count * DTypeSize(t), [&] { return DoIsend(buf, count, t, peer); });
+absl::Status Communicator::Isend(const void* buf, size_t count, DType t, int peer, int tag) {
+  if (peer < 0 || peer >= size_ || peer == rank_ || tag < 0 || tag > 3)
+    return Describe(Bad(absl::StrCat("peer ", peer, " (of ", size_, ") or tag ", tag, " is invalid")), "isend");
+  return Run("isend", count * DTypeSize(t), [&] { return DoIsend(buf, count, t, peer, tag); });
+}
+
+absl::Status Communicator::RecvTagged(void* buf, size_t count, DType t, int peer, int tag) {
+  if (peer < 0 || peer >= size_ || peer == rank_ || tag < 0 || tag > 3)
+    return Describe(Bad(absl::StrCat("peer ", peer, " (of ", size_, ") or tag ", tag, " is invalid")), "recv");
+  return Run("recv", count * DTypeSize(t), [&] { return DoRecvTagged(buf, count, t, peer, tag); });
 }
 
 absl::Status Communicator::WaitSends() {

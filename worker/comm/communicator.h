@@ -60,7 +60,11 @@ class Communicator {
   // asynchronous and every receive blocking, any schedule that respects the data
   // dependencies runs without deadlock). The buffer must stay valid until WaitSends,
   // which waits for all of them. NCCL enqueues it like Send.
-  absl::Status Isend(const void* buf, size_t count, DType t, int peer);
+  // `tag` (0-3) keeps kinds of messages between the same two ranks apart (a pipeline's
+  // activations and gradients): messages of one tag match in order; a tagged send needs
+  // a receive of the same tag (RecvTagged).
+  absl::Status Isend(const void* buf, size_t count, DType t, int peer, int tag = 0);
+  absl::Status RecvTagged(void* buf, size_t count, DType t, int peer, int tag);
   absl::Status WaitSends();
   absl::Status Barrier();
   // Sends and receives between GroupStart and GroupEnd proceed concurrently.
@@ -79,7 +83,12 @@ class Communicator {
   virtual absl::Status DoSend(const void* buf, size_t count, DType t, int peer) = 0;
   virtual absl::Status DoRecv(void* buf, size_t count, DType t, int peer) = 0;
   virtual absl::Status DoBarrier() = 0;
-  virtual absl::Status DoIsend(const void* buf, size_t count, DType t, int peer) { return DoSend(buf, count, t, peer); }
+  virtual absl::Status DoIsend(const void* buf, size_t count, DType t, int peer, int /*tag*/) {
+    return DoSend(buf, count, t, peer);
+  }
+  virtual absl::Status DoRecvTagged(void* buf, size_t count, DType t, int peer, int /*tag*/) {
+    return DoRecv(buf, count, t, peer);
+  }
   virtual absl::Status DoWaitSends() { return absl::OkStatus(); }
   virtual void DoGroupStart() {}
   virtual absl::Status DoGroupEnd() { return absl::OkStatus(); }

@@ -152,11 +152,18 @@ class GlooCommunicator final : public Communicator {
     });
   }
 
-  absl::Status DoIsend(const void* buf, size_t count, DType t, int peer) override {
+  absl::Status DoIsend(const void* buf, size_t count, DType t, int peer, int tag) override {
     return Guard([&] {
       auto ub = ctx_->createUnboundBuffer(const_cast<void*>(buf), count * DTypeSize(t));
-      ub->send(peer, SlotFor(rank(), peer));
+      ub->send(peer, SlotFor(rank(), peer, tag));
       async_sends_.push_back(std::move(ub));
+    });
+  }
+  absl::Status DoRecvTagged(void* buf, size_t count, DType t, int peer, int tag) override {
+    return Guard([&] {
+      auto ub = ctx_->createUnboundBuffer(buf, count * DTypeSize(t));
+      ub->recv(peer, SlotFor(peer, rank(), tag));
+      if (!ub->waitRecv(timeout_)) throw std::runtime_error("recv timed out");
     });
   }
   absl::Status DoWaitSends() override {
@@ -197,7 +204,11 @@ class GlooCommunicator final : public Communicator {
   }
   uint32_t NextTag() { return static_cast<uint32_t>(++tag_); }
   // Point-to-point slots: distinct per (src, dst) pair and per message.
-  uint64_t SlotFor(int src, int dst) { return (1ULL << 40) | (static_cast<uint64_t>(src) << 20 | dst) << 8 | (p2p_seq_[src * 4096 + dst]++ & 0xff); }
+  // Tags 1-3 get their own sequence (and slot bits); tag 0 is what Send/Recv use.
+  uint64_t SlotFor(int src, int dst, int tag = 0) {
+    return (1ULL << 40) | static_cast<uint64_t>(tag) << 41 | (static_cast<uint64_t>(src) << 20 | dst) << 8 |
+           (p2p_seq_[(src * 4096 + dst) * 4 + tag]++ & 0xff);
+  }
 
   std::shared_ptr<gloo::Context> ctx_;
   std::chrono::milliseconds timeout_;

@@ -33,6 +33,7 @@ struct Trainer::State {
   Tensor grad_full;   // [shard * dp], ZeRO-2/3: the gradient buffer while a block's backward runs
   bool decay = true;  // weight decay (not for norms and biases: 1-D parameters)
   bool tp_sharded = false;
+  bool norm_elsewhere = false;  // the last pipeline stage's copy of a tied embedding
 };
 
 // ZeRO-2/3 through the model's block hooks. Values (ZeRO-3) are gathered for the block
@@ -88,11 +89,12 @@ class Trainer::Hooks : public model::ParamHooks {
 };
 
 Trainer::Trainer(model::Llama* model, runtime::Backend* backend, comm::Communicator* dp, comm::Communicator* tp,
-                 const OptimizerOptions& options)
+                 comm::Communicator* pp, const OptimizerOptions& options)
     : model_(model),
       backend_(backend),
       dp_(dp != nullptr && dp->size() > 1 ? dp : nullptr),
       tp_(tp != nullptr && tp->size() > 1 ? tp : nullptr),
+      pp_(pp != nullptr && pp->size() > 1 ? pp : nullptr),
       options_(options) {
   if (dp_ == nullptr) options_.zero = 0;  // one DP rank: nothing to shard
 }
@@ -102,8 +104,14 @@ Trainer::~Trainer() {
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(model::Llama* model, runtime::Backend* backend,
                                                          comm::Communicator* dp, comm::Communicator* tp,
-                                                         const OptimizerOptions& options) {
+                                                         const OptimizerOptions& options, comm::Communicator* pp) {
   if (model == nullptr || backend == nullptr) return absl::InvalidArgumentError("trainer: no model or backend");
+  const int pp_size = pp != nullptr ? pp->size() : 1;
+  if (model->stage().pp != pp_size)
+    return absl::InvalidArgumentError(absl::StrCat("trainer: the model is a stage of pp ", model->stage().pp,
+                                                   " but the pipeline group has ", pp_size, " ranks"));
+  if (pp_size > 1 && options.zero >= 2 && dp != nullptr && dp->size() > 1)
+    return absl::UnimplementedError(absl::StrCat("trainer: ZeRO-", options.zero, " with pipeline parallelism is not built yet"));
   if (options.zero < 0 || options.zero > 3)
     return absl::InvalidArgumentError(absl::StrCat("trainer: zero must be 0, 1, 2 or 3, got ", options.zero));
   if (!(options.lr > 0) || options.min_lr < 0 || options.min_lr > options.lr)
@@ -111,7 +119,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(model::Llama* model, ru
         absl::StrCat("trainer: need 0 <= min_lr <= lr and lr > 0, got lr ", options.lr, ", min_lr ", options.min_lr));
   if (options.total_steps < 1 || options.warmup_steps < 0)
     return absl::InvalidArgumentError("trainer: total_steps must be >= 1 and warmup_steps >= 0");
-  std::unique_ptr<Trainer> t(new Trainer(model, backend, dp, tp, options));
+  std::unique_ptr<Trainer> t(new Trainer(model, backend, dp, tp, pp, options));
   TESSERA_RETURN_IF_ERROR(t->Allocate());
   return t;
 }
@@ -129,6 +137,7 @@ absl::Status Trainer::Allocate() {
     s.n = p.value.numel();
     s.decay = p.spec.shape.size() > 1;
     s.tp_sharded = tp_ != nullptr && p.spec.shard_dim >= 0;
+    s.norm_elsewhere = pp_ != nullptr && pp_->rank() != 0 && p.name() == "model.embed_tokens.weight";
     s.shard = zero > 0 ? (s.n + dp - 1) / dp : s.n;
     TESSERA_ASSIGN_OR_RETURN(s.m, b.Empty({s.shard}, DType::kF32));
     TESSERA_ASSIGN_OR_RETURN(s.v, b.Empty({s.shard}, DType::kF32));
@@ -253,6 +262,77 @@ absl::Status Trainer::LoadPiece(size_t i, const std::vector<float>& value, const
   return write(v, from, count, s.v);
 }
 
+absl::Status Trainer::AllReduceHost(comm::Communicator* c, float* values, int n) {
+  if (c == nullptr) return absl::OkStatus();
+  TESSERA_ASSIGN_OR_RETURN(Tensor buf, backend_->Empty({n}, DType::kF32));
+  TESSERA_RETURN_IF_ERROR(backend_->CopyFromHost(values, buf));
+  TESSERA_RETURN_IF_ERROR(c->AllReduce(buf.data(), buf.data(), n, DType::kF32, comm::ReduceOp::kSum));
+  return backend_->CopyToHost(buf, values);
+}
+
+// The schedule's operations in order. Activations go to the next rank (tag 0) and
+// gradients to the previous one (tag 1) without waiting; receives block. The sent
+// tensors stay alive until every send is done.
+absl::StatusOr<double> Trainer::RunPipeline(const std::vector<model::TokenBatch>& micro_batches, float scale) {
+  model::Llama& m = *model_;
+  const int64_t n = static_cast<int64_t>(micro_batches.size());
+  if (n * m.num_chunks() > 250)  // Gloo keeps 256 message slots in flight per pair of ranks
+    return absl::InvalidArgumentError(absl::StrCat("pipeline: ", n, " micro-batches x ", m.num_chunks(),
+                                                   " chunks per step; at most 250"));
+  TESSERA_ASSIGN_OR_RETURN(std::vector<PipeOp> ops,
+                           PipelineSchedule(options_.schedule, pp_->size(), m.num_chunks(), pp_->rank(), n));
+  const int next = (pp_->rank() + 1) % pp_->size(), prev = (pp_->rank() + pp_->size() - 1) % pp_->size();
+  std::vector<Tensor> sent;
+  model::LossSum loss;
+  for (const PipeOp& op : ops) {
+    const model::TokenBatch& batch = micro_batches[op.micro_batch];
+    const std::vector<int64_t> shape = {m.StageTokens(batch), m.config().hidden};
+    if (op.forward) {
+      Tensor in;
+      if (!m.FirstVirtualStage(op.chunk)) {
+        TESSERA_ASSIGN_OR_RETURN(in, backend_->Empty(shape, DType::kF32));
+        TESSERA_RETURN_IF_ERROR(pp_->RecvTagged(in.data(), in.numel(), DType::kF32, prev, 0));
+      }
+      TESSERA_ASSIGN_OR_RETURN(Tensor out, m.PipelineForward(op.chunk, op.micro_batch, batch,
+                                                              in.defined() ? &in : nullptr, scale, &loss));
+      if (!m.LastVirtualStage(op.chunk)) {
+        TESSERA_RETURN_IF_ERROR(pp_->Isend(out.data(), out.numel(), DType::kF32, next, 0));
+        sent.push_back(out);
+      }
+    } else {
+      Tensor grad;
+      if (!m.LastVirtualStage(op.chunk)) {
+        TESSERA_ASSIGN_OR_RETURN(grad, backend_->Empty(shape, DType::kF32));
+        TESSERA_RETURN_IF_ERROR(pp_->RecvTagged(grad.data(), grad.numel(), DType::kF32, next, 1));
+      }
+      TESSERA_ASSIGN_OR_RETURN(Tensor din, m.PipelineBackward(op.chunk, op.micro_batch, grad.defined() ? &grad : nullptr));
+      if (!m.FirstVirtualStage(op.chunk)) {
+        TESSERA_RETURN_IF_ERROR(pp_->Isend(din.data(), din.numel(), DType::kF32, prev, 1));
+        sent.push_back(din);
+      }
+    }
+  }
+  TESSERA_RETURN_IF_ERROR(pp_->WaitSends());
+  return loss.sum;
+}
+
+// Tied embeddings under PP: the first stage's embedding and the last stage's LM head are
+// one parameter held twice; both copies get the sum of their gradients (tag 2).
+absl::Status Trainer::SumTiedEmbeddingGrads() {
+  const int rank = pp_->rank(), last = pp_->size() - 1;
+  if (!model_->config().tie_embeddings || (rank != 0 && rank != last)) return absl::OkStatus();
+  model::Param* e = model_->Find("model.embed_tokens.weight");
+  if (e == nullptr) return absl::InternalError("trainer: a tied first or last stage holds no embedding");
+  TESSERA_ASSIGN_OR_RETURN(Tensor mine, backend_->Empty(e->grad.shape(), DType::kF32));
+  TESSERA_ASSIGN_OR_RETURN(Tensor theirs, backend_->Empty(e->grad.shape(), DType::kF32));
+  TESSERA_RETURN_IF_ERROR(backend_->Axpby(1.f, e->grad, 0.f, mine));
+  const int other = rank == 0 ? last : 0;
+  TESSERA_RETURN_IF_ERROR(pp_->Isend(mine.data(), mine.numel(), DType::kF32, other, 2));
+  TESSERA_RETURN_IF_ERROR(pp_->RecvTagged(theirs.data(), theirs.numel(), DType::kF32, other, 2));
+  TESSERA_RETURN_IF_ERROR(pp_->WaitSends());
+  return backend_->Axpby(1.f, theirs, 1.f, e->grad);
+}
+
 absl::Status Trainer::GatherParams() {
   if (options_.zero < 3) return absl::OkStatus();
   for (State& s : state_) TESSERA_RETURN_IF_ERROR(GatherValue(s));
@@ -287,6 +367,11 @@ absl::StatusOr<double> Trainer::ReduceGradsAndNorm() {
     State& s = state_[i];
     Tensor& g = params[i].grad;
     Tensor& acc = s.tp_sharded ? sq_sharded : sq_repl;
+    if (s.norm_elsewhere) {  // the last stage's copy of a tied embedding: reduce it, count it on the first stage
+      if (dp_ != nullptr && !zero)
+        TESSERA_RETURN_IF_ERROR(dp_->AllReduce(g.data(), g.data(), s.n, DType::kF32, comm::ReduceOp::kSum));
+      if (!zero) continue;
+    }
     if (options_.zero >= 2) {  // reduced into the slice during the backward
       TESSERA_RETURN_IF_ERROR(b.SumSquares(s.grad_shard, acc));
       continue;
@@ -302,11 +387,13 @@ absl::StatusOr<double> Trainer::ReduceGradsAndNorm() {
     TESSERA_RETURN_IF_ERROR(b.Axpby(1.f, flat, 0.f, head));
     TESSERA_RETURN_IF_ERROR(
         dp_->ReduceScatter(s.padded.data(), s.grad_shard.data(), s.shard, DType::kF32, comm::ReduceOp::kSum));
-    TESSERA_RETURN_IF_ERROR(b.SumSquares(s.grad_shard, acc));
+    if (!s.norm_elsewhere) TESSERA_RETURN_IF_ERROR(b.SumSquares(s.grad_shard, acc));
   }
   if (zero) TESSERA_RETURN_IF_ERROR(dp_->AllReduce(sq.data(), sq.data(), 2, DType::kF32, comm::ReduceOp::kSum));
   if (tp_ != nullptr)
     TESSERA_RETURN_IF_ERROR(tp_->AllReduce(sq_sharded.data(), sq_sharded.data(), 1, DType::kF32, comm::ReduceOp::kSum));
+  if (pp_ != nullptr)  // the stages hold different parameters (a tied embedding's copy is not counted twice)
+    TESSERA_RETURN_IF_ERROR(pp_->AllReduce(sq.data(), sq.data(), 2, DType::kF32, comm::ReduceOp::kSum));
   float host[2];
   TESSERA_RETURN_IF_ERROR(b.CopyToHost(sq, host));
   return std::sqrt(static_cast<double>(host[0]) + host[1]);
@@ -377,16 +464,18 @@ absl::StatusOr<StepStats> Trainer::Step(const std::vector<model::TokenBatch>& mi
     for (State& s : state_) TESSERA_RETURN_IF_ERROR(backend_->Fill(s.grad_shard, 0));
   const float scale = 1.f / static_cast<float>(stats.tokens);
   float loss_sum = 0.f;
-  for (const auto& mb : micro_batches) {
-    TESSERA_ASSIGN_OR_RETURN(model::LossSum l, model_->ForwardBackward(mb, scale));
-    loss_sum += static_cast<float>(l.sum);
+  if (pp_ != nullptr) {
+    TESSERA_ASSIGN_OR_RETURN(double l, RunPipeline(micro_batches, scale));
+    loss_sum = static_cast<float>(l);
+    TESSERA_RETURN_IF_ERROR(SumTiedEmbeddingGrads());
+  } else {
+    for (const auto& mb : micro_batches) {
+      TESSERA_ASSIGN_OR_RETURN(model::LossSum l, model_->ForwardBackward(mb, scale));
+      loss_sum += static_cast<float>(l.sum);
+    }
   }
-  if (dp_ != nullptr) {
-    TESSERA_ASSIGN_OR_RETURN(Tensor buf, backend_->Empty({1}, DType::kF32));
-    TESSERA_RETURN_IF_ERROR(backend_->CopyFromHost(&loss_sum, buf));
-    TESSERA_RETURN_IF_ERROR(dp_->AllReduce(buf.data(), buf.data(), 1, DType::kF32, comm::ReduceOp::kSum));
-    TESSERA_RETURN_IF_ERROR(backend_->CopyToHost(buf, &loss_sum));
-  }
+  TESSERA_RETURN_IF_ERROR(AllReduceHost(dp_, &loss_sum, 1));
+  TESSERA_RETURN_IF_ERROR(AllReduceHost(pp_, &loss_sum, 1));  // only the last stage has a loss
   stats.loss = loss_sum / stats.tokens;
   TESSERA_ASSIGN_OR_RETURN(stats.grad_norm, ReduceGradsAndNorm());
   ++step_;

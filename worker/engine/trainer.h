@@ -27,6 +27,7 @@
 
 #include "absl/status/statusor.h"
 #include "worker/comm/communicator.h"
+#include "worker/engine/pipeline.h"
 #include "worker/model/llama.h"
 #include "worker/runtime/backend.h"
 
@@ -40,6 +41,7 @@ struct OptimizerOptions {
   float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f;
   float clip_norm = 1.0f;  // <= 0: no clipping
   int zero = 0;            // ZeRO stage, 0-3 (above)
+  Schedule schedule = Schedule::kOneFOneB;  // pipeline schedule (pp > 1; vpp > 1 interleaves 1F1B)
 };
 
 // Learning rate at a 1-based step: linear warmup to lr, then cosine to min_lr.
@@ -54,11 +56,16 @@ struct StepStats {
 
 class Trainer {
  public:
-  // dp: the gradient-reduction group (DP x CP), tp: the model's tensor-parallel group
-  // (either null for one rank).
+  // dp: the gradient-reduction group (DP x CP), tp: the model's tensor-parallel group,
+  // pp: the pipeline group (the model is then this rank's stage; each may be null for
+  // one rank). Pipelines: every stage gets all micro-batches of the DP rank; the schedule
+  // runs them with asynchronous sends of activations and gradients; the loss (from the
+  // last stage), the gradient norm and a tied embedding's gradient (first + last stage)
+  // are reduced over pp. ZeRO-2/3 with pp > 1: UNIMPLEMENTED.
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(model::Llama* model, runtime::Backend* backend,
                                                          comm::Communicator* dp, comm::Communicator* tp,
-                                                         const OptimizerOptions& options);
+                                                         const OptimizerOptions& options,
+                                                         comm::Communicator* pp = nullptr);
   ~Trainer();
   // One optimizer step over this rank's micro-batches of the global batch.
   absl::StatusOr<StepStats> Step(const std::vector<model::TokenBatch>& micro_batches);
@@ -89,7 +96,10 @@ class Trainer {
   struct State;
   class Hooks;
   Trainer(model::Llama* model, runtime::Backend* backend, comm::Communicator* dp, comm::Communicator* tp,
-          const OptimizerOptions& options);
+          comm::Communicator* pp, const OptimizerOptions& options);
+  absl::StatusOr<double> RunPipeline(const std::vector<model::TokenBatch>& micro_batches, float scale);
+  absl::Status SumTiedEmbeddingGrads();
+  absl::Status AllReduceHost(comm::Communicator* c, float* values, int n);
   absl::Status Allocate();
   absl::StatusOr<int64_t> GlobalTokens(const std::vector<model::TokenBatch>& micro_batches);
   absl::StatusOr<double> ReduceGradsAndNorm();
@@ -102,6 +112,7 @@ class Trainer {
   runtime::Backend* backend_;
   comm::Communicator* dp_;  // null: one data-parallel rank
   comm::Communicator* tp_;
+  comm::Communicator* pp_;  // null: one stage
   OptimizerOptions options_;
   std::vector<State> state_;  // per parameter, in the model's order
   std::unique_ptr<Hooks> hooks_;  // ZeRO-2/3
