@@ -152,7 +152,8 @@ absl::Status ParseModel(const YAML::Node& n, const std::string& path, v1::ModelS
 
 absl::Status ParseTrain(const YAML::Node& n, const std::string& path, v1::TrainSpec* t) {
   TESSERA_RETURN_IF_ERROR(CheckKeys(n, path, {"steps", "lr", "min_lr", "warmup_steps", "weight_decay", "clip_norm",
-                                              "seed", "data", "init_std", "checkpoint", "recompute", "export_hf"}));
+                                              "seed", "data", "init_std", "checkpoint", "recompute", "export_hf",
+                                              "schedule"}));
   for (const auto& kv : n) {
     std::string k = kv.first.Scalar(), p = Join(path, k);
     const YAML::Node& v = kv.second;
@@ -165,6 +166,10 @@ absl::Status ParseTrain(const YAML::Node& n, const std::string& path, v1::TrainS
     } else if (k == "export_hf") {
       TESSERA_ASSIGN_OR_RETURN(auto s, AsString(v, p));
       t->set_export_hf(s);
+    } else if (k == "schedule") {
+      TESSERA_ASSIGN_OR_RETURN(auto s, AsString(v, p));
+      if (s != "1f1b" && s != "gpipe") return Bad(p, absl::StrCat("expected 1f1b or gpipe, got '", s, "'"));
+      t->set_schedule(s);
     } else if (k == "checkpoint") {
       TESSERA_RETURN_IF_ERROR(CheckKeys(v, p, {"dir", "save_every", "resume", "load"}));
       auto* c = t->mutable_checkpoint();
@@ -401,9 +406,17 @@ static absl::Status CheckCleanAbsolute(const std::string& field, const std::stri
 static absl::Status ValidatePretrain(JobSpec& spec) {
   if (spec.groups_size() != 1) return Bad("groups", absl::StrCat("a ", spec.kind(), " job has exactly one worker group"));
   const auto& l = spec.groups(0).layout();
-  if (l.pp() > 1)
-    return absl::UnimplementedError(absl::StrCat("groups[0].layout: the training engine runs tp (with sp), cp and dp ",
-                                                 "(zero 0-3) so far; pp=", l.pp(), " is not available yet"));
+  if (l.pp() > 1 && l.zero() >= 2 && l.dp() * l.cp() > 1)
+    return absl::UnimplementedError(absl::StrCat("groups[0].layout: ZeRO-", l.zero(), " with pipeline parallelism (pp=",
+                                                 l.pp(), ") is not built yet; use zero 0 or 1"));
+  if (l.pp() > 1 && !spec.train().export_hf().empty())
+    return absl::UnimplementedError("train.export_hf: exporting a pipeline-parallel model (pp > 1) is not built yet; "
+                                    "save a checkpoint and load it into a pp = 1 job");
+  if (l.vpp() > 1 && spec.model().global_batch() / (spec.model().micro_batch() * l.dp()) % l.pp() != 0)
+    return Bad("model.global_batch", absl::StrCat("interleaved pipelines (vpp ", l.vpp(), ") need the micro-batches per ",
+                                                  "step and DP rank (", spec.model().global_batch() /
+                                                  (spec.model().micro_batch() * l.dp()), ") to be a multiple of pp (",
+                                                  l.pp(), ")"));
   const auto& m = spec.model();
   struct Req {
     const char* name;

@@ -134,8 +134,17 @@ TEST(JobSpec, PretrainDefaultsAndRefusals) {
   EXPECT_THAT(std::string(NormalizeAndValidateJobSpec(*no_lr).message()), HasSubstr("train.lr: is required"));
   EXPECT_THAT(std::string(check({"train.data.kind=jsonl"}).message()), HasSubstr("expected arithmetic"));
   EXPECT_THAT(std::string(check({"train.colour=red"}).message()), HasSubstr("colour"));
-  EXPECT_EQ(check({"groups.0.layout.pp=2", "groups.0.devices=4", "groups.0.layout.tp=1"}).code(),
+  EXPECT_TRUE(check({"groups.0.layout.pp=2", "groups.0.devices=4", "groups.0.layout.tp=1"}).ok());
+  EXPECT_EQ(check({"groups.0.layout.pp=2", "groups.0.devices=4", "groups.0.layout.tp=1", "groups.0.layout.zero=3"}).code(),
             absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(std::string(check({"groups.0.layout.pp=2", "groups.0.layout.vpp=2", "groups.0.devices=4",
+                                 "groups.0.layout.tp=1", "model.num_layers=4", "model.global_batch=12"})
+                              .message()),
+              HasSubstr("multiple of pp"));
+  EXPECT_TRUE(check({"groups.0.layout.pp=2", "groups.0.layout.vpp=2", "groups.0.devices=4", "groups.0.layout.tp=1",
+                     "model.num_layers=4", "train.schedule=gpipe"})
+                  .ok());
+  EXPECT_THAT(std::string(check({"train.schedule=zigzag"}).message()), HasSubstr("train.schedule: expected 1f1b or gpipe"));
   EXPECT_TRUE(check({"groups.0.layout.zero=3"}).ok());
   EXPECT_TRUE(check({"groups.0.layout.cp=2", "groups.0.layout.dp=1"}).ok());
   EXPECT_TRUE(check({"groups.0.layout.sp=true"}).ok());

@@ -223,10 +223,10 @@ v1::JobSpec CommCheckSpec(int devices, int tp, int pp, int max_restarts, int ite
   return *s;
 }
 
-v1::JobSpec PretrainSpec(int devices, int tp, int zero, int steps, bool sp, int cp) {
+v1::JobSpec PretrainSpec(int devices, int tp, int zero, int steps, bool sp, int cp, int pp) {
   auto s = ParseJobSpecYaml(absl::StrCat(
       "name: pt\nkind: pretrain\ncollective_timeout_s: 30\ngroups:\n  - name: actor\n    devices: ", devices,
-      "\n    layout: {tp: ", tp, ", cp: ", cp, ", zero: ", zero, ", sp: ", sp ? "true" : "false",
+      "\n    layout: {tp: ", tp, ", cp: ", cp, ", pp: ", pp, ", zero: ", zero, ", sp: ", sp ? "true" : "false",
       "}\nmodel: {vocab_size: 256, hidden: 32, num_layers: 2, num_heads: 4, num_kv_heads: 2, ffn: 48, seq_len: 16,\n"
       "        global_batch: 8, micro_batch: 2, qkv_bias: true}\n"
       "train: {steps: ",

@@ -82,6 +82,6 @@ std::string HttpGet(int port, const std::string& path);
 // A comm-check job spec on `devices` CPU executors.
 v1::JobSpec CommCheckSpec(int devices, int tp, int pp, int max_restarts, int iters = 2);
 // A pretrain job of a tiny Llama on the built-in arithmetic data (CPU slots).
-v1::JobSpec PretrainSpec(int devices, int tp, int zero, int steps, bool sp = false, int cp = 1);
+v1::JobSpec PretrainSpec(int devices, int tp, int zero, int steps, bool sp = false, int cp = 1, int pp = 1);
 
 }  // namespace tessera::testing

@@ -118,7 +118,7 @@ TEST(Cluster, CommCheckTp2Dp2Pp2OnTwoAgentsOverGloo) {
 // processes, Gloo over loopback. tp2 x dp2 with ZeRO-1 (4 executors) and tp2 with
 // sequence parallelism (2 executors, padded micro-batches) report the same per-step
 // losses as one executor on the same model and data.
-TEST(Cluster, PretrainTp2Dp2Zero3Tp2SpAndTp2Cp2SpEqualOneRank) {
+TEST(Cluster, PretrainLayoutsEqualOneRank) {
   auto c = Up({.agents = 1, .cpu_slots = 4});
   auto run = [&](const v1::JobSpec& spec) -> std::vector<double> {
     std::string id = Submit(*c, spec);
@@ -136,14 +136,17 @@ TEST(Cluster, PretrainTp2Dp2Zero3Tp2SpAndTp2Cp2SpEqualOneRank) {
   const auto sharded = run(PretrainSpec(4, 2, 3, 3));
   const auto sp = run(PretrainSpec(2, 2, 0, 3, /*sp=*/true));
   const auto cp = run(PretrainSpec(4, 2, 0, 3, /*sp=*/true, /*cp=*/2));
+  const auto pp = run(PretrainSpec(4, 1, 1, 3, /*sp=*/false, /*cp=*/1, /*pp=*/2));  // pp2 x dp2 ZeRO-1, 1F1B
   ASSERT_EQ(one.size(), 3u);
   ASSERT_EQ(sharded.size(), 3u);
   ASSERT_EQ(sp.size(), 3u);
   ASSERT_EQ(cp.size(), 3u);
+  ASSERT_EQ(pp.size(), 3u);
   for (int s = 0; s < 3; ++s) {
     EXPECT_NEAR(sharded[s], one[s], 1e-5 * one[s]) << "tp2 dp2 zero3, step " << s + 1;
     EXPECT_NEAR(sp[s], one[s], 1e-5 * one[s]) << "tp2 sp, step " << s + 1;
     EXPECT_NEAR(cp[s], one[s], 1e-5 * one[s]) << "tp2 cp2 sp, step " << s + 1;
+    EXPECT_NEAR(pp[s], one[s], 1e-5 * one[s]) << "pp2 dp2 zero1, step " << s + 1;
   }
   EXPECT_LT(one[2], one[0]);
 }

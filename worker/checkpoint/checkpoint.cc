@@ -32,6 +32,19 @@ int TpRank(const Group& g) { return g.tp ? g.tp->rank() : 0; }
 int TpSize(const Group& g) { return g.tp ? g.tp->size() : 1; }
 int DpRank(const Group& g) { return g.dp ? g.dp->rank() : 0; }
 int DpSize(const Group& g) { return g.dp ? g.dp->size() : 1; }
+int PpRank(const Group& g) { return g.pp ? g.pp->rank() : 0; }
+int PpSize(const Group& g) { return g.pp ? g.pp->size() : 1; }
+int WorldRank(const Group& g, int tp_r, int dp_r, int pp_r) { return tp_r + TpSize(g) * (dp_r + DpSize(g) * pp_r); }
+
+// The pipeline stage that writes a parameter (DESIGN §6's layer assignment; the first
+// stage writes a tied embedding, whose last-stage copy is the same tensor).
+int WritingStage(const model::ParamSpec& spec, const model::LlamaConfig& c, const model::StageSpec& st) {
+  if (spec.name == "model.embed_tokens.weight") return 0;
+  if (spec.name == "model.norm.weight" || spec.name == "lm_head.weight") return st.pp - 1;
+  const int64_t layer = std::stoll(spec.name.substr(13, spec.name.find('.', 13) - 13));
+  const int64_t per = c.layers / (int64_t(st.pp) * st.vpp);
+  return static_cast<int>((layer / per) % st.pp);
+}
 std::string RankFile(int rank, const char* ext) { return absl::StrFormat("rank-%05d.%s", rank, ext); }
 
 int64_t Numel(const std::vector<int64_t>& shape) {
@@ -101,7 +114,9 @@ absl::Status Agree(const Group& g, const absl::Status& local, const char* phase)
   };
   TESSERA_RETURN_IF_ERROR(reduce(g.tp));
   TESSERA_RETURN_IF_ERROR(reduce(g.dp));
-  TESSERA_RETURN_IF_ERROR(reduce(g.tp));  // a TP peer may only now have learnt of a DP failure
+  TESSERA_RETURN_IF_ERROR(reduce(g.pp));
+  TESSERA_RETURN_IF_ERROR(reduce(g.dp));  // peers may only now have learnt of a failure elsewhere
+  TESSERA_RETURN_IF_ERROR(reduce(g.tp));
   if (!local.ok()) return local;
   if (flag != 0.f) return absl::AbortedError(absl::StrCat("checkpoint ", phase, " failed on another rank"));
   return absl::OkStatus();
@@ -156,7 +171,9 @@ absl::Status WriteRankFile(const std::string& tmp, int rank, const Group& g) {
   std::vector<TensorToWrite> tensors;
   pieces.reserve(params.size());
   const int tp = TpSize(g), dp = DpSize(g), zero = g.trainer->zero();
+  const auto& stage = g.model->stage();
   for (size_t i = 0; i < params.size(); ++i) {
+    if (WritingStage(params[i].spec, g.model->config(), stage) != PpRank(g)) continue;
     const Plan plan = PlanFor(params[i].spec, tp, dp, zero, TpRank(g), DpRank(g));
     if (!plan.value && !plan.state) continue;
     TESSERA_ASSIGN_OR_RETURN(engine::Trainer::Piece p, g.trainer->ReadPiece(i));
@@ -186,34 +203,36 @@ absl::Status WriteRankFile(const std::string& tmp, int rank, const Group& g) {
 absl::Status CommitOnRankZero(const std::string& dir, const std::string& tmp, const std::string& final_dir,
                               int64_t step, const Group& g) {
   const int tp = TpSize(g), dp = DpSize(g), zero = g.trainer->zero();
+  const auto& c = g.model->config();
   json tensors = json::object(), files = json::object();
-  for (const auto& p : g.model->params()) {
+  for (const auto& p : model::LlamaParamSpecs(c)) {  // every parameter: rank 0 may hold only its stage's
     json value = json::array(), m = json::array(), v = json::array();
+    const int stage = WritingStage(p, c, g.model->stage());
     for (int d = 0; d < dp; ++d)
       for (int t = 0; t < tp; ++t) {
-        const Plan plan = PlanFor(p.spec, tp, dp, zero, t, d);
+        const Plan plan = PlanFor(p, tp, dp, zero, t, d);
         if (!plan.value && !plan.state) continue;
-        const std::string file = RankFile(t + tp * d, "safetensors");
+        const int rank = WorldRank(g, t, d, stage);
+        const std::string file = RankFile(rank, "safetensors");
         if (!files.contains(file)) {
-          TESSERA_ASSIGN_OR_RETURN(std::string side, ReadFile(absl::StrCat(tmp, "/", RankFile(t + tp * d, "sha256"))));
+          TESSERA_ASSIGN_OR_RETURN(std::string side, ReadFile(absl::StrCat(tmp, "/", RankFile(rank, "sha256"))));
           files[file] = json::parse(side, nullptr, false);
         }
         auto shard = [&](const std::string& key, int64_t begin, int64_t len) {
           return json{{"file", file}, {"key", key},   {"tp_dim", plan.tp_dim}, {"tp_rank", plan.tp_dim >= 0 ? t : 0},
                       {"tp_size", plan.tp_size}, {"begin", begin}, {"len", len}};
         };
-        if (plan.value) value.push_back(shard(p.name(), plan.value_begin, plan.value_len));
+        if (plan.value) value.push_back(shard(p.name, plan.value_begin, plan.value_len));
         if (plan.state) {
-          m.push_back(shard(p.name() + "/exp_avg", plan.state_begin, plan.state_len));
-          v.push_back(shard(p.name() + "/exp_avg_sq", plan.state_begin, plan.state_len));
+          m.push_back(shard(p.name + "/exp_avg", plan.state_begin, plan.state_len));
+          v.push_back(shard(p.name + "/exp_avg_sq", plan.state_begin, plan.state_len));
         }
       }
-    tensors[p.name()] = {{"shape", p.spec.shape}, {"value", value}, {"exp_avg", m}, {"exp_avg_sq", v}};
+    tensors[p.name] = {{"shape", p.shape}, {"value", value}, {"exp_avg", m}, {"exp_avg_sq", v}};
   }
-  const auto& c = g.model->config();
   const json meta = {{"format", kFormat},
                      {"step", step},
-                     {"layout", {{"tp", tp}, {"dp", dp}, {"zero", zero}}},
+                     {"layout", {{"tp", tp}, {"dp", dp}, {"pp", PpSize(g)}, {"vpp", g.model->stage().vpp}, {"zero", zero}}},
                      {"model",
                       {{"vocab", c.vocab}, {"hidden", c.hidden}, {"layers", c.layers}, {"heads", c.heads},
                        {"kv_heads", c.kv_heads}, {"head_dim", c.HeadDim()}, {"ffn", c.ffn},
@@ -362,7 +381,7 @@ std::string StepDirName(int64_t step) { return absl::StrFormat("step-%08d", step
 
 absl::Status SaveCheckpoint(const std::string& dir, int64_t step, const Group& g) {
   if (g.model == nullptr || g.trainer == nullptr) return absl::InvalidArgumentError("checkpoint: no model or trainer");
-  const int rank = TpRank(g) + TpSize(g) * DpRank(g);
+  const int rank = WorldRank(g, TpRank(g), DpRank(g), PpRank(g));
   const std::string final_dir = absl::StrCat(dir, "/", StepDirName(step)), tmp = final_dir + ".tmp";
   absl::Status st;
   if (rank == 0) {

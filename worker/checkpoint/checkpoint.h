@@ -8,7 +8,8 @@
 // A shard is elements [begin, begin + len) of the flattened TP-local tensor of TP rank r
 // (of tp_size, split along tp_dim; tp_dim -1: not TP-sharded). Who writes what follows
 // from the layout: a value is written by DP rank 0 (ZeRO-3: each DP rank its slice), the
-// moments by DP rank 0 (ZeRO >= 1: each its slice); a tensor TP ranks share, by TP rank 0.
+// moments by DP rank 0 (ZeRO >= 1: each its slice); a tensor TP ranks share, by TP rank 0;
+// under PP, by the stage holding it (a tied embedding by the first stage).
 //
 // Saving is atomic: everything goes into D/step-N.tmp, fsynced; rank 0 writes the
 // metadata, renames the directory to D/step-N, fsyncs D and then replaces D/latest. A
@@ -36,6 +37,7 @@ struct Group {
   engine::Trainer* trainer = nullptr;
   comm::Communicator* tp = nullptr;  // null: tp = 1
   comm::Communicator* dp = nullptr;  // the DP (x CP) group; null: dp = 1
+  comm::Communicator* pp = nullptr;  // the pipeline group; null: one stage (each stage writes its parameters)
 };
 
 // "step-00000042"

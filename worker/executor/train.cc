@@ -36,7 +36,9 @@ absl::StatusOr<std::unique_ptr<TrainSession>> TrainSession::Create(const v1::Job
   comm::Communicator* tp = comm_of(parallel::GroupKind::kTp);
   comm::Communicator* dp = comm_of(parallel::GroupKind::kDpCp);
   comm::Communicator* cp = comm_of(parallel::GroupKind::kCp);
-  TESSERA_ASSIGN_OR_RETURN(s->model_, model::Llama::Create(config, s->backend_.get(), tp, comms.layout.sp, cp));
+  comm::Communicator* pp = comm_of(parallel::GroupKind::kPp);
+  const model::StageSpec stage{comms.layout.pp, pp != nullptr ? pp->rank() : 0, comms.layout.vpp};
+  TESSERA_ASSIGN_OR_RETURN(s->model_, model::Llama::Create(config, s->backend_.get(), tp, comms.layout.sp, cp, stage));
   s->pad_to_ = comms.layout.sp ? comms.layout.tp : 1;
   s->tp_size_ = comms.layout.tp;
   if (!m.hf_dir().empty()) {
@@ -50,7 +52,8 @@ absl::StatusOr<std::unique_ptr<TrainSession>> TrainSession::Create(const v1::Job
   o.warmup_steps = t.warmup_steps(), o.total_steps = t.steps();
   o.weight_decay = static_cast<float>(t.weight_decay()), o.clip_norm = static_cast<float>(t.clip_norm());
   o.zero = comms.layout.zero;
-  TESSERA_ASSIGN_OR_RETURN(s->trainer_, engine::Trainer::Create(s->model_.get(), s->backend_.get(), dp, tp, o));
+  TESSERA_ASSIGN_OR_RETURN(o.schedule, engine::ParseSchedule(t.schedule()));
+  TESSERA_ASSIGN_OR_RETURN(s->trainer_, engine::Trainer::Create(s->model_.get(), s->backend_.get(), dp, tp, o, pp));
   s->data_ = {t.data().digits(), t.seed(), m.seq_len(), /*answer_only=*/spec.kind() == "sft"};
   // The CP ranks of a DP rank take the same micro-batches, each its split of them.
   const int dps = comms.layout.dp;
@@ -62,7 +65,7 @@ absl::StatusOr<std::unique_ptr<TrainSession>> TrainSession::Create(const v1::Job
   s->micro_per_step_ = m.global_batch() / m.micro_batch();
   s->micro_per_rank_ = s->micro_per_step_ / dps;
   s->first_micro_ = dp_rank * s->micro_per_rank_;
-  s->tp_ = tp, s->dp_ = dp;
+  s->tp_ = tp, s->dp_ = dp, s->pp_ = pp;
   s->checkpoint_ = t.checkpoint();
   s->export_hf_ = t.export_hf();
   s->first_replica_ = (dp == nullptr || dp->rank() == 0) && (tp == nullptr || tp->rank() == 0);
@@ -87,7 +90,7 @@ absl::Status TrainSession::Resume(const v1::CheckpointSpec& ck) {
     }
   }
   if (from.empty()) return absl::OkStatus();
-  TESSERA_ASSIGN_OR_RETURN(start_step_, checkpoint::LoadCheckpoint(from, {model_.get(), trainer_.get(), tp_, dp_}));
+  TESSERA_ASSIGN_OR_RETURN(start_step_, checkpoint::LoadCheckpoint(from, {model_.get(), trainer_.get(), tp_, dp_, pp_}));
   return absl::OkStatus();
 }
 
@@ -129,7 +132,7 @@ absl::StatusOr<std::string> TrainSession::Step(int64_t step) {
   const int64_t every = checkpoint_.save_every();
   if (!checkpoint_.dir().empty() && ((every > 0 && done % every == 0) || done == total_steps_)) {
     const auto c0 = std::chrono::steady_clock::now();
-    TESSERA_RETURN_IF_ERROR(checkpoint::SaveCheckpoint(checkpoint_.dir(), done, {model_.get(), trainer_.get(), tp_, dp_}));
+    TESSERA_RETURN_IF_ERROR(checkpoint::SaveCheckpoint(checkpoint_.dir(), done, {model_.get(), trainer_.get(), tp_, dp_, pp_}));
     checkpoint_secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count();
   }
   if (!export_hf_.empty() && done == total_steps_) {

@@ -48,6 +48,7 @@ class TrainSession {
   int cp_ = 1, cp_rank_ = 0;  // context parallelism: this rank's split of every micro-batch
   comm::Communicator* tp_ = nullptr;
   comm::Communicator* dp_ = nullptr;
+  comm::Communicator* pp_ = nullptr;
   v1::CheckpointSpec checkpoint_;
   std::string export_hf_;      // train.export_hf
   bool first_replica_ = false;  // TP rank 0 of DP x CP rank 0: writes the export

@@ -2,7 +2,8 @@
 // - resume: 3 steps straight equal 1 step, save, a fresh model and trainer (other
 //   initial weights) loaded from the checkpoint, 2 more steps — identical losses;
 // - reshard: a checkpoint saved by tp2 x dp2 ZeRO-1 loads into one rank, dp2 ZeRO-3 and
-//   tp2 ZeRO-0, and their next steps equal the saving layout's within 1e-5;
+//   tp2 ZeRO-0, and their next steps equal the saving layout's within 1e-5; a pipeline's
+//   (pp2, tied embeddings on both stages) loads into one rank, tp2 and pp2;
 // - damage: a flipped byte, a truncated shard, a missing shard, a broken `latest`, a
 //   model of another shape — each an error naming what is wrong; an unfinished save
 //   (a leftover .tmp directory) leaves `latest` at the previous checkpoint.
@@ -47,10 +48,10 @@ std::vector<TokenBatch> Batches(int64_t step, int dp, int dp_rank) {
 
 struct Rank {
   std::unique_ptr<runtime::Backend> backend;
-  std::unique_ptr<comm::Communicator> tp, dp;
+  std::unique_ptr<comm::Communicator> tp, dp, pp;
   std::unique_ptr<Llama> model;
   std::unique_ptr<engine::Trainer> trainer;
-  Group group() { return {model.get(), trainer.get(), tp.get(), dp.get()}; }
+  Group group() { return {model.get(), trainer.get(), tp.get(), dp.get(), pp.get()}; }
   int dp_size() const { return dp ? dp->size() : 1; }
   int dp_rank() const { return dp ? dp->rank() : 0; }
   // Steps first..last; returns their losses.
@@ -66,37 +67,43 @@ struct Rank {
   }
 };
 
-// Runs fn on every rank of a tp x dp layout (tp fastest), each with a fresh model
+// Runs fn on every rank of a tp x dp (x pp) layout (tp fastest), each with a fresh model
 // initialized from `seed` and its trainer.
 void RunLayout(int tp, int dp, int zero, uint64_t seed, const std::function<void(int, Rank&)>& fn,
-               model::LlamaConfig config = Config()) {
+               model::LlamaConfig config = Config(), int pp = 1) {
   testing::MemStore store;
   const std::string key = RandomHex(4);
   std::vector<std::thread> threads;
-  for (int r = 0; r < tp * dp; ++r)
+  for (int r = 0; r < tp * dp * pp; ++r)
     threads.emplace_back([&, r] {
-      const int tpr = r % tp, dpr = r / tp;
+      const int tpr = r % tp, dpr = (r / tp) % dp, ppr = r / (tp * dp);
       Rank k;
       k.backend = runtime::MakeCpuBackend();
       if (tp > 1) {
-        auto c = comm::MakeGlooCommunicator(absl::StrCat("tp", dpr), absl::StrCat(key, "/tp", dpr), tpr, tp, &store,
-                                            {"127.0.0.1", 60000});
+        auto c = comm::MakeGlooCommunicator(absl::StrCat("tp", dpr), absl::StrCat(key, "/tp", dpr, ".", ppr), tpr, tp,
+                                            &store, {"127.0.0.1", 60000});
         ASSERT_TRUE(c.ok()) << c.status();
         k.tp = std::move(*c);
       }
       if (dp > 1) {
-        auto c = comm::MakeGlooCommunicator(absl::StrCat("dp", tpr), absl::StrCat(key, "/dp", tpr), dpr, dp, &store,
-                                            {"127.0.0.1", 60000});
+        auto c = comm::MakeGlooCommunicator(absl::StrCat("dp", tpr), absl::StrCat(key, "/dp", tpr, ".", ppr), dpr, dp,
+                                            &store, {"127.0.0.1", 60000});
         ASSERT_TRUE(c.ok()) << c.status();
         k.dp = std::move(*c);
       }
-      auto m = Llama::Create(config, k.backend.get(), k.tp.get());
+      if (pp > 1) {
+        auto c = comm::MakeGlooCommunicator(absl::StrCat("pp", tpr), absl::StrCat(key, "/pp", tpr, ".", dpr), ppr, pp,
+                                            &store, {"127.0.0.1", 60000});
+        ASSERT_TRUE(c.ok()) << c.status();
+        k.pp = std::move(*c);
+      }
+      auto m = Llama::Create(config, k.backend.get(), k.tp.get(), false, nullptr, model::StageSpec{pp, ppr, 1});
       ASSERT_TRUE(m.ok()) << m.status();
       k.model = std::move(*m);
       ASSERT_TRUE(k.model->InitRandom(seed, 0.3f).ok());
       engine::OptimizerOptions o;
       o.lr = 2e-2f, o.min_lr = 2e-3f, o.warmup_steps = 1, o.total_steps = 3, o.clip_norm = 0.5f, o.zero = zero;
-      auto t = engine::Trainer::Create(k.model.get(), k.backend.get(), k.dp.get(), k.tp.get(), o);
+      auto t = engine::Trainer::Create(k.model.get(), k.backend.get(), k.dp.get(), k.tp.get(), o, k.pp.get());
       ASSERT_TRUE(t.ok()) << t.status();
       k.trainer = std::move(*t);
       fn(r, k);
@@ -111,15 +118,17 @@ std::string TempDir() {
 }
 
 TEST(Checkpoint, ResumeEqualsTrainingStraight) {
-  for (auto [tp, dp, zero] : {std::tuple{1, 1, 0}, std::tuple{2, 2, 1}, std::tuple{1, 2, 3}}) {
-    SCOPED_TRACE(::testing::Message() << "tp" << tp << " dp" << dp << " zero" << zero);
+  for (auto [tp, dp, zero, pp] : {std::tuple{1, 1, 0, 1}, std::tuple{2, 2, 1, 1}, std::tuple{1, 2, 3, 1},
+                                  std::tuple{1, 2, 1, 2}}) {
+    SCOPED_TRACE(::testing::Message() << "tp" << tp << " dp" << dp << " zero" << zero << " pp" << pp);
     const std::string dir = TempDir();
-    std::vector<std::vector<double>> straight(tp * dp), resumed(tp * dp);
-    RunLayout(tp, dp, zero, 9, [&](int r, Rank& k) { straight[r] = k.Train(1, 3); });
+    const int world = tp * dp * pp;
+    std::vector<std::vector<double>> straight(world), resumed(world);
+    RunLayout(tp, dp, zero, 9, [&](int r, Rank& k) { straight[r] = k.Train(1, 3); }, Config(), pp);
     RunLayout(tp, dp, zero, 9, [&](int r, Rank& k) {
       resumed[r] = k.Train(1, 1);
       EXPECT_TRUE(SaveCheckpoint(dir, 1, k.group()).ok());
-    });
+    }, Config(), pp);
     auto latest = LatestCheckpoint(dir);
     ASSERT_TRUE(latest.ok()) << latest.status();
     EXPECT_EQ(*latest, dir + "/step-00000001");
@@ -129,8 +138,8 @@ TEST(Checkpoint, ResumeEqualsTrainingStraight) {
       EXPECT_EQ(*step, 1);
       EXPECT_EQ(k.trainer->step(), 1);
       for (double l : k.Train(2, 3)) resumed[r].push_back(l);
-    });
-    for (int r = 0; r < tp * dp; ++r) EXPECT_EQ(resumed[r], straight[r]) << "rank " << r;  // bit for bit
+    }, Config(), pp);
+    for (int r = 0; r < world; ++r) EXPECT_EQ(resumed[r], straight[r]) << "rank " << r;  // bit for bit
   }
 }
 
@@ -153,6 +162,30 @@ TEST(Checkpoint, LoadsIntoAnotherLayout) {
       ASSERT_EQ(l.size(), 1u);
       EXPECT_NEAR(l[0], saver_next[0], 1e-5 * saver_next[0]);
     });
+  }
+}
+
+// A pipeline's checkpoint (pp2, tied embeddings held by both stages) loads into one rank
+// and into tp2, and the next step matches the pipeline's.
+TEST(Checkpoint, PipelineCheckpointLoadsIntoOtherLayouts) {
+  const std::string dir = TempDir();
+  std::vector<double> saver_next(2);
+  RunLayout(1, 1, 0, 9, [&](int r, Rank& k) {
+    k.Train(1, 2);
+    EXPECT_TRUE(SaveCheckpoint(dir, 2, k.group()).ok());
+    auto l = k.Train(3, 3);
+    saver_next[r] = l.empty() ? -1 : l[0];
+  }, Config(), /*pp=*/2);
+  EXPECT_EQ(saver_next[0], saver_next[1]);
+  for (auto [tp, pp] : {std::pair{1, 1}, std::pair{2, 1}, std::pair{1, 2}}) {
+    SCOPED_TRACE(::testing::Message() << "into tp" << tp << " pp" << pp);
+    RunLayout(tp, 1, 0, 5, [&](int, Rank& k) {
+      auto step = LoadCheckpoint(dir + "/step-00000002", k.group());
+      ASSERT_TRUE(step.ok()) << step.status();
+      auto l = k.Train(3, 3);
+      ASSERT_EQ(l.size(), 1u);
+      EXPECT_NEAR(l[0], saver_next[0], 1e-5 * saver_next[0]);
+    }, Config(), pp);
   }
 }
 

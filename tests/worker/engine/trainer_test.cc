@@ -203,9 +203,9 @@ TEST(PipelineSchedule, ShapesAndBounds) {
         }
         EXPECT_EQ(state.size(), size_t(vpp * m));
         for (auto& [k, st] : state) EXPECT_EQ(st, 2);
-        if (sched == Schedule::kGPipe) EXPECT_EQ(most, vpp * m);
-        if (sched == Schedule::kOneFOneB && vpp == 1) EXPECT_EQ(most, std::min(pp - r, m));
-        if (sched == Schedule::kOneFOneB && vpp > 1) EXPECT_EQ(most, std::min((pp - r - 1) * 2 + (vpp - 1) * pp + 1, vpp * m));
+        int expect = vpp * m;  // GPipe: everything in flight
+        if (sched == Schedule::kOneFOneB) expect = vpp == 1 ? std::min(pp - r, m) : std::min((pp - r - 1) * 2 + (vpp - 1) * pp + 1, vpp * m);
+        EXPECT_EQ(most, expect);
       }
   EXPECT_THAT(std::string(PipelineSchedule(Schedule::kOneFOneB, 4, 2, 0, 6).status().message()),
               HasSubstr("multiple of pp"));
