@@ -45,6 +45,8 @@ absl::StatusOr<v1::JobSpec> LoadSpec(const std::string& file, const std::vector<
     if (ck->ByteSizeLong() == 0) spec->mutable_train()->clear_checkpoint();
     if (spec->has_train()) spec->mutable_train()->set_export_hf(absolute(spec->train().export_hf()));
     if (spec->has_model()) spec->mutable_model()->set_hf_dir(absolute(spec->model().hf_dir()));
+    if (spec->has_train() && spec->train().has_data())
+      spec->mutable_train()->mutable_data()->set_path(absolute(spec->train().data().path()));
   }
   auto st = NormalizeAndValidateJobSpec(*spec);
   if (!st.ok()) return absl::Status(st.code(), absl::StrCat(file, ": ", st.message()));

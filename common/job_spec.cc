@@ -186,13 +186,17 @@ absl::Status ParseTrain(const YAML::Node& n, const std::string& path, v1::TrainS
         }
       }
     } else if (k == "data") {
-      TESSERA_RETURN_IF_ERROR(CheckKeys(v, p, {"kind", "digits"}));
+      TESSERA_RETURN_IF_ERROR(CheckKeys(v, p, {"kind", "digits", "path"}));
       for (const auto& d : v) {
         const std::string dk = d.first.Scalar(), dp = Join(p, dk);
         if (dk == "kind") {
           TESSERA_ASSIGN_OR_RETURN(auto kind, AsString(d.second, dp));
-          if (kind != "arithmetic") return Bad(dp, absl::StrCat("expected arithmetic, got '", kind, "'"));
+          if (kind != "arithmetic" && kind != "jsonl")
+            return Bad(dp, absl::StrCat("expected arithmetic or jsonl, got '", kind, "'"));
           t->mutable_data()->set_kind(kind);
+        } else if (dk == "path") {
+          TESSERA_ASSIGN_OR_RETURN(auto path, AsString(d.second, dp));
+          t->mutable_data()->set_path(path);
         } else if (dk == "digits") {
           ASSIGN_INT(t->mutable_data()->set_digits, d.second, dp, 1, 9);
         }
@@ -448,6 +452,12 @@ static absl::Status ValidatePretrain(JobSpec& spec) {
   if (t->init_std() == 0) t->set_init_std(0.02);
   if (t->data().kind().empty()) t->mutable_data()->set_kind("arithmetic");
   if (t->data().digits() == 0) t->mutable_data()->set_digits(3);
+  if (t->data().kind() == "jsonl") {
+    if (t->data().path().empty()) return Bad("train.data.path", "is required for jsonl data");
+    TESSERA_RETURN_IF_ERROR(CheckCleanAbsolute("train.data.path", t->data().path()));
+  } else if (!t->data().path().empty()) {
+    return Bad("train.data.path", "is only for jsonl data");
+  }
   auto* c = t->mutable_checkpoint();
   for (auto [field, path] : {std::pair{"train.checkpoint.dir", c->dir()}, std::pair{"train.checkpoint.load", c->load()},
                              std::pair{"train.export_hf", t->export_hf()}})
@@ -561,7 +571,8 @@ absl::Status CheckJobPaths(const v1::JobSpec& spec, const std::vector<std::strin
   const auto& c = spec.train().checkpoint();
   for (auto [field, path] : {std::pair{"train.checkpoint.dir", c.dir()}, std::pair{"train.checkpoint.load", c.load()},
                              std::pair{"train.export_hf", spec.train().export_hf()},
-                             std::pair{"model.hf_dir", spec.model().hf_dir()}}) {
+                             std::pair{"model.hf_dir", spec.model().hf_dir()},
+                             std::pair{"train.data.path", spec.train().data().path()}}) {
     if (path.empty()) continue;
     TESSERA_RETURN_IF_ERROR(CheckCleanAbsolute(field, path));
     bool inside = false;

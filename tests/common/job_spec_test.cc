@@ -132,7 +132,11 @@ TEST(JobSpec, PretrainDefaultsAndRefusals) {
   auto no_lr = ParseJobSpecYaml(kPretrain);
   no_lr->mutable_train()->clear_lr();
   EXPECT_THAT(std::string(NormalizeAndValidateJobSpec(*no_lr).message()), HasSubstr("train.lr: is required"));
-  EXPECT_THAT(std::string(check({"train.data.kind=jsonl"}).message()), HasSubstr("expected arithmetic"));
+  EXPECT_THAT(std::string(check({"train.data.kind=csv"}).message()), HasSubstr("expected arithmetic or jsonl"));
+  EXPECT_THAT(std::string(check({"train.data.kind=jsonl"}).message()), HasSubstr("train.data.path: is required"));
+  EXPECT_THAT(std::string(check({"train.data.kind=jsonl", "train.data.path=d.jsonl"}).message()),
+              HasSubstr("train.data.path: must be an absolute path"));
+  EXPECT_TRUE(check({"train.data.kind=jsonl", "train.data.path=/data/d.jsonl"}).ok());
   EXPECT_THAT(std::string(check({"train.colour=red"}).message()), HasSubstr("colour"));
   EXPECT_TRUE(check({"groups.0.layout.pp=2", "groups.0.devices=4", "groups.0.layout.tp=1"}).ok());
   EXPECT_EQ(check({"groups.0.layout.pp=2", "groups.0.devices=4", "groups.0.layout.tp=1", "groups.0.layout.zero=3"}).code(),

@@ -1,6 +1,9 @@
 #include "worker/engine/data.h"
 
+#include <fstream>
 #include <random>
+
+#include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
 
@@ -27,6 +30,64 @@ model::TokenBatch MakeArithmeticBatch(const ArithmeticData& d, int64_t index, in
       batch.targets.push_back(scored ? static_cast<unsigned char>(text[i + 1]) : -1);
       batch.positions.push_back(static_cast<int32_t>(i));
     }
+    batch.cu_seqlens.push_back(static_cast<int32_t>(batch.tokens.size()));
+  }
+  return batch;
+}
+
+}  // namespace tessera::engine
+
+namespace tessera::engine {
+
+absl::StatusOr<JsonlData> LoadJsonl(const std::string& path, int64_t seq_len) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("train.data.path: cannot read ", path));
+  JsonlData d;
+  d.path = path;
+  std::string line;
+  for (int64_t no = 1; std::getline(in, line); ++no) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank lines
+    auto bad = [&](const std::string& why) { return absl::InvalidArgumentError(absl::StrCat(path, ":", no, ": ", why)); };
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.is_object()) return bad("not a JSON object");
+    std::string prompt, response;
+    bool scored_prompt = false;
+    if (j.contains("text") && j["text"].is_string()) {
+      response = j["text"].get<std::string>();
+      scored_prompt = true;
+    } else if (j.contains("prompt") && j["prompt"].is_string() && j.contains("response") && j["response"].is_string()) {
+      prompt = j["prompt"].get<std::string>();
+      response = j["response"].get<std::string>();
+    } else {
+      return bad("expected {\"text\": string} or {\"prompt\": string, \"response\": string}");
+    }
+    std::string all = prompt + response;
+    if (seq_len > 0 && static_cast<int64_t>(all.size()) > seq_len) all.resize(seq_len);
+    if (all.size() < 2 || (!scored_prompt && (response.empty() || prompt.size() + 1 > all.size())))
+      return bad("the sample has no token to learn (too short, or the response starts past seq_len)");
+    model::TokenBatch b;
+    b.cu_seqlens = {0, static_cast<int32_t>(all.size())};
+    for (size_t i = 0; i < all.size(); ++i) {
+      const bool scored = i + 1 < all.size() && (scored_prompt || i + 1 >= prompt.size());
+      b.tokens.push_back(static_cast<unsigned char>(all[i]));
+      b.targets.push_back(scored ? static_cast<unsigned char>(all[i + 1]) : -1);
+      b.positions.push_back(static_cast<int32_t>(i));
+    }
+    d.samples.push_back(std::move(b));
+  }
+  if (d.samples.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": no samples"));
+  return d;
+}
+
+model::TokenBatch MakeJsonlBatch(const JsonlData& d, int64_t index, int sequences) {
+  model::TokenBatch batch;
+  batch.cu_seqlens = {0};
+  const int64_t n = static_cast<int64_t>(d.samples.size());
+  for (int s = 0; s < sequences; ++s) {
+    const model::TokenBatch& x = d.samples[(index * sequences + s) % n];
+    batch.tokens.insert(batch.tokens.end(), x.tokens.begin(), x.tokens.end());
+    batch.targets.insert(batch.targets.end(), x.targets.begin(), x.targets.end());
+    batch.positions.insert(batch.positions.end(), x.positions.begin(), x.positions.end());
     batch.cu_seqlens.push_back(static_cast<int32_t>(batch.tokens.size()));
   }
   return batch;

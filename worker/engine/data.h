@@ -6,7 +6,9 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
+#include "absl/status/statusor.h"
 #include "worker/model/llama.h"
 
 namespace tessera::engine {
@@ -25,5 +27,24 @@ std::string ArithmeticProblem(const ArithmeticData& d, int64_t index);
 // targets on every token but the last of each sequence (answer_only: only where the
 // predicted byte belongs to the answer).
 model::TokenBatch MakeArithmeticBatch(const ArithmeticData& d, int64_t index, int sequences);
+
+}  // namespace tessera::engine
+
+namespace tessera::engine {
+
+// JSONL training data (one JSON object per line, byte-level tokens: token = UTF-8 byte):
+// {"text": "..."} — the loss on every next byte — or {"prompt": "...", "response": "..."}
+// — the loss only on the response's bytes (SFT). Samples are cut to seq_len. Micro-batch
+// `index` holds samples index·sequences ... (wrapping round the file), so it is a pure
+// function of its index as the built-in data is (resume and any DP split see the same).
+struct JsonlData {
+  std::string path;
+  std::vector<model::TokenBatch> samples;  // one sequence each (cu_seqlens {0, n})
+};
+
+// INVALID_ARGUMENT naming the file and line: not JSON, neither text nor prompt/response,
+// an empty sample; NOT_FOUND when the file cannot be read; an empty file is an error.
+absl::StatusOr<JsonlData> LoadJsonl(const std::string& path, int64_t seq_len);
+model::TokenBatch MakeJsonlBatch(const JsonlData& d, int64_t index, int sequences);
 
 }  // namespace tessera::engine

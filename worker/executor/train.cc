@@ -55,6 +55,10 @@ absl::StatusOr<std::unique_ptr<TrainSession>> TrainSession::Create(const v1::Job
   TESSERA_ASSIGN_OR_RETURN(o.schedule, engine::ParseSchedule(t.schedule()));
   TESSERA_ASSIGN_OR_RETURN(s->trainer_, engine::Trainer::Create(s->model_.get(), s->backend_.get(), dp, tp, o, pp));
   s->data_ = {t.data().digits(), t.seed(), m.seq_len(), /*answer_only=*/spec.kind() == "sft"};
+  if (t.data().kind() == "jsonl") {
+    TESSERA_ASSIGN_OR_RETURN(engine::JsonlData d, engine::LoadJsonl(t.data().path(), m.seq_len()));
+    s->jsonl_ = std::make_unique<engine::JsonlData>(std::move(d));
+  }
   // The CP ranks of a DP rank take the same micro-batches, each its split of them.
   const int dps = comms.layout.dp;
   comm::Communicator* dp_only = comm_of(parallel::GroupKind::kDp);
@@ -102,7 +106,9 @@ absl::StatusOr<std::string> TrainSession::Step(int64_t step) {
   std::vector<model::TokenBatch> mine;
   double tokens = 0, attn = 0;  // of this DP rank's sequences (before any CP split or padding)
   for (int64_t k = 0; k < micro_per_rank_; ++k) {
-    mine.push_back(engine::MakeArithmeticBatch(data_, step * micro_per_step_ + first_micro_ + k, sequences_));
+    const int64_t index = step * micro_per_step_ + first_micro_ + k;
+    mine.push_back(jsonl_ ? engine::MakeJsonlBatch(*jsonl_, index, sequences_)
+                          : engine::MakeArithmeticBatch(data_, index, sequences_));
     model::TokenBatch& b = mine.back();
     for (size_t i = 1; i < b.cu_seqlens.size(); ++i) {  // the model FLOPs count the whole sequences
       const double len = b.cu_seqlens[i] - b.cu_seqlens[i - 1];

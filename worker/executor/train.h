@@ -41,6 +41,7 @@ class TrainSession {
   std::unique_ptr<model::Llama> model_;
   std::unique_ptr<engine::Trainer> trainer_;
   engine::ArithmeticData data_;
+  std::unique_ptr<engine::JsonlData> jsonl_;  // train.data.kind jsonl
   int64_t micro_per_rank_ = 0, micro_per_step_ = 0, first_micro_ = 0;
   int sequences_ = 0;
   int64_t pad_to_ = 1;

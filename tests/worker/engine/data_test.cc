@@ -2,9 +2,16 @@
 // the seq_len cut and the SFT answer-only targets.
 #include "worker/engine/data.h"
 
+#include <unistd.h>
+
+#include <fstream>
+
 #include <string>
 
 #include "gtest/gtest.h"
+#include "common/util.h"
+#include "gmock/gmock.h"
+#include "absl/strings/str_cat.h"
 
 namespace tessera::engine {
 namespace {
@@ -59,6 +66,55 @@ TEST(ArithmeticData, AnswerOnlyScoresTheAnswer) {
       EXPECT_EQ(b.targets[begin + i], want) << text << " at " << i;
     }
   }
+}
+
+std::string WriteTemp(const std::string& text) {
+  const std::string p = absl::StrCat(::testing::TempDir(), "/data-", getpid(), "-", RandomHex(4), ".jsonl");
+  std::ofstream(p) << text;
+  return p;
+}
+
+TEST(JsonlData, TextAndPromptResponseAsByteTokens) {
+  const std::string p = WriteTemp(
+      "{\"text\": \"abc\"}\n"
+      "\n"
+      "{\"prompt\": \"1+1=\", \"response\": \"2\\n\"}\n"
+      "{\"text\": \"a much longer text that is cut\"}\n");
+  auto d = LoadJsonl(p, 8);
+  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_EQ(d->samples.size(), 3u);
+  EXPECT_EQ(d->samples[0].tokens, (std::vector<int32_t>{'a', 'b', 'c'}));
+  EXPECT_EQ(d->samples[0].targets, (std::vector<int32_t>{'b', 'c', -1}));
+  // SFT: only the response's bytes are predicted ("2" from "=", "\n" from "2").
+  EXPECT_EQ(d->samples[1].targets, (std::vector<int32_t>{-1, -1, -1, '2', '\n', -1}));
+  EXPECT_EQ(d->samples[2].tokens.size(), 8u);  // cut to seq_len
+  // Batches wrap round the file and are a pure function of their index.
+  auto b = MakeJsonlBatch(*d, 1, 2);  // samples 2 and 0
+  EXPECT_EQ(b.cu_seqlens, (std::vector<int32_t>{0, 8, 11}));
+  EXPECT_EQ(b.positions[8], 0);
+  EXPECT_EQ(MakeJsonlBatch(*d, 1, 2).tokens, b.tokens);
+}
+
+TEST(JsonlData, BadLinesNameTheFileAndLine) {
+  struct Case {
+    const char* text;
+    const char* expect;
+  } cases[] = {
+      {"{\"text\": \"ok\"}\nnot json\n", ":2: not a JSON object"},
+      {"{\"txt\": \"x\"}\n", ":1: expected {\"text\": string}"},
+      {"{\"prompt\": \"p\"}\n", ":1: expected"},
+      {"{\"text\": \"x\"}\n", ":1: the sample has no token to learn"},
+      {"{\"prompt\": \"a long prompt\", \"response\": \"r\"}\n", "the response starts past seq_len"},
+      {"\n\n", "no samples"},
+  };
+  for (const auto& c : cases) {
+    const std::string p = WriteTemp(c.text);
+    auto d = LoadJsonl(p, 6);
+    ASSERT_FALSE(d.ok()) << c.text;
+    EXPECT_THAT(std::string(d.status().message()), ::testing::HasSubstr(c.expect)) << c.text;
+    EXPECT_THAT(std::string(d.status().message()), ::testing::HasSubstr(p));
+  }
+  EXPECT_EQ(LoadJsonl("/nonexistent/x.jsonl", 6).status().code(), absl::StatusCode::kNotFound);
 }
 
 }  // namespace
