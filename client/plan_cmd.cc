@@ -14,7 +14,8 @@ namespace {
 
 std::string Mb(int64_t bytes) { return absl::StrFormat("%.1f MiB", bytes / 1048576.0); }
 std::string LayoutName(const parallel::Layout& l) {
-  return absl::StrFormat("tp%d cp%d dp%d zero%d%s", l.tp, l.cp, l.dp, l.zero, l.sp ? " sp" : "");
+  return absl::StrFormat("tp%d cp%d pp%d%s dp%d zero%d%s", l.tp, l.cp, l.pp, l.vpp > 1 ? absl::StrCat(" vpp", l.vpp) : "",
+                         l.dp, l.zero, l.sp ? " sp" : "");
 }
 nlohmann::json ToJson(const engine::Plan& p) {
   const auto& m = p.memory;
@@ -24,7 +25,9 @@ nlohmann::json ToJson(const engine::Plan& p) {
           {"memory_bytes",
            {{"params", m.params}, {"grads", m.grads}, {"optimizer", m.optimizer}, {"activations", m.activations},
             {"total", m.total()}}},
-          {"comm_bytes_per_step", {{"tp", p.comm.tp}, {"cp", p.comm.cp}, {"dp", p.comm.dp}, {"total", p.comm.total()}}}};
+          {"stage", p.stage},
+          {"comm_bytes_per_step",
+           {{"tp", p.comm.tp}, {"cp", p.comm.cp}, {"pp", p.comm.pp}, {"dp", p.comm.dp}, {"total", p.comm.total()}}}};
 }
 
 }  // namespace
@@ -54,6 +57,7 @@ int RunPlan(const v1::JobSpec& spec, int devices, int64_t memory_bytes, bool jso
   in.layout = parallel::Layout{l.tp(), l.cp(), l.dp(), l.pp(), l.vpp(), l.sp(), l.zero()};
   in.seq_len = m.seq_len(), in.micro_batch = m.micro_batch(), in.global_batch = m.global_batch();
   in.recompute = spec.train().recompute();
+  if (spec.train().schedule() == "gpipe") in.schedule = engine::Schedule::kGPipe;
   auto plan = engine::PlanTraining(in);
   if (!plan.ok()) {
     std::cerr << "error: groups[0].layout: " << plan.status().message() << "\n";
@@ -73,17 +77,18 @@ int RunPlan(const v1::JobSpec& spec, int devices, int64_t memory_bytes, bool jso
   out << absl::StrFormat("%s (%s): %s%s, %d ranks, %lld x %lld tokens per micro-batch, %lld parameters per rank\n",
                          spec.name(), spec.kind(), LayoutName(in.layout), in.recompute ? " recompute" : "",
                          in.layout.world(), in.micro_batch, in.seq_len, plan->params_per_rank);
+  if (in.layout.pp > 1) out << absl::StrFormat("  (pipeline stage %d needs the most memory)\n", plan->stage);
   out << absl::StrFormat("  memory per rank: params %s, grads %s, optimizer %s, activations %s = %s%s\n", Mb(mem.params),
                          Mb(mem.grads), Mb(mem.optimizer), Mb(mem.activations), Mb(mem.total()),
                          memory_bytes > 0 ? (fits ? " (fits)" : absl::StrCat(" (over ", Mb(memory_bytes), ")")) : "");
-  out << absl::StrFormat("  sent per rank and step (bus bytes): tp %s, cp %s, dp %s\n", Mb(int64_t(plan->comm.tp)),
-                         Mb(int64_t(plan->comm.cp)), Mb(int64_t(plan->comm.dp)));
+  out << absl::StrFormat("  sent per rank and step (bus bytes): tp %s, cp %s, pp %s, dp %s\n", Mb(int64_t(plan->comm.tp)),
+                         Mb(int64_t(plan->comm.cp)), Mb(int64_t(plan->comm.pp)), Mb(int64_t(plan->comm.dp)));
   if (devices > 0 && memory_bytes > 0) {
     out << absl::StrFormat("layouts of %d devices within %s per device (%zu; best first):\n", devices, Mb(memory_bytes),
                            proposals.size());
     for (size_t i = 0; i < proposals.size() && i < 12; ++i) {
       const auto& p = proposals[i];
-      out << absl::StrFormat("  %-22s %-10s memory %-12s sent %s\n", LayoutName(p.input.layout),
+      out << absl::StrFormat("  %-30s %-10s memory %-12s sent %s\n", LayoutName(p.input.layout),
                              p.input.recompute ? "recompute" : "", Mb(p.memory.total()), Mb(int64_t(p.comm.total())));
     }
   }

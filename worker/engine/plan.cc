@@ -28,7 +28,8 @@ LayerBytes Layer(const model::LlamaConfig& c, const parallel::Layout& l, int64_t
 
 }  // namespace
 
-absl::StatusOr<Plan> PlanTraining(const PlanInput& in) {
+// One pipeline stage's plan (the whole model when pp = 1).
+absl::StatusOr<Plan> PlanStage(const PlanInput& in, int stage) {
   const model::LlamaConfig& c = in.config;
   const parallel::Layout& l = in.layout;
   TESSERA_RETURN_IF_ERROR(c.Validate());
@@ -37,16 +38,26 @@ absl::StatusOr<Plan> PlanTraining(const PlanInput& in) {
                              static_cast<int>(c.vocab),  static_cast<int>(in.seq_len),     static_cast<int>(in.global_batch),
                              static_cast<int>(in.micro_batch)};
   TESSERA_RETURN_IF_ERROR(parallel::ValidateLayout(l, l.world(), shape));
-  if (l.pp > 1) return absl::UnimplementedError("plan: pipeline parallelism (pp > 1) is not built yet");
+  if (l.pp > 1 && l.zero >= 2 && l.dp * l.cp > 1)
+    return absl::UnimplementedError("plan: ZeRO-2/3 with pipeline parallelism is not built yet");
   if (in.seq_len <= 0 || in.micro_batch <= 0 || in.global_batch <= 0)
     return absl::InvalidArgumentError("plan: seq_len, micro_batch and global_batch are required");
   Plan p;
   p.input = in;
+  p.stage = stage;
   const int dp = l.dp * l.cp, zero = dp > 1 ? l.zero : 0;
+  const int64_t per_chunk = c.layers / (int64_t(l.pp) * l.vpp);
+  const bool first = stage == 0, last = stage == l.pp - 1;
+  auto holds = [&](const std::string& name) {  // as Llama::Allocate
+    if (name == "model.embed_tokens.weight") return first || (last && c.tie_embeddings);
+    if (name == "model.norm.weight" || name == "lm_head.weight") return last;
+    return (std::stoll(name.substr(13, name.find('.', 13) - 13)) / per_chunk) % l.pp == stage;
+  };
   // This rank's parameters: the TP shard; ZeRO slices of every tensor.
   int64_t shard = 0, padded = 0, largest_block = 0, block = 0;
   std::string block_prefix;
   for (const auto& s : model::LlamaParamSpecs(c)) {
+    if (!holds(s.name)) continue;
     int64_t n = 1;
     for (int64_t x : s.shape) n *= x;
     if (s.shard_dim >= 0) n /= l.tp;
@@ -71,11 +82,20 @@ absl::StatusOr<Plan> PlanTraining(const PlanInput& in) {
   // On top of what the layers keep, the larger of the LM head's backward (logits, their
   // gradient, the norms' tensors, the CE partials) and a layer's backward (with the
   // running gradient and the head's kept norm input).
-  const int64_t head = 4 * (2 * t * v + 3 * tl * h + 2 * t * h + 8 * t);
+  const int64_t head = last ? 4 * (2 * t * v + 3 * tl * h + 2 * t * h + 8 * t) : 0;
   const int64_t extra = std::max(head, lb.backward + 4 * 2 * t * h);
-  m.activations = (in.recompute ? c.layers * lb.input + lb.saved : c.layers * lb.saved) + extra;
-  // Communication per step.
+  // Chunk passes whose activations are held at once: one without a pipeline; the
+  // schedule's most forwards in flight with one (GPipe: all).
   const int64_t micro = in.global_batch / (in.micro_batch * l.dp);
+  int64_t in_flight = 1;
+  if (l.pp > 1) {
+    if (in.schedule == Schedule::kGPipe) in_flight = micro * l.vpp;
+    else if (l.vpp == 1) in_flight = std::min<int64_t>(l.pp - stage, micro);
+    else in_flight = std::min<int64_t>(int64_t(l.pp - stage - 1) * 2 + int64_t(l.vpp - 1) * l.pp + 1, micro * l.vpp);
+  }
+  const int64_t kept = in.recompute ? in_flight * per_chunk * lb.input + lb.saved : in_flight * per_chunk * lb.saved;
+  m.activations = kept + extra;
+  // Communication per step.
   auto ring = [](int n) { return n > 1 ? double(n - 1) / n : 0.0; };
   if (l.tp > 1) {
     // Per layer two collectives of [T, h] forward and two backward (all-reduce, or an
@@ -87,6 +107,8 @@ absl::StatusOr<Plan> PlanTraining(const PlanInput& in) {
     const double kv = 4.0 * t * 2 * (c.kv_heads / l.tp) * c.HeadDim();
     p.comm.cp = micro * c.layers * (kv * (l.cp - 1) * (in.recompute ? 2 : 1) + 2 * kv * (l.cp - 1) + kv);
   }
+  if (l.pp > 1)  // each chunk pass sends its output forward and its input's gradient back
+    p.comm.pp = 2.0 * micro * l.vpp * 4.0 * tl * h;
   if (dp > 1) {
     const double g = 4.0 * P;
     switch (zero) {
@@ -99,21 +121,31 @@ absl::StatusOr<Plan> PlanTraining(const PlanInput& in) {
   return p;
 }
 
+absl::StatusOr<Plan> PlanTraining(const PlanInput& in) {
+  Plan worst;
+  for (int s = 0; s < std::max(1, in.layout.pp); ++s) {
+    TESSERA_ASSIGN_OR_RETURN(Plan p, PlanStage(in, s));
+    if (s == 0 || p.memory.total() > worst.memory.total()) worst = p;
+  }
+  return worst;
+}
+
 std::vector<Plan> ProposeLayouts(const PlanInput& base, int devices, int64_t memory_bytes) {
   std::vector<Plan> out;
   for (int tp = 1; tp <= devices; ++tp)
-    for (int cp = 1; tp * cp <= devices; ++cp) {
-      if (devices % (tp * cp) != 0) continue;
-      const int dp = devices / (tp * cp);
-      for (int zero = 0; zero <= (dp * cp > 1 ? 3 : 0); ++zero)
+    for (int cp = 1; tp * cp <= devices; ++cp)
+      for (int pp = 1; tp * cp * pp <= devices; ++pp) {
+        if (devices % (tp * cp * pp) != 0) continue;
+      const int dp = devices / (tp * cp * pp);
+      for (int zero = 0; zero <= (dp * cp > 1 ? (pp > 1 ? 1 : 3) : 0); ++zero)
         for (bool recompute : {false, true}) {
           PlanInput in = base;
-          in.layout = parallel::Layout{tp, cp, dp, 1, 1, tp > 1, zero};
+          in.layout = parallel::Layout{tp, cp, dp, pp, 1, tp > 1, zero};
           in.recompute = recompute;
           auto p = PlanTraining(in);
           if (p.ok() && p->memory.total() <= memory_bytes) out.push_back(*p);
         }
-    }
+      }
   std::stable_sort(out.begin(), out.end(), [](const Plan& a, const Plan& b) {
     if (a.input.recompute != b.input.recompute) return !a.input.recompute;
     if (a.input.layout.zero != b.input.layout.zero) return a.input.layout.zero < b.input.layout.zero;

@@ -9,7 +9,11 @@
 //   activations what each layer's forward keeps for its backward, for one micro-batch of
 //               micro_batch x seq_len tokens (split over CP, and over TP under SP), plus
 //               the LM head's logits and the peak of one layer's backward; with
-//               recomputation one input per layer plus one layer's activations.
+//               recomputation one input per layer plus one layer's activations. A
+//               pipeline stage holds its layers' parameters and the activations of as
+//               many chunk passes as its schedule keeps in flight (1F1B: pp - stage;
+//               interleaved: Megatron's warm-up + 1; GPipe: all); the plan reports the
+//               stage that needs the most.
 // Communication counts bus bytes per rank and step as nccl-tests does (all-reduce
 // 2(n-1)/n, all-gather and reduce-scatter (n-1)/n, ring hops 1).
 #pragma once
@@ -19,6 +23,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "worker/engine/pipeline.h"
 #include "worker/model/config.h"
 #include "worker/parallel/layout.h"
 
@@ -29,6 +34,7 @@ struct PlanInput {
   parallel::Layout layout;
   int64_t seq_len = 0, micro_batch = 0, global_batch = 0;
   bool recompute = false;
+  Schedule schedule = Schedule::kOneFOneB;  // pp > 1
 };
 
 struct RankMemory {
@@ -36,13 +42,14 @@ struct RankMemory {
   int64_t total() const { return params + grads + optimizer + activations; }
 };
 
-struct CommVolume {  // bus bytes per rank per optimizer step
-  double tp = 0, cp = 0, dp = 0;
-  double total() const { return tp + cp + dp; }
+struct CommVolume {  // bus bytes per rank per optimizer step (pp: activations and gradients sent)
+  double tp = 0, cp = 0, dp = 0, pp = 0;
+  double total() const { return tp + cp + dp + pp; }
 };
 
 struct Plan {
   PlanInput input;
+  int stage = 0;                // the pipeline stage planned: the one that needs the most memory
   int64_t params_per_rank = 0;  // elements of this rank's TP shard
   RankMemory memory;
   CommVolume comm;
@@ -51,8 +58,8 @@ struct Plan {
 // INVALID_ARGUMENT naming the rule when the layout cannot run the model (DESIGN §3).
 absl::StatusOr<Plan> PlanTraining(const PlanInput& in);
 
-// Every layout of `devices` ranks (tp, cp, dp, ZeRO stage, recomputation; sp with tp;
-// pp 1: pipelines are not built yet) that runs the model and needs at most
+// Every layout of `devices` ranks (tp, cp, pp, dp, ZeRO stage, recomputation; sp with
+// tp; vpp 1, 1F1B) that runs the model and needs at most
 // `memory_bytes` per rank, cheapest first: least memory-bound choices (no recomputation,
 // lower ZeRO stage) and then the fewest bytes sent.
 std::vector<Plan> ProposeLayouts(const PlanInput& base, int devices, int64_t memory_bytes);

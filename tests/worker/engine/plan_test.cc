@@ -1,7 +1,8 @@
 // `tessera plan`'s estimate against the engine: one rank on the CPU backend trains a
 // step on full-length micro-batches and its allocator's peak (above what was allocated
 // before the model) is compared with the plan's per-rank total, with and without
-// recomputation, tied and untied; the sharding rules (TP, ZeRO) divide what they should;
+// recomputation, tied and untied; the sharding rules (TP, ZeRO, CP, PP and its schedule)
+// divide what they should;
 // bad layouts are refused naming the rule; proposals fit the memory asked for.
 #include "worker/engine/plan.h"
 
@@ -76,8 +77,17 @@ TEST(Plan, ShardingRulesAndRefusals) {
   // Refusals name the rule.
   in.layout = parallel::Layout{3, 1, 1, 1, 1, false, 0};
   EXPECT_THAT(std::string(PlanTraining(in).status().message()), HasSubstr("tensor parallel"));
+  // A pipeline: each stage about half the parameters; stage 0 (1F1B) keeps 2 micro-batches'
+  // activations of its 2 layers, like one rank keeping 1 of its 4 — GPipe all 8 of them.
   in.layout = parallel::Layout{1, 1, 1, 2, 1, false, 0};
-  EXPECT_FALSE(PlanTraining(in).ok());
+  const Plan pp2 = *PlanTraining(in);
+  EXPECT_LT(pp2.params_per_rank, one.params_per_rank * 0.6);
+  EXPECT_GT(pp2.comm.pp, 0);
+  in.schedule = Schedule::kGPipe;
+  EXPECT_GT(PlanTraining(in)->memory.activations, 2 * pp2.memory.activations);
+  in.schedule = Schedule::kOneFOneB;
+  in.layout = parallel::Layout{1, 1, 2, 2, 1, false, 3};
+  EXPECT_EQ(PlanTraining(in).status().code(), absl::StatusCode::kUnimplemented);  // ZeRO-3 with pp
   // Proposals: each fits, the first needs no recomputation, and asking for too little
   // memory gives none.
   in.layout = parallel::Layout{};
