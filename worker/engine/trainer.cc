@@ -415,27 +415,27 @@ absl::Status Trainer::Update(float lr, float clip_scale) {
       continue;
     }
     const int64_t begin = std::min<int64_t>(s.n, rank * s.shard), len = std::min<int64_t>(s.shard, s.n - begin);
-    if (options_.zero == 3) {  // the slice is the parameter; gathered again when a block needs it
-      params[i].value = Tensor();
-      if (len == 0) continue;
-      TESSERA_ASSIGN_OR_RETURN(Tensor p, s.value_shard.Slice(0, 0, len));
+    // AdamW on this rank's slice of the parameter (p: len elements) with its gradient slice.
+    auto update_slice = [&](Tensor& p) -> absl::Status {
       TESSERA_ASSIGN_OR_RETURN(Tensor g, s.grad_shard.Slice(0, 0, len));
       TESSERA_ASSIGN_OR_RETURN(Tensor m, s.m.Slice(0, 0, len));
       TESSERA_ASSIGN_OR_RETURN(Tensor v, s.v.Slice(0, 0, len));
       if (clip_scale != 1.f) TESSERA_RETURN_IF_ERROR(b.Scale(g, clip_scale));
-      TESSERA_RETURN_IF_ERROR(b.AdamW(p, g, m, v, hp));
+      return b.AdamW(p, g, m, v, hp);
+    };
+    if (options_.zero == 3) {  // the slice is the parameter; gathered again when a block needs it
+      params[i].value = Tensor();
+      if (len == 0) continue;
+      TESSERA_ASSIGN_OR_RETURN(Tensor p, s.value_shard.Slice(0, 0, len));
+      TESSERA_RETURN_IF_ERROR(update_slice(p));
       continue;
     }
     // ZeRO-1/2: update this rank's slice, then all-gather the parameter.
     TESSERA_ASSIGN_OR_RETURN(Tensor flat, params[i].value.Reshape({s.n}));
     if (len > 0) {
       TESSERA_ASSIGN_OR_RETURN(Tensor p, flat.Slice(0, begin, len));
-      TESSERA_ASSIGN_OR_RETURN(Tensor g, s.grad_shard.Slice(0, 0, len));
-      TESSERA_ASSIGN_OR_RETURN(Tensor m, s.m.Slice(0, 0, len));
-      TESSERA_ASSIGN_OR_RETURN(Tensor v, s.v.Slice(0, 0, len));
       TESSERA_ASSIGN_OR_RETURN(Tensor st, s.stage.Slice(0, 0, len));
-      if (clip_scale != 1.f) TESSERA_RETURN_IF_ERROR(b.Scale(g, clip_scale));
-      TESSERA_RETURN_IF_ERROR(b.AdamW(p, g, m, v, hp));
+      TESSERA_RETURN_IF_ERROR(update_slice(p));
       TESSERA_RETURN_IF_ERROR(b.Axpby(1.f, p, 0.f, st));
     }
     // ZeRO-2 has no persistent full-size buffer: the gather goes through a temporary one.
