@@ -37,6 +37,15 @@ absl::StatusOr<std::unique_ptr<TrainSession>> TrainSession::Create(const v1::Job
   comm::Communicator* dp = comm_of(parallel::GroupKind::kDpCp);
   comm::Communicator* cp = comm_of(parallel::GroupKind::kCp);
   comm::Communicator* pp = comm_of(parallel::GroupKind::kPp);
+  // NCCL runs on the communicator's own stream, and nothing yet orders it against the
+  // backend's compute stream (events both ways): a multi-GPU training step would race.
+  // Refuse it rather than compute garbage; one GPU is fine (tests/gpu/llama_cuda_test).
+  if (device == v1::GPU)
+    for (comm::Communicator* c : {tp, dp, cp, pp})
+      if (c != nullptr && c->size() > 1)
+        return absl::UnimplementedError(absl::StrCat(
+            "training on more than one GPU is not built yet (group '", c->name(),
+            "' has ", c->size(), " ranks): the compute and NCCL streams are not ordered yet; use one GPU or CPU slots"));
   const model::StageSpec stage{comms.layout.pp, pp != nullptr ? pp->rank() : 0, comms.layout.vpp};
   TESSERA_ASSIGN_OR_RETURN(s->model_, model::Llama::Create(config, s->backend_.get(), tp, comms.layout.sp, cp, stage));
   s->pad_to_ = comms.layout.sp ? comms.layout.tp : 1;
