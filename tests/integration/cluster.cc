@@ -1,5 +1,12 @@
 #include "tests/integration/cluster.h"
 
+#include "gtest/gtest.h"
+#include "absl/strings/str_split.h"
+
+#include <iostream>
+
+#include <filesystem>
+
 #include <dirent.h>
 #include <fcntl.h>
 #include <spawn.h>
@@ -105,8 +112,25 @@ Cluster::Cluster(ClusterOptions o) : o_(o) {
                         absl::StrCat("admin admin ", admin_token_, "\nread viewer ", read_token_, "\n"), 0600);
 }
 
+// After a failed test: the last lines of every daemon's and executor's log, so that a
+// failure on a CI machine (whose test directory is gone afterwards) can be diagnosed.
+void DumpLogTails(const std::string& dir) {
+  std::error_code ec;
+  for (auto it = std::filesystem::recursive_directory_iterator(dir, ec); !ec && it != std::filesystem::end(it);
+       it.increment(ec)) {
+    if (!it->is_regular_file() || it->path().extension() != ".log") continue;
+    auto text = ReadFile(it->path().string());
+    if (!text.ok()) continue;
+    std::vector<std::string> lines = absl::StrSplit(*text, '\n');
+    const size_t from = lines.size() > 25 ? lines.size() - 25 : 0;
+    std::cout << "---- " << it->path().string() << " (last " << lines.size() - from << " lines)\n";
+    for (size_t i = from; i < lines.size(); ++i) std::cout << lines[i] << "\n";
+  }
+}
+
 Cluster::~Cluster() {
   client_.reset();
+  if (::testing::Test::HasFailure()) DumpLogTails(dir_);
   for (auto& a : agents_) if (a) { a->Kill(SIGTERM); a->Wait(3000); }
   agents_.clear();
   controller_.reset();

@@ -63,9 +63,13 @@ class ExecutorServiceImpl final : public v1::ExecutorService::Service {
     const auto& l = g->layout();
     parallel::Layout layout{l.tp(), l.cp(), l.dp(), l.pp(), l.vpp(), l.sp(), l.zero()};
     auto t0 = std::chrono::steady_clock::now();
+    spdlog::info("group '{}' rank {}: InitGroup: building communicators", g->name(), rank);
     auto built = BuildGroupComms(g->name(), layout, rank, cfg_.device_type(), cfg_.device_index(), rdv_, listen_host_,
                                  cfg_.spec().collective_timeout_ms());
-    if (!built.ok()) return ToGrpc(built.status());
+    if (!built.ok()) {
+      spdlog::error("group '{}' rank {}: InitGroup failed: {}", g->name(), rank, std::string(built.status().message()));
+      return ToGrpc(built.status());
+    }
     resp->set_init_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     for (auto& [k, c] : built->comms) resp->add_communicators(c->name());
     std::lock_guard<std::mutex> lk(mu_);
@@ -185,6 +189,7 @@ absl::StatusOr<GroupComms> BuildGroupComms(const std::string& group, const paral
       o.timeout_ms = timeout_ms;
       TESSERA_ASSIGN_OR_RETURN(c, comm::MakeGlooCommunicator(name, name, m.rank_in_group, m.ranks.size(), rdv, o));
     }
+    if (m.ranks.size() > 1) spdlog::info("communicator {} ready (rank {} of {})", name, m.rank_in_group, m.ranks.size());
     gc.group_index[kind] = m.index;
     gc.comms[kind] = std::move(c);
   }
