@@ -36,15 +36,6 @@ int PpRank(const Group& g) { return g.pp ? g.pp->rank() : 0; }
 int PpSize(const Group& g) { return g.pp ? g.pp->size() : 1; }
 int WorldRank(const Group& g, int tp_r, int dp_r, int pp_r) { return tp_r + TpSize(g) * (dp_r + DpSize(g) * pp_r); }
 
-// The pipeline stage that writes a parameter (DESIGN §6's layer assignment; the first
-// stage writes a tied embedding, whose last-stage copy is the same tensor).
-int WritingStage(const model::ParamSpec& spec, const model::LlamaConfig& c, const model::StageSpec& st) {
-  if (spec.name == "model.embed_tokens.weight") return 0;
-  if (spec.name == "model.norm.weight" || spec.name == "lm_head.weight") return st.pp - 1;
-  const int64_t layer = std::stoll(spec.name.substr(13, spec.name.find('.', 13) - 13));
-  const int64_t per = c.layers / (int64_t(st.pp) * st.vpp);
-  return static_cast<int>((layer / per) % st.pp);
-}
 std::string RankFile(int rank, const char* ext) { return absl::StrFormat("rank-%05d.%s", rank, ext); }
 
 int64_t Numel(const std::vector<int64_t>& shape) {
@@ -173,7 +164,7 @@ absl::Status WriteRankFile(const std::string& tmp, int rank, const Group& g) {
   const int tp = TpSize(g), dp = DpSize(g), zero = g.trainer->zero();
   const auto& stage = g.model->stage();
   for (size_t i = 0; i < params.size(); ++i) {
-    if (WritingStage(params[i].spec, g.model->config(), stage) != PpRank(g)) continue;
+    if (model::StageOf(params[i].name(), g.model->config(), stage) != PpRank(g)) continue;
     const Plan plan = PlanFor(params[i].spec, tp, dp, zero, TpRank(g), DpRank(g));
     if (!plan.value && !plan.state) continue;
     TESSERA_ASSIGN_OR_RETURN(engine::Trainer::Piece p, g.trainer->ReadPiece(i));
@@ -207,7 +198,7 @@ absl::Status CommitOnRankZero(const std::string& dir, const std::string& tmp, co
   json tensors = json::object(), files = json::object();
   for (const auto& p : model::LlamaParamSpecs(c)) {  // every parameter: rank 0 may hold only its stage's
     json value = json::array(), m = json::array(), v = json::array();
-    const int stage = WritingStage(p, c, g.model->stage());
+    const int stage = model::StageOf(p.name, c, g.model->stage());  // a tied embedding: stage 0's
     for (int d = 0; d < dp; ++d)
       for (int t = 0; t < tp; ++t) {
         const Plan plan = PlanFor(p, tp, dp, zero, t, d);
@@ -329,15 +320,6 @@ absl::StatusOr<std::vector<float>> Assemble(const std::string& what, const std::
   return global;
 }
 
-// This rank's TP-local part of a global tensor.
-std::vector<float> TpLocal(const std::vector<float>& global, const model::ParamSpec& spec, int tp, int tp_r) {
-  if (tp == 1 || spec.shard_dim < 0) return global;
-  const TpMap map(spec.shape, spec.shard_dim, tp, tp_r);
-  std::vector<float> local(global.size() / tp);
-  for (size_t i = 0; i < local.size(); ++i) local[i] = global[map.Global(static_cast<int64_t>(i))];
-  return local;
-}
-
 absl::StatusOr<int64_t> LoadLocal(const std::string& path, const Group& g) {
   TESSERA_ASSIGN_OR_RETURN(std::string text, ReadFile(path + "/metadata.json"));
   const json meta = json::parse(text, nullptr, false);
@@ -368,7 +350,7 @@ absl::StatusOr<int64_t> LoadLocal(const std::string& path, const Group& g) {
       if (!t.contains(parts[k])) return absl::DataLossError(absl::StrCat("checkpoint ", path, ": ", spec.name, " has no ", parts[k]));
       TESSERA_ASSIGN_OR_RETURN(std::vector<float> global,
                                Assemble(absl::StrCat(spec.name, " ", parts[k]), spec.shape, t[parts[k]], files));
-      local[k] = TpLocal(global, spec, TpSize(g), TpRank(g));
+      local[k] = model::TpShardOf(global, spec.shape, spec.shard_dim, TpSize(g), TpRank(g));
     }
     TESSERA_RETURN_IF_ERROR(g.trainer->LoadPiece(i, local[0], local[1], local[2]));
   }

@@ -47,17 +47,13 @@ absl::StatusOr<Plan> PlanStage(const PlanInput& in, int stage) {
   p.stage = stage;
   const int dp = l.dp * l.cp, zero = dp > 1 ? l.zero : 0;
   const int64_t per_chunk = c.layers / (int64_t(l.pp) * l.vpp);
-  const bool first = stage == 0, last = stage == l.pp - 1;
-  auto holds = [&](const std::string& name) {  // as Llama::Allocate
-    if (name == "model.embed_tokens.weight") return first || (last && c.tie_embeddings);
-    if (name == "model.norm.weight" || name == "lm_head.weight") return last;
-    return (std::stoll(name.substr(13, name.find('.', 13) - 13)) / per_chunk) % l.pp == stage;
-  };
+  const bool last = stage == l.pp - 1;
+  const model::StageSpec stage_spec{l.pp, stage, l.vpp};
   // This rank's parameters: the TP shard; ZeRO slices of every tensor.
   int64_t shard = 0, padded = 0, largest_block = 0, block = 0;
   std::string block_prefix;
   for (const auto& s : model::LlamaParamSpecs(c)) {
-    if (!holds(s.name)) continue;
+    if (!model::StageHolds(s.name, c, stage_spec)) continue;
     int64_t n = 1;
     for (int64_t x : s.shape) n *= x;
     if (s.shard_dim >= 0) n /= l.tp;

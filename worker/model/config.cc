@@ -75,4 +75,32 @@ int64_t LlamaConfig::NumParams() const {
   return n;
 }
 
+int StageOf(const std::string& param, const LlamaConfig& c, const StageSpec& s) {
+  if (param == "model.embed_tokens.weight") return 0;
+  if (param == "model.norm.weight" || param == "lm_head.weight") return s.pp - 1;
+  const int64_t layer = std::stoll(param.substr(13, param.find('.', 13) - 13));  // model.layers.N.
+  const int64_t per_chunk = c.layers / (int64_t(s.pp) * s.vpp);
+  return static_cast<int>((layer / per_chunk) % s.pp);
+}
+
+bool StageHolds(const std::string& param, const LlamaConfig& c, const StageSpec& s) {
+  if (param == "model.embed_tokens.weight" && c.tie_embeddings && s.rank == s.pp - 1) return true;
+  return StageOf(param, c, s) == s.rank;
+}
+
+std::vector<float> TpShardOf(const std::vector<float>& g, const std::vector<int64_t>& shape, int dim, int parts,
+                             int index) {
+  if (dim < 0 || parts == 1) return g;
+  const int64_t rows = shape[0], cols = shape.size() > 1 ? shape[1] : 1;
+  if (dim == 0) {
+    const int64_t n = rows / parts * cols;
+    return std::vector<float>(g.begin() + index * n, g.begin() + (index + 1) * n);
+  }
+  const int64_t c = cols / parts;
+  std::vector<float> out;
+  out.reserve(rows * c);
+  for (int64_t r = 0; r < rows; ++r) out.insert(out.end(), g.begin() + r * cols + index * c, g.begin() + r * cols + (index + 1) * c);
+  return out;
+}
+
 }  // namespace tessera::model

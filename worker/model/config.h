@@ -50,4 +50,24 @@ struct ParamSpec {
 // (absent when tied).
 std::vector<ParamSpec> LlamaParamSpecs(const LlamaConfig& c);
 
+// This rank's place in a pipeline (DESIGN §6): pp stages, vpp model chunks per rank;
+// chunk c of rank r is virtual stage c·pp + r and holds layers [s·L/(pp·vpp), (s+1)·L/(pp·vpp)).
+// Virtual stage 0 also holds the embedding, the last one the final norm and the LM head
+// (with tied embeddings it keeps its own copy of the embedding, whose gradient the
+// trainer sums with the first stage's).
+struct StageSpec {
+  int pp = 1, rank = 0, vpp = 1;
+};
+// The pipeline rank whose chunks hold a parameter: a layer's by the rule above, the
+// embedding 0, the final norm and LM head pp - 1 (checkpoints write a tied embedding
+// from stage 0 only).
+int StageOf(const std::string& param, const LlamaConfig& c, const StageSpec& s);
+// Whether stage s.rank holds the parameter (the last stage also a tied embedding).
+bool StageHolds(const std::string& param, const LlamaConfig& c, const StageSpec& s);
+
+// This TP rank's part of a global tensor ([rows] or [rows, cols]) split along dim
+// (dim < 0 or parts 1: all of it).
+std::vector<float> TpShardOf(const std::vector<float>& global, const std::vector<int64_t>& shape, int dim, int parts,
+                             int index);
+
 }  // namespace tessera::model

@@ -36,20 +36,6 @@ absl::Status BiasBackward(Backend& b, const Tensor& ones, const Tensor& dy, Para
   TESSERA_ASSIGN_OR_RETURN(Tensor row, bias.grad.Reshape({1, bias.grad.numel()}));
   return b.Gemm(ones, true, dy, false, row, 1.f, 1.f);
 }
-// This rank's block of a global tensor ([rows] or [rows, cols]) split along dim.
-std::vector<float> ShardOf(const std::vector<float>& g, const std::vector<int64_t>& shape, int dim, int parts, int index) {
-  if (dim < 0 || parts == 1) return g;
-  const int64_t rows = shape[0], cols = shape.size() > 1 ? shape[1] : 1;
-  if (dim == 0) {
-    const int64_t n = rows / parts * cols;
-    return std::vector<float>(g.begin() + index * n, g.begin() + (index + 1) * n);
-  }
-  const int64_t c = cols / parts;
-  std::vector<float> out;
-  out.reserve(rows * c);
-  for (int64_t r = 0; r < rows; ++r) out.insert(out.end(), g.begin() + r * cols + index * c, g.begin() + r * cols + (index + 1) * c);
-  return out;
-}
 uint64_t NameHash(const std::string& s) {  // FNV-1a
   uint64_t h = 1469598103934665603ull;
   for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
@@ -137,16 +123,10 @@ absl::Status Llama::Allocate() {
       held[l] = true;
     }
   const bool first = FirstVirtualStage(0), last = LastVirtualStage(stage_.vpp - 1);
-  auto holds = [&](const std::string& name) {
-    if (name == "model.embed_tokens.weight") return first || (last && config_.tie_embeddings);
-    if (name == "model.norm.weight" || name == "lm_head.weight") return last;
-    const int64_t layer = std::stoll(name.substr(13, name.find('.', 13) - 13));  // model.layers.N.
-    return bool(held[layer]);
-  };
   const auto specs = LlamaParamSpecs(config_);
   params_.reserve(specs.size());  // Param pointers below stay valid
   for (const auto& s : specs) {
-    if (!holds(s.name)) continue;
+    if (!StageHolds(s.name, config_, stage_)) continue;
     std::vector<int64_t> local = s.shape;
     if (s.shard_dim >= 0) local[s.shard_dim] /= tp_size();
     TESSERA_ASSIGN_OR_RETURN(Tensor value, New(*backend_, local));
@@ -212,7 +192,7 @@ absl::Status Llama::SetGlobal(Param& p, const std::vector<float>& global) {
   if (static_cast<int64_t>(global.size()) != n)
     return absl::InvalidArgumentError(
         absl::StrCat("model: ", p.name(), " has ", n, " elements, got a value of ", global.size()));
-  const auto shard = ShardOf(global, p.spec.shape, p.spec.shard_dim, tp_size(), tp_rank());
+  const auto shard = TpShardOf(global, p.spec.shape, p.spec.shard_dim, tp_size(), tp_rank());
   return backend_->CopyFromHost(shard.data(), p.value);
 }
 

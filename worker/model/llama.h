@@ -84,15 +84,6 @@ struct Param {
   const std::string& name() const { return spec.name; }
 };
 
-// This rank's place in a pipeline (DESIGN §6): pp stages, vpp model chunks per rank;
-// chunk c of rank r is virtual stage c·pp + r and holds layers [s·L/(pp·vpp), (s+1)·L/(pp·vpp)).
-// Virtual stage 0 also holds the embedding, the last one the final norm and the LM head
-// (with tied embeddings it keeps its own copy of the embedding, whose gradient the
-// trainer sums with the first stage's).
-struct StageSpec {
-  int pp = 1, rank = 0, vpp = 1;
-};
-
 class Llama {
  public:
   // tp: the tensor-parallel group (null or size 1: no tensor parallelism); it must hold
