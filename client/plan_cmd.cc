@@ -57,6 +57,11 @@ int RunPlan(const v1::JobSpec& spec, int devices, int64_t memory_bytes, bool jso
   in.layout = parallel::Layout{l.tp(), l.cp(), l.dp(), l.pp(), l.vpp(), l.sp(), l.zero()};
   in.seq_len = m.seq_len(), in.micro_batch = m.micro_batch(), in.global_batch = m.global_batch();
   in.recompute = spec.train().recompute();
+  // The precision the executors will use: auto is bf16 on GPUs, f32 on CPU slots.
+  const std::string& prec = spec.train().precision();
+  in.config.dtype = prec == "bf16" || ((prec.empty() || prec == "auto") && g.device_type() == v1::GPU)
+                        ? runtime::DType::kBF16
+                        : runtime::DType::kF32;
   if (spec.train().schedule() == "gpipe") in.schedule = engine::Schedule::kGPipe;
   auto plan = engine::PlanTraining(in);
   if (!plan.ok()) {

@@ -153,7 +153,7 @@ absl::Status ParseModel(const YAML::Node& n, const std::string& path, v1::ModelS
 absl::Status ParseTrain(const YAML::Node& n, const std::string& path, v1::TrainSpec* t) {
   TESSERA_RETURN_IF_ERROR(CheckKeys(n, path, {"steps", "lr", "min_lr", "warmup_steps", "weight_decay", "clip_norm",
                                               "seed", "data", "init_std", "checkpoint", "recompute", "export_hf",
-                                              "schedule"}));
+                                              "schedule", "precision"}));
   for (const auto& kv : n) {
     std::string k = kv.first.Scalar(), p = Join(path, k);
     const YAML::Node& v = kv.second;
@@ -170,6 +170,10 @@ absl::Status ParseTrain(const YAML::Node& n, const std::string& path, v1::TrainS
       TESSERA_ASSIGN_OR_RETURN(auto s, AsString(v, p));
       if (s != "1f1b" && s != "gpipe") return Bad(p, absl::StrCat("expected 1f1b or gpipe, got '", s, "'"));
       t->set_schedule(s);
+    } else if (k == "precision") {
+      TESSERA_ASSIGN_OR_RETURN(auto s, AsString(v, p));
+      if (s != "auto" && s != "bf16" && s != "f32") return Bad(p, absl::StrCat("expected auto, bf16 or f32, got '", s, "'"));
+      t->set_precision(s);
     } else if (k == "checkpoint") {
       TESSERA_RETURN_IF_ERROR(CheckKeys(v, p, {"dir", "save_every", "resume", "load"}));
       auto* c = t->mutable_checkpoint();

@@ -28,10 +28,11 @@ struct Descs {
 }  // namespace
 
 absl::Status GemmCuda(const void* a, bool ta, const void* b, bool tb, void* c, int64_t m, int64_t n, int64_t k,
-                      float alpha, float beta, DType t, void* handle, void* workspace, size_t workspace_bytes,
+                      float alpha, float beta, DType t, DType ct, void* handle, void* workspace, size_t workspace_bytes,
                       void* stream) {
   if (m == 0 || n == 0) return absl::OkStatus();
   cudaDataType_t dt = t == DType::kF32 ? CUDA_R_32F : CUDA_R_16BF;
+  cudaDataType_t cdt = ct == DType::kF32 ? CUDA_R_32F : CUDA_R_16BF;
   const absl::StatusOr<const CublasLt*> loaded = GetCublasLt();
   if (!loaded.ok()) return loaded.status();
   const CublasLt* api = *loaded;
@@ -45,7 +46,7 @@ absl::Status GemmCuda(const void* a, bool ta, const void* b, bool tb, void* c, i
   if (!(s = Lt(api->MatrixLayoutCreate(&d.a, dt, tb ? k : n, tb ? n : k, tb ? k : n), "layout A")).ok()) return s;
   // Second operand: A (row-major [m,k], or [k,m] if ta) seen column-major.
   if (!(s = Lt(api->MatrixLayoutCreate(&d.b, dt, ta ? m : k, ta ? k : m, ta ? m : k), "layout B")).ok()) return s;
-  if (!(s = Lt(api->MatrixLayoutCreate(&d.c, dt, n, m, n), "layout C")).ok()) return s;
+  if (!(s = Lt(api->MatrixLayoutCreate(&d.c, cdt, n, m, n), "layout C")).ok()) return s;
   if (!(s = Lt(api->MatmulPreferenceCreate(&d.pref), "preference")).ok()) return s;
   api->MatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
                                        sizeof(workspace_bytes));

@@ -178,17 +178,19 @@ TEST_P(OpTest, SwiGluForwardAndBackward) {
 TEST_P(OpTest, Gemm) {
   Rng rng(seed_);
   struct G { int64_t m, n, k; };
-  for (DType t : {DType::kF32, DType::kBF16}) {
+  // (input, output) dtypes: bf16 -> f32 is the weight gradient accumulated into an f32
+  // main gradient (only the input rounding: f32 tolerance).
+  for (auto [t, ct] : {std::pair{DType::kF32, DType::kF32}, {DType::kBF16, DType::kBF16}, {DType::kBF16, DType::kF32}}) {
     for (G g : {G{1, 1, 1}, G{7, 5, 3}, G{33, 17, 65}, G{128, 256, 64}, G{100, 300, 257}}) {
       for (int tr = 0; tr < 4; ++tr) {
         bool ta = tr & 1, tb = tr & 2;
-        SCOPED_TRACE(::testing::Message() << DTypeName(t) << " m=" << g.m << " n=" << g.n << " k=" << g.k << " ta=" << ta
+        SCOPED_TRACE(::testing::Message() << DTypeName(t) << "->" << DTypeName(ct) << " m=" << g.m << " n=" << g.n << " k=" << g.k << " ta=" << ta
                                           << " tb=" << tb << " seed=" << seed_);
         auto av = Quantize(rng.Normal(g.m * g.k), t), bv = Quantize(rng.Normal(g.k * g.n), t);
-        auto cv = Quantize(rng.Normal(g.m * g.n), t);
+        auto cv = Quantize(rng.Normal(g.m * g.n), ct);
         std::vector<int64_t> as = ta ? std::vector<int64_t>{g.k, g.m} : std::vector<int64_t>{g.m, g.k};
         std::vector<int64_t> bs = tb ? std::vector<int64_t>{g.n, g.k} : std::vector<int64_t>{g.k, g.n};
-        auto a = Make(*be_, as, t, av), b = Make(*be_, bs, t, bv), c = Make(*be_, {g.m, g.n}, t, cv);
+        auto a = Make(*be_, as, t, av), b = Make(*be_, bs, t, bv), c = Make(*be_, {g.m, g.n}, ct, cv);
         ASSERT_TRUE(be_->Gemm(a, ta, b, tb, c, 0.5f, 0.25f).ok());
         std::vector<double> ref(g.m * g.n);
         for (int64_t i = 0; i < g.m; ++i)
@@ -198,7 +200,7 @@ TEST_P(OpTest, Gemm) {
               acc += double(av[ta ? p * g.m + i : i * g.k + p]) * bv[tb ? j * g.k + p : p * g.n + j];
             ref[i * g.n + j] = 0.5 * acc + 0.25 * cv[i * g.n + j];
           }
-        EXPECT_LT(RelErr(Read(*be_, c), ref), t == DType::kBF16 ? 2e-2 : 1e-5);
+        EXPECT_LT(RelErr(Read(*be_, c), ref), ct == DType::kBF16 ? 2e-2 : 1e-5);
       }
     }
   }

@@ -74,6 +74,19 @@ class Communicator {
   virtual absl::Status Synchronize() = 0;
   // Fails pending and future operations; safe to call from another thread.
   virtual void Abort() = 0;
+  // Orders this communicator's operations with a compute stream (a cudaStream_t; the
+  // training engine passes its backend's): each operation waits for the work enqueued
+  // on it so far, and work enqueued on it afterwards waits for the operation (CUDA
+  // events both ways, no host synchronization). Null: no ordering (comm-check, whose
+  // buffers are written and read around Synchronize). Gloo, blocking, ignores it.
+  virtual absl::Status OrderWith(void* /*compute_stream*/) { return absl::OkStatus(); }
+  // Overlap with compute (with OrderWith): while on, each operation still waits for the
+  // compute enqueued before it, but the compute stream does not wait for it — until
+  // Join(), after which compute waits for every operation issued so far. The caller
+  // keeps the buffers alive and untouched by compute until then (the trainer's gradient
+  // reduction during the backward). Blocking backends (Gloo) complete every call anyway.
+  virtual void SetOverlap(bool /*on*/) {}
+  virtual absl::Status Join() { return absl::OkStatus(); }
 
  protected:
   virtual absl::Status DoAllReduce(const void* in, void* out, size_t count, DType t, ReduceOp op) = 0;

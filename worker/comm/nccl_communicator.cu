@@ -4,6 +4,7 @@
 #include <nccl.h>
 
 #include <atomic>
+#include <string>
 #include <cstring>
 #include <chrono>
 #include <thread>
@@ -39,7 +40,17 @@ class NcclCommunicator final : public Communicator {
       : Communicator(std::move(name), rank, size), comm_(comm), stream_(stream), device_(device), timeout_ms_(timeout_ms) {}
   ~NcclCommunicator() override {
     if (!aborted_) ncclCommDestroy(comm_);
+    if (before_) cudaEventDestroy(before_);
+    if (after_) cudaEventDestroy(after_);
     cudaStreamDestroy(stream_);
+  }
+  absl::Status OrderWith(void* compute_stream) override {
+    cudaSetDevice(device_);
+    for (cudaEvent_t* e : {&before_, &after_})
+      if (*e == nullptr)
+        if (auto r = cudaEventCreateWithFlags(e, cudaEventDisableTiming); r != cudaSuccess) return CudaError(r, "cudaEventCreate");
+    compute_ = static_cast<cudaStream_t>(compute_stream);
+    return absl::OkStatus();
   }
   const char* backend() const override { return "nccl"; }
 
@@ -84,23 +95,52 @@ class NcclCommunicator final : public Communicator {
     if (r != ncclSuccess) return absl::UnavailableError(absl::StrCat("NCCL: ", ncclGetErrorString(r), " ", ncclGetLastError(comm_)));
     return absl::OkStatus();
   }
+  // With a compute stream (OrderWith): the stream waits for the compute enqueued so far,
+  // and the compute stream for the operation. Inside a group the events go around the
+  // whole group (nothing is launched before ncclGroupEnd).
+  absl::Status WaitForCompute() {
+    if (compute_ == nullptr) return absl::OkStatus();
+    if (auto e = cudaEventRecord(before_, compute_); e != cudaSuccess) return CudaError(e, "cudaEventRecord");
+    if (auto e = cudaStreamWaitEvent(stream_, before_, 0); e != cudaSuccess) return CudaError(e, "cudaStreamWaitEvent");
+    return absl::OkStatus();
+  }
+  void SetOverlap(bool on) override { overlap_ = on; }
+  absl::Status Join() override {
+    if (compute_ == nullptr) return absl::OkStatus();
+    if (auto e = cudaEventRecord(after_, stream_); e != cudaSuccess) return CudaError(e, "cudaEventRecord");
+    if (auto e = cudaStreamWaitEvent(compute_, after_, 0); e != cudaSuccess) return CudaError(e, "cudaStreamWaitEvent");
+    return absl::OkStatus();
+  }
+  absl::Status ComputeWaits() {
+    if (compute_ == nullptr || overlap_) return absl::OkStatus();
+    if (auto e = cudaEventRecord(after_, stream_); e != cudaSuccess) return CudaError(e, "cudaEventRecord");
+    if (auto e = cudaStreamWaitEvent(compute_, after_, 0); e != cudaSuccess) return CudaError(e, "cudaStreamWaitEvent");
+    return absl::OkStatus();
+  }
+  template <typename F>
+  absl::Status Ordered(F&& enqueue) {
+    if (in_group_) return Check(enqueue());
+    if (absl::Status s = WaitForCompute(); !s.ok()) return s;
+    if (absl::Status s = Check(enqueue()); !s.ok()) return s;
+    return ComputeWaits();
+  }
   absl::Status DoAllReduce(const void* in, void* out, size_t n, DType t, ReduceOp op) override {
-    return Check(ncclAllReduce(in, out, n, ToNccl(t), ToNccl(op), comm_, stream_));
+    return Ordered([&] { return ncclAllReduce(in, out, n, ToNccl(t), ToNccl(op), comm_, stream_); });
   }
   absl::Status DoReduceScatter(const void* in, void* out, size_t n, DType t, ReduceOp op) override {
-    return Check(ncclReduceScatter(in, out, n, ToNccl(t), ToNccl(op), comm_, stream_));
+    return Ordered([&] { return ncclReduceScatter(in, out, n, ToNccl(t), ToNccl(op), comm_, stream_); });
   }
   absl::Status DoAllGather(const void* in, void* out, size_t n, DType t) override {
-    return Check(ncclAllGather(in, out, n, ToNccl(t), comm_, stream_));
+    return Ordered([&] { return ncclAllGather(in, out, n, ToNccl(t), comm_, stream_); });
   }
   absl::Status DoBroadcast(void* buf, size_t n, DType t, int root) override {
-    return Check(ncclBroadcast(buf, buf, n, ToNccl(t), root, comm_, stream_));
+    return Ordered([&] { return ncclBroadcast(buf, buf, n, ToNccl(t), root, comm_, stream_); });
   }
   absl::Status DoSend(const void* buf, size_t n, DType t, int peer) override {
-    return Check(ncclSend(buf, n, ToNccl(t), peer, comm_, stream_));
+    return Ordered([&] { return ncclSend(buf, n, ToNccl(t), peer, comm_, stream_); });
   }
   absl::Status DoRecv(void* buf, size_t n, DType t, int peer) override {
-    return Check(ncclRecv(buf, n, ToNccl(t), peer, comm_, stream_));
+    return Ordered([&] { return ncclRecv(buf, n, ToNccl(t), peer, comm_, stream_); });
   }
   absl::Status DoBarrier() override {
     if (!barrier_buf_) {
@@ -110,8 +150,19 @@ class NcclCommunicator final : public Communicator {
     if (!s.ok()) return s;
     return Synchronize();
   }
-  void DoGroupStart() override { ncclGroupStart(); }
-  absl::Status DoGroupEnd() override { return Check(ncclGroupEnd()); }
+  void DoGroupStart() override {
+    group_error_.clear();
+    if (absl::Status w = WaitForCompute(); !w.ok()) group_error_ = std::string(w.message());
+    in_group_ = true;
+    ncclGroupStart();
+  }
+  absl::Status DoGroupEnd() override {
+    in_group_ = false;
+    absl::Status s = Check(ncclGroupEnd());
+    if (!s.ok()) return s;
+    if (!group_error_.empty()) return absl::InternalError(group_error_);
+    return ComputeWaits();
+  }
 
  private:
   ncclComm_t comm_;
@@ -120,6 +171,11 @@ class NcclCommunicator final : public Communicator {
   int64_t timeout_ms_;
   std::atomic<bool> aborted_{false};
   void* barrier_buf_ = nullptr;
+  cudaStream_t compute_ = nullptr;  // OrderWith
+  cudaEvent_t before_ = nullptr, after_ = nullptr;
+  bool in_group_ = false;
+  bool overlap_ = false;  // SetOverlap: compute waits at Join() only
+  std::string group_error_;  // of the wait enqueued at GroupStart
 };
 
 }  // namespace

@@ -4,6 +4,8 @@
 // communicator's stream, and Synchronize() waits for it under a watchdog that
 // aborts the communicator (ncclCommAbort) when a collective is stuck past the
 // timeout, failing with a message naming group, collective and sequence number.
+// OrderWith(compute stream) orders every operation with the training engine's stream
+// by events both ways (see Communicator::OrderWith).
 //
 // In a build without CUDA, MakeNcclCommunicator returns UNIMPLEMENTED.
 #pragma once

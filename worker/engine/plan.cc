@@ -11,17 +11,18 @@ namespace {
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Bytes one micro-batch's forward keeps per layer, and the peak of a layer's backward
-// temporaries (locals of Llama::LayerForward / LayerBackward, f32).
+// temporaries (locals of Llama::LayerForward / LayerBackward), activations of `a` bytes
+// (f32 or bf16), the statistics (RMSNorm rstd, attention lse) f32.
 struct LayerBytes {
   int64_t saved = 0, backward = 0, input = 0;
 };
-LayerBytes Layer(const model::LlamaConfig& c, const parallel::Layout& l, int64_t t, int64_t tl) {
+LayerBytes Layer(const model::LlamaConfig& c, const parallel::Layout& l, int64_t t, int64_t tl, int64_t a) {
   const int64_t h = c.hidden, d = c.HeadDim(), hq = c.heads / l.tp, hkv = c.kv_heads / l.tp, f = c.ffn / l.tp;
   const bool sp = l.sp && l.tp > 1;
   LayerBytes b;
-  b.input = 4 * tl * h;
-  b.saved = 4 * (4 * tl * h + 2 * tl + (sp ? 2 * t * h : 0) + t * (2 * hq * d + 2 * hkv * d + hq) + 3 * t * f);
-  b.backward = 4 * (3 * t * f + t * h + 2 * tl * h + (l.tp > 1 ? t * h : 0) + t * hq * d + t * (hq + 2 * hkv) * d +
+  b.input = a * tl * h;
+  b.saved = a * (4 * tl * h + (sp ? 2 * t * h : 0) + t * (2 * hq * d + 2 * hkv * d) + 3 * t * f) + 4 * (2 * tl + t * hq);
+  b.backward = a * (3 * t * f + t * h + 2 * tl * h + (l.tp > 1 ? t * h : 0) + t * hq * d + t * (hq + 2 * hkv) * d +
                     t * (hq + hkv) * d);
   return b;
 }
@@ -68,18 +69,21 @@ absl::StatusOr<Plan> PlanStage(const PlanInput& in, int stage) {
   }
   const int64_t P = p.params_per_rank;
   RankMemory& m = p.memory;
-  m.params = 4 * (zero == 3 ? shard + 2 * largest_block : P);  // ZeRO-3: the slice + the gathered block and the next
+  // Activations' bytes; bf16 adds a compute copy of every present parameter.
+  const int64_t a = runtime::DTypeSize(c.dtype), copy = c.dtype == runtime::DType::kF32 ? 0 : a;
+  m.params = zero == 3 ? 4 * shard + (4 + copy) * 2 * largest_block  // the slice + the gathered block and the next
+                       : (4 + copy) * P;
   m.grads = zero >= 2 ? 4 * (shard + largest_block) : 4 * P;   // the reduced slice + one block's buffer
   m.optimizer = 8 * (zero >= 1 ? shard : P) + (zero >= 1 ? 4 * shard : 0) + (zero == 1 ? 4 * padded : 0);
   // Activations of one micro-batch.
   const int64_t t = in.micro_batch * in.seq_len / l.cp, tl = l.sp && l.tp > 1 ? t / l.tp : t;
-  const LayerBytes lb = Layer(c, l, t, tl);
+  const LayerBytes lb = Layer(c, l, t, tl, a);
   const int64_t v = c.vocab / l.tp, h = c.hidden;
   // On top of what the layers keep, the larger of the LM head's backward (logits, their
   // gradient, the norms' tensors, the CE partials) and a layer's backward (with the
   // running gradient and the head's kept norm input).
-  const int64_t head = last ? 4 * (2 * t * v + 3 * tl * h + 2 * t * h + 8 * t) : 0;
-  const int64_t extra = std::max(head, lb.backward + 4 * 2 * t * h);
+  const int64_t head = last ? a * (2 * t * v + 3 * tl * h + 2 * t * h) + 4 * 8 * t : 0;
+  const int64_t extra = std::max(head, lb.backward + a * 2 * t * h);
   // Chunk passes whose activations are held at once: one without a pipeline; the
   // schedule's most forwards in flight with one (GPipe: all).
   const int64_t micro = in.global_batch / (in.micro_batch * l.dp);
@@ -97,14 +101,14 @@ absl::StatusOr<Plan> PlanStage(const PlanInput& in, int stage) {
     // Per layer two collectives of [T, h] forward and two backward (all-reduce, or an
     // all-gather + reduce-scatter pair each under SP), the embedding's and the head's.
     const double per = l.sp ? ring(l.tp) : 2 * ring(l.tp);
-    p.comm.tp = micro * (4.0 * c.layers + 4) * 4.0 * t * h * per;
+    p.comm.tp = micro * (4.0 * c.layers + 4) * double(a) * t * h * per;
   }
   if (l.cp > 1) {  // K/V round the ring forward; K/V and dK/dV backward, one more hop for dK/dV
-    const double kv = 4.0 * t * 2 * (c.kv_heads / l.tp) * c.HeadDim();
+    const double kv = double(a) * t * 2 * (c.kv_heads / l.tp) * c.HeadDim();
     p.comm.cp = micro * c.layers * (kv * (l.cp - 1) * (in.recompute ? 2 : 1) + 2 * kv * (l.cp - 1) + kv);
   }
   if (l.pp > 1)  // each chunk pass sends its output forward and its input's gradient back
-    p.comm.pp = 2.0 * micro * l.vpp * 4.0 * tl * h;
+    p.comm.pp = 2.0 * micro * l.vpp * double(a) * tl * h;
   if (dp > 1) {
     const double g = 4.0 * P;
     switch (zero) {

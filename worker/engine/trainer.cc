@@ -32,6 +32,7 @@ struct Trainer::State {
   Tensor value_shard; // [shard], ZeRO-3: this rank's slice of the parameter (the only copy between steps)
   Tensor grad_full;   // [shard * dp], ZeRO-2/3: the gradient buffer while a block's backward runs
   bool decay = true;  // weight decay (not for norms and biases: 1-D parameters)
+  bool reduced = false;  // ZeRO-0/1: reduced during the backward of this step's last micro-batch
   bool tp_sharded = false;
   bool norm_elsewhere = false;  // the last pipeline stage's copy of a tied embedding
 };
@@ -66,11 +67,16 @@ class Trainer::Hooks : public model::ParamHooks {
         if (std::find(keep.begin(), keep.end(), p) != keep.end()) continue;
       }
       p->value = Tensor();
+      p->compute = Tensor();
     }
     return absl::OkStatus();
   }
   absl::Status GradsReady(int block) override {
-    for (model::Param* p : t_->model_->BlockOwns(block)) TESSERA_RETURN_IF_ERROR(t_->ReduceGrad(State(p)));
+    if (t_->options_.zero >= 2) {
+      for (model::Param* p : t_->model_->BlockOwns(block)) TESSERA_RETURN_IF_ERROR(t_->ReduceGrad(State(p)));
+    } else if (t_->reduce_in_backward_) {
+      for (model::Param* p : t_->model_->BlockOwns(block)) TESSERA_RETURN_IF_ERROR(t_->ReduceEarly(State(p)));
+    }
     return absl::OkStatus();
   }
 
@@ -162,11 +168,12 @@ absl::Status Trainer::Allocate() {
         TESSERA_RETURN_IF_ERROR(b.Axpby(1.f, mine, 0.f, dst));
       }
       p.value = Tensor();
+      p.compute = Tensor();
     }
     if (zero >= 2) p.grad = Tensor();
     state_.push_back(std::move(s));
   }
-  if (zero >= 2) {
+  if (zero >= 2 || (dp_ != nullptr && pp_ == nullptr)) {
     hooks_ = std::make_unique<Hooks>(this);
     model_->set_hooks(hooks_.get());
   }
@@ -180,7 +187,7 @@ absl::Status Trainer::GatherValue(State& s) {
   TESSERA_RETURN_IF_ERROR(dp_->AllGather(s.value_shard.data(), full.data(), s.shard, DType::kF32));
   TESSERA_ASSIGN_OR_RETURN(Tensor head, full.Slice(0, 0, s.n));
   TESSERA_ASSIGN_OR_RETURN(s.param->value, head.Reshape(s.shape));
-  return absl::OkStatus();
+  return model_->RefreshCompute(*s.param);
 }
 
 // ZeRO-2/3: a zeroed, padded gradient buffer for a block's backward (no-op when present:
@@ -203,6 +210,22 @@ absl::Status Trainer::ReduceGrad(State& s) {
   TESSERA_RETURN_IF_ERROR(backend_->Axpby(1.f, s.stage, 1.f, s.grad_shard));
   s.param->grad = Tensor();
   s.grad_full = Tensor();
+  return absl::OkStatus();
+}
+
+// ZeRO-0: all-reduce the gradient in place; ZeRO-1: reduce-scatter it into the slice.
+absl::Status Trainer::ReduceEarly(State& s) {
+  Tensor& g = s.param->grad;
+  if (options_.zero == 0) {
+    TESSERA_RETURN_IF_ERROR(dp_->AllReduce(g.data(), g.data(), s.n, DType::kF32, comm::ReduceOp::kSum));
+  } else {
+    TESSERA_ASSIGN_OR_RETURN(Tensor flat, g.Reshape({s.n}));
+    TESSERA_ASSIGN_OR_RETURN(Tensor head, s.padded.Slice(0, 0, s.n));
+    TESSERA_RETURN_IF_ERROR(backend_->Axpby(1.f, flat, 0.f, head));
+    TESSERA_RETURN_IF_ERROR(
+        dp_->ReduceScatter(s.padded.data(), s.grad_shard.data(), s.shard, DType::kF32, comm::ReduceOp::kSum));
+  }
+  s.reduced = true;
   return absl::OkStatus();
 }
 
@@ -253,9 +276,11 @@ absl::Status Trainer::LoadPiece(size_t i, const std::vector<float>& value, const
   };
   if (options_.zero == 3) {
     s.param->value = Tensor();
+    s.param->compute = Tensor();
     TESSERA_RETURN_IF_ERROR(write(value, begin, len, s.value_shard));
   } else {
     TESSERA_RETURN_IF_ERROR(write(value, 0, s.n, s.param->value));
+    TESSERA_RETURN_IF_ERROR(model_->RefreshCompute(*s.param));
   }
   const int64_t from = options_.zero > 0 ? begin : 0, count = options_.zero > 0 ? len : s.n;
   TESSERA_RETURN_IF_ERROR(write(m, from, count, s.m));
@@ -267,6 +292,7 @@ absl::Status Trainer::AllReduceHost(comm::Communicator* c, float* values, int n)
   TESSERA_ASSIGN_OR_RETURN(Tensor buf, backend_->Empty({n}, DType::kF32));
   TESSERA_RETURN_IF_ERROR(backend_->CopyFromHost(values, buf));
   TESSERA_RETURN_IF_ERROR(c->AllReduce(buf.data(), buf.data(), n, DType::kF32, comm::ReduceOp::kSum));
+  TESSERA_RETURN_IF_ERROR(c->Synchronize());  // under the watchdog, before the host waits
   return backend_->CopyToHost(buf, values);
 }
 
@@ -290,24 +316,24 @@ absl::StatusOr<double> Trainer::RunPipeline(const std::vector<model::TokenBatch>
     if (op.forward) {
       Tensor in;
       if (!m.FirstVirtualStage(op.chunk)) {
-        TESSERA_ASSIGN_OR_RETURN(in, backend_->Empty(shape, DType::kF32));
-        TESSERA_RETURN_IF_ERROR(pp_->RecvTagged(in.data(), in.numel(), DType::kF32, prev, 0));
+        TESSERA_ASSIGN_OR_RETURN(in, backend_->Empty(shape, model_->config().dtype));
+        TESSERA_RETURN_IF_ERROR(pp_->RecvTagged(in.data(), in.numel(), model_->config().dtype, prev, 0));
       }
       TESSERA_ASSIGN_OR_RETURN(Tensor out, m.PipelineForward(op.chunk, op.micro_batch, batch,
                                                               in.defined() ? &in : nullptr, scale, &loss));
       if (!m.LastVirtualStage(op.chunk)) {
-        TESSERA_RETURN_IF_ERROR(pp_->Isend(out.data(), out.numel(), DType::kF32, next, 0));
+        TESSERA_RETURN_IF_ERROR(pp_->Isend(out.data(), out.numel(), out.dtype(), next, 0));
         sent.push_back(out);
       }
     } else {
       Tensor grad;
       if (!m.LastVirtualStage(op.chunk)) {
-        TESSERA_ASSIGN_OR_RETURN(grad, backend_->Empty(shape, DType::kF32));
-        TESSERA_RETURN_IF_ERROR(pp_->RecvTagged(grad.data(), grad.numel(), DType::kF32, next, 1));
+        TESSERA_ASSIGN_OR_RETURN(grad, backend_->Empty(shape, model_->config().dtype));
+        TESSERA_RETURN_IF_ERROR(pp_->RecvTagged(grad.data(), grad.numel(), model_->config().dtype, next, 1));
       }
       TESSERA_ASSIGN_OR_RETURN(Tensor din, m.PipelineBackward(op.chunk, op.micro_batch, grad.defined() ? &grad : nullptr));
       if (!m.FirstVirtualStage(op.chunk)) {
-        TESSERA_RETURN_IF_ERROR(pp_->Isend(din.data(), din.numel(), DType::kF32, prev, 1));
+        TESSERA_RETURN_IF_ERROR(pp_->Isend(din.data(), din.numel(), din.dtype(), prev, 1));
         sent.push_back(din);
       }
     }
@@ -347,6 +373,7 @@ absl::StatusOr<int64_t> Trainer::GlobalTokens(const std::vector<model::TokenBatc
   TESSERA_ASSIGN_OR_RETURN(Tensor buf, backend_->Empty({1}, DType::kI64));
   TESSERA_RETURN_IF_ERROR(backend_->CopyFromHost(&tokens, buf));
   TESSERA_RETURN_IF_ERROR(dp_->AllReduce(buf.data(), buf.data(), 1, DType::kI64, comm::ReduceOp::kSum));
+  TESSERA_RETURN_IF_ERROR(dp_->Synchronize());
   TESSERA_RETURN_IF_ERROR(backend_->CopyToHost(buf, &tokens));
   return tokens;
 }
@@ -376,17 +403,21 @@ absl::StatusOr<double> Trainer::ReduceGradsAndNorm() {
       TESSERA_RETURN_IF_ERROR(b.SumSquares(s.grad_shard, acc));
       continue;
     }
+    const bool reduced = s.reduced;  // during the backward (ReduceEarly)
+    s.reduced = false;
     if (!zero) {
-      if (dp_ != nullptr)
+      if (dp_ != nullptr && !reduced)
         TESSERA_RETURN_IF_ERROR(dp_->AllReduce(g.data(), g.data(), s.n, DType::kF32, comm::ReduceOp::kSum));
       TESSERA_RETURN_IF_ERROR(b.SumSquares(g, acc));
       continue;
     }
-    TESSERA_ASSIGN_OR_RETURN(Tensor flat, g.Reshape({s.n}));
-    TESSERA_ASSIGN_OR_RETURN(Tensor head, s.padded.Slice(0, 0, s.n));
-    TESSERA_RETURN_IF_ERROR(b.Axpby(1.f, flat, 0.f, head));
-    TESSERA_RETURN_IF_ERROR(
-        dp_->ReduceScatter(s.padded.data(), s.grad_shard.data(), s.shard, DType::kF32, comm::ReduceOp::kSum));
+    if (!reduced) {
+      TESSERA_ASSIGN_OR_RETURN(Tensor flat, g.Reshape({s.n}));
+      TESSERA_ASSIGN_OR_RETURN(Tensor head, s.padded.Slice(0, 0, s.n));
+      TESSERA_RETURN_IF_ERROR(b.Axpby(1.f, flat, 0.f, head));
+      TESSERA_RETURN_IF_ERROR(
+          dp_->ReduceScatter(s.padded.data(), s.grad_shard.data(), s.shard, DType::kF32, comm::ReduceOp::kSum));
+    }
     if (!s.norm_elsewhere) TESSERA_RETURN_IF_ERROR(b.SumSquares(s.grad_shard, acc));
   }
   if (zero) TESSERA_RETURN_IF_ERROR(dp_->AllReduce(sq.data(), sq.data(), 2, DType::kF32, comm::ReduceOp::kSum));
@@ -394,6 +425,10 @@ absl::StatusOr<double> Trainer::ReduceGradsAndNorm() {
     TESSERA_RETURN_IF_ERROR(tp_->AllReduce(sq_sharded.data(), sq_sharded.data(), 1, DType::kF32, comm::ReduceOp::kSum));
   if (pp_ != nullptr)  // the stages hold different parameters (a tied embedding's copy is not counted twice)
     TESSERA_RETURN_IF_ERROR(pp_->AllReduce(sq.data(), sq.data(), 2, DType::kF32, comm::ReduceOp::kSum));
+  // A collective stuck on NCCL fails here under the communicators' watchdog, not in the
+  // host copy below (which would wait for ever).
+  for (comm::Communicator* c : {dp_, tp_, pp_})
+    if (c != nullptr) TESSERA_RETURN_IF_ERROR(c->Synchronize());
   float host[2];
   TESSERA_RETURN_IF_ERROR(b.CopyToHost(sq, host));
   return std::sqrt(static_cast<double>(host[0]) + host[1]);
@@ -411,7 +446,9 @@ absl::Status Trainer::Update(float lr, float clip_scale) {
       if (clip_scale != 1.f) TESSERA_RETURN_IF_ERROR(b.Scale(params[i].grad, clip_scale));
       TESSERA_ASSIGN_OR_RETURN(Tensor m, s.m.Reshape(params[i].value.shape()));
       TESSERA_ASSIGN_OR_RETURN(Tensor v, s.v.Reshape(params[i].value.shape()));
-      TESSERA_RETURN_IF_ERROR(b.AdamW(params[i].value, params[i].grad, m, v, hp));
+      // Mixed precision: AdamW writes the bf16 compute copy in the same pass.
+      Tensor* lowp = params[i].compute.defined() ? &params[i].compute : nullptr;
+      TESSERA_RETURN_IF_ERROR(b.AdamW(params[i].value, params[i].grad, m, v, hp, lowp));
       continue;
     }
     const int64_t begin = std::min<int64_t>(s.n, rank * s.shard), len = std::min<int64_t>(s.shard, s.n - begin);
@@ -425,6 +462,7 @@ absl::Status Trainer::Update(float lr, float clip_scale) {
     };
     if (options_.zero == 3) {  // the slice is the parameter; gathered again when a block needs it
       params[i].value = Tensor();
+      params[i].compute = Tensor();
       if (len == 0) continue;
       TESSERA_ASSIGN_OR_RETURN(Tensor p, s.value_shard.Slice(0, 0, len));
       TESSERA_RETURN_IF_ERROR(update_slice(p));
@@ -446,6 +484,7 @@ absl::Status Trainer::Update(float lr, float clip_scale) {
     TESSERA_RETURN_IF_ERROR(dp_->AllGather(s.stage.data(), gathered.data(), s.shard, DType::kF32));
     TESSERA_ASSIGN_OR_RETURN(Tensor head, gathered.Slice(0, 0, s.n));
     TESSERA_RETURN_IF_ERROR(b.Axpby(1.f, head, 0.f, flat));
+    TESSERA_RETURN_IF_ERROR(model_->RefreshCompute(params[i]));
     if (const int64_t tail = s.padded.defined() ? s.padded.numel() - s.n : 0; tail > 0) {
       // ZeRO-1: the next reduce-scatter reads the padding, which must be zero.
       TESSERA_ASSIGN_OR_RETURN(Tensor rest, s.padded.Slice(0, s.n, tail));
@@ -469,9 +508,19 @@ absl::StatusOr<StepStats> Trainer::Step(const std::vector<model::TokenBatch>& mi
     loss_sum = static_cast<float>(l);
     TESSERA_RETURN_IF_ERROR(SumTiedEmbeddingGrads());
   } else {
-    for (const auto& mb : micro_batches) {
-      TESSERA_ASSIGN_OR_RETURN(model::LossSum l, model_->ForwardBackward(mb, scale));
-      loss_sum += static_cast<float>(l.sum);
+    for (size_t i = 0; i < micro_batches.size(); ++i) {
+      // ZeRO-0/1 with DP: the last micro-batch's backward reduces each block's gradients
+      // as it goes, overlapped (NCCL) with the blocks below; joined before the norm.
+      const bool last = i + 1 == micro_batches.size() && hooks_ != nullptr && options_.zero < 2;
+      if (last) reduce_in_backward_ = true, dp_->SetOverlap(true);
+      absl::StatusOr<model::LossSum> l = model_->ForwardBackward(micro_batches[i], scale);
+      if (last) {
+        reduce_in_backward_ = false;
+        dp_->SetOverlap(false);
+        if (l.ok()) TESSERA_RETURN_IF_ERROR(dp_->Join());
+      }
+      if (!l.ok()) return l.status();
+      loss_sum += static_cast<float>(l->sum);
     }
   }
   TESSERA_RETURN_IF_ERROR(AllReduceHost(dp_, &loss_sum, 1));

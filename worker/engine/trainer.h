@@ -12,7 +12,10 @@
 //      its backward (the next block's one ahead) and freed after; AdamW updates the slice,
 //      which is the only copy kept between steps.
 // ZeRO-2/3 work through the model's ParamHooks (worker/model/llama.h). With one DP rank
-// every stage is stage 0.
+// every stage is stage 0. ZeRO-0/1 without a pipeline use the hooks too: during the last
+// micro-batch's backward each block's gradients are all-reduced (reduce-scattered) as soon
+// as the block is done — one bucket per block, on NCCL overlapped with the backward of
+// the blocks below it (Communicator::SetOverlap), joined before the gradient norm.
 //
 // The loss is a token mean over the global batch: every micro-batch's gradient is
 // scaled by 1 / (target tokens of the whole global batch, summed over data-parallel
@@ -107,6 +110,7 @@ class Trainer {
   absl::Status GatherValue(State& s);
   absl::Status EnsureGrad(State& s);
   absl::Status ReduceGrad(State& s);
+  absl::Status ReduceEarly(State& s);  // ZeRO-0/1: the last micro-batch's reduction of one parameter
 
   model::Llama* model_;
   runtime::Backend* backend_;
@@ -115,7 +119,8 @@ class Trainer {
   comm::Communicator* pp_;  // null: one stage
   OptimizerOptions options_;
   std::vector<State> state_;  // per parameter, in the model's order
-  std::unique_ptr<Hooks> hooks_;  // ZeRO-2/3
+  std::unique_ptr<Hooks> hooks_;  // ZeRO-2/3; ZeRO-0/1 with DP and no pipeline
+  bool reduce_in_backward_ = false;  // ZeRO-0/1: during the last micro-batch
   int64_t step_ = 0;
 };
 

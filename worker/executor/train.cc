@@ -26,6 +26,12 @@ absl::StatusOr<std::unique_ptr<TrainSession>> TrainSession::Create(const v1::Job
     if (m.rope_base() > 0) config.rope_base = static_cast<float>(m.rope_base());
     config.tie_embeddings = m.tie_embeddings(), config.qkv_bias = m.qkv_bias();
   }
+  // Mixed precision by default on GPUs (as Megatron's --bf16 / FSDP's MixedPrecision);
+  // the CPU oracle stays f32 (bf16 on the CPU is emulated through f32: slower, no gain).
+  const std::string& precision = t.precision();
+  config.dtype = precision == "bf16" || ((precision.empty() || precision == "auto") && device == v1::GPU)
+                     ? runtime::DType::kBF16
+                     : runtime::DType::kF32;
   std::unique_ptr<TrainSession> s(new TrainSession());
   runtime::Device dev = device == v1::GPU ? runtime::Device::Cuda(device_index) : runtime::Device::Cpu();
   TESSERA_ASSIGN_OR_RETURN(s->backend_, runtime::MakeBackend(dev));
@@ -37,15 +43,17 @@ absl::StatusOr<std::unique_ptr<TrainSession>> TrainSession::Create(const v1::Job
   comm::Communicator* dp = comm_of(parallel::GroupKind::kDpCp);
   comm::Communicator* cp = comm_of(parallel::GroupKind::kCp);
   comm::Communicator* pp = comm_of(parallel::GroupKind::kPp);
-  // NCCL runs on the communicator's own stream, and nothing yet orders it against the
-  // backend's compute stream (events both ways): a multi-GPU training step would race.
-  // Refuse it rather than compute garbage; one GPU is fine (tests/gpu/llama_cuda_test).
-  if (device == v1::GPU)
-    for (comm::Communicator* c : {tp, dp, cp, pp})
-      if (c != nullptr && c->size() > 1)
-        return absl::UnimplementedError(absl::StrCat(
-            "training on more than one GPU is not built yet (group '", c->name(),
-            "' has ", c->size(), " ranks): the compute and NCCL streams are not ordered yet; use one GPU or CPU slots"));
+  // NCCL runs on each communicator's own stream: order it with the backend's compute
+  // stream (events both ways). Pipeline sends would then block the compute stream until
+  // the peer receives — a deadlock under 1F1B — so pipelines stay on CPU slots until
+  // their sends get their own streams.
+  if (device == v1::GPU) {
+    if (pp != nullptr && pp->size() > 1)
+      return absl::UnimplementedError(absl::StrCat("pipeline parallelism on GPUs is not built yet (group '", pp->name(),
+                                                   "' has ", pp->size(), " ranks); use pp 1 on GPUs, or CPU slots"));
+    for (auto& [kind, c] : comms.comms)
+      if (c != nullptr) TESSERA_RETURN_IF_ERROR(c->OrderWith(s->backend_->stream()));
+  }
   const model::StageSpec stage{comms.layout.pp, pp != nullptr ? pp->rank() : 0, comms.layout.vpp};
   TESSERA_ASSIGN_OR_RETURN(s->model_, model::Llama::Create(config, s->backend_.get(), tp, comms.layout.sp, cp, stage));
   s->pad_to_ = comms.layout.sp ? comms.layout.tp : 1;

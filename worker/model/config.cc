@@ -18,6 +18,8 @@ absl::Status LlamaConfig::Validate() const {
   if (heads % kv_heads != 0)
     return Bad(absl::StrCat("heads (", heads, ") must be a multiple of kv_heads (", kv_heads, ")"));
   if (head_dim < 0) return Bad(absl::StrCat("head_dim must be >= 0 (0: hidden / heads), got ", head_dim));
+  if (dtype != runtime::DType::kF32 && dtype != runtime::DType::kBF16)
+    return Bad(absl::StrCat("dtype must be f32 or bf16, got ", runtime::DTypeName(dtype)));
   if (head_dim == 0 && hidden % heads != 0)
     return Bad(absl::StrCat("hidden (", hidden, ") must be a multiple of heads (", heads, ") when head_dim is not set"));
   if (HeadDim() % 2 != 0) return Bad(absl::StrCat("head_dim must be even for RoPE, got ", HeadDim()));

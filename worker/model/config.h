@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "worker/runtime/dtype.h"
 
 namespace tessera::model {
 
@@ -23,6 +24,9 @@ struct LlamaConfig {
   float norm_eps = 1e-5f;
   bool tie_embeddings = false;
   bool qkv_bias = false;  // Qwen2
+  // Compute dtype of activations and of the weights' compute copies: f32, or bf16 (mixed
+  // precision: master weights, gradients and optimizer state stay f32).
+  runtime::DType dtype = runtime::DType::kF32;
 
   int64_t HeadDim() const { return head_dim > 0 ? head_dim : (heads > 0 ? hidden / heads : 0); }
   // INVALID_ARGUMENT naming the field and the expected value when a size is missing or

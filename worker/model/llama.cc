@@ -24,11 +24,12 @@ absl::Status Linear(Backend& b, const Tensor& x, const Tensor& w, Tensor& y) { r
 // dW += dy^T x; dx = dy W + beta_dx dx.
 absl::Status LinearBackward(Backend& b, const Tensor& dy, const Tensor& x, Param& w, Tensor& dx, float beta_dx) {
   TESSERA_RETURN_IF_ERROR(b.Gemm(dy, true, x, false, w.grad, 1.f, 1.f));
-  return b.Gemm(dy, false, w.value, false, dx, 1.f, beta_dx);
+  return b.Gemm(dy, false, w.compute.defined() ? w.compute : w.value, false, dx, 1.f, beta_dx);
 }
 // y [T, n] += bias [n] (broadcast over rows: ones [T, 1] x bias [1, n]).
 absl::Status AddBias(Backend& b, const Tensor& ones, const Param& bias, Tensor& y) {
-  TESSERA_ASSIGN_OR_RETURN(Tensor row, bias.value.Reshape({1, bias.value.numel()}));
+  const Tensor& v = bias.compute.defined() ? bias.compute : bias.value;
+  TESSERA_ASSIGN_OR_RETURN(Tensor row, v.Reshape({1, v.numel()}));
   return b.Gemm(ones, false, row, false, y, 1.f, 1.f);
 }
 // dbias [n] += column sums of dy [T, n].
@@ -94,6 +95,7 @@ Llama::Llama(const LlamaConfig& config, Backend* backend, comm::Communicator* tp
       cp_(cp != nullptr && cp->size() > 1 ? cp : nullptr),
       sp_(sequence_parallel && tp_ != nullptr),
       host_(runtime::MakeCpuBackend()),
+      act_(config.dtype),
       stage_(stage) {}
 Llama::~Llama() = default;
 
@@ -131,7 +133,7 @@ absl::Status Llama::Allocate() {
     if (s.shard_dim >= 0) local[s.shard_dim] /= tp_size();
     TESSERA_ASSIGN_OR_RETURN(Tensor value, New(*backend_, local));
     TESSERA_ASSIGN_OR_RETURN(Tensor grad, New(*backend_, local));
-    params_.push_back({s, std::move(value), std::move(grad)});
+    params_.push_back({s, std::move(value), std::move(grad), runtime::Tensor()});
   }
   TESSERA_RETURN_IF_ERROR(ZeroGrads());
   embed_ = Find("model.embed_tokens.weight");
@@ -193,7 +195,24 @@ absl::Status Llama::SetGlobal(Param& p, const std::vector<float>& global) {
     return absl::InvalidArgumentError(
         absl::StrCat("model: ", p.name(), " has ", n, " elements, got a value of ", global.size()));
   const auto shard = TpShardOf(global, p.spec.shape, p.spec.shard_dim, tp_size(), tp_rank());
-  return backend_->CopyFromHost(shard.data(), p.value);
+  TESSERA_RETURN_IF_ERROR(backend_->CopyFromHost(shard.data(), p.value));
+  return RefreshCompute(p);
+}
+
+absl::Status Llama::RefreshCompute(Param& p) {
+  if (act_ == DType::kF32 || !p.value.defined()) {
+    p.compute = Tensor();
+    return absl::OkStatus();
+  }
+  if (!p.compute.defined() || p.compute.shape() != p.value.shape()) {
+    TESSERA_ASSIGN_OR_RETURN(p.compute, New(*backend_, p.value.shape(), act_));
+  }
+  return backend_->Cast(p.value, p.compute);
+}
+
+absl::Status Llama::RefreshCompute() {
+  for (Param& p : params_) TESSERA_RETURN_IF_ERROR(RefreshCompute(p));
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<float>> Llama::GatherGlobal(const Param& p, bool grad) {
@@ -260,9 +279,15 @@ absl::StatusOr<Llama::Inputs> Llama::Upload(const TokenBatch& batch) {
     std::copy(half.begin(), half.end(), in.cu_half.data_as<int32_t>());
   }
   if (config_.qkv_bias) {
-    TESSERA_ASSIGN_OR_RETURN(in.ones, New(b, {t, 1}));
+    TESSERA_ASSIGN_OR_RETURN(Tensor ones_f32, New(b, {t, 1}));
     const std::vector<float> ones(t, 1.f);
-    TESSERA_RETURN_IF_ERROR(b.CopyFromHost(ones.data(), in.ones));
+    TESSERA_RETURN_IF_ERROR(b.CopyFromHost(ones.data(), ones_f32));
+    if (act_ == DType::kF32) {
+      in.ones = ones_f32;
+    } else {
+      TESSERA_ASSIGN_OR_RETURN(in.ones, New(b, {t, 1}, act_));
+      TESSERA_RETURN_IF_ERROR(b.Cast(ones_f32, in.ones));
+    }
   }
   return in;
 }
@@ -271,7 +296,7 @@ absl::StatusOr<Llama::Inputs> Llama::Upload(const TokenBatch& batch) {
 // all-gathered into [T, H]; without, every rank already holds all tokens.
 absl::StatusOr<Tensor> Llama::EnterTp(const Tensor& local) {
   if (!sp_) return local;
-  TESSERA_ASSIGN_OR_RETURN(Tensor full, New(*backend_, {local.dim(0) * tp_size(), local.dim(1)}));
+  TESSERA_ASSIGN_OR_RETURN(Tensor full, New(*backend_, {local.dim(0) * tp_size(), local.dim(1)}, local.dtype()));
   TESSERA_RETURN_IF_ERROR(tp_->AllGather(local.data(), full.data(), local.numel(), local.dtype()));
   return full;
 }
@@ -283,7 +308,7 @@ absl::StatusOr<Tensor> Llama::LeaveTp(Tensor& partial) {
     TESSERA_RETURN_IF_ERROR(AllReduce(partial));
     return partial;
   }
-  TESSERA_ASSIGN_OR_RETURN(Tensor local, New(*backend_, {partial.dim(0) / tp_size(), partial.dim(1)}));
+  TESSERA_ASSIGN_OR_RETURN(Tensor local, New(*backend_, {partial.dim(0) / tp_size(), partial.dim(1)}, partial.dtype()));
   TESSERA_RETURN_IF_ERROR(
       tp_->ReduceScatter(partial.data(), local.data(), local.numel(), partial.dtype(), comm::ReduceOp::kSum));
   return local;
@@ -294,7 +319,7 @@ absl::StatusOr<Tensor> Llama::LeaveTp(Tensor& partial) {
 absl::Status Llama::NormBackward(const Tensor& dy, const Tensor& x, Param& w, const Tensor& rstd, Tensor& dx) {
   Backend& b = *backend_;
   TESSERA_ASSIGN_OR_RETURN(Tensor dw, New(b, {w.value.numel()}));
-  TESSERA_RETURN_IF_ERROR(b.RmsNormBackward(dy, x, w.value, rstd, dx, dw));
+  TESSERA_RETURN_IF_ERROR(b.RmsNormBackward(dy, x, W(w), rstd, dx, dw));
   if (sp_) TESSERA_RETURN_IF_ERROR(AllReduce(dw));
   return b.Axpby(1.f, dw, 1.f, w.grad);
 }
@@ -306,14 +331,14 @@ absl::Status Llama::LayerForward(const LayerParams& w, const Inputs& in, const T
   const int64_t tl = x.dim(0), t = in.tokens.numel(), d = c.HeadDim(), hq = c.heads / tp_size(),
                 hkv = c.kv_heads / tp_size(), ffn = c.ffn / tp_size();
   a.x_in = x;
-  TESSERA_ASSIGN_OR_RETURN(a.xn1, New(b, {tl, c.hidden}));
+  TESSERA_ASSIGN_OR_RETURN(a.xn1, New(b, {tl, c.hidden}, act_));
   TESSERA_ASSIGN_OR_RETURN(a.rstd1, New(b, {tl}));
-  TESSERA_RETURN_IF_ERROR(b.RmsNormForward(x, w.norm1->value, c.norm_eps, a.xn1, a.rstd1));
+  TESSERA_RETURN_IF_ERROR(b.RmsNormForward(x, W(*w.norm1), c.norm_eps, a.xn1, a.rstd1));
   TESSERA_ASSIGN_OR_RETURN(a.xn1_full, EnterTp(a.xn1));
   // Q, K, V projections (+ bias), then RoPE on Q and K.
   auto project = [&](const Param* wt, const Param* bias, int64_t heads, Tensor& lin) -> absl::Status {
-    TESSERA_ASSIGN_OR_RETURN(lin, New(b, {t, heads * d}));
-    TESSERA_RETURN_IF_ERROR(Linear(b, a.xn1_full, wt->value, lin));
+    TESSERA_ASSIGN_OR_RETURN(lin, New(b, {t, heads * d}, act_));
+    TESSERA_RETURN_IF_ERROR(Linear(b, a.xn1_full, W(*wt), lin));
     if (bias != nullptr) TESSERA_RETURN_IF_ERROR(AddBias(b, in.ones, *bias, lin));
     TESSERA_ASSIGN_OR_RETURN(lin, lin.Reshape({t, heads, d}));
     return absl::OkStatus();
@@ -322,11 +347,11 @@ absl::Status Llama::LayerForward(const LayerParams& w, const Inputs& in, const T
   TESSERA_RETURN_IF_ERROR(project(w.wq, w.bq, hq, q_lin));
   TESSERA_RETURN_IF_ERROR(project(w.wk, w.bk, hkv, k_lin));
   TESSERA_RETURN_IF_ERROR(project(w.wv, w.bv, hkv, a.v));
-  TESSERA_ASSIGN_OR_RETURN(a.q, New(b, {t, hq, d}));
-  TESSERA_ASSIGN_OR_RETURN(a.k, New(b, {t, hkv, d}));
+  TESSERA_ASSIGN_OR_RETURN(a.q, New(b, {t, hq, d}, act_));
+  TESSERA_ASSIGN_OR_RETURN(a.k, New(b, {t, hkv, d}, act_));
   TESSERA_RETURN_IF_ERROR(b.Rope(q_lin, in.positions, c.rope_base, a.q));
   TESSERA_RETURN_IF_ERROR(b.Rope(k_lin, in.positions, c.rope_base, a.k));
-  TESSERA_ASSIGN_OR_RETURN(a.o, New(b, {t, hq, d}));
+  TESSERA_ASSIGN_OR_RETURN(a.o, New(b, {t, hq, d}, act_));
   TESSERA_ASSIGN_OR_RETURN(a.lse, New(b, {t, hq}));
   if (cp_ != nullptr) {
     TESSERA_RETURN_IF_ERROR(RingAttentionForward(b, *cp_, a.q, a.k, a.v, in.cu_half, a.o, a.lse));
@@ -335,23 +360,23 @@ absl::Status Llama::LayerForward(const LayerParams& w, const Inputs& in, const T
   }
   // Output projection (row-parallel: partial sums over this rank's heads) and the first residual.
   TESSERA_ASSIGN_OR_RETURN(Tensor o2, a.o.Reshape({t, hq * d}));
-  TESSERA_ASSIGN_OR_RETURN(Tensor attn, New(b, {t, c.hidden}));
-  TESSERA_RETURN_IF_ERROR(Linear(b, o2, w.wo->value, attn));
+  TESSERA_ASSIGN_OR_RETURN(Tensor attn, New(b, {t, c.hidden}, act_));
+  TESSERA_RETURN_IF_ERROR(Linear(b, o2, W(*w.wo), attn));
   TESSERA_ASSIGN_OR_RETURN(a.x_mid, LeaveTp(attn));
   TESSERA_RETURN_IF_ERROR(b.Axpby(1.f, x, 1.f, a.x_mid));
   // MLP and the second residual.
-  TESSERA_ASSIGN_OR_RETURN(a.xn2, New(b, {tl, c.hidden}));
+  TESSERA_ASSIGN_OR_RETURN(a.xn2, New(b, {tl, c.hidden}, act_));
   TESSERA_ASSIGN_OR_RETURN(a.rstd2, New(b, {tl}));
-  TESSERA_RETURN_IF_ERROR(b.RmsNormForward(a.x_mid, w.norm2->value, c.norm_eps, a.xn2, a.rstd2));
+  TESSERA_RETURN_IF_ERROR(b.RmsNormForward(a.x_mid, W(*w.norm2), c.norm_eps, a.xn2, a.rstd2));
   TESSERA_ASSIGN_OR_RETURN(a.xn2_full, EnterTp(a.xn2));
-  TESSERA_ASSIGN_OR_RETURN(a.gate, New(b, {t, ffn}));
-  TESSERA_ASSIGN_OR_RETURN(a.up, New(b, {t, ffn}));
-  TESSERA_ASSIGN_OR_RETURN(a.act, New(b, {t, ffn}));
-  TESSERA_RETURN_IF_ERROR(Linear(b, a.xn2_full, w.wg->value, a.gate));
-  TESSERA_RETURN_IF_ERROR(Linear(b, a.xn2_full, w.wu->value, a.up));
+  TESSERA_ASSIGN_OR_RETURN(a.gate, New(b, {t, ffn}, act_));
+  TESSERA_ASSIGN_OR_RETURN(a.up, New(b, {t, ffn}, act_));
+  TESSERA_ASSIGN_OR_RETURN(a.act, New(b, {t, ffn}, act_));
+  TESSERA_RETURN_IF_ERROR(Linear(b, a.xn2_full, W(*w.wg), a.gate));
+  TESSERA_RETURN_IF_ERROR(Linear(b, a.xn2_full, W(*w.wu), a.up));
   TESSERA_RETURN_IF_ERROR(b.SwiGluForward(a.gate, a.up, a.act));
-  TESSERA_ASSIGN_OR_RETURN(Tensor mlp, New(b, {t, c.hidden}));
-  TESSERA_RETURN_IF_ERROR(Linear(b, a.act, w.wd->value, mlp));
+  TESSERA_ASSIGN_OR_RETURN(Tensor mlp, New(b, {t, c.hidden}, act_));
+  TESSERA_RETURN_IF_ERROR(Linear(b, a.act, W(*w.wd), mlp));
   TESSERA_ASSIGN_OR_RETURN(out, LeaveTp(mlp));  // row-parallel
   return b.Axpby(1.f, a.x_mid, 1.f, out);
 }
@@ -365,35 +390,35 @@ absl::Status Llama::LayerBackward(const LayerParams& w, const Inputs& in, const 
                 ffn = c.ffn / tp_size();
   // MLP: out = x_mid + down(swiglu(gate(xn2), up(xn2))), xn2 = norm2(x_mid).
   TESSERA_ASSIGN_OR_RETURN(Tensor dmlp, EnterTp(dx));
-  TESSERA_ASSIGN_OR_RETURN(Tensor dact, New(b, {t, ffn}));
+  TESSERA_ASSIGN_OR_RETURN(Tensor dact, New(b, {t, ffn}, act_));
   TESSERA_RETURN_IF_ERROR(LinearBackward(b, dmlp, a.act, *w.wd, dact, 0.f));
-  TESSERA_ASSIGN_OR_RETURN(Tensor dgate, New(b, {t, ffn}));
-  TESSERA_ASSIGN_OR_RETURN(Tensor dup, New(b, {t, ffn}));
+  TESSERA_ASSIGN_OR_RETURN(Tensor dgate, New(b, {t, ffn}, act_));
+  TESSERA_ASSIGN_OR_RETURN(Tensor dup, New(b, {t, ffn}, act_));
   TESSERA_RETURN_IF_ERROR(b.SwiGluBackward(dact, a.gate, a.up, dgate, dup));
-  TESSERA_ASSIGN_OR_RETURN(Tensor dxn_full, New(b, {t, c.hidden}));
+  TESSERA_ASSIGN_OR_RETURN(Tensor dxn_full, New(b, {t, c.hidden}, act_));
   TESSERA_RETURN_IF_ERROR(LinearBackward(b, dgate, a.xn2_full, *w.wg, dxn_full, 0.f));
   TESSERA_RETURN_IF_ERROR(LinearBackward(b, dup, a.xn2_full, *w.wu, dxn_full, 1.f));
   TESSERA_ASSIGN_OR_RETURN(Tensor dxn, LeaveTp(dxn_full));  // column-parallel: partial input gradients
-  TESSERA_ASSIGN_OR_RETURN(Tensor dnorm, New(b, dx.shape()));
+  TESSERA_ASSIGN_OR_RETURN(Tensor dnorm, New(b, dx.shape(), dx.dtype()));
   TESSERA_RETURN_IF_ERROR(NormBackward(dxn, a.x_mid, *w.norm2, a.rstd2, dnorm));
   TESSERA_RETURN_IF_ERROR(b.Axpby(1.f, dnorm, 1.f, dx));  // dx = d(x_mid)
   // Attention: x_mid = x_in + o_proj(attn(rope(q(xn1)), rope(k(xn1)), v(xn1))).
   TESSERA_ASSIGN_OR_RETURN(Tensor dattn, EnterTp(dx));
   TESSERA_ASSIGN_OR_RETURN(Tensor o2, a.o.Reshape({t, hq * d}));
-  TESSERA_ASSIGN_OR_RETURN(Tensor do2, New(b, {t, hq * d}));
+  TESSERA_ASSIGN_OR_RETURN(Tensor do2, New(b, {t, hq * d}, act_));
   TESSERA_RETURN_IF_ERROR(LinearBackward(b, dattn, o2, *w.wo, do2, 0.f));
   TESSERA_ASSIGN_OR_RETURN(Tensor do3, do2.Reshape({t, hq, d}));
-  TESSERA_ASSIGN_OR_RETURN(Tensor dq, New(b, {t, hq, d}));
-  TESSERA_ASSIGN_OR_RETURN(Tensor dk, New(b, {t, hkv, d}));
-  TESSERA_ASSIGN_OR_RETURN(Tensor dv, New(b, {t, hkv, d}));
+  TESSERA_ASSIGN_OR_RETURN(Tensor dq, New(b, {t, hq, d}, act_));
+  TESSERA_ASSIGN_OR_RETURN(Tensor dk, New(b, {t, hkv, d}, act_));
+  TESSERA_ASSIGN_OR_RETURN(Tensor dv, New(b, {t, hkv, d}, act_));
   if (cp_ != nullptr) {
     TESSERA_RETURN_IF_ERROR(RingAttentionBackward(b, *cp_, a.q, a.k, a.v, in.cu_half, a.o, do3, a.lse, dq, dk, dv));
   } else {
     TESSERA_RETURN_IF_ERROR(b.AttentionBackward(a.q, a.k, a.v, in.cu, true, a.o, do3, a.lse, dq, dk, dv));
   }
   // RoPE is a rotation: its backward rotates back.
-  TESSERA_ASSIGN_OR_RETURN(Tensor dq_lin, New(b, {t, hq, d}));
-  TESSERA_ASSIGN_OR_RETURN(Tensor dk_lin, New(b, {t, hkv, d}));
+  TESSERA_ASSIGN_OR_RETURN(Tensor dq_lin, New(b, {t, hq, d}, act_));
+  TESSERA_ASSIGN_OR_RETURN(Tensor dk_lin, New(b, {t, hkv, d}, act_));
   TESSERA_RETURN_IF_ERROR(b.Rope(dq, in.positions, c.rope_base, dq_lin, /*inverse=*/true));
   TESSERA_RETURN_IF_ERROR(b.Rope(dk, in.positions, c.rope_base, dk_lin, /*inverse=*/true));
   TESSERA_ASSIGN_OR_RETURN(dq_lin, dq_lin.Reshape({t, hq * d}));
@@ -451,9 +476,9 @@ absl::StatusOr<Tensor> Llama::ChunkForward(int chunk, const TokenBatch& batch, F
   const int64_t t = batch.size(), vocab = c.vocab / tp_size(), vocab_start = tp_rank() * vocab;
   Tensor x;
   if (FirstVirtualStage(chunk)) {
-    TESSERA_ASSIGN_OR_RETURN(Tensor emb, New(b, {t, c.hidden}));
+    TESSERA_ASSIGN_OR_RETURN(Tensor emb, New(b, {t, c.hidden}, act_));
     TESSERA_RETURN_IF_ERROR(acquire(0, Phase::kForward));
-    TESSERA_RETURN_IF_ERROR(b.EmbeddingForward(f.in.tokens, embed_->value, vocab_start, emb));
+    TESSERA_RETURN_IF_ERROR(b.EmbeddingForward(f.in.tokens, W(*embed_), vocab_start, emb));
     TESSERA_RETURN_IF_ERROR(release(0, Phase::kForward));
     TESSERA_ASSIGN_OR_RETURN(x, LeaveTp(emb));  // vocab-parallel: each id's row lives on one rank
   } else {
@@ -478,12 +503,12 @@ absl::StatusOr<Tensor> Llama::ChunkForward(int chunk, const TokenBatch& batch, F
   // the head block stays acquired: its backward comes next.
   TESSERA_RETURN_IF_ERROR(acquire(head_block, Phase::kForward));
   f.x_last = x;
-  TESSERA_ASSIGN_OR_RETURN(f.xn, New(b, x.shape()));
+  TESSERA_ASSIGN_OR_RETURN(f.xn, New(b, x.shape(), act_));
   TESSERA_ASSIGN_OR_RETURN(f.rstd, New(b, {x.dim(0)}));
-  TESSERA_RETURN_IF_ERROR(b.RmsNormForward(x, final_norm_->value, c.norm_eps, f.xn, f.rstd));
+  TESSERA_RETURN_IF_ERROR(b.RmsNormForward(x, W(*final_norm_), c.norm_eps, f.xn, f.rstd));
   TESSERA_ASSIGN_OR_RETURN(f.xn_full, EnterTp(f.xn));
-  TESSERA_ASSIGN_OR_RETURN(f.logits, New(b, {t, vocab}));
-  TESSERA_RETURN_IF_ERROR(Linear(b, f.xn_full, lm_head_->value, f.logits));
+  TESSERA_ASSIGN_OR_RETURN(f.logits, New(b, {t, vocab}, act_));
+  TESSERA_RETURN_IF_ERROR(Linear(b, f.xn_full, W(*lm_head_), f.logits));
   if (logits_out != nullptr) {
     logits_out->resize(f.logits.numel());
     TESSERA_RETURN_IF_ERROR(b.CopyToHost(f.logits, logits_out->data()));
@@ -519,17 +544,17 @@ absl::StatusOr<Tensor> Llama::ChunkBackward(int chunk, Flight& f, const Tensor* 
     TESSERA_ASSIGN_OR_RETURN(Tensor dloss_t, New(b, {t}));
     TESSERA_RETURN_IF_ERROR(b.CopyFromHost(f.lse.data(), lse_t));
     TESSERA_RETURN_IF_ERROR(b.CopyFromHost(f.dloss.data(), dloss_t));
-    TESSERA_ASSIGN_OR_RETURN(Tensor dlogits, New(b, {t, vocab}));
+    TESSERA_ASSIGN_OR_RETURN(Tensor dlogits, New(b, {t, vocab}, act_));
     TESSERA_RETURN_IF_ERROR(b.CrossEntropyBackward(f.logits, f.in.targets, vocab_start, lse_t, dloss_t, dlogits));
     f.logits = Tensor();
-    TESSERA_ASSIGN_OR_RETURN(Tensor dxn_full, New(b, {t, c.hidden}));
+    TESSERA_ASSIGN_OR_RETURN(Tensor dxn_full, New(b, {t, c.hidden}, act_));
     TESSERA_RETURN_IF_ERROR(LinearBackward(b, dlogits, f.xn_full, *lm_head_, dxn_full, 0.f));
     TESSERA_ASSIGN_OR_RETURN(Tensor dxn, LeaveTp(dxn_full));
-    TESSERA_ASSIGN_OR_RETURN(dx, New(b, f.x_last.shape()));
+    TESSERA_ASSIGN_OR_RETURN(dx, New(b, f.x_last.shape(), act_));
     TESSERA_RETURN_IF_ERROR(NormBackward(dxn, f.x_last, *final_norm_, f.rstd, dx));
     TESSERA_RETURN_IF_ERROR(done(head_block));
   } else {  // the next stage's gradient of this chunk's output (copied: the backward works in place)
-    TESSERA_ASSIGN_OR_RETURN(dx, New(b, grad_output->shape()));
+    TESSERA_ASSIGN_OR_RETURN(dx, New(b, grad_output->shape(), grad_output->dtype()));
     TESSERA_RETURN_IF_ERROR(b.Axpby(1.f, *grad_output, 0.f, dx));
   }
   const auto& layers = chunk_layers_[chunk];
@@ -573,8 +598,10 @@ absl::StatusOr<Tensor> Llama::PipelineForward(int chunk, int64_t micro_batch, co
   TESSERA_RETURN_IF_ERROR(CheckBatch(batch));
   if (FirstVirtualStage(chunk) != (input == nullptr))
     return absl::InvalidArgumentError("model: the first virtual stage takes no input, every other one does");
-  if (input != nullptr && (input->rank() != 2 || input->dim(0) != StageTokens(batch) || input->dim(1) != config_.hidden))
-    return absl::InvalidArgumentError(absl::StrCat("model: stage input ", input->ShapeString(), ", expected [",
+  if (input != nullptr && (input->rank() != 2 || input->dim(0) != StageTokens(batch) ||
+                           input->dim(1) != config_.hidden || input->dtype() != act_))
+    return absl::InvalidArgumentError(absl::StrCat("model: stage input ", runtime::DTypeName(input->dtype()), " ",
+                                                   input->ShapeString(), ", expected ", runtime::DTypeName(act_), " [",
                                                    StageTokens(batch), ", ", config_.hidden, "]"));
   auto& slot = flights_[{chunk, micro_batch}];
   if (slot != nullptr)
@@ -617,6 +644,7 @@ absl::StatusOr<std::vector<float>> Llama::CrossEntropyLse(const Tensor& logits, 
   TESSERA_RETURN_IF_ERROR(b.CopyToHost(part[1], sum.data()));
   if (tp_ != nullptr) {
     TESSERA_RETURN_IF_ERROR(tp_->AllReduce(part[0].data(), part[2].data(), t, part[0].dtype(), comm::ReduceOp::kMax));
+    TESSERA_RETURN_IF_ERROR(tp_->Synchronize());  // under the watchdog, before the host waits
     std::vector<float> global_max(t);
     TESSERA_RETURN_IF_ERROR(b.CopyToHost(part[2], global_max.data()));
     for (int64_t i = 0; i < t; ++i) sum[i] *= std::exp(mx[i] - global_max[i]);

@@ -2,8 +2,12 @@
 // attention with RoPE (optional QKV bias) -> residual -> RMSNorm -> SwiGLU MLP ->
 // residual, final RMSNorm, LM head (optionally tied to the embedding). Explicit forward
 // and backward per layer with saved activations — no autograd. Runs on any Backend
-// (the CPU backend is the oracle); parameters, activations and gradients are f32 here
-// (mixed precision and the other parallel layouts build on this in the training engine).
+// (the CPU backend is the oracle). Parameters (the master copy), their gradients and the
+// optimizer's state are f32; activations are config.dtype: f32, or bf16 with mixed
+// precision, where each parameter also has a bf16 compute copy (Param::compute) that
+// forward and backward use, weight gradients are accumulated straight into the f32
+// gradients (bf16 x bf16 -> f32 GEMMs) and statistics (RMSNorm rstd, attention lse,
+// cross-entropy partials) stay f32.
 //
 // Tensor parallelism (Megatron), when given a TP communicator of size tp: q/k/v and
 // gate/up are column-parallel (this rank's heads and MLP columns), o and down are
@@ -79,8 +83,9 @@ class ParamHooks {
 
 struct Param {
   ParamSpec spec;         // name, global shape, tensor-parallel dimension
-  runtime::Tensor value;  // f32, this rank's shard
+  runtime::Tensor value;  // f32, this rank's shard (the master weights)
   runtime::Tensor grad;   // f32, accumulated by ForwardBackward
+  runtime::Tensor compute;  // bf16 copy of value when config.dtype is bf16 (Llama::RefreshCompute)
   const std::string& name() const { return spec.name; }
 };
 
@@ -111,6 +116,11 @@ class Llama {
   // The full (global) value or gradient of a parameter, gathered over the TP group
   // (every rank of the group must call it).
   absl::StatusOr<std::vector<float>> GatherGlobal(const Param& p, bool grad);
+  // Mixed precision: whoever writes a parameter's value (the optimizer, a ZeRO-3
+  // gather, a checkpoint load) refreshes its compute copy; SetGlobal does it itself.
+  // A no-op in f32; with no value present (ZeRO-3 between uses) the copy is dropped.
+  absl::Status RefreshCompute(Param& p);
+  absl::Status RefreshCompute();
   // Zeroes every gradient buffer that is present (ZeRO-2/3 keep none between blocks).
   absl::Status ZeroGrads();
 
@@ -165,6 +175,8 @@ class Llama {
                                                std::vector<float>* logits_out);
   absl::StatusOr<runtime::Tensor> ChunkBackward(int chunk, Flight& f, const runtime::Tensor* grad_output);
   int tp_size() const { return tp_ ? tp_->size() : 1; }
+  // The weight a forward or backward multiplies with: its compute copy under mixed precision.
+  static const runtime::Tensor& W(const Param& p) { return p.compute.defined() ? p.compute : p.value; }
   int tp_rank() const { return tp_ ? tp_->rank() : 0; }
   absl::Status AllReduce(runtime::Tensor& t);  // sum over the TP group, in place
   absl::StatusOr<runtime::Tensor> EnterTp(const runtime::Tensor& local);
@@ -186,6 +198,7 @@ class Llama {
   comm::Communicator* cp_;  // null: no context parallelism
   bool sp_;                 // sequence parallel (only with tp_)
   std::unique_ptr<runtime::Backend> host_;  // host tensors (cu_seqlens) of every micro-batch
+  runtime::DType act_;                      // activations: config_.dtype
   std::vector<Param> params_;
   std::vector<LayerParams> layers_;
   Param *embed_ = nullptr, *final_norm_ = nullptr, *lm_head_ = nullptr;

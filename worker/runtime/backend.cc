@@ -115,7 +115,7 @@ absl::Status Backend::Gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, T
   if (a.rank() != 2 || b.rank() != 2 || c.rank() != 2)
     return Bad(op, absl::StrCat("a ", a.ShapeString(), ", b ", b.ShapeString(), ", c ", c.ShapeString(), " must be 2-D"));
   TRY(SameDType(op, "a", a, "b", b));
-  TRY(SameDType(op, "a", a, "c", c));
+  if (!(a.dtype() == DType::kBF16 && c.dtype() == DType::kF32)) TRY(SameDType(op, "a", a, "c", c));
   if (!Float(a.dtype())) return Bad(op, "only f32 and bf16 are supported");
   int64_t m = ta ? a.dim(1) : a.dim(0), k = ta ? a.dim(0) : a.dim(1);
   int64_t kb = tb ? b.dim(1) : b.dim(0), n = tb ? b.dim(0) : b.dim(1);

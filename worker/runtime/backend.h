@@ -33,6 +33,9 @@ class Backend {
   virtual Device device() const = 0;
   virtual Allocator* allocator() = 0;
   virtual absl::Status Synchronize() = 0;
+  // The cudaStream_t every op is enqueued on (null on the CPU): NCCL communicators
+  // order themselves with it (Communicator::OrderWith).
+  virtual void* stream() const { return nullptr; }
   // Host <-> backend copies of a whole contiguous tensor.
   virtual absl::Status CopyFromHost(const void* src, Tensor& dst) = 0;
   virtual absl::Status CopyToHost(const Tensor& src, void* dst) = 0;
@@ -52,7 +55,8 @@ class Backend {
   absl::Status SwiGluForward(const Tensor& gate, const Tensor& up, Tensor& y);
   absl::Status SwiGluBackward(const Tensor& dy, const Tensor& gate, const Tensor& up, Tensor& dgate, Tensor& dup);
   // c = alpha * op(a) @ op(b) + beta * c, row-major 2-D; op transposes when t* is set.
-  // f32 x f32 -> f32, or bf16 x bf16 -> bf16 with f32 accumulation.
+  // f32 x f32 -> f32, or bf16 x bf16 -> bf16 or f32 (weight gradients accumulated into
+  // f32 main gradients), with f32 accumulation.
   absl::Status Gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c, float alpha = 1.f, float beta = 0.f);
   // Vocab-parallel embedding: table [rows, hidden] holds ids [vocab_start, vocab_start+rows);
   // ids [n] i32; out [n, hidden] (zeros for ids outside the shard); dtable f32 [rows, hidden].

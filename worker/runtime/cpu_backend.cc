@@ -59,7 +59,7 @@ class CpuBackend final : public Backend {
   }
   absl::Status DoGemm(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c, float alpha, float beta) override {
     int64_t m = c.dim(0), n = c.dim(1), k = ta ? a.dim(0) : a.dim(1);
-    return kernels::GemmCpu(a.data(), ta, b.data(), tb, c.data(), m, n, k, alpha, beta, a.dtype());
+    return kernels::GemmCpu(a.data(), ta, b.data(), tb, c.data(), m, n, k, alpha, beta, a.dtype(), c.dtype());
   }
   absl::Status DoEmbeddingForward(const Tensor& ids, const Tensor& table, int64_t vs, Tensor& out) override {
     return kernels::EmbeddingForwardCpu(ids.data_as<int32_t>(), table.data(), out.data(), ids.dim(0), table.dim(0),

@@ -103,6 +103,7 @@ class CudaBackend final : public Backend {
   }
   Device device() const override { return Device::Cuda(device_); }
   Allocator* allocator() override { return alloc_.get(); }
+  void* stream() const override { return stream_; }
   absl::Status Synchronize() override { return Cuda(cudaStreamSynchronize(stream_), "synchronize"); }
   absl::Status CopyFromHost(const void* src, Tensor& dst) override {
     return Cuda(cudaMemcpyAsync(dst.data(), src, dst.nbytes(), cudaMemcpyHostToDevice, stream_), "copy to device");
@@ -136,7 +137,7 @@ class CudaBackend final : public Backend {
   }
   absl::Status DoGemm(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c, float alpha, float beta) override {
     int64_t m = c.dim(0), n = c.dim(1), k = ta ? a.dim(0) : a.dim(1);
-    return kernels::GemmCuda(a.data(), ta, b.data(), tb, c.data(), m, n, k, alpha, beta, a.dtype(), lt_, workspace_,
+    return kernels::GemmCuda(a.data(), ta, b.data(), tb, c.data(), m, n, k, alpha, beta, a.dtype(), c.dtype(), lt_, workspace_,
                              kWorkspace, stream_);
   }
   absl::Status DoEmbeddingForward(const Tensor& ids, const Tensor& table, int64_t vs, Tensor& out) override {

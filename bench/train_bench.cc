@@ -1,0 +1,161 @@
+// Training throughput of the engine on one or more GPUs of one host (bench/llama_train_peer.py
+// is the PyTorch peer — DDP / FSDP2 under torchrun —, run in the same call by
+// scripts/gpu-train.sh): a Llama of the given shape, random tokens (fixed seed), per DP
+// rank `--micro` micro-batches of one `--seq`-token sequence per step (weak scaling),
+// `--tp`, `--dp`, `--zero`, `--sp` as a job's layout (ranks on threads, NCCL);
+// AdamW; `--warmup` untimed steps, then `--steps` timed ones (each step ends on the host:
+// the loss is read; the slowest rank's time counts). Prints one JSON line: tokens/s, step ms,
+// model TFLOP/s in all and per GPU (Megatron's
+// 6 N per token + causal attention 6 L Hq D s^2, the formula the pretrain driver
+// reports), peak memory, the losses.
+//
+//   train_bench --hidden 2048 --layers 16 --heads 32 --kv-heads 8 --ffn 8192 --vocab 128256
+//               --seq 4096 --micro 4 --steps 10 --warmup 3 [--tied 1] [--dtype bf16] [--recompute 0]
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <random>
+#include <string>
+
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "tests/common/mem_store.h"
+#include "worker/comm/nccl_communicator.h"
+#include "worker/engine/trainer.h"
+
+using namespace tessera;
+
+namespace {
+
+std::map<std::string, std::string> Args(int argc, char** argv) {
+  std::map<std::string, std::string> a;
+  for (int i = 1; i + 1 < argc; i += 2) a[argv[i] + 2] = argv[i + 1];
+  return a;
+}
+
+// Fast deterministic init (the benchmark's values do not matter, only that they are
+// sane): uniform with std 0.02 for matrices, ones for norms.
+absl::Status Init(model::Llama& m, uint64_t seed) {
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (auto& p : m.params()) {
+    int64_t n = 1;
+    for (int64_t d : p.spec.shape) n *= d;
+    std::vector<float> v(n);
+    const bool norm = p.name().find("norm") != std::string::npos;
+    for (auto& f : v) {
+      if (norm) { f = 1.f; continue; }
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+      f = (static_cast<float>(x >> 40) / static_cast<float>(1 << 24) - 0.5f) * 0.0693f;  // std 0.02
+    }
+    if (auto s = m.SetGlobal(p, v); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+struct Result {
+  absl::Status status;
+  std::vector<double> losses;
+  double seconds = 0, peak_gib = 0;
+};
+
+// One rank: its model, trainer and data (`micro` micro-batches of its DP rank).
+void RunRank(const model::LlamaConfig& c, int device, comm::Communicator* tp, comm::Communicator* dp, int zero,
+             bool sp, bool recompute, int64_t seq, int64_t micro, int64_t steps, int64_t warmup, int dp_rank,
+             Result& out) {
+  auto fail = [&](absl::Status s) { out.status = std::move(s); };
+  auto be = runtime::MakeCudaBackend(device);
+  if (!be.ok()) return fail(be.status());
+  for (comm::Communicator* g : {tp, dp})
+    if (g != nullptr)
+      if (auto s = g->OrderWith((*be)->stream()); !s.ok()) return fail(s);
+  auto m = model::Llama::Create(c, be->get(), tp, sp);
+  if (!m.ok()) return fail(m.status());
+  if (auto s = Init(**m, 7); !s.ok()) return fail(s);
+  (*m)->set_recompute(recompute);
+  engine::OptimizerOptions o;
+  o.lr = 3e-4f, o.min_lr = 3e-5f, o.warmup_steps = 2, o.total_steps = warmup + steps, o.clip_norm = 1.f;
+  o.weight_decay = 0.1f, o.zero = zero;
+  auto t = engine::Trainer::Create(m->get(), be->get(), dp, tp, o);
+  if (!t.ok()) return fail(t.status());
+  std::mt19937_64 rng(11 + dp_rank);
+  std::vector<model::TokenBatch> batches(micro);
+  for (auto& b : batches) {
+    b.cu_seqlens = {0, static_cast<int32_t>(seq)};
+    for (int64_t i = 0; i < seq; ++i) b.tokens.push_back(static_cast<int32_t>(rng() % c.vocab));
+    for (int64_t i = 0; i < seq; ++i) b.targets.push_back(i + 1 < seq ? b.tokens[i + 1] : -1);
+    for (int64_t i = 0; i < seq; ++i) b.positions.push_back(static_cast<int32_t>(i));
+  }
+  std::chrono::steady_clock::time_point t0;
+  for (int64_t s = 0; s < warmup + steps; ++s) {
+    if (s == warmup) {
+      (*be)->allocator()->ResetPeak();
+      t0 = std::chrono::steady_clock::now();
+    }
+    auto st = (*t)->Step(batches);
+    if (!st.ok()) return fail(st.status());
+    out.losses.push_back(st->loss);
+  }
+  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  out.peak_gib = (*be)->allocator()->stats().peak_bytes / double(1 << 30);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  auto a = Args(argc, argv);
+  auto get = [&](const char* k, int64_t d) { return a.count(k) ? std::atoll(a[k].c_str()) : d; };
+  model::LlamaConfig c;
+  c.hidden = get("hidden", 2048), c.layers = get("layers", 16), c.heads = get("heads", 32);
+  c.kv_heads = get("kv-heads", 8), c.ffn = get("ffn", 8192), c.vocab = get("vocab", 128256);
+  c.tie_embeddings = get("tied", 1) != 0;
+  c.rope_base = 500000.f;
+  c.dtype = a.count("dtype") && a["dtype"] == "f32" ? runtime::DType::kF32 : runtime::DType::kBF16;
+  const int64_t seq = get("seq", 4096), micro = get("micro", 4), steps = get("steps", 10), warmup = get("warmup", 3);
+  const int tp = static_cast<int>(get("tp", 1)), dp = static_cast<int>(get("dp", 1)), zero = static_cast<int>(get("zero", 0));
+  const bool sp = get("sp", 0) != 0, recompute = get("recompute", 0) != 0;
+  const int world = tp * dp;
+  // Ranks on threads, one GPU each, NCCL groups through an in-memory store (as the
+  // training oracle's GPU test); rank = tp_rank + tp * dp_rank.
+  tessera::testing::MemStore store;
+  std::vector<Result> results(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r)
+    threads.emplace_back([&, r] {
+      const int tpr = r % tp, dpr = r / tp;
+      std::unique_ptr<comm::Communicator> tpc, dpc;
+      auto make = [&](const std::string& name, int rank, int size, std::unique_ptr<comm::Communicator>& out) {
+        if (size == 1) return absl::OkStatus();
+        auto cm = comm::MakeNcclCommunicator(name, name, rank, size, &store, {r, 300000});
+        if (!cm.ok()) return cm.status();
+        out = std::move(*cm);
+        return absl::OkStatus();
+      };
+      if (auto s = make(absl::StrCat("tp", dpr), tpr, tp, tpc); !s.ok()) { results[r].status = s; return; }
+      if (auto s = make(absl::StrCat("dp", tpr), dpr, dp, dpc); !s.ok()) { results[r].status = s; return; }
+      RunRank(c, r, tpc.get(), dpc.get(), zero, sp, recompute, seq, micro, steps, warmup, dpr, results[r]);
+    });
+  for (auto& t : threads) t.join();
+  double secs = 0, peak = 0;
+  for (int r = 0; r < world; ++r) {
+    if (!results[r].status.ok()) {
+      fprintf(stderr, "rank %d: %s\n", r, results[r].status.ToString().c_str());
+      return 1;
+    }
+    secs = std::max(secs, results[r].seconds), peak = std::max(peak, results[r].peak_gib);
+  }
+  const std::vector<double>& losses = results[0].losses;
+  const double tokens = double(steps) * micro * seq * dp;
+  const double flops = 6.0 * double(c.NumParams()) * tokens + 6.0 * c.layers * c.heads * c.HeadDim() * double(seq) * seq * micro * dp * steps;
+  printf("{\"impl\": \"tessera\", \"dtype\": \"%s\", \"tp\": %d, \"dp\": %d, \"zero\": %d, \"sp\": %d, \"params\": %lld, "
+         "\"seq\": %lld, \"micro\": %lld, \"steps\": %lld, \"step_ms\": %.2f, \"tokens_per_s\": %.1f, \"tflops\": %.2f, "
+         "\"tflops_per_gpu\": %.2f, \"peak_gib\": %.2f, \"losses\": [",
+         runtime::DTypeName(c.dtype), tp, dp, zero, sp ? 1 : 0, static_cast<long long>(c.NumParams()),
+         static_cast<long long>(seq), static_cast<long long>(micro), static_cast<long long>(steps), 1e3 * secs / steps,
+         tokens / secs, flops / secs / 1e12, flops / secs / 1e12 / world, peak);
+  for (size_t i = 0; i < losses.size(); ++i) printf("%s%.4f", i ? ", " : "", losses[i]);
+  printf("]}\n");
+  return 0;
+}

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Builds here (CUDA on) and packs what a lent GPU host needs into .carry/dist.tar.xz:
+# the installed programs, GPU tests and benchmarks (dist/bin), the libraries a bare GPU
+# host lacks (../shared/scripts/bundle-runtime.sh) and OpenBLAS, which the CPU GEMM
+# loads at first use (kernels/gemm/gemm_cpu.cc), so ldd does not list it.
+# Then: run(command="bash scripts/gpu-....sh", carry=[".carry"]).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cmake --build build
+rm -rf dist && cmake --install build --prefix dist > /dev/null
+[ -f bench/variants/build.sh ] && [ "${WITH_VARIANTS:-0}" = 1 ] && bash bench/variants/build.sh dist/bin
+blas=$(readlink -f /usr/lib/x86_64-linux-gnu/libopenblas.so.0)
+mkdir -p dist/lib && cp -L "$blas" dist/lib/libopenblas.so.0
+/work/shared/scripts/bundle-runtime.sh dist/lib dist/bin/* dist/lib/libopenblas.so.0
+strip dist/bin/* 2>/dev/null || true
+mkdir -p .carry && XZ_OPT=-3 tar -cJf .carry/dist.tar.xz dist && rm -rf dist
+ls -la .carry/dist.tar.xz
