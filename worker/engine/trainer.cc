@@ -30,6 +30,7 @@ struct Trainer::State {
   Tensor padded;      // [shard * dp], ZeRO-1: the flat gradient / the gathered parameter
   Tensor stage;       // [shard], ZeRO-1/2: this rank's updated slice; ZeRO-2/3: a reduce-scatter's output
   Tensor value_shard; // [shard], ZeRO-3: this rank's slice of the parameter (the only copy between steps)
+  Tensor lowp_shard;  // [shard] bf16, ZeRO-3 under mixed precision: the slice's compute copy (what is gathered)
   Tensor grad_full;   // [shard * dp], ZeRO-2/3: the gradient buffer while a block's backward runs
   bool decay = true;  // weight decay (not for norms and biases: 1-D parameters)
   bool reduced = false;  // ZeRO-0/1: reduced during the backward of this step's last micro-batch
@@ -37,10 +38,11 @@ struct Trainer::State {
   bool norm_elsewhere = false;  // the last pipeline stage's copy of a tied embedding
 };
 
-// ZeRO-2/3 through the model's block hooks. Values (ZeRO-3) are gathered for the block
-// about to run and for the next one in the same direction (prefetch: with NCCL the
-// gather is enqueued before the block's compute; Gloo blocks, so on the CPU it only
-// fixes the order), and freed unless the next block uses them too. The embedding's
+// ZeRO-2/3 through the model's block hooks. Values (ZeRO-3; their bf16 compute copies
+// under mixed precision) are gathered for the block about to run and for the next one in
+// the same direction (prefetch: with NCCL the next block's gather runs on the DP stream
+// under this block's compute; Gloo blocks, so on the CPU it only fixes the order), and
+// freed unless the next block uses them too. The embedding's
 // backward needs no weights, so block 0 gathers none in the backward.
 class Trainer::Hooks : public model::ParamHooks {
  public:
@@ -50,8 +52,9 @@ class Trainer::Hooks : public model::ParamHooks {
   absl::Status Acquire(int block, Phase phase) override {
     const bool backward = phase == Phase::kBackward;
     if (t_->options_.zero >= 3 && !(backward && block == 0)) {
-      TESSERA_RETURN_IF_ERROR(GatherValues(block));
-      const int next = Next(block, phase);
+      TESSERA_RETURN_IF_ERROR(GatherValues(block));  // no-op when prefetched
+      TESSERA_RETURN_IF_ERROR(t_->dp_->Join());      // the block's compute waits for its weights
+      const int next = Next(block, phase);           // prefetch: runs under this block's compute
       if (next >= 0 && !(backward && next == 0)) TESSERA_RETURN_IF_ERROR(GatherValues(next));
     }
     if (backward)
@@ -87,7 +90,7 @@ class Trainer::Hooks : public model::ParamHooks {
   }
   Trainer::State& State(const model::Param* p) { return t_->state_[index_.at(p)]; }
   absl::Status GatherValues(int block) {
-    for (model::Param* p : t_->model_->BlockUses(block)) TESSERA_RETURN_IF_ERROR(t_->GatherValue(State(p)));
+    for (model::Param* p : t_->model_->BlockUses(block)) TESSERA_RETURN_IF_ERROR(t_->GatherForCompute(State(p)));
     return absl::OkStatus();
   }
   Trainer* t_;
@@ -167,6 +170,10 @@ absl::Status Trainer::Allocate() {
         TESSERA_ASSIGN_OR_RETURN(Tensor dst, s.value_shard.Slice(0, 0, len));
         TESSERA_RETURN_IF_ERROR(b.Axpby(1.f, mine, 0.f, dst));
       }
+      if (p.compute.defined()) {  // mixed precision
+        TESSERA_ASSIGN_OR_RETURN(s.lowp_shard, b.Empty({s.shard}, p.compute.dtype()));
+        TESSERA_RETURN_IF_ERROR(b.Cast(s.value_shard, s.lowp_shard));
+      }
       p.value = Tensor();
       p.compute = Tensor();
     }
@@ -188,6 +195,27 @@ absl::Status Trainer::GatherValue(State& s) {
   TESSERA_ASSIGN_OR_RETURN(Tensor head, full.Slice(0, 0, s.n));
   TESSERA_ASSIGN_OR_RETURN(s.param->value, head.Reshape(s.shape));
   return model_->RefreshCompute(*s.param);
+}
+
+// ZeRO-3, before a block runs: what its forward and backward multiply with — under mixed
+// precision the bf16 compute copy, gathered from the bf16 slices (half the bytes of the
+// f32 values, and no cast), else the f32 value. Issued with the DP group in overlap
+// mode: the caller joins before the compute that reads it (Hooks::Acquire), so a
+// prefetch runs under the current block's compute.
+absl::Status Trainer::GatherForCompute(State& s) {
+  model::Param& p = *s.param;
+  const bool lowp = s.lowp_shard.defined();
+  if (lowp ? p.compute.defined() : p.value.defined()) return absl::OkStatus();
+  const Tensor& shard = lowp ? s.lowp_shard : s.value_shard;
+  TESSERA_ASSIGN_OR_RETURN(Tensor full, backend_->Empty({s.shard * dp_->size()}, shard.dtype()));
+  dp_->SetOverlap(true);
+  absl::Status st = dp_->AllGather(shard.data(), full.data(), s.shard, shard.dtype());
+  dp_->SetOverlap(false);
+  TESSERA_RETURN_IF_ERROR(st);
+  TESSERA_ASSIGN_OR_RETURN(Tensor head, full.Slice(0, 0, s.n));
+  Tensor& dst = lowp ? p.compute : p.value;
+  TESSERA_ASSIGN_OR_RETURN(dst, head.Reshape(s.shape));
+  return absl::OkStatus();
 }
 
 // ZeRO-2/3: a zeroed, padded gradient buffer for a block's backward (no-op when present:
@@ -278,6 +306,7 @@ absl::Status Trainer::LoadPiece(size_t i, const std::vector<float>& value, const
     s.param->value = Tensor();
     s.param->compute = Tensor();
     TESSERA_RETURN_IF_ERROR(write(value, begin, len, s.value_shard));
+    if (s.lowp_shard.defined()) TESSERA_RETURN_IF_ERROR(b.Cast(s.value_shard, s.lowp_shard));
   } else {
     TESSERA_RETURN_IF_ERROR(write(value, 0, s.n, s.param->value));
     TESSERA_RETURN_IF_ERROR(model_->RefreshCompute(*s.param));
@@ -458,7 +487,9 @@ absl::Status Trainer::Update(float lr, float clip_scale) {
       TESSERA_ASSIGN_OR_RETURN(Tensor m, s.m.Slice(0, 0, len));
       TESSERA_ASSIGN_OR_RETURN(Tensor v, s.v.Slice(0, 0, len));
       if (clip_scale != 1.f) TESSERA_RETURN_IF_ERROR(b.Scale(g, clip_scale));
-      return b.AdamW(p, g, m, v, hp);
+      if (!s.lowp_shard.defined()) return b.AdamW(p, g, m, v, hp);
+      TESSERA_ASSIGN_OR_RETURN(Tensor lowp, s.lowp_shard.Slice(0, 0, len));  // ZeRO-3, mixed precision
+      return b.AdamW(p, g, m, v, hp, &lowp);
     };
     if (options_.zero == 3) {  // the slice is the parameter; gathered again when a block needs it
       params[i].value = Tensor();

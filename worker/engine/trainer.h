@@ -107,7 +107,8 @@ class Trainer {
   absl::StatusOr<int64_t> GlobalTokens(const std::vector<model::TokenBatch>& micro_batches);
   absl::StatusOr<double> ReduceGradsAndNorm();
   absl::Status Update(float lr, float clip_scale);
-  absl::Status GatherValue(State& s);
+  absl::Status GatherValue(State& s);       // ZeRO-3: the f32 value (GatherParams)
+  absl::Status GatherForCompute(State& s);  // ZeRO-3: what a block multiplies with, prefetchable
   absl::Status EnsureGrad(State& s);
   absl::Status ReduceGrad(State& s);
   absl::Status ReduceEarly(State& s);  // ZeRO-0/1: the last micro-batch's reduction of one parameter

@@ -318,7 +318,7 @@ absl::StatusOr<Tensor> Llama::LeaveTp(Tensor& partial) {
 // own tokens) before it is accumulated.
 absl::Status Llama::NormBackward(const Tensor& dy, const Tensor& x, Param& w, const Tensor& rstd, Tensor& dx) {
   Backend& b = *backend_;
-  TESSERA_ASSIGN_OR_RETURN(Tensor dw, New(b, {w.value.numel()}));
+  TESSERA_ASSIGN_OR_RETURN(Tensor dw, New(b, {W(w).numel()}));
   TESSERA_RETURN_IF_ERROR(b.RmsNormBackward(dy, x, W(w), rstd, dx, dw));
   if (sp_) TESSERA_RETURN_IF_ERROR(AllReduce(dw));
   return b.Axpby(1.f, dw, 1.f, w.grad);

@@ -92,6 +92,31 @@ TEST(TrainerTest, MixedPrecisionTracksF32) {
   }
 }
 
+// Mixed precision across layouts (CPU, Gloo, Hyper::Gentle): ZeRO-1, ZeRO-3 (which
+// gathers the bf16 slices, not the f32 values) and TP x ZeRO-3 against one rank in bf16,
+// within the mixed-precision bounds above (seen far inside them: reduction order only).
+TEST(TrainerTest, MixedPrecisionLayoutsEqualOneRank) {
+  auto cpu = [](int) { return runtime::MakeCpuBackend(); };
+  testing::MemStore store;
+  auto gloo = [&](const std::string& group, const std::string& key, int rank, int size) {
+    auto c = comm::MakeGlooCommunicator(group, key, rank, size, &store, {"127.0.0.1", 60000});
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? std::move(*c) : nullptr;
+  };
+  LlamaConfig bf16 = Tiny();
+  bf16.dtype = runtime::DType::kBF16;
+  const auto gentle = test::Hyper::Gentle();
+  const Trace one = test::RunLayout(Layout{"one", 1, 1, 0, true}, bf16, gloo, cpu, gentle)[0];
+  test::Tolerance tol;
+  tol.loss = 1e-3, tol.norm = 1e-2, tol.weight = 5e-2, tol.key_bias = 1, tol.bias = 1;
+  for (Layout l : {Layout{"dp2_zero1_tied", 1, 2, 1, true}, Layout{"dp2_zero3_tied", 1, 2, 3, true},
+                   Layout{"tp2_dp2_zero3_tied", 2, 2, 3, true}}) {
+    auto worst = test::ExpectSameAsOneRank(l, test::RunLayout(l, bf16, gloo, cpu, gentle), one, tol);
+    std::cout << l.name << " bf16 vs one rank bf16: loss " << worst[0] << ", grad norm " << worst[1] << ", weights "
+              << worst[2] << "\n";
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Layouts, TrainerLayoutTest,
     ::testing::Values(
