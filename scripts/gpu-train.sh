@@ -14,7 +14,7 @@ echo "== $ngpu x $card"
 dist/bin/op_test --gtest_filter='*Gemm*' > "$OUT/op_test_gemm.txt" 2>&1; echo "op_test Gemm: exit $?"
 dist/bin/llama_cuda_test > "$OUT/llama_cuda_test.txt" 2>&1; echo "llama_cuda_test: exit $?"
 grep -E "Failure|FAILED" "$OUT/llama_cuda_test.txt" | head -5
-timeout 900 dist/bin/trainer_gpu_test > "$OUT/trainer_gpu_test.txt" 2>&1; echo "trainer_gpu_test: exit $?"
+timeout 300 dist/bin/trainer_gpu_test > "$OUT/trainer_gpu_test.txt" 2>&1; echo "trainer_gpu_test: exit $?"
 grep -E "^\[  (FAILED|SKIPPED) |Failure" "$OUT/trainer_gpu_test.txt" | head -20
 [ "${SKIP_BENCH:-0}" = 1 ] && { grep RESULT "$OUT/trainer_gpu_test.txt" | cut -c8-; exit 0; }
 # ~1B Llama (Llama 3.2 1B shape: hidden 2048, 16 layers, 32/8 heads, ffn 8192, 128k vocab, tied), seq 4096.

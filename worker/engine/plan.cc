@@ -71,10 +71,13 @@ absl::StatusOr<Plan> PlanStage(const PlanInput& in, int stage) {
   RankMemory& m = p.memory;
   // Activations' bytes; bf16 adds a compute copy of every present parameter.
   const int64_t a = runtime::DTypeSize(c.dtype), copy = c.dtype == runtime::DType::kF32 ? 0 : a;
-  m.params = zero == 3 ? 4 * shard + (4 + copy) * 2 * largest_block  // the slice + the gathered block and the next
-                       : (4 + copy) * P;
+  // ZeRO-3: the f32 slice (+ its bf16 copy, which is what gets gathered) and the gathered
+  // block and the next (f32 values, or bf16 compute copies under mixed precision).
+  m.params = zero == 3 ? (4 + copy) * shard + a * 2 * largest_block : (4 + copy) * P;
   m.grads = zero >= 2 ? 4 * (shard + largest_block) : 4 * P;   // the reduced slice + one block's buffer
-  m.optimizer = 8 * (zero >= 1 ? shard : P) + (zero >= 1 ? 4 * shard : 0) + (zero == 1 ? 4 * padded : 0);
+  // m and v; with ZeRO the staging slice (the updated slice before the all-gather / the
+  // reduce-scatter's output), ZeRO-1 also the reduced gradient slice and the padded flat buffer.
+  m.optimizer = 8 * (zero >= 1 ? shard : P) + (zero >= 1 ? 4 * shard : 0) + (zero == 1 ? 4 * shard + 4 * padded : 0);
   // Activations of one micro-batch.
   const int64_t t = in.micro_batch * in.seq_len / l.cp, tl = l.sp && l.tp > 1 ? t / l.tp : t;
   const LayerBytes lb = Layer(c, l, t, tl, a);

@@ -1,7 +1,7 @@
 // `tessera plan`'s estimate against the engine: one rank on the CPU backend trains a
 // step on full-length micro-batches and its allocator's peak (above what was allocated
 // before the model) is compared with the plan's per-rank total, with and without
-// recomputation, tied and untied; the sharding rules (TP, ZeRO, CP, PP and its schedule)
+// recomputation, tied and untied, f32 and mixed precision; the sharding rules (TP, ZeRO, CP, PP and its schedule)
 // divide what they should;
 // bad layouts are refused naming the rule; proposals fit the memory asked for.
 #include "worker/engine/plan.h"
@@ -24,10 +24,12 @@ model::LlamaConfig Config(bool tied) {
 }
 
 TEST(Plan, EstimateMatchesTheEnginesPeakOnOneRank) {
+  for (auto dtype : {runtime::DType::kF32, runtime::DType::kBF16})
   for (bool tied : {false, true})
     for (bool recompute : {false, true}) {
-      SCOPED_TRACE(::testing::Message() << "tied " << tied << " recompute " << recompute);
+      SCOPED_TRACE(::testing::Message() << runtime::DTypeName(dtype) << " tied " << tied << " recompute " << recompute);
       PlanInput in{Config(tied), parallel::Layout{}, 64, 4, 8, recompute};
+      in.config.dtype = dtype;  // bf16: mixed precision (compute copies, bf16 activations)
       auto plan = PlanTraining(in);
       ASSERT_TRUE(plan.ok()) << plan.status();
       auto be = runtime::MakeCpuBackend();
@@ -48,7 +50,7 @@ TEST(Plan, EstimateMatchesTheEnginesPeakOnOneRank) {
         peak = be->allocator()->stats().peak_bytes - before;
       }
       const int64_t est = plan->memory.total();
-      std::cout << "tied " << tied << " recompute " << recompute << ": plan " << est << " B (params " << plan->memory.params
+      std::cout << runtime::DTypeName(dtype) << " tied " << tied << " recompute " << recompute << ": plan " << est << " B (params " << plan->memory.params
                 << ", grads " << plan->memory.grads << ", optimizer " << plan->memory.optimizer << ", activations "
                 << plan->memory.activations << "), measured peak " << peak << " B\n";
       EXPECT_NEAR(static_cast<double>(est), static_cast<double>(peak), 0.05 * peak);  // seen: -0.1% to +1.2%
