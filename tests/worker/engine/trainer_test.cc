@@ -48,17 +48,22 @@ using test::Layout;
 using test::Trace;
 using test::MakeBatch;
 
+// Gloo communicators over loopback, bootstrapped through `store`.
+test::MakeComm Gloo(testing::MemStore& store) {
+  return [&store](const std::string& group, const std::string& key, int rank, int size) {
+    auto c = comm::MakeGlooCommunicator(group, key, rank, size, &store, {"127.0.0.1", 60000});
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? std::move(*c) : std::unique_ptr<comm::Communicator>();
+  };
+}
+
 class TrainerLayoutTest : public ::testing::TestWithParam<Layout> {};
 
 TEST_P(TrainerLayoutTest, EqualsOneRank) {
   const Layout l = GetParam();
   auto cpu = [](int) { return runtime::MakeCpuBackend(); };
   testing::MemStore store;
-  auto gloo = [&](const std::string& group, const std::string& key, int rank, int size) {
-    auto c = comm::MakeGlooCommunicator(group, key, rank, size, &store, {"127.0.0.1", 60000});
-    EXPECT_TRUE(c.ok()) << c.status();
-    return c.ok() ? std::move(*c) : nullptr;
-  };
+  const test::MakeComm gloo = Gloo(store);
   Layout single{"one", 1, 1, 0, l.tied};
   single.layers = l.layers;
   const Trace one = test::RunLayout(single, Tiny(), gloo, cpu)[0];
@@ -98,11 +103,7 @@ TEST(TrainerTest, MixedPrecisionTracksF32) {
 TEST(TrainerTest, MixedPrecisionLayoutsEqualOneRank) {
   auto cpu = [](int) { return runtime::MakeCpuBackend(); };
   testing::MemStore store;
-  auto gloo = [&](const std::string& group, const std::string& key, int rank, int size) {
-    auto c = comm::MakeGlooCommunicator(group, key, rank, size, &store, {"127.0.0.1", 60000});
-    EXPECT_TRUE(c.ok()) << c.status();
-    return c.ok() ? std::move(*c) : nullptr;
-  };
+  const test::MakeComm gloo = Gloo(store);
   LlamaConfig bf16 = Tiny();
   bf16.dtype = runtime::DType::kBF16;
   const auto gentle = test::Hyper::Gentle();
