@@ -417,6 +417,9 @@ static absl::Status ValidatePretrain(JobSpec& spec) {
   if (l.pp() > 1 && l.zero() >= 2 && l.dp() * l.cp() > 1)
     return absl::UnimplementedError(absl::StrCat("groups[0].layout: ZeRO-", l.zero(), " with pipeline parallelism (pp=",
                                                  l.pp(), ") is not built yet; use zero 0 or 1"));
+  if (l.pp() > 1 && spec.groups(0).device_type() == v1::GPU)
+    return absl::UnimplementedError(absl::StrCat("groups[0].layout: pipeline parallelism (pp=", l.pp(),
+                                                 ") on GPUs is not built yet; use pp 1 on GPUs, or CPU slots"));
   if (l.pp() > 1 && !spec.train().export_hf().empty())
     return absl::UnimplementedError("train.export_hf: exporting a pipeline-parallel model (pp > 1) is not built yet; "
                                     "save a checkpoint and load it into a pp = 1 job");
