@@ -1,7 +1,8 @@
 // Imports a Hugging Face Llama / Qwen2 directory and prints the model's logits for one
-// sequence as JSON: {"tokens": [...], "logits": [[...], ...]} (CPU backend, f32). The
-// peer, bench/hf_logits_check.py, runs transformers on the same directory and tokens.
-//   hf_logits DIR TOKENS SEED   (TOKENS random ids drawn from SEED)
+// sequence as JSON: {"tokens": [...], "logits": [[...], ...]} (CPU backend, f32; with
+// `cuda-bf16`, the CUDA backend in mixed precision). The peer, bench/hf_logits_check.py,
+// runs transformers on the same directory and tokens.
+//   hf_logits DIR TOKENS SEED [cuda-bf16]   (TOKENS random ids drawn from SEED)
 #include <cstdio>
 #include <random>
 #include <string>
@@ -14,8 +15,8 @@
 using namespace tessera;
 
 int main(int argc, char** argv) {
-  if (argc != 4) {
-    fprintf(stderr, "usage: hf_logits DIR TOKENS SEED\n");
+  if (argc != 4 && !(argc == 5 && std::string(argv[4]) == "cuda-bf16")) {
+    fprintf(stderr, "usage: hf_logits DIR TOKENS SEED [cuda-bf16]\n");
     return 2;
   }
   const std::string dir = argv[1];
@@ -25,7 +26,16 @@ int main(int argc, char** argv) {
     fprintf(stderr, "%s\n", config.status().ToString().c_str());
     return 1;
   }
-  auto backend = runtime::MakeCpuBackend();
+  std::unique_ptr<runtime::Backend> backend = runtime::MakeCpuBackend();
+  if (argc == 5) {
+    auto gpu = runtime::MakeCudaBackend(0);
+    if (!gpu.ok()) {
+      fprintf(stderr, "%s\n", gpu.status().ToString().c_str());
+      return 1;
+    }
+    backend = std::move(*gpu);
+    config->dtype = runtime::DType::kBF16;
+  }
   auto model = model::Llama::Create(*config, backend.get());
   if (!model.ok()) {
     fprintf(stderr, "%s\n", model.status().ToString().c_str());

@@ -509,9 +509,14 @@ absl::StatusOr<Tensor> Llama::ChunkForward(int chunk, const TokenBatch& batch, F
   TESSERA_ASSIGN_OR_RETURN(f.xn_full, EnterTp(f.xn));
   TESSERA_ASSIGN_OR_RETURN(f.logits, New(b, {t, vocab}, act_));
   TESSERA_RETURN_IF_ERROR(Linear(b, f.xn_full, W(*lm_head_), f.logits));
-  if (logits_out != nullptr) {
-    logits_out->resize(f.logits.numel());
-    TESSERA_RETURN_IF_ERROR(b.CopyToHost(f.logits, logits_out->data()));
+  if (logits_out != nullptr) {  // f32 on the host whatever the compute dtype
+    Tensor f32 = f.logits;
+    if (f32.dtype() != DType::kF32) {
+      TESSERA_ASSIGN_OR_RETURN(f32, New(b, f.logits.shape()));
+      TESSERA_RETURN_IF_ERROR(b.Cast(f.logits, f32));
+    }
+    logits_out->resize(f32.numel());
+    TESSERA_RETURN_IF_ERROR(b.CopyToHost(f32, logits_out->data()));
   }
   TESSERA_ASSIGN_OR_RETURN(f.lse, CrossEntropyLse(f.logits, f.in, vocab_start));
   f.dloss.assign(t, 0.f);

@@ -197,3 +197,27 @@ TEST(LlamaTest, RecomputeGivesTheSameGradientsWithLessMemory) {
 
 }  // namespace
 }  // namespace tessera::model
+
+namespace tessera::model {
+namespace {
+// Mixed precision: the logits come back as f32 whatever the compute dtype, and the bf16
+// forward stays within bf16 rounding of the f32 one (1e-2 of the logits' norm; the same
+// weights, bf16 compute copies and activations).
+TEST(LlamaTest, MixedPrecisionLogitsTrackF32) {
+  auto be = runtime::MakeCpuBackend();
+  LlamaConfig c = test::TinyConfig(64, /*tied=*/true, /*bias=*/true);
+  std::vector<std::vector<float>> logits;
+  for (auto dtype : {runtime::DType::kF32, runtime::DType::kBF16}) {
+    c.dtype = dtype;
+    auto m = Llama::Create(c, be.get());
+    ASSERT_TRUE(m.ok()) << m.status();
+    ASSERT_TRUE((*m)->InitRandom(5, 0.1f).ok());
+    auto l = (*m)->ForwardLogits(test::RandomBatch(64, 3, {9, 4}));
+    ASSERT_TRUE(l.ok()) << l.status();
+    logits.push_back(*l);
+  }
+  ASSERT_EQ(logits[1].size(), logits[0].size());
+  EXPECT_LT(test::RelDiff(logits[1], logits[0]), 1e-2);
+}
+}  // namespace
+}  // namespace tessera::model
