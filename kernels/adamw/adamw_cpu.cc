@@ -12,7 +12,8 @@ absl::Status AdamWCpu(float* p, const void* g, DType gt, float* m, float* v, uin
   const double bc1 = 1.0 - std::pow(static_cast<double>(a.beta1), static_cast<double>(a.step));
   const double bc2 = 1.0 - std::pow(static_cast<double>(a.beta2), static_cast<double>(a.step));
   for (int64_t i = 0; i < n; ++i) {
-    double gv = LoadElem(g, i, gt);
+    // The scaled gradient rounded to f32 first, as the CUDA kernel computes it.
+    const double gv = static_cast<float>(LoadElem(g, i, gt)) * a.grad_scale;
     double mi = a.beta1 * static_cast<double>(m[i]) + (1 - a.beta1) * gv;
     double vi = a.beta2 * static_cast<double>(v[i]) + (1 - a.beta2) * gv * gv;
     m[i] = static_cast<float>(mi);

@@ -9,7 +9,8 @@ namespace tessera::kernels {
 namespace {
 // The update of one element; shared by the scalar and the vector kernels.
 __device__ __forceinline__ float Update(float gv, float& mi, float& vi, float pi, float lr, float b1, float b2, float eps,
-                                        float wd, float inv_bc1, float inv_sqrt_bc2) {
+                                        float wd, float inv_bc1, float inv_sqrt_bc2, float gs) {
+  gv *= gs;
   mi = b1 * mi + (1.f - b1) * gv;
   vi = b2 * vi + (1.f - b2) * gv * gv;
   return pi - lr * ((mi * inv_bc1) / (sqrtf(vi) * inv_sqrt_bc2 + eps) + wd * pi);
@@ -23,7 +24,7 @@ constexpr int kUnroll = 2;
 template <typename G>
 __global__ void __launch_bounds__(256) StepVec4(float4* p, const G* g, float4* m, float4* v, uint2* lowp, int64_t nvec,
                                                 float lr, float b1, float b2, float eps, float wd, float inv_bc1,
-                                                float inv_sqrt_bc2) {
+                                                float inv_sqrt_bc2, float gs) {
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t base = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; base < nvec; base += stride * kUnroll) {
     float4 pv[kUnroll], mv[kUnroll], vv[kUnroll], gv[kUnroll];
@@ -47,10 +48,10 @@ __global__ void __launch_bounds__(256) StepVec4(float4* p, const G* g, float4* m
       if (i >= nvec) break;
       float4 q = pv[u], a = mv[u], s = vv[u];
       const float4 gr = gv[u];
-      q.x = Update(gr.x, a.x, s.x, q.x, lr, b1, b2, eps, wd, inv_bc1, inv_sqrt_bc2);
-      q.y = Update(gr.y, a.y, s.y, q.y, lr, b1, b2, eps, wd, inv_bc1, inv_sqrt_bc2);
-      q.z = Update(gr.z, a.z, s.z, q.z, lr, b1, b2, eps, wd, inv_bc1, inv_sqrt_bc2);
-      q.w = Update(gr.w, a.w, s.w, q.w, lr, b1, b2, eps, wd, inv_bc1, inv_sqrt_bc2);
+      q.x = Update(gr.x, a.x, s.x, q.x, lr, b1, b2, eps, wd, inv_bc1, inv_sqrt_bc2, gs);
+      q.y = Update(gr.y, a.y, s.y, q.y, lr, b1, b2, eps, wd, inv_bc1, inv_sqrt_bc2, gs);
+      q.z = Update(gr.z, a.z, s.z, q.z, lr, b1, b2, eps, wd, inv_bc1, inv_sqrt_bc2, gs);
+      q.w = Update(gr.w, a.w, s.w, q.w, lr, b1, b2, eps, wd, inv_bc1, inv_sqrt_bc2, gs);
       __stcs(p + i, q), __stcs(m + i, a), __stcs(v + i, s);
       if (lowp) {
         const __nv_bfloat162 lo = __floats2bfloat162_rn(q.x, q.y), hi = __floats2bfloat162_rn(q.z, q.w);
@@ -62,10 +63,10 @@ __global__ void __launch_bounds__(256) StepVec4(float4* p, const G* g, float4* m
 
 template <typename G>
 __global__ void Step(float* p, const G* g, float* m, float* v, __nv_bfloat16* lowp, int64_t n, float lr, float b1, float b2,
-                     float eps, float wd, float inv_bc1, float inv_sqrt_bc2) {
+                     float eps, float wd, float inv_bc1, float inv_sqrt_bc2, float gs) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     float mi = m[i], vi = v[i];
-    const float pi = Update(ToF(g[i]), mi, vi, p[i], lr, b1, b2, eps, wd, inv_bc1, inv_sqrt_bc2);
+    const float pi = Update(ToF(g[i]), mi, vi, p[i], lr, b1, b2, eps, wd, inv_bc1, inv_sqrt_bc2, gs);
     m[i] = mi;
     v[i] = vi;
     p[i] = pi;
@@ -95,19 +96,19 @@ absl::Status AdamWCuda(float* p, const void* g, DType gt, float* m, float* v, ui
     if (gt == DType::kF32)
       StepVec4<<<blocks, 256, 0, s>>>(reinterpret_cast<float4*>(p), static_cast<const float4*>(g),
                                       reinterpret_cast<float4*>(m), reinterpret_cast<float4*>(v), lo, nvec, a.lr, a.beta1,
-                                      a.beta2, a.eps, a.weight_decay, ib1, isb2);
+                                      a.beta2, a.eps, a.weight_decay, ib1, isb2, a.grad_scale);
     else
       StepVec4<<<blocks, 256, 0, s>>>(reinterpret_cast<float4*>(p), static_cast<const uint2*>(g),
                                       reinterpret_cast<float4*>(m), reinterpret_cast<float4*>(v), lo, nvec, a.lr, a.beta1,
-                                      a.beta2, a.eps, a.weight_decay, ib1, isb2);
+                                      a.beta2, a.eps, a.weight_decay, ib1, isb2, a.grad_scale);
     return LaunchStatus("adamw");
   }
   if (gt == DType::kF32)
     Step<<<GridFor(n, 256), 256, 0, s>>>(p, static_cast<const float*>(g), m, v, lowp, n, a.lr, a.beta1, a.beta2, a.eps,
-                                         a.weight_decay, ib1, isb2);
+                                         a.weight_decay, ib1, isb2, a.grad_scale);
   else
     Step<<<GridFor(n, 256), 256, 0, s>>>(p, static_cast<const __nv_bfloat16*>(g), m, v, lowp, n, a.lr, a.beta1, a.beta2,
-                                         a.eps, a.weight_decay, ib1, isb2);
+                                         a.eps, a.weight_decay, ib1, isb2, a.grad_scale);
   return LaunchStatus("adamw");
 }
 }  // namespace tessera::kernels

@@ -217,6 +217,7 @@ TEST_P(OpTest, AdamW) {
       auto pv = rng.Normal(n), gv = Quantize(rng.Normal(n), gt), mv = rng.Normal(n, 0.1f), vv = rng.Normal(n, 0.1f);
       for (auto& x : vv) x = x * x;
       AdamWParams hp{1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 7};
+      hp.grad_scale = 0.625f;  // clipping, fused: g is scaled first
       auto p = Make(*be_, {n}, DType::kF32, pv), g = Make(*be_, {n}, gt, gv), m = Make(*be_, {n}, DType::kF32, mv);
       auto v = Make(*be_, {n}, DType::kF32, vv);
       auto lowp = Out(*be_, {n}, DType::kBF16);
@@ -227,11 +228,12 @@ TEST_P(OpTest, AdamW) {
       const double b1 = hp.beta1, b2 = hp.beta2, lr = hp.lr, wd = hp.weight_decay, eps = hp.eps;
       double bc1 = 1 - std::pow(b1, 7), bc2 = 1 - std::pow(b2, 7);
       for (int64_t i = 0; i < n; ++i) {
-        rm[i] = b1 * mv[i] + (1 - b1) * gv[i];
-        rv[i] = b2 * vv[i] + (1 - b2) * double(gv[i]) * gv[i];
+        const double gi = double(gv[i]) * hp.grad_scale;
+        rm[i] = b1 * mv[i] + (1 - b1) * gi;
+        rv[i] = b2 * vv[i] + (1 - b2) * gi * gi;
         double upd = (rm[i] / bc1) / (std::sqrt(rv[i] / bc2) + eps);
         rp[i] = pv[i] - lr * (upd + wd * pv[i]);
-        sm[i] = std::abs(b1 * mv[i]) + std::abs((1 - b1) * gv[i]);
+        sm[i] = std::abs(b1 * mv[i]) + std::abs((1 - b1) * gi);
         sv[i] = std::abs(rv[i]);
         // The update's scale carries m's term magnitude through the division: where m
         // cancels and v is tiny, m's rounding error divided by sqrt(v) is what p sees.

@@ -470,9 +470,8 @@ absl::Status Trainer::Update(float lr, float clip_scale) {
   for (size_t i = 0; i < params.size(); ++i) {
     State& s = state_[i];
     runtime::AdamWParams hp{lr, options_.beta1, options_.beta2, options_.eps, s.decay ? options_.weight_decay : 0.f,
-                            step_};
+                            step_, clip_scale};  // clipping fused into AdamW's read of the gradient
     if (!s.grad_shard.defined()) {
-      if (clip_scale != 1.f) TESSERA_RETURN_IF_ERROR(b.Scale(params[i].grad, clip_scale));
       TESSERA_ASSIGN_OR_RETURN(Tensor m, s.m.Reshape(params[i].value.shape()));
       TESSERA_ASSIGN_OR_RETURN(Tensor v, s.v.Reshape(params[i].value.shape()));
       // Mixed precision: AdamW writes the bf16 compute copy in the same pass.
@@ -486,7 +485,6 @@ absl::Status Trainer::Update(float lr, float clip_scale) {
       TESSERA_ASSIGN_OR_RETURN(Tensor g, s.grad_shard.Slice(0, 0, len));
       TESSERA_ASSIGN_OR_RETURN(Tensor m, s.m.Slice(0, 0, len));
       TESSERA_ASSIGN_OR_RETURN(Tensor v, s.v.Slice(0, 0, len));
-      if (clip_scale != 1.f) TESSERA_RETURN_IF_ERROR(b.Scale(g, clip_scale));
       if (!s.lowp_shard.defined()) return b.AdamW(p, g, m, v, hp);
       TESSERA_ASSIGN_OR_RETURN(Tensor lowp, s.lowp_shard.Slice(0, 0, len));  // ZeRO-3, mixed precision
       return b.AdamW(p, g, m, v, hp, &lowp);

@@ -25,6 +25,7 @@ struct AdamWParams {
   float eps = 1e-8f;
   float weight_decay = 0.0f;
   int64_t step = 1;  // 1-based, for bias correction
+  float grad_scale = 1.f;  // the gradient is multiplied by this first (global-norm clipping, fused)
 };
 
 class Backend {

@@ -119,7 +119,7 @@ class CpuBackend final : public Backend {
   absl::Status DoAdamW(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const AdamWParams& a, Tensor* lowp) override {
     return kernels::AdamWCpu(p.data_as<float>(), g.data(), g.dtype(), m.data_as<float>(), v.data_as<float>(),
                              lowp ? lowp->data_as<uint16_t>() : nullptr, p.numel(),
-                             {a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, a.step});
+                             {a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, a.step, a.grad_scale});
   }
 };
 

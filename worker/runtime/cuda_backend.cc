@@ -212,7 +212,7 @@ class CudaBackend final : public Backend {
   absl::Status DoAdamW(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const AdamWParams& a, Tensor* lowp) override {
     return kernels::AdamWCuda(p.data_as<float>(), g.data(), g.dtype(), m.data_as<float>(), v.data_as<float>(),
                               lowp ? lowp->data_as<uint16_t>() : nullptr, p.numel(),
-                              {a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, a.step}, stream_);
+                              {a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, a.step, a.grad_scale}, stream_);
   }
 
  private:
