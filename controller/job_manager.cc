@@ -684,6 +684,10 @@ void JobManager::StartDriver(JobRt& rt) {
         *ev.mutable_progress() = p;
         ev.set_attempt(attempt);
         AddEvent(it->second, ev);
+        if (metrics_ != nullptr && p.step() > 0) {
+          metrics_->SetJobStepMetric(job_id, "step", p.step());
+          for (const auto& [k, v] : p.metrics()) metrics_->SetJobStepMetric(job_id, k, v);
+        }
       };
       return fn(ctx);
     }();

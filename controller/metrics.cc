@@ -12,6 +12,10 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
   lease_age_ = &prometheus::BuildGauge().Name("tessera_node_lease_age_seconds")
                     .Help("Seconds since the node's last heartbeat").Register(*registry_);
   rpc_ = &prometheus::BuildHistogram().Name("tessera_rpc_seconds").Help("RPC latency by method").Register(*registry_);
+  job_metric_ = &prometheus::BuildGauge()
+                     .Name("tessera_job_step_metric")
+                     .Help("Latest per-step metric of a running job (step, loss, grad_norm, lr, tokens_per_s, mfu, ...)")
+                     .Register(*registry_);
   submitted_ = &prometheus::BuildCounter().Name("tessera_jobs_submitted_total").Help("Jobs submitted")
                     .Register(*registry_).Add({});
 }

@@ -24,6 +24,11 @@ class Metrics {
   void SetLeaseAge(const std::string& node, double seconds) { lease_age_->Add({{"node", node}}).Set(seconds); }
   void ObserveRpc(const std::string& method, double seconds);
   void IncSubmitted() { submitted_->Increment(); }
+  // The latest value of a training job's per-step metric (loss, grad_norm, lr,
+  // tokens_per_s, model_tflops_per_s, mfu, memory_peak_gb, ...) and its step.
+  void SetJobStepMetric(const std::string& job, const std::string& metric, double v) {
+    job_metric_->Add({{"job", job}, {"metric", metric}}).Set(v);
+  }
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;
@@ -34,6 +39,7 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>* lease_age_;
   prometheus::Family<prometheus::Histogram>* rpc_;
   prometheus::Counter* submitted_;
+  prometheus::Family<prometheus::Gauge>* job_metric_;
 };
 
 }  // namespace tessera::controller

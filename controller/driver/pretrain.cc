@@ -49,7 +49,8 @@ absl::StatusOr<std::string> RunPretrain(DriverContext& ctx) {
     if (ctx.cancelled && *ctx.cancelled) return absl::CancelledError("cancelled");
     TESSERA_ASSIGN_OR_RETURN(auto res, wg.CallOneToAll("train_step", json{{"step", s}}.dump()));
     json first;
-    double seconds = 0, flops = 0, peak_memory = 0, checkpoint_seconds = -1;
+    double seconds = 0, flops = 0, peak_memory = 0, checkpoint_seconds = -1, peak_flops = 0;
+    bool all_peaks = true;  // MFU only when every rank knows its device's peak
     for (size_t r = 0; r < res.size(); ++r) {
       json out;
       try {
@@ -59,6 +60,9 @@ absl::StatusOr<std::string> RunPretrain(DriverContext& ctx) {
       }
       seconds = std::max(seconds, out.value("seconds", 0.0));
       flops += out.value("model_flops", 0.0);
+      const double peak = out.value("peak_flops", 0.0);
+      peak_flops += peak;
+      all_peaks &= peak > 0;
       peak_memory = std::max(peak_memory, out.value("memory_peak_bytes", 0.0));
       checkpoint_seconds = std::max(checkpoint_seconds, out.value("checkpoint_seconds", -1.0));
       if (r == 0) {
@@ -85,6 +89,7 @@ absl::StatusOr<std::string> RunPretrain(DriverContext& ctx) {
     if (seconds > 0) {
       (*p.mutable_metrics())["tokens_per_s"] = first["tokens"].get<double>() / seconds;
       (*p.mutable_metrics())["model_tflops_per_s"] = flops / seconds / 1e12;  // all ranks, slowest rank's time
+      if (all_peaks) (*p.mutable_metrics())["mfu"] = flops / seconds / peak_flops;  // of the ranks' summed peaks
     }
     (*p.mutable_metrics())["memory_peak_gb"] = peak_memory / 1e9;  // the largest rank
     ctx.progress(p);

@@ -130,6 +130,11 @@ TEST(Cluster, PretrainLayoutsEqualOneRank) {
     EXPECT_THAT(progress.str(), HasSubstr("step 3/3 loss"));
     EXPECT_THAT(progress.str(), HasSubstr("model_tflops_per_s="));
     EXPECT_THAT(progress.str(), HasSubstr("memory_peak_gb="));
+    EXPECT_THAT(progress.str(), Not(HasSubstr("mfu=")));  // CPU slots: no device peak, no MFU
+    // The latest step's metrics on the controller's /metrics.
+    const std::string m = HttpGet(c->controller_metrics_port(), "/metrics");
+    EXPECT_THAT(m, HasSubstr(absl::StrCat("tessera_job_step_metric{job=\"", id, "\",metric=\"loss\"}")));
+    EXPECT_THAT(m, HasSubstr(absl::StrCat("tessera_job_step_metric{job=\"", id, "\",metric=\"step\"} 3")));
     return nlohmann::json::parse(job->result_json())["losses"].get<std::vector<double>>();
   };
   const auto one = run(PretrainSpec(1, 1, 0, 3));

@@ -9,7 +9,9 @@
 #include "common/util.h"
 #include "worker/checkpoint/checkpoint.h"
 #include "worker/checkpoint/hf.h"
+#include "worker/comm/nccl_communicator.h"
 #include "worker/model/context_parallel.h"
+#include "worker/runtime/device_peak.h"
 
 namespace tessera::executor {
 
@@ -35,6 +37,7 @@ absl::StatusOr<std::unique_ptr<TrainSession>> TrainSession::Create(const v1::Job
   std::unique_ptr<TrainSession> s(new TrainSession());
   runtime::Device dev = device == v1::GPU ? runtime::Device::Cuda(device_index) : runtime::Device::Cpu();
   TESSERA_ASSIGN_OR_RETURN(s->backend_, runtime::MakeBackend(dev));
+  if (device == v1::GPU) s->peak_flops_ = runtime::PeakFlops(comm::CudaDevice(device_index).name, config.dtype);
   auto comm_of = [&](parallel::GroupKind k) -> comm::Communicator* {
     auto it = comms.comms.find(k);
     return it == comms.comms.end() ? nullptr : it->second.get();
@@ -173,6 +176,7 @@ absl::StatusOr<std::string> TrainSession::Step(int64_t step) {
   return nlohmann::json{{"step", step},   {"loss", st.loss},     {"grad_norm", st.grad_norm},
                         {"lr", st.lr},     {"tokens", st.tokens}, {"seconds", secs},
                         {"model_flops", flops},
+                        {"peak_flops", peak_flops_},  // 0: unknown (no MFU)
                         {"memory_peak_bytes", backend_->allocator()->stats().peak_bytes},
                         {"checkpoint_seconds", checkpoint_secs}}
       .dump();

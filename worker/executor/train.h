@@ -45,6 +45,7 @@ class TrainSession {
   int64_t micro_per_rank_ = 0, micro_per_step_ = 0, first_micro_ = 0;
   int sequences_ = 0;
   int64_t pad_to_ = 1;
+  double peak_flops_ = 0;  // this rank's device, dense, for its compute dtype (0: unknown)
   int tp_size_ = 1;  // micro-batches padded to a multiple of this many tokens (tp under SP)
   int cp_ = 1, cp_rank_ = 0;  // context parallelism: this rank's split of every micro-batch
   comm::Communicator* tp_ = nullptr;
