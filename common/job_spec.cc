@@ -414,9 +414,6 @@ static absl::Status CheckCleanAbsolute(const std::string& field, const std::stri
 static absl::Status ValidatePretrain(JobSpec& spec) {
   if (spec.groups_size() != 1) return Bad("groups", absl::StrCat("a ", spec.kind(), " job has exactly one worker group"));
   const auto& l = spec.groups(0).layout();
-  if (l.pp() > 1 && l.zero() >= 2 && l.dp() * l.cp() > 1)
-    return absl::UnimplementedError(absl::StrCat("groups[0].layout: ZeRO-", l.zero(), " with pipeline parallelism (pp=",
-                                                 l.pp(), ") is not built yet; use zero 0 or 1"));
   if (l.pp() > 1 && spec.groups(0).device_type() == v1::GPU)
     return absl::UnimplementedError(absl::StrCat("groups[0].layout: pipeline parallelism (pp=", l.pp(),
                                                  ") on GPUs is not built yet; use pp 1 on GPUs, or CPU slots"));

@@ -39,8 +39,6 @@ absl::StatusOr<Plan> PlanStage(const PlanInput& in, int stage) {
                              static_cast<int>(c.vocab),  static_cast<int>(in.seq_len),     static_cast<int>(in.global_batch),
                              static_cast<int>(in.micro_batch)};
   TESSERA_RETURN_IF_ERROR(parallel::ValidateLayout(l, l.world(), shape));
-  if (l.pp > 1 && l.zero >= 2 && l.dp * l.cp > 1)
-    return absl::UnimplementedError("plan: ZeRO-2/3 with pipeline parallelism is not built yet");
   if (in.seq_len <= 0 || in.micro_batch <= 0 || in.global_batch <= 0)
     return absl::InvalidArgumentError("plan: seq_len, micro_batch and global_batch are required");
   Plan p;
@@ -140,7 +138,7 @@ std::vector<Plan> ProposeLayouts(const PlanInput& base, int devices, int64_t mem
       for (int pp = 1; tp * cp * pp <= devices; ++pp) {
         if (devices % (tp * cp * pp) != 0) continue;
       const int dp = devices / (tp * cp * pp);
-      for (int zero = 0; zero <= (dp * cp > 1 ? (pp > 1 ? 1 : 3) : 0); ++zero)
+      for (int zero = 0; zero <= (dp * cp > 1 ? 3 : 0); ++zero)
         for (bool recompute : {false, true}) {
           PlanInput in = base;
           in.layout = parallel::Layout{tp, cp, dp, pp, 1, tp > 1, zero};

@@ -119,8 +119,6 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(model::Llama* model, ru
   if (model->stage().pp != pp_size)
     return absl::InvalidArgumentError(absl::StrCat("trainer: the model is a stage of pp ", model->stage().pp,
                                                    " but the pipeline group has ", pp_size, " ranks"));
-  if (pp_size > 1 && options.zero >= 2 && dp != nullptr && dp->size() > 1)
-    return absl::UnimplementedError(absl::StrCat("trainer: ZeRO-", options.zero, " with pipeline parallelism is not built yet"));
   if (options.zero < 0 || options.zero > 3)
     return absl::InvalidArgumentError(absl::StrCat("trainer: zero must be 0, 1, 2 or 3, got ", options.zero));
   if (!(options.lr > 0) || options.min_lr < 0 || options.min_lr > options.lr)
@@ -372,20 +370,26 @@ absl::StatusOr<double> Trainer::RunPipeline(const std::vector<model::TokenBatch>
 }
 
 // Tied embeddings under PP: the first stage's embedding and the last stage's LM head are
-// one parameter held twice; both copies get the sum of their gradients (tag 2).
+// one parameter held twice; both copies get the sum of their gradients (tag 2) — under
+// ZeRO-2/3 the sum of the DP-reduced slices (both stages slice it alike), since the full
+// gradient buffers are gone by now.
 absl::Status Trainer::SumTiedEmbeddingGrads() {
   const int rank = pp_->rank(), last = pp_->size() - 1;
   if (!model_->config().tie_embeddings || (rank != 0 && rank != last)) return absl::OkStatus();
   model::Param* e = model_->Find("model.embed_tokens.weight");
   if (e == nullptr) return absl::InternalError("trainer: a tied first or last stage holds no embedding");
-  TESSERA_ASSIGN_OR_RETURN(Tensor mine, backend_->Empty(e->grad.shape(), DType::kF32));
-  TESSERA_ASSIGN_OR_RETURN(Tensor theirs, backend_->Empty(e->grad.shape(), DType::kF32));
-  TESSERA_RETURN_IF_ERROR(backend_->Axpby(1.f, e->grad, 0.f, mine));
+  Tensor* grad = &e->grad;
+  if (options_.zero >= 2)
+    for (State& s : state_)
+      if (s.param == e) grad = &s.grad_shard;
+  TESSERA_ASSIGN_OR_RETURN(Tensor mine, backend_->Empty(grad->shape(), DType::kF32));
+  TESSERA_ASSIGN_OR_RETURN(Tensor theirs, backend_->Empty(grad->shape(), DType::kF32));
+  TESSERA_RETURN_IF_ERROR(backend_->Axpby(1.f, *grad, 0.f, mine));
   const int other = rank == 0 ? last : 0;
   TESSERA_RETURN_IF_ERROR(pp_->Isend(mine.data(), mine.numel(), DType::kF32, other, 2));
   TESSERA_RETURN_IF_ERROR(pp_->RecvTagged(theirs.data(), theirs.numel(), DType::kF32, other, 2));
   TESSERA_RETURN_IF_ERROR(pp_->WaitSends());
-  return backend_->Axpby(1.f, theirs, 1.f, e->grad);
+  return backend_->Axpby(1.f, theirs, 1.f, *grad);
 }
 
 absl::Status Trainer::GatherParams() {
@@ -429,7 +433,7 @@ absl::StatusOr<double> Trainer::ReduceGradsAndNorm() {
       if (!zero) continue;
     }
     if (options_.zero >= 2) {  // reduced into the slice during the backward
-      TESSERA_RETURN_IF_ERROR(b.SumSquares(s.grad_shard, acc));
+      if (!s.norm_elsewhere) TESSERA_RETURN_IF_ERROR(b.SumSquares(s.grad_shard, acc));
       continue;
     }
     const bool reduced = s.reduced;  // during the backward (ReduceEarly)

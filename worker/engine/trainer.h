@@ -64,7 +64,7 @@ class Trainer {
   // one rank). Pipelines: every stage gets all micro-batches of the DP rank; the schedule
   // runs them with asynchronous sends of activations and gradients; the loss (from the
   // last stage), the gradient norm and a tied embedding's gradient (first + last stage)
-  // are reduced over pp. ZeRO-2/3 with pp > 1: UNIMPLEMENTED.
+  // are reduced over pp (under ZeRO-2/3 the tied embedding's DP-reduced slices).
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(model::Llama* model, runtime::Backend* backend,
                                                          comm::Communicator* dp, comm::Communicator* tp,
                                                          const OptimizerOptions& options,

@@ -119,7 +119,7 @@ std::string TempDir() {
 
 TEST(Checkpoint, ResumeEqualsTrainingStraight) {
   for (auto [tp, dp, zero, pp] : {std::tuple{1, 1, 0, 1}, std::tuple{2, 2, 1, 1}, std::tuple{1, 2, 3, 1},
-                                  std::tuple{1, 2, 1, 2}}) {
+                                  std::tuple{1, 2, 1, 2}, std::tuple{1, 2, 3, 2}}) {
     SCOPED_TRACE(::testing::Message() << "tp" << tp << " dp" << dp << " zero" << zero << " pp" << pp);
     const std::string dir = TempDir();
     const int world = tp * dp * pp;

@@ -88,8 +88,13 @@ TEST(Plan, ShardingRulesAndRefusals) {
   in.schedule = Schedule::kGPipe;
   EXPECT_GT(PlanTraining(in)->memory.activations, 2 * pp2.memory.activations);
   in.schedule = Schedule::kOneFOneB;
-  in.layout = parallel::Layout{1, 1, 2, 2, 1, false, 3};
-  EXPECT_EQ(PlanTraining(in).status().code(), absl::StatusCode::kUnimplemented);  // ZeRO-3 with pp
+  in.layout = parallel::Layout{1, 1, 2, 2, 1, false, 3};  // ZeRO-3 with pp: the stage's slices
+  auto z3pp = PlanTraining(in);
+  ASSERT_TRUE(z3pp.ok()) << z3pp.status();
+  in.layout.zero = 1;
+  auto z1pp = PlanTraining(in);
+  ASSERT_TRUE(z1pp.ok()) << z1pp.status();
+  EXPECT_LT(z3pp->memory.grads + z3pp->memory.optimizer, z1pp->memory.grads + z1pp->memory.optimizer);
   // Proposals: each fits, the first needs no recomputation, and asking for too little
   // memory gives none.
   in.layout = parallel::Layout{};

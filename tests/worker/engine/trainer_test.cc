@@ -133,6 +133,9 @@ INSTANTIATE_TEST_SUITE_P(
         Layout{"pp4_vpp2_gpipe", 1, 1, 0, true, 1, 4, 2, Schedule::kGPipe, false, 8},
         Layout{"tp2_pp2_dp2_zero1", 2, 2, 1, false, 1, 2, 1, Schedule::kOneFOneB, false, 4},
         Layout{"pp2_dp2_zero1_tied", 1, 2, 1, true, 1, 2, 1, Schedule::kOneFOneB, false, 4},
+        Layout{"pp2_dp2_zero2_tied", 1, 2, 2, true, 1, 2, 1, Schedule::kOneFOneB, false, 4},
+        Layout{"pp2_dp2_zero3_tied", 1, 2, 3, true, 1, 2, 1, Schedule::kOneFOneB, false, 4},
+        Layout{"pp2_vpp2_dp2_zero3", 1, 2, 3, false, 1, 2, 2, Schedule::kOneFOneB, false, 8},
         Layout{"tp2_sp_cp2_pp2", 2, 1, 0, false, 2, 2, 1, Schedule::kOneFOneB, true, 4}),
     [](const auto& info) { return std::string(info.param.name); });
 
