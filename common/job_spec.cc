@@ -417,9 +417,6 @@ static absl::Status ValidatePretrain(JobSpec& spec) {
   if (l.pp() > 1 && spec.groups(0).device_type() == v1::GPU)
     return absl::UnimplementedError(absl::StrCat("groups[0].layout: pipeline parallelism (pp=", l.pp(),
                                                  ") on GPUs is not built yet; use pp 1 on GPUs, or CPU slots"));
-  if (l.pp() > 1 && !spec.train().export_hf().empty())
-    return absl::UnimplementedError("train.export_hf: exporting a pipeline-parallel model (pp > 1) is not built yet; "
-                                    "save a checkpoint and load it into a pp = 1 job");
   if (l.vpp() > 1 && spec.model().global_batch() / (spec.model().micro_batch() * l.dp()) % l.pp() != 0)
     return Bad("model.global_batch", absl::StrCat("interleaved pipelines (vpp ", l.vpp(), ") need the micro-batches per ",
                                                   "step and DP rank (", spec.model().global_batch() /

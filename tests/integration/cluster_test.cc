@@ -216,13 +216,14 @@ TEST(Cluster, KilledTrainingResumesFromItsCheckpoint) {
   EXPECT_THAT(std::string(refused.status().message()), HasSubstr("train.checkpoint.dir"));
 }
 
-// A job exports its model as a Hugging Face directory after its last step; another job
-// (tp2, with activation recomputation) starts from that directory: its first loss is far
-// below a fresh model's (ln 256 = 5.55) and near the first job's last one.
+// A job (pp2 x dp2 ZeRO-3: the stages send their parameters to the first, which writes)
+// exports its model as a Hugging Face directory after its last step; another job (tp2,
+// with activation recomputation) starts from that directory: its first loss is far below
+// a fresh model's (ln 256 = 5.55) and near the first job's last one.
 TEST(Cluster, PretrainExportsAndStartsFromAHuggingFaceDirectory) {
-  auto c = Up({.agents = 1, .cpu_slots = 2});
+  auto c = Up({.agents = 1, .cpu_slots = 4});
   const std::string hf = c->dir() + "/hf-export";
-  v1::JobSpec first = PretrainSpec(2, 1, 3, 30);
+  v1::JobSpec first = PretrainSpec(4, 1, 3, 30, /*sp=*/false, /*cp=*/1, /*pp=*/2);
   first.mutable_train()->set_export_hf(hf);
   auto a = c->WaitState(Submit(*c, first), v1::SUCCEEDED, 120000);
   ASSERT_TRUE(a.ok()) << a.status();

@@ -118,29 +118,53 @@ absl::Status ImportHf(const std::string& dir, model::Llama& model) {
   return absl::OkStatus();
 }
 
-absl::Status ExportHf(const std::string& dir, model::Llama& model, const std::string& dtype, bool write) {
+absl::Status ExportHf(const std::string& dir, model::Llama& model, const std::string& dtype, bool write,
+                      comm::Communicator* pp) {
   if (dtype != "BF16" && dtype != "F32")
     return absl::InvalidArgumentError(absl::StrCat("export: dtype must be BF16 or F32, got '", dtype, "'"));
+  const model::LlamaConfig& c = model.config();
+  const model::StageSpec& stage = model.stage();
+  const int pps = pp != nullptr ? pp->size() : 1, me = pp != nullptr ? pp->rank() : 0;
+  if (pps != stage.pp) return absl::InvalidArgumentError("export: the pipeline group does not match the model's stages");
+  write = write && me == 0;  // stage 0 writes; the other stages send what they hold first
+  const auto specs = model::LlamaParamSpecs(c);
   std::vector<std::vector<float>> f32;
   std::vector<std::vector<uint16_t>> bf16;
   std::vector<TensorToWrite> tensors;
-  f32.reserve(model.params().size());
-  bf16.reserve(model.params().size());
-  for (auto& p : model.params()) {
-    TESSERA_ASSIGN_OR_RETURN(std::vector<float> global, model.GatherGlobal(p, false));  // every TP rank
+  f32.reserve(specs.size());
+  bf16.reserve(specs.size());
+  for (const auto& spec : specs) {
+    int owner = 0;  // the first stage holding it (a tied embedding: stage 0)
+    while (owner < pps && !model::StageHolds(spec.name, c, model::StageSpec{pps, owner, stage.vpp})) ++owner;
+    if (owner == pps) return absl::InternalError(absl::StrCat("export: no stage holds ", spec.name));
+    std::vector<float> global;
+    if (me == owner) {
+      model::Param* p = model.Find(spec.name);
+      if (p == nullptr) return absl::InternalError(absl::StrCat("export: stage ", me, " lacks ", spec.name));
+      TESSERA_ASSIGN_OR_RETURN(global, model.GatherGlobal(*p, false));  // every TP rank of the stage
+    }
+    if (owner != 0 && (me == owner || me == 0)) {
+      int64_t n = 1;
+      for (int64_t d : spec.shape) n *= d;
+      if (me == 0) {
+        global.resize(n);
+        TESSERA_RETURN_IF_ERROR(pp->Recv(global.data(), n, runtime::DType::kF32, owner));
+      } else {
+        TESSERA_RETURN_IF_ERROR(pp->Send(global.data(), n, runtime::DType::kF32, 0));
+      }
+    }
     if (!write) continue;
     f32.push_back(std::move(global));
     const auto& v = f32.back();
     if (dtype == "BF16") {
       bf16.emplace_back(v.size());
       for (size_t i = 0; i < v.size(); ++i) bf16.back()[i] = runtime::FloatToBf16(v[i]);
-      tensors.push_back({p.name(), dtype, p.spec.shape, bf16.back().data(), v.size() * 2});
+      tensors.push_back({spec.name, dtype, spec.shape, bf16.back().data(), v.size() * 2});
     } else {
-      tensors.push_back({p.name(), dtype, p.spec.shape, v.data(), v.size() * 4});
+      tensors.push_back({spec.name, dtype, spec.shape, v.data(), v.size() * 4});
     }
   }
   if (!write) return absl::OkStatus();
-  const auto& c = model.config();
   json cfg = {{"architectures", {c.qkv_bias ? "Qwen2ForCausalLM" : "LlamaForCausalLM"}},
               {"model_type", c.qkv_bias ? "qwen2" : "llama"},
               {"vocab_size", c.vocab},

@@ -28,6 +28,10 @@ absl::Status ImportHf(const std::string& dir, model::Llama& model);
 // Writes config.json and model.safetensors (dtype "BF16" or "F32") into dir, from the
 // model's global weights. Every TP rank calls it (the weights are gathered over TP;
 // under ZeRO-3 call Trainer::GatherParams first); only ranks with `write` set write.
-absl::Status ExportHf(const std::string& dir, model::Llama& model, const std::string& dtype, bool write);
+// A pipeline stage (pp: its pipeline group, host buffers — Gloo) sends the parameters it
+// is the first to hold to stage 0, whose ranks with `write` set write the whole model;
+// every stage calls it.
+absl::Status ExportHf(const std::string& dir, model::Llama& model, const std::string& dtype, bool write,
+                      comm::Communicator* pp = nullptr);
 
 }  // namespace tessera::checkpoint

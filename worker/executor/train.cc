@@ -162,10 +162,11 @@ absl::StatusOr<std::string> TrainSession::Step(int64_t step) {
     checkpoint_secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count();
   }
   if (!export_hf_.empty() && done == total_steps_) {
-    // Every rank takes part (the weights are gathered over TP, and over DP under ZeRO-3);
-    // the first one writes.
+    // Every rank takes part (the weights are gathered over TP, over DP under ZeRO-3, and
+    // sent to the first stage under PP); the first one writes.
     TESSERA_RETURN_IF_ERROR(trainer_->GatherParams());
-    TESSERA_RETURN_IF_ERROR(checkpoint::ExportHf(export_hf_, *model_, "BF16", first_replica_));
+    TESSERA_RETURN_IF_ERROR(checkpoint::ExportHf(export_hf_, *model_, "BF16", first_replica_,
+                                                 pp_ != nullptr && pp_->size() > 1 ? pp_ : nullptr));
   }
   // This rank's share of the step's model FLOPs (Megatron's estimate: 6 N per token for
   // the weights, plus causal attention 6 L Hq D s^2 per sequence of s tokens, forward and

@@ -9,12 +9,15 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/common/mem_store.h"
 #include "tests/worker/model/model_test_util.h"
+#include "worker/comm/gloo_communicator.h"
 #include "worker/checkpoint/safetensors.h"
 #include "worker/runtime/dtype.h"
 
@@ -60,6 +63,39 @@ TEST(Hf, ExportImportRoundTrip) {
         EXPECT_EQ(*b->GatherGlobal(*b->Find(p.name()), false), want) << dtype << " " << p.name();
       }
     }
+  }
+}
+
+// A pipeline exports the same directory as one rank: pp2 and pp4 (Gloo threads), tied
+// and untied; the stages send what they hold to stage 0, which writes.
+TEST(Hf, PipelineExportEqualsOneRank) {
+  auto be = runtime::MakeCpuBackend();
+  for (auto [pp, tied] : {std::pair{2, false}, std::pair{2, true}, std::pair{4, true}}) {
+    SCOPED_TRACE(::testing::Message() << "pp" << pp << (tied ? " tied" : ""));
+    auto c = model::test::TinyConfig(300, tied, /*bias=*/true);
+    c.layers = 4;
+    auto one = Make(c, be.get(), 3);
+    const std::string want = TempDir(), got = TempDir();
+    ASSERT_TRUE(ExportHf(want, *one, "F32", true).ok());
+    testing::MemStore store;
+    const std::string key = RandomHex(4);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < pp; ++r)
+      threads.emplace_back([&, r] {
+        auto rb = runtime::MakeCpuBackend();
+        auto comm = comm::MakeGlooCommunicator("pp", key, r, pp, &store, {"127.0.0.1", 60000});
+        ASSERT_TRUE(comm.ok()) << comm.status();
+        auto m = model::Llama::Create(c, rb.get(), nullptr, false, nullptr, model::StageSpec{pp, r, 1});
+        ASSERT_TRUE(m.ok()) << m.status();
+        ASSERT_TRUE((*m)->InitRandom(3, 0.5f).ok());
+        EXPECT_TRUE(ExportHf(got, **m, "F32", true, comm->get()).ok());
+      });
+    for (auto& t : threads) t.join();
+    auto a = Make(c, be.get(), 90), b = Make(c, be.get(), 91);
+    ASSERT_TRUE(ImportHf(want, *a).ok());
+    ASSERT_TRUE(ImportHf(got, *b).ok());
+    for (auto& p : a->params())
+      EXPECT_EQ(*b->GatherGlobal(*b->Find(p.name()), false), *a->GatherGlobal(p, false)) << p.name();
   }
 }
 
