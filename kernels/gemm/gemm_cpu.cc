@@ -50,13 +50,15 @@ absl::Status GemmCpu(const void* a, bool ta, const void* b, bool tb, void* c, in
                 static_cast<float*>(c), n);
     return absl::OkStatus();
   }
-  std::vector<float> af(m * k), bf(k * n), cf(m * n);
+  std::vector<float> af(m * k), bf(k * n), cf(ct == DType::kF32 ? 0 : m * n);
   TESSERA_RETURN_IF_ERROR(CastCpu(a, t, af.data(), DType::kF32, m * k));
   TESSERA_RETURN_IF_ERROR(CastCpu(b, t, bf.data(), DType::kF32, k * n));
-  if (beta != 0) TESSERA_RETURN_IF_ERROR(CastCpu(c, ct, cf.data(), DType::kF32, m * n));
+  // An f32 C (bf16 inputs, f32 gradient) is accumulated in place; a bf16 one through f32.
+  float* cp = ct == DType::kF32 ? static_cast<float*>(c) : cf.data();
+  if (ct != DType::kF32 && beta != 0) TESSERA_RETURN_IF_ERROR(CastCpu(c, ct, cp, DType::kF32, m * n));
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, alpha, af.data(),
-              ta ? m : k, bf.data(), tb ? k : n, beta, cf.data(), n);
-  return CastCpu(cf.data(), DType::kF32, c, ct, m * n);
+              ta ? m : k, bf.data(), tb ? k : n, beta, cp, n);
+  return ct == DType::kF32 ? absl::OkStatus() : CastCpu(cp, DType::kF32, c, ct, m * n);
 }
 
 }  // namespace tessera::kernels

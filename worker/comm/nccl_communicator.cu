@@ -111,12 +111,7 @@ class NcclCommunicator final : public Communicator {
     if (auto e = cudaStreamWaitEvent(compute_, after_, 0); e != cudaSuccess) return CudaError(e, "cudaStreamWaitEvent");
     return absl::OkStatus();
   }
-  absl::Status ComputeWaits() {
-    if (compute_ == nullptr || overlap_) return absl::OkStatus();
-    if (auto e = cudaEventRecord(after_, stream_); e != cudaSuccess) return CudaError(e, "cudaEventRecord");
-    if (auto e = cudaStreamWaitEvent(compute_, after_, 0); e != cudaSuccess) return CudaError(e, "cudaStreamWaitEvent");
-    return absl::OkStatus();
-  }
+  absl::Status ComputeWaits() { return overlap_ ? absl::OkStatus() : Join(); }
   template <typename F>
   absl::Status Ordered(F&& enqueue) {
     if (in_group_) return Check(enqueue());

@@ -24,12 +24,11 @@ absl::Status Linear(Backend& b, const Tensor& x, const Tensor& w, Tensor& y) { r
 // dW += dy^T x; dx = dy W + beta_dx dx.
 absl::Status LinearBackward(Backend& b, const Tensor& dy, const Tensor& x, Param& w, Tensor& dx, float beta_dx) {
   TESSERA_RETURN_IF_ERROR(b.Gemm(dy, true, x, false, w.grad, 1.f, 1.f));
-  return b.Gemm(dy, false, w.compute.defined() ? w.compute : w.value, false, dx, 1.f, beta_dx);
+  return b.Gemm(dy, false, w.weight(), false, dx, 1.f, beta_dx);
 }
 // y [T, n] += bias [n] (broadcast over rows: ones [T, 1] x bias [1, n]).
 absl::Status AddBias(Backend& b, const Tensor& ones, const Param& bias, Tensor& y) {
-  const Tensor& v = bias.compute.defined() ? bias.compute : bias.value;
-  TESSERA_ASSIGN_OR_RETURN(Tensor row, v.Reshape({1, v.numel()}));
+  TESSERA_ASSIGN_OR_RETURN(Tensor row, bias.weight().Reshape({1, bias.weight().numel()}));
   return b.Gemm(ones, false, row, false, y, 1.f, 1.f);
 }
 // dbias [n] += column sums of dy [T, n].
@@ -210,10 +209,6 @@ absl::Status Llama::RefreshCompute(Param& p) {
   return backend_->Cast(p.value, p.compute);
 }
 
-absl::Status Llama::RefreshCompute() {
-  for (Param& p : params_) TESSERA_RETURN_IF_ERROR(RefreshCompute(p));
-  return absl::OkStatus();
-}
 
 absl::StatusOr<std::vector<float>> Llama::GatherGlobal(const Param& p, bool grad) {
   const Tensor& local = grad ? p.grad : p.value;
@@ -279,14 +274,13 @@ absl::StatusOr<Llama::Inputs> Llama::Upload(const TokenBatch& batch) {
     std::copy(half.begin(), half.end(), in.cu_half.data_as<int32_t>());
   }
   if (config_.qkv_bias) {
-    TESSERA_ASSIGN_OR_RETURN(Tensor ones_f32, New(b, {t, 1}));
-    const std::vector<float> ones(t, 1.f);
-    TESSERA_RETURN_IF_ERROR(b.CopyFromHost(ones.data(), ones_f32));
+    TESSERA_ASSIGN_OR_RETURN(in.ones, New(b, {t, 1}, act_));
     if (act_ == DType::kF32) {
-      in.ones = ones_f32;
+      const std::vector<float> ones(t, 1.f);
+      TESSERA_RETURN_IF_ERROR(b.CopyFromHost(ones.data(), in.ones));
     } else {
-      TESSERA_ASSIGN_OR_RETURN(in.ones, New(b, {t, 1}, act_));
-      TESSERA_RETURN_IF_ERROR(b.Cast(ones_f32, in.ones));
+      const std::vector<uint16_t> ones(t, runtime::FloatToBf16(1.f));
+      TESSERA_RETURN_IF_ERROR(b.CopyFromHost(ones.data(), in.ones));
     }
   }
   return in;
@@ -318,8 +312,8 @@ absl::StatusOr<Tensor> Llama::LeaveTp(Tensor& partial) {
 // own tokens) before it is accumulated.
 absl::Status Llama::NormBackward(const Tensor& dy, const Tensor& x, Param& w, const Tensor& rstd, Tensor& dx) {
   Backend& b = *backend_;
-  TESSERA_ASSIGN_OR_RETURN(Tensor dw, New(b, {W(w).numel()}));
-  TESSERA_RETURN_IF_ERROR(b.RmsNormBackward(dy, x, W(w), rstd, dx, dw));
+  TESSERA_ASSIGN_OR_RETURN(Tensor dw, New(b, {w.weight().numel()}));
+  TESSERA_RETURN_IF_ERROR(b.RmsNormBackward(dy, x, w.weight(), rstd, dx, dw));
   if (sp_) TESSERA_RETURN_IF_ERROR(AllReduce(dw));
   return b.Axpby(1.f, dw, 1.f, w.grad);
 }
@@ -333,12 +327,12 @@ absl::Status Llama::LayerForward(const LayerParams& w, const Inputs& in, const T
   a.x_in = x;
   TESSERA_ASSIGN_OR_RETURN(a.xn1, New(b, {tl, c.hidden}, act_));
   TESSERA_ASSIGN_OR_RETURN(a.rstd1, New(b, {tl}));
-  TESSERA_RETURN_IF_ERROR(b.RmsNormForward(x, W(*w.norm1), c.norm_eps, a.xn1, a.rstd1));
+  TESSERA_RETURN_IF_ERROR(b.RmsNormForward(x, w.norm1->weight(), c.norm_eps, a.xn1, a.rstd1));
   TESSERA_ASSIGN_OR_RETURN(a.xn1_full, EnterTp(a.xn1));
   // Q, K, V projections (+ bias), then RoPE on Q and K.
   auto project = [&](const Param* wt, const Param* bias, int64_t heads, Tensor& lin) -> absl::Status {
     TESSERA_ASSIGN_OR_RETURN(lin, New(b, {t, heads * d}, act_));
-    TESSERA_RETURN_IF_ERROR(Linear(b, a.xn1_full, W(*wt), lin));
+    TESSERA_RETURN_IF_ERROR(Linear(b, a.xn1_full, wt->weight(), lin));
     if (bias != nullptr) TESSERA_RETURN_IF_ERROR(AddBias(b, in.ones, *bias, lin));
     TESSERA_ASSIGN_OR_RETURN(lin, lin.Reshape({t, heads, d}));
     return absl::OkStatus();
@@ -361,22 +355,22 @@ absl::Status Llama::LayerForward(const LayerParams& w, const Inputs& in, const T
   // Output projection (row-parallel: partial sums over this rank's heads) and the first residual.
   TESSERA_ASSIGN_OR_RETURN(Tensor o2, a.o.Reshape({t, hq * d}));
   TESSERA_ASSIGN_OR_RETURN(Tensor attn, New(b, {t, c.hidden}, act_));
-  TESSERA_RETURN_IF_ERROR(Linear(b, o2, W(*w.wo), attn));
+  TESSERA_RETURN_IF_ERROR(Linear(b, o2, w.wo->weight(), attn));
   TESSERA_ASSIGN_OR_RETURN(a.x_mid, LeaveTp(attn));
   TESSERA_RETURN_IF_ERROR(b.Axpby(1.f, x, 1.f, a.x_mid));
   // MLP and the second residual.
   TESSERA_ASSIGN_OR_RETURN(a.xn2, New(b, {tl, c.hidden}, act_));
   TESSERA_ASSIGN_OR_RETURN(a.rstd2, New(b, {tl}));
-  TESSERA_RETURN_IF_ERROR(b.RmsNormForward(a.x_mid, W(*w.norm2), c.norm_eps, a.xn2, a.rstd2));
+  TESSERA_RETURN_IF_ERROR(b.RmsNormForward(a.x_mid, w.norm2->weight(), c.norm_eps, a.xn2, a.rstd2));
   TESSERA_ASSIGN_OR_RETURN(a.xn2_full, EnterTp(a.xn2));
   TESSERA_ASSIGN_OR_RETURN(a.gate, New(b, {t, ffn}, act_));
   TESSERA_ASSIGN_OR_RETURN(a.up, New(b, {t, ffn}, act_));
   TESSERA_ASSIGN_OR_RETURN(a.act, New(b, {t, ffn}, act_));
-  TESSERA_RETURN_IF_ERROR(Linear(b, a.xn2_full, W(*w.wg), a.gate));
-  TESSERA_RETURN_IF_ERROR(Linear(b, a.xn2_full, W(*w.wu), a.up));
+  TESSERA_RETURN_IF_ERROR(Linear(b, a.xn2_full, w.wg->weight(), a.gate));
+  TESSERA_RETURN_IF_ERROR(Linear(b, a.xn2_full, w.wu->weight(), a.up));
   TESSERA_RETURN_IF_ERROR(b.SwiGluForward(a.gate, a.up, a.act));
   TESSERA_ASSIGN_OR_RETURN(Tensor mlp, New(b, {t, c.hidden}, act_));
-  TESSERA_RETURN_IF_ERROR(Linear(b, a.act, W(*w.wd), mlp));
+  TESSERA_RETURN_IF_ERROR(Linear(b, a.act, w.wd->weight(), mlp));
   TESSERA_ASSIGN_OR_RETURN(out, LeaveTp(mlp));  // row-parallel
   return b.Axpby(1.f, a.x_mid, 1.f, out);
 }
@@ -478,7 +472,7 @@ absl::StatusOr<Tensor> Llama::ChunkForward(int chunk, const TokenBatch& batch, F
   if (FirstVirtualStage(chunk)) {
     TESSERA_ASSIGN_OR_RETURN(Tensor emb, New(b, {t, c.hidden}, act_));
     TESSERA_RETURN_IF_ERROR(acquire(0, Phase::kForward));
-    TESSERA_RETURN_IF_ERROR(b.EmbeddingForward(f.in.tokens, W(*embed_), vocab_start, emb));
+    TESSERA_RETURN_IF_ERROR(b.EmbeddingForward(f.in.tokens, embed_->weight(), vocab_start, emb));
     TESSERA_RETURN_IF_ERROR(release(0, Phase::kForward));
     TESSERA_ASSIGN_OR_RETURN(x, LeaveTp(emb));  // vocab-parallel: each id's row lives on one rank
   } else {
@@ -505,10 +499,10 @@ absl::StatusOr<Tensor> Llama::ChunkForward(int chunk, const TokenBatch& batch, F
   f.x_last = x;
   TESSERA_ASSIGN_OR_RETURN(f.xn, New(b, x.shape(), act_));
   TESSERA_ASSIGN_OR_RETURN(f.rstd, New(b, {x.dim(0)}));
-  TESSERA_RETURN_IF_ERROR(b.RmsNormForward(x, W(*final_norm_), c.norm_eps, f.xn, f.rstd));
+  TESSERA_RETURN_IF_ERROR(b.RmsNormForward(x, final_norm_->weight(), c.norm_eps, f.xn, f.rstd));
   TESSERA_ASSIGN_OR_RETURN(f.xn_full, EnterTp(f.xn));
   TESSERA_ASSIGN_OR_RETURN(f.logits, New(b, {t, vocab}, act_));
-  TESSERA_RETURN_IF_ERROR(Linear(b, f.xn_full, W(*lm_head_), f.logits));
+  TESSERA_RETURN_IF_ERROR(Linear(b, f.xn_full, lm_head_->weight(), f.logits));
   if (logits_out != nullptr) {  // f32 on the host whatever the compute dtype
     Tensor f32 = f.logits;
     if (f32.dtype() != DType::kF32) {

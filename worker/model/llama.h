@@ -87,6 +87,8 @@ struct Param {
   runtime::Tensor grad;   // f32, accumulated by ForwardBackward
   runtime::Tensor compute;  // bf16 copy of value when config.dtype is bf16 (Llama::RefreshCompute)
   const std::string& name() const { return spec.name; }
+  // What a forward or backward multiplies with: the compute copy under mixed precision.
+  const runtime::Tensor& weight() const { return compute.defined() ? compute : value; }
 };
 
 class Llama {
@@ -120,7 +122,6 @@ class Llama {
   // gather, a checkpoint load) refreshes its compute copy; SetGlobal does it itself.
   // A no-op in f32; with no value present (ZeRO-3 between uses) the copy is dropped.
   absl::Status RefreshCompute(Param& p);
-  absl::Status RefreshCompute();
   // Zeroes every gradient buffer that is present (ZeRO-2/3 keep none between blocks).
   absl::Status ZeroGrads();
 
@@ -175,8 +176,6 @@ class Llama {
                                                std::vector<float>* logits_out);
   absl::StatusOr<runtime::Tensor> ChunkBackward(int chunk, Flight& f, const runtime::Tensor* grad_output);
   int tp_size() const { return tp_ ? tp_->size() : 1; }
-  // The weight a forward or backward multiplies with: its compute copy under mixed precision.
-  static const runtime::Tensor& W(const Param& p) { return p.compute.defined() ? p.compute : p.value; }
   int tp_rank() const { return tp_ ? tp_->rank() : 0; }
   absl::Status AllReduce(runtime::Tensor& t);  // sum over the TP group, in place
   absl::StatusOr<runtime::Tensor> EnterTp(const runtime::Tensor& local);
