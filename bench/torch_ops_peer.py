@@ -1,6 +1,7 @@
 """Peer for bench/op_bench: the same ops and shapes in PyTorch (eager and
 torch.compile), timed with CUDA events after warm-up. Prints one JSON line per case.
-With --memory-only: the memory-bound ops and the device copy only (no GEMM, attention)."""
+With --memory-only: the memory-bound ops and the device copy only (no GEMM, attention);
+with --attention-only: attention only."""
 import json
 import sys
 import torch
@@ -26,6 +27,44 @@ def time_ms(fn, iters=20, warmup=3):
 
 def line(op, variant, shape, ms, unit, value):
     print(json.dumps({"op": op, "variant": variant, "shape": shape, "ms": round(ms, 4), unit: round(value, 2)}), flush=True)
+
+
+def attention():
+    # Attention: 16384 tokens packed as B sequences of S, [B, S, H, D] viewed as [B, H, S, D]
+    # (the same memory layout as Tessera's [T, H, D]); each SDPA backend forced in turn.
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    BACKENDS = (("FLASH", SDPBackend.FLASH_ATTENTION), ("CUDNN", SDPBackend.CUDNN_ATTENTION),
+                ("EFFICIENT", SDPBackend.EFFICIENT_ATTENTION))
+    for D, H in ((64, 32), (128, 16)):
+        for S in (1024, 4096, 16384):
+            B = 16384 // S
+            q, k, v, g = (torch.randn(B, S, H, D, device=dev, dtype=bf).transpose(1, 2) for _ in range(4))
+            for causal in (True, False):
+                flops = 4.0 * B * S * S * H * D * (0.5 if causal else 1.0)
+                shape = f"B{B} S{S} H{H} D{D} {'causal' if causal else 'full'}"
+                for bname, backend in BACKENDS:
+                    try:
+                        with sdpa_kernel(backend):
+                            fwd = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                            ms = time_ms(fwd, iters=10)
+                            line(f"attn_fwd d{D} s{S} {'c' if causal else 'n'}", bname, shape, ms, "tflops", flops / ms / 1e9)
+                            qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
+
+                            def fwd_bwd():
+                                F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal).backward(g)
+
+                            ms = time_ms(fwd_bwd, iters=10)
+                            line(f"attn_fwdbwd d{D} s{S} {'c' if causal else 'n'}", bname, shape, ms, "tflops",
+                                 3.5 * flops / ms / 1e9)
+                    except RuntimeError as e:  # a backend that does not take this shape
+                        print(json.dumps({"skip": bname, "shape": shape, "why": str(e)[:120]}), flush=True)
+            del q, k, v, g
+
+
+if "--attention-only" in sys.argv:
+    attention()
+    sys.exit(0)
 
 
 def rmsnorm(x, w):
@@ -140,33 +179,4 @@ for name, m, nn, k in (("gemm_qkv", 8192, 3072, 2048), ("gemm_o", 8192, 2048, 20
     wt = torch.randn(nn, k, device=dev, dtype=bf) * 0.02
     ms = time_ms(lambda: torch.matmul(a, wt.t()))
     line(name, "torch.matmul", f"{m}x{nn}x{k} bf16", ms, "tflops", 2.0 * m * nn * k / ms / 1e9)
-# Attention: 16384 tokens packed as B sequences of S, [B, S, H, D] viewed as [B, H, S, D]
-# (the same memory layout as Tessera's [T, H, D]); each SDPA backend forced in turn.
-from torch.nn.attention import SDPBackend, sdpa_kernel
-
-BACKENDS = (("FLASH", SDPBackend.FLASH_ATTENTION), ("CUDNN", SDPBackend.CUDNN_ATTENTION),
-            ("EFFICIENT", SDPBackend.EFFICIENT_ATTENTION))
-for D, H in ((64, 32), (128, 16)):
-    for S in (1024, 4096, 16384):
-        B = 16384 // S
-        q, k, v, g = (torch.randn(B, S, H, D, device=dev, dtype=bf).transpose(1, 2) for _ in range(4))
-        for causal in (True, False):
-            flops = 4.0 * B * S * S * H * D * (0.5 if causal else 1.0)
-            shape = f"B{B} S{S} H{H} D{D} {'causal' if causal else 'full'}"
-            for bname, backend in BACKENDS:
-                try:
-                    with sdpa_kernel(backend):
-                        fwd = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-                        ms = time_ms(fwd, iters=10)
-                        line(f"attn_fwd d{D} s{S} {'c' if causal else 'n'}", bname, shape, ms, "tflops", flops / ms / 1e9)
-                        qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
-
-                        def fwd_bwd():
-                            F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal).backward(g)
-
-                        ms = time_ms(fwd_bwd, iters=10)
-                        line(f"attn_fwdbwd d{D} s{S} {'c' if causal else 'n'}", bname, shape, ms, "tflops",
-                             3.5 * flops / ms / 1e9)
-                except RuntimeError as e:  # a backend that does not take this shape
-                    print(json.dumps({"skip": bname, "shape": shape, "why": str(e)[:120]}), flush=True)
-        del q, k, v, g
+attention()

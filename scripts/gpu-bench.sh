@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Op benchmarks on a lent GPU: Tessera's CUDA ops (bench/op_bench) and the PyTorch
 # peer (bench/torch_ops_peer.py) in the same call; prints a side-by-side table.
+# ONLY=attn: attention only (both sides).
 set -uo pipefail
 GPU_ENV_KEEP_DIST=1 source "$(dirname "$0")/gpu-env.sh"
-dist/bin/op_bench > "$OUT/op_bench.jsonl" 2> "$OUT/op_bench.err"
-python3 bench/torch_ops_peer.py > "$OUT/torch_peer.jsonl" 2> "$OUT/torch_peer.err"
+only="${ONLY:-}" peer_args=()
+[ "$only" = attn ] && peer_args=(--attention-only)
+dist/bin/op_bench $only > "$OUT/op_bench.jsonl" 2> "$OUT/op_bench.err"
+python3 bench/torch_ops_peer.py "${peer_args[@]}" > "$OUT/torch_peer.jsonl" 2> "$OUT/torch_peer.err"
 # Kernel-variant sweeps, when bench/variants/build.sh put them into dist/bin.
 for v in rope_variants rmsnorm_bwd_variants; do
   [ -x "dist/bin/$v" ] && "dist/bin/$v" > "$OUT/$v.txt" 2>&1

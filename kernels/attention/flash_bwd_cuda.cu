@@ -1,18 +1,18 @@
 // Flash-attention backward for sm_90a (FlashAttention-2's algorithm in FlashAttention-3's
 // structure). One CTA = 3 warpgroups for a tile of 128 keys of one kv head: warpgroup 0
-// is the producer (one thread loads K and V once, then Q and dO tiles of 64 queries with
-// TMA, two stages deep, for every query head of the GQA group and every query tile that
-// sees these keys); two consumer warpgroups own 64 keys each and keep their dK and dV
+// is the producer (one thread loads K and V once, then Q and dO tiles of kBr queries —
+// 128 at d64, 64 at d128 — with TMA, two stages deep, for every query head of the GQA
+// group and every query tile that sees these keys); two consumer warpgroups own 64 keys each and keep their dK and dV
 // accumulators in registers across the whole loop (so GQA needs no extra reduction).
 // Per query tile, each consumer warpgroup runs on the tensor cores (wgmma):
 //   S^T  = K Q^T                  dP^T = V dO^T           (shared x shared, K-major)
 //   P^T  = exp2(S^T scale log2e - lse log2e), dS^T = P^T (dP^T - D)   (registers, masked)
 //   dV  += P^T dO                 dK  += dS^T Q           (registers x shared, N-major)
-//   dQ[:, half] = dS K            (dS^T staged in shared memory, M-major), reduced into
+//   dQ (half)   = dS K            (dS^T staged in shared memory, M-major), reduced into
 //                                 global f32 with one bulk reduce-add per query tile
-// D = rowsum(dO O) and lse log2e are prepared by a small kernel per (head, 64-query
+// D = rowsum(dO O) and lse log2e are prepared by a small kernel per (head, kBr-query
 // slot), padded with (0, +inf) past the sequence so padded queries get P = 0; the
-// producer copies each tile's 2 x 256 bytes into the stage with the Q and dO tiles (the
+// producer copies each tile's 2 x 4 kBr bytes into the stage with the Q and dO tiles (the
 // consumers never wait on a global load). dq_acc is scaled and cast at the end. A stage goes back to the producer through an
 // "empty" mbarrier once every consumer thread's reads of it have completed.
 #include <cuda.h>
@@ -28,12 +28,17 @@ namespace tessera::kernels::flash {
 namespace {
 using bf16 = __nv_bfloat16;
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr int kConsumers = 2, kThreads = 128 * (kConsumers + 1), kBc = 64 * kConsumers, kBr = 64;
+constexpr int kConsumers = 2, kThreads = 128 * (kConsumers + 1), kBc = 64 * kConsumers;
+// Queries per tile: 128 at d64 (FA3's choice: twice the tensor-core work per barrier,
+// stage hand-off and bulk reduction, which d64's short k-loops cannot otherwise amortize),
+// 64 at d128 (where registers and shared memory are full at 64).
+template <int D>
+constexpr int kBrOf = D == 64 ? 128 : 64;
 
 struct BwdParams {
-  const float *lse2, *dvec;  // [Hq][q slots][64]: lse * log2(e) and rowsum(dO * O), padded
-  float* dq_acc;             // [Hq][q slots][64 x D] in fragment order (see DqSlotOffset), unscaled dS K
-  const int32_t* q_first;    // first 64-query slot of each sequence
+  const float *lse2, *dvec;  // [Hq][q slots][kBr]: lse * log2(e) and rowsum(dO * O), padded
+  float* dq_acc;             // [Hq][q slots][kBr x D] in fragment order (see ReduceDq), unscaled dS K
+  const int32_t* q_first;    // first kBr-query slot of each sequence
   int64_t q_slots;           // slots per head
   bf16 *dk, *dv;
   const int32_t* cu;
@@ -45,16 +50,21 @@ struct BwdParams {
 
 template <int D>
 struct BwdSmem {
+  static constexpr int kBr = kBrOf<D>;
   using KTile = wg::Sw128Tile<kBc, D>;    // K, V
   using QTile = wg::Sw128Tile<kBr, D>;    // Q, dO (per stage)
   using STile = wg::Sw128Tile<kBc, kBr>;  // dS^T [keys][queries] (double-buffered)
-  static constexpr int kDqBytes = kBr * D * 4;  // one dQ slot, f32 (double-buffered)
+  static constexpr int kDqBytes = kBr * D * 4;  // one dQ slot, f32
+  // dQ staging buffers: two at d128, where the next tile's staging must not wait for the
+  // last bulk reduction's reads; one at d64 (its 128-query dS^T tiles fill the space) —
+  // there the issuing thread waits for the previous reduction's reads first.
+  static constexpr int kDqBuffers = D == 64 ? 1 : 2;
   static constexpr int kRowBytes = kBr * 4;     // lse2 or dvec of one tile (per stage)
   // Q/dO stages in flight. d128 has room for two only; three at d64 measured no faster
   // (H200: 0.98-1.01x).
   static constexpr int kStages = 2;
   static constexpr int kTiles =
-      2 * KTile::kBytes + 2 * kStages * QTile::kBytes + 2 * STile::kBytes + 2 * kDqBytes + 2 * kStages * kRowBytes;
+      2 * KTile::kBytes + 2 * kStages * QTile::kBytes + 2 * STile::kBytes + kDqBuffers * kDqBytes + 2 * kStages * kRowBytes;
   static constexpr int kBarriers = 1 + 2 * kStages;  // kv_full, q_full[], q_empty[]
   static constexpr int kBytes = kTiles + kBarriers * 8 + 1024;
   static_assert(kBytes <= 227 * 1024, "backward tiles exceed the shared memory of an SM");
@@ -65,10 +75,11 @@ __device__ __forceinline__ void RsMma(float (&acc)[D / 2], const uint32_t (&a)[4
   if constexpr (D == 128) wg::WgmmaRS_m64n128<1>(acc, a, desc);
   else wg::WgmmaRS_m64n64<1>(acc, a, desc);
 }
-template <int D>
-__device__ __forceinline__ void DqMma(float (&acc)[D / 4], uint64_t a, uint64_t b, int accumulate) {
-  if constexpr (D == 128) wg::WgmmaSS_m64n64<1, 1>(acc, a, b, accumulate);
-  else wg::WgmmaSS_m64n32<1, 1>(acc, a, b, accumulate);
+// S^T or dP^T (64 keys x kBr queries) over one k-step of 16 head dims.
+template <int kBr>
+__device__ __forceinline__ void SdpMma(float (&acc)[kBr / 2], uint64_t a, uint64_t b, int accumulate) {
+  if constexpr (kBr == 128) wg::WgmmaSS_m64n128(acc, a, b, accumulate);
+  else wg::WgmmaSS_m64n64(acc, a, b, accumulate);
 }
 __device__ __forceinline__ void ConsumerBarrier() { asm volatile("bar.sync 1, %0;\n" ::"n"(128 * kConsumers) : "memory"); }
 
@@ -80,7 +91,7 @@ struct BwdShared {
   using KTile = typename S::KTile;
   using QTile = typename S::QTile;
   using STile = typename S::STile;
-  static constexpr int kStages = S::kStages;
+  static constexpr int kStages = S::kStages, kBr = S::kBr;
   char* base;  // 1024-byte aligned (128B swizzle)
 
   __device__ static BwdShared Make(unsigned char* raw) {
@@ -93,8 +104,8 @@ struct BwdShared {
   __device__ QTile dout(int st) const { return QTile{reinterpret_cast<bf16*>(qbase() + (2 * st + 1) * QTile::kBytes)}; }
   __device__ char* sbase() const { return qbase() + 2 * kStages * QTile::kBytes; }
   __device__ STile ds(int b) const { return STile{reinterpret_cast<bf16*>(sbase() + b * STile::kBytes)}; }
-  __device__ float* dq() const { return reinterpret_cast<float*>(sbase() + 2 * STile::kBytes); }  // [2][kBr * D]
-  __device__ float* rows(int st) const { return dq() + 2 * kBr * D + st * 2 * kBr; }  // lse2[kBr], dvec[kBr]
+  __device__ float* dq() const { return reinterpret_cast<float*>(sbase() + 2 * STile::kBytes); }  // [buffers][kBr * D]
+  __device__ float* rows(int st) const { return dq() + S::kDqBuffers * kBr * D + st * 2 * kBr; }  // lse2, dvec [kBr]
   __device__ uint64_t* kv_full() const { return reinterpret_cast<uint64_t*>(base + S::kTiles); }
   __device__ uint64_t* q_full(int st) const { return kv_full() + 1 + st; }
   __device__ uint64_t* q_empty(int st) const { return kv_full() + 1 + kStages + st; }
@@ -126,7 +137,7 @@ __device__ __forceinline__ void ProduceBwd(const BwdShared<D>& sm, const CUtenso
                                            const BwdWork& w) {
   using KTile = typename BwdShared<D>::KTile;
   using QTile = typename BwdShared<D>::QTile;
-  constexpr int kStages = BwdShared<D>::kStages, kRowBytes = BwdSmem<D>::kRowBytes;
+  constexpr int kStages = BwdShared<D>::kStages, kRowBytes = BwdSmem<D>::kRowBytes, kBr = kBrOf<D>;
   tma::ArriveExpectTx(sm.kv_full(), 2 * KTile::kBytes);
   for (int b = 0; b < D / 64; ++b) {
     tma::Load3d(reinterpret_cast<char*>(sm.k().base) + b * KTile::kBlockBytes, tk, sm.kv_full(), 64 * b, w.kvh, w.start + w.n0);
@@ -148,46 +159,82 @@ __device__ __forceinline__ void ProduceBwd(const BwdShared<D>& sm, const CUtenso
 }
 
 // P^T = exp2(S^T scale log2e - lse log2e) (masked to 0 past the sequence and, causal,
-// above the diagonal) and dS^T = P^T (dP^T - D), in place in s and dp. This thread holds
-// keys key0 + g (+8) and queries 8 (i/4) + 2t + (i&1) of the 64-query tile at m0; lv and
-// dvv are its queries' lse2 and D.
-template <bool kCausal>
-__device__ __forceinline__ void ScoresToGrads(float (&s)[kBr / 2], float (&dp)[kBr / 2], const float (&lv)[kBr / 4],
-                                              const float (&dvv)[kBr / 4], float sl2, bool mask, int n0, int key0,
-                                              int m0, int len, int g, int t) {
+// above the diagonal) and dS^T = P^T (dP^T - D), packed to bf16 A fragments (ap, ads)
+// as soon as each is complete, once S^T (the older of the two wgmma groups in flight) and
+// then dP^T have landed. This thread holds
+// keys key0 + g (+8) and queries 8 c + 2 t + e of the kBr-query tile at m0; rows holds
+// the tile's lse2[kBr] then D[kBr]. At kBr = 64 they are read into registers before the
+// wait (they hide under it); at 128 that would cost 64 registers at the kernel's peak,
+// so they are read where used.
+template <int kBr, bool kCausal>
+__device__ __forceinline__ void ScoresToGrads(float (&s)[kBr / 2], float (&dp)[kBr / 2], uint32_t (&ap)[kBr / 16][4],
+                                              uint32_t (&ads)[kBr / 16][4], const float* rows, float sl2, bool mask,
+                                              int n0, int key0, int m0, int len, int g, int t) {
+  constexpr bool kPreload = kBr == 64;
+  float2 lv[kPreload ? kBr / 8 : 1], dvv[kPreload ? kBr / 8 : 1];
+  if constexpr (kPreload) {
 #pragma unroll
-  for (int i = 0; i < kBr / 2; ++i) {
-    const int col = 8 * (i / 4) + 2 * t + (i & 1), kj = n0 + key0 + g + 8 * ((i >> 1) & 1);
-    float pv = tc::Exp2(fmaf(s[i], sl2, -lv[2 * (i / 4) + (i & 1)]));
-    if (mask && (kj >= len || (kCausal && kj > m0 + col))) pv = 0.f;
-    s[i] = pv;
+    for (int c = 0; c < kBr / 8; ++c) {
+      lv[c] = tc::LdShared2(rows + 8 * c + 2 * t);
+      dvv[c] = tc::LdShared2(rows + kBr + 8 * c + 2 * t);
+    }
+  }
+  wg::Wait<1>();
+  wg::FenceRegs(s);
+#pragma unroll
+  for (int c = 0; c < kBr / 8; ++c) {
+    const float2 l2 = kPreload ? lv[kPreload ? c : 0] : tc::LdShared2(rows + 8 * c + 2 * t);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i = 4 * c + e, col = 8 * c + 2 * t + (e & 1), kj = n0 + key0 + g + 8 * (e >> 1);
+      float pv = tc::Exp2(fmaf(s[i], sl2, -((e & 1) ? l2.y : l2.x)));
+      if (mask && (kj >= len || (kCausal && kj > m0 + col))) pv = 0.f;
+      s[i] = pv;
+    }
   }
   wg::Wait<0>();
   wg::FenceRegs(dp);
 #pragma unroll
-  for (int i = 0; i < kBr / 2; ++i) dp[i] = s[i] * (dp[i] - dvv[2 * (i / 4) + (i & 1)]);
+  for (int c = 0; c < kBr / 8; ++c) {
+    const float2 d2 = kPreload ? dvv[kPreload ? c : 0] : tc::LdShared2(rows + kBr + 8 * c + 2 * t);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dp[4 * c + e] = s[4 * c + e] * (dp[4 * c + e] - ((e & 1) ? d2.y : d2.x));
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {  // columns 8 c .. 8 c + 7 are half of k-step c / 2's A fragment
+      ap[c / 2][2 * (c & 1) + r] = tc::PackBf16(s[4 * c + 2 * r], s[4 * c + 2 * r + 1]);
+      ads[c / 2][2 * (c & 1) + r] = tc::PackBf16(dp[4 * c + 2 * r], dp[4 * c + 2 * r + 1]);
+    }
+  }
 }
 
-// dQ goes to global memory as bulk reduce-adds, one per warpgroup (its D/2 columns of
-// the 64 x D slot). Fragments are stored in fragment order (float4 k of warpgroup thread
-// i at [warpgroup][k][i]): the stores are conflict-free and each warpgroup's half is
+// dQ goes to global memory as bulk reduce-adds, one per warpgroup (its half of the
+// kBr x D slot: D/2 columns at d128, 64 queries at d64 — 32 floats per thread either way).
+// Fragments are stored in fragment order (float4 k of warpgroup thread i at
+// [warpgroup][k][i]): the stores are conflict-free and each warpgroup's half is
 // contiguous, so only the warpgroup itself has to agree that it is complete.
-// DqFromSlots undoes the order.
+// DqFromSlots undoes the order. With one staging buffer the issuing thread first waits
+// until the previous reduction has read it.
 template <int D>
-__device__ __forceinline__ void ReduceDq(const float (&dq)[D / 4], float* dq_smem, float* dq_acc, int64_t slot, int wgi,
+__device__ __forceinline__ void ReduceDq(const float (&dq)[32], float* dq_smem, float* dq_acc, int64_t slot, int wgi,
                                          int wt) {
-  constexpr int kHalf = kBr * D / 2;  // floats per warpgroup
+  constexpr int kBr = kBrOf<D>, kHalf = kBr * D / 2;  // floats per warpgroup
+  static_assert(kHalf == 32 * 128, "a warpgroup's dQ half is 32 floats per thread");
   float* half = dq_smem + wgi * kHalf;
-  float4* buf = reinterpret_cast<float4*>(half);
+  float4* buf = reinterpret_cast<float4*>(half);  // shared memory
+  if constexpr (BwdSmem<D>::kDqBuffers == 1) {
+    if (wt == 0) tma::BulkWaitRead<0>();
+    if (wgi == 0) asm volatile("bar.sync 2, 128;\n" ::: "memory");
+    else asm volatile("bar.sync 3, 128;\n" ::: "memory");
+  }
 #pragma unroll
-  for (int k = 0; k < D / 16; ++k) buf[k * 128 + wt] = make_float4(dq[4 * k], dq[4 * k + 1], dq[4 * k + 2], dq[4 * k + 3]);
+  for (int k = 0; k < 8; ++k) tc::StShared(buf + k * 128 + wt, make_float4(dq[4 * k], dq[4 * k + 1], dq[4 * k + 2], dq[4 * k + 3]));
   wg::FenceProxyAsync();
   if (wgi == 0) asm volatile("bar.sync 2, 128;\n" ::: "memory");
   else asm volatile("bar.sync 3, 128;\n" ::: "memory");
   if (wt == 0) {
     tma::BulkReduceAddF32(dq_acc + slot * (kBr * D) + wgi * kHalf, half, kHalf * 4);
     tma::BulkCommit();
-    tma::BulkWaitRead<1>();  // this warpgroup's other buffer is free for the next tile
+    if constexpr (BwdSmem<D>::kDqBuffers == 2) tma::BulkWaitRead<1>();  // the other buffer is free for the next tile
   }
 }
 
@@ -214,7 +261,8 @@ __device__ __forceinline__ void WriteDkDv(const float (&dk)[D / 2], const float 
 template <int D, bool kCausal>
 __device__ __forceinline__ void ConsumeBwd(const BwdShared<D>& sm, const BwdParams& p, const BwdWork& w, int wgi) {
   using KTile = typename BwdShared<D>::KTile;
-  constexpr int kStages = BwdShared<D>::kStages;
+  using STile = typename BwdShared<D>::STile;
+  constexpr int kStages = BwdShared<D>::kStages, kBr = kBrOf<D>;
   const int tid = threadIdx.x, warp = (tid / 32) % 4, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int key0 = 64 * wgi + 16 * warp;  // tile-local key of this thread's rows g and g + 8
   const float sl2 = p.scale * kLog2e;
@@ -230,50 +278,37 @@ __device__ __forceinline__ void ConsumeBwd(const BwdShared<D>& sm, const BwdPara
     wg::Fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
-      wg::WgmmaSS_m64n64(s, wg::KMajorDesc(sm.k(), 64 * wgi, kk), wg::KMajorDesc(sm.q(st), 0, kk), kk > 0);
+      SdpMma<kBr>(s, wg::KMajorDesc(sm.k(), 64 * wgi, kk), wg::KMajorDesc(sm.q(st), 0, kk), kk > 0);
     wg::Commit();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
-      wg::WgmmaSS_m64n64(dp, wg::KMajorDesc(sm.v(), 64 * wgi, kk), wg::KMajorDesc(sm.dout(st), 0, kk), kk > 0);
+      SdpMma<kBr>(dp, wg::KMajorDesc(sm.v(), 64 * wgi, kk), wg::KMajorDesc(sm.dout(st), 0, kk), kk > 0);
     wg::Commit();
-    // This thread's query columns: 8 c + 2 t + e (padded with +inf and 0 past the sequence).
-    const float* lrow = sm.rows(st);
-    float lv[kBr / 4], dvv[kBr / 4];
-#pragma unroll
-    for (int c = 0; c < kBr / 8; ++c) {
-      const float2 l2 = *reinterpret_cast<const float2*>(lrow + 8 * c + 2 * t);
-      const float2 d2 = *reinterpret_cast<const float2*>(lrow + kBr + 8 * c + 2 * t);
-      lv[2 * c] = l2.x, lv[2 * c + 1] = l2.y, dvv[2 * c] = d2.x, dvv[2 * c + 1] = d2.y;
-    }
-    wg::Wait<1>();
-    wg::FenceRegs(s);
+    // lse2 and D are padded with +inf and 0 past the sequence.
     const bool mask = key_mask || (kCausal && w.n0 + key0 + 15 > m0);
-    ScoresToGrads<kCausal>(s, dp, lv, dvv, sl2, mask, w.n0, key0, m0, w.len, g, t);
     uint32_t ap[kBr / 16][4], ads[kBr / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < kBr / 16; ++kk)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        ap[kk][e] = tc::PackBf16(s[8 * kk + 2 * e], s[8 * kk + 2 * e + 1]);
-        ads[kk][e] = tc::PackBf16(dp[8 * kk + 2 * e], dp[8 * kk + 2 * e + 1]);
-      }
+    ScoresToGrads<kBr, kCausal>(s, dp, ap, ads, sm.rows(st), sl2, mask, w.n0, key0, m0, w.len, g, t);
     // Stage dS^T (keys x queries) for dQ; every consumer warpgroup reads all 128 keys.
     const auto ds = sm.ds(it & 1);
 #pragma unroll
     for (int c = 0; c < kBr / 8; ++c)
 #pragma unroll
       for (int r = 0; r < 2; ++r)
-        *reinterpret_cast<uint32_t*>(ds.Chunk(key0 + g + 8 * r, c) + 2 * t) = ads[c / 2][2 * (c & 1) + r];
+        tc::StShared(ds.Chunk(key0 + g + 8 * r, c) + 2 * t, ads[c / 2][2 * (c & 1) + r]);
     wg::FenceProxyAsync();
     ConsumerBarrier();  // dS^T of both warpgroups written
-    // dQ[:, wgi half] = dS K (A = dS M-major from dS^T, B = K N-major), then dV and dK;
-    // the dQ reduction below overlaps the dV/dK product on the tensor cores.
-    float dq[D / 4];
-    const char* kcols = reinterpret_cast<const char*>(sm.k().base) + (D == 128 ? wgi * KTile::kBlockBytes : wgi * 64);
+    // This warpgroup's half of dQ = dS K (A = dS M-major from dS^T, B = K N-major): at
+    // d128 all 64 queries x its 64 of the head dims, at d64 its 64 of the 128 queries x
+    // all 64 head dims. Then dV and dK; the dQ reduction below overlaps the dV/dK
+    // product on the tensor cores.
+    float dq[32];
+    const char* kcols = reinterpret_cast<const char*>(sm.k().base) + (D == 128 ? wgi * KTile::kBlockBytes : 0);
+    const char* dsq = reinterpret_cast<const char*>(ds.base) + (D == 64 ? wgi * STile::kBlockBytes : 0);
     wg::Fence();
 #pragma unroll
     for (int kk = 0; kk < kBc / 16; ++kk)
-      DqMma<D>(dq, wg::MnMajorDesc(ds, kk), wg::Desc(kcols + kk * 16 * 128, KTile::kBlockBytes, 1024), kk > 0);
+      wg::WgmmaSS_m64n64<1, 1>(dq, wg::Desc(dsq + kk * 16 * 128, STile::kBlockBytes, 1024),
+                               wg::Desc(kcols + kk * 16 * 128, KTile::kBlockBytes, 1024), kk > 0);
     wg::Commit();
 #pragma unroll
     for (int kk = 0; kk < kBr / 16; ++kk) RsMma<D>(dv, ap[kk], wg::MnMajorDesc(sm.dout(st), kk));
@@ -282,7 +317,7 @@ __device__ __forceinline__ void ConsumeBwd(const BwdShared<D>& sm, const BwdPara
     wg::Commit();
     wg::Wait<1>();
     wg::FenceRegs(dq);
-    ReduceDq<D>(dq, sm.dq() + (it & 1) * kBr * D, p.dq_acc, int64_t(h) * p.q_slots + w.q_first + m0 / kBr, wgi,
+    ReduceDq<D>(dq, sm.dq() + (BwdSmem<D>::kDqBuffers == 2 ? it & 1 : 0) * kBr * D, p.dq_acc, int64_t(h) * p.q_slots + w.q_first + m0 / kBr, wgi,
                 tid % 128);
     // dV/dK retire before the loop carries their registers (an in-flight accumulator
     // across the back edge would serialize every wgmma); the stage goes back.
@@ -299,6 +334,7 @@ template <int D, bool kCausal>
 __global__ void __launch_bounds__(kThreads, 1)
     BwdKernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
               const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo, BwdParams p) {
+  constexpr int kBr = kBrOf<D>;
   extern __shared__ unsigned char smem_raw[];
   const BwdShared<D> sm = BwdShared<D>::Make(smem_raw);
   const int2 tile = p.table[blockIdx.x];
@@ -320,8 +356,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   ConsumeBwd<D, kCausal>(sm, p, w, wgi);
 }
 
-// lse2 and dvec of one 64-query slot of one head: lse * log2(e) and
+// lse2 and dvec of one kBr-query slot of one head: lse * log2(e) and
 // sum_c dout[i][h][c] * out[i][h][c], one warp per query, (+inf, 0) past the sequence.
+template <int kBr>
 __global__ void __launch_bounds__(256) Prepare(const bf16* dout, const bf16* out, const float* lse, const int2* slots,
                                                const int32_t* q_first, const int32_t* cu, int64_t q_slots, int hq,
                                                int dim, float* lse2, float* dvec) {
@@ -352,31 +389,34 @@ __global__ void __launch_bounds__(256) Prepare(const bf16* dout, const bf16* out
 
 // dq = scale * dq_acc, undoing the fragment order of the slots: one CTA per (slot, head),
 // each of its 256 threads reads back what consumer thread `ct` stored (coalesced float4s,
-// [warpgroup][k][thread of the warpgroup])
-// and writes bf16 pairs of rows 16 warp + g + 8 r, columns half + 8 c + 2 t.
+// [warpgroup][k][thread of the warpgroup]) and writes bf16 pairs of rows
+// q0 + 16 warp + g + 8 r, columns c0 + 8 c + 2 t, where the warpgroup's half starts at
+// query q0 = 64 wgi (d64) or column c0 = 64 wgi (d128).
 template <int D>
 __global__ void __launch_bounds__(256) DqFromSlots(const float* acc, const int2* slots, const int32_t* q_first,
                                                    const int32_t* cu, int64_t q_slots, int hq, float scale, bf16* dq) {
+  constexpr int kBr = kBrOf<D>;
   const int2 sl = slots[blockIdx.x];
   if (sl.x < 0) return;
   const int h = blockIdx.y, ct = threadIdx.x, wgi = ct / 128, warp = (ct / 32) % 4, lane = ct % 32, g = lane / 4,
             t = lane % 4;
   const int start = cu[sl.x], len = cu[sl.x + 1] - start;
   const int m0 = (static_cast<int>(blockIdx.x) - q_first[sl.x]) * kBr;  // slot = first slot of the sequence + tile
+  const int q0 = D == 64 ? 64 * wgi : 0, c0 = D == 128 ? 64 * wgi : 0;
   const float4* src = reinterpret_cast<const float4*>(acc + (int64_t(h) * q_slots + blockIdx.x) * (kBr * D));
-  float v[D / 4];
+  float v[32];
 #pragma unroll
-  for (int k = 0; k < D / 16; ++k) {
-    const float4 x = src[(wgi * (D / 16) + k) * 128 + ct % 128];
+  for (int k = 0; k < 8; ++k) {
+    const float4 x = src[(wgi * 8 + k) * 128 + ct % 128];
     v[4 * k] = x.x, v[4 * k + 1] = x.y, v[4 * k + 2] = x.z, v[4 * k + 3] = x.w;
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const int qi = m0 + 16 * warp + g + 8 * r;
+    const int qi = m0 + q0 + 16 * warp + g + 8 * r;
     if (qi >= len) continue;
-    bf16* row = dq + ((int64_t(start) + qi) * hq + h) * D + wgi * (D / 2) + 2 * t;
+    bf16* row = dq + ((int64_t(start) + qi) * hq + h) * D + c0 + 2 * t;
 #pragma unroll
-    for (int c = 0; c < D / 16; ++c)
+    for (int c = 0; c < 8; ++c)
       *reinterpret_cast<uint32_t*>(row + 8 * c) = tc::PackBf16(v[4 * c + 2 * r] * scale, v[4 * c + 2 * r + 1] * scale);
   }
 }
@@ -384,7 +424,7 @@ __global__ void __launch_bounds__(256) DqFromSlots(const float* acc, const int2*
 template <int D, bool kCausal>
 absl::Status Launch(const void* q, const void* k, const void* v, const void* dout, const BwdParams& p,
                     const AttentionDims& d, cudaStream_t s) {
-  constexpr int kSmem = BwdSmem<D>::kBytes;
+  constexpr int kSmem = BwdSmem<D>::kBytes, kBr = kBrOf<D>;
   CUtensorMap tq, tk, tv, tdo;
   TESSERA_RETURN_IF_ERROR(TokenTensorMap(&tq, q, d.tokens, d.q_heads, D, kBr, "q"));
   TESSERA_RETURN_IF_ERROR(TokenTensorMap(&tdo, dout, d.tokens, d.q_heads, D, kBr, "dout"));
@@ -401,9 +441,10 @@ absl::Status Launch(const void* q, const void* k, const void* v, const void* dou
 
 absl::Status Backward(const void* q, const void* k, const void* v, const int32_t* cu, const void* out, const void* dout,
                       const float* lse, void* dq, void* dk, void* dv, const AttentionDims& d, cudaStream_t s) {
+  const int kBr = d.head_dim == 64 ? kBrOf<64> : kBrOf<128>;
   const int64_t tiles = TileCapacity(d, kBc), q_slots = TileCapacity(d, kBr), rows = d.q_heads * q_slots * kBr;
   const int64_t acc_n = d.q_heads * q_slots * kBr * d.head_dim;
-  // Scratch: dq_acc f32, lse2 and dvec [Hq][q slots][64] f32, the key-tile table, the query-slot table
+  // Scratch: dq_acc f32, lse2 and dvec [Hq][q slots][kBr] f32, the key-tile table, the query-slot table
   // and each sequence's first query slot.
   char* scratch = nullptr;
   const size_t bytes =
@@ -424,7 +465,7 @@ absl::Status Backward(const void* q, const void* k, const void* v, const int32_t
     TESSERA_RETURN_IF_ERROR(BuildTileTable(cu, d.batch, kBc, table, tiles, s));
     TESSERA_RETURN_IF_ERROR(BuildTileTable(cu, d.batch, kBr, slots, q_slots, s, q_first));
     const dim3 grid(static_cast<unsigned>(q_slots), static_cast<unsigned>(d.q_heads));
-    Prepare<<<grid, 256, 0, s>>>(static_cast<const bf16*>(dout), static_cast<const bf16*>(out), lse, slots, q_first, cu,
+    (kBr == 128 ? Prepare<128> : Prepare<64>)<<<grid, 256, 0, s>>>(static_cast<const bf16*>(dout), static_cast<const bf16*>(out), lse, slots, q_first, cu,
                                  q_slots, static_cast<int>(d.q_heads), static_cast<int>(d.head_dim), lse2, dvec);
     TESSERA_RETURN_IF_ERROR(LaunchStatus("flash_backward(prepare)"));
     TESSERA_RETURN_IF_ERROR(launch(q, k, v, dout, p, d, s));

@@ -2,8 +2,9 @@
 // attention.h). bf16, head_dim 64 or 128, causal or not, GQA, varlen (cu_seqlens).
 //
 // Both are written for sm_90a (TMA, mbarriers, wgmma; see flash_fwd_cuda.cu and
-// flash_bwd_cuda.cu). Work is split into tiles of one sequence: the forward runs one CTA
-// per (query tile, query head), the backward one CTA per (key tile, kv head) that loops
+// flash_bwd_cuda.cu). Work is split into tiles of one sequence: the forward's work items are
+// (query tile, query head) — persistent CTAs for full attention, a heavy-light pair of
+// items per CTA for causal — the backward one CTA per (key tile, kv head) that loops
 // over the query heads of its group and the query tiles that see it. Sequence boundaries live on the
 // device (cu_seqlens), so a small kernel first writes the tile table {sequence, tile}
 // — no host synchronization — and CTAs past the real tile count exit at once.
@@ -26,11 +27,13 @@ inline bool Supported(const AttentionDims& d, DType t) {
 // Upper bound on the tiles of `tile`-token blocks over all sequences.
 inline int64_t TileCapacity(const AttentionDims& d, int tile) { return (d.tokens + tile - 1) / tile + d.batch; }
 
-// Writes table[0, capacity) = {sequence, tile index within it}, heaviest causal tiles
-// first; unused entries get sequence -1. Optionally (first_tile != null) also the index
-// of each sequence's first tile, first_tile[b]; table may be null.
+// Writes table[0, capacity) = {sequence, tile index within it}, each sequence's tiles
+// together, heaviest causal tile first (n-1, n-2, ..., 0) or, with `pairs`, heavy and
+// light alternating (n-1, 0, n-2, 1, ...) so that entries 2c and 2c+1 cost about the same
+// for every c; unused entries get sequence -1. Optionally (first_tile != null) also the
+// index of each sequence's first tile, first_tile[b]; table may be null.
 absl::Status BuildTileTable(const int32_t* cu, int64_t batch, int tile, int2* table, int64_t capacity, cudaStream_t s,
-                            int32_t* first_tile = nullptr);
+                            int32_t* first_tile = nullptr, bool pairs = false);
 
 absl::Status Forward(const void* q, const void* k, const void* v, const int32_t* cu, void* out, float* lse,
                      const AttentionDims& d, cudaStream_t s);

@@ -11,8 +11,9 @@
 // warpgroups never wait on each other; the consumers take turns (ping-pong) issuing
 // their products. Masking only on tiles that cross the diagonal or the sequence end (TMA
 // reads past a sequence end come from the next sequence or are zero past the tensor:
-// masked keys get P = 0, extra query rows are never written). Causal CTAs stop at the
-// diagonal. Full attention runs persistent CTAs (see Launch).
+// masked keys get P = 0, extra query rows are never written). Causal items stop at the
+// diagonal. Full attention runs persistent CTAs, causal one heavy-light pair of query
+// tiles per CTA (see Launch).
 #include <algorithm>
 
 #include <cuda.h>
@@ -100,18 +101,18 @@ struct FwdShared {
   }
 };
 
-// Work item w = (query tile w % tiles, head w / tiles); a CTA takes items blockIdx.x,
-// blockIdx.x + gridDim.x, ... (one item per CTA when the grid covers them all). Only
+// Work item w = (query tile w % tiles, head w / tiles). Full attention: a CTA takes items
+// blockIdx.x, blockIdx.x + gridDim.x, ...; causal: items 2 blockIdx.x and 2 blockIdx.x + 1,
+// a heavy and a light tile of one sequence (the table alternates them). Only
 // the producer reads the tile table and cu_seqlens (a chain of dependent global loads),
 // one item ahead of its use; it hands each item to the consumers in a shared slot
 // published by the Q barrier, and ends the list with h = -1. The K/V ring's stage and
 // phase run on across items (`kv` counts tiles), so the next item's Q and K/V load while
 // the consumers finish the last one (its P V products and its epilogue).
-// Returns the first valid item at or after w (filling `it`), or the item count.
+// Returns the first valid item w, w + stride, ... before `end` (filling `it`), or `end`.
 template <bool kCausal>
-__device__ __forceinline__ int64_t NextItem(const FwdParams& p, int64_t w, FwdItem& it) {
-  const int64_t items = p.tiles * p.hq;
-  for (; w < items; w += gridDim.x) {
+__device__ __forceinline__ int64_t NextItem(const FwdParams& p, int64_t w, int64_t end, int64_t stride, FwdItem& it) {
+  for (; w < end; w += stride) {
     const int2 tile = p.table[w % p.tiles];
     if (tile.x < 0) continue;
     it.h = static_cast<int>(w / p.tiles);
@@ -122,7 +123,7 @@ __device__ __forceinline__ int64_t NextItem(const FwdParams& p, int64_t w, FwdIt
     it.n_tiles = (n_end + kBc - 1) / kBc;
     return w;
   }
-  return items;
+  return end;
 }
 
 // The producer (one thread): Q of each item, then its K/V tiles through the ring.
@@ -131,12 +132,13 @@ __device__ __forceinline__ void Produce(const FwdShared<D>& sm, const CUtensorMa
                                         const CUtensorMap* tv, const FwdParams& p) {
   using QTile = typename FwdShared<D>::QTile;
   using KTile = typename FwdShared<D>::KTile;
-  const int64_t items = p.tiles * p.hq;
+  const int64_t items = p.tiles * p.hq, first = kCausal ? 2 * int64_t(blockIdx.x) : blockIdx.x;
+  const int64_t end = kCausal ? min(items, first + 2) : items, stride = kCausal ? 1 : gridDim.x;
   int64_t kv = 0, nq = 0;
   FwdItem it;
-  for (int64_t w = NextItem<kCausal>(p, blockIdx.x, it);; ++nq) {
+  for (int64_t w = NextItem<kCausal>(p, first, end, stride, it);; ++nq) {
     if (nq > 0) tma::Wait(sm.q_empty(), (nq - 1) & 1);  // the consumers are past the slot and Q
-    if (w >= items) {
+    if (w >= end) {
       sm.slot()->h = -1;
       tma::Arrive(sm.q_full());
       return;
@@ -148,7 +150,7 @@ __device__ __forceinline__ void Produce(const FwdShared<D>& sm, const CUtensorMa
       tma::Load3d(reinterpret_cast<char*>(sm.q().base) + b * QTile::kBlockBytes, tq, sm.q_full(), 64 * b, it.h,
                   it.start + it.m0);
     FwdItem next;  // its loads are in flight during this item's K/V stream
-    const int64_t w_next = NextItem<kCausal>(p, w + gridDim.x, next);
+    const int64_t w_next = NextItem<kCausal>(p, w + stride, end, stride, next);
     for (int j = 0; j < it.n_tiles; ++j, ++kv) {
       const int st = kv % kStages, row = it.start + j * kBc;
       const int ph = static_cast<int>(kv / kStages) & 1;
@@ -316,7 +318,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   int64_t kv = 0;
   for (int64_t nq = 0;; ++nq) {
     tma::Wait(sm.q_full(), nq & 1);
-    const FwdItem it = *sm.slot();
+    const FwdItem* slot = sm.slot();  // read as shared memory (its pointer lost the address space)
+    const FwdItem it{tc::LdSharedI32(&slot->h), tc::LdSharedI32(&slot->start), tc::LdSharedI32(&slot->len),
+                     tc::LdSharedI32(&slot->m0), tc::LdSharedI32(&slot->n_tiles)};
     if (it.h < 0) return;
     ConsumeItem<D, kCausal>(sm, p, it, kv, wgi, warp, lane);
   }
@@ -346,19 +350,25 @@ absl::Status Launch(const void* q, const void* k, const void* v, const FwdParams
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem) != cudaSuccess)
     return LaunchStatus("flash_forward(smem attribute)");
   const int64_t tiles = TileCapacity(d, kBr);
-  TESSERA_RETURN_IF_ERROR(BuildTileTable(p.cu, d.batch, kBr, table, tiles, s));
+  TESSERA_RETURN_IF_ERROR(BuildTileTable(p.cu, d.batch, kBr, table, tiles, s, nullptr, kCausal));
   // Full attention: persistent, one CTA per multiprocessor (each holds one) taking items
   // round robin (they all cost the same), so each CTA's next Q and K/V load under its
-  // last item's tail and epilogue. Causal items differ in cost (up to 2x per sequence
-  // tile): static round robin measured slower at every length there (H200: 0.92-0.97x at
-  // 512-2048 tokens per sequence, 0.57-0.78x at 4k-16k), so causal runs one CTA per item
-  // and lets the hardware hand them out, heaviest first.
+  // last item's tail and epilogue. Causal items differ in cost (tile i of a sequence sees
+  // i + 1 key tiles): static round robin over all items measured slower at every length
+  // (H200: 0.92-0.97x at 512-2048 tokens per sequence, 0.57-0.78x at 4k-16k — CTAs drift
+  // apart and lose the L2 reuse of a head's K/V), so a causal CTA takes one heavy-light
+  // pair of one sequence (tiles n-1-i and i: n + 1 key tiles, the same for all pairs of
+  // a sequence) and the hardware hands the pairs out: half the CTA starts of one item per
+  // CTA, and the second item's loads run under the first one's tail (H100, 1k-token
+  // sequences: 0.286 -> 0.260 ms at d64, 0.204 -> 0.188 at d128). Persistent CTAs over
+  // the pairs and a second Q buffer measured no faster (H100, 1k-16k) and would drift
+  // on unequal packed sequences.
   const int sms = SmCount();
   const int64_t items = tiles * d.q_heads;
   FwdParams params = p;
   params.table = table;
   params.tiles = tiles;
-  const int64_t grid = kCausal ? items : std::min<int64_t>(items, sms);
+  const int64_t grid = kCausal ? (items + 1) / 2 : std::min<int64_t>(items, sms);
   kernel<<<static_cast<unsigned>(grid), kThreads, kSmem, s>>>(tq, tk, tv, params);
   return LaunchStatus("flash_forward");
 }

@@ -18,6 +18,28 @@ __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// Shared-memory loads and stores by 32-bit shared address (ld/st.shared). A pointer that
+// went through an integer (alignment arithmetic) has lost its address space, and the
+// compiler's generic accesses then take the L1TEX path with long-scoreboard waits. The
+// "memory" clobbers keep them ordered with barrier waits and fences.
+__device__ __forceinline__ float2 LdShared2(const float* p) {
+  float2 v;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(SmemAddr(p)) : "memory");
+  return v;
+}
+__device__ __forceinline__ int LdSharedI32(const int* p) {
+  int v;
+  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(SmemAddr(p)) : "memory");
+  return v;
+}
+__device__ __forceinline__ void StShared(void* p, uint32_t v) {
+  asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(SmemAddr(p)), "r"(v) : "memory");
+}
+__device__ __forceinline__ void StShared(void* p, float4 v) {
+  asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(SmemAddr(p)), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w)
+               : "memory");
+}
+
 // Copies 16 bytes global -> shared; copies nothing and writes zeros when !valid.
 __device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SmemAddr(smem)), "l"(gmem), "r"(valid ? 16 : 0));

@@ -155,7 +155,8 @@ TEST_P(OpTest, AttentionBackwardMatchesCpu) {
   Rng rng(seed_);
   struct C { DType t; std::vector<int32_t> lens; int64_t hq, hkv, dim; };
   for (C c : {C{DType::kF32, {3, 5}, 4, 2, 8}, C{DType::kBF16, {5, 3}, 2, 1, 48}, C{DType::kBF16, {1, 70, 130}, 4, 2, 64},
-              C{DType::kBF16, {200, 9}, 2, 1, 128}, C{DType::kBF16, {300}, 2, 2, 128}}) {
+              C{DType::kBF16, {300, 129}, 4, 1, 64}, C{DType::kBF16, {200, 9}, 2, 1, 128},
+              C{DType::kBF16, {300}, 2, 2, 128}}) {
     for (bool causal : {true, false}) {
       std::vector<int32_t> cu = {0};
       for (int32_t l : c.lens) cu.push_back(cu.back() + l);
