@@ -6,7 +6,10 @@
 // TFLOP/s of all ranks over the slowest rank's step time, and the largest rank's peak
 // memory). A session that resumed from a checkpoint reports its step from train_init;
 // every rank must report the same one, and the loop continues from there (the result's
-// first_step says which step its losses start at).
+// first_step says which step its losses start at). With a pipeline it also reports the
+// step's bubble (the slowest stage's schedule time over the stages' mean busy time,
+// minus 1) next to the ideal (pp - 1) / (vpp * micro-batches per DP rank).
+#include <algorithm>
 #include <cmath>
 
 #include <nlohmann/json.hpp>
@@ -45,11 +48,19 @@ absl::StatusOr<std::string> RunPretrain(DriverContext& ctx) {
   ctx.progress(ready);
   json losses = json::array(), norms = json::array();
   int64_t tokens = 0;
+  const v1::ParallelLayout& layout = spec.groups(0).layout();
+  const int64_t micro_per_rank =
+      spec.model().micro_batch() > 0 ? spec.model().global_batch() / spec.model().micro_batch() / std::max(1, layout.dp()) : 0;
+  const double ideal_bubble = layout.pp() > 1 && micro_per_rank > 0
+                                  ? (layout.pp() - 1.0) / (std::max(1, layout.vpp()) * micro_per_rank)
+                                  : 0;
   for (int64_t s = start; s < steps; ++s) {
     if (ctx.cancelled && *ctx.cancelled) return absl::CancelledError("cancelled");
     TESSERA_ASSIGN_OR_RETURN(auto res, wg.CallOneToAll("train_step", json{{"step", s}}.dump()));
     json first;
     double seconds = 0, flops = 0, peak_memory = 0, checkpoint_seconds = -1, peak_flops = 0;
+    double pipeline_max = 0, pipeline_busy = 0;  // the slowest stage's schedule; busy time summed
+    int pipeline_ranks = 0;
     bool all_peaks = true;  // MFU only when every rank knows its device's peak
     for (size_t r = 0; r < res.size(); ++r) {
       json out;
@@ -65,6 +76,11 @@ absl::StatusOr<std::string> RunPretrain(DriverContext& ctx) {
       all_peaks &= peak > 0;
       peak_memory = std::max(peak_memory, out.value("memory_peak_bytes", 0.0));
       checkpoint_seconds = std::max(checkpoint_seconds, out.value("checkpoint_seconds", -1.0));
+      if (out.value("pipeline_seconds", 0.0) > 0) {
+        pipeline_max = std::max(pipeline_max, out.value("pipeline_seconds", 0.0));
+        pipeline_busy += out.value("pipeline_busy_seconds", 0.0);
+        ++pipeline_ranks;
+      }
       if (r == 0) {
         first = out;
       } else if (std::abs(out["loss"].get<double>() - first["loss"].get<double>()) >
@@ -92,6 +108,10 @@ absl::StatusOr<std::string> RunPretrain(DriverContext& ctx) {
       if (all_peaks) (*p.mutable_metrics())["mfu"] = flops / seconds / peak_flops;  // of the ranks' summed peaks
     }
     (*p.mutable_metrics())["memory_peak_gb"] = peak_memory / 1e9;  // the largest rank
+    if (pipeline_ranks > 0 && pipeline_busy > 0) {
+      (*p.mutable_metrics())["pipeline_bubble"] = pipeline_max / (pipeline_busy / pipeline_ranks) - 1;
+      (*p.mutable_metrics())["pipeline_bubble_ideal"] = ideal_bubble;
+    }
     ctx.progress(p);
   }
   return json{{"first_step", start + 1}, {"losses", losses}, {"grad_norms", norms}, {"tokens", tokens}}.dump();

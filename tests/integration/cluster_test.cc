@@ -131,6 +131,12 @@ TEST(Cluster, PretrainLayoutsEqualOneRank) {
     EXPECT_THAT(progress.str(), HasSubstr("model_tflops_per_s="));
     EXPECT_THAT(progress.str(), HasSubstr("memory_peak_gb="));
     EXPECT_THAT(progress.str(), Not(HasSubstr("mfu=")));  // CPU slots: no device peak, no MFU
+    if (spec.groups(0).layout().pp() > 1) {  // pp2, 2 micro-batches per DP rank: ideal 1/2
+      EXPECT_THAT(progress.str(), HasSubstr("pipeline_bubble="));
+      EXPECT_THAT(progress.str(), HasSubstr("pipeline_bubble_ideal=0.5"));
+    } else {
+      EXPECT_THAT(progress.str(), Not(HasSubstr("pipeline_bubble")));
+    }
     // The latest step's metrics on the controller's /metrics.
     const std::string m = HttpGet(c->controller_metrics_port(), "/metrics");
     EXPECT_THAT(m, HasSubstr(absl::StrCat("tessera_job_step_metric{job=\"", id, "\",metric=\"loss\"}")));

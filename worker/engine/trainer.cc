@@ -1,6 +1,7 @@
 #include "worker/engine/trainer.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <unordered_map>
 
@@ -325,8 +326,19 @@ absl::Status Trainer::AllReduceHost(comm::Communicator* c, float* values, int n)
 
 // The schedule's operations in order. Activations go to the next rank (tag 0) and
 // gradients to the previous one (tag 1) without waiting; receives block. The sent
-// tensors stay alive until every send is done.
-absl::StatusOr<double> Trainer::RunPipeline(const std::vector<model::TokenBatch>& micro_batches, float scale) {
+// tensors stay alive until every send is done. `timing` gets the schedule's host time
+// and the part not spent in receives and the final wait for the sends.
+absl::StatusOr<double> Trainer::RunPipeline(const std::vector<model::TokenBatch>& micro_batches, float scale,
+                                            StepStats* timing) {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point start = Clock::now();
+  Clock::duration waiting{0};
+  auto recv = [&](Tensor& buf, int peer, int tag) {
+    const Clock::time_point t0 = Clock::now();
+    absl::Status s = pp_->RecvTagged(buf.data(), buf.numel(), buf.dtype(), peer, tag);
+    waiting += Clock::now() - t0;
+    return s;
+  };
   model::Llama& m = *model_;
   const int64_t n = static_cast<int64_t>(micro_batches.size());
   if (n * m.num_chunks() > 250)  // Gloo keeps 256 message slots in flight per pair of ranks
@@ -344,7 +356,7 @@ absl::StatusOr<double> Trainer::RunPipeline(const std::vector<model::TokenBatch>
       Tensor in;
       if (!m.FirstVirtualStage(op.chunk)) {
         TESSERA_ASSIGN_OR_RETURN(in, backend_->Empty(shape, model_->config().dtype));
-        TESSERA_RETURN_IF_ERROR(pp_->RecvTagged(in.data(), in.numel(), model_->config().dtype, prev, 0));
+        TESSERA_RETURN_IF_ERROR(recv(in, prev, 0));
       }
       TESSERA_ASSIGN_OR_RETURN(Tensor out, m.PipelineForward(op.chunk, op.micro_batch, batch,
                                                               in.defined() ? &in : nullptr, scale, &loss));
@@ -356,7 +368,7 @@ absl::StatusOr<double> Trainer::RunPipeline(const std::vector<model::TokenBatch>
       Tensor grad;
       if (!m.LastVirtualStage(op.chunk)) {
         TESSERA_ASSIGN_OR_RETURN(grad, backend_->Empty(shape, model_->config().dtype));
-        TESSERA_RETURN_IF_ERROR(pp_->RecvTagged(grad.data(), grad.numel(), model_->config().dtype, next, 1));
+        TESSERA_RETURN_IF_ERROR(recv(grad, next, 1));
       }
       TESSERA_ASSIGN_OR_RETURN(Tensor din, m.PipelineBackward(op.chunk, op.micro_batch, grad.defined() ? &grad : nullptr));
       if (!m.FirstVirtualStage(op.chunk)) {
@@ -365,7 +377,12 @@ absl::StatusOr<double> Trainer::RunPipeline(const std::vector<model::TokenBatch>
       }
     }
   }
+  const Clock::time_point w0 = Clock::now();
   TESSERA_RETURN_IF_ERROR(pp_->WaitSends());
+  const Clock::time_point end = Clock::now();
+  waiting += end - w0;
+  timing->pipeline_s = std::chrono::duration<double>(end - start).count();
+  timing->pipeline_busy_s = std::chrono::duration<double>(end - start - waiting).count();
   return loss.sum;
 }
 
@@ -537,7 +554,7 @@ absl::StatusOr<StepStats> Trainer::Step(const std::vector<model::TokenBatch>& mi
   const float scale = 1.f / static_cast<float>(stats.tokens);
   float loss_sum = 0.f;
   if (pp_ != nullptr) {
-    TESSERA_ASSIGN_OR_RETURN(double l, RunPipeline(micro_batches, scale));
+    TESSERA_ASSIGN_OR_RETURN(double l, RunPipeline(micro_batches, scale, &stats));
     loss_sum = static_cast<float>(l);
     TESSERA_RETURN_IF_ERROR(SumTiedEmbeddingGrads());
   } else {

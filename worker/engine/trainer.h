@@ -55,6 +55,13 @@ struct StepStats {
   double grad_norm = 0;  // before clipping
   float lr = 0;
   int64_t tokens = 0;  // target tokens of the global batch
+  // Pipelines (pp > 1): this rank's schedule, in host seconds — all of it, and the part
+  // not spent blocked in receives or in waiting for its sends (on the CPU backend a
+  // receive blocks the host until the data is there, so the rest is the stage's compute;
+  // on GPUs a receive only orders the streams and `pipeline_busy_s` is the enqueue time).
+  // The bubble of a step: the slowest stage's pipeline_s over the stages' mean busy time,
+  // minus 1 — (pp - 1) / (vpp * micro-batches) for balanced stages and free transfers.
+  double pipeline_s = 0, pipeline_busy_s = 0;
 };
 
 class Trainer {
@@ -100,7 +107,8 @@ class Trainer {
   class Hooks;
   Trainer(model::Llama* model, runtime::Backend* backend, comm::Communicator* dp, comm::Communicator* tp,
           comm::Communicator* pp, const OptimizerOptions& options);
-  absl::StatusOr<double> RunPipeline(const std::vector<model::TokenBatch>& micro_batches, float scale);
+  absl::StatusOr<double> RunPipeline(const std::vector<model::TokenBatch>& micro_batches, float scale,
+                                     StepStats* timing);
   absl::Status SumTiedEmbeddingGrads();
   absl::Status AllReduceHost(comm::Communicator* c, float* values, int n);
   absl::Status Allocate();

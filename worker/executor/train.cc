@@ -179,7 +179,9 @@ absl::StatusOr<std::string> TrainSession::Step(int64_t step) {
                         {"model_flops", flops},
                         {"peak_flops", peak_flops_},  // 0: unknown (no MFU)
                         {"memory_peak_bytes", backend_->allocator()->stats().peak_bytes},
-                        {"checkpoint_seconds", checkpoint_secs}}
+                        {"checkpoint_seconds", checkpoint_secs},
+                        {"pipeline_seconds", st.pipeline_s},  // 0 without a pipeline
+                        {"pipeline_busy_seconds", st.pipeline_busy_s}}
       .dump();
 }
 

@@ -86,6 +86,13 @@ inline void TrainLayout(const Layout& l, const Comms& c, runtime::Backend* be, m
     }
     auto st = (*trainer)->Step(mine);
     ASSERT_TRUE(st.ok()) << st.status();
+    if (c.pp != nullptr) {  // the schedule's time, and the part outside receives and the final send wait
+      EXPECT_GT(st->pipeline_s, 0);
+      EXPECT_GT(st->pipeline_busy_s, 0);
+      EXPECT_LE(st->pipeline_busy_s, st->pipeline_s);
+    } else {
+      EXPECT_EQ(st->pipeline_s, 0);
+    }
     out.losses.push_back(st->loss);
     out.norms.push_back(st->grad_norm);
   }
