@@ -1,0 +1,142 @@
+#include "common/rl.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
+namespace tessera::rl {
+
+absl::StatusOr<std::vector<double>> GroupNormalizedAdvantages(const std::vector<double>& rewards,
+                                                              const GroupAdvantageOptions& o) {
+  const int64_t n = static_cast<int64_t>(rewards.size()), g = o.group_size;
+  if (g < 2)
+    return absl::InvalidArgumentError(absl::StrCat("group_size: ", g, ", expected at least 2 samples per prompt"));
+  if (n % g != 0)
+    return absl::InvalidArgumentError(absl::StrCat("rewards: ", n, " values do not split into groups of ", g));
+  if (o.eps < 0) return absl::InvalidArgumentError(absl::StrCat("eps: ", o.eps, ", expected >= 0"));
+  std::vector<double> adv(n);
+  for (int64_t b = 0; b < n; b += g) {
+    double mean = 0;
+    for (int64_t i = b; i < b + g; ++i) mean += rewards[i];
+    mean /= g;
+    double var = 0;
+    for (int64_t i = b; i < b + g; ++i) var += (rewards[i] - mean) * (rewards[i] - mean);
+    // An all-equal group carries no signal: its advantages are 0 (also with eps = 0).
+    const double denom = std::sqrt(var / (g - 1)) + o.eps;
+    const double scale = !o.scale_by_std ? 1.0 : denom > 0 ? 1.0 / denom : 0.0;
+    for (int64_t i = b; i < b + g; ++i) adv[i] = (rewards[i] - mean) * scale;
+  }
+  return adv;
+}
+
+absl::StatusOr<Gae> ComputeGae(const std::vector<double>& rewards, const std::vector<double>& values, double gamma,
+                               double lambda, double last_value) {
+  if (rewards.size() != values.size())
+    return absl::InvalidArgumentError(
+        absl::StrCat("values: ", values.size(), " for ", rewards.size(), " rewards, expected one per token"));
+  if (gamma < 0 || gamma > 1) return absl::InvalidArgumentError(absl::StrCat("gamma: ", gamma, ", expected in [0, 1]"));
+  if (lambda < 0 || lambda > 1)
+    return absl::InvalidArgumentError(absl::StrCat("lambda: ", lambda, ", expected in [0, 1]"));
+  const size_t n = rewards.size();
+  Gae out{std::vector<double>(n), std::vector<double>(n)};
+  double next_value = last_value, next_adv = 0;
+  for (size_t t = n; t-- > 0;) {
+    const double delta = rewards[t] + gamma * next_value - values[t];
+    next_adv = delta + gamma * lambda * next_adv;
+    out.advantages[t] = next_adv;
+    out.returns[t] = next_adv + values[t];
+    next_value = values[t];
+  }
+  return out;
+}
+
+double Kl(KlEstimator k, double logp, double ref_logp) {
+  const double d = logp - ref_logp;
+  switch (k) {
+    case KlEstimator::kK1: return d;
+    case KlEstimator::kK2: return 0.5 * d * d;
+    case KlEstimator::kK3: return std::exp(-d) + d - 1;  // exp(ref - logp) - (ref - logp) - 1
+  }
+  return 0;
+}
+
+double KlGrad(KlEstimator k, double logp, double ref_logp) {
+  const double d = logp - ref_logp;
+  switch (k) {
+    case KlEstimator::kK1: return 1;
+    case KlEstimator::kK2: return d;
+    case KlEstimator::kK3: return 1 - std::exp(-d);
+  }
+  return 0;
+}
+
+namespace {
+
+absl::Status CheckTokens(const PolicyTokens& in, const PolicyLossOptions& o) {
+  const size_t n = in.logp.size();
+  auto same = [&](const std::vector<double>& v, const char* name) -> absl::Status {
+    if (v.size() != n)
+      return absl::InvalidArgumentError(absl::StrCat(name, ": ", v.size(), " values for ", n, " tokens"));
+    return absl::OkStatus();
+  };
+  for (auto [v, name] : {std::pair{&in.old_logp, "old_logp"}, {&in.advantage, "advantage"}, {&in.mask, "mask"}})
+    if (absl::Status s = same(*v, name); !s.ok()) return s;
+  if (o.kl_coef > 0)
+    if (absl::Status s = same(in.ref_logp, "ref_logp (kl_coef > 0)"); !s.ok()) return s;
+  if (o.entropy_coef > 0)
+    if (absl::Status s = same(in.entropy, "entropy (entropy_coef > 0)"); !s.ok()) return s;
+  if (o.clip_low < 0 || o.clip_low >= 1 || o.clip_high < 0)
+    return absl::InvalidArgumentError(
+        absl::StrCat("clip_low / clip_high: ", o.clip_low, " / ", o.clip_high, ", expected 0 <= low < 1 and high >= 0"));
+  if (o.kl_coef < 0 || o.entropy_coef < 0)
+    return absl::InvalidArgumentError(
+        absl::StrCat("kl_coef / entropy_coef: ", o.kl_coef, " / ", o.entropy_coef, ", expected >= 0"));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<PolicyLoss> ComputePolicyLoss(const PolicyTokens& in, const PolicyLossOptions& o) {
+  if (absl::Status s = CheckTokens(in, o); !s.ok()) return s;
+  const size_t n = in.logp.size();
+  double count = 0;
+  for (double m : in.mask) count += m;
+  PolicyLoss out;
+  out.dlogp.assign(n, 0.0);
+  if (o.entropy_coef > 0) out.dentropy.assign(n, 0.0);
+  if (count <= 0) return out;  // nothing counts: zero loss, zero gradients
+  const bool dual = o.dual_clip > 1;
+  double pg_sum = 0, kl_sum = 0, ent_sum = 0, clipped = 0;
+  for (size_t t = 0; t < n; ++t) {
+    const double m = in.mask[t];
+    if (m == 0) continue;
+    const double a = in.advantage[t], ratio = std::exp(in.logp[t] - in.old_logp[t]);
+    const double bounded = std::clamp(ratio, 1 - o.clip_low, 1 + o.clip_high);
+    double pg = -a * ratio, dpg = -a * ratio;  // d(-a ratio)/d logp = -a ratio
+    if (-a * bounded > pg) {                   // the clipped side is the larger: no gradient
+      pg = -a * bounded, dpg = 0;
+      clipped += m;
+    }
+    if (dual && a < 0 && pg > -o.dual_clip * a) pg = -o.dual_clip * a, dpg = 0;
+    pg_sum += m * pg;
+    out.dlogp[t] = m * dpg;
+    if (o.kl_coef > 0) {
+      kl_sum += m * Kl(o.kl, in.logp[t], in.ref_logp[t]);
+      out.dlogp[t] += m * o.kl_coef * KlGrad(o.kl, in.logp[t], in.ref_logp[t]);
+    }
+    if (o.entropy_coef > 0) {
+      ent_sum += m * in.entropy[t];
+      out.dentropy[t] = -m * o.entropy_coef / count;
+    }
+    out.dlogp[t] /= count;
+  }
+  out.pg_loss = pg_sum / count;
+  out.kl = kl_sum / count;
+  out.entropy = ent_sum / count;
+  out.clip_fraction = clipped / count;
+  out.loss = out.pg_loss + o.kl_coef * out.kl - o.entropy_coef * out.entropy;
+  return out;
+}
+
+}  // namespace tessera::rl

@@ -1,0 +1,177 @@
+// The RL objectives' arithmetic (common/rl.h) against hand computations, and the policy
+// loss's gradients against central differences.
+#include "common/rl.h"
+
+#include <cmath>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace tessera::rl {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(GroupAdvantages, NormalizeWithinEachGroup) {
+  // Group 1: mean 0.5, unbiased std sqrt(1/3); group 2: all equal, so all 0.
+  auto a = GroupNormalizedAdvantages({1, 0, 1, 0, 2, 2, 2, 2}, {.group_size = 4, .eps = 0});
+  ASSERT_TRUE(a.ok()) << a.status();
+  const double z = 0.5 / std::sqrt(1.0 / 3.0);  // 0.866...
+  const std::vector<double> want = {z, -z, z, -z, 0, 0, 0, 0};
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR((*a)[i], want[i], 1e-12) << i;
+  auto centered = GroupNormalizedAdvantages({1, 0, 1, 0}, {.group_size = 2, .scale_by_std = false});
+  ASSERT_TRUE(centered.ok());
+  EXPECT_EQ(*centered, (std::vector<double>{0.5, -0.5, 0.5, -0.5}));
+  // eps keeps an all-equal group finite; the default eps barely moves the others.
+  auto eps = GroupNormalizedAdvantages({3, 1}, {.group_size = 2});
+  ASSERT_TRUE(eps.ok());
+  EXPECT_NEAR((*eps)[0], 1 / (std::sqrt(2.0) + 1e-6), 1e-12);
+}
+
+TEST(GroupAdvantages, RejectsBadGroups) {
+  EXPECT_THAT(std::string(GroupNormalizedAdvantages({1, 2}, {.group_size = 1}).status().message()),
+              HasSubstr("group_size: 1"));
+  EXPECT_THAT(std::string(GroupNormalizedAdvantages({1, 2, 3}, {.group_size = 2}).status().message()),
+              HasSubstr("rewards: 3 values do not split into groups of 2"));
+}
+
+TEST(Gae, MatchesHandComputation) {
+  // gamma = lambda = 1: the advantages are the reward-to-go minus the value, and the
+  // returns the whole reward.
+  auto g = ComputeGae({0, 0, 1}, {0.5, 0.6, 0.7}, 1, 1);
+  ASSERT_TRUE(g.ok()) << g.status();
+  const std::vector<double> a1 = {0.5, 0.4, 0.3}, r1 = {1, 1, 1};
+  for (int t = 0; t < 3; ++t) {
+    EXPECT_NEAR(g->advantages[t], a1[t], 1e-12) << t;
+    EXPECT_NEAR(g->returns[t], r1[t], 1e-12) << t;
+  }
+  // gamma 0.9, lambda 0.5: deltas 0.04, 0.03, 0.3; A2 = 0.3, A1 = 0.03 + 0.45 * 0.3,
+  // A0 = 0.04 + 0.45 * A1.
+  g = ComputeGae({0, 0, 1}, {0.5, 0.6, 0.7}, 0.9, 0.5);
+  ASSERT_TRUE(g.ok());
+  EXPECT_NEAR(g->advantages[2], 0.3, 1e-12);
+  EXPECT_NEAR(g->advantages[1], 0.165, 1e-12);
+  EXPECT_NEAR(g->advantages[0], 0.11425, 1e-12);
+  EXPECT_NEAR(g->returns[0], 0.61425, 1e-12);
+  // A bootstrap value after the last token (a truncated response).
+  g = ComputeGae({1}, {0.2}, 0.5, 1, 2.0);
+  ASSERT_TRUE(g.ok());
+  EXPECT_NEAR(g->advantages[0], 1 + 0.5 * 2.0 - 0.2, 1e-12);
+  EXPECT_THAT(std::string(ComputeGae({1, 2}, {0.5}, 1, 1).status().message()), HasSubstr("values: 1 for 2 rewards"));
+  EXPECT_THAT(std::string(ComputeGae({1}, {0.5}, 1.5, 1).status().message()), HasSubstr("gamma: 1.5"));
+}
+
+TEST(Kl, EstimatorsAndTheirGradients) {
+  const double logp = -1, ref = -1.5;  // logp - ref = 0.5
+  EXPECT_NEAR(Kl(KlEstimator::kK1, logp, ref), 0.5, 1e-12);
+  EXPECT_NEAR(Kl(KlEstimator::kK2, logp, ref), 0.125, 1e-12);
+  EXPECT_NEAR(Kl(KlEstimator::kK3, logp, ref), std::exp(-0.5) - 0.5, 1e-12);
+  EXPECT_NEAR(KlGrad(KlEstimator::kK3, logp, ref), 1 - std::exp(-0.5), 1e-12);
+  EXPECT_EQ(Kl(KlEstimator::kK3, -2, -2), 0);  // k3 vanishes on equal policies, and is never negative
+  EXPECT_GT(Kl(KlEstimator::kK3, -3, -1), 0);
+  for (KlEstimator k : {KlEstimator::kK1, KlEstimator::kK2, KlEstimator::kK3}) {
+    const double h = 1e-6, fd = (Kl(k, logp + h, ref) - Kl(k, logp - h, ref)) / (2 * h);
+    EXPECT_NEAR(KlGrad(k, logp, ref), fd, 1e-8) << static_cast<int>(k);
+  }
+}
+
+// Five tokens, the last masked out:
+//   t0  A = +1, ratio 1.5: clipped at 1.2 (pg -1.2, no gradient)
+//   t1  A = +1, ratio 1.1: inside (pg -1.1, d/dlogp = -1.1)
+//   t2  A = -1, ratio 0.5: clipped at 0.8 (pg 0.8, no gradient)
+//   t3  A = -1, ratio 4:   unclipped 4, capped by the dual clip at 3 (no gradient)
+PolicyTokens FiveTokens() {
+  PolicyTokens in;
+  in.old_logp = {-1, -2, -0.5, -3, -1};
+  const std::vector<double> ratio = {1.5, 1.1, 0.5, 4, 2};
+  for (size_t t = 0; t < ratio.size(); ++t) in.logp.push_back(in.old_logp[t] + std::log(ratio[t]));
+  in.advantage = {1, 1, -1, -1, 5};
+  in.mask = {1, 1, 1, 1, 0};
+  return in;
+}
+
+TEST(PolicyLoss, ClippedSurrogateWithDualClip) {
+  auto l = ComputePolicyLoss(FiveTokens(), {});
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_NEAR(l->pg_loss, (-1.2 - 1.1 + 0.8 + 3) / 4, 1e-12);
+  EXPECT_NEAR(l->loss, l->pg_loss, 1e-12);
+  EXPECT_NEAR(l->clip_fraction, 0.5, 1e-12);  // t0 and t2; the dual clip is not a ratio clip
+  const std::vector<double> want = {0, -1.1 / 4, 0, 0, 0};
+  for (int t = 0; t < 5; ++t) EXPECT_NEAR(l->dlogp[t], want[t], 1e-12) << t;
+  // Without the dual clip t3 keeps its unclipped 4, with gradient -A ratio = 4.
+  PolicyLossOptions no_dual;
+  no_dual.dual_clip = 0;
+  l = ComputePolicyLoss(FiveTokens(), no_dual);
+  ASSERT_TRUE(l.ok());
+  EXPECT_NEAR(l->pg_loss, (-1.2 - 1.1 + 0.8 + 4) / 4, 1e-12);
+  EXPECT_NEAR(l->dlogp[3], 4.0 / 4, 1e-12);
+}
+
+TEST(PolicyLoss, KlTermAndEntropyBonus) {
+  PolicyTokens in = FiveTokens();
+  for (double lp : in.logp) in.ref_logp.push_back(lp - 0.5);
+  in.entropy = {1, 2, 3, 4, 100};
+  PolicyLossOptions o;
+  o.kl_coef = 0.1, o.entropy_coef = 0.01;  // k3
+  auto l = ComputePolicyLoss(in, o);
+  ASSERT_TRUE(l.ok()) << l.status();
+  const double k3 = std::exp(-0.5) - 0.5, dk3 = 1 - std::exp(-0.5);
+  EXPECT_NEAR(l->kl, k3, 1e-12);
+  EXPECT_NEAR(l->entropy, 2.5, 1e-12);  // the masked token's 100 does not count
+  EXPECT_NEAR(l->loss, (-1.2 - 1.1 + 0.8 + 3) / 4 + 0.1 * k3 - 0.01 * 2.5, 1e-12);
+  EXPECT_NEAR(l->dlogp[0], 0.1 * dk3 / 4, 1e-12);
+  EXPECT_NEAR(l->dlogp[1], (-1.1 + 0.1 * dk3) / 4, 1e-12);
+  EXPECT_EQ(l->dlogp[4], 0);
+  EXPECT_NEAR(l->dentropy[2], -0.01 / 4, 1e-15);
+  EXPECT_EQ(l->dentropy[4], 0);
+}
+
+TEST(PolicyLoss, GradientsMatchCentralDifferences) {
+  // Ratios away from the clip bounds and the dual-clip cap, so the loss is smooth there.
+  PolicyTokens in;
+  in.old_logp = {-1, -2, -0.7, -1.3};
+  const std::vector<double> ratio = {1.05, 0.9, 1.5, 0.6};
+  for (size_t t = 0; t < ratio.size(); ++t) in.logp.push_back(in.old_logp[t] + std::log(ratio[t]));
+  in.advantage = {0.7, -0.4, 1.3, -2};
+  in.mask = {1, 1, 1, 1};
+  in.ref_logp = {-1.2, -1.8, -0.9, -1.0};
+  in.entropy = {0.5, 1.5, 2.5, 3.5};
+  for (KlEstimator k : {KlEstimator::kK1, KlEstimator::kK2, KlEstimator::kK3}) {
+    PolicyLossOptions o;
+    o.kl_coef = 0.05, o.kl = k, o.entropy_coef = 0.02;
+    auto l = ComputePolicyLoss(in, o);
+    ASSERT_TRUE(l.ok()) << l.status();
+    for (size_t t = 0; t < in.logp.size(); ++t) {
+      const double h = 1e-6;
+      PolicyTokens up = in, down = in;
+      up.logp[t] += h, down.logp[t] -= h;
+      const double fd = (ComputePolicyLoss(up, o)->loss - ComputePolicyLoss(down, o)->loss) / (2 * h);
+      EXPECT_NEAR(l->dlogp[t], fd, 1e-7) << "token " << t << " estimator " << static_cast<int>(k);
+      up = in, down = in;
+      up.entropy[t] += h, down.entropy[t] -= h;
+      const double fde = (ComputePolicyLoss(up, o)->loss - ComputePolicyLoss(down, o)->loss) / (2 * h);
+      EXPECT_NEAR(l->dentropy[t], fde, 1e-7) << "entropy of token " << t;
+    }
+  }
+}
+
+TEST(PolicyLoss, NothingCountedAndBadInput) {
+  PolicyTokens in = FiveTokens();
+  in.mask.assign(5, 0);
+  auto l = ComputePolicyLoss(in, {});
+  ASSERT_TRUE(l.ok());
+  EXPECT_EQ(l->loss, 0);
+  EXPECT_EQ(l->dlogp, std::vector<double>(5, 0.0));
+  in = FiveTokens();
+  in.advantage.pop_back();
+  EXPECT_THAT(std::string(ComputePolicyLoss(in, {}).status().message()), HasSubstr("advantage: 4 values for 5 tokens"));
+  PolicyLossOptions o;
+  o.kl_coef = 0.1;
+  EXPECT_THAT(std::string(ComputePolicyLoss(FiveTokens(), o).status().message()), HasSubstr("ref_logp (kl_coef > 0)"));
+  o = {};
+  o.clip_low = 1;
+  EXPECT_THAT(std::string(ComputePolicyLoss(FiveTokens(), o).status().message()), HasSubstr("clip_low / clip_high"));
+}
+
+}  // namespace
+}  // namespace tessera::rl
