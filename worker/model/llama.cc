@@ -442,12 +442,19 @@ absl::StatusOr<std::vector<float>> Llama::ForwardLogits(const TokenBatch& batch)
   return logits;
 }
 
+absl::StatusOr<Llama::TokenStats> Llama::TokenLogProbs(const TokenBatch& batch) {
+  TokenStats stats;
+  TESSERA_RETURN_IF_ERROR(Run(batch, false, 0.f, nullptr, &stats).status());
+  return stats;
+}
+
 // One micro-batch's pass through one model chunk: what its backward needs.
 struct Llama::Flight {
   Inputs in;
   std::vector<LayerActs> acts;  // per layer of the chunk
   Tensor x_last, xn, rstd, xn_full, logits;  // the head (last virtual stage)
   std::vector<float> lse, dloss;
+  TokenStats* stats = nullptr;  // TokenLogProbs: filled by the head
 };
 
 absl::Status Llama::CheckBatch(const TokenBatch& batch) const {
@@ -512,7 +519,12 @@ absl::StatusOr<Tensor> Llama::ChunkForward(int chunk, const TokenBatch& batch, F
     logits_out->resize(f32.numel());
     TESSERA_RETURN_IF_ERROR(b.CopyToHost(f32, logits_out->data()));
   }
-  TESSERA_ASSIGN_OR_RETURN(f.lse, CrossEntropyLse(f.logits, f.in, vocab_start));
+  TESSERA_ASSIGN_OR_RETURN(f.lse, CrossEntropyLse(f.logits, f.in, vocab_start, f.stats ? &f.stats->entropy : nullptr));
+  if (f.stats != nullptr) {
+    f.stats->logprob.assign(t, 0.f);
+    for (int64_t i = 0; i < t; ++i)
+      if (batch.targets[i] >= 0) f.stats->logprob[i] = f.in.target_logit[i] - f.lse[i];
+  }
   f.dloss.assign(t, 0.f);
   for (int64_t i = 0; i < t; ++i) {
     if (batch.targets[i] < 0) continue;
@@ -579,11 +591,13 @@ absl::StatusOr<Tensor> Llama::ChunkBackward(int chunk, Flight& f, const Tensor* 
   return Tensor();
 }
 
-absl::StatusOr<LossSum> Llama::Run(const TokenBatch& batch, bool backward, float grad_scale, std::vector<float>* logits_out) {
+absl::StatusOr<LossSum> Llama::Run(const TokenBatch& batch, bool backward, float grad_scale, std::vector<float>* logits_out,
+                                   TokenStats* stats) {
   if (stage_.pp > 1 || stage_.vpp > 1)
     return absl::FailedPreconditionError("model: a pipeline stage runs micro-batches through PipelineForward/Backward");
   TESSERA_RETURN_IF_ERROR(CheckBatch(batch));
   Flight f;
+  f.stats = stats;
   TESSERA_ASSIGN_OR_RETURN(f.in, Upload(batch));
   LossSum loss;
   TESSERA_RETURN_IF_ERROR(ChunkForward(0, batch, f, nullptr, backward, grad_scale, &loss, logits_out).status());
@@ -629,32 +643,47 @@ absl::StatusOr<Tensor> Llama::PipelineBackward(int chunk, int64_t micro_batch, c
 // shard partials (max, sum of exp, target logit), combined over the TP group as
 // M = max_k max_k, S = sum_k sum_k exp(max_k - M), z_t = sum_k tgt_k (zero off-shard).
 // Leaves the target logits in in.target_logit.
-absl::StatusOr<std::vector<float>> Llama::CrossEntropyLse(const Tensor& logits, Inputs& in, int64_t vocab_start) {
+absl::StatusOr<std::vector<float>> Llama::CrossEntropyLse(const Tensor& logits, Inputs& in, int64_t vocab_start,
+                                                           std::vector<float>* entropy) {
   Backend& b = *backend_;
   const int64_t t = logits.dim(0);
-  Tensor part[4];
+  Tensor part[5];  // max, sum of exp, sum of exp * z (entropy), target logit; scratch
   for (auto& p : part) {
     TESSERA_ASSIGN_OR_RETURN(p, New(b, {t}));
   }
   TESSERA_RETURN_IF_ERROR(b.CrossEntropyPartials(logits, in.targets, vocab_start, part[0], part[1], part[2], part[3]));
-  std::vector<float> mx(t), sum(t), lse(t);
+  std::vector<float> mx(t), sum(t), dot(entropy != nullptr ? t : 0), lse(t);
   in.target_logit.assign(t, 0.f);
   TESSERA_RETURN_IF_ERROR(b.CopyToHost(part[0], mx.data()));
   TESSERA_RETURN_IF_ERROR(b.CopyToHost(part[1], sum.data()));
-  if (tp_ != nullptr) {
-    TESSERA_RETURN_IF_ERROR(tp_->AllReduce(part[0].data(), part[2].data(), t, part[0].dtype(), comm::ReduceOp::kMax));
+  if (entropy != nullptr) TESSERA_RETURN_IF_ERROR(b.CopyToHost(part[2], dot.data()));
+  if (tp_ != nullptr) {  // rescale each shard's sums to the global max, then add them up
+    TESSERA_RETURN_IF_ERROR(tp_->AllReduce(part[0].data(), part[4].data(), t, part[0].dtype(), comm::ReduceOp::kMax));
     TESSERA_RETURN_IF_ERROR(tp_->Synchronize());  // under the watchdog, before the host waits
     std::vector<float> global_max(t);
-    TESSERA_RETURN_IF_ERROR(b.CopyToHost(part[2], global_max.data()));
-    for (int64_t i = 0; i < t; ++i) sum[i] *= std::exp(mx[i] - global_max[i]);
+    TESSERA_RETURN_IF_ERROR(b.CopyToHost(part[4], global_max.data()));
+    for (int64_t i = 0; i < t; ++i) {
+      const float scale = std::exp(mx[i] - global_max[i]);
+      sum[i] *= scale;
+      if (entropy != nullptr) dot[i] *= scale;
+    }
     mx = global_max;
     TESSERA_RETURN_IF_ERROR(b.CopyFromHost(sum.data(), part[1]));
     TESSERA_RETURN_IF_ERROR(AllReduce(part[1]));
     TESSERA_RETURN_IF_ERROR(AllReduce(part[3]));
+    if (entropy != nullptr) {
+      TESSERA_RETURN_IF_ERROR(b.CopyFromHost(dot.data(), part[2]));
+      TESSERA_RETURN_IF_ERROR(AllReduce(part[2]));
+      TESSERA_RETURN_IF_ERROR(b.CopyToHost(part[2], dot.data()));
+    }
     TESSERA_RETURN_IF_ERROR(b.CopyToHost(part[1], sum.data()));
   }
   TESSERA_RETURN_IF_ERROR(b.CopyToHost(part[3], in.target_logit.data()));
   for (int64_t i = 0; i < t; ++i) lse[i] = mx[i] + std::log(sum[i]);
+  if (entropy != nullptr) {  // H = lse - sum_j p_j z_j, and sum_j p_j z_j = dot / sum
+    entropy->resize(t);
+    for (int64_t i = 0; i < t; ++i) (*entropy)[i] = lse[i] - dot[i] / sum[i];
+  }
   return lse;
 }
 

@@ -159,6 +159,13 @@ class Llama {
   // Forward only: this rank's logits, [T, vocab / tp] row-major, on the host (targets
   // may all be -1).
   absl::StatusOr<std::vector<float>> ForwardLogits(const TokenBatch& batch);
+  // Forward only, per token: the log-probability of its target and the entropy of the
+  // predicted distribution over the whole vocabulary (combined over the TP group) — the
+  // reference and old-policy log-probs of RL. Tokens whose target is -1 get logprob 0.
+  struct TokenStats {
+    std::vector<float> logprob, entropy;
+  };
+  absl::StatusOr<TokenStats> TokenLogProbs(const TokenBatch& batch);
   // Forward and backward: adds grad_scale * d(loss sum)/d(param) into every grad (so a
   // token-mean over a global batch passes 1 / its target count to every micro-batch).
   absl::StatusOr<LossSum> ForwardBackward(const TokenBatch& batch, float grad_scale);
@@ -188,8 +195,11 @@ class Llama {
                             runtime::Tensor& out);
   absl::Status LayerBackward(const LayerParams& w, const Inputs& in, const LayerActs& a, runtime::Tensor& dx);
   absl::StatusOr<LossSum> Run(const TokenBatch& batch, bool backward, float grad_scale,
-                              std::vector<float>* logits_out = nullptr);
-  absl::StatusOr<std::vector<float>> CrossEntropyLse(const runtime::Tensor& logits, Inputs& in, int64_t vocab_start);
+                              std::vector<float>* logits_out = nullptr, TokenStats* stats = nullptr);
+  // Per token of `logits` (this rank's vocabulary shard): the log-sum-exp over the whole
+  // vocabulary; leaves the target logits in in.target_logit and, if asked, the entropies.
+  absl::StatusOr<std::vector<float>> CrossEntropyLse(const runtime::Tensor& logits, Inputs& in, int64_t vocab_start,
+                                                     std::vector<float>* entropy = nullptr);
 
   LlamaConfig config_;
   runtime::Backend* backend_;

@@ -219,5 +219,38 @@ TEST(LlamaTest, MixedPrecisionLogitsTrackF32) {
   ASSERT_EQ(logits[1].size(), logits[0].size());
   EXPECT_LT(test::RelDiff(logits[1], logits[0]), 1e-2);
 }
+
+// Per-token log-probs and entropies (RL's reference / old-policy log-probs) equal a
+// log-softmax of the model's own logits computed here in double; tokens without a
+// target (each sequence's last) get logprob 0.
+TEST(LlamaTest, TokenLogProbsEqualLogSoftmaxOfTheLogits) {
+  auto be = runtime::MakeCpuBackend();
+  const LlamaConfig c = test::TinyConfig(64, /*tied=*/true, /*bias=*/true);
+  auto m = Llama::Create(c, be.get());
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_TRUE((*m)->InitRandom(5, 0.3f).ok());
+  const TokenBatch batch = test::RandomBatch(64, 7, {9, 4});
+  auto logits = (*m)->ForwardLogits(batch);
+  auto stats = (*m)->TokenLogProbs(batch);
+  ASSERT_TRUE(logits.ok() && stats.ok()) << stats.status();
+  const int64_t t = batch.size(), v = c.vocab;
+  ASSERT_EQ(stats->logprob.size(), static_cast<size_t>(t));
+  ASSERT_EQ(stats->entropy.size(), static_cast<size_t>(t));
+  for (int64_t i = 0; i < t; ++i) {
+    const float* z = logits->data() + i * v;
+    double mx = z[0];
+    for (int64_t j = 1; j < v; ++j) mx = std::max<double>(mx, z[j]);
+    double s = 0, pz = 0;
+    for (int64_t j = 0; j < v; ++j) s += std::exp(z[j] - mx);
+    const double lse = mx + std::log(s);
+    for (int64_t j = 0; j < v; ++j) pz += std::exp(z[j] - lse) * z[j];
+    const double want_lp = batch.targets[i] < 0 ? 0.0 : z[batch.targets[i]] - lse;
+    EXPECT_NEAR(stats->logprob[i], want_lp, 1e-5 * (1 + std::abs(want_lp))) << "token " << i;
+    EXPECT_NEAR(stats->entropy[i], lse - pz, 1e-5 * (1 + lse)) << "token " << i;
+    EXPECT_GT(stats->entropy[i], 0);
+    EXPECT_LE(stats->entropy[i], std::log(static_cast<double>(v)) + 1e-5);
+  }
+  EXPECT_EQ(stats->logprob[8], 0.f);  // the first sequence's last token has no target
+}
 }  // namespace
 }  // namespace tessera::model

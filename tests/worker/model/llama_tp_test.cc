@@ -93,6 +93,39 @@ TEST_P(LlamaTpTest, Tp2EqualsOneRank) {
   EXPECT_GT(one.losses[0], one.losses[2]);  // the steps did something
 }
 
+// Per-token log-probs and entropies over a vocabulary split in two (the shards' partial
+// sums rescaled to the global max and added) equal one rank's.
+TEST_P(LlamaTpTest, Tp2TokenLogProbsEqualOneRank) {
+  const Variant v = GetParam();
+  const LlamaConfig config = Tiny(v.tied, v.bias);
+  const TokenBatch batch = MakeBatch(config.vocab, 7);
+  auto run = [&](comm::Communicator* tp, bool sp, Llama::TokenStats& out) {
+    auto be = runtime::MakeCpuBackend();
+    auto m = Llama::Create(config, be.get(), tp, sp);
+    ASSERT_TRUE(m.ok()) << m.status();
+    ASSERT_TRUE((*m)->InitRandom(3, 0.3f).ok());
+    auto s = (*m)->TokenLogProbs(batch);
+    ASSERT_TRUE(s.ok()) << s.status();
+    out = *s;
+  };
+  Llama::TokenStats one, ranks[2];
+  run(nullptr, false, one);
+  testing::MemStore store;
+  const std::string key = RandomHex(4);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      auto c = comm::MakeGlooCommunicator("test/tp/0", key, r, 2, &store, {"127.0.0.1", 60000});
+      ASSERT_TRUE(c.ok()) << c.status();
+      run(c->get(), v.sp, ranks[r]);
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_LT(RelDiff(ranks[r].logprob, one.logprob), 1e-5) << "rank " << r;
+    EXPECT_LT(RelDiff(ranks[r].entropy, one.entropy), 1e-5) << "rank " << r;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Variants, LlamaTpTest,
                          ::testing::Values(Variant{false, false, false}, Variant{true, true, false},
                                            Variant{false, false, true}, Variant{true, true, true}),
