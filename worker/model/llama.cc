@@ -448,6 +448,12 @@ absl::StatusOr<Llama::TokenStats> Llama::TokenLogProbs(const TokenBatch& batch) 
   return stats;
 }
 
+absl::StatusOr<Llama::TokenStats> Llama::ForwardBackwardLogProbs(const TokenBatch& batch, const LogProbGrad& grad) {
+  TokenStats stats;
+  TESSERA_RETURN_IF_ERROR(Run(batch, true, 0.f, nullptr, &stats, &grad).status());
+  return stats;
+}
+
 // One micro-batch's pass through one model chunk: what its backward needs.
 struct Llama::Flight {
   Inputs in;
@@ -455,6 +461,7 @@ struct Llama::Flight {
   Tensor x_last, xn, rstd, xn_full, logits;  // the head (last virtual stage)
   std::vector<float> lse, dloss;
   TokenStats* stats = nullptr;  // TokenLogProbs: filled by the head
+  const LogProbGrad* logprob_grad = nullptr;  // ForwardBackwardLogProbs: the per-token gradient
 };
 
 absl::Status Llama::CheckBatch(const TokenBatch& batch) const {
@@ -525,12 +532,18 @@ absl::StatusOr<Tensor> Llama::ChunkForward(int chunk, const TokenBatch& batch, F
     for (int64_t i = 0; i < t; ++i)
       if (batch.targets[i] >= 0) f.stats->logprob[i] = f.in.target_logit[i] - f.lse[i];
   }
+  std::vector<float> dlogp;  // a caller's dL/dlogprob (the loss is then its, not the cross-entropy)
+  if (f.logprob_grad != nullptr) {
+    TESSERA_ASSIGN_OR_RETURN(dlogp, (*f.logprob_grad)(*f.stats));
+    if (static_cast<int64_t>(dlogp.size()) != t)
+      return absl::InvalidArgumentError(absl::StrCat("dL/dlogprob: ", dlogp.size(), " values for ", t, " tokens"));
+  }
   f.dloss.assign(t, 0.f);
   for (int64_t i = 0; i < t; ++i) {
     if (batch.targets[i] < 0) continue;
     loss->sum += static_cast<double>(f.lse[i]) - f.in.target_logit[i];
     ++loss->tokens;
-    f.dloss[i] = grad_scale;
+    f.dloss[i] = f.logprob_grad != nullptr ? -dlogp[i] : grad_scale;  // cross-entropy = -logprob
   }
   if (!backward) TESSERA_RETURN_IF_ERROR(release(head_block, Phase::kForward));
   return Tensor();
@@ -592,12 +605,13 @@ absl::StatusOr<Tensor> Llama::ChunkBackward(int chunk, Flight& f, const Tensor* 
 }
 
 absl::StatusOr<LossSum> Llama::Run(const TokenBatch& batch, bool backward, float grad_scale, std::vector<float>* logits_out,
-                                   TokenStats* stats) {
+                                   TokenStats* stats, const LogProbGrad* logprob_grad) {
   if (stage_.pp > 1 || stage_.vpp > 1)
     return absl::FailedPreconditionError("model: a pipeline stage runs micro-batches through PipelineForward/Backward");
   TESSERA_RETURN_IF_ERROR(CheckBatch(batch));
   Flight f;
   f.stats = stats;
+  f.logprob_grad = logprob_grad;
   TESSERA_ASSIGN_OR_RETURN(f.in, Upload(batch));
   LossSum loss;
   TESSERA_RETURN_IF_ERROR(ChunkForward(0, batch, f, nullptr, backward, grad_scale, &loss, logits_out).status());

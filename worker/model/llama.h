@@ -35,6 +35,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <functional>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -166,6 +167,14 @@ class Llama {
     std::vector<float> logprob, entropy;
   };
   absl::StatusOr<TokenStats> TokenLogProbs(const TokenBatch& batch);
+  // Forward and backward of a loss given per token through its gradient with respect to
+  // the token's log-probability (RL's actor update: common/rl.h's ComputePolicyLoss gives
+  // dL/dlogp from the new log-probs): the forward's TokenStats go to `grad`, which returns
+  // dL/dlogprob_t for every token (ignored where the target is -1; every TP rank gets the
+  // same stats and must return the same values); the backward adds dL/dparam into every
+  // grad. Returns the forward's TokenStats. (Entropy terms are not differentiated yet.)
+  using LogProbGrad = std::function<absl::StatusOr<std::vector<float>>(const TokenStats&)>;
+  absl::StatusOr<TokenStats> ForwardBackwardLogProbs(const TokenBatch& batch, const LogProbGrad& grad);
   // Forward and backward: adds grad_scale * d(loss sum)/d(param) into every grad (so a
   // token-mean over a global batch passes 1 / its target count to every micro-batch).
   absl::StatusOr<LossSum> ForwardBackward(const TokenBatch& batch, float grad_scale);
@@ -195,7 +204,8 @@ class Llama {
                             runtime::Tensor& out);
   absl::Status LayerBackward(const LayerParams& w, const Inputs& in, const LayerActs& a, runtime::Tensor& dx);
   absl::StatusOr<LossSum> Run(const TokenBatch& batch, bool backward, float grad_scale,
-                              std::vector<float>* logits_out = nullptr, TokenStats* stats = nullptr);
+                              std::vector<float>* logits_out = nullptr, TokenStats* stats = nullptr,
+                              const LogProbGrad* logprob_grad = nullptr);
   // Per token of `logits` (this rank's vocabulary shard): the log-sum-exp over the whole
   // vocabulary; leaves the target logits in in.target_logit and, if asked, the entropies.
   absl::StatusOr<std::vector<float>> CrossEntropyLse(const runtime::Tensor& logits, Inputs& in, int64_t vocab_start,

@@ -6,8 +6,10 @@
 
 #include <cmath>
 #include <iostream>
+#include <map>
 #include <random>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/worker/model/model_test_util.h"
@@ -127,6 +129,71 @@ TEST_P(LlamaGradTest, BackwardMatchesFiniteDifferences) {
     EXPECT_NEAR(analytic, numeric, 2e-3 * std::abs(numeric) + 2e-4) << "analytic " << analytic << " numeric " << numeric;
   }
 }
+// RL's actor update: a loss given through dL/dlogprob per token. With dL/dlogprob = -1
+// on every target (the cross-entropy sum) it gives ForwardBackward's gradients exactly;
+// with random weights w, L = sum_t w_t logprob_t, its gradient matches central
+// differences of TokenLogProbs (same tolerance as above).
+TEST_P(LlamaGradTest, LogProbGradientIsTheWeightedLogProbsGradient) {
+  auto [tied, bias] = GetParam();
+  auto be = runtime::MakeCpuBackend();
+  auto made = Llama::Create(Tiny(tied, bias), be.get());
+  ASSERT_TRUE(made.ok()) << made.status();
+  Llama& m = **made;
+  Randomize(m, 8);
+  const TokenBatch batch = MakeBatch(13, 4);
+  const int64_t t = batch.size();
+  ASSERT_TRUE(m.ZeroGrads().ok());
+  ASSERT_TRUE(m.ForwardBackward(batch, 1.f).ok());
+  std::map<std::string, std::vector<float>> ce;
+  for (auto& p : m.params()) ce[p.name()] = Read(*be, p.grad);
+  ASSERT_TRUE(m.ZeroGrads().ok());
+  auto st = m.ForwardBackwardLogProbs(batch, [&](const Llama::TokenStats& s) -> absl::StatusOr<std::vector<float>> {
+    EXPECT_EQ(static_cast<int64_t>(s.logprob.size()), t);
+    return std::vector<float>(t, -1.f);
+  });
+  ASSERT_TRUE(st.ok()) << st.status();
+  for (auto& p : m.params()) EXPECT_EQ(Read(*be, p.grad), ce[p.name()]) << p.name();
+
+  std::mt19937_64 rng(5);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<float> w(t);
+  for (auto& x : w) x = normal(rng);
+  ASSERT_TRUE(m.ZeroGrads().ok());
+  ASSERT_TRUE(m.ForwardBackwardLogProbs(batch, [&](const Llama::TokenStats&) -> absl::StatusOr<std::vector<float>> {
+                 return w;
+               }).ok());
+  auto weighted = [&]() {
+    auto s = m.TokenLogProbs(batch);
+    EXPECT_TRUE(s.ok()) << s.status();
+    double l = 0;
+    for (int64_t i = 0; i < t; ++i) l += double(w[i]) * s->logprob[i];
+    return l;
+  };
+  const float eps = 1e-2f;
+  for (auto& p : m.params()) {
+    SCOPED_TRACE(p.name());
+    const auto theta = Read(*be, p.value), grad = Read(*be, p.grad);
+    std::vector<float> v(theta.size());
+    double norm = 0, analytic = 0;
+    for (auto& x : v) x = normal(rng), norm += double(x) * x;
+    for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(v[i] / std::sqrt(norm)), analytic += double(grad[i]) * v[i];
+    auto at = [&](float e) {
+      std::vector<float> shifted(theta.size());
+      for (size_t i = 0; i < theta.size(); ++i) shifted[i] = theta[i] + e * v[i];
+      EXPECT_TRUE(be->CopyFromHost(shifted.data(), p.value).ok());
+      return weighted();
+    };
+    const double numeric = (at(eps) - at(-eps)) / (2 * eps);
+    ASSERT_TRUE(be->CopyFromHost(theta.data(), p.value).ok());
+    EXPECT_NEAR(analytic, numeric, 2e-3 * std::abs(numeric) + 2e-4) << "analytic " << analytic << " numeric " << numeric;
+  }
+  // A gradient of the wrong length is refused, naming it.
+  auto bad = m.ForwardBackwardLogProbs(batch, [&](const Llama::TokenStats&) -> absl::StatusOr<std::vector<float>> {
+    return std::vector<float>(3, 0.f);
+  });
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr(absl::StrCat("dL/dlogprob: 3 values for ", t, " tokens")));
+}
+
 INSTANTIATE_TEST_SUITE_P(Variants, LlamaGradTest,
                          ::testing::Values(std::pair{false, false}, std::pair{true, true}),
                          [](const auto& info) {
