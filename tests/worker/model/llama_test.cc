@@ -5,6 +5,7 @@
 #include "worker/model/llama.h"
 
 #include <cmath>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <random>
@@ -90,10 +91,35 @@ void Randomize(Llama& m, uint64_t seed) {
 
 class LlamaGradTest : public ::testing::TestWithParam<std::pair<bool, bool>> {};
 
-// d/de L(theta + e v) at e = 0 by central differences (v a random unit direction in one
-// parameter) against grad . v. The loss is a sum of ~9 token losses of O(1) in f32:
-// rounding ~1e-6 / (2 e) = 5e-5 absolute, truncation ~e^2 = 1e-4 relative; tolerance
-// 2e-3 relative + 2e-4 absolute (seen: <= 2e-4 relative).
+// For every parameter: d/de L(theta + e v) at e = 0 by central differences (v a random
+// unit direction in that parameter) against grad . v, the gradients being what the
+// model's grads hold now. The loss is a sum of ~9 token terms of O(1) in f32: rounding
+// ~1e-6 / (2 e) = 5e-5 absolute, truncation ~e^2 = 1e-4 relative; tolerance 2e-3
+// relative + 2e-4 absolute (seen: <= 2e-4 relative).
+void ExpectGradientsMatchFiniteDifferences(Llama& m, runtime::Backend& be, const std::function<double()>& loss,
+                                           uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  const float eps = 1e-2f;
+  for (auto& p : m.params()) {
+    SCOPED_TRACE(p.name());
+    const auto theta = Read(be, p.value), grad = Read(be, p.grad);
+    std::vector<float> v(theta.size());
+    double norm = 0, analytic = 0;
+    for (auto& x : v) x = normal(rng), norm += double(x) * x;
+    for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(v[i] / std::sqrt(norm)), analytic += double(grad[i]) * v[i];
+    auto loss_at = [&](float e) {
+      std::vector<float> shifted(theta.size());
+      for (size_t i = 0; i < theta.size(); ++i) shifted[i] = theta[i] + e * v[i];
+      EXPECT_TRUE(be.CopyFromHost(shifted.data(), p.value).ok());
+      return loss();
+    };
+    const double numeric = (loss_at(eps) - loss_at(-eps)) / (2 * eps);
+    ASSERT_TRUE(be.CopyFromHost(theta.data(), p.value).ok());
+    EXPECT_NEAR(analytic, numeric, 2e-3 * std::abs(numeric) + 2e-4) << "analytic " << analytic << " numeric " << numeric;
+  }
+}
+
 TEST_P(LlamaGradTest, BackwardMatchesFiniteDifferences) {
   auto [tied, bias] = GetParam();
   auto be = runtime::MakeCpuBackend();
@@ -106,28 +132,11 @@ TEST_P(LlamaGradTest, BackwardMatchesFiniteDifferences) {
   auto base = m.ForwardBackward(batch, 1.f);
   ASSERT_TRUE(base.ok()) << base.status();
   EXPECT_EQ(base->tokens, 9);
-  std::mt19937_64 rng(11);
-  std::normal_distribution<float> normal(0.f, 1.f);
-  const float eps = 1e-2f;
-  for (auto& p : m.params()) {
-    SCOPED_TRACE(p.name());
-    const auto theta = Read(*be, p.value), grad = Read(*be, p.grad);
-    std::vector<float> v(theta.size());
-    double norm = 0, analytic = 0;
-    for (auto& x : v) x = normal(rng), norm += double(x) * x;
-    for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(v[i] / std::sqrt(norm)), analytic += double(grad[i]) * v[i];
-    auto loss_at = [&](float e) {
-      std::vector<float> shifted(theta.size());
-      for (size_t i = 0; i < theta.size(); ++i) shifted[i] = theta[i] + e * v[i];
-      EXPECT_TRUE(be->CopyFromHost(shifted.data(), p.value).ok());
-      auto l = m.Forward(batch);
-      EXPECT_TRUE(l.ok()) << l.status();
-      return l.ok() ? l->sum : NAN;
-    };
-    const double numeric = (loss_at(eps) - loss_at(-eps)) / (2 * eps);
-    ASSERT_TRUE(be->CopyFromHost(theta.data(), p.value).ok());
-    EXPECT_NEAR(analytic, numeric, 2e-3 * std::abs(numeric) + 2e-4) << "analytic " << analytic << " numeric " << numeric;
-  }
+  ExpectGradientsMatchFiniteDifferences(m, *be, [&] {
+    auto l = m.Forward(batch);
+    EXPECT_TRUE(l.ok()) << l.status();
+    return l.ok() ? l->sum : NAN;
+  }, 11);
 }
 // RL's actor update: a loss given through dL/dlogprob per token. With dL/dlogprob = -1
 // on every target (the cross-entropy sum) it gives ForwardBackward's gradients exactly;
@@ -162,31 +171,13 @@ TEST_P(LlamaGradTest, LogProbGradientIsTheWeightedLogProbsGradient) {
   ASSERT_TRUE(m.ForwardBackwardLogProbs(batch, [&](const Llama::TokenStats&) -> absl::StatusOr<std::vector<float>> {
                  return w;
                }).ok());
-  auto weighted = [&]() {
+  ExpectGradientsMatchFiniteDifferences(m, *be, [&] {
     auto s = m.TokenLogProbs(batch);
     EXPECT_TRUE(s.ok()) << s.status();
     double l = 0;
-    for (int64_t i = 0; i < t; ++i) l += double(w[i]) * s->logprob[i];
+    for (int64_t i = 0; i < t; ++i) l += s.ok() ? double(w[i]) * s->logprob[i] : NAN;
     return l;
-  };
-  const float eps = 1e-2f;
-  for (auto& p : m.params()) {
-    SCOPED_TRACE(p.name());
-    const auto theta = Read(*be, p.value), grad = Read(*be, p.grad);
-    std::vector<float> v(theta.size());
-    double norm = 0, analytic = 0;
-    for (auto& x : v) x = normal(rng), norm += double(x) * x;
-    for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(v[i] / std::sqrt(norm)), analytic += double(grad[i]) * v[i];
-    auto at = [&](float e) {
-      std::vector<float> shifted(theta.size());
-      for (size_t i = 0; i < theta.size(); ++i) shifted[i] = theta[i] + e * v[i];
-      EXPECT_TRUE(be->CopyFromHost(shifted.data(), p.value).ok());
-      return weighted();
-    };
-    const double numeric = (at(eps) - at(-eps)) / (2 * eps);
-    ASSERT_TRUE(be->CopyFromHost(theta.data(), p.value).ok());
-    EXPECT_NEAR(analytic, numeric, 2e-3 * std::abs(numeric) + 2e-4) << "analytic " << analytic << " numeric " << numeric;
-  }
+  }, 12);
   // A gradient of the wrong length is refused, naming it.
   auto bad = m.ForwardBackwardLogProbs(batch, [&](const Llama::TokenStats&) -> absl::StatusOr<std::vector<float>> {
     return std::vector<float>(3, 0.f);
