@@ -179,11 +179,20 @@ __device__ __forceinline__ void ScoresToGrads(float (&s)[kBr / 2], float (&dp)[k
       dvv[c] = tc::LdShared2(rows + kBr + 8 * c + 2 * t);
     }
   }
+  // The (lse2, D) pairs of this thread's query columns 8 c + 2 t (+1).
+  auto lse2_at = [&](int c) {
+    if constexpr (kPreload) return lv[c];
+    else return tc::LdShared2(rows + 8 * c + 2 * t);
+  };
+  auto d_at = [&](int c) {
+    if constexpr (kPreload) return dvv[c];
+    else return tc::LdShared2(rows + kBr + 8 * c + 2 * t);
+  };
   wg::Wait<1>();
   wg::FenceRegs(s);
 #pragma unroll
   for (int c = 0; c < kBr / 8; ++c) {
-    const float2 l2 = kPreload ? lv[kPreload ? c : 0] : tc::LdShared2(rows + 8 * c + 2 * t);
+    const float2 l2 = lse2_at(c);
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int i = 4 * c + e, col = 8 * c + 2 * t + (e & 1), kj = n0 + key0 + g + 8 * (e >> 1);
@@ -196,7 +205,7 @@ __device__ __forceinline__ void ScoresToGrads(float (&s)[kBr / 2], float (&dp)[k
   wg::FenceRegs(dp);
 #pragma unroll
   for (int c = 0; c < kBr / 8; ++c) {
-    const float2 d2 = kPreload ? dvv[kPreload ? c : 0] : tc::LdShared2(rows + kBr + 8 * c + 2 * t);
+    const float2 d2 = d_at(c);
 #pragma unroll
     for (int e = 0; e < 4; ++e) dp[4 * c + e] = s[4 * c + e] * (dp[4 * c + e] - ((e & 1) ? d2.y : d2.x));
 #pragma unroll
@@ -260,8 +269,6 @@ __device__ __forceinline__ void WriteDkDv(const float (&dk)[D / 2], const float 
 // One consumer warpgroup (64 keys): the whole loop over the group's heads and query tiles.
 template <int D, bool kCausal>
 __device__ __forceinline__ void ConsumeBwd(const BwdShared<D>& sm, const BwdParams& p, const BwdWork& w, int wgi) {
-  using KTile = typename BwdShared<D>::KTile;
-  using STile = typename BwdShared<D>::STile;
   constexpr int kStages = BwdShared<D>::kStages, kBr = kBrOf<D>;
   const int tid = threadIdx.x, warp = (tid / 32) % 4, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int key0 = 64 * wgi + 16 * warp;  // tile-local key of this thread's rows g and g + 8
@@ -302,13 +309,11 @@ __device__ __forceinline__ void ConsumeBwd(const BwdShared<D>& sm, const BwdPara
     // all 64 head dims. Then dV and dK; the dQ reduction below overlaps the dV/dK
     // product on the tensor cores.
     float dq[32];
-    const char* kcols = reinterpret_cast<const char*>(sm.k().base) + (D == 128 ? wgi * KTile::kBlockBytes : 0);
-    const char* dsq = reinterpret_cast<const char*>(ds.base) + (D == 64 ? wgi * STile::kBlockBytes : 0);
     wg::Fence();
 #pragma unroll
     for (int kk = 0; kk < kBc / 16; ++kk)
-      wg::WgmmaSS_m64n64<1, 1>(dq, wg::Desc(dsq + kk * 16 * 128, STile::kBlockBytes, 1024),
-                               wg::Desc(kcols + kk * 16 * 128, KTile::kBlockBytes, 1024), kk > 0);
+      wg::WgmmaSS_m64n64<1, 1>(dq, wg::MnMajorDesc(ds, kk, D == 64 ? wgi : 0),
+                               wg::MnMajorDesc(sm.k(), kk, D == 128 ? wgi : 0), kk > 0);
     wg::Commit();
 #pragma unroll
     for (int kk = 0; kk < kBr / 16; ++kk) RsMma<D>(dv, ap[kk], wg::MnMajorDesc(sm.dout(st), kk));

@@ -57,10 +57,11 @@ __device__ __forceinline__ uint64_t KMajorDesc(Sw128Tile<kRows, kCols> t, int ro
   const char* p = reinterpret_cast<const char*>(t.base) + (kk >> 2) * t.kBlockBytes + row0 * 128 + (kk & 3) * 32;
   return Desc(p, 16, 1024);  // LBO unused for swizzled K-major (encoded 1)
 }
-// MN-major operand (rows along K, M/N contiguous): k-step kk covers rows 16 kk .. 16 kk + 15.
+// MN-major operand (rows along K, M/N contiguous): k-step kk covers rows 16 kk .. 16 kk + 15,
+// from the 64-column block `block` on (an operand of 64 M/N starting there).
 template <int kRows, int kCols>
-__device__ __forceinline__ uint64_t MnMajorDesc(Sw128Tile<kRows, kCols> t, int kk) {
-  return Desc(reinterpret_cast<const char*>(t.base) + kk * 16 * 128, t.kBlockBytes, 1024);
+__device__ __forceinline__ uint64_t MnMajorDesc(Sw128Tile<kRows, kCols> t, int kk, int block = 0) {
+  return Desc(reinterpret_cast<const char*>(t.base) + block * t.kBlockBytes + kk * 16 * 128, t.kBlockBytes, 1024);
 }
 
 __device__ __forceinline__ void Fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -78,16 +79,6 @@ template <int N>
 __device__ __forceinline__ void FenceRegs(float (&d)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-
-// d (64 x 32, f32) {+}= A (64 x 16, smem) * B (16 x 32, smem); kTransA/kTransB: 0 = K-major, 1 = M/N-major
-template <int kTransA = 0, int kTransB = 0>
-__device__ __forceinline__ void WgmmaSS_m64n32(float (&d)[16], uint64_t a_desc, uint64_t b_desc, int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, %19, %20;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-      : "l"(a_desc), "l"(b_desc), "r"(accumulate), "n"(kTransA), "n"(kTransB));
 }
 
 // d (64 x 64, f32) {+}= A (64 x 16, smem) * B (16 x 64, smem); kTransA/kTransB: 0 = K-major, 1 = M/N-major

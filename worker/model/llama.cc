@@ -661,9 +661,14 @@ absl::StatusOr<std::vector<float>> Llama::CrossEntropyLse(const Tensor& logits, 
                                                            std::vector<float>* entropy) {
   Backend& b = *backend_;
   const int64_t t = logits.dim(0);
-  Tensor part[5];  // max, sum of exp, sum of exp * z (entropy), target logit; scratch
+  Tensor part[4];  // max, sum of exp, sum of exp * z (entropy), target logit
   for (auto& p : part) {
     TESSERA_ASSIGN_OR_RETURN(p, New(b, {t}));
+  }
+  // The global max under TP: into the entropy's partial when no entropy is wanted.
+  Tensor global_max_t = part[2];
+  if (tp_ != nullptr && entropy != nullptr) {
+    TESSERA_ASSIGN_OR_RETURN(global_max_t, New(b, {t}));
   }
   TESSERA_RETURN_IF_ERROR(b.CrossEntropyPartials(logits, in.targets, vocab_start, part[0], part[1], part[2], part[3]));
   std::vector<float> mx(t), sum(t), dot(entropy != nullptr ? t : 0), lse(t);
@@ -672,10 +677,10 @@ absl::StatusOr<std::vector<float>> Llama::CrossEntropyLse(const Tensor& logits, 
   TESSERA_RETURN_IF_ERROR(b.CopyToHost(part[1], sum.data()));
   if (entropy != nullptr) TESSERA_RETURN_IF_ERROR(b.CopyToHost(part[2], dot.data()));
   if (tp_ != nullptr) {  // rescale each shard's sums to the global max, then add them up
-    TESSERA_RETURN_IF_ERROR(tp_->AllReduce(part[0].data(), part[4].data(), t, part[0].dtype(), comm::ReduceOp::kMax));
+    TESSERA_RETURN_IF_ERROR(tp_->AllReduce(part[0].data(), global_max_t.data(), t, part[0].dtype(), comm::ReduceOp::kMax));
     TESSERA_RETURN_IF_ERROR(tp_->Synchronize());  // under the watchdog, before the host waits
     std::vector<float> global_max(t);
-    TESSERA_RETURN_IF_ERROR(b.CopyToHost(part[4], global_max.data()));
+    TESSERA_RETURN_IF_ERROR(b.CopyToHost(global_max_t, global_max.data()));
     for (int64_t i = 0; i < t; ++i) {
       const float scale = std::exp(mx[i] - global_max[i]);
       sum[i] *= scale;
