@@ -10,6 +10,7 @@
 #include <random>
 #include <string>
 
+#include "kernels/attention/cudnn_attention.h"
 #include "worker/runtime/backend.h"
 
 using namespace tessera::runtime;
@@ -164,6 +165,31 @@ int main(int argc, char** argv) {
         Line(("attn_fwdbwd " + tag).c_str(), shape, ms, "tflops", 3.5 * flops / ms / 1e9);
       }
     }
+  }
+  // The forward's two engines side by side (kernels::AttentionEngine), at the sequence
+  // lengths around the auto threshold (kCudnnMaxAutoSeq): what the threshold is set from.
+  if (Want("attn")) {
+    fprintf(stderr, "attention engines: %s\n", tessera::kernels::cudnn_attention::Describe().c_str());
+    for (auto [D, H] : {std::pair<int64_t, int64_t>{64, 32}, {128, 16}})
+      for (int64_t S : {1024, 2048, 4096, 16384}) {
+        const int64_t T = 16384, B = T / S;
+        auto q = Random(b, {T, H, D}, bf), k = Random(b, {T, H, D}, bf), v = Random(b, {T, H, D}, bf);
+        auto out = *b.Empty({T, H, D}, bf), lse = *b.Empty({T, H}, DType::kF32);
+        auto host = MakeCpuBackend();
+        auto cu = *host->Empty({B + 1}, DType::kI32);
+        for (int64_t i = 0; i <= B; ++i) cu.data_as<int32_t>()[i] = static_cast<int32_t>(i * S);
+        for (bool causal : {true, false}) {
+          const double flops = 4.0 * B * S * S * H * D * (causal ? 0.5 : 1.0);
+          const std::string tag = "d" + std::to_string(D) + " s" + std::to_string(S) + (causal ? " c" : " n");
+          for (auto [e, name] : {std::pair{tessera::kernels::AttentionEngine::kFlash, "flash"},
+                                 std::pair{tessera::kernels::AttentionEngine::kCudnn, "cudnn"}}) {
+            b.set_attention_engine(e);
+            double ms = TimeMs(b, [&] { return b.AttentionForward(q, k, v, cu, causal, out, lse); }, 10, 2);
+            Line(("engine_fwd_" + std::string(name) + " " + tag).c_str(), "16384 tokens", ms, "tflops", flops / ms / 1e9);
+          }
+          b.set_attention_engine(tessera::kernels::AttentionEngine::kAuto);
+        }
+      }
   }
   struct G { const char* name; int64_t m, n, k; };
   // Llama-3.2-1B shapes at 8192 tokens: y = x @ W^T with W stored [out, in].

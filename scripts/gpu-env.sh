@@ -10,3 +10,11 @@ export LD_LIBRARY_PATH=$PWD/dist/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export NCCL_NVLS_ENABLE=0
 OUT=${OUT:-/tmp/tessera-gpu-out}
 mkdir -p "$OUT"
+# cuDNN (the attention forward's second path, loaded at first use): from the loader's
+# path if it is there, else the CUDA toolkit's lib folders, else PyTorch's wheel.
+if ! ldconfig -p 2>/dev/null | grep -q 'libcudnn\.so\.9'; then
+  for d in /usr/local/cuda/lib64 /usr/local/cuda/lib \
+           "$(python3 -c 'import nvidia.cudnn as m, os; print(os.path.join(list(m.__path__)[0], "lib"))' 2>/dev/null)"; do
+    if [ -n "$d" ] && [ -e "$d/libcudnn.so.9" ]; then export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$d; break; fi
+  done
+fi

@@ -6,7 +6,9 @@
 //   Causal masks are aligned at each sequence's start (query i sees keys j <= i).
 // Backward: dq, dk, dv (same shapes/dtypes as q, k, v) from dout, out and lse.
 // CPU: double accumulation (the oracle). CUDA: bf16 with head_dim 64/128 runs the flash
-// kernels (tensor cores, see flash_cuda.h); other dtypes/head dims run generic one-warp-
+// kernels (tensor cores, see flash_cuda.h) — the forward over sequences of one length up
+// to kCudnnMaxAutoSeq runs cuDNN's fused attention instead (cudnn_attention.h; measured
+// faster there, see AttentionEngine); other dtypes/head dims run generic one-warp-
 // per-row kernels (correct, not fast). The CUDA backward needs scratch of
 // tokens*q_heads*(head_dim+1) f32 from the stream-ordered pool.
 #pragma once
@@ -17,10 +19,20 @@
 
 namespace tessera::kernels {
 using runtime::DType;
+// Which implementation serves the CUDA forward (bf16, head_dim 64/128). kAuto: cuDNN's
+// fused attention (cudnn_attention.h) for sequences of one length up to
+// kCudnnMaxAutoSeq tokens — where it measured faster (docs/perf.md) — when cuDNN loads,
+// else the flash kernels. kFlash / kCudnn force one (tests, benchmarks); kCudnn fails
+// when cuDNN is missing or the sequences differ in length. The CPU ignores it.
+enum class AttentionEngine { kAuto, kFlash, kCudnn };
+inline constexpr int64_t kCudnnMaxAutoSeq = 4096;
+
 struct AttentionDims {
   int64_t tokens, q_heads, kv_heads, head_dim, batch;  // batch = number of sequences
   bool causal;
   float scale;
+  int64_t uniform_len = 0;  // every sequence has this many tokens (0: unequal or unknown)
+  AttentionEngine engine = AttentionEngine::kAuto;
 };
 absl::Status AttentionForwardCpu(const void* q, const void* k, const void* v, const int32_t* cu_seqlens, void* out,
                                  float* lse, const AttentionDims& d, DType t);

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "kernels/attention/attention.h"
+#include "kernels/attention/cudnn_attention.h"
 #include "kernels/attention/flash_cuda.h"
 #include "kernels/common/cuda_elem.cuh"
 #include "kernels/common/warp_attention.cuh"
@@ -171,11 +172,41 @@ absl::Status BuildTileTable(const int32_t* cu, int64_t batch, int tile, int2* ta
 }
 }  // namespace flash
 
+namespace cudnn_attention {
+namespace {
+__global__ void StatsKernel(const float* in, float* out, int64_t heads, int64_t seq, int64_t total) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = i / heads, h = i % heads, b = t / seq, s = t % seq;
+    out[i] = in[(b * heads + h) * seq + s];
+  }
+}
+}  // namespace
+absl::Status StatsToTokenMajor(const float* stats, float* lse, int64_t heads, int64_t seq, int64_t rows, cudaStream_t s) {
+  StatsKernel<<<static_cast<unsigned>(std::min<int64_t>((rows * heads + 255) / 256, 4096)), 256, 0, s>>>(stats, lse, heads, seq,
+                                                                                                   rows * heads);
+  return LaunchStatus("attention(cudnn stats)");
+}
+}  // namespace cudnn_attention
+
 absl::Status AttentionForwardCuda(const void* q, const void* k, const void* v, const int32_t* cu, void* out, float* lse,
                                   const AttentionDims& d, DType t, void* stream) {
   if (d.tokens == 0) return absl::OkStatus();
   auto s = static_cast<cudaStream_t>(stream);
-  if (flash::Supported(d, t)) return flash::Forward(q, k, v, cu, out, lse, d, s);
+  if (flash::Supported(d, t)) {
+    if (d.engine == AttentionEngine::kCudnn) {
+      if (d.uniform_len == 0)
+        return absl::InvalidArgumentError("attention (cuda): the cuDNN engine needs sequences of one length (host cu_seqlens)");
+      return cudnn_attention::Forward(q, k, v, out, lse, d, d.uniform_len, s);
+    }
+    // Auto: cuDNN where it measured faster; if it is missing or has no engine, the flash
+    // kernels (the reason is cached, so this costs one failed lookup per call).
+    if (d.engine == AttentionEngine::kAuto && d.uniform_len > 0 && d.uniform_len <= kCudnnMaxAutoSeq &&
+        cudnn_attention::Forward(q, k, v, out, lse, d, d.uniform_len, s).ok())
+      return absl::OkStatus();
+    return flash::Forward(q, k, v, cu, out, lse, d, s);
+  }
+  if (d.engine == AttentionEngine::kCudnn)
+    return absl::InvalidArgumentError("attention (cuda): the cuDNN engine serves bf16 with head_dim 64 or 128 only");
   if (d.head_dim > 32 * kMaxPerLane) return absl::UnimplementedError("attention (cuda): head_dim > 256");
   Scratch seq(s);
   if (!seq.Alloc(d.tokens * sizeof(int32_t))) return LaunchStatus("attention(alloc)");

@@ -224,6 +224,79 @@ TEST_P(OpTest, FlashAttentionAtScaleMatchesGenericF32) {
   }
 }
 
+// cuDNN's fused attention, the forward's second path for sequences of one length
+// (kernels/attention/cudnn_attention.h), forced, against the double reference — out and
+// lse, with the tolerances of the flash path above — and the flash backward run from its
+// out and lse against the CPU backward (so its lse means what ours means). GQA, odd
+// lengths, both head dims. On the CPU the engine is ignored (the reference runs).
+TEST_P(OpTest, CudnnAttentionForwardMatchesReference) {
+  struct C { int64_t batch, len, hq, hkv, dim; };
+  Rng rng(seed_);
+  be_->set_attention_engine(kernels::AttentionEngine::kCudnn);
+  for (C c : {C{3, 256, 4, 2, 64}, C{2, 130, 4, 1, 128}, C{1, 77, 2, 2, 64}}) {
+    for (bool causal : {true, false}) {
+      std::vector<int32_t> cu = {0};
+      for (int64_t b = 0; b < c.batch; ++b) cu.push_back(cu.back() + static_cast<int32_t>(c.len));
+      const int64_t T = cu.back();
+      const DType t = DType::kBF16;
+      SCOPED_TRACE(::testing::Message() << "B=" << c.batch << " S=" << c.len << " hq=" << c.hq << " hkv=" << c.hkv
+                                        << " d=" << c.dim << " causal=" << causal << " seed=" << seed_);
+      auto qv = Quantize(rng.Normal(T * c.hq * c.dim), t), kv = Quantize(rng.Normal(T * c.hkv * c.dim), t),
+           vv = Quantize(rng.Normal(T * c.hkv * c.dim), t), gv = Quantize(rng.Normal(T * c.hq * c.dim), t);
+      auto q = Make(*be_, {T, c.hq, c.dim}, t, qv), k = Make(*be_, {T, c.hkv, c.dim}, t, kv),
+           v = Make(*be_, {T, c.hkv, c.dim}, t, vv), g = Make(*be_, {T, c.hq, c.dim}, t, gv), cut = Ints(*ref_, cu);
+      auto out = Out(*be_, {T, c.hq, c.dim}, t), lse = Out(*be_, {T, c.hq}, DType::kF32);
+      auto st = be_->AttentionForward(q, k, v, cut, causal, out, lse);
+      ASSERT_TRUE(st.ok()) << st;
+      std::vector<double> ro, rl;
+      AttentionRef(qv, kv, vv, cu, c.hq, c.hkv, c.dim, causal, ro, rl);
+      EXPECT_LT(RelErr(Read(*be_, out), ro), 2e-2);
+      EXPECT_LT(RelErr(Read(*be_, lse), rl), cpu() ? 1e-6 : 1e-5);
+      auto dq = Out(*be_, {T, c.hq, c.dim}, t), dk = Out(*be_, {T, c.hkv, c.dim}, t), dv = Out(*be_, {T, c.hkv, c.dim}, t);
+      st = be_->AttentionBackward(q, k, v, cut, causal, out, g, lse, dq, dk, dv);
+      ASSERT_TRUE(st.ok()) << st;
+      auto rq = Make(*ref_, {T, c.hq, c.dim}, t, qv), rk = Make(*ref_, {T, c.hkv, c.dim}, t, kv),
+           rv = Make(*ref_, {T, c.hkv, c.dim}, t, vv), rg = Make(*ref_, {T, c.hq, c.dim}, t, gv);
+      auto rout = Out(*ref_, {T, c.hq, c.dim}, t), rlse = Out(*ref_, {T, c.hq}, DType::kF32);
+      ASSERT_TRUE(ref_->AttentionForward(rq, rk, rv, cut, causal, rout, rlse).ok());
+      auto rdq = Out(*ref_, {T, c.hq, c.dim}, t), rdk = Out(*ref_, {T, c.hkv, c.dim}, t), rdv = Out(*ref_, {T, c.hkv, c.dim}, t);
+      ASSERT_TRUE(ref_->AttentionBackward(rq, rk, rv, cut, causal, rout, rg, rlse, rdq, rdk, rdv).ok());
+      EXPECT_LT(RelErr(Read(*be_, dq), Read(*ref_, rdq)), 3e-2) << "dq";
+      EXPECT_LT(RelErr(Read(*be_, dk), Read(*ref_, rdk)), 3e-2) << "dk";
+      EXPECT_LT(RelErr(Read(*be_, dv), Read(*ref_, rdv)), 3e-2) << "dv";
+    }
+  }
+  if (cpu()) return;
+  {  // forced cuDNN refuses what it cannot serve, by name
+    auto q = Make(*be_, {5, 2, 64}, DType::kBF16, rng.Normal(5 * 2 * 64)), k = Make(*be_, {5, 2, 64}, DType::kBF16, rng.Normal(5 * 2 * 64));
+    auto out = Out(*be_, {5, 2, 64}, DType::kBF16), lse = Out(*be_, {5, 2}, DType::kF32);
+    auto uneven = Ints(*ref_, {0, 2, 5});
+    EXPECT_THAT(std::string(be_->AttentionForward(q, k, k, uneven, true, out, lse).message()),
+                HasSubstr("cuDNN engine needs sequences of one length"));
+  }
+  // Auto dispatch: equal lengths up to kCudnnMaxAutoSeq give cuDNN's result bit for bit,
+  // unequal ones (and device cu_seqlens, whose lengths the host cannot see) the flash
+  // kernels'.
+  const int64_t hq = 4, dim = 64;
+  for (auto [cu, want] : {std::pair<std::vector<int32_t>, kernels::AttentionEngine>{{0, 256, 512}, kernels::AttentionEngine::kCudnn},
+                          {{0, 200, 512}, kernels::AttentionEngine::kFlash}}) {
+    const int64_t T = cu.back();
+    auto q = Make(*be_, {T, hq, dim}, DType::kBF16, rng.Normal(T * hq * dim)),
+         k = Make(*be_, {T, hq, dim}, DType::kBF16, rng.Normal(T * hq * dim));
+    auto run = [&](kernels::AttentionEngine e, const Tensor& cut) {
+      be_->set_attention_engine(e);
+      auto out = Out(*be_, {T, hq, dim}, DType::kBF16), lse = Out(*be_, {T, hq}, DType::kF32);
+      EXPECT_TRUE(be_->AttentionForward(q, k, k, cut, true, out, lse).ok());
+      auto o = Read(*be_, out), l = Read(*be_, lse);
+      o.insert(o.end(), l.begin(), l.end());
+      return o;
+    };
+    auto host = Ints(*ref_, cu);
+    EXPECT_EQ(run(kernels::AttentionEngine::kAuto, host), run(want, host)) << "T=" << T;
+    EXPECT_EQ(run(kernels::AttentionEngine::kAuto, Ints(*be_, cu)), run(kernels::AttentionEngine::kFlash, host));
+  }
+}
+
 TEST_P(OpTest, AttentionRejectsBadSeqlens) {
   auto q = *be_->Empty({5, 2, 8}, DType::kF32), k = *be_->Empty({5, 1, 8}, DType::kF32), v = *be_->Empty({5, 1, 8}, DType::kF32);
   auto out = *be_->Empty({5, 2, 8}, DType::kF32), lse = *be_->Empty({5, 2}, DType::kF32);

@@ -113,6 +113,10 @@ class OpTest : public ::testing::TestWithParam<std::string> {
     auto b = MakeBackend(GetParam() == "cpu" ? Device::Cpu() : Device::Cuda(0));
     if (!b.ok()) GTEST_SKIP() << GetParam() << ": " << b.status();
     be_ = std::move(*b);
+    // The attention tests check our flash kernels, so the forward's cuDNN path (auto for
+    // sequences of one length) is off here; CudnnAttentionForwardMatchesReference
+    // checks it and the auto dispatch.
+    be_->set_attention_engine(kernels::AttentionEngine::kFlash);
     ref_ = MakeCpuBackend();
     seed_ = Seed();
   }

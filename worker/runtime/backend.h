@@ -14,6 +14,7 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
+#include "kernels/attention/attention.h"
 #include "worker/runtime/tensor.h"
 
 namespace tessera::runtime {
@@ -82,6 +83,11 @@ class Backend {
   absl::Status AttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens, bool causal,
                                  const Tensor& out, const Tensor& dout, const Tensor& lse, Tensor& dq, Tensor& dk,
                                  Tensor& dv);
+  // Which implementation serves the CUDA attention forward (kernels::AttentionEngine; auto
+  // by default, which needs host cu_seqlens to see that all sequences have one length).
+  // Benchmarks and tests force one; the CPU ignores it.
+  void set_attention_engine(kernels::AttentionEngine e) { attention_engine_ = e; }
+  kernels::AttentionEngine attention_engine() const { return attention_engine_; }
   // Ring attention's merge (kernels/attention): out/lse hold a partial attention over
   // some keys, out_b/lse_b another block's; afterwards out/lse are the attention over
   // both. out, out_b [T, H, D] of one float dtype; lse, lse_b [T, H] f32.
@@ -110,6 +116,8 @@ class Backend {
                      Tensor* param_lowp = nullptr);
 
  protected:
+  kernels::AttentionEngine attention_engine_ = kernels::AttentionEngine::kAuto;
+
   virtual absl::Status DoCast(const Tensor& x, Tensor& y) = 0;
   virtual absl::Status DoRmsNormForward(const Tensor& x, const Tensor& w, float eps, Tensor& y, Tensor& rstd) = 0;
   virtual absl::Status DoRmsNormBackward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,

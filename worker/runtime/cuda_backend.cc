@@ -64,9 +64,20 @@ class PoolAllocator final : public Allocator {
   MemoryAccount account_;
 };
 
-kernels::AttentionDims AttnDims(const Tensor& q, const Tensor& k, const Tensor& cu, bool causal) {
-  return kernels::AttentionDims{q.dim(0), q.dim(1), k.dim(1), q.dim(2), cu.dim(0) - 1, causal,
-                                static_cast<float>(1.0 / std::sqrt(double(q.dim(2))))};
+// uniform_len is known only from host cu_seqlens (already validated by Backend).
+kernels::AttentionDims AttnDims(const Tensor& q, const Tensor& k, const Tensor& cu, bool causal,
+                                kernels::AttentionEngine engine) {
+  kernels::AttentionDims d{q.dim(0), q.dim(1), k.dim(1), q.dim(2), cu.dim(0) - 1, causal,
+                           static_cast<float>(1.0 / std::sqrt(double(q.dim(2))))};
+  d.engine = engine;
+  if (cu.device().kind == runtime::DeviceKind::kCpu && d.batch > 0) {
+    const int32_t* h = cu.data_as<int32_t>();
+    const int64_t len = h[1] - h[0];
+    bool same = true;
+    for (int64_t i = 1; same && i < d.batch; ++i) same = h[i + 1] - h[i] == len;
+    if (same) d.uniform_len = len;
+  }
+  return d;
 }
 
 class CudaBackend final : public Backend {
@@ -173,14 +184,14 @@ class CudaBackend final : public Backend {
                                   Tensor& out, Tensor& lse) override {
     TESSERA_ASSIGN_OR_RETURN(Tensor dcu, OnDevice(cu));
     return kernels::AttentionForwardCuda(q.data(), k.data(), v.data(), dcu.data_as<int32_t>(), out.data(), lse.data_as<float>(),
-                                         AttnDims(q, k, cu, causal), q.dtype(), stream_);
+                                         AttnDims(q, k, cu, causal, attention_engine_), q.dtype(), stream_);
   }
   absl::Status DoAttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu, bool causal,
                                    const Tensor& out, const Tensor& dout, const Tensor& lse, Tensor& dq, Tensor& dk,
                                    Tensor& dv) override {
     TESSERA_ASSIGN_OR_RETURN(Tensor dcu, OnDevice(cu));
     return kernels::AttentionBackwardCuda(q.data(), k.data(), v.data(), dcu.data_as<int32_t>(), out.data(), dout.data(),
-                                          lse.data_as<float>(), dq.data(), dk.data(), dv.data(), AttnDims(q, k, cu, causal),
+                                          lse.data_as<float>(), dq.data(), dk.data(), dv.data(), AttnDims(q, k, cu, causal, attention_engine_),
                                           q.dtype(), stream_);
   }
   absl::Status DoAttentionMerge(Tensor& out, Tensor& lse, const Tensor& out_b, const Tensor& lse_b) override {
