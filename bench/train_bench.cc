@@ -2,7 +2,10 @@
 // is the PyTorch peer — DDP / FSDP2 under torchrun —, run in the same call by
 // scripts/gpu-train.sh): a Llama of the given shape, random tokens (fixed seed), per DP
 // rank `--micro` micro-batches of one `--seq`-token sequence per step (weak scaling),
-// `--tp`, `--dp`, `--zero`, `--sp` as a job's layout (ranks on threads, NCCL);
+// `--tp`, `--dp`, `--zero`, `--sp`, `--pp` (with `--vpp`, `--schedule 1f1b|gpipe`) as a
+// job's layout (ranks on threads, NCCL; every pipeline stage runs all `--micro`
+// micro-batches, and the measured bubble is printed: the slowest stage's schedule time
+// over the stages' mean compute time, minus 1, against (pp - 1) / (vpp * micro));
 // AdamW; `--warmup` untimed steps, then `--steps` timed ones (each step ends on the host:
 // the loss is read; the slowest rank's time counts). Prints one JSON line: tokens/s, step ms,
 // model TFLOP/s in all and per GPU (Megatron's
@@ -22,6 +25,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "tests/common/mem_store.h"
 #include "worker/comm/nccl_communicator.h"
 #include "worker/engine/trainer.h"
@@ -58,27 +62,35 @@ absl::Status Init(model::Llama& m, uint64_t seed) {
 struct Result {
   absl::Status status;
   std::vector<double> losses;
+  std::vector<double> pipeline_s, busy_s;  // per timed step (pipelines)
   double seconds = 0, peak_gib = 0;
 };
 
+struct Layout {
+  int tp = 1, dp = 1, pp = 1, vpp = 1, zero = 0;
+  bool sp = false, recompute = false;
+  engine::Schedule schedule = engine::Schedule::kOneFOneB;
+};
+
 // One rank: its model, trainer and data (`micro` micro-batches of its DP rank).
-void RunRank(const model::LlamaConfig& c, int device, comm::Communicator* tp, comm::Communicator* dp, int zero,
-             bool sp, bool recompute, int64_t seq, int64_t micro, int64_t steps, int64_t warmup, int dp_rank,
-             Result& out) {
+void RunRank(const model::LlamaConfig& c, int device, comm::Communicator* tp, comm::Communicator* dp,
+             comm::Communicator* pp, const Layout& l, int64_t seq, int64_t micro, int64_t steps, int64_t warmup,
+             int dp_rank, Result& out) {
   auto fail = [&](absl::Status s) { out.status = std::move(s); };
   auto be = runtime::MakeCudaBackend(device);
   if (!be.ok()) return fail(be.status());
-  for (comm::Communicator* g : {tp, dp})
+  for (comm::Communicator* g : {tp, dp, pp})
     if (g != nullptr)
       if (auto s = g->OrderWith((*be)->stream()); !s.ok()) return fail(s);
-  auto m = model::Llama::Create(c, be->get(), tp, sp);
+  const model::StageSpec stage{l.pp, pp != nullptr ? pp->rank() : 0, l.vpp};
+  auto m = model::Llama::Create(c, be->get(), tp, l.sp, nullptr, stage);
   if (!m.ok()) return fail(m.status());
   if (auto s = Init(**m, 7); !s.ok()) return fail(s);
-  (*m)->set_recompute(recompute);
+  (*m)->set_recompute(l.recompute);
   engine::OptimizerOptions o;
   o.lr = 3e-4f, o.min_lr = 3e-5f, o.warmup_steps = 2, o.total_steps = warmup + steps, o.clip_norm = 1.f;
-  o.weight_decay = 0.1f, o.zero = zero;
-  auto t = engine::Trainer::Create(m->get(), be->get(), dp, tp, o);
+  o.weight_decay = 0.1f, o.zero = l.zero, o.schedule = l.schedule;
+  auto t = engine::Trainer::Create(m->get(), be->get(), dp, tp, o, pp);
   if (!t.ok()) return fail(t.status());
   std::mt19937_64 rng(11 + dp_rank);
   std::vector<model::TokenBatch> batches(micro);
@@ -97,6 +109,7 @@ void RunRank(const model::LlamaConfig& c, int device, comm::Communicator* tp, co
     auto st = (*t)->Step(batches);
     if (!st.ok()) return fail(st.status());
     out.losses.push_back(st->loss);
+    if (s >= warmup) out.pipeline_s.push_back(st->pipeline_s), out.busy_s.push_back(st->pipeline_busy_s);
   }
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   out.peak_gib = (*be)->allocator()->stats().peak_bytes / double(1 << 30);
@@ -114,18 +127,30 @@ int main(int argc, char** argv) {
   c.rope_base = 500000.f;
   c.dtype = a.count("dtype") && a["dtype"] == "f32" ? runtime::DType::kF32 : runtime::DType::kBF16;
   const int64_t seq = get("seq", 4096), micro = get("micro", 4), steps = get("steps", 10), warmup = get("warmup", 3);
-  const int tp = static_cast<int>(get("tp", 1)), dp = static_cast<int>(get("dp", 1)), zero = static_cast<int>(get("zero", 0));
-  const bool sp = get("sp", 0) != 0, recompute = get("recompute", 0) != 0;
-  const int world = tp * dp;
+  Layout l;
+  l.tp = static_cast<int>(get("tp", 1)), l.dp = static_cast<int>(get("dp", 1)), l.zero = static_cast<int>(get("zero", 0));
+  l.pp = static_cast<int>(get("pp", 1)), l.vpp = static_cast<int>(get("vpp", 1));
+  l.sp = get("sp", 0) != 0, l.recompute = get("recompute", 0) != 0;
+  if (a.count("schedule")) {
+    auto sch = engine::ParseSchedule(a["schedule"]);
+    if (!sch.ok()) {
+      fprintf(stderr, "%s\n", sch.status().ToString().c_str());
+      return 2;
+    }
+    l.schedule = *sch;
+  }
+  const int tp = l.tp, dp = l.dp, pp = l.pp, zero = l.zero;
+  const bool sp = l.sp;
+  const int world = tp * dp * pp;
   // Ranks on threads, one GPU each, NCCL groups through an in-memory store (as the
-  // training oracle's GPU test); rank = tp_rank + tp * dp_rank.
+  // training oracle's GPU test); rank = tp_rank + tp * (dp_rank + dp * pp_rank).
   tessera::testing::MemStore store;
   std::vector<Result> results(world);
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r)
     threads.emplace_back([&, r] {
-      const int tpr = r % tp, dpr = r / tp;
-      std::unique_ptr<comm::Communicator> tpc, dpc;
+      const int tpr = r % tp, dpr = (r / tp) % dp, ppr = r / (tp * dp);
+      std::unique_ptr<comm::Communicator> tpc, dpc, ppc;
       auto make = [&](const std::string& name, int rank, int size, std::unique_ptr<comm::Communicator>& out) {
         if (size == 1) return absl::OkStatus();
         auto cm = comm::MakeNcclCommunicator(name, name, rank, size, &store, {r, 300000});
@@ -133,9 +158,10 @@ int main(int argc, char** argv) {
         out = std::move(*cm);
         return absl::OkStatus();
       };
-      if (auto s = make(absl::StrCat("tp", dpr), tpr, tp, tpc); !s.ok()) { results[r].status = s; return; }
-      if (auto s = make(absl::StrCat("dp", tpr), dpr, dp, dpc); !s.ok()) { results[r].status = s; return; }
-      RunRank(c, r, tpc.get(), dpc.get(), zero, sp, recompute, seq, micro, steps, warmup, dpr, results[r]);
+      if (auto s = make(absl::StrCat("tp", dpr, "_", ppr), tpr, tp, tpc); !s.ok()) { results[r].status = s; return; }
+      if (auto s = make(absl::StrCat("dp", tpr, "_", ppr), dpr, dp, dpc); !s.ok()) { results[r].status = s; return; }
+      if (auto s = make(absl::StrCat("pp", tpr, "_", dpr), ppr, pp, ppc); !s.ok()) { results[r].status = s; return; }
+      RunRank(c, r, tpc.get(), dpc.get(), ppc.get(), l, seq, micro, steps, warmup, dpr, results[r]);
     });
   for (auto& t : threads) t.join();
   double secs = 0, peak = 0;
@@ -146,13 +172,31 @@ int main(int argc, char** argv) {
     }
     secs = std::max(secs, results[r].seconds), peak = std::max(peak, results[r].peak_gib);
   }
-  const std::vector<double>& losses = results[0].losses;
+  const std::vector<double>& losses = results[world - 1].losses;  // every rank has the loss
+  // The bubble of each timed step over the first pipeline (tp rank 0, dp rank 0).
+  // Also each stage's mean schedule and compute time (imbalance shows there).
+  double bubble = 0;
+  std::vector<double> stage_ms(pp, 0.0), busy_ms(pp, 0.0);
+  for (int64_t s = 0; pp > 1 && s < steps; ++s) {
+    double slowest = 0, busy = 0;
+    for (int p = 0; p < pp; ++p) {
+      const Result& st = results[p * tp * dp];
+      slowest = std::max(slowest, st.pipeline_s[s]), busy += st.busy_s[s] / pp;
+      stage_ms[p] += 1e3 * st.pipeline_s[s] / steps, busy_ms[p] += 1e3 * st.busy_s[s] / steps;
+    }
+    bubble += (slowest / busy - 1) / steps;
+  }
+  std::string stages;
+  for (int p = 0; pp > 1 && p < pp; ++p)
+    absl::StrAppend(&stages, p ? ", " : "", "[", absl::StrFormat("%.2f, %.2f", stage_ms[p], busy_ms[p]), "]");
   const double tokens = double(steps) * micro * seq * dp;
   const double flops = 6.0 * double(c.NumParams()) * tokens + 6.0 * c.layers * c.heads * c.HeadDim() * double(seq) * seq * micro * dp * steps;
-  printf("{\"impl\": \"tessera\", \"dtype\": \"%s\", \"tp\": %d, \"dp\": %d, \"zero\": %d, \"sp\": %d, \"params\": %lld, "
+  printf("{\"impl\": \"tessera\", \"dtype\": \"%s\", \"tp\": %d, \"dp\": %d, \"pp\": %d, \"vpp\": %d, \"schedule\": \"%s\", "
+         "\"bubble\": %.4f, \"bubble_ideal\": %.4f, \"stage_ms_busy_ms\": [%s], \"zero\": %d, \"sp\": %d, \"params\": %lld, "
          "\"seq\": %lld, \"micro\": %lld, \"steps\": %lld, \"step_ms\": %.2f, \"tokens_per_s\": %.1f, \"tflops\": %.2f, "
          "\"tflops_per_gpu\": %.2f, \"peak_gib\": %.2f, \"losses\": [",
-         runtime::DTypeName(c.dtype), tp, dp, zero, sp ? 1 : 0, static_cast<long long>(c.NumParams()),
+         runtime::DTypeName(c.dtype), tp, dp, pp, l.vpp, l.schedule == engine::Schedule::kGPipe ? "gpipe" : "1f1b", bubble,
+         pp > 1 ? double(pp - 1) / (l.vpp * micro) : 0.0, stages.c_str(), zero, sp ? 1 : 0, static_cast<long long>(c.NumParams()),
          static_cast<long long>(seq), static_cast<long long>(micro), static_cast<long long>(steps), 1e3 * secs / steps,
          tokens / secs, flops / secs / 1e12, flops / secs / 1e12 / world, peak);
   for (size_t i = 0; i < losses.size(); ++i) printf("%s%.4f", i ? ", " : "", losses[i]);

@@ -409,14 +409,10 @@ static absl::Status CheckCleanAbsolute(const std::string& field, const std::stri
 }
 
 // pretrain / sft: one worker group training a Llama on built-in data (byte tokens; sft
-// takes the loss on the answers only). Layouts the engine does not run yet are refused
-// here, at submit.
+// takes the loss on the answers only).
 static absl::Status ValidatePretrain(JobSpec& spec) {
   if (spec.groups_size() != 1) return Bad("groups", absl::StrCat("a ", spec.kind(), " job has exactly one worker group"));
   const auto& l = spec.groups(0).layout();
-  if (l.pp() > 1 && spec.groups(0).device_type() == v1::GPU)
-    return absl::UnimplementedError(absl::StrCat("groups[0].layout: pipeline parallelism (pp=", l.pp(),
-                                                 ") on GPUs is not built yet; use pp 1 on GPUs, or CPU slots"));
   if (l.vpp() > 1 && spec.model().global_batch() / (spec.model().micro_batch() * l.dp()) % l.pp() != 0)
     return Bad("model.global_batch", absl::StrCat("interleaved pipelines (vpp ", l.vpp(), ") need the micro-batches per ",
                                                   "step and DP rank (", spec.model().global_batch() /

@@ -17,6 +17,14 @@ run --dp 2 --zero 1
 run --dp 2 --zero 3
 run --tp 2 --sp 1
 [ "$ngpu" -ge 4 ] && { run --dp 4; run --dp 4 --zero 1; run --tp 2 --dp 2 --zero 1 --sp 1; }
+# Pipelines (PP=2): the measured bubble against (pp - 1) / (vpp * micro-batches).
+if [ "${PIPELINES:-1}" = 1 ]; then
+  run --pp 2
+  run --pp 2 --schedule gpipe
+  run --pp 2 --vpp 2
+  run --pp 2 --micro 8
+  run --pp 2 --vpp 2 --micro 8
+fi
 peer() { timeout 300 torchrun --standalone --nproc_per_node "$1" bench/llama_train_peer.py $shape \
   --variants compile+CUDNN_ATTENTION --parallel "$2" >> "$OUT/scale.jsonl" 2>> "$OUT/scale_torch.err" || echo "peer $*: failed" >&2; }
 timeout 300 python3 bench/llama_train_peer.py $shape --variants compile+CUDNN_ATTENTION >> "$OUT/scale.jsonl" 2>> "$OUT/scale_torch.err"
@@ -30,12 +38,16 @@ rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
 print(f"\n== ~1B Llama, seq 4096, 4 micro-batches per DP rank per step, {sys.argv[2]}")
 print(f"{'run':34} {'gpus':>4} {'step ms':>8} {'tokens/s':>9} {'TFLOP/s/GPU':>11} {'MFU(989)':>8} {'weak eff':>8} {'peak GiB':>8}")
 base = {}
+bubbles = []
 for r in rows:
     if "error" in r:
         print(f"{r['impl'] + ' ' + r['variant']:34} error: {r['error'][:90]}"); continue
     if r["impl"] == "tessera":
-        gpus = r["tp"] * r["dp"]
+        gpus = r["tp"] * r["dp"] * r.get("pp", 1)
         name = f"tessera tp{r['tp']} dp{r['dp']} zero{r['zero']}" + (" sp" if r["sp"] else "")
+        if r.get("pp", 1) > 1:
+            name = f"tessera pp{r['pp']} vpp{r['vpp']} {r['schedule']} m{r['micro']}"
+            bubbles.append(f"{name}: bubble {r['bubble']:.3f} (ideal {r['bubble_ideal']:.3f}), {r['step_ms']:.1f} ms/step")
         key = "tessera"
     else:
         v = r["variant"]
@@ -47,4 +59,5 @@ for r in rows:
     eff = per_gpu / base[key] if key in base else float("nan")
     tf = r.get("tflops_per_gpu", r["tflops"] / gpus)
     print(f"{name:34} {gpus:>4} {r['step_ms']:>8.1f} {r['tokens_per_s']:>9.0f} {tf:>11.1f} {tf/989:>8.1%} {eff:>8.1%} {r['peak_gib']:>8.1f}")
+print("\n".join(["", "pipelines (measured bubble = slowest stage's step / mean compute - 1):"] + bubbles) if bubbles else "")
 PY

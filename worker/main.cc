@@ -1,6 +1,7 @@
 // tessera-worker: the node agent, and (as `tessera-worker executor`, spawned by
 // the agent, never by hand) the per-device executor.
 #include <csignal>
+#include <cstdlib>
 
 #include <CLI/CLI.hpp>
 
@@ -45,6 +46,10 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   if (*ex) {
+    // Pipelines give every NCCL point-to-point link its own stream (worker/comm): with the
+    // default 8 hardware queues those streams can alias and a waiting receive would hold
+    // a send behind it. Set before CUDA starts; an operator's own value wins.
+    setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", /*overwrite=*/0);
     tessera::InitLogging("executor", level);
     return tessera::executor::RunExecutor(eo);
   }

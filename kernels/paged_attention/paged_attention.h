@@ -23,4 +23,12 @@ absl::Status PagedAttentionCpu(const void* q, const void* k_cache, const void* v
 absl::Status PagedAttentionCuda(const void* q, const void* k_cache, const void* v_cache, const int32_t* block_tables,
                                 const int32_t* context_lens, void* out, float* lse, const PagedDims& d, DType t,
                                 void* stream);
+// Writes new tokens' keys and values into the paged cache (prefill and decode):
+// k_cache[slots[i]] = k[i], v_cache[slots[i]] = v[i] for i < tokens, where a slot is
+// block * block_size + offset (the cache's first two dims flattened) and a row is
+// row_bytes bytes (kv_heads * head_dim elements). Slots are checked by the caller.
+absl::Status KvCacheWriteCpu(const void* k, const void* v, const int32_t* slots, void* k_cache, void* v_cache,
+                             int64_t tokens, int64_t row_bytes);
+absl::Status KvCacheWriteCuda(const void* k, const void* v, const int32_t* slots, void* k_cache, void* v_cache,
+                              int64_t tokens, int64_t row_bytes, void* stream);
 }  // namespace tessera::kernels

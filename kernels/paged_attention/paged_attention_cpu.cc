@@ -1,3 +1,4 @@
+#include <cstring>
 #include <cmath>
 #include <vector>
 
@@ -35,6 +36,15 @@ absl::Status PagedAttentionCpu(const void* q, const void* kc, const void* vc, co
       for (int64_t c = 0; c < D; ++c) StoreElem(out, (b * d.q_heads + h) * D + c, static_cast<float>(acc[c] / sum), t);
       lse[b * d.q_heads + h] = static_cast<float>(m + std::log(sum));
     }
+  return absl::OkStatus();
+}
+
+absl::Status KvCacheWriteCpu(const void* k, const void* v, const int32_t* slots, void* k_cache, void* v_cache,
+                             int64_t tokens, int64_t row_bytes) {
+  for (int64_t i = 0; i < tokens; ++i) {
+    std::memcpy(static_cast<char*>(k_cache) + slots[i] * row_bytes, static_cast<const char*>(k) + i * row_bytes, row_bytes);
+    std::memcpy(static_cast<char*>(v_cache) + slots[i] * row_bytes, static_cast<const char*>(v) + i * row_bytes, row_bytes);
+  }
   return absl::OkStatus();
 }
 

@@ -1,6 +1,7 @@
 // Paged decode attention on CUDA. bf16 with head_dim 64/128 runs the split-KV tensor-core
 // kernel (paged_split_cuda.cu); other cases run this generic one: one warp per (sequence,
 // query head), cached tokens in order through the block table, online softmax.
+#include "absl/strings/str_cat.h"
 #include "kernels/common/cuda_elem.cuh"
 #include "kernels/common/warp_attention.cuh"
 #include "kernels/paged_attention/paged_attention.h"
@@ -42,4 +43,31 @@ absl::Status PagedAttentionCuda(const void* q, const void* kc, const void* vc, c
                                   static_cast<const __nv_bfloat16*>(vc), tables, lens, static_cast<__nv_bfloat16*>(out), lse, d);
   return LaunchStatus("paged_attention");
 }
+namespace {
+// One block per token; 4-byte words when rows allow (bf16/f32 rows of even length), else bytes.
+template <typename W>
+__global__ void KvCacheWriteKernel(const W* k, const W* v, const int32_t* slots, W* kc, W* vc, int64_t words) {
+  const int64_t i = blockIdx.x, dst = int64_t(slots[i]) * words;
+  for (int64_t j = threadIdx.x; j < words; j += blockDim.x) {
+    kc[dst + j] = k[i * words + j];
+    vc[dst + j] = v[i * words + j];
+  }
+}
+}  // namespace
+
+absl::Status KvCacheWriteCuda(const void* k, const void* v, const int32_t* slots, void* k_cache, void* v_cache,
+                              int64_t tokens, int64_t row_bytes, void* stream) {
+  if (tokens == 0) return absl::OkStatus();
+  auto s = static_cast<cudaStream_t>(stream);
+  const unsigned blocks = static_cast<unsigned>(tokens);
+  if (row_bytes % 4 == 0)
+    KvCacheWriteKernel<<<blocks, 128, 0, s>>>(static_cast<const uint32_t*>(k), static_cast<const uint32_t*>(v), slots,
+                                              static_cast<uint32_t*>(k_cache), static_cast<uint32_t*>(v_cache), row_bytes / 4);
+  else
+    KvCacheWriteKernel<<<blocks, 128, 0, s>>>(static_cast<const uint8_t*>(k), static_cast<const uint8_t*>(v), slots,
+                                              static_cast<uint8_t*>(k_cache), static_cast<uint8_t*>(v_cache), row_bytes);
+  const cudaError_t e = cudaGetLastError();
+  return e == cudaSuccess ? absl::OkStatus() : absl::InternalError(absl::StrCat("kv_cache_write: ", cudaGetErrorString(e)));
+}
+
 }  // namespace tessera::kernels

@@ -438,6 +438,49 @@ TEST_P(OpTest, SamplingFollowsTheTruncatedDistribution) {
   EXPECT_LT(chi2, 30.0) << "chi-square " << chi2 << " with " << dof << " degrees of freedom";  // p < 1e-5 for dof <= 5
 }
 
+// The cache write of the rollout engine: each token's key and value row lands in its slot
+// (a scattered, shuffled set of slots, host or device slots), nothing else changes (the
+// cache is poisoned first), and bad slots are refused by name.
+TEST_P(OpTest, KvCacheWriteScattersRows) {
+  Rng rng(seed_);
+  for (DType t : {DType::kF32, DType::kBF16}) {
+    const int64_t blocks = 7, bs = 16, hkv = 2, dim = 64, tokens = 37;
+    std::vector<int32_t> all(blocks * bs);
+    for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int32_t>(i);
+    std::shuffle(all.begin(), all.end(), rng.gen);
+    const std::vector<int32_t> slots(all.begin(), all.begin() + tokens);
+    auto kv = Quantize(rng.Normal(tokens * hkv * dim), t), vv = Quantize(rng.Normal(tokens * hkv * dim), t);
+    for (bool host : {true, false}) {
+      SCOPED_TRACE(::testing::Message() << DTypeName(t) << (host ? " host slots" : " device slots") << " seed=" << seed_);
+      auto k = Make(*be_, {tokens, hkv, dim}, t, kv), v = Make(*be_, {tokens, hkv, dim}, t, vv);
+      auto kc = Out(*be_, {blocks, bs, hkv, dim}, t), vc = Out(*be_, {blocks, bs, hkv, dim}, t);
+      auto st = be_->KvCacheWrite(k, v, Ints(host ? *ref_ : *be_, slots), kc, vc);
+      ASSERT_TRUE(st.ok()) << st;
+      auto gk = Read(*be_, kc), gv = Read(*be_, vc);
+      std::vector<bool> written(blocks * bs, false);
+      const int64_t row = hkv * dim;
+      for (int64_t i = 0; i < tokens; ++i) {
+        written[slots[i]] = true;
+        for (int64_t j = 0; j < row; ++j) {
+          ASSERT_EQ(gk[slots[i] * row + j], kv[i * row + j]) << "token " << i;
+          ASSERT_EQ(gv[slots[i] * row + j], vv[i * row + j]) << "token " << i;
+        }
+      }
+      for (int64_t s = 0; s < blocks * bs; ++s)
+        if (!written[s]) {
+          ASSERT_TRUE(std::isnan(gk[s * row]) && std::isnan(gv[s * row])) << "slot " << s << " was written";
+        }
+    }
+  }
+  auto k = *be_->Empty({2, 1, 8}, DType::kF32), kc = *be_->Empty({1, 4, 1, 8}, DType::kF32);
+  EXPECT_THAT(std::string(be_->KvCacheWrite(k, k, Ints(*ref_, {1, 1}), kc, kc).message()), HasSubstr("slot 1 is written twice"));
+  EXPECT_THAT(std::string(be_->KvCacheWrite(k, k, Ints(*ref_, {0, 4}), kc, kc).message()),
+              HasSubstr("slot 4 is outside the cache (4 slots)"));
+  auto wrong = *be_->Empty({1, 4, 2, 8}, DType::kF32);
+  EXPECT_THAT(std::string(be_->KvCacheWrite(k, k, Ints(*ref_, {0, 1}), wrong, wrong).message()),
+              HasSubstr("k_cache must be [blocks, block_size, 1, 8]"));
+}
+
 TEST_P(OpTest, PagedDecodeAttention) {
   Rng rng(seed_);
   // The second shape has a long context (CUDA: split across CTAs and merged), d = 128 and

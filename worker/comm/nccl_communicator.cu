@@ -4,7 +4,9 @@
 #include <nccl.h>
 
 #include <atomic>
+#include <map>
 #include <string>
+#include <tuple>
 #include <cstring>
 #include <chrono>
 #include <thread>
@@ -15,6 +17,14 @@
 
 namespace tessera::comm {
 namespace {
+
+#define TESSERA_NCCL_LINK_OR_RETURN(lhs, expr)   \
+  LinkComm* lhs = nullptr;                         \
+  {                                                \
+    absl::StatusOr<LinkComm*> got_link = (expr);   \
+    if (!got_link.ok()) return got_link.status();  \
+    lhs = *got_link;                               \
+  }
 
 absl::Status CudaError(cudaError_t e, const char* what) {
   return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(e)));
@@ -39,6 +49,10 @@ class NcclCommunicator final : public Communicator {
                    int64_t timeout_ms)
       : Communicator(std::move(name), rank, size), comm_(comm), stream_(stream), device_(device), timeout_ms_(timeout_ms) {}
   ~NcclCommunicator() override {
+    for (auto& [key, link] : links_) {
+      if (!aborted_) ncclCommDestroy(link.comm);
+      cudaStreamDestroy(link.stream);
+    }
     if (!aborted_) ncclCommDestroy(comm_);
     if (before_) cudaEventDestroy(before_);
     if (after_) cudaEventDestroy(after_);
@@ -60,6 +74,8 @@ class NcclCommunicator final : public Communicator {
     auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms_);
     while (true) {
       cudaError_t q = cudaStreamQuery(stream_);
+      for (auto& [key, link] : links_)
+        if (q == cudaSuccess) q = cudaStreamQuery(link.stream);
       if (q == cudaSuccess) return absl::OkStatus();
       if (q != cudaErrorNotReady) return Describe(CudaError(q, "stream"), "synchronize");
       ncclResult_t async = ncclSuccess;
@@ -77,12 +93,15 @@ class NcclCommunicator final : public Communicator {
     }
   }
   void Abort() override {
-    if (!aborted_.exchange(true)) ncclCommAbort(comm_);
+    if (aborted_.exchange(true)) return;
+    for (auto& [key, link] : links_) ncclCommAbort(link.comm);
+    ncclCommAbort(comm_);
   }
 
  protected:
   // Non-blocking communicator: a call may return ncclInProgress; wait for it to be enqueued.
-  absl::Status Check(ncclResult_t r) {
+  absl::Status Check(ncclResult_t r) { return CheckOn(comm_, r); }
+  absl::Status CheckOn(ncclComm_t comm, ncclResult_t r) {
     if (aborted_) return absl::AbortedError("communicator was aborted");
     auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms_);
     while (r == ncclInProgress) {
@@ -90,10 +109,102 @@ class NcclCommunicator final : public Communicator {
         Abort();
         return absl::DeadlineExceededError("enqueue did not finish in time; communicator aborted");
       }
-      ncclCommGetAsyncError(comm_, &r);
+      ncclCommGetAsyncError(comm, &r);
     }
-    if (r != ncclSuccess) return absl::UnavailableError(absl::StrCat("NCCL: ", ncclGetErrorString(r), " ", ncclGetLastError(comm_)));
+    if (r != ncclSuccess) return absl::UnavailableError(absl::StrCat("NCCL: ", ncclGetErrorString(r), " ", ncclGetLastError(comm)));
     return absl::OkStatus();
+  }
+
+  static constexpr int kLinkTags = 3;  // activations, gradients, tied-embedding gradients
+  struct LinkComm {
+    ncclComm_t comm = nullptr;  // two ranks: the sender is rank 0
+    cudaStream_t stream = nullptr;
+    bool pending = false;  // sends not yet joined (WaitSends)
+  };
+  // Every link between ring neighbours (src -> src ± 1 mod size) for each of the 4 tags,
+  // split from this communicator by every rank in one fixed order at the first tagged
+  // operation (before any rank can block on one: a pipeline's first tagged operation
+  // comes before its first host wait).
+  absl::Status MakeLinks() {
+    links_made_ = true;
+    cudaSetDevice(device_);
+    const int n = size(), me = rank();
+    for (int tag = 0; tag < kLinkTags; ++tag)
+      for (int src = 0; src < n; ++src)
+        for (int d : {1, -1}) {
+          const int dst = ((src + d) % n + n) % n;
+          if (dst == src || (d == -1 && n == 2)) continue;  // with 2 ranks, +1 and -1 are the same link
+          const bool in = me == src || me == dst;
+          ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+          cfg.blocking = 1;  // the links' calls only enqueue; the watchdog aborts them with the parent
+          // A non-blocking parent splits in the background and fills the handle when done.
+          volatile ncclComm_t child = nullptr;
+          ncclResult_t r = ncclCommSplit(comm_, in ? 0 : NCCL_SPLIT_NOCOLOR, me == src ? 0 : 1,
+                                         const_cast<ncclComm_t*>(&child), &cfg);
+          if (absl::Status s = CheckOn(comm_, r); !s.ok()) return s;
+          if (!in) continue;
+          const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms_);
+          while (child == nullptr && std::chrono::steady_clock::now() < deadline)
+            std::this_thread::sleep_for(std::chrono::microseconds(100));
+          if (child == nullptr)
+            return absl::DeadlineExceededError(absl::StrCat("ncclCommSplit gave no communicator within ", timeout_ms_, " ms"));
+          ncclResult_t cr = ncclInProgress;
+          ncclCommGetAsyncError(child, &cr);
+          if (absl::Status s = CheckOn(child, cr); !s.ok()) return s;
+          LinkComm link;
+          link.comm = child;
+          if (auto e = cudaStreamCreateWithFlags(&link.stream, cudaStreamNonBlocking); e != cudaSuccess)
+            return CudaError(e, "cudaStreamCreate");
+          links_[{src, dst, tag}] = link;
+        }
+    // Connect every link now, in the one order all ranks share: NCCL sets up a
+    // point-to-point connection at its first send/receive, and on a blocking communicator
+    // the call waits on the host for the peer to reach its side. Left to the schedule, two
+    // ranks that both send first (the tied-embedding exchange) would wait for each other.
+    void* warm = nullptr;
+    if (auto e = cudaMalloc(&warm, 16); e != cudaSuccess) return CudaError(e, "cudaMalloc");
+    auto connect = [&](const std::tuple<int, int, int>& key, LinkComm& link) -> absl::Status {
+      const bool sender = std::get<0>(key) == me;
+      absl::Status s = CheckOn(link.comm, sender ? ncclSend(warm, 1, ncclInt8, 1, link.comm, link.stream)
+                                                 : ncclRecv(warm, 1, ncclInt8, 0, link.comm, link.stream));
+      if (!s.ok()) return s;
+      return WaitStream(link.stream, "link warm-up");
+    };
+    for (auto& [key, link] : links_) {  // std::map: (src, dst, tag) order on every rank
+      absl::Status s = connect(key, link);
+      if (!s.ok()) {
+        cudaFree(warm);
+        return s;
+      }
+    }
+    cudaFree(warm);
+    return absl::OkStatus();
+  }
+  // Waits for one stream under the watchdog's deadline (aborting everything past it).
+  absl::Status WaitStream(cudaStream_t stream, const char* what) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms_);
+    while (true) {
+      cudaError_t q = cudaStreamQuery(stream);
+      if (q == cudaSuccess) return absl::OkStatus();
+      if (q != cudaErrorNotReady) return CudaError(q, what);
+      if (std::chrono::steady_clock::now() > deadline) {
+        Abort();
+        return Describe(absl::DeadlineExceededError(absl::StrCat(what, " did not complete within ", timeout_ms_,
+                                                                 " ms; communicator aborted")), "watchdog");
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+  absl::StatusOr<LinkComm*> Link(int src, int dst, int tag) {
+    if (tag < 0 || tag >= kLinkTags)
+      return absl::InvalidArgumentError(absl::StrCat("tagged messages carry tags 0..", kLinkTags - 1, ", got ", tag));
+    if (!links_made_)
+      if (absl::Status s = MakeLinks(); !s.ok()) return s;
+    auto it = links_.find({src, dst, tag});
+    if (it == links_.end())
+      return absl::InvalidArgumentError(absl::StrCat("tagged messages go between ring neighbours only: ", src, " -> ",
+                                                     dst, " of ", size(), " ranks"));
+    return &it->second;
   }
   // With a compute stream (OrderWith): the stream waits for the compute enqueued so far,
   // and the compute stream for the operation. Inside a group the events go around the
@@ -108,6 +219,18 @@ class NcclCommunicator final : public Communicator {
   absl::Status Join() override {
     if (compute_ == nullptr) return absl::OkStatus();
     if (auto e = cudaEventRecord(after_, stream_); e != cudaSuccess) return CudaError(e, "cudaEventRecord");
+    if (auto e = cudaStreamWaitEvent(compute_, after_, 0); e != cudaSuccess) return CudaError(e, "cudaStreamWaitEvent");
+    return absl::OkStatus();
+  }
+  absl::Status WaitForComputeOn(cudaStream_t s) {
+    if (compute_ == nullptr) return absl::OkStatus();
+    if (auto e = cudaEventRecord(before_, compute_); e != cudaSuccess) return CudaError(e, "cudaEventRecord");
+    if (auto e = cudaStreamWaitEvent(s, before_, 0); e != cudaSuccess) return CudaError(e, "cudaStreamWaitEvent");
+    return absl::OkStatus();
+  }
+  absl::Status ComputeWaitsFor(cudaStream_t s) {
+    if (compute_ == nullptr) return absl::OkStatus();
+    if (auto e = cudaEventRecord(after_, s); e != cudaSuccess) return CudaError(e, "cudaEventRecord");
     if (auto e = cudaStreamWaitEvent(compute_, after_, 0); e != cudaSuccess) return CudaError(e, "cudaStreamWaitEvent");
     return absl::OkStatus();
   }
@@ -145,6 +268,37 @@ class NcclCommunicator final : public Communicator {
     if (!s.ok()) return s;
     return Synchronize();
   }
+  // Tagged point-to-point (pipelines): a message of (tag, src -> dst) travels over its own
+  // two-rank communicator and stream, a "link" (NCCL matches messages per communicator in
+  // issue order, whatever their tag, and serializes a communicator's operations: one
+  // communicator would pair a pipeline's activations with its gradients, or hold a
+  // receive behind a send that waits for it). A send waits for the compute before it
+  // and nothing waits for the send until WaitSends; a receive waits for the compute
+  // before it (its buffer) and the compute after waits for it. Each link stream only
+  // sends or only receives, in order, so the schedule's own dependencies are the only
+  // waits: any schedule that runs on Gloo runs here.
+  absl::Status DoIsend(const void* buf, size_t n, DType t, int peer, int tag) override {
+    TESSERA_NCCL_LINK_OR_RETURN(link, Link(rank(), peer, tag));
+    if (absl::Status s = WaitForComputeOn(link->stream); !s.ok()) return s;
+    if (absl::Status s = CheckOn(link->comm, ncclSend(buf, n, ToNccl(t), 1, link->comm, link->stream)); !s.ok()) return s;
+    link->pending = true;
+    return absl::OkStatus();
+  }
+  absl::Status DoRecvTagged(void* buf, size_t n, DType t, int peer, int tag) override {
+    TESSERA_NCCL_LINK_OR_RETURN(link, Link(peer, rank(), tag));
+    if (absl::Status s = WaitForComputeOn(link->stream); !s.ok()) return s;
+    if (absl::Status s = CheckOn(link->comm, ncclRecv(buf, n, ToNccl(t), 0, link->comm, link->stream)); !s.ok()) return s;
+    return ComputeWaitsFor(link->stream);
+  }
+  absl::Status DoWaitSends() override {
+    for (auto& [key, link] : links_)
+      if (link.pending) {
+        if (absl::Status s = ComputeWaitsFor(link.stream); !s.ok()) return s;
+        link.pending = false;
+      }
+    return absl::OkStatus();
+  }
+
   void DoGroupStart() override {
     group_error_.clear();
     if (absl::Status w = WaitForCompute(); !w.ok()) group_error_ = std::string(w.message());
@@ -170,6 +324,8 @@ class NcclCommunicator final : public Communicator {
   cudaEvent_t before_ = nullptr, after_ = nullptr;
   bool in_group_ = false;
   bool overlap_ = false;  // SetOverlap: compute waits at Join() only
+  bool links_made_ = false;
+  std::map<std::tuple<int, int, int>, LinkComm> links_;  // (src, dst, tag) of tagged point-to-point
   std::string group_error_;  // of the wait enqueued at GroupStart
 };
 

@@ -7,6 +7,17 @@
 // OrderWith(compute stream) orders every operation with the training engine's stream
 // by events both ways (see Communicator::OrderWith).
 //
+// Tagged point-to-point (Isend / RecvTagged: pipelines) goes over "links": one two-rank
+// communicator and stream per (source, destination, tag) between ring neighbours, split
+// from this one by every rank at the first tagged call and connected then in one order
+// that all ranks share. NCCL matches a communicator's messages in issue order and runs
+// its operations one after another, so on a shared communicator a pipeline's receive
+// could wait behind a send that waits for the peer's receive — a deadlock. A link only
+// sends or only receives; a send waits for the compute before it (nothing waits for the
+// send until WaitSends), a receive waits for the compute before it (its buffer) and the
+// compute after it waits for the receive. The process needs CUDA_DEVICE_MAX_CONNECTIONS
+// of at least its streams (the executor sets 32), or streams share hardware queues.
+//
 // In a build without CUDA, MakeNcclCommunicator returns UNIMPLEMENTED.
 #pragma once
 

@@ -325,21 +325,13 @@ absl::Status Trainer::AllReduceHost(comm::Communicator* c, float* values, int n)
 }
 
 // The schedule's operations in order. Activations go to the next rank (tag 0) and
-// gradients to the previous one (tag 1) without waiting; receives block. The sent
-// tensors stay alive until every send is done. `timing` gets the schedule's host time
-// and the part not spent in receives and the final wait for the sends.
-absl::StatusOr<double> Trainer::RunPipeline(const std::vector<model::TokenBatch>& micro_batches, float scale,
-                                            StepStats* timing) {
-  using Clock = std::chrono::steady_clock;
-  const Clock::time_point start = Clock::now();
-  Clock::duration waiting{0};
-  auto recv = [&](Tensor& buf, int peer, int tag) {
-    const Clock::time_point t0 = Clock::now();
-    absl::Status s = pp_->RecvTagged(buf.data(), buf.numel(), buf.dtype(), peer, tag);
-    waiting += Clock::now() - t0;
-    return s;
-  };
+// gradients to the previous one (tag 1) without waiting; receives block (on GPUs: order
+// the streams). The sent tensors stay alive until every send is done. Timing marks
+// (Backend::Mark) go at the start, around each operation's compute (after its receive,
+// before its send) and after the final wait for the sends; PipelineTimes reads them.
+absl::StatusOr<double> Trainer::RunPipeline(const std::vector<model::TokenBatch>& micro_batches, float scale) {
   model::Llama& m = *model_;
+  runtime::Backend& b = *backend_;
   const int64_t n = static_cast<int64_t>(micro_batches.size());
   if (n * m.num_chunks() > 250)  // Gloo keeps 256 message slots in flight per pair of ranks
     return absl::InvalidArgumentError(absl::StrCat("pipeline: ", n, " micro-batches x ", m.num_chunks(),
@@ -347,43 +339,59 @@ absl::StatusOr<double> Trainer::RunPipeline(const std::vector<model::TokenBatch>
   TESSERA_ASSIGN_OR_RETURN(std::vector<PipeOp> ops,
                            PipelineSchedule(options_.schedule, pp_->size(), m.num_chunks(), pp_->rank(), n));
   const int next = (pp_->rank() + 1) % pp_->size(), prev = (pp_->rank() + pp_->size() - 1) % pp_->size();
+  // The stages start together: the step's call reaches each executor at its own time (a
+  // job's driver sends one RPC per rank), and a stage that waited for a late peer would
+  // count that wait as bubble. The host has waited at the end of the last step anyway.
+  TESSERA_RETURN_IF_ERROR(pp_->Barrier());
+  b.ClearMarks();
+  pipe_marks_.clear();
+  TESSERA_ASSIGN_OR_RETURN(int start, b.Mark());
+  pipe_marks_.push_back(start);
   std::vector<Tensor> sent;
   model::LossSum loss;
   for (const PipeOp& op : ops) {
     const model::TokenBatch& batch = micro_batches[op.micro_batch];
     const std::vector<int64_t> shape = {m.StageTokens(batch), m.config().hidden};
-    if (op.forward) {
-      Tensor in;
-      if (!m.FirstVirtualStage(op.chunk)) {
-        TESSERA_ASSIGN_OR_RETURN(in, backend_->Empty(shape, model_->config().dtype));
-        TESSERA_RETURN_IF_ERROR(recv(in, prev, 0));
-      }
-      TESSERA_ASSIGN_OR_RETURN(Tensor out, m.PipelineForward(op.chunk, op.micro_batch, batch,
-                                                              in.defined() ? &in : nullptr, scale, &loss));
-      if (!m.LastVirtualStage(op.chunk)) {
-        TESSERA_RETURN_IF_ERROR(pp_->Isend(out.data(), out.numel(), out.dtype(), next, 0));
-        sent.push_back(out);
-      }
-    } else {
-      Tensor grad;
-      if (!m.LastVirtualStage(op.chunk)) {
-        TESSERA_ASSIGN_OR_RETURN(grad, backend_->Empty(shape, model_->config().dtype));
-        TESSERA_RETURN_IF_ERROR(recv(grad, next, 1));
-      }
-      TESSERA_ASSIGN_OR_RETURN(Tensor din, m.PipelineBackward(op.chunk, op.micro_batch, grad.defined() ? &grad : nullptr));
-      if (!m.FirstVirtualStage(op.chunk)) {
-        TESSERA_RETURN_IF_ERROR(pp_->Isend(din.data(), din.numel(), din.dtype(), prev, 1));
-        sent.push_back(din);
-      }
+    Tensor in;  // the activation (forward) or gradient (backward) received, if any
+    const bool receives = op.forward ? !m.FirstVirtualStage(op.chunk) : !m.LastVirtualStage(op.chunk);
+    if (receives) {
+      TESSERA_ASSIGN_OR_RETURN(in, b.Empty(shape, model_->config().dtype));
+      TESSERA_RETURN_IF_ERROR(pp_->RecvTagged(in.data(), in.numel(), in.dtype(), op.forward ? prev : next, op.forward ? 0 : 1));
+    }
+    TESSERA_ASSIGN_OR_RETURN(int before, b.Mark());
+    absl::StatusOr<Tensor> out = op.forward ? m.PipelineForward(op.chunk, op.micro_batch, batch,
+                                                                  receives ? &in : nullptr, scale, &loss)
+                                            : m.PipelineBackward(op.chunk, op.micro_batch, receives ? &in : nullptr);
+    if (!out.ok()) return out.status();
+    TESSERA_ASSIGN_OR_RETURN(int after, b.Mark());
+    pipe_marks_.push_back(before);
+    pipe_marks_.push_back(after);
+    const bool sends = op.forward ? !m.LastVirtualStage(op.chunk) : !m.FirstVirtualStage(op.chunk);
+    if (sends) {
+      TESSERA_RETURN_IF_ERROR(pp_->Isend(out->data(), out->numel(), out->dtype(), op.forward ? next : prev,
+                                         op.forward ? 0 : 1));
+      sent.push_back(*out);
     }
   }
-  const Clock::time_point w0 = Clock::now();
   TESSERA_RETURN_IF_ERROR(pp_->WaitSends());
-  const Clock::time_point end = Clock::now();
-  waiting += end - w0;
-  timing->pipeline_s = std::chrono::duration<double>(end - start).count();
-  timing->pipeline_busy_s = std::chrono::duration<double>(end - start - waiting).count();
+  TESSERA_ASSIGN_OR_RETURN(int end, b.Mark());
+  pipe_marks_.push_back(end);
   return loss.sum;
+}
+
+// From RunPipeline's marks (start, before/after of each operation, end): the whole
+// schedule and the time inside the operations' compute. Call after the host has waited
+// for the step (on GPUs, reading an event waits for it).
+absl::Status Trainer::PipelineTimes(StepStats* stats) {
+  if (pipe_marks_.size() < 2) return absl::OkStatus();
+  TESSERA_ASSIGN_OR_RETURN(stats->pipeline_s, backend_->Seconds(pipe_marks_.front(), pipe_marks_.back()));
+  double busy = 0;
+  for (size_t i = 1; i + 2 < pipe_marks_.size(); i += 2) {
+    TESSERA_ASSIGN_OR_RETURN(double op, backend_->Seconds(pipe_marks_[i], pipe_marks_[i + 1]));
+    busy += op;
+  }
+  stats->pipeline_busy_s = busy;
+  return absl::OkStatus();
 }
 
 // Tied embeddings under PP: the first stage's embedding and the last stage's LM head are
@@ -554,7 +562,7 @@ absl::StatusOr<StepStats> Trainer::Step(const std::vector<model::TokenBatch>& mi
   const float scale = 1.f / static_cast<float>(stats.tokens);
   float loss_sum = 0.f;
   if (pp_ != nullptr) {
-    TESSERA_ASSIGN_OR_RETURN(double l, RunPipeline(micro_batches, scale, &stats));
+    TESSERA_ASSIGN_OR_RETURN(double l, RunPipeline(micro_batches, scale));
     loss_sum = static_cast<float>(l);
     TESSERA_RETURN_IF_ERROR(SumTiedEmbeddingGrads());
   } else {
@@ -575,6 +583,7 @@ absl::StatusOr<StepStats> Trainer::Step(const std::vector<model::TokenBatch>& mi
   }
   TESSERA_RETURN_IF_ERROR(AllReduceHost(dp_, &loss_sum, 1));
   TESSERA_RETURN_IF_ERROR(AllReduceHost(pp_, &loss_sum, 1));  // only the last stage has a loss
+  if (pp_ != nullptr) TESSERA_RETURN_IF_ERROR(PipelineTimes(&stats));  // the host has waited
   stats.loss = loss_sum / stats.tokens;
   TESSERA_ASSIGN_OR_RETURN(stats.grad_norm, ReduceGradsAndNorm());
   ++step_;

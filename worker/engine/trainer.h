@@ -55,10 +55,10 @@ struct StepStats {
   double grad_norm = 0;  // before clipping
   float lr = 0;
   int64_t tokens = 0;  // target tokens of the global batch
-  // Pipelines (pp > 1): this rank's schedule, in host seconds — all of it, and the part
-  // not spent blocked in receives or in waiting for its sends (on the CPU backend a
-  // receive blocks the host until the data is there, so the rest is the stage's compute;
-  // on GPUs a receive only orders the streams and `pipeline_busy_s` is the enqueue time).
+  // Pipelines (pp > 1): this rank's schedule in seconds — all of it, and the part inside
+  // its operations' compute (outside receives, sends and the final wait for the sends),
+  // from timing marks on the backend's stream (Backend::Mark: CUDA events on GPUs, where
+  // the host only enqueues; the host clock on the CPU).
   // The bubble of a step: the slowest stage's pipeline_s over the stages' mean busy time,
   // minus 1 — (pp - 1) / (vpp * micro-batches) for balanced stages and free transfers.
   double pipeline_s = 0, pipeline_busy_s = 0;
@@ -107,8 +107,8 @@ class Trainer {
   class Hooks;
   Trainer(model::Llama* model, runtime::Backend* backend, comm::Communicator* dp, comm::Communicator* tp,
           comm::Communicator* pp, const OptimizerOptions& options);
-  absl::StatusOr<double> RunPipeline(const std::vector<model::TokenBatch>& micro_batches, float scale,
-                                     StepStats* timing);
+  absl::StatusOr<double> RunPipeline(const std::vector<model::TokenBatch>& micro_batches, float scale);
+  absl::Status PipelineTimes(StepStats* stats);
   absl::Status SumTiedEmbeddingGrads();
   absl::Status AllReduceHost(comm::Communicator* c, float* values, int n);
   absl::Status Allocate();
@@ -128,6 +128,7 @@ class Trainer {
   comm::Communicator* pp_;  // null: one stage
   OptimizerOptions options_;
   std::vector<State> state_;  // per parameter, in the model's order
+  std::vector<int> pipe_marks_;  // RunPipeline's timing marks: start, (before, after) per op, end
   std::unique_ptr<Hooks> hooks_;  // ZeRO-2/3; ZeRO-0/1 with DP and no pipeline
   bool reduce_in_backward_ = false;  // ZeRO-0/1: during the last micro-batch
   int64_t step_ = 0;

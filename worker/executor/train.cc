@@ -46,17 +46,12 @@ absl::StatusOr<std::unique_ptr<TrainSession>> TrainSession::Create(const v1::Job
   comm::Communicator* dp = comm_of(parallel::GroupKind::kDpCp);
   comm::Communicator* cp = comm_of(parallel::GroupKind::kCp);
   comm::Communicator* pp = comm_of(parallel::GroupKind::kPp);
-  // NCCL runs on each communicator's own stream: order it with the backend's compute
-  // stream (events both ways). Pipeline sends would then block the compute stream until
-  // the peer receives — a deadlock under 1F1B — so pipelines stay on CPU slots until
-  // their sends get their own streams.
-  if (device == v1::GPU) {
-    if (pp != nullptr && pp->size() > 1)
-      return absl::UnimplementedError(absl::StrCat("pipeline parallelism on GPUs is not built yet (group '", pp->name(),
-                                                   "' has ", pp->size(), " ranks); use pp 1 on GPUs, or CPU slots"));
+  // NCCL runs on each communicator's own streams: order them with the backend's compute
+  // stream (events both ways; a pipeline's tagged messages travel over per-link
+  // communicators and streams, so a send never holds up the compute or a receive).
+  if (device == v1::GPU)
     for (auto& [kind, c] : comms.comms)
       if (c != nullptr) TESSERA_RETURN_IF_ERROR(c->OrderWith(s->backend_->stream()));
-  }
   const model::StageSpec stage{comms.layout.pp, pp != nullptr ? pp->rank() : 0, comms.layout.vpp};
   TESSERA_ASSIGN_OR_RETURN(s->model_, model::Llama::Create(config, s->backend_.get(), tp, comms.layout.sp, cp, stage));
   s->pad_to_ = comms.layout.sp ? comms.layout.tp : 1;

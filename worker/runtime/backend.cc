@@ -1,5 +1,7 @@
 #include "worker/runtime/backend.h"
 
+#include <algorithm>
+
 #include "common/status.h"
 
 #include "absl/strings/str_cat.h"
@@ -259,6 +261,18 @@ absl::Status CheckAttention(Backend& be, const char* op, const Tensor& q, const 
 }
 }  // namespace
 
+absl::StatusOr<int> Backend::Mark() {
+  host_marks_.push_back(std::chrono::steady_clock::now());
+  return static_cast<int>(host_marks_.size()) - 1;
+}
+
+absl::StatusOr<double> Backend::Seconds(int a, int b) {
+  const int n = static_cast<int>(host_marks_.size());
+  if (a < 0 || b < 0 || a >= n || b >= n)
+    return absl::OutOfRangeError(absl::StrCat("timing marks ", a, " and ", b, ": only ", n, " marks"));
+  return std::chrono::duration<double>(host_marks_[b] - host_marks_[a]).count();
+}
+
 absl::Status Backend::AttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu, bool causal,
                                        Tensor& out, Tensor& lse) {
   TRY(CheckAttention(*this, "attention_forward", q, k, v, cu, out, lse));
@@ -329,6 +343,30 @@ absl::Status Backend::PagedAttention(const Tensor& q, const Tensor& kc, const Te
                                     kc.dim(0), " blocks)"));
   }
   return DoPagedAttention(q, kc, vc, tables, lens, out, lse);
+}
+
+absl::Status Backend::KvCacheWrite(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& kc, Tensor& vc) {
+  const char* op = "kv_cache_write";
+  TRY(CheckTensors(op, device(), {{"k", &k}, {"v", &v}, {"k_cache", &kc}, {"v_cache", &vc}}));
+  TRY(CheckIndexTensor(op, device(), "slots", slots));
+  if (k.rank() != 3) return Bad(op, absl::StrCat("k must be [tokens, kv_heads, dim], got ", k.ShapeString()));
+  TRY(SameShape(op, "v", v, "k", k));
+  if (kc.rank() != 4 || kc.dim(2) != k.dim(1) || kc.dim(3) != k.dim(2))
+    return Bad(op, absl::StrCat("k_cache must be [blocks, block_size, ", k.dim(1), ", ", k.dim(2), "], got ", kc.ShapeString()));
+  TRY(SameShape(op, "v_cache", vc, "k_cache", kc));
+  for (auto [n, t] : {std::pair<const char*, const Tensor*>{"v", &v}, {"k_cache", &kc}, {"v_cache", &vc}})
+    TRY(SameDType(op, n, *t, "k", k));
+  TRY(Vec(op, "slots", slots, k.dim(0), DType::kI32));
+  TESSERA_ASSIGN_OR_RETURN(const std::vector<int32_t> hs, ReadIndices(*this, slots));
+  const int64_t capacity = kc.dim(0) * kc.dim(1);
+  std::vector<int32_t> sorted = hs;
+  std::sort(sorted.begin(), sorted.end());
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    if (sorted[i] < 0 || sorted[i] >= capacity)
+      return Bad(op, absl::StrCat("slot ", sorted[i], " is outside the cache (", capacity, " slots)"));
+    if (i > 0 && sorted[i] == sorted[i - 1]) return Bad(op, absl::StrCat("slot ", sorted[i], " is written twice"));
+  }
+  return DoKvCacheWrite(k, v, slots, kc, vc);
 }
 
 absl::Status Backend::Sample(const Tensor& logits, const Tensor& temperature, const Tensor& top_k, const Tensor& top_p,

@@ -11,7 +11,9 @@
 // backend's stream, and Synchronize() waits for them.
 #pragma once
 
+#include <chrono>
 #include <memory>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "kernels/attention/attention.h"
@@ -87,6 +89,14 @@ class Backend {
   // by default, which needs host cu_seqlens to see that all sequences have one length).
   // Benchmarks and tests force one; the CPU ignores it.
   void set_attention_engine(kernels::AttentionEngine e) { attention_engine_ = e; }
+
+  // Timing marks (a pipeline's busy time and bubble): Mark() notes where the backend's
+  // stream is now — a CUDA event on the GPU, the host clock on the CPU (where ops run as
+  // they are called) — and returns its id; Seconds(a, b) is the time from mark a to mark
+  // b (on the GPU it waits for b); ClearMarks() forgets them all (ids start again at 0).
+  virtual absl::StatusOr<int> Mark();
+  virtual absl::StatusOr<double> Seconds(int a, int b);
+  virtual void ClearMarks() { host_marks_.clear(); }
   kernels::AttentionEngine attention_engine() const { return attention_engine_; }
   // Ring attention's merge (kernels/attention): out/lse hold a partial attention over
   // some keys, out_b/lse_b another block's; afterwards out/lse are the attention over
@@ -99,6 +109,11 @@ class Backend {
   // waits for the device: the rollout engine's path), else after a device-to-host copy.
   absl::Status PagedAttention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& block_tables,
                               const Tensor& context_lens, Tensor& out, Tensor& lse);
+  // Writes the keys and values of new tokens into a paged cache (prefill and decode):
+  // k, v [tokens, kv_heads, dim]; slots [tokens] i32 (block * block_size + offset; on this
+  // device or the host, distinct); k_cache, v_cache [blocks, block_size, kv_heads, dim] of
+  // k's dtype.
+  absl::Status KvCacheWrite(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_cache, Tensor& v_cache);
   // Per-row sampling (kernels/sampling): logits [n, v]; temperature f32 [n] (0 = greedy),
   // top_k i32 [n] (0 = all), top_p f32 [n] (1 = all), seed and offset i64 [n] (used as
   // unsigned); token i32 [n], logprob f32 [n].
@@ -117,6 +132,7 @@ class Backend {
 
  protected:
   kernels::AttentionEngine attention_engine_ = kernels::AttentionEngine::kAuto;
+  std::vector<std::chrono::steady_clock::time_point> host_marks_;
 
   virtual absl::Status DoCast(const Tensor& x, Tensor& y) = 0;
   virtual absl::Status DoRmsNormForward(const Tensor& x, const Tensor& w, float eps, Tensor& y, Tensor& rstd) = 0;
@@ -142,6 +158,8 @@ class Backend {
   virtual absl::Status DoPagedAttention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                                         const Tensor& block_tables, const Tensor& context_lens, Tensor& out,
                                         Tensor& lse) = 0;
+  virtual absl::Status DoKvCacheWrite(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_cache,
+                                      Tensor& v_cache) = 0;
   virtual absl::Status DoSample(const Tensor& logits, const Tensor& temperature, const Tensor& top_k, const Tensor& top_p,
                                 const Tensor& seed, const Tensor& offset, Tensor& token, Tensor& logprob) = 0;
   virtual absl::Status DoSumSquares(const Tensor& x, Tensor& out) = 0;

@@ -116,6 +116,10 @@ class CpuBackend final : public Backend {
     return kernels::PagedAttentionCpu(q.data(), kc.data(), vc.data(), bt.data_as<int32_t>(), cl.data_as<int32_t>(), out.data(),
                                       lse.data_as<float>(), kernels::PagedDims{q.dim(0), q.dim(1), kc.dim(2), q.dim(2), kc.dim(1), bt.dim(1), static_cast<float>(1.0 / std::sqrt(double(q.dim(2))))}, q.dtype());
   }
+  absl::Status DoKvCacheWrite(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& kc, Tensor& vc) override {
+    return kernels::KvCacheWriteCpu(k.data(), v.data(), slots.data_as<int32_t>(), kc.data(), vc.data(), k.dim(0),
+                                    k.nbytes() / std::max<int64_t>(k.dim(0), 1));
+  }
   absl::Status DoAdamW(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const AdamWParams& a, Tensor* lowp) override {
     return kernels::AdamWCpu(p.data_as<float>(), g.data(), g.dtype(), m.data_as<float>(), v.data_as<float>(),
                              lowp ? lowp->data_as<uint16_t>() : nullptr, p.numel(),

@@ -107,6 +107,7 @@ class CudaBackend final : public Backend {
   }
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_);
+    for (cudaEvent_t e : events_) cudaEventDestroy(e);
     if (workspace_) cudaFree(workspace_);
     if (lt_) (*kernels::GetCublasLt())->Destroy(static_cast<cublasLtHandle_t>(lt_));  // loaded: lt_ exists
     alloc_.reset();
@@ -116,6 +117,26 @@ class CudaBackend final : public Backend {
   Allocator* allocator() override { return alloc_.get(); }
   void* stream() const override { return stream_; }
   absl::Status Synchronize() override { return Cuda(cudaStreamSynchronize(stream_), "synchronize"); }
+  // Events are kept for reuse across ClearMarks (a pipeline step records two per op).
+  absl::StatusOr<int> Mark() override {
+    if (used_marks_ == events_.size()) {
+      cudaEvent_t e;
+      TESSERA_RETURN_IF_ERROR(Cuda(cudaEventCreate(&e), "cudaEventCreate"));
+      events_.push_back(e);
+    }
+    TESSERA_RETURN_IF_ERROR(Cuda(cudaEventRecord(events_[used_marks_], stream_), "cudaEventRecord"));
+    return static_cast<int>(used_marks_++);
+  }
+  absl::StatusOr<double> Seconds(int a, int b) override {
+    const int n = static_cast<int>(used_marks_);
+    if (a < 0 || b < 0 || a >= n || b >= n)
+      return absl::OutOfRangeError(absl::StrCat("timing marks ", a, " and ", b, ": only ", n, " marks"));
+    TESSERA_RETURN_IF_ERROR(Cuda(cudaEventSynchronize(events_[b]), "cudaEventSynchronize"));
+    float ms = 0;
+    TESSERA_RETURN_IF_ERROR(Cuda(cudaEventElapsedTime(&ms, events_[a], events_[b]), "cudaEventElapsedTime"));
+    return ms / 1e3;
+  }
+  void ClearMarks() override { used_marks_ = 0; }
   absl::Status CopyFromHost(const void* src, Tensor& dst) override {
     return Cuda(cudaMemcpyAsync(dst.data(), src, dst.nbytes(), cudaMemcpyHostToDevice, stream_), "copy to device");
   }
@@ -220,6 +241,11 @@ class CudaBackend final : public Backend {
     return kernels::PagedAttentionCuda(q.data(), kc.data(), vc.data(), dbt.data_as<int32_t>(), dcl.data_as<int32_t>(), out.data(),
                                       lse.data_as<float>(), kernels::PagedDims{q.dim(0), q.dim(1), kc.dim(2), q.dim(2), kc.dim(1), bt.dim(1), static_cast<float>(1.0 / std::sqrt(double(q.dim(2))))}, q.dtype(), stream_);
   }
+  absl::Status DoKvCacheWrite(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& kc, Tensor& vc) override {
+    TESSERA_ASSIGN_OR_RETURN(Tensor ds, OnDevice(slots));
+    return kernels::KvCacheWriteCuda(k.data(), v.data(), ds.data_as<int32_t>(), kc.data(), vc.data(), k.dim(0),
+                                     k.nbytes() / std::max<int64_t>(k.dim(0), 1), stream_);
+  }
   absl::Status DoAdamW(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const AdamWParams& a, Tensor* lowp) override {
     return kernels::AdamWCuda(p.data_as<float>(), g.data(), g.dtype(), m.data_as<float>(), v.data_as<float>(),
                               lowp ? lowp->data_as<uint16_t>() : nullptr, p.numel(),
@@ -233,6 +259,8 @@ class CudaBackend final : public Backend {
   std::unique_ptr<PoolAllocator> alloc_;
   void* lt_ = nullptr;
   void* workspace_ = nullptr;
+  std::vector<cudaEvent_t> events_;  // timing marks; the first used_marks_ are recorded
+  size_t used_marks_ = 0;
 };
 
 }  // namespace
