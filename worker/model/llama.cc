@@ -1,6 +1,7 @@
 #include "worker/model/llama.h"
 
 #include "worker/model/context_parallel.h"
+#include "worker/model/llama_internal.h"
 
 #include <algorithm>
 
@@ -15,12 +16,10 @@ using runtime::Backend;
 using runtime::DType;
 using runtime::Tensor;
 
+using internal::Linear;
+using internal::New;
+
 namespace {
-absl::StatusOr<Tensor> New(Backend& b, std::vector<int64_t> shape, DType t = DType::kF32) {
-  return b.Empty(std::move(shape), t);
-}
-// y [T, out] = x [T, in] W^T, W [out, in].
-absl::Status Linear(Backend& b, const Tensor& x, const Tensor& w, Tensor& y) { return b.Gemm(x, false, w, true, y); }
 // dW += dy^T x; dx = dy W + beta_dx dx.
 absl::Status LinearBackward(Backend& b, const Tensor& dy, const Tensor& x, Param& w, Tensor& dx, float beta_dx) {
   TESSERA_RETURN_IF_ERROR(b.Gemm(dy, true, x, false, w.grad, 1.f, 1.f));
@@ -67,24 +66,6 @@ absl::Status TokenBatch::Validate(int64_t vocab) const {
   }
   return absl::OkStatus();
 }
-
-struct Llama::LayerParams {
-  Param *norm1, *wq, *wk, *wv, *bq = nullptr, *bk = nullptr, *bv = nullptr, *wo, *norm2, *wg, *wu, *wd;
-};
-
-struct Llama::Inputs {
-  Tensor tokens, targets, positions;  // on the backend, i32 [T]
-  Tensor cu;                          // on the host, i32 [B + 1]
-  Tensor cu_half;                     // CP: the chunk boundaries within a half, host i32
-  Tensor ones;                        // [T, 1] f32, for bias broadcasts (QKV bias only)
-  std::vector<float> target_logit;    // [T] on the host, after the cross-entropy
-};
-
-// What the backward of one layer needs from its forward.
-// (x_in, xn, rstd, x_mid: this rank's tokens under SP; xn_full and the rest: all tokens.)
-struct Llama::LayerActs {
-  Tensor x_in, xn1, xn1_full, rstd1, q, k, v, o, lse, x_mid, xn2, xn2_full, rstd2, gate, up, act;
-};
 
 Llama::Llama(const LlamaConfig& config, Backend* backend, comm::Communicator* tp, bool sequence_parallel,
              comm::Communicator* cp, StageSpec stage)
@@ -319,7 +300,8 @@ absl::Status Llama::NormBackward(const Tensor& dy, const Tensor& x, Param& w, co
 }
 
 // x: this rank's tokens of the residual stream (all tokens without SP).
-absl::Status Llama::LayerForward(const LayerParams& w, const Inputs& in, const Tensor& x, LayerActs& a, Tensor& out) {
+absl::Status Llama::LayerForward(const LayerParams& w, const Inputs& in, const Tensor& x, LayerActs& a, Tensor& out,
+                                 const CacheStep* kv) {
   Backend& b = *backend_;
   const LlamaConfig& c = config_;
   const int64_t tl = x.dim(0), t = in.tokens.numel(), d = c.HeadDim(), hq = c.heads / tp_size(),
@@ -347,7 +329,12 @@ absl::Status Llama::LayerForward(const LayerParams& w, const Inputs& in, const T
   TESSERA_RETURN_IF_ERROR(b.Rope(k_lin, in.positions, c.rope_base, a.k));
   TESSERA_ASSIGN_OR_RETURN(a.o, New(b, {t, hq, d}, act_));
   TESSERA_ASSIGN_OR_RETURN(a.lse, New(b, {t, hq}));
-  if (cp_ != nullptr) {
+  if (kv != nullptr)  // generation: this step's keys and values into the cache
+    TESSERA_RETURN_IF_ERROR(b.KvCacheWrite(a.k, a.v, kv->slots, kv->cache->k[kv->layer], kv->cache->v[kv->layer]));
+  if (kv != nullptr && kv->decode != nullptr) {
+    TESSERA_RETURN_IF_ERROR(b.PagedAttention(a.q, kv->cache->k[kv->layer], kv->cache->v[kv->layer], kv->decode->tables,
+                                             kv->decode->lens, a.o, a.lse));
+  } else if (cp_ != nullptr) {
     TESSERA_RETURN_IF_ERROR(RingAttentionForward(b, *cp_, a.q, a.k, a.v, in.cu_half, a.o, a.lse));
   } else {
     TESSERA_RETURN_IF_ERROR(b.AttentionForward(a.q, a.k, a.v, in.cu, /*causal=*/true, a.o, a.lse));

@@ -179,10 +179,34 @@ class Llama {
   // token-mean over a global batch passes 1 / its target count to every micro-batch).
   absl::StatusOr<LossSum> ForwardBackward(const TokenBatch& batch, float grad_scale);
 
+  // Generation over a paged KV cache (the rollout engine, worker/engine/rollout.h; source
+  // in llama_generate.cc). A model without pipeline, context or sequence parallelism; TP
+  // shards the cache's heads like the attention.
+  struct KvCache {
+    std::vector<runtime::Tensor> k, v;  // per layer [blocks, block_size, kv_heads / tp, head_dim]
+    int64_t blocks = 0, block_size = 0;
+  };
+  absl::StatusOr<KvCache> NewKvCache(int64_t blocks, int64_t block_size);
+  // Decode: the cache's block tables [B, max_blocks] and context lengths [B] (this
+  // step's token included), host i32 (kernels/paged_attention).
+  struct DecodeView {
+    runtime::Tensor tables, lens;
+  };
+  // One forward over new tokens: `batch` packs each sequence's new tokens (targets
+  // unused) with their positions in the sequence; their keys and values go to the cache
+  // at `slots` (block * block_size + offset, one per token). Without `decode` (prefill)
+  // a sequence's tokens attend to each other — the cache holds nothing of it before —;
+  // with it every sequence has one new token, which attends to its cached context.
+  // Returns the logits of each sequence's last new token over the whole vocabulary
+  // (gathered over TP), [sequences x vocab] f32 on the host.
+  absl::StatusOr<std::vector<float>> ForwardWithCache(const TokenBatch& batch, const std::vector<int32_t>& slots,
+                                                      KvCache& cache, const DecodeView* decode);
+
  private:
   struct LayerParams;
   struct LayerActs;
   struct Inputs;
+  struct CacheStep;
   struct Flight;
   Llama(const LlamaConfig& config, runtime::Backend* backend, comm::Communicator* tp, bool sequence_parallel,
         comm::Communicator* cp, StageSpec stage);
@@ -201,7 +225,7 @@ class Llama {
   absl::Status Allocate();
   absl::StatusOr<Inputs> Upload(const TokenBatch& batch);
   absl::Status LayerForward(const LayerParams& w, const Inputs& in, const runtime::Tensor& x, LayerActs& a,
-                            runtime::Tensor& out);
+                            runtime::Tensor& out, const CacheStep* kv = nullptr);
   absl::Status LayerBackward(const LayerParams& w, const Inputs& in, const LayerActs& a, runtime::Tensor& dx);
   absl::StatusOr<LossSum> Run(const TokenBatch& batch, bool backward, float grad_scale,
                               std::vector<float>* logits_out = nullptr, TokenStats* stats = nullptr,

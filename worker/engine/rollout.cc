@@ -1,0 +1,216 @@
+#include "worker/engine/rollout.h"
+
+#include <algorithm>
+#include <cstring>
+#include <deque>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+
+namespace tessera::engine {
+using runtime::DType;
+using runtime::Tensor;
+
+struct RolloutEngine::Seq {
+  int64_t request = 0;
+  int sample = 0;
+  const SamplingParams* params = nullptr;
+  std::vector<int32_t> tokens;  // the prompt, then what was generated
+  int64_t prompt_len = 0;
+  std::vector<int32_t> blocks;  // reserved for prompt + max_new_tokens
+  Completion out;
+  bool done = false;
+  int32_t Slot(int64_t pos, int64_t block_size) const {
+    return static_cast<int32_t>(blocks[pos / block_size] * block_size + pos % block_size);
+  }
+};
+
+RolloutEngine::RolloutEngine(model::Llama* model, const RolloutOptions& options)
+    : model_(model), options_(options), host_(runtime::MakeCpuBackend()) {}
+
+absl::StatusOr<std::unique_ptr<RolloutEngine>> RolloutEngine::Create(model::Llama* model, const RolloutOptions& o) {
+  if (model == nullptr) return absl::InvalidArgumentError("rollout: no model");
+  if (o.block_size < 1 || o.num_blocks < 1 || o.max_running < 1)
+    return absl::InvalidArgumentError(absl::StrCat("rollout: block_size (", o.block_size, "), num_blocks (", o.num_blocks,
+                                                   ") and max_running (", o.max_running, ") must be positive"));
+  return std::unique_ptr<RolloutEngine>(new RolloutEngine(model, o));
+}
+
+void RolloutEngine::ReleaseCache() {
+  cache_.reset();
+  free_blocks_.clear();
+}
+
+namespace {
+absl::Status CheckRequest(const GenerationRequest& r, size_t i, int64_t vocab, int64_t capacity_tokens) {
+  auto bad = [&](const std::string& m) { return absl::InvalidArgumentError(absl::StrCat("requests[", i, "]: ", m)); };
+  const SamplingParams& p = r.params;
+  if (r.prompt.empty()) return bad("empty prompt");
+  for (int32_t t : r.prompt)
+    if (t < 0 || t >= vocab) return bad(absl::StrCat("prompt token ", t, " is not in the vocabulary [0, ", vocab, ")"));
+  for (int32_t t : p.stop_tokens)
+    if (t < 0 || t >= vocab) return bad(absl::StrCat("stop token ", t, " is not in the vocabulary [0, ", vocab, ")"));
+  if (p.n < 1) return bad(absl::StrCat("n = ", p.n, "; need at least 1"));
+  if (p.max_new_tokens < 1) return bad(absl::StrCat("max_new_tokens = ", p.max_new_tokens, "; need at least 1"));
+  if (!(p.temperature >= 0)) return bad(absl::StrCat("temperature = ", p.temperature, "; need >= 0"));
+  if (!(p.top_p > 0 && p.top_p <= 1)) return bad(absl::StrCat("top_p = ", p.top_p, "; need (0, 1]"));
+  if (p.top_k < 0) return bad(absl::StrCat("top_k = ", p.top_k, "; need >= 0 (0: all)"));
+  const int64_t need = static_cast<int64_t>(r.prompt.size()) + p.max_new_tokens;
+  if (need > capacity_tokens)
+    return bad(absl::StrCat("prompt (", r.prompt.size(), ") + max_new_tokens (", p.max_new_tokens, ") = ", need,
+                            " tokens; the KV cache holds ", capacity_tokens));
+  return absl::OkStatus();
+}
+}  // namespace
+
+absl::StatusOr<std::vector<Completion>> RolloutEngine::Generate(const std::vector<GenerationRequest>& requests) {
+  const int64_t bs = options_.block_size, vocab = model_->config().vocab;
+  for (size_t i = 0; i < requests.size(); ++i)
+    TESSERA_RETURN_IF_ERROR(CheckRequest(requests[i], i, vocab, options_.num_blocks * bs));
+  if (cache_ == nullptr) {
+    TESSERA_ASSIGN_OR_RETURN(model::Llama::KvCache c, model_->NewKvCache(options_.num_blocks, bs));
+    cache_ = std::make_unique<model::Llama::KvCache>(std::move(c));
+    free_blocks_.clear();
+    for (int64_t b = options_.num_blocks - 1; b >= 0; --b) free_blocks_.push_back(static_cast<int32_t>(b));
+  }
+  decode_steps_ = prefills_ = 0;
+  std::vector<std::unique_ptr<Seq>> all;
+  for (size_t i = 0; i < requests.size(); ++i)
+    for (int j = 0; j < requests[i].params.n; ++j) {
+      auto s = std::make_unique<Seq>();
+      s->request = static_cast<int64_t>(i), s->sample = j, s->params = &requests[i].params;
+      s->tokens = requests[i].prompt;
+      s->prompt_len = static_cast<int64_t>(s->tokens.size());
+      s->out.request = s->request, s->out.sample = j;
+      all.push_back(std::move(s));
+    }
+  std::deque<Seq*> waiting;
+  for (auto& s : all) waiting.push_back(s.get());
+  std::vector<Seq*> running;
+  auto blocks_for = [&](const Seq& s) { return (s.prompt_len + s.params->max_new_tokens + bs - 1) / bs; };
+  auto retire = [&](std::vector<Seq*>& seqs) {  // finished samples give their blocks back
+    std::vector<Seq*> keep;
+    for (Seq* s : seqs) {
+      if (!s->done) {
+        keep.push_back(s);
+        continue;
+      }
+      free_blocks_.insert(free_blocks_.end(), s->blocks.rbegin(), s->blocks.rend());
+      s->blocks.clear();
+    }
+    seqs = std::move(keep);
+  };
+  while (!waiting.empty() || !running.empty()) {
+    std::vector<Seq*> admitted;
+    while (!waiting.empty() && static_cast<int64_t>(running.size() + admitted.size()) < options_.max_running &&
+           static_cast<int64_t>(free_blocks_.size()) >= blocks_for(*waiting.front())) {
+      Seq* s = waiting.front();
+      waiting.pop_front();
+      for (int64_t k = blocks_for(*s); k > 0; --k) {
+        s->blocks.push_back(free_blocks_.back());
+        free_blocks_.pop_back();
+      }
+      admitted.push_back(s);
+    }
+    if (admitted.empty() && running.empty())  // cannot happen: every request fits an empty cache
+      return absl::InternalError("rollout: nothing running and nothing admitted");
+    if (!admitted.empty()) {
+      TESSERA_RETURN_IF_ERROR(Prefill(admitted));
+      retire(admitted);
+      running.insert(running.end(), admitted.begin(), admitted.end());
+    }
+    if (!running.empty()) {
+      TESSERA_RETURN_IF_ERROR(Decode(running));
+      retire(running);
+    }
+  }
+  std::vector<Completion> out;
+  for (auto& s : all) out.push_back(std::move(s->out));
+  return out;
+}
+
+absl::Status RolloutEngine::Prefill(std::vector<Seq*>& admitted) {
+  const int64_t bs = options_.block_size;
+  model::TokenBatch batch;
+  std::vector<int32_t> slots;
+  batch.cu_seqlens = {0};
+  for (Seq* s : admitted) {
+    for (int64_t p = 0; p < s->prompt_len; ++p) {
+      batch.tokens.push_back(s->tokens[p]);
+      batch.positions.push_back(static_cast<int32_t>(p));
+      batch.targets.push_back(-1);
+      slots.push_back(s->Slot(p, bs));
+    }
+    batch.cu_seqlens.push_back(static_cast<int32_t>(batch.tokens.size()));
+  }
+  TESSERA_ASSIGN_OR_RETURN(std::vector<float> logits, model_->ForwardWithCache(batch, slots, *cache_, nullptr));
+  ++prefills_;
+  return SampleInto(admitted, logits);
+}
+
+absl::Status RolloutEngine::Decode(std::vector<Seq*>& running) {
+  const int64_t bs = options_.block_size, n = static_cast<int64_t>(running.size());
+  model::TokenBatch batch;
+  std::vector<int32_t> slots;
+  int64_t max_blocks = 1;
+  for (Seq* s : running) max_blocks = std::max<int64_t>(max_blocks, s->blocks.size());
+  model::Llama::DecodeView view;
+  TESSERA_ASSIGN_OR_RETURN(view.tables, host_->Empty({n, max_blocks}, DType::kI32));
+  TESSERA_ASSIGN_OR_RETURN(view.lens, host_->Empty({n}, DType::kI32));
+  int32_t* tables = view.tables.data_as<int32_t>();
+  std::fill(tables, tables + n * max_blocks, -1);
+  batch.cu_seqlens = {0};
+  for (int64_t i = 0; i < n; ++i) {
+    Seq* s = running[i];
+    const int64_t pos = static_cast<int64_t>(s->tokens.size()) - 1;  // the newest token, not yet in the cache
+    batch.tokens.push_back(s->tokens[pos]);
+    batch.positions.push_back(static_cast<int32_t>(pos));
+    batch.targets.push_back(-1);
+    batch.cu_seqlens.push_back(static_cast<int32_t>(i + 1));
+    slots.push_back(s->Slot(pos, bs));
+    std::copy(s->blocks.begin(), s->blocks.end(), tables + i * max_blocks);
+    view.lens.data_as<int32_t>()[i] = static_cast<int32_t>(pos + 1);
+  }
+  TESSERA_ASSIGN_OR_RETURN(std::vector<float> logits, model_->ForwardWithCache(batch, slots, *cache_, &view));
+  ++decode_steps_;
+  return SampleInto(running, logits);
+}
+
+absl::Status RolloutEngine::SampleInto(const std::vector<Seq*>& seqs, const std::vector<float>& logits) {
+  runtime::Backend& h = *host_;
+  const int64_t n = static_cast<int64_t>(seqs.size()), vocab = model_->config().vocab;
+  TESSERA_ASSIGN_OR_RETURN(Tensor z, h.Empty({n, vocab}, DType::kF32));
+  std::memcpy(z.data(), logits.data(), logits.size() * sizeof(float));
+  TESSERA_ASSIGN_OR_RETURN(Tensor temp, h.Empty({n}, DType::kF32));
+  TESSERA_ASSIGN_OR_RETURN(Tensor top_k, h.Empty({n}, DType::kI32));
+  TESSERA_ASSIGN_OR_RETURN(Tensor top_p, h.Empty({n}, DType::kF32));
+  TESSERA_ASSIGN_OR_RETURN(Tensor seed, h.Empty({n}, DType::kI64));
+  TESSERA_ASSIGN_OR_RETURN(Tensor offset, h.Empty({n}, DType::kI64));
+  TESSERA_ASSIGN_OR_RETURN(Tensor token, h.Empty({n}, DType::kI32));
+  TESSERA_ASSIGN_OR_RETURN(Tensor logprob, h.Empty({n}, DType::kF32));
+  for (int64_t i = 0; i < n; ++i) {
+    const Seq& s = *seqs[i];
+    temp.data_as<float>()[i] = s.params->temperature;
+    top_k.data_as<int32_t>()[i] = s.params->top_k;
+    top_p.data_as<float>()[i] = s.params->top_p;
+    seed.data_as<int64_t>()[i] = static_cast<int64_t>(s.params->seed + static_cast<uint64_t>(s.sample));
+    offset.data_as<int64_t>()[i] = static_cast<int64_t>(s.tokens.size()) - s.prompt_len;
+  }
+  TESSERA_RETURN_IF_ERROR(h.Sample(z, temp, top_k, top_p, seed, offset, token, logprob));
+  for (int64_t i = 0; i < n; ++i) {
+    Seq& s = *seqs[i];
+    const int32_t t = token.data_as<int32_t>()[i];
+    s.tokens.push_back(t);
+    s.out.tokens.push_back(t);
+    s.out.logprobs.push_back(logprob.data_as<float>()[i]);
+    const auto& stop = s.params->stop_tokens;
+    if (std::find(stop.begin(), stop.end(), t) != stop.end()) {
+      s.done = true, s.out.finish_reason = "stop";
+    } else if (static_cast<int64_t>(s.out.tokens.size()) >= s.params->max_new_tokens) {
+      s.done = true, s.out.finish_reason = "length";
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tessera::engine

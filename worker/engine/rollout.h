@@ -1,0 +1,94 @@
+// The rollout engine (DESIGN §7): generation for RL and batch inference over the training
+// engine's model and weights (no copy), with a paged KV cache and continuous batching.
+//
+// Generate() expands each request into `n` samples and runs them to completion:
+//   - admission: a waiting sample joins the running batch when a batch slot is free and
+//     the cache has blocks for its prompt plus max_new_tokens (reserved up front, so a
+//     running sample never waits for memory and nothing is preempted);
+//   - prefill: the admitted samples' prompts in one packed varlen forward, writing their
+//     keys and values into their blocks; it gives each its first new token;
+//   - decode: every running sample's last token in one forward over the cache (block
+//     tables, context lengths); sequences join and leave between steps;
+//   - a sample ends at one of its stop tokens (kept, finish "stop") or after
+//     max_new_tokens (finish "length"); its blocks go back to the free list at once.
+// Sampling (kernels/sampling: temperature, top-k, top-p, greedy at temperature 0) draws
+// token i of sample j of a request with (seed + j, i), so the result does not depend on
+// batching or admission order; the log-probability of each drawn token is under the
+// sampling distribution (softmax(logits / temperature); at temperature 0 or 1 the
+// model's own). Logits come to the host and are sampled there (the first version: one
+// [running x vocab] copy per step).
+// ReleaseCache() frees the cache (a colocated executor going back to training); the
+// next Generate() makes it again.
+// Threading: one caller at a time (like the model it drives).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/model/llama.h"
+#include "worker/runtime/backend.h"
+
+namespace tessera::engine {
+
+struct SamplingParams {
+  float temperature = 1.f;  // 0: greedy
+  int32_t top_k = 0;        // 0: the whole vocabulary
+  float top_p = 1.f;        // 1: no nucleus cut
+  int64_t max_new_tokens = 64;
+  std::vector<int32_t> stop_tokens;
+  uint64_t seed = 0;
+  int n = 1;  // samples of the prompt (a GRPO group)
+};
+
+struct GenerationRequest {
+  std::vector<int32_t> prompt;
+  SamplingParams params;
+};
+
+struct Completion {
+  int64_t request = 0;  // index into Generate's requests
+  int sample = 0;       // 0 .. n-1
+  std::vector<int32_t> tokens;  // the new tokens (a stop token included)
+  std::vector<float> logprobs;  // of each new token under the sampling distribution
+  std::string finish_reason;    // "stop" | "length"
+};
+
+struct RolloutOptions {
+  int64_t block_size = 16;
+  int64_t num_blocks = 256;  // cache capacity: num_blocks * block_size tokens
+  int64_t max_running = 64;  // samples decoded together
+};
+
+class RolloutEngine {
+ public:
+  // The model is not owned and must outlive the engine; its weights are read as they are
+  // at each Generate() (the actor's current weights when colocated).
+  static absl::StatusOr<std::unique_ptr<RolloutEngine>> Create(model::Llama* model, const RolloutOptions& options);
+  // Completions ordered by (request, sample). A request that can never fit the cache, an
+  // empty prompt or a bad parameter is an error naming the request, before anything runs.
+  absl::StatusOr<std::vector<Completion>> Generate(const std::vector<GenerationRequest>& requests);
+  void ReleaseCache();
+  // Decode steps and prefills of the last Generate() (tests: continuous batching).
+  int64_t decode_steps() const { return decode_steps_; }
+  int64_t prefills() const { return prefills_; }
+
+ private:
+  struct Seq;
+  RolloutEngine(model::Llama* model, const RolloutOptions& options);
+  absl::Status Prefill(std::vector<Seq*>& admitted);
+  absl::Status Decode(std::vector<Seq*>& running);
+  // Draws each sequence's next token from its row of `logits` and appends it.
+  absl::Status SampleInto(const std::vector<Seq*>& seqs, const std::vector<float>& logits);
+
+  model::Llama* model_;
+  RolloutOptions options_;
+  std::unique_ptr<runtime::Backend> host_;  // sampling and host index tensors
+  std::unique_ptr<model::Llama::KvCache> cache_;
+  std::vector<int32_t> free_blocks_;
+  int64_t decode_steps_ = 0, prefills_ = 0;
+};
+
+}  // namespace tessera::engine
