@@ -552,13 +552,30 @@ absl::Status Trainer::Update(float lr, float clip_scale) {
   return absl::OkStatus();
 }
 
+absl::Status Trainer::BeginStep() {
+  TESSERA_RETURN_IF_ERROR(model_->ZeroGrads());
+  if (options_.zero >= 2)
+    for (State& s : state_) TESSERA_RETURN_IF_ERROR(backend_->Fill(s.grad_shard, 0));
+  return absl::OkStatus();
+}
+
+// The step's end: the gradients reduced and their global norm, clipping, the LR schedule
+// and the update.
+absl::Status Trainer::FinishStep(StepStats& stats) {
+  TESSERA_ASSIGN_OR_RETURN(stats.grad_norm, ReduceGradsAndNorm());
+  ++step_;
+  stats.lr = LearningRate(options_, step_);
+  const float clip = options_.clip_norm > 0 && stats.grad_norm > options_.clip_norm
+                         ? static_cast<float>(options_.clip_norm / (stats.grad_norm + 1e-6))
+                         : 1.f;
+  return Update(stats.lr, clip);
+}
+
 absl::StatusOr<StepStats> Trainer::Step(const std::vector<model::TokenBatch>& micro_batches) {
   StepStats stats;
   TESSERA_ASSIGN_OR_RETURN(stats.tokens, GlobalTokens(micro_batches));
   if (stats.tokens == 0) return absl::InvalidArgumentError("trainer: the global batch has no target tokens");
-  TESSERA_RETURN_IF_ERROR(model_->ZeroGrads());
-  if (options_.zero >= 2)
-    for (State& s : state_) TESSERA_RETURN_IF_ERROR(backend_->Fill(s.grad_shard, 0));
+  TESSERA_RETURN_IF_ERROR(BeginStep());
   const float scale = 1.f / static_cast<float>(stats.tokens);
   float loss_sum = 0.f;
   if (pp_ != nullptr) {
@@ -585,13 +602,7 @@ absl::StatusOr<StepStats> Trainer::Step(const std::vector<model::TokenBatch>& mi
   TESSERA_RETURN_IF_ERROR(AllReduceHost(pp_, &loss_sum, 1));  // only the last stage has a loss
   if (pp_ != nullptr) TESSERA_RETURN_IF_ERROR(PipelineTimes(&stats));  // the host has waited
   stats.loss = loss_sum / stats.tokens;
-  TESSERA_ASSIGN_OR_RETURN(stats.grad_norm, ReduceGradsAndNorm());
-  ++step_;
-  stats.lr = LearningRate(options_, step_);
-  const float clip = options_.clip_norm > 0 && stats.grad_norm > options_.clip_norm
-                         ? static_cast<float>(options_.clip_norm / (stats.grad_norm + 1e-6))
-                         : 1.f;
-  TESSERA_RETURN_IF_ERROR(Update(stats.lr, clip));
+  TESSERA_RETURN_IF_ERROR(FinishStep(stats));
   return stats;
 }
 

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/rl.h"
 #include "worker/comm/communicator.h"
 #include "worker/engine/pipeline.h"
 #include "worker/model/llama.h"
@@ -79,6 +80,24 @@ class Trainer {
   ~Trainer();
   // One optimizer step over this rank's micro-batches of the global batch.
   absl::StatusOr<StepStats> Step(const std::vector<model::TokenBatch>& micro_batches);
+  // RL: one optimizer step of the actor on the policy loss (common/rl.h) over this rank's
+  // micro-batches of a mini-batch (source: policy_step.cc). `tokens[i]` holds micro-batch
+  // i's per-token inputs, aligned with its tokens (entry t: the target of token t): old
+  // log-probs, advantages, the mask (1: a response token that counts) and, with a KL
+  // term, the reference's log-probs. The loss is the token mean over the mask of the
+  // whole mini-batch (all DP ranks). Gradients, clipping, LR and the update as Step.
+  // Not with pipelines yet, nor with an entropy bonus (its gradient is not built).
+  struct PolicyTokens {
+    std::vector<double> old_logp, advantage, mask, ref_logp;
+  };
+  struct PolicyStats {
+    double loss = 0, pg_loss = 0, kl = 0, clip_fraction = 0, entropy = 0;  // token means
+    double grad_norm = 0;
+    float lr = 0;
+    int64_t tokens = 0;  // counted (masked) tokens of the mini-batch, all DP ranks
+  };
+  absl::StatusOr<PolicyStats> PolicyStep(const std::vector<model::TokenBatch>& micro_batches,
+                                         const std::vector<PolicyTokens>& tokens, const rl::PolicyLossOptions& options);
   int64_t step() const { return step_; }
   // ZeRO-3: gathers every parameter's value onto the model (for evaluation, checkpoints
   // and Llama::GatherGlobal); the next Step frees them again. Other stages: nothing to do.
@@ -108,6 +127,8 @@ class Trainer {
   Trainer(model::Llama* model, runtime::Backend* backend, comm::Communicator* dp, comm::Communicator* tp,
           comm::Communicator* pp, const OptimizerOptions& options);
   absl::StatusOr<double> RunPipeline(const std::vector<model::TokenBatch>& micro_batches, float scale);
+  absl::Status BeginStep();
+  absl::Status FinishStep(StepStats& stats);
   absl::Status PipelineTimes(StepStats* stats);
   absl::Status SumTiedEmbeddingGrads();
   absl::Status AllReduceHost(comm::Communicator* c, float* values, int n);
