@@ -56,16 +56,9 @@ Check Compare(runtime::DType dtype, float temperature) {
   if (!got.ok()) return out;
   for (const Completion& c : *got) {
     const auto& prompt = reqs[c.request].prompt;
-    std::vector<int32_t> all = prompt;
-    all.insert(all.end(), c.tokens.begin(), c.tokens.end());
-    TokenBatch b;
+    const TokenBatch b = CompletionSequence(prompt, c.tokens);
+    const std::vector<int32_t>& all = b.tokens;
     const int64_t n = static_cast<int64_t>(all.size()), p = static_cast<int64_t>(prompt.size());
-    b.cu_seqlens = {0, static_cast<int32_t>(n)};
-    for (int64_t i = 0; i < n; ++i) {
-      b.tokens.push_back(all[i]);
-      b.positions.push_back(static_cast<int32_t>(i));
-      b.targets.push_back(i + 1 < n ? all[i + 1] : -1);
-    }
     auto stats = (*m)->TokenLogProbs(b);
     auto logits = (*m)->ForwardLogits(b);
     EXPECT_TRUE(stats.ok() && logits.ok());

@@ -10,8 +10,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-// One sample as a sequence: prompt + completion, next-token targets; the mask counts the
-// targets that are completion tokens.
+// One sample as a sequence (CompletionSequence) with its per-token RL inputs.
 struct Sample {
   model::TokenBatch batch;
   std::vector<double> mask, ref_logp, old_logp;
@@ -20,16 +19,7 @@ struct Sample {
 
 Sample MakeSample(const std::vector<int32_t>& prompt, const std::vector<int32_t>& completion) {
   Sample s;
-  std::vector<int32_t> all = prompt;
-  all.insert(all.end(), completion.begin(), completion.end());
-  const int32_t n = static_cast<int32_t>(all.size()), p = static_cast<int32_t>(prompt.size());
-  s.batch.cu_seqlens = {0, n};
-  for (int32_t i = 0; i < n; ++i) {
-    s.batch.tokens.push_back(all[i]);
-    s.batch.positions.push_back(i);
-    s.batch.targets.push_back(i + 1 < n ? all[i + 1] : -1);
-    s.mask.push_back(i + 1 >= p && i + 1 < n ? 1.0 : 0.0);
-  }
+  s.batch = CompletionSequence(prompt, completion, &s.mask);
   return s;
 }
 

@@ -62,6 +62,13 @@ struct RolloutOptions {
   int64_t max_running = 64;  // samples decoded together
 };
 
+// A completion as a training sequence: prompt + completion tokens, positions from 0,
+// next-token targets (none after the last token); with `mask`, 1 for the targets that
+// are completion tokens (what an RL loss counts), 0 elsewhere. For teacher-forced
+// log-probs of what the rollout sampled.
+model::TokenBatch CompletionSequence(const std::vector<int32_t>& prompt, const std::vector<int32_t>& completion,
+                                     std::vector<double>* mask = nullptr);
+
 class RolloutEngine {
  public:
   // The model is not owned and must outlive the engine; its weights are read as they are

@@ -48,16 +48,8 @@ std::vector<GenerationRequest> Requests(int64_t vocab, float temperature, int n,
 // prompt + completion), and its argmax at each of those positions.
 void TeacherForced(Llama& m, const std::vector<int32_t>& prompt, const Completion& c, std::vector<float>* logprobs,
                    std::vector<int32_t>* argmax) {
-  TokenBatch b;
-  std::vector<int32_t> all = prompt;
-  all.insert(all.end(), c.tokens.begin(), c.tokens.end());
-  const int64_t n = static_cast<int64_t>(all.size()), p = static_cast<int64_t>(prompt.size());
-  b.cu_seqlens = {0, static_cast<int32_t>(n)};
-  for (int64_t i = 0; i < n; ++i) {
-    b.tokens.push_back(all[i]);
-    b.positions.push_back(static_cast<int32_t>(i));
-    b.targets.push_back(i + 1 < n ? all[i + 1] : -1);
-  }
+  const TokenBatch b = CompletionSequence(prompt, c.tokens);
+  const int64_t n = static_cast<int64_t>(b.size()), p = static_cast<int64_t>(prompt.size());
   auto stats = m.TokenLogProbs(b);
   ASSERT_TRUE(stats.ok()) << stats.status();
   auto logits = m.ForwardLogits(b);
