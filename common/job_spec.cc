@@ -290,10 +290,31 @@ absl::Status ParseCommCheck(const YAML::Node& n, const std::string& path, v1::Co
   return absl::OkStatus();
 }
 
+absl::Status ParseRl(const YAML::Node& n, const std::string& path, v1::RlSpec* r) {
+  TESSERA_RETURN_IF_ERROR(CheckKeys(n, path, {"group_size", "prompts_per_step", "max_new_tokens", "temperature", "kl_coef",
+                                              "clip", "epochs", "mini_batches"}));
+  for (const auto& kv : n) {
+    const std::string k = kv.first.Scalar(), p = Join(path, k);
+    const YAML::Node& v = kv.second;
+    if (k == "group_size") ASSIGN_INT(r->set_group_size, v, p, 2, 4096);
+    else if (k == "prompts_per_step") ASSIGN_INT(r->set_prompts_per_step, v, p, 1, 1000000);
+    else if (k == "max_new_tokens") ASSIGN_INT(r->set_max_new_tokens, v, p, 1, 1000000);
+    else if (k == "epochs") ASSIGN_INT(r->set_epochs, v, p, 1, 1000);
+    else if (k == "mini_batches") ASSIGN_INT(r->set_mini_batches, v, p, 1, 1000000);
+    else {
+      TESSERA_ASSIGN_OR_RETURN(double d, AsDouble(v, p, k == "clip" ? 1e-6 : 0, k == "clip" ? 1 : 100));
+      if (k == "temperature") r->set_temperature(d);
+      else if (k == "kl_coef") r->set_kl_coef(d);
+      else r->set_clip(d);
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ParseJob(const YAML::Node& root, JobSpec* spec) {
   TESSERA_RETURN_IF_ERROR(CheckKeys(root, "", {"name", "kind", "groups", "max_restarts", "restart_backoff_s",
                                                "model", "comm_check", "collective_timeout_s",
-                                               "start_timeout_s", "env", "train"}));
+                                               "start_timeout_s", "env", "train", "rl"}));
   for (const auto& kv : root) {
     std::string k = kv.first.Scalar();
     const YAML::Node& v = kv.second;
@@ -318,6 +339,8 @@ absl::Status ParseJob(const YAML::Node& root, JobSpec* spec) {
       TESSERA_RETURN_IF_ERROR(ParseCommCheck(v, k, spec->mutable_comm_check()));
     } else if (k == "train") {
       TESSERA_RETURN_IF_ERROR(ParseTrain(v, k, spec->mutable_train()));
+    } else if (k == "rl") {
+      TESSERA_RETURN_IF_ERROR(ParseRl(v, k, spec->mutable_rl()));
     } else if (k == "collective_timeout_s") {
       TESSERA_ASSIGN_OR_RETURN(double d, AsDouble(v, k, 0.1, 86400));
       spec->set_collective_timeout_ms(static_cast<int64_t>(d * 1000));
@@ -388,7 +411,9 @@ absl::StatusOr<JobSpec> ParseJobSpecYaml(absl::string_view yaml, const std::vect
   return spec;
 }
 
-bool IsRunnableKind(absl::string_view kind) { return kind == "comm-check" || kind == "pretrain" || kind == "sft"; }
+bool IsRunnableKind(absl::string_view kind) {
+  return kind == "comm-check" || kind == "pretrain" || kind == "sft" || kind == "grpo";
+}
 
 namespace {
 bool ValidName(const std::string& s) {
@@ -464,6 +489,34 @@ static absl::Status ValidatePretrain(JobSpec& spec) {
   return absl::OkStatus();
 }
 
+// grpo: as pretrain for the model and train sections (train.steps: GRPO steps; a
+// train.checkpoint.load is the warm start), on the built-in arithmetic problems, with a
+// layout the rollout engine runs (no pipeline, context or sequence parallelism).
+static absl::Status ValidateGrpo(JobSpec& spec) {
+  const auto& l = spec.groups(0).layout();
+  if (l.pp() > 1 || l.cp() > 1 || l.sp())
+    return Bad("groups[0].layout", absl::StrCat("grpo runs generation on the actor's model: no pp, cp or sp yet (pp=",
+                                                l.pp(), ", cp=", l.cp(), ", sp=", l.sp() ? "true" : "false", ")"));
+  if (spec.train().data().kind() != "arithmetic")
+    return Bad("train.data.kind", "grpo uses the built-in arithmetic problems (its reward checks their answers)");
+  if (!spec.train().checkpoint().dir().empty())
+    return Bad("train.checkpoint.dir", "grpo does not save checkpoints yet; use train.checkpoint.load for the warm start");
+  auto* r = spec.mutable_rl();
+  if (r->group_size() == 0) r->set_group_size(8);
+  if (r->prompts_per_step() == 0) r->set_prompts_per_step(16);
+  if (r->max_new_tokens() == 0) r->set_max_new_tokens(spec.train().data().digits() + 3);
+  if (r->temperature() == 0) r->set_temperature(1.0);
+  if (r->clip() == 0) r->set_clip(0.2);
+  if (r->epochs() == 0) r->set_epochs(1);
+  if (r->mini_batches() == 0) r->set_mini_batches(1);
+  if (r->prompts_per_step() % l.dp() != 0)
+    return Bad("rl.prompts_per_step", absl::StrCat(r->prompts_per_step(), " prompts do not split over dp=", l.dp(), " ranks"));
+  const int64_t samples = int64_t(r->prompts_per_step() / l.dp()) * r->group_size();
+  if (r->mini_batches() > samples)
+    return Bad("rl.mini_batches", absl::StrCat(r->mini_batches(), " mini-batches of ", samples, " samples per DP rank"));
+  return absl::OkStatus();
+}
+
 absl::Status NormalizeAndValidateJobSpec(JobSpec& spec) {
   if (spec.name().empty()) return Bad("name", "is required");
   if (!ValidName(spec.name()))
@@ -475,7 +528,7 @@ absl::Status NormalizeAndValidateJobSpec(JobSpec& spec) {
   if (!IsRunnableKind(spec.kind()))
     return absl::UnimplementedError(
         absl::StrCat("kind: '", spec.kind(),
-                     "' jobs are not available in this build yet; available: comm-check, pretrain, sft"));
+                     "' jobs are not available in this build yet; available: comm-check, pretrain, sft, grpo"));
   if (spec.groups_size() == 0) return Bad("groups", "at least one worker group is required");
   std::set<std::string> names;
   for (int i = 0; i < spec.groups_size(); ++i) {
@@ -542,7 +595,9 @@ absl::Status NormalizeAndValidateJobSpec(JobSpec& spec) {
       if (!k.ok()) return Bad(absl::StrCat("comm_check.groups[", i, "]"), k.status().message());
     }
   }
-  if (spec.kind() == "pretrain" || spec.kind() == "sft") TESSERA_RETURN_IF_ERROR(ValidatePretrain(spec));
+  if (spec.kind() == "pretrain" || spec.kind() == "sft" || spec.kind() == "grpo") TESSERA_RETURN_IF_ERROR(ValidatePretrain(spec));
+  if (spec.kind() == "grpo") TESSERA_RETURN_IF_ERROR(ValidateGrpo(spec));
+  if (spec.kind() != "grpo" && spec.has_rl()) return Bad("rl", absl::StrCat("is only for grpo jobs, not ", spec.kind()));
   static const std::set<std::string> kEnvAllowed = {"NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_ALGO", "NCCL_PROTO",
                                                     "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS", "NCCL_BUFFSIZE",
                                                     "OMP_NUM_THREADS"};

@@ -81,7 +81,7 @@ TEST(JobSpec, BadInputNamesTheField) {
   }
   EXPECT_THAT(std::string(ParseAndValidate("name: [unclosed").message()), HasSubstr("not valid YAML"));
   EXPECT_THAT(std::string(ParseAndValidate("- a list").message()), HasSubstr("expected a mapping"));
-  EXPECT_EQ(ParseAndValidate(kGood, {"kind=grpo"}).code(), absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(ParseAndValidate(kGood, {"kind=ppo"}).code(), absl::StatusCode::kUnimplemented);
 }
 
 TEST(JobSpec, Colocation) {
@@ -111,6 +111,41 @@ model: {vocab_size: 256, hidden: 32, num_layers: 2, num_heads: 4, num_kv_heads: 
         global_batch: 8, micro_batch: 2}
 train: {steps: 3, lr: 1.0e-3}
 )";
+
+// grpo: the pretrain checks plus its own — defaults filled, layouts and data the rollout
+// engine and the reward need, the rl section named in every refusal.
+TEST(JobSpec, GrpoDefaultsAndRefusals) {
+  auto check = [](std::vector<std::string> ov) -> absl::StatusOr<v1::JobSpec> {
+    ov.insert(ov.begin(), "kind=grpo");
+    auto s = ParseJobSpecYaml(kPretrain, ov);
+    if (!s.ok()) return s.status();
+    if (absl::Status st = NormalizeAndValidateJobSpec(*s); !st.ok()) return st;
+    return *s;
+  };
+  auto ok = check({});
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->rl().group_size(), 8);
+  EXPECT_EQ(ok->rl().prompts_per_step(), 16);
+  EXPECT_EQ(ok->rl().max_new_tokens(), 6);  // 3 digits + 3
+  EXPECT_DOUBLE_EQ(ok->rl().clip(), 0.2);
+  EXPECT_TRUE(check({"rl.group_size=4", "rl.kl_coef=0.05", "rl.mini_batches=4"}).ok());
+  EXPECT_THAT(std::string(check({"rl.group_size=1"}).status().message()), HasSubstr("rl.group_size"));
+  EXPECT_THAT(std::string(check({"rl.prompts_per_step=3"}).status().message()),
+              HasSubstr("rl.prompts_per_step: 3 prompts do not split over dp=2 ranks"));
+  EXPECT_THAT(std::string(check({"rl.mini_batches=100"}).status().message()),
+              HasSubstr("rl.mini_batches: 100 mini-batches of 64 samples per DP rank"));
+  EXPECT_THAT(std::string(check({"rl.clip=2"}).status().message()), HasSubstr("rl.clip"));
+  EXPECT_THAT(std::string(check({"rl.colour=red"}).status().message()), HasSubstr("colour"));
+  EXPECT_THAT(std::string(check({"groups.0.layout.pp=2", "groups.0.devices=4", "groups.0.layout.tp=1"}).status().message()),
+              HasSubstr("grpo runs generation on the actor's model: no pp, cp or sp yet (pp=2"));
+  EXPECT_THAT(std::string(check({"train.data.kind=jsonl", "train.data.path=/d.jsonl"}).status().message()),
+              HasSubstr("train.data.kind: grpo uses the built-in arithmetic problems"));
+  EXPECT_THAT(std::string(check({"train.checkpoint.dir=/ck"}).status().message()),
+              HasSubstr("grpo does not save checkpoints yet"));
+  auto rl_on_pretrain = ParseJobSpecYaml(kPretrain, {"rl.group_size=4"});
+  ASSERT_TRUE(rl_on_pretrain.ok());
+  EXPECT_THAT(std::string(NormalizeAndValidateJobSpec(*rl_on_pretrain).message()), HasSubstr("rl: is only for grpo jobs"));
+}
 
 TEST(JobSpec, PretrainDefaultsAndRefusals) {
   auto spec = ParseJobSpecYaml(kPretrain);

@@ -277,6 +277,27 @@ TEST(Cluster, SftTrainsOnJsonlData) {
   EXPECT_THAT(std::string(refused.status().message()), HasSubstr("train.data.path"));
 }
 
+// A grpo job through the daemons (dp2 on two CPU slots, random start): every step streams
+// the GRPO metrics, the job succeeds, and its result lists one reward per step.
+TEST(Cluster, GrpoStepsStreamTheirMetrics) {
+  auto c = Up({.agents = 1, .cpu_slots = 2});
+  v1::JobSpec spec = PretrainSpec(2, 1, 0, 2);
+  spec.set_kind("grpo");
+  spec.mutable_train()->mutable_data()->set_digits(1);
+  spec.mutable_rl()->set_group_size(4);
+  spec.mutable_rl()->set_prompts_per_step(4);
+  spec.mutable_rl()->set_kl_coef(0.01);
+  std::ostringstream progress;
+  auto job = c->client().Watch(Submit(*c, spec), progress);
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_EQ(job->state(), v1::SUCCEEDED) << job->reason() << "\n" << progress.str();
+  EXPECT_THAT(progress.str(), HasSubstr("step 2/2 reward"));
+  for (const char* k : {"reward=", "accuracy=", "response_length=", "kl=", "clip_fraction=", "grad_norm=", "generate_s=",
+                        "ref_s=", "old_logprob_s=", "update_s=", "samples_per_s="})
+    EXPECT_THAT(progress.str(), HasSubstr(k));
+  EXPECT_EQ(nlohmann::json::parse(job->result_json())["rewards"].size(), 2u);
+}
+
 TEST(Cluster, KilledExecutorRestartsTheAttempt) {
   auto c = Up({.agents = 2, .cpu_slots = 2});
   std::string id = Submit(*c, CommCheckSpec(4, 2, 1, 1, 20));

@@ -90,7 +90,7 @@ class ExecutorServiceImpl final : public v1::ExecutorService::Service {
       gc = it->second;
     }
     if (req->method() == "comm_check") return ToGrpc(CommCheck(*gc, req->args_json(), resp));
-    if (req->method() == "train_init" || req->method() == "train_step")
+    if (req->method() == "train_init" || req->method() == "train_step" || req->method() == "rl_step")
       return ToGrpc(Train(req->group(), req->method(), *gc, req->args_json(), resp));
     return grpc::Status(grpc::UNIMPLEMENTED, absl::StrCat("method '", req->method(), "' is not implemented"));
   }
@@ -130,7 +130,8 @@ class ExecutorServiceImpl final : public v1::ExecutorService::Service {
   }
 
   // train_init builds the group's training session (resuming from a checkpoint: its
-  // result is {"start_step": N}); train_step {"step": s} runs step s.
+  // result is {"start_step": N}); train_step {"step": s} runs step s; rl_step {"step": s}
+  // runs GRPO step s of a grpo session.
   absl::Status Train(const std::string& group, const std::string& method, GroupComms& gc, const std::string& args_json,
                      v1::CallResponse* resp) {
     std::lock_guard<std::mutex> lk(train_mu_);
@@ -147,9 +148,9 @@ class ExecutorServiceImpl final : public v1::ExecutorService::Service {
     try {
       step = nlohmann::json::parse(args_json).at("step").get<int64_t>();
     } catch (const std::exception& e) {
-      return absl::InvalidArgumentError(absl::StrCat("train_step args_json: expected {\"step\": N}: ", e.what()));
+      return absl::InvalidArgumentError(absl::StrCat(method, " args_json: expected {\"step\": N}: ", e.what()));
     }
-    TESSERA_ASSIGN_OR_RETURN(std::string out, it->second->Step(step));
+    TESSERA_ASSIGN_OR_RETURN(std::string out, method == "rl_step" ? it->second->RlStep(step) : it->second->Step(step));
     resp->set_result_json(out);
     return absl::OkStatus();
   }

@@ -90,6 +90,7 @@ absl::StatusOr<std::unique_ptr<TrainSession>> TrainSession::Create(const v1::Job
   s->first_replica_ = (dp == nullptr || dp->rank() == 0) && (tp == nullptr || tp->rank() == 0);
   s->total_steps_ = t.steps();
   TESSERA_RETURN_IF_ERROR(s->Resume(t.checkpoint()));
+  if (spec.kind() == "grpo") TESSERA_RETURN_IF_ERROR(s->MakeRl(spec, dp_rank, dps));
   return s;
 }
 

@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "tessera/v1/common.pb.h"
 #include "worker/engine/data.h"
+#include "worker/engine/rollout.h"
 #include "worker/engine/trainer.h"
 #include "worker/executor/executor.h"
 
@@ -33,10 +34,18 @@ class TrainSession {
   absl::StatusOr<std::string> Step(int64_t step);
   // The step count of the checkpoint the session started from (0: none).
   int64_t start_step() const { return start_step_; }
+  // grpo jobs (source: rl_step.cc): GRPO step `step` (0-based; any order) on this DP
+  // rank's share of the step's arithmetic problems — engine::GrpoStep with an
+  // exact-match reward, the frozen reference made at creation (the starting weights: a
+  // train.checkpoint.load warm start or the initialization). Its statistics as JSON:
+  // reward (= accuracy of the samples), response_length, loss, kl, clip_fraction,
+  // grad_norm, samples, and the phase times generate_s, ref_s, old_s, update_s.
+  absl::StatusOr<std::string> RlStep(int64_t step);
 
  private:
   TrainSession() = default;
   absl::Status Resume(const v1::CheckpointSpec& ck);
+  absl::Status MakeRl(const v1::JobSpec& spec, int dp_rank, int dps);
   std::unique_ptr<runtime::Backend> backend_;
   std::unique_ptr<model::Llama> model_;
   std::unique_ptr<engine::Trainer> trainer_;
@@ -55,6 +64,11 @@ class TrainSession {
   std::string export_hf_;      // train.export_hf
   bool first_replica_ = false;  // TP rank 0 of DP x CP rank 0: writes the export
   int64_t total_steps_ = 0, start_step_ = 0;
+  // grpo
+  v1::RlSpec rl_;
+  std::unique_ptr<model::Llama> reference_;
+  std::unique_ptr<engine::RolloutEngine> rollout_;
+  int rl_dp_rank_ = 0, rl_dps_ = 1;
 };
 
 }  // namespace tessera::executor

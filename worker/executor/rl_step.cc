@@ -1,0 +1,77 @@
+// TrainSession's GRPO half (see train.h): the reference and the rollout engine made at
+// creation, and one GRPO step per call.
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "worker/engine/grpo.h"
+#include "worker/engine/weight_sync.h"
+#include "worker/executor/train.h"
+
+namespace tessera::executor {
+
+// The starting weights (after a warm start) become the frozen reference: a second model
+// of the same layout, filled by a colocated sync (a TP gather per tensor). The optimizer
+// and the step count start over for GRPO.
+absl::Status TrainSession::MakeRl(const v1::JobSpec& spec, int dp_rank, int dps) {
+  rl_ = spec.rl();
+  rl_dp_rank_ = dp_rank, rl_dps_ = dps;
+  trainer_->set_step(0);
+  start_step_ = 0;
+  if (rl_.kl_coef() > 0) {
+    TESSERA_ASSIGN_OR_RETURN(reference_, model::Llama::Create(model_->config(), backend_.get(), tp_));
+    TESSERA_RETURN_IF_ERROR(engine::SyncColocated(*model_, *reference_));
+  }
+  engine::RolloutOptions ro;
+  const int64_t per_rank = int64_t(rl_.prompts_per_step() / dps) * rl_.group_size();
+  ro.max_running = std::max<int64_t>(1, std::min<int64_t>(per_rank, 256));
+  ro.block_size = 16;
+  const int64_t longest = 2 * spec.train().data().digits() + 2 + rl_.max_new_tokens();  // "a+b=" + the completion
+  ro.num_blocks = ro.max_running * ((longest + ro.block_size - 1) / ro.block_size);
+  TESSERA_ASSIGN_OR_RETURN(rollout_, engine::RolloutEngine::Create(model_.get(), ro));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> TrainSession::RlStep(int64_t step) {
+  if (rollout_ == nullptr) return absl::FailedPreconditionError("rl_step: the session is not a grpo session");
+  if (step < 0) return absl::InvalidArgumentError(absl::StrCat("rl_step: step ", step));
+  // This rank's prompts: problems [step * P + rank * P/dp, ...) of the training data
+  // (global numbering over all ranks), the answer each completion must match.
+  const int per_rank = rl_.prompts_per_step() / rl_dps_;
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::string> answers;
+  for (int i = 0; i < per_rank; ++i) {
+    const std::string p = engine::ArithmeticProblem(data_, step * rl_.prompts_per_step() + rl_dp_rank_ * per_rank + i);
+    const size_t eq = p.find('=') + 1;
+    prompts.emplace_back(p.begin(), p.begin() + eq);
+    answers.push_back(p.substr(eq));
+  }
+  engine::GrpoOptions o;
+  o.group_size = rl_.group_size();
+  o.sampling.temperature = static_cast<float>(rl_.temperature());
+  o.sampling.max_new_tokens = rl_.max_new_tokens();
+  o.sampling.stop_tokens = {'\n'};
+  o.loss.kl_coef = rl_.kl_coef();
+  o.loss.clip_low = o.loss.clip_high = rl_.clip();
+  o.epochs = rl_.epochs(), o.mini_batches = rl_.mini_batches();
+  auto reward = [&](size_t i, const std::vector<int32_t>& c) {
+    return std::string(c.begin(), c.end()) == answers[i] ? 1.0 : 0.0;
+  };
+  TESSERA_ASSIGN_OR_RETURN(engine::GrpoStats st, engine::GrpoStep(*rollout_, *model_, *trainer_, reference_.get(), prompts,
+                                                                  reward, o, static_cast<uint64_t>(step) * 1009 + rl_dp_rank_));
+  return nlohmann::json{{"step", step},
+                        {"reward", st.reward},
+                        {"response_length", st.response_length},
+                        {"loss", st.loss},
+                        {"kl", st.kl},
+                        {"clip_fraction", st.clip_fraction},
+                        {"grad_norm", st.grad_norm},
+                        {"samples", per_rank * rl_.group_size()},
+                        {"generate_s", st.generate_s},
+                        {"ref_s", st.ref_s},
+                        {"old_s", st.old_s},
+                        {"update_s", st.update_s}}
+      .dump();
+}
+
+}  // namespace tessera::executor
