@@ -24,15 +24,25 @@ Sample MakeSample(const std::vector<int32_t>& prompt, const std::vector<int32_t>
 }
 
 // Samples [begin, end) packed into one micro-batch (varlen: each attends to itself).
+model::TokenBatch PackBatch(const std::vector<Sample>& samples, size_t begin, size_t end) {
+  model::TokenBatch batch;
+  batch.cu_seqlens = {0};
+  for (size_t i = begin; i < end; ++i) {
+    const model::TokenBatch& b = samples[i].batch;
+    batch.tokens.insert(batch.tokens.end(), b.tokens.begin(), b.tokens.end());
+    batch.targets.insert(batch.targets.end(), b.targets.begin(), b.targets.end());
+    batch.positions.insert(batch.positions.end(), b.positions.begin(), b.positions.end());
+    batch.cu_seqlens.push_back(static_cast<int32_t>(batch.tokens.size()));
+  }
+  return batch;
+}
+
+// The same with the samples' per-token RL inputs alongside.
 void Pack(const std::vector<Sample>& samples, size_t begin, size_t end, model::TokenBatch* batch,
           Trainer::PolicyTokens* tokens) {
-  batch->cu_seqlens = {0};
+  *batch = PackBatch(samples, begin, end);
   for (size_t i = begin; i < end; ++i) {
     const Sample& s = samples[i];
-    batch->tokens.insert(batch->tokens.end(), s.batch.tokens.begin(), s.batch.tokens.end());
-    batch->targets.insert(batch->targets.end(), s.batch.targets.begin(), s.batch.targets.end());
-    batch->positions.insert(batch->positions.end(), s.batch.positions.begin(), s.batch.positions.end());
-    batch->cu_seqlens.push_back(static_cast<int32_t>(batch->tokens.size()));
     tokens->mask.insert(tokens->mask.end(), s.mask.begin(), s.mask.end());
     tokens->old_logp.insert(tokens->old_logp.end(), s.old_logp.begin(), s.old_logp.end());
     tokens->ref_logp.insert(tokens->ref_logp.end(), s.ref_logp.begin(), s.ref_logp.end());
@@ -79,19 +89,26 @@ absl::StatusOr<GrpoStats> GrpoStep(RolloutEngine& rollout, model::Llama& actor, 
   ao.group_size = o.group_size;
   TESSERA_ASSIGN_OR_RETURN(std::vector<double> adv, rl::GroupNormalizedAdvantages(rewards, ao));
   for (size_t i = 0; i < samples.size(); ++i) samples[i].advantage = adv[i];
-  // The reference's and the old policy's log-probs (teacher forcing).
+  // The reference's and the old policy's log-probs (teacher forcing), one forward per
+  // mini-batch's samples packed, split back per sample.
+  auto log_probs = [&](model::Llama& m, std::vector<double> Sample::*field) -> absl::Status {
+    for (int mb = 0; mb < o.mini_batches; ++mb) {
+      const size_t begin = total * mb / o.mini_batches, end = total * (mb + 1) / o.mini_batches;
+      TESSERA_ASSIGN_OR_RETURN(model::Llama::TokenStats st, m.TokenLogProbs(PackBatch(samples, begin, end)));
+      size_t at = 0;
+      for (size_t i = begin; i < end; ++i) {
+        const size_t n = samples[i].batch.size();
+        (samples[i].*field).assign(st.logprob.begin() + at, st.logprob.begin() + at + n);
+        at += n;
+      }
+    }
+    return absl::OkStatus();
+  };
   t = Clock::now();
-  for (Sample& s : samples) {
-    if (o.loss.kl_coef <= 0) break;
-    TESSERA_ASSIGN_OR_RETURN(model::Llama::TokenStats st, reference->TokenLogProbs(s.batch));
-    s.ref_logp.assign(st.logprob.begin(), st.logprob.end());
-  }
+  if (o.loss.kl_coef > 0) TESSERA_RETURN_IF_ERROR(log_probs(*reference, &Sample::ref_logp));
   stats.ref_s = Since(t);
   t = Clock::now();
-  for (Sample& s : samples) {
-    TESSERA_ASSIGN_OR_RETURN(model::Llama::TokenStats st, actor.TokenLogProbs(s.batch));
-    s.old_logp.assign(st.logprob.begin(), st.logprob.end());
-  }
+  TESSERA_RETURN_IF_ERROR(log_probs(actor, &Sample::old_logp));
   stats.old_s = Since(t);
   // Update: epochs x mini-batches, each one optimizer step over one packed micro-batch.
   t = Clock::now();
