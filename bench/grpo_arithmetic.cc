@@ -8,7 +8,7 @@
 //
 //   grpo_arithmetic [--digits 2] [--sft-steps 300] [--grpo-steps 60] [--hidden 128]
 //                   [--layers 4] [--eval 200] [--group 8] [--prompts 16] [--lr 3e-5] [--kl 0.01]
-//                   [--device cpu|cuda]
+//                   [--warmup 0] [--device cpu|cuda]
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -68,7 +68,8 @@ int main(int argc, char** argv) {
   auto actor = model::Llama::Create(c, be->get());
   auto ref = model::Llama::Create(c, be->get());
   if (!actor.ok() || !ref.ok() || !(*actor)->InitRandom(1, 0.02f).ok()) return fprintf(stderr, "model\n"), 1;
-  const engine::ArithmeticData train{digits, 1, 0, /*answer_only=*/true}, held{digits, 999, 0, true};
+  engine::ArithmeticData train{digits, 1, 0, /*answer_only=*/true}, held{digits, 999, 0, true, /*held_out=*/true};
+  train.careless = a.count("careless") ? std::strtod(a["careless"].c_str(), nullptr) : 0;
   const int64_t max_new = digits + 3;  // the answer's digits (+1 carry) and '\n'
   engine::RolloutOptions ro;
   ro.block_size = 16, ro.num_blocks = 512, ro.max_running = 128;
@@ -91,7 +92,7 @@ int main(int argc, char** argv) {
   // GRPO from the SFT policy; the reference is a frozen copy of it.
   if (!engine::SyncColocated(**actor, **ref).ok()) return fprintf(stderr, "ref copy\n"), 1;
   engine::OptimizerOptions go;
-  go.lr = a.count("lr") ? std::strtof(a["lr"].c_str(), nullptr) : 3e-5f, go.min_lr = go.lr, go.warmup_steps = 0, go.total_steps = grpo_steps, go.weight_decay = 0.f;
+  go.lr = a.count("lr") ? std::strtof(a["lr"].c_str(), nullptr) : 3e-5f, go.min_lr = go.lr, go.warmup_steps = get("warmup", 0), go.total_steps = grpo_steps, go.weight_decay = 0.f;
   auto trainer = engine::Trainer::Create(actor->get(), be->get(), nullptr, nullptr, go);
   engine::GrpoOptions o;
   o.group_size = static_cast<int>(get("group", 8));
@@ -99,11 +100,16 @@ int main(int argc, char** argv) {
   o.loss.kl_coef = a.count("kl") ? std::strtod(a["kl"].c_str(), nullptr) : 0.01;
   o.mini_batches = 2;
   const int prompts_per_step = static_cast<int>(get("prompts", 16));
+  const int64_t pool = get("pool", 0);
+  engine::ArithmeticData clean = train;  // the verifier knows the true sums
+  clean.careless = 0;
   for (int64_t s = 0; s < grpo_steps; ++s) {
     std::vector<std::vector<int32_t>> prompts;
     std::vector<std::string> answers;
     for (int i = 0; i < prompts_per_step; ++i) {
-      auto [p, ans] = Split(train, 1000000 + s * prompts_per_step + i);  // problems SFT did not see
+      // Problems SFT did not see (--pool N: cycle over N of them, a memorization check).
+      const int64_t k = pool > 0 ? (s * prompts_per_step + i) % pool : s * prompts_per_step + i;
+      auto [p, ans] = Split(clean, 1000000 + k);
       prompts.push_back(Bytes(p));
       answers.push_back(ans);
     }
@@ -114,8 +120,8 @@ int main(int argc, char** argv) {
     if (!st.ok()) return fprintf(stderr, "grpo: %s\n", st.status().ToString().c_str()), 1;
     const bool eval = (s + 1) % 10 == 0 || s + 1 == grpo_steps;
     printf("{\"phase\": \"grpo\", \"step\": %lld, \"reward\": %.3f, \"kl\": %.4f, \"clip\": %.3f, \"generate_s\": %.2f, "
-           "\"update_s\": %.2f%s, \"seconds\": %.1f}\n",
-           static_cast<long long>(s + 1), st->reward, st->kl, st->clip_fraction, st->generate_s, st->update_s,
+           "\"ref_s\": %.3f, \"old_s\": %.3f, \"update_s\": %.2f%s, \"seconds\": %.1f}\n",
+           static_cast<long long>(s + 1), st->reward, st->kl, st->clip_fraction, st->generate_s, st->ref_s, st->old_s, st->update_s,
            eval ? (", \"accuracy\": " + std::to_string(Accuracy(**rollout, held, eval_n, max_new))).c_str() : "", secs());
     fflush(stdout);
   }

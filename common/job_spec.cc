@@ -190,7 +190,7 @@ absl::Status ParseTrain(const YAML::Node& n, const std::string& path, v1::TrainS
         }
       }
     } else if (k == "data") {
-      TESSERA_RETURN_IF_ERROR(CheckKeys(v, p, {"kind", "digits", "path"}));
+      TESSERA_RETURN_IF_ERROR(CheckKeys(v, p, {"kind", "digits", "path", "careless"}));
       for (const auto& d : v) {
         const std::string dk = d.first.Scalar(), dp = Join(p, dk);
         if (dk == "kind") {
@@ -203,6 +203,9 @@ absl::Status ParseTrain(const YAML::Node& n, const std::string& path, v1::TrainS
           t->mutable_data()->set_path(path);
         } else if (dk == "digits") {
           ASSIGN_INT(t->mutable_data()->set_digits, d.second, dp, 1, 9);
+        } else if (dk == "careless") {
+          TESSERA_ASSIGN_OR_RETURN(double f, AsDouble(d.second, dp, 0, 1));
+          t->mutable_data()->set_careless(f);
         }
       }
     } else {
@@ -292,7 +295,7 @@ absl::Status ParseCommCheck(const YAML::Node& n, const std::string& path, v1::Co
 
 absl::Status ParseRl(const YAML::Node& n, const std::string& path, v1::RlSpec* r) {
   TESSERA_RETURN_IF_ERROR(CheckKeys(n, path, {"group_size", "prompts_per_step", "max_new_tokens", "temperature", "kl_coef",
-                                              "clip", "epochs", "mini_batches"}));
+                                              "clip", "epochs", "mini_batches", "eval_every", "eval_problems"}));
   for (const auto& kv : n) {
     const std::string k = kv.first.Scalar(), p = Join(path, k);
     const YAML::Node& v = kv.second;
@@ -301,6 +304,8 @@ absl::Status ParseRl(const YAML::Node& n, const std::string& path, v1::RlSpec* r
     else if (k == "max_new_tokens") ASSIGN_INT(r->set_max_new_tokens, v, p, 1, 1000000);
     else if (k == "epochs") ASSIGN_INT(r->set_epochs, v, p, 1, 1000);
     else if (k == "mini_batches") ASSIGN_INT(r->set_mini_batches, v, p, 1, 1000000);
+    else if (k == "eval_every") ASSIGN_INT(r->set_eval_every, v, p, 1, 1000000);
+    else if (k == "eval_problems") ASSIGN_INT(r->set_eval_problems, v, p, 1, 1000000);
     else {
       TESSERA_ASSIGN_OR_RETURN(double d, AsDouble(v, p, k == "clip" ? 1e-6 : 0, k == "clip" ? 1 : 100));
       if (k == "temperature") r->set_temperature(d);
@@ -480,6 +485,8 @@ static absl::Status ValidatePretrain(JobSpec& spec) {
   } else if (!t->data().path().empty()) {
     return Bad("train.data.path", "is only for jsonl data");
   }
+  if (t->data().careless() > 0 && t->data().kind() != "arithmetic")
+    return Bad("train.data.careless", "is only for the built-in arithmetic data");
   auto* c = t->mutable_checkpoint();
   for (auto [field, path] : {std::pair{"train.checkpoint.dir", c->dir()}, std::pair{"train.checkpoint.load", c->load()},
                              std::pair{"train.export_hf", t->export_hf()}})
@@ -501,6 +508,8 @@ static absl::Status ValidateGrpo(JobSpec& spec) {
     return Bad("train.data.kind", "grpo uses the built-in arithmetic problems (its reward checks their answers)");
   if (!spec.train().checkpoint().dir().empty())
     return Bad("train.checkpoint.dir", "grpo does not save checkpoints yet; use train.checkpoint.load for the warm start");
+  if (spec.train().data().careless() > 0)
+    return Bad("train.data.careless", "is for sft/pretrain data: grpo's reward always checks the true sum");
   auto* r = spec.mutable_rl();
   if (r->group_size() == 0) r->set_group_size(8);
   if (r->prompts_per_step() == 0) r->set_prompts_per_step(16);
@@ -509,6 +518,8 @@ static absl::Status ValidateGrpo(JobSpec& spec) {
   if (r->clip() == 0) r->set_clip(0.2);
   if (r->epochs() == 0) r->set_epochs(1);
   if (r->mini_batches() == 0) r->set_mini_batches(1);
+  if (r->eval_every() == 0) r->set_eval_every(10);
+  if (r->eval_problems() == 0) r->set_eval_problems(200);
   if (r->prompts_per_step() % l.dp() != 0)
     return Bad("rl.prompts_per_step", absl::StrCat(r->prompts_per_step(), " prompts do not split over dp=", l.dp(), " ranks"));
   const int64_t samples = int64_t(r->prompts_per_step() / l.dp()) * r->group_size();

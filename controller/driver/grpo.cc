@@ -3,7 +3,8 @@
 // step on its DP rank's prompts (rl_step: generate, reward, group advantages, reference
 // and old log-probs, the PPO epochs — worker/executor/train.h). The driver fans the step
 // out, checks that the ranks agree on the optimizer's gradient norm (DP- and TP-reduced),
-// and streams the step's metrics: reward and accuracy (exact match: the same here),
+// and streams the step's metrics: reward (exact match of the sampled answers), held-out
+// accuracy (greedy, rl_eval, at the start, every rl.eval_every steps and at the end),
 // response length, KL, clip fraction, gradient norm, samples per second and the time of
 // each phase (the slowest rank's). DESIGN §8's finer split — the driver calling
 // generate / log_probs / update and scoring the rewards itself — comes with split pools
@@ -33,8 +34,32 @@ absl::StatusOr<std::string> RunGrpo(DriverContext& ctx) {
   ready.set_total_steps(steps);
   ready.set_message(absl::StrCat("group '", name, "': ", inits.size(), " ranks ready for GRPO"));
   ctx.progress(ready);
-  const int dp = std::max(1, spec.groups(0).layout().dp());
-  json rewards = json::array();
+  const int dp = std::max(1, spec.groups(0).layout().dp()), tp = std::max(1, spec.groups(0).layout().tp());
+  // Held-out greedy accuracy: every rank answers its DP rank's share; one rank per TP
+  // group (tp rank 0: ranks are ordered tp fastest) is counted.
+  auto evaluate = [&]() -> absl::StatusOr<double> {
+    TESSERA_ASSIGN_OR_RETURN(auto res, wg.CallOneToAll("rl_eval", json{{"problems", spec.rl().eval_problems()}}.dump()));
+    int64_t correct = 0, problems = 0;
+    for (size_t r = 0; r < res.size(); r += tp) {
+      json out = json::parse(res[r].result_json(), nullptr, false);
+      if (out.is_discarded() || !out.contains("correct") || !out.contains("problems"))
+        return absl::InternalError(absl::StrCat("rank ", r, " returned a malformed rl_eval result"));
+      correct += out["correct"].get<int64_t>(), problems += out["problems"].get<int64_t>();
+    }
+    if (problems != spec.rl().eval_problems())
+      return absl::InternalError(absl::StrCat("rl_eval: the ranks answered ", problems, " of ", spec.rl().eval_problems(), " problems"));
+    return double(correct) / problems;
+  };
+  json rewards = json::array(), accuracy = json::array();
+  {
+    TESSERA_ASSIGN_OR_RETURN(double a, evaluate());
+    accuracy.push_back(json{{"step", 0}, {"accuracy", a}});
+    v1::Progress p;
+    p.set_total_steps(steps);
+    p.set_message(absl::StrFormat("held-out accuracy at the start: %.3f (%d problems)", a, spec.rl().eval_problems()));
+    (*p.mutable_metrics())["accuracy"] = a;
+    ctx.progress(p);
+  }
   for (int64_t s = 0; s < steps; ++s) {
     if (ctx.cancelled && *ctx.cancelled) return absl::CancelledError("cancelled");
     TESSERA_ASSIGN_OR_RETURN(auto res, wg.CallOneToAll("rl_step", json{{"step", s}}.dump()));
@@ -67,8 +92,7 @@ absl::StatusOr<std::string> RunGrpo(DriverContext& ctx) {
     p.set_total_steps(steps);
     p.set_message(absl::StrFormat("step %d/%d reward %.3f kl %.4f", s + 1, steps, reward, first["kl"].get<double>()));
     auto& m = *p.mutable_metrics();
-    m["reward"] = reward;
-    m["accuracy"] = reward;  // the reward is the exact match of the answer
+    m["reward"] = reward;  // the exact match of the sampled answers: the training accuracy
     m["response_length"] = length;
     m["kl"] = first["kl"].get<double>();
     m["clip_fraction"] = first["clip_fraction"].get<double>();
@@ -76,9 +100,15 @@ absl::StatusOr<std::string> RunGrpo(DriverContext& ctx) {
     m["loss"] = first["loss"].get<double>();
     m["generate_s"] = phase[0], m["ref_s"] = phase[1], m["old_logprob_s"] = phase[2], m["update_s"] = phase[3];
     if (seconds > 0) m["samples_per_s"] = samples / seconds;
+    if ((s + 1) % spec.rl().eval_every() == 0 || s + 1 == steps) {
+      TESSERA_ASSIGN_OR_RETURN(double a, evaluate());
+      accuracy.push_back(json{{"step", s + 1}, {"accuracy", a}});
+      m["accuracy"] = a;
+      p.set_message(absl::StrCat(p.message(), absl::StrFormat(" held-out accuracy %.3f", a)));
+    }
     ctx.progress(p);
   }
-  return json{{"rewards", rewards}}.dump();
+  return json{{"rewards", rewards}, {"accuracy", accuracy}}.dump();
 }
 
 }  // namespace tessera::controller

@@ -128,6 +128,11 @@ TEST(JobSpec, GrpoDefaultsAndRefusals) {
   EXPECT_EQ(ok->rl().prompts_per_step(), 16);
   EXPECT_EQ(ok->rl().max_new_tokens(), 6);  // 3 digits + 3
   EXPECT_DOUBLE_EQ(ok->rl().clip(), 0.2);
+  EXPECT_EQ(ok->rl().eval_every(), 10);
+  EXPECT_EQ(ok->rl().eval_problems(), 200);
+  EXPECT_THAT(std::string(check({"rl.eval_every=0"}).status().message()), HasSubstr("rl.eval_every"));
+  EXPECT_THAT(std::string(check({"train.data.careless=0.5"}).status().message()),
+              HasSubstr("train.data.careless: is for sft/pretrain data"));
   EXPECT_TRUE(check({"rl.group_size=4", "rl.kl_coef=0.05", "rl.mini_batches=4"}).ok());
   EXPECT_THAT(std::string(check({"rl.group_size=1"}).status().message()), HasSubstr("rl.group_size"));
   EXPECT_THAT(std::string(check({"rl.prompts_per_step=3"}).status().message()),
@@ -172,6 +177,10 @@ TEST(JobSpec, PretrainDefaultsAndRefusals) {
   EXPECT_THAT(std::string(check({"train.data.kind=jsonl", "train.data.path=d.jsonl"}).message()),
               HasSubstr("train.data.path: must be an absolute path"));
   EXPECT_TRUE(check({"train.data.kind=jsonl", "train.data.path=/data/d.jsonl"}).ok());
+  EXPECT_TRUE(check({"train.data.careless=0.6"}).ok());
+  EXPECT_THAT(std::string(check({"train.data.careless=1.5"}).message()), HasSubstr("train.data.careless"));
+  EXPECT_THAT(std::string(check({"train.data.kind=jsonl", "train.data.path=/data/d.jsonl", "train.data.careless=0.5"}).message()),
+              HasSubstr("train.data.careless: is only for the built-in arithmetic data"));
   EXPECT_THAT(std::string(check({"train.colour=red"}).message()), HasSubstr("colour"));
   EXPECT_TRUE(check({"groups.0.layout.pp=2", "groups.0.devices=4", "groups.0.layout.tp=1"}).ok());
   EXPECT_TRUE(check({"groups.0.layout.pp=2", "groups.0.devices=4", "groups.0.layout.tp=1", "groups.0.layout.zero=3"}).ok());

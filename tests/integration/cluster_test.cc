@@ -278,7 +278,8 @@ TEST(Cluster, SftTrainsOnJsonlData) {
 }
 
 // A grpo job through the daemons (dp2 on two CPU slots, random start): every step streams
-// the GRPO metrics, the job succeeds, and its result lists one reward per step.
+// the GRPO metrics, the job succeeds, and its result lists one reward per step and the
+// held-out accuracy at the start and the end (the DP ranks' shares summed).
 TEST(Cluster, GrpoStepsStreamTheirMetrics) {
   auto c = Up({.agents = 1, .cpu_slots = 2});
   v1::JobSpec spec = PretrainSpec(2, 1, 0, 2);
@@ -287,6 +288,7 @@ TEST(Cluster, GrpoStepsStreamTheirMetrics) {
   spec.mutable_rl()->set_group_size(4);
   spec.mutable_rl()->set_prompts_per_step(4);
   spec.mutable_rl()->set_kl_coef(0.01);
+  spec.mutable_rl()->set_eval_problems(11);  // split 6 + 5 over the two DP ranks
   std::ostringstream progress;
   auto job = c->client().Watch(Submit(*c, spec), progress);
   ASSERT_TRUE(job.ok()) << job.status();
@@ -295,7 +297,17 @@ TEST(Cluster, GrpoStepsStreamTheirMetrics) {
   for (const char* k : {"reward=", "accuracy=", "response_length=", "kl=", "clip_fraction=", "grad_norm=", "generate_s=",
                         "ref_s=", "old_logprob_s=", "update_s=", "samples_per_s="})
     EXPECT_THAT(progress.str(), HasSubstr(k));
-  EXPECT_EQ(nlohmann::json::parse(job->result_json())["rewards"].size(), 2u);
+  EXPECT_THAT(progress.str(), HasSubstr("held-out accuracy at the start"));
+  const auto result = nlohmann::json::parse(job->result_json());
+  EXPECT_EQ(result["rewards"].size(), 2u);
+  // Held-out accuracy before the first step and after the last (eval_every 10 > 2 steps).
+  ASSERT_EQ(result["accuracy"].size(), 2u) << result.dump();
+  EXPECT_EQ(result["accuracy"][0]["step"], 0);
+  EXPECT_EQ(result["accuracy"][1]["step"], 2);
+  for (const auto& e : result["accuracy"]) {
+    EXPECT_GE(e["accuracy"].get<double>(), 0.0);
+    EXPECT_LE(e["accuracy"].get<double>(), 1.0);
+  }
 }
 
 TEST(Cluster, KilledExecutorRestartsTheAttempt) {

@@ -7,8 +7,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
+#include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc_util.h"
 #include "common/status.h"
@@ -290,6 +293,16 @@ void Agent::StartExecutor(const v1::ExecutorConfig& cfg) {
   std::vector<std::string> env;
   for (char** e = environ; *e; ++e) env.emplace_back(*e);
   for (const auto& [k, v] : cfg.spec().env()) env.push_back(k + "=" + v);
+  // CPU executors share the machine's cores: each gets cores / cpu-slots BLAS threads
+  // unless the job or the agent's environment says otherwise (as torchrun sets
+  // OMP_NUM_THREADS for its workers) — two executors with a thread per core each spun
+  // against each other (3x slower SFT steps on 2 cores, docs/operations.md).
+  if (cfg.device_type() == v1::CPU) {
+    bool set = false;
+    for (const auto& e : env) set |= absl::StartsWith(e, "OMP_NUM_THREADS=") || absl::StartsWith(e, "OPENBLAS_NUM_THREADS=");
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    if (!set) env.push_back(absl::StrCat("OMP_NUM_THREADS=", std::max(1, cores / std::max(1, opts_.cpu_slots))));
+  }
   std::vector<char*> argv, envp;
   for (auto& s : args) argv.push_back(s.data());
   argv.push_back(nullptr);

@@ -9,12 +9,24 @@
 
 namespace tessera::engine {
 
+bool IsHeldOutPair(int64_t a, int64_t b) {
+  uint64_t h = static_cast<uint64_t>(a) * 0x9E3779B97F4A7C15ull ^ (static_cast<uint64_t>(b) + 0x632BE59BD9B4E019ull);
+  h ^= h >> 29, h *= 0xBF58476D1CE4E5B9ull, h ^= h >> 32;
+  return h % 10 == 0;
+}
+
 std::string ArithmeticProblem(const ArithmeticData& d, int64_t index) {
   std::mt19937_64 rng(d.seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(index));
   int64_t limit = 1;
   for (int i = 0; i < d.digits; ++i) limit *= 10;
-  const int64_t a = static_cast<int64_t>(rng() % limit), b = static_cast<int64_t>(rng() % limit);
-  return absl::StrCat(a, "+", b, "=", a + b, "\n");
+  // Draw until the pair is in the data's split (1 in 10 pairs is held out: a few draws).
+  for (;;) {
+    const int64_t a = static_cast<int64_t>(rng() % limit), b = static_cast<int64_t>(rng() % limit);
+    if (IsHeldOutPair(a, b) != d.held_out) continue;
+    const bool carries = a % 10 + b % 10 >= 10;
+    const bool slip = !d.held_out && d.careless > 0 && carries && (rng() % 1000000) < d.careless * 1000000;
+    return absl::StrCat(a, "+", b, "=", a + b - (slip ? 10 : 0), "\n");
+  }
 }
 
 model::TokenBatch MakeArithmeticBatch(const ArithmeticData& d, int64_t index, int sequences) {

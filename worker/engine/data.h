@@ -18,7 +18,19 @@ struct ArithmeticData {
   uint64_t seed = 0;
   int64_t seq_len = 0;  // sequences longer than this are cut (0: no limit)
   bool answer_only = false;  // SFT: loss only on the answer ("c\n"), not on the prompt "a+b="
+  // The operand pairs (a, b) fall in two fixed splits: about 1 in 10 pairs (a hash of
+  // the pair) is held out — never drawn for training — and held_out data draws only
+  // those, so an evaluation on it measures problems no job trained on.
+  bool held_out = false;
+  // A careless teacher (SFT data with systematic mistakes, for the RL demo): this
+  // fraction of the problems whose units digits carry get the answer without the carry
+  // (17+25=32): SFT imitates the mistake; a verifier that checks the true sum (GRPO's
+  // reward) does not. Training data only: held-out problems always carry their true sum.
+  double careless = 0;
 };
+
+// Whether the pair (a, b) belongs to the held-out split.
+bool IsHeldOutPair(int64_t a, int64_t b);
 
 // One problem: its text ("17+305=322\n").
 std::string ArithmeticProblem(const ArithmeticData& d, int64_t index);

@@ -283,6 +283,15 @@ absl::StatusOr<Trainer::Piece> Trainer::ReadPiece(size_t i) {
   return p;
 }
 
+absl::Status Trainer::ResetOptimizerState() {
+  for (State& s : state_) {
+    TESSERA_RETURN_IF_ERROR(backend_->Fill(s.m, 0));
+    TESSERA_RETURN_IF_ERROR(backend_->Fill(s.v, 0));
+  }
+  step_ = 0;
+  return absl::OkStatus();
+}
+
 absl::Status Trainer::LoadPiece(size_t i, const std::vector<float>& value, const std::vector<float>& m,
                                 const std::vector<float>& v) {
   if (i >= state_.size()) return absl::OutOfRangeError(absl::StrCat("trainer: no parameter ", i));

@@ -118,6 +118,9 @@ class Trainer {
   absl::Status LoadPiece(size_t i, const std::vector<float>& value, const std::vector<float>& m,
                          const std::vector<float>& v);
   void set_step(int64_t step) { step_ = step; }
+  // Zeroes the AdamW moments and the step count: a fresh optimizer on the current
+  // weights (an RL job's warm start from an SFT checkpoint).
+  absl::Status ResetOptimizerState();
   int zero() const { return options_.zero; }  // the effective stage (0 with one DP rank)
   runtime::Backend* backend() const { return backend_; }
 

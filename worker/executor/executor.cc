@@ -90,7 +90,8 @@ class ExecutorServiceImpl final : public v1::ExecutorService::Service {
       gc = it->second;
     }
     if (req->method() == "comm_check") return ToGrpc(CommCheck(*gc, req->args_json(), resp));
-    if (req->method() == "train_init" || req->method() == "train_step" || req->method() == "rl_step")
+    if (req->method() == "train_init" || req->method() == "train_step" || req->method() == "rl_step" ||
+        req->method() == "rl_eval")
       return ToGrpc(Train(req->group(), req->method(), *gc, req->args_json(), resp));
     return grpc::Status(grpc::UNIMPLEMENTED, absl::StrCat("method '", req->method(), "' is not implemented"));
   }
@@ -131,7 +132,7 @@ class ExecutorServiceImpl final : public v1::ExecutorService::Service {
 
   // train_init builds the group's training session (resuming from a checkpoint: its
   // result is {"start_step": N}); train_step {"step": s} runs step s; rl_step {"step": s}
-  // runs GRPO step s of a grpo session.
+  // runs GRPO step s of a grpo session; rl_eval {"problems": n} its held-out accuracy.
   absl::Status Train(const std::string& group, const std::string& method, GroupComms& gc, const std::string& args_json,
                      v1::CallResponse* resp) {
     std::lock_guard<std::mutex> lk(train_mu_);
@@ -144,13 +145,16 @@ class ExecutorServiceImpl final : public v1::ExecutorService::Service {
     auto it = sessions_.find(group);
     if (it == sessions_.end())
       return absl::FailedPreconditionError(absl::StrCat("group '", group, "' has no training session; call train_init first"));
-    int64_t step = 0;
+    const char* key = method == "rl_eval" ? "problems" : "step";
+    int64_t n = 0;
     try {
-      step = nlohmann::json::parse(args_json).at("step").get<int64_t>();
+      n = nlohmann::json::parse(args_json).at(key).get<int64_t>();
     } catch (const std::exception& e) {
-      return absl::InvalidArgumentError(absl::StrCat(method, " args_json: expected {\"step\": N}: ", e.what()));
+      return absl::InvalidArgumentError(absl::StrCat(method, " args_json: expected {\"", key, "\": N}: ", e.what()));
     }
-    TESSERA_ASSIGN_OR_RETURN(std::string out, method == "rl_step" ? it->second->RlStep(step) : it->second->Step(step));
+    TESSERA_ASSIGN_OR_RETURN(std::string out, method == "rl_step"   ? it->second->RlStep(n)
+                                              : method == "rl_eval" ? it->second->RlEval(n)
+                                                                    : it->second->Step(n));
     resp->set_result_json(out);
     return absl::OkStatus();
   }

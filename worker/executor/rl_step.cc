@@ -12,11 +12,11 @@ namespace tessera::executor {
 
 // The starting weights (after a warm start) become the frozen reference: a second model
 // of the same layout, filled by a colocated sync (a TP gather per tensor). The optimizer
-// and the step count start over for GRPO.
+// (AdamW moments) and the step count start over for GRPO, as an RL actor's do.
 absl::Status TrainSession::MakeRl(const v1::JobSpec& spec, int dp_rank, int dps) {
   rl_ = spec.rl();
   rl_dp_rank_ = dp_rank, rl_dps_ = dps;
-  trainer_->set_step(0);
+  TESSERA_RETURN_IF_ERROR(trainer_->ResetOptimizerState());
   start_step_ = 0;
   if (rl_.kl_coef() > 0) {
     TESSERA_ASSIGN_OR_RETURN(reference_, model::Llama::Create(model_->config(), backend_.get(), tp_));
@@ -72,6 +72,37 @@ absl::StatusOr<std::string> TrainSession::RlStep(int64_t step) {
                         {"old_s", st.old_s},
                         {"update_s", st.update_s}}
       .dump();
+}
+
+}  // namespace tessera::executor
+
+namespace tessera::executor {
+
+absl::StatusOr<std::string> TrainSession::RlEval(int64_t problems) {
+  if (rollout_ == nullptr) return absl::FailedPreconditionError("rl_eval: the session is not a grpo session");
+  if (problems < 1 || problems > 1000000) return absl::InvalidArgumentError(absl::StrCat("rl_eval: problems ", problems, "; expected 1..1000000"));
+  engine::ArithmeticData held = data_;
+  held.held_out = true;
+  const int64_t begin = problems * rl_dp_rank_ / rl_dps_, end = problems * (rl_dp_rank_ + 1) / rl_dps_;
+  std::vector<engine::GenerationRequest> requests;
+  std::vector<std::string> answers;
+  for (int64_t i = begin; i < end; ++i) {
+    const std::string p = engine::ArithmeticProblem(held, i);
+    const size_t eq = p.find('=') + 1;
+    engine::GenerationRequest r;
+    r.prompt.assign(p.begin(), p.begin() + eq);
+    r.params.temperature = 0;  // greedy
+    r.params.max_new_tokens = rl_.max_new_tokens();
+    r.params.stop_tokens = {'\n'};
+    requests.push_back(std::move(r));
+    answers.push_back(p.substr(eq));
+  }
+  int64_t correct = 0;
+  if (!requests.empty()) {
+    TESSERA_ASSIGN_OR_RETURN(std::vector<engine::Completion> out, rollout_->Generate(requests));
+    for (const engine::Completion& c : out) correct += std::string(c.tokens.begin(), c.tokens.end()) == answers[c.request];
+  }
+  return nlohmann::json{{"correct", correct}, {"problems", end - begin}}.dump();
 }
 
 }  // namespace tessera::executor

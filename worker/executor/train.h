@@ -41,6 +41,10 @@ class TrainSession {
   // reward (= accuracy of the samples), response_length, loss, kl, clip_fraction,
   // grad_norm, samples, and the phase times generate_s, ref_s, old_s, update_s.
   absl::StatusOr<std::string> RlStep(int64_t step);
+  // grpo jobs: greedy exact-match accuracy of the current policy on this DP rank's share
+  // of held-out problems [0, problems) (engine::ArithmeticData::held_out: operand pairs
+  // that no job trains on): {"correct": k, "problems": m} for this rank's m problems.
+  absl::StatusOr<std::string> RlEval(int64_t problems);
 
  private:
   TrainSession() = default;

@@ -4,7 +4,9 @@
 
 #include <unistd.h>
 
+#include <cstdio>
 #include <fstream>
+#include <set>
 
 #include <string>
 
@@ -35,6 +37,60 @@ TEST(ArithmeticData, ProblemsAreCorrectAndDeterministic) {
     EXPECT_EQ(p.back(), '\n');
   }
   EXPECT_NE(ArithmeticProblem(d, 0), ArithmeticProblem(ArithmeticData{3, 8, 0, false}, 0));
+}
+
+// The held-out split: about 1 in 10 operand pairs, never drawn for training, the only
+// pairs drawn for held_out data — disjoint whatever the seeds.
+TEST(ArithmeticData, HeldOutPairsAreNeverTrainingPairs) {
+  int held = 0;
+  for (int a = 0; a < 100; ++a)
+    for (int b = 0; b < 100; ++b) held += IsHeldOutPair(a, b);
+  EXPECT_GT(held, 800);
+  EXPECT_LT(held, 1200);
+  std::set<std::string> train, eval;
+  for (int i = 0; i < 3000; ++i) {
+    train.insert(ArithmeticProblem(ArithmeticData{2, 1, 0, false}, i));
+    eval.insert(ArithmeticProblem(ArithmeticData{2, 999, 0, false, /*held_out=*/true}, i));
+  }
+  for (const std::string& p : eval) {
+    long a = 0, b = 0;
+    ASSERT_EQ(std::sscanf(p.c_str(), "%ld+%ld=", &a, &b), 2);
+    EXPECT_TRUE(IsHeldOutPair(a, b)) << p;
+    EXPECT_EQ(train.count(p), 0u) << p;
+  }
+  EXPECT_GT(eval.size(), 500u);  // the held-out split has ~1000 distinct problems
+}
+
+// The careless teacher drops the units carry in about `careless` of the problems that
+// have one, and nowhere else; held-out problems keep their true sums.
+TEST(ArithmeticData, CarelessTeacherDropsCarries) {
+  ArithmeticData d{2, 3, 0, false};
+  d.careless = 0.6;
+  int carries = 0, dropped = 0;
+  for (int i = 0; i < 4000; ++i) {
+    long a = 0, b = 0, c = 0;
+    const std::string p = ArithmeticProblem(d, i);
+    ASSERT_EQ(std::sscanf(p.c_str(), "%ld+%ld=%ld\n", &a, &b, &c), 3) << p;
+    const bool carry = a % 10 + b % 10 >= 10;
+    if (!carry) {
+      EXPECT_EQ(c, a + b) << p;
+      continue;
+    }
+    ++carries;
+    if (c != a + b) {
+      EXPECT_EQ(c, a + b - 10) << p;
+      ++dropped;
+    }
+  }
+  EXPECT_GT(carries, 1500);
+  EXPECT_NEAR(double(dropped) / carries, 0.6, 0.05);
+  ArithmeticData held = d;
+  held.held_out = true;
+  for (int i = 0; i < 500; ++i) {
+    long a = 0, b = 0, c = 0;
+    ASSERT_EQ(std::sscanf(ArithmeticProblem(held, i).c_str(), "%ld+%ld=%ld\n", &a, &b, &c), 3);
+    EXPECT_EQ(c, a + b);
+  }
 }
 
 TEST(ArithmeticData, PacksSequencesWithNextByteTargets) {
