@@ -26,38 +26,16 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "bench/bench_util.h"
 #include "tests/common/mem_store.h"
 #include "worker/comm/nccl_communicator.h"
 #include "worker/engine/trainer.h"
 
 using namespace tessera;
+using bench::Args;
+using bench::Init;
 
 namespace {
-
-std::map<std::string, std::string> Args(int argc, char** argv) {
-  std::map<std::string, std::string> a;
-  for (int i = 1; i + 1 < argc; i += 2) a[argv[i] + 2] = argv[i + 1];
-  return a;
-}
-
-// Fast deterministic init (the benchmark's values do not matter, only that they are
-// sane): uniform with std 0.02 for matrices, ones for norms.
-absl::Status Init(model::Llama& m, uint64_t seed) {
-  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (auto& p : m.params()) {
-    int64_t n = 1;
-    for (int64_t d : p.spec.shape) n *= d;
-    std::vector<float> v(n);
-    const bool norm = p.name().find("norm") != std::string::npos;
-    for (auto& f : v) {
-      if (norm) { f = 1.f; continue; }
-      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-      f = (static_cast<float>(x >> 40) / static_cast<float>(1 << 24) - 0.5f) * 0.0693f;  // std 0.02
-    }
-    if (auto s = m.SetGlobal(p, v); !s.ok()) return s;
-  }
-  return absl::OkStatus();
-}
 
 struct Result {
   absl::Status status;

@@ -42,7 +42,11 @@ model::TokenBatch CompletionSequence(const std::vector<int32_t>& prompt, const s
 }
 
 RolloutEngine::RolloutEngine(model::Llama* model, const RolloutOptions& options)
-    : model_(model), options_(options), host_(runtime::MakeCpuBackend()) {}
+    : model_(model),
+      options_(options),
+      host_(runtime::MakeCpuBackend()),
+      device_sampling_(model->backend().device().kind != runtime::DeviceKind::kCpu && !model->tensor_parallel() &&
+                       !options.sample_on_host) {}
 
 absl::StatusOr<std::unique_ptr<RolloutEngine>> RolloutEngine::Create(model::Llama* model, const RolloutOptions& o) {
   if (model == nullptr) return absl::InvalidArgumentError("rollout: no model");
@@ -159,9 +163,8 @@ absl::Status RolloutEngine::Prefill(std::vector<Seq*>& admitted) {
     }
     batch.cu_seqlens.push_back(static_cast<int32_t>(batch.tokens.size()));
   }
-  TESSERA_ASSIGN_OR_RETURN(std::vector<float> logits, model_->ForwardWithCache(batch, slots, *cache_, nullptr));
   ++prefills_;
-  return SampleInto(admitted, logits);
+  return ForwardAndSample(admitted, batch, slots, nullptr);
 }
 
 absl::Status RolloutEngine::Decode(std::vector<Seq*>& running) {
@@ -187,16 +190,26 @@ absl::Status RolloutEngine::Decode(std::vector<Seq*>& running) {
     std::copy(s->blocks.begin(), s->blocks.end(), tables + i * max_blocks);
     view.lens.data_as<int32_t>()[i] = static_cast<int32_t>(pos + 1);
   }
-  TESSERA_ASSIGN_OR_RETURN(std::vector<float> logits, model_->ForwardWithCache(batch, slots, *cache_, &view));
   ++decode_steps_;
-  return SampleInto(running, logits);
+  return ForwardAndSample(running, batch, slots, &view);
 }
 
-absl::Status RolloutEngine::SampleInto(const std::vector<Seq*>& seqs, const std::vector<float>& logits) {
-  runtime::Backend& h = *host_;
+absl::Status RolloutEngine::ForwardAndSample(const std::vector<Seq*>& seqs, const model::TokenBatch& batch,
+                                             const std::vector<int32_t>& slots, const model::Llama::DecodeView* view) {
+  if (device_sampling_) {  // the logits stay on the device: sampled there
+    TESSERA_ASSIGN_OR_RETURN(Tensor logits, model_->ForwardWithCacheLocal(batch, slots, *cache_, view));
+    return SampleInto(seqs, logits, model_->backend());
+  }
+  TESSERA_ASSIGN_OR_RETURN(std::vector<float> logits, model_->ForwardWithCache(batch, slots, *cache_, view));
   const int64_t n = static_cast<int64_t>(seqs.size()), vocab = model_->config().vocab;
-  TESSERA_ASSIGN_OR_RETURN(Tensor z, h.Empty({n, vocab}, DType::kF32));
+  TESSERA_ASSIGN_OR_RETURN(Tensor z, host_->Empty({n, vocab}, DType::kF32));
   std::memcpy(z.data(), logits.data(), logits.size() * sizeof(float));
+  return SampleInto(seqs, z, *host_);
+}
+
+absl::Status RolloutEngine::SampleInto(const std::vector<Seq*>& seqs, const Tensor& z, runtime::Backend& be) {
+  runtime::Backend& h = *host_;
+  const int64_t n = static_cast<int64_t>(seqs.size());
   TESSERA_ASSIGN_OR_RETURN(Tensor temp, h.Empty({n}, DType::kF32));
   TESSERA_ASSIGN_OR_RETURN(Tensor top_k, h.Empty({n}, DType::kI32));
   TESSERA_ASSIGN_OR_RETURN(Tensor top_p, h.Empty({n}, DType::kF32));
@@ -212,7 +225,25 @@ absl::Status RolloutEngine::SampleInto(const std::vector<Seq*>& seqs, const std:
     seed.data_as<int64_t>()[i] = static_cast<int64_t>(s.params->seed + static_cast<uint64_t>(s.sample));
     offset.data_as<int64_t>()[i] = static_cast<int64_t>(s.tokens.size()) - s.prompt_len;
   }
-  TESSERA_RETURN_IF_ERROR(h.Sample(z, temp, top_k, top_p, seed, offset, token, logprob));
+  if (&be == &h) {
+    TESSERA_RETURN_IF_ERROR(h.Sample(z, temp, top_k, top_p, seed, offset, token, logprob));
+  } else {  // the per-row parameters up, the tokens and log-probs down
+    auto up = [&](const Tensor& x) -> absl::StatusOr<Tensor> {
+      TESSERA_ASSIGN_OR_RETURN(Tensor d, be.Empty(x.shape(), x.dtype()));
+      TESSERA_RETURN_IF_ERROR(be.CopyFromHost(x.data(), d));
+      return d;
+    };
+    TESSERA_ASSIGN_OR_RETURN(Tensor d_temp, up(temp));
+    TESSERA_ASSIGN_OR_RETURN(Tensor d_top_k, up(top_k));
+    TESSERA_ASSIGN_OR_RETURN(Tensor d_top_p, up(top_p));
+    TESSERA_ASSIGN_OR_RETURN(Tensor d_seed, up(seed));
+    TESSERA_ASSIGN_OR_RETURN(Tensor d_offset, up(offset));
+    TESSERA_ASSIGN_OR_RETURN(Tensor d_token, be.Empty({n}, DType::kI32));
+    TESSERA_ASSIGN_OR_RETURN(Tensor d_logprob, be.Empty({n}, DType::kF32));
+    TESSERA_RETURN_IF_ERROR(be.Sample(z, d_temp, d_top_k, d_top_p, d_seed, d_offset, d_token, d_logprob));
+    TESSERA_RETURN_IF_ERROR(be.CopyToHost(d_token, token.data()));
+    TESSERA_RETURN_IF_ERROR(be.CopyToHost(d_logprob, logprob.data()));
+  }
   for (int64_t i = 0; i < n; ++i) {
     Seq& s = *seqs[i];
     const int32_t t = token.data_as<int32_t>()[i];

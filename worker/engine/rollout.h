@@ -15,8 +15,9 @@
 // token i of sample j of a request with (seed + j, i), so the result does not depend on
 // batching or admission order; the log-probability of each drawn token is under the
 // sampling distribution (softmax(logits / temperature); at temperature 0 or 1 the
-// model's own). Logits come to the host and are sampled there (the first version: one
-// [running x vocab] copy per step).
+// model's own). On a GPU without TP the logits stay on the device and are sampled there
+// (the same counter-based draw as the host's); otherwise they come to the host and are
+// sampled there (one [running x vocab] copy per step).
 // ReleaseCache() frees the cache (a colocated executor going back to training); the
 // next Generate() makes it again.
 // Threading: one caller at a time (like the model it drives).
@@ -60,6 +61,7 @@ struct RolloutOptions {
   int64_t block_size = 16;
   int64_t num_blocks = 256;  // cache capacity: num_blocks * block_size tokens
   int64_t max_running = 64;  // samples decoded together
+  bool sample_on_host = false;  // a GPU model's logits sampled on the host all the same (tests)
 };
 
 // A completion as a training sequence: prompt + completion tokens, positions from 0,
@@ -87,12 +89,19 @@ class RolloutEngine {
   RolloutEngine(model::Llama* model, const RolloutOptions& options);
   absl::Status Prefill(std::vector<Seq*>& admitted);
   absl::Status Decode(std::vector<Seq*>& running);
-  // Draws each sequence's next token from its row of `logits` and appends it.
-  absl::Status SampleInto(const std::vector<Seq*>& seqs, const std::vector<float>& logits);
+  // The model's forward over the cache for `seqs`, then each sequence's next token.
+  absl::Status ForwardAndSample(const std::vector<Seq*>& seqs, const model::TokenBatch& batch,
+                                const std::vector<int32_t>& slots, const model::Llama::DecodeView* view);
+  // Draws each sequence's next token from its row of `logits` (on `be`'s device: the
+  // host backend, or the model's GPU) and appends it.
+  absl::Status SampleInto(const std::vector<Seq*>& seqs, const runtime::Tensor& logits, runtime::Backend& be);
 
   model::Llama* model_;
   RolloutOptions options_;
   std::unique_ptr<runtime::Backend> host_;  // sampling and host index tensors
+  // A GPU model without TP samples on its device (no logits through the host); with TP
+  // the gathered logits are sampled on the host (TP ranks draw the same tokens).
+  bool device_sampling_ = false;
   std::unique_ptr<model::Llama::KvCache> cache_;
   std::vector<int32_t> free_blocks_;
   int64_t decode_steps_ = 0, prefills_ = 0;

@@ -201,6 +201,13 @@ class Llama {
   // (gathered over TP), [sequences x vocab] f32 on the host.
   absl::StatusOr<std::vector<float>> ForwardWithCache(const TokenBatch& batch, const std::vector<int32_t>& slots,
                                                       KvCache& cache, const DecodeView* decode);
+  // The same, but the logits stay on the model's device: [sequences x vocab / tp] in the
+  // compute dtype, this rank's vocabulary shard (no TP gather). What the rollout engine
+  // samples from on a GPU without a round trip through the host.
+  absl::StatusOr<runtime::Tensor> ForwardWithCacheLocal(const TokenBatch& batch, const std::vector<int32_t>& slots,
+                                                        KvCache& cache, const DecodeView* decode);
+  runtime::Backend& backend() const { return *backend_; }
+  bool tensor_parallel() const { return tp_ != nullptr && tp_->size() > 1; }
 
  private:
   struct LayerParams;

@@ -33,8 +33,8 @@ absl::StatusOr<Llama::KvCache> Llama::NewKvCache(int64_t blocks, int64_t block_s
   return c;
 }
 
-absl::StatusOr<std::vector<float>> Llama::ForwardWithCache(const TokenBatch& batch, const std::vector<int32_t>& slots,
-                                                           KvCache& cache, const DecodeView* decode) {
+absl::StatusOr<Tensor> Llama::ForwardWithCacheLocal(const TokenBatch& batch, const std::vector<int32_t>& slots,
+                                                     KvCache& cache, const DecodeView* decode) {
   using Phase = ParamHooks::Phase;
   if (stage_.pp > 1 || cp_ != nullptr || sp_)
     return absl::FailedPreconditionError("generation runs on a model without pipeline, context or sequence parallelism");
@@ -88,6 +88,15 @@ absl::StatusOr<std::vector<float>> Llama::ForwardWithCache(const TokenBatch& bat
   TESSERA_ASSIGN_OR_RETURN(Tensor logits, New(b, {n, vocab}, act_));
   TESSERA_RETURN_IF_ERROR(Linear(b, xn, lm_head_->weight(), logits));
   TESSERA_RETURN_IF_ERROR(release(head_block));
+  return logits;
+}
+
+absl::StatusOr<std::vector<float>> Llama::ForwardWithCache(const TokenBatch& batch, const std::vector<int32_t>& slots,
+                                                           KvCache& cache, const DecodeView* decode) {
+  TESSERA_ASSIGN_OR_RETURN(Tensor logits, ForwardWithCacheLocal(batch, slots, cache, decode));
+  Backend& b = *backend_;
+  const LlamaConfig& c = config_;
+  const int64_t n = logits.shape()[0], vocab = logits.shape()[1];
   TESSERA_ASSIGN_OR_RETURN(Tensor local, New(b, {n, vocab}));
   TESSERA_RETURN_IF_ERROR(b.Cast(logits, local));
   std::vector<float> full(n * c.vocab);

@@ -1,0 +1,94 @@
+#!/usr/bin/env python3
+"""The peer of bench/decode_bench.cc: transformers' generate on the same Llama shape
+(random weights, bf16, SDPA), greedy, exactly --new new tokens after --prompt random
+tokens, for each batch size. Two modes:
+  eager    - the default dynamic cache, no compilation;
+  compiled - cache_implementation="static" and the forward under
+             torch.compile(mode="reduce-overhead", fullgraph=True) (CUDA graphs), the
+             setup transformers documents for fast generation.
+As decode_bench: one warm-up (compiled: three, for the prefill and decode graphs), then the
+best of --reps whole generate() calls, and the same with one new token, so that
+decode_ms_per_step = (t(new) - t(1)) / (new - 1). One JSON line per (mode, batch).
+"""
+import argparse
+import json
+import sys
+import time
+
+import torch
+import transformers
+
+
+def timed(fn):
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    out = fn()
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0, out
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--hidden", type=int, default=2048)
+    p.add_argument("--layers", type=int, default=16)
+    p.add_argument("--heads", type=int, default=32)
+    p.add_argument("--kv-heads", type=int, default=8)
+    p.add_argument("--ffn", type=int, default=8192)
+    p.add_argument("--vocab", type=int, default=128256)
+    p.add_argument("--batch", default="1,64")
+    p.add_argument("--prompt", type=int, default=128)
+    p.add_argument("--new", type=int, default=128)
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--modes", default="eager,compiled")
+    a = p.parse_args()
+    cfg = transformers.LlamaConfig(hidden_size=a.hidden, intermediate_size=a.ffn, num_hidden_layers=a.layers,
+                                   num_attention_heads=a.heads, num_key_value_heads=a.kv_heads, vocab_size=a.vocab,
+                                   tie_word_embeddings=True, rope_theta=500000.0,
+                                   max_position_embeddings=max(2048, a.prompt + a.new + 16))
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = transformers.LlamaForCausalLM._from_config(cfg, torch_dtype=torch.bfloat16, attn_implementation="sdpa")
+    model.eval()
+    gc = model.generation_config
+    gc.eos_token_id = None
+    gc.pad_token_id = 0
+    gc.do_sample = False
+    eager_forward = model.forward
+    for mode in a.modes.split(","):
+        if mode == "compiled":
+            gc.cache_implementation = "static"
+            model.forward = torch.compile(eager_forward, mode="reduce-overhead", fullgraph=True)
+        else:
+            gc.cache_implementation = None
+            model.forward = eager_forward
+        for batch in [int(b) for b in a.batch.split(",")]:
+            ids = torch.randint(0, a.vocab, (batch, a.prompt), device="cuda", generator=None)
+            mask = torch.ones_like(ids)
+
+            def gen(n):
+                with torch.inference_mode():
+                    return model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
+                                          generation_config=gc)
+            try:
+                for _ in range(3 if mode == "compiled" else 1):
+                    gen(a.new)
+                    gen(1)
+                full, out = min((timed(lambda: gen(a.new)) for _ in range(a.reps)), key=lambda x: x[0])
+                one, _ = min((timed(lambda: gen(1)) for _ in range(a.reps)), key=lambda x: x[0])
+                new = out.shape[1] - a.prompt
+                if new != a.new:
+                    raise RuntimeError(f"generated {new} tokens, expected {a.new}")
+                step_ms = (full - one) * 1e3 / (a.new - 1)
+                print(json.dumps({"engine": f"transformers-{mode}", "batch": batch, "prompt": a.prompt, "new": a.new,
+                                  "seconds": round(full, 4), "tokens_per_s": round(batch * a.new / full, 1),
+                                  "prefill_ms": round(one * 1e3, 2), "decode_ms_per_step": round(step_ms, 3),
+                                  "decode_tokens_per_s": round(batch * 1e3 / step_ms, 1),
+                                  "transformers": transformers.__version__, "torch": torch.__version__}), flush=True)
+            except Exception as e:  # report and go on with the next configuration
+                print(json.dumps({"engine": f"transformers-{mode}", "batch": batch, "error": repr(e)[:400]}), flush=True)
+            torch._dynamo.reset() if mode == "compiled" else None
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
