@@ -15,7 +15,7 @@
 // One JSON line per batch size.
 //
 //   decode_bench [--hidden 2048 --layers 16 --heads 32 --kv-heads 8 --ffn 8192 --vocab 128256 --tied 1]
-//                [--batch 1,64] [--prompt 128] [--new 128] [--reps 3] [--hbm-gbps 3000] [--dtype bf16]
+//                [--batch 1,64] [--prompt 128] [--new 128] [--reps 3] [--hbm-gbps 3000] [--dtype bf16] [--graphs 1]
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -72,6 +72,7 @@ int main(int argc, char** argv) {
     engine::RolloutOptions o;
     o.block_size = 16;
     o.max_running = batch;
+    o.cuda_graphs = get("graphs", 1) != 0;
     o.num_blocks = batch * ((prompt + new_tokens + o.block_size - 1) / o.block_size);
     auto e = engine::RolloutEngine::Create(m->get(), o);
     if (!e.ok()) return fprintf(stderr, "%s\n", e.status().ToString().c_str()), 1;
@@ -86,8 +87,10 @@ int main(int argc, char** argv) {
     int64_t got = 0, got1 = 0;
     Seconds(**e, reqs, &got);  // warm-up: allocations, cuBLASLt plans, the cache
     double full = 1e30, one = 1e30;
+    int64_t graph_steps = 0;  // of a timed whole run
     for (int64_t r = 0; r < reps; ++r) {
       full = std::min(full, Seconds(**e, reqs, &got));
+      graph_steps = (*e)->graph_steps();
       one = std::min(one, Seconds(**e, first, &got1));
     }
     if (got != batch * new_tokens) return fprintf(stderr, "expected %lld tokens, got %lld\n", (long long)(batch * new_tokens), (long long)got), 1;
@@ -96,10 +99,10 @@ int main(int argc, char** argv) {
     const double mean_ctx = double(prompt) + double(new_tokens) / 2;
     const double kv_bytes = double(batch) * mean_ctx * double(c.layers) * 2.0 * double(c.kv_heads * hd) * elem;
     const double roofline_ms = (weight_bytes + kv_bytes) / (hbm * 1e9) * 1e3;
-    printf("{\"engine\": \"tessera\", \"batch\": %lld, \"prompt\": %lld, \"new\": %lld, \"seconds\": %.4f, "
+    printf("{\"engine\": \"%s\", \"graph_steps\": %lld, \"batch\": %lld, \"prompt\": %lld, \"new\": %lld, \"seconds\": %.4f, "
            "\"tokens_per_s\": %.1f, \"prefill_ms\": %.2f, \"decode_ms_per_step\": %.3f, \"decode_tokens_per_s\": %.1f, "
            "\"roofline_ms\": %.3f, \"roofline_fraction\": %.3f, \"params\": %lld}\n",
-           (long long)batch, (long long)prompt, (long long)new_tokens, full, double(batch * new_tokens) / full, one * 1e3,
+           o.cuda_graphs ? "tessera" : "tessera-no-graphs", (long long)graph_steps, (long long)batch, (long long)prompt, (long long)new_tokens, full, double(batch * new_tokens) / full, one * 1e3,
            step_ms, double(batch) * 1e3 / step_ms, roofline_ms, roofline_ms / step_ms, (long long)c.NumParams());
     fflush(stdout);
   }

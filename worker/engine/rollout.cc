@@ -6,24 +6,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "worker/engine/rollout_seq.h"
 
 namespace tessera::engine {
 using runtime::DType;
 using runtime::Tensor;
-
-struct RolloutEngine::Seq {
-  int64_t request = 0;
-  int sample = 0;
-  const SamplingParams* params = nullptr;
-  std::vector<int32_t> tokens;  // the prompt, then what was generated
-  int64_t prompt_len = 0;
-  std::vector<int32_t> blocks;  // reserved for prompt + max_new_tokens
-  Completion out;
-  bool done = false;
-  int32_t Slot(int64_t pos, int64_t block_size) const {
-    return static_cast<int32_t>(blocks[pos / block_size] * block_size + pos % block_size);
-  }
-};
 
 model::TokenBatch CompletionSequence(const std::vector<int32_t>& prompt, const std::vector<int32_t>& completion,
                                      std::vector<double>* mask) {
@@ -57,6 +44,7 @@ absl::StatusOr<std::unique_ptr<RolloutEngine>> RolloutEngine::Create(model::Llam
 }
 
 void RolloutEngine::ReleaseCache() {
+  graphs_.clear();  // they point into the cache
   cache_.reset();
   free_blocks_.clear();
 }
@@ -88,12 +76,22 @@ absl::StatusOr<std::vector<Completion>> RolloutEngine::Generate(const std::vecto
   for (size_t i = 0; i < requests.size(); ++i)
     TESSERA_RETURN_IF_ERROR(CheckRequest(requests[i], i, vocab, options_.num_blocks * bs));
   if (cache_ == nullptr) {
-    TESSERA_ASSIGN_OR_RETURN(model::Llama::KvCache c, model_->NewKvCache(options_.num_blocks, bs));
+    // With CUDA graphs, blocks past num_blocks take the padded rows' writes (one slot per
+    // row of the largest padded batch); they are never handed out.
+    int64_t pad_rows = 1;
+    while (pad_rows < options_.max_running) pad_rows *= 2;
+    const int64_t scratch = GraphsUsable() ? (pad_rows + bs - 1) / bs : 0;
+    TESSERA_ASSIGN_OR_RETURN(model::Llama::KvCache c, model_->NewKvCache(options_.num_blocks + scratch, bs));
     cache_ = std::make_unique<model::Llama::KvCache>(std::move(c));
+    scratch_block_ = scratch > 0 ? options_.num_blocks : -1;
     free_blocks_.clear();
     for (int64_t b = options_.num_blocks - 1; b >= 0; --b) free_blocks_.push_back(static_cast<int32_t>(b));
   }
-  decode_steps_ = prefills_ = 0;
+  if (scratch_block_ >= 0) {  // graphs bake in addresses: drop them when weights or cache moved
+    const uint64_t fp = GraphFingerprint();
+    if (fp != graph_fingerprint_) graphs_.clear(), graph_fingerprint_ = fp;
+  }
+  decode_steps_ = prefills_ = graph_steps_ = 0;
   std::vector<std::unique_ptr<Seq>> all;
   for (size_t i = 0; i < requests.size(); ++i)
     for (int j = 0; j < requests[i].params.n; ++j) {
@@ -168,6 +166,7 @@ absl::Status RolloutEngine::Prefill(std::vector<Seq*>& admitted) {
 }
 
 absl::Status RolloutEngine::Decode(std::vector<Seq*>& running) {
+  if (scratch_block_ >= 0 && GraphsUsable()) return DecodeWithGraph(running);
   const int64_t bs = options_.block_size, n = static_cast<int64_t>(running.size());
   model::TokenBatch batch;
   std::vector<int32_t> slots;
@@ -207,6 +206,34 @@ absl::Status RolloutEngine::ForwardAndSample(const std::vector<Seq*>& seqs, cons
   return SampleInto(seqs, z, *host_);
 }
 
+void RolloutEngine::SamplingInputs(const std::vector<Seq*>& seqs, float* temperature, int32_t* top_k, float* top_p,
+                                   int64_t* seed, int64_t* offset) const {
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const Seq& s = *seqs[i];
+    temperature[i] = s.params->temperature;
+    top_k[i] = s.params->top_k;
+    top_p[i] = s.params->top_p;
+    seed[i] = static_cast<int64_t>(s.params->seed + static_cast<uint64_t>(s.sample));
+    offset[i] = static_cast<int64_t>(s.tokens.size()) - s.prompt_len;
+  }
+}
+
+void RolloutEngine::Append(const std::vector<Seq*>& seqs, const int32_t* token, const float* logprob) {
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    Seq& s = *seqs[i];
+    const int32_t t = token[i];
+    s.tokens.push_back(t);
+    s.out.tokens.push_back(t);
+    s.out.logprobs.push_back(logprob[i]);
+    const auto& stop = s.params->stop_tokens;
+    if (std::find(stop.begin(), stop.end(), t) != stop.end()) {
+      s.done = true, s.out.finish_reason = "stop";
+    } else if (static_cast<int64_t>(s.out.tokens.size()) >= s.params->max_new_tokens) {
+      s.done = true, s.out.finish_reason = "length";
+    }
+  }
+}
+
 absl::Status RolloutEngine::SampleInto(const std::vector<Seq*>& seqs, const Tensor& z, runtime::Backend& be) {
   runtime::Backend& h = *host_;
   const int64_t n = static_cast<int64_t>(seqs.size());
@@ -217,14 +244,8 @@ absl::Status RolloutEngine::SampleInto(const std::vector<Seq*>& seqs, const Tens
   TESSERA_ASSIGN_OR_RETURN(Tensor offset, h.Empty({n}, DType::kI64));
   TESSERA_ASSIGN_OR_RETURN(Tensor token, h.Empty({n}, DType::kI32));
   TESSERA_ASSIGN_OR_RETURN(Tensor logprob, h.Empty({n}, DType::kF32));
-  for (int64_t i = 0; i < n; ++i) {
-    const Seq& s = *seqs[i];
-    temp.data_as<float>()[i] = s.params->temperature;
-    top_k.data_as<int32_t>()[i] = s.params->top_k;
-    top_p.data_as<float>()[i] = s.params->top_p;
-    seed.data_as<int64_t>()[i] = static_cast<int64_t>(s.params->seed + static_cast<uint64_t>(s.sample));
-    offset.data_as<int64_t>()[i] = static_cast<int64_t>(s.tokens.size()) - s.prompt_len;
-  }
+  SamplingInputs(seqs, temp.data_as<float>(), top_k.data_as<int32_t>(), top_p.data_as<float>(), seed.data_as<int64_t>(),
+                 offset.data_as<int64_t>());
   if (&be == &h) {
     TESSERA_RETURN_IF_ERROR(h.Sample(z, temp, top_k, top_p, seed, offset, token, logprob));
   } else {  // the per-row parameters up, the tokens and log-probs down
@@ -244,19 +265,7 @@ absl::Status RolloutEngine::SampleInto(const std::vector<Seq*>& seqs, const Tens
     TESSERA_RETURN_IF_ERROR(be.CopyToHost(d_token, token.data()));
     TESSERA_RETURN_IF_ERROR(be.CopyToHost(d_logprob, logprob.data()));
   }
-  for (int64_t i = 0; i < n; ++i) {
-    Seq& s = *seqs[i];
-    const int32_t t = token.data_as<int32_t>()[i];
-    s.tokens.push_back(t);
-    s.out.tokens.push_back(t);
-    s.out.logprobs.push_back(logprob.data_as<float>()[i]);
-    const auto& stop = s.params->stop_tokens;
-    if (std::find(stop.begin(), stop.end(), t) != stop.end()) {
-      s.done = true, s.out.finish_reason = "stop";
-    } else if (static_cast<int64_t>(s.out.tokens.size()) >= s.params->max_new_tokens) {
-      s.done = true, s.out.finish_reason = "length";
-    }
-  }
+  Append(seqs, token.data_as<int32_t>(), logprob.data_as<float>());
   return absl::OkStatus();
 }
 

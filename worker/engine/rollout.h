@@ -24,6 +24,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -62,6 +63,10 @@ struct RolloutOptions {
   int64_t num_blocks = 256;  // cache capacity: num_blocks * block_size tokens
   int64_t max_running = 64;  // samples decoded together
   bool sample_on_host = false;  // a GPU model's logits sampled on the host all the same (tests)
+  // GPU, no TP, no parameter hooks, no QKV bias: each decode step is a CUDA graph (one per
+  // padded batch size and table width, captured at its second use) — the step's inputs
+  // are three uploads, its tokens two downloads, and no per-op launch cost remains.
+  bool cuda_graphs = true;
 };
 
 // A completion as a training sequence: prompt + completion tokens, positions from 0,
@@ -80,9 +85,11 @@ class RolloutEngine {
   // empty prompt or a bad parameter is an error naming the request, before anything runs.
   absl::StatusOr<std::vector<Completion>> Generate(const std::vector<GenerationRequest>& requests);
   void ReleaseCache();
-  // Decode steps and prefills of the last Generate() (tests: continuous batching).
+  // Decode steps and prefills of the last Generate() (tests: continuous batching), and
+  // how many of its decode steps replayed a CUDA graph.
   int64_t decode_steps() const { return decode_steps_; }
   int64_t prefills() const { return prefills_; }
+  int64_t graph_steps() const { return graph_steps_; }
 
  private:
   struct Seq;
@@ -96,8 +103,31 @@ class RolloutEngine {
   // host backend, or the model's GPU) and appends it.
   absl::Status SampleInto(const std::vector<Seq*>& seqs, const runtime::Tensor& logits, runtime::Backend& be);
 
+  // CUDA-graph decode (source: rollout_graph.cc). A graph's static buffers: i32 tokens,
+  // positions, slots, lens, top_k [batch] then tables [batch, max_blocks]; f32
+  // temperature, top_p; i64 seed, offset; the outputs token, logprob.
+  struct DecodeGraph {
+    int64_t batch = 0, max_blocks = 0;
+    runtime::Tensor i32, f32, i64, token, logprob;
+    std::unique_ptr<runtime::Backend::Graph> graph;
+    int uses = 0;
+  };
+  bool GraphsUsable() const;
+  uint64_t GraphFingerprint() const;  // the addresses a graph bakes in: weights and cache
+  absl::Status DecodeWithGraph(std::vector<Seq*>& running);
+  absl::Status RunDecodeGraphOps(DecodeGraph& g);
+  // Sampling parameters of each sequence's next draw, and the drawn tokens appended.
+  void SamplingInputs(const std::vector<Seq*>& seqs, float* temperature, int32_t* top_k, float* top_p, int64_t* seed,
+                      int64_t* offset) const;
+  void Append(const std::vector<Seq*>& seqs, const int32_t* token, const float* logprob);
+
   model::Llama* model_;
   RolloutOptions options_;
+  std::map<std::pair<int64_t, int64_t>, DecodeGraph> graphs_;
+  uint64_t graph_fingerprint_ = 0;
+  bool graphs_failed_ = false;  // a capture failed: eager decode from then on
+  int64_t scratch_block_ = -1;  // first of the blocks padded graph rows write to (never handed out)
+  int64_t graph_steps_ = 0;
   std::unique_ptr<runtime::Backend> host_;  // sampling and host index tensors
   // A GPU model without TP samples on its device (no logits through the host); with TP
   // the gathered logits are sampled on the host (TP ranks draw the same tokens).

@@ -206,6 +206,17 @@ class Llama {
   // samples from on a GPU without a round trip through the host.
   absl::StatusOr<runtime::Tensor> ForwardWithCacheLocal(const TokenBatch& batch, const std::vector<int32_t>& slots,
                                                         KvCache& cache, const DecodeView* decode);
+  // The decode step over inputs already on the device (the rollout engine's CUDA graph
+  // captures it): tokens, positions, slots, lens i32 [B] and block tables i32 [B,
+  // max_blocks], all on the model's device and checked by the caller on their host
+  // copies (Backend::CheckCacheSlots, CheckPagedIndices): nothing in it reads the host or
+  // waits for the device. Logits as ForwardWithCacheLocal. FAILED_PRECONDITION for a
+  // model with parameter hooks (ZeRO-3), QKV bias or TP.
+  struct DeviceDecode {
+    runtime::Tensor tokens, positions, slots, tables, lens;
+  };
+  absl::StatusOr<runtime::Tensor> DecodeStepOnDevice(const DeviceDecode& inputs, KvCache& cache);
+  bool has_param_hooks() const { return hooks_ != nullptr; }
   runtime::Backend& backend() const { return *backend_; }
   bool tensor_parallel() const { return tp_ != nullptr && tp_->size() > 1; }
 
@@ -218,6 +229,9 @@ class Llama {
   Llama(const LlamaConfig& config, runtime::Backend* backend, comm::Communicator* tp, bool sequence_parallel,
         comm::Communicator* cp, StageSpec stage);
   absl::Status CheckBatch(const TokenBatch& batch) const;
+  absl::Status CheckGeneration(const KvCache& cache) const;
+  absl::StatusOr<runtime::Tensor> CacheForward(const Inputs& in, int64_t n, const std::vector<int64_t>& last, KvCache& cache,
+                                               const runtime::Tensor& slots, const DecodeView* decode);
   absl::StatusOr<runtime::Tensor> ChunkForward(int chunk, const TokenBatch& batch, Flight& f, const runtime::Tensor* input,
                                                bool backward, float grad_scale, LossSum* loss,
                                                std::vector<float>* logits_out);

@@ -42,7 +42,7 @@ struct Llama::LayerActs {
 struct Llama::CacheStep {
   KvCache* cache;
   int64_t layer;
-  runtime::Tensor slots;  // host i32 [T]
+  runtime::Tensor slots;  // i32 [T], on the host or the device
   const DecodeView* decode;
 };
 

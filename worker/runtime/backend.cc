@@ -331,9 +331,18 @@ absl::Status Backend::PagedAttention(const Tensor& q, const Tensor& kc, const Te
   TRY(Vec(op, "context_lens", lens, B, DType::kI32));
   if (lse.dtype() != DType::kF32 || lse.rank() != 2 || lse.dim(0) != B || lse.dim(1) != q.dim(1))
     return Bad(op, absl::StrCat("lse must be f32 [", B, ", ", q.dim(1), "], got ", lse.ShapeString()));
-  TESSERA_ASSIGN_OR_RETURN(const std::vector<int32_t> ht, ReadIndices(*this, tables));
-  TESSERA_ASSIGN_OR_RETURN(const std::vector<int32_t> hl, ReadIndices(*this, lens));
-  const int64_t bs = kc.dim(1), maxb = tables.dim(1);
+  const bool on_host = tables.device().kind == DeviceKind::kCpu && lens.device().kind == DeviceKind::kCpu;
+  if (on_host || !trust_device_indices_) {
+    TESSERA_ASSIGN_OR_RETURN(const std::vector<int32_t> ht, ReadIndices(*this, tables));
+    TESSERA_ASSIGN_OR_RETURN(const std::vector<int32_t> hl, ReadIndices(*this, lens));
+    TRY(CheckPagedIndices(kc, ht.data(), B, tables.dim(1), hl.data()));
+  }
+  return DoPagedAttention(q, kc, vc, tables, lens, out, lse);
+}
+
+absl::Status Backend::CheckPagedIndices(const Tensor& kc, const int32_t* ht, int64_t B, int64_t maxb, const int32_t* hl) {
+  const char* op = "paged_attention";
+  const int64_t bs = kc.dim(1);
   for (int64_t b = 0; b < B; ++b) {
     if (hl[b] < 1 || hl[b] > maxb * bs)
       return Bad(op, absl::StrCat("context_lens[", b, "] = ", hl[b], " must be in [1, ", maxb * bs, "]"));
@@ -342,7 +351,20 @@ absl::Status Backend::PagedAttention(const Tensor& q, const Tensor& kc, const Te
         return Bad(op, absl::StrCat("block_tables[", b, "][", i, "] = ", ht[b * maxb + i], " is not a block of the cache (",
                                     kc.dim(0), " blocks)"));
   }
-  return DoPagedAttention(q, kc, vc, tables, lens, out, lse);
+  return absl::OkStatus();
+}
+
+absl::Status Backend::CheckCacheSlots(const Tensor& kc, const int32_t* slots, int64_t n) {
+  const char* op = "kv_cache_write";
+  const int64_t capacity = kc.dim(0) * kc.dim(1);
+  std::vector<int32_t> sorted(slots, slots + n);
+  std::sort(sorted.begin(), sorted.end());
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    if (sorted[i] < 0 || sorted[i] >= capacity)
+      return Bad(op, absl::StrCat("slot ", sorted[i], " is outside the cache (", capacity, " slots)"));
+    if (i > 0 && sorted[i] == sorted[i - 1]) return Bad(op, absl::StrCat("slot ", sorted[i], " is written twice"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Backend::KvCacheWrite(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& kc, Tensor& vc) {
@@ -357,14 +379,9 @@ absl::Status Backend::KvCacheWrite(const Tensor& k, const Tensor& v, const Tenso
   for (auto [n, t] : {std::pair<const char*, const Tensor*>{"v", &v}, {"k_cache", &kc}, {"v_cache", &vc}})
     TRY(SameDType(op, n, *t, "k", k));
   TRY(Vec(op, "slots", slots, k.dim(0), DType::kI32));
-  TESSERA_ASSIGN_OR_RETURN(const std::vector<int32_t> hs, ReadIndices(*this, slots));
-  const int64_t capacity = kc.dim(0) * kc.dim(1);
-  std::vector<int32_t> sorted = hs;
-  std::sort(sorted.begin(), sorted.end());
-  for (size_t i = 0; i < sorted.size(); ++i) {
-    if (sorted[i] < 0 || sorted[i] >= capacity)
-      return Bad(op, absl::StrCat("slot ", sorted[i], " is outside the cache (", capacity, " slots)"));
-    if (i > 0 && sorted[i] == sorted[i - 1]) return Bad(op, absl::StrCat("slot ", sorted[i], " is written twice"));
+  if (slots.device().kind == DeviceKind::kCpu || !trust_device_indices_) {
+    TESSERA_ASSIGN_OR_RETURN(const std::vector<int32_t> hs, ReadIndices(*this, slots));
+    TRY(CheckCacheSlots(kc, hs.data(), static_cast<int64_t>(hs.size())));
   }
   return DoKvCacheWrite(k, v, slots, kc, vc);
 }

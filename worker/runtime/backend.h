@@ -40,6 +40,33 @@ class Backend {
   // The cudaStream_t every op is enqueued on (null on the CPU): NCCL communicators
   // order themselves with it (Communicator::OrderWith).
   virtual void* stream() const { return nullptr; }
+  // CUDA graphs (the rollout engine's decode step). BeginCapture starts recording this
+  // backend's stream: the ops until EndCapture are recorded, not run (their temporaries
+  // become the graph's own allocations). EndCapture returns the instantiated graph, or an
+  // error (and no graph; the stream leaves capture mode) when something in between could
+  // not be captured — the caller then runs without. UNIMPLEMENTED on the CPU.
+  class Graph {
+   public:
+    virtual ~Graph() = default;
+    virtual absl::Status Launch() = 0;  // on the backend's stream
+  };
+  virtual absl::Status BeginCapture() { return absl::UnimplementedError("graph capture needs a CUDA backend"); }
+  virtual absl::StatusOr<std::unique_ptr<Graph>> EndCapture() {
+    return absl::UnimplementedError("graph capture needs a CUDA backend");
+  }
+  // Index tensors on the device (paged attention's block tables and context lengths, the
+  // cache slots of KvCacheWrite) are normally checked by reading them back to the host:
+  // a per-layer wait a decode step should not pay, and one a graph capture cannot make.
+  // While trusted, device index tensors are not read back: the caller checked the host
+  // copies it uploaded (CheckPagedIndices, CheckCacheSlots). Host index tensors are
+  // always checked.
+  void set_trust_device_indices(bool on) { trust_device_indices_ = on; }
+  // INVALID_ARGUMENT naming the entry unless every context length is in [1, max_blocks *
+  // block_size] and its blocks are blocks of the cache (k_cache [blocks, block_size, ...]).
+  static absl::Status CheckPagedIndices(const Tensor& k_cache, const int32_t* tables, int64_t batch, int64_t max_blocks,
+                                        const int32_t* lens);
+  // INVALID_ARGUMENT unless the n slots are distinct slots of the cache.
+  static absl::Status CheckCacheSlots(const Tensor& k_cache, const int32_t* slots, int64_t n);
   // Host <-> backend copies of a whole contiguous tensor.
   virtual absl::Status CopyFromHost(const void* src, Tensor& dst) = 0;
   virtual absl::Status CopyToHost(const Tensor& src, void* dst) = 0;
@@ -132,6 +159,7 @@ class Backend {
 
  protected:
   kernels::AttentionEngine attention_engine_ = kernels::AttentionEngine::kAuto;
+  bool trust_device_indices_ = false;
   std::vector<std::chrono::steady_clock::time_point> host_marks_;
 
   virtual absl::Status DoCast(const Tensor& x, Tensor& y) = 0;

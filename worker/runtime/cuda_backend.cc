@@ -80,6 +80,17 @@ kernels::AttentionDims AttnDims(const Tensor& q, const Tensor& k, const Tensor& 
   return d;
 }
 
+class CudaGraph final : public Backend::Graph {
+ public:
+  CudaGraph(cudaGraphExec_t exec, cudaStream_t stream) : exec_(exec), stream_(stream) {}
+  ~CudaGraph() override { cudaGraphExecDestroy(exec_); }
+  absl::Status Launch() override { return Cuda(cudaGraphLaunch(exec_, stream_), "cudaGraphLaunch"); }
+
+ private:
+  cudaGraphExec_t exec_;
+  cudaStream_t stream_;
+};
+
 class CudaBackend final : public Backend {
  public:
   static absl::StatusOr<std::unique_ptr<Backend>> Create(int device) {
@@ -116,6 +127,29 @@ class CudaBackend final : public Backend {
   Device device() const override { return Device::Cuda(device_); }
   Allocator* allocator() override { return alloc_.get(); }
   void* stream() const override { return stream_; }
+  absl::Status BeginCapture() override {
+    cudaSetDevice(device_);
+    // Relaxed: a first-use library call (e.g. a lazy cudaMalloc) elsewhere does not
+    // invalidate the capture; the ops themselves are all stream-ordered.
+    return Cuda(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed), "cudaStreamBeginCapture");
+  }
+  absl::StatusOr<std::unique_ptr<Graph>> EndCapture() override {
+    cudaGraph_t graph = nullptr;
+    const cudaError_t e = cudaStreamEndCapture(stream_, &graph);
+    if (e != cudaSuccess || graph == nullptr) {
+      cudaGetLastError();  // the capture was invalidated: clear the sticky error of the failed call
+      if (graph != nullptr) cudaGraphDestroy(graph);
+      return absl::InternalError(absl::StrCat("cuda graph capture failed: ", cudaGetErrorString(e)));
+    }
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t ie = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    if (ie != cudaSuccess) {
+      cudaGetLastError();
+      return absl::InternalError(absl::StrCat("cudaGraphInstantiate: ", cudaGetErrorString(ie)));
+    }
+    return std::unique_ptr<Graph>(new CudaGraph(exec, stream_));
+  }
   absl::Status Synchronize() override { return Cuda(cudaStreamSynchronize(stream_), "synchronize"); }
   // Events are kept for reuse across ClearMarks (a pipeline step records two per op).
   absl::StatusOr<int> Mark() override {
