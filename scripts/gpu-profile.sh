@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
 # Where a training step's GPU time goes (one GPU, dist/ from scripts/make-dist.sh): Nsight
-# Systems over bench/train_bench (the ~1B Llama, 2 timed steps), then the kernels ranked
-# by total time. Prints the table; the report stays in $OUT.
+# Systems over bench/train_bench (the ~1B Llama, 2 timed steps) — or, WHAT=decode, over
+# bench/decode_bench (BATCHES=1: warm-up + 1 full + 1 one-token run) —, then the kernels
+# ranked by total time. Prints the table; the report stays in $OUT.
 set -uo pipefail
 source "$(dirname "$0")/gpu-env.sh"
 nsys=$(command -v nsys || ls /usr/local/cuda*/bin/nsys /opt/nvidia/nsight-systems*/bin/nsys 2>/dev/null | head -1)
 [ -n "$nsys" ] || { echo "nsys: not found"; exit 1; }
-shape="--hidden 2048 --layers 16 --heads 32 --kv-heads 8 --ffn 8192 --vocab 128256 --seq 4096 --micro 4"
-"$nsys" profile -o "$OUT/train" --force-overwrite true --trace cuda,nvtx dist/bin/train_bench $shape --steps 2 --warmup 2 \
-  > "$OUT/profile_run.txt" 2>&1
+shape="--hidden 2048 --layers 16 --heads 32 --kv-heads 8 --ffn 8192 --vocab 128256"
+if [ "${WHAT:-train}" = decode ]; then  # the rollout engine's decode (CUDA graphs traced per node)
+  "$nsys" profile -o "$OUT/train" --force-overwrite true --trace cuda,nvtx --cuda-graph-trace=node \
+    dist/bin/decode_bench $shape --batch ${BATCHES:-1} --prompt 128 --new 128 --reps 1 > "$OUT/profile_run.txt" 2>&1
+else
+  "$nsys" profile -o "$OUT/train" --force-overwrite true --trace cuda,nvtx dist/bin/train_bench $shape --seq 4096 --micro 4 \
+    --steps 2 --warmup 2 > "$OUT/profile_run.txt" 2>&1
+fi
 tail -2 "$OUT/profile_run.txt"
 "$nsys" stats --report cuda_gpu_kern_sum --format csv "$OUT/train.nsys-rep" > "$OUT/kern.csv" 2> /dev/null
 python3 - "$OUT/kern.csv" <<'PY'
@@ -18,7 +24,7 @@ hdr = next(i for i, r in enumerate(rows) if r and r[0].startswith("Time"))
 head, data = rows[hdr], rows[hdr + 1:]
 ti, tot, inst, name = head.index("Time (%)"), head.index("Total Time (ns)"), head.index("Instances"), head.index("Name")
 total = sum(float(r[tot]) for r in data)
-print(f"GPU kernel time over 4 steps (2 warm-up + 2 timed): {total/1e6:.1f} ms")
+print(f"GPU kernel time of the profiled run: {total/1e6:.1f} ms")
 for r in data[:25]:
     print(f"{float(r[ti]):5.1f}% {float(r[tot])/1e6:9.1f} ms {int(r[inst]):6d}x  {r[name][:110]}")
 PY
