@@ -316,10 +316,47 @@ absl::Status ParseRl(const YAML::Node& n, const std::string& path, v1::RlSpec* r
   return absl::OkStatus();
 }
 
+absl::Status ParseGenerate(const YAML::Node& n, const std::string& path, v1::GenerateSpec* g) {
+  TESSERA_RETURN_IF_ERROR(CheckKeys(n, path, {"input", "output", "checkpoint", "max_new_tokens", "temperature", "top_k",
+                                              "top_p", "n", "seed", "stop", "max_running", "cache_tokens"}));
+  for (const auto& kv : n) {
+    const std::string k = kv.first.Scalar(), p = Join(path, k);
+    const YAML::Node& v = kv.second;
+    if (k == "input" || k == "output" || k == "checkpoint") {
+      TESSERA_ASSIGN_OR_RETURN(auto str, AsString(v, p));
+      k == "input" ? g->set_input(str) : k == "output" ? g->set_output(str) : g->set_checkpoint(str);
+    } else if (k == "max_new_tokens") ASSIGN_INT(g->set_max_new_tokens, v, p, 1, 1000000);
+    else if (k == "top_k") ASSIGN_INT(g->set_top_k, v, p, 0, 100000000);
+    else if (k == "n") ASSIGN_INT(g->set_n, v, p, 1, 4096);
+    else if (k == "seed") ASSIGN_INT(g->set_seed, v, p, 0, int64_t{1} << 62);
+    else if (k == "max_running") ASSIGN_INT(g->set_max_running, v, p, 1, 65536);
+    else if (k == "cache_tokens") ASSIGN_INT(g->set_cache_tokens, v, p, 1, int64_t{1} << 40);
+    else if (k == "temperature") {
+      TESSERA_ASSIGN_OR_RETURN(double d, AsDouble(v, p, 0, 100));
+      g->set_temperature(d);
+    } else if (k == "top_p") {
+      TESSERA_ASSIGN_OR_RETURN(double d, AsDouble(v, p, 1e-6, 1));
+      g->set_top_p(d);
+    } else if (k == "stop") {  // kept as written (no splitting or trimming: "\n" is a stop string)
+      if (v.IsScalar()) {
+        g->add_stop(v.Scalar());
+      } else if (v.IsSequence()) {
+        for (size_t i = 0; i < v.size(); ++i) {
+          TESSERA_ASSIGN_OR_RETURN(auto str, AsString(v[i], absl::StrCat(p, "[", i, "]")));
+          g->add_stop(str);
+        }
+      } else {
+        return Bad(p, absl::StrCat("expected a string or a list of strings, got ", Show(v)));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ParseJob(const YAML::Node& root, JobSpec* spec) {
   TESSERA_RETURN_IF_ERROR(CheckKeys(root, "", {"name", "kind", "groups", "max_restarts", "restart_backoff_s",
                                                "model", "comm_check", "collective_timeout_s",
-                                               "start_timeout_s", "env", "train", "rl"}));
+                                               "start_timeout_s", "env", "train", "rl", "generate"}));
   for (const auto& kv : root) {
     std::string k = kv.first.Scalar();
     const YAML::Node& v = kv.second;
@@ -346,6 +383,8 @@ absl::Status ParseJob(const YAML::Node& root, JobSpec* spec) {
       TESSERA_RETURN_IF_ERROR(ParseTrain(v, k, spec->mutable_train()));
     } else if (k == "rl") {
       TESSERA_RETURN_IF_ERROR(ParseRl(v, k, spec->mutable_rl()));
+    } else if (k == "generate") {
+      TESSERA_RETURN_IF_ERROR(ParseGenerate(v, k, spec->mutable_generate()));
     } else if (k == "collective_timeout_s") {
       TESSERA_ASSIGN_OR_RETURN(double d, AsDouble(v, k, 0.1, 86400));
       spec->set_collective_timeout_ms(static_cast<int64_t>(d * 1000));
@@ -417,7 +456,7 @@ absl::StatusOr<JobSpec> ParseJobSpecYaml(absl::string_view yaml, const std::vect
 }
 
 bool IsRunnableKind(absl::string_view kind) {
-  return kind == "comm-check" || kind == "pretrain" || kind == "sft" || kind == "grpo";
+  return kind == "comm-check" || kind == "pretrain" || kind == "sft" || kind == "grpo" || kind == "generate";
 }
 
 namespace {
@@ -528,6 +567,49 @@ static absl::Status ValidateGrpo(JobSpec& spec) {
   return absl::OkStatus();
 }
 
+// generate: one worker group running the rollout engine over a JSONL file of prompts
+// (DESIGN §7): TP within a DP rank, no pipeline, context or sequence parallelism; the
+// model's dims (or model.hf_dir); weights from generate.checkpoint or model.hf_dir.
+static absl::Status ValidateGenerate(JobSpec& spec) {
+  if (spec.groups_size() != 1) return Bad("groups", "a generate job has exactly one worker group");
+  const auto& l = spec.groups(0).layout();
+  if (l.pp() > 1 || l.cp() > 1 || l.sp() || l.zero() > 0)
+    return Bad("groups[0].layout", absl::StrCat("generate runs tp x dp (pp=", l.pp(), ", cp=", l.cp(), ", sp=",
+                                                l.sp() ? "true" : "false", ", zero=", l.zero(), ")"));
+  const auto& m = spec.model();
+  if (m.hf_dir().empty()) {
+    for (auto [name, value] : {std::pair{"hidden", m.hidden()}, std::pair{"num_layers", m.num_layers()},
+                               std::pair{"num_heads", m.num_heads()}, std::pair{"num_kv_heads", m.num_kv_heads()},
+                               std::pair{"vocab_size", m.vocab_size()}, std::pair{"ffn", m.ffn()}})
+      if (value <= 0) return Bad(absl::StrCat("model.", name), "is required for generate jobs (or model.hf_dir)");
+    if (m.vocab_size() < 256) return Bad("model.vocab_size", "must be >= 256 (byte-level tokens)");
+  } else {
+    TESSERA_RETURN_IF_ERROR(CheckCleanAbsolute("model.hf_dir", m.hf_dir()));
+  }
+  if (spec.has_train() && spec.train().steps() > 0) return Bad("train.steps", "is not for generate jobs");
+  auto* g = spec.mutable_generate();
+  if (g->input().empty()) return Bad("generate.input", "is required (a JSONL file of {\"prompt\": ...} objects)");
+  if (g->output().empty()) return Bad("generate.output", "is required (the JSONL file the completions go to)");
+  for (auto [field, path] : {std::pair{"generate.input", g->input()}, std::pair{"generate.output", g->output()},
+                             std::pair{"generate.checkpoint", g->checkpoint()}})
+    if (!path.empty()) TESSERA_RETURN_IF_ERROR(CheckCleanAbsolute(field, path));
+  if (g->input() == g->output()) return Bad("generate.output", "must not be the input file");
+  if (g->checkpoint().empty() && m.hf_dir().empty())
+    return Bad("generate.checkpoint", "is required without model.hf_dir (the weights to generate with)");
+  if (!g->checkpoint().empty() && !m.hf_dir().empty())
+    return Bad("generate.checkpoint", "and model.hf_dir both give weights; keep one");
+  for (int i = 0; i < g->stop_size(); ++i)
+    if (g->stop(i).size() != 1)
+      return Bad(absl::StrCat("generate.stop[", i, "]"), absl::StrCat("'", g->stop(i), "' is ", g->stop(i).size(),
+                                                                      " bytes; stop strings are one byte (one token of the byte tokenizer)"));
+  if (g->max_new_tokens() == 0) g->set_max_new_tokens(64);
+  if (!g->has_temperature()) g->set_temperature(1.0);
+  if (g->top_p() == 0) g->set_top_p(1.0);
+  if (g->n() == 0) g->set_n(1);
+  if (g->max_running() == 0) g->set_max_running(64);
+  return absl::OkStatus();
+}
+
 absl::Status NormalizeAndValidateJobSpec(JobSpec& spec) {
   if (spec.name().empty()) return Bad("name", "is required");
   if (!ValidName(spec.name()))
@@ -539,7 +621,7 @@ absl::Status NormalizeAndValidateJobSpec(JobSpec& spec) {
   if (!IsRunnableKind(spec.kind()))
     return absl::UnimplementedError(
         absl::StrCat("kind: '", spec.kind(),
-                     "' jobs are not available in this build yet; available: comm-check, pretrain, sft, grpo"));
+                     "' jobs are not available in this build yet; available: comm-check, pretrain, sft, grpo, generate"));
   if (spec.groups_size() == 0) return Bad("groups", "at least one worker group is required");
   std::set<std::string> names;
   for (int i = 0; i < spec.groups_size(); ++i) {
@@ -609,6 +691,9 @@ absl::Status NormalizeAndValidateJobSpec(JobSpec& spec) {
   if (spec.kind() == "pretrain" || spec.kind() == "sft" || spec.kind() == "grpo") TESSERA_RETURN_IF_ERROR(ValidatePretrain(spec));
   if (spec.kind() == "grpo") TESSERA_RETURN_IF_ERROR(ValidateGrpo(spec));
   if (spec.kind() != "grpo" && spec.has_rl()) return Bad("rl", absl::StrCat("is only for grpo jobs, not ", spec.kind()));
+  if (spec.kind() == "generate") TESSERA_RETURN_IF_ERROR(ValidateGenerate(spec));
+  if (spec.kind() != "generate" && spec.has_generate())
+    return Bad("generate", absl::StrCat("is only for generate jobs, not ", spec.kind()));
   static const std::set<std::string> kEnvAllowed = {"NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_ALGO", "NCCL_PROTO",
                                                     "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS", "NCCL_BUFFSIZE",
                                                     "OMP_NUM_THREADS"};
@@ -635,7 +720,10 @@ absl::Status CheckJobPaths(const v1::JobSpec& spec, const std::vector<std::strin
   for (auto [field, path] : {std::pair{"train.checkpoint.dir", c.dir()}, std::pair{"train.checkpoint.load", c.load()},
                              std::pair{"train.export_hf", spec.train().export_hf()},
                              std::pair{"model.hf_dir", spec.model().hf_dir()},
-                             std::pair{"train.data.path", spec.train().data().path()}}) {
+                             std::pair{"train.data.path", spec.train().data().path()},
+                             std::pair{"generate.input", spec.generate().input()},
+                             std::pair{"generate.output", spec.generate().output()},
+                             std::pair{"generate.checkpoint", spec.generate().checkpoint()}}) {
     if (path.empty()) continue;
     TESSERA_RETURN_IF_ERROR(CheckCleanAbsolute(field, path));
     bool inside = false;

@@ -104,11 +104,13 @@ absl::StatusOr<std::string> RunCommCheck(DriverContext& ctx) {
 
 absl::StatusOr<std::string> RunPretrain(DriverContext& ctx);  // driver/pretrain.cc
 absl::StatusOr<std::string> RunGrpo(DriverContext& ctx);      // driver/grpo.cc
+absl::StatusOr<std::string> RunGenerate(DriverContext& ctx);  // driver/generate.cc
 
 absl::StatusOr<DriverFn> BuiltinDriver(const std::string& kind) {
   if (kind == "comm-check") return DriverFn(RunCommCheck);
   if (kind == "pretrain" || kind == "sft") return DriverFn(RunPretrain);  // sft: loss on answers only
   if (kind == "grpo") return DriverFn(RunGrpo);
+  if (kind == "generate") return DriverFn(RunGenerate);
   return absl::UnimplementedError(absl::StrCat("no driver for job kind '", kind, "' in this build"));
 }
 

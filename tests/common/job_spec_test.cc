@@ -152,6 +152,53 @@ TEST(JobSpec, GrpoDefaultsAndRefusals) {
   EXPECT_THAT(std::string(NormalizeAndValidateJobSpec(*rl_on_pretrain).message()), HasSubstr("rl: is only for grpo jobs"));
 }
 
+TEST(JobSpec, GenerateDefaultsAndRefusals) {
+  const std::string base =
+      "name: g\nkind: generate\ngroups:\n  - name: rollout\n    devices: 2\n"
+      "model: {vocab_size: 256, hidden: 32, num_layers: 2, num_heads: 4, num_kv_heads: 2, ffn: 48}\n"
+      "generate: {input: /d/in.jsonl, output: /d/out.jsonl, checkpoint: /d/ckpt, stop: [\"\\n\"]}\n";
+  auto check = [&](std::vector<std::string> ov) -> absl::StatusOr<v1::JobSpec> {
+    auto s = ParseJobSpecYaml(base, ov);
+    if (!s.ok()) return s.status();
+    if (absl::Status st = NormalizeAndValidateJobSpec(*s); !st.ok()) return st;
+    return *s;
+  };
+  auto ok = check({});
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->groups(0).layout().dp(), 2);
+  EXPECT_EQ(ok->generate().max_new_tokens(), 64);
+  EXPECT_DOUBLE_EQ(ok->generate().temperature(), 1.0);
+  EXPECT_DOUBLE_EQ(ok->generate().top_p(), 1.0);
+  EXPECT_EQ(ok->generate().n(), 1);
+  ASSERT_EQ(ok->generate().stop_size(), 1);
+  EXPECT_EQ(ok->generate().stop(0), "\n");
+  auto greedy = check({"generate.temperature=0"});
+  ASSERT_TRUE(greedy.ok()) << greedy.status();
+  EXPECT_DOUBLE_EQ(greedy->generate().temperature(), 0.0);  // set, not the default
+  auto msg = [&](std::vector<std::string> ov) { return std::string(check(ov).status().message()); };
+  auto without = [&](void (v1::GenerateSpec::*clear)()) {
+    auto s = ParseJobSpecYaml(base);
+    ((*s->mutable_generate()).*clear)();
+    return std::string(NormalizeAndValidateJobSpec(*s).message());
+  };
+  EXPECT_THAT(without(&v1::GenerateSpec::clear_input), HasSubstr("generate.input: is required"));
+  EXPECT_THAT(without(&v1::GenerateSpec::clear_checkpoint), HasSubstr("generate.checkpoint: is required without model.hf_dir"));
+  EXPECT_THAT(msg({"generate.output=out.jsonl"}), HasSubstr("generate.output: must be an absolute path"));
+  EXPECT_THAT(msg({"generate.output=/d/in.jsonl"}), HasSubstr("generate.output: must not be the input file"));
+  EXPECT_THAT(msg({"generate.stop=ab"}), HasSubstr("generate.stop[0]: 'ab' is 2 bytes"));
+  EXPECT_THAT(msg({"generate.top_p=0"}), HasSubstr("generate.top_p"));
+  EXPECT_THAT(msg({"generate.colour=red"}), HasSubstr("colour"));
+  EXPECT_THAT(msg({"groups.0.layout.pp=2"}), HasSubstr("generate runs tp x dp"));
+  auto no_ffn = ParseJobSpecYaml(base);
+  no_ffn->mutable_model()->clear_ffn();
+  EXPECT_THAT(std::string(NormalizeAndValidateJobSpec(*no_ffn).message()), HasSubstr("model.ffn: is required for generate jobs"));
+  auto gen_on_sft = ParseJobSpecYaml(kPretrain, {"generate.n=2"});
+  ASSERT_TRUE(gen_on_sft.ok());
+  EXPECT_THAT(std::string(NormalizeAndValidateJobSpec(*gen_on_sft).message()), HasSubstr("generate: is only for generate jobs"));
+  EXPECT_THAT(std::string(CheckJobPaths(*ok, {"/elsewhere"}).message()), HasSubstr("generate.input"));
+  EXPECT_TRUE(CheckJobPaths(*ok, {"/d"}).ok());
+}
+
 TEST(JobSpec, PretrainDefaultsAndRefusals) {
   auto spec = ParseJobSpecYaml(kPretrain);
   ASSERT_TRUE(spec.ok()) << spec.status();

@@ -94,7 +94,7 @@ struct TpMap {
 // Every rank learns whether every rank succeeded (an all-reduce of a failure flag over TP,
 // then DP): no rank is left waiting in a later collective when another one failed.
 absl::Status Agree(const Group& g, const absl::Status& local, const char* phase) {
-  runtime::Backend& b = *g.trainer->backend();
+  runtime::Backend& b = g.trainer != nullptr ? *g.trainer->backend() : g.model->backend();
   float flag = local.ok() ? 0.f : 1.f;
   auto reduce = [&](comm::Communicator* c) -> absl::Status {
     if (c == nullptr || c->size() == 1) return absl::OkStatus();
@@ -346,6 +346,12 @@ absl::StatusOr<int64_t> LoadLocal(const std::string& path, const Group& g) {
                                                      absl::StrJoin(spec.shape, ", "), "]"));
     std::vector<float> local[3];
     const char* parts[3] = {"value", "exp_avg", "exp_avg_sq"};
+    if (g.trainer == nullptr) {  // weights only (inference): the values into the model
+      if (!t.contains("value")) return absl::DataLossError(absl::StrCat("checkpoint ", path, ": ", spec.name, " has no value"));
+      TESSERA_ASSIGN_OR_RETURN(std::vector<float> global, Assemble(spec.name + " value", spec.shape, t["value"], files));
+      TESSERA_RETURN_IF_ERROR(g.model->SetGlobal(params[i], global));
+      continue;
+    }
     for (int k = 0; k < 3; ++k) {
       if (!t.contains(parts[k])) return absl::DataLossError(absl::StrCat("checkpoint ", path, ": ", spec.name, " has no ", parts[k]));
       TESSERA_ASSIGN_OR_RETURN(std::vector<float> global,
@@ -387,10 +393,10 @@ absl::StatusOr<std::string> LatestCheckpoint(const std::string& dir) {
 }
 
 absl::StatusOr<int64_t> LoadCheckpoint(const std::string& path, const Group& g) {
-  if (g.model == nullptr || g.trainer == nullptr) return absl::InvalidArgumentError("checkpoint: no model or trainer");
+  if (g.model == nullptr) return absl::InvalidArgumentError("checkpoint: no model");
   auto step = LoadLocal(path, g);
   TESSERA_RETURN_IF_ERROR(Agree(g, step.status(), "load"));
-  g.trainer->set_step(*step);
+  if (g.trainer != nullptr) g.trainer->set_step(*step);
   return *step;
 }
 

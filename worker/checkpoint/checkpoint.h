@@ -48,7 +48,8 @@ absl::Status SaveCheckpoint(const std::string& dir, int64_t step, const Group& g
 // The directory D/latest names; NOT_FOUND when there is none yet.
 absl::StatusOr<std::string> LatestCheckpoint(const std::string& dir);
 
-// Loads a committed checkpoint directory (D/step-N) into this rank; returns N.
+// Loads a committed checkpoint directory (D/step-N) into this rank; returns N. Without a
+// trainer (inference) only the weights are loaded, into the model.
 absl::StatusOr<int64_t> LoadCheckpoint(const std::string& path, const Group& g);
 
 }  // namespace tessera::checkpoint

@@ -20,6 +20,7 @@
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/nccl_communicator.h"
 #include "worker/executor/comm_check.h"
+#include "worker/executor/generate.h"
 #include "worker/executor/train.h"
 #include "worker/executor/cuda_buffer_space.h"
 
@@ -90,6 +91,7 @@ class ExecutorServiceImpl final : public v1::ExecutorService::Service {
       gc = it->second;
     }
     if (req->method() == "comm_check") return ToGrpc(CommCheck(*gc, req->args_json(), resp));
+    if (req->method() == "generate") return ToGrpc(Generate(req->group(), *gc, resp));
     if (req->method() == "train_init" || req->method() == "train_step" || req->method() == "rl_step" ||
         req->method() == "rl_eval")
       return ToGrpc(Train(req->group(), req->method(), *gc, req->args_json(), resp));
@@ -155,6 +157,16 @@ class ExecutorServiceImpl final : public v1::ExecutorService::Service {
     TESSERA_ASSIGN_OR_RETURN(std::string out, method == "rl_step"   ? it->second->RlStep(n)
                                               : method == "rl_eval" ? it->second->RlEval(n)
                                                                     : it->second->Step(n));
+    resp->set_result_json(out);
+    return absl::OkStatus();
+  }
+
+  // generate: builds the group's generate session (model, weights) and runs it over this
+  // rank's share of the input file (worker/executor/generate.h).
+  absl::Status Generate(const std::string& group, GroupComms& gc, v1::CallResponse* resp) {
+    std::lock_guard<std::mutex> lk(train_mu_);
+    TESSERA_ASSIGN_OR_RETURN(auto session, GenerateSession::Create(cfg_.spec(), gc, cfg_.device_type(), cfg_.device_index()));
+    TESSERA_ASSIGN_OR_RETURN(std::string out, session->Run());
     resp->set_result_json(out);
     return absl::OkStatus();
   }

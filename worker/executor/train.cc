@@ -15,10 +15,8 @@
 
 namespace tessera::executor {
 
-absl::StatusOr<std::unique_ptr<TrainSession>> TrainSession::Create(const v1::JobSpec& spec, GroupComms& comms,
-                                                                   v1::DeviceType device, int device_index) {
+absl::StatusOr<model::LlamaConfig> ModelConfigFromSpec(const v1::JobSpec& spec, v1::DeviceType device) {
   const auto& m = spec.model();
-  const auto& t = spec.train();
   model::LlamaConfig config;
   if (!m.hf_dir().empty()) {  // the dims from the Hugging Face directory
     TESSERA_ASSIGN_OR_RETURN(config, checkpoint::ReadHfConfig(m.hf_dir()));
@@ -30,10 +28,18 @@ absl::StatusOr<std::unique_ptr<TrainSession>> TrainSession::Create(const v1::Job
   }
   // Mixed precision by default on GPUs (as Megatron's --bf16 / FSDP's MixedPrecision);
   // the CPU oracle stays f32 (bf16 on the CPU is emulated through f32: slower, no gain).
-  const std::string& precision = t.precision();
+  const std::string& precision = spec.train().precision();
   config.dtype = precision == "bf16" || ((precision.empty() || precision == "auto") && device == v1::GPU)
                      ? runtime::DType::kBF16
                      : runtime::DType::kF32;
+  return config;
+}
+
+absl::StatusOr<std::unique_ptr<TrainSession>> TrainSession::Create(const v1::JobSpec& spec, GroupComms& comms,
+                                                                   v1::DeviceType device, int device_index) {
+  const auto& m = spec.model();
+  const auto& t = spec.train();
+  TESSERA_ASSIGN_OR_RETURN(model::LlamaConfig config, ModelConfigFromSpec(spec, device));
   std::unique_ptr<TrainSession> s(new TrainSession());
   runtime::Device dev = device == v1::GPU ? runtime::Device::Cuda(device_index) : runtime::Device::Cpu();
   TESSERA_ASSIGN_OR_RETURN(s->backend_, runtime::MakeBackend(dev));

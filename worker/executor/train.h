@@ -23,6 +23,10 @@
 
 namespace tessera::executor {
 
+// The model's dims (the job's model section, or model.hf_dir's config.json) and compute
+// dtype (train.precision; auto: bf16 on GPUs, f32 on the CPU).
+absl::StatusOr<model::LlamaConfig> ModelConfigFromSpec(const v1::JobSpec& spec, v1::DeviceType device);
+
 class TrainSession {
  public:
   static absl::StatusOr<std::unique_ptr<TrainSession>> Create(const v1::JobSpec& spec, GroupComms& comms,

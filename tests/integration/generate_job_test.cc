@@ -1,0 +1,154 @@
+// The generate job kind through real daemons (one agent, two CPU slots): a pretrain job
+// writes a checkpoint (a Qwen2-style model: QKV bias), then generate jobs complete a JSONL
+// file of prompts with it over two DP ranks. The output keeps the input's order and keys,
+// and every completion equals what this process's own rollout engine generates from the
+// same checkpoint (greedy, and sampled with the job's per-line seeds): the DP split, the
+// weights-only checkpoint load and the part files joined in order change nothing. Bad
+// input fails the job naming the file and line, and leaves no output.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "common/job_spec.h"
+#include "common/util.h"
+#include "tests/integration/cluster.h"
+#include "worker/checkpoint/checkpoint.h"
+#include "worker/engine/rollout.h"
+
+namespace tessera::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using json = nlohmann::json;
+
+v1::Job RunJob(Cluster& c, const v1::JobSpec& spec, std::string* progress_out = nullptr) {
+  auto r = c.client().Submit(spec, "");
+  EXPECT_TRUE(r.ok()) << r.status();
+  std::ostringstream progress;
+  auto job = c.client().Watch(r->job().job_id(), progress);
+  EXPECT_TRUE(job.ok()) << job.status();
+  if (progress_out != nullptr) *progress_out = progress.str();
+  return job.ok() ? *job : v1::Job();
+}
+
+v1::JobSpec GenerateSpec(const std::string& dir, const std::string& input, const std::string& output) {
+  auto s = ParseJobSpecYaml(absl::StrCat(
+      "name: gen\nkind: generate\ncollective_timeout_s: 30\ngroups:\n  - name: rollout\n    devices: 2\n"
+      "    layout: {tp: 1, dp: 2}\n"
+      "model: {vocab_size: 256, hidden: 32, num_layers: 2, num_heads: 4, num_kv_heads: 2, ffn: 48, qkv_bias: true}\n"
+      "generate: {input: ", input, ", output: ", output, ", checkpoint: ", dir, "/ckpt, max_new_tokens: 9, max_running: 3}\n"));
+  EXPECT_TRUE(s.ok()) << s.status();
+  EXPECT_TRUE(NormalizeAndValidateJobSpec(*s).ok());
+  return *s;
+}
+
+// What the job should produce for line i: this process's engine on the same weights.
+std::vector<std::string> Reference(const std::vector<std::string>& prompts, const std::string& ckpt, float temperature,
+                                   int n, uint64_t seed) {
+  model::LlamaConfig c;
+  c.vocab = 256, c.hidden = 32, c.layers = 2, c.heads = 4, c.kv_heads = 2, c.ffn = 48, c.qkv_bias = true;
+  auto be = runtime::MakeCpuBackend();
+  auto m = model::Llama::Create(c, be.get());
+  EXPECT_TRUE(m.ok());
+  auto latest = checkpoint::LatestCheckpoint(ckpt);
+  EXPECT_TRUE(latest.ok()) << latest.status();
+  EXPECT_TRUE(checkpoint::LoadCheckpoint(*latest, {m->get(), nullptr}).ok());
+  engine::RolloutOptions o;
+  o.num_blocks = 64;
+  auto e = engine::RolloutEngine::Create(m->get(), o);
+  std::vector<engine::GenerationRequest> reqs;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    engine::GenerationRequest r;
+    r.prompt.assign(prompts[i].begin(), prompts[i].end());
+    r.params.max_new_tokens = 9, r.params.temperature = temperature, r.params.n = n;
+    r.params.seed = seed + i * 7919u;
+    reqs.push_back(r);
+  }
+  auto got = (*e)->Generate(reqs);
+  EXPECT_TRUE(got.ok()) << got.status();
+  std::vector<std::string> out;
+  if (got.ok())
+    for (const auto& comp : *got) out.emplace_back(comp.tokens.begin(), comp.tokens.end());
+  return out;
+}
+
+TEST(GenerateJob, CompletesAJsonlFileAsTheEngineDoes) {
+  Cluster c({.agents = 1, .cpu_slots = 2});
+  ASSERT_TRUE(c.StartController().ok());
+  ASSERT_TRUE(c.StartAgent(0).ok());
+  ASSERT_TRUE(c.WaitNodes(1, 20000).ok());
+  // Weights: a short pretrain run's checkpoint.
+  v1::JobSpec pt = PretrainSpec(2, 1, 0, 3);
+  pt.mutable_train()->mutable_checkpoint()->set_dir(c.dir() + "/ckpt");
+  ASSERT_EQ(RunJob(c, pt).state(), v1::SUCCEEDED);
+  // Seven prompts (an odd count: the DP ranks take 3 and 4), extra keys on some.
+  const std::vector<std::string> prompts = {"12+34=", "hello", "a", "The quick brown fox", "7+8=", "zz", "0123456789"};
+  const std::string input = c.dir() + "/prompts.jsonl", output = c.dir() + "/out.jsonl";
+  {
+    std::ofstream f(input);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      json j{{"prompt", prompts[i]}};
+      if (i % 2 == 0) j["id"] = absl::StrCat("p", i);
+      f << j.dump() << "\n";
+      if (i == 3) f << "\n";  // blank lines are skipped
+    }
+  }
+  std::string progress;
+  v1::Job job = RunJob(c, GenerateSpec(c.dir(), input, output), &progress);
+  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason() << "\n" << progress;
+  EXPECT_THAT(progress, HasSubstr("7 prompts, 7 completions"));
+  auto check = [&](float temperature, int n, uint64_t seed) {
+    const std::vector<std::string> want = Reference(prompts, c.dir() + "/ckpt", temperature, n, seed);
+    auto text = ReadFile(output);
+    ASSERT_TRUE(text.ok()) << text.status();
+    std::istringstream lines(*text);
+    std::string line;
+    size_t i = 0;
+    for (; std::getline(lines, line); ++i) {
+      ASSERT_LT(i, prompts.size());
+      const json j = json::parse(line);
+      EXPECT_EQ(j["prompt"], prompts[i]);
+      EXPECT_EQ(j.contains("id"), i % 2 == 0);
+      ASSERT_EQ(j["completions"].size(), size_t(n));
+      for (int k = 0; k < n; ++k) {
+        const json& comp = j["completions"][k];
+        const std::string& w = want[i * n + k];
+        EXPECT_EQ(comp["token_ids"].get<std::vector<int32_t>>(), std::vector<int32_t>(
+                      reinterpret_cast<const unsigned char*>(w.data()), reinterpret_cast<const unsigned char*>(w.data()) + w.size()))
+            << "line " << i << " sample " << k;
+        // The text: the same bytes where they are UTF-8, U+FFFD for each byte that is not.
+        const std::string replaced = json::parse(json(w).dump(-1, ' ', false, json::error_handler_t::replace)).get<std::string>();
+        EXPECT_EQ(comp["text"].get<std::string>(), replaced);
+        EXPECT_EQ(comp["num_tokens"], 9);
+        EXPECT_EQ(comp["finish_reason"], "length");
+        EXPECT_LE(comp["cumulative_logprob"].get<double>(), 0.0);
+      }
+    }
+    EXPECT_EQ(i, prompts.size());
+    EXPECT_FALSE(ReadFile(output + ".part-0").ok()) << "part files are removed";
+  };
+  check(1.f, 1, 0);  // the default: temperature 1, seed 0
+  v1::JobSpec greedy = GenerateSpec(c.dir(), input, output);
+  greedy.mutable_generate()->set_temperature(0);
+  greedy.mutable_generate()->set_n(2);
+  ASSERT_EQ(RunJob(c, greedy).state(), v1::SUCCEEDED);
+  check(0.f, 2, 0);
+  // Bad input: the job fails naming the file and the line; the output is not replaced.
+  const std::string before = *ReadFile(output);
+  {
+    std::ofstream f(input, std::ios::app);
+    f << "{\"text\": \"no prompt here\"}\n";
+  }
+  job = RunJob(c, GenerateSpec(c.dir(), input, output));
+  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_THAT(job.reason(), HasSubstr("prompts.jsonl:9: expected {\"prompt\""));
+  EXPECT_EQ(*ReadFile(output), before);
+}
+
+}  // namespace
+}  // namespace tessera::testing

@@ -1,0 +1,153 @@
+#include "worker/executor/generate.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "common/util.h"
+#include "worker/checkpoint/checkpoint.h"
+#include "worker/checkpoint/hf.h"
+#include "worker/executor/train.h"
+
+namespace tessera::executor {
+using json = nlohmann::json;
+
+absl::StatusOr<std::unique_ptr<GenerateSession>> GenerateSession::Create(const v1::JobSpec& spec, GroupComms& comms,
+                                                                         v1::DeviceType device, int device_index) {
+  std::unique_ptr<GenerateSession> s(new GenerateSession());
+  s->g_ = spec.generate();
+  TESSERA_ASSIGN_OR_RETURN(model::LlamaConfig config, ModelConfigFromSpec(spec, device));
+  const runtime::Device dev = device == v1::GPU ? runtime::Device::Cuda(device_index) : runtime::Device::Cpu();
+  TESSERA_ASSIGN_OR_RETURN(s->backend_, runtime::MakeBackend(dev));
+  auto comm_of = [&](parallel::GroupKind k) -> comm::Communicator* {
+    auto it = comms.comms.find(k);
+    return it == comms.comms.end() ? nullptr : it->second.get();
+  };
+  s->tp_ = comm_of(parallel::GroupKind::kTp);
+  s->dp_ = comm_of(parallel::GroupKind::kDp);
+  s->dp_rank_ = s->dp_ != nullptr ? s->dp_->rank() : 0;
+  s->dps_ = comms.layout.dp;
+  if (device == v1::GPU)
+    for (auto& [kind, c] : comms.comms)
+      if (c != nullptr) TESSERA_RETURN_IF_ERROR(c->OrderWith(s->backend_->stream()));
+  TESSERA_ASSIGN_OR_RETURN(s->model_, model::Llama::Create(config, s->backend_.get(), s->tp_));
+  if (!spec.model().hf_dir().empty()) {
+    TESSERA_RETURN_IF_ERROR(checkpoint::ImportHf(spec.model().hf_dir(), *s->model_));
+  } else {
+    std::string from = s->g_.checkpoint();
+    if (!ReadFile(from + "/metadata.json").ok()) {  // a checkpoint directory: its latest step
+      auto latest = checkpoint::LatestCheckpoint(from);
+      if (!latest.ok())
+        return absl::NotFoundError(absl::StrCat("generate.checkpoint: ", latest.status().message()));
+      from = *latest;
+    }
+    TESSERA_RETURN_IF_ERROR(checkpoint::LoadCheckpoint(from, {s->model_.get(), nullptr, s->tp_, s->dp_, nullptr}).status());
+  }
+  return s;
+}
+
+absl::StatusOr<std::string> GenerateSession::Run() {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::ifstream in(g_.input());
+  if (!in) return absl::NotFoundError(absl::StrCat("generate.input: cannot read ", g_.input()));
+  // Every rank reads the whole file (the line numbers name errors) and keeps its share.
+  std::vector<json> lines;
+  std::string line;
+  for (int64_t no = 1; std::getline(in, line); ++no) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    json j = json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.is_object() || !j.contains("prompt") || !j["prompt"].is_string() ||
+        j["prompt"].get<std::string>().empty())
+      return absl::InvalidArgumentError(absl::StrCat(g_.input(), ":", no, ": expected {\"prompt\": \"non-empty string\", ...}"));
+    lines.push_back(std::move(j));
+  }
+  if (lines.empty()) return absl::InvalidArgumentError(absl::StrCat(g_.input(), ": no prompts"));
+  const int64_t total = static_cast<int64_t>(lines.size());
+  const int64_t begin = total * dp_rank_ / dps_, end = total * (dp_rank_ + 1) / dps_;
+  std::vector<engine::GenerationRequest> reqs;
+  int64_t longest = 1;
+  for (int64_t i = begin; i < end; ++i) {
+    const std::string p = lines[i]["prompt"].get<std::string>();
+    engine::GenerationRequest r;
+    r.prompt.assign(reinterpret_cast<const unsigned char*>(p.data()), reinterpret_cast<const unsigned char*>(p.data()) + p.size());
+    r.params.n = g_.n(), r.params.max_new_tokens = g_.max_new_tokens();
+    r.params.temperature = static_cast<float>(g_.temperature()), r.params.top_k = g_.top_k();
+    r.params.top_p = static_cast<float>(g_.top_p());
+    r.params.seed = g_.seed() + static_cast<uint64_t>(i) * 7919u;  // by global line: any DP split draws the same
+    for (const std::string& st : g_.stop()) r.params.stop_tokens.push_back(static_cast<unsigned char>(st[0]));
+    longest = std::max<int64_t>(longest, static_cast<int64_t>(r.prompt.size()));
+    reqs.push_back(std::move(r));
+  }
+  int64_t completions = 0, tokens = 0;
+  std::string part;
+  if (!reqs.empty()) {
+    engine::RolloutOptions o;
+    o.block_size = 16;
+    o.max_running = g_.max_running();
+    const int64_t per_seq = longest + g_.max_new_tokens();
+    const int64_t cache_tokens = g_.cache_tokens() > 0 ? g_.cache_tokens() : o.max_running * per_seq;
+    o.num_blocks = (cache_tokens + o.block_size - 1) / o.block_size;
+    TESSERA_ASSIGN_OR_RETURN(auto engine, engine::RolloutEngine::Create(model_.get(), o));
+    auto got = engine->Generate(reqs);
+    if (!got.ok()) {  // name the input line, not the rank's request index
+      std::string m(got.status().message());
+      if (m.rfind("requests[", 0) == 0) {
+        const int64_t idx = std::atoll(m.c_str() + 9);
+        m = absl::StrCat(g_.input(), ": prompt ", begin + idx + 1, m.substr(m.find(']') + 1));
+      }
+      return absl::Status(got.status().code(), m);
+    }
+    std::vector<json> outs(reqs.size());
+    for (json& o : outs) o = json::array();
+    for (const engine::Completion& c : *got) {
+      double logprob = 0;
+      for (float l : c.logprobs) logprob += l;
+      outs[c.request].push_back({{"text", std::string(c.tokens.begin(), c.tokens.end())},
+                                 {"token_ids", c.tokens},  // lossless: the text is UTF-8 with U+FFFD for bytes that are not
+                                 {"finish_reason", c.finish_reason},
+                                 {"num_tokens", c.tokens.size()},
+                                 {"cumulative_logprob", logprob}});
+      ++completions, tokens += static_cast<int64_t>(c.tokens.size());
+    }
+    for (size_t i = 0; i < outs.size(); ++i) {
+      json o = lines[begin + i];
+      o["completions"] = std::move(outs[i]);
+      absl::StrAppend(&part, o.dump(-1, ' ', false, json::error_handler_t::replace), "\n");  // bytes that are not UTF-8: U+FFFD
+    }
+  }
+  // TP rank 0 of each DP rank writes its part; after every rank has, DP rank 0 joins them.
+  const bool writer = tp_ == nullptr || tp_->rank() == 0;
+  const std::string part_path = absl::StrCat(g_.output(), ".part-", dp_rank_);
+  absl::Status wrote = writer ? WriteFileAtomic(part_path, part) : absl::OkStatus();
+  if (dp_ != nullptr) {
+    float ok = wrote.ok() ? 1.f : 0.f;  // every DP rank learns whether all parts exist
+    TESSERA_ASSIGN_OR_RETURN(runtime::Tensor buf, backend_->Empty({1}, runtime::DType::kF32));
+    TESSERA_RETURN_IF_ERROR(backend_->CopyFromHost(&ok, buf));
+    TESSERA_RETURN_IF_ERROR(dp_->AllReduce(buf.data(), buf.data(), 1, runtime::DType::kF32, comm::ReduceOp::kMin));
+    TESSERA_RETURN_IF_ERROR(dp_->Synchronize());  // under the watchdog, before the host waits
+    TESSERA_RETURN_IF_ERROR(backend_->CopyToHost(buf, &ok));
+    if (ok < 1.f && wrote.ok()) wrote = absl::InternalError("generate: another DP rank could not write its part");
+  }
+  TESSERA_RETURN_IF_ERROR(wrote);
+  json result{{"prompts", end - begin}, {"completions", completions}, {"tokens", tokens}};
+  if (writer && dp_rank_ == 0) {
+    std::string all;
+    for (int r = 0; r < dps_; ++r) {
+      const std::string p = absl::StrCat(g_.output(), ".part-", r);
+      TESSERA_ASSIGN_OR_RETURN(std::string text, ReadFile(p));
+      all += text;
+    }
+    TESSERA_RETURN_IF_ERROR(WriteFileAtomic(g_.output(), all));
+    for (int r = 0; r < dps_; ++r) unlink(absl::StrCat(g_.output(), ".part-", r).c_str());
+    result["output"] = g_.output();
+  }
+  result["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return result.dump();
+}
+
+}  // namespace tessera::executor

@@ -1,0 +1,40 @@
+// The executor's side of a generate job (batch inference, DESIGN §7): the model (TP over
+// the group's TP ranks) with its weights (generate.checkpoint, or model.hf_dir), the
+// rollout engine on it, and this DP rank's share of the input file's prompts.
+// Threading: one call at a time (the executor serializes them).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "tessera/v1/common.pb.h"
+#include "worker/engine/rollout.h"
+#include "worker/executor/executor.h"
+
+namespace tessera::executor {
+
+class GenerateSession {
+ public:
+  static absl::StatusOr<std::unique_ptr<GenerateSession>> Create(const v1::JobSpec& spec, GroupComms& comms,
+                                                                 v1::DeviceType device, int device_index);
+  // Generates this DP rank's prompts (lines [r·N/dp, (r+1)·N/dp) of the input) and, on TP
+  // rank 0, writes them to <output>.part-<r>; after a barrier over the DP group, DP rank 0
+  // (TP rank 0) joins the parts in order into <output> (a temporary file renamed) and
+  // removes them. Every rank must call it. JSON: prompts, completions, tokens (this DP
+  // rank's), seconds, and output on the rank that wrote it. INVALID_ARGUMENT naming the
+  // file and line for a line without a "prompt" string, a prompt token outside the
+  // vocabulary or a prompt that does not fit the cache; NOT_FOUND for a missing input.
+  absl::StatusOr<std::string> Run();
+
+ private:
+  GenerateSession() = default;
+  v1::GenerateSpec g_;
+  std::unique_ptr<runtime::Backend> backend_;
+  std::unique_ptr<model::Llama> model_;
+  comm::Communicator* tp_ = nullptr;
+  comm::Communicator* dp_ = nullptr;
+  int dp_rank_ = 0, dps_ = 1;
+};
+
+}  // namespace tessera::executor
