@@ -8,7 +8,7 @@
 //
 //   grpo_arithmetic [--digits 2] [--sft-steps 300] [--grpo-steps 60] [--hidden 128]
 //                   [--layers 4] [--eval 200] [--group 8] [--prompts 16] [--lr 3e-5] [--kl 0.01]
-//                   [--warmup 0] [--device cpu|cuda]
+//                   [--warmup 0] [--sft-lr 3e-3] [--careless 0] [--pool 0] [--device cpu|cuda]
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -78,7 +78,7 @@ int main(int argc, char** argv) {
   auto secs = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
   // SFT.
   engine::OptimizerOptions so;
-  so.lr = 3e-3f, so.min_lr = 3e-4f, so.warmup_steps = 20, so.total_steps = sft_steps, so.weight_decay = 0.f;
+  so.lr = a.count("sft-lr") ? std::strtof(a["sft-lr"].c_str(), nullptr) : 3e-3f, so.min_lr = so.lr / 10, so.warmup_steps = 20, so.total_steps = sft_steps, so.weight_decay = 0.f;
   auto sft = engine::Trainer::Create(actor->get(), be->get(), nullptr, nullptr, so);
   if (!sft.ok()) return fprintf(stderr, "%s\n", sft.status().ToString().c_str()), 1;
   for (int64_t s = 0; s < sft_steps; ++s) {
