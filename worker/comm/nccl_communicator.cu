@@ -142,8 +142,22 @@ class NcclCommunicator final : public Communicator {
           ncclResult_t r = ncclCommSplit(comm_, in ? 0 : NCCL_SPLIT_NOCOLOR, me == src ? 0 : 1,
                                          const_cast<ncclComm_t*>(&child), &cfg);
           if (absl::Status s = CheckOn(comm_, r); !s.ok()) return s;
-          if (!in) continue;
+          // The split is a collective of the parent, and a non-blocking parent takes no new
+          // call before it completes: every rank — in this link or not — waits for it
+          // here. (Ranks outside a link used to go straight to the next split: with pp 4
+          // the parent refused it, "Attempt to use communicator before the previous
+          // operation returned ncclSuccess", and the link's own ranks waited forever.)
           const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms_);
+          ncclResult_t parent = ncclInProgress;
+          while (true) {
+            ncclCommGetAsyncError(comm_, &parent);
+            if (parent != ncclInProgress || std::chrono::steady_clock::now() >= deadline) break;
+            std::this_thread::sleep_for(std::chrono::microseconds(100));
+          }
+          if (parent == ncclInProgress)
+            return absl::DeadlineExceededError(absl::StrCat("ncclCommSplit did not complete within ", timeout_ms_, " ms"));
+          if (absl::Status s = CheckOn(comm_, parent); !s.ok()) return s;
+          if (!in) continue;
           while (child == nullptr && std::chrono::steady_clock::now() < deadline)
             std::this_thread::sleep_for(std::chrono::microseconds(100));
           if (child == nullptr)

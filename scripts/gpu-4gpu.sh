@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Issue 4's four-GPU checks in one call (dist/ from scripts/make-dist.sh), on a 4-GPU host:
+#   1. trainer_gpu_test: every oracle layout, those of 4 ranks included (pp4 vpp2 1F1B and
+#      GPipe with tied embeddings, tp2 pp2, pp2 dp2 ZeRO-1, tp2 dp2, tp2 cp2 ...);
+#   2. train_bench (~1B Llama, seq 4096, 4 micro-batches per DP rank): 1 GPU, dp2 and dp4
+#      (DP weak scaling), and pp4 with 8 micro-batches, vpp 1 and 2 (the measured bubble).
+# Logs in $OUT; a short table last.
+set -uo pipefail
+source "$(dirname "$0")/gpu-env.sh"
+card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+ngpu=$(nvidia-smi -L | wc -l)
+echo "== $ngpu x $card"
+timeout 270 dist/bin/trainer_gpu_test > "$OUT/trainer_gpu_test.txt" 2>&1; echo "trainer_gpu_test: exit $?"
+grep -E "^\[  (FAILED|SKIPPED) |Failure" "$OUT/trainer_gpu_test.txt" | head -20
+grep -cE "^\[       OK \]" "$OUT/trainer_gpu_test.txt" | sed 's/^/layouts passed: /'
+shape="--hidden 2048 --layers 16 --heads 32 --kv-heads 8 --ffn 8192 --vocab 128256 --seq 4096 --steps 6 --warmup 3"
+: > "$OUT/scale.jsonl"
+for a in "--micro 4" "--micro 4 --dp 2" "--micro 4 --dp 4" "--micro 8 --pp 4" "--micro 8 --pp 4 --vpp 2"; do
+  timeout 150 dist/bin/train_bench $shape $a >> "$OUT/scale.jsonl" 2>> "$OUT/scale.err" || echo "train_bench $a: failed"
+done
+python3 - "$OUT" "$card" <<'PY'
+import json, sys
+out, card = sys.argv[1:]
+print(f"\n== oracle layouts on GPUs ({card}): largest relative differences")
+for line in open(f"{out}/trainer_gpu_test.txt"):
+    if line.startswith("RESULT"):
+        print(line.strip()[7:][:260])
+rows = [json.loads(l) for l in open(f"{out}/scale.jsonl") if l.startswith("{")]
+print(f"\n== ~1B Llama, seq 4096, {card}")
+base = None
+for r in rows:
+    gpus = r["tp"] * r["dp"] * r.get("pp", 1)
+    per = r["tokens_per_s"] / gpus
+    if gpus == 1: base = per
+    name = f"tp{r['tp']} dp{r['dp']} pp{r.get('pp', 1)} vpp{r.get('vpp', 1)} m{r.get('micro')}"
+    extra = f"  bubble {r['bubble']:.3f} (ideal {r['bubble_ideal']:.3f})" if r.get("pp", 1) > 1 else ""
+    eff = f"{per / base:.1%}" if base and r.get("pp", 1) == 1 else ""
+    print(f"{name:24} gpus {gpus}  {r['step_ms']:8.1f} ms/step  {r['tokens_per_s']:9.0f} tokens/s  weak eff {eff:>6}{extra}")
+PY
