@@ -295,7 +295,8 @@ absl::Status ParseCommCheck(const YAML::Node& n, const std::string& path, v1::Co
 
 absl::Status ParseRl(const YAML::Node& n, const std::string& path, v1::RlSpec* r) {
   TESSERA_RETURN_IF_ERROR(CheckKeys(n, path, {"group_size", "prompts_per_step", "max_new_tokens", "temperature", "kl_coef",
-                                              "clip", "epochs", "mini_batches", "eval_every", "eval_problems"}));
+                                              "clip", "epochs", "mini_batches", "eval_every", "eval_problems", "reward_service",
+                                              "reward_timeout_s", "reward_ca_cert"}));
   for (const auto& kv : n) {
     const std::string k = kv.first.Scalar(), p = Join(path, k);
     const YAML::Node& v = kv.second;
@@ -306,6 +307,13 @@ absl::Status ParseRl(const YAML::Node& n, const std::string& path, v1::RlSpec* r
     else if (k == "mini_batches") ASSIGN_INT(r->set_mini_batches, v, p, 1, 1000000);
     else if (k == "eval_every") ASSIGN_INT(r->set_eval_every, v, p, 1, 1000000);
     else if (k == "eval_problems") ASSIGN_INT(r->set_eval_problems, v, p, 1, 1000000);
+    else if (k == "reward_service" || k == "reward_ca_cert") {
+      TESSERA_ASSIGN_OR_RETURN(auto str, AsString(v, p));
+      k == "reward_service" ? r->set_reward_service(str) : r->set_reward_ca_cert(str);
+    } else if (k == "reward_timeout_s") {
+      TESSERA_ASSIGN_OR_RETURN(double d, AsDouble(v, p, 0.001, 3600));
+      r->set_reward_timeout_s(d);
+    }
     else {
       TESSERA_ASSIGN_OR_RETURN(double d, AsDouble(v, p, k == "clip" ? 1e-6 : 0, k == "clip" ? 1 : 100));
       if (k == "temperature") r->set_temperature(d);
@@ -559,6 +567,13 @@ static absl::Status ValidateGrpo(JobSpec& spec) {
   if (r->mini_batches() == 0) r->set_mini_batches(1);
   if (r->eval_every() == 0) r->set_eval_every(10);
   if (r->eval_problems() == 0) r->set_eval_problems(200);
+  if (r->reward_timeout_s() == 0) r->set_reward_timeout_s(30);
+  if (!r->reward_service().empty() && r->reward_service().rfind(':') == std::string::npos)
+    return Bad("rl.reward_service", absl::StrCat("'", r->reward_service(), "' must be host:port"));
+  if (!r->reward_ca_cert().empty()) {
+    if (r->reward_service().empty()) return Bad("rl.reward_ca_cert", "needs rl.reward_service");
+    TESSERA_RETURN_IF_ERROR(CheckCleanAbsolute("rl.reward_ca_cert", r->reward_ca_cert()));
+  }
   if (r->prompts_per_step() % l.dp() != 0)
     return Bad("rl.prompts_per_step", absl::StrCat(r->prompts_per_step(), " prompts do not split over dp=", l.dp(), " ranks"));
   const int64_t samples = int64_t(r->prompts_per_step() / l.dp()) * r->group_size();
@@ -723,7 +738,8 @@ absl::Status CheckJobPaths(const v1::JobSpec& spec, const std::vector<std::strin
                              std::pair{"train.data.path", spec.train().data().path()},
                              std::pair{"generate.input", spec.generate().input()},
                              std::pair{"generate.output", spec.generate().output()},
-                             std::pair{"generate.checkpoint", spec.generate().checkpoint()}}) {
+                             std::pair{"generate.checkpoint", spec.generate().checkpoint()},
+                             std::pair{"rl.reward_ca_cert", spec.rl().reward_ca_cert()}}) {
     if (path.empty()) continue;
     TESSERA_RETURN_IF_ERROR(CheckCleanAbsolute(field, path));
     bool inside = false;

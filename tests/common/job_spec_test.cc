@@ -131,6 +131,12 @@ TEST(JobSpec, GrpoDefaultsAndRefusals) {
   EXPECT_EQ(ok->rl().eval_every(), 10);
   EXPECT_EQ(ok->rl().eval_problems(), 200);
   EXPECT_THAT(std::string(check({"rl.eval_every=0"}).status().message()), HasSubstr("rl.eval_every"));
+  EXPECT_DOUBLE_EQ(ok->rl().reward_timeout_s(), 30.0);
+  EXPECT_TRUE(check({"rl.reward_service=127.0.0.1:7000", "rl.reward_timeout_s=2"}).ok());
+  EXPECT_THAT(std::string(check({"rl.reward_service=scorer"}).status().message()),
+              HasSubstr("rl.reward_service: 'scorer' must be host:port"));
+  EXPECT_THAT(std::string(check({"rl.reward_ca_cert=/ca.pem"}).status().message()),
+              HasSubstr("rl.reward_ca_cert: needs rl.reward_service"));
   EXPECT_THAT(std::string(check({"train.data.careless=0.5"}).status().message()),
               HasSubstr("train.data.careless: is for sft/pretrain data"));
   EXPECT_TRUE(check({"rl.group_size=4", "rl.kl_coef=0.05", "rl.mini_batches=4"}).ok());

@@ -1,6 +1,7 @@
 #include "worker/engine/grpo.h"
 
 #include <chrono>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
@@ -54,6 +55,17 @@ void Pack(const std::vector<Sample>& samples, size_t begin, size_t end, model::T
 absl::StatusOr<GrpoStats> GrpoStep(RolloutEngine& rollout, model::Llama& actor, Trainer& trainer, model::Llama* reference,
                                    const std::vector<std::vector<int32_t>>& prompts, const RewardFn& reward,
                                    const GrpoOptions& o, uint64_t seed) {
+  const BatchRewardFn batch = [&](const std::vector<Completion>& cs) -> absl::StatusOr<std::vector<double>> {
+    std::vector<double> r;
+    for (const Completion& c : cs) r.push_back(reward(static_cast<size_t>(c.request), c.tokens));
+    return r;
+  };
+  return GrpoStep(rollout, actor, trainer, reference, prompts, batch, o, seed);
+}
+
+absl::StatusOr<GrpoStats> GrpoStep(RolloutEngine& rollout, model::Llama& actor, Trainer& trainer, model::Llama* reference,
+                                   const std::vector<std::vector<int32_t>>& prompts, const BatchRewardFn& reward,
+                                   const GrpoOptions& o, uint64_t seed) {
   if (o.group_size < 2) return absl::InvalidArgumentError(absl::StrCat("grpo: group_size ", o.group_size, "; need >= 2"));
   if (o.epochs < 1 || o.mini_batches < 1)
     return absl::InvalidArgumentError(absl::StrCat("grpo: epochs (", o.epochs, ") and mini_batches (", o.mini_batches,
@@ -77,12 +89,15 @@ absl::StatusOr<GrpoStats> GrpoStep(RolloutEngine& rollout, model::Llama& actor, 
   TESSERA_ASSIGN_OR_RETURN(std::vector<Completion> completions, rollout.Generate(requests));
   stats.generate_s = Since(t);
   // Rewards and group-normalized advantages (completions come ordered by prompt, sample).
-  std::vector<double> rewards;
+  TESSERA_ASSIGN_OR_RETURN(std::vector<double> rewards, reward(completions));
+  if (rewards.size() != completions.size())
+    return absl::InvalidArgumentError(absl::StrCat("grpo: ", rewards.size(), " rewards for ", completions.size(), " completions"));
   std::vector<Sample> samples;
-  for (const Completion& c : completions) {
-    rewards.push_back(reward(static_cast<size_t>(c.request), c.tokens));
+  for (size_t i = 0; i < completions.size(); ++i) {
+    const Completion& c = completions[i];
+    if (!std::isfinite(rewards[i])) return absl::InvalidArgumentError(absl::StrCat("grpo: reward ", i, " is not finite"));
     samples.push_back(MakeSample(prompts[c.request], c.tokens));
-    stats.reward += rewards.back() / total;
+    stats.reward += rewards[i] / total;
     stats.response_length += static_cast<double>(c.tokens.size()) / total;
   }
   rl::GroupAdvantageOptions ao = o.advantages;

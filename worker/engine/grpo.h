@@ -42,5 +42,11 @@ using RewardFn = std::function<double(size_t prompt, const std::vector<int32_t>&
 absl::StatusOr<GrpoStats> GrpoStep(RolloutEngine& rollout, model::Llama& actor, Trainer& trainer, model::Llama* reference,
                                    const std::vector<std::vector<int32_t>>& prompts, const RewardFn& reward,
                                    const GrpoOptions& options, uint64_t seed);
+// The same with all of a step's completions scored in one call (an external reward
+// service): one reward per completion, in order; an error fails the step.
+using BatchRewardFn = std::function<absl::StatusOr<std::vector<double>>(const std::vector<Completion>& completions)>;
+absl::StatusOr<GrpoStats> GrpoStep(RolloutEngine& rollout, model::Llama& actor, Trainer& trainer, model::Llama* reference,
+                                   const std::vector<std::vector<int32_t>>& prompts, const BatchRewardFn& reward,
+                                   const GrpoOptions& options, uint64_t seed);
 
 }  // namespace tessera::engine

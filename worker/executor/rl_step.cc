@@ -7,6 +7,8 @@
 #include "worker/engine/grpo.h"
 #include "worker/engine/weight_sync.h"
 #include "worker/executor/train.h"
+#include "common/grpc_util.h"
+#include "common/util.h"
 
 namespace tessera::executor {
 
@@ -29,7 +31,67 @@ absl::Status TrainSession::MakeRl(const v1::JobSpec& spec, int dp_rank, int dps)
   const int64_t longest = 2 * spec.train().data().digits() + 2 + rl_.max_new_tokens();  // "a+b=" + the completion
   ro.num_blocks = ro.max_running * ((longest + ro.block_size - 1) / ro.block_size);
   TESSERA_ASSIGN_OR_RETURN(rollout_, engine::RolloutEngine::Create(model_.get(), ro));
+  job_name_ = spec.name();
+  if (!rl_.reward_service().empty() && (tp_ == nullptr || tp_->rank() == 0)) {
+    ChannelOptions co;
+    co.address = rl_.reward_service();
+    co.max_message_bytes = 256 << 20;
+    if (!rl_.reward_ca_cert().empty()) {
+      TESSERA_ASSIGN_OR_RETURN(co.ca_pem, ReadFile(rl_.reward_ca_cert()));
+    } else {
+      co.insecure = true;  // refused by MakeChannel unless the address is loopback
+    }
+    auto channel = MakeChannel(co);
+    if (!channel.ok())
+      return absl::Status(channel.status().code(), absl::StrCat("rl.reward_service: ", channel.status().message()));
+    reward_ = v1::RewardService::NewStub(*channel);
+  }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<double>> TrainSession::ServiceRewards(int64_t step, const std::vector<std::vector<int32_t>>& prompts,
+                                                                 const std::vector<std::string>& answers,
+                                                                 const std::vector<engine::Completion>& completions) {
+  const size_t n = completions.size();
+  std::vector<float> buf(n + 1, 0.f);  // [ok, rewards...]
+  std::string error;
+  if (reward_ != nullptr) {
+    v1::ScoreRequest req;
+    req.set_job(job_name_), req.set_step(step), req.set_dp_rank(rl_dp_rank_);
+    for (const engine::Completion& c : completions) {
+      auto* s = req.add_samples();
+      s->set_prompt(std::string(prompts[c.request].begin(), prompts[c.request].end()));
+      s->set_completion(std::string(c.tokens.begin(), c.tokens.end()));
+      s->set_reference(answers[c.request]);
+    }
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::milliseconds(static_cast<int64_t>(rl_.reward_timeout_s() * 1000)));
+    v1::ScoreResponse resp;
+    const grpc::Status st = reward_->Score(&ctx, req, &resp);
+    if (!st.ok()) {
+      const std::string why = st.error_code() == grpc::DEADLINE_EXCEEDED
+                                  ? absl::StrCat("no answer within ", rl_.reward_timeout_s(), " s")
+                                  : absl::StrCat(absl::StatusCodeToString(static_cast<absl::StatusCode>(st.error_code())),
+                                                 st.error_message().empty() ? "" : ": ", st.error_message());
+      error = absl::StrCat("rl.reward_service ", rl_.reward_service(), ": Score failed (", why, ")");
+    } else if (static_cast<size_t>(resp.rewards_size()) != n) {
+      error = absl::StrCat("rl.reward_service ", rl_.reward_service(), ": ", resp.rewards_size(), " rewards for ", n, " samples");
+    } else {
+      buf[0] = 1.f;
+      for (size_t i = 0; i < n; ++i) buf[i + 1] = static_cast<float>(resp.rewards(static_cast<int>(i)));
+    }
+  }
+  if (tp_ != nullptr && tp_->size() > 1) {  // TP rank 0's answer (or its failure) to its peers
+    TESSERA_ASSIGN_OR_RETURN(runtime::Tensor t, backend_->Empty({static_cast<int64_t>(n + 1)}, runtime::DType::kF32));
+    TESSERA_RETURN_IF_ERROR(backend_->CopyFromHost(buf.data(), t));
+    TESSERA_RETURN_IF_ERROR(tp_->Broadcast(t.data(), n + 1, runtime::DType::kF32, 0));
+    TESSERA_RETURN_IF_ERROR(tp_->Synchronize());
+    TESSERA_RETURN_IF_ERROR(backend_->CopyToHost(t, buf.data()));
+    if (buf[0] != 1.f && error.empty()) error = "rl.reward_service: TP rank 0 got no rewards from the service";
+  }
+  if (!error.empty()) return absl::UnavailableError(error);
+  return std::vector<double>(buf.begin() + 1, buf.end());
 }
 
 absl::StatusOr<std::string> TrainSession::RlStep(int64_t step) {
@@ -54,8 +116,11 @@ absl::StatusOr<std::string> TrainSession::RlStep(int64_t step) {
   o.loss.kl_coef = rl_.kl_coef();
   o.loss.clip_low = o.loss.clip_high = rl_.clip();
   o.epochs = rl_.epochs(), o.mini_batches = rl_.mini_batches();
-  auto reward = [&](size_t i, const std::vector<int32_t>& c) {
-    return std::string(c.begin(), c.end()) == answers[i] ? 1.0 : 0.0;
+  const engine::BatchRewardFn reward = [&](const std::vector<engine::Completion>& cs) -> absl::StatusOr<std::vector<double>> {
+    if (!rl_.reward_service().empty()) return ServiceRewards(step, prompts, answers, cs);
+    std::vector<double> r;  // built in: exact match of the answer
+    for (const engine::Completion& c : cs) r.push_back(std::string(c.tokens.begin(), c.tokens.end()) == answers[c.request] ? 1.0 : 0.0);
+    return r;
   };
   TESSERA_ASSIGN_OR_RETURN(engine::GrpoStats st, engine::GrpoStep(*rollout_, *model_, *trainer_, reference_.get(), prompts,
                                                                   reward, o, static_cast<uint64_t>(step) * 1009 + rl_dp_rank_));

@@ -16,6 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "tessera/v1/common.pb.h"
+#include "tessera/v1/reward_service.grpc.pb.h"
 #include "worker/engine/data.h"
 #include "worker/engine/rollout.h"
 #include "worker/engine/trainer.h"
@@ -77,6 +78,13 @@ class TrainSession {
   std::unique_ptr<model::Llama> reference_;
   std::unique_ptr<engine::RolloutEngine> rollout_;
   int rl_dp_rank_ = 0, rl_dps_ = 1;
+  std::string job_name_;
+  std::unique_ptr<v1::RewardService::Stub> reward_;  // rl.reward_service (TP rank 0 calls it)
+  // The rewards of this rank's completions from the reward service: TP rank 0 calls it
+  // and broadcasts the rewards (or the failure) over TP, so TP peers never disagree.
+  absl::StatusOr<std::vector<double>> ServiceRewards(int64_t step, const std::vector<std::vector<int32_t>>& prompts,
+                                                     const std::vector<std::string>& answers,
+                                                     const std::vector<engine::Completion>& completions);
 };
 
 }  // namespace tessera::executor
