@@ -2,6 +2,7 @@
 // fast deterministic weight initialization.
 #pragma once
 
+#include <cstdlib>
 #include <map>
 #include <string>
 #include <vector>
@@ -16,6 +17,20 @@ inline std::map<std::string, std::string> Args(int argc, char** argv) {
   std::map<std::string, std::string> a;
   for (int i = 1; i + 1 < argc; i += 2) a[argv[i] + 2] = argv[i + 1];
   return a;
+}
+
+// The model's shape from --hidden --layers --heads --kv-heads --ffn --vocab --tied
+// --dtype (Llama-3.2-1B's by default: hidden 2048, 16 layers, 32/8 heads, ffn 8192,
+// 128 256 vocabulary, tied, RoPE base 500 000, bf16).
+inline model::LlamaConfig ConfigFromArgs(std::map<std::string, std::string>& a) {
+  auto get = [&](const char* k, int64_t d) { return a.count(k) ? std::atoll(a[k].c_str()) : d; };
+  model::LlamaConfig c;
+  c.hidden = get("hidden", 2048), c.layers = get("layers", 16), c.heads = get("heads", 32);
+  c.kv_heads = get("kv-heads", 8), c.ffn = get("ffn", 8192), c.vocab = get("vocab", 128256);
+  c.tie_embeddings = get("tied", 1) != 0;
+  c.rope_base = 500000.f;
+  c.dtype = a.count("dtype") && a["dtype"] == "f32" ? runtime::DType::kF32 : runtime::DType::kBF16;
+  return c;
 }
 
 // Fast deterministic init (the benchmark's values do not matter, only that they are

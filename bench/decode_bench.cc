@@ -49,12 +49,7 @@ double Seconds(engine::RolloutEngine& e, const std::vector<engine::GenerationReq
 int main(int argc, char** argv) {
   auto a = bench::Args(argc, argv);
   auto get = [&](const char* k, int64_t d) { return a.count(k) ? std::atoll(a[k].c_str()) : d; };
-  model::LlamaConfig c;
-  c.hidden = get("hidden", 2048), c.layers = get("layers", 16), c.heads = get("heads", 32);
-  c.kv_heads = get("kv-heads", 8), c.ffn = get("ffn", 8192), c.vocab = get("vocab", 128256);
-  c.tie_embeddings = get("tied", 1) != 0;
-  c.rope_base = 500000.f;
-  c.dtype = a.count("dtype") && a["dtype"] == "f32" ? runtime::DType::kF32 : runtime::DType::kBF16;
+  model::LlamaConfig c = bench::ConfigFromArgs(a);
   const int64_t prompt = get("prompt", 128), new_tokens = get("new", 128), reps = get("reps", 3);
   const double hbm = a.count("hbm-gbps") ? std::atof(a["hbm-gbps"].c_str()) : 3000.0;
   std::vector<int64_t> batches;

@@ -98,12 +98,7 @@ void RunRank(const model::LlamaConfig& c, int device, comm::Communicator* tp, co
 int main(int argc, char** argv) {
   auto a = Args(argc, argv);
   auto get = [&](const char* k, int64_t d) { return a.count(k) ? std::atoll(a[k].c_str()) : d; };
-  model::LlamaConfig c;
-  c.hidden = get("hidden", 2048), c.layers = get("layers", 16), c.heads = get("heads", 32);
-  c.kv_heads = get("kv-heads", 8), c.ffn = get("ffn", 8192), c.vocab = get("vocab", 128256);
-  c.tie_embeddings = get("tied", 1) != 0;
-  c.rope_base = 500000.f;
-  c.dtype = a.count("dtype") && a["dtype"] == "f32" ? runtime::DType::kF32 : runtime::DType::kBF16;
+  model::LlamaConfig c = bench::ConfigFromArgs(a);
   const int64_t seq = get("seq", 4096), micro = get("micro", 4), steps = get("steps", 10), warmup = get("warmup", 3);
   Layout l;
   l.tp = static_cast<int>(get("tp", 1)), l.dp = static_cast<int>(get("dp", 1)), l.zero = static_cast<int>(get("zero", 0));

@@ -89,6 +89,19 @@ TEST(RolloutGpu, EqualsTheTrainingEngine) {
             << "\n";
 }
 
+// How two runs of the same requests agree: completions with identical tokens, and the
+// largest log-prob difference over the tokens both share from the start.
+std::pair<int, double> Agreement(const std::vector<Completion>& a, const std::vector<Completion>& b) {
+  int identical = 0;
+  double max_abs = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    identical += a[i].tokens == b[i].tokens;
+    for (size_t t = 0; t < std::min(a[i].tokens.size(), b[i].tokens.size()) && a[i].tokens[t] == b[i].tokens[t]; ++t)
+      max_abs = std::max(max_abs, std::abs(double(a[i].logprobs[t]) - b[i].logprobs[t]));
+  }
+  return {identical, max_abs};
+}
+
 // Sampling on the GPU (the default without TP: logits never leave the device) draws
 // what the host draws from the same logits: the same counter-based u per (seed, step)
 // and the same truncation. Over 12 samples (f32 and bf16 models; greedy, temperature 1,
@@ -124,15 +137,9 @@ TEST(RolloutGpu, DeviceSamplingEqualsHostSampling) {
       runs.push_back(*got);
     }
     ASSERT_EQ(runs[0].size(), runs[1].size());
-    int identical = 0;
-    double max_abs = 0;
-    for (size_t i = 0; i < runs[0].size(); ++i) {
-      const Completion &d = runs[0][i], &h = runs[1][i];
-      identical += d.tokens == h.tokens;
-      for (size_t t = 0; t < std::min(d.tokens.size(), h.tokens.size()) && d.tokens[t] == h.tokens[t]; ++t)
-        max_abs = std::max(max_abs, std::abs(double(d.logprobs[t]) - h.logprobs[t]));
-      if (reqs[d.request].params.temperature == 0) EXPECT_EQ(d.tokens, h.tokens) << "greedy sample " << i;
-    }
+    const auto [identical, max_abs] = Agreement(runs[0], runs[1]);
+    for (size_t i = 0; i < runs[0].size(); ++i)
+      if (reqs[runs[0][i].request].params.temperature == 0) EXPECT_EQ(runs[0][i].tokens, runs[1][i].tokens) << "greedy sample " << i;
     EXPECT_GE(identical, static_cast<int>(runs[0].size()) - 1);
     EXPECT_LT(max_abs, 1e-4);
     std::cout << "RESULT device_vs_host_sampling dtype=" << runtime::DTypeName(dtype) << " identical=" << identical << "/"
@@ -174,14 +181,8 @@ TEST(RolloutGpu, CudaGraphDecodeEqualsEager) {
       runs.push_back(*got);
     }
     EXPECT_GT(graph_steps, decode_steps / 2) << "decode steps that replayed a graph";
-    int identical = 0;
-    double max_abs = 0;
-    for (size_t i = 0; i < runs[0].size(); ++i) {
-      const Completion &g = runs[0][i], &e = runs[1][i];
-      identical += g.tokens == e.tokens;
-      for (size_t t = 0; t < std::min(g.tokens.size(), e.tokens.size()) && g.tokens[t] == e.tokens[t]; ++t)
-        max_abs = std::max(max_abs, std::abs(double(g.logprobs[t]) - e.logprobs[t]));
-    }
+    ASSERT_EQ(runs[0].size(), runs[1].size());
+    const auto [identical, max_abs] = Agreement(runs[0], runs[1]);
     EXPECT_GE(identical, static_cast<int>(runs[0].size()) - 1);
     EXPECT_LT(max_abs, dtype == runtime::DType::kF32 ? 1e-4 : 5e-2);
     std::cout << "RESULT graph_vs_eager dtype=" << runtime::DTypeName(dtype) << " identical=" << identical << "/"
