@@ -11,6 +11,7 @@
 #include <iostream>
 
 #include "gtest/gtest.h"
+#include "common/status.h"
 #include "worker/comm/nccl_communicator.h"
 #include "worker/engine/rollout.h"
 #include "tests/worker/model/model_test_util.h"
@@ -89,6 +90,12 @@ TEST(RolloutGpu, EqualsTheTrainingEngine) {
             << "\n";
 }
 
+absl::StatusOr<std::unique_ptr<Llama>> RandomModel(runtime::Backend* be, runtime::DType dtype, uint64_t seed) {
+  TESSERA_ASSIGN_OR_RETURN(auto m, Llama::Create(Config(dtype), be));
+  TESSERA_RETURN_IF_ERROR(m->InitRandom(seed, 0.05f));
+  return m;
+}
+
 // How two runs of the same requests agree: completions with identical tokens, and the
 // largest log-prob difference over the tokens both share from the start.
 std::pair<int, double> Agreement(const std::vector<Completion>& a, const std::vector<Completion>& b) {
@@ -113,9 +120,8 @@ TEST(RolloutGpu, DeviceSamplingEqualsHostSampling) {
   auto be = runtime::MakeCudaBackend(0);
   ASSERT_TRUE(be.ok()) << be.status();
   for (runtime::DType dtype : {runtime::DType::kF32, runtime::DType::kBF16}) {
-    auto m = Llama::Create(Config(dtype), be->get());
+    auto m = RandomModel(be->get(), dtype, 5);
     ASSERT_TRUE(m.ok()) << m.status();
-    ASSERT_TRUE((*m)->InitRandom(5, 0.05f).ok());
     std::vector<GenerationRequest> reqs;
     for (int i = 0; i < 4; ++i) {
       GenerationRequest r;
@@ -156,9 +162,8 @@ TEST(RolloutGpu, CudaGraphDecodeEqualsEager) {
   auto be = runtime::MakeCudaBackend(0);
   ASSERT_TRUE(be.ok()) << be.status();
   for (runtime::DType dtype : {runtime::DType::kF32, runtime::DType::kBF16}) {
-    auto m = Llama::Create(Config(dtype), be->get());
+    auto m = RandomModel(be->get(), dtype, 9);
     ASSERT_TRUE(m.ok()) << m.status();
-    ASSERT_TRUE((*m)->InitRandom(9, 0.05f).ok());
     std::vector<GenerationRequest> reqs;
     for (int i = 0; i < 5; ++i) {
       GenerationRequest r;

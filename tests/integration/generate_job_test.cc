@@ -138,6 +138,12 @@ TEST(GenerateJob, CompletesAJsonlFileAsTheEngineDoes) {
   greedy.mutable_generate()->set_n(2);
   ASSERT_EQ(RunJob(c, greedy).state(), v1::SUCCEEDED);
   check(0.f, 2, 0);
+  // A cache too small for the longest prompt (19 bytes) + 9 new tokens: refused by name.
+  v1::JobSpec small = GenerateSpec(c.dir(), input, output);
+  small.mutable_generate()->set_cache_tokens(20);
+  job = RunJob(c, small);
+  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_THAT(job.reason(), HasSubstr("generate.cache_tokens: 20 tokens cannot hold prompt"));
   // Bad input: the job fails naming the file and the line; the output is not replaced.
   const std::string before = *ReadFile(output);
   {

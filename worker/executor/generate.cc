@@ -70,7 +70,7 @@ absl::StatusOr<std::string> GenerateSession::Run() {
   const int64_t total = static_cast<int64_t>(lines.size());
   const int64_t begin = total * dp_rank_ / dps_, end = total * (dp_rank_ + 1) / dps_;
   std::vector<engine::GenerationRequest> reqs;
-  int64_t longest = 1;
+  int64_t longest = 1, longest_line = begin;
   for (int64_t i = begin; i < end; ++i) {
     const std::string p = lines[i]["prompt"].get<std::string>();
     engine::GenerationRequest r;
@@ -80,7 +80,7 @@ absl::StatusOr<std::string> GenerateSession::Run() {
     r.params.top_p = static_cast<float>(g_.top_p());
     r.params.seed = g_.seed() + static_cast<uint64_t>(i) * 7919u;  // by global line: any DP split draws the same
     for (const std::string& st : g_.stop()) r.params.stop_tokens.push_back(static_cast<unsigned char>(st[0]));
-    longest = std::max<int64_t>(longest, static_cast<int64_t>(r.prompt.size()));
+    if (static_cast<int64_t>(r.prompt.size()) > longest) longest = static_cast<int64_t>(r.prompt.size()), longest_line = i;
     reqs.push_back(std::move(r));
   }
   int64_t completions = 0, tokens = 0;
@@ -91,20 +91,16 @@ absl::StatusOr<std::string> GenerateSession::Run() {
     o.max_running = g_.max_running();
     const int64_t per_seq = longest + g_.max_new_tokens();
     const int64_t cache_tokens = g_.cache_tokens() > 0 ? g_.cache_tokens() : o.max_running * per_seq;
+    if (cache_tokens < per_seq)  // the only request the engine could refuse: bytes are always tokens
+      return absl::InvalidArgumentError(absl::StrCat("generate.cache_tokens: ", cache_tokens, " tokens cannot hold prompt ",
+                                                     longest_line + 1, " of ", g_.input(), " (", longest,
+                                                     " tokens) + max_new_tokens (", g_.max_new_tokens(), ")"));
     o.num_blocks = (cache_tokens + o.block_size - 1) / o.block_size;
     TESSERA_ASSIGN_OR_RETURN(auto engine, engine::RolloutEngine::Create(model_.get(), o));
-    auto got = engine->Generate(reqs);
-    if (!got.ok()) {  // name the input line, not the rank's request index
-      std::string m(got.status().message());
-      if (m.rfind("requests[", 0) == 0) {
-        const int64_t idx = std::atoll(m.c_str() + 9);
-        m = absl::StrCat(g_.input(), ": prompt ", begin + idx + 1, m.substr(m.find(']') + 1));
-      }
-      return absl::Status(got.status().code(), m);
-    }
+    TESSERA_ASSIGN_OR_RETURN(std::vector<engine::Completion> got, engine->Generate(reqs));
     std::vector<json> outs(reqs.size());
     for (json& o : outs) o = json::array();
-    for (const engine::Completion& c : *got) {
+    for (const engine::Completion& c : got) {
       double logprob = 0;
       for (float l : c.logprobs) logprob += l;
       outs[c.request].push_back({{"text", std::string(c.tokens.begin(), c.tokens.end())},

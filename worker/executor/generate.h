@@ -23,8 +23,9 @@ class GenerateSession {
   // (TP rank 0) joins the parts in order into <output> (a temporary file renamed) and
   // removes them. Every rank must call it. JSON: prompts, completions, tokens (this DP
   // rank's), seconds, and output on the rank that wrote it. INVALID_ARGUMENT naming the
-  // file and line for a line without a "prompt" string, a prompt token outside the
-  // vocabulary or a prompt that does not fit the cache; NOT_FOUND for a missing input.
+  // file and line for a line without a "prompt" string, and naming generate.cache_tokens
+  // when the cache cannot hold the longest prompt + max_new_tokens; NOT_FOUND for a
+  // missing input.
   absl::StatusOr<std::string> Run();
 
  private:
