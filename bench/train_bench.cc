@@ -41,6 +41,7 @@ struct Result {
   absl::Status status;
   std::vector<double> losses;
   std::vector<double> pipeline_s, busy_s;  // per timed step (pipelines)
+  double dp_wait_s = 0;                     // summed over timed steps (StepStats::dp_wait_s)
   double seconds = 0, peak_gib = 0;
 };
 
@@ -88,6 +89,7 @@ void RunRank(const model::LlamaConfig& c, int device, comm::Communicator* tp, co
     if (!st.ok()) return fail(st.status());
     out.losses.push_back(st->loss);
     if (s >= warmup) out.pipeline_s.push_back(st->pipeline_s), out.busy_s.push_back(st->pipeline_busy_s);
+    if (s >= warmup) out.dp_wait_s += st->dp_wait_s;
   }
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   out.peak_gib = (*be)->allocator()->stats().peak_bytes / double(1 << 30);
@@ -96,6 +98,10 @@ void RunRank(const model::LlamaConfig& c, int device, comm::Communicator* tp, co
 }  // namespace
 
 int main(int argc, char** argv) {
+  // As the executor (worker/main.cc): every kernel loaded when CUDA starts, so no lazy load
+  // waits for a device where a pipeline's receive is spinning.
+  setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/0);
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", /*overwrite=*/0);
   auto a = Args(argc, argv);
   auto get = [&](const char* k, int64_t d) { return a.count(k) ? std::atoll(a[k].c_str()) : d; };
   model::LlamaConfig c = bench::ConfigFromArgs(a);
@@ -137,13 +143,14 @@ int main(int argc, char** argv) {
       RunRank(c, r, tpc.get(), dpc.get(), ppc.get(), l, seq, micro, steps, warmup, dpr, results[r]);
     });
   for (auto& t : threads) t.join();
-  double secs = 0, peak = 0;
+  double secs = 0, peak = 0, dp_wait = 0;
   for (int r = 0; r < world; ++r) {
     if (!results[r].status.ok()) {
       fprintf(stderr, "rank %d: %s\n", r, results[r].status.ToString().c_str());
       return 1;
     }
     secs = std::max(secs, results[r].seconds), peak = std::max(peak, results[r].peak_gib);
+    dp_wait = std::max(dp_wait, results[r].dp_wait_s);
   }
   const std::vector<double>& losses = results[world - 1].losses;  // every rank has the loss
   // The bubble of each timed step over the first pipeline (tp rank 0, dp rank 0).
@@ -167,11 +174,11 @@ int main(int argc, char** argv) {
   printf("{\"impl\": \"tessera\", \"dtype\": \"%s\", \"tp\": %d, \"dp\": %d, \"pp\": %d, \"vpp\": %d, \"schedule\": \"%s\", "
          "\"bubble\": %.4f, \"bubble_ideal\": %.4f, \"stage_ms_busy_ms\": [%s], \"zero\": %d, \"sp\": %d, \"params\": %lld, "
          "\"seq\": %lld, \"micro\": %lld, \"steps\": %lld, \"step_ms\": %.2f, \"tokens_per_s\": %.1f, \"tflops\": %.2f, "
-         "\"tflops_per_gpu\": %.2f, \"peak_gib\": %.2f, \"losses\": [",
+         "\"tflops_per_gpu\": %.2f, \"peak_gib\": %.2f, \"dp_wait_ms\": %.2f, \"losses\": [",
          runtime::DTypeName(c.dtype), tp, dp, pp, l.vpp, l.schedule == engine::Schedule::kGPipe ? "gpipe" : "1f1b", bubble,
          pp > 1 ? double(pp - 1) / (l.vpp * micro) : 0.0, stages.c_str(), zero, sp ? 1 : 0, static_cast<long long>(c.NumParams()),
          static_cast<long long>(seq), static_cast<long long>(micro), static_cast<long long>(steps), 1e3 * secs / steps,
-         tokens / secs, flops / secs / 1e12, flops / secs / 1e12 / world, peak);
+         tokens / secs, flops / secs / 1e12, flops / secs / 1e12 / world, peak, 1e3 * dp_wait / steps);
   for (size_t i = 0; i < losses.size(); ++i) printf("%s%.4f", i ? ", " : "", losses[i]);
   printf("]}\n");
   return 0;

@@ -10,13 +10,16 @@ source "$(dirname "$0")/gpu-env.sh"
 card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 ngpu=$(nvidia-smi -L | wc -l)
 echo "== $ngpu x $card"
-timeout 270 dist/bin/trainer_gpu_test > "$OUT/trainer_gpu_test.txt" 2>&1; echo "trainer_gpu_test: exit $?"
+timeout 270 dist/bin/trainer_gpu_test ${ORACLE_FILTER:+--gtest_filter=$ORACLE_FILTER} > "$OUT/trainer_gpu_test.txt" 2>&1
+echo "trainer_gpu_test: exit $?"
 grep -E "^\[  (FAILED|SKIPPED) |Failure" "$OUT/trainer_gpu_test.txt" | head -20
 grep -cE "^\[       OK \]" "$OUT/trainer_gpu_test.txt" | sed 's/^/layouts passed: /'
 shape="--hidden 2048 --layers 16 --heads 32 --kv-heads 8 --ffn 8192 --vocab 128256 --seq 4096 --steps 6 --warmup 3"
 : > "$OUT/scale.jsonl"
-for a in "--micro 4" "--micro 4 --dp 2" "--micro 4 --dp 4" "--micro 8 --pp 4" "--micro 8 --pp 4 --vpp 2"; do
-  timeout 150 dist/bin/train_bench $shape $a >> "$OUT/scale.jsonl" 2>> "$OUT/scale.err" || echo "train_bench $a: failed"
+IFS=';' read -ra runs <<< "${BENCH_RUNS:---micro 4;--micro 4 --dp 2;--micro 4 --dp 4;--micro 8 --pp 4;--micro 8 --pp 4 --vpp 2}"
+for a in "${runs[@]}"; do  # a run may start with NCCL settings: "NCCL_MAX_CTAS=8 --micro 4 --dp 4"
+  env_part=$(grep -oE '^([A-Z_]+=[^ ]+ )+' <<< "$a"); args=${a#"$env_part"}
+  env $env_part timeout 150 dist/bin/train_bench $shape $args | sed "s/^{/{\"env\": \"${env_part% }\", /" >> "$OUT/scale.jsonl" 2>> "$OUT/scale.err" || echo "train_bench $a: failed"
 done
 python3 - "$OUT" "$card" <<'PY'
 import json, sys
@@ -33,7 +36,8 @@ for r in rows:
     per = r["tokens_per_s"] / gpus
     if gpus == 1: base = per
     name = f"tp{r['tp']} dp{r['dp']} pp{r.get('pp', 1)} vpp{r.get('vpp', 1)} m{r.get('micro')}"
-    extra = f"  bubble {r['bubble']:.3f} (ideal {r['bubble_ideal']:.3f})" if r.get("pp", 1) > 1 else ""
+    extra = f"  bubble {r['bubble']:.3f} (ideal {r['bubble_ideal']:.3f})" if r.get("pp", 1) > 1 else f"  dp wait {r.get('dp_wait_ms', 0):.2f} ms"
+    if r.get("env"): name = r["env"] + " " + name
     eff = f"{per / base:.1%}" if base and r.get("pp", 1) == 1 else ""
-    print(f"{name:24} gpus {gpus}  {r['step_ms']:8.1f} ms/step  {r['tokens_per_s']:9.0f} tokens/s  weak eff {eff:>6}{extra}")
+    print(f"{name:40} gpus {gpus}  {r['step_ms']:8.1f} ms/step  {r['tokens_per_s']:9.0f} tokens/s  weak eff {eff:>6}{extra}")
 PY

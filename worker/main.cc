@@ -50,6 +50,10 @@ int main(int argc, char** argv) {
     // default 8 hardware queues those streams can alias and a waiting receive would hold
     // a send behind it. Set before CUDA starts; an operator's own value wins.
     setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", /*overwrite=*/0);
+    // Every kernel loaded when CUDA starts, not at its first launch: a lazy load waits for
+    // the device to drain, and a pipeline's NCCL receive spinning on the device may wait
+    // for a peer that waits for this very launch — the pp 4 hang (docs/training.md).
+    setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/0);
     tessera::InitLogging("executor", level);
     return tessera::executor::RunExecutor(eo);
   }

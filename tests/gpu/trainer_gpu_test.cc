@@ -40,6 +40,10 @@ model::LlamaConfig Config(runtime::DType dtype) {
 // enough hardware queues that those streams never serialize behind each other, set before
 // CUDA starts (the executor does the same in worker/main.cc).
 const bool kConnections = setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", /*overwrite=*/0) == 0;
+// Kernels loaded when CUDA starts (as the executor does): a kernel's lazy load at its first
+// launch waits for the device to drain, and a receive spinning there waits for a peer that
+// may wait for this rank's launch — pp 4 hung so on every run until this was set.
+const bool kEager = setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/0) == 0;
 
 class TrainerGpuTest : public ::testing::TestWithParam<Layout> {};
 
@@ -52,7 +56,9 @@ TEST_P(TrainerGpuTest, EqualsOneRank) {
     // The thread's rank set its device; the communicator's rank within the group differs.
     int device = 0;
     cudaGetDevice(&device);
-    auto c = comm::MakeNcclCommunicator(group, key, rank, size, &store, {device, 60000});
+    // TESSERA_TEST_TRACE=1 prints every operation as it is enqueued (a hang's last steps per rank).
+    const bool trace = std::getenv("TESSERA_TEST_TRACE") != nullptr;
+    auto c = comm::MakeNcclCommunicator(group, key, rank, size, &store, {device, 20000, trace});
     EXPECT_TRUE(c.ok()) << c.status();
     return c.ok() ? std::move(*c) : nullptr;
   };
@@ -116,6 +122,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Layout{"pp2_vpp2", 1, 1, 0, false, 1, 2, 2, Schedule::kOneFOneB, false, 8},
                       Layout{"pp4_vpp2_1f1b_tied", 1, 1, 0, true, 1, 4, 2, Schedule::kOneFOneB, false, 8},
                       Layout{"pp4_vpp2_gpipe_tied", 1, 1, 0, true, 1, 4, 2, Schedule::kGPipe, false, 8},
+                      Layout{"pp4_vpp2_1f1b", 1, 1, 0, false, 1, 4, 2, Schedule::kOneFOneB, false, 8},
+                      Layout{"pp4_1f1b_tied", 1, 1, 0, true, 1, 4, 1, Schedule::kOneFOneB, false, 8},
                       Layout{"tp2_pp2_1f1b", 2, 1, 0, false, 1, 2, 1, Schedule::kOneFOneB, false, 4},
                       Layout{"pp2_dp2_zero1_tied", 1, 2, 1, true, 1, 2, 1, Schedule::kOneFOneB, false, 4}),
     [](const auto& info) { return std::string(info.param.name); });

@@ -4,6 +4,7 @@
 #include <nccl.h>
 
 #include <atomic>
+#include <cstdio>
 #include <map>
 #include <string>
 #include <tuple>
@@ -46,8 +47,13 @@ ncclRedOp_t ToNccl(ReduceOp op) { return op == ReduceOp::kSum ? ncclSum : op == 
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(std::string name, int rank, int size, ncclComm_t comm, cudaStream_t stream, int device,
-                   int64_t timeout_ms)
-      : Communicator(std::move(name), rank, size), comm_(comm), stream_(stream), device_(device), timeout_ms_(timeout_ms) {}
+                   int64_t timeout_ms, bool trace)
+      : Communicator(std::move(name), rank, size), comm_(comm), stream_(stream), device_(device), timeout_ms_(timeout_ms),
+        trace_(trace) {}
+  void Trace(const char* op, int peer, int tag) {
+    if (trace_) fprintf(stderr, "trace %s r%d %s #%llu peer %d tag %d\n", name().c_str(), rank(), op,
+                        static_cast<unsigned long long>(seq()), peer, tag);
+  }
   ~NcclCommunicator() override {
     for (auto& [key, link] : links_) {
       if (!aborted_) ncclCommDestroy(link.comm);
@@ -85,12 +91,26 @@ class NcclCommunicator final : public Communicator {
         return Describe(absl::UnavailableError(absl::StrCat("NCCL error: ", ncclGetErrorString(async))), "synchronize");
       }
       if (std::chrono::steady_clock::now() > deadline) {
+        const std::string busy = BusyStreams();
         Abort();
         return Describe(absl::DeadlineExceededError(absl::StrCat(last_op(), " #", seq(), " did not complete within ",
-                                                                 timeout_ms_, " ms; communicator aborted")), "watchdog");
+                                                                 timeout_ms_, " ms (still running: ", busy,
+                                                                 "); communicator aborted")), "watchdog");
       }
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
+  }
+  // The streams with work left, each with the last operation enqueued on it: which of
+  // the group's stream and its links a stuck wait is waiting for.
+  std::string BusyStreams() {
+    std::string out;
+    auto add = [&](const std::string& what) { absl::StrAppend(&out, out.empty() ? "" : ", ", what); };
+    if (cudaStreamQuery(stream_) == cudaErrorNotReady) add(absl::StrCat("group stream, last ", group_op_, " #", group_seq_));
+    for (auto& [key, link] : links_)
+      if (cudaStreamQuery(link.stream) == cudaErrorNotReady)
+        add(absl::StrCat("link ", std::get<0>(key), "->", std::get<1>(key), " tag ", std::get<2>(key), ", last ",
+                         link.last_op, " #", link.last_seq));
+    return out.empty() ? "none" : out;
   }
   void Abort() override {
     if (aborted_.exchange(true)) return;
@@ -119,7 +139,9 @@ class NcclCommunicator final : public Communicator {
   struct LinkComm {
     ncclComm_t comm = nullptr;  // two ranks: the sender is rank 0
     cudaStream_t stream = nullptr;
-    bool pending = false;  // sends not yet joined (WaitSends)
+    bool pending = false;        // sends not yet joined (WaitSends)
+    const char* last_op = "none";  // what the stream ran last, for the watchdog's message
+    uint64_t last_seq = 0;
   };
   // Every link between ring neighbours (src -> src ± 1 mod size) for each of the 4 tags,
   // split from this communicator by every rank in one fixed order at the first tagged
@@ -202,9 +224,11 @@ class NcclCommunicator final : public Communicator {
       if (q == cudaSuccess) return absl::OkStatus();
       if (q != cudaErrorNotReady) return CudaError(q, what);
       if (std::chrono::steady_clock::now() > deadline) {
+        const std::string busy = BusyStreams();
         Abort();
         return Describe(absl::DeadlineExceededError(absl::StrCat(what, " did not complete within ", timeout_ms_,
-                                                                 " ms; communicator aborted")), "watchdog");
+                                                                 " ms (still running: ", busy,
+                                                                 "); communicator aborted")), "watchdog");
       }
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
@@ -251,6 +275,8 @@ class NcclCommunicator final : public Communicator {
   absl::Status ComputeWaits() { return overlap_ ? absl::OkStatus() : Join(); }
   template <typename F>
   absl::Status Ordered(F&& enqueue) {
+    group_op_ = last_op(), group_seq_ = seq();
+    Trace(last_op(), -1, -1);
     if (in_group_) return Check(enqueue());
     if (absl::Status s = WaitForCompute(); !s.ok()) return s;
     if (absl::Status s = Check(enqueue()); !s.ok()) return s;
@@ -278,6 +304,7 @@ class NcclCommunicator final : public Communicator {
     if (!barrier_buf_) {
       if (auto e = cudaMalloc(&barrier_buf_, 4); e != cudaSuccess) return CudaError(e, "cudaMalloc");
     }
+    group_op_ = last_op(), group_seq_ = seq();
     auto s = Check(ncclAllReduce(barrier_buf_, barrier_buf_, 1, ncclInt32, ncclSum, comm_, stream_));
     if (!s.ok()) return s;
     return Synchronize();
@@ -294,6 +321,8 @@ class NcclCommunicator final : public Communicator {
   absl::Status DoIsend(const void* buf, size_t n, DType t, int peer, int tag) override {
     TESSERA_NCCL_LINK_OR_RETURN(link, Link(rank(), peer, tag));
     if (absl::Status s = WaitForComputeOn(link->stream); !s.ok()) return s;
+    link->last_op = "isend", link->last_seq = seq();
+    Trace("isend", peer, tag);
     if (absl::Status s = CheckOn(link->comm, ncclSend(buf, n, ToNccl(t), 1, link->comm, link->stream)); !s.ok()) return s;
     link->pending = true;
     return absl::OkStatus();
@@ -301,6 +330,8 @@ class NcclCommunicator final : public Communicator {
   absl::Status DoRecvTagged(void* buf, size_t n, DType t, int peer, int tag) override {
     TESSERA_NCCL_LINK_OR_RETURN(link, Link(peer, rank(), tag));
     if (absl::Status s = WaitForComputeOn(link->stream); !s.ok()) return s;
+    link->last_op = "recv", link->last_seq = seq();
+    Trace("recv", peer, tag);
     if (absl::Status s = CheckOn(link->comm, ncclRecv(buf, n, ToNccl(t), 0, link->comm, link->stream)); !s.ok()) return s;
     return ComputeWaitsFor(link->stream);
   }
@@ -332,6 +363,7 @@ class NcclCommunicator final : public Communicator {
   cudaStream_t stream_;
   int device_;
   int64_t timeout_ms_;
+  bool trace_;
   std::atomic<bool> aborted_{false};
   void* barrier_buf_ = nullptr;
   cudaStream_t compute_ = nullptr;  // OrderWith
@@ -339,6 +371,8 @@ class NcclCommunicator final : public Communicator {
   bool in_group_ = false;
   bool overlap_ = false;  // SetOverlap: compute waits at Join() only
   bool links_made_ = false;
+  const char* group_op_ = "none";  // the last operation enqueued on stream_
+  uint64_t group_seq_ = 0;
   std::map<std::tuple<int, int, int>, LinkComm> links_;  // (src, dst, tag) of tagged point-to-point
   std::string group_error_;  // of the wait enqueued at GroupStart
 };
@@ -383,7 +417,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> MakeNcclCommunicator(const std::st
   if (auto e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking); e != cudaSuccess)
     return fail(absl::StrCat("cudaStreamCreate: ", cudaGetErrorString(e)));
   return std::unique_ptr<Communicator>(std::make_unique<NcclCommunicator>(name, rank, size, comm, stream, opts.device,
-                                                                          opts.timeout_ms));
+                                                                          opts.timeout_ms, opts.trace));
 }
 
 int CudaDeviceCount() {

@@ -17,6 +17,8 @@
 // send until WaitSends), a receive waits for the compute before it (its buffer) and the
 // compute after it waits for the receive. The process needs CUDA_DEVICE_MAX_CONNECTIONS
 // of at least its streams (the executor sets 32), or streams share hardware queues.
+// A watchdog timeout names the streams still busy (the group's, links) and their last
+// operations.
 //
 // In a build without CUDA, MakeNcclCommunicator returns UNIMPLEMENTED.
 #pragma once
@@ -33,6 +35,7 @@ namespace tessera::comm {
 struct NcclOptions {
   int device = 0;
   int64_t timeout_ms = 120000;
+  bool trace = false;  // print every operation as it is enqueued (group, rank, op, seq, peer) to stderr
 };
 
 absl::StatusOr<std::unique_ptr<Communicator>> MakeNcclCommunicator(const std::string& name, const std::string& key,

@@ -601,7 +601,12 @@ absl::StatusOr<StepStats> Trainer::Step(const std::vector<model::TokenBatch>& mi
       if (last) {
         reduce_in_backward_ = false;
         dp_->SetOverlap(false);
-        if (l.ok()) TESSERA_RETURN_IF_ERROR(dp_->Join());
+        if (l.ok()) {  // marks around the join: the compute stream's wait for the reduction
+          backend_->ClearMarks();
+          TESSERA_ASSIGN_OR_RETURN(wait_marks_[0], backend_->Mark());
+          TESSERA_RETURN_IF_ERROR(dp_->Join());
+          TESSERA_ASSIGN_OR_RETURN(wait_marks_[1], backend_->Mark());
+        }
       }
       if (!l.ok()) return l.status();
       loss_sum += static_cast<float>(l->sum);
@@ -610,6 +615,10 @@ absl::StatusOr<StepStats> Trainer::Step(const std::vector<model::TokenBatch>& mi
   TESSERA_RETURN_IF_ERROR(AllReduceHost(dp_, &loss_sum, 1));
   TESSERA_RETURN_IF_ERROR(AllReduceHost(pp_, &loss_sum, 1));  // only the last stage has a loss
   if (pp_ != nullptr) TESSERA_RETURN_IF_ERROR(PipelineTimes(&stats));  // the host has waited
+  if (wait_marks_[0] >= 0) {
+    TESSERA_ASSIGN_OR_RETURN(stats.dp_wait_s, backend_->Seconds(wait_marks_[0], wait_marks_[1]));
+    wait_marks_ = {-1, -1};
+  }
   stats.loss = loss_sum / stats.tokens;
   TESSERA_RETURN_IF_ERROR(FinishStep(stats));
   return stats;

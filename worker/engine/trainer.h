@@ -25,6 +25,7 @@
 #pragma once
 
 #include <cstdint>
+#include <array>
 #include <memory>
 #include <vector>
 
@@ -63,6 +64,10 @@ struct StepStats {
   // The bubble of a step: the slowest stage's pipeline_s over the stages' mean busy time,
   // minus 1 — (pp - 1) / (vpp * micro-batches) for balanced stages and free transfers.
   double pipeline_s = 0, pipeline_busy_s = 0;
+  // DP without a pipeline (ZeRO-0/1, gradients reduced during the last backward): how
+  // long the compute stream waited after that backward for the reduction to finish —
+  // the part of the gradient reduction the backward did not hide (0 on blocking backends).
+  double dp_wait_s = 0;
 };
 
 class Trainer {
@@ -153,6 +158,7 @@ class Trainer {
   OptimizerOptions options_;
   std::vector<State> state_;  // per parameter, in the model's order
   std::vector<int> pipe_marks_;  // RunPipeline's timing marks: start, (before, after) per op, end
+  std::array<int, 2> wait_marks_{-1, -1};  // around the join of the DP reduction (StepStats::dp_wait_s)
   std::unique_ptr<Hooks> hooks_;  // ZeRO-2/3; ZeRO-0/1 with DP and no pipeline
   bool reduce_in_backward_ = false;  // ZeRO-0/1: during the last micro-batch
   int64_t step_ = 0;
