@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -18,13 +19,22 @@ absl::Status EmbeddingForwardCpu(const int32_t* ids, const void* table, void* ou
 
 absl::Status EmbeddingBackwardCpu(const int32_t* ids, const void* dout, float* dtable, int64_t n, int64_t rows,
                                   int64_t hidden, int64_t vocab_start, DType t) {
-  std::vector<double> acc(rows * hidden, 0.0);
-  for (int64_t i = 0; i < n; ++i) {
-    int64_t r = ids[i] - vocab_start;
-    if (r < 0 || r >= rows) continue;
-    for (int64_t h = 0; h < hidden; ++h) acc[r * hidden + h] += LoadElem(dout, i * hidden + h, t);
+  // Each touched row's tokens summed in double (in token order), then added once: the
+  // row's new value is its old one plus the correctly rounded sum, whatever the order of
+  // the rows.
+  std::vector<int64_t> order;
+  for (int64_t i = 0; i < n; ++i)
+    if (const int64_t r = ids[i] - vocab_start; r >= 0 && r < rows) order.push_back(i);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return ids[a] < ids[b]; });
+  std::vector<double> acc(hidden);
+  for (size_t k = 0; k < order.size();) {
+    const int32_t id = ids[order[k]];
+    std::fill(acc.begin(), acc.end(), 0.0);
+    for (; k < order.size() && ids[order[k]] == id; ++k)
+      for (int64_t h = 0; h < hidden; ++h) acc[h] += LoadElem(dout, order[k] * hidden + h, t);
+    float* row = dtable + (id - vocab_start) * hidden;
+    for (int64_t h = 0; h < hidden; ++h) row[h] += static_cast<float>(acc[h]);
   }
-  for (int64_t k = 0; k < rows * hidden; ++k) dtable[k] = static_cast<float>(acc[k]);
   return absl::OkStatus();
 }
 

@@ -32,7 +32,6 @@ absl::Status EmbeddingForwardCuda(const int32_t* ids, const void* table, void* o
 absl::Status EmbeddingBackwardCuda(const int32_t* ids, const void* dout, float* dtable, int64_t n, int64_t rows,
                                    int64_t hidden, int64_t start, DType t, void* stream) {
   auto s = static_cast<cudaStream_t>(stream);
-  if (cudaMemsetAsync(dtable, 0, rows * hidden * sizeof(float), s) != cudaSuccess) return LaunchStatus("embedding_backward");
   if (n * hidden == 0) return absl::OkStatus();
   unsigned g = GridFor(n * hidden, 256);
   if (t == DType::kF32) Backward<<<g, 256, 0, s>>>(ids, static_cast<const float*>(dout), dtable, n, rows, hidden, start);

@@ -269,6 +269,7 @@ TEST_P(OpTest, EmbeddingVocabParallel) {
       for (auto& x : ids) x = id(rng.gen);
       ids[1] = ids[0];
       auto tv = Quantize(rng.Normal(100 * hidden), t), dv = Quantize(rng.Normal(33 * hidden), t);
+      const std::vector<float> prior = rng.Normal(100 * hidden);
       std::vector<double> sum_out(33 * hidden, 0.0), dtab(100 * hidden, 0.0);
       for (int shard = 0; shard < 2; ++shard) {
         std::vector<float> part(tv.begin() + shard * 50 * hidden, tv.begin() + (shard + 1) * 50 * hidden);
@@ -277,13 +278,16 @@ TEST_P(OpTest, EmbeddingVocabParallel) {
         ASSERT_TRUE(be_->EmbeddingForward(ids_t, table, shard * 50, out).ok());
         auto o = Read(*be_, out);
         for (size_t k = 0; k < o.size(); ++k) sum_out[k] += o[k];
-        auto dout = Make(*be_, {33, hidden}, t, dv), dtable = Out(*be_, {50, hidden}, DType::kF32);
+        // The backward adds to dtable (a gradient accumulated over micro-batches): start
+        // from values already there.
+        std::vector<float> before(prior.begin() + shard * 50 * hidden, prior.begin() + (shard + 1) * 50 * hidden);
+        auto dout = Make(*be_, {33, hidden}, t, dv), dtable = Make(*be_, {50, hidden}, DType::kF32, before);
         ASSERT_TRUE(be_->EmbeddingBackward(ids_t, dout, shard * 50, dtable).ok());
         auto d = Read(*be_, dtable);
         for (size_t k = 0; k < d.size(); ++k) dtab[shard * 50 * hidden + k] = d[k];
       }
       // The all-reduce of the shards' outputs is the full lookup; dtable sums repeats.
-      std::vector<double> want(33 * hidden), wantd(100 * hidden, 0.0);
+      std::vector<double> want(33 * hidden), wantd(prior.begin(), prior.end());
       for (int i = 0; i < 33; ++i)
         for (int64_t h = 0; h < hidden; ++h) {
           want[i * hidden + h] = tv[ids[i] * hidden + h];

@@ -584,9 +584,7 @@ absl::StatusOr<Tensor> Llama::ChunkBackward(int chunk, Flight& f, const Tensor* 
   if (!FirstVirtualStage(chunk)) return dx;
   TESSERA_ASSIGN_OR_RETURN(Tensor dx_full, EnterTp(dx));
   TESSERA_RETURN_IF_ERROR(acquire(0, Phase::kBackward));
-  TESSERA_ASSIGN_OR_RETURN(Tensor dembed, New(b, embed_->grad.shape()));
-  TESSERA_RETURN_IF_ERROR(b.EmbeddingBackward(f.in.tokens, dx_full, vocab_start, dembed));
-  TESSERA_RETURN_IF_ERROR(b.Axpby(1.f, dembed, 1.f, embed_->grad));
+  TESSERA_RETURN_IF_ERROR(b.EmbeddingBackward(f.in.tokens, dx_full, vocab_start, embed_->grad));  // adds
   TESSERA_RETURN_IF_ERROR(done(0));
   return Tensor();
 }
