@@ -544,8 +544,10 @@ static absl::Status ValidatePretrain(JobSpec& spec) {
 }
 
 // grpo: as pretrain for the model and train sections (train.steps: GRPO steps; a
-// train.checkpoint.load is the warm start), on the built-in arithmetic problems, with a
-// layout the rollout engine runs (no pipeline, context or sequence parallelism).
+// train.checkpoint.load is the warm start and the reference; train.checkpoint.dir gets
+// the job's own checkpoints, named by GRPO step, and resumes from them), on the built-in
+// arithmetic problems, with a layout the rollout engine runs (no pipeline, context or
+// sequence parallelism).
 static absl::Status ValidateGrpo(JobSpec& spec) {
   const auto& l = spec.groups(0).layout();
   if (l.pp() > 1 || l.cp() > 1 || l.sp())
@@ -553,8 +555,6 @@ static absl::Status ValidateGrpo(JobSpec& spec) {
                                                 l.pp(), ", cp=", l.cp(), ", sp=", l.sp() ? "true" : "false", ")"));
   if (spec.train().data().kind() != "arithmetic")
     return Bad("train.data.kind", "grpo uses the built-in arithmetic problems (its reward checks their answers)");
-  if (!spec.train().checkpoint().dir().empty())
-    return Bad("train.checkpoint.dir", "grpo does not save checkpoints yet; use train.checkpoint.load for the warm start");
   if (spec.train().data().careless() > 0)
     return Bad("train.data.careless", "is for sft/pretrain data: grpo's reward always checks the true sum");
   auto* r = spec.mutable_rl();

@@ -47,6 +47,10 @@ struct DriverRun {
   }
 };
 
+// The step every rank's train_init reported ({"start_step": N}: the checkpoint it resumed
+// from, 0 for none); INTERNAL for a malformed result, DATA_LOSS when ranks disagree.
+absl::StatusOr<int64_t> AgreedStartStep(const std::vector<v1::CallResponse>& train_init);
+
 // The built-in drivers of this build.
 absl::StatusOr<DriverFn> BuiltinDriver(const std::string& kind);
 

@@ -6,7 +6,10 @@
 // and streams the step's metrics: reward (exact match of the sampled answers), held-out
 // accuracy (greedy, rl_eval, at the start, every rl.eval_every steps and at the end),
 // response length, KL, clip fraction, gradient norm, samples per second and the time of
-// each phase (the slowest rank's). DESIGN §8's finer split — the driver calling
+// each phase (the slowest rank's). With train.checkpoint.dir the executors save every
+// save_every GRPO steps and after the last; a resumed job (train_init's start_step)
+// continues from its checkpoint's step, and its result's first_step says where its
+// rewards start (1-based, as pretrain's losses). DESIGN §8's finer split — the driver calling
 // generate / log_probs / update and scoring the rewards itself — comes with split pools
 // and the reward service.
 #include <algorithm>
@@ -28,11 +31,14 @@ absl::StatusOr<std::string> RunGrpo(DriverContext& ctx) {
   const std::string& name = spec.groups(0).name();
   WorkerGroup& wg = *ctx.groups.at(name);
   TESSERA_ASSIGN_OR_RETURN(auto inits, wg.InitAll());
-  TESSERA_RETURN_IF_ERROR(wg.CallOneToAll("train_init", "{}").status());
+  TESSERA_ASSIGN_OR_RETURN(auto started, wg.CallOneToAll("train_init", "{}"));
+  TESSERA_ASSIGN_OR_RETURN(const int64_t start, AgreedStartStep(started));  // a resumed job's GRPO step
   const int steps = spec.train().steps();
   v1::Progress ready;
   ready.set_total_steps(steps);
-  ready.set_message(absl::StrCat("group '", name, "': ", inits.size(), " ranks ready for GRPO"));
+  ready.set_step(static_cast<int32_t>(std::min<int64_t>(start, steps)));
+  ready.set_message(absl::StrCat("group '", name, "': ", inits.size(), " ranks ready for GRPO",
+                                 start > 0 ? absl::StrCat(", resumed from the checkpoint of step ", start) : ""));
   ctx.progress(ready);
   const int dp = std::max(1, spec.groups(0).layout().dp()), tp = std::max(1, spec.groups(0).layout().tp());
   // Held-out greedy accuracy: every rank answers its DP rank's share; one rank per TP
@@ -50,23 +56,24 @@ absl::StatusOr<std::string> RunGrpo(DriverContext& ctx) {
       return absl::InternalError(absl::StrCat("rl_eval: the ranks answered ", problems, " of ", spec.rl().eval_problems(), " problems"));
     return double(correct) / problems;
   };
-  json rewards = json::array(), accuracy = json::array();
+  json rewards = json::array(), accuracy = json::array(), grad_norms = json::array(), kls = json::array();
   {
     TESSERA_ASSIGN_OR_RETURN(double a, evaluate());
-    accuracy.push_back(json{{"step", 0}, {"accuracy", a}});
+    accuracy.push_back(json{{"step", start}, {"accuracy", a}});
     v1::Progress p;
     p.set_total_steps(steps);
     p.set_message(absl::StrFormat("held-out accuracy at the start: %.3f (%d problems)", a, spec.rl().eval_problems()));
     (*p.mutable_metrics())["accuracy"] = a;
     ctx.progress(p);
   }
-  for (int64_t s = 0; s < steps; ++s) {
+  for (int64_t s = start; s < steps; ++s) {
     if (ctx.cancelled && *ctx.cancelled) return absl::CancelledError("cancelled");
     TESSERA_ASSIGN_OR_RETURN(auto res, wg.CallOneToAll("rl_step", json{{"step", s}}.dump()));
     // Every rank reports its DP rank's samples (TP peers the same ones): the mean over
     // ranks is the mean over DP ranks, each with the same number of samples.
     double reward = 0, length = 0, samples = 0;
     double phase[4] = {0, 0, 0, 0};  // generate, ref, old, update: the slowest rank
+    double checkpoint_s = -1;
     json first;
     for (size_t r = 0; r < res.size(); ++r) {
       json out = json::parse(res[r].result_json(), nullptr, false);
@@ -77,6 +84,7 @@ absl::StatusOr<std::string> RunGrpo(DriverContext& ctx) {
       samples += out["samples"].get<double>() / res.size() * dp;
       int i = 0;
       for (const char* k : {"generate_s", "ref_s", "old_s", "update_s"}) phase[i] = std::max(phase[i], out[k].get<double>()), ++i;
+      checkpoint_s = std::max(checkpoint_s, out.value("checkpoint_seconds", -1.0));
       if (r == 0) {
         first = out;
       } else if (std::abs(out["grad_norm"].get<double>() - first["grad_norm"].get<double>()) >
@@ -86,6 +94,8 @@ absl::StatusOr<std::string> RunGrpo(DriverContext& ctx) {
       }
     }
     rewards.push_back(reward);
+    grad_norms.push_back(first["grad_norm"]);
+    kls.push_back(first["kl"]);
     const double seconds = phase[0] + phase[1] + phase[2] + phase[3];
     v1::Progress p;
     p.set_step(static_cast<int32_t>(s + 1));
@@ -100,6 +110,10 @@ absl::StatusOr<std::string> RunGrpo(DriverContext& ctx) {
     m["loss"] = first["loss"].get<double>();
     m["generate_s"] = phase[0], m["ref_s"] = phase[1], m["old_logprob_s"] = phase[2], m["update_s"] = phase[3];
     if (seconds > 0) m["samples_per_s"] = samples / seconds;
+    if (checkpoint_s >= 0) {
+      m["checkpoint_s"] = checkpoint_s;  // the slowest rank
+      p.set_message(absl::StrCat(p.message(), " (checkpoint saved)"));
+    }
     if ((s + 1) % spec.rl().eval_every() == 0 || s + 1 == steps) {
       TESSERA_ASSIGN_OR_RETURN(double a, evaluate());
       accuracy.push_back(json{{"step", s + 1}, {"accuracy", a}});
@@ -108,7 +122,8 @@ absl::StatusOr<std::string> RunGrpo(DriverContext& ctx) {
     }
     ctx.progress(p);
   }
-  return json{{"rewards", rewards}, {"accuracy", accuracy}}.dump();
+  return json{{"first_step", start + 1}, {"rewards", rewards}, {"grad_norms", grad_norms}, {"kl", kls}, {"accuracy", accuracy}}
+      .dump();
 }
 
 }  // namespace tessera::controller

@@ -23,15 +23,10 @@ namespace tessera::controller {
 
 using json = nlohmann::json;
 
-absl::StatusOr<std::string> RunPretrain(DriverContext& ctx) {
-  const auto& spec = ctx.job.spec();
-  const std::string& name = spec.groups(0).name();
-  WorkerGroup& wg = *ctx.groups.at(name);
-  TESSERA_ASSIGN_OR_RETURN(auto inits, wg.InitAll());
-  TESSERA_ASSIGN_OR_RETURN(auto started, wg.CallOneToAll("train_init", "{}"));
+absl::StatusOr<int64_t> AgreedStartStep(const std::vector<v1::CallResponse>& train_init) {
   int64_t start = -1;
-  for (size_t r = 0; r < started.size(); ++r) {
-    const json out = json::parse(started[r].result_json(), nullptr, false);
+  for (size_t r = 0; r < train_init.size(); ++r) {
+    const json out = json::parse(train_init[r].result_json(), nullptr, false);
     if (out.is_discarded() || !out.contains("start_step") || !out["start_step"].is_number_integer())
       return absl::InternalError(absl::StrCat("rank ", r, " returned a malformed train_init result"));
     const int64_t s = out["start_step"].get<int64_t>();
@@ -39,6 +34,16 @@ absl::StatusOr<std::string> RunPretrain(DriverContext& ctx) {
       return absl::DataLossError(absl::StrCat("rank ", r, " resumed from step ", s, " but rank 0 from step ", start));
     start = s;
   }
+  return std::max<int64_t>(start, 0);
+}
+
+absl::StatusOr<std::string> RunPretrain(DriverContext& ctx) {
+  const auto& spec = ctx.job.spec();
+  const std::string& name = spec.groups(0).name();
+  WorkerGroup& wg = *ctx.groups.at(name);
+  TESSERA_ASSIGN_OR_RETURN(auto inits, wg.InitAll());
+  TESSERA_ASSIGN_OR_RETURN(auto started, wg.CallOneToAll("train_init", "{}"));
+  TESSERA_ASSIGN_OR_RETURN(const int64_t start, AgreedStartStep(started));
   const int steps = spec.train().steps();
   v1::Progress ready;
   ready.set_total_steps(steps);

@@ -151,8 +151,8 @@ TEST(JobSpec, GrpoDefaultsAndRefusals) {
               HasSubstr("grpo runs generation on the actor's model: no pp, cp or sp yet (pp=2"));
   EXPECT_THAT(std::string(check({"train.data.kind=jsonl", "train.data.path=/d.jsonl"}).status().message()),
               HasSubstr("train.data.kind: grpo uses the built-in arithmetic problems"));
-  EXPECT_THAT(std::string(check({"train.checkpoint.dir=/ck"}).status().message()),
-              HasSubstr("grpo does not save checkpoints yet"));
+  EXPECT_TRUE(check({"train.checkpoint.dir=/ck", "train.checkpoint.save_every=5"}).ok());  // the job's own checkpoints
+  EXPECT_THAT(std::string(check({"train.checkpoint.dir=ck"}).status().message()), HasSubstr("train.checkpoint.dir"));
   auto rl_on_pretrain = ParseJobSpecYaml(kPretrain, {"rl.group_size=4"});
   ASSERT_TRUE(rl_on_pretrain.ok());
   EXPECT_THAT(std::string(NormalizeAndValidateJobSpec(*rl_on_pretrain).message()), HasSubstr("rl: is only for grpo jobs"));

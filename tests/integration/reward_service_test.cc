@@ -7,6 +7,9 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include <signal.h>
+#include <thread>
+#include <iostream>
 #include <atomic>
 #include <mutex>
 #include <sstream>
@@ -14,7 +17,9 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/job_spec.h"
+#include "common/util.h"
 #include "tessera/v1/reward_service.grpc.pb.h"
 #include "tests/integration/cluster.h"
 
@@ -25,7 +30,8 @@ using ::testing::HasSubstr;
 
 // Rewards 1 for a completion equal to the reference, else 0.25 (so that the job's reward
 // shows the service's numbers, not the built-in 0/1); or, with `short_by`, that many
-// rewards too few.
+// rewards too few. Graded: a fixed function of the completion's bytes in [0, 1], so that
+// an untrained model's samples differ in reward and GRPO has something to learn from.
 class Rewards final : public v1::RewardService::Service {
  public:
   grpc::Status Score(grpc::ServerContext*, const v1::ScoreRequest* req, v1::ScoreResponse* resp) override {
@@ -34,7 +40,9 @@ class Rewards final : public v1::RewardService::Service {
     samples_ += req->samples_size();
     for (const auto& s : req->samples()) {
       if (s.prompt().empty() || s.prompt().back() != '=' || s.reference().empty()) bad_ = true;
-      resp->add_rewards(s.completion() == s.reference() ? 1.0 : 0.25);
+      int sum = 0;
+      for (unsigned char ch : s.completion()) sum += ch;
+      resp->add_rewards(graded_ ? (sum % 17) / 16.0 : s.completion() == s.reference() ? 1.0 : 0.25);
     }
     for (int i = 0; i < short_by_ && resp->rewards_size() > 0; ++i) resp->mutable_rewards()->RemoveLast();
     return grpc::Status::OK;
@@ -43,11 +51,25 @@ class Rewards final : public v1::RewardService::Service {
   int samples() { std::lock_guard<std::mutex> l(mu_); return samples_; }
   bool bad() { std::lock_guard<std::mutex> l(mu_); return bad_; }
   void set_short_by(int n) { std::lock_guard<std::mutex> l(mu_); short_by_ = n; }
+  void set_graded(bool on) { std::lock_guard<std::mutex> l(mu_); graded_ = on; }
 
  private:
   std::mutex mu_;
   int calls_ = 0, samples_ = 0, short_by_ = 0;
-  bool bad_ = false;
+  bool bad_ = false, graded_ = false;
+};
+
+// The service on a free loopback port, serving until destroyed.
+struct Serving {
+  Rewards rewards;
+  std::string address = absl::StrCat("127.0.0.1:", FreePort());
+  std::unique_ptr<grpc::Server> server;
+  Serving() {
+    grpc::ServerBuilder b;
+    b.AddListeningPort(address, grpc::InsecureServerCredentials());
+    b.RegisterService(&rewards);
+    server = b.BuildAndStart();
+  }
 };
 
 v1::JobSpec GrpoSpec(const std::string& service) {
@@ -77,12 +99,10 @@ TEST(RewardService, GrpoRewardsComeFromTheServiceAndItsFailureFailsTheJob) {
   ASSERT_TRUE(c.StartController().ok());
   ASSERT_TRUE(c.StartAgent(0).ok());
   ASSERT_TRUE(c.WaitNodes(1, 20000).ok());
-  Rewards service;
-  const std::string address = absl::StrCat("127.0.0.1:", FreePort());
-  grpc::ServerBuilder b;
-  b.AddListeningPort(address, grpc::InsecureServerCredentials());
-  b.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = b.BuildAndStart();
+  Serving serving;
+  Rewards& service = serving.rewards;
+  const std::string& address = serving.address;
+  std::unique_ptr<grpc::Server>& server = serving.server;
   ASSERT_NE(server, nullptr);
 
   std::string progress;
@@ -107,6 +127,64 @@ TEST(RewardService, GrpoRewardsComeFromTheServiceAndItsFailureFailsTheJob) {
   job = RunJob(c, GrpoSpec(address), &progress);
   EXPECT_EQ(job.state(), v1::FAILED);
   EXPECT_THAT(job.reason(), HasSubstr(absl::StrCat("rl.reward_service ", address, ": Score failed")));
+}
+
+// grpo checkpoints (graded rewards, so that the policy moves): 8 GRPO steps straight,
+// against the same job saving every 2 steps whose executor is killed (SIGKILL) once a
+// checkpoint is committed: the restarted attempt resumes from it, and its steps repeat the
+// straight run's rewards, gradient norms and KL bit for bit (the actor's weights, AdamW
+// moments and step count come back; prompts and sampling seeds follow the step; the
+// reference stays the starting weights).
+TEST(RewardService, KilledGrpoResumesFromItsCheckpointExactly) {
+  Cluster c({.agents = 1, .cpu_slots = 2});
+  ASSERT_TRUE(c.StartController().ok());
+  ASSERT_TRUE(c.StartAgent(0).ok());
+  ASSERT_TRUE(c.WaitNodes(1, 20000).ok());
+  Serving serving;
+  ASSERT_NE(serving.server, nullptr);
+  serving.rewards.set_graded(true);
+  constexpr int kSteps = 8;
+  v1::JobSpec spec = GrpoSpec(serving.address);
+  spec.mutable_train()->set_steps(kSteps);
+  spec.mutable_rl()->set_kl_coef(0.05);
+  spec.mutable_rl()->set_mini_batches(2);  // two optimizer steps per GRPO step: AdamW's step count matters
+  std::string progress;
+  const v1::Job straight_job = RunJob(c, spec, &progress);
+  ASSERT_EQ(straight_job.state(), v1::SUCCEEDED) << straight_job.reason() << "\n" << progress;
+  const auto straight = nlohmann::json::parse(straight_job.result_json());
+  ASSERT_EQ(straight["grad_norms"].size(), size_t(kSteps)) << straight.dump();
+  EXPECT_GT(straight["kl"][kSteps - 1].get<double>(), 0) << "the policy did not move: the test would show nothing";
+
+  const std::string dir = c.dir() + "/grpo-ckpt";
+  spec.mutable_train()->mutable_checkpoint()->set_dir(dir);
+  spec.mutable_train()->mutable_checkpoint()->set_save_every(2);
+  spec.set_max_restarts(1);
+  spec.set_restart_backoff_s(0.2);
+  auto submitted = c.client().Submit(spec, "");
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  const std::string id = submitted->job().job_id();
+  std::vector<pid_t> pids;
+  for (int i = 0; i < 1500 && pids.size() < 2; ++i) {
+    pids = Cluster::ExecutorPids(id, 1);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(pids.size(), 2u);
+  for (int i = 0; i < 6000 && !ReadFile(dir + "/latest").ok(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_EQ(kill(pids[1], SIGKILL), 0);
+  auto resumed_job = c.WaitState(id, v1::SUCCEEDED, 120000);
+  ASSERT_TRUE(resumed_job.ok()) << resumed_job.status();
+  EXPECT_EQ(resumed_job->attempt(), 2) << "the kill came after the job ended: make the steps more or slower";
+  const auto resumed = nlohmann::json::parse(resumed_job->result_json());
+  const int first = resumed["first_step"].get<int>();
+  std::cout << "resumed at GRPO step " << first << " of " << kSteps << "\n";
+  EXPECT_GT(first, 1);
+  EXPECT_EQ((first - 1) % 2, 0);
+  for (const char* k : {"rewards", "grad_norms", "kl"}) {
+    ASSERT_EQ(resumed[k].size(), size_t(kSteps - first + 1)) << resumed.dump();
+    for (int s = first; s <= kSteps; ++s)
+      EXPECT_EQ(resumed[k][s - first].get<double>(), straight[k][s - 1].get<double>()) << k << ", step " << s;
+  }
+  EXPECT_EQ(*ReadFile(dir + "/latest"), absl::StrFormat("step-%08d\n", kSteps));
 }
 
 }  // namespace

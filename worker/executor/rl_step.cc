@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "worker/checkpoint/checkpoint.h"
 #include "worker/engine/grpo.h"
 #include "worker/engine/weight_sync.h"
 #include "worker/executor/train.h"
@@ -14,7 +15,8 @@ namespace tessera::executor {
 
 // The starting weights (after a warm start) become the frozen reference: a second model
 // of the same layout, filled by a colocated sync (a TP gather per tensor). The optimizer
-// (AdamW moments) and the step count start over for GRPO, as an RL actor's do.
+// (AdamW moments) and the step count start over for GRPO, as an RL actor's do — unless
+// the job resumes from its own checkpoint, which then loads over the actor.
 absl::Status TrainSession::MakeRl(const v1::JobSpec& spec, int dp_rank, int dps) {
   rl_ = spec.rl();
   rl_dp_rank_ = dp_rank, rl_dps_ = dps;
@@ -32,6 +34,14 @@ absl::Status TrainSession::MakeRl(const v1::JobSpec& spec, int dp_rank, int dps)
   ro.num_blocks = ro.max_running * ((longest + ro.block_size - 1) / ro.block_size);
   TESSERA_ASSIGN_OR_RETURN(rollout_, engine::RolloutEngine::Create(model_.get(), ro));
   job_name_ = spec.name();
+  if (!checkpoint_.dir().empty() && checkpoint_.resume()) {
+    auto latest = checkpoint::LatestCheckpoint(checkpoint_.dir());
+    if (!latest.ok() && latest.status().code() != absl::StatusCode::kNotFound) return latest.status();
+    if (latest.ok()) {
+      TESSERA_ASSIGN_OR_RETURN(start_step_, checkpoint::LoadCheckpoint(*latest, {model_.get(), trainer_.get(), tp_, dp_, pp_}));
+      trainer_->set_step(start_step_ * rl_.epochs() * rl_.mini_batches());  // the LR schedule and AdamW step
+    }
+  }
   if (!rl_.reward_service().empty() && (tp_ == nullptr || tp_->rank() == 0)) {
     ChannelOptions co;
     co.address = rl_.reward_service();
@@ -124,6 +134,7 @@ absl::StatusOr<std::string> TrainSession::RlStep(int64_t step) {
   };
   TESSERA_ASSIGN_OR_RETURN(engine::GrpoStats st, engine::GrpoStep(*rollout_, *model_, *trainer_, reference_.get(), prompts,
                                                                   reward, o, static_cast<uint64_t>(step) * 1009 + rl_dp_rank_));
+  TESSERA_ASSIGN_OR_RETURN(const double checkpoint_secs, SaveAfter(step + 1));
   return nlohmann::json{{"step", step},
                         {"reward", st.reward},
                         {"response_length", st.response_length},
@@ -135,7 +146,8 @@ absl::StatusOr<std::string> TrainSession::RlStep(int64_t step) {
                         {"generate_s", st.generate_s},
                         {"ref_s", st.ref_s},
                         {"old_s", st.old_s},
-                        {"update_s", st.update_s}}
+                        {"update_s", st.update_s},
+                        {"checkpoint_seconds", checkpoint_secs}}
       .dump();
 }
 

@@ -96,7 +96,12 @@ absl::StatusOr<std::unique_ptr<TrainSession>> TrainSession::Create(const v1::Job
   s->export_hf_ = t.export_hf();
   s->first_replica_ = (dp == nullptr || dp->rank() == 0) && (tp == nullptr || tp->rank() == 0);
   s->total_steps_ = t.steps();
-  TESSERA_RETURN_IF_ERROR(s->Resume(t.checkpoint()));
+  // grpo: here only the warm start (train.checkpoint.load, which the reference copies);
+  // its own checkpoints (train.checkpoint.dir) load over the actor once the reference is
+  // made (MakeRl).
+  v1::CheckpointSpec start = t.checkpoint();
+  if (spec.kind() == "grpo") start.clear_dir();
+  TESSERA_RETURN_IF_ERROR(s->Resume(start));
   if (spec.kind() == "grpo") TESSERA_RETURN_IF_ERROR(s->MakeRl(spec, dp_rank, dps));
   return s;
 }
@@ -119,6 +124,27 @@ absl::Status TrainSession::Resume(const v1::CheckpointSpec& ck) {
   if (from.empty()) return absl::OkStatus();
   TESSERA_ASSIGN_OR_RETURN(start_step_, checkpoint::LoadCheckpoint(from, {model_.get(), trainer_.get(), tp_, dp_, pp_}));
   return absl::OkStatus();
+}
+
+// After `done` steps (of total_steps_): a checkpoint every save_every steps and after the
+// last, named by `done`; the Hugging Face export after the last. Returns the checkpoint's
+// seconds (-1: none this step).
+absl::StatusOr<double> TrainSession::SaveAfter(int64_t done) {
+  double checkpoint_secs = -1;
+  const int64_t every = checkpoint_.save_every();
+  if (!checkpoint_.dir().empty() && ((every > 0 && done % every == 0) || done == total_steps_)) {
+    const auto c0 = std::chrono::steady_clock::now();
+    TESSERA_RETURN_IF_ERROR(checkpoint::SaveCheckpoint(checkpoint_.dir(), done, {model_.get(), trainer_.get(), tp_, dp_, pp_}));
+    checkpoint_secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count();
+  }
+  if (!export_hf_.empty() && done == total_steps_) {
+    // Every rank takes part (the weights are gathered over TP, over DP under ZeRO-3, and
+    // sent to the first stage under PP); the first one writes.
+    TESSERA_RETURN_IF_ERROR(trainer_->GatherParams());
+    TESSERA_RETURN_IF_ERROR(checkpoint::ExportHf(export_hf_, *model_, "BF16", first_replica_,
+                                                 pp_ != nullptr && pp_->size() > 1 ? pp_ : nullptr));
+  }
+  return checkpoint_secs;
 }
 
 absl::StatusOr<std::string> TrainSession::Step(int64_t step) {
@@ -156,21 +182,7 @@ absl::StatusOr<std::string> TrainSession::Step(int64_t step) {
   }
   TESSERA_ASSIGN_OR_RETURN(engine::StepStats st, trainer_->Step(mine));
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  double checkpoint_secs = -1;  // no save this step
-  const int64_t done = trainer_->step();
-  const int64_t every = checkpoint_.save_every();
-  if (!checkpoint_.dir().empty() && ((every > 0 && done % every == 0) || done == total_steps_)) {
-    const auto c0 = std::chrono::steady_clock::now();
-    TESSERA_RETURN_IF_ERROR(checkpoint::SaveCheckpoint(checkpoint_.dir(), done, {model_.get(), trainer_.get(), tp_, dp_, pp_}));
-    checkpoint_secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count();
-  }
-  if (!export_hf_.empty() && done == total_steps_) {
-    // Every rank takes part (the weights are gathered over TP, over DP under ZeRO-3, and
-    // sent to the first stage under PP); the first one writes.
-    TESSERA_RETURN_IF_ERROR(trainer_->GatherParams());
-    TESSERA_RETURN_IF_ERROR(checkpoint::ExportHf(export_hf_, *model_, "BF16", first_replica_,
-                                                 pp_ != nullptr && pp_->size() > 1 ? pp_ : nullptr));
-  }
+  TESSERA_ASSIGN_OR_RETURN(const double checkpoint_secs, SaveAfter(trainer_->step()));
   // This rank's share of the step's model FLOPs (Megatron's estimate: 6 N per token for
   // the weights, plus causal attention 6 L Hq D s^2 per sequence of s tokens, forward and
   // backward), split evenly over the TP ranks that shared its tokens.

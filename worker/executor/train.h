@@ -44,7 +44,12 @@ class TrainSession {
   // exact-match reward, the frozen reference made at creation (the starting weights: a
   // train.checkpoint.load warm start or the initialization). Its statistics as JSON:
   // reward (= accuracy of the samples), response_length, loss, kl, clip_fraction,
-  // grad_norm, samples, and the phase times generate_s, ref_s, old_s, update_s.
+  // grad_norm, samples, the phase times generate_s, ref_s, old_s, update_s, and
+  // checkpoint_seconds (-1: none). With train.checkpoint.dir, a checkpoint after every
+  // save_every steps and the last one, named by the GRPO step (step + 1), and a resumed
+  // session (start_step() = N) loads the directory's latest into the actor — weights,
+  // AdamW moments, the optimizer's step count (N x epochs x mini-batches) — while the
+  // reference stays the warm start: steps N.. then repeat an uninterrupted run's.
   absl::StatusOr<std::string> RlStep(int64_t step);
   // grpo jobs: greedy exact-match accuracy of the current policy on this DP rank's share
   // of held-out problems [0, problems) (engine::ArithmeticData::held_out: operand pairs
@@ -54,6 +59,7 @@ class TrainSession {
  private:
   TrainSession() = default;
   absl::Status Resume(const v1::CheckpointSpec& ck);
+  absl::StatusOr<double> SaveAfter(int64_t done);
   absl::Status MakeRl(const v1::JobSpec& spec, int dp_rank, int dps);
   std::unique_ptr<runtime::Backend> backend_;
   std::unique_ptr<model::Llama> model_;
