@@ -293,10 +293,34 @@ absl::Status ParseCommCheck(const YAML::Node& n, const std::string& path, v1::Co
   return absl::OkStatus();
 }
 
+// Stop strings: one or a list, kept as written (no splitting or trimming: "\n" is one).
+absl::Status ParseStops(const YAML::Node& v, const std::string& p, google::protobuf::RepeatedPtrField<std::string>* out) {
+  if (v.IsScalar()) {
+    out->Add(std::string(v.Scalar()));
+  } else if (v.IsSequence()) {
+    for (size_t i = 0; i < v.size(); ++i) {
+      TESSERA_ASSIGN_OR_RETURN(auto str, AsString(v[i], absl::StrCat(p, "[", i, "]")));
+      out->Add(std::move(str));
+    }
+  } else {
+    return Bad(p, absl::StrCat("expected a string or a list of strings, got ", Show(v)));
+  }
+  return absl::OkStatus();
+}
+
+// Each stop string is one byte: one token of the byte tokenizer.
+absl::Status CheckStops(const std::string& field, const google::protobuf::RepeatedPtrField<std::string>& stops) {
+  for (int i = 0; i < stops.size(); ++i)
+    if (stops.Get(i).size() != 1)
+      return Bad(absl::StrCat(field, "[", i, "]"), absl::StrCat("'", stops.Get(i), "' is ", stops.Get(i).size(),
+                                                                " bytes; stop strings are one byte (one token of the byte tokenizer)"));
+  return absl::OkStatus();
+}
+
 absl::Status ParseRl(const YAML::Node& n, const std::string& path, v1::RlSpec* r) {
   TESSERA_RETURN_IF_ERROR(CheckKeys(n, path, {"group_size", "prompts_per_step", "max_new_tokens", "temperature", "kl_coef",
                                               "clip", "epochs", "mini_batches", "eval_every", "eval_problems", "reward_service",
-                                              "reward_timeout_s", "reward_ca_cert"}));
+                                              "reward_timeout_s", "reward_ca_cert", "stop"}));
   for (const auto& kv : n) {
     const std::string k = kv.first.Scalar(), p = Join(path, k);
     const YAML::Node& v = kv.second;
@@ -313,6 +337,8 @@ absl::Status ParseRl(const YAML::Node& n, const std::string& path, v1::RlSpec* r
     } else if (k == "reward_timeout_s") {
       TESSERA_ASSIGN_OR_RETURN(double d, AsDouble(v, p, 0.001, 3600));
       r->set_reward_timeout_s(d);
+    } else if (k == "stop") {
+      TESSERA_RETURN_IF_ERROR(ParseStops(v, p, r->mutable_stop()));
     }
     else {
       TESSERA_ASSIGN_OR_RETURN(double d, AsDouble(v, p, k == "clip" ? 1e-6 : 0, k == "clip" ? 1 : 100));
@@ -345,17 +371,8 @@ absl::Status ParseGenerate(const YAML::Node& n, const std::string& path, v1::Gen
     } else if (k == "top_p") {
       TESSERA_ASSIGN_OR_RETURN(double d, AsDouble(v, p, 1e-6, 1));
       g->set_top_p(d);
-    } else if (k == "stop") {  // kept as written (no splitting or trimming: "\n" is a stop string)
-      if (v.IsScalar()) {
-        g->add_stop(v.Scalar());
-      } else if (v.IsSequence()) {
-        for (size_t i = 0; i < v.size(); ++i) {
-          TESSERA_ASSIGN_OR_RETURN(auto str, AsString(v[i], absl::StrCat(p, "[", i, "]")));
-          g->add_stop(str);
-        }
-      } else {
-        return Bad(p, absl::StrCat("expected a string or a list of strings, got ", Show(v)));
-      }
+    } else if (k == "stop") {
+      TESSERA_RETURN_IF_ERROR(ParseStops(v, p, g->mutable_stop()));
     }
   }
   return absl::OkStatus();
@@ -546,21 +563,23 @@ static absl::Status ValidatePretrain(JobSpec& spec) {
 // grpo: as pretrain for the model and train sections (train.steps: GRPO steps; a
 // train.checkpoint.load is the warm start and the reference; train.checkpoint.dir gets
 // the job's own checkpoints, named by GRPO step, and resumes from them), on the built-in
-// arithmetic problems, with a layout the rollout engine runs (no pipeline, context or
-// sequence parallelism).
+// arithmetic problems or JSONL prompts with answers (train.data.kind jsonl: {"prompt",
+// "answer"} per line; held-out evaluation is for the arithmetic problems only), with a
+// layout the rollout engine runs (no pipeline, context or sequence parallelism).
 static absl::Status ValidateGrpo(JobSpec& spec) {
   const auto& l = spec.groups(0).layout();
   if (l.pp() > 1 || l.cp() > 1 || l.sp())
     return Bad("groups[0].layout", absl::StrCat("grpo runs generation on the actor's model: no pp, cp or sp yet (pp=",
                                                 l.pp(), ", cp=", l.cp(), ", sp=", l.sp() ? "true" : "false", ")"));
-  if (spec.train().data().kind() != "arithmetic")
-    return Bad("train.data.kind", "grpo uses the built-in arithmetic problems (its reward checks their answers)");
   if (spec.train().data().careless() > 0)
     return Bad("train.data.careless", "is for sft/pretrain data: grpo's reward always checks the true sum");
   auto* r = spec.mutable_rl();
   if (r->group_size() == 0) r->set_group_size(8);
   if (r->prompts_per_step() == 0) r->set_prompts_per_step(16);
-  if (r->max_new_tokens() == 0) r->set_max_new_tokens(spec.train().data().digits() + 3);
+  const bool arithmetic = spec.train().data().kind() == "arithmetic";
+  if (r->max_new_tokens() == 0) r->set_max_new_tokens(arithmetic ? spec.train().data().digits() + 3 : 64);
+  if (arithmetic && r->stop_size() == 0) r->add_stop("\n");
+  TESSERA_RETURN_IF_ERROR(CheckStops("rl.stop", r->stop()));
   if (r->temperature() == 0) r->set_temperature(1.0);
   if (r->clip() == 0) r->set_clip(0.2);
   if (r->epochs() == 0) r->set_epochs(1);
@@ -613,10 +632,7 @@ static absl::Status ValidateGenerate(JobSpec& spec) {
     return Bad("generate.checkpoint", "is required without model.hf_dir (the weights to generate with)");
   if (!g->checkpoint().empty() && !m.hf_dir().empty())
     return Bad("generate.checkpoint", "and model.hf_dir both give weights; keep one");
-  for (int i = 0; i < g->stop_size(); ++i)
-    if (g->stop(i).size() != 1)
-      return Bad(absl::StrCat("generate.stop[", i, "]"), absl::StrCat("'", g->stop(i), "' is ", g->stop(i).size(),
-                                                                      " bytes; stop strings are one byte (one token of the byte tokenizer)"));
+  TESSERA_RETURN_IF_ERROR(CheckStops("generate.stop", g->stop()));
   if (g->max_new_tokens() == 0) g->set_max_new_tokens(64);
   if (!g->has_temperature()) g->set_temperature(1.0);
   if (g->top_p() == 0) g->set_top_p(1.0);

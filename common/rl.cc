@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 
 namespace tessera::rl {
@@ -137,6 +138,15 @@ absl::StatusOr<PolicyLoss> ComputePolicyLoss(const PolicyTokens& in, const Polic
   out.clip_fraction = clipped / count;
   out.loss = out.pg_loss + o.kl_coef * out.kl - o.entropy_coef * out.entropy;
   return out;
+}
+
+std::string FinalAnswer(std::string_view completion) {
+  if (const size_t mark = completion.rfind("####"); mark != std::string_view::npos) completion.remove_prefix(mark + 4);
+  return std::string(absl::StripAsciiWhitespace(absl::string_view(completion.data(), completion.size())));
+}
+
+double ExactAnswerReward(std::string_view completion, std::string_view answer) {
+  return FinalAnswer(completion) == absl::StripAsciiWhitespace(absl::string_view(answer.data(), answer.size())) ? 1.0 : 0.0;
 }
 
 }  // namespace tessera::rl

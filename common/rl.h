@@ -7,6 +7,8 @@
 // threads; bad shapes or options are INVALID_ARGUMENT naming the field.
 #pragma once
 #include <cstdint>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -68,5 +70,12 @@ struct PolicyLoss {
   std::vector<double> dentropy;  // dL / dH_t (empty without entropies)
 };
 absl::StatusOr<PolicyLoss> ComputePolicyLoss(const PolicyTokens& in, const PolicyLossOptions& o);
+
+// Built-in rule verifier (prompts from JSONL with an "answer"): a completion's final answer
+// is the text after its last "####" (the GSM8K convention) if it has one, else the whole
+// completion, with surrounding whitespace removed; the reward is 1 when it equals the
+// reference answer (whitespace-trimmed too), else 0.
+std::string FinalAnswer(std::string_view completion);
+double ExactAnswerReward(std::string_view completion, std::string_view answer);
 
 }  // namespace tessera::rl

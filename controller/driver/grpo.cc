@@ -3,8 +3,9 @@
 // step on its DP rank's prompts (rl_step: generate, reward, group advantages, reference
 // and old log-probs, the PPO epochs — worker/executor/train.h). The driver fans the step
 // out, checks that the ranks agree on the optimizer's gradient norm (DP- and TP-reduced),
-// and streams the step's metrics: reward (exact match of the sampled answers), held-out
-// accuracy (greedy, rl_eval, at the start, every rl.eval_every steps and at the end),
+// and streams the step's metrics: reward (exact match of the sampled answers; on JSONL
+// prompts, of the final answer after "####"), held-out accuracy (arithmetic problems
+// only: greedy, rl_eval, at the start, every rl.eval_every steps and at the end),
 // response length, KL, clip fraction, gradient norm, samples per second and the time of
 // each phase (the slowest rank's). With train.checkpoint.dir the executors save every
 // save_every GRPO steps and after the last; a resumed job (train_init's start_step)
@@ -57,7 +58,8 @@ absl::StatusOr<std::string> RunGrpo(DriverContext& ctx) {
     return double(correct) / problems;
   };
   json rewards = json::array(), accuracy = json::array(), grad_norms = json::array(), kls = json::array();
-  {
+  const bool held_out = spec.train().data().kind() != "jsonl";  // held-out problems: the arithmetic ones
+  if (held_out) {
     TESSERA_ASSIGN_OR_RETURN(double a, evaluate());
     accuracy.push_back(json{{"step", start}, {"accuracy", a}});
     v1::Progress p;
@@ -114,7 +116,7 @@ absl::StatusOr<std::string> RunGrpo(DriverContext& ctx) {
       m["checkpoint_s"] = checkpoint_s;  // the slowest rank
       p.set_message(absl::StrCat(p.message(), " (checkpoint saved)"));
     }
-    if ((s + 1) % spec.rl().eval_every() == 0 || s + 1 == steps) {
+    if (held_out && ((s + 1) % spec.rl().eval_every() == 0 || s + 1 == steps)) {
       TESSERA_ASSIGN_OR_RETURN(double a, evaluate());
       accuracy.push_back(json{{"step", s + 1}, {"accuracy", a}});
       m["accuracy"] = a;

@@ -127,6 +127,8 @@ TEST(JobSpec, GrpoDefaultsAndRefusals) {
   EXPECT_EQ(ok->rl().group_size(), 8);
   EXPECT_EQ(ok->rl().prompts_per_step(), 16);
   EXPECT_EQ(ok->rl().max_new_tokens(), 6);  // 3 digits + 3
+  ASSERT_EQ(ok->rl().stop_size(), 1);
+  EXPECT_EQ(ok->rl().stop(0), "\n");  // an arithmetic answer ends its line
   EXPECT_DOUBLE_EQ(ok->rl().clip(), 0.2);
   EXPECT_EQ(ok->rl().eval_every(), 10);
   EXPECT_EQ(ok->rl().eval_problems(), 200);
@@ -149,8 +151,13 @@ TEST(JobSpec, GrpoDefaultsAndRefusals) {
   EXPECT_THAT(std::string(check({"rl.colour=red"}).status().message()), HasSubstr("colour"));
   EXPECT_THAT(std::string(check({"groups.0.layout.pp=2", "groups.0.devices=4", "groups.0.layout.tp=1"}).status().message()),
               HasSubstr("grpo runs generation on the actor's model: no pp, cp or sp yet (pp=2"));
-  EXPECT_THAT(std::string(check({"train.data.kind=jsonl", "train.data.path=/d.jsonl"}).status().message()),
-              HasSubstr("train.data.kind: grpo uses the built-in arithmetic problems"));
+  // JSONL prompts with answers: no stop by default (arithmetic: "\n"), 64 new tokens.
+  auto jsonl = check({"train.data.kind=jsonl", "train.data.path=/d.jsonl"});
+  ASSERT_TRUE(jsonl.ok()) << jsonl.status();
+  EXPECT_EQ(jsonl->rl().stop_size(), 0);
+  EXPECT_EQ(jsonl->rl().max_new_tokens(), 64);
+  EXPECT_THAT(std::string(check({"rl.stop=ab"}).status().message()), HasSubstr("rl.stop[0]: 'ab' is 2 bytes"));
+  EXPECT_THAT(std::string(check({"train.data.kind=jsonl"}).status().message()), HasSubstr("train.data.path"));
   EXPECT_TRUE(check({"train.checkpoint.dir=/ck", "train.checkpoint.save_every=5"}).ok());  // the job's own checkpoints
   EXPECT_THAT(std::string(check({"train.checkpoint.dir=ck"}).status().message()), HasSubstr("train.checkpoint.dir"));
   auto rl_on_pretrain = ParseJobSpecYaml(kPretrain, {"rl.group_size=4"});

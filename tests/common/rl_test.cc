@@ -173,5 +173,17 @@ TEST(PolicyLoss, NothingCountedAndBadInput) {
   EXPECT_THAT(std::string(ComputePolicyLoss(FiveTokens(), o).status().message()), HasSubstr("clip_low / clip_high"));
 }
 
+TEST(Verifier, FinalAnswerAfterTheLastMarkOrTheWholeCompletion) {
+  EXPECT_EQ(FinalAnswer("48 + 24 = 72 clips.\n#### 72"), "72");
+  EXPECT_EQ(FinalAnswer("#### 5 then #### 7 \n"), "7");  // the last mark counts
+  EXPECT_EQ(FinalAnswer(" 32\n"), "32");                  // no mark: the whole completion
+  EXPECT_EQ(FinalAnswer("####"), "");
+  EXPECT_EQ(ExactAnswerReward("so #### 72\n", "72"), 1.0);
+  EXPECT_EQ(ExactAnswerReward("so #### 72\n", " 72\n"), 1.0);
+  EXPECT_EQ(ExactAnswerReward("so #### 720", "72"), 0.0);
+  EXPECT_EQ(ExactAnswerReward("72 #### ", "72"), 0.0);  // an empty final answer
+  EXPECT_EQ(ExactAnswerReward("", ""), 1.0);
+}
+
 }  // namespace
 }  // namespace tessera::rl

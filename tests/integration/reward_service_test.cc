@@ -12,6 +12,7 @@
 #include <iostream>
 #include <atomic>
 #include <mutex>
+#include <set>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -39,7 +40,8 @@ class Rewards final : public v1::RewardService::Service {
     ++calls_;
     samples_ += req->samples_size();
     for (const auto& s : req->samples()) {
-      if (s.prompt().empty() || s.prompt().back() != '=' || s.reference().empty()) bad_ = true;
+      seen_.insert({s.prompt(), s.reference()});
+      if (s.prompt().empty() || (!jsonl_ && s.prompt().back() != '=') || s.reference().empty()) bad_ = true;
       int sum = 0;
       for (unsigned char ch : s.completion()) sum += ch;
       resp->add_rewards(graded_ ? (sum % 17) / 16.0 : s.completion() == s.reference() ? 1.0 : 0.25);
@@ -52,11 +54,14 @@ class Rewards final : public v1::RewardService::Service {
   bool bad() { std::lock_guard<std::mutex> l(mu_); return bad_; }
   void set_short_by(int n) { std::lock_guard<std::mutex> l(mu_); short_by_ = n; }
   void set_graded(bool on) { std::lock_guard<std::mutex> l(mu_); graded_ = on; }
+  void set_jsonl(bool on) { std::lock_guard<std::mutex> l(mu_); jsonl_ = on; }
+  std::set<std::pair<std::string, std::string>> seen() { std::lock_guard<std::mutex> l(mu_); return seen_; }
 
  private:
   std::mutex mu_;
   int calls_ = 0, samples_ = 0, short_by_ = 0;
-  bool bad_ = false, graded_ = false;
+  bool bad_ = false, graded_ = false, jsonl_ = false;
+  std::set<std::pair<std::string, std::string>> seen_;  // (prompt, reference) of every sample scored
 };
 
 // The service on a free loopback port, serving until destroyed.
@@ -185,6 +190,55 @@ TEST(RewardService, KilledGrpoResumesFromItsCheckpointExactly) {
       EXPECT_EQ(resumed[k][s - first].get<double>(), straight[k][s - 1].get<double>()) << k << ", step " << s;
   }
   EXPECT_EQ(*ReadFile(dir + "/latest"), absl::StrFormat("step-%08d\n", kSteps));
+}
+
+// grpo on JSONL prompts with answers (train.data.kind jsonl): the samples the service
+// scores carry the file's prompts and answers (4 prompts per step, cycling through the 6
+// lines: the 8 prompts of steps 1-2 cover every line); the same
+// job with the built-in verifier (final answer after "####") succeeds without held-out
+// evaluation; a bad line fails the job naming the file and line.
+TEST(RewardService, GrpoOnJsonlPromptsWithAnswers) {
+  Cluster c({.agents = 1, .cpu_slots = 2});
+  ASSERT_TRUE(c.StartController().ok());
+  ASSERT_TRUE(c.StartAgent(0).ok());
+  ASSERT_TRUE(c.WaitNodes(1, 20000).ok());
+  Serving serving;
+  ASSERT_NE(serving.server, nullptr);
+  serving.rewards.set_jsonl(true);
+  std::set<std::pair<std::string, std::string>> lines;
+  std::string file;
+  for (int i = 0; i < 6; ++i) {
+    const std::string q = absl::StrCat("Q", i, ": what is ", i, " + ", i, "?\n"), a = absl::StrCat(2 * i);
+    lines.insert({q, a});
+    file += nlohmann::json{{"prompt", q}, {"answer", a}}.dump() + "\n";
+  }
+  const std::string path = c.dir() + "/prompts.jsonl";
+  ASSERT_TRUE(WriteFileAtomic(path, file).ok());
+  v1::JobSpec spec = GrpoSpec(serving.address);
+  spec.mutable_train()->mutable_data()->set_kind("jsonl");
+  spec.mutable_train()->mutable_data()->set_path(path);
+  spec.mutable_rl()->set_max_new_tokens(8);
+  spec.mutable_rl()->add_stop("\n");
+  ASSERT_TRUE(NormalizeAndValidateJobSpec(spec).ok());
+  std::string progress;
+  v1::Job job = RunJob(c, spec, &progress);
+  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason() << "\n" << progress;
+  EXPECT_FALSE(serving.rewards.bad());
+  EXPECT_EQ(serving.rewards.seen(), lines);
+
+  spec.mutable_rl()->clear_reward_service();  // the built-in verifier
+  job = RunJob(c, spec, &progress);
+  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason() << "\n" << progress;
+  const auto result = nlohmann::json::parse(job.result_json());
+  ASSERT_EQ(result["rewards"].size(), 2u);
+  for (const auto& r : result["rewards"]) EXPECT_TRUE(r.get<double>() >= 0 && r.get<double>() <= 1) << r;
+  EXPECT_TRUE(result["accuracy"].empty()) << "held-out evaluation is for the arithmetic problems";
+  EXPECT_THAT(progress, ::testing::Not(HasSubstr("held-out")));
+
+  ASSERT_TRUE(WriteFileAtomic(path, file + "{\"prompt\": \"x\"}\n").ok());
+  job = RunJob(c, spec, &progress);
+  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_THAT(job.reason(), HasSubstr(path + ":7: expected {\"prompt\": string, \"answer\": string}"));
 }
 
 }  // namespace

@@ -91,6 +91,26 @@ absl::StatusOr<JsonlData> LoadJsonl(const std::string& path, int64_t seq_len) {
   return d;
 }
 
+absl::StatusOr<std::vector<PromptAnswer>> LoadPromptAnswers(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("train.data.path: cannot read ", path));
+  std::vector<PromptAnswer> out;
+  std::string line;
+  for (int64_t no = 1; std::getline(in, line); ++no) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank lines
+    auto bad = [&](const std::string& why) { return absl::InvalidArgumentError(absl::StrCat(path, ":", no, ": ", why)); };
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.is_object()) return bad("not a JSON object");
+    if (!j.contains("prompt") || !j["prompt"].is_string() || !j.contains("answer") || !j["answer"].is_string())
+      return bad("expected {\"prompt\": string, \"answer\": string}");
+    PromptAnswer pa{j["prompt"].get<std::string>(), j["answer"].get<std::string>()};
+    if (pa.prompt.empty()) return bad("the prompt is empty");
+    out.push_back(std::move(pa));
+  }
+  if (out.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": no prompts"));
+  return out;
+}
+
 model::TokenBatch MakeJsonlBatch(const JsonlData& d, int64_t index, int sequences) {
   model::TokenBatch batch;
   batch.cu_seqlens = {0};

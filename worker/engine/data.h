@@ -59,4 +59,13 @@ struct JsonlData {
 absl::StatusOr<JsonlData> LoadJsonl(const std::string& path, int64_t seq_len);
 model::TokenBatch MakeJsonlBatch(const JsonlData& d, int64_t index, int sequences);
 
+// RL prompts with a reference answer (grpo jobs on JSONL): {"prompt": string, "answer":
+// string} per line, blank lines skipped. INVALID_ARGUMENT naming the file and line (not
+// JSON, a missing or non-string field, an empty prompt), NOT_FOUND when unreadable; an
+// empty file is an error.
+struct PromptAnswer {
+  std::string prompt, answer;
+};
+absl::StatusOr<std::vector<PromptAnswer>> LoadPromptAnswers(const std::string& path);
+
 }  // namespace tessera::engine

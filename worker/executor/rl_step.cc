@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "common/rl.h"
 #include "common/status.h"
 #include "worker/checkpoint/checkpoint.h"
 #include "worker/engine/grpo.h"
@@ -26,11 +27,18 @@ absl::Status TrainSession::MakeRl(const v1::JobSpec& spec, int dp_rank, int dps)
     TESSERA_ASSIGN_OR_RETURN(reference_, model::Llama::Create(model_->config(), backend_.get(), tp_));
     TESSERA_RETURN_IF_ERROR(engine::SyncColocated(*model_, *reference_));
   }
+  int64_t longest_prompt = 2 * spec.train().data().digits() + 2;  // "a+b="
+  if (spec.train().data().kind() == "jsonl") {
+    TESSERA_ASSIGN_OR_RETURN(prompts_, engine::LoadPromptAnswers(spec.train().data().path()));
+    longest_prompt = 0;
+    for (const engine::PromptAnswer& p : prompts_) longest_prompt = std::max<int64_t>(longest_prompt, p.prompt.size());
+  }
+  for (const std::string& s : rl_.stop()) stop_tokens_.push_back(static_cast<unsigned char>(s[0]));
   engine::RolloutOptions ro;
   const int64_t per_rank = int64_t(rl_.prompts_per_step() / dps) * rl_.group_size();
   ro.max_running = std::max<int64_t>(1, std::min<int64_t>(per_rank, 256));
   ro.block_size = 16;
-  const int64_t longest = 2 * spec.train().data().digits() + 2 + rl_.max_new_tokens();  // "a+b=" + the completion
+  const int64_t longest = longest_prompt + rl_.max_new_tokens();  // a prompt and its completion
   ro.num_blocks = ro.max_running * ((longest + ro.block_size - 1) / ro.block_size);
   TESSERA_ASSIGN_OR_RETURN(rollout_, engine::RolloutEngine::Create(model_.get(), ro));
   job_name_ = spec.name();
@@ -108,28 +116,41 @@ absl::StatusOr<std::string> TrainSession::RlStep(int64_t step) {
   if (rollout_ == nullptr) return absl::FailedPreconditionError("rl_step: the session is not a grpo session");
   if (step < 0) return absl::InvalidArgumentError(absl::StrCat("rl_step: step ", step));
   // This rank's prompts: problems [step * P + rank * P/dp, ...) of the training data
-  // (global numbering over all ranks), the answer each completion must match.
+  // (global numbering over all ranks; JSONL prompts cycle through the file), the answer
+  // each completion must match.
   const int per_rank = rl_.prompts_per_step() / rl_dps_;
   std::vector<std::vector<int32_t>> prompts;
   std::vector<std::string> answers;
   for (int i = 0; i < per_rank; ++i) {
-    const std::string p = engine::ArithmeticProblem(data_, step * rl_.prompts_per_step() + rl_dp_rank_ * per_rank + i);
+    const int64_t index = step * rl_.prompts_per_step() + rl_dp_rank_ * per_rank + i;
+    if (!prompts_.empty()) {
+      const engine::PromptAnswer& pa = prompts_[index % prompts_.size()];
+      prompts.emplace_back(pa.prompt.begin(), pa.prompt.end());
+      answers.push_back(pa.answer);
+      continue;
+    }
+    const std::string p = engine::ArithmeticProblem(data_, index);
     const size_t eq = p.find('=') + 1;
     prompts.emplace_back(p.begin(), p.begin() + eq);
     answers.push_back(p.substr(eq));
   }
+  for (auto& p : prompts)  // bytes are tokens of the byte tokenizer
+    for (int32_t& t : p) t = static_cast<unsigned char>(t);
   engine::GrpoOptions o;
   o.group_size = rl_.group_size();
   o.sampling.temperature = static_cast<float>(rl_.temperature());
   o.sampling.max_new_tokens = rl_.max_new_tokens();
-  o.sampling.stop_tokens = {'\n'};
+  o.sampling.stop_tokens = stop_tokens_;
   o.loss.kl_coef = rl_.kl_coef();
   o.loss.clip_low = o.loss.clip_high = rl_.clip();
   o.epochs = rl_.epochs(), o.mini_batches = rl_.mini_batches();
   const engine::BatchRewardFn reward = [&](const std::vector<engine::Completion>& cs) -> absl::StatusOr<std::vector<double>> {
     if (!rl_.reward_service().empty()) return ServiceRewards(step, prompts, answers, cs);
-    std::vector<double> r;  // built in: exact match of the answer
-    for (const engine::Completion& c : cs) r.push_back(std::string(c.tokens.begin(), c.tokens.end()) == answers[c.request] ? 1.0 : 0.0);
+    std::vector<double> r;  // built in: exact match of the answer (JSONL: of the extracted final answer)
+    for (const engine::Completion& c : cs) {
+      const std::string text(c.tokens.begin(), c.tokens.end());
+      r.push_back(!prompts_.empty() ? rl::ExactAnswerReward(text, answers[c.request]) : text == answers[c.request] ? 1.0 : 0.0);
+    }
     return r;
   };
   TESSERA_ASSIGN_OR_RETURN(engine::GrpoStats st, engine::GrpoStep(*rollout_, *model_, *trainer_, reference_.get(), prompts,
@@ -157,6 +178,7 @@ namespace tessera::executor {
 
 absl::StatusOr<std::string> TrainSession::RlEval(int64_t problems) {
   if (rollout_ == nullptr) return absl::FailedPreconditionError("rl_eval: the session is not a grpo session");
+  if (!prompts_.empty()) return absl::FailedPreconditionError("rl_eval: held-out problems are the built-in arithmetic ones");
   if (problems < 1 || problems > 1000000) return absl::InvalidArgumentError(absl::StrCat("rl_eval: problems ", problems, "; expected 1..1000000"));
   engine::ArithmeticData held = data_;
   held.held_out = true;

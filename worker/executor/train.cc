@@ -77,7 +77,7 @@ absl::StatusOr<std::unique_ptr<TrainSession>> TrainSession::Create(const v1::Job
   TESSERA_ASSIGN_OR_RETURN(s->trainer_, engine::Trainer::Create(s->model_.get(), s->backend_.get(), dp, tp, o, pp));
   s->data_ = {t.data().digits(), t.seed(), m.seq_len(), /*answer_only=*/spec.kind() == "sft"};
   s->data_.careless = t.data().careless();
-  if (t.data().kind() == "jsonl") {
+  if (t.data().kind() == "jsonl" && spec.kind() != "grpo") {  // grpo's prompts: MakeRl
     TESSERA_ASSIGN_OR_RETURN(engine::JsonlData d, engine::LoadJsonl(t.data().path(), m.seq_len()));
     s->jsonl_ = std::make_unique<engine::JsonlData>(std::move(d));
   }

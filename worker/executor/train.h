@@ -84,6 +84,8 @@ class TrainSession {
   std::unique_ptr<model::Llama> reference_;
   std::unique_ptr<engine::RolloutEngine> rollout_;
   int rl_dp_rank_ = 0, rl_dps_ = 1;
+  std::vector<engine::PromptAnswer> prompts_;  // train.data.kind jsonl (empty: the arithmetic problems)
+  std::vector<int32_t> stop_tokens_;           // rl.stop
   std::string job_name_;
   std::unique_ptr<v1::RewardService::Stub> reward_;  // rl.reward_service (TP rank 0 calls it)
   // The rewards of this rank's completions from the reward service: TP rank 0 calls it
