@@ -111,7 +111,8 @@ TEST_P(TrainerGpuTest, EqualsOneRank) {
 
 INSTANTIATE_TEST_SUITE_P(
     Layouts, TrainerGpuTest,
-    ::testing::Values(Layout{"dp2", 1, 2, 0}, Layout{"dp2_zero1", 1, 2, 1}, Layout{"dp2_zero2", 1, 2, 2},
+    ::testing::Values(Layout{"dp2", 1, 2, 0}, Layout{"dp2_tied", 1, 2, 0, true}, Layout{"dp2_zero1", 1, 2, 1},
+                      Layout{"dp2_zero2", 1, 2, 2},
                       Layout{"dp2_zero3_tied", 1, 2, 3, true}, Layout{"tp2", 2, 1, 0}, Layout{"tp2_tied", 2, 1, 0, true},
                       Layout{"cp2", 1, 1, 0, false, 2}, Layout{"tp2_dp2_zero1", 2, 2, 1},
                       Layout{"tp2_dp2_zero3", 2, 2, 3}, Layout{"tp2_cp2", 2, 1, 0, false, 2},

@@ -79,9 +79,15 @@ class Trainer::Hooks : public model::ParamHooks {
     if (t_->options_.zero >= 2) {
       for (model::Param* p : t_->model_->BlockOwns(block)) TESSERA_RETURN_IF_ERROR(t_->ReduceGrad(State(p)));
     } else if (t_->reduce_in_backward_) {
-      for (model::Param* p : t_->model_->BlockOwns(block)) TESSERA_RETURN_IF_ERROR(t_->ReduceEarly(State(p)));
+      model::Param* early = t_->EarlyEmbedding();  // reduced after the LM head's backward instead
+      for (model::Param* p : t_->model_->BlockOwns(block))
+        if (p != early) TESSERA_RETURN_IF_ERROR(t_->ReduceEarly(State(p)));
+      if (early != nullptr && block == t_->model_->num_blocks() - 1) TESSERA_RETURN_IF_ERROR(t_->ReduceEarly(State(early)));
     }
     return absl::OkStatus();
+  }
+  absl::StatusOr<bool> TakeEmbeddingRows(const Tensor& ids, const Tensor& dout, int64_t /*vocab_start*/) override {
+    return t_->TakeEmbeddingRows(ids, dout);
   }
 
  private:
@@ -585,6 +591,8 @@ absl::StatusOr<StepStats> Trainer::Step(const std::vector<model::TokenBatch>& mi
   TESSERA_ASSIGN_OR_RETURN(stats.tokens, GlobalTokens(micro_batches));
   if (stats.tokens == 0) return absl::InvalidArgumentError("trainer: the global batch has no target tokens");
   TESSERA_RETURN_IF_ERROR(BeginStep());
+  // Where the host has just waited anyway (the token count): the last micro-batch's rows.
+  if (pp_ == nullptr && options_.zero == 0) TESSERA_RETURN_IF_ERROR(PlanEmbeddingRows(micro_batches.back()));
   const float scale = 1.f / static_cast<float>(stats.tokens);
   float loss_sum = 0.f;
   if (pp_ != nullptr) {
@@ -606,7 +614,9 @@ absl::StatusOr<StepStats> Trainer::Step(const std::vector<model::TokenBatch>& mi
           TESSERA_ASSIGN_OR_RETURN(wait_marks_[0], backend_->Mark());
           TESSERA_RETURN_IF_ERROR(dp_->Join());
           TESSERA_ASSIGN_OR_RETURN(wait_marks_[1], backend_->Mark());
+          TESSERA_RETURN_IF_ERROR(AddEmbeddingRows());
         }
+        rows_.reset();
       }
       if (!l.ok()) return l.status();
       loss_sum += static_cast<float>(l->sum);

@@ -149,6 +149,26 @@ class Trainer {
   absl::Status EnsureGrad(State& s);
   absl::Status ReduceGrad(State& s);
   absl::Status ReduceEarly(State& s);  // ZeRO-0/1: the last micro-batch's reduction of one parameter
+  // ZeRO-0 with DP and no pipeline (trainer_rows.cc): the embedding's gradient is
+  // all-reduced as soon as the last micro-batch's LM head backward is done — under every
+  // layer's backward — instead of after the embedding's backward, the last thing in the
+  // step (1 GiB exposed for a 128k x 2048 f32 table). That micro-batch's embedding rows
+  // go round instead, compacted to the rows any DP rank's tokens touch ([rows, hidden]
+  // f32, all-reduced), and are added after the join, each row once (the same result on
+  // every rank). Plan: at the step's start (the ranks' last token ids, gathered on the
+  // host); Take: the model's embedding backward (ParamHooks); Add: after the join.
+  struct EmbeddingRows {
+    model::Param* embed = nullptr;
+    int64_t vocab_start = 0;  // this TP rank's first vocabulary row
+    int64_t count = 0;        // rows any DP rank's tokens touch in this rank's vocabulary
+    runtime::Tensor rows;  // i32 [count]: those rows' vocabulary ids, ascending
+    runtime::Tensor pos;   // i32 [tokens]: each local token's index in `rows` (-1: another TP rank's)
+    runtime::Tensor sums;  // f32 [count, hidden]: the rows' gradients, all-reduced over DP
+  };
+  model::Param* EarlyEmbedding() const;  // the embedding while rows_ is planned, else null
+  absl::Status PlanEmbeddingRows(const model::TokenBatch& last);
+  absl::StatusOr<bool> TakeEmbeddingRows(const runtime::Tensor& ids, const runtime::Tensor& dout);
+  absl::Status AddEmbeddingRows();
 
   model::Llama* model_;
   runtime::Backend* backend_;
@@ -161,6 +181,7 @@ class Trainer {
   std::array<int, 2> wait_marks_{-1, -1};  // around the join of the DP reduction (StepStats::dp_wait_s)
   std::unique_ptr<Hooks> hooks_;  // ZeRO-2/3; ZeRO-0/1 with DP and no pipeline
   bool reduce_in_backward_ = false;  // ZeRO-0/1: during the last micro-batch
+  std::unique_ptr<EmbeddingRows> rows_;  // ZeRO-0: during the last micro-batch (PlanEmbeddingRows)
   int64_t step_ = 0;
 };
 

@@ -584,7 +584,11 @@ absl::StatusOr<Tensor> Llama::ChunkBackward(int chunk, Flight& f, const Tensor* 
   if (!FirstVirtualStage(chunk)) return dx;
   TESSERA_ASSIGN_OR_RETURN(Tensor dx_full, EnterTp(dx));
   TESSERA_RETURN_IF_ERROR(acquire(0, Phase::kBackward));
-  TESSERA_RETURN_IF_ERROR(b.EmbeddingBackward(f.in.tokens, dx_full, vocab_start, embed_->grad));  // adds
+  bool taken = false;
+  if (hooks_ != nullptr) {
+    TESSERA_ASSIGN_OR_RETURN(taken, hooks_->TakeEmbeddingRows(f.in.tokens, dx_full, vocab_start));
+  }
+  if (!taken) TESSERA_RETURN_IF_ERROR(b.EmbeddingBackward(f.in.tokens, dx_full, vocab_start, embed_->grad));  // adds
   TESSERA_RETURN_IF_ERROR(done(0));
   return Tensor();
 }

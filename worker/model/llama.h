@@ -80,6 +80,14 @@ class ParamHooks {
   // After the block's backward: the gradients of the parameters it owns (BlockOwns) are
   // complete for this micro-batch (ZeRO-2/3 reduce-scatter them into the rank's shard).
   virtual absl::Status GradsReady(int block) = 0;
+  // The embedding's backward: true when the hook takes this micro-batch's rows itself
+  // (token ids, their output gradient [tokens, hidden], this rank's vocabulary from
+  // vocab_start) and the model adds nothing to the embedding's gradient — the trainer's
+  // early embedding reduction (trainer.h); false: the model adds them.
+  virtual absl::StatusOr<bool> TakeEmbeddingRows(const runtime::Tensor& /*ids*/, const runtime::Tensor& /*dout*/,
+                                                 int64_t /*vocab_start*/) {
+    return false;
+  }
 };
 
 struct Param {
