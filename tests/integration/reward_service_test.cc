@@ -89,6 +89,11 @@ v1::JobSpec GrpoSpec(const std::string& service) {
   return spec;
 }
 
+// The controller and one agent with two CPU slots, registered.
+bool Start(Cluster& c) {
+  return c.StartController().ok() && c.StartAgent(0).ok() && c.WaitNodes(1, 20000).ok();
+}
+
 v1::Job RunJob(Cluster& c, const v1::JobSpec& spec, std::string* progress) {
   auto r = c.client().Submit(spec, "");
   EXPECT_TRUE(r.ok()) << r.status();
@@ -101,9 +106,7 @@ v1::Job RunJob(Cluster& c, const v1::JobSpec& spec, std::string* progress) {
 
 TEST(RewardService, GrpoRewardsComeFromTheServiceAndItsFailureFailsTheJob) {
   Cluster c({.agents = 1, .cpu_slots = 2});
-  ASSERT_TRUE(c.StartController().ok());
-  ASSERT_TRUE(c.StartAgent(0).ok());
-  ASSERT_TRUE(c.WaitNodes(1, 20000).ok());
+  ASSERT_TRUE(Start(c));
   Serving serving;
   Rewards& service = serving.rewards;
   const std::string& address = serving.address;
@@ -142,9 +145,7 @@ TEST(RewardService, GrpoRewardsComeFromTheServiceAndItsFailureFailsTheJob) {
 // reference stays the starting weights).
 TEST(RewardService, KilledGrpoResumesFromItsCheckpointExactly) {
   Cluster c({.agents = 1, .cpu_slots = 2});
-  ASSERT_TRUE(c.StartController().ok());
-  ASSERT_TRUE(c.StartAgent(0).ok());
-  ASSERT_TRUE(c.WaitNodes(1, 20000).ok());
+  ASSERT_TRUE(Start(c));
   Serving serving;
   ASSERT_NE(serving.server, nullptr);
   serving.rewards.set_graded(true);
@@ -199,9 +200,7 @@ TEST(RewardService, KilledGrpoResumesFromItsCheckpointExactly) {
 // evaluation; a bad line fails the job naming the file and line.
 TEST(RewardService, GrpoOnJsonlPromptsWithAnswers) {
   Cluster c({.agents = 1, .cpu_slots = 2});
-  ASSERT_TRUE(c.StartController().ok());
-  ASSERT_TRUE(c.StartAgent(0).ok());
-  ASSERT_TRUE(c.WaitNodes(1, 20000).ok());
+  ASSERT_TRUE(Start(c));
   Serving serving;
   ASSERT_NE(serving.server, nullptr);
   serving.rewards.set_jsonl(true);

@@ -1,11 +1,13 @@
 #include "worker/engine/data.h"
 
 #include <fstream>
+#include <functional>
 #include <random>
 
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 
 namespace tessera::engine {
 
@@ -51,17 +53,32 @@ model::TokenBatch MakeArithmeticBatch(const ArithmeticData& d, int64_t index, in
 
 namespace tessera::engine {
 
-absl::StatusOr<JsonlData> LoadJsonl(const std::string& path, int64_t seq_len) {
+namespace {
+// Calls `each(object, bad)` for every non-blank line of a JSONL file, `bad(why)` making
+// the INVALID_ARGUMENT that names the file and line; NOT_FOUND when unreadable.
+using BadLine = std::function<absl::Status(const std::string&)>;
+absl::Status ForEachJsonLine(const std::string& path,
+                             const std::function<absl::Status(const nlohmann::json&, const BadLine&)>& each) {
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat("train.data.path: cannot read ", path));
-  JsonlData d;
-  d.path = path;
   std::string line;
   for (int64_t no = 1; std::getline(in, line); ++no) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank lines
-    auto bad = [&](const std::string& why) { return absl::InvalidArgumentError(absl::StrCat(path, ":", no, ": ", why)); };
+    const BadLine bad = [&](const std::string& why) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ":", no, ": ", why));
+    };
     const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
     if (j.is_discarded() || !j.is_object()) return bad("not a JSON object");
+    TESSERA_RETURN_IF_ERROR(each(j, bad));
+  }
+  return absl::OkStatus();
+}
+}  // namespace
+
+absl::StatusOr<JsonlData> LoadJsonl(const std::string& path, int64_t seq_len) {
+  JsonlData d;
+  d.path = path;
+  TESSERA_RETURN_IF_ERROR(ForEachJsonLine(path, [&](const nlohmann::json& j, const BadLine& bad) -> absl::Status {
     std::string prompt, response;
     bool scored_prompt = false;
     if (j.contains("text") && j["text"].is_string()) {
@@ -86,27 +103,22 @@ absl::StatusOr<JsonlData> LoadJsonl(const std::string& path, int64_t seq_len) {
       b.positions.push_back(static_cast<int32_t>(i));
     }
     d.samples.push_back(std::move(b));
-  }
+    return absl::OkStatus();
+  }));
   if (d.samples.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": no samples"));
   return d;
 }
 
 absl::StatusOr<std::vector<PromptAnswer>> LoadPromptAnswers(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("train.data.path: cannot read ", path));
   std::vector<PromptAnswer> out;
-  std::string line;
-  for (int64_t no = 1; std::getline(in, line); ++no) {
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank lines
-    auto bad = [&](const std::string& why) { return absl::InvalidArgumentError(absl::StrCat(path, ":", no, ": ", why)); };
-    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_discarded() || !j.is_object()) return bad("not a JSON object");
+  TESSERA_RETURN_IF_ERROR(ForEachJsonLine(path, [&](const nlohmann::json& j, const BadLine& bad) -> absl::Status {
     if (!j.contains("prompt") || !j["prompt"].is_string() || !j.contains("answer") || !j["answer"].is_string())
       return bad("expected {\"prompt\": string, \"answer\": string}");
     PromptAnswer pa{j["prompt"].get<std::string>(), j["answer"].get<std::string>()};
     if (pa.prompt.empty()) return bad("the prompt is empty");
     out.push_back(std::move(pa));
-  }
+    return absl::OkStatus();
+  }));
   if (out.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": no prompts"));
   return out;
 }
