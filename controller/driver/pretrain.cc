@@ -65,6 +65,7 @@ absl::StatusOr<std::string> RunPretrain(DriverContext& ctx) {
     json first;
     double seconds = 0, flops = 0, peak_memory = 0, checkpoint_seconds = -1, peak_flops = 0;
     double pipeline_max = 0, pipeline_busy = 0;  // the slowest stage's schedule; busy time summed
+    double dp_wait = -1;                         // the longest exposed gradient reduction (-1: none reported)
     int pipeline_ranks = 0;
     bool all_peaks = true;  // MFU only when every rank knows its device's peak
     for (size_t r = 0; r < res.size(); ++r) {
@@ -81,6 +82,7 @@ absl::StatusOr<std::string> RunPretrain(DriverContext& ctx) {
       all_peaks &= peak > 0;
       peak_memory = std::max(peak_memory, out.value("memory_peak_bytes", 0.0));
       checkpoint_seconds = std::max(checkpoint_seconds, out.value("checkpoint_seconds", -1.0));
+      if (out.contains("dp_wait_seconds")) dp_wait = std::max(dp_wait, out.value("dp_wait_seconds", 0.0));
       if (out.value("pipeline_seconds", 0.0) > 0) {
         pipeline_max = std::max(pipeline_max, out.value("pipeline_seconds", 0.0));
         pipeline_busy += out.value("pipeline_busy_seconds", 0.0);
@@ -113,6 +115,10 @@ absl::StatusOr<std::string> RunPretrain(DriverContext& ctx) {
       if (all_peaks) (*p.mutable_metrics())["mfu"] = flops / seconds / peak_flops;  // of the ranks' summed peaks
     }
     (*p.mutable_metrics())["memory_peak_gb"] = peak_memory / 1e9;  // the largest rank
+    // DP (ZeRO-0/1) without a pipeline: the compute's wait for the overlapped gradient reduction after
+    // the last backward (StepStats::dp_wait_s) — what more overlap would win back.
+    if (layout.dp() * std::max(1, layout.cp()) > 1 && layout.pp() <= 1 && layout.zero() <= 1 && dp_wait >= 0)
+      (*p.mutable_metrics())["dp_wait_ms"] = 1e3 * dp_wait;
     if (pipeline_ranks > 0 && pipeline_busy > 0) {
       (*p.mutable_metrics())["pipeline_bubble"] = pipeline_max / (pipeline_busy / pipeline_ranks) - 1;
       (*p.mutable_metrics())["pipeline_bubble_ideal"] = ideal_bubble;

@@ -137,6 +137,10 @@ TEST(Cluster, PretrainLayoutsEqualOneRank) {
     } else {
       EXPECT_THAT(progress.str(), Not(HasSubstr("pipeline_bubble")));
     }
+    // The exposed gradient reduction: for DP x CP > 1 with ZeRO-0/1 and no pipeline.
+    const auto& l = spec.groups(0).layout();
+    const bool overlapped = l.dp() * std::max(1, l.cp()) > 1 && l.pp() <= 1 && l.zero() <= 1;
+    EXPECT_EQ(progress.str().find("dp_wait_ms=") != std::string::npos, overlapped) << progress.str();
     // The latest step's metrics on the controller's /metrics.
     const std::string m = HttpGet(c->controller_metrics_port(), "/metrics");
     EXPECT_THAT(m, HasSubstr(absl::StrCat("tessera_job_step_metric{job=\"", id, "\",metric=\"loss\"}")));

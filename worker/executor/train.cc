@@ -196,7 +196,8 @@ absl::StatusOr<std::string> TrainSession::Step(int64_t step) {
                         {"memory_peak_bytes", backend_->allocator()->stats().peak_bytes},
                         {"checkpoint_seconds", checkpoint_secs},
                         {"pipeline_seconds", st.pipeline_s},  // 0 without a pipeline
-                        {"pipeline_busy_seconds", st.pipeline_busy_s}}
+                        {"pipeline_busy_seconds", st.pipeline_busy_s},
+                        {"dp_wait_seconds", st.dp_wait_s}}  // the gradient reduction the backward did not hide
       .dump();
 }
 
