@@ -140,6 +140,43 @@ absl::StatusOr<PolicyLoss> ComputePolicyLoss(const PolicyTokens& in, const Polic
   return out;
 }
 
+absl::StatusOr<ValueLoss> ComputeValueLoss(const ValueTokens& in, double clip) {
+  const size_t n = in.value.size();
+  for (auto [name, v] : {std::pair{"old_value", &in.old_value}, std::pair{"returns", &in.returns},
+                         std::pair{"mask", &in.mask}})
+    if (v->size() != n)
+      return absl::InvalidArgumentError(absl::StrCat(name, ": ", v->size(), " values for ", n, " tokens"));
+  double counted = 0;
+  for (double m : in.mask) {
+    if (m < 0) return absl::InvalidArgumentError(absl::StrCat("mask: ", m, ", expected >= 0"));
+    counted += m;
+  }
+  ValueLoss out;
+  out.dvalue.assign(n, 0.0);
+  if (counted == 0) return out;  // nothing counted: no loss, no gradient
+  for (size_t t = 0; t < n; ++t) {
+    if (in.mask[t] == 0) continue;
+    const double v = in.value[t], r = in.returns[t];
+    const double unclipped = 0.5 * (v - r) * (v - r);
+    double loss = unclipped, grad = v - r;
+    if (clip > 0) {
+      const double vc = in.old_value[t] + std::clamp(v - in.old_value[t], -clip, clip);
+      const double clipped = 0.5 * (vc - r) * (vc - r);
+      if (clipped > unclipped) {
+        loss = clipped;
+        // d vc / d v is 1 inside the clip range, 0 outside it.
+        const bool inside = std::abs(v - in.old_value[t]) < clip;
+        grad = inside ? vc - r : 0.0;
+        out.clip_fraction += in.mask[t];
+      }
+    }
+    out.loss += in.mask[t] * loss / counted;
+    out.dvalue[t] = in.mask[t] * grad / counted;
+  }
+  out.clip_fraction /= counted;
+  return out;
+}
+
 std::string FinalAnswer(std::string_view completion) {
   if (const size_t mark = completion.rfind("####"); mark != std::string_view::npos) completion.remove_prefix(mark + 4);
   return std::string(absl::StripAsciiWhitespace(absl::string_view(completion.data(), completion.size())));

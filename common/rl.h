@@ -71,6 +71,21 @@ struct PolicyLoss {
 };
 absl::StatusOr<PolicyLoss> ComputePolicyLoss(const PolicyTokens& in, const PolicyLossOptions& o);
 
+// PPO's critic loss over a mini-batch's tokens, token mean, with value clipping (as the
+// PPO paper's implementations and verl): v_clip_t = old_v_t + clip(v_t - old_v_t, -c, c),
+// L = sum_t mask_t 0.5 max((v_t - R_t)^2, (v_clip_t - R_t)^2) / sum_t mask_t, R the
+// returns (GAE's). c <= 0: no clipping. dvalue is dL / dv_t (zero where the clipped term
+// wins and v_t is outside the clip range).
+struct ValueTokens {
+  std::vector<double> value, old_value, returns, mask;
+};
+struct ValueLoss {
+  double loss = 0;
+  double clip_fraction = 0;  // counted tokens whose clipped term was the larger one
+  std::vector<double> dvalue;
+};
+absl::StatusOr<ValueLoss> ComputeValueLoss(const ValueTokens& in, double clip);
+
 // Built-in rule verifier (prompts from JSONL with an "answer"): a completion's final answer
 // is the text after its last "####" (the GSM8K convention) if it has one, else the whole
 // completion, with surrounding whitespace removed; the reward is 1 when it equals the

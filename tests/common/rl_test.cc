@@ -173,6 +173,57 @@ TEST(PolicyLoss, NothingCountedAndBadInput) {
   EXPECT_THAT(std::string(ComputePolicyLoss(FiveTokens(), o).status().message()), HasSubstr("clip_low / clip_high"));
 }
 
+// Clipped value loss by hand: token 0 inside the clip range (both terms equal), token 1
+// beyond the range but away from the return (the unclipped term is the larger), token 2
+// masked out; then a token where the clipped term wins; then central differences.
+TEST(ValueLoss, ClippedValueLossByHand) {
+  ValueTokens in;
+  in.value = {1.0, 3.0, 7.0};
+  in.old_value = {0.9, 1.0, 0.0};
+  in.returns = {2.0, 0.0, 0.0};
+  in.mask = {1, 1, 0};
+  auto out = ComputeValueLoss(in, 0.5);
+  ASSERT_TRUE(out.ok()) << out.status();
+  // t0: v 1.0 in [0.4, 1.4]: unclipped 0.5, clipped the same -> 0.5, grad -1.
+  // t1: v 3.0, v_clip 1.5: unclipped 4.5, clipped 1.125 -> unclipped wins (max) 4.5, grad 3.
+  EXPECT_NEAR(out->loss, (0.5 + 4.5) / 2, 1e-12);
+  EXPECT_NEAR(out->dvalue[0], -1.0 / 2, 1e-12);
+  EXPECT_NEAR(out->dvalue[1], 3.0 / 2, 1e-12);
+  EXPECT_EQ(out->dvalue[2], 0.0);
+  EXPECT_EQ(out->clip_fraction, 0.0);
+  // The clipped term wins when v moved towards the return by more than c: old 1.0, v 2.9
+  // (v_clip 1.5), return 3.0: unclipped 0.005, clipped 1.125 -> 1.125, gradient 0 (the
+  // critic may not move further this epoch).
+  in.value = {2.9};
+  in.old_value = {1.0};
+  in.returns = {3.0};
+  in.mask = {1};
+  out = ComputeValueLoss(in, 0.5);
+  ASSERT_TRUE(out.ok());
+  EXPECT_NEAR(out->loss, 1.125, 1e-12);
+  EXPECT_EQ(out->dvalue[0], 0.0);
+  EXPECT_EQ(out->clip_fraction, 1.0);
+  out = ComputeValueLoss(in, 0);  // no clipping
+  ASSERT_TRUE(out.ok());
+  EXPECT_NEAR(out->loss, 0.005, 1e-12);
+  EXPECT_NEAR(out->dvalue[0], -0.1, 1e-12);
+  // Gradient against central differences on a mixed batch.
+  in.value = {0.3, -1.2, 2.0, 0.7};
+  in.old_value = {0.0, -0.5, 2.6, 0.7};
+  in.returns = {1.0, -2.0, 1.0, 0.2};
+  in.mask = {1, 1, 1, 0.5};
+  out = ComputeValueLoss(in, 0.4);
+  ASSERT_TRUE(out.ok());
+  for (size_t t = 0; t < in.value.size(); ++t) {
+    ValueTokens up = in, down = in;
+    up.value[t] += 1e-6, down.value[t] -= 1e-6;
+    const double numeric = (ComputeValueLoss(up, 0.4)->loss - ComputeValueLoss(down, 0.4)->loss) / 2e-6;
+    EXPECT_NEAR(out->dvalue[t], numeric, 1e-6) << "token " << t;
+  }
+  EXPECT_THAT(std::string(ComputeValueLoss(ValueTokens{{1}, {1, 2}, {1}, {1}}, 0.2).status().message()),
+              HasSubstr("old_value: 2 values for 1 tokens"));
+}
+
 TEST(Verifier, FinalAnswerAfterTheLastMarkOrTheWholeCompletion) {
   EXPECT_EQ(FinalAnswer("48 + 24 = 72 clips.\n#### 72"), "72");
   EXPECT_EQ(FinalAnswer("#### 5 then #### 7 \n"), "7");  // the last mark counts
