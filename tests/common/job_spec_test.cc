@@ -45,10 +45,15 @@ TEST(JobSpec, OverridesApply) {
   EXPECT_EQ(spec->groups(0).layout().dp(), 2);
 }
 
-absl::Status ParseAndValidate(const std::string& yaml, std::vector<std::string> ov = {}) {
+// A job file with overrides, parsed, normalized and validated: the spec, or the first error.
+absl::StatusOr<v1::JobSpec> ValidSpec(const std::string& yaml, const std::vector<std::string>& ov) {
   auto spec = ParseJobSpecYaml(yaml, ov);
   if (!spec.ok()) return spec.status();
-  return NormalizeAndValidateJobSpec(*spec);
+  if (absl::Status st = NormalizeAndValidateJobSpec(*spec); !st.ok()) return st;
+  return *spec;
+}
+absl::Status ParseAndValidate(const std::string& yaml, std::vector<std::string> ov = {}) {
+  return ValidSpec(yaml, ov).status();
 }
 
 TEST(JobSpec, BadInputNamesTheField) {
@@ -115,12 +120,9 @@ train: {steps: 3, lr: 1.0e-3}
 // grpo: the pretrain checks plus its own — defaults filled, layouts and data the rollout
 // engine and the reward need, the rl section named in every refusal.
 TEST(JobSpec, GrpoDefaultsAndRefusals) {
-  auto check = [](std::vector<std::string> ov) -> absl::StatusOr<v1::JobSpec> {
+  auto check = [](std::vector<std::string> ov) {
     ov.insert(ov.begin(), "kind=grpo");
-    auto s = ParseJobSpecYaml(kPretrain, ov);
-    if (!s.ok()) return s.status();
-    if (absl::Status st = NormalizeAndValidateJobSpec(*s); !st.ok()) return st;
-    return *s;
+    return ValidSpec(kPretrain, ov);
   };
   auto ok = check({});
   ASSERT_TRUE(ok.ok()) << ok.status();
@@ -170,12 +172,7 @@ TEST(JobSpec, GenerateDefaultsAndRefusals) {
       "name: g\nkind: generate\ngroups:\n  - name: rollout\n    devices: 2\n"
       "model: {vocab_size: 256, hidden: 32, num_layers: 2, num_heads: 4, num_kv_heads: 2, ffn: 48}\n"
       "generate: {input: /d/in.jsonl, output: /d/out.jsonl, checkpoint: /d/ckpt, stop: [\"\\n\"]}\n";
-  auto check = [&](std::vector<std::string> ov) -> absl::StatusOr<v1::JobSpec> {
-    auto s = ParseJobSpecYaml(base, ov);
-    if (!s.ok()) return s.status();
-    if (absl::Status st = NormalizeAndValidateJobSpec(*s); !st.ok()) return st;
-    return *s;
-  };
+  auto check = [&](std::vector<std::string> ov) { return ValidSpec(base, ov); };
   auto ok = check({});
   ASSERT_TRUE(ok.ok()) << ok.status();
   EXPECT_EQ(ok->groups(0).layout().dp(), 2);

@@ -64,8 +64,7 @@ absl::Status Trainer::PlanEmbeddingRows(const model::TokenBatch& last) {
     TESSERA_ASSIGN_OR_RETURN(r->rows, b.Empty({r->count}, DType::kI32));
     TESSERA_RETURN_IF_ERROR(b.CopyFromHost(rows.data(), r->rows));
   }
-  TESSERA_RETURN_IF_ERROR(b.Synchronize());  // the host vectors go out of scope
-  rows_ = std::move(r);
+  rows_ = std::move(r);  // (uploads from pageable host memory are staged before CopyFromHost returns)
   return absl::OkStatus();
 }
 

@@ -123,19 +123,20 @@ absl::StatusOr<std::string> TrainSession::RlStep(int64_t step) {
   std::vector<std::string> answers;
   for (int i = 0; i < per_rank; ++i) {
     const int64_t index = step * rl_.prompts_per_step() + rl_dp_rank_ * per_rank + i;
+    std::string prompt;
     if (!prompts_.empty()) {
       const engine::PromptAnswer& pa = prompts_[index % prompts_.size()];
-      prompts.emplace_back(pa.prompt.begin(), pa.prompt.end());
+      prompt = pa.prompt;
       answers.push_back(pa.answer);
-      continue;
+    } else {
+      const std::string p = engine::ArithmeticProblem(data_, index);
+      const size_t eq = p.find('=') + 1;
+      prompt = p.substr(0, eq);
+      answers.push_back(p.substr(eq));
     }
-    const std::string p = engine::ArithmeticProblem(data_, index);
-    const size_t eq = p.find('=') + 1;
-    prompts.emplace_back(p.begin(), p.begin() + eq);
-    answers.push_back(p.substr(eq));
+    std::vector<int32_t>& tokens = prompts.emplace_back();  // bytes are tokens of the byte tokenizer
+    for (unsigned char c : prompt) tokens.push_back(c);
   }
-  for (auto& p : prompts)  // bytes are tokens of the byte tokenizer
-    for (int32_t& t : p) t = static_cast<unsigned char>(t);
   engine::GrpoOptions o;
   o.group_size = rl_.group_size();
   o.sampling.temperature = static_cast<float>(rl_.temperature());
