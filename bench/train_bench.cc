@@ -3,7 +3,8 @@
 // scripts/gpu-train.sh): a Llama of the given shape, random tokens (fixed seed), per DP
 // rank `--micro` micro-batches of one `--seq`-token sequence per step (weak scaling),
 // `--tp`, `--dp`, `--zero`, `--sp`, `--pp` (with `--vpp`, `--schedule 1f1b|gpipe`) as a
-// job's layout (ranks on threads, NCCL; every pipeline stage runs all `--micro`
+// job's layout (a process per rank and GPU, as executors run; NCCL bootstrapped through a
+// directory store; every pipeline stage runs all `--micro`
 // micro-batches, and the measured bubble is printed: the slowest stage's schedule time
 // over the stages' mean compute time, minus 1, against (pp - 1) / (vpp * micro));
 // AdamW; `--warmup` untimed steps, then `--steps` timed ones (each step ends on the host:
@@ -22,12 +23,16 @@
 #include <random>
 #include <string>
 
-#include <thread>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "bench/bench_util.h"
-#include "tests/common/mem_store.h"
+#include "tests/common/file_store.h"
 #include "worker/comm/nccl_communicator.h"
 #include "worker/engine/trainer.h"
 
@@ -45,9 +50,44 @@ struct Result {
   double seconds = 0, peak_gib = 0;
 };
 
+// A rank's result through a pipe to the parent: "<code> <seconds> <peak> <dp wait>", the
+// three series (count, values), then the status message.
+std::string Encode(const Result& r) {
+  std::ostringstream o;
+  o.precision(17);
+  o << static_cast<int>(r.status.code()) << ' ' << r.seconds << ' ' << r.peak_gib << ' ' << r.dp_wait_s;
+  for (const auto* v : {&r.losses, &r.pipeline_s, &r.busy_s}) {
+    o << ' ' << v->size();
+    for (double x : *v) o << ' ' << x;
+  }
+  o << ' ' << r.status.message();
+  return o.str();
+}
+
+Result Decode(const std::string& text, int rank) {
+  Result r;
+  std::istringstream in(text);
+  int code = -1;
+  in >> code >> r.seconds >> r.peak_gib >> r.dp_wait_s;
+  for (auto* v : {&r.losses, &r.pipeline_s, &r.busy_s}) {
+    size_t n = 0;
+    in >> n;
+    v->resize(in ? n : 0);
+    for (double& x : *v) in >> x;
+  }
+  std::string message;
+  std::getline(in, message);
+  if (!in && code < 0) {
+    r.status = absl::InternalError(absl::StrCat("rank ", rank, " exited without a result"));
+  } else if (code != 0) {
+    r.status = absl::Status(static_cast<absl::StatusCode>(code), message.empty() ? message : message.substr(1));
+  }
+  return r;
+}
+
 struct Layout {
   int tp = 1, dp = 1, pp = 1, vpp = 1, zero = 0;
-  bool sp = false, recompute = false;
+  bool sp = false, recompute = false, early_embedding = true;
   engine::Schedule schedule = engine::Schedule::kOneFOneB;
 };
 
@@ -68,7 +108,7 @@ void RunRank(const model::LlamaConfig& c, int device, comm::Communicator* tp, co
   (*m)->set_recompute(l.recompute);
   engine::OptimizerOptions o;
   o.lr = 3e-4f, o.min_lr = 3e-5f, o.warmup_steps = 2, o.total_steps = warmup + steps, o.clip_norm = 1.f;
-  o.weight_decay = 0.1f, o.zero = l.zero, o.schedule = l.schedule;
+  o.weight_decay = 0.1f, o.zero = l.zero, o.schedule = l.schedule, o.early_embedding = l.early_embedding;
   auto t = engine::Trainer::Create(m->get(), be->get(), dp, tp, o, pp);
   if (!t.ok()) return fail(t.status());
   std::mt19937_64 rng(11 + dp_rank);
@@ -109,7 +149,7 @@ int main(int argc, char** argv) {
   Layout l;
   l.tp = static_cast<int>(get("tp", 1)), l.dp = static_cast<int>(get("dp", 1)), l.zero = static_cast<int>(get("zero", 0));
   l.pp = static_cast<int>(get("pp", 1)), l.vpp = static_cast<int>(get("vpp", 1));
-  l.sp = get("sp", 0) != 0, l.recompute = get("recompute", 0) != 0;
+  l.sp = get("sp", 0) != 0, l.recompute = get("recompute", 0) != 0, l.early_embedding = get("early-embedding", 1) != 0;
   if (a.count("schedule")) {
     auto sch = engine::ParseSchedule(a["schedule"]);
     if (!sch.ok()) {
@@ -121,34 +161,89 @@ int main(int argc, char** argv) {
   const int tp = l.tp, dp = l.dp, pp = l.pp, zero = l.zero;
   const bool sp = l.sp;
   const int world = tp * dp * pp;
-  // Ranks on threads, one GPU each, NCCL groups through an in-memory store (as the
-  // training oracle's GPU test); rank = tp_rank + tp * (dp_rank + dp * pp_rank).
-  tessera::testing::MemStore store;
-  std::vector<Result> results(world);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r)
-    threads.emplace_back([&, r] {
+  // A process per rank, one GPU each (as executors: nothing of CUDA shared between
+  // ranks — with ranks as threads of one process, a library cuDNN loads while building a
+  // plan goes into every device's context, and waits for devices where collectives spin).
+  // NCCL groups through a directory store; rank = tp_rank + tp * (dp_rank + dp * pp_rank).
+  char dir_template[] = "/tmp/train_bench.XXXXXX";
+  if (mkdtemp(dir_template) == nullptr) {
+    perror("mkdtemp");
+    return 1;
+  }
+  const std::string dir = dir_template;
+  const int64_t nccl_timeout_ms = get("nccl-timeout-ms", 120000);
+  std::vector<pid_t> pids(world, -1);
+  std::vector<int> pipes(world, -1);
+  for (int r = 0; r < world; ++r) {
+    int fd[2];
+    if (pipe(fd) != 0) {
+      perror("pipe");
+      return 1;
+    }
+    const pid_t pid = fork();
+    if (pid < 0) {
+      perror("fork");
+      return 1;
+    }
+    if (pid == 0) {  // the rank
+      close(fd[0]);
+      tessera::testing::FileStore store(dir);
+      Result res;
       const int tpr = r % tp, dpr = (r / tp) % dp, ppr = r / (tp * dp);
       std::unique_ptr<comm::Communicator> tpc, dpc, ppc;
       auto make = [&](const std::string& name, int rank, int size, std::unique_ptr<comm::Communicator>& out) {
         if (size == 1) return absl::OkStatus();
-        auto cm = comm::MakeNcclCommunicator(name, name, rank, size, &store, {r, 300000});
+        auto cm = comm::MakeNcclCommunicator(name, name, rank, size, &store, {r, nccl_timeout_ms});
         if (!cm.ok()) return cm.status();
         out = std::move(*cm);
         return absl::OkStatus();
       };
-      if (auto s = make(absl::StrCat("tp", dpr, "_", ppr), tpr, tp, tpc); !s.ok()) { results[r].status = s; return; }
-      if (auto s = make(absl::StrCat("dp", tpr, "_", ppr), dpr, dp, dpc); !s.ok()) { results[r].status = s; return; }
-      if (auto s = make(absl::StrCat("pp", tpr, "_", dpr), ppr, pp, ppc); !s.ok()) { results[r].status = s; return; }
-      RunRank(c, r, tpc.get(), dpc.get(), ppc.get(), l, seq, micro, steps, warmup, dpr, results[r]);
-    });
-  for (auto& t : threads) t.join();
+      res.status = make(absl::StrCat("tp", dpr, "_", ppr), tpr, tp, tpc);
+      if (res.status.ok()) res.status = make(absl::StrCat("dp", tpr, "_", ppr), dpr, dp, dpc);
+      if (res.status.ok()) res.status = make(absl::StrCat("pp", tpr, "_", dpr), ppr, pp, ppc);
+      if (res.status.ok()) RunRank(c, r, tpc.get(), dpc.get(), ppc.get(), l, seq, micro, steps, warmup, dpr, res);
+      if (!res.status.ok()) fprintf(stderr, "rank %d: %s\n", r, res.status.ToString().c_str());
+      const std::string text = Encode(res);
+      for (size_t done = 0; done < text.size();) {
+        const ssize_t n = write(fd[1], text.data() + done, text.size() - done);
+        if (n <= 0) break;
+        done += static_cast<size_t>(n);
+      }
+      close(fd[1]);
+      _exit(res.status.ok() ? 0 : 1);  // no static destructors racing the driver's teardown
+    }
+    close(fd[1]);
+    pids[r] = pid, pipes[r] = fd[0];
+  }
+  // Results as ranks finish; the first failure stops the others (they would wait for it
+  // in a collective until the NCCL watchdog fires).
+  std::vector<Result> results(world);
+  std::vector<std::string> text(world);
+  for (int left = world; left > 0; --left) {
+    int wstatus = 0;
+    const pid_t pid = wait(&wstatus);
+    int r = 0;
+    while (r < world && pids[r] != pid) ++r;
+    if (r == world) continue;
+    char buf[4096];
+    for (ssize_t n; (n = read(pipes[r], buf, sizeof buf)) > 0;) text[r].append(buf, static_cast<size_t>(n));
+    close(pipes[r]);
+    pids[r] = -1;
+    if (!(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0))
+      for (pid_t other : pids)
+        if (other > 0) kill(other, SIGKILL);
+  }
+  std::system(absl::StrCat("rm -rf ", dir).c_str());
+  for (int r = 0; r < world; ++r) results[r] = Decode(text[r], r);
   double secs = 0, peak = 0, dp_wait = 0;
-  for (int r = 0; r < world; ++r) {
+  bool failed = false;
+  for (int r = 0; r < world; ++r)
     if (!results[r].status.ok()) {
       fprintf(stderr, "rank %d: %s\n", r, results[r].status.ToString().c_str());
-      return 1;
+      failed = true;
     }
+  if (failed) return 1;
+  for (int r = 0; r < world; ++r) {
     secs = std::max(secs, results[r].seconds), peak = std::max(peak, results[r].peak_gib);
     dp_wait = std::max(dp_wait, results[r].dp_wait_s);
   }
@@ -174,11 +269,12 @@ int main(int argc, char** argv) {
   printf("{\"impl\": \"tessera\", \"dtype\": \"%s\", \"tp\": %d, \"dp\": %d, \"pp\": %d, \"vpp\": %d, \"schedule\": \"%s\", "
          "\"bubble\": %.4f, \"bubble_ideal\": %.4f, \"stage_ms_busy_ms\": [%s], \"zero\": %d, \"sp\": %d, \"params\": %lld, "
          "\"seq\": %lld, \"micro\": %lld, \"steps\": %lld, \"step_ms\": %.2f, \"tokens_per_s\": %.1f, \"tflops\": %.2f, "
-         "\"tflops_per_gpu\": %.2f, \"peak_gib\": %.2f, \"dp_wait_ms\": %.2f, \"losses\": [",
+         "\"tflops_per_gpu\": %.2f, \"peak_gib\": %.2f, \"dp_wait_ms\": %.2f, \"early_embedding\": %d, \"losses\": [",
          runtime::DTypeName(c.dtype), tp, dp, pp, l.vpp, l.schedule == engine::Schedule::kGPipe ? "gpipe" : "1f1b", bubble,
          pp > 1 ? double(pp - 1) / (l.vpp * micro) : 0.0, stages.c_str(), zero, sp ? 1 : 0, static_cast<long long>(c.NumParams()),
          static_cast<long long>(seq), static_cast<long long>(micro), static_cast<long long>(steps), 1e3 * secs / steps,
-         tokens / secs, flops / secs / 1e12, flops / secs / 1e12 / world, peak, 1e3 * dp_wait / steps);
+         tokens / secs, flops / secs / 1e12, flops / secs / 1e12 / world, peak, 1e3 * dp_wait / steps,
+         l.early_embedding ? 1 : 0);
   for (size_t i = 0; i < losses.size(); ++i) printf("%s%.4f", i ? ", " : "", losses[i]);
   printf("]}\n");
   return 0;

@@ -10,7 +10,7 @@ source "$(dirname "$0")/gpu-env.sh"
 card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 ngpu=$(nvidia-smi -L | wc -l)
 echo "== $ngpu x $card"
-timeout 270 dist/bin/trainer_gpu_test ${ORACLE_FILTER:+--gtest_filter=$ORACLE_FILTER} > "$OUT/trainer_gpu_test.txt" 2>&1
+timeout ${ORACLE_TIMEOUT:-420} dist/bin/trainer_gpu_test ${ORACLE_FILTER:+--gtest_filter=$ORACLE_FILTER} > "$OUT/trainer_gpu_test.txt" 2>&1
 echo "trainer_gpu_test: exit $?"
 grep -E "^\[  (FAILED|SKIPPED) |Failure" "$OUT/trainer_gpu_test.txt" | head -20
 grep -cE "^\[       OK \]" "$OUT/trainer_gpu_test.txt" | sed 's/^/layouts passed: /'
@@ -37,7 +37,8 @@ for r in rows:
     if gpus == 1: base = per
     name = f"tp{r['tp']} dp{r['dp']} pp{r.get('pp', 1)} vpp{r.get('vpp', 1)} m{r.get('micro')}"
     extra = f"  bubble {r['bubble']:.3f} (ideal {r['bubble_ideal']:.3f})" if r.get("pp", 1) > 1 else f"  dp wait {r.get('dp_wait_ms', 0):.2f} ms"
+    if r.get("early_embedding") == 0: name += " early-embedding 0"
     if r.get("env"): name = r["env"] + " " + name
     eff = f"{per / base:.1%}" if base and r.get("pp", 1) == 1 else ""
-    print(f"{name:40} gpus {gpus}  {r['step_ms']:8.1f} ms/step  {r['tokens_per_s']:9.0f} tokens/s  weak eff {eff:>6}{extra}")
+    print(f"{name:58} gpus {gpus}  {r['step_ms']:8.1f} ms/step  {r['tokens_per_s']:9.0f} tokens/s  weak eff {eff:>6}{extra}")
 PY

@@ -52,4 +52,10 @@ absl::Status AttentionForwardCuda(const void* q, const void* k, const void* v, c
 absl::Status AttentionBackwardCuda(const void* q, const void* k, const void* v, const int32_t* cu_seqlens,
                                    const void* out, const void* dout, const float* lse, void* dq, void* dk, void* dv,
                                    const AttentionDims& d, DType t, void* stream);
+// Readies what the CUDA forward will need for these dims (d.uniform_len set), without
+// computing: cuDNN's plan where the forward would take that path (building one loads
+// kernels, which may wait for the device to drain — so callers do it before a collective
+// is in flight). kAuto: a shape cuDNN cannot serve is not an error (the forward falls
+// back to the flash kernels); kCudnn: the error the forward would return.
+absl::Status AttentionPrepareCuda(const AttentionDims& d, DType t, void* stream);
 }  // namespace tessera::kernels

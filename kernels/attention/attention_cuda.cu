@@ -220,6 +220,23 @@ absl::Status AttentionForwardCuda(const void* q, const void* k, const void* v, c
   return LaunchStatus("attention_forward");
 }
 
+absl::Status AttentionPrepareCuda(const AttentionDims& d, DType t, void* stream) {
+  if (d.tokens == 0 || d.engine == AttentionEngine::kFlash) return absl::OkStatus();
+  if (!flash::Supported(d, t)) {
+    if (d.engine == AttentionEngine::kCudnn)
+      return absl::InvalidArgumentError("attention (cuda): the cuDNN engine serves bf16 with head_dim 64 or 128 only");
+    return absl::OkStatus();
+  }
+  auto s = static_cast<cudaStream_t>(stream);
+  if (d.engine == AttentionEngine::kCudnn) {
+    if (d.uniform_len == 0)
+      return absl::InvalidArgumentError("attention (cuda): the cuDNN engine needs sequences of one length (host cu_seqlens)");
+    return cudnn_attention::Prepare(d, d.uniform_len, s);
+  }
+  if (d.uniform_len > 0 && d.uniform_len <= kCudnnMaxAutoSeq) cudnn_attention::Prepare(d, d.uniform_len, s).IgnoreError();
+  return absl::OkStatus();
+}
+
 absl::Status AttentionBackwardCuda(const void* q, const void* k, const void* v, const int32_t* cu, const void* out,
                                    const void* dout, const float* lse, void* dq, void* dk, void* dv,
                                    const AttentionDims& d, DType t, void* stream) {

@@ -14,6 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 
 namespace tessera::kernels::cudnn_attention {
 namespace {
@@ -292,23 +293,22 @@ struct Entry {
   absl::Status status;
 };
 
-class Cache {
+// One device's handle and built graphs. Threading: guarded by mu, which a caller holds
+// from the lookup until its plan has executed (the handle's stream stays its own).
+class DeviceCache {
  public:
-  // The built graph for this device and shape (built on first use) and the device's
-  // handle, its stream set to s. The caller holds mu() until it has executed the plan.
+  // The built graph for this shape (built on first use) and the handle, its stream set
+  // to s. Needs mu() held.
   absl::StatusOr<std::pair<const Entry*, cudnnHandle_t>> Get(const Api& api, const AttentionDims& d, int64_t seq,
                                                              cudaStream_t s) {
-    int device = 0;
-    if (cudaGetDevice(&device) != cudaSuccess) return absl::InternalError("cudaGetDevice failed");
-    cudnnHandle_t& handle = handles_[device];
-    if (handle == nullptr)
-      if (cudnnStatus_t st = api.Create(&handle); st != CUDNN_STATUS_SUCCESS) {
-        handle = nullptr;
+    if (handle_ == nullptr)
+      if (cudnnStatus_t st = api.Create(&handle_); st != CUDNN_STATUS_SUCCESS) {
+        handle_ = nullptr;
         return absl::UnavailableError(absl::StrCat("cudnnCreate: ", Why(api, st)));
       }
-    if (cudnnStatus_t st = api.SetStream(handle, s); st != CUDNN_STATUS_SUCCESS)
+    if (cudnnStatus_t st = api.SetStream(handle_, s); st != CUDNN_STATUS_SUCCESS)
       return absl::InternalError(absl::StrCat("cudnnSetStream: ", Why(api, st)));
-    const auto key = std::make_tuple(device, d.batch, seq, d.q_heads, d.kv_heads, d.head_dim, d.causal);
+    const auto key = std::make_tuple(d.batch, seq, d.q_heads, d.kv_heads, d.head_dim, d.causal);
     auto it = entries_.find(key);
     if (it == entries_.end()) {
       auto e = std::make_unique<Entry>();
@@ -318,7 +318,7 @@ class Cache {
       for (bool token_major : {true, false})
         for (cudnnDataType_t p : {CUDNN_DATA_BFLOAT16, CUDNN_DATA_FLOAT}) {
           if (e->graph != nullptr) break;
-          auto g = Build(api, handle, d, seq, token_major, p);
+          auto g = Build(api, handle_, d, seq, token_major, p);
           if (g->status().ok()) {
             e->graph = std::move(g);
             e->token_major = token_major;
@@ -331,19 +331,29 @@ class Cache {
       it = entries_.emplace(key, std::move(e)).first;
     }
     if (!it->second->status.ok()) return it->second->status;
-    return std::make_pair(static_cast<const Entry*>(it->second.get()), handle);
+    return std::make_pair(static_cast<const Entry*>(it->second.get()), handle_);
   }
   std::mutex& mu() { return mu_; }
 
  private:
   std::mutex mu_;
-  std::map<int, cudnnHandle_t> handles_;
-  std::map<std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, bool>, std::unique_ptr<Entry>> entries_;
+  cudnnHandle_t handle_ = nullptr;
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool>, std::unique_ptr<Entry>> entries_;
 };
 
-Cache& TheCache() {
-  static Cache* c = new Cache();  // never destroyed: handles may outlive static destruction order
-  return *c;
+// The current device's cache. A lock per device, never one for all: building a plan
+// loads kernels, which may wait for this device to drain — and a receive spinning there
+// may wait for a rank on another device of this process, which must not then be queued
+// behind this build (ranks as threads: trainer_gpu_test's tp2 x pp2 hung so).
+absl::StatusOr<DeviceCache*> CacheOfCurrentDevice() {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return absl::InternalError("cudaGetDevice failed");
+  static std::mutex* mu = new std::mutex();
+  static auto* caches = new std::map<int, std::unique_ptr<DeviceCache>>();  // never destroyed (handles)
+  std::lock_guard<std::mutex> lock(*mu);
+  auto& c = (*caches)[device];
+  if (c == nullptr) c = std::make_unique<DeviceCache>();
+  return c.get();
 }
 
 }  // namespace
@@ -355,10 +365,10 @@ absl::Status Forward(const void* q, const void* k, const void* v, void* out, flo
                                                    " != batch ", d.batch, " x seq ", seq));
   auto api = GetApi();
   if (!api.ok()) return api.status();
-  Cache& cache = TheCache();
+  TESSERA_ASSIGN_OR_RETURN(DeviceCache * cache, CacheOfCurrentDevice());
   const Api& a = **api;
-  std::lock_guard<std::mutex> lock(cache.mu());  // the handle's stream stays ours until executed
-  auto got = cache.Get(a, d, seq, s);
+  std::lock_guard<std::mutex> lock(cache->mu());  // the handle's stream stays ours until executed
+  auto got = cache->Get(a, d, seq, s);
   if (!got.ok()) return got.status();
   const Entry& entry = *got->first;
   const Graph& g = *entry.graph;
@@ -389,6 +399,17 @@ absl::Status Forward(const void* q, const void* k, const void* v, void* out, flo
   }
   cudaFreeAsync(scratch, s);
   return st;
+}
+
+absl::Status Prepare(const AttentionDims& d, int64_t seq, cudaStream_t s) {
+  if (seq <= 0 || d.tokens != d.batch * seq)
+    return absl::InvalidArgumentError(absl::StrCat("cuDNN attention: needs sequences of one length; tokens ", d.tokens,
+                                                   " != batch ", d.batch, " x seq ", seq));
+  auto api = GetApi();
+  if (!api.ok()) return api.status();
+  TESSERA_ASSIGN_OR_RETURN(DeviceCache * cache, CacheOfCurrentDevice());
+  std::lock_guard<std::mutex> lock(cache->mu());
+  return cache->Get(**api, d, seq, s).status();
 }
 
 std::string Describe() {

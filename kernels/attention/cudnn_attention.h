@@ -9,8 +9,11 @@
 // cudnn_frontend's SDPA node lowers to (Q K^T, scale, causal mask by generated row/column
 // indices, softmax with its log-sum-exp as the stats output, P V), the engines cuDNN's
 // heuristics rank first tried in order; the plan is cached per device and shape.
-// Threading: callable from any thread; the cache and handles are guarded by a mutex, and
-// a plan executes on the caller's stream.
+// Building a plan loads kernels, which may wait for the device to drain: Prepare builds
+// it ahead, where no collective is in flight (the trainer does so at a step's start).
+// Threading: callable from any thread; each device's handle and plans are guarded by a
+// mutex of that device (never one shared by all devices), and a plan executes on the
+// caller's stream.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -28,6 +31,10 @@ namespace tessera::kernels::cudnn_attention {
 // cuDNN cannot be loaded or has no engine for the graph; the message says which.
 absl::Status Forward(const void* q, const void* k, const void* v, void* out, float* lse, const AttentionDims& d,
                      int64_t seq, cudaStream_t s);
+
+// Builds (once) the plan Forward would use for these dims on the current device, without
+// running it; the same errors as Forward's lookup.
+absl::Status Prepare(const AttentionDims& d, int64_t seq, cudaStream_t s);
 
 // lse [rows, heads] from cuDNN's packed stats [batch, heads, seq] (rows = batch * seq);
 // used when this cuDNN's engines want the stats packed (defined in attention_cuda.cu).

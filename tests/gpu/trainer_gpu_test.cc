@@ -1,6 +1,7 @@
 // The training oracle on GPUs (label gpu): the layouts of tests/worker/engine/trainer_test
-// that fit the visible GPUs (pipelines too), one rank per GPU on threads, NCCL communicators ordered
-// with each rank's compute stream (Communicator::OrderWith), against one rank.
+// that fit the visible GPUs (pipelines too), one rank per GPU and process (rank_processes.h
+// says why not threads), NCCL communicators ordered with each rank's compute stream
+// (Communicator::OrderWith), against one rank (one GPU runs once per model shape and regime).
 //  - f32 (the oracle's hot regime: init std 0.3, lr 2e-2, clipping): every layout equals
 //    one GPU, and one GPU the CPU oracle's single rank (deeper models: in the gentle
 //    regime, see below), within 1e-4 relative (f32 GEMMs without TF32; CUDA reductions
@@ -20,13 +21,14 @@
 #include <iostream>
 
 #include "gtest/gtest.h"
-#include "tests/common/mem_store.h"
 #include "tests/worker/engine/layout_harness.h"
+#include "tests/worker/engine/rank_processes.h"
 #include "worker/comm/nccl_communicator.h"
 
 namespace tessera::engine {
 namespace {
 using test::Layout;
+using test::MakeCommWithStore;
 using test::Trace;
 
 model::LlamaConfig Config(runtime::DType dtype) {
@@ -47,20 +49,49 @@ const bool kEager = setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/0) == 0
 
 class TrainerGpuTest : public ::testing::TestWithParam<Layout> {};
 
+// Visible GPUs, counted in a child: CUDA cannot be used in a child forked after the
+// parent initialized it, and every GPU run here is a child.
+int GpuCountInChild() {
+  const pid_t pid = fork();
+  if (pid == 0) _exit(std::min(comm::CudaDeviceCount(), 100));
+  int status = 0;
+  if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return 0;
+  return WEXITSTATUS(status);
+}
+
+// One GPU's run of a model shape and regime, once per test process.
+const Trace& OneGpu(const Layout& single, runtime::DType dtype, bool gentle, const MakeCommWithStore& nccl,
+                    const test::MakeBackend& gpu) {
+  static std::map<std::tuple<bool, int64_t, runtime::DType, bool>, Trace> done;
+  const auto key = std::make_tuple(single.tied, single.layers, dtype, gentle);
+  auto it = done.find(key);
+  if (it == done.end()) {
+    auto traces = test::RunLayoutInProcesses(single, Config(dtype), nccl, gpu, gentle ? test::Hyper::Gentle() : test::Hyper{});
+    it = done.emplace(key, traces.empty() ? Trace{} : traces[0]).first;
+  }
+  return it->second;
+}
+
 TEST_P(TrainerGpuTest, EqualsOneRank) {
   const Layout l = GetParam();
-  const int gpus = comm::CudaDeviceCount();
+  static const int gpus = GpuCountInChild();
   if (gpus < l.world()) GTEST_SKIP() << l.name << " needs " << l.world() << " GPUs, " << gpus << " visible";
-  tessera::testing::MemStore store;
-  auto nccl = [&](const std::string& group, const std::string& key, int rank, int size) {
-    // The thread's rank set its device; the communicator's rank within the group differs.
-    int device = 0;
-    cudaGetDevice(&device);
-    // TESSERA_TEST_TRACE=1 prints every operation as it is enqueued (a hang's last steps per rank).
-    const bool trace = std::getenv("TESSERA_TEST_TRACE") != nullptr;
-    auto c = comm::MakeNcclCommunicator(group, key, rank, size, &store, {device, 20000, trace});
-    EXPECT_TRUE(c.ok()) << c.status();
-    return c.ok() ? std::move(*c) : nullptr;
+  // In each rank's process: NCCL through the run's directory store, on the rank's device.
+  MakeCommWithStore nccl = [](comm::KvStore* store) -> test::MakeComm {
+    return [store](const std::string& group, const std::string& key, int rank, int size) {
+      // The process's rank set its device; the communicator's rank within the group differs.
+      int device = 0;
+      cudaGetDevice(&device);
+      // TESSERA_TEST_TRACE=1 prints every operation as it is enqueued (a hang's last steps per rank).
+      const bool trace = std::getenv("TESSERA_TEST_TRACE") != nullptr;
+      auto c = comm::MakeNcclCommunicator(group, key, rank, size, store, {device, 20000, trace});
+      EXPECT_TRUE(c.ok()) << c.status();
+      return c.ok() ? std::move(*c) : nullptr;
+    };
+  };
+  auto none = [](const std::string&, const std::string&, int, int) -> std::unique_ptr<comm::Communicator> {
+    ADD_FAILURE() << "one rank needs no communicator";
+    return nullptr;
   };
   auto gpu = [](int rank) -> std::unique_ptr<runtime::Backend> {
     auto b = runtime::MakeCudaBackend(rank);
@@ -77,31 +108,30 @@ TEST_P(TrainerGpuTest, EqualsOneRank) {
   // rounding differences along the hot trajectory (one H100, 3 steps: 6e-4 of the
   // weights at 4 layers, 6e-3 at 8, with no pipeline at all), so there one GPU meets the
   // oracle in the gentle regime instead.
-  const Trace oracle = test::RunLayout(single, Config(runtime::DType::kF32), nccl, cpu)[0];
-  const std::vector<Trace> one_f32 = test::RunLayout(single, Config(runtime::DType::kF32), nccl, gpu);
-  ASSERT_EQ(one_f32.size(), 1u);
+  const Trace oracle = test::RunLayout(single, Config(runtime::DType::kF32), none, cpu)[0];
+  const std::vector<Trace> one_f32 = {OneGpu(single, runtime::DType::kF32, false, nccl, gpu)};
   test::Tolerance f32_tol;
   f32_tol.loss = f32_tol.norm = f32_tol.weight = 1e-4, f32_tol.key_bias = 5e-2;
   const auto gentle = test::Hyper::Gentle();
   const bool hot = l.layers <= 2;
-  const Trace oracle_gentle = test::RunLayout(single, Config(runtime::DType::kF32), nccl, cpu, gentle)[0];
+  const Trace oracle_gentle = test::RunLayout(single, Config(runtime::DType::kF32), none, cpu, gentle)[0];
   auto f32_one = hot ? test::ExpectSameAsOneRank(single, one_f32, oracle, f32_tol)
-                     : test::ExpectSameAsOneRank(single, test::RunLayout(single, Config(runtime::DType::kF32), nccl, gpu, gentle),
+                     : test::ExpectSameAsOneRank(single, {OneGpu(single, runtime::DType::kF32, true, nccl, gpu)},
                                                  oracle_gentle, f32_tol);
-  auto f32 = test::ExpectSameAsOneRank(l, test::RunLayout(l, Config(runtime::DType::kF32), nccl, gpu), one_f32[0], f32_tol);
+  auto f32 =
+      test::ExpectSameAsOneRank(l, test::RunLayoutInProcesses(l, Config(runtime::DType::kF32), nccl, gpu), one_f32[0], f32_tol);
   // bf16 (Hyper::Gentle, a realistic regime; QKV biases kept but only sanity-bounded, see
   // Tolerance::bias): one GPU against the CPU backend in bf16 (the same rounding points:
   // checks the CUDA kernels' bf16 paths), every layout against one GPU in bf16, and one
   // GPU's drift from the f32 CPU oracle.
   const model::LlamaConfig bf16c = Config(runtime::DType::kBF16);
-  const Trace cpu_bf16 = test::RunLayout(single, bf16c, nccl, cpu, gentle)[0];
-  const std::vector<Trace> one_bf16 = test::RunLayout(single, bf16c, nccl, gpu, gentle);
-  ASSERT_EQ(one_bf16.size(), 1u);
+  const Trace cpu_bf16 = test::RunLayout(single, bf16c, none, cpu, gentle)[0];
+  const std::vector<Trace> one_bf16 = {OneGpu(single, runtime::DType::kBF16, true, nccl, gpu)};
   test::Tolerance bf16_tol;
   bf16_tol.loss = 5e-3, bf16_tol.norm = 5e-2, bf16_tol.weight = 5e-2, bf16_tol.key_bias = 1, bf16_tol.bias = 1;
   auto vs_cpu = test::ExpectSameAsOneRank(single, one_bf16, cpu_bf16, bf16_tol);
   auto vs_f32 = test::ExpectSameAsOneRank(single, one_bf16, oracle_gentle, bf16_tol);
-  auto bf16 = test::ExpectSameAsOneRank(l, test::RunLayout(l, bf16c, nccl, gpu, gentle), one_bf16[0], bf16_tol);
+  auto bf16 = test::ExpectSameAsOneRank(l, test::RunLayoutInProcesses(l, bf16c, nccl, gpu, gentle), one_bf16[0], bf16_tol);
   std::cout << "RESULT layout=" << l.name << " f32_vs_1gpu_f32 loss=" << f32[0] << " norm=" << f32[1] << " weights=" << f32[2]
             << " | 1gpu_f32_vs_cpu_f32" << (hot ? "" : "_gentle") << " loss=" << f32_one[0] << " norm=" << f32_one[1] << " weights=" << f32_one[2]
             << " | bf16_vs_1gpu_bf16 loss=" << bf16[0] << " norm=" << bf16[1] << " weights=" << bf16[2]

@@ -297,6 +297,31 @@ TEST_P(OpTest, CudnnAttentionForwardMatchesReference) {
   }
 }
 
+// PrepareAttention builds ahead what the forward will use (cuDNN's plan) and computes
+// nothing: sizes are checked on every backend; forced cuDNN refuses, by name, a dtype it
+// cannot serve, as its forward does; a prepared shape then runs and matches the
+// reference (the plan it built is the one the forward looks up).
+TEST_P(OpTest, PrepareAttentionChecksAndReadiesTheForward) {
+  EXPECT_THAT(std::string(be_->PrepareAttention(0, 64, 4, 2, 64, true, DType::kBF16).message()), HasSubstr("batch 0"));
+  EXPECT_THAT(std::string(be_->PrepareAttention(1, 64, 4, 3, 64, true, DType::kBF16).message()),
+              HasSubstr("kv heads divide"));
+  be_->set_attention_engine(kernels::AttentionEngine::kCudnn);
+  const auto f32 = be_->PrepareAttention(2, 64, 4, 2, 64, true, DType::kF32);
+  if (cpu()) EXPECT_TRUE(f32.ok()) << f32;
+  else EXPECT_THAT(std::string(f32.message()), HasSubstr("cuDNN engine serves bf16"));
+  const int64_t B = 2, S = 96, hq = 4, hkv = 2, dim = 64, T = B * S;
+  ASSERT_TRUE(be_->PrepareAttention(B, S, hq, hkv, dim, true, DType::kBF16).ok());
+  Rng rng(seed_);
+  auto qv = Quantize(rng.Normal(T * hq * dim), DType::kBF16), kv = Quantize(rng.Normal(T * hkv * dim), DType::kBF16);
+  auto q = Make(*be_, {T, hq, dim}, DType::kBF16, qv), k = Make(*be_, {T, hkv, dim}, DType::kBF16, kv);
+  auto out = Out(*be_, {T, hq, dim}, DType::kBF16), lse = Out(*be_, {T, hq}, DType::kF32);
+  const std::vector<int32_t> cu = {0, static_cast<int32_t>(S), static_cast<int32_t>(T)};
+  ASSERT_TRUE(be_->AttentionForward(q, k, k, Ints(*ref_, cu), true, out, lse).ok());
+  std::vector<double> ro, rl;
+  AttentionRef(qv, kv, kv, cu, hq, hkv, dim, true, ro, rl);
+  EXPECT_LT(RelErr(Read(*be_, out), ro), 2e-2);
+}
+
 TEST_P(OpTest, AttentionRejectsBadSeqlens) {
   auto q = *be_->Empty({5, 2, 8}, DType::kF32), k = *be_->Empty({5, 1, 8}, DType::kF32), v = *be_->Empty({5, 1, 8}, DType::kF32);
   auto out = *be_->Empty({5, 2, 8}, DType::kF32), lse = *be_->Empty({5, 2}, DType::kF32);

@@ -32,7 +32,7 @@ absl::StatusOr<Trainer::PolicyStats> Trainer::PolicyStep(const std::vector<model
     for (double m : p.mask) counted += static_cast<float>(m);
   TESSERA_RETURN_IF_ERROR(AllReduceHost(dp_, &counted, 1));
   if (counted <= 0) return absl::InvalidArgumentError("policy step: the mini-batch has no counted (masked) tokens");
-  TESSERA_RETURN_IF_ERROR(BeginStep());
+  TESSERA_RETURN_IF_ERROR(BeginStep(micro_batches));
   // Sums over the counted tokens of this rank: loss, pg loss, kl, clipped tokens.
   float sums[4] = {0, 0, 0, 0};
   for (size_t i = 0; i < micro_batches.size(); ++i) {

@@ -567,7 +567,8 @@ absl::Status Trainer::Update(float lr, float clip_scale) {
   return absl::OkStatus();
 }
 
-absl::Status Trainer::BeginStep() {
+absl::Status Trainer::BeginStep(const std::vector<model::TokenBatch>& micro_batches) {
+  for (const model::TokenBatch& mb : micro_batches) TESSERA_RETURN_IF_ERROR(model_->PrepareKernels(mb));
   TESSERA_RETURN_IF_ERROR(model_->ZeroGrads());
   if (options_.zero >= 2)
     for (State& s : state_) TESSERA_RETURN_IF_ERROR(backend_->Fill(s.grad_shard, 0));
@@ -590,9 +591,10 @@ absl::StatusOr<StepStats> Trainer::Step(const std::vector<model::TokenBatch>& mi
   StepStats stats;
   TESSERA_ASSIGN_OR_RETURN(stats.tokens, GlobalTokens(micro_batches));
   if (stats.tokens == 0) return absl::InvalidArgumentError("trainer: the global batch has no target tokens");
-  TESSERA_RETURN_IF_ERROR(BeginStep());
+  TESSERA_RETURN_IF_ERROR(BeginStep(micro_batches));
   // Where the host has just waited anyway (the token count): the last micro-batch's rows.
-  if (pp_ == nullptr && options_.zero == 0) TESSERA_RETURN_IF_ERROR(PlanEmbeddingRows(micro_batches.back()));
+  if (pp_ == nullptr && options_.zero == 0 && options_.early_embedding)
+    TESSERA_RETURN_IF_ERROR(PlanEmbeddingRows(micro_batches.back()));
   const float scale = 1.f / static_cast<float>(stats.tokens);
   float loss_sum = 0.f;
   if (pp_ != nullptr) {

@@ -47,6 +47,10 @@ struct OptimizerOptions {
   float clip_norm = 1.0f;  // <= 0: no clipping
   int zero = 0;            // ZeRO stage, 0-3 (above)
   Schedule schedule = Schedule::kOneFOneB;  // pipeline schedule (pp > 1; vpp > 1 interleaves 1F1B)
+  // ZeRO-0 with DP, no pipeline: the embedding's gradient all-reduced right after the last
+  // LM head backward and the last micro-batch's rows sent compacted (trainer_rows.cc).
+  // Off: reduced after the embedding's backward, as any parameter (for A/B measurements).
+  bool early_embedding = true;
 };
 
 // Learning rate at a 1-based step: linear warmup to lr, then cosine to min_lr.
@@ -135,7 +139,9 @@ class Trainer {
   Trainer(model::Llama* model, runtime::Backend* backend, comm::Communicator* dp, comm::Communicator* tp,
           comm::Communicator* pp, const OptimizerOptions& options);
   absl::StatusOr<double> RunPipeline(const std::vector<model::TokenBatch>& micro_batches, float scale);
-  absl::Status BeginStep();
+  // A step's start, before any collective of its own: kernels readied for these
+  // micro-batches (model::Llama::PrepareKernels) and gradients zeroed.
+  absl::Status BeginStep(const std::vector<model::TokenBatch>& micro_batches);
   absl::Status FinishStep(StepStats& stats);
   absl::Status PipelineTimes(StepStats* stats);
   absl::Status SumTiedEmbeddingGrads();

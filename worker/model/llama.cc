@@ -237,6 +237,22 @@ absl::Status Llama::ZeroGrads() {
   return absl::OkStatus();
 }
 
+absl::Status Llama::PrepareKernels(const TokenBatch& batch) {
+  std::vector<int32_t> cu = batch.cu_seqlens;  // under CP, this rank's chunks: one half's
+  if (cp_ != nullptr) {
+    TESSERA_ASSIGN_OR_RETURN(cu, ContextParallelHalf(batch));
+  }
+  if (cu.size() < 2 || cu.back() <= 0) return absl::OkStatus();
+  const int64_t len = cu[1] - cu[0], seqs = static_cast<int64_t>(cu.size()) - 1;
+  for (size_t i = 1; i + 1 < cu.size(); ++i)
+    if (cu[i + 1] - cu[i] != len) return absl::OkStatus();
+  const int64_t hq = config_.heads / tp_size(), hkv = config_.kv_heads / tp_size(), d = config_.HeadDim();
+  TESSERA_RETURN_IF_ERROR(backend_->PrepareAttention(seqs, len, hq, hkv, d, /*causal=*/true, act_));
+  // Ring attention also runs a chunk's queries against another chunk's keys, unmasked.
+  if (cp_ != nullptr) TESSERA_RETURN_IF_ERROR(backend_->PrepareAttention(seqs, len, hq, hkv, d, /*causal=*/false, act_));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Llama::Inputs> Llama::Upload(const TokenBatch& batch) {
   Backend& b = *backend_;
   const int64_t t = batch.size();

@@ -163,6 +163,12 @@ class Llama {
   // Tokens of a stage's activation for this batch (the local tokens under SP).
   int64_t StageTokens(const TokenBatch& batch) const { return sp_ ? batch.size() / tp_size() : batch.size(); }
 
+  // Readies the kernels this batch's attention will run (Backend::PrepareAttention: on
+  // CUDA, cuDNN's plan for sequences of one length — this rank's heads, under CP the
+  // chunks' shape, causal and not). Building a plan may wait for the device to drain, so
+  // the trainer calls this where no collective is in flight. Nothing for mixed lengths.
+  absl::Status PrepareKernels(const TokenBatch& batch);
+
   // Forward only: the summed loss.
   absl::StatusOr<LossSum> Forward(const TokenBatch& batch);
   // Forward only: this rank's logits, [T, vocab / tp] row-major, on the host (targets

@@ -273,6 +273,15 @@ absl::StatusOr<double> Backend::Seconds(int a, int b) {
   return std::chrono::duration<double>(host_marks_[b] - host_marks_[a]).count();
 }
 
+absl::Status Backend::PrepareAttention(int64_t batch, int64_t seq, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
+                                       bool causal, DType dtype) {
+  if (batch <= 0 || seq <= 0 || q_heads <= 0 || kv_heads <= 0 || head_dim <= 0 || q_heads % kv_heads != 0)
+    return absl::InvalidArgumentError(absl::StrCat("PrepareAttention: batch ", batch, ", seq ", seq, ", heads ", q_heads,
+                                                   "/", kv_heads, ", head_dim ", head_dim,
+                                                   ": sizes must be positive and kv heads divide the heads"));
+  return DoPrepareAttention(batch, seq, q_heads, kv_heads, head_dim, causal, dtype);
+}
+
 absl::Status Backend::AttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu, bool causal,
                                        Tensor& out, Tensor& lse) {
   TRY(CheckAttention(*this, "attention_forward", q, k, v, cu, out, lse));

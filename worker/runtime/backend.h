@@ -112,6 +112,13 @@ class Backend {
   absl::Status AttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens, bool causal,
                                  const Tensor& out, const Tensor& dout, const Tensor& lse, Tensor& dq, Tensor& dk,
                                  Tensor& dv);
+  // Readies the forward for `batch` sequences of `seq` tokens each (q_heads, kv_heads,
+  // head_dim, causal, dtype as AttentionForward would see them) without computing: on
+  // CUDA, builds the cuDNN plan the forward would use, which loads kernels and may wait
+  // for the device to drain — call it where no collective is in flight (the trainer: at
+  // a step's start). Elsewhere a no-op. INVALID_ARGUMENT for non-positive sizes.
+  absl::Status PrepareAttention(int64_t batch, int64_t seq, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
+                                bool causal, DType dtype);
   // Which implementation serves the CUDA attention forward (kernels::AttentionEngine; auto
   // by default, which needs host cu_seqlens to see that all sequences have one length).
   // Benchmarks and tests force one; the CPU ignores it.
@@ -183,6 +190,10 @@ class Backend {
                                            bool causal, const Tensor& out, const Tensor& dout, const Tensor& lse,
                                            Tensor& dq, Tensor& dk, Tensor& dv) = 0;
   virtual absl::Status DoAttentionMerge(Tensor& out, Tensor& lse, const Tensor& out_b, const Tensor& lse_b) = 0;
+  virtual absl::Status DoPrepareAttention(int64_t /*batch*/, int64_t /*seq*/, int64_t /*q_heads*/, int64_t /*kv_heads*/,
+                                          int64_t /*head_dim*/, bool /*causal*/, DType /*dtype*/) {
+    return absl::OkStatus();
+  }
   virtual absl::Status DoPagedAttention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                                         const Tensor& block_tables, const Tensor& context_lens, Tensor& out,
                                         Tensor& lse) = 0;

@@ -241,6 +241,15 @@ class CudaBackend final : public Backend {
     return kernels::AttentionForwardCuda(q.data(), k.data(), v.data(), dcu.data_as<int32_t>(), out.data(), lse.data_as<float>(),
                                          AttnDims(q, k, cu, causal, attention_engine_), q.dtype(), stream_);
   }
+  absl::Status DoPrepareAttention(int64_t batch, int64_t seq, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
+                                  bool causal, DType dtype) override {
+    kernels::AttentionDims d{batch * seq, q_heads, kv_heads, head_dim, batch, causal,
+                             static_cast<float>(1.0 / std::sqrt(double(head_dim)))};
+    d.engine = attention_engine_;
+    d.uniform_len = seq;
+    cudaSetDevice(device_);
+    return kernels::AttentionPrepareCuda(d, dtype, stream_);
+  }
   absl::Status DoAttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu, bool causal,
                                    const Tensor& out, const Tensor& dout, const Tensor& lse, Tensor& dq, Tensor& dk,
                                    Tensor& dv) override {

@@ -1,6 +1,6 @@
 // The training oracle's harness, shared by the CPU test (threads, Gloo; trainer_test)
-// and the GPU test (threads, one GPU each, NCCL; tests/gpu/trainer_gpu_test): run a
-// layout's ranks on threads, three optimizer steps each, and compare every rank's
+// and the GPU test (a process per rank, one GPU each, NCCL; tests/gpu/trainer_gpu_test
+// with tests/gpu/rank_processes.h): run a layout's ranks, three optimizer steps each, and compare every rank's
 // per-step losses, gradient norms and final (gathered) weights with one rank's.
 #pragma once
 
@@ -125,6 +125,34 @@ using MakeComm =
 // Global rank -> the backend that rank runs on.
 using MakeBackend = std::function<std::unique_ptr<runtime::Backend>(int rank)>;
 
+// Global rank r of the layout: its communicators (keys under `key`, one per run) and
+// backend, three steps (TrainLayout) into `out`.
+inline void RunRank(const Layout& l, const model::LlamaConfig& config, int r, const MakeComm& make_comm,
+                    const MakeBackend& make_backend, const Hyper& h, const std::string& key, Trace& out) {
+  // tp fastest, then cp, dp, pp (DESIGN §3); the gradient group is DP x CP.
+  const int tpr = r % l.tp, cpr = (r / l.tp) % l.cp, dpr = (r / (l.tp * l.cp)) % l.dp, ppr = r / (l.tp * l.cp * l.dp);
+  const int dpcp = cpr + l.cp * dpr;
+  std::unique_ptr<runtime::Backend> be = make_backend(r);
+  ASSERT_NE(be, nullptr);
+  std::unique_ptr<comm::Communicator> tp, dp, cp, pp;
+  auto make = [&](const std::string& group, int rank, int size, std::unique_ptr<comm::Communicator>& c) {
+    if (size == 1) return;
+    c = make_comm("test/" + group, absl::StrCat(key, "/", group), rank, size);
+    ASSERT_NE(c, nullptr) << group;
+  };
+  make(absl::StrCat("tp", cpr, ".", dpr, ".", ppr), tpr, l.tp, tp);
+  make(absl::StrCat("dpcp", tpr, ".", ppr), dpcp, l.cp * l.dp, dp);
+  make(absl::StrCat("cp", tpr, ".", dpr, ".", ppr), cpr, l.cp, cp);
+  make(absl::StrCat("pp", tpr, ".", cpr, ".", dpr), ppr, l.pp, pp);
+  for (comm::Communicator* c : {tp.get(), dp.get(), cp.get(), pp.get()})
+    if (c != nullptr) {
+      ASSERT_TRUE(c->OrderWith(be->stream()).ok());
+    }
+  TrainLayout(l, Comms{tp.get(), dp.get(), cp.get(), pp.get(), l.dp, dpr, ppr}, be.get(), config, out, h);
+  // Communicators go before the backend whose stream they wait on.
+  tp.reset(), dp.reset(), cp.reset(), pp.reset();
+}
+
 // Every rank of the layout on its own thread; their traces in rank order.
 inline std::vector<Trace> RunLayout(const Layout& l, const model::LlamaConfig& config, const MakeComm& make_comm,
                                     const MakeBackend& make_backend, const Hyper& h = {}) {
@@ -133,30 +161,7 @@ inline std::vector<Trace> RunLayout(const Layout& l, const model::LlamaConfig& c
   std::vector<Trace> traces(world);
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r)
-    threads.emplace_back([&, r] {
-      // tp fastest, then cp, dp, pp (DESIGN §3); the gradient group is DP x CP.
-      const int tpr = r % l.tp, cpr = (r / l.tp) % l.cp, dpr = (r / (l.tp * l.cp)) % l.dp, ppr = r / (l.tp * l.cp * l.dp);
-      const int dpcp = cpr + l.cp * dpr;
-      std::unique_ptr<runtime::Backend> be = make_backend(r);
-      ASSERT_NE(be, nullptr);
-      std::unique_ptr<comm::Communicator> tp, dp, cp, pp;
-      auto make = [&](const std::string& group, int rank, int size, std::unique_ptr<comm::Communicator>& out) {
-        if (size == 1) return;
-        out = make_comm("test/" + group, absl::StrCat(key, "/", group), rank, size);
-        ASSERT_NE(out, nullptr) << group;
-      };
-      make(absl::StrCat("tp", cpr, ".", dpr, ".", ppr), tpr, l.tp, tp);
-      make(absl::StrCat("dpcp", tpr, ".", ppr), dpcp, l.cp * l.dp, dp);
-      make(absl::StrCat("cp", tpr, ".", dpr, ".", ppr), cpr, l.cp, cp);
-      make(absl::StrCat("pp", tpr, ".", cpr, ".", dpr), ppr, l.pp, pp);
-      for (comm::Communicator* c : {tp.get(), dp.get(), cp.get(), pp.get()})
-        if (c != nullptr) {
-          ASSERT_TRUE(c->OrderWith(be->stream()).ok());
-        }
-      TrainLayout(l, Comms{tp.get(), dp.get(), cp.get(), pp.get(), l.dp, dpr, ppr}, be.get(), config, traces[r], h);
-      // Communicators go before the backend whose stream they wait on.
-      tp.reset(), dp.reset(), cp.reset(), pp.reset();
-    });
+    threads.emplace_back([&, r] { RunRank(l, config, r, make_comm, make_backend, h, key, traces[r]); });
   for (auto& t : threads) t.join();
   return traces;
 }

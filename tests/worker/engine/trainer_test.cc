@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "tests/common/mem_store.h"
 #include "tests/worker/engine/layout_harness.h"
+#include "tests/worker/engine/rank_processes.h"
 #include "tests/worker/model/model_test_util.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/model/context_parallel.h"
@@ -55,6 +56,43 @@ test::MakeComm Gloo(testing::MemStore& store) {
     EXPECT_TRUE(c.ok()) << c.status();
     return c.ok() ? std::move(*c) : std::unique_ptr<comm::Communicator>();
   };
+}
+
+// The GPU oracle's harness (rank_processes.h: a process per rank, stores in a directory)
+// gives what threads give: tp2 x pp2 (4 ranks, the layout that hung on GPUs as threads)
+// bit for bit, on the CPU with Gloo; a rank that fails is reported by name.
+TEST(TrainerProcesses, RanksAsProcessesEqualRanksAsThreads) {
+  auto cpu = [](int) { return runtime::MakeCpuBackend(); };
+  const Layout l{"tp2_pp2_1f1b", 2, 1, 0, false, 1, 2, 1, Schedule::kOneFOneB, false, 4};
+  testing::MemStore store;
+  const std::vector<Trace> threads = test::RunLayout(l, Tiny(), Gloo(store), cpu);
+  const test::MakeCommWithStore gloo = [](comm::KvStore* s) -> test::MakeComm {
+    return [s](const std::string& group, const std::string& key, int rank, int size) {
+      auto c = comm::MakeGlooCommunicator(group, key, rank, size, s, {"127.0.0.1", 60000});
+      EXPECT_TRUE(c.ok()) << c.status();
+      return c.ok() ? std::move(*c) : std::unique_ptr<comm::Communicator>();
+    };
+  };
+  const std::vector<Trace> procs = test::RunLayoutInProcesses(l, Tiny(), gloo, cpu);
+  ASSERT_EQ(procs.size(), threads.size());
+  for (size_t r = 0; r < procs.size(); ++r) {
+    EXPECT_EQ(procs[r].losses, threads[r].losses) << "rank " << r;
+    EXPECT_EQ(procs[r].norms, threads[r].norms) << "rank " << r;
+    EXPECT_EQ(procs[r].weights, threads[r].weights) << "rank " << r;
+    EXPECT_EQ(procs[r].losses.size(), 3u);
+  }
+  // A rank whose backend cannot be made fails in its process; the caller's test hears of it.
+  auto broken = [](int r) -> std::unique_ptr<runtime::Backend> { return r == 1 ? nullptr : runtime::MakeCpuBackend(); };
+  ::testing::TestPartResultArray failures;
+  {
+    ::testing::ScopedFakeTestPartResultReporter reporter(::testing::ScopedFakeTestPartResultReporter::INTERCEPT_ALL_THREADS,
+                                                         &failures);
+    test::RunLayoutInProcesses(Layout{"dp2", 1, 2, 0}, Tiny(), gloo, broken, {}, /*timeout_s=*/60);
+  }
+  bool named = false;
+  for (int i = 0; i < failures.size(); ++i)
+    named |= std::string(failures.GetTestPartResult(i).message()).find("dp2 rank 1 failed") != std::string::npos;
+  EXPECT_TRUE(named) << failures.size() << " failures, none naming rank 1";
 }
 
 class TrainerLayoutTest : public ::testing::TestWithParam<Layout> {};
