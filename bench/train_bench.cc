@@ -13,6 +13,9 @@
 // 6 N per token + causal attention 6 L Hq D s^2, the formula the pretrain driver
 // reports), peak memory, the losses.
 //
+// --comm-priority high: NCCL's streams at the highest priority (NcclOptions::high_priority);
+// --early-embedding 0: the embedding's gradient reduced as any other (A/B);
+// --grad-reduce bf16: ZeRO-0's DP reduction in bf16 (OptimizerOptions::grad_reduce_bf16).
 //   train_bench --hidden 2048 --layers 16 --heads 32 --kv-heads 8 --ffn 8192 --vocab 128256
 //               --seq 4096 --micro 4 --steps 10 --warmup 3 [--tied 1] [--dtype bf16] [--recompute 0]
 #include <chrono>
@@ -87,7 +90,7 @@ Result Decode(const std::string& text, int rank) {
 
 struct Layout {
   int tp = 1, dp = 1, pp = 1, vpp = 1, zero = 0;
-  bool sp = false, recompute = false, early_embedding = true;
+  bool sp = false, recompute = false, early_embedding = true, grad_reduce_bf16 = false;
   engine::Schedule schedule = engine::Schedule::kOneFOneB;
 };
 
@@ -109,6 +112,7 @@ void RunRank(const model::LlamaConfig& c, int device, comm::Communicator* tp, co
   engine::OptimizerOptions o;
   o.lr = 3e-4f, o.min_lr = 3e-5f, o.warmup_steps = 2, o.total_steps = warmup + steps, o.clip_norm = 1.f;
   o.weight_decay = 0.1f, o.zero = l.zero, o.schedule = l.schedule, o.early_embedding = l.early_embedding;
+  o.grad_reduce_bf16 = l.grad_reduce_bf16;
   auto t = engine::Trainer::Create(m->get(), be->get(), dp, tp, o, pp);
   if (!t.ok()) return fail(t.status());
   std::mt19937_64 rng(11 + dp_rank);
@@ -150,6 +154,7 @@ int main(int argc, char** argv) {
   l.tp = static_cast<int>(get("tp", 1)), l.dp = static_cast<int>(get("dp", 1)), l.zero = static_cast<int>(get("zero", 0));
   l.pp = static_cast<int>(get("pp", 1)), l.vpp = static_cast<int>(get("vpp", 1));
   l.sp = get("sp", 0) != 0, l.recompute = get("recompute", 0) != 0, l.early_embedding = get("early-embedding", 1) != 0;
+  l.grad_reduce_bf16 = a.count("grad-reduce") && a["grad-reduce"] == "bf16";
   if (a.count("schedule")) {
     auto sch = engine::ParseSchedule(a["schedule"]);
     if (!sch.ok()) {
@@ -172,6 +177,7 @@ int main(int argc, char** argv) {
   }
   const std::string dir = dir_template;
   const int64_t nccl_timeout_ms = get("nccl-timeout-ms", 120000);
+  const bool comm_high_priority = a.count("comm-priority") && a["comm-priority"] == "high";
   std::vector<pid_t> pids(world, -1);
   std::vector<int> pipes(world, -1);
   for (int r = 0; r < world; ++r) {
@@ -193,7 +199,9 @@ int main(int argc, char** argv) {
       std::unique_ptr<comm::Communicator> tpc, dpc, ppc;
       auto make = [&](const std::string& name, int rank, int size, std::unique_ptr<comm::Communicator>& out) {
         if (size == 1) return absl::OkStatus();
-        auto cm = comm::MakeNcclCommunicator(name, name, rank, size, &store, {r, nccl_timeout_ms});
+        comm::NcclOptions no{r, nccl_timeout_ms};
+        no.high_priority = comm_high_priority;
+        auto cm = comm::MakeNcclCommunicator(name, name, rank, size, &store, no);
         if (!cm.ok()) return cm.status();
         out = std::move(*cm);
         return absl::OkStatus();
@@ -269,12 +277,13 @@ int main(int argc, char** argv) {
   printf("{\"impl\": \"tessera\", \"dtype\": \"%s\", \"tp\": %d, \"dp\": %d, \"pp\": %d, \"vpp\": %d, \"schedule\": \"%s\", "
          "\"bubble\": %.4f, \"bubble_ideal\": %.4f, \"stage_ms_busy_ms\": [%s], \"zero\": %d, \"sp\": %d, \"params\": %lld, "
          "\"seq\": %lld, \"micro\": %lld, \"steps\": %lld, \"step_ms\": %.2f, \"tokens_per_s\": %.1f, \"tflops\": %.2f, "
-         "\"tflops_per_gpu\": %.2f, \"peak_gib\": %.2f, \"dp_wait_ms\": %.2f, \"early_embedding\": %d, \"losses\": [",
+         "\"tflops_per_gpu\": %.2f, \"peak_gib\": %.2f, \"dp_wait_ms\": %.2f, \"early_embedding\": %d, \"comm_priority\": \"%s\", \"grad_reduce\": \"%s\", \"losses\": [",
          runtime::DTypeName(c.dtype), tp, dp, pp, l.vpp, l.schedule == engine::Schedule::kGPipe ? "gpipe" : "1f1b", bubble,
          pp > 1 ? double(pp - 1) / (l.vpp * micro) : 0.0, stages.c_str(), zero, sp ? 1 : 0, static_cast<long long>(c.NumParams()),
          static_cast<long long>(seq), static_cast<long long>(micro), static_cast<long long>(steps), 1e3 * secs / steps,
          tokens / secs, flops / secs / 1e12, flops / secs / 1e12 / world, peak, 1e3 * dp_wait / steps,
-         l.early_embedding ? 1 : 0);
+         l.early_embedding ? 1 : 0, comm_high_priority ? "high" : "normal",
+         l.grad_reduce_bf16 ? "bf16" : "f32");
   for (size_t i = 0; i < losses.size(); ++i) printf("%s%.4f", i ? ", " : "", losses[i]);
   printf("]}\n");
   return 0;

@@ -50,6 +50,8 @@ class NcclCommunicator final : public Communicator {
                    int64_t timeout_ms, bool trace)
       : Communicator(std::move(name), rank, size), comm_(comm), stream_(stream), device_(device), timeout_ms_(timeout_ms),
         trace_(trace) {}
+  // The priority of the link streams made later (stream_ is made with it by the caller).
+  void set_stream_priority(int p) { stream_priority_ = p; }
   void Trace(const char* op, int peer, int tag) {
     if (trace_) fprintf(stderr, "trace %s r%d %s #%llu peer %d tag %d\n", name().c_str(), rank(), op,
                         static_cast<unsigned long long>(seq()), peer, tag);
@@ -189,7 +191,7 @@ class NcclCommunicator final : public Communicator {
           if (absl::Status s = CheckOn(child, cr); !s.ok()) return s;
           LinkComm link;
           link.comm = child;
-          if (auto e = cudaStreamCreateWithFlags(&link.stream, cudaStreamNonBlocking); e != cudaSuccess)
+          if (auto e = cudaStreamCreateWithPriority(&link.stream, cudaStreamNonBlocking, stream_priority_); e != cudaSuccess)
             return CudaError(e, "cudaStreamCreate");
           links_[{src, dst, tag}] = link;
         }
@@ -370,6 +372,7 @@ class NcclCommunicator final : public Communicator {
   cudaEvent_t before_ = nullptr, after_ = nullptr;
   bool in_group_ = false;
   bool overlap_ = false;  // SetOverlap: compute waits at Join() only
+  int stream_priority_ = 0;  // of stream_ and every link's stream (NcclOptions::high_priority)
   bool links_made_ = false;
   const char* group_op_ = "none";  // the last operation enqueued on stream_
   uint64_t group_seq_ = 0;
@@ -414,10 +417,14 @@ absl::StatusOr<std::unique_ptr<Communicator>> MakeNcclCommunicator(const std::st
   }
   if (r != ncclSuccess) return fail(absl::StrCat("ncclCommInitRankConfig: ", ncclGetErrorString(r)));
   cudaStream_t stream;
-  if (auto e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking); e != cudaSuccess)
+  int least = 0, greatest = 0;  // CUDA: a lower number is a higher priority
+  if (opts.high_priority) cudaDeviceGetStreamPriorityRange(&least, &greatest);
+  const int priority = opts.high_priority ? greatest : 0;
+  if (auto e = cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking, priority); e != cudaSuccess)
     return fail(absl::StrCat("cudaStreamCreate: ", cudaGetErrorString(e)));
-  return std::unique_ptr<Communicator>(std::make_unique<NcclCommunicator>(name, rank, size, comm, stream, opts.device,
-                                                                          opts.timeout_ms, opts.trace));
+  auto c = std::make_unique<NcclCommunicator>(name, rank, size, comm, stream, opts.device, opts.timeout_ms, opts.trace);
+  c->set_stream_priority(priority);
+  return std::unique_ptr<Communicator>(std::move(c));
 }
 
 int CudaDeviceCount() {

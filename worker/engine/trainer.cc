@@ -37,6 +37,7 @@ struct Trainer::State {
   bool reduced = false;  // ZeRO-0/1: reduced during the backward of this step's last micro-batch
   bool tp_sharded = false;
   bool norm_elsewhere = false;  // the last pipeline stage's copy of a tied embedding
+  Tensor grad_low;  // OptimizerOptions::grad_reduce_bf16: this step's gradient, reduced in bf16 (until the update)
 };
 
 // ZeRO-2/3 through the model's block hooks. Values (ZeRO-3; their bf16 compute copies
@@ -128,6 +129,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(model::Llama* model, ru
                                                    " but the pipeline group has ", pp_size, " ranks"));
   if (options.zero < 0 || options.zero > 3)
     return absl::InvalidArgumentError(absl::StrCat("trainer: zero must be 0, 1, 2 or 3, got ", options.zero));
+  if (options.grad_reduce_bf16 && options.zero != 0)
+    return absl::InvalidArgumentError(absl::StrCat("trainer: grad_reduce_bf16 needs ZeRO-0, got zero ", options.zero,
+                                                   " (ZeRO-1/2/3 reduce f32 slices)"));
   if (!(options.lr > 0) || options.min_lr < 0 || options.min_lr > options.lr)
     return absl::InvalidArgumentError(
         absl::StrCat("trainer: need 0 <= min_lr <= lr and lr > 0, got lr ", options.lr, ", min_lr ", options.min_lr));
@@ -247,10 +251,20 @@ absl::Status Trainer::ReduceGrad(State& s) {
 }
 
 // ZeRO-0: all-reduce the gradient in place; ZeRO-1: reduce-scatter it into the slice.
+// ZeRO-0: the gradient summed over DP — in place in f32, or (grad_reduce_bf16) rounded
+// into s.grad_low and summed there in bf16 (the norm and AdamW then read grad_low).
+absl::Status Trainer::AllReduceGrad(State& s) {
+  Tensor& g = s.param->grad;
+  if (!options_.grad_reduce_bf16) return dp_->AllReduce(g.data(), g.data(), s.n, DType::kF32, comm::ReduceOp::kSum);
+  TESSERA_ASSIGN_OR_RETURN(s.grad_low, backend_->Empty(g.shape(), DType::kBF16));
+  TESSERA_RETURN_IF_ERROR(backend_->Cast(g, s.grad_low));
+  return dp_->AllReduce(s.grad_low.data(), s.grad_low.data(), s.n, DType::kBF16, comm::ReduceOp::kSum);
+}
+
 absl::Status Trainer::ReduceEarly(State& s) {
   Tensor& g = s.param->grad;
   if (options_.zero == 0) {
-    TESSERA_RETURN_IF_ERROR(dp_->AllReduce(g.data(), g.data(), s.n, DType::kF32, comm::ReduceOp::kSum));
+    TESSERA_RETURN_IF_ERROR(AllReduceGrad(s));
   } else {
     TESSERA_ASSIGN_OR_RETURN(Tensor flat, g.Reshape({s.n}));
     TESSERA_ASSIGN_OR_RETURN(Tensor head, s.padded.Slice(0, 0, s.n));
@@ -479,9 +493,8 @@ absl::StatusOr<double> Trainer::ReduceGradsAndNorm() {
     const bool reduced = s.reduced;  // during the backward (ReduceEarly)
     s.reduced = false;
     if (!zero) {
-      if (dp_ != nullptr && !reduced)
-        TESSERA_RETURN_IF_ERROR(dp_->AllReduce(g.data(), g.data(), s.n, DType::kF32, comm::ReduceOp::kSum));
-      TESSERA_RETURN_IF_ERROR(b.SumSquares(g, acc));
+      if (dp_ != nullptr && !reduced) TESSERA_RETURN_IF_ERROR(AllReduceGrad(s));
+      TESSERA_RETURN_IF_ERROR(b.SumSquares(s.grad_low.defined() ? s.grad_low : g, acc));
       continue;
     }
     if (!reduced) {
@@ -520,7 +533,8 @@ absl::Status Trainer::Update(float lr, float clip_scale) {
       TESSERA_ASSIGN_OR_RETURN(Tensor v, s.v.Reshape(params[i].value.shape()));
       // Mixed precision: AdamW writes the bf16 compute copy in the same pass.
       Tensor* lowp = params[i].compute.defined() ? &params[i].compute : nullptr;
-      TESSERA_RETURN_IF_ERROR(b.AdamW(params[i].value, params[i].grad, m, v, hp, lowp));
+      TESSERA_RETURN_IF_ERROR(b.AdamW(params[i].value, s.grad_low.defined() ? s.grad_low : params[i].grad, m, v, hp, lowp));
+      s.grad_low = Tensor();  // back to the pool (stream-ordered after the update)
       continue;
     }
     const int64_t begin = std::min<int64_t>(s.n, rank * s.shard), len = std::min<int64_t>(s.shard, s.n - begin);
@@ -569,6 +583,7 @@ absl::Status Trainer::Update(float lr, float clip_scale) {
 
 absl::Status Trainer::BeginStep(const std::vector<model::TokenBatch>& micro_batches) {
   for (const model::TokenBatch& mb : micro_batches) TESSERA_RETURN_IF_ERROR(model_->PrepareKernels(mb));
+  for (State& s : state_) s.grad_low = Tensor();  // a failed step's, if any
   TESSERA_RETURN_IF_ERROR(model_->ZeroGrads());
   if (options_.zero >= 2)
     for (State& s : state_) TESSERA_RETURN_IF_ERROR(backend_->Fill(s.grad_shard, 0));
@@ -593,7 +608,7 @@ absl::StatusOr<StepStats> Trainer::Step(const std::vector<model::TokenBatch>& mi
   if (stats.tokens == 0) return absl::InvalidArgumentError("trainer: the global batch has no target tokens");
   TESSERA_RETURN_IF_ERROR(BeginStep(micro_batches));
   // Where the host has just waited anyway (the token count): the last micro-batch's rows.
-  if (pp_ == nullptr && options_.zero == 0 && options_.early_embedding)
+  if (pp_ == nullptr && options_.zero == 0 && options_.early_embedding && !options_.grad_reduce_bf16)
     TESSERA_RETURN_IF_ERROR(PlanEmbeddingRows(micro_batches.back()));
   const float scale = 1.f / static_cast<float>(stats.tokens);
   float loss_sum = 0.f;

@@ -51,6 +51,12 @@ struct OptimizerOptions {
   // LM head backward and the last micro-batch's rows sent compacted (trainer_rows.cc).
   // Off: reduced after the embedding's backward, as any parameter (for A/B measurements).
   bool early_embedding = true;
+  // ZeRO-0 with DP: gradients reduced in bf16 (half the bytes of f32; Megatron's
+  // --grad-reduce-in-bf16, FSDP2's reduce_dtype): each gradient, accumulated in f32 over
+  // the micro-batches, is rounded to bf16, summed over DP in bf16, and the clipping norm
+  // and AdamW read that bf16 sum. Off: f32 (the default). Not with ZeRO-1/2/3
+  // (INVALID_ARGUMENT) and without the early embedding reduction.
+  bool grad_reduce_bf16 = false;
 };
 
 // Learning rate at a 1-based step: linear warmup to lr, then cosine to min_lr.
@@ -149,6 +155,7 @@ class Trainer {
   absl::Status Allocate();
   absl::StatusOr<int64_t> GlobalTokens(const std::vector<model::TokenBatch>& micro_batches);
   absl::StatusOr<double> ReduceGradsAndNorm();
+  absl::Status AllReduceGrad(State& s);
   absl::Status Update(float lr, float clip_scale);
   absl::Status GatherValue(State& s);       // ZeRO-3: the f32 value (GatherParams)
   absl::Status GatherForCompute(State& s);  // ZeRO-3: what a block multiplies with, prefetchable

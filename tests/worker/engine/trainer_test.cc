@@ -95,6 +95,30 @@ TEST(TrainerProcesses, RanksAsProcessesEqualRanksAsThreads) {
   EXPECT_TRUE(named) << failures.size() << " failures, none naming rank 1";
 }
 
+// DP's reduction in bf16 (OptimizerOptions::grad_reduce_bf16), dp2 and tp2 x dp2 (the
+// tied embedding, reduced like any gradient then) in a realistic regime: within the
+// mixed-precision bounds of one rank in f32, and not equal to the f32 reduction (the
+// gradients really went round in bf16).
+TEST(TrainerBf16Reduce, WithinBf16BoundsOfOneRank) {
+  auto cpu = [](int) { return runtime::MakeCpuBackend(); };
+  const auto gentle = test::Hyper::Gentle();
+  testing::MemStore store;
+  const test::MakeComm gloo = Gloo(store);
+  const Trace one = test::RunLayout(Layout{"one", 1, 1, 0, true}, Tiny(), gloo, cpu, gentle)[0];
+  for (Layout l : {Layout{"dp2", 1, 2, 0, true}, Layout{"tp2_dp2", 2, 2, 0, true}}) {
+    SCOPED_TRACE(l.name);
+    const Trace f32 = test::RunLayout(l, Tiny(), gloo, cpu, gentle)[0];
+    l.grad_reduce_bf16 = true;
+    const std::vector<Trace> bf16 = test::RunLayout(l, Tiny(), gloo, cpu, gentle);
+    test::Tolerance tol;
+    tol.loss = 1e-3, tol.norm = 1e-2, tol.weight = 5e-2, tol.key_bias = 1, tol.bias = 1;
+    test::ExpectSameAsOneRank(l, bf16, one, tol);
+    double moved = 0;
+    for (auto& [name, w] : bf16[0].weights) moved = std::max(moved, model::test::RelDiff(w, f32.weights.at(name)));
+    EXPECT_GT(moved, 1e-6) << "the bf16 reduction gave the f32 result";
+  }
+}
+
 class TrainerLayoutTest : public ::testing::TestWithParam<Layout> {};
 
 TEST_P(TrainerLayoutTest, EqualsOneRank) {
@@ -219,6 +243,10 @@ TEST(TrainerTest, RejectsBadOptions) {
   o.zero = 4;
   EXPECT_THAT(std::string(Trainer::Create(model->get(), be.get(), nullptr, nullptr, o).status().message()),
               HasSubstr("zero must be 0, 1, 2 or 3"));
+  o = OptimizerOptions();
+  o.zero = 1, o.grad_reduce_bf16 = true;
+  EXPECT_THAT(std::string(Trainer::Create(model->get(), be.get(), nullptr, nullptr, o).status().message()),
+              HasSubstr("grad_reduce_bf16 needs ZeRO-0, got zero 1"));
   o = OptimizerOptions();
   o.min_lr = 1.f;
   EXPECT_THAT(std::string(Trainer::Create(model->get(), be.get(), nullptr, nullptr, o).status().message()),
