@@ -320,7 +320,7 @@ absl::Status CheckStops(const std::string& field, const google::protobuf::Repeat
 absl::Status ParseRl(const YAML::Node& n, const std::string& path, v1::RlSpec* r) {
   TESSERA_RETURN_IF_ERROR(CheckKeys(n, path, {"group_size", "prompts_per_step", "max_new_tokens", "temperature", "kl_coef",
                                               "clip", "epochs", "mini_batches", "eval_every", "eval_problems", "reward_service",
-                                              "reward_timeout_s", "reward_ca_cert", "stop"}));
+                                              "reward_timeout_s", "reward_ca_cert", "stop", "entropy_coef"}));
   for (const auto& kv : n) {
     const std::string k = kv.first.Scalar(), p = Join(path, k);
     const YAML::Node& v = kv.second;
@@ -344,6 +344,7 @@ absl::Status ParseRl(const YAML::Node& n, const std::string& path, v1::RlSpec* r
       TESSERA_ASSIGN_OR_RETURN(double d, AsDouble(v, p, k == "clip" ? 1e-6 : 0, k == "clip" ? 1 : 100));
       if (k == "temperature") r->set_temperature(d);
       else if (k == "kl_coef") r->set_kl_coef(d);
+      else if (k == "entropy_coef") r->set_entropy_coef(d);
       else r->set_clip(d);
     }
   }

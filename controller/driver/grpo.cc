@@ -108,6 +108,7 @@ absl::StatusOr<std::string> RunGrpo(DriverContext& ctx) {
     m["response_length"] = length;
     m["kl"] = first["kl"].get<double>();
     m["clip_fraction"] = first["clip_fraction"].get<double>();
+    m["entropy"] = first["entropy"].get<double>();  // predictive entropy of the response tokens
     m["grad_norm"] = first["grad_norm"].get<double>();
     m["loss"] = first["loss"].get<double>();
     m["generate_s"] = phase[0], m["ref_s"] = phase[1], m["old_logprob_s"] = phase[2], m["update_s"] = phase[3];

@@ -6,7 +6,9 @@
 //   tgt_i  = z_i,target if the target is in this shard, else 0
 // Shards combine (CombineCrossEntropy, or all-reduces in the engine) into
 //   lse = M + log S, loss = lse - z_t, logprob_t = -loss, entropy = lse - D / S.
-// Backward per shard with the global lse: dz_ij = dloss_i * (exp(z_ij - lse_i) - [j == t_i]).
+// Backward per shard with the global lse: dz_ij = dloss_i * (exp(z_ij - lse_i) - [j == t_i]);
+// with an entropy term (RL's entropy bonus; dent, ent non-null: dL/dH_i and H_i, both
+// [n]) also - dent_i * p_ij * (z_ij - lse_i + H_i), since dH/dz_j = -p_j (log p_j + H).
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -19,11 +21,13 @@ using runtime::DType;
 absl::Status CrossEntropyPartialsCpu(const void* logits, const int32_t* targets, float* max, float* sum, float* dot,
                                      float* tgt, int64_t n, int64_t v, int64_t vocab_start, DType t);
 absl::Status CrossEntropyBackwardCpu(const void* logits, const int32_t* targets, const float* lse, const float* dloss,
-                                     void* dlogits, int64_t n, int64_t v, int64_t vocab_start, DType t);
+                                     void* dlogits, int64_t n, int64_t v, int64_t vocab_start, DType t,
+                                     const float* dent = nullptr, const float* ent = nullptr);
 absl::Status CrossEntropyPartialsCuda(const void* logits, const int32_t* targets, float* max, float* sum, float* dot,
                                       float* tgt, int64_t n, int64_t v, int64_t vocab_start, DType t, void* stream);
 absl::Status CrossEntropyBackwardCuda(const void* logits, const int32_t* targets, const float* lse, const float* dloss,
-                                      void* dlogits, int64_t n, int64_t v, int64_t vocab_start, DType t, void* stream);
+                                      void* dlogits, int64_t n, int64_t v, int64_t vocab_start, DType t, void* stream,
+                                      const float* dent = nullptr, const float* ent = nullptr);
 
 // Host-side combination of per-shard partials (shards[k] = {max, sum, dot, tgt}, each [n]).
 struct CrossEntropyResult {

@@ -28,12 +28,16 @@ absl::Status CrossEntropyPartialsCpu(const void* logits, const int32_t* targets,
 }
 
 absl::Status CrossEntropyBackwardCpu(const void* logits, const int32_t* targets, const float* lse, const float* dloss,
-                                     void* dlogits, int64_t n, int64_t v, int64_t vocab_start, DType t) {
+                                     void* dlogits, int64_t n, int64_t v, int64_t vocab_start, DType t,
+                                     const float* dent, const float* ent) {
   for (int64_t i = 0; i < n; ++i) {
     int64_t local = targets[i] - vocab_start;
+    const double dh = dent != nullptr ? dent[i] : 0.0, h = ent != nullptr ? ent[i] : 0.0;
     for (int64_t j = 0; j < v; ++j) {
-      double p = std::exp(static_cast<double>(LoadElem(logits, i * v + j, t)) - lse[i]);
-      StoreElem(dlogits, i * v + j, static_cast<float>(dloss[i] * (p - (j == local ? 1.0 : 0.0))), t);
+      const double logp = static_cast<double>(LoadElem(logits, i * v + j, t)) - lse[i], p = std::exp(logp);
+      double d = dloss[i] * (p - (j == local ? 1.0 : 0.0));
+      if (dent != nullptr) d -= dh * p * (logp + h);
+      StoreElem(dlogits, i * v + j, static_cast<float>(d), t);
     }
   }
   return absl::OkStatus();

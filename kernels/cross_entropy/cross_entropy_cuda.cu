@@ -112,21 +112,24 @@ __global__ void PartialsVecBf16(const uint4* logits, const int32_t* targets, flo
 
 template <typename T>
 __global__ void Backward(const T* logits, const int32_t* targets, const float* lse, const float* dloss, T* dlogits,
-                         int64_t v, int64_t start) {
+                         int64_t v, int64_t start, const float* dent, const float* ent) {
   const int64_t off = blockIdx.x * v, local = targets[blockIdx.x] - start;
   const float l = lse[blockIdx.x], g = dloss[blockIdx.x];
+  // Without an entropy term dh = 0: the extra term is an exact 0 (z - l + h is finite).
+  const float dh = dent != nullptr ? dent[blockIdx.x] : 0.f, h = ent != nullptr ? ent[blockIdx.x] : 0.f;
   for (int64_t j = threadIdx.x; j < v; j += kThreads) {
-    float p = __expf(ToF(logits[off + j]) - l);
-    dlogits[off + j] = FromF<T>(g * (p - (j == local ? 1.f : 0.f)));
+    const float logp = ToF(logits[off + j]) - l, p = __expf(logp);
+    dlogits[off + j] = FromF<T>(g * (p - (j == local ? 1.f : 0.f)) - dh * p * (logp + h));
   }
 }
 // bf16, v % 8 == 0: 16-byte vectors, four loads in flight per thread.
 __global__ void BackwardVecBf16(const uint4* logits, const int32_t* targets, const float* lse, const float* dloss,
-                                uint4* dlogits, int64_t v, int64_t start) {
+                                uint4* dlogits, int64_t v, int64_t start, const float* dent, const float* ent) {
   const int64_t nvec = v / 8, local = targets[blockIdx.x] - start;
   const uint4* z = logits + blockIdx.x * nvec;
   uint4* out = dlogits + blockIdx.x * nvec;
   const float l = lse[blockIdx.x], g = dloss[blockIdx.x];
+  const float dh = dent != nullptr ? dent[blockIdx.x] : 0.f, hh = ent != nullptr ? ent[blockIdx.x] : 0.f;
   constexpr int kLoads = 4;
   for (int64_t i = threadIdx.x; i < nvec; i += kThreads * kLoads) {
     uint4 u[kLoads];
@@ -142,8 +145,9 @@ __global__ void BackwardVecBf16(const uint4* logits, const int32_t* targets, con
       for (int j = 0; j < 4; ++j) {
         const float2 f = __bfloat1622float2(h[j]);
         const int64_t c = vi * 8 + 2 * j;
-        o2[j] = __floats2bfloat162_rn(g * (__expf(f.x - l) - (c == local ? 1.f : 0.f)),
-                                      g * (__expf(f.y - l) - (c + 1 == local ? 1.f : 0.f)));
+        const float lx = f.x - l, ly = f.y - l, px = __expf(lx), py = __expf(ly);
+        o2[j] = __floats2bfloat162_rn(g * (px - (c == local ? 1.f : 0.f)) - dh * px * (lx + hh),
+                                      g * (py - (c + 1 == local ? 1.f : 0.f)) - dh * py * (ly + hh));
       }
       __stcs(out + vi, o);
     }
@@ -165,20 +169,22 @@ absl::Status CrossEntropyPartialsCuda(const void* logits, const int32_t* targets
 }
 
 absl::Status CrossEntropyBackwardCuda(const void* logits, const int32_t* targets, const float* lse, const float* dloss,
-                                      void* dlogits, int64_t n, int64_t v, int64_t start, DType t, void* stream) {
+                                      void* dlogits, int64_t n, int64_t v, int64_t start, DType t, void* stream,
+                                      const float* dent, const float* ent) {
   if (n == 0) return absl::OkStatus();
   auto s = static_cast<cudaStream_t>(stream);
   if (t == DType::kBF16 && v % 8 == 0 && (reinterpret_cast<uintptr_t>(logits) & 15) == 0 &&
       (reinterpret_cast<uintptr_t>(dlogits) & 15) == 0) {
     BackwardVecBf16<<<n, kThreads, 0, s>>>(static_cast<const uint4*>(logits), targets, lse, dloss,
-                                           static_cast<uint4*>(dlogits), v, start);
+                                           static_cast<uint4*>(dlogits), v, start, dent, ent);
     return LaunchStatus("cross_entropy_backward");
   }
   if (t == DType::kF32)
-    Backward<<<n, kThreads, 0, s>>>(static_cast<const float*>(logits), targets, lse, dloss, static_cast<float*>(dlogits), v, start);
+    Backward<<<n, kThreads, 0, s>>>(static_cast<const float*>(logits), targets, lse, dloss, static_cast<float*>(dlogits), v, start,
+                                    dent, ent);
   else
     Backward<<<n, kThreads, 0, s>>>(static_cast<const __nv_bfloat16*>(logits), targets, lse, dloss,
-                                    static_cast<__nv_bfloat16*>(dlogits), v, start);
+                                    static_cast<__nv_bfloat16*>(dlogits), v, start, dent, ent);
   return LaunchStatus("cross_entropy_backward");
 }
 }  // namespace tessera::kernels

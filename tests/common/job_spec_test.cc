@@ -144,6 +144,10 @@ TEST(JobSpec, GrpoDefaultsAndRefusals) {
   EXPECT_THAT(std::string(check({"train.data.careless=0.5"}).status().message()),
               HasSubstr("train.data.careless: is for sft/pretrain data"));
   EXPECT_TRUE(check({"rl.group_size=4", "rl.kl_coef=0.05", "rl.mini_batches=4"}).ok());
+  auto ent = check({"rl.entropy_coef=0.01"});
+  ASSERT_TRUE(ent.ok()) << ent.status();
+  EXPECT_DOUBLE_EQ(ent->rl().entropy_coef(), 0.01);
+  EXPECT_THAT(std::string(check({"rl.entropy_coef=-1"}).status().message()), HasSubstr("rl.entropy_coef"));
   EXPECT_THAT(std::string(check({"rl.group_size=1"}).status().message()), HasSubstr("rl.group_size"));
   EXPECT_THAT(std::string(check({"rl.prompts_per_step=3"}).status().message()),
               HasSubstr("rl.prompts_per_step: 3 prompts do not split over dp=2 ranks"));

@@ -292,13 +292,14 @@ TEST(Cluster, GrpoStepsStreamTheirMetrics) {
   spec.mutable_rl()->set_group_size(4);
   spec.mutable_rl()->set_prompts_per_step(4);
   spec.mutable_rl()->set_kl_coef(0.01);
+  spec.mutable_rl()->set_entropy_coef(0.001);  // the bonus's gradient runs through the job
   spec.mutable_rl()->set_eval_problems(11);  // split 6 + 5 over the two DP ranks
   std::ostringstream progress;
   auto job = c->client().Watch(Submit(*c, spec), progress);
   ASSERT_TRUE(job.ok()) << job.status();
   ASSERT_EQ(job->state(), v1::SUCCEEDED) << job->reason() << "\n" << progress.str();
   EXPECT_THAT(progress.str(), HasSubstr("step 2/2 reward"));
-  for (const char* k : {"reward=", "accuracy=", "response_length=", "kl=", "clip_fraction=", "grad_norm=", "generate_s=",
+  for (const char* k : {"reward=", "accuracy=", "response_length=", "kl=", "clip_fraction=", "entropy=", "grad_norm=", "generate_s=",
                         "ref_s=", "old_logprob_s=", "update_s=", "samples_per_s="})
     EXPECT_THAT(progress.str(), HasSubstr(k));
   EXPECT_THAT(progress.str(), HasSubstr("held-out accuracy at the start"));

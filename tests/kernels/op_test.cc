@@ -434,6 +434,75 @@ TEST_P(OpTest, CrossEntropyBackwardMatchesFiniteDifferences) {
   EXPECT_LT(RelErr(Read(*be_, dz), num), 1e-4) << "seed " << seed_;
 }
 
+// The entropy term of the backward (RL's entropy bonus): on the CPU, central differences
+// of L = sum_i dloss_i CE_i + u_i H_i; on every backend, against the CPU op over two
+// vocabulary shards (each with the global lse and H), f32 and bf16, odd and
+// vector-friendly widths; without the term the result is the plain backward's.
+TEST_P(OpTest, CrossEntropyBackwardWithEntropy) {
+  Rng rng(seed_);
+  if (cpu()) {
+    const int64_t n = 2, v = 9;
+    auto zv = rng.Normal(n * v, 2.f);
+    std::vector<int32_t> tg = {3, 8};
+    const std::vector<float> dl = {1.f, 2.f}, u = {0.7f, -1.3f};
+    auto loss = [&](const std::vector<float>& z) {
+      double l = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        double m = -INFINITY, S = 0, D = 0;
+        for (int64_t j = 0; j < v; ++j) m = std::max(m, double(z[i * v + j]));
+        for (int64_t j = 0; j < v; ++j) S += std::exp(z[i * v + j] - m), D += std::exp(z[i * v + j] - m) * z[i * v + j];
+        const double lse = m + std::log(S), H = lse - D / S;
+        l += dl[i] * (lse - z[i * v + tg[i]]) + u[i] * H;
+      }
+      return l;
+    };
+    auto z = Make(*be_, {n, v}, DType::kF32, zv), targets = Ints(*be_, tg);
+    auto mx = Out(*be_, {n}, DType::kF32), sm = Out(*be_, {n}, DType::kF32), dt = Out(*be_, {n}, DType::kF32),
+         tgt = Out(*be_, {n}, DType::kF32);
+    ASSERT_TRUE(be_->CrossEntropyPartials(z, targets, 0, mx, sm, dt, tgt).ok());
+    auto res = kernels::CombineCrossEntropy({{Read(*be_, mx), Read(*be_, sm), Read(*be_, dt), Read(*be_, tgt)}});
+    auto lse = Make(*be_, {n}, DType::kF32, res.lse), dlt = Make(*be_, {n}, DType::kF32, dl),
+         ut = Make(*be_, {n}, DType::kF32, u), ht = Make(*be_, {n}, DType::kF32, res.entropy);
+    auto dz = Out(*be_, {n, v}, DType::kF32);
+    ASSERT_TRUE(be_->CrossEntropyBackward(z, targets, 0, lse, dlt, dz, &ut, &ht).ok());
+    std::vector<double> num(n * v);
+    const double h = 1e-3;
+    for (int64_t k = 0; k < n * v; ++k) {
+      auto p = zv, m = zv;
+      p[k] += h, m[k] -= h;
+      num[k] = (loss(p) - loss(m)) / (2 * h);
+    }
+    EXPECT_LT(RelErr(Read(*be_, dz), num), 1e-4) << "seed " << seed_;
+    EXPECT_THAT(std::string(be_->CrossEntropyBackward(z, targets, 0, lse, dlt, dz, &ut, nullptr).message()),
+                HasSubstr("dentropy and entropy come together"));
+  }
+  for (DType t : {DType::kF32, DType::kBF16})
+    for (int64_t v : {37, 1024}) {  // per shard
+      SCOPED_TRACE(::testing::Message() << DTypeName(t) << " v=" << v);
+      const int64_t n = 5;
+      std::vector<int32_t> tg;
+      for (int64_t i = 0; i < n; ++i) tg.push_back(static_cast<int32_t>((i * 7919) % (2 * v)));
+      std::vector<float> lse(n), ent(n), dl(n), u(n);
+      for (int64_t i = 0; i < n; ++i) lse[i] = 6.f + 0.1f * i, ent[i] = 3.f + 0.2f * i, dl[i] = 0.5f + i, u[i] = 1.5f - i;
+      for (int shard = 0; shard < 2; ++shard) {
+        const auto zv = Quantize(rng.Normal(n * v, 2.f), t);
+        auto run = [&](runtime::Backend& b, bool with) {
+          auto z = Make(b, {n, v}, t, zv), targets = Ints(b, tg), l = Make(b, {n}, DType::kF32, lse),
+               d = Make(b, {n}, DType::kF32, dl), ut = Make(b, {n}, DType::kF32, u), ht = Make(b, {n}, DType::kF32, ent);
+          auto dz = Out(b, {n, v}, t);
+          auto st = with ? b.CrossEntropyBackward(z, targets, shard * v, l, d, dz, &ut, &ht)
+                         : b.CrossEntropyBackward(z, targets, shard * v, l, d, dz);
+          EXPECT_TRUE(st.ok()) << st;
+          return Read(b, dz);
+        };
+        const auto got = run(*be_, true), want = run(*ref_, true), plain = run(*be_, false);
+        EXPECT_LT(RelErr(got, want), t == DType::kF32 ? 1e-5 : 1e-2) << "shard " << shard;
+        EXPECT_GT(RelErr(plain, want), 1e-2) << "the entropy term changed nothing";
+        EXPECT_LT(RelErr(plain, run(*ref_, false)), t == DType::kF32 ? 1e-5 : 1e-2) << "without the term";
+      }
+    }
+}
+
 TEST_P(OpTest, SumSquaresAndScale) {
   Rng rng(seed_);
   for (DType t : {DType::kF32, DType::kBF16}) {

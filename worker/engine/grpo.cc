@@ -135,6 +135,7 @@ absl::StatusOr<GrpoStats> GrpoStep(RolloutEngine& rollout, model::Llama& actor, 
       Pack(samples, begin, end, &batch, &tokens);
       TESSERA_ASSIGN_OR_RETURN(Trainer::PolicyStats ps, trainer.PolicyStep({batch}, {tokens}, o.loss));
       stats.loss = ps.loss, stats.kl = ps.kl, stats.clip_fraction = ps.clip_fraction, stats.grad_norm = ps.grad_norm;
+      stats.entropy = ps.entropy;
       ++stats.optimizer_steps;
     }
   stats.update_s = Since(t);

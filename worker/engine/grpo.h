@@ -31,7 +31,7 @@ struct GrpoOptions {
 
 struct GrpoStats {
   double reward = 0, response_length = 0;  // means over the samples
-  double loss = 0, kl = 0, clip_fraction = 0, grad_norm = 0;  // of the last optimizer step
+  double loss = 0, kl = 0, clip_fraction = 0, entropy = 0, grad_norm = 0;  // of the last optimizer step
   int optimizer_steps = 0;
   double generate_s = 0, ref_s = 0, old_s = 0, update_s = 0;  // phase times (host clock)
 };

@@ -11,8 +11,6 @@ absl::StatusOr<Trainer::PolicyStats> Trainer::PolicyStep(const std::vector<model
                                                          const std::vector<PolicyTokens>& tokens,
                                                          const rl::PolicyLossOptions& options) {
   if (pp_ != nullptr) return absl::UnimplementedError("trainer: the policy step does not run with pipelines yet");
-  if (options.entropy_coef > 0)
-    return absl::UnimplementedError("trainer: entropy_coef > 0 needs the entropy's gradient, not built yet");
   if (tokens.size() != micro_batches.size())
     return absl::InvalidArgumentError(absl::StrCat("policy step: ", tokens.size(), " token sets for ",
                                                    micro_batches.size(), " micro-batches"));
@@ -33,33 +31,39 @@ absl::StatusOr<Trainer::PolicyStats> Trainer::PolicyStep(const std::vector<model
   TESSERA_RETURN_IF_ERROR(AllReduceHost(dp_, &counted, 1));
   if (counted <= 0) return absl::InvalidArgumentError("policy step: the mini-batch has no counted (masked) tokens");
   TESSERA_RETURN_IF_ERROR(BeginStep(micro_batches));
-  // Sums over the counted tokens of this rank: loss, pg loss, kl, clipped tokens.
-  float sums[4] = {0, 0, 0, 0};
+  // Sums over the counted tokens of this rank: loss, pg loss, kl, clipped tokens, entropy.
+  float sums[5] = {0, 0, 0, 0, 0};
   for (size_t i = 0; i < micro_batches.size(); ++i) {
     const PolicyTokens& p = tokens[i];
     double local = 0;
     for (double m : p.mask) local += m;
     if (local == 0) continue;  // nothing counts: no gradient from this micro-batch
-    auto grad = [&](const model::Llama::TokenStats& st) -> absl::StatusOr<std::vector<float>> {
+    auto grad = [&](const model::Llama::TokenStats& st) -> absl::StatusOr<model::Llama::TokenGrads> {
       rl::PolicyTokens in;
       in.logp.assign(st.logprob.begin(), st.logprob.end());
       in.old_logp = p.old_logp, in.advantage = p.advantage, in.mask = p.mask;
       if (options.kl_coef > 0) in.ref_logp = p.ref_logp;
+      if (options.entropy_coef > 0) in.entropy.assign(st.entropy.begin(), st.entropy.end());
       TESSERA_ASSIGN_OR_RETURN(rl::PolicyLoss l, rl::ComputePolicyLoss(in, options));
       const double share = local / counted;  // micro-batch token mean -> mini-batch token mean
       sums[0] += static_cast<float>(l.loss * local), sums[1] += static_cast<float>(l.pg_loss * local);
       sums[2] += static_cast<float>(l.kl * local), sums[3] += static_cast<float>(l.clip_fraction * local);
-      std::vector<float> d(l.dlogp.size());
-      for (size_t t = 0; t < d.size(); ++t) d[t] = static_cast<float>(l.dlogp[t] * share);
-      return d;
+      for (size_t t = 0; t < st.entropy.size() && t < p.mask.size(); ++t)  // reported with or without the bonus
+        sums[4] += static_cast<float>(p.mask[t] * st.entropy[t]);
+      model::Llama::TokenGrads g;
+      g.dlogprob.resize(l.dlogp.size());
+      for (size_t t = 0; t < l.dlogp.size(); ++t) g.dlogprob[t] = static_cast<float>(l.dlogp[t] * share);
+      g.dentropy.resize(l.dentropy.size());
+      for (size_t t = 0; t < l.dentropy.size(); ++t) g.dentropy[t] = static_cast<float>(l.dentropy[t] * share);
+      return g;
     };
     TESSERA_RETURN_IF_ERROR(model_->ForwardBackwardLogProbs(micro_batches[i], grad).status());
   }
-  TESSERA_RETURN_IF_ERROR(AllReduceHost(dp_, sums, 4));
+  TESSERA_RETURN_IF_ERROR(AllReduceHost(dp_, sums, 5));
   PolicyStats out;
   out.tokens = static_cast<int64_t>(std::lround(counted));
   out.loss = sums[0] / counted, out.pg_loss = sums[1] / counted, out.kl = sums[2] / counted;
-  out.clip_fraction = sums[3] / counted;
+  out.clip_fraction = sums[3] / counted, out.entropy = sums[4] / counted;
   StepStats st;
   TESSERA_RETURN_IF_ERROR(FinishStep(st));
   out.grad_norm = st.grad_norm, out.lr = st.lr;

@@ -101,7 +101,9 @@ class Trainer {
   // log-probs, advantages, the mask (1: a response token that counts) and, with a KL
   // term, the reference's log-probs. The loss is the token mean over the mask of the
   // whole mini-batch (all DP ranks). Gradients, clipping, LR and the update as Step.
-  // Not with pipelines yet, nor with an entropy bonus (its gradient is not built).
+  // With options.entropy_coef > 0 the entropy bonus's gradient goes through the softmax
+  // (Llama::TokenGrads::dentropy). PolicyStats::entropy is the token mean of the
+  // predictive entropy over the mask, with or without the bonus. Not with pipelines yet.
   struct PolicyTokens {
     std::vector<double> old_logp, advantage, mask, ref_logp;
   };

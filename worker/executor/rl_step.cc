@@ -143,6 +143,7 @@ absl::StatusOr<std::string> TrainSession::RlStep(int64_t step) {
   o.sampling.max_new_tokens = rl_.max_new_tokens();
   o.sampling.stop_tokens = stop_tokens_;
   o.loss.kl_coef = rl_.kl_coef();
+  o.loss.entropy_coef = rl_.entropy_coef();
   o.loss.clip_low = o.loss.clip_high = rl_.clip();
   o.epochs = rl_.epochs(), o.mini_batches = rl_.mini_batches();
   const engine::BatchRewardFn reward = [&](const std::vector<engine::Completion>& cs) -> absl::StatusOr<std::vector<double>> {
@@ -163,6 +164,7 @@ absl::StatusOr<std::string> TrainSession::RlStep(int64_t step) {
                         {"loss", st.loss},
                         {"kl", st.kl},
                         {"clip_fraction", st.clip_fraction},
+                        {"entropy", st.entropy},
                         {"grad_norm", st.grad_norm},
                         {"samples", per_rank * rl_.group_size()},
                         {"generate_s", st.generate_s},

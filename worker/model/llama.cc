@@ -463,6 +463,7 @@ struct Llama::Flight {
   std::vector<LayerActs> acts;  // per layer of the chunk
   Tensor x_last, xn, rstd, xn_full, logits;  // the head (last virtual stage)
   std::vector<float> lse, dloss;
+  std::vector<float> dentropy;  // ForwardBackwardLogProbs with an entropy term: dL/dH per token
   TokenStats* stats = nullptr;  // TokenLogProbs: filled by the head
   const LogProbGrad* logprob_grad = nullptr;  // ForwardBackwardLogProbs: the per-token gradient
 };
@@ -537,9 +538,15 @@ absl::StatusOr<Tensor> Llama::ChunkForward(int chunk, const TokenBatch& batch, F
   }
   std::vector<float> dlogp;  // a caller's dL/dlogprob (the loss is then its, not the cross-entropy)
   if (f.logprob_grad != nullptr) {
-    TESSERA_ASSIGN_OR_RETURN(dlogp, (*f.logprob_grad)(*f.stats));
+    TESSERA_ASSIGN_OR_RETURN(TokenGrads g, (*f.logprob_grad)(*f.stats));
+    dlogp = std::move(g.dlogprob);
     if (static_cast<int64_t>(dlogp.size()) != t)
       return absl::InvalidArgumentError(absl::StrCat("dL/dlogprob: ", dlogp.size(), " values for ", t, " tokens"));
+    if (!g.dentropy.empty() && static_cast<int64_t>(g.dentropy.size()) != t)
+      return absl::InvalidArgumentError(absl::StrCat("dL/dentropy: ", g.dentropy.size(), " values for ", t, " tokens"));
+    f.dentropy = std::move(g.dentropy);
+    for (int64_t i = 0; i < static_cast<int64_t>(f.dentropy.size()); ++i)
+      if (batch.targets[i] < 0) f.dentropy[i] = 0.f;
   }
   f.dloss.assign(t, 0.f);
   for (int64_t i = 0; i < t; ++i) {
@@ -572,7 +579,16 @@ absl::StatusOr<Tensor> Llama::ChunkBackward(int chunk, Flight& f, const Tensor* 
     TESSERA_RETURN_IF_ERROR(b.CopyFromHost(f.lse.data(), lse_t));
     TESSERA_RETURN_IF_ERROR(b.CopyFromHost(f.dloss.data(), dloss_t));
     TESSERA_ASSIGN_OR_RETURN(Tensor dlogits, New(b, {t, vocab}, act_));
-    TESSERA_RETURN_IF_ERROR(b.CrossEntropyBackward(f.logits, f.in.targets, vocab_start, lse_t, dloss_t, dlogits));
+    if (f.dentropy.empty()) {
+      TESSERA_RETURN_IF_ERROR(b.CrossEntropyBackward(f.logits, f.in.targets, vocab_start, lse_t, dloss_t, dlogits));
+    } else {  // the entropy bonus: through the softmax of the whole vocabulary (H is combined over TP)
+      TESSERA_ASSIGN_OR_RETURN(Tensor dh_t, New(b, {t}));
+      TESSERA_ASSIGN_OR_RETURN(Tensor h_t, New(b, {t}));
+      TESSERA_RETURN_IF_ERROR(b.CopyFromHost(f.dentropy.data(), dh_t));
+      TESSERA_RETURN_IF_ERROR(b.CopyFromHost(f.stats->entropy.data(), h_t));
+      TESSERA_RETURN_IF_ERROR(
+          b.CrossEntropyBackward(f.logits, f.in.targets, vocab_start, lse_t, dloss_t, dlogits, &dh_t, &h_t));
+    }
     f.logits = Tensor();
     TESSERA_ASSIGN_OR_RETURN(Tensor dxn_full, New(b, {t, c.hidden}, act_));
     TESSERA_RETURN_IF_ERROR(LinearBackward(b, dlogits, f.xn_full, *lm_head_, dxn_full, 0.f));

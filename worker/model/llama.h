@@ -186,8 +186,14 @@ class Llama {
   // dL/dlogp from the new log-probs): the forward's TokenStats go to `grad`, which returns
   // dL/dlogprob_t for every token (ignored where the target is -1; every TP rank gets the
   // same stats and must return the same values); the backward adds dL/dparam into every
-  // grad. Returns the forward's TokenStats. (Entropy terms are not differentiated yet.)
-  using LogProbGrad = std::function<absl::StatusOr<std::vector<float>>(const TokenStats&)>;
+  // grad. Returns the forward's TokenStats. `grad` may also return dL/dH_t, the gradient
+  // with respect to each token's entropy (RL's entropy bonus; empty: none), which the
+  // backward carries through the whole vocabulary's softmax (vocab-parallel under TP).
+  struct TokenGrads {
+    std::vector<float> dlogprob;
+    std::vector<float> dentropy;  // empty, or one value per token (ignored where the target is -1)
+  };
+  using LogProbGrad = std::function<absl::StatusOr<TokenGrads>(const TokenStats&)>;
   absl::StatusOr<TokenStats> ForwardBackwardLogProbs(const TokenBatch& batch, const LogProbGrad& grad);
   // Forward and backward: adds grad_scale * d(loss sum)/d(param) into every grad (so a
   // token-mean over a global batch passes 1 / its target count to every micro-batch).

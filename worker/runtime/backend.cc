@@ -204,7 +204,8 @@ absl::Status Backend::CrossEntropyPartials(const Tensor& logits, const Tensor& t
 }
 
 absl::Status Backend::CrossEntropyBackward(const Tensor& logits, const Tensor& targets, int64_t vocab_start,
-                                           const Tensor& lse, const Tensor& dloss, Tensor& dlogits) {
+                                           const Tensor& lse, const Tensor& dloss, Tensor& dlogits, const Tensor* dentropy,
+                                           const Tensor* entropy) {
   const char* op = "cross_entropy_backward";
   TRY(CheckTensors(op, device(), {{"logits", &logits}, {"targets", &targets}, {"lse", &lse}, {"dloss", &dloss}, {"dlogits", &dlogits}}));
   if (logits.rank() != 2 || !Float(logits.dtype())) return Bad(op, absl::StrCat("logits must be f32/bf16 [n, v], got ", logits.ShapeString()));
@@ -214,7 +215,13 @@ absl::Status Backend::CrossEntropyBackward(const Tensor& logits, const Tensor& t
   TRY(Vec(op, "dloss", dloss, n, DType::kF32));
   TRY(SameShape(op, "dlogits", dlogits, "logits", logits));
   TRY(SameDType(op, "dlogits", dlogits, "logits", logits));
-  return DoCrossEntropyBackward(logits, targets, vocab_start, lse, dloss, dlogits);
+  if ((dentropy == nullptr) != (entropy == nullptr)) return Bad(op, "dentropy and entropy come together");
+  if (dentropy != nullptr) {
+    TRY(CheckTensors(op, device(), {{"dentropy", dentropy}, {"entropy", entropy}}));
+    TRY(Vec(op, "dentropy", *dentropy, n, DType::kF32));
+    TRY(Vec(op, "entropy", *entropy, n, DType::kF32));
+  }
+  return DoCrossEntropyBackward(logits, targets, vocab_start, lse, dloss, dlogits, dentropy, entropy);
 }
 
 namespace {

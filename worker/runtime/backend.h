@@ -100,8 +100,11 @@ class Backend {
   absl::Status CrossEntropyPartials(const Tensor& logits, const Tensor& targets, int64_t vocab_start, Tensor& max,
                                     Tensor& sum, Tensor& dot, Tensor& tgt);
   // dlogits = dloss * (softmax(logits; lse) - onehot(target)); lse, dloss: f32 [n].
+  // With dentropy and entropy (f32 [n]: dL/dH and H per token, H the entropy of the whole
+  // vocabulary's softmax) also the entropy's term: - dentropy * p * (log p + H).
   absl::Status CrossEntropyBackward(const Tensor& logits, const Tensor& targets, int64_t vocab_start, const Tensor& lse,
-                                    const Tensor& dloss, Tensor& dlogits);
+                                    const Tensor& dloss, Tensor& dlogits, const Tensor* dentropy = nullptr,
+                                    const Tensor* entropy = nullptr);
   // Varlen attention (see kernels/attention): q [T, Hq, D], k/v [T, Hkv, D], cu_seqlens
   // [B+1] i32 on this device or on the host; out like q; lse f32 [T, Hq]. cu_seqlens is
   // checked (0, strictly increasing, ending at T): in place when it is a host tensor (then
@@ -183,7 +186,8 @@ class Backend {
   virtual absl::Status DoCrossEntropyPartials(const Tensor& logits, const Tensor& targets, int64_t vocab_start,
                                               Tensor& max, Tensor& sum, Tensor& dot, Tensor& tgt) = 0;
   virtual absl::Status DoCrossEntropyBackward(const Tensor& logits, const Tensor& targets, int64_t vocab_start,
-                                              const Tensor& lse, const Tensor& dloss, Tensor& dlogits) = 0;
+                                              const Tensor& lse, const Tensor& dloss, Tensor& dlogits,
+                                              const Tensor* dentropy, const Tensor* entropy) = 0;
   virtual absl::Status DoAttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu,
                                           bool causal, Tensor& out, Tensor& lse) = 0;
   virtual absl::Status DoAttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu,

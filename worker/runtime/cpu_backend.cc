@@ -79,9 +79,10 @@ class CpuBackend final : public Backend {
                                             dt.data_as<float>(), tg.data_as<float>(), z.dim(0), z.dim(1), vs, z.dtype());
   }
   absl::Status DoCrossEntropyBackward(const Tensor& z, const Tensor& t, int64_t vs, const Tensor& lse, const Tensor& dl,
-                                      Tensor& dz) override {
+                                      Tensor& dz, const Tensor* dh, const Tensor* h) override {
     return kernels::CrossEntropyBackwardCpu(z.data(), t.data_as<int32_t>(), lse.data_as<float>(), dl.data_as<float>(),
-                                            dz.data(), z.dim(0), z.dim(1), vs, z.dtype());
+                                            dz.data(), z.dim(0), z.dim(1), vs, z.dtype(),
+                                            dh ? dh->data_as<float>() : nullptr, h ? h->data_as<float>() : nullptr);
   }
   absl::Status DoSumSquares(const Tensor& x, Tensor& out) override {
     return kernels::SumSquaresCpu(x.data(), x.numel(), x.dtype(), out.data_as<float>());

@@ -224,9 +224,10 @@ class CudaBackend final : public Backend {
                                             dt.data_as<float>(), tg.data_as<float>(), z.dim(0), z.dim(1), vs, z.dtype(), stream_);
   }
   absl::Status DoCrossEntropyBackward(const Tensor& z, const Tensor& t, int64_t vs, const Tensor& lse, const Tensor& dl,
-                                      Tensor& dz) override {
+                                      Tensor& dz, const Tensor* dh, const Tensor* h) override {
     return kernels::CrossEntropyBackwardCuda(z.data(), t.data_as<int32_t>(), lse.data_as<float>(), dl.data_as<float>(),
-                                            dz.data(), z.dim(0), z.dim(1), vs, z.dtype(), stream_);
+                                            dz.data(), z.dim(0), z.dim(1), vs, z.dtype(), stream_,
+                                            dh ? dh->data_as<float>() : nullptr, h ? h->data_as<float>() : nullptr);
   }
   absl::Status DoSumSquares(const Tensor& x, Tensor& out) override {
     return kernels::SumSquaresCuda(x.data(), x.numel(), x.dtype(), out.data_as<float>(), stream_);

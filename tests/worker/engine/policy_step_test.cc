@@ -45,7 +45,8 @@ struct Trace {
 
 // Three policy steps on the micro-batches `mine` (indices into MicroBatches()); old
 // log-probs from the policy before each step, advantages +1 on the first sequence of a
-// micro-batch and -0.5 on the second, a k3 KL term against the initial policy.
+// micro-batch and -0.5 on the second, a k3 KL term against the initial policy and an
+// entropy bonus (its gradient goes through the vocabulary-parallel softmax under TP).
 void RunPolicy(comm::Communicator* tp, comm::Communicator* dp, int zero, const std::vector<int>& mine, Trace& out) {
   auto be = runtime::MakeCpuBackend();
   auto m = Llama::Create(Config(), be.get(), tp);
@@ -65,7 +66,7 @@ void RunPolicy(comm::Communicator* tp, comm::Communicator* dp, int zero, const s
     ref[i].ref_logp.assign(st->logprob.begin(), st->logprob.end());
   }
   rl::PolicyLossOptions po;
-  po.kl_coef = 0.1, po.clip_low = po.clip_high = 0.2;
+  po.kl_coef = 0.1, po.clip_low = po.clip_high = 0.2, po.entropy_coef = 0.05;
   for (int step = 0; step < 3; ++step) {
     std::vector<Trainer::PolicyTokens> tokens(batches.size());
     for (size_t i = 0; i < batches.size(); ++i) {
@@ -92,6 +93,7 @@ void ExpectSame(const Trace& got, const Trace& one) {
     EXPECT_NEAR(got.steps[s].loss, one.steps[s].loss, 1e-5 * std::abs(one.steps[s].loss) + 1e-7);
     EXPECT_NEAR(got.steps[s].kl, one.steps[s].kl, 1e-5 * std::abs(one.steps[s].kl) + 1e-9);
     EXPECT_NEAR(got.steps[s].clip_fraction, one.steps[s].clip_fraction, 1e-6);
+    EXPECT_NEAR(got.steps[s].entropy, one.steps[s].entropy, 1e-5 * one.steps[s].entropy);
     EXPECT_NEAR(got.steps[s].grad_norm, one.steps[s].grad_norm, 1e-5 * one.steps[s].grad_norm);
     EXPECT_EQ(got.steps[s].tokens, one.steps[s].tokens);
   }
@@ -104,6 +106,7 @@ TEST(PolicyStep, DpAndTpEqualOneRank) {
   ASSERT_EQ(one.steps.size(), 3u);
   EXPECT_GT(one.steps[2].clip_fraction, 0);  // the shifted old policy clips some ratios
   EXPECT_GT(one.steps[2].kl, 0);              // the policy moved away from the reference
+  EXPECT_GT(one.steps[0].entropy, 0);
   struct L { const char* name; int tp, dp, zero; };
   for (L l : {L{"dp2", 1, 2, 0}, L{"dp2_zero1", 1, 2, 1}, L{"tp2", 2, 1, 0}}) {
     SCOPED_TRACE(l.name);
@@ -124,6 +127,40 @@ TEST(PolicyStep, DpAndTpEqualOneRank) {
       ExpectSame(ranks[r], one);
     }
   }
+}
+
+// The entropy bonus alone (advantages 0, so the surrogate has no gradient) raises the
+// predictive entropy of the counted tokens; PolicyStats::entropy is their mean before.
+TEST(PolicyStep, EntropyBonusRaisesTheEntropy) {
+  auto be = runtime::MakeCpuBackend();
+  auto m = Llama::Create(Config(), be.get());
+  ASSERT_TRUE(m.ok());
+  ASSERT_TRUE((*m)->InitRandom(4, 0.2f).ok());
+  OptimizerOptions o;
+  o.lr = 1e-2f, o.min_lr = 1e-2f, o.warmup_steps = 0, o.total_steps = 1;
+  auto t = Trainer::Create(m->get(), be.get(), nullptr, nullptr, o);
+  ASSERT_TRUE(t.ok());
+  const TokenBatch b = model::test::RandomBatch(32, 6, {10, 10});
+  auto before = (*m)->TokenLogProbs(b);
+  ASSERT_TRUE(before.ok());
+  Trainer::PolicyTokens p;
+  p.old_logp.assign(before->logprob.begin(), before->logprob.end());
+  p.mask = ResponseMask(b, 4);
+  p.advantage.assign(b.size(), 0.0);
+  auto mean_entropy = [&](const Llama::TokenStats& st) {
+    double sum = 0, n = 0;
+    for (size_t i = 0; i < p.mask.size(); ++i) sum += p.mask[i] * st.entropy[i], n += p.mask[i];
+    return sum / n;
+  };
+  rl::PolicyLossOptions ent;
+  ent.entropy_coef = 1.0;
+  auto s = (*t)->PolicyStep({b}, {p}, ent);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_NEAR(s->entropy, mean_entropy(*before), 1e-5 * mean_entropy(*before));
+  EXPECT_NEAR(s->loss, -s->entropy, 1e-5 * s->entropy);  // no surrogate, no KL: L = -H
+  auto after = (*m)->TokenLogProbs(b);
+  ASSERT_TRUE(after.ok());
+  EXPECT_GT(mean_entropy(*after), mean_entropy(*before) + 1e-3);
 }
 
 // One step with positive advantages on one sequence's response and negative on the
@@ -158,9 +195,6 @@ TEST(PolicyStep, FollowsTheAdvantages) {
   short_mask.mask.pop_back();
   EXPECT_THAT(std::string((*t)->PolicyStep({b}, {short_mask}, {}).status().message()),
               HasSubstr("micro-batch 0 has 20 tokens; old_logp, advantage, mask need one value each"));
-  rl::PolicyLossOptions ent;
-  ent.entropy_coef = 0.01;
-  EXPECT_EQ((*t)->PolicyStep({b}, {p}, ent).status().code(), absl::StatusCode::kUnimplemented);
   Trainer::PolicyTokens none = p;
   std::fill(none.mask.begin(), none.mask.end(), 0.0);
   EXPECT_THAT(std::string((*t)->PolicyStep({b}, {none}, {}).status().message()), HasSubstr("no counted"));

@@ -156,9 +156,9 @@ TEST_P(LlamaGradTest, LogProbGradientIsTheWeightedLogProbsGradient) {
   std::map<std::string, std::vector<float>> ce;
   for (auto& p : m.params()) ce[p.name()] = Read(*be, p.grad);
   ASSERT_TRUE(m.ZeroGrads().ok());
-  auto st = m.ForwardBackwardLogProbs(batch, [&](const Llama::TokenStats& s) -> absl::StatusOr<std::vector<float>> {
+  auto st = m.ForwardBackwardLogProbs(batch, [&](const Llama::TokenStats& s) -> absl::StatusOr<Llama::TokenGrads> {
     EXPECT_EQ(static_cast<int64_t>(s.logprob.size()), t);
-    return std::vector<float>(t, -1.f);
+    return Llama::TokenGrads{std::vector<float>(t, -1.f), {}};
   });
   ASSERT_TRUE(st.ok()) << st.status();
   for (auto& p : m.params()) EXPECT_EQ(Read(*be, p.grad), ce[p.name()]) << p.name();
@@ -168,8 +168,8 @@ TEST_P(LlamaGradTest, LogProbGradientIsTheWeightedLogProbsGradient) {
   std::vector<float> w(t);
   for (auto& x : w) x = normal(rng);
   ASSERT_TRUE(m.ZeroGrads().ok());
-  ASSERT_TRUE(m.ForwardBackwardLogProbs(batch, [&](const Llama::TokenStats&) -> absl::StatusOr<std::vector<float>> {
-                 return w;
+  ASSERT_TRUE(m.ForwardBackwardLogProbs(batch, [&](const Llama::TokenStats&) -> absl::StatusOr<Llama::TokenGrads> {
+                 return Llama::TokenGrads{w, {}};
                }).ok());
   ExpectGradientsMatchFiniteDifferences(m, *be, [&] {
     auto s = m.TokenLogProbs(batch);
@@ -179,10 +179,46 @@ TEST_P(LlamaGradTest, LogProbGradientIsTheWeightedLogProbsGradient) {
     return l;
   }, 12);
   // A gradient of the wrong length is refused, naming it.
-  auto bad = m.ForwardBackwardLogProbs(batch, [&](const Llama::TokenStats&) -> absl::StatusOr<std::vector<float>> {
-    return std::vector<float>(3, 0.f);
+  auto bad = m.ForwardBackwardLogProbs(batch, [&](const Llama::TokenStats&) -> absl::StatusOr<Llama::TokenGrads> {
+    return Llama::TokenGrads{std::vector<float>(3, 0.f), {}};
   });
   EXPECT_THAT(std::string(bad.status().message()), HasSubstr(absl::StrCat("dL/dlogprob: 3 values for ", t, " tokens")));
+  bad = m.ForwardBackwardLogProbs(batch, [&](const Llama::TokenStats&) -> absl::StatusOr<Llama::TokenGrads> {
+    return Llama::TokenGrads{std::vector<float>(t, 0.f), std::vector<float>(2, 0.f)};
+  });
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr(absl::StrCat("dL/dentropy: 2 values for ", t, " tokens")));
+}
+
+// The entropy bonus's gradient: L = sum_t (w_t logprob_t + u_t H_t) over the tokens with a
+// target (H: the predictive entropy over the whole vocabulary) matches central
+// differences of TokenLogProbs' log-probs and entropies, untied and tied (the LM head is
+// the embedding there); u on a token without a target is ignored.
+TEST_P(LlamaGradTest, EntropyGradientMatchesFiniteDifferences) {
+  auto [tied, bias] = GetParam();
+  auto be = runtime::MakeCpuBackend();
+  auto made = Llama::Create(Tiny(tied, bias), be.get());
+  ASSERT_TRUE(made.ok()) << made.status();
+  Llama& m = **made;
+  Randomize(m, 9);
+  const TokenBatch batch = MakeBatch(13, 5);
+  const int64_t t = batch.size();
+  std::mt19937_64 rng(6);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<float> w(t), u(t);
+  for (auto& x : w) x = normal(rng);
+  for (auto& x : u) x = 2.f * normal(rng);
+  ASSERT_TRUE(m.ZeroGrads().ok());
+  ASSERT_TRUE(m.ForwardBackwardLogProbs(batch, [&](const Llama::TokenStats&) -> absl::StatusOr<Llama::TokenGrads> {
+                 return Llama::TokenGrads{w, u};
+               }).ok());
+  ExpectGradientsMatchFiniteDifferences(m, *be, [&] {
+    auto s = m.TokenLogProbs(batch);
+    EXPECT_TRUE(s.ok()) << s.status();
+    double l = 0;
+    for (int64_t i = 0; i < t; ++i)
+      if (batch.targets[i] >= 0) l += s.ok() ? double(w[i]) * s->logprob[i] + double(u[i]) * s->entropy[i] : NAN;
+    return l;
+  }, 13);
 }
 
 INSTANTIATE_TEST_SUITE_P(Variants, LlamaGradTest,
