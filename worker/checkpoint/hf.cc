@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "common/status.h"
 #include "common/util.h"
@@ -94,6 +95,18 @@ absl::StatusOr<model::LlamaConfig> ReadHfConfig(const std::string& dir) {
   c.norm_eps = static_cast<float>(eps);
   c.tie_embeddings = Flag(j, "tie_word_embeddings");
   c.qkv_bias = type == "qwen2";
+  // A critic: a token-classification head of one label (score.weight [1, hidden]).
+  if (j.contains("architectures") && j["architectures"].is_array())
+    for (const json& a : j["architectures"])
+      if (a.is_string() && absl::EndsWith(a.get<std::string>(), "ForTokenClassification")) c.value_head = true;
+  if (c.value_head) {
+    const int64_t labels = j.contains("id2label") && j["id2label"].is_object() ? static_cast<int64_t>(j["id2label"].size())
+                                                                              : j.value("num_labels", int64_t{1});
+    if (labels != 1)
+      return absl::UnimplementedError(absl::StrCat(dir, "/config.json: a token-classification model of ", labels,
+                                                   " labels; a critic has one (its value)"));
+    c.tie_embeddings = false;  // the embedding is not the head's
+  }
   if (auto st = c.Validate(); !st.ok()) return absl::InvalidArgumentError(absl::StrCat(dir, "/config.json: ", st.message()));
   return c;
 }
@@ -103,11 +116,16 @@ absl::Status ImportHf(const std::string& dir, model::Llama& model) {
   std::map<std::string, std::unique_ptr<SafetensorsReader>> open;
   for (auto& p : model.params()) {
     const std::string file = where.empty() ? "model.safetensors" : (where.count(p.name()) ? where[p.name()] : "");
+    // A critic started from a causal LM (PPO's usual start): the LM's weights, and the
+    // value head as the model initialized it.
+    const bool fresh_head = p.name() == "score.weight" && !model.config().tie_embeddings;
+    if (file.empty() && fresh_head) continue;
     if (file.empty()) return absl::NotFoundError(absl::StrCat(dir, ": the index lists no file for ", p.name()));
     auto& r = open[file];
     if (r == nullptr) {
       TESSERA_ASSIGN_OR_RETURN(r, SafetensorsReader::Open(absl::StrCat(dir, "/", file)));
     }
+    if (fresh_head && !r->Find(p.name()).ok()) continue;
     TESSERA_ASSIGN_OR_RETURN(const TensorInfo* info, r->Find(p.name()));
     if (info->shape != p.spec.shape)
       return absl::InvalidArgumentError(absl::StrCat(r->path(), ": ", p.name(), " has shape [", absl::StrJoin(info->shape, ", "),
@@ -165,7 +183,8 @@ absl::Status ExportHf(const std::string& dir, model::Llama& model, const std::st
     }
   }
   if (!write) return absl::OkStatus();
-  json cfg = {{"architectures", {c.qkv_bias ? "Qwen2ForCausalLM" : "LlamaForCausalLM"}},
+  const std::string arch = absl::StrCat(c.qkv_bias ? "Qwen2" : "Llama", c.value_head ? "ForTokenClassification" : "ForCausalLM");
+  json cfg = {{"architectures", {arch}},
               {"model_type", c.qkv_bias ? "qwen2" : "llama"},
               {"vocab_size", c.vocab},
               {"hidden_size", c.hidden},
@@ -181,6 +200,7 @@ absl::Status ExportHf(const std::string& dir, model::Llama& model, const std::st
               {"torch_dtype", dtype == "BF16" ? "bfloat16" : "float32"},
               {"max_position_embeddings", 4096}};
   if (!c.qkv_bias) cfg["attention_bias"] = false;
+  if (c.value_head) cfg["id2label"] = {{"0", "LABEL_0"}}, cfg["label2id"] = {{"LABEL_0", 0}};  // one label: the value
   TESSERA_RETURN_IF_ERROR(MakeDirs(dir));
   TESSERA_RETURN_IF_ERROR(WriteSafetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}}));
   return WriteFileAtomic(dir + "/config.json", cfg.dump(2));

@@ -4,7 +4,9 @@
 // one to one.
 //
 // Supported: model_type llama and qwen2 (q/k/v bias), grouped-query attention, head_dim,
-// tied embeddings, rope_theta, rms_norm_eps. Refused with a message naming the key:
+// tied embeddings, rope_theta, rms_norm_eps; critics (LlamaConfig::value_head) as
+// *ForTokenClassification with one label (score.weight), and a critic imports a causal
+// LM's directory too, keeping its own value head (PPO starts its critic so). Refused with a message naming the key:
 // rope_scaling (e.g. Llama 3.1's "llama3"), attention_bias / mlp_bias on Llama (biases on
 // o_proj / the MLP), hidden activations other than silu, sliding windows.
 #pragma once

@@ -1,4 +1,5 @@
-// Trainer::PolicyStep: the RL actor's optimizer step (see trainer.h).
+// Trainer::PolicyStep and Trainer::ValueStep: the RL actor's and critic's optimizer steps
+// (see trainer.h).
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -64,6 +65,55 @@ absl::StatusOr<Trainer::PolicyStats> Trainer::PolicyStep(const std::vector<model
   out.tokens = static_cast<int64_t>(std::lround(counted));
   out.loss = sums[0] / counted, out.pg_loss = sums[1] / counted, out.kl = sums[2] / counted;
   out.clip_fraction = sums[3] / counted, out.entropy = sums[4] / counted;
+  StepStats st;
+  TESSERA_RETURN_IF_ERROR(FinishStep(st));
+  out.grad_norm = st.grad_norm, out.lr = st.lr;
+  return out;
+}
+
+absl::StatusOr<Trainer::ValueStats> Trainer::ValueStep(const std::vector<model::TokenBatch>& micro_batches,
+                                                       const std::vector<ValueTokens>& tokens, double clip) {
+  if (pp_ != nullptr) return absl::UnimplementedError("trainer: the value step does not run with pipelines yet");
+  if (tokens.size() != micro_batches.size())
+    return absl::InvalidArgumentError(absl::StrCat("value step: ", tokens.size(), " token sets for ",
+                                                   micro_batches.size(), " micro-batches"));
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const size_t t = micro_batches[i].tokens.size();
+    const ValueTokens& v = tokens[i];
+    if (v.old_value.size() != t || v.returns.size() != t || v.mask.size() != t)
+      return absl::InvalidArgumentError(absl::StrCat("value step: micro-batch ", i, " has ", t,
+                                                     " tokens; old_value, returns and mask need one value each"));
+  }
+  float counted = 0;
+  for (const ValueTokens& v : tokens)
+    for (double m : v.mask) counted += static_cast<float>(m);
+  TESSERA_RETURN_IF_ERROR(AllReduceHost(dp_, &counted, 1));
+  if (counted <= 0) return absl::InvalidArgumentError("value step: the mini-batch has no counted (masked) tokens");
+  TESSERA_RETURN_IF_ERROR(BeginStep(micro_batches));
+  float sums[3] = {0, 0, 0};  // this rank's sums over the counted tokens: loss, clipped, value
+  for (size_t i = 0; i < micro_batches.size(); ++i) {
+    const ValueTokens& v = tokens[i];
+    double local = 0;
+    for (double m : v.mask) local += m;
+    if (local == 0) continue;
+    auto grad = [&](const std::vector<float>& values) -> absl::StatusOr<std::vector<float>> {
+      rl::ValueTokens in;
+      in.value.assign(values.begin(), values.end());
+      in.old_value = v.old_value, in.returns = v.returns, in.mask = v.mask;
+      TESSERA_ASSIGN_OR_RETURN(rl::ValueLoss l, rl::ComputeValueLoss(in, clip));
+      const double share = local / counted;  // micro-batch token mean -> mini-batch token mean
+      sums[0] += static_cast<float>(l.loss * local), sums[1] += static_cast<float>(l.clip_fraction * local);
+      for (size_t t = 0; t < values.size(); ++t) sums[2] += static_cast<float>(v.mask[t] * values[t]);
+      std::vector<float> d(l.dvalue.size());
+      for (size_t t = 0; t < d.size(); ++t) d[t] = static_cast<float>(l.dvalue[t] * share);
+      return d;
+    };
+    TESSERA_RETURN_IF_ERROR(model_->ForwardBackwardValues(micro_batches[i], grad).status());
+  }
+  TESSERA_RETURN_IF_ERROR(AllReduceHost(dp_, sums, 3));
+  ValueStats out;
+  out.tokens = static_cast<int64_t>(std::lround(counted));
+  out.loss = sums[0] / counted, out.clip_fraction = sums[1] / counted, out.value = sums[2] / counted;
   StepStats st;
   TESSERA_RETURN_IF_ERROR(FinishStep(st));
   out.grad_norm = st.grad_norm, out.lr = st.lr;

@@ -115,6 +115,23 @@ class Trainer {
   };
   absl::StatusOr<PolicyStats> PolicyStep(const std::vector<model::TokenBatch>& micro_batches,
                                          const std::vector<PolicyTokens>& tokens, const rl::PolicyLossOptions& options);
+  // PPO's critic (the model has a value head, LlamaConfig::value_head): one optimizer step
+  // on the clipped value loss (rl::ComputeValueLoss, clip <= 0: none) over this rank's
+  // micro-batches of a mini-batch; `tokens[i]` holds micro-batch i's old values, returns
+  // and mask per token (entry t: token t's value). Token mean over the mask of the whole
+  // mini-batch (all DP ranks); gradients, clipping, LR and the update as Step. Not with
+  // pipelines.
+  struct ValueTokens {
+    std::vector<double> old_value, returns, mask;
+  };
+  struct ValueStats {
+    double loss = 0, clip_fraction = 0, value = 0;  // token means (value: before the step)
+    double grad_norm = 0;
+    float lr = 0;
+    int64_t tokens = 0;
+  };
+  absl::StatusOr<ValueStats> ValueStep(const std::vector<model::TokenBatch>& micro_batches,
+                                       const std::vector<ValueTokens>& tokens, double clip);
   int64_t step() const { return step_; }
   // ZeRO-3: gathers every parameter's value onto the model (for evaluation, checkpoints
   // and Llama::GatherGlobal); the next Step frees them again. Other stages: nothing to do.

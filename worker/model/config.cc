@@ -25,6 +25,7 @@ absl::Status LlamaConfig::Validate() const {
   if (HeadDim() % 2 != 0) return Bad(absl::StrCat("head_dim must be even for RoPE, got ", HeadDim()));
   if (!(rope_base > 1.f)) return Bad(absl::StrCat("rope_base must be > 1, got ", rope_base));
   if (!(norm_eps > 0.f)) return Bad(absl::StrCat("norm_eps must be > 0, got ", norm_eps));
+  if (value_head && tie_embeddings) return Bad("value_head: a critic's value head is not tied to the embedding");
   return absl::OkStatus();
 }
 
@@ -63,7 +64,8 @@ std::vector<ParamSpec> LlamaParamSpecs(const LlamaConfig& c) {
     p.push_back({l + "mlp.down_proj.weight", {c.hidden, c.ffn}, 1});
   }
   p.push_back({"model.norm.weight", {c.hidden}});
-  if (!c.tie_embeddings) p.push_back({"lm_head.weight", {c.vocab, c.hidden}, 0});
+  if (c.value_head) p.push_back({"score.weight", {1, c.hidden}});
+  else if (!c.tie_embeddings) p.push_back({"lm_head.weight", {c.vocab, c.hidden}, 0});
   return p;
 }
 
@@ -79,7 +81,7 @@ int64_t LlamaConfig::NumParams() const {
 
 int StageOf(const std::string& param, const LlamaConfig& c, const StageSpec& s) {
   if (param == "model.embed_tokens.weight") return 0;
-  if (param == "model.norm.weight" || param == "lm_head.weight") return s.pp - 1;
+  if (param == "model.norm.weight" || param == "lm_head.weight" || param == "score.weight") return s.pp - 1;
   const int64_t layer = std::stoll(param.substr(13, param.find('.', 13) - 13));  // model.layers.N.
   const int64_t per_chunk = c.layers / (int64_t(s.pp) * s.vpp);
   return static_cast<int>((layer / per_chunk) % s.pp);

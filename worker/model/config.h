@@ -24,6 +24,10 @@ struct LlamaConfig {
   float norm_eps = 1e-5f;
   bool tie_embeddings = false;
   bool qkv_bias = false;  // Qwen2
+  // A critic (PPO): the LM head is replaced by a value head, score.weight [1, hidden] —
+  // one value per token from the final norm's output (Hugging Face's
+  // LlamaForTokenClassification with one label), replicated over TP. Not tied.
+  bool value_head = false;
   // Compute dtype of activations and of the weights' compute copies: f32, or bf16 (mixed
   // precision: master weights, gradients and optimizer state stay f32).
   runtime::DType dtype = runtime::DType::kF32;

@@ -89,6 +89,8 @@ absl::StatusOr<std::unique_ptr<Llama>> Llama::Create(const LlamaConfig& config, 
       config.layers % (int64_t(stage.pp) * stage.vpp) != 0)
     return absl::InvalidArgumentError(absl::StrCat("model: pipeline stage ", stage.rank, " of pp ", stage.pp, " x vpp ",
                                                    stage.vpp, " does not split ", config.layers, " layers evenly"));
+  if (config.value_head && (sequence_parallel || stage.pp > 1 || stage.vpp > 1))
+    return absl::InvalidArgumentError("model: a critic (value head) runs without sequence or pipeline parallelism yet");
   std::unique_ptr<Llama> m(new Llama(config, backend, tp, sequence_parallel, cp, stage));
   TESSERA_RETURN_IF_ERROR(m->Allocate());
   return m;
@@ -118,7 +120,8 @@ absl::Status Llama::Allocate() {
   TESSERA_RETURN_IF_ERROR(ZeroGrads());
   embed_ = Find("model.embed_tokens.weight");
   final_norm_ = Find("model.norm.weight");
-  lm_head_ = config_.tie_embeddings ? embed_ : Find("lm_head.weight");
+  lm_head_ = config_.value_head ? nullptr : config_.tie_embeddings ? embed_ : Find("lm_head.weight");
+  score_ = config_.value_head ? Find("score.weight") : nullptr;
   layers_.resize(config_.layers);
   for (int64_t i = 0; i < config_.layers; ++i) {
     const std::string l = absl::StrCat("model.layers.", i, ".");
@@ -147,7 +150,7 @@ absl::Status Llama::Allocate() {
     for (Param* p : {w.norm1, w.wq, w.wk, w.wv, w.bq, w.bk, w.bv, w.wo, w.norm2, w.wg, w.wu, w.wd})
       if (p != nullptr) uses_[i + 1].push_back(p);
   }
-  if (last) uses_.back() = {final_norm_, lm_head_};
+  if (last) uses_.back() = {final_norm_, score_ != nullptr ? score_ : lm_head_};
   for (Param& p : params_)
     for (int b = 0; b < num_blocks(); ++b)
       if (std::find(uses_[b].begin(), uses_[b].end(), &p) != uses_[b].end()) {
@@ -451,6 +454,18 @@ absl::StatusOr<Llama::TokenStats> Llama::TokenLogProbs(const TokenBatch& batch) 
   return stats;
 }
 
+absl::StatusOr<std::vector<float>> Llama::TokenValues(const TokenBatch& batch) {
+  std::vector<float> values;
+  TESSERA_RETURN_IF_ERROR(Run(batch, false, 0.f, nullptr, nullptr, nullptr, &values).status());
+  return values;
+}
+
+absl::StatusOr<std::vector<float>> Llama::ForwardBackwardValues(const TokenBatch& batch, const ValueGrad& grad) {
+  std::vector<float> values;
+  TESSERA_RETURN_IF_ERROR(Run(batch, true, 0.f, nullptr, nullptr, nullptr, &values, &grad).status());
+  return values;
+}
+
 absl::StatusOr<Llama::TokenStats> Llama::ForwardBackwardLogProbs(const TokenBatch& batch, const LogProbGrad& grad) {
   TokenStats stats;
   TESSERA_RETURN_IF_ERROR(Run(batch, true, 0.f, nullptr, &stats, &grad).status());
@@ -464,6 +479,9 @@ struct Llama::Flight {
   Tensor x_last, xn, rstd, xn_full, logits;  // the head (last virtual stage)
   std::vector<float> lse, dloss;
   std::vector<float> dentropy;  // ForwardBackwardLogProbs with an entropy term: dL/dH per token
+  std::vector<float>* values = nullptr;  // a critic's: filled by the value head
+  const ValueGrad* value_grad = nullptr;  // ForwardBackwardValues: the per-token gradient
+  std::vector<float> dvalues;
   TokenStats* stats = nullptr;  // TokenLogProbs: filled by the head
   const LogProbGrad* logprob_grad = nullptr;  // ForwardBackwardLogProbs: the per-token gradient
 };
@@ -519,6 +537,11 @@ absl::StatusOr<Tensor> Llama::ChunkForward(int chunk, const TokenBatch& batch, F
   TESSERA_ASSIGN_OR_RETURN(f.rstd, New(b, {x.dim(0)}));
   TESSERA_RETURN_IF_ERROR(b.RmsNormForward(x, final_norm_->weight(), c.norm_eps, f.xn, f.rstd));
   TESSERA_ASSIGN_OR_RETURN(f.xn_full, EnterTp(f.xn));
+  if (score_ != nullptr) {  // a critic: values instead of logits
+    TESSERA_RETURN_IF_ERROR(ValueHeadForward(f, t));
+    if (!backward) TESSERA_RETURN_IF_ERROR(release(head_block, Phase::kForward));
+    return Tensor();
+  }
   TESSERA_ASSIGN_OR_RETURN(f.logits, New(b, {t, vocab}, act_));
   TESSERA_RETURN_IF_ERROR(Linear(b, f.xn_full, lm_head_->weight(), f.logits));
   if (logits_out != nullptr) {  // f32 on the host whatever the compute dtype
@@ -572,7 +595,11 @@ absl::StatusOr<Tensor> Llama::ChunkBackward(int chunk, Flight& f, const Tensor* 
   const int head_block = num_blocks() - 1;
   const int64_t t = f.in.tokens.numel(), vocab = c.vocab / tp_size(), vocab_start = tp_rank() * vocab;
   Tensor dx;
-  if (LastVirtualStage(chunk)) {  // from the loss: cross-entropy, LM head, final norm
+  if (LastVirtualStage(chunk) && score_ != nullptr) {  // a critic: from dL/dvalue
+    TESSERA_RETURN_IF_ERROR(acquire(head_block, Phase::kBackward));
+    TESSERA_ASSIGN_OR_RETURN(dx, ValueHeadBackward(f, t));
+    TESSERA_RETURN_IF_ERROR(done(head_block));
+  } else if (LastVirtualStage(chunk)) {  // from the loss: cross-entropy, LM head, final norm
     TESSERA_RETURN_IF_ERROR(acquire(head_block, Phase::kBackward));
     TESSERA_ASSIGN_OR_RETURN(Tensor lse_t, New(b, {t}));
     TESSERA_ASSIGN_OR_RETURN(Tensor dloss_t, New(b, {t}));
@@ -625,14 +652,59 @@ absl::StatusOr<Tensor> Llama::ChunkBackward(int chunk, Flight& f, const Tensor* 
   return Tensor();
 }
 
+// A critic's head (after the final norm): values [T] = xn · score^T, on the host in f32;
+// with a ValueGrad, dL/dvalue for the backward.
+absl::Status Llama::ValueHeadForward(Flight& f, int64_t t) {
+  Backend& b = *backend_;
+  TESSERA_ASSIGN_OR_RETURN(Tensor v, New(b, {t, 1}, act_));
+  TESSERA_RETURN_IF_ERROR(Linear(b, f.xn_full, score_->weight(), v));
+  Tensor v32 = v;
+  if (act_ != DType::kF32) {
+    TESSERA_ASSIGN_OR_RETURN(v32, New(b, {t, 1}));
+    TESSERA_RETURN_IF_ERROR(b.Cast(v, v32));
+  }
+  f.values->resize(t);
+  TESSERA_RETURN_IF_ERROR(b.CopyToHost(v32, f.values->data()));
+  if (f.value_grad == nullptr) return absl::OkStatus();
+  TESSERA_ASSIGN_OR_RETURN(f.dvalues, (*f.value_grad)(*f.values));
+  if (static_cast<int64_t>(f.dvalues.size()) != t)
+    return absl::InvalidArgumentError(absl::StrCat("dL/dvalue: ", f.dvalues.size(), " values for ", t, " tokens"));
+  return absl::OkStatus();
+}
+
+// Back through the value head and the final norm. The head is replicated over TP and
+// sees every token (no SP), so each rank's gradient of the norm's output is already the
+// whole one: nothing to reduce.
+absl::StatusOr<Tensor> Llama::ValueHeadBackward(Flight& f, int64_t t) {
+  Backend& b = *backend_;
+  TESSERA_ASSIGN_OR_RETURN(Tensor dv32, New(b, {t, 1}));
+  TESSERA_RETURN_IF_ERROR(b.CopyFromHost(f.dvalues.data(), dv32));
+  Tensor dv = dv32;
+  if (act_ != DType::kF32) {
+    TESSERA_ASSIGN_OR_RETURN(dv, New(b, {t, 1}, act_));
+    TESSERA_RETURN_IF_ERROR(b.Cast(dv32, dv));
+  }
+  TESSERA_ASSIGN_OR_RETURN(Tensor dxn, New(b, {t, config_.hidden}, act_));
+  TESSERA_RETURN_IF_ERROR(LinearBackward(b, dv, f.xn_full, *score_, dxn, 0.f));
+  TESSERA_ASSIGN_OR_RETURN(Tensor dx, New(b, f.x_last.shape(), act_));
+  TESSERA_RETURN_IF_ERROR(NormBackward(dxn, f.x_last, *final_norm_, f.rstd, dx));
+  return dx;
+}
+
 absl::StatusOr<LossSum> Llama::Run(const TokenBatch& batch, bool backward, float grad_scale, std::vector<float>* logits_out,
-                                   TokenStats* stats, const LogProbGrad* logprob_grad) {
+                                   TokenStats* stats, const LogProbGrad* logprob_grad, std::vector<float>* values,
+                                   const ValueGrad* value_grad) {
   if (stage_.pp > 1 || stage_.vpp > 1)
     return absl::FailedPreconditionError("model: a pipeline stage runs micro-batches through PipelineForward/Backward");
+  if ((score_ != nullptr) != (values != nullptr))
+    return absl::FailedPreconditionError(score_ != nullptr
+                                             ? "model: a critic (value head) gives values: TokenValues / ForwardBackwardValues"
+                                             : "model: values need a critic (LlamaConfig::value_head)");
   TESSERA_RETURN_IF_ERROR(CheckBatch(batch));
   Flight f;
   f.stats = stats;
   f.logprob_grad = logprob_grad;
+  f.values = values, f.value_grad = value_grad;
   TESSERA_ASSIGN_OR_RETURN(f.in, Upload(batch));
   LossSum loss;
   TESSERA_RETURN_IF_ERROR(ChunkForward(0, batch, f, nullptr, backward, grad_scale, &loss, logits_out).status());

@@ -195,6 +195,13 @@ class Llama {
   };
   using LogProbGrad = std::function<absl::StatusOr<TokenGrads>(const TokenStats&)>;
   absl::StatusOr<TokenStats> ForwardBackwardLogProbs(const TokenBatch& batch, const LogProbGrad& grad);
+  // A critic (LlamaConfig::value_head; no pipeline, no SP): each token's value, and the
+  // forward and backward of a loss given through dL/dvalue per token (`grad` gets the
+  // values, returns one gradient per token; every TP rank gets the same values and must
+  // return the same gradients). The methods above need an LM head and refuse a critic.
+  absl::StatusOr<std::vector<float>> TokenValues(const TokenBatch& batch);
+  using ValueGrad = std::function<absl::StatusOr<std::vector<float>>(const std::vector<float>& values)>;
+  absl::StatusOr<std::vector<float>> ForwardBackwardValues(const TokenBatch& batch, const ValueGrad& grad);
   // Forward and backward: adds grad_scale * d(loss sum)/d(param) into every grad (so a
   // token-mean over a global batch passes 1 / its target count to every micro-batch).
   absl::StatusOr<LossSum> ForwardBackward(const TokenBatch& batch, float grad_scale);
@@ -270,7 +277,10 @@ class Llama {
   absl::Status LayerBackward(const LayerParams& w, const Inputs& in, const LayerActs& a, runtime::Tensor& dx);
   absl::StatusOr<LossSum> Run(const TokenBatch& batch, bool backward, float grad_scale,
                               std::vector<float>* logits_out = nullptr, TokenStats* stats = nullptr,
-                              const LogProbGrad* logprob_grad = nullptr);
+                              const LogProbGrad* logprob_grad = nullptr, std::vector<float>* values = nullptr,
+                              const ValueGrad* value_grad = nullptr);
+  absl::Status ValueHeadForward(Flight& f, int64_t t);
+  absl::StatusOr<runtime::Tensor> ValueHeadBackward(Flight& f, int64_t t);
   // Per token of `logits` (this rank's vocabulary shard): the log-sum-exp over the whole
   // vocabulary; leaves the target logits in in.target_logit and, if asked, the entropies.
   absl::StatusOr<std::vector<float>> CrossEntropyLse(const runtime::Tensor& logits, Inputs& in, int64_t vocab_start,
@@ -286,6 +296,7 @@ class Llama {
   std::vector<Param> params_;
   std::vector<LayerParams> layers_;
   Param *embed_ = nullptr, *final_norm_ = nullptr, *lm_head_ = nullptr;
+  Param* score_ = nullptr;  // the value head (a critic); lm_head_ is then null
   std::vector<std::vector<Param*>> uses_, owns_;  // per block
   ParamHooks* hooks_ = nullptr;
   bool recompute_ = false;

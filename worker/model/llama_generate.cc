@@ -54,6 +54,7 @@ absl::StatusOr<Tensor> Device(Backend& b, const Tensor& host) {
 absl::Status Llama::CheckGeneration(const KvCache& cache) const {
   if (stage_.pp > 1 || cp_ != nullptr || sp_)
     return absl::FailedPreconditionError("generation runs on a model without pipeline, context or sequence parallelism");
+  if (lm_head_ == nullptr) return absl::FailedPreconditionError("generation needs an LM head; this model is a critic");
   if (cache.k.size() != static_cast<size_t>(config_.layers))
     return absl::InvalidArgumentError(absl::StrCat("kv cache: ", cache.k.size(), " layers, the model has ", config_.layers));
   return absl::OkStatus();

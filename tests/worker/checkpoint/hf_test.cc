@@ -66,6 +66,42 @@ TEST(Hf, ExportImportRoundTrip) {
   }
 }
 
+// A critic (value head) exports as LlamaForTokenClassification with one label and reads
+// back as a critic with the same weights; a critic imports a causal LM's directory, taking
+// its weights and keeping its own value head; a causal LM refuses a critic's directory
+// (no lm_head.weight there).
+TEST(Hf, CriticRoundTripAndStartFromACausalLm) {
+  auto be = runtime::MakeCpuBackend();
+  auto c = model::test::TinyConfig(300, /*tied=*/false, /*bias=*/false);
+  c.value_head = true;
+  auto critic = Make(c, be.get(), 5);
+  const std::string dir = TempDir();
+  ASSERT_TRUE(ExportHf(dir, *critic, "F32", true).ok());
+  std::ifstream cfg(dir + "/config.json");
+  const std::string text((std::istreambuf_iterator<char>(cfg)), std::istreambuf_iterator<char>());
+  EXPECT_THAT(text, HasSubstr("LlamaForTokenClassification"));
+  auto read = ReadHfConfig(dir);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_TRUE(read->value_head);
+  auto back = Make(*read, be.get(), 77);
+  ASSERT_TRUE(ImportHf(dir, *back).ok());
+  for (auto& p : critic->params())
+    EXPECT_EQ(*back->GatherGlobal(*back->Find(p.name()), false), *critic->GatherGlobal(p, false)) << p.name();
+  // From a causal LM: its weights, the critic's own head.
+  auto lmc = c;
+  lmc.value_head = false;
+  auto lm = Make(lmc, be.get(), 8);
+  const std::string lm_dir = TempDir();
+  ASSERT_TRUE(ExportHf(lm_dir, *lm, "F32", true).ok());
+  auto fresh = Make(c, be.get(), 9);
+  const auto head = *fresh->GatherGlobal(*fresh->Find("score.weight"), false);
+  ASSERT_TRUE(ImportHf(lm_dir, *fresh).ok());
+  EXPECT_EQ(*fresh->GatherGlobal(*fresh->Find("score.weight"), false), head);
+  EXPECT_EQ(*fresh->GatherGlobal(*fresh->Find("model.layers.0.mlp.up_proj.weight"), false),
+            *lm->GatherGlobal(*lm->Find("model.layers.0.mlp.up_proj.weight"), false));
+  EXPECT_THAT(std::string(ImportHf(dir, *lm).message()), HasSubstr("lm_head.weight"));
+}
+
 // A pipeline exports the same directory as one rank: pp2 and pp4 (Gloo threads), tied
 // and untied; the stages send what they hold to stage 0, which writes.
 TEST(Hf, PipelineExportEqualsOneRank) {

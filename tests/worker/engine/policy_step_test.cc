@@ -129,6 +129,120 @@ TEST(PolicyStep, DpAndTpEqualOneRank) {
   }
 }
 
+// PPO's critic: three ValueSteps on returns with a clipped value loss (old values from
+// the critic before each step; shifted by +-shift x step so that some clip); dp2 (ZeRO 0
+// and 1) and tp2 equal one rank (losses, clip fractions, gradient norms, final weights
+// within 1e-5); unshifted, as PPO runs one epoch, the values move toward the returns.
+struct CriticTrace {
+  std::vector<Trainer::ValueStats> steps;
+  std::map<std::string, std::vector<float>> weights;
+  double error_before = 0, error_after = 0;  // mean squared (value - return) over the mask
+};
+void RunCritic(comm::Communicator* tp, comm::Communicator* dp, int zero, const std::vector<int>& mine, double shift,
+               CriticTrace& out) {
+  auto be = runtime::MakeCpuBackend();
+  model::LlamaConfig c = Config();
+  c.tie_embeddings = false, c.value_head = true;
+  auto m = Llama::Create(c, be.get(), tp);
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_TRUE((*m)->InitRandom(4, 0.2f).ok());
+  OptimizerOptions o;
+  o.lr = 5e-3f, o.min_lr = 5e-3f, o.warmup_steps = 0, o.total_steps = 3, o.clip_norm = 1.f, o.zero = zero;
+  auto t = Trainer::Create(m->get(), be.get(), dp, tp, o);
+  ASSERT_TRUE(t.ok()) << t.status();
+  const std::vector<TokenBatch> all = MicroBatches();
+  std::vector<TokenBatch> batches;
+  for (int i : mine) batches.push_back(all[i]);
+  auto returns_of = [](const TokenBatch& b, size_t k) { return k < static_cast<size_t>(b.cu_seqlens[1]) ? 1.0 : -0.5; };
+  auto error = [&]() {
+    double e = 0, n = 0;
+    for (const TokenBatch& b : batches) {
+      auto v = (*m)->TokenValues(b);
+      EXPECT_TRUE(v.ok()) << v.status();
+      const auto mask = ResponseMask(b, 3);
+      for (size_t k = 0; v.ok() && k < v->size(); ++k) e += mask[k] * std::pow((*v)[k] - returns_of(b, k), 2), n += mask[k];
+    }
+    return e / n;
+  };
+  out.error_before = error();
+  for (int step = 0; step < 3; ++step) {
+    std::vector<Trainer::ValueTokens> tokens(batches.size());
+    for (size_t i = 0; i < batches.size(); ++i) {
+      const TokenBatch& b = batches[i];
+      auto v = (*m)->TokenValues(b);
+      ASSERT_TRUE(v.ok()) << v.status();
+      for (size_t k = 0; k < v->size(); ++k) {
+        tokens[i].old_value.push_back((*v)[k] + shift * step * (k % 2 ? 1 : -1));
+        tokens[i].returns.push_back(returns_of(b, k));
+      }
+      tokens[i].mask = ResponseMask(b, 3);
+    }
+    auto s = (*t)->ValueStep(batches, tokens, 0.2);
+    ASSERT_TRUE(s.ok()) << s.status();
+    out.steps.push_back(*s);
+  }
+  out.error_after = error();
+  for (auto& p : (*m)->params()) out.weights[p.name()] = *(*m)->GatherGlobal(p, /*grad=*/false);
+}
+
+TEST(ValueStep, DpAndTpEqualOneRankAndTheCriticFitsTheReturns) {
+  CriticTrace fit;
+  RunCritic(nullptr, nullptr, 0, {0, 1}, 0.0, fit);
+  ASSERT_EQ(fit.steps.size(), 3u);
+  EXPECT_LT(fit.error_after, 0.5 * fit.error_before);  // the values move toward the returns
+  EXPECT_LT(fit.steps[2].loss, fit.steps[0].loss);
+  CriticTrace one;
+  RunCritic(nullptr, nullptr, 0, {0, 1}, 0.3, one);
+  ASSERT_EQ(one.steps.size(), 3u);
+  EXPECT_GT(one.steps[2].clip_fraction, 0);
+  EXPECT_EQ(one.steps[0].tokens, 12);
+  struct L { const char* name; int tp, dp, zero; };
+  for (L l : {L{"dp2", 1, 2, 0}, L{"dp2_zero1", 1, 2, 1}, L{"tp2", 2, 1, 0}}) {
+    SCOPED_TRACE(l.name);
+    tessera::testing::MemStore store;
+    const std::string key = RandomHex(4);
+    CriticTrace ranks[2];
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 2; ++r)
+      threads.emplace_back([&, r] {
+        auto c = comm::MakeGlooCommunicator(l.name, key, r, 2, &store, {"127.0.0.1", 60000});
+        ASSERT_TRUE(c.ok()) << c.status();
+        if (l.tp == 2) RunCritic(c->get(), nullptr, 0, {0, 1}, 0.3, ranks[r]);
+        else RunCritic(nullptr, c->get(), l.zero, {r}, 0.3, ranks[r]);
+      });
+    for (auto& t : threads) t.join();
+    for (int r = 0; r < 2; ++r) {
+      SCOPED_TRACE(::testing::Message() << "rank " << r);
+      ASSERT_EQ(ranks[r].steps.size(), 3u);
+      for (int s = 0; s < 3; ++s) {
+        EXPECT_NEAR(ranks[r].steps[s].loss, one.steps[s].loss, 1e-5 * one.steps[s].loss);
+        EXPECT_NEAR(ranks[r].steps[s].clip_fraction, one.steps[s].clip_fraction, 1e-6);
+        EXPECT_NEAR(ranks[r].steps[s].value, one.steps[s].value, 1e-5 * std::abs(one.steps[s].value) + 1e-6);
+        EXPECT_NEAR(ranks[r].steps[s].grad_norm, one.steps[s].grad_norm, 1e-5 * one.steps[s].grad_norm);
+      }
+      for (auto& [name, w] : one.weights) EXPECT_LT(model::test::RelDiff(ranks[r].weights.at(name), w), 1e-5) << name;
+    }
+  }
+  // Bad input names the field; a model without a value head is refused.
+  auto be = runtime::MakeCpuBackend();
+  model::LlamaConfig c = Config();
+  c.tie_embeddings = false, c.value_head = true;
+  auto m = Llama::Create(c, be.get());
+  ASSERT_TRUE(m.ok());
+  auto t = Trainer::Create(m->get(), be.get(), nullptr, nullptr, OptimizerOptions());
+  ASSERT_TRUE(t.ok());
+  const TokenBatch b = MicroBatches()[0];
+  Trainer::ValueTokens v{std::vector<double>(b.size(), 0.0), std::vector<double>(b.size() - 1, 0.0), ResponseMask(b, 3)};
+  EXPECT_THAT(std::string((*t)->ValueStep({b}, {v}, 0.2).status().message()),
+              HasSubstr("micro-batch 0 has 15 tokens; old_value, returns and mask need one value each"));
+  auto lm = Llama::Create(Config(), be.get());
+  ASSERT_TRUE(lm.ok());
+  auto tl = Trainer::Create(lm->get(), be.get(), nullptr, nullptr, OptimizerOptions());
+  ASSERT_TRUE(tl.ok());
+  v.returns.push_back(0.0);
+  EXPECT_THAT(std::string((*tl)->ValueStep({b}, {v}, 0.2).status().message()), HasSubstr("values need a critic"));
+}
+
 // The entropy bonus alone (advantages 0, so the surrogate has no gradient) raises the
 // predictive entropy of the counted tokens; PolicyStats::entropy is their mean before.
 TEST(PolicyStep, EntropyBonusRaisesTheEntropy) {
