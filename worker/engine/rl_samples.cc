@@ -1,0 +1,81 @@
+#include "worker/engine/rl_samples.h"
+
+#include "common/status.h"
+#include "worker/engine/rollout.h"
+
+namespace tessera::engine {
+
+RlSample MakeRlSample(const std::vector<int32_t>& prompt, const std::vector<int32_t>& completion) {
+  RlSample s;
+  s.batch = CompletionSequence(prompt, completion, &s.mask);
+  return s;
+}
+
+model::TokenBatch PackSamples(const std::vector<RlSample>& samples, size_t begin, size_t end) {
+  model::TokenBatch batch;
+  batch.cu_seqlens = {0};
+  for (size_t i = begin; i < end; ++i) {
+    const model::TokenBatch& b = samples[i].batch;
+    batch.tokens.insert(batch.tokens.end(), b.tokens.begin(), b.tokens.end());
+    batch.targets.insert(batch.targets.end(), b.targets.begin(), b.targets.end());
+    batch.positions.insert(batch.positions.end(), b.positions.begin(), b.positions.end());
+    batch.cu_seqlens.push_back(static_cast<int32_t>(batch.tokens.size()));
+  }
+  return batch;
+}
+
+namespace {
+void Append(std::vector<double>& to, const std::vector<double>& from) { to.insert(to.end(), from.begin(), from.end()); }
+}  // namespace
+
+void PackPolicy(const std::vector<RlSample>& samples, size_t begin, size_t end, model::TokenBatch* batch,
+                Trainer::PolicyTokens* tokens) {
+  *batch = PackSamples(samples, begin, end);
+  for (size_t i = begin; i < end; ++i) {
+    const RlSample& s = samples[i];
+    Append(tokens->mask, s.mask), Append(tokens->old_logp, s.old_logp), Append(tokens->ref_logp, s.ref_logp);
+    Append(tokens->advantage, s.advantage);
+  }
+}
+
+void PackValue(const std::vector<RlSample>& samples, size_t begin, size_t end, model::TokenBatch* batch,
+               Trainer::ValueTokens* tokens) {
+  *batch = PackSamples(samples, begin, end);
+  for (size_t i = begin; i < end; ++i) {
+    const RlSample& s = samples[i];
+    Append(tokens->mask, s.mask), Append(tokens->old_value, s.old_value), Append(tokens->returns, s.returns);
+  }
+}
+
+namespace {
+template <typename Forward>
+absl::Status Fill(std::vector<RlSample>& samples, int parts, std::vector<double> RlSample::*field, Forward forward) {
+  const size_t total = samples.size();
+  for (int mb = 0; mb < parts; ++mb) {
+    const size_t begin = total * mb / parts, end = total * (mb + 1) / parts;
+    TESSERA_ASSIGN_OR_RETURN(std::vector<float> got, forward(PackSamples(samples, begin, end)));
+    size_t at = 0;
+    for (size_t i = begin; i < end; ++i) {
+      const size_t n = samples[i].batch.size();
+      (samples[i].*field).assign(got.begin() + at, got.begin() + at + n);
+      at += n;
+    }
+  }
+  return absl::OkStatus();
+}
+}  // namespace
+
+absl::Status FillLogProbs(model::Llama& m, std::vector<RlSample>& samples, int parts,
+                          std::vector<double> RlSample::*field) {
+  return Fill(samples, parts, field, [&](const model::TokenBatch& b) -> absl::StatusOr<std::vector<float>> {
+    TESSERA_ASSIGN_OR_RETURN(model::Llama::TokenStats st, m.TokenLogProbs(b));
+    return std::move(st.logprob);
+  });
+}
+
+absl::Status FillValues(model::Llama& critic, std::vector<RlSample>& samples, int parts) {
+  return Fill(samples, parts, &RlSample::old_value,
+              [&](const model::TokenBatch& b) { return critic.TokenValues(b); });
+}
+
+}  // namespace tessera::engine

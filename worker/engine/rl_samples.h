@@ -1,0 +1,40 @@
+// The samples of one RL step on one rank (worker/engine/grpo.cc, ppo.cc): each completion
+// as a sequence of its prompt and its tokens (CompletionSequence: entry t is the target
+// of token t) with its per-token RL inputs, packed into micro-batches (varlen: each
+// sample attends to itself) for the reference's and the old policy's log-probs, the
+// critic's values and the updates.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "worker/engine/trainer.h"
+#include "worker/model/llama.h"
+
+namespace tessera::engine {
+
+struct RlSample {
+  model::TokenBatch batch;
+  // Per token: mask (1: a response token that counts), the reference's and the old
+  // policy's log-probs, the advantage, the critic's value before the update, the return.
+  std::vector<double> mask, ref_logp, old_logp, advantage, old_value, returns;
+};
+
+RlSample MakeRlSample(const std::vector<int32_t>& prompt, const std::vector<int32_t>& completion);
+
+// Samples [begin, end) packed into one micro-batch.
+model::TokenBatch PackSamples(const std::vector<RlSample>& samples, size_t begin, size_t end);
+// The same with the actor's (PolicyStep) or the critic's (ValueStep) per-token inputs.
+void PackPolicy(const std::vector<RlSample>& samples, size_t begin, size_t end, model::TokenBatch* batch,
+                Trainer::PolicyTokens* tokens);
+void PackValue(const std::vector<RlSample>& samples, size_t begin, size_t end, model::TokenBatch* batch,
+               Trainer::ValueTokens* tokens);
+
+// samples[i].*field from the model's log-probs (TokenLogProbs) or, for a critic, its
+// values (TokenValues): one forward per `parts` of the samples, packed, split back.
+absl::Status FillLogProbs(model::Llama& m, std::vector<RlSample>& samples, int parts,
+                          std::vector<double> RlSample::*field);
+absl::Status FillValues(model::Llama& critic, std::vector<RlSample>& samples, int parts);
+
+}  // namespace tessera::engine
