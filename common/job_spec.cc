@@ -320,11 +320,12 @@ absl::Status CheckStops(const std::string& field, const google::protobuf::Repeat
 absl::Status ParseRl(const YAML::Node& n, const std::string& path, v1::RlSpec* r) {
   TESSERA_RETURN_IF_ERROR(CheckKeys(n, path, {"group_size", "prompts_per_step", "max_new_tokens", "temperature", "kl_coef",
                                               "clip", "epochs", "mini_batches", "eval_every", "eval_problems", "reward_service",
-                                              "reward_timeout_s", "reward_ca_cert", "stop", "entropy_coef"}));
+                                              "reward_timeout_s", "reward_ca_cert", "stop", "entropy_coef", "gamma", "gae_lambda",
+                                              "value_clip", "critic_lr", "kl_reward_coef"}));
   for (const auto& kv : n) {
     const std::string k = kv.first.Scalar(), p = Join(path, k);
     const YAML::Node& v = kv.second;
-    if (k == "group_size") ASSIGN_INT(r->set_group_size, v, p, 2, 4096);
+    if (k == "group_size") ASSIGN_INT(r->set_group_size, v, p, 1, 4096);
     else if (k == "prompts_per_step") ASSIGN_INT(r->set_prompts_per_step, v, p, 1, 1000000);
     else if (k == "max_new_tokens") ASSIGN_INT(r->set_max_new_tokens, v, p, 1, 1000000);
     else if (k == "epochs") ASSIGN_INT(r->set_epochs, v, p, 1, 1000);
@@ -341,10 +342,16 @@ absl::Status ParseRl(const YAML::Node& n, const std::string& path, v1::RlSpec* r
       TESSERA_RETURN_IF_ERROR(ParseStops(v, p, r->mutable_stop()));
     }
     else {
-      TESSERA_ASSIGN_OR_RETURN(double d, AsDouble(v, p, k == "clip" ? 1e-6 : 0, k == "clip" ? 1 : 100));
+      const bool unit = k == "clip" || k == "gamma" || k == "gae_lambda";  // within (0, 1]
+      TESSERA_ASSIGN_OR_RETURN(double d, AsDouble(v, p, unit ? 1e-6 : 0, unit ? 1 : 100));
       if (k == "temperature") r->set_temperature(d);
       else if (k == "kl_coef") r->set_kl_coef(d);
       else if (k == "entropy_coef") r->set_entropy_coef(d);
+      else if (k == "gamma") r->set_gamma(d);
+      else if (k == "gae_lambda") r->set_gae_lambda(d);
+      else if (k == "value_clip") r->set_value_clip(d);
+      else if (k == "critic_lr") r->set_critic_lr(d);
+      else if (k == "kl_reward_coef") r->set_kl_reward_coef(d);
       else r->set_clip(d);
     }
   }
@@ -482,7 +489,8 @@ absl::StatusOr<JobSpec> ParseJobSpecYaml(absl::string_view yaml, const std::vect
 }
 
 bool IsRunnableKind(absl::string_view kind) {
-  return kind == "comm-check" || kind == "pretrain" || kind == "sft" || kind == "grpo" || kind == "generate";
+  return kind == "comm-check" || kind == "pretrain" || kind == "sft" || kind == "grpo" || kind == "ppo" ||
+         kind == "generate";
 }
 
 namespace {
@@ -568,14 +576,33 @@ static absl::Status ValidatePretrain(JobSpec& spec) {
 // "answer"} per line; held-out evaluation is for the arithmetic problems only), with a
 // layout the rollout engine runs (no pipeline, context or sequence parallelism).
 static absl::Status ValidateGrpo(JobSpec& spec) {
+  const std::string& kind = spec.kind();  // grpo or ppo
   const auto& l = spec.groups(0).layout();
   if (l.pp() > 1 || l.cp() > 1 || l.sp())
-    return Bad("groups[0].layout", absl::StrCat("grpo runs generation on the actor's model: no pp, cp or sp yet (pp=",
+    return Bad("groups[0].layout", absl::StrCat(kind, " runs generation on the actor's model: no pp, cp or sp yet (pp=",
                                                 l.pp(), ", cp=", l.cp(), ", sp=", l.sp() ? "true" : "false", ")"));
   if (spec.train().data().careless() > 0)
-    return Bad("train.data.careless", "is for sft/pretrain data: grpo's reward always checks the true sum");
+    return Bad("train.data.careless", absl::StrCat("is for sft/pretrain data: ", kind, "'s reward always checks the true sum"));
   auto* r = spec.mutable_rl();
+  const bool ppo = kind == "ppo";
+  if (ppo) {
+    if (r->group_size() == 0) r->set_group_size(1);
+    if (r->gamma() == 0) r->set_gamma(1.0);
+    if (r->gae_lambda() == 0) r->set_gae_lambda(0.95);
+    if (r->value_clip() == 0) r->set_value_clip(0.2);
+    if (r->critic_lr() == 0) r->set_critic_lr(spec.train().lr());
+    if (!spec.train().checkpoint().dir().empty())
+      return Bad("train.checkpoint.dir", "ppo does not save checkpoints yet (the critic's are not written); use load for a warm start");
+    if (!spec.train().export_hf().empty()) return Bad("train.export_hf", "ppo does not export yet");
+  } else {
+    for (auto [name, set] : {std::pair{"gamma", r->gamma() != 0}, std::pair{"gae_lambda", r->gae_lambda() != 0},
+                             std::pair{"value_clip", r->value_clip() != 0}, std::pair{"critic_lr", r->critic_lr() != 0},
+                             std::pair{"kl_reward_coef", r->kl_reward_coef() != 0}})
+      if (set) return Bad(absl::StrCat("rl.", name), "is for ppo jobs (grpo has no critic)");
+  }
   if (r->group_size() == 0) r->set_group_size(8);
+  if (!ppo && r->group_size() < 2)
+    return Bad("rl.group_size", absl::StrCat(r->group_size(), ": grpo needs >= 2 completions per prompt (group-normalized advantages)"));
   if (r->prompts_per_step() == 0) r->set_prompts_per_step(16);
   const bool arithmetic = spec.train().data().kind() == "arithmetic";
   if (r->max_new_tokens() == 0) r->set_max_new_tokens(arithmetic ? spec.train().data().digits() + 3 : 64);
@@ -720,9 +747,10 @@ absl::Status NormalizeAndValidateJobSpec(JobSpec& spec) {
       if (!k.ok()) return Bad(absl::StrCat("comm_check.groups[", i, "]"), k.status().message());
     }
   }
-  if (spec.kind() == "pretrain" || spec.kind() == "sft" || spec.kind() == "grpo") TESSERA_RETURN_IF_ERROR(ValidatePretrain(spec));
-  if (spec.kind() == "grpo") TESSERA_RETURN_IF_ERROR(ValidateGrpo(spec));
-  if (spec.kind() != "grpo" && spec.has_rl()) return Bad("rl", absl::StrCat("is only for grpo jobs, not ", spec.kind()));
+  const bool rl = spec.kind() == "grpo" || spec.kind() == "ppo";
+  if (spec.kind() == "pretrain" || spec.kind() == "sft" || rl) TESSERA_RETURN_IF_ERROR(ValidatePretrain(spec));
+  if (rl) TESSERA_RETURN_IF_ERROR(ValidateGrpo(spec));
+  if (!rl && spec.has_rl()) return Bad("rl", absl::StrCat("is only for grpo and ppo jobs, not ", spec.kind()));
   if (spec.kind() == "generate") TESSERA_RETURN_IF_ERROR(ValidateGenerate(spec));
   if (spec.kind() != "generate" && spec.has_generate())
     return Bad("generate", absl::StrCat("is only for generate jobs, not ", spec.kind()));

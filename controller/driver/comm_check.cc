@@ -109,7 +109,7 @@ absl::StatusOr<std::string> RunGenerate(DriverContext& ctx);  // driver/generate
 absl::StatusOr<DriverFn> BuiltinDriver(const std::string& kind) {
   if (kind == "comm-check") return DriverFn(RunCommCheck);
   if (kind == "pretrain" || kind == "sft") return DriverFn(RunPretrain);  // sft: loss on answers only
-  if (kind == "grpo") return DriverFn(RunGrpo);
+  if (kind == "grpo" || kind == "ppo") return DriverFn(RunGrpo);  // ppo: the critic rides along (driver/grpo.cc)
   if (kind == "generate") return DriverFn(RunGenerate);
   return absl::UnimplementedError(absl::StrCat("no driver for job kind '", kind, "' in this build"));
 }

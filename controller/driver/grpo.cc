@@ -12,7 +12,10 @@
 // continues from its checkpoint's step, and its result's first_step says where its
 // rewards start (1-based, as pretrain's losses). DESIGN §8's finer split — the driver calling
 // generate / log_probs / update and scoring the rewards itself — comes with split pools
-// and the reward service.
+// and the reward service. ppo jobs run through the same driver: their executors also
+// hold the critic, and the step's metrics add the critic's (value loss, value clip
+// fraction, mean value, critic grad norm — checked across ranks like the actor's — and
+// the values and critic-update times).
 #include <algorithm>
 #include <cmath>
 
@@ -38,7 +41,8 @@ absl::StatusOr<std::string> RunGrpo(DriverContext& ctx) {
   v1::Progress ready;
   ready.set_total_steps(steps);
   ready.set_step(static_cast<int32_t>(std::min<int64_t>(start, steps)));
-  ready.set_message(absl::StrCat("group '", name, "': ", inits.size(), " ranks ready for GRPO",
+  const bool ppo = spec.kind() == "ppo";
+  ready.set_message(absl::StrCat("group '", name, "': ", inits.size(), " ranks ready for ", ppo ? "PPO" : "GRPO",
                                  start > 0 ? absl::StrCat(", resumed from the checkpoint of step ", start) : ""));
   ctx.progress(ready);
   const int dp = std::max(1, spec.groups(0).layout().dp()), tp = std::max(1, spec.groups(0).layout().tp());
@@ -74,7 +78,7 @@ absl::StatusOr<std::string> RunGrpo(DriverContext& ctx) {
     // Every rank reports its DP rank's samples (TP peers the same ones): the mean over
     // ranks is the mean over DP ranks, each with the same number of samples.
     double reward = 0, length = 0, samples = 0;
-    double phase[4] = {0, 0, 0, 0};  // generate, ref, old, update: the slowest rank
+    double phase[6] = {0, 0, 0, 0, 0, 0};  // generate, ref, old, update (ppo: values, critic): the slowest rank
     double checkpoint_s = -1;
     json first;
     for (size_t r = 0; r < res.size(); ++r) {
@@ -85,7 +89,8 @@ absl::StatusOr<std::string> RunGrpo(DriverContext& ctx) {
       length += out["response_length"].get<double>() / res.size();
       samples += out["samples"].get<double>() / res.size() * dp;
       int i = 0;
-      for (const char* k : {"generate_s", "ref_s", "old_s", "update_s"}) phase[i] = std::max(phase[i], out[k].get<double>()), ++i;
+      for (const char* k : {"generate_s", "ref_s", "old_s", "update_s", "values_s", "critic_s"})
+        phase[i] = std::max(phase[i], out.value(k, 0.0)), ++i;
       checkpoint_s = std::max(checkpoint_s, out.value("checkpoint_seconds", -1.0));
       if (r == 0) {
         first = out;
@@ -93,12 +98,17 @@ absl::StatusOr<std::string> RunGrpo(DriverContext& ctx) {
                  1e-4 * std::abs(first["grad_norm"].get<double>()) + 1e-9) {
         return absl::DataLossError(absl::StrCat("step ", s, ": rank ", r, " reports grad norm ", out["grad_norm"].dump(),
                                                 " but rank 0 reports ", first["grad_norm"].dump()));
+      } else if (ppo && std::abs(out.value("critic_grad_norm", 0.0) - first.value("critic_grad_norm", 0.0)) >
+                            1e-4 * std::abs(first.value("critic_grad_norm", 0.0)) + 1e-9) {
+        return absl::DataLossError(absl::StrCat("step ", s, ": rank ", r, " reports critic grad norm ",
+                                                out.value("critic_grad_norm", 0.0), " but rank 0 reports ",
+                                                first.value("critic_grad_norm", 0.0)));
       }
     }
     rewards.push_back(reward);
     grad_norms.push_back(first["grad_norm"]);
     kls.push_back(first["kl"]);
-    const double seconds = phase[0] + phase[1] + phase[2] + phase[3];
+    const double seconds = phase[0] + phase[1] + phase[2] + phase[3] + phase[4] + phase[5];
     v1::Progress p;
     p.set_step(static_cast<int32_t>(s + 1));
     p.set_total_steps(steps);
@@ -112,6 +122,10 @@ absl::StatusOr<std::string> RunGrpo(DriverContext& ctx) {
     m["grad_norm"] = first["grad_norm"].get<double>();
     m["loss"] = first["loss"].get<double>();
     m["generate_s"] = phase[0], m["ref_s"] = phase[1], m["old_logprob_s"] = phase[2], m["update_s"] = phase[3];
+    if (ppo) {
+      for (const char* k : {"value_loss", "value_clip_fraction", "value", "critic_grad_norm"}) m[k] = first.value(k, 0.0);
+      m["values_s"] = phase[4], m["critic_update_s"] = phase[5];
+    }
     if (seconds > 0) m["samples_per_s"] = samples / seconds;
     if (checkpoint_s >= 0) {
       m["checkpoint_s"] = checkpoint_s;  // the slowest rank

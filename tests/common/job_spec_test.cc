@@ -86,7 +86,7 @@ TEST(JobSpec, BadInputNamesTheField) {
   }
   EXPECT_THAT(std::string(ParseAndValidate("name: [unclosed").message()), HasSubstr("not valid YAML"));
   EXPECT_THAT(std::string(ParseAndValidate("- a list").message()), HasSubstr("expected a mapping"));
-  EXPECT_EQ(ParseAndValidate(kGood, {"kind=ppo"}).code(), absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(ParseAndValidate(kGood, {"kind=evaluate"}).code(), absl::StatusCode::kUnimplemented);
 }
 
 TEST(JobSpec, Colocation) {
@@ -168,7 +168,36 @@ TEST(JobSpec, GrpoDefaultsAndRefusals) {
   EXPECT_THAT(std::string(check({"train.checkpoint.dir=ck"}).status().message()), HasSubstr("train.checkpoint.dir"));
   auto rl_on_pretrain = ParseJobSpecYaml(kPretrain, {"rl.group_size=4"});
   ASSERT_TRUE(rl_on_pretrain.ok());
-  EXPECT_THAT(std::string(NormalizeAndValidateJobSpec(*rl_on_pretrain).message()), HasSubstr("rl: is only for grpo jobs"));
+  EXPECT_THAT(std::string(NormalizeAndValidateJobSpec(*rl_on_pretrain).message()), HasSubstr("rl: is only for grpo and ppo jobs"));
+}
+
+// ppo: grpo's checks with its own defaults (one completion per prompt, GAE's gamma 1 and
+// lambda 0.95, value clip 0.2, the critic at train's lr); its fields refused on grpo.
+TEST(JobSpec, PpoDefaultsAndRefusals) {
+  auto check = [](std::vector<std::string> ov) {
+    ov.insert(ov.begin(), "kind=ppo");
+    return ValidSpec(kPretrain, ov);
+  };
+  auto ok = check({});
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->rl().group_size(), 1);
+  EXPECT_DOUBLE_EQ(ok->rl().gamma(), 1.0);
+  EXPECT_DOUBLE_EQ(ok->rl().gae_lambda(), 0.95);
+  EXPECT_DOUBLE_EQ(ok->rl().value_clip(), 0.2);
+  EXPECT_DOUBLE_EQ(ok->rl().critic_lr(), ok->train().lr());
+  auto set = check({"rl.gamma=0.99", "rl.gae_lambda=1", "rl.critic_lr=1e-3", "rl.kl_reward_coef=0.05", "rl.group_size=2"});
+  ASSERT_TRUE(set.ok()) << set.status();
+  EXPECT_DOUBLE_EQ(set->rl().critic_lr(), 1e-3);
+  EXPECT_DOUBLE_EQ(set->rl().kl_reward_coef(), 0.05);
+  EXPECT_THAT(std::string(check({"rl.gamma=1.5"}).status().message()), HasSubstr("rl.gamma"));
+  EXPECT_THAT(std::string(check({"train.checkpoint.dir=/ck"}).status().message()),
+              HasSubstr("train.checkpoint.dir: ppo does not save checkpoints yet"));
+  EXPECT_THAT(std::string(check({"groups.0.layout.sp=true", "groups.0.layout.tp=2", "groups.0.devices=4"}).status().message()),
+              HasSubstr("ppo runs generation on the actor's model"));
+  auto grpo = ValidSpec(kPretrain, {"kind=grpo", "rl.gamma=0.9"});
+  EXPECT_THAT(std::string(grpo.status().message()), HasSubstr("rl.gamma: is for ppo jobs"));
+  EXPECT_THAT(std::string(ValidSpec(kPretrain, {"kind=grpo", "rl.group_size=1"}).status().message()),
+              HasSubstr("grpo needs >= 2 completions per prompt"));
 }
 
 TEST(JobSpec, GenerateDefaultsAndRefusals) {

@@ -315,6 +315,30 @@ TEST(Cluster, GrpoStepsStreamTheirMetrics) {
   }
 }
 
+// A ppo job (actor + critic in each executor, dp 2 on CPU slots): the steps stream the
+// actor's and the critic's metrics and the job succeeds; the ranks agree on both gradient
+// norms (the driver checks).
+TEST(Cluster, PpoStepsStreamTheCriticsMetrics) {
+  auto c = Up({.agents = 1, .cpu_slots = 2});
+  v1::JobSpec spec = PretrainSpec(2, 1, 0, 2);
+  spec.set_kind("ppo");
+  spec.mutable_train()->mutable_data()->set_digits(1);
+  spec.mutable_rl()->set_group_size(2);
+  spec.mutable_rl()->set_prompts_per_step(4);
+  spec.mutable_rl()->set_kl_reward_coef(0.01);  // the reference's log-probs in the reward
+  spec.mutable_rl()->set_eval_problems(11);
+  std::ostringstream progress;
+  auto job = c->client().Watch(Submit(*c, spec), progress);
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_EQ(job->state(), v1::SUCCEEDED) << job->reason() << "\n" << progress.str();
+  EXPECT_THAT(progress.str(), HasSubstr("ready for PPO"));
+  for (const char* k : {"reward=", "value_loss=", "value_clip_fraction=", "critic_grad_norm=", "values_s=",
+                        "critic_update_s=", "kl=", "entropy="})
+    EXPECT_THAT(progress.str(), HasSubstr(k));
+  const auto result = nlohmann::json::parse(job->result_json());
+  EXPECT_EQ(result["rewards"].size(), 2u);
+}
+
 TEST(Cluster, KilledExecutorRestartsTheAttempt) {
   auto c = Up({.agents = 2, .cpu_slots = 2});
   std::string id = Submit(*c, CommCheckSpec(4, 2, 1, 1, 20));

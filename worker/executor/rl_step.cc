@@ -7,6 +7,7 @@
 #include "common/status.h"
 #include "worker/checkpoint/checkpoint.h"
 #include "worker/engine/grpo.h"
+#include "worker/engine/ppo.h"
 #include "worker/engine/weight_sync.h"
 #include "worker/executor/train.h"
 #include "common/grpc_util.h"
@@ -18,12 +19,28 @@ namespace tessera::executor {
 // of the same layout, filled by a colocated sync (a TP gather per tensor). The optimizer
 // (AdamW moments) and the step count start over for GRPO, as an RL actor's do — unless
 // the job resumes from its own checkpoint, which then loads over the actor.
-absl::Status TrainSession::MakeRl(const v1::JobSpec& spec, int dp_rank, int dps) {
+absl::Status TrainSession::MakeRl(const v1::JobSpec& spec, int dp_rank, int dps,
+                                  const engine::OptimizerOptions& actor_options) {
   rl_ = spec.rl();
   rl_dp_rank_ = dp_rank, rl_dps_ = dps;
   TESSERA_RETURN_IF_ERROR(trainer_->ResetOptimizerState());
   start_step_ = 0;
-  if (rl_.kl_coef() > 0) {
+  if (spec.kind() == "ppo") {  // the critic: the actor's weights (after the warm start) under a fresh value head
+    model::LlamaConfig cc = model_->config();
+    cc.value_head = true, cc.tie_embeddings = false;
+    TESSERA_ASSIGN_OR_RETURN(critic_, model::Llama::Create(cc, backend_.get(), tp_));
+    TESSERA_RETURN_IF_ERROR(critic_->InitRandom(spec.train().seed() + 1, 0.02f));
+    for (model::Param& p : critic_->params()) {
+      model::Param* a = model_->Find(p.name());
+      if (a == nullptr) continue;  // score.weight
+      TESSERA_ASSIGN_OR_RETURN(std::vector<float> whole, model_->GatherGlobal(*a, /*grad=*/false));
+      TESSERA_RETURN_IF_ERROR(critic_->SetGlobal(p, whole));
+    }
+    engine::OptimizerOptions co = actor_options;
+    co.lr = static_cast<float>(rl_.critic_lr()), co.min_lr = std::min(co.min_lr, co.lr);
+    TESSERA_ASSIGN_OR_RETURN(critic_trainer_, engine::Trainer::Create(critic_.get(), backend_.get(), dp_, tp_, co));
+  }
+  if (rl_.kl_coef() > 0 || rl_.kl_reward_coef() > 0) {
     TESSERA_ASSIGN_OR_RETURN(reference_, model::Llama::Create(model_->config(), backend_.get(), tp_));
     TESSERA_RETURN_IF_ERROR(engine::SyncColocated(*model_, *reference_));
   }
@@ -137,15 +154,6 @@ absl::StatusOr<std::string> TrainSession::RlStep(int64_t step) {
     std::vector<int32_t>& tokens = prompts.emplace_back();  // bytes are tokens of the byte tokenizer
     for (unsigned char c : prompt) tokens.push_back(c);
   }
-  engine::GrpoOptions o;
-  o.group_size = rl_.group_size();
-  o.sampling.temperature = static_cast<float>(rl_.temperature());
-  o.sampling.max_new_tokens = rl_.max_new_tokens();
-  o.sampling.stop_tokens = stop_tokens_;
-  o.loss.kl_coef = rl_.kl_coef();
-  o.loss.entropy_coef = rl_.entropy_coef();
-  o.loss.clip_low = o.loss.clip_high = rl_.clip();
-  o.epochs = rl_.epochs(), o.mini_batches = rl_.mini_batches();
   const engine::BatchRewardFn reward = [&](const std::vector<engine::Completion>& cs) -> absl::StatusOr<std::vector<double>> {
     if (!rl_.reward_service().empty()) return ServiceRewards(step, prompts, answers, cs);
     std::vector<double> r;  // built in: exact match of the answer (JSONL: of the extracted final answer)
@@ -155,8 +163,19 @@ absl::StatusOr<std::string> TrainSession::RlStep(int64_t step) {
     }
     return r;
   };
-  TESSERA_ASSIGN_OR_RETURN(engine::GrpoStats st, engine::GrpoStep(*rollout_, *model_, *trainer_, reference_.get(), prompts,
-                                                                  reward, o, static_cast<uint64_t>(step) * 1009 + rl_dp_rank_));
+  const uint64_t seed = static_cast<uint64_t>(step) * 1009 + rl_dp_rank_;
+  if (critic_ != nullptr) return PpoStep(step, prompts, reward, seed, per_rank);
+  engine::GrpoOptions o;
+  o.group_size = rl_.group_size();
+  o.sampling.temperature = static_cast<float>(rl_.temperature());
+  o.sampling.max_new_tokens = rl_.max_new_tokens();
+  o.sampling.stop_tokens = stop_tokens_;
+  o.loss.kl_coef = rl_.kl_coef();
+  o.loss.entropy_coef = rl_.entropy_coef();
+  o.loss.clip_low = o.loss.clip_high = rl_.clip();
+  o.epochs = rl_.epochs(), o.mini_batches = rl_.mini_batches();
+  TESSERA_ASSIGN_OR_RETURN(engine::GrpoStats st,
+                           engine::GrpoStep(*rollout_, *model_, *trainer_, reference_.get(), prompts, reward, o, seed));
   TESSERA_ASSIGN_OR_RETURN(const double checkpoint_secs, SaveAfter(step + 1));
   return nlohmann::json{{"step", step},
                         {"reward", st.reward},
@@ -172,6 +191,44 @@ absl::StatusOr<std::string> TrainSession::RlStep(int64_t step) {
                         {"old_s", st.old_s},
                         {"update_s", st.update_s},
                         {"checkpoint_seconds", checkpoint_secs}}
+      .dump();
+}
+
+absl::StatusOr<std::string> TrainSession::PpoStep(int64_t step, const std::vector<std::vector<int32_t>>& prompts,
+                                                  const engine::BatchRewardFn& reward, uint64_t seed, int64_t per_rank) {
+  engine::PpoOptions o;
+  o.samples_per_prompt = rl_.group_size();
+  o.sampling.temperature = static_cast<float>(rl_.temperature());
+  o.sampling.max_new_tokens = rl_.max_new_tokens();
+  o.sampling.stop_tokens = stop_tokens_;
+  o.loss.kl_coef = rl_.kl_coef();
+  o.loss.entropy_coef = rl_.entropy_coef();
+  o.loss.clip_low = o.loss.clip_high = rl_.clip();
+  o.kl_reward_coef = rl_.kl_reward_coef();
+  o.gamma = rl_.gamma(), o.lambda = rl_.gae_lambda(), o.value_clip = rl_.value_clip();
+  o.epochs = rl_.epochs(), o.mini_batches = rl_.mini_batches();
+  TESSERA_ASSIGN_OR_RETURN(engine::PpoStats st, engine::PpoStep(*rollout_, *model_, *trainer_, *critic_, *critic_trainer_,
+                                                                reference_.get(), prompts, reward, o, seed));
+  return nlohmann::json{{"step", step},
+                        {"reward", st.reward},
+                        {"response_length", st.response_length},
+                        {"loss", st.loss},
+                        {"kl", st.kl},
+                        {"clip_fraction", st.clip_fraction},
+                        {"entropy", st.entropy},
+                        {"grad_norm", st.grad_norm},
+                        {"value_loss", st.value_loss},
+                        {"value_clip_fraction", st.value_clip_fraction},
+                        {"value", st.value},
+                        {"critic_grad_norm", st.critic_grad_norm},
+                        {"samples", per_rank * rl_.group_size()},
+                        {"generate_s", st.generate_s},
+                        {"ref_s", st.ref_s},
+                        {"old_s", st.old_s},
+                        {"values_s", st.values_s},
+                        {"update_s", st.update_s},
+                        {"critic_s", st.critic_s},
+                        {"checkpoint_seconds", -1.0}}
       .dump();
 }
 

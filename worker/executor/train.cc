@@ -77,7 +77,8 @@ absl::StatusOr<std::unique_ptr<TrainSession>> TrainSession::Create(const v1::Job
   TESSERA_ASSIGN_OR_RETURN(s->trainer_, engine::Trainer::Create(s->model_.get(), s->backend_.get(), dp, tp, o, pp));
   s->data_ = {t.data().digits(), t.seed(), m.seq_len(), /*answer_only=*/spec.kind() == "sft"};
   s->data_.careless = t.data().careless();
-  if (t.data().kind() == "jsonl" && spec.kind() != "grpo") {  // grpo's prompts: MakeRl
+  const bool rl = spec.kind() == "grpo" || spec.kind() == "ppo";
+  if (t.data().kind() == "jsonl" && !rl) {  // grpo's and ppo's prompts: MakeRl
     TESSERA_ASSIGN_OR_RETURN(engine::JsonlData d, engine::LoadJsonl(t.data().path(), m.seq_len()));
     s->jsonl_ = std::make_unique<engine::JsonlData>(std::move(d));
   }
@@ -100,9 +101,9 @@ absl::StatusOr<std::unique_ptr<TrainSession>> TrainSession::Create(const v1::Job
   // its own checkpoints (train.checkpoint.dir) load over the actor once the reference is
   // made (MakeRl).
   v1::CheckpointSpec start = t.checkpoint();
-  if (spec.kind() == "grpo") start.clear_dir();
+  if (rl) start.clear_dir();
   TESSERA_RETURN_IF_ERROR(s->Resume(start));
-  if (spec.kind() == "grpo") TESSERA_RETURN_IF_ERROR(s->MakeRl(spec, dp_rank, dps));
+  if (rl) TESSERA_RETURN_IF_ERROR(s->MakeRl(spec, dp_rank, dps, o));
   return s;
 }
 

@@ -18,6 +18,7 @@
 #include "tessera/v1/common.pb.h"
 #include "tessera/v1/reward_service.grpc.pb.h"
 #include "worker/engine/data.h"
+#include "worker/engine/grpo.h"
 #include "worker/engine/rollout.h"
 #include "worker/engine/trainer.h"
 #include "worker/executor/executor.h"
@@ -39,7 +40,7 @@ class TrainSession {
   absl::StatusOr<std::string> Step(int64_t step);
   // The step count of the checkpoint the session started from (0: none).
   int64_t start_step() const { return start_step_; }
-  // grpo jobs (source: rl_step.cc): GRPO step `step` (0-based; any order) on this DP
+  // grpo and ppo jobs (source: rl_step.cc): GRPO step `step` (0-based; any order) on this DP
   // rank's share of the step's arithmetic problems — engine::GrpoStep with an
   // exact-match reward, the frozen reference made at creation (the starting weights: a
   // train.checkpoint.load warm start or the initialization). Its statistics as JSON:
@@ -50,6 +51,8 @@ class TrainSession {
   // session (start_step() = N) loads the directory's latest into the actor — weights,
   // AdamW moments, the optimizer's step count (N x epochs x mini-batches) — while the
   // reference stays the warm start: steps N.. then repeat an uninterrupted run's.
+  // ppo jobs: engine::PpoStep instead, with the critic (no checkpoints yet); the JSON
+  // also has value_loss, value_clip_fraction, value, critic_grad_norm, values_s, critic_s.
   absl::StatusOr<std::string> RlStep(int64_t step);
   // grpo jobs: greedy exact-match accuracy of the current policy on this DP rank's share
   // of held-out problems [0, problems) (engine::ArithmeticData::held_out: operand pairs
@@ -60,7 +63,7 @@ class TrainSession {
   TrainSession() = default;
   absl::Status Resume(const v1::CheckpointSpec& ck);
   absl::StatusOr<double> SaveAfter(int64_t done);
-  absl::Status MakeRl(const v1::JobSpec& spec, int dp_rank, int dps);
+  absl::Status MakeRl(const v1::JobSpec& spec, int dp_rank, int dps, const engine::OptimizerOptions& actor_options);
   std::unique_ptr<runtime::Backend> backend_;
   std::unique_ptr<model::Llama> model_;
   std::unique_ptr<engine::Trainer> trainer_;
@@ -83,6 +86,10 @@ class TrainSession {
   v1::RlSpec rl_;
   std::unique_ptr<model::Llama> reference_;
   std::unique_ptr<engine::RolloutEngine> rollout_;
+  // ppo: the critic (the actor's shape with a value head, started from the actor's
+  // weights and a fresh head) and its trainer (rl.critic_lr; the actor's other options).
+  std::unique_ptr<model::Llama> critic_;
+  std::unique_ptr<engine::Trainer> critic_trainer_;
   int rl_dp_rank_ = 0, rl_dps_ = 1;
   std::vector<engine::PromptAnswer> prompts_;  // train.data.kind jsonl (empty: the arithmetic problems)
   std::vector<int32_t> stop_tokens_;           // rl.stop
@@ -90,6 +97,8 @@ class TrainSession {
   std::unique_ptr<v1::RewardService::Stub> reward_;  // rl.reward_service (TP rank 0 calls it)
   // The rewards of this rank's completions from the reward service: TP rank 0 calls it
   // and broadcasts the rewards (or the failure) over TP, so TP peers never disagree.
+  absl::StatusOr<std::string> PpoStep(int64_t step, const std::vector<std::vector<int32_t>>& prompts,
+                                      const engine::BatchRewardFn& reward, uint64_t seed, int64_t per_rank);
   absl::StatusOr<std::vector<double>> ServiceRewards(int64_t step, const std::vector<std::vector<int32_t>>& prompts,
                                                      const std::vector<std::string>& answers,
                                                      const std::vector<engine::Completion>& completions);
