@@ -591,9 +591,6 @@ static absl::Status ValidateGrpo(JobSpec& spec) {
     if (r->gae_lambda() == 0) r->set_gae_lambda(0.95);
     if (r->value_clip() == 0) r->set_value_clip(0.2);
     if (r->critic_lr() == 0) r->set_critic_lr(spec.train().lr());
-    if (!spec.train().checkpoint().dir().empty())
-      return Bad("train.checkpoint.dir", "ppo does not save checkpoints yet (the critic's are not written); use load for a warm start");
-    if (!spec.train().export_hf().empty()) return Bad("train.export_hf", "ppo does not export yet");
   } else {
     for (auto [name, set] : {std::pair{"gamma", r->gamma() != 0}, std::pair{"gae_lambda", r->gae_lambda() != 0},
                              std::pair{"value_clip", r->value_clip() != 0}, std::pair{"critic_lr", r->critic_lr() != 0},

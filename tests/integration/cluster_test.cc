@@ -339,6 +339,48 @@ TEST(Cluster, PpoStepsStreamTheCriticsMetrics) {
   EXPECT_EQ(result["rewards"].size(), 2u);
 }
 
+// ppo checkpoints: 2 steps saved into a directory (the critic under dir/critic, same
+// step), then the same job with 4 steps resumes at step 3 — and steps 3 and 4 repeat a
+// straight 4-step run's rewards and both gradient norms exactly (constant LR; the critic
+// decides step 3's advantages, so without its checkpoint they would differ).
+TEST(Cluster, PpoResumesActorAndCriticFromItsCheckpoint) {
+  auto c = Up({.agents = 1, .cpu_slots = 2});
+  auto spec_of = [&](int steps) {
+    v1::JobSpec spec = PretrainSpec(2, 1, 0, steps);
+    spec.set_kind("ppo");
+    spec.mutable_train()->mutable_data()->set_digits(1);
+    spec.mutable_train()->set_lr(1e-2), spec.mutable_train()->set_min_lr(1e-2), spec.mutable_train()->set_warmup_steps(0);
+    spec.mutable_rl()->set_group_size(2);
+    spec.mutable_rl()->set_prompts_per_step(4);
+    spec.mutable_rl()->set_eval_problems(4);
+    return spec;
+  };
+  auto run = [&](const v1::JobSpec& spec) {
+    std::ostringstream progress;
+    auto job = c->client().Watch(Submit(*c, spec), progress);
+    EXPECT_TRUE(job.ok()) << job.status();
+    EXPECT_EQ(job.ok() ? job->state() : v1::FAILED, v1::SUCCEEDED) << (job.ok() ? job->reason() : "") << progress.str();
+    return job.ok() ? nlohmann::json::parse(job->result_json(), nullptr, false) : nlohmann::json();
+  };
+  const auto straight = run(spec_of(4));
+  ASSERT_EQ(straight["grad_norms"].size(), 4u) << straight.dump();
+  const std::string dir = c->dir() + "/ppo-ckpt";
+  v1::JobSpec first = spec_of(2);
+  first.mutable_train()->mutable_checkpoint()->set_dir(dir);
+  run(first);
+  EXPECT_TRUE(ReadFile(dir + "/critic/latest").ok());
+  EXPECT_TRUE(ReadFile(dir + "/latest").ok());
+  v1::JobSpec second = spec_of(4);
+  second.mutable_train()->mutable_checkpoint()->set_dir(dir);
+  const auto resumed = run(second);
+  ASSERT_EQ(resumed["first_step"], 3) << resumed.dump();
+  ASSERT_EQ(resumed["grad_norms"].size(), 2u);
+  for (int k = 0; k < 2; ++k) {
+    EXPECT_EQ(resumed["rewards"][k], straight["rewards"][k + 2]) << "step " << k + 3;
+    EXPECT_EQ(resumed["grad_norms"][k], straight["grad_norms"][k + 2]) << "step " << k + 3;
+  }
+}
+
 TEST(Cluster, KilledExecutorRestartsTheAttempt) {
   auto c = Up({.agents = 2, .cpu_slots = 2});
   std::string id = Submit(*c, CommCheckSpec(4, 2, 1, 1, 20));

@@ -65,6 +65,13 @@ absl::Status TrainSession::MakeRl(const v1::JobSpec& spec, int dp_rank, int dps,
     if (latest.ok()) {
       TESSERA_ASSIGN_OR_RETURN(start_step_, checkpoint::LoadCheckpoint(*latest, {model_.get(), trainer_.get(), tp_, dp_, pp_}));
       trainer_->set_step(start_step_ * rl_.epochs() * rl_.mini_batches());  // the LR schedule and AdamW step
+      if (critic_ != nullptr) {  // the critic of the same step (saved before the actor's)
+        const std::string critic_dir = absl::StrCat(checkpoint_.dir(), "/critic/", checkpoint::StepDirName(start_step_));
+        TESSERA_ASSIGN_OR_RETURN(const int64_t cs, checkpoint::LoadCheckpoint(critic_dir, {critic_.get(), critic_trainer_.get(), tp_, dp_, nullptr}));
+        if (cs != start_step_)
+          return absl::DataLossError(absl::StrCat(critic_dir, ": the critic's checkpoint is of step ", cs, ", the actor's of ", start_step_));
+        critic_trainer_->set_step(start_step_ * rl_.epochs() * rl_.mini_batches());
+      }
     }
   }
   if (!rl_.reward_service().empty() && (tp_ == nullptr || tp_->rank() == 0)) {
@@ -209,6 +216,7 @@ absl::StatusOr<std::string> TrainSession::PpoStep(int64_t step, const std::vecto
   o.epochs = rl_.epochs(), o.mini_batches = rl_.mini_batches();
   TESSERA_ASSIGN_OR_RETURN(engine::PpoStats st, engine::PpoStep(*rollout_, *model_, *trainer_, *critic_, *critic_trainer_,
                                                                 reference_.get(), prompts, reward, o, seed));
+  TESSERA_ASSIGN_OR_RETURN(const double checkpoint_secs, SaveAfter(step + 1));
   return nlohmann::json{{"step", step},
                         {"reward", st.reward},
                         {"response_length", st.response_length},
@@ -228,7 +236,7 @@ absl::StatusOr<std::string> TrainSession::PpoStep(int64_t step, const std::vecto
                         {"values_s", st.values_s},
                         {"update_s", st.update_s},
                         {"critic_s", st.critic_s},
-                        {"checkpoint_seconds", -1.0}}
+                        {"checkpoint_seconds", checkpoint_secs}}
       .dump();
 }
 

@@ -135,6 +135,11 @@ absl::StatusOr<double> TrainSession::SaveAfter(int64_t done) {
   const int64_t every = checkpoint_.save_every();
   if (!checkpoint_.dir().empty() && ((every > 0 && done % every == 0) || done == total_steps_)) {
     const auto c0 = std::chrono::steady_clock::now();
+    // ppo: the critic first (under dir/critic, same step), so that the actor's `latest`
+    // never names a step whose critic is missing.
+    if (critic_ != nullptr)
+      TESSERA_RETURN_IF_ERROR(checkpoint::SaveCheckpoint(checkpoint_.dir() + "/critic", done,
+                                                         {critic_.get(), critic_trainer_.get(), tp_, dp_, nullptr}));
     TESSERA_RETURN_IF_ERROR(checkpoint::SaveCheckpoint(checkpoint_.dir(), done, {model_.get(), trainer_.get(), tp_, dp_, pp_}));
     checkpoint_secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count();
   }

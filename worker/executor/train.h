@@ -51,7 +51,8 @@ class TrainSession {
   // session (start_step() = N) loads the directory's latest into the actor — weights,
   // AdamW moments, the optimizer's step count (N x epochs x mini-batches) — while the
   // reference stays the warm start: steps N.. then repeat an uninterrupted run's.
-  // ppo jobs: engine::PpoStep instead, with the critic (no checkpoints yet); the JSON
+  // ppo jobs: engine::PpoStep instead, with the critic (checkpointed under dir/critic,
+  // saved before the actor and resumed at the actor's step); the JSON
   // also has value_loss, value_clip_fraction, value, critic_grad_norm, values_s, critic_s.
   absl::StatusOr<std::string> RlStep(int64_t step);
   // grpo jobs: greedy exact-match accuracy of the current policy on this DP rank's share
