@@ -39,29 +39,13 @@ absl::StatusOr<GrpoStats> GrpoStep(RolloutEngine& rollout, model::Llama& actor, 
   if (static_cast<size_t>(o.mini_batches) > total)
     return absl::InvalidArgumentError(absl::StrCat("grpo: ", o.mini_batches, " mini-batches of ", total, " samples"));
   GrpoStats stats;
-  // Generate: group_size samples of every prompt, each prompt its own seed.
-  Clock::time_point t = Clock::now();
-  std::vector<GenerationRequest> requests(prompts.size());
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    requests[i].prompt = prompts[i];
-    requests[i].params = o.sampling;
-    requests[i].params.n = o.group_size;
-    requests[i].params.seed = seed * 1000003ull + i * 7919ull;
-  }
-  TESSERA_ASSIGN_OR_RETURN(std::vector<Completion> completions, rollout.Generate(requests));
-  stats.generate_s = Since(t);
-  // Rewards and group-normalized advantages (completions come ordered by prompt, sample).
-  TESSERA_ASSIGN_OR_RETURN(std::vector<double> rewards, reward(completions));
-  if (rewards.size() != completions.size())
-    return absl::InvalidArgumentError(absl::StrCat("grpo: ", rewards.size(), " rewards for ", completions.size(), " completions"));
-  std::vector<RlSample> samples;
-  for (size_t i = 0; i < completions.size(); ++i) {
-    const Completion& c = completions[i];
-    if (!std::isfinite(rewards[i])) return absl::InvalidArgumentError(absl::StrCat("grpo: reward ", i, " is not finite"));
-    samples.push_back(MakeRlSample(prompts[c.request], c.tokens));
-    stats.reward += rewards[i] / total;
-    stats.response_length += static_cast<double>(c.tokens.size()) / total;
-  }
+  // Generate group_size samples of every prompt, score them; group-normalized
+  // advantages (completions come ordered by prompt, sample).
+  TESSERA_ASSIGN_OR_RETURN(Rollouts got, GenerateAndScore(rollout, prompts, o.sampling, o.group_size, seed, reward, "grpo"));
+  std::vector<RlSample>& samples = got.samples;
+  const std::vector<double>& rewards = got.rewards;
+  stats.reward = got.reward, stats.response_length = got.response_length, stats.generate_s = got.generate_s;
+  Clock::time_point t;
   rl::GroupAdvantageOptions ao = o.advantages;
   ao.group_size = o.group_size;
   TESSERA_ASSIGN_OR_RETURN(std::vector<double> adv, rl::GroupNormalizedAdvantages(rewards, ao));

@@ -71,27 +71,13 @@ absl::StatusOr<PpoStats> PpoStep(RolloutEngine& rollout, model::Llama& actor, Tr
   TESSERA_RETURN_IF_ERROR(Check(o, reference, prompts.size()));
   if (!critic.config().value_head) return absl::InvalidArgumentError("ppo: the critic needs a value head");
   PpoStats stats;
-  Clock::time_point t = Clock::now();
-  std::vector<GenerationRequest> requests(prompts.size());
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    requests[i].prompt = prompts[i];
-    requests[i].params = o.sampling;
-    requests[i].params.n = o.samples_per_prompt;
-    requests[i].params.seed = seed * 1000003ull + i * 7919ull;
-  }
-  TESSERA_ASSIGN_OR_RETURN(std::vector<Completion> completions, rollout.Generate(requests));
-  stats.generate_s = Since(t);
-  TESSERA_ASSIGN_OR_RETURN(std::vector<double> rewards, reward(completions));
-  if (rewards.size() != completions.size())
-    return absl::InvalidArgumentError(absl::StrCat("ppo: ", rewards.size(), " rewards for ", completions.size(), " completions"));
-  const size_t total = completions.size();
-  std::vector<RlSample> samples;
-  for (size_t i = 0; i < total; ++i) {
-    if (!std::isfinite(rewards[i])) return absl::InvalidArgumentError(absl::StrCat("ppo: reward ", i, " is not finite"));
-    samples.push_back(MakeRlSample(prompts[completions[i].request], completions[i].tokens));
-    stats.reward += rewards[i] / total;
-    stats.response_length += static_cast<double>(completions[i].tokens.size()) / total;
-  }
+  TESSERA_ASSIGN_OR_RETURN(Rollouts got,
+                           GenerateAndScore(rollout, prompts, o.sampling, o.samples_per_prompt, seed, reward, "ppo"));
+  std::vector<RlSample>& samples = got.samples;
+  const std::vector<double>& rewards = got.rewards;
+  const size_t total = samples.size();
+  stats.reward = got.reward, stats.response_length = got.response_length, stats.generate_s = got.generate_s;
+  Clock::time_point t;
   t = Clock::now();
   if (o.loss.kl_coef > 0 || o.kl_reward_coef > 0)
     TESSERA_RETURN_IF_ERROR(FillLogProbs(*reference, samples, o.mini_batches, &RlSample::ref_logp));

@@ -1,5 +1,9 @@
 #include "worker/engine/rl_samples.h"
 
+#include <chrono>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "worker/engine/rollout.h"
 
@@ -9,6 +13,33 @@ RlSample MakeRlSample(const std::vector<int32_t>& prompt, const std::vector<int3
   RlSample s;
   s.batch = CompletionSequence(prompt, completion, &s.mask);
   return s;
+}
+
+absl::StatusOr<Rollouts> GenerateAndScore(RolloutEngine& rollout, const std::vector<std::vector<int32_t>>& prompts,
+                                          const SamplingParams& sampling, int n, uint64_t seed,
+                                          const BatchRewardFn& reward, const char* who) {
+  const auto t = std::chrono::steady_clock::now();
+  std::vector<GenerationRequest> requests(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    requests[i].prompt = prompts[i];
+    requests[i].params = sampling;
+    requests[i].params.n = n;
+    requests[i].params.seed = seed * 1000003ull + i * 7919ull;
+  }
+  TESSERA_ASSIGN_OR_RETURN(std::vector<Completion> completions, rollout.Generate(requests));
+  Rollouts out;
+  out.generate_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  TESSERA_ASSIGN_OR_RETURN(out.rewards, reward(completions));
+  if (out.rewards.size() != completions.size())
+    return absl::InvalidArgumentError(absl::StrCat(who, ": ", out.rewards.size(), " rewards for ", completions.size(), " completions"));
+  const size_t total = completions.size();
+  for (size_t i = 0; i < total; ++i) {
+    if (!std::isfinite(out.rewards[i])) return absl::InvalidArgumentError(absl::StrCat(who, ": reward ", i, " is not finite"));
+    out.samples.push_back(MakeRlSample(prompts[completions[i].request], completions[i].tokens));
+    out.reward += out.rewards[i] / total;
+    out.response_length += static_cast<double>(completions[i].tokens.size()) / total;
+  }
+  return out;
 }
 
 model::TokenBatch PackSamples(const std::vector<RlSample>& samples, size_t begin, size_t end) {

@@ -9,6 +9,9 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "worker/engine/grpo.h"
+#include "worker/engine/rollout.h"
 #include "worker/engine/trainer.h"
 #include "worker/model/llama.h"
 
@@ -22,6 +25,19 @@ struct RlSample {
 };
 
 RlSample MakeRlSample(const std::vector<int32_t>& prompt, const std::vector<int32_t>& completion);
+
+// A step's generation and rewards: `n` samples of every prompt (prompt i's seed from
+// `seed` and i), scored in one call; the samples in (prompt, sample) order with their
+// rewards, the means and the time taken. `who` names the algorithm in errors (a wrong
+// number of rewards, a reward that is not finite).
+struct Rollouts {
+  std::vector<RlSample> samples;
+  std::vector<double> rewards;
+  double reward = 0, response_length = 0, generate_s = 0;
+};
+absl::StatusOr<Rollouts> GenerateAndScore(RolloutEngine& rollout, const std::vector<std::vector<int32_t>>& prompts,
+                                          const SamplingParams& sampling, int n, uint64_t seed,
+                                          const BatchRewardFn& reward, const char* who);
 
 // Samples [begin, end) packed into one micro-batch.
 model::TokenBatch PackSamples(const std::vector<RlSample>& samples, size_t begin, size_t end);

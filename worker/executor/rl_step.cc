@@ -174,12 +174,7 @@ absl::StatusOr<std::string> TrainSession::RlStep(int64_t step) {
   if (critic_ != nullptr) return PpoStep(step, prompts, reward, seed, per_rank);
   engine::GrpoOptions o;
   o.group_size = rl_.group_size();
-  o.sampling.temperature = static_cast<float>(rl_.temperature());
-  o.sampling.max_new_tokens = rl_.max_new_tokens();
-  o.sampling.stop_tokens = stop_tokens_;
-  o.loss.kl_coef = rl_.kl_coef();
-  o.loss.entropy_coef = rl_.entropy_coef();
-  o.loss.clip_low = o.loss.clip_high = rl_.clip();
+  o.sampling = Sampling(), o.loss = PolicyLoss();
   o.epochs = rl_.epochs(), o.mini_batches = rl_.mini_batches();
   TESSERA_ASSIGN_OR_RETURN(engine::GrpoStats st,
                            engine::GrpoStep(*rollout_, *model_, *trainer_, reference_.get(), prompts, reward, o, seed));
@@ -201,41 +196,42 @@ absl::StatusOr<std::string> TrainSession::RlStep(int64_t step) {
       .dump();
 }
 
+// The rl section's sampling and actor-loss settings, shared by grpo and ppo.
+engine::SamplingParams TrainSession::Sampling() const {
+  engine::SamplingParams p;
+  p.temperature = static_cast<float>(rl_.temperature());
+  p.max_new_tokens = rl_.max_new_tokens();
+  p.stop_tokens = stop_tokens_;
+  return p;
+}
+
+rl::PolicyLossOptions TrainSession::PolicyLoss() const {
+  rl::PolicyLossOptions l;
+  l.kl_coef = rl_.kl_coef();
+  l.entropy_coef = rl_.entropy_coef();
+  l.clip_low = l.clip_high = rl_.clip();
+  return l;
+}
+
 absl::StatusOr<std::string> TrainSession::PpoStep(int64_t step, const std::vector<std::vector<int32_t>>& prompts,
                                                   const engine::BatchRewardFn& reward, uint64_t seed, int64_t per_rank) {
   engine::PpoOptions o;
   o.samples_per_prompt = rl_.group_size();
-  o.sampling.temperature = static_cast<float>(rl_.temperature());
-  o.sampling.max_new_tokens = rl_.max_new_tokens();
-  o.sampling.stop_tokens = stop_tokens_;
-  o.loss.kl_coef = rl_.kl_coef();
-  o.loss.entropy_coef = rl_.entropy_coef();
-  o.loss.clip_low = o.loss.clip_high = rl_.clip();
+  o.sampling = Sampling(), o.loss = PolicyLoss();
   o.kl_reward_coef = rl_.kl_reward_coef();
   o.gamma = rl_.gamma(), o.lambda = rl_.gae_lambda(), o.value_clip = rl_.value_clip();
   o.epochs = rl_.epochs(), o.mini_batches = rl_.mini_batches();
   TESSERA_ASSIGN_OR_RETURN(engine::PpoStats st, engine::PpoStep(*rollout_, *model_, *trainer_, *critic_, *critic_trainer_,
                                                                 reference_.get(), prompts, reward, o, seed));
   TESSERA_ASSIGN_OR_RETURN(const double checkpoint_secs, SaveAfter(step + 1));
-  return nlohmann::json{{"step", step},
-                        {"reward", st.reward},
-                        {"response_length", st.response_length},
-                        {"loss", st.loss},
-                        {"kl", st.kl},
-                        {"clip_fraction", st.clip_fraction},
-                        {"entropy", st.entropy},
-                        {"grad_norm", st.grad_norm},
-                        {"value_loss", st.value_loss},
-                        {"value_clip_fraction", st.value_clip_fraction},
-                        {"value", st.value},
-                        {"critic_grad_norm", st.critic_grad_norm},
-                        {"samples", per_rank * rl_.group_size()},
-                        {"generate_s", st.generate_s},
-                        {"ref_s", st.ref_s},
-                        {"old_s", st.old_s},
-                        {"values_s", st.values_s},
-                        {"update_s", st.update_s},
-                        {"critic_s", st.critic_s},
+  // grpo's fields (the same names and meanings) and the critic's.
+  return nlohmann::json{{"step", step}, {"reward", st.reward}, {"response_length", st.response_length},
+                        {"loss", st.loss}, {"kl", st.kl}, {"clip_fraction", st.clip_fraction},
+                        {"entropy", st.entropy}, {"grad_norm", st.grad_norm}, {"value_loss", st.value_loss},
+                        {"value_clip_fraction", st.value_clip_fraction}, {"value", st.value},
+                        {"critic_grad_norm", st.critic_grad_norm}, {"samples", per_rank * rl_.group_size()},
+                        {"generate_s", st.generate_s}, {"ref_s", st.ref_s}, {"old_s", st.old_s},
+                        {"values_s", st.values_s}, {"update_s", st.update_s}, {"critic_s", st.critic_s},
                         {"checkpoint_seconds", checkpoint_secs}}
       .dump();
 }

@@ -98,6 +98,8 @@ class TrainSession {
   std::unique_ptr<v1::RewardService::Stub> reward_;  // rl.reward_service (TP rank 0 calls it)
   // The rewards of this rank's completions from the reward service: TP rank 0 calls it
   // and broadcasts the rewards (or the failure) over TP, so TP peers never disagree.
+  engine::SamplingParams Sampling() const;
+  rl::PolicyLossOptions PolicyLoss() const;
   absl::StatusOr<std::string> PpoStep(int64_t step, const std::vector<std::vector<int32_t>>& prompts,
                                       const engine::BatchRewardFn& reward, uint64_t seed, int64_t per_rank);
   absl::StatusOr<std::vector<double>> ServiceRewards(int64_t step, const std::vector<std::vector<int32_t>>& prompts,

@@ -3,6 +3,7 @@
 // — per-step policy losses, KL, clip fractions, gradient norms and the final weights
 // within 1e-5 relative.
 #include <cmath>
+#include <functional>
 #include <thread>
 
 #include <gmock/gmock.h>
@@ -100,6 +101,29 @@ void ExpectSame(const Trace& got, const Trace& one) {
   for (auto& [name, w] : one.weights) EXPECT_LT(model::test::RelDiff(got.weights.at(name), w), 1e-5) << name;
 }
 
+// The two-rank layouts the RL steps are checked in, each rank on a Gloo thread: under
+// TP both ranks take both micro-batches, under DP one each.
+struct TwoRanks {
+  const char* name;
+  int tp, dp, zero;
+};
+constexpr TwoRanks kTwoRankLayouts[] = {{"dp2", 1, 2, 0}, {"dp2_zero1", 1, 2, 1}, {"tp2", 2, 1, 0}};
+void OnTwoRanks(const TwoRanks& l,
+                const std::function<void(comm::Communicator* tp, comm::Communicator* dp, const std::vector<int>& mine,
+                                         int rank)>& body) {
+  tessera::testing::MemStore store;
+  const std::string key = RandomHex(4);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      auto c = comm::MakeGlooCommunicator(l.name, key, r, 2, &store, {"127.0.0.1", 60000});
+      ASSERT_TRUE(c.ok()) << c.status();
+      if (l.tp == 2) body(c->get(), nullptr, {0, 1}, r);
+      else body(nullptr, c->get(), {r}, r);
+    });
+  for (auto& t : threads) t.join();
+}
+
 TEST(PolicyStep, DpAndTpEqualOneRank) {
   Trace one;
   RunPolicy(nullptr, nullptr, 0, {0, 1}, one);
@@ -107,21 +131,12 @@ TEST(PolicyStep, DpAndTpEqualOneRank) {
   EXPECT_GT(one.steps[2].clip_fraction, 0);  // the shifted old policy clips some ratios
   EXPECT_GT(one.steps[2].kl, 0);              // the policy moved away from the reference
   EXPECT_GT(one.steps[0].entropy, 0);
-  struct L { const char* name; int tp, dp, zero; };
-  for (L l : {L{"dp2", 1, 2, 0}, L{"dp2_zero1", 1, 2, 1}, L{"tp2", 2, 1, 0}}) {
+  for (TwoRanks l : kTwoRankLayouts) {
     SCOPED_TRACE(l.name);
-    tessera::testing::MemStore store;
-    const std::string key = RandomHex(4);
     Trace ranks[2];
-    std::vector<std::thread> threads;
-    for (int r = 0; r < 2; ++r)
-      threads.emplace_back([&, r] {
-        auto c = comm::MakeGlooCommunicator(l.name, key, r, 2, &store, {"127.0.0.1", 60000});
-        ASSERT_TRUE(c.ok()) << c.status();
-        if (l.tp == 2) RunPolicy(c->get(), nullptr, 0, {0, 1}, ranks[r]);
-        else RunPolicy(nullptr, c->get(), l.zero, {r}, ranks[r]);  // DP: one micro-batch each
-      });
-    for (auto& t : threads) t.join();
+    OnTwoRanks(l, [&](comm::Communicator* tp, comm::Communicator* dp, const std::vector<int>& mine, int r) {
+      RunPolicy(tp, dp, l.zero, mine, ranks[r]);
+    });
     for (int r = 0; r < 2; ++r) {
       SCOPED_TRACE(::testing::Message() << "rank " << r);
       ExpectSame(ranks[r], one);
@@ -196,21 +211,12 @@ TEST(ValueStep, DpAndTpEqualOneRankAndTheCriticFitsTheReturns) {
   ASSERT_EQ(one.steps.size(), 3u);
   EXPECT_GT(one.steps[2].clip_fraction, 0);
   EXPECT_EQ(one.steps[0].tokens, 12);
-  struct L { const char* name; int tp, dp, zero; };
-  for (L l : {L{"dp2", 1, 2, 0}, L{"dp2_zero1", 1, 2, 1}, L{"tp2", 2, 1, 0}}) {
+  for (TwoRanks l : kTwoRankLayouts) {
     SCOPED_TRACE(l.name);
-    tessera::testing::MemStore store;
-    const std::string key = RandomHex(4);
     CriticTrace ranks[2];
-    std::vector<std::thread> threads;
-    for (int r = 0; r < 2; ++r)
-      threads.emplace_back([&, r] {
-        auto c = comm::MakeGlooCommunicator(l.name, key, r, 2, &store, {"127.0.0.1", 60000});
-        ASSERT_TRUE(c.ok()) << c.status();
-        if (l.tp == 2) RunCritic(c->get(), nullptr, 0, {0, 1}, 0.3, ranks[r]);
-        else RunCritic(nullptr, c->get(), l.zero, {r}, 0.3, ranks[r]);
-      });
-    for (auto& t : threads) t.join();
+    OnTwoRanks(l, [&](comm::Communicator* tp, comm::Communicator* dp, const std::vector<int>& mine, int r) {
+      RunCritic(tp, dp, l.zero, mine, 0.3, ranks[r]);
+    });
     for (int r = 0; r < 2; ++r) {
       SCOPED_TRACE(::testing::Message() << "rank " << r);
       ASSERT_EQ(ranks[r].steps.size(), 3u);
@@ -243,17 +249,29 @@ TEST(ValueStep, DpAndTpEqualOneRankAndTheCriticFitsTheReturns) {
   EXPECT_THAT(std::string((*tl)->ValueStep({b}, {v}, 0.2).status().message()), HasSubstr("values need a critic"));
 }
 
+// One rank's actor for single-step checks: the tiny policy, AdamW at a constant lr 1e-2.
+struct OneRank {
+  std::unique_ptr<runtime::Backend> be = runtime::MakeCpuBackend();
+  std::unique_ptr<Llama> model;
+  std::unique_ptr<Trainer> trainer;
+  OneRank() {
+    auto m = Llama::Create(Config(), be.get());
+    if (!m.ok() || !(*m)->InitRandom(4, 0.2f).ok()) return;
+    model = std::move(*m);
+    OptimizerOptions o;
+    o.lr = 1e-2f, o.min_lr = 1e-2f, o.warmup_steps = 0, o.total_steps = 1;
+    auto t = Trainer::Create(model.get(), be.get(), nullptr, nullptr, o);
+    if (t.ok()) trainer = std::move(*t);
+  }
+};
+
 // The entropy bonus alone (advantages 0, so the surrogate has no gradient) raises the
 // predictive entropy of the counted tokens; PolicyStats::entropy is their mean before.
 TEST(PolicyStep, EntropyBonusRaisesTheEntropy) {
-  auto be = runtime::MakeCpuBackend();
-  auto m = Llama::Create(Config(), be.get());
-  ASSERT_TRUE(m.ok());
-  ASSERT_TRUE((*m)->InitRandom(4, 0.2f).ok());
-  OptimizerOptions o;
-  o.lr = 1e-2f, o.min_lr = 1e-2f, o.warmup_steps = 0, o.total_steps = 1;
-  auto t = Trainer::Create(m->get(), be.get(), nullptr, nullptr, o);
-  ASSERT_TRUE(t.ok());
+  OneRank r;
+  ASSERT_NE(r.trainer, nullptr);
+  auto* m = &r.model;
+  auto* t = &r.trainer;
   const TokenBatch b = model::test::RandomBatch(32, 6, {10, 10});
   auto before = (*m)->TokenLogProbs(b);
   ASSERT_TRUE(before.ok());
@@ -280,14 +298,10 @@ TEST(PolicyStep, EntropyBonusRaisesTheEntropy) {
 // One step with positive advantages on one sequence's response and negative on the
 // other's raises the first's log-probs and lowers the second's.
 TEST(PolicyStep, FollowsTheAdvantages) {
-  auto be = runtime::MakeCpuBackend();
-  auto m = Llama::Create(Config(), be.get());
-  ASSERT_TRUE(m.ok());
-  ASSERT_TRUE((*m)->InitRandom(4, 0.2f).ok());
-  OptimizerOptions o;
-  o.lr = 1e-2f, o.min_lr = 1e-2f, o.warmup_steps = 0, o.total_steps = 1;
-  auto t = Trainer::Create(m->get(), be.get(), nullptr, nullptr, o);
-  ASSERT_TRUE(t.ok());
+  OneRank r;
+  ASSERT_NE(r.trainer, nullptr);
+  auto* m = &r.model;
+  auto* t = &r.trainer;
   const TokenBatch b = model::test::RandomBatch(32, 5, {10, 10});
   auto before = (*m)->TokenLogProbs(b);
   ASSERT_TRUE(before.ok());
