@@ -124,6 +124,11 @@ absl::StatusOr<std::string> RunGrpo(DriverContext& ctx) {
     m["generate_s"] = phase[0], m["ref_s"] = phase[1], m["old_logprob_s"] = phase[2], m["update_s"] = phase[3];
     if (ppo) {
       for (const char* k : {"value_loss", "value_clip_fraction", "value", "critic_grad_norm"}) m[k] = first.value(k, 0.0);
+      if (spec.rl().kl_reward_coef() > 0) {  // the KL in the reward: the mean over the DP ranks' response tokens
+        double kl = 0;
+        for (const auto& r : res) kl += json::parse(r.result_json(), nullptr, false).value("reward_kl", 0.0) / res.size();
+        m["reward_kl"] = kl;
+      }
       m["values_s"] = phase[4], m["critic_update_s"] = phase[5];
     }
     if (seconds > 0) m["samples_per_s"] = samples / seconds;

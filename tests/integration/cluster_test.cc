@@ -333,7 +333,7 @@ TEST(Cluster, PpoStepsStreamTheCriticsMetrics) {
   ASSERT_EQ(job->state(), v1::SUCCEEDED) << job->reason() << "\n" << progress.str();
   EXPECT_THAT(progress.str(), HasSubstr("ready for PPO"));
   for (const char* k : {"reward=", "value_loss=", "value_clip_fraction=", "critic_grad_norm=", "values_s=",
-                        "critic_update_s=", "kl=", "entropy="})
+                        "critic_update_s=", "kl=", "entropy=", "reward_kl="})
     EXPECT_THAT(progress.str(), HasSubstr(k));
   const auto result = nlohmann::json::parse(job->result_json());
   EXPECT_EQ(result["rewards"].size(), 2u);

@@ -31,7 +31,9 @@ absl::Status Check(const PpoOptions& o, const model::Llama* reference, size_t pr
 // Per sample: token rewards on its response (the outcome on the last response token, the
 // KL penalty on every one), GAE over the response tokens, advantages and returns written
 // back at their positions (0 elsewhere).
-absl::Status Advantages(std::vector<RlSample>& samples, const std::vector<double>& rewards, const PpoOptions& o) {
+absl::Status Advantages(std::vector<RlSample>& samples, const std::vector<double>& rewards, const PpoOptions& o,
+                        double* reward_kl) {
+  double kl_sum = 0, kl_n = 0;
   for (size_t i = 0; i < samples.size(); ++i) {
     RlSample& s = samples[i];
     std::vector<size_t> at;
@@ -43,12 +45,17 @@ absl::Status Advantages(std::vector<RlSample>& samples, const std::vector<double
     std::vector<double> r(at.size(), 0.0), v(at.size());
     for (size_t k = 0; k < at.size(); ++k) {
       v[k] = s.old_value[at[k]];
-      if (o.kl_reward_coef > 0) r[k] -= o.kl_reward_coef * (s.old_logp[at[k]] - s.ref_logp[at[k]]);
+      if (o.kl_reward_coef > 0) {
+        const double kl = s.old_logp[at[k]] - s.ref_logp[at[k]];
+        r[k] -= o.kl_reward_coef * kl;
+        kl_sum += kl, kl_n += 1;
+      }
     }
     r.back() += rewards[i];
     TESSERA_ASSIGN_OR_RETURN(rl::Gae g, rl::ComputeGae(r, v, o.gamma, o.lambda));
     for (size_t k = 0; k < at.size(); ++k) s.advantage[at[k]] = g.advantages[k], s.returns[at[k]] = g.returns[k];
   }
+  *reward_kl = kl_n > 0 ? kl_sum / kl_n : 0.0;
   if (!o.whiten_advantages) return absl::OkStatus();
   double n = 0, mean = 0, sq = 0;
   for (const RlSample& s : samples)
@@ -88,7 +95,7 @@ absl::StatusOr<PpoStats> PpoStep(RolloutEngine& rollout, model::Llama& actor, Tr
   t = Clock::now();
   TESSERA_RETURN_IF_ERROR(FillValues(critic, samples, o.mini_batches));
   stats.values_s = Since(t);
-  TESSERA_RETURN_IF_ERROR(Advantages(samples, rewards, o));
+  TESSERA_RETURN_IF_ERROR(Advantages(samples, rewards, o, &stats.reward_kl));
   if (o.loss.kl_coef <= 0)
     for (RlSample& s : samples) s.ref_logp.clear();  // (the penalty's use only; PolicyStep wants none then)
   for (int e = 0; e < o.epochs; ++e)

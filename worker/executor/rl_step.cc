@@ -229,7 +229,8 @@ absl::StatusOr<std::string> TrainSession::PpoStep(int64_t step, const std::vecto
                         {"loss", st.loss}, {"kl", st.kl}, {"clip_fraction", st.clip_fraction},
                         {"entropy", st.entropy}, {"grad_norm", st.grad_norm}, {"value_loss", st.value_loss},
                         {"value_clip_fraction", st.value_clip_fraction}, {"value", st.value},
-                        {"critic_grad_norm", st.critic_grad_norm}, {"samples", per_rank * rl_.group_size()},
+                        {"critic_grad_norm", st.critic_grad_norm}, {"reward_kl", st.reward_kl},
+                        {"samples", per_rank * rl_.group_size()},
                         {"generate_s", st.generate_s}, {"ref_s", st.ref_s}, {"old_s", st.old_s},
                         {"values_s", st.values_s}, {"update_s", st.update_s}, {"critic_s", st.critic_s},
                         {"checkpoint_seconds", checkpoint_secs}}

@@ -70,6 +70,8 @@ TEST(Ppo, ThePolicyGetsBetterAndTheCriticLearns) {
     EXPECT_EQ(st->response_length, 6);
     rewards.push_back(st->reward);
     value_losses.push_back(st->value_loss);
+    if (step == 0) EXPECT_EQ(st->reward_kl, 0);  // the actor starts as the reference
+    if (step == 11) EXPECT_GT(st->reward_kl, 0);  // and moves away
   }
   std::cout << "rewards: " << ::testing::PrintToString(rewards) << "\nvalue losses: " << ::testing::PrintToString(value_losses)
             << "\n";
