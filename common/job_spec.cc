@@ -574,8 +574,10 @@ static absl::Status ValidatePretrain(JobSpec& spec) {
 // the job's own checkpoints, named by GRPO step, and resumes from them), on the built-in
 // arithmetic problems or JSONL prompts with answers (train.data.kind jsonl: {"prompt",
 // "answer"} per line; held-out evaluation is for the arithmetic problems only), with a
-// layout the rollout engine runs (no pipeline, context or sequence parallelism).
-static absl::Status ValidateGrpo(JobSpec& spec) {
+// layout the rollout engine runs (no pipeline, context or sequence parallelism). ppo: the
+// same, with its own defaults (one completion per prompt, GAE, value clip, critic lr);
+// its critic's fields are refused on grpo.
+static absl::Status ValidateRl(JobSpec& spec) {
   const std::string& kind = spec.kind();  // grpo or ppo
   const auto& l = spec.groups(0).layout();
   if (l.pp() > 1 || l.cp() > 1 || l.sp())
@@ -746,7 +748,7 @@ absl::Status NormalizeAndValidateJobSpec(JobSpec& spec) {
   }
   const bool rl = spec.kind() == "grpo" || spec.kind() == "ppo";
   if (spec.kind() == "pretrain" || spec.kind() == "sft" || rl) TESSERA_RETURN_IF_ERROR(ValidatePretrain(spec));
-  if (rl) TESSERA_RETURN_IF_ERROR(ValidateGrpo(spec));
+  if (rl) TESSERA_RETURN_IF_ERROR(ValidateRl(spec));
   if (!rl && spec.has_rl()) return Bad("rl", absl::StrCat("is only for grpo and ppo jobs, not ", spec.kind()));
   if (spec.kind() == "generate") TESSERA_RETURN_IF_ERROR(ValidateGenerate(spec));
   if (spec.kind() != "generate" && spec.has_generate())

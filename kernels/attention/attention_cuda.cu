@@ -188,25 +188,37 @@ absl::Status StatsToTokenMajor(const float* stats, float* lse, int64_t heads, in
 }
 }  // namespace cudnn_attention
 
+namespace {
+// Whether the forward takes cuDNN's path (the forward and Prepare decide alike): forced
+// (kCudnn; what it cannot serve is an error), tried (kAuto over sequences of one length up
+// to kCudnnMaxAutoSeq: the flash kernels if cuDNN is missing or has no engine), or not.
+enum class CudnnRoute { kNo, kForced, kTry };
+absl::Status RouteToCudnn(const AttentionDims& d, DType t, CudnnRoute* route) {
+  *route = CudnnRoute::kNo;
+  const bool served = flash::Supported(d, t);  // bf16, head_dim 64 / 128: cuDNN's shapes too
+  if (d.engine == AttentionEngine::kCudnn) {
+    if (!served) return absl::InvalidArgumentError("attention (cuda): the cuDNN engine serves bf16 with head_dim 64 or 128 only");
+    if (d.uniform_len == 0)
+      return absl::InvalidArgumentError("attention (cuda): the cuDNN engine needs sequences of one length (host cu_seqlens)");
+    *route = CudnnRoute::kForced;
+  } else if (d.engine == AttentionEngine::kAuto && served && d.uniform_len > 0 && d.uniform_len <= kCudnnMaxAutoSeq) {
+    *route = CudnnRoute::kTry;
+  }
+  return absl::OkStatus();
+}
+}  // namespace
+
 absl::Status AttentionForwardCuda(const void* q, const void* k, const void* v, const int32_t* cu, void* out, float* lse,
                                   const AttentionDims& d, DType t, void* stream) {
   if (d.tokens == 0) return absl::OkStatus();
   auto s = static_cast<cudaStream_t>(stream);
-  if (flash::Supported(d, t)) {
-    if (d.engine == AttentionEngine::kCudnn) {
-      if (d.uniform_len == 0)
-        return absl::InvalidArgumentError("attention (cuda): the cuDNN engine needs sequences of one length (host cu_seqlens)");
-      return cudnn_attention::Forward(q, k, v, out, lse, d, d.uniform_len, s);
-    }
-    // Auto: cuDNN where it measured faster; if it is missing or has no engine, the flash
-    // kernels (the reason is cached, so this costs one failed lookup per call).
-    if (d.engine == AttentionEngine::kAuto && d.uniform_len > 0 && d.uniform_len <= kCudnnMaxAutoSeq &&
-        cudnn_attention::Forward(q, k, v, out, lse, d, d.uniform_len, s).ok())
-      return absl::OkStatus();
-    return flash::Forward(q, k, v, cu, out, lse, d, s);
-  }
-  if (d.engine == AttentionEngine::kCudnn)
-    return absl::InvalidArgumentError("attention (cuda): the cuDNN engine serves bf16 with head_dim 64 or 128 only");
+  CudnnRoute route;
+  if (absl::Status st = RouteToCudnn(d, t, &route); !st.ok()) return st;
+  if (route == CudnnRoute::kForced) return cudnn_attention::Forward(q, k, v, out, lse, d, d.uniform_len, s);
+  // Tried: a failure's reason is cached, so falling back costs one failed lookup per call.
+  if (route == CudnnRoute::kTry && cudnn_attention::Forward(q, k, v, out, lse, d, d.uniform_len, s).ok())
+    return absl::OkStatus();
+  if (flash::Supported(d, t)) return flash::Forward(q, k, v, cu, out, lse, d, s);
   if (d.head_dim > 32 * kMaxPerLane) return absl::UnimplementedError("attention (cuda): head_dim > 256");
   Scratch seq(s);
   if (!seq.Alloc(d.tokens * sizeof(int32_t))) return LaunchStatus("attention(alloc)");
@@ -221,19 +233,12 @@ absl::Status AttentionForwardCuda(const void* q, const void* k, const void* v, c
 }
 
 absl::Status AttentionPrepareCuda(const AttentionDims& d, DType t, void* stream) {
-  if (d.tokens == 0 || d.engine == AttentionEngine::kFlash) return absl::OkStatus();
-  if (!flash::Supported(d, t)) {
-    if (d.engine == AttentionEngine::kCudnn)
-      return absl::InvalidArgumentError("attention (cuda): the cuDNN engine serves bf16 with head_dim 64 or 128 only");
-    return absl::OkStatus();
-  }
+  if (d.tokens == 0) return absl::OkStatus();
   auto s = static_cast<cudaStream_t>(stream);
-  if (d.engine == AttentionEngine::kCudnn) {
-    if (d.uniform_len == 0)
-      return absl::InvalidArgumentError("attention (cuda): the cuDNN engine needs sequences of one length (host cu_seqlens)");
-    return cudnn_attention::Prepare(d, d.uniform_len, s);
-  }
-  if (d.uniform_len > 0 && d.uniform_len <= kCudnnMaxAutoSeq) cudnn_attention::Prepare(d, d.uniform_len, s).IgnoreError();
+  CudnnRoute route;
+  if (absl::Status st = RouteToCudnn(d, t, &route); !st.ok()) return st;
+  if (route == CudnnRoute::kForced) return cudnn_attention::Prepare(d, d.uniform_len, s);
+  if (route == CudnnRoute::kTry) cudnn_attention::Prepare(d, d.uniform_len, s).IgnoreError();
   return absl::OkStatus();
 }
 

@@ -356,19 +356,29 @@ absl::StatusOr<DeviceCache*> CacheOfCurrentDevice() {
   return c.get();
 }
 
-}  // namespace
-
-absl::Status Forward(const void* q, const void* k, const void* v, void* out, float* lse, const AttentionDims& d,
-                     int64_t seq, cudaStream_t s) {
+// What Forward and Prepare share: the dims checked, cuDNN loaded, this device's cache.
+struct Target {
+  const Api* api;
+  DeviceCache* cache;
+};
+absl::StatusOr<Target> Resolve(const AttentionDims& d, int64_t seq) {
   if (seq <= 0 || d.tokens != d.batch * seq)
     return absl::InvalidArgumentError(absl::StrCat("cuDNN attention: needs sequences of one length; tokens ", d.tokens,
                                                    " != batch ", d.batch, " x seq ", seq));
   auto api = GetApi();
   if (!api.ok()) return api.status();
   TESSERA_ASSIGN_OR_RETURN(DeviceCache * cache, CacheOfCurrentDevice());
-  const Api& a = **api;
-  std::lock_guard<std::mutex> lock(cache->mu());  // the handle's stream stays ours until executed
-  auto got = cache->Get(a, d, seq, s);
+  return Target{*api, cache};
+}
+
+}  // namespace
+
+absl::Status Forward(const void* q, const void* k, const void* v, void* out, float* lse, const AttentionDims& d,
+                     int64_t seq, cudaStream_t s) {
+  TESSERA_ASSIGN_OR_RETURN(const Target target, Resolve(d, seq));
+  const Api& a = *target.api;
+  std::lock_guard<std::mutex> lock(target.cache->mu());  // the handle's stream stays ours until executed
+  auto got = target.cache->Get(a, d, seq, s);
   if (!got.ok()) return got.status();
   const Entry& entry = *got->first;
   const Graph& g = *entry.graph;
@@ -402,14 +412,9 @@ absl::Status Forward(const void* q, const void* k, const void* v, void* out, flo
 }
 
 absl::Status Prepare(const AttentionDims& d, int64_t seq, cudaStream_t s) {
-  if (seq <= 0 || d.tokens != d.batch * seq)
-    return absl::InvalidArgumentError(absl::StrCat("cuDNN attention: needs sequences of one length; tokens ", d.tokens,
-                                                   " != batch ", d.batch, " x seq ", seq));
-  auto api = GetApi();
-  if (!api.ok()) return api.status();
-  TESSERA_ASSIGN_OR_RETURN(DeviceCache * cache, CacheOfCurrentDevice());
-  std::lock_guard<std::mutex> lock(cache->mu());
-  return cache->Get(**api, d, seq, s).status();
+  TESSERA_ASSIGN_OR_RETURN(const Target target, Resolve(d, seq));
+  std::lock_guard<std::mutex> lock(target.cache->mu());
+  return target.cache->Get(*target.api, d, seq, s).status();
 }
 
 std::string Describe() {

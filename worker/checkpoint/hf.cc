@@ -118,7 +118,7 @@ absl::Status ImportHf(const std::string& dir, model::Llama& model) {
     const std::string file = where.empty() ? "model.safetensors" : (where.count(p.name()) ? where[p.name()] : "");
     // A critic started from a causal LM (PPO's usual start): the LM's weights, and the
     // value head as the model initialized it.
-    const bool fresh_head = p.name() == "score.weight" && !model.config().tie_embeddings;
+    const bool fresh_head = p.name() == "score.weight";
     if (file.empty() && fresh_head) continue;
     if (file.empty()) return absl::NotFoundError(absl::StrCat(dir, ": the index lists no file for ", p.name()));
     auto& r = open[file];

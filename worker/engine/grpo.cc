@@ -63,10 +63,7 @@ absl::StatusOr<GrpoStats> GrpoStep(RolloutEngine& rollout, model::Llama& actor, 
   for (int e = 0; e < o.epochs; ++e)
     for (int mb = 0; mb < o.mini_batches; ++mb) {
       const size_t begin = total * mb / o.mini_batches, end = total * (mb + 1) / o.mini_batches;
-      model::TokenBatch batch;
-      Trainer::PolicyTokens tokens;
-      PackPolicy(samples, begin, end, &batch, &tokens);
-      TESSERA_ASSIGN_OR_RETURN(Trainer::PolicyStats ps, trainer.PolicyStep({batch}, {tokens}, o.loss));
+      TESSERA_ASSIGN_OR_RETURN(Trainer::PolicyStats ps, UpdateActor(trainer, samples, begin, end, o.loss));
       stats.loss = ps.loss, stats.kl = ps.kl, stats.clip_fraction = ps.clip_fraction, stats.grad_norm = ps.grad_norm;
       stats.entropy = ps.entropy;
       ++stats.optimizer_steps;

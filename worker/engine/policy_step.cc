@@ -7,11 +7,32 @@
 #include "worker/engine/trainer.h"
 
 namespace tessera::engine {
+namespace {
+double MaskSum(const std::vector<double>& mask) {
+  double n = 0;
+  for (double m : mask) n += m;
+  return n;
+}
+}  // namespace
+
+// What both RL steps do first: no pipeline; the mini-batch's counted (masked) tokens over
+// every DP rank — each micro-batch's token mean is scaled by its share of them — and the
+// step begun. `who` names the step in errors.
+absl::StatusOr<float> Trainer::BeginMaskedStep(const char* who, const std::vector<model::TokenBatch>& micro_batches,
+                                               const std::vector<const std::vector<double>*>& masks) {
+  if (pp_ != nullptr) return absl::UnimplementedError(absl::StrCat("trainer: the ", who, " does not run with pipelines yet"));
+  float counted = 0;
+  for (const std::vector<double>* mask : masks)
+    for (double m : *mask) counted += static_cast<float>(m);
+  TESSERA_RETURN_IF_ERROR(AllReduceHost(dp_, &counted, 1));
+  if (counted <= 0) return absl::InvalidArgumentError(absl::StrCat(who, ": the mini-batch has no counted (masked) tokens"));
+  TESSERA_RETURN_IF_ERROR(BeginStep(micro_batches));
+  return counted;
+}
 
 absl::StatusOr<Trainer::PolicyStats> Trainer::PolicyStep(const std::vector<model::TokenBatch>& micro_batches,
                                                          const std::vector<PolicyTokens>& tokens,
                                                          const rl::PolicyLossOptions& options) {
-  if (pp_ != nullptr) return absl::UnimplementedError("trainer: the policy step does not run with pipelines yet");
   if (tokens.size() != micro_batches.size())
     return absl::InvalidArgumentError(absl::StrCat("policy step: ", tokens.size(), " token sets for ",
                                                    micro_batches.size(), " micro-batches"));
@@ -24,20 +45,14 @@ absl::StatusOr<Trainer::PolicyStats> Trainer::PolicyStep(const std::vector<model
                                                      " tokens; old_logp, advantage, mask",
                                                      options.kl_coef > 0 ? " and ref_logp" : "", " need one value each"));
   }
-  // The mini-batch's counted tokens over every DP rank: each micro-batch's token mean is
-  // scaled by its share of them.
-  float counted = 0;
-  for (const PolicyTokens& p : tokens)
-    for (double m : p.mask) counted += static_cast<float>(m);
-  TESSERA_RETURN_IF_ERROR(AllReduceHost(dp_, &counted, 1));
-  if (counted <= 0) return absl::InvalidArgumentError("policy step: the mini-batch has no counted (masked) tokens");
-  TESSERA_RETURN_IF_ERROR(BeginStep(micro_batches));
+  std::vector<const std::vector<double>*> masks;
+  for (const PolicyTokens& p : tokens) masks.push_back(&p.mask);
+  TESSERA_ASSIGN_OR_RETURN(const float counted, BeginMaskedStep("policy step", micro_batches, masks));
   // Sums over the counted tokens of this rank: loss, pg loss, kl, clipped tokens, entropy.
   float sums[5] = {0, 0, 0, 0, 0};
   for (size_t i = 0; i < micro_batches.size(); ++i) {
     const PolicyTokens& p = tokens[i];
-    double local = 0;
-    for (double m : p.mask) local += m;
+    const double local = MaskSum(p.mask);
     if (local == 0) continue;  // nothing counts: no gradient from this micro-batch
     auto grad = [&](const model::Llama::TokenStats& st) -> absl::StatusOr<model::Llama::TokenGrads> {
       rl::PolicyTokens in;
@@ -73,7 +88,6 @@ absl::StatusOr<Trainer::PolicyStats> Trainer::PolicyStep(const std::vector<model
 
 absl::StatusOr<Trainer::ValueStats> Trainer::ValueStep(const std::vector<model::TokenBatch>& micro_batches,
                                                        const std::vector<ValueTokens>& tokens, double clip) {
-  if (pp_ != nullptr) return absl::UnimplementedError("trainer: the value step does not run with pipelines yet");
   if (tokens.size() != micro_batches.size())
     return absl::InvalidArgumentError(absl::StrCat("value step: ", tokens.size(), " token sets for ",
                                                    micro_batches.size(), " micro-batches"));
@@ -84,17 +98,13 @@ absl::StatusOr<Trainer::ValueStats> Trainer::ValueStep(const std::vector<model::
       return absl::InvalidArgumentError(absl::StrCat("value step: micro-batch ", i, " has ", t,
                                                      " tokens; old_value, returns and mask need one value each"));
   }
-  float counted = 0;
-  for (const ValueTokens& v : tokens)
-    for (double m : v.mask) counted += static_cast<float>(m);
-  TESSERA_RETURN_IF_ERROR(AllReduceHost(dp_, &counted, 1));
-  if (counted <= 0) return absl::InvalidArgumentError("value step: the mini-batch has no counted (masked) tokens");
-  TESSERA_RETURN_IF_ERROR(BeginStep(micro_batches));
+  std::vector<const std::vector<double>*> masks;
+  for (const ValueTokens& v : tokens) masks.push_back(&v.mask);
+  TESSERA_ASSIGN_OR_RETURN(const float counted, BeginMaskedStep("value step", micro_batches, masks));
   float sums[3] = {0, 0, 0};  // this rank's sums over the counted tokens: loss, clipped, value
   for (size_t i = 0; i < micro_batches.size(); ++i) {
     const ValueTokens& v = tokens[i];
-    double local = 0;
-    for (double m : v.mask) local += m;
+    const double local = MaskSum(v.mask);
     if (local == 0) continue;
     auto grad = [&](const std::vector<float>& values) -> absl::StatusOr<std::vector<float>> {
       rl::ValueTokens in;

@@ -102,17 +102,12 @@ absl::StatusOr<PpoStats> PpoStep(RolloutEngine& rollout, model::Llama& actor, Tr
     for (int mb = 0; mb < o.mini_batches; ++mb) {
       const size_t begin = total * mb / o.mini_batches, end = total * (mb + 1) / o.mini_batches;
       t = Clock::now();
-      model::TokenBatch batch;
-      Trainer::PolicyTokens tokens;
-      PackPolicy(samples, begin, end, &batch, &tokens);
-      TESSERA_ASSIGN_OR_RETURN(Trainer::PolicyStats ps, actor_trainer.PolicyStep({batch}, {tokens}, o.loss));
+      TESSERA_ASSIGN_OR_RETURN(Trainer::PolicyStats ps, UpdateActor(actor_trainer, samples, begin, end, o.loss));
       stats.loss = ps.loss, stats.kl = ps.kl, stats.clip_fraction = ps.clip_fraction, stats.grad_norm = ps.grad_norm;
       stats.entropy = ps.entropy;
       stats.update_s += Since(t);
       t = Clock::now();
-      Trainer::ValueTokens values;
-      PackValue(samples, begin, end, &batch, &values);
-      TESSERA_ASSIGN_OR_RETURN(Trainer::ValueStats vs, critic_trainer.ValueStep({batch}, {values}, o.value_clip));
+      TESSERA_ASSIGN_OR_RETURN(Trainer::ValueStats vs, UpdateCritic(critic_trainer, samples, begin, end, o.value_clip));
       stats.value_loss = vs.loss, stats.value_clip_fraction = vs.clip_fraction, stats.value = vs.value;
       stats.critic_grad_norm = vs.grad_norm;
       stats.critic_s += Since(t);

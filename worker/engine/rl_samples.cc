@@ -59,23 +59,25 @@ namespace {
 void Append(std::vector<double>& to, const std::vector<double>& from) { to.insert(to.end(), from.begin(), from.end()); }
 }  // namespace
 
-void PackPolicy(const std::vector<RlSample>& samples, size_t begin, size_t end, model::TokenBatch* batch,
-                Trainer::PolicyTokens* tokens) {
-  *batch = PackSamples(samples, begin, end);
+absl::StatusOr<Trainer::PolicyStats> UpdateActor(Trainer& trainer, const std::vector<RlSample>& samples, size_t begin,
+                                                 size_t end, const rl::PolicyLossOptions& loss) {
+  Trainer::PolicyTokens tokens;
   for (size_t i = begin; i < end; ++i) {
     const RlSample& s = samples[i];
-    Append(tokens->mask, s.mask), Append(tokens->old_logp, s.old_logp), Append(tokens->ref_logp, s.ref_logp);
-    Append(tokens->advantage, s.advantage);
+    Append(tokens.mask, s.mask), Append(tokens.old_logp, s.old_logp), Append(tokens.ref_logp, s.ref_logp);
+    Append(tokens.advantage, s.advantage);
   }
+  return trainer.PolicyStep({PackSamples(samples, begin, end)}, {tokens}, loss);
 }
 
-void PackValue(const std::vector<RlSample>& samples, size_t begin, size_t end, model::TokenBatch* batch,
-               Trainer::ValueTokens* tokens) {
-  *batch = PackSamples(samples, begin, end);
+absl::StatusOr<Trainer::ValueStats> UpdateCritic(Trainer& trainer, const std::vector<RlSample>& samples, size_t begin,
+                                                 size_t end, double value_clip) {
+  Trainer::ValueTokens tokens;
   for (size_t i = begin; i < end; ++i) {
     const RlSample& s = samples[i];
-    Append(tokens->mask, s.mask), Append(tokens->old_value, s.old_value), Append(tokens->returns, s.returns);
+    Append(tokens.mask, s.mask), Append(tokens.old_value, s.old_value), Append(tokens.returns, s.returns);
   }
+  return trainer.ValueStep({PackSamples(samples, begin, end)}, {tokens}, value_clip);
 }
 
 namespace {

@@ -41,11 +41,12 @@ absl::StatusOr<Rollouts> GenerateAndScore(RolloutEngine& rollout, const std::vec
 
 // Samples [begin, end) packed into one micro-batch.
 model::TokenBatch PackSamples(const std::vector<RlSample>& samples, size_t begin, size_t end);
-// The same with the actor's (PolicyStep) or the critic's (ValueStep) per-token inputs.
-void PackPolicy(const std::vector<RlSample>& samples, size_t begin, size_t end, model::TokenBatch* batch,
-                Trainer::PolicyTokens* tokens);
-void PackValue(const std::vector<RlSample>& samples, size_t begin, size_t end, model::TokenBatch* batch,
-               Trainer::ValueTokens* tokens);
+// One optimizer step of the actor (Trainer::PolicyStep) or the critic (ValueStep) on
+// samples [begin, end), packed into one micro-batch with their per-token inputs.
+absl::StatusOr<Trainer::PolicyStats> UpdateActor(Trainer& trainer, const std::vector<RlSample>& samples, size_t begin,
+                                                 size_t end, const rl::PolicyLossOptions& loss);
+absl::StatusOr<Trainer::ValueStats> UpdateCritic(Trainer& trainer, const std::vector<RlSample>& samples, size_t begin,
+                                                 size_t end, double value_clip);
 
 // samples[i].*field from the model's log-probs (TokenLogProbs) or, for a critic, its
 // values (TokenValues): one forward per `parts` of the samples, packed, split back.

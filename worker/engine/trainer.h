@@ -167,6 +167,8 @@ class Trainer {
   // A step's start, before any collective of its own: kernels readied for these
   // micro-batches (model::Llama::PrepareKernels) and gradients zeroed.
   absl::Status BeginStep(const std::vector<model::TokenBatch>& micro_batches);
+  absl::StatusOr<float> BeginMaskedStep(const char* who, const std::vector<model::TokenBatch>& micro_batches,
+                                        const std::vector<const std::vector<double>*>& masks);
   absl::Status FinishStep(StepStats& stats);
   absl::Status PipelineTimes(StepStats* stats);
   absl::Status SumTiedEmbeddingGrads();
