@@ -8,6 +8,12 @@
 
 namespace tessera {
 
+std::string WithPort(const std::string& hp, int port) {
+  const std::string host = HostOf(hp);
+  if (host.find(':') != std::string::npos) return absl::StrCat("[", host, "]:", port);
+  return absl::StrCat(host, ":", port);
+}
+
 std::string HostOf(const std::string& hp) {
   if (!hp.empty() && hp[0] == '[') {
     auto e = hp.find(']');

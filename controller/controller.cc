@@ -181,6 +181,13 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Start(const ControllerOp
   }
   nlohmann::json conf = {{"address", c->address()}, {"token", c->admin_token_}, {"ca_cert", dir + "/ca.crt"},
                          {"insecure", opts.insecure_loopback}};
+  if (c->exposer_) {
+    // Port 0 asks the kernel for one; the port actually bound is published here.
+    const auto ports = c->exposer_->GetListeningPorts();
+    if (ports.empty()) return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", opts.metrics_listen));
+    conf["metrics_address"] = WithPort(opts.metrics_listen, ports.front());
+    spdlog::info("controller serving /metrics on {}", conf["metrics_address"].get<std::string>());
+  }
   TESSERA_RETURN_IF_ERROR(WriteFileAtomic(dir + "/admin.conf", conf.dump(2) + "\n", 0600));
   spdlog::info("controller listening on {} (port {}, {}), state in {}", opts.listen, c->port_,
                opts.insecure_loopback ? "plaintext loopback" : "TLS", dir);

@@ -18,7 +18,6 @@
 
 #include <chrono>
 #include <fstream>
-#include <random>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -63,22 +62,19 @@ int Proc::Wait(int timeout_ms) {
   return -1;
 }
 
-// A port for a daemon to listen on later. Not from the kernel's ephemeral range (port 0
-// would hand one out): between this check and the daemon's bind, the executors, Gloo
-// pairs and gRPC clients of tests running in parallel take ephemeral ports, and one of
-// them took a metrics port once (CI, 2026-11-26). A random bindable port below the range.
-int FreePort() {
-  static std::mt19937 rng(std::random_device{}());
-  for (int attempt = 0; attempt < 1000; ++attempt) {
-    const int port = 20000 + static_cast<int>(rng() % 12000);  // ephemeral range starts at 32768
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(port);
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
-    close(fd);
-    if (ok) return port;
+// The port of address `key` in the JSON file `path` (a daemon writes it atomically once
+// it listens), waiting up to 10 s for it; -1 if it never appears.
+int PublishedPort(const std::string& path, const std::string& key) {
+  for (int i = 0; i < 1000; ++i) {
+    auto text = ReadFile(path);
+    if (text.ok()) {
+      auto j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+      if (j.is_object() && j.contains(key) && j[key].is_string()) {
+        const std::string addr = j[key];
+        return std::stoi(addr.substr(addr.rfind(':') + 1));
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   return -1;
 }
@@ -101,9 +97,6 @@ std::string HttpGet(int port, const std::string& path) {
 }
 
 Cluster::Cluster(ClusterOptions o) : o_(o) {
-  cmetrics_ = FreePort();
-  ametrics_ = FreePort();
-  ahealth_ = FreePort();
   dir_ = "/tmp/tessera-it-" + RandomHex(4);
   (void)MakeDirs(dir_ + "/controller", 0700);
   admin_token_ = RandomHex(16);
@@ -140,6 +133,9 @@ Cluster::~Cluster() {
 std::string Cluster::address() const { return absl::StrCat("127.0.0.1:", port_); }
 std::string Cluster::ca_pem() const { return *ReadFile(dir_ + "/controller/ca.crt"); }
 std::string Cluster::agent_work_dir(int i) const { return absl::StrCat(dir_, "/agent", i); }
+int Cluster::controller_metrics_port() const { return PublishedPort(dir_ + "/controller/admin.conf", "metrics_address"); }
+int Cluster::agent_metrics_port() const { return PublishedPort(agent_work_dir(0) + "/endpoints.json", "metrics"); }
+int Cluster::agent_health_port() const { return PublishedPort(agent_work_dir(0) + "/endpoints.json", "health"); }
 
 absl::Status Cluster::StartController() {
   controller_ = std::make_unique<Proc>();
@@ -149,7 +145,7 @@ absl::Status Cluster::StartController() {
                                    "--state-dir", dir_ + "/controller",
                                    "--listen", absl::StrCat("127.0.0.1:", port_),
                                    "--lease-ttl", absl::StrCat(o_.lease_s),
-                                   "--metrics-listen", absl::StrCat("127.0.0.1:", cmetrics_),
+                                   "--metrics-listen", "127.0.0.1:0",
                                    "--path-root", dir_};
   if (!controller_->Start(argv, dir_ + "/controller.log")) return absl::InternalError("cannot start controller");
   for (int i = 0; i < 1000; ++i) {
@@ -183,9 +179,7 @@ absl::Status Cluster::StartAgent(int i) {
                                    "--work-dir", agent_work_dir(i),
                                    "--listen-host", "127.0.0.1"};
   if (i == 0) {
-    for (auto s : {std::string("--metrics-listen"), absl::StrCat("127.0.0.1:", ametrics_), std::string("--health-listen"),
-                   absl::StrCat("127.0.0.1:", ahealth_)})
-      argv.push_back(s);
+    for (const char* s : {"--metrics-listen", "127.0.0.1:0", "--health-listen", "127.0.0.1:0"}) argv.push_back(s);
   }
   if (!agents_[i]->Start(argv, absl::StrCat(dir_, "/agent", i, ".log"))) return absl::InternalError("cannot start agent");
   return absl::OkStatus();

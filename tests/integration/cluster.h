@@ -55,9 +55,12 @@ class Cluster {
   const std::string& admin_token() const { return admin_token_; }
   std::string ca_pem() const;
   std::string agent_work_dir(int i) const;
-  int controller_metrics_port() const { return cmetrics_; }
-  int agent_metrics_port() const { return ametrics_; }
-  int agent_health_port() const { return ahealth_; }
+  // The daemons listen on port 0 and publish the ports they bound (admin.conf's
+  // metrics_address; agent 0's endpoints.json); these read them (-1 if not published
+  // within 10 s).
+  int controller_metrics_port() const;
+  int agent_metrics_port() const;
+  int agent_health_port() const;
 
   absl::StatusOr<v1::Job> WaitState(const std::string& job, v1::JobState s, int timeout_ms);
   // Pids of the executors of job `job`, attempt `attempt`, found in /proc.
@@ -67,15 +70,12 @@ class Cluster {
   ClusterOptions o_;
   std::string dir_;
   int port_ = 0;
-  int cmetrics_ = 0, ametrics_ = 0, ahealth_ = 0;
   std::string admin_token_, read_token_;
   std::unique_ptr<Proc> controller_;
   std::vector<std::unique_ptr<Proc>> agents_;
   std::unique_ptr<client::Client> client_;
 };
 
-// A free loopback TCP port (bound and released; fine for tests).
-int FreePort();
 // Body of http://127.0.0.1:port/path ("" on failure).
 std::string HttpGet(int port, const std::string& path);
 

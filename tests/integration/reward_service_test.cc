@@ -67,13 +67,15 @@ class Rewards final : public v1::RewardService::Service {
 // The service on a free loopback port, serving until destroyed.
 struct Serving {
   Rewards rewards;
-  std::string address = absl::StrCat("127.0.0.1:", FreePort());
+  std::string address;
   std::unique_ptr<grpc::Server> server;
   Serving() {
     grpc::ServerBuilder b;
-    b.AddListeningPort(address, grpc::InsecureServerCredentials());
+    int port = 0;
+    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
     b.RegisterService(&rewards);
     server = b.BuildAndStart();
+    address = absl::StrCat("127.0.0.1:", port);
   }
 };
 

@@ -11,6 +11,8 @@
 #include <cstring>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc_util.h"
@@ -60,6 +62,9 @@ absl::Status Agent::Start() {
   heartbeat_rtt_ = &prometheus::BuildHistogram().Name("tessera_agent_heartbeat_rtt_seconds")
                         .Help("Heartbeat round trip to the controller").Register(*registry_)
                         .Add({}, prometheus::Histogram::BucketBoundaries{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1});
+  // Port 0 in either address asks the kernel for a port; the ports actually bound are
+  // logged and written to <work-dir>/endpoints.json ({"metrics": host:port, "health": ...}).
+  nlohmann::json endpoints = nlohmann::json::object();
   if (!opts_.metrics_listen.empty()) {
     try {
       exposer_ = std::make_unique<prometheus::Exposer>(opts_.metrics_listen);
@@ -67,16 +72,27 @@ absl::Status Agent::Start() {
     } catch (const std::exception& e) {
       return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", opts_.metrics_listen, ": ", e.what()));
     }
+    const auto ports = exposer_->GetListeningPorts();
+    if (ports.empty()) return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", opts_.metrics_listen));
+    endpoints["metrics"] = WithPort(opts_.metrics_listen, ports.front());
   }
   if (!opts_.health_listen.empty()) {
     auto creds = MakeServerCredentials({/*insecure=*/true, {}}, opts_.health_listen);
     if (!creds.ok()) return creds.status();
     EnableHealthAndReflection();
     grpc::ServerBuilder b;
-    b.AddListeningPort(opts_.health_listen, *creds);
+    int port = 0;
+    b.AddListeningPort(opts_.health_listen, *creds, &port);
     health_ = b.BuildAndStart();
-    if (!health_) return absl::UnavailableError(absl::StrCat("cannot serve health on ", opts_.health_listen));
+    if (!health_ || port == 0) return absl::UnavailableError(absl::StrCat("cannot serve health on ", opts_.health_listen));
     health_->GetHealthCheckService()->SetServingStatus(false);
+    endpoints["health"] = WithPort(opts_.health_listen, port);
+  }
+  if (!endpoints.empty()) {
+    for (auto& [what, where] : endpoints.items()) spdlog::info("agent serving {} on {}", what, where.get<std::string>());
+    TESSERA_RETURN_IF_ERROR(WriteFileAtomic(opts_.work_dir + "/endpoints.json", endpoints.dump(2) + "\n", 0644));
+  } else {
+    unlink((opts_.work_dir + "/endpoints.json").c_str());  // none from an earlier run with other flags
   }
   runner_ = std::thread([this] { Run(); });
   heartbeat_ = std::thread([this] { HeartbeatLoop(); });
