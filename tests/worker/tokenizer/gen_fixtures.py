@@ -178,6 +178,22 @@ MISC_TEMPLATE = """{# a comment #}
 {{ messages | map(attribute='role') | join(',') }} {{ messages[0].content[:3] }} {{ eos_token }}
 """
 
+# Llama-3.1-like namespace use, tojson with indent, dict/list literals, Python number
+# and repr formatting, slices, for-else, items(), selectattr, string methods.
+EXTRA_TEMPLATE = """{%- set ns = namespace(system=none, users=0) %}
+{%- for m in messages %}
+    {%- if m.role == 'system' %}{% set ns.system = m.content %}{% endif %}
+    {%- if m['role'] == 'user' %}{% set ns.users = ns.users + 1 %}{% endif %}
+{%- endfor %}
+system={{ ns.system }} users={{ ns.users }} {{ messages | selectattr('role', 'equalto', 'user') | list | length }}
+{{ {'a': 1, 'b': [1, 2.5, none, true, "it's"]} }} {{ {'k': 'v', 'n': [1, {'x': 0.1}]} | tojson(indent=2) }}
+{{ 0.1 + 0.2 }} {{ 10 / 4 }} {{ 1e100 }} {{ 123456789.0 * 1000000000 }} {{ 2 ** 3 if false else 7 % -3 }} {{ 'ab' * 3 }}
+{{ [1, 2, 3, 4, 5][::-2] }} {{ 'hello'[1:-1] }} {{ messages[-1].content[-3:] }} {{ 'a,b,,c'.split(',') }} {{ '  x  y '.split() }}
+{%- for k, v in {'x': 1, 'y': 2}.items() %} {{ k }}={{ v }}{% endfor %}
+{% for x in [] %}never{% else %}empty loop{% endfor %} {{ undefined_name is not defined }} {{ ns.missing | default('dflt') }}
+{{ messages[0].get('role') }} {{ messages[0].get('nope', 'fallback') }} {{ 'Title case words' | title }} {{ 'MiXeD' | capitalize }}
+{{ messages | map(attribute='role') | first }} {{ (messages | last).role }} {{ 3 is odd }} {{ 'x' is string }} {{ [1] is sequence }}
+{%- for m in messages if m.role != 'system' %} {{ loop.index }}:{{ m.role }}{% endfor %}"""
 CONVERSATIONS = [
     [{"role": "user", "content": "What is 2+2?"}],
     [{"role": "system", "content": "You answer briefly."}, {"role": "user", "content": "  Hello there!  "},
@@ -343,7 +359,8 @@ def main():
         json.dump(cases, f, ensure_ascii=True)
 
     chats = []
-    templates = {"llama3": LLAMA3_TEMPLATE, "qwen2": QWEN2_TEMPLATE, "qwen25": QWEN25_TEMPLATE, "misc": MISC_TEMPLATE}
+    templates = {"llama3": LLAMA3_TEMPLATE, "qwen2": QWEN2_TEMPLATE, "qwen25": QWEN25_TEMPLATE, "misc": MISC_TEMPLATE,
+                 "extra": EXTRA_TEMPLATE}
     for name, template in templates.items():
         for conv in CONVERSATIONS + ([TOOL_CONVERSATION] if name == "qwen25" else []):
             for gen in (False, True):
