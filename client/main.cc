@@ -47,6 +47,13 @@ absl::StatusOr<v1::JobSpec> LoadSpec(const std::string& file, const std::vector<
     if (spec->has_model()) spec->mutable_model()->set_hf_dir(absolute(spec->model().hf_dir()));
     if (spec->has_train() && spec->train().has_data())
       spec->mutable_train()->mutable_data()->set_path(absolute(spec->train().data().path()));
+    if (spec->has_generate()) {
+      auto* g = spec->mutable_generate();
+      g->set_input(absolute(g->input()));
+      g->set_output(absolute(g->output()));
+      g->set_checkpoint(absolute(g->checkpoint()));
+      if (g->tokenizer() != "byte") g->set_tokenizer(absolute(g->tokenizer()));
+    }
   }
   auto st = NormalizeAndValidateJobSpec(*spec);
   if (!st.ok()) return absl::Status(st.code(), absl::StrCat(file, ": ", st.message()));

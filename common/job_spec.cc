@@ -360,13 +360,13 @@ absl::Status ParseRl(const YAML::Node& n, const std::string& path, v1::RlSpec* r
 
 absl::Status ParseGenerate(const YAML::Node& n, const std::string& path, v1::GenerateSpec* g) {
   TESSERA_RETURN_IF_ERROR(CheckKeys(n, path, {"input", "output", "checkpoint", "max_new_tokens", "temperature", "top_k",
-                                              "top_p", "n", "seed", "stop", "max_running", "cache_tokens"}));
+                                              "top_p", "n", "seed", "stop", "max_running", "cache_tokens", "tokenizer"}));
   for (const auto& kv : n) {
     const std::string k = kv.first.Scalar(), p = Join(path, k);
     const YAML::Node& v = kv.second;
-    if (k == "input" || k == "output" || k == "checkpoint") {
+    if (k == "input" || k == "output" || k == "checkpoint" || k == "tokenizer") {
       TESSERA_ASSIGN_OR_RETURN(auto str, AsString(v, p));
-      k == "input" ? g->set_input(str) : k == "output" ? g->set_output(str) : g->set_checkpoint(str);
+      k == "input" ? g->set_input(str) : k == "output" ? g->set_output(str) : k == "tokenizer" ? g->set_tokenizer(str) : g->set_checkpoint(str);
     } else if (k == "max_new_tokens") ASSIGN_INT(g->set_max_new_tokens, v, p, 1, 1000000);
     else if (k == "top_k") ASSIGN_INT(g->set_top_k, v, p, 0, 100000000);
     else if (k == "n") ASSIGN_INT(g->set_n, v, p, 1, 4096);
@@ -651,15 +651,23 @@ static absl::Status ValidateGenerate(JobSpec& spec) {
   auto* g = spec.mutable_generate();
   if (g->input().empty()) return Bad("generate.input", "is required (a JSONL file of {\"prompt\": ...} objects)");
   if (g->output().empty()) return Bad("generate.output", "is required (the JSONL file the completions go to)");
+  const std::string tokenizer = g->tokenizer() == "byte" ? "" : g->tokenizer();
   for (auto [field, path] : {std::pair{"generate.input", g->input()}, std::pair{"generate.output", g->output()},
-                             std::pair{"generate.checkpoint", g->checkpoint()}})
+                             std::pair{"generate.checkpoint", g->checkpoint()}, std::pair{"generate.tokenizer", tokenizer}})
     if (!path.empty()) TESSERA_RETURN_IF_ERROR(CheckCleanAbsolute(field, path));
   if (g->input() == g->output()) return Bad("generate.output", "must not be the input file");
   if (g->checkpoint().empty() && m.hf_dir().empty())
     return Bad("generate.checkpoint", "is required without model.hf_dir (the weights to generate with)");
   if (!g->checkpoint().empty() && !m.hf_dir().empty())
     return Bad("generate.checkpoint", "and model.hf_dir both give weights; keep one");
-  TESSERA_RETURN_IF_ERROR(CheckStops("generate.stop", g->stop()));
+  // With the byte tokenizer a stop string is one byte; with a tokenizer.json the executor
+  // checks that each is one token of it.
+  if (g->tokenizer() == "byte" || (g->tokenizer().empty() && m.hf_dir().empty())) {
+    TESSERA_RETURN_IF_ERROR(CheckStops("generate.stop", g->stop()));
+  } else {
+    for (int i = 0; i < g->stop_size(); ++i)
+      if (g->stop(i).empty()) return Bad(absl::StrCat("generate.stop[", i, "]"), "is empty");
+  }
   if (g->max_new_tokens() == 0) g->set_max_new_tokens(64);
   if (!g->has_temperature()) g->set_temperature(1.0);
   if (g->top_p() == 0) g->set_top_p(1.0);
@@ -783,6 +791,7 @@ absl::Status CheckJobPaths(const v1::JobSpec& spec, const std::vector<std::strin
                              std::pair{"generate.input", spec.generate().input()},
                              std::pair{"generate.output", spec.generate().output()},
                              std::pair{"generate.checkpoint", spec.generate().checkpoint()},
+                             std::pair{"generate.tokenizer", spec.generate().tokenizer() == "byte" ? std::string() : spec.generate().tokenizer()},
                              std::pair{"rl.reward_ca_cert", spec.rl().reward_ca_cert()}}) {
     if (path.empty()) continue;
     TESSERA_RETURN_IF_ERROR(CheckCleanAbsolute(field, path));

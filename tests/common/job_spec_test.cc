@@ -228,6 +228,12 @@ TEST(JobSpec, GenerateDefaultsAndRefusals) {
   EXPECT_THAT(msg({"generate.output=out.jsonl"}), HasSubstr("generate.output: must be an absolute path"));
   EXPECT_THAT(msg({"generate.output=/d/in.jsonl"}), HasSubstr("generate.output: must not be the input file"));
   EXPECT_THAT(msg({"generate.stop=ab"}), HasSubstr("generate.stop[0]: 'ab' is 2 bytes"));
+  EXPECT_THAT(msg({"generate.stop=ab", "generate.tokenizer=byte"}), HasSubstr("generate.stop[0]: 'ab' is 2 bytes"));
+  // With a tokenizer.json a stop string is one token of it: the executor checks.
+  auto tok = check({"generate.stop=<|eot_id|>", "generate.tokenizer=/d/tok"});
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  EXPECT_EQ(tok->generate().tokenizer(), "/d/tok");
+  EXPECT_THAT(msg({"generate.tokenizer=tok.json"}), HasSubstr("generate.tokenizer: must be an absolute path"));
   EXPECT_THAT(msg({"generate.top_p=0"}), HasSubstr("generate.top_p"));
   EXPECT_THAT(msg({"generate.colour=red"}), HasSubstr("colour"));
   EXPECT_THAT(msg({"groups.0.layout.pp=2"}), HasSubstr("generate runs tp x dp"));

@@ -18,7 +18,9 @@
 #include "common/util.h"
 #include "tests/integration/cluster.h"
 #include "worker/checkpoint/checkpoint.h"
+#include "worker/checkpoint/hf.h"
 #include "worker/engine/rollout.h"
+#include "worker/tokenizer/model_text.h"
 
 namespace tessera::testing {
 namespace {
@@ -154,6 +156,114 @@ TEST(GenerateJob, CompletesAJsonlFileAsTheEngineDoes) {
   EXPECT_EQ(job.state(), v1::FAILED);
   EXPECT_THAT(job.reason(), HasSubstr("prompts.jsonl:9: expected {\"prompt\""));
   EXPECT_EQ(*ReadFile(output), before);
+}
+
+// A Hugging Face directory with a tokenizer.json (the Llama-3-style fixture: BPE, special
+// tokens, a chat template, generation_config.json's EOS ids): a generate job reads its
+// prompts and conversations with that tokenizer and template and writes decoded text.
+// Every completion equals this process's own engine fed the same encodings (checked
+// independently of the job: BOS first, the chat's header tokens as single ids) and
+// stopping at the EOS ids. A conversation with the byte tokenizer, and a stop string of
+// several tokens, fail the job by name and leave the output as it was.
+TEST(GenerateJob, ReadsAndWritesTextWithTheModelsTokenizer) {
+  Cluster c({.agents = 1, .cpu_slots = 2});
+  ASSERT_TRUE(c.StartController().ok());
+  ASSERT_TRUE(c.StartAgent(0).ok());
+  ASSERT_TRUE(c.WaitNodes(1, 20000).ok());
+  const std::string hf = c.dir() + "/hf", fixture = std::string(TESSERA_SOURCE_DIR) + "/tests/worker/tokenizer/data/llama3";
+  model::LlamaConfig mc;
+  mc.vocab = 640, mc.hidden = 32, mc.layers = 2, mc.heads = 4, mc.kv_heads = 2, mc.ffn = 48;
+  auto be = runtime::MakeCpuBackend();
+  {
+    auto m = model::Llama::Create(mc, be.get());
+    ASSERT_TRUE(m.ok());
+    ASSERT_TRUE((*m)->InitRandom(11, 0.5f).ok());
+    ASSERT_TRUE(checkpoint::ExportHf(hf, **m, "F32", true).ok());
+  }
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) ASSERT_TRUE(WriteFileAtomic(hf + "/" + f, *ReadFile(fixture + "/" + f)).ok());
+  auto text = tokenizer::LoadModelText(fixture);
+  ASSERT_TRUE(text.ok()) << text.status();
+  const int32_t bos = *text->tokenizer->SpecialId("<|begin_of_text|>"), eot = *text->tokenizer->SpecialId("<|eot_id|>"),
+                eos = *text->tokenizer->SpecialId("<|end_of_text|>"), header = *text->tokenizer->SpecialId("<|start_header_id|>");
+  ASSERT_TRUE(WriteFileAtomic(hf + "/generation_config.json", absl::StrCat("{\"eos_token_id\": [", eos, ", ", eot, "]}")).ok());
+
+  const std::string input = c.dir() + "/chat.jsonl", output = c.dir() + "/chat-out.jsonl";
+  const std::vector<json> lines = {
+      {{"prompt", "The quick brown fox"}},
+      {{"id", 7}, {"messages", {{{"role", "system"}, {"content", "Be brief."}}, {{"role", "user"}, {"content", "Hi there!"}}}}},
+      {{"prompt", "naïve café 日本語"}}};
+  {
+    std::ofstream f(input);
+    for (const auto& l : lines) f << l.dump() << "\n";
+  }
+  // The prompts as the job must encode them, and what this process's engine makes of them.
+  std::vector<std::vector<int32_t>> prompts;
+  prompts.push_back(*text->tokenizer->Encode("The quick brown fox", true));
+  auto chat = text->chat->Apply(nlohmann::ordered_json::parse(lines[1]["messages"].dump()), true);
+  ASSERT_TRUE(chat.ok()) << chat.status();
+  prompts.push_back(*text->tokenizer->Encode(*chat, false));
+  prompts.push_back(*text->tokenizer->Encode("naïve café 日本語", true));
+  EXPECT_EQ(prompts[0].front(), bos);
+  EXPECT_EQ(prompts[1].front(), bos);
+  EXPECT_EQ(std::count(prompts[1].begin(), prompts[1].end(), header), 3);  // system, user, assistant
+  EXPECT_EQ(std::count(prompts[1].begin(), prompts[1].end(), bos), 1);
+  auto m = model::Llama::Create(mc, be.get());
+  ASSERT_TRUE(m.ok());
+  ASSERT_TRUE(checkpoint::ImportHf(hf, **m).ok());
+  engine::RolloutOptions o;
+  o.num_blocks = 64;
+  auto e = engine::RolloutEngine::Create(m->get(), o);
+  std::vector<engine::GenerationRequest> reqs;
+  for (const auto& p : prompts) {
+    engine::GenerationRequest r;
+    r.prompt = p;
+    r.params.max_new_tokens = 12, r.params.temperature = 0, r.params.stop_tokens = {eos, eot};
+    reqs.push_back(r);
+  }
+  auto want = (*e)->Generate(reqs);
+  ASSERT_TRUE(want.ok()) << want.status();
+
+  auto s = ParseJobSpecYaml(absl::StrCat(
+      "name: gen-hf\nkind: generate\ncollective_timeout_s: 30\ngroups:\n  - name: rollout\n    devices: 2\n"
+      "    layout: {tp: 1, dp: 2}\nmodel: {hf_dir: ", hf, "}\n"
+      "generate: {input: ", input, ", output: ", output, ", max_new_tokens: 12, temperature: 0}\n"));
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_TRUE(NormalizeAndValidateJobSpec(*s).ok());
+  v1::Job job = RunJob(c, *s);
+  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
+  auto out = ReadFile(output);
+  ASSERT_TRUE(out.ok());
+  std::istringstream in(*out);
+  std::string line;
+  size_t i = 0;
+  for (; std::getline(in, line); ++i) {
+    ASSERT_LT(i, lines.size());
+    const json j = json::parse(line);
+    const json& comp = j["completions"][0];
+    const auto ids = comp["token_ids"].get<std::vector<int32_t>>();
+    EXPECT_EQ(ids, (*want)[i].tokens) << "line " << i;
+    // The decoded bytes, U+FFFD for each that is not UTF-8 (a random model splits characters).
+    const std::string decoded = *text->tokenizer->Decode(ids, /*skip_special=*/true);
+    EXPECT_EQ(comp["text"].get<std::string>(),
+              json::parse(json(decoded).dump(-1, ' ', false, json::error_handler_t::replace)).get<std::string>());
+    EXPECT_EQ(comp["finish_reason"], (*want)[i].finish_reason);
+    if (i == 1) EXPECT_EQ(j["id"], 7);
+  }
+  EXPECT_EQ(i, lines.size());
+
+  v1::JobSpec stop = *s;
+  stop.mutable_generate()->add_stop("Hello world");
+  job = RunJob(c, stop);
+  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_THAT(job.reason(), HasSubstr("generate.stop[0]: 'Hello world' is "));
+  EXPECT_THAT(job.reason(), HasSubstr("a stop string must be one token"));
+  // A conversation needs a chat template: with the byte tokenizer the job fails at its line.
+  v1::JobSpec byte_chat = *s;
+  byte_chat.mutable_generate()->set_tokenizer("byte");
+  job = RunJob(c, byte_chat);
+  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_THAT(job.reason(), HasSubstr("chat.jsonl:2: \"messages\" needs a chat template"));
+  EXPECT_EQ(*ReadFile(output), *out);  // failed jobs leave the output as it was
 }
 
 }  // namespace

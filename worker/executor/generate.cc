@@ -48,7 +48,44 @@ absl::StatusOr<std::unique_ptr<GenerateSession>> GenerateSession::Create(const v
     }
     TESSERA_RETURN_IF_ERROR(checkpoint::LoadCheckpoint(from, {s->model_.get(), nullptr, s->tp_, s->dp_, nullptr}).status());
   }
+  TESSERA_RETURN_IF_ERROR(s->LoadText(spec, config.vocab));
   return s;
+}
+
+absl::Status GenerateSession::LoadText(const v1::JobSpec& spec, int64_t model_vocab) {
+  std::string path = g_.tokenizer();
+  const std::string hf = spec.model().hf_dir();
+  if (path.empty() && !hf.empty() && ReadFile(hf + "/tokenizer.json").ok()) path = hf;
+  auto text = tokenizer::LoadModelText(path);
+  if (!text.ok()) return absl::Status(text.status().code(), absl::StrCat("generate.tokenizer: ", text.status().message()));
+  text_ = std::move(*text);
+  if (text_.tokenizer->vocab_size() > model_vocab)
+    return absl::InvalidArgumentError(absl::StrCat("generate.tokenizer: ", text_.tokenizer->name(), " has ",
+                                                   text_.tokenizer->vocab_size(), " tokens; the model's vocabulary has ",
+                                                   model_vocab));
+  stop_ids_ = text_.eos_ids;
+  for (int i = 0; i < g_.stop_size(); ++i) {
+    TESSERA_ASSIGN_OR_RETURN(auto ids, text_.tokenizer->Encode(g_.stop(i)));
+    if (ids.size() != 1)
+      return absl::InvalidArgumentError(absl::StrCat("generate.stop[", i, "]: '", g_.stop(i), "' is ", ids.size(), " tokens of ",
+                                                     text_.tokenizer->name(), "; a stop string must be one token"));
+    stop_ids_.push_back(ids[0]);
+  }
+  return absl::OkStatus();
+}
+
+// The prompt's tokens of one input line; INVALID_ARGUMENT (without the line's place) when
+// it has neither a "prompt" string nor a "messages" list the chat template takes.
+absl::StatusOr<std::vector<int32_t>> GenerateSession::PromptOf(const json& j) const {
+  if (j.contains("prompt") && j["prompt"].is_string() && !j["prompt"].get<std::string>().empty())
+    return text_.tokenizer->Encode(j["prompt"].get<std::string>(), /*add_special=*/true);
+  if (!j.contains("messages"))
+    return absl::InvalidArgumentError("expected {\"prompt\": \"non-empty string\", ...} or {\"messages\": [...], ...}");
+  if (!text_.chat) return absl::InvalidArgumentError(absl::StrCat("\"messages\" needs a chat template: ", text_.chat_status.message()));
+  // Ordered: tojson in templates keeps the keys' order.
+  const auto messages = nlohmann::ordered_json::parse(j["messages"].dump());
+  TESSERA_ASSIGN_OR_RETURN(std::string prompt, text_.chat->Apply(messages, /*add_generation_prompt=*/true));
+  return text_.tokenizer->Encode(prompt, /*add_special=*/false);  // the template wrote BOS if the model wants one
 }
 
 absl::StatusOr<std::string> GenerateSession::Run() {
@@ -57,14 +94,19 @@ absl::StatusOr<std::string> GenerateSession::Run() {
   if (!in) return absl::NotFoundError(absl::StrCat("generate.input: cannot read ", g_.input()));
   // Every rank reads the whole file (the line numbers name errors) and keeps its share.
   std::vector<json> lines;
+  std::vector<std::vector<int32_t>> prompts;
   std::string line;
   for (int64_t no = 1; std::getline(in, line); ++no) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     json j = json::parse(line, nullptr, false);
-    if (j.is_discarded() || !j.is_object() || !j.contains("prompt") || !j["prompt"].is_string() ||
-        j["prompt"].get<std::string>().empty())
+    if (j.is_discarded() || !j.is_object())
       return absl::InvalidArgumentError(absl::StrCat(g_.input(), ":", no, ": expected {\"prompt\": \"non-empty string\", ...}"));
+    // Every line is checked on every rank, so that a bad line fails the job wherever it is.
+    auto prompt = PromptOf(j);
+    if (!prompt.ok()) return absl::InvalidArgumentError(absl::StrCat(g_.input(), ":", no, ": ", prompt.status().message()));
+    if (prompt->empty()) return absl::InvalidArgumentError(absl::StrCat(g_.input(), ":", no, ": the prompt has no tokens"));
     lines.push_back(std::move(j));
+    prompts.push_back(std::move(*prompt));
   }
   if (lines.empty()) return absl::InvalidArgumentError(absl::StrCat(g_.input(), ": no prompts"));
   const int64_t total = static_cast<int64_t>(lines.size());
@@ -72,14 +114,13 @@ absl::StatusOr<std::string> GenerateSession::Run() {
   std::vector<engine::GenerationRequest> reqs;
   int64_t longest = 1, longest_line = begin;
   for (int64_t i = begin; i < end; ++i) {
-    const std::string p = lines[i]["prompt"].get<std::string>();
     engine::GenerationRequest r;
-    r.prompt.assign(reinterpret_cast<const unsigned char*>(p.data()), reinterpret_cast<const unsigned char*>(p.data()) + p.size());
+    r.prompt = std::move(prompts[i]);
     r.params.n = g_.n(), r.params.max_new_tokens = g_.max_new_tokens();
     r.params.temperature = static_cast<float>(g_.temperature()), r.params.top_k = g_.top_k();
     r.params.top_p = static_cast<float>(g_.top_p());
     r.params.seed = g_.seed() + static_cast<uint64_t>(i) * 7919u;  // by global line: any DP split draws the same
-    for (const std::string& st : g_.stop()) r.params.stop_tokens.push_back(static_cast<unsigned char>(st[0]));
+    r.params.stop_tokens = stop_ids_;
     if (static_cast<int64_t>(r.prompt.size()) > longest) longest = static_cast<int64_t>(r.prompt.size()), longest_line = i;
     reqs.push_back(std::move(r));
   }
@@ -103,7 +144,10 @@ absl::StatusOr<std::string> GenerateSession::Run() {
     for (const engine::Completion& c : got) {
       double logprob = 0;
       for (float l : c.logprobs) logprob += l;
-      outs[c.request].push_back({{"text", std::string(c.tokens.begin(), c.tokens.end())},
+      std::vector<int32_t> known;  // a model's vocabulary may be padded past the tokenizer's: those ids have no text
+      for (int32_t t : c.tokens) if (t < text_.tokenizer->vocab_size()) known.push_back(t);
+      TESSERA_ASSIGN_OR_RETURN(std::string text, text_.tokenizer->Decode(known, /*skip_special=*/true));
+      outs[c.request].push_back({{"text", std::move(text)},
                                  {"token_ids", c.tokens},  // lossless: the text is UTF-8 with U+FFFD for bytes that are not
                                  {"finish_reason", c.finish_reason},
                                  {"num_tokens", c.tokens.size()},

@@ -3,10 +3,14 @@
 // with tools and tool calls, and one exercising the rest of the supported Jinja.
 #include "worker/tokenizer/chat_template.h"
 
+#include <unistd.h>
+
 #include <fstream>
 #include <sstream>
 
 #include "gtest/gtest.h"
+#include "common/util.h"
+#include "worker/tokenizer/model_text.h"
 #include "worker/tokenizer/tokenizer.h"
 
 namespace tessera::tokenizer {
@@ -84,6 +88,32 @@ TEST(ChatTemplate, RefusesBadInputByName) {
     }
   }
   EXPECT_EQ(ChatTemplate::Load("/nonexistent").status().code(), absl::StatusCode::kNotFound);
+}
+
+// A model directory's text side: tokenizer, template, and the EOS ids generation stops at
+// (tokenizer_config.json's eos_token and generation_config.json's eos_token_id).
+TEST(ModelText, EosFromBothConfigs) {
+  const std::string dir = ::testing::TempDir() + "/model-text-" + std::to_string(getpid());
+  ASSERT_TRUE(MakeDirs(dir, 0755).ok());
+  unlink((dir + "/generation_config.json").c_str());
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
+    ASSERT_TRUE(WriteFileAtomic(dir + "/" + f, *ReadFile(Data(std::string("llama3/") + f))).ok());
+  auto t = LoadModelText(dir);
+  ASSERT_TRUE(t.ok()) << t.status();
+  const int32_t eot = *t->tokenizer->SpecialId("<|eot_id|>"), eos = *t->tokenizer->SpecialId("<|end_of_text|>");
+  EXPECT_EQ(t->eos_ids, std::vector<int32_t>{eot});
+  EXPECT_TRUE(t->chat.has_value());
+  ASSERT_TRUE(WriteFileAtomic(dir + "/generation_config.json", "{\"eos_token_id\": [" + std::to_string(eos) + ", " +
+                                                                   std::to_string(eot) + "]}").ok());
+  t = LoadModelText(dir + "/tokenizer.json");  // a file: its directory's configs
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t->eos_ids, (std::vector<int32_t>{std::min(eos, eot), std::max(eos, eot)}));
+  auto byte = LoadModelText("byte");
+  ASSERT_TRUE(byte.ok());
+  EXPECT_EQ(byte->tokenizer->vocab_size(), 256);
+  EXPECT_FALSE(byte->chat.has_value());
+  EXPECT_TRUE(byte->eos_ids.empty());
+  EXPECT_EQ(LoadModelText("/nonexistent").status().code(), absl::StatusCode::kNotFound);
 }
 
 }  // namespace

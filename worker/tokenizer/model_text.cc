@@ -1,0 +1,47 @@
+#include "worker/tokenizer/model_text.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "common/util.h"
+
+namespace tessera::tokenizer {
+
+absl::StatusOr<ModelText> LoadModelText(const std::string& path) {
+  ModelText t;
+  if (path.empty() || path == "byte") {
+    t.tokenizer = MakeByteTokenizer();
+    t.chat_status = absl::FailedPreconditionError("the byte tokenizer has no chat template");
+    return t;
+  }
+  TESSERA_ASSIGN_OR_RETURN(t.tokenizer, LoadHfTokenizer(path));
+  struct stat st;
+  const bool is_dir = stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+  const std::string dir = is_dir ? path : path.substr(0, path.rfind('/') == std::string::npos ? 0 : path.rfind('/'));
+  auto chat = ChatTemplate::Load(dir.empty() ? "." : dir);
+  if (chat.ok()) {
+    t.chat = std::move(*chat);
+    if (auto id = t.tokenizer->SpecialId(t.chat->eos_token())) t.eos_ids.push_back(*id);
+  } else {
+    t.chat_status = chat.status();
+  }
+  if (auto text = ReadFile(dir + "/generation_config.json"); text.ok()) {
+    const auto j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.contains("eos_token_id")) {
+      const auto& e = j["eos_token_id"];
+      for (const auto& id : e.is_array() ? e : nlohmann::json::array({e}))
+        if (id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() < t.tokenizer->vocab_size())
+          t.eos_ids.push_back(id.get<int32_t>());
+    }
+  }
+  std::sort(t.eos_ids.begin(), t.eos_ids.end());
+  t.eos_ids.erase(std::unique(t.eos_ids.begin(), t.eos_ids.end()), t.eos_ids.end());
+  return t;
+}
+
+}  // namespace tessera::tokenizer

@@ -1,0 +1,28 @@
+// A model's text side, as a generate (or RL) job needs it: the tokenizer, the chat
+// template when the directory has one, and the token ids generation stops at by default.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/tokenizer/chat_template.h"
+#include "worker/tokenizer/tokenizer.h"
+
+namespace tessera::tokenizer {
+
+struct ModelText {
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::optional<ChatTemplate> chat;  // from tokenizer_config.json, when it has one
+  absl::Status chat_status;          // why there is none (reported when a conversation needs it)
+  // tokenizer_config.json's eos_token and generation_config.json's eos_token_id(s).
+  std::vector<int32_t> eos_ids;
+};
+
+// `path`: "byte" (or empty) for the byte tokenizer; a tokenizer.json, or a directory
+// holding one (and, beside it, tokenizer_config.json / generation_config.json).
+absl::StatusOr<ModelText> LoadModelText(const std::string& path);
+
+}  // namespace tessera::tokenizer
