@@ -44,7 +44,10 @@ absl::StatusOr<v1::JobSpec> LoadSpec(const std::string& file, const std::vector<
     ck->set_load(absolute(ck->load()));
     if (ck->ByteSizeLong() == 0) spec->mutable_train()->clear_checkpoint();
     if (spec->has_train()) spec->mutable_train()->set_export_hf(absolute(spec->train().export_hf()));
-    if (spec->has_model()) spec->mutable_model()->set_hf_dir(absolute(spec->model().hf_dir()));
+    if (spec->has_model()) {
+      spec->mutable_model()->set_hf_dir(absolute(spec->model().hf_dir()));
+      if (spec->model().tokenizer() != "byte") spec->mutable_model()->set_tokenizer(absolute(spec->model().tokenizer()));
+    }
     if (spec->has_train() && spec->train().has_data())
       spec->mutable_train()->mutable_data()->set_path(absolute(spec->train().data().path()));
     if (spec->has_generate()) {
@@ -52,7 +55,6 @@ absl::StatusOr<v1::JobSpec> LoadSpec(const std::string& file, const std::vector<
       g->set_input(absolute(g->input()));
       g->set_output(absolute(g->output()));
       g->set_checkpoint(absolute(g->checkpoint()));
-      if (g->tokenizer() != "byte") g->set_tokenizer(absolute(g->tokenizer()));
     }
   }
   auto st = NormalizeAndValidateJobSpec(*spec);

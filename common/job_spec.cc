@@ -121,7 +121,7 @@ absl::Status ParseLayout(const YAML::Node& n, const std::string& path, v1::Paral
 absl::Status ParseModel(const YAML::Node& n, const std::string& path, v1::ModelShape* m) {
   TESSERA_RETURN_IF_ERROR(CheckKeys(n, path, {"num_layers", "num_heads", "num_kv_heads", "vocab_size", "seq_len",
                                               "global_batch", "micro_batch", "hidden", "ffn", "head_dim", "rope_base",
-                                              "tie_embeddings", "qkv_bias", "hf_dir"}));
+                                              "tie_embeddings", "qkv_bias", "hf_dir", "tokenizer"}));
   const int64_t kMax = 1 << 30;
   for (const auto& kv : n) {
     std::string k = kv.first.Scalar(), p = Join(path, k);
@@ -142,9 +142,9 @@ absl::Status ParseModel(const YAML::Node& n, const std::string& path, v1::ModelS
     } else if (k == "tie_embeddings" || k == "qkv_bias") {
       TESSERA_ASSIGN_OR_RETURN(bool b, AsBool(v, p));
       k == "qkv_bias" ? m->set_qkv_bias(b) : m->set_tie_embeddings(b);
-    } else if (k == "hf_dir") {
+    } else if (k == "hf_dir" || k == "tokenizer") {
       TESSERA_ASSIGN_OR_RETURN(auto s, AsString(v, p));
-      m->set_hf_dir(s);
+      k == "hf_dir" ? m->set_hf_dir(s) : m->set_tokenizer(s);
     }
   }
   return absl::OkStatus();
@@ -360,13 +360,13 @@ absl::Status ParseRl(const YAML::Node& n, const std::string& path, v1::RlSpec* r
 
 absl::Status ParseGenerate(const YAML::Node& n, const std::string& path, v1::GenerateSpec* g) {
   TESSERA_RETURN_IF_ERROR(CheckKeys(n, path, {"input", "output", "checkpoint", "max_new_tokens", "temperature", "top_k",
-                                              "top_p", "n", "seed", "stop", "max_running", "cache_tokens", "tokenizer"}));
+                                              "top_p", "n", "seed", "stop", "max_running", "cache_tokens"}));
   for (const auto& kv : n) {
     const std::string k = kv.first.Scalar(), p = Join(path, k);
     const YAML::Node& v = kv.second;
-    if (k == "input" || k == "output" || k == "checkpoint" || k == "tokenizer") {
+    if (k == "input" || k == "output" || k == "checkpoint") {
       TESSERA_ASSIGN_OR_RETURN(auto str, AsString(v, p));
-      k == "input" ? g->set_input(str) : k == "output" ? g->set_output(str) : k == "tokenizer" ? g->set_tokenizer(str) : g->set_checkpoint(str);
+      k == "input" ? g->set_input(str) : k == "output" ? g->set_output(str) : g->set_checkpoint(str);
     } else if (k == "max_new_tokens") ASSIGN_INT(g->set_max_new_tokens, v, p, 1, 1000000);
     else if (k == "top_k") ASSIGN_INT(g->set_top_k, v, p, 0, 100000000);
     else if (k == "n") ASSIGN_INT(g->set_n, v, p, 1, 4096);
@@ -651,9 +651,8 @@ static absl::Status ValidateGenerate(JobSpec& spec) {
   auto* g = spec.mutable_generate();
   if (g->input().empty()) return Bad("generate.input", "is required (a JSONL file of {\"prompt\": ...} objects)");
   if (g->output().empty()) return Bad("generate.output", "is required (the JSONL file the completions go to)");
-  const std::string tokenizer = g->tokenizer() == "byte" ? "" : g->tokenizer();
   for (auto [field, path] : {std::pair{"generate.input", g->input()}, std::pair{"generate.output", g->output()},
-                             std::pair{"generate.checkpoint", g->checkpoint()}, std::pair{"generate.tokenizer", tokenizer}})
+                             std::pair{"generate.checkpoint", g->checkpoint()}})
     if (!path.empty()) TESSERA_RETURN_IF_ERROR(CheckCleanAbsolute(field, path));
   if (g->input() == g->output()) return Bad("generate.output", "must not be the input file");
   if (g->checkpoint().empty() && m.hf_dir().empty())
@@ -662,7 +661,7 @@ static absl::Status ValidateGenerate(JobSpec& spec) {
     return Bad("generate.checkpoint", "and model.hf_dir both give weights; keep one");
   // With the byte tokenizer a stop string is one byte; with a tokenizer.json the executor
   // checks that each is one token of it.
-  if (g->tokenizer() == "byte" || (g->tokenizer().empty() && m.hf_dir().empty())) {
+  if (m.tokenizer() == "byte" || (m.tokenizer().empty() && m.hf_dir().empty())) {
     TESSERA_RETURN_IF_ERROR(CheckStops("generate.stop", g->stop()));
   } else {
     for (int i = 0; i < g->stop_size(); ++i)
@@ -761,6 +760,15 @@ absl::Status NormalizeAndValidateJobSpec(JobSpec& spec) {
   if (spec.kind() == "generate") TESSERA_RETURN_IF_ERROR(ValidateGenerate(spec));
   if (spec.kind() != "generate" && spec.has_generate())
     return Bad("generate", absl::StrCat("is only for generate jobs, not ", spec.kind()));
+  // A tokenizer reads and writes text: generate lines and jsonl training data. The
+  // built-in tasks and RL prompts are byte tokens still.
+  if (const std::string& tok = spec.model().tokenizer(); !tok.empty() && tok != "byte") {
+    TESSERA_RETURN_IF_ERROR(CheckCleanAbsolute("model.tokenizer", tok));
+    const bool jsonl_training = (spec.kind() == "pretrain" || spec.kind() == "sft") && spec.train().data().kind() == "jsonl";
+    if (spec.kind() != "generate" && !jsonl_training)
+      return Bad("model.tokenizer", absl::StrCat("is for generate jobs and jsonl training data; ", spec.kind(),
+                                                 rl ? " jobs read byte tokens still" : " on built-in data reads byte tokens"));
+  }
   static const std::set<std::string> kEnvAllowed = {"NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_ALGO", "NCCL_PROTO",
                                                     "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS", "NCCL_BUFFSIZE",
                                                     "OMP_NUM_THREADS"};
@@ -791,7 +799,7 @@ absl::Status CheckJobPaths(const v1::JobSpec& spec, const std::vector<std::strin
                              std::pair{"generate.input", spec.generate().input()},
                              std::pair{"generate.output", spec.generate().output()},
                              std::pair{"generate.checkpoint", spec.generate().checkpoint()},
-                             std::pair{"generate.tokenizer", spec.generate().tokenizer() == "byte" ? std::string() : spec.generate().tokenizer()},
+                             std::pair{"model.tokenizer", spec.model().tokenizer() == "byte" ? std::string() : spec.model().tokenizer()},
                              std::pair{"rl.reward_ca_cert", spec.rl().reward_ca_cert()}}) {
     if (path.empty()) continue;
     TESSERA_RETURN_IF_ERROR(CheckCleanAbsolute(field, path));

@@ -166,6 +166,13 @@ TEST(JobSpec, GrpoDefaultsAndRefusals) {
   EXPECT_THAT(std::string(check({"train.data.kind=jsonl"}).status().message()), HasSubstr("train.data.path"));
   EXPECT_TRUE(check({"train.checkpoint.dir=/ck", "train.checkpoint.save_every=5"}).ok());  // the job's own checkpoints
   EXPECT_THAT(std::string(check({"train.checkpoint.dir=ck"}).status().message()), HasSubstr("train.checkpoint.dir"));
+  EXPECT_THAT(std::string(check({"model.tokenizer=/d/tok"}).status().message()),
+              HasSubstr("model.tokenizer: is for generate jobs and jsonl training data; grpo jobs read byte tokens"));
+  // sft on jsonl takes a tokenizer; on the built-in data it is refused by name.
+  EXPECT_TRUE(ValidSpec(kPretrain, {"kind=sft", "train.data.kind=jsonl", "train.data.path=/d.jsonl", "model.tokenizer=/d/tok"}).ok());
+  EXPECT_THAT(std::string(ValidSpec(kPretrain, {"model.tokenizer=/d/tok"}).status().message()),
+              HasSubstr("model.tokenizer: is for generate jobs and jsonl training data"));
+  EXPECT_TRUE(ValidSpec(kPretrain, {"model.tokenizer=byte"}).ok());
   auto rl_on_pretrain = ParseJobSpecYaml(kPretrain, {"rl.group_size=4"});
   ASSERT_TRUE(rl_on_pretrain.ok());
   EXPECT_THAT(std::string(NormalizeAndValidateJobSpec(*rl_on_pretrain).message()), HasSubstr("rl: is only for grpo and ppo jobs"));
@@ -228,12 +235,12 @@ TEST(JobSpec, GenerateDefaultsAndRefusals) {
   EXPECT_THAT(msg({"generate.output=out.jsonl"}), HasSubstr("generate.output: must be an absolute path"));
   EXPECT_THAT(msg({"generate.output=/d/in.jsonl"}), HasSubstr("generate.output: must not be the input file"));
   EXPECT_THAT(msg({"generate.stop=ab"}), HasSubstr("generate.stop[0]: 'ab' is 2 bytes"));
-  EXPECT_THAT(msg({"generate.stop=ab", "generate.tokenizer=byte"}), HasSubstr("generate.stop[0]: 'ab' is 2 bytes"));
   // With a tokenizer.json a stop string is one token of it: the executor checks.
-  auto tok = check({"generate.stop=<|eot_id|>", "generate.tokenizer=/d/tok"});
+  auto tok = check({"generate.stop=<|eot_id|>", "model.tokenizer=/d/tok"});
   ASSERT_TRUE(tok.ok()) << tok.status();
-  EXPECT_EQ(tok->generate().tokenizer(), "/d/tok");
-  EXPECT_THAT(msg({"generate.tokenizer=tok.json"}), HasSubstr("generate.tokenizer: must be an absolute path"));
+  EXPECT_EQ(tok->model().tokenizer(), "/d/tok");
+  EXPECT_THAT(msg({"model.tokenizer=tok.json"}), HasSubstr("model.tokenizer: must be an absolute path"));
+  EXPECT_THAT(msg({"generate.stop=ab", "model.tokenizer=byte"}), HasSubstr("generate.stop[0]: 'ab' is 2 bytes"));
   EXPECT_THAT(msg({"generate.top_p=0"}), HasSubstr("generate.top_p"));
   EXPECT_THAT(msg({"generate.colour=red"}), HasSubstr("colour"));
   EXPECT_THAT(msg({"groups.0.layout.pp=2"}), HasSubstr("generate runs tp x dp"));

@@ -259,11 +259,78 @@ TEST(GenerateJob, ReadsAndWritesTextWithTheModelsTokenizer) {
   EXPECT_THAT(job.reason(), HasSubstr("a stop string must be one token"));
   // A conversation needs a chat template: with the byte tokenizer the job fails at its line.
   v1::JobSpec byte_chat = *s;
-  byte_chat.mutable_generate()->set_tokenizer("byte");
+  byte_chat.mutable_model()->set_tokenizer("byte");
   job = RunJob(c, byte_chat);
   EXPECT_EQ(job.state(), v1::FAILED);
   EXPECT_THAT(job.reason(), HasSubstr("chat.jsonl:2: \"messages\" needs a chat template"));
   EXPECT_EQ(*ReadFile(output), *out);  // failed jobs leave the output as it was
+}
+
+// The text path end to end, through real daemons: an sft job on conversations (JSONL
+// {"messages"}: the loss on the assistant turns, through the model directory's tokenizer
+// and chat template) exports a Hugging Face directory — which carries the tokenizer
+// files — and a generate job on that directory answers new conversations as taught,
+// stopping at the end-of-turn token.
+TEST(GenerateJob, SftOnConversationsThenChatWithTheExport) {
+  Cluster c({.agents = 1, .cpu_slots = 2});
+  ASSERT_TRUE(c.StartController().ok());
+  ASSERT_TRUE(c.StartAgent(0).ok());
+  ASSERT_TRUE(c.WaitNodes(1, 20000).ok());
+  const std::string hf = c.dir() + "/base", fixture = std::string(TESSERA_SOURCE_DIR) + "/tests/worker/tokenizer/data/llama3";
+  model::LlamaConfig mc;
+  mc.vocab = 640, mc.hidden = 64, mc.layers = 2, mc.heads = 4, mc.kv_heads = 2, mc.ffn = 128;
+  auto be = runtime::MakeCpuBackend();
+  {
+    auto m = model::Llama::Create(mc, be.get());
+    ASSERT_TRUE(m.ok());
+    ASSERT_TRUE((*m)->InitRandom(3, 0.02f).ok());
+    ASSERT_TRUE(checkpoint::ExportHf(hf, **m, "F32", true).ok());
+  }
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) ASSERT_TRUE(WriteFileAtomic(hf + "/" + f, *ReadFile(fixture + "/" + f)).ok());
+  // The lesson: whatever the user asks about a colour, the assistant names its opposite.
+  const std::vector<std::pair<std::string, std::string>> pairs = {{"black", "white"}, {"white", "black"}, {"red", "green"},
+                                                                  {"green", "red"}, {"blue", "orange"}, {"orange", "blue"}};
+  const std::string data = c.dir() + "/chat-sft.jsonl";
+  {
+    std::ofstream f(data);
+    for (const auto& [a, b] : pairs)
+      f << json{{"messages", {{{"role", "user"}, {"content", "Opposite of " + a + "?"}}, {{"role", "assistant"}, {"content", b}}}}}.dump()
+        << "\n";
+  }
+  auto sft = ParseJobSpecYaml(absl::StrCat(
+      "name: chat-sft\nkind: sft\ncollective_timeout_s: 30\ngroups:\n  - {name: actor, devices: 2, layout: {dp: 2}}\n"
+      "model: {hf_dir: ", hf, ", seq_len: 64, global_batch: 6, micro_batch: 3}\n"
+      "train: {steps: 60, lr: 0.003, warmup_steps: 5, data: {kind: jsonl, path: ", data, "}, export_hf: ", c.dir(), "/tuned}\n"));
+  ASSERT_TRUE(sft.ok()) << sft.status();
+  ASSERT_TRUE(NormalizeAndValidateJobSpec(*sft).ok());
+  v1::Job job = RunJob(c, *sft);
+  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
+  for (const char* f : {"config.json", "tokenizer.json", "tokenizer_config.json"})
+    EXPECT_TRUE(ReadFile(c.dir() + "/tuned/" + f).ok()) << f;
+
+  const std::string input = c.dir() + "/ask.jsonl", output = c.dir() + "/answers.jsonl";
+  {
+    std::ofstream f(input);
+    for (const auto& [a, b] : pairs) f << json{{"messages", {{{"role", "user"}, {"content", "Opposite of " + a + "?"}}}}}.dump() << "\n";
+  }
+  auto gen = ParseJobSpecYaml(absl::StrCat(
+      "name: chat-gen\nkind: generate\ncollective_timeout_s: 30\ngroups:\n  - {name: rollout, devices: 1}\n"
+      "model: {hf_dir: ", c.dir(), "/tuned}\ngenerate: {input: ", input, ", output: ", output, ", max_new_tokens: 8, temperature: 0}\n"));
+  ASSERT_TRUE(gen.ok()) << gen.status();
+  ASSERT_TRUE(NormalizeAndValidateJobSpec(*gen).ok());
+  job = RunJob(c, *gen);
+  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
+  std::istringstream in(*ReadFile(output));
+  std::string line;
+  int right = 0, stopped = 0, n = 0;
+  for (; std::getline(in, line); ++n) {
+    const json comp = json::parse(line)["completions"][0];
+    right += comp["text"] == pairs[n].second;
+    stopped += comp["finish_reason"] == "stop";
+  }
+  EXPECT_EQ(n, 6);
+  EXPECT_EQ(right, 6) << *ReadFile(output);
+  EXPECT_EQ(stopped, 6);  // at <|eot_id|>, the template's end of turn that SFT taught
 }
 
 }  // namespace

@@ -75,38 +75,110 @@ absl::Status ForEachJsonLine(const std::string& path,
 }
 }  // namespace
 
-absl::StatusOr<JsonlData> LoadJsonl(const std::string& path, int64_t seq_len) {
+namespace {
+
+// A run of tokens of a sample and whether the model learns to predict them.
+struct Piece {
+  std::vector<int32_t> ids;
+  bool scored;
+};
+
+// A conversation's pieces: each assistant turn (the template's text for it, its end
+// token included) scored, everything before it — the template's text for the earlier
+// turns and the generation prompt — not. The template is rendered for each prefix of the
+// conversation and the text is split where the prefixes end; a template whose renderings
+// are not prefixes of each other cannot be split so and is refused.
+absl::StatusOr<std::vector<Piece>> ConversationPieces(const nlohmann::json& messages, const tokenizer::ModelText& text) {
+  if (!text.chat) return absl::InvalidArgumentError(absl::StrCat("\"messages\" needs a chat template: ", text.chat_status.message()));
+  if (!messages.is_array() || messages.empty()) return absl::InvalidArgumentError("messages: expected a non-empty list");
+  const auto all = nlohmann::ordered_json::parse(messages.dump());
+  std::vector<Piece> pieces;
+  std::string done;  // the text turned into pieces so far
+  auto add = [&](const std::string& upto, bool scored, size_t i) -> absl::Status {
+    if (upto.compare(0, done.size(), done) != 0)
+      return absl::InvalidArgumentError(absl::StrCat("messages[", i, "]: the chat template's text for the conversation up to ",
+                                                     "here does not extend its text for the turns before; it cannot be split by turn"));
+    TESSERA_ASSIGN_OR_RETURN(auto ids, text.tokenizer->Encode(upto.substr(done.size()), /*add_special=*/false));
+    pieces.push_back({std::move(ids), scored});
+    done = upto;
+    return absl::OkStatus();
+  };
+  bool any = false;
+  for (size_t i = 0; i < all.size(); ++i) {
+    if (!all[i].is_object() || all[i].value("role", "") != "assistant") continue;
+    if (i == 0) return absl::InvalidArgumentError("messages[0]: an assistant turn needs a turn before it");
+    nlohmann::ordered_json before = nlohmann::ordered_json::array();
+    for (size_t k = 0; k < i; ++k) before.push_back(all[k]);
+    nlohmann::ordered_json upto = before;
+    upto.push_back(all[i]);
+    TESSERA_ASSIGN_OR_RETURN(std::string prompt, text.chat->Apply(before, /*add_generation_prompt=*/true));
+    TESSERA_RETURN_IF_ERROR(add(prompt, false, i));
+    TESSERA_ASSIGN_OR_RETURN(std::string turn, text.chat->Apply(upto, /*add_generation_prompt=*/false));
+    TESSERA_RETURN_IF_ERROR(add(turn, true, i));
+    any = true;
+  }
+  if (!any) return absl::InvalidArgumentError("messages: no assistant turn to learn");
+  return pieces;
+}
+
+}  // namespace
+
+absl::StatusOr<JsonlData> LoadJsonl(const std::string& path, int64_t seq_len, const tokenizer::ModelText& text) {
   JsonlData d;
   d.path = path;
+  const tokenizer::Tokenizer& tok = *text.tokenizer;
   TESSERA_RETURN_IF_ERROR(ForEachJsonLine(path, [&](const nlohmann::json& j, const BadLine& bad) -> absl::Status {
-    std::string prompt, response;
-    bool scored_prompt = false;
+    std::vector<Piece> pieces;
+    auto encode = [&](const std::string& s, bool special, bool eos) -> absl::StatusOr<std::vector<int32_t>> {
+      TESSERA_ASSIGN_OR_RETURN(auto ids, tok.Encode(s, special));
+      if (eos && text.eos_id && (ids.empty() || ids.back() != *text.eos_id)) ids.push_back(*text.eos_id);
+      return ids;
+    };
+    absl::Status st;
     if (j.contains("text") && j["text"].is_string()) {
-      response = j["text"].get<std::string>();
-      scored_prompt = true;
+      auto ids = encode(j["text"].get<std::string>(), true, true);
+      if (!ids.ok()) return bad(std::string(ids.status().message()));
+      pieces.push_back({std::move(*ids), true});
     } else if (j.contains("prompt") && j["prompt"].is_string() && j.contains("response") && j["response"].is_string()) {
-      prompt = j["prompt"].get<std::string>();
-      response = j["response"].get<std::string>();
+      auto p = encode(j["prompt"].get<std::string>(), true, false);
+      auto r = encode(j["response"].get<std::string>(), false, !j["response"].get<std::string>().empty());
+      if (!p.ok() || !r.ok()) return bad(std::string((p.ok() ? r.status() : p.status()).message()));
+      pieces.push_back({std::move(*p), false});
+      pieces.push_back({std::move(*r), true});
+    } else if (j.contains("messages")) {
+      auto c = ConversationPieces(j["messages"], text);
+      if (!c.ok()) return bad(std::string(c.status().message()));
+      pieces = std::move(*c);
     } else {
-      return bad("expected {\"text\": string} or {\"prompt\": string, \"response\": string}");
+      return bad("expected {\"text\": string}, {\"prompt\": string, \"response\": string} or {\"messages\": [...]}");
     }
-    std::string all = prompt + response;
-    if (seq_len > 0 && static_cast<int64_t>(all.size()) > seq_len) all.resize(seq_len);
-    if (all.size() < 2 || (!scored_prompt && (response.empty() || prompt.size() + 1 > all.size())))
-      return bad("the sample has no token to learn (too short, or the response starts past seq_len)");
+    std::vector<int32_t> all;
+    std::vector<bool> scored;
+    for (const Piece& p : pieces) {
+      all.insert(all.end(), p.ids.begin(), p.ids.end());
+      scored.insert(scored.end(), p.ids.size(), p.scored);
+    }
+    if (seq_len > 0 && static_cast<int64_t>(all.size()) > seq_len) all.resize(seq_len), scored.resize(seq_len);
     model::TokenBatch b;
     b.cu_seqlens = {0, static_cast<int32_t>(all.size())};
+    bool learns = false;
     for (size_t i = 0; i < all.size(); ++i) {
-      const bool scored = i + 1 < all.size() && (scored_prompt || i + 1 >= prompt.size());
-      b.tokens.push_back(static_cast<unsigned char>(all[i]));
-      b.targets.push_back(scored ? static_cast<unsigned char>(all[i + 1]) : -1);
+      const bool target = i + 1 < all.size() && scored[i + 1];
+      b.tokens.push_back(all[i]);
+      b.targets.push_back(target ? all[i + 1] : -1);
       b.positions.push_back(static_cast<int32_t>(i));
+      learns |= target;
     }
+    if (!learns) return bad("the sample has no token to learn (too short, or the response starts past seq_len)");
     d.samples.push_back(std::move(b));
     return absl::OkStatus();
   }));
   if (d.samples.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": no samples"));
   return d;
+}
+
+absl::StatusOr<JsonlData> LoadJsonl(const std::string& path, int64_t seq_len) {
+  return LoadJsonl(path, seq_len, tokenizer::ModelText{tokenizer::MakeByteTokenizer()});
 }
 
 absl::StatusOr<std::vector<PromptAnswer>> LoadPromptAnswers(const std::string& path) {

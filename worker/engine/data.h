@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "worker/model/llama.h"
+#include "worker/tokenizer/model_text.h"
 
 namespace tessera::engine {
 
@@ -44,7 +45,8 @@ model::TokenBatch MakeArithmeticBatch(const ArithmeticData& d, int64_t index, in
 
 namespace tessera::engine {
 
-// JSONL training data (one JSON object per line, byte-level tokens: token = UTF-8 byte):
+// JSONL training data (one JSON object per line; byte-level tokens — token = UTF-8 byte —
+// unless a tokenizer is given):
 // {"text": "..."} — the loss on every next byte — or {"prompt": "...", "response": "..."}
 // — the loss only on the response's bytes (SFT). Samples are cut to seq_len. Micro-batch
 // `index` holds samples index·sequences ... (wrapping round the file), so it is a pure
@@ -57,6 +59,13 @@ struct JsonlData {
 // INVALID_ARGUMENT naming the file and line: not JSON, neither text nor prompt/response,
 // an empty sample; NOT_FOUND when the file cannot be read; an empty file is an error.
 absl::StatusOr<JsonlData> LoadJsonl(const std::string& path, int64_t seq_len);
+// The same through a model's tokenizer (docs/tokenizers.md): "text" is encoded with the
+// tokenizer's special tokens (Llama-3: BOS) and the EOS token appended; "prompt" likewise
+// and "response" without BOS, with EOS, the loss on the response and its EOS; and
+// {"messages": [{"role", "content"}...]} goes through the chat template, the loss on
+// each assistant turn (its end-of-turn token included). With the byte tokenizer this is
+// the overload above (no BOS/EOS; "messages" needs a chat template).
+absl::StatusOr<JsonlData> LoadJsonl(const std::string& path, int64_t seq_len, const tokenizer::ModelText& text);
 model::TokenBatch MakeJsonlBatch(const JsonlData& d, int64_t index, int sequences);
 
 // RL prompts with a reference answer (grpo jobs on JSONL): {"prompt": string, "answer":

@@ -53,16 +53,7 @@ absl::StatusOr<std::unique_ptr<GenerateSession>> GenerateSession::Create(const v
 }
 
 absl::Status GenerateSession::LoadText(const v1::JobSpec& spec, int64_t model_vocab) {
-  std::string path = g_.tokenizer();
-  const std::string hf = spec.model().hf_dir();
-  if (path.empty() && !hf.empty() && ReadFile(hf + "/tokenizer.json").ok()) path = hf;
-  auto text = tokenizer::LoadModelText(path);
-  if (!text.ok()) return absl::Status(text.status().code(), absl::StrCat("generate.tokenizer: ", text.status().message()));
-  text_ = std::move(*text);
-  if (text_.tokenizer->vocab_size() > model_vocab)
-    return absl::InvalidArgumentError(absl::StrCat("generate.tokenizer: ", text_.tokenizer->name(), " has ",
-                                                   text_.tokenizer->vocab_size(), " tokens; the model's vocabulary has ",
-                                                   model_vocab));
+  TESSERA_ASSIGN_OR_RETURN(text_, ModelTextFromSpec(spec.model(), model_vocab));
   stop_ids_ = text_.eos_ids;
   for (int i = 0; i < g_.stop_size(); ++i) {
     TESSERA_ASSIGN_OR_RETURN(auto ids, text_.tokenizer->Encode(g_.stop(i)));

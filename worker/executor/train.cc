@@ -1,6 +1,7 @@
 #include "worker/executor/train.h"
 
 #include <chrono>
+#include <filesystem>
 
 #include <nlohmann/json.hpp>
 
@@ -33,6 +34,40 @@ absl::StatusOr<model::LlamaConfig> ModelConfigFromSpec(const v1::JobSpec& spec, 
                      ? runtime::DType::kBF16
                      : runtime::DType::kF32;
   return config;
+}
+
+namespace {
+// model.tokenizer, or model.hf_dir when it holds a tokenizer.json, or "" (bytes).
+std::string TokenizerPath(const v1::ModelShape& m) {
+  if (m.tokenizer() == "byte") return "";
+  if (!m.tokenizer().empty()) return m.tokenizer();
+  return !m.hf_dir().empty() && ReadFile(m.hf_dir() + "/tokenizer.json").ok() ? m.hf_dir() : "";
+}
+
+// An exported Hugging Face directory carries the model's tokenizer files, as
+// save_pretrained does, so that it reads and writes text wherever it goes next.
+absl::Status CopyTokenizerFiles(const v1::ModelShape& m, const std::string& to) {
+  const std::string path = TokenizerPath(m);
+  if (path.empty()) return absl::OkStatus();
+  std::error_code ec;
+  const bool is_file = !std::filesystem::is_directory(path, ec);
+  const std::string dir = is_file ? path.substr(0, path.rfind('/')) : path;
+  TESSERA_ASSIGN_OR_RETURN(std::string tok, ReadFile(is_file ? path : dir + "/tokenizer.json"));
+  TESSERA_RETURN_IF_ERROR(WriteFileAtomic(to + "/tokenizer.json", tok));
+  for (const char* f : {"tokenizer_config.json", "generation_config.json", "special_tokens_map.json"})
+    if (auto text = ReadFile(dir + "/" + f); text.ok()) TESSERA_RETURN_IF_ERROR(WriteFileAtomic(to + "/" + f, *text));
+  return absl::OkStatus();
+}
+}  // namespace
+
+absl::StatusOr<tokenizer::ModelText> ModelTextFromSpec(const v1::ModelShape& m, int64_t model_vocab) {
+  auto text = tokenizer::LoadModelText(TokenizerPath(m));
+  if (!text.ok()) return absl::Status(text.status().code(), absl::StrCat("model.tokenizer: ", text.status().message()));
+  if (text->tokenizer->vocab_size() > model_vocab)
+    return absl::InvalidArgumentError(absl::StrCat("model.tokenizer: ", text->tokenizer->name(), " has ",
+                                                   text->tokenizer->vocab_size(), " tokens; the model's vocabulary has ",
+                                                   model_vocab));
+  return text;
 }
 
 absl::StatusOr<std::unique_ptr<TrainSession>> TrainSession::Create(const v1::JobSpec& spec, GroupComms& comms,
@@ -79,7 +114,8 @@ absl::StatusOr<std::unique_ptr<TrainSession>> TrainSession::Create(const v1::Job
   s->data_.careless = t.data().careless();
   const bool rl = spec.kind() == "grpo" || spec.kind() == "ppo";
   if (t.data().kind() == "jsonl" && !rl) {  // grpo's and ppo's prompts: MakeRl
-    TESSERA_ASSIGN_OR_RETURN(engine::JsonlData d, engine::LoadJsonl(t.data().path(), m.seq_len()));
+    TESSERA_ASSIGN_OR_RETURN(tokenizer::ModelText text, ModelTextFromSpec(m, config.vocab));
+    TESSERA_ASSIGN_OR_RETURN(engine::JsonlData d, engine::LoadJsonl(t.data().path(), m.seq_len(), text));
     s->jsonl_ = std::make_unique<engine::JsonlData>(std::move(d));
   }
   // The CP ranks of a DP rank take the same micro-batches, each its split of them.
@@ -95,6 +131,7 @@ absl::StatusOr<std::unique_ptr<TrainSession>> TrainSession::Create(const v1::Job
   s->tp_ = tp, s->dp_ = dp, s->pp_ = pp;
   s->checkpoint_ = t.checkpoint();
   s->export_hf_ = t.export_hf();
+  s->model_shape_ = m;
   s->first_replica_ = (dp == nullptr || dp->rank() == 0) && (tp == nullptr || tp->rank() == 0);
   s->total_steps_ = t.steps();
   // grpo: here only the warm start (train.checkpoint.load, which the reference copies);
@@ -149,6 +186,7 @@ absl::StatusOr<double> TrainSession::SaveAfter(int64_t done) {
     TESSERA_RETURN_IF_ERROR(trainer_->GatherParams());
     TESSERA_RETURN_IF_ERROR(checkpoint::ExportHf(export_hf_, *model_, "BF16", first_replica_,
                                                  pp_ != nullptr && pp_->size() > 1 ? pp_ : nullptr));
+    if (first_replica_ && (pp_ == nullptr || pp_->rank() == 0)) TESSERA_RETURN_IF_ERROR(CopyTokenizerFiles(model_shape_, export_hf_));
   }
   return checkpoint_secs;
 }

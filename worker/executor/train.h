@@ -11,6 +11,8 @@
 // Threading: the driver calls one method at a time per executor.
 #pragma once
 
+#include "worker/tokenizer/model_text.h"
+
 #include <memory>
 #include <string>
 
@@ -28,6 +30,10 @@ namespace tessera::executor {
 // The model's dims (the job's model section, or model.hf_dir's config.json) and compute
 // dtype (train.precision; auto: bf16 on GPUs, f32 on the CPU).
 absl::StatusOr<model::LlamaConfig> ModelConfigFromSpec(const v1::JobSpec& spec, v1::DeviceType device);
+// The model's text side (model.tokenizer; default model.hf_dir's tokenizer.json when it
+// has one, else the byte tokenizer). Errors name model.tokenizer; a tokenizer with more
+// tokens than the model's vocabulary is refused.
+absl::StatusOr<tokenizer::ModelText> ModelTextFromSpec(const v1::ModelShape& m, int64_t model_vocab);
 
 class TrainSession {
  public:
@@ -81,6 +87,7 @@ class TrainSession {
   comm::Communicator* pp_ = nullptr;
   v1::CheckpointSpec checkpoint_;
   std::string export_hf_;      // train.export_hf
+  v1::ModelShape model_shape_;  // the job's model section (its tokenizer goes with an export)
   bool first_replica_ = false;  // TP rank 0 of DP x CP rank 0: writes the export
   int64_t total_steps_ = 0, start_step_ = 0;
   // grpo

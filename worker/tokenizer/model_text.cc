@@ -23,12 +23,19 @@ absl::StatusOr<ModelText> LoadModelText(const std::string& path) {
   struct stat st;
   const bool is_dir = stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
   const std::string dir = is_dir ? path : path.substr(0, path.rfind('/') == std::string::npos ? 0 : path.rfind('/'));
-  auto chat = ChatTemplate::Load(dir.empty() ? "." : dir);
-  if (chat.ok()) {
-    t.chat = std::move(*chat);
-    if (auto id = t.tokenizer->SpecialId(t.chat->eos_token())) t.eos_ids.push_back(*id);
-  } else {
-    t.chat_status = chat.status();
+  const std::string base = dir.empty() ? "." : dir;
+  auto chat = ChatTemplate::Load(base);
+  if (chat.ok()) t.chat = std::move(*chat);
+  else t.chat_status = chat.status();
+  if (auto text = ReadFile(base + "/tokenizer_config.json"); text.ok()) {
+    const auto j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.contains("eos_token")) {
+      const auto& e = j["eos_token"];
+      const std::string eos = e.is_string() ? e.get<std::string>()
+                              : e.is_object() && e.contains("content") && e["content"].is_string() ? e["content"].get<std::string>()
+                                                                                                   : "";
+      if (auto id = t.tokenizer->SpecialId(eos)) t.eos_id = *id, t.eos_ids.push_back(*id);
+    }
   }
   if (auto text = ReadFile(dir + "/generation_config.json"); text.ok()) {
     const auto j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);

@@ -173,5 +173,78 @@ TEST(JsonlData, BadLinesNameTheFileAndLine) {
   EXPECT_EQ(LoadJsonl("/nonexistent/x.jsonl", 6).status().code(), absl::StatusCode::kNotFound);
 }
 
+// Through a model's tokenizer (the Llama-3-style fixture of tests/worker/tokenizer):
+// BOS / EOS where a Hugging Face SFT recipe puts them, and the loss exactly on what the
+// model should learn to write — the response and its EOS, or each assistant turn of a
+// conversation with its end-of-turn token.
+TEST(JsonlData, ThroughAModelsTokenizerAndChatTemplate) {
+  auto text = tokenizer::LoadModelText(std::string(TESSERA_SOURCE_DIR) + "/tests/worker/tokenizer/data/llama3");
+  ASSERT_TRUE(text.ok()) << text.status();
+  const tokenizer::Tokenizer& tok = *text->tokenizer;
+  const int32_t bos = *tok.SpecialId("<|begin_of_text|>"), eot = *tok.SpecialId("<|eot_id|>");
+  ASSERT_EQ(text->eos_id, eot);
+  const std::string p = WriteTemp(
+      "{\"text\": \"Hello world\"}\n"
+      "{\"prompt\": \"What is 2+2?\", \"response\": \" 4\"}\n"
+      "{\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"}, {\"role\": \"user\", \"content\": \"Hi\"},"
+      " {\"role\": \"assistant\", \"content\": \"Hello!\"}, {\"role\": \"user\", \"content\": \"2+2?\"},"
+      " {\"role\": \"assistant\", \"content\": \"4\"}]}\n");
+  auto d = LoadJsonl(p, 0, *text);
+  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_EQ(d->samples.size(), 3u);
+  // The ids a target predicts, decoded, and the whole sample decoded.
+  auto learned = [&](const model::TokenBatch& b) {
+    std::vector<int32_t> ids;
+    for (int32_t t : b.targets) if (t >= 0) ids.push_back(t);
+    return *tok.Decode(ids);
+  };
+  const auto& t = d->samples[0];
+  EXPECT_EQ(t.tokens.front(), bos);
+  EXPECT_EQ(t.tokens.back(), eot);
+  EXPECT_EQ(*tok.Decode(t.tokens), "<|begin_of_text|>Hello world<|eot_id|>");
+  EXPECT_EQ(learned(t), "Hello world<|eot_id|>");  // everything after BOS
+  const auto& pr = d->samples[1];
+  EXPECT_EQ(*tok.Decode(pr.tokens), "<|begin_of_text|>What is 2+2? 4<|eot_id|>");
+  EXPECT_EQ(learned(pr), " 4<|eot_id|>");
+  const auto& chat = d->samples[2];
+  EXPECT_EQ(*tok.Decode(chat.tokens),
+            "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+            "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+            "Hello!<|eot_id|><|start_header_id|>user<|end_header_id|>\n\n2+2?<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\n4<|eot_id|>");
+  EXPECT_EQ(learned(chat), "Hello!<|eot_id|>4<|eot_id|>");  // the two assistant turns only
+  EXPECT_EQ(chat.tokens.size(), chat.targets.size());
+  EXPECT_EQ(chat.cu_seqlens, (std::vector<int32_t>{0, static_cast<int32_t>(chat.tokens.size())}));
+
+  struct Case {
+    const char* line;
+    const char* expect;
+  } cases[] = {
+      {"{\"messages\": [{\"role\": \"assistant\", \"content\": \"x\"}]}\n", ":1: messages[0]: an assistant turn needs a turn before it"},
+      {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}\n", ":1: messages: no assistant turn to learn"},
+      {"{\"messages\": [{\"role\": \"user\", \"content\": 5}, {\"role\": \"assistant\", \"content\": \"x\"}]}\n",
+       "messages[0].content: expected a string"},
+      {"{\"messages\": []}\n", ":1: messages: expected a non-empty list"},
+  };
+  for (const auto& c : cases) {
+    auto bad = LoadJsonl(WriteTemp(c.line), 0, *text);
+    ASSERT_FALSE(bad.ok()) << c.line;
+    EXPECT_THAT(std::string(bad.status().message()), ::testing::HasSubstr(c.expect));
+  }
+  // Conversations need a chat template: the byte tokenizer has none.
+  auto bytes = LoadJsonl(p, 0);
+  ASSERT_FALSE(bytes.ok());
+  EXPECT_THAT(std::string(bytes.status().message()), ::testing::HasSubstr(":3: \"messages\" needs a chat template"));
+  // A template whose text for a longer conversation does not extend the shorter one's
+  // (here: the turns in reverse) cannot be split by turn.
+  auto reversed = tokenizer::ChatTemplate::FromSource("{% for m in messages|reverse %}{{ m.content }}|{% endfor %}", "", "");
+  ASSERT_TRUE(reversed.ok());
+  tokenizer::ModelText odd{tokenizer::MakeByteTokenizer(), std::move(*reversed)};
+  auto split = LoadJsonl(WriteTemp("{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}, "
+                                   "{\"role\": \"assistant\", \"content\": \"b\"}]}\n"), 0, odd);
+  ASSERT_FALSE(split.ok());
+  EXPECT_THAT(std::string(split.status().message()), ::testing::HasSubstr("messages[1]: the chat template's text"));
+}
+
 }  // namespace
 }  // namespace tessera::engine

@@ -102,6 +102,7 @@ TEST(ModelText, EosFromBothConfigs) {
   ASSERT_TRUE(t.ok()) << t.status();
   const int32_t eot = *t->tokenizer->SpecialId("<|eot_id|>"), eos = *t->tokenizer->SpecialId("<|end_of_text|>");
   EXPECT_EQ(t->eos_ids, std::vector<int32_t>{eot});
+  EXPECT_EQ(t->eos_id, eot);
   EXPECT_TRUE(t->chat.has_value());
   ASSERT_TRUE(WriteFileAtomic(dir + "/generation_config.json", "{\"eos_token_id\": [" + std::to_string(eos) + ", " +
                                                                    std::to_string(eot) + "]}").ok());
@@ -113,6 +114,7 @@ TEST(ModelText, EosFromBothConfigs) {
   EXPECT_EQ(byte->tokenizer->vocab_size(), 256);
   EXPECT_FALSE(byte->chat.has_value());
   EXPECT_TRUE(byte->eos_ids.empty());
+  EXPECT_FALSE(byte->eos_id.has_value());
   EXPECT_EQ(LoadModelText("/nonexistent").status().code(), absl::StatusCode::kNotFound);
 }
 
