@@ -606,7 +606,15 @@ static absl::Status ValidateRl(JobSpec& spec) {
   const bool arithmetic = spec.train().data().kind() == "arithmetic";
   if (r->max_new_tokens() == 0) r->set_max_new_tokens(arithmetic ? spec.train().data().digits() + 3 : 64);
   if (arithmetic && r->stop_size() == 0) r->add_stop("\n");
-  TESSERA_RETURN_IF_ERROR(CheckStops("rl.stop", r->stop()));
+  // The byte tokenizer's stop strings are one byte; a tokenizer.json's (jsonl prompts)
+  // are checked by the executors to be one token of it.
+  const auto& m = spec.model();
+  if (arithmetic || m.tokenizer() == "byte" || (m.tokenizer().empty() && m.hf_dir().empty())) {
+    TESSERA_RETURN_IF_ERROR(CheckStops("rl.stop", r->stop()));
+  } else {
+    for (int i = 0; i < r->stop_size(); ++i)
+      if (r->stop(i).empty()) return Bad(absl::StrCat("rl.stop[", i, "]"), "is empty");
+  }
   if (r->temperature() == 0) r->set_temperature(1.0);
   if (r->clip() == 0) r->set_clip(0.2);
   if (r->epochs() == 0) r->set_epochs(1);
@@ -764,10 +772,9 @@ absl::Status NormalizeAndValidateJobSpec(JobSpec& spec) {
   // built-in tasks and RL prompts are byte tokens still.
   if (const std::string& tok = spec.model().tokenizer(); !tok.empty() && tok != "byte") {
     TESSERA_RETURN_IF_ERROR(CheckCleanAbsolute("model.tokenizer", tok));
-    const bool jsonl_training = (spec.kind() == "pretrain" || spec.kind() == "sft") && spec.train().data().kind() == "jsonl";
-    if (spec.kind() != "generate" && !jsonl_training)
-      return Bad("model.tokenizer", absl::StrCat("is for generate jobs and jsonl training data; ", spec.kind(),
-                                                 rl ? " jobs read byte tokens still" : " on built-in data reads byte tokens"));
+    if (spec.kind() != "generate" && spec.train().data().kind() != "jsonl")
+      return Bad("model.tokenizer", absl::StrCat("is for generate jobs and jsonl data; the built-in ", spec.kind(),
+                                                 " data is byte tokens"));
   }
   static const std::set<std::string> kEnvAllowed = {"NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_ALGO", "NCCL_PROTO",
                                                     "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS", "NCCL_BUFFSIZE",

@@ -167,11 +167,13 @@ TEST(JobSpec, GrpoDefaultsAndRefusals) {
   EXPECT_TRUE(check({"train.checkpoint.dir=/ck", "train.checkpoint.save_every=5"}).ok());  // the job's own checkpoints
   EXPECT_THAT(std::string(check({"train.checkpoint.dir=ck"}).status().message()), HasSubstr("train.checkpoint.dir"));
   EXPECT_THAT(std::string(check({"model.tokenizer=/d/tok"}).status().message()),
-              HasSubstr("model.tokenizer: is for generate jobs and jsonl training data; grpo jobs read byte tokens"));
+              HasSubstr("model.tokenizer: is for generate jobs and jsonl data; the built-in grpo data is byte tokens"));
+  // On jsonl prompts a tokenizer.json's stop strings are checked by the executors.
+  EXPECT_TRUE(check({"train.data.kind=jsonl", "train.data.path=/d.jsonl", "model.tokenizer=/d/tok", "rl.stop=<|im_end|>"}).ok());
   // sft on jsonl takes a tokenizer; on the built-in data it is refused by name.
   EXPECT_TRUE(ValidSpec(kPretrain, {"kind=sft", "train.data.kind=jsonl", "train.data.path=/d.jsonl", "model.tokenizer=/d/tok"}).ok());
   EXPECT_THAT(std::string(ValidSpec(kPretrain, {"model.tokenizer=/d/tok"}).status().message()),
-              HasSubstr("model.tokenizer: is for generate jobs and jsonl training data"));
+              HasSubstr("model.tokenizer: is for generate jobs and jsonl data"));
   EXPECT_TRUE(ValidSpec(kPretrain, {"model.tokenizer=byte"}).ok());
   auto rl_on_pretrain = ParseJobSpecYaml(kPretrain, {"rl.group_size=4"});
   ASSERT_TRUE(rl_on_pretrain.ok());

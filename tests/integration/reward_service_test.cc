@@ -23,6 +23,8 @@
 #include "common/util.h"
 #include "tessera/v1/reward_service.grpc.pb.h"
 #include "tests/integration/cluster.h"
+#include "worker/checkpoint/hf.h"
+#include "worker/tokenizer/model_text.h"
 
 namespace tessera::testing {
 namespace {
@@ -41,6 +43,7 @@ class Rewards final : public v1::RewardService::Service {
     samples_ += req->samples_size();
     for (const auto& s : req->samples()) {
       seen_.insert({s.prompt(), s.reference()});
+      completions_.insert(s.completion());
       if (s.prompt().empty() || (!jsonl_ && s.prompt().back() != '=') || s.reference().empty()) bad_ = true;
       int sum = 0;
       for (unsigned char ch : s.completion()) sum += ch;
@@ -56,12 +59,14 @@ class Rewards final : public v1::RewardService::Service {
   void set_graded(bool on) { std::lock_guard<std::mutex> l(mu_); graded_ = on; }
   void set_jsonl(bool on) { std::lock_guard<std::mutex> l(mu_); jsonl_ = on; }
   std::set<std::pair<std::string, std::string>> seen() { std::lock_guard<std::mutex> l(mu_); return seen_; }
+  std::set<std::string> completions() { std::lock_guard<std::mutex> l(mu_); return completions_; }
 
  private:
   std::mutex mu_;
   int calls_ = 0, samples_ = 0, short_by_ = 0;
   bool bad_ = false, graded_ = false, jsonl_ = false;
   std::set<std::pair<std::string, std::string>> seen_;  // (prompt, reference) of every sample scored
+  std::set<std::string> completions_;
 };
 
 // The service on a free loopback port, serving until destroyed.
@@ -240,6 +245,65 @@ TEST(RewardService, GrpoOnJsonlPromptsWithAnswers) {
   job = RunJob(c, spec, &progress);
   EXPECT_EQ(job.state(), v1::FAILED);
   EXPECT_THAT(job.reason(), HasSubstr(path + ":7: expected {\"prompt\": string, \"answer\": string}"));
+}
+
+// grpo on conversations through a model directory's tokenizer (the Llama-3-style fixture
+// beside a random model's weights): each prompt is the chat template's text with the
+// generation prompt — that is what the service sees, with the line's answer — and each
+// completion reaches it as decoded text without special tokens; stop strings are tokens.
+TEST(RewardService, GrpoOnConversationsThroughTheModelsTokenizer) {
+  Cluster c({.agents = 1, .cpu_slots = 2});
+  ASSERT_TRUE(Start(c));
+  Serving serving;
+  ASSERT_NE(serving.server, nullptr);
+  serving.rewards.set_jsonl(true);
+  serving.rewards.set_graded(true);
+  const std::string hf = c.dir() + "/hf", fixture = std::string(TESSERA_SOURCE_DIR) + "/tests/worker/tokenizer/data/llama3";
+  model::LlamaConfig mc;
+  mc.vocab = 640, mc.hidden = 32, mc.layers = 2, mc.heads = 4, mc.kv_heads = 2, mc.ffn = 48;
+  auto be = runtime::MakeCpuBackend();
+  auto m = model::Llama::Create(mc, be.get());
+  ASSERT_TRUE(m.ok());
+  ASSERT_TRUE((*m)->InitRandom(5, 0.3f).ok());
+  ASSERT_TRUE(checkpoint::ExportHf(hf, **m, "F32", true).ok());
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
+    ASSERT_TRUE(WriteFileAtomic(hf + "/" + f, *ReadFile(fixture + "/" + f)).ok());
+  auto text = tokenizer::LoadModelText(fixture);
+  ASSERT_TRUE(text.ok());
+  std::set<std::pair<std::string, std::string>> want;
+  std::string file;
+  for (int i = 0; i < 4; ++i) {
+    const nlohmann::json messages = {{{"role", "user"}, {"content", absl::StrCat("What is ", i, " + ", i, "?")}}};
+    file += nlohmann::json{{"messages", messages}, {"answer", absl::StrCat(2 * i)}}.dump() + "\n";
+    auto prompt = text->chat->Apply(nlohmann::ordered_json::parse(messages.dump()), true);
+    ASSERT_TRUE(prompt.ok());
+    want.insert({*prompt, absl::StrCat(2 * i)});
+  }
+  const std::string path = c.dir() + "/chat-prompts.jsonl";
+  ASSERT_TRUE(WriteFileAtomic(path, file).ok());
+  v1::JobSpec spec = GrpoSpec(serving.address);
+  auto* model = spec.mutable_model();
+  const v1::ModelShape keep = *model;
+  model->Clear();
+  model->set_hf_dir(hf), model->set_seq_len(64), model->set_global_batch(keep.global_batch()), model->set_micro_batch(keep.micro_batch());
+  spec.mutable_train()->mutable_data()->set_kind("jsonl");
+  spec.mutable_train()->mutable_data()->set_path(path);
+  spec.mutable_rl()->set_max_new_tokens(8);
+  spec.mutable_rl()->clear_stop();  // (GrpoSpec's arithmetic "\n")
+  spec.mutable_rl()->add_stop("<|end_of_text|>");
+  ASSERT_TRUE(NormalizeAndValidateJobSpec(spec).ok());
+  std::string progress;
+  v1::Job job = RunJob(c, spec, &progress);
+  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason() << "\n" << progress;
+  EXPECT_EQ(serving.rewards.seen(), want);
+  EXPECT_FALSE(serving.rewards.completions().empty());
+  for (const std::string& comp : serving.rewards.completions()) EXPECT_EQ(comp.find("<|"), std::string::npos) << comp;
+  // A stop string of two tokens is refused by name.
+  spec.mutable_rl()->add_stop("What is");
+  job = RunJob(c, spec, &progress);
+  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_THAT(job.reason(), HasSubstr("rl.stop[1]: 'What is' is "));
+  EXPECT_THAT(job.reason(), HasSubstr("a stop string must be one token"));
 }
 
 }  // namespace

@@ -58,7 +58,7 @@ namespace {
 // the INVALID_ARGUMENT that names the file and line; NOT_FOUND when unreadable.
 using BadLine = std::function<absl::Status(const std::string&)>;
 absl::Status ForEachJsonLine(const std::string& path,
-                             const std::function<absl::Status(const nlohmann::json&, const BadLine&)>& each) {
+                             const std::function<absl::Status(const nlohmann::json&, const BadLine&, int64_t line)>& each) {
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat("train.data.path: cannot read ", path));
   std::string line;
@@ -69,7 +69,7 @@ absl::Status ForEachJsonLine(const std::string& path,
     };
     const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
     if (j.is_discarded() || !j.is_object()) return bad("not a JSON object");
-    TESSERA_RETURN_IF_ERROR(each(j, bad));
+    TESSERA_RETURN_IF_ERROR(each(j, bad, no));
   }
   return absl::OkStatus();
 }
@@ -127,7 +127,7 @@ absl::StatusOr<JsonlData> LoadJsonl(const std::string& path, int64_t seq_len, co
   JsonlData d;
   d.path = path;
   const tokenizer::Tokenizer& tok = *text.tokenizer;
-  TESSERA_RETURN_IF_ERROR(ForEachJsonLine(path, [&](const nlohmann::json& j, const BadLine& bad) -> absl::Status {
+  TESSERA_RETURN_IF_ERROR(ForEachJsonLine(path, [&](const nlohmann::json& j, const BadLine& bad, int64_t) -> absl::Status {
     std::vector<Piece> pieces;
     auto encode = [&](const std::string& s, bool special, bool eos) -> absl::StatusOr<std::vector<int32_t>> {
       TESSERA_ASSIGN_OR_RETURN(auto ids, tok.Encode(s, special));
@@ -183,16 +183,46 @@ absl::StatusOr<JsonlData> LoadJsonl(const std::string& path, int64_t seq_len) {
 
 absl::StatusOr<std::vector<PromptAnswer>> LoadPromptAnswers(const std::string& path) {
   std::vector<PromptAnswer> out;
-  TESSERA_RETURN_IF_ERROR(ForEachJsonLine(path, [&](const nlohmann::json& j, const BadLine& bad) -> absl::Status {
-    if (!j.contains("prompt") || !j["prompt"].is_string() || !j.contains("answer") || !j["answer"].is_string())
-      return bad("expected {\"prompt\": string, \"answer\": string}");
-    PromptAnswer pa{j["prompt"].get<std::string>(), j["answer"].get<std::string>()};
-    if (pa.prompt.empty()) return bad("the prompt is empty");
+  TESSERA_RETURN_IF_ERROR(ForEachJsonLine(path, [&](const nlohmann::json& j, const BadLine& bad, int64_t no) -> absl::Status {
+    const bool chat = j.contains("messages") && !j.contains("prompt");
+    if ((!chat && (!j.contains("prompt") || !j["prompt"].is_string())) || !j.contains("answer") || !j["answer"].is_string())
+      return bad("expected {\"prompt\": string, \"answer\": string} or {\"messages\": [...], \"answer\": string}");
+    PromptAnswer pa;
+    pa.answer = j["answer"].get<std::string>();
+    pa.line = no;
+    if (chat) {
+      if (!j["messages"].is_array() || j["messages"].empty()) return bad("messages: expected a non-empty list");
+      pa.messages = j["messages"];
+    } else {
+      pa.prompt = j["prompt"].get<std::string>();
+      if (pa.prompt.empty()) return bad("the prompt is empty");
+    }
     out.push_back(std::move(pa));
     return absl::OkStatus();
   }));
   if (out.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": no prompts"));
   return out;
+}
+
+absl::StatusOr<std::vector<int32_t>> EncodePrompt(const PromptAnswer& p, const std::string& path,
+                                                  const tokenizer::ModelText& text, std::string* prompt_text) {
+  auto bad = [&](const absl::Status& st) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ":", p.line, ": ", st.message()));
+  };
+  std::string t = p.prompt;
+  bool special = true;
+  if (!p.messages.is_null()) {
+    if (!text.chat) return bad(absl::InvalidArgumentError(absl::StrCat("\"messages\" needs a chat template: ", text.chat_status.message())));
+    auto rendered = text.chat->Apply(nlohmann::ordered_json::parse(p.messages.dump()), /*add_generation_prompt=*/true);
+    if (!rendered.ok()) return bad(rendered.status());
+    t = std::move(*rendered);
+    special = false;  // the template writes BOS
+  }
+  auto ids = text.tokenizer->Encode(t, special);
+  if (!ids.ok()) return bad(ids.status());
+  if (ids->empty()) return bad(absl::InvalidArgumentError("the prompt has no tokens"));
+  if (prompt_text != nullptr) *prompt_text = std::move(t);
+  return ids;
 }
 
 model::TokenBatch MakeJsonlBatch(const JsonlData& d, int64_t index, int sequences) {

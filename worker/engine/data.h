@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "absl/status/statusor.h"
 #include "worker/model/llama.h"
 #include "worker/tokenizer/model_text.h"
@@ -69,12 +71,20 @@ absl::StatusOr<JsonlData> LoadJsonl(const std::string& path, int64_t seq_len, co
 model::TokenBatch MakeJsonlBatch(const JsonlData& d, int64_t index, int sequences);
 
 // RL prompts with a reference answer (grpo jobs on JSONL): {"prompt": string, "answer":
-// string} per line, blank lines skipped. INVALID_ARGUMENT naming the file and line (not
+// string} or {"messages": [...], "answer": string} (a conversation for the chat
+// template) per line, blank lines skipped. INVALID_ARGUMENT naming the file and line (not
 // JSON, a missing or non-string field, an empty prompt), NOT_FOUND when unreadable; an
 // empty file is an error.
 struct PromptAnswer {
   std::string prompt, answer;
+  nlohmann::json messages;  // null unless the line gives a conversation
+  int64_t line = 0;         // in the file
 };
+// The prompt's tokens: "prompt" with the tokenizer's special tokens (BOS), "messages"
+// through the chat template with the generation prompt. `text` gets the prompt's text
+// (what a reward service sees). INVALID_ARGUMENT naming the file and line.
+absl::StatusOr<std::vector<int32_t>> EncodePrompt(const PromptAnswer& p, const std::string& path,
+                                                  const tokenizer::ModelText& text, std::string* prompt_text);
 absl::StatusOr<std::vector<PromptAnswer>> LoadPromptAnswers(const std::string& path);
 
 }  // namespace tessera::engine

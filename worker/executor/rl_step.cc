@@ -45,12 +45,28 @@ absl::Status TrainSession::MakeRl(const v1::JobSpec& spec, int dp_rank, int dps,
     TESSERA_RETURN_IF_ERROR(engine::SyncColocated(*model_, *reference_));
   }
   int64_t longest_prompt = 2 * spec.train().data().digits() + 2;  // "a+b="
-  if (spec.train().data().kind() == "jsonl") {
-    TESSERA_ASSIGN_OR_RETURN(prompts_, engine::LoadPromptAnswers(spec.train().data().path()));
+  text_.tokenizer = tokenizer::MakeByteTokenizer();
+  if (spec.train().data().kind() == "jsonl") {  // prompts through the model's tokenizer (bytes by default)
+    TESSERA_ASSIGN_OR_RETURN(text_, ModelTextFromSpec(spec.model(), model_->config().vocab));
+    const std::string& path = spec.train().data().path();
+    TESSERA_ASSIGN_OR_RETURN(prompts_, engine::LoadPromptAnswers(path));
     longest_prompt = 0;
-    for (const engine::PromptAnswer& p : prompts_) longest_prompt = std::max<int64_t>(longest_prompt, p.prompt.size());
+    for (const engine::PromptAnswer& p : prompts_) {
+      std::string text;
+      TESSERA_ASSIGN_OR_RETURN(std::vector<int32_t> ids, engine::EncodePrompt(p, path, text_, &text));
+      longest_prompt = std::max<int64_t>(longest_prompt, static_cast<int64_t>(ids.size()));
+      prompt_ids_.push_back(std::move(ids));
+      prompt_texts_.push_back(std::move(text));
+    }
+    stop_tokens_ = text_.eos_ids;
   }
-  for (const std::string& s : rl_.stop()) stop_tokens_.push_back(static_cast<unsigned char>(s[0]));
+  for (int i = 0; i < rl_.stop_size(); ++i) {
+    TESSERA_ASSIGN_OR_RETURN(auto ids, text_.tokenizer->Encode(rl_.stop(i)));
+    if (ids.size() != 1)
+      return absl::InvalidArgumentError(absl::StrCat("rl.stop[", i, "]: '", rl_.stop(i), "' is ", ids.size(), " tokens of ",
+                                                     text_.tokenizer->name(), "; a stop string must be one token"));
+    stop_tokens_.push_back(ids[0]);
+  }
   engine::RolloutOptions ro;
   const int64_t per_rank = int64_t(rl_.prompts_per_step() / dps) * rl_.group_size();
   ro.max_running = std::max<int64_t>(1, std::min<int64_t>(per_rank, 256));
@@ -91,20 +107,28 @@ absl::Status TrainSession::MakeRl(const v1::JobSpec& spec, int dp_rank, int dps,
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<double>> TrainSession::ServiceRewards(int64_t step, const std::vector<std::vector<int32_t>>& prompts,
+std::string TrainSession::CompletionText(const engine::Completion& c) const {
+  std::vector<int32_t> known;
+  for (int32_t t : c.tokens) if (t < text_.tokenizer->vocab_size()) known.push_back(t);
+  auto text = text_.tokenizer->Decode(known, /*skip_special=*/true);
+  return text.ok() ? *text : std::string();
+}
+
+absl::StatusOr<std::vector<double>> TrainSession::ServiceRewards(int64_t step, const std::vector<std::string>& prompts,
                                                                  const std::vector<std::string>& answers,
-                                                                 const std::vector<engine::Completion>& completions) {
+                                                                 const std::vector<engine::Completion>& completions,
+                                                                 const std::vector<std::string>& texts) {
   const size_t n = completions.size();
   std::vector<float> buf(n + 1, 0.f);  // [ok, rewards...]
   std::string error;
   if (reward_ != nullptr) {
     v1::ScoreRequest req;
     req.set_job(job_name_), req.set_step(step), req.set_dp_rank(rl_dp_rank_);
-    for (const engine::Completion& c : completions) {
+    for (size_t i = 0; i < n; ++i) {
       auto* s = req.add_samples();
-      s->set_prompt(std::string(prompts[c.request].begin(), prompts[c.request].end()));
-      s->set_completion(std::string(c.tokens.begin(), c.tokens.end()));
-      s->set_reference(answers[c.request]);
+      s->set_prompt(prompts[completions[i].request]);
+      s->set_completion(texts[i]);
+      s->set_reference(answers[completions[i].request]);
     }
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() +
@@ -144,29 +168,31 @@ absl::StatusOr<std::string> TrainSession::RlStep(int64_t step) {
   // each completion must match.
   const int per_rank = rl_.prompts_per_step() / rl_dps_;
   std::vector<std::vector<int32_t>> prompts;
-  std::vector<std::string> answers;
+  std::vector<std::string> texts, answers;  // the prompts' text, and the answer each completion must match
   for (int i = 0; i < per_rank; ++i) {
     const int64_t index = step * rl_.prompts_per_step() + rl_dp_rank_ * per_rank + i;
-    std::string prompt;
     if (!prompts_.empty()) {
-      const engine::PromptAnswer& pa = prompts_[index % prompts_.size()];
-      prompt = pa.prompt;
-      answers.push_back(pa.answer);
+      const size_t k = static_cast<size_t>(index % static_cast<int64_t>(prompts_.size()));
+      prompts.push_back(prompt_ids_[k]);
+      texts.push_back(prompt_texts_[k]);
+      answers.push_back(prompts_[k].answer);
     } else {
       const std::string p = engine::ArithmeticProblem(data_, index);
       const size_t eq = p.find('=') + 1;
-      prompt = p.substr(0, eq);
+      texts.push_back(p.substr(0, eq));
       answers.push_back(p.substr(eq));
+      prompts.emplace_back(texts.back().begin(), texts.back().end());  // bytes are tokens of the byte tokenizer
+      for (int32_t& t : prompts.back()) t = static_cast<unsigned char>(t);
     }
-    std::vector<int32_t>& tokens = prompts.emplace_back();  // bytes are tokens of the byte tokenizer
-    for (unsigned char c : prompt) tokens.push_back(c);
   }
   const engine::BatchRewardFn reward = [&](const std::vector<engine::Completion>& cs) -> absl::StatusOr<std::vector<double>> {
-    if (!rl_.reward_service().empty()) return ServiceRewards(step, prompts, answers, cs);
+    std::vector<std::string> done;
+    for (const engine::Completion& c : cs) done.push_back(CompletionText(c));
+    if (!rl_.reward_service().empty()) return ServiceRewards(step, texts, answers, cs, done);
     std::vector<double> r;  // built in: exact match of the answer (JSONL: of the extracted final answer)
-    for (const engine::Completion& c : cs) {
-      const std::string text(c.tokens.begin(), c.tokens.end());
-      r.push_back(!prompts_.empty() ? rl::ExactAnswerReward(text, answers[c.request]) : text == answers[c.request] ? 1.0 : 0.0);
+    for (size_t i = 0; i < cs.size(); ++i) {
+      const std::string& a = answers[cs[i].request];
+      r.push_back(!prompts_.empty() ? rl::ExactAnswerReward(done[i], a) : done[i] == a ? 1.0 : 0.0);
     }
     return r;
   };

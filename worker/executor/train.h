@@ -100,7 +100,10 @@ class TrainSession {
   std::unique_ptr<engine::Trainer> critic_trainer_;
   int rl_dp_rank_ = 0, rl_dps_ = 1;
   std::vector<engine::PromptAnswer> prompts_;  // train.data.kind jsonl (empty: the arithmetic problems)
-  std::vector<int32_t> stop_tokens_;           // rl.stop
+  std::vector<std::vector<int32_t>> prompt_ids_;  // prompts_ through the model's tokenizer
+  std::vector<std::string> prompt_texts_;         // ... and as text (a conversation: the template's)
+  tokenizer::ModelText text_;                     // jsonl: the model's tokenizer; else bytes
+  std::vector<int32_t> stop_tokens_;           // rl.stop (one token each), and with a tokenizer.json the EOS ids
   std::string job_name_;
   std::unique_ptr<v1::RewardService::Stub> reward_;  // rl.reward_service (TP rank 0 calls it)
   // The rewards of this rank's completions from the reward service: TP rank 0 calls it
@@ -109,9 +112,13 @@ class TrainSession {
   rl::PolicyLossOptions PolicyLoss() const;
   absl::StatusOr<std::string> PpoStep(int64_t step, const std::vector<std::vector<int32_t>>& prompts,
                                       const engine::BatchRewardFn& reward, uint64_t seed, int64_t per_rank);
-  absl::StatusOr<std::vector<double>> ServiceRewards(int64_t step, const std::vector<std::vector<int32_t>>& prompts,
+  absl::StatusOr<std::vector<double>> ServiceRewards(int64_t step, const std::vector<std::string>& prompts,
                                                      const std::vector<std::string>& answers,
-                                                     const std::vector<engine::Completion>& completions);
+                                                     const std::vector<engine::Completion>& completions,
+                                                     const std::vector<std::string>& texts);
+  // A completion's text: its tokens decoded without special tokens (bytes for the byte
+  // tokenizer); ids past the tokenizer's vocabulary have none.
+  std::string CompletionText(const engine::Completion& c) const;
 };
 
 }  // namespace tessera::executor
