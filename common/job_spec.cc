@@ -488,6 +488,12 @@ absl::StatusOr<JobSpec> ParseJobSpecYaml(absl::string_view yaml, const std::vect
   return spec;
 }
 
+const v1::GroupSpec* RolloutPool(const v1::JobSpec& spec) {
+  if (spec.kind() != "grpo" || spec.groups_size() != 2) return nullptr;
+  const v1::GroupSpec& g = spec.groups(1);
+  return g.role() == "rollout" && g.colocate_with().empty() ? &g : nullptr;
+}
+
 bool IsRunnableKind(absl::string_view kind) {
   return kind == "comm-check" || kind == "pretrain" || kind == "sft" || kind == "grpo" || kind == "ppo" ||
          kind == "generate";
@@ -514,7 +520,9 @@ static absl::Status CheckCleanAbsolute(const std::string& field, const std::stri
 // pretrain / sft: one worker group training a Llama on built-in data (byte tokens; sft
 // takes the loss on the answers only).
 static absl::Status ValidatePretrain(JobSpec& spec) {
-  if (spec.groups_size() != 1) return Bad("groups", absl::StrCat("a ", spec.kind(), " job has exactly one worker group"));
+  if (spec.groups_size() != 1 && !(spec.kind() == "grpo" && spec.groups_size() == 2))
+    return Bad("groups", absl::StrCat("a ", spec.kind(), " job has exactly one worker group",
+                                      spec.kind() == "grpo" ? " (or two: the actor and a rollout pool)" : ""));
   const auto& l = spec.groups(0).layout();
   if (l.vpp() > 1 && spec.model().global_batch() / (spec.model().micro_batch() * l.dp()) % l.pp() != 0)
     return Bad("model.global_batch", absl::StrCat("interleaved pipelines (vpp ", l.vpp(), ") need the micro-batches per ",
@@ -577,6 +585,33 @@ static absl::Status ValidatePretrain(JobSpec& spec) {
 // layout the rollout engine runs (no pipeline, context or sequence parallelism). ppo: the
 // same, with its own defaults (one completion per prompt, GAE, value clip, critic lr);
 // its critic's fields are refused on grpo.
+// A grpo job's second group: the rollout pool on devices of its own (split pools). It
+// runs generation only — tp x dp — and takes the actor's weights after every update.
+static absl::Status ValidateRolloutPool(const JobSpec& spec) {
+  if (spec.groups_size() < 2) return absl::OkStatus();
+  const v1::GroupSpec& g = spec.groups(1);
+  if (g.role() != "rollout")
+    return Bad("groups[1].role", absl::StrCat("a grpo job's second group is its rollout pool: role rollout, got '", g.role(), "'"));
+  if (!g.colocate_with().empty())
+    return Bad("groups[1].colocate_with", "a colocated rollout runs inside the actor's executors; leave the group out");
+  if (spec.groups(0).role() != "actor" && spec.groups(0).role() != "worker")
+    return Bad("groups[0].role", absl::StrCat("the first group of a split grpo job is the actor, got '", spec.groups(0).role(), "'"));
+  const auto& l = g.layout();
+  if (l.pp() > 1 || l.cp() > 1 || l.sp() || l.zero() > 0)
+    return Bad("groups[1].layout", absl::StrCat("a rollout pool runs tp x dp (pp=", l.pp(), ", cp=", l.cp(), ", sp=",
+                                                l.sp() ? "true" : "false", ", zero=", l.zero(), ")"));
+  if (spec.groups(0).layout().zero() >= 3)
+    return Bad("groups[0].layout.zero", "3 (sharded parameters) with a rollout pool of its own is not supported yet");
+  if (g.device_type() != spec.groups(0).device_type())
+    return Bad("groups[1].device_type", "the rollout pool and the actor need the same kind of device (one bridge communicator)");
+  const int dp = std::max(1, l.dp());
+  if (spec.rl().prompts_per_step() % dp != 0)
+    return Bad("rl.prompts_per_step", absl::StrCat(spec.rl().prompts_per_step(), " prompts do not split over the rollout pool's dp=", dp, " ranks"));
+  if (!spec.rl().reward_service().empty())
+    return Bad("rl.reward_service", "with a rollout pool of its own is not supported yet (the built-in verifier is)");
+  return absl::OkStatus();
+}
+
 static absl::Status ValidateRl(JobSpec& spec) {
   const std::string& kind = spec.kind();  // grpo or ppo
   const auto& l = spec.groups(0).layout();
@@ -633,6 +668,7 @@ static absl::Status ValidateRl(JobSpec& spec) {
   const int64_t samples = int64_t(r->prompts_per_step() / l.dp()) * r->group_size();
   if (r->mini_batches() > samples)
     return Bad("rl.mini_batches", absl::StrCat(r->mini_batches(), " mini-batches of ", samples, " samples per DP rank"));
+  TESSERA_RETURN_IF_ERROR(ValidateRolloutPool(spec));
   return absl::OkStatus();
 }
 

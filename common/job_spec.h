@@ -36,6 +36,10 @@ absl::Status CheckJobPaths(const v1::JobSpec& spec, const std::vector<std::strin
 // The job kinds this build can run.
 bool IsRunnableKind(absl::string_view kind);
 
+// The rollout pool of a split grpo job: its second worker group, role rollout, on
+// devices of its own (no colocate_with); null for every other job.
+const v1::GroupSpec* RolloutPool(const v1::JobSpec& spec);
+
 std::string JobStateName(v1::JobState s);
 bool IsTerminal(v1::JobState s);
 

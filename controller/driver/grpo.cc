@@ -23,6 +23,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/job_spec.h"
 #include "common/status.h"
 #include "controller/driver/driver.h"
 
@@ -30,8 +31,11 @@ namespace tessera::controller {
 
 using json = nlohmann::json;
 
+absl::StatusOr<std::string> RunGrpoSplit(DriverContext& ctx);  // driver/grpo_split.cc
+
 absl::StatusOr<std::string> RunGrpo(DriverContext& ctx) {
   const auto& spec = ctx.job.spec();
+  if (RolloutPool(spec) != nullptr) return RunGrpoSplit(ctx);  // a rollout pool on devices of its own
   const std::string& name = spec.groups(0).name();
   WorkerGroup& wg = *ctx.groups.at(name);
   TESSERA_ASSIGN_OR_RETURN(auto inits, wg.InitAll());

@@ -71,8 +71,9 @@ absl::StatusOr<std::vector<v1::CallResponse>> WorkerGroup::CallOneToAll(const st
   return CallEach(std::vector<v1::CallRequest>(ranks_.size(), req));
 }
 
-absl::StatusOr<v1::TensorBatch> WorkerGroup::CallDpSplit(const std::string& method, const std::string& args_json,
-                                                         const v1::TensorBatch& batch) {
+absl::StatusOr<std::vector<v1::CallResponse>> WorkerGroup::CallDpSplitEach(const std::string& method,
+                                                                             const std::string& args_json,
+                                                                             const v1::TensorBatch& batch) {
   TESSERA_ASSIGN_OR_RETURN(auto shards, SplitBatch(batch, layout_.dp));
   std::vector<v1::CallRequest> reqs(ranks_.size());
   for (size_t r = 0; r < ranks_.size(); ++r) {
@@ -82,7 +83,12 @@ absl::StatusOr<v1::TensorBatch> WorkerGroup::CallDpSplit(const std::string& meth
     reqs[r].set_args_json(args_json);
     *reqs[r].mutable_batch() = shards[c.dp];
   }
-  TESSERA_ASSIGN_OR_RETURN(auto res, CallEach(reqs));
+  return CallEach(reqs);
+}
+
+absl::StatusOr<v1::TensorBatch> WorkerGroup::CallDpSplit(const std::string& method, const std::string& args_json,
+                                                         const v1::TensorBatch& batch) {
+  TESSERA_ASSIGN_OR_RETURN(auto res, CallDpSplitEach(method, args_json, batch));
   std::vector<v1::TensorBatch> outs(layout_.dp);
   for (size_t r = 0; r < ranks_.size(); ++r) {
     auto c = parallel::CoordsOf(layout_, static_cast<int>(r));

@@ -44,6 +44,9 @@ class WorkerGroup {
                                                              const v1::TensorBatch& batch = {});
   absl::StatusOr<v1::TensorBatch> CallDpSplit(const std::string& method, const std::string& args_json,
                                               const v1::TensorBatch& batch);
+  // DP_SPLIT's requests, every rank's response (in rank order).
+  absl::StatusOr<std::vector<v1::CallResponse>> CallDpSplitEach(const std::string& method, const std::string& args_json,
+                                                                const v1::TensorBatch& batch);
   void CancelAll();
 
  private:

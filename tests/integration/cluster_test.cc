@@ -18,6 +18,7 @@
 #include "tessera/v1/rendezvous_service.grpc.pb.h"
 #include <grpcpp/health_check_service_interface.h>
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "common/job_spec.h"
 #include "tests/integration/cluster.h"
 
 namespace tessera::testing {
@@ -318,6 +319,80 @@ TEST(Cluster, GrpoStepsStreamTheirMetrics) {
 // A ppo job (actor + critic in each executor, dp 2 on CPU slots): the steps stream the
 // actor's and the critic's metrics and the job succeeds; the ranks agree on both gradient
 // norms (the driver checks).
+// Split pools: the same grpo job with its rollout on devices of its own (a second group,
+// role rollout, dp 2; the bridge communicator over all four ranks) samples what the
+// colocated job samples — every prompt with the seed its actor rank would use — so its
+// per-step rewards, gradient norms and KLs and its held-out accuracy equal the colocated
+// run's; the driver checks the pool's weights against the actor's by digest after the
+// first and the last sync (weights_verified). A pool of one rank samples the same; a
+// pool of another TP layout (tp 2: the sync re-slices) runs and verifies too.
+TEST(Cluster, GrpoWithARolloutPoolOfItsOwnEqualsColocated) {
+  auto c = Up({.agents = 1, .cpu_slots = 4});
+  v1::JobSpec spec = PretrainSpec(2, 1, 0, 3);
+  spec.set_kind("grpo");
+  spec.mutable_train()->mutable_data()->set_digits(1);
+  spec.mutable_rl()->set_group_size(4);
+  spec.mutable_rl()->set_prompts_per_step(4);
+  spec.mutable_rl()->set_kl_coef(0.01);
+  // An untrained model earns no reward (zero advantages); the entropy bonus still gives
+  // every step a gradient that depends on each sampled token, and the KL follows.
+  spec.mutable_rl()->set_entropy_coef(0.05);
+  spec.mutable_rl()->set_eval_problems(10);
+  spec.mutable_rl()->set_eval_every(2);
+  auto colocated = c->WaitState(Submit(*c, spec), v1::SUCCEEDED, 120000);
+  ASSERT_TRUE(colocated.ok()) << colocated.status();
+  {
+    const auto a = nlohmann::json::parse(colocated->result_json());
+    for (size_t i = 0; i < 3; ++i) ASSERT_GT(a["grad_norms"][i].get<double>(), 0) << a.dump();
+    ASSERT_GT(a["kl"][2].get<double>(), 0) << a.dump();
+  }
+  auto* pool = spec.add_groups();
+  pool->set_name("rollout"), pool->set_role("rollout"), pool->set_devices(2);
+  pool->mutable_layout()->set_dp(2);
+  ASSERT_TRUE(NormalizeAndValidateJobSpec(spec).ok()) << NormalizeAndValidateJobSpec(spec);
+  std::ostringstream progress;
+  auto split = c->client().Watch(Submit(*c, spec), progress);
+  ASSERT_TRUE(split.ok()) << split.status();
+  ASSERT_EQ(split->state(), v1::SUCCEEDED) << split->reason() << "\n" << progress.str();
+  const auto a = nlohmann::json::parse(colocated->result_json()), b = nlohmann::json::parse(split->result_json());
+  // The same samples: the same rewards, and the gradient norms and KLs (which depend on
+  // every sampled token) agree to float precision.
+  auto same_run = [&](const nlohmann::json& x, const char* what) {
+    ASSERT_EQ(x["rewards"].size(), 3u) << what;
+    EXPECT_EQ(x["rewards"], a["rewards"]) << what;
+    EXPECT_EQ(x["accuracy"], a["accuracy"]) << what;
+    for (const char* k : {"grad_norms", "kl"})
+      for (size_t i = 0; i < 3; ++i)
+        EXPECT_NEAR(x[k][i].get<double>(), a[k][i].get<double>(), 1e-6 * std::abs(a[k][i].get<double>()) + 1e-9)
+            << what << " " << k << " " << i;
+  };
+  same_run(b, "pool dp 2");
+  EXPECT_EQ(b["weights_verified"], true);
+  EXPECT_GT(b["sync_bytes"].get<int64_t>(), 0);
+  for (const char* k : {"generate_s=", "update_s=", "sync_s=", "sync_gb_per_s=", "ref_s=", "old_logprob_s=", "actor_update_s="})
+    EXPECT_THAT(progress.str(), HasSubstr(k));
+  EXPECT_THAT(progress.str(), HasSubstr("weights synced"));
+  // A pool of one rank generates every prompt, each still with its actor rank's seed:
+  // the same samples again.
+  pool->set_devices(1), pool->mutable_layout()->set_dp(1);
+  ASSERT_TRUE(NormalizeAndValidateJobSpec(spec).ok());
+  auto one = c->WaitState(Submit(*c, spec), v1::SUCCEEDED, 120000);
+  ASSERT_TRUE(one.ok()) << one.status();
+  same_run(nlohmann::json::parse(one->result_json()), "pool of one rank");
+  // A pool with tensor parallelism: the sync re-slices every tensor.
+  pool->set_devices(2), pool->mutable_layout()->set_dp(1), pool->mutable_layout()->set_tp(2);
+  ASSERT_TRUE(NormalizeAndValidateJobSpec(spec).ok());
+  auto tp2 = c->WaitState(Submit(*c, spec), v1::SUCCEEDED, 120000);
+  ASSERT_TRUE(tp2.ok()) << tp2.status();
+  EXPECT_EQ(nlohmann::json::parse(tp2->result_json())["weights_verified"], true);
+  // Refusals name the field.
+  pool->mutable_layout()->set_tp(1), pool->mutable_layout()->set_pp(2);
+  EXPECT_THAT(std::string(NormalizeAndValidateJobSpec(spec).message()), HasSubstr("groups[1].layout: a rollout pool runs tp x dp"));
+  pool->mutable_layout()->set_pp(1), pool->mutable_layout()->set_dp(2);
+  pool->set_role("reference");
+  EXPECT_THAT(std::string(NormalizeAndValidateJobSpec(spec).message()), HasSubstr("groups[1].role"));
+}
+
 TEST(Cluster, PpoStepsStreamTheCriticsMetrics) {
   auto c = Up({.agents = 1, .cpu_slots = 2});
   v1::JobSpec spec = PretrainSpec(2, 1, 0, 2);

@@ -38,10 +38,27 @@ absl::StatusOr<GrpoStats> GrpoStep(RolloutEngine& rollout, model::Llama& actor, 
   const size_t total = prompts.size() * o.group_size;
   if (static_cast<size_t>(o.mini_batches) > total)
     return absl::InvalidArgumentError(absl::StrCat("grpo: ", o.mini_batches, " mini-batches of ", total, " samples"));
-  GrpoStats stats;
-  // Generate group_size samples of every prompt, score them; group-normalized
-  // advantages (completions come ordered by prompt, sample).
+  // Generate group_size samples of every prompt, score them; then the update.
   TESSERA_ASSIGN_OR_RETURN(Rollouts got, GenerateAndScore(rollout, prompts, o.sampling, o.group_size, seed, reward, "grpo"));
+  return GrpoUpdate(actor, trainer, reference, got, o);
+}
+
+absl::StatusOr<GrpoStats> GrpoUpdate(model::Llama& actor, Trainer& trainer, model::Llama* reference, Rollouts& got,
+                                     const GrpoOptions& o) {
+  if (o.group_size < 2) return absl::InvalidArgumentError(absl::StrCat("grpo: group_size ", o.group_size, "; need >= 2"));
+  if (o.epochs < 1 || o.mini_batches < 1)
+    return absl::InvalidArgumentError(absl::StrCat("grpo: epochs (", o.epochs, ") and mini_batches (", o.mini_batches,
+                                                   ") must be >= 1"));
+  if (o.loss.kl_coef > 0 && reference == nullptr)
+    return absl::InvalidArgumentError("grpo: kl_coef > 0 needs a reference model");
+  const size_t total = got.samples.size();
+  if (total == 0 || total % o.group_size != 0 || got.rewards.size() != total)
+    return absl::InvalidArgumentError(absl::StrCat("grpo: ", total, " samples with ", got.rewards.size(),
+                                                   " rewards do not make whole groups of ", o.group_size));
+  if (static_cast<size_t>(o.mini_batches) > total)
+    return absl::InvalidArgumentError(absl::StrCat("grpo: ", o.mini_batches, " mini-batches of ", total, " samples"));
+  GrpoStats stats;
+  // Group-normalized advantages (the samples come ordered by prompt, sample).
   std::vector<RlSample>& samples = got.samples;
   const std::vector<double>& rewards = got.rewards;
   stats.reward = got.reward, stats.response_length = got.response_length, stats.generate_s = got.generate_s;

@@ -49,4 +49,12 @@ absl::StatusOr<GrpoStats> GrpoStep(RolloutEngine& rollout, model::Llama& actor, 
                                    const std::vector<std::vector<int32_t>>& prompts, const BatchRewardFn& reward,
                                    const GrpoOptions& options, uint64_t seed);
 
+// The step's second half on samples generated elsewhere (a rollout pool on its own
+// devices): `rollouts` holds this rank's samples in (prompt, sample) order — whole groups
+// of group_size — with their rewards; advantages, the reference's and the old policy's
+// log-probs and the updates as GrpoStep. generate_s stays 0.
+struct Rollouts;
+absl::StatusOr<GrpoStats> GrpoUpdate(model::Llama& actor, Trainer& trainer, model::Llama* reference, Rollouts& rollouts,
+                                     const GrpoOptions& options);
+
 }  // namespace tessera::engine

@@ -18,13 +18,34 @@ RlSample MakeRlSample(const std::vector<int32_t>& prompt, const std::vector<int3
 absl::StatusOr<Rollouts> GenerateAndScore(RolloutEngine& rollout, const std::vector<std::vector<int32_t>>& prompts,
                                           const SamplingParams& sampling, int n, uint64_t seed,
                                           const BatchRewardFn& reward, const char* who) {
+  std::vector<uint64_t> seeds(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) seeds[i] = PromptSeed(seed, i);
+  return GenerateAndScore(rollout, prompts, sampling, n, seeds, reward, who);
+}
+
+Rollouts MakeRollouts(const std::vector<std::vector<int32_t>>& prompts, const std::vector<std::vector<int32_t>>& completions,
+                      const std::vector<double>& rewards) {
+  Rollouts out;
+  const size_t total = completions.size();
+  for (size_t i = 0; i < total; ++i) {
+    out.samples.push_back(MakeRlSample(prompts[i], completions[i]));
+    out.reward += rewards[i] / total;
+    out.response_length += static_cast<double>(completions[i].size()) / total;
+  }
+  out.rewards = rewards;
+  return out;
+}
+
+absl::StatusOr<Rollouts> GenerateAndScore(RolloutEngine& rollout, const std::vector<std::vector<int32_t>>& prompts,
+                                          const SamplingParams& sampling, int n, const std::vector<uint64_t>& seeds,
+                                          const BatchRewardFn& reward, const char* who) {
   const auto t = std::chrono::steady_clock::now();
   std::vector<GenerationRequest> requests(prompts.size());
   for (size_t i = 0; i < prompts.size(); ++i) {
     requests[i].prompt = prompts[i];
     requests[i].params = sampling;
     requests[i].params.n = n;
-    requests[i].params.seed = seed * 1000003ull + i * 7919ull;
+    requests[i].params.seed = seeds[i];
   }
   TESSERA_ASSIGN_OR_RETURN(std::vector<Completion> completions, rollout.Generate(requests));
   Rollouts out;

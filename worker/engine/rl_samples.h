@@ -38,6 +38,16 @@ struct Rollouts {
 absl::StatusOr<Rollouts> GenerateAndScore(RolloutEngine& rollout, const std::vector<std::vector<int32_t>>& prompts,
                                           const SamplingParams& sampling, int n, uint64_t seed,
                                           const BatchRewardFn& reward, const char* who);
+// The same with each prompt's sampling seed given (`seeds[i]`, as PromptSeed makes them):
+// a rollout pool reproduces what each actor rank would have sampled itself.
+absl::StatusOr<Rollouts> GenerateAndScore(RolloutEngine& rollout, const std::vector<std::vector<int32_t>>& prompts,
+                                          const SamplingParams& sampling, int n, const std::vector<uint64_t>& seeds,
+                                          const BatchRewardFn& reward, const char* who);
+// Prompt i's seed of a step's base seed (the first overload's).
+inline uint64_t PromptSeed(uint64_t seed, size_t i) { return seed * 1000003ull + i * 7919ull; }
+// Rollouts of samples made elsewhere: prompt + completion tokens and rewards, in order.
+Rollouts MakeRollouts(const std::vector<std::vector<int32_t>>& prompts, const std::vector<std::vector<int32_t>>& completions,
+                      const std::vector<double>& rewards);
 
 // Samples [begin, end) packed into one micro-batch.
 model::TokenBatch PackSamples(const std::vector<RlSample>& samples, size_t begin, size_t end);

@@ -23,6 +23,8 @@
 #include "worker/executor/generate.h"
 #include "worker/executor/train.h"
 #include "worker/executor/cuda_buffer_space.h"
+#include "worker/executor/rollout_pool.h"
+#include "worker/engine/weight_sync.h"
 
 namespace tessera::executor {
 namespace {
@@ -92,6 +94,10 @@ class ExecutorServiceImpl final : public v1::ExecutorService::Service {
     }
     if (req->method() == "comm_check") return ToGrpc(CommCheck(*gc, req->args_json(), resp));
     if (req->method() == "generate") return ToGrpc(Generate(req->group(), *gc, resp));
+    if (req->method() == "rollout_init" || req->method() == "rollout_generate" || req->method() == "rl_update" ||
+        req->method() == "bridge_init" || req->method() == "sync_weights" || req->method() == "weights_digest" ||
+        (req->method() == "rl_eval" && HasPool(req->group())))
+      return ToGrpc(Split(req->group(), req->method(), *gc, *req, resp));
     if (req->method() == "train_init" || req->method() == "train_step" || req->method() == "rl_step" ||
         req->method() == "rl_eval")
       return ToGrpc(Train(req->group(), req->method(), *gc, req->args_json(), resp));
@@ -161,6 +167,84 @@ class ExecutorServiceImpl final : public v1::ExecutorService::Service {
     return absl::OkStatus();
   }
 
+  bool HasPool(const std::string& group) {
+    std::lock_guard<std::mutex> lk(train_mu_);
+    return pools_.count(group) > 0;
+  }
+
+  // Split pools (worker/executor/rollout_pool.h): rollout_init builds a rollout pool's
+  // session; rollout_generate {"step"} its samples; rl_eval {"problems"} its held-out
+  // accuracy; rl_update {"step"} + samples the actor's update; bridge_init the bridge
+  // communicator (every rank of both groups at once); sync_weights the actor's weights
+  // to the pool over it ({"bytes", "seconds"}); weights_digest a digest of the model's
+  // global weights.
+  absl::Status Split(const std::string& group, const std::string& method, GroupComms& gc, const v1::CallRequest& req,
+                     v1::CallResponse* resp) {
+    std::lock_guard<std::mutex> lk(train_mu_);
+    auto arg = [&](const char* key) -> absl::StatusOr<int64_t> {
+      try {
+        return nlohmann::json::parse(req.args_json()).at(key).get<int64_t>();
+      } catch (const std::exception& e) {
+        return absl::InvalidArgumentError(absl::StrCat(method, " args_json: expected {\"", key, "\": N}: ", e.what()));
+      }
+    };
+    auto session = sessions_.find(group);
+    auto pool = pools_.find(group);
+    if (method == "rollout_init") {
+      TESSERA_ASSIGN_OR_RETURN(auto p, RolloutPoolSession::Create(cfg_.spec(), gc, cfg_.device_type(), cfg_.device_index()));
+      pools_[group] = std::move(p);
+      resp->set_result_json("{}");
+      return absl::OkStatus();
+    }
+    if (method == "bridge_init") {
+      TESSERA_ASSIGN_OR_RETURN(bridge_, MakeBridge(cfg_, rdv_, listen_host_));
+      if (cfg_.device_type() == v1::GPU) {
+        runtime::Backend& b = session != sessions_.end() ? session->second->backend() : pool->second->backend();
+        TESSERA_RETURN_IF_ERROR(bridge_->OrderWith(b.stream()));
+      }
+      resp->set_result_json(nlohmann::json{{"size", bridge_->size()}, {"rank", bridge_->rank()}}.dump());
+      return absl::OkStatus();
+    }
+    const bool actor = session != sessions_.end();
+    if (!actor && pool == pools_.end())
+      return absl::FailedPreconditionError(absl::StrCat("group '", group, "' has no session; call train_init or rollout_init first"));
+    model::Llama& model = actor ? session->second->model() : pool->second->model();
+    runtime::Backend& backend = actor ? session->second->backend() : pool->second->backend();
+    if (method == "sync_weights") {
+      if (bridge_ == nullptr) return absl::FailedPreconditionError("sync_weights: call bridge_init first");
+      const auto t0 = std::chrono::steady_clock::now();
+      TESSERA_ASSIGN_OR_RETURN(const int64_t bytes, engine::SyncSplit(actor ? &model : nullptr, actor ? nullptr : &model,
+                                                                      *bridge_, /*source=*/0, backend));
+      resp->set_result_json(nlohmann::json{{"bytes", bytes},
+                                           {"seconds", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()}}
+                                .dump());
+      return absl::OkStatus();
+    }
+    if (method == "weights_digest") {
+      TESSERA_ASSIGN_OR_RETURN(std::string digest, WeightsDigest(model));
+      resp->set_result_json(nlohmann::json{{"digest", digest}}.dump());
+      return absl::OkStatus();
+    }
+    if (method == "rl_update") {
+      if (!actor) return absl::FailedPreconditionError(absl::StrCat("rl_update: group '", group, "' is not the actor"));
+      TESSERA_ASSIGN_OR_RETURN(const int64_t step, arg("step"));
+      TESSERA_ASSIGN_OR_RETURN(std::string out, session->second->RlUpdate(step, req.batch()));
+      resp->set_result_json(out);
+      return absl::OkStatus();
+    }
+    if (actor) return absl::FailedPreconditionError(absl::StrCat(method, ": group '", group, "' is not a rollout pool"));
+    if (method == "rl_eval") {
+      TESSERA_ASSIGN_OR_RETURN(const int64_t problems, arg("problems"));
+      TESSERA_ASSIGN_OR_RETURN(std::string out, pool->second->Eval(problems));
+      resp->set_result_json(out);
+      return absl::OkStatus();
+    }
+    TESSERA_ASSIGN_OR_RETURN(const int64_t step, arg("step"));  // rollout_generate
+    TESSERA_ASSIGN_OR_RETURN(std::string out, pool->second->Generate(step, resp->mutable_batch()));
+    resp->set_result_json(out);
+    return absl::OkStatus();
+  }
+
   // generate: builds the group's generate session (model, weights) and runs it over this
   // rank's share of the input file (worker/executor/generate.h).
   absl::Status Generate(const std::string& group, GroupComms& gc, v1::CallResponse* resp) {
@@ -175,6 +259,8 @@ class ExecutorServiceImpl final : public v1::ExecutorService::Service {
   comm::RendezvousClient* rdv_;
   std::mutex train_mu_;  // one training call at a time
   std::map<std::string, std::unique_ptr<TrainSession>> sessions_ ABSL_GUARDED_BY(train_mu_);
+  std::map<std::string, std::unique_ptr<RolloutPoolSession>> pools_ ABSL_GUARDED_BY(train_mu_);
+  std::unique_ptr<comm::Communicator> bridge_ ABSL_GUARDED_BY(train_mu_);  // split pools: actor + rollout ranks
   std::string listen_host_;
   std::mutex mu_;
   std::map<std::string, std::shared_ptr<GroupComms>> groups_;

@@ -11,6 +11,8 @@
 #include "worker/engine/weight_sync.h"
 #include "worker/executor/train.h"
 #include "common/grpc_util.h"
+#include "common/job_spec.h"
+#include "worker/executor/rollout_pool.h"
 #include "common/util.h"
 
 namespace tessera::executor {
@@ -44,36 +46,18 @@ absl::Status TrainSession::MakeRl(const v1::JobSpec& spec, int dp_rank, int dps,
     TESSERA_ASSIGN_OR_RETURN(reference_, model::Llama::Create(model_->config(), backend_.get(), tp_));
     TESSERA_RETURN_IF_ERROR(engine::SyncColocated(*model_, *reference_));
   }
-  int64_t longest_prompt = 2 * spec.train().data().digits() + 2;  // "a+b="
-  text_.tokenizer = tokenizer::MakeByteTokenizer();
-  if (spec.train().data().kind() == "jsonl") {  // prompts through the model's tokenizer (bytes by default)
-    TESSERA_ASSIGN_OR_RETURN(text_, ModelTextFromSpec(spec.model(), model_->config().vocab));
-    const std::string& path = spec.train().data().path();
-    TESSERA_ASSIGN_OR_RETURN(prompts_, engine::LoadPromptAnswers(path));
-    longest_prompt = 0;
-    for (const engine::PromptAnswer& p : prompts_) {
-      std::string text;
-      TESSERA_ASSIGN_OR_RETURN(std::vector<int32_t> ids, engine::EncodePrompt(p, path, text_, &text));
-      longest_prompt = std::max<int64_t>(longest_prompt, static_cast<int64_t>(ids.size()));
-      prompt_ids_.push_back(std::move(ids));
-      prompt_texts_.push_back(std::move(text));
-    }
-    stop_tokens_ = text_.eos_ids;
-  }
-  for (int i = 0; i < rl_.stop_size(); ++i) {
-    TESSERA_ASSIGN_OR_RETURN(auto ids, text_.tokenizer->Encode(rl_.stop(i)));
-    if (ids.size() != 1)
-      return absl::InvalidArgumentError(absl::StrCat("rl.stop[", i, "]: '", rl_.stop(i), "' is ", ids.size(), " tokens of ",
-                                                     text_.tokenizer->name(), "; a stop string must be one token"));
-    stop_tokens_.push_back(ids[0]);
-  }
+  TESSERA_RETURN_IF_ERROR(prompts_.Load(spec, model_->config().vocab));
+  const int64_t longest_prompt = prompts_.longest_prompt();
   engine::RolloutOptions ro;
   const int64_t per_rank = int64_t(rl_.prompts_per_step() / dps) * rl_.group_size();
   ro.max_running = std::max<int64_t>(1, std::min<int64_t>(per_rank, 256));
   ro.block_size = 16;
   const int64_t longest = longest_prompt + rl_.max_new_tokens();  // a prompt and its completion
   ro.num_blocks = ro.max_running * ((longest + ro.block_size - 1) / ro.block_size);
-  TESSERA_ASSIGN_OR_RETURN(rollout_, engine::RolloutEngine::Create(model_.get(), ro));
+  // With a rollout pool of its own (split pools) the actor generates nothing.
+  if (RolloutPool(spec) == nullptr) {
+    TESSERA_ASSIGN_OR_RETURN(rollout_, engine::RolloutEngine::Create(model_.get(), ro));
+  }
   job_name_ = spec.name();
   if (!checkpoint_.dir().empty() && checkpoint_.resume()) {
     auto latest = checkpoint::LatestCheckpoint(checkpoint_.dir());
@@ -105,13 +89,6 @@ absl::Status TrainSession::MakeRl(const v1::JobSpec& spec, int dp_rank, int dps,
     reward_ = v1::RewardService::NewStub(*channel);
   }
   return absl::OkStatus();
-}
-
-std::string TrainSession::CompletionText(const engine::Completion& c) const {
-  std::vector<int32_t> known;
-  for (int32_t t : c.tokens) if (t < text_.tokenizer->vocab_size()) known.push_back(t);
-  auto text = text_.tokenizer->Decode(known, /*skip_special=*/true);
-  return text.ok() ? *text : std::string();
 }
 
 absl::StatusOr<std::vector<double>> TrainSession::ServiceRewards(int64_t step, const std::vector<std::string>& prompts,
@@ -161,7 +138,8 @@ absl::StatusOr<std::vector<double>> TrainSession::ServiceRewards(int64_t step, c
 }
 
 absl::StatusOr<std::string> TrainSession::RlStep(int64_t step) {
-  if (rollout_ == nullptr) return absl::FailedPreconditionError("rl_step: the session is not a grpo session");
+  if (rollout_ == nullptr)
+    return absl::FailedPreconditionError("rl_step: the session has no rollout engine (not a grpo session, or its rollout pool has its own devices)");
   if (step < 0) return absl::InvalidArgumentError(absl::StrCat("rl_step: step ", step));
   // This rank's prompts: problems [step * P + rank * P/dp, ...) of the training data
   // (global numbering over all ranks; JSONL prompts cycle through the file), the answer
@@ -170,30 +148,17 @@ absl::StatusOr<std::string> TrainSession::RlStep(int64_t step) {
   std::vector<std::vector<int32_t>> prompts;
   std::vector<std::string> texts, answers;  // the prompts' text, and the answer each completion must match
   for (int i = 0; i < per_rank; ++i) {
-    const int64_t index = step * rl_.prompts_per_step() + rl_dp_rank_ * per_rank + i;
-    if (!prompts_.empty()) {
-      const size_t k = static_cast<size_t>(index % static_cast<int64_t>(prompts_.size()));
-      prompts.push_back(prompt_ids_[k]);
-      texts.push_back(prompt_texts_[k]);
-      answers.push_back(prompts_[k].answer);
-    } else {
-      const std::string p = engine::ArithmeticProblem(data_, index);
-      const size_t eq = p.find('=') + 1;
-      texts.push_back(p.substr(0, eq));
-      answers.push_back(p.substr(eq));
-      prompts.emplace_back(texts.back().begin(), texts.back().end());  // bytes are tokens of the byte tokenizer
-      for (int32_t& t : prompts.back()) t = static_cast<unsigned char>(t);
-    }
+    RlPrompts::Prompt p = prompts_.At(step * rl_.prompts_per_step() + rl_dp_rank_ * per_rank + i);
+    prompts.push_back(std::move(p.ids));
+    texts.push_back(std::move(p.text));
+    answers.push_back(std::move(p.answer));
   }
   const engine::BatchRewardFn reward = [&](const std::vector<engine::Completion>& cs) -> absl::StatusOr<std::vector<double>> {
     std::vector<std::string> done;
-    for (const engine::Completion& c : cs) done.push_back(CompletionText(c));
+    for (const engine::Completion& c : cs) done.push_back(prompts_.CompletionText(c.tokens));
     if (!rl_.reward_service().empty()) return ServiceRewards(step, texts, answers, cs, done);
     std::vector<double> r;  // built in: exact match of the answer (JSONL: of the extracted final answer)
-    for (size_t i = 0; i < cs.size(); ++i) {
-      const std::string& a = answers[cs[i].request];
-      r.push_back(!prompts_.empty() ? rl::ExactAnswerReward(done[i], a) : done[i] == a ? 1.0 : 0.0);
-    }
+    for (size_t i = 0; i < cs.size(); ++i) r.push_back(prompts_.Reward(done[i], answers[cs[i].request]));
     return r;
   };
   const uint64_t seed = static_cast<uint64_t>(step) * 1009 + rl_dp_rank_;
@@ -222,12 +187,41 @@ absl::StatusOr<std::string> TrainSession::RlStep(int64_t step) {
       .dump();
 }
 
+absl::StatusOr<std::string> TrainSession::RlUpdate(int64_t step, const v1::TensorBatch& batch) {
+  if (rl_.group_size() == 0) return absl::FailedPreconditionError("rl_update: the session is not a grpo session");
+  if (step < 0) return absl::InvalidArgumentError(absl::StrCat("rl_update: step ", step));
+  std::vector<std::vector<int32_t>> prompts, completions;
+  std::vector<double> rewards;
+  TESSERA_RETURN_IF_ERROR(BatchToSamples(batch, &prompts, &completions, &rewards));
+  const int64_t want = int64_t(rl_.prompts_per_step() / rl_dps_) * rl_.group_size();
+  if (static_cast<int64_t>(prompts.size()) != want)
+    return absl::InvalidArgumentError(absl::StrCat("rl_update: ", prompts.size(), " samples; this DP rank trains on ", want));
+  const int64_t vocab = model_->config().vocab;
+  for (const auto* rows : {&prompts, &completions})
+    for (const auto& r : *rows)
+      for (int32_t t : r)
+        if (t < 0 || t >= vocab) return absl::InvalidArgumentError(absl::StrCat("rl_update: token ", t, " is outside the vocabulary"));
+  engine::Rollouts got = engine::MakeRollouts(prompts, completions, rewards);
+  engine::GrpoOptions o;
+  o.group_size = rl_.group_size();
+  o.sampling = Sampling(), o.loss = PolicyLoss();
+  o.epochs = rl_.epochs(), o.mini_batches = rl_.mini_batches();
+  TESSERA_ASSIGN_OR_RETURN(engine::GrpoStats st, engine::GrpoUpdate(*model_, *trainer_, reference_.get(), got, o));
+  TESSERA_ASSIGN_OR_RETURN(const double checkpoint_secs, SaveAfter(step + 1));
+  return nlohmann::json{{"step", step}, {"reward", st.reward}, {"response_length", st.response_length},
+                        {"loss", st.loss}, {"kl", st.kl}, {"clip_fraction", st.clip_fraction},
+                        {"entropy", st.entropy}, {"grad_norm", st.grad_norm},
+                        {"samples", prompts.size()}, {"ref_s", st.ref_s}, {"old_s", st.old_s},
+                        {"update_s", st.update_s}, {"checkpoint_seconds", checkpoint_secs}}
+      .dump();
+}
+
 // The rl section's sampling and actor-loss settings, shared by grpo and ppo.
 engine::SamplingParams TrainSession::Sampling() const {
   engine::SamplingParams p;
   p.temperature = static_cast<float>(rl_.temperature());
   p.max_new_tokens = rl_.max_new_tokens();
-  p.stop_tokens = stop_tokens_;
+  p.stop_tokens = prompts_.stop_tokens();
   return p;
 }
 
@@ -268,31 +262,8 @@ absl::StatusOr<std::string> TrainSession::PpoStep(int64_t step, const std::vecto
 namespace tessera::executor {
 
 absl::StatusOr<std::string> TrainSession::RlEval(int64_t problems) {
-  if (rollout_ == nullptr) return absl::FailedPreconditionError("rl_eval: the session is not a grpo session");
-  if (!prompts_.empty()) return absl::FailedPreconditionError("rl_eval: held-out problems are the built-in arithmetic ones");
-  if (problems < 1 || problems > 1000000) return absl::InvalidArgumentError(absl::StrCat("rl_eval: problems ", problems, "; expected 1..1000000"));
-  engine::ArithmeticData held = data_;
-  held.held_out = true;
-  const int64_t begin = problems * rl_dp_rank_ / rl_dps_, end = problems * (rl_dp_rank_ + 1) / rl_dps_;
-  std::vector<engine::GenerationRequest> requests;
-  std::vector<std::string> answers;
-  for (int64_t i = begin; i < end; ++i) {
-    const std::string p = engine::ArithmeticProblem(held, i);
-    const size_t eq = p.find('=') + 1;
-    engine::GenerationRequest r;
-    r.prompt.assign(p.begin(), p.begin() + eq);
-    r.params.temperature = 0;  // greedy
-    r.params.max_new_tokens = rl_.max_new_tokens();
-    r.params.stop_tokens = {'\n'};
-    requests.push_back(std::move(r));
-    answers.push_back(p.substr(eq));
-  }
-  int64_t correct = 0;
-  if (!requests.empty()) {
-    TESSERA_ASSIGN_OR_RETURN(std::vector<engine::Completion> out, rollout_->Generate(requests));
-    for (const engine::Completion& c : out) correct += std::string(c.tokens.begin(), c.tokens.end()) == answers[c.request];
-  }
-  return nlohmann::json{{"correct", correct}, {"problems", end - begin}}.dump();
+  if (rollout_ == nullptr) return absl::FailedPreconditionError("rl_eval: the session has no rollout engine");
+  return HeldOutEval(*rollout_, prompts_, rl_.max_new_tokens(), problems, rl_dp_rank_, rl_dps_);
 }
 
 }  // namespace tessera::executor

@@ -1,0 +1,57 @@
+// An RL job's prompts, shared by the actor's session (colocated generation) and a rollout
+// pool's (split pools): the built-in arithmetic problems, or a JSONL file's prompts /
+// conversations with answers through the model's tokenizer; the stop tokens; the
+// built-in verifier. Immutable after Load: thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "tessera/v1/common.pb.h"
+#include "worker/engine/data.h"
+#include "worker/engine/rollout.h"
+#include "worker/tokenizer/model_text.h"
+
+namespace tessera::executor {
+
+class RlPrompts {
+ public:
+  // `model_vocab`: the model's vocabulary (a tokenizer with more tokens is refused).
+  absl::Status Load(const v1::JobSpec& spec, int64_t model_vocab);
+
+  struct Prompt {
+    std::vector<int32_t> ids;
+    std::string text;    // what a reward service sees (a conversation: the template's text)
+    std::string answer;  // what a completion must match
+  };
+  // Prompt `index` of the run (global numbering; JSONL prompts cycle through the file).
+  Prompt At(int64_t index) const;
+  // A completion's text: decoded without special tokens (bytes for the byte tokenizer);
+  // ids past the tokenizer's vocabulary have none.
+  std::string CompletionText(const std::vector<int32_t>& tokens) const;
+  // The built-in verifier: an exact match (JSONL: of the final answer after "####").
+  double Reward(const std::string& completion_text, const std::string& answer) const;
+
+  bool jsonl() const { return !file_.empty(); }
+  int64_t longest_prompt() const { return longest_; }
+  const std::vector<int32_t>& stop_tokens() const { return stops_; }
+  const engine::ArithmeticData& arithmetic() const { return data_; }
+
+ private:
+  engine::ArithmeticData data_;
+  std::vector<engine::PromptAnswer> file_;  // train.data.kind jsonl (empty: the arithmetic problems)
+  std::vector<std::vector<int32_t>> ids_;
+  std::vector<std::string> texts_;
+  tokenizer::ModelText text_;
+  std::vector<int32_t> stops_;  // rl.stop (one token each), and with a tokenizer.json the EOS ids
+  int64_t longest_ = 0;
+};
+
+// rl_eval: greedy exact-match answers to this DP rank's share of `problems` held-out
+// arithmetic problems (pairs no job trains on). JSON {"correct", "problems"}.
+absl::StatusOr<std::string> HeldOutEval(engine::RolloutEngine& rollout, const RlPrompts& prompts, int64_t max_new_tokens,
+                                        int64_t problems, int dp_rank, int dps);
+
+}  // namespace tessera::executor

@@ -1,0 +1,216 @@
+#include "worker/executor/rollout_pool.h"
+
+#include <openssl/evp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "common/job_spec.h"
+#include "common/status.h"
+#include "worker/comm/gloo_communicator.h"
+#include "worker/comm/nccl_communicator.h"
+#include "worker/executor/train.h"
+
+namespace tessera::executor {
+
+absl::StatusOr<std::unique_ptr<RolloutPoolSession>> RolloutPoolSession::Create(const v1::JobSpec& spec, GroupComms& comms,
+                                                                              v1::DeviceType device, int device_index) {
+  std::unique_ptr<RolloutPoolSession> s(new RolloutPoolSession());
+  s->rl_ = spec.rl();
+  s->actor_dps_ = std::max(1, spec.groups(0).layout().dp());
+  TESSERA_ASSIGN_OR_RETURN(model::LlamaConfig config, ModelConfigFromSpec(spec, device));
+  const runtime::Device dev = device == v1::GPU ? runtime::Device::Cuda(device_index) : runtime::Device::Cpu();
+  TESSERA_ASSIGN_OR_RETURN(s->backend_, runtime::MakeBackend(dev));
+  auto comm_of = [&](parallel::GroupKind k) -> comm::Communicator* {
+    auto it = comms.comms.find(k);
+    return it == comms.comms.end() ? nullptr : it->second.get();
+  };
+  comm::Communicator* tp = comm_of(parallel::GroupKind::kTp);
+  comm::Communicator* dp = comm_of(parallel::GroupKind::kDp);
+  s->dp_rank_ = dp != nullptr ? dp->rank() : 0;
+  s->dps_ = comms.layout.dp;
+  if (device == v1::GPU)
+    for (auto& [kind, c] : comms.comms)
+      if (c != nullptr) TESSERA_RETURN_IF_ERROR(c->OrderWith(s->backend_->stream()));
+  TESSERA_ASSIGN_OR_RETURN(s->model_, model::Llama::Create(config, s->backend_.get(), tp));
+  // Placeholder weights: the actor's arrive by the first sync, before any generation.
+  TESSERA_RETURN_IF_ERROR(s->model_->InitRandom(spec.train().seed(), 0.02f));
+  TESSERA_RETURN_IF_ERROR(s->prompts_.Load(spec, config.vocab));
+  engine::RolloutOptions ro;
+  const int64_t per_rank = int64_t(s->rl_.prompts_per_step() / s->dps_) * s->rl_.group_size();
+  ro.max_running = std::max<int64_t>(1, std::min<int64_t>(per_rank, 256));
+  ro.block_size = 16;
+  const int64_t longest = s->prompts_.longest_prompt() + s->rl_.max_new_tokens();
+  ro.num_blocks = ro.max_running * ((longest + ro.block_size - 1) / ro.block_size);
+  TESSERA_ASSIGN_OR_RETURN(s->rollout_, engine::RolloutEngine::Create(s->model_.get(), ro));
+  return s;
+}
+
+absl::StatusOr<std::string> RolloutPoolSession::Generate(int64_t step, v1::TensorBatch* out) {
+  if (step < 0) return absl::InvalidArgumentError(absl::StrCat("rollout_generate: step ", step));
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t P = rl_.prompts_per_step(), per = P / dps_, actor_per = P / actor_dps_;
+  std::vector<engine::GenerationRequest> requests;
+  std::vector<std::string> answers;
+  for (int64_t i = 0; i < per; ++i) {
+    const int64_t g = dp_rank_ * per + i;  // the prompt's place in the step
+    RlPrompts::Prompt p = prompts_.At(step * P + g);
+    engine::GenerationRequest r;
+    r.prompt = std::move(p.ids);
+    r.params.temperature = static_cast<float>(rl_.temperature());
+    r.params.max_new_tokens = rl_.max_new_tokens();
+    r.params.stop_tokens = prompts_.stop_tokens();
+    r.params.n = rl_.group_size();
+    // The seed the actor's DP rank g / actor_per gives its prompt g % actor_per colocated
+    // (TrainSession::RlStep: step * 1009 + its DP rank, then engine::PromptSeed).
+    r.params.seed = engine::PromptSeed(static_cast<uint64_t>(step) * 1009 + g / actor_per, static_cast<size_t>(g % actor_per));
+    requests.push_back(std::move(r));
+    answers.push_back(std::move(p.answer));
+  }
+  TESSERA_ASSIGN_OR_RETURN(std::vector<engine::Completion> done, rollout_->Generate(requests));
+  const double generate_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::vector<std::vector<int32_t>> prompts, completions;
+  std::vector<double> rewards;
+  double reward = 0, length = 0;
+  for (const engine::Completion& c : done) {
+    prompts.push_back(requests[c.request].prompt);
+    completions.push_back(c.tokens);
+    rewards.push_back(prompts_.Reward(prompts_.CompletionText(c.tokens), answers[c.request]));
+    reward += rewards.back() / done.size(), length += double(c.tokens.size()) / done.size();
+  }
+  *out = SamplesToBatch(prompts, completions, rewards, static_cast<size_t>(prompts_.longest_prompt()),
+                        static_cast<size_t>(rl_.max_new_tokens()));
+  return nlohmann::json{{"reward", reward}, {"response_length", length}, {"samples", done.size()}, {"generate_s", generate_s}}
+      .dump();
+}
+
+absl::StatusOr<std::string> RolloutPoolSession::Eval(int64_t problems) {
+  return HeldOutEval(*rollout_, prompts_, rl_.max_new_tokens(), problems, dp_rank_, dps_);
+}
+
+namespace {
+
+void AddI32(v1::TensorBatch* b, const std::string& name, std::vector<int64_t> shape, const std::vector<int32_t>& v) {
+  auto* t = b->add_tensors();
+  t->set_name(name), t->set_dtype(v1::I32);
+  for (int64_t d : shape) t->add_shape(d);
+  t->set_data(std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(int32_t)));
+}
+
+// A padded [N, L] matrix of rows and their lengths.
+void AddRows(v1::TensorBatch* b, const std::string& name, const std::vector<std::vector<int32_t>>& rows, size_t width) {
+  for (const auto& r : rows) width = std::max(width, r.size());
+  std::vector<int32_t> flat(rows.size() * width, 0), lens;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    std::copy(rows[i].begin(), rows[i].end(), flat.begin() + i * width);
+    lens.push_back(static_cast<int32_t>(rows[i].size()));
+  }
+  AddI32(b, name, {static_cast<int64_t>(rows.size()), static_cast<int64_t>(width)}, flat);
+  AddI32(b, name + "_len", {static_cast<int64_t>(rows.size())}, lens);
+}
+
+const v1::NamedTensor* Find(const v1::TensorBatch& b, const std::string& name) {
+  for (const auto& t : b.tensors()) if (t.name() == name) return &t;
+  return nullptr;
+}
+
+absl::StatusOr<std::vector<std::vector<int32_t>>> GetRows(const v1::TensorBatch& b, const std::string& name) {
+  const v1::NamedTensor* m = Find(b, name);
+  const v1::NamedTensor* l = Find(b, name + "_len");
+  if (m == nullptr || l == nullptr || m->dtype() != v1::I32 || l->dtype() != v1::I32 || m->shape_size() != 2 ||
+      l->shape_size() != 1 || l->shape(0) != m->shape(0) ||
+      m->data().size() != static_cast<size_t>(m->shape(0) * m->shape(1)) * sizeof(int32_t) ||
+      l->data().size() != static_cast<size_t>(l->shape(0)) * sizeof(int32_t))
+    return absl::InvalidArgumentError(absl::StrCat("samples batch: expected ", name, " [N, L] and ", name,
+                                                   "_len [N] of i32 with matching sizes"));
+  const int64_t n = m->shape(0), width = m->shape(1);
+  std::vector<int32_t> flat(n * width), lens(n);
+  std::memcpy(flat.data(), m->data().data(), m->data().size());
+  std::memcpy(lens.data(), l->data().data(), l->data().size());
+  std::vector<std::vector<int32_t>> rows(n);
+  for (int64_t i = 0; i < n; ++i) {
+    if (lens[i] < 0 || lens[i] > width) return absl::InvalidArgumentError(absl::StrCat("samples batch: ", name, "_len[", i, "] = ", lens[i]));
+    rows[i].assign(flat.begin() + i * width, flat.begin() + i * width + lens[i]);
+  }
+  return rows;
+}
+
+}  // namespace
+
+v1::TensorBatch SamplesToBatch(const std::vector<std::vector<int32_t>>& prompts,
+                               const std::vector<std::vector<int32_t>>& completions, const std::vector<double>& rewards,
+                               size_t prompt_width, size_t completion_width) {
+  v1::TensorBatch b;
+  AddRows(&b, "prompt", prompts, prompt_width);
+  AddRows(&b, "completion", completions, completion_width);
+  std::vector<float> r(rewards.begin(), rewards.end());
+  auto* t = b.add_tensors();
+  t->set_name("reward"), t->set_dtype(v1::F32), t->add_shape(static_cast<int64_t>(r.size()));
+  t->set_data(std::string(reinterpret_cast<const char*>(r.data()), r.size() * sizeof(float)));
+  return b;
+}
+
+absl::Status BatchToSamples(const v1::TensorBatch& batch, std::vector<std::vector<int32_t>>* prompts,
+                            std::vector<std::vector<int32_t>>* completions, std::vector<double>* rewards) {
+  TESSERA_ASSIGN_OR_RETURN(*prompts, GetRows(batch, "prompt"));
+  TESSERA_ASSIGN_OR_RETURN(*completions, GetRows(batch, "completion"));
+  const v1::NamedTensor* r = Find(batch, "reward");
+  if (r == nullptr || r->dtype() != v1::F32 || r->shape_size() != 1 || r->shape(0) != static_cast<int64_t>(prompts->size()) ||
+      completions->size() != prompts->size() || r->data().size() != prompts->size() * sizeof(float))
+    return absl::InvalidArgumentError("samples batch: expected reward [N] f32 with as many rows as prompt and completion");
+  std::vector<float> v(prompts->size());
+  std::memcpy(v.data(), r->data().data(), r->data().size());
+  rewards->assign(v.begin(), v.end());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> WeightsDigest(model::Llama& model) {
+  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
+  EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr);
+  absl::Status st;
+  for (model::Param& p : model.params()) {
+    auto whole = model.GatherGlobal(p, /*grad=*/false);
+    if (!whole.ok()) { st = whole.status(); break; }
+    EVP_DigestUpdate(ctx, p.name().data(), p.name().size());
+    EVP_DigestUpdate(ctx, whole->data(), whole->size() * sizeof(float));
+  }
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_DigestFinal_ex(ctx, md, &len);
+  EVP_MD_CTX_free(ctx);
+  TESSERA_RETURN_IF_ERROR(st);
+  std::string hex;
+  for (unsigned int i = 0; i < len; ++i) absl::StrAppend(&hex, absl::Hex(md[i], absl::kZeroPad2));
+  return hex;
+}
+
+absl::StatusOr<std::unique_ptr<comm::Communicator>> MakeBridge(const v1::ExecutorConfig& cfg, comm::KvStore* rdv,
+                                                                const std::string& listen_host) {
+  const v1::JobSpec& spec = cfg.spec();
+  const v1::GroupSpec* pool = RolloutPool(spec);
+  if (pool == nullptr) return absl::FailedPreconditionError("bridge_init: the job has no rollout pool of its own");
+  const v1::GroupSpec& actor = spec.groups(0);
+  int rank = -1;
+  for (const auto& gr : cfg.ranks()) {
+    if (gr.group() == actor.name()) rank = gr.rank();
+    if (gr.group() == pool->name()) rank = actor.devices() + gr.rank();
+  }
+  if (rank < 0) return absl::FailedPreconditionError("bridge_init: this executor hosts neither the actor nor the rollout pool");
+  const int size = actor.devices() + pool->devices();
+  if (cfg.device_type() == v1::GPU) {
+    comm::NcclOptions o;
+    o.device = cfg.device_index();
+    o.timeout_ms = spec.collective_timeout_ms();
+    return comm::MakeNcclCommunicator("bridge", "bridge", rank, size, rdv, o);
+  }
+  comm::GlooOptions o;
+  o.listen_host = listen_host;
+  o.timeout_ms = spec.collective_timeout_ms();
+  return comm::MakeGlooCommunicator("bridge", "bridge", rank, size, rdv, o);
+}
+
+}  // namespace tessera::executor

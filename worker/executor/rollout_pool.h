@@ -1,0 +1,69 @@
+// Split pools (DESIGN §7, issue 5): a grpo job whose rollout group has its own devices.
+// The rollout pool's executors hold the model (their own TP layout), the rollout engine
+// and the prompts; the actor's executors train on what the pool generates; after every
+// update the actor's weights go to the pool over a `bridge` communicator spanning both
+// groups (actor ranks first, then rollout ranks), built when the job starts.
+//
+// The samples travel through the driver as a TensorBatch, whole groups in prompt order:
+//   prompt [N, Lp] i32 and prompt_len [N]; completion [N, Lc] i32 and completion_len [N]
+//   (rows padded with 0); reward [N] f32 — N = prompts x group_size.
+// Threading: one call at a time (the executor serializes them).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "tessera/v1/common.pb.h"
+#include "worker/engine/rl_samples.h"
+#include "worker/engine/rollout.h"
+#include "worker/executor/executor.h"
+#include "worker/executor/rl_prompts.h"
+
+namespace tessera::executor {
+
+class RolloutPoolSession {
+ public:
+  static absl::StatusOr<std::unique_ptr<RolloutPoolSession>> Create(const v1::JobSpec& spec, GroupComms& comms,
+                                                                    v1::DeviceType device, int device_index);
+  // rollout_generate {"step": s}: this pool DP rank's share of step s's prompts,
+  // rl.group_size samples each, scored by the built-in verifier. Prompt g of the step is
+  // sampled with the seed the actor's DP rank that trains on it would use colocated, so
+  // a split job samples what a colocated one does. JSON: reward, response_length,
+  // samples, generate_s; the samples as above (every TP rank returns them).
+  absl::StatusOr<std::string> Generate(int64_t step, v1::TensorBatch* out);
+  absl::StatusOr<std::string> Eval(int64_t problems);
+  model::Llama& model() { return *model_; }
+  runtime::Backend& backend() { return *backend_; }
+
+ private:
+  RolloutPoolSession() = default;
+  v1::RlSpec rl_;
+  int actor_dps_ = 1, dp_rank_ = 0, dps_ = 1;
+  std::unique_ptr<runtime::Backend> backend_;
+  std::unique_ptr<model::Llama> model_;
+  std::unique_ptr<engine::RolloutEngine> rollout_;
+  RlPrompts prompts_;
+};
+
+// The samples' TensorBatch of `rollouts` (prompt ids per sample given) and back.
+// Rows are padded to the given widths (at least each row's length), so that every pool
+// rank's batch has the same shapes and the driver can concatenate them.
+v1::TensorBatch SamplesToBatch(const std::vector<std::vector<int32_t>>& prompts,
+                               const std::vector<std::vector<int32_t>>& completions, const std::vector<double>& rewards,
+                               size_t prompt_width = 1, size_t completion_width = 1);
+// INVALID_ARGUMENT naming the tensor for a malformed batch.
+absl::Status BatchToSamples(const v1::TensorBatch& batch, std::vector<std::vector<int32_t>>* prompts,
+                            std::vector<std::vector<int32_t>>* completions, std::vector<double>* rewards);
+
+// A digest of the model's global weights (every parameter gathered over TP, in the
+// model's parameter order, as f32): equal digests, equal weights. Every TP rank calls it.
+absl::StatusOr<std::string> WeightsDigest(model::Llama& model);
+
+// The bridge communicator of a split job: actor ranks 0..A-1, rollout ranks A..A+R-1.
+absl::StatusOr<std::unique_ptr<comm::Communicator>> MakeBridge(const v1::ExecutorConfig& cfg, comm::KvStore* rdv,
+                                                                const std::string& listen_host);
+
+}  // namespace tessera::executor
