@@ -489,7 +489,7 @@ absl::StatusOr<JobSpec> ParseJobSpecYaml(absl::string_view yaml, const std::vect
 }
 
 const v1::GroupSpec* RolloutPool(const v1::JobSpec& spec) {
-  if (spec.kind() != "grpo" || spec.groups_size() != 2) return nullptr;
+  if ((spec.kind() != "grpo" && spec.kind() != "ppo") || spec.groups_size() != 2) return nullptr;
   const v1::GroupSpec& g = spec.groups(1);
   return g.role() == "rollout" && g.colocate_with().empty() ? &g : nullptr;
 }
@@ -520,9 +520,10 @@ static absl::Status CheckCleanAbsolute(const std::string& field, const std::stri
 // pretrain / sft: one worker group training a Llama on built-in data (byte tokens; sft
 // takes the loss on the answers only).
 static absl::Status ValidatePretrain(JobSpec& spec) {
-  if (spec.groups_size() != 1 && !(spec.kind() == "grpo" && spec.groups_size() == 2))
+  const bool rl = spec.kind() == "grpo" || spec.kind() == "ppo";
+  if (spec.groups_size() != 1 && !(rl && spec.groups_size() == 2))
     return Bad("groups", absl::StrCat("a ", spec.kind(), " job has exactly one worker group",
-                                      spec.kind() == "grpo" ? " (or two: the actor and a rollout pool)" : ""));
+                                      rl ? " (or two: the actor and a rollout pool)" : ""));
   const auto& l = spec.groups(0).layout();
   if (l.vpp() > 1 && spec.model().global_batch() / (spec.model().micro_batch() * l.dp()) % l.pp() != 0)
     return Bad("model.global_batch", absl::StrCat("interleaved pipelines (vpp ", l.vpp(), ") need the micro-batches per ",
@@ -591,11 +592,11 @@ static absl::Status ValidateRolloutPool(const JobSpec& spec) {
   if (spec.groups_size() < 2) return absl::OkStatus();
   const v1::GroupSpec& g = spec.groups(1);
   if (g.role() != "rollout")
-    return Bad("groups[1].role", absl::StrCat("a grpo job's second group is its rollout pool: role rollout, got '", g.role(), "'"));
+    return Bad("groups[1].role", absl::StrCat("a ", spec.kind(), " job's second group is its rollout pool: role rollout, got '", g.role(), "'"));
   if (!g.colocate_with().empty())
     return Bad("groups[1].colocate_with", "a colocated rollout runs inside the actor's executors; leave the group out");
   if (spec.groups(0).role() != "actor" && spec.groups(0).role() != "worker")
-    return Bad("groups[0].role", absl::StrCat("the first group of a split grpo job is the actor, got '", spec.groups(0).role(), "'"));
+    return Bad("groups[0].role", absl::StrCat("the first group of a split ", spec.kind(), " job is the actor, got '", spec.groups(0).role(), "'"));
   const auto& l = g.layout();
   if (l.pp() > 1 || l.cp() > 1 || l.sp() || l.zero() > 0)
     return Bad("groups[1].layout", absl::StrCat("a rollout pool runs tp x dp (pp=", l.pp(), ", cp=", l.cp(), ", sp=",

@@ -36,8 +36,9 @@ absl::Status CheckJobPaths(const v1::JobSpec& spec, const std::vector<std::strin
 // The job kinds this build can run.
 bool IsRunnableKind(absl::string_view kind);
 
-// The rollout pool of a split grpo job: its second worker group, role rollout, on
-// devices of its own (no colocate_with); null for every other job.
+// The rollout pool of a split grpo / ppo job: its second worker group, role rollout, on
+// devices of its own (no colocate_with); null for every other job. (ppo: the critic
+// stays with the actor.)
 const v1::GroupSpec* RolloutPool(const v1::JobSpec& spec);
 
 std::string JobStateName(v1::JobState s);

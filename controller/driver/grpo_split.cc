@@ -1,4 +1,5 @@
-// The grpo driver with a rollout pool on devices of its own (split pools; DESIGN §7–8):
+// The grpo / ppo driver with a rollout pool on devices of its own (split pools; DESIGN
+// §7–8; ppo's critic stays with the actor):
 // the single-controller loop calling the two worker groups phase by phase.
 //  - start: the actor's train_init (warm start, reference, resume) and the pool's
 //    rollout_init at once; the bridge communicator over both groups (bridge_init, every
@@ -59,6 +60,7 @@ absl::StatusOr<std::string> RunGrpoSplit(DriverContext& ctx) {
   WorkerGroup& actor = *ctx.groups.at(spec.groups(0).name());
   WorkerGroup& pool = *ctx.groups.at(spec.groups(1).name());
   const int pool_tp = std::max(1, spec.groups(1).layout().tp());
+  const bool ppo = spec.kind() == "ppo";  // the critic rides with the actor
   std::vector<v1::CallResponse> started;
   TESSERA_RETURN_IF_ERROR(Both([&] { return actor.InitAll().status(); }, [&] { return pool.InitAll().status(); }));
   TESSERA_RETURN_IF_ERROR(Both(
@@ -113,7 +115,7 @@ absl::StatusOr<std::string> RunGrpoSplit(DriverContext& ctx) {
   ready.set_total_steps(steps);
   ready.set_step(static_cast<int32_t>(std::min<int64_t>(start, steps)));
   ready.set_message(absl::StrCat("actor '", actor.name(), "' (", actor.size(), " ranks) and rollout pool '", pool.name(), "' (",
-                                 pool.size(), " ranks) ready for GRPO; weights synced (",
+                                 pool.size(), " ranks) ready for ", ppo ? "PPO" : "GRPO", "; weights synced (",
                                  absl::StrFormat("%.1f MB in %.3f s", first_sync.first / 1e6, first_sync.second), ")",
                                  start > 0 ? absl::StrCat(", resumed from the checkpoint of step ", start) : ""));
   ctx.progress(ready);
@@ -161,20 +163,24 @@ absl::StatusOr<std::string> RunGrpoSplit(DriverContext& ctx) {
     t = Clock::now();
     TESSERA_ASSIGN_OR_RETURN(auto upd, actor.CallDpSplitEach("rl_update", json{{"step", s}}.dump(), batch));
     const double update_wall_s = Since(t);
-    double phase[3] = {0, 0, 0}, checkpoint_s = -1;  // ref, old, update: the slowest rank
+    double phase[5] = {0, 0, 0, 0, 0}, checkpoint_s = -1;  // ref, old, update (ppo: values, critic): the slowest rank
+    double reward_kl = 0;
     json first;
     for (size_t r = 0; r < upd.size(); ++r) {
       TESSERA_ASSIGN_OR_RETURN(json out, Parse(upd[r], "rl_update", r));
       if (!out.contains("grad_norm")) return absl::InternalError(absl::StrCat("rank ", r, " returned a malformed rl_update result"));
       int i = 0;
-      for (const char* k : {"ref_s", "old_s", "update_s"}) phase[i] = std::max(phase[i], out.value(k, 0.0)), ++i;
+      for (const char* k : {"ref_s", "old_s", "update_s", "values_s", "critic_s"}) phase[i] = std::max(phase[i], out.value(k, 0.0)), ++i;
       checkpoint_s = std::max(checkpoint_s, out.value("checkpoint_seconds", -1.0));
+      reward_kl += out.value("reward_kl", 0.0) / upd.size();
       if (r == 0) {
         first = out;
-      } else if (std::abs(out["grad_norm"].get<double>() - first["grad_norm"].get<double>()) >
-                 1e-4 * std::abs(first["grad_norm"].get<double>()) + 1e-9) {
-        return absl::DataLossError(absl::StrCat("step ", s, ": rank ", r, " reports grad norm ", out["grad_norm"].dump(),
-                                                " but rank 0 reports ", first["grad_norm"].dump()));
+        continue;
+      }
+      for (const char* k : {"grad_norm", "critic_grad_norm"}) {  // (the critic's: ppo)
+        const double a = first.value(k, 0.0), b = out.value(k, 0.0);
+        if (std::abs(b - a) > 1e-4 * std::abs(a) + 1e-9)
+          return absl::DataLossError(absl::StrCat("step ", s, ": rank ", r, " reports ", k, " ", b, " but rank 0 reports ", a));
       }
     }
     // Sync: the new weights to the pool.
@@ -193,6 +199,11 @@ absl::StatusOr<std::string> RunGrpoSplit(DriverContext& ctx) {
     for (const char* k : {"kl", "clip_fraction", "entropy", "grad_norm", "loss"}) m[k] = first.value(k, 0.0);
     m["generate_s"] = generate_s, m["update_s"] = update_wall_s, m["sync_s"] = synced.second;
     m["ref_s"] = phase[0], m["old_logprob_s"] = phase[1], m["actor_update_s"] = phase[2];
+    if (ppo) {
+      for (const char* k : {"value_loss", "value_clip_fraction", "value", "critic_grad_norm"}) m[k] = first.value(k, 0.0);
+      if (spec.rl().kl_reward_coef() > 0) m["reward_kl"] = reward_kl;
+      m["values_s"] = phase[3], m["critic_update_s"] = phase[4];
+    }
     if (synced.second > 0) m["sync_gb_per_s"] = synced.first / synced.second / 1e9;
     const double seconds = generate_s + update_wall_s + synced.second;
     if (seconds > 0) m["samples_per_s"] = samples / seconds;

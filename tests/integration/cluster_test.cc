@@ -393,6 +393,41 @@ TEST(Cluster, GrpoWithARolloutPoolOfItsOwnEqualsColocated) {
   EXPECT_THAT(std::string(NormalizeAndValidateJobSpec(spec).message()), HasSubstr("groups[1].role"));
 }
 
+// ppo with a rollout pool of its own (the critic stays with the actor): the same samples
+// as the colocated job, so the same rewards, gradient norms, KLs and accuracy.
+TEST(Cluster, PpoWithARolloutPoolOfItsOwnEqualsColocated) {
+  auto c = Up({.agents = 1, .cpu_slots = 4});
+  v1::JobSpec spec = PretrainSpec(2, 1, 0, 3);
+  spec.set_kind("ppo");
+  spec.mutable_train()->mutable_data()->set_digits(1);
+  spec.mutable_rl()->set_group_size(2);
+  spec.mutable_rl()->set_prompts_per_step(4);
+  spec.mutable_rl()->set_kl_reward_coef(0.05);
+  spec.mutable_rl()->set_eval_problems(10);
+  ASSERT_TRUE(NormalizeAndValidateJobSpec(spec).ok()) << NormalizeAndValidateJobSpec(spec);
+  auto colocated = c->WaitState(Submit(*c, spec), v1::SUCCEEDED, 120000);
+  ASSERT_TRUE(colocated.ok()) << colocated.status();
+  const auto a = nlohmann::json::parse(colocated->result_json());
+  for (size_t i = 0; i < 3; ++i) ASSERT_GT(a["grad_norms"][i].get<double>(), 0) << a.dump();
+  auto* pool = spec.add_groups();
+  pool->set_name("rollout"), pool->set_role("rollout"), pool->set_devices(2);
+  pool->mutable_layout()->set_dp(2);
+  ASSERT_TRUE(NormalizeAndValidateJobSpec(spec).ok()) << NormalizeAndValidateJobSpec(spec);
+  std::ostringstream progress;
+  auto split = c->client().Watch(Submit(*c, spec), progress);
+  ASSERT_TRUE(split.ok()) << split.status();
+  ASSERT_EQ(split->state(), v1::SUCCEEDED) << split->reason() << "\n" << progress.str();
+  const auto b = nlohmann::json::parse(split->result_json());
+  EXPECT_EQ(b["rewards"], a["rewards"]);
+  EXPECT_EQ(b["accuracy"], a["accuracy"]);
+  for (const char* k : {"grad_norms", "kl"})
+    for (size_t i = 0; i < 3; ++i)
+      EXPECT_NEAR(b[k][i].get<double>(), a[k][i].get<double>(), 1e-6 * std::abs(a[k][i].get<double>()) + 1e-9) << k << " " << i;
+  EXPECT_EQ(b["weights_verified"], true);
+  for (const char* k : {"value_loss=", "critic_grad_norm=", "values_s=", "critic_update_s=", "reward_kl=", "sync_s="})
+    EXPECT_THAT(progress.str(), HasSubstr(k));
+}
+
 TEST(Cluster, PpoStepsStreamTheCriticsMetrics) {
   auto c = Up({.agents = 1, .cpu_slots = 2});
   v1::JobSpec spec = PretrainSpec(2, 1, 0, 2);

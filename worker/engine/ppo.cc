@@ -77,9 +77,19 @@ absl::StatusOr<PpoStats> PpoStep(RolloutEngine& rollout, model::Llama& actor, Tr
                                  const PpoOptions& o, uint64_t seed) {
   TESSERA_RETURN_IF_ERROR(Check(o, reference, prompts.size()));
   if (!critic.config().value_head) return absl::InvalidArgumentError("ppo: the critic needs a value head");
-  PpoStats stats;
   TESSERA_ASSIGN_OR_RETURN(Rollouts got,
                            GenerateAndScore(rollout, prompts, o.sampling, o.samples_per_prompt, seed, reward, "ppo"));
+  return PpoUpdate(actor, actor_trainer, critic, critic_trainer, reference, got, o);
+}
+
+absl::StatusOr<PpoStats> PpoUpdate(model::Llama& actor, Trainer& actor_trainer, model::Llama& critic, Trainer& critic_trainer,
+                                   model::Llama* reference, Rollouts& got, const PpoOptions& o) {
+  if (o.samples_per_prompt < 1 || got.samples.size() % o.samples_per_prompt != 0 || got.rewards.size() != got.samples.size())
+    return absl::InvalidArgumentError(absl::StrCat("ppo: ", got.samples.size(), " samples with ", got.rewards.size(),
+                                                   " rewards do not make whole groups of ", o.samples_per_prompt));
+  TESSERA_RETURN_IF_ERROR(Check(o, reference, got.samples.size() / std::max(1, o.samples_per_prompt)));
+  if (!critic.config().value_head) return absl::InvalidArgumentError("ppo: the critic needs a value head");
+  PpoStats stats;
   std::vector<RlSample>& samples = got.samples;
   const std::vector<double>& rewards = got.rewards;
   const size_t total = samples.size();

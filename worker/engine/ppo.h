@@ -46,5 +46,10 @@ absl::StatusOr<PpoStats> PpoStep(RolloutEngine& rollout, model::Llama& actor, Tr
                                  Trainer& critic_trainer, model::Llama* reference,
                                  const std::vector<std::vector<int32_t>>& prompts, const BatchRewardFn& reward,
                                  const PpoOptions& options, uint64_t seed);
+// The step's second half on samples generated elsewhere (a rollout pool): `rollouts`
+// holds this rank's samples in (prompt, sample) order with their rewards.
+struct Rollouts;
+absl::StatusOr<PpoStats> PpoUpdate(model::Llama& actor, Trainer& actor_trainer, model::Llama& critic, Trainer& critic_trainer,
+                                   model::Llama* reference, Rollouts& rollouts, const PpoOptions& options);
 
 }  // namespace tessera::engine

@@ -202,6 +202,7 @@ absl::StatusOr<std::string> TrainSession::RlUpdate(int64_t step, const v1::Tenso
       for (int32_t t : r)
         if (t < 0 || t >= vocab) return absl::InvalidArgumentError(absl::StrCat("rl_update: token ", t, " is outside the vocabulary"));
   engine::Rollouts got = engine::MakeRollouts(prompts, completions, rewards);
+  if (critic_ != nullptr) return PpoUpdateJson(step, got, static_cast<int64_t>(prompts.size()));
   engine::GrpoOptions o;
   o.group_size = rl_.group_size();
   o.sampling = Sampling(), o.loss = PolicyLoss();
@@ -233,16 +234,30 @@ rl::PolicyLossOptions TrainSession::PolicyLoss() const {
   return l;
 }
 
-absl::StatusOr<std::string> TrainSession::PpoStep(int64_t step, const std::vector<std::vector<int32_t>>& prompts,
-                                                  const engine::BatchRewardFn& reward, uint64_t seed, int64_t per_rank) {
+engine::PpoOptions TrainSession::PpoOpts() const {
   engine::PpoOptions o;
   o.samples_per_prompt = rl_.group_size();
   o.sampling = Sampling(), o.loss = PolicyLoss();
   o.kl_reward_coef = rl_.kl_reward_coef();
   o.gamma = rl_.gamma(), o.lambda = rl_.gae_lambda(), o.value_clip = rl_.value_clip();
   o.epochs = rl_.epochs(), o.mini_batches = rl_.mini_batches();
+  return o;
+}
+
+absl::StatusOr<std::string> TrainSession::PpoUpdateJson(int64_t step, engine::Rollouts& got, int64_t samples) {
+  TESSERA_ASSIGN_OR_RETURN(engine::PpoStats st, engine::PpoUpdate(*model_, *trainer_, *critic_, *critic_trainer_,
+                                                                  reference_.get(), got, PpoOpts()));
+  return PpoJson(step, st, samples);
+}
+
+absl::StatusOr<std::string> TrainSession::PpoStep(int64_t step, const std::vector<std::vector<int32_t>>& prompts,
+                                                  const engine::BatchRewardFn& reward, uint64_t seed, int64_t per_rank) {
   TESSERA_ASSIGN_OR_RETURN(engine::PpoStats st, engine::PpoStep(*rollout_, *model_, *trainer_, *critic_, *critic_trainer_,
-                                                                reference_.get(), prompts, reward, o, seed));
+                                                                reference_.get(), prompts, reward, PpoOpts(), seed));
+  return PpoJson(step, st, per_rank * rl_.group_size());
+}
+
+absl::StatusOr<std::string> TrainSession::PpoJson(int64_t step, const engine::PpoStats& st, int64_t samples) {
   TESSERA_ASSIGN_OR_RETURN(const double checkpoint_secs, SaveAfter(step + 1));
   // grpo's fields (the same names and meanings) and the critic's.
   return nlohmann::json{{"step", step}, {"reward", st.reward}, {"response_length", st.response_length},
@@ -250,7 +265,7 @@ absl::StatusOr<std::string> TrainSession::PpoStep(int64_t step, const std::vecto
                         {"entropy", st.entropy}, {"grad_norm", st.grad_norm}, {"value_loss", st.value_loss},
                         {"value_clip_fraction", st.value_clip_fraction}, {"value", st.value},
                         {"critic_grad_norm", st.critic_grad_norm}, {"reward_kl", st.reward_kl},
-                        {"samples", per_rank * rl_.group_size()},
+                        {"samples", samples},
                         {"generate_s", st.generate_s}, {"ref_s", st.ref_s}, {"old_s", st.old_s},
                         {"values_s", st.values_s}, {"update_s", st.update_s}, {"critic_s", st.critic_s},
                         {"checkpoint_seconds", checkpoint_secs}}

@@ -22,6 +22,8 @@
 #include "tessera/v1/reward_service.grpc.pb.h"
 #include "worker/engine/data.h"
 #include "worker/engine/grpo.h"
+#include "worker/engine/ppo.h"
+#include "worker/engine/rl_samples.h"
 #include "worker/engine/rollout.h"
 #include "worker/engine/trainer.h"
 #include "worker/executor/executor.h"
@@ -116,6 +118,9 @@ class TrainSession {
   rl::PolicyLossOptions PolicyLoss() const;
   absl::StatusOr<std::string> PpoStep(int64_t step, const std::vector<std::vector<int32_t>>& prompts,
                                       const engine::BatchRewardFn& reward, uint64_t seed, int64_t per_rank);
+  engine::PpoOptions PpoOpts() const;
+  absl::StatusOr<std::string> PpoUpdateJson(int64_t step, engine::Rollouts& got, int64_t samples);
+  absl::StatusOr<std::string> PpoJson(int64_t step, const engine::PpoStats& st, int64_t samples);
   absl::StatusOr<std::vector<double>> ServiceRewards(int64_t step, const std::vector<std::string>& prompts,
                                                      const std::vector<std::string>& answers,
                                                      const std::vector<engine::Completion>& completions,
