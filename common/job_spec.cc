@@ -608,8 +608,6 @@ static absl::Status ValidateRolloutPool(const JobSpec& spec) {
   const int dp = std::max(1, l.dp());
   if (spec.rl().prompts_per_step() % dp != 0)
     return Bad("rl.prompts_per_step", absl::StrCat(spec.rl().prompts_per_step(), " prompts do not split over the rollout pool's dp=", dp, " ranks"));
-  if (!spec.rl().reward_service().empty())
-    return Bad("rl.reward_service", "with a rollout pool of its own is not supported yet (the built-in verifier is)");
   return absl::OkStatus();
 }
 

@@ -144,6 +144,35 @@ TEST(RewardService, GrpoRewardsComeFromTheServiceAndItsFailureFailsTheJob) {
   EXPECT_THAT(job.reason(), HasSubstr(absl::StrCat("rl.reward_service ", address, ": Score failed")));
 }
 
+// Split pools: with the rollout on devices of its own (pool tp 2 x dp 1: TP rank 0 calls
+// the service and broadcasts the rewards to its TP peer) the pool scores through the
+// service: 2 steps x 1 pool DP rank = 2 calls of 16 samples, the job's rewards are the
+// service's; a short answer fails the job naming the service.
+TEST(RewardService, ARolloutPoolOfItsOwnScoresThroughTheService) {
+  Cluster c({.agents = 1, .cpu_slots = 4});
+  ASSERT_TRUE(Start(c));
+  Serving serving;
+  ASSERT_NE(serving.server, nullptr);
+  v1::JobSpec spec = GrpoSpec(serving.address);
+  auto* pool = spec.add_groups();
+  pool->set_name("rollout"), pool->set_role("rollout"), pool->set_devices(2);
+  pool->mutable_layout()->set_tp(2);
+  ASSERT_TRUE(NormalizeAndValidateJobSpec(spec).ok()) << NormalizeAndValidateJobSpec(spec);
+  std::string progress;
+  v1::Job job = RunJob(c, spec, &progress);
+  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason() << "\n" << progress;
+  EXPECT_EQ(serving.rewards.calls(), 2);
+  EXPECT_EQ(serving.rewards.samples(), 32);
+  EXPECT_FALSE(serving.rewards.bad());
+  const auto result = nlohmann::json::parse(job.result_json());
+  for (const auto& r : result["rewards"]) EXPECT_GE(r.get<double>(), 0.25);  // the service's 1 or 0.25
+  EXPECT_EQ(result["weights_verified"], true);
+  serving.rewards.set_short_by(1);
+  job = RunJob(c, spec, &progress);
+  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_THAT(job.reason(), HasSubstr(absl::StrCat("rl.reward_service ", serving.address, ": 15 rewards for 16 samples")));
+}
+
 // grpo checkpoints (graded rewards, so that the policy moves): 8 GRPO steps straight,
 // against the same job saving every 2 steps whose executor is killed (SIGKILL) once a
 // checkpoint is committed: the restarted attempt resumes from it, and its steps repeat the

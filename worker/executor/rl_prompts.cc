@@ -1,12 +1,15 @@
 #include "worker/executor/rl_prompts.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "common/rl.h"
+#include "common/grpc_util.h"
 #include "common/status.h"
+#include "common/util.h"
 #include "worker/executor/train.h"
 
 namespace tessera::executor {
@@ -65,6 +68,75 @@ std::string RlPrompts::CompletionText(const std::vector<int32_t>& tokens) const 
 
 double RlPrompts::Reward(const std::string& completion_text, const std::string& answer) const {
   return !file_.empty() ? rl::ExactAnswerReward(completion_text, answer) : completion_text == answer ? 1.0 : 0.0;
+}
+
+absl::StatusOr<std::unique_ptr<RewardServiceClient>> RewardServiceClient::Create(const v1::JobSpec& spec,
+                                                                                 comm::Communicator* tp,
+                                                                                 runtime::Backend* backend) {
+  if (spec.rl().reward_service().empty()) return std::unique_ptr<RewardServiceClient>();
+  auto c = std::make_unique<RewardServiceClient>();
+  c->rl_ = spec.rl(), c->job_ = spec.name(), c->tp_ = tp, c->backend_ = backend;
+  if (tp == nullptr || tp->rank() == 0) {
+    ChannelOptions co;
+    co.address = c->rl_.reward_service();
+    co.max_message_bytes = 256 << 20;
+    if (!c->rl_.reward_ca_cert().empty()) {
+      TESSERA_ASSIGN_OR_RETURN(co.ca_pem, ReadFile(c->rl_.reward_ca_cert()));
+    } else {
+      co.insecure = true;  // refused by MakeChannel unless the address is loopback
+    }
+    auto channel = MakeChannel(co);
+    if (!channel.ok())
+      return absl::Status(channel.status().code(), absl::StrCat("rl.reward_service: ", channel.status().message()));
+    c->stub_ = v1::RewardService::NewStub(*channel);
+  }
+  return c;
+}
+
+absl::StatusOr<std::vector<double>> RewardServiceClient::Score(int64_t step, int dp_rank, const std::vector<std::string>& prompts,
+                                                              const std::vector<std::string>& answers,
+                                                              const std::vector<engine::Completion>& completions,
+                                                              const std::vector<std::string>& texts) {
+  const size_t n = completions.size();
+  std::vector<float> buf(n + 1, 0.f);  // [ok, rewards...]
+  std::string error;
+  if (stub_ != nullptr) {
+    v1::ScoreRequest req;
+    req.set_job(job_), req.set_step(step), req.set_dp_rank(dp_rank);
+    for (size_t i = 0; i < n; ++i) {
+      auto* s = req.add_samples();
+      s->set_prompt(prompts[completions[i].request]);
+      s->set_completion(texts[i]);
+      s->set_reference(answers[completions[i].request]);
+    }
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::milliseconds(static_cast<int64_t>(rl_.reward_timeout_s() * 1000)));
+    v1::ScoreResponse resp;
+    const grpc::Status st = stub_->Score(&ctx, req, &resp);
+    if (!st.ok()) {
+      const std::string why = st.error_code() == grpc::DEADLINE_EXCEEDED
+                                  ? absl::StrCat("no answer within ", rl_.reward_timeout_s(), " s")
+                                  : absl::StrCat(absl::StatusCodeToString(static_cast<absl::StatusCode>(st.error_code())),
+                                                 st.error_message().empty() ? "" : ": ", st.error_message());
+      error = absl::StrCat("rl.reward_service ", rl_.reward_service(), ": Score failed (", why, ")");
+    } else if (static_cast<size_t>(resp.rewards_size()) != n) {
+      error = absl::StrCat("rl.reward_service ", rl_.reward_service(), ": ", resp.rewards_size(), " rewards for ", n, " samples");
+    } else {
+      buf[0] = 1.f;
+      for (size_t i = 0; i < n; ++i) buf[i + 1] = static_cast<float>(resp.rewards(static_cast<int>(i)));
+    }
+  }
+  if (tp_ != nullptr && tp_->size() > 1) {  // TP rank 0's answer (or its failure) to its peers
+    TESSERA_ASSIGN_OR_RETURN(runtime::Tensor t, backend_->Empty({static_cast<int64_t>(n + 1)}, runtime::DType::kF32));
+    TESSERA_RETURN_IF_ERROR(backend_->CopyFromHost(buf.data(), t));
+    TESSERA_RETURN_IF_ERROR(tp_->Broadcast(t.data(), n + 1, runtime::DType::kF32, 0));
+    TESSERA_RETURN_IF_ERROR(tp_->Synchronize());
+    TESSERA_RETURN_IF_ERROR(backend_->CopyToHost(t, buf.data()));
+    if (buf[0] != 1.f && error.empty()) error = "rl.reward_service: TP rank 0 got no rewards from the service";
+  }
+  if (!error.empty()) return absl::UnavailableError(error);
+  return std::vector<double>(buf.begin() + 1, buf.end());
 }
 
 absl::StatusOr<std::string> HeldOutEval(engine::RolloutEngine& rollout, const RlPrompts& prompts, int64_t max_new_tokens,

@@ -5,11 +5,15 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "tessera/v1/common.pb.h"
+#include "tessera/v1/reward_service.grpc.pb.h"
+#include "worker/comm/communicator.h"
+#include "worker/runtime/backend.h"
 #include "worker/engine/data.h"
 #include "worker/engine/rollout.h"
 #include "worker/tokenizer/model_text.h"
@@ -47,6 +51,29 @@ class RlPrompts {
   tokenizer::ModelText text_;
   std::vector<int32_t> stops_;  // rl.stop (one token each), and with a tokenizer.json the EOS ids
   int64_t longest_ = 0;
+};
+
+// rl.reward_service: the rewards of one DP rank's completions from the user's service.
+// TP rank 0 calls it (with the deadline) and broadcasts the rewards — or its failure —
+// over TP, so TP peers never disagree. Errors name the service: a failed call, a missed
+// deadline, a wrong number of rewards (UNAVAILABLE).
+class RewardServiceClient {
+ public:
+  // Null when the job has no reward service. `tp` may be null (no tensor parallelism).
+  static absl::StatusOr<std::unique_ptr<RewardServiceClient>> Create(const v1::JobSpec& spec, comm::Communicator* tp,
+                                                                     runtime::Backend* backend);
+  // prompts / answers per request; completions and their decoded texts in order.
+  absl::StatusOr<std::vector<double>> Score(int64_t step, int dp_rank, const std::vector<std::string>& prompts,
+                                            const std::vector<std::string>& answers,
+                                            const std::vector<engine::Completion>& completions,
+                                            const std::vector<std::string>& texts);
+
+ private:
+  v1::RlSpec rl_;
+  std::string job_;
+  comm::Communicator* tp_ = nullptr;
+  runtime::Backend* backend_ = nullptr;
+  std::unique_ptr<v1::RewardService::Stub> stub_;  // on TP rank 0
 };
 
 // rl_eval: greedy exact-match answers to this DP rank's share of `problems` held-out

@@ -74,67 +74,8 @@ absl::Status TrainSession::MakeRl(const v1::JobSpec& spec, int dp_rank, int dps,
       }
     }
   }
-  if (!rl_.reward_service().empty() && (tp_ == nullptr || tp_->rank() == 0)) {
-    ChannelOptions co;
-    co.address = rl_.reward_service();
-    co.max_message_bytes = 256 << 20;
-    if (!rl_.reward_ca_cert().empty()) {
-      TESSERA_ASSIGN_OR_RETURN(co.ca_pem, ReadFile(rl_.reward_ca_cert()));
-    } else {
-      co.insecure = true;  // refused by MakeChannel unless the address is loopback
-    }
-    auto channel = MakeChannel(co);
-    if (!channel.ok())
-      return absl::Status(channel.status().code(), absl::StrCat("rl.reward_service: ", channel.status().message()));
-    reward_ = v1::RewardService::NewStub(*channel);
-  }
+  TESSERA_ASSIGN_OR_RETURN(rewards_, RewardServiceClient::Create(spec, tp_, backend_.get()));
   return absl::OkStatus();
-}
-
-absl::StatusOr<std::vector<double>> TrainSession::ServiceRewards(int64_t step, const std::vector<std::string>& prompts,
-                                                                 const std::vector<std::string>& answers,
-                                                                 const std::vector<engine::Completion>& completions,
-                                                                 const std::vector<std::string>& texts) {
-  const size_t n = completions.size();
-  std::vector<float> buf(n + 1, 0.f);  // [ok, rewards...]
-  std::string error;
-  if (reward_ != nullptr) {
-    v1::ScoreRequest req;
-    req.set_job(job_name_), req.set_step(step), req.set_dp_rank(rl_dp_rank_);
-    for (size_t i = 0; i < n; ++i) {
-      auto* s = req.add_samples();
-      s->set_prompt(prompts[completions[i].request]);
-      s->set_completion(texts[i]);
-      s->set_reference(answers[completions[i].request]);
-    }
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() +
-                     std::chrono::milliseconds(static_cast<int64_t>(rl_.reward_timeout_s() * 1000)));
-    v1::ScoreResponse resp;
-    const grpc::Status st = reward_->Score(&ctx, req, &resp);
-    if (!st.ok()) {
-      const std::string why = st.error_code() == grpc::DEADLINE_EXCEEDED
-                                  ? absl::StrCat("no answer within ", rl_.reward_timeout_s(), " s")
-                                  : absl::StrCat(absl::StatusCodeToString(static_cast<absl::StatusCode>(st.error_code())),
-                                                 st.error_message().empty() ? "" : ": ", st.error_message());
-      error = absl::StrCat("rl.reward_service ", rl_.reward_service(), ": Score failed (", why, ")");
-    } else if (static_cast<size_t>(resp.rewards_size()) != n) {
-      error = absl::StrCat("rl.reward_service ", rl_.reward_service(), ": ", resp.rewards_size(), " rewards for ", n, " samples");
-    } else {
-      buf[0] = 1.f;
-      for (size_t i = 0; i < n; ++i) buf[i + 1] = static_cast<float>(resp.rewards(static_cast<int>(i)));
-    }
-  }
-  if (tp_ != nullptr && tp_->size() > 1) {  // TP rank 0's answer (or its failure) to its peers
-    TESSERA_ASSIGN_OR_RETURN(runtime::Tensor t, backend_->Empty({static_cast<int64_t>(n + 1)}, runtime::DType::kF32));
-    TESSERA_RETURN_IF_ERROR(backend_->CopyFromHost(buf.data(), t));
-    TESSERA_RETURN_IF_ERROR(tp_->Broadcast(t.data(), n + 1, runtime::DType::kF32, 0));
-    TESSERA_RETURN_IF_ERROR(tp_->Synchronize());
-    TESSERA_RETURN_IF_ERROR(backend_->CopyToHost(t, buf.data()));
-    if (buf[0] != 1.f && error.empty()) error = "rl.reward_service: TP rank 0 got no rewards from the service";
-  }
-  if (!error.empty()) return absl::UnavailableError(error);
-  return std::vector<double>(buf.begin() + 1, buf.end());
 }
 
 absl::StatusOr<std::string> TrainSession::RlStep(int64_t step) {
@@ -156,7 +97,7 @@ absl::StatusOr<std::string> TrainSession::RlStep(int64_t step) {
   const engine::BatchRewardFn reward = [&](const std::vector<engine::Completion>& cs) -> absl::StatusOr<std::vector<double>> {
     std::vector<std::string> done;
     for (const engine::Completion& c : cs) done.push_back(prompts_.CompletionText(c.tokens));
-    if (!rl_.reward_service().empty()) return ServiceRewards(step, texts, answers, cs, done);
+    if (rewards_ != nullptr) return rewards_->Score(step, rl_dp_rank_, texts, answers, cs, done);
     std::vector<double> r;  // built in: exact match of the answer (JSONL: of the extracted final answer)
     for (size_t i = 0; i < cs.size(); ++i) r.push_back(prompts_.Reward(done[i], answers[cs[i].request]));
     return r;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 
 #include <nlohmann/json.hpp>
@@ -40,6 +41,7 @@ absl::StatusOr<std::unique_ptr<RolloutPoolSession>> RolloutPoolSession::Create(c
   // Placeholder weights: the actor's arrive by the first sync, before any generation.
   TESSERA_RETURN_IF_ERROR(s->model_->InitRandom(spec.train().seed(), 0.02f));
   TESSERA_RETURN_IF_ERROR(s->prompts_.Load(spec, config.vocab));
+  TESSERA_ASSIGN_OR_RETURN(s->rewards_, RewardServiceClient::Create(spec, tp, s->backend_.get()));
   engine::RolloutOptions ro;
   const int64_t per_rank = int64_t(s->rl_.prompts_per_step() / s->dps_) * s->rl_.group_size();
   ro.max_running = std::max<int64_t>(1, std::min<int64_t>(per_rank, 256));
@@ -55,7 +57,7 @@ absl::StatusOr<std::string> RolloutPoolSession::Generate(int64_t step, v1::Tenso
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t P = rl_.prompts_per_step(), per = P / dps_, actor_per = P / actor_dps_;
   std::vector<engine::GenerationRequest> requests;
-  std::vector<std::string> answers;
+  std::vector<std::string> answers, texts;
   for (int64_t i = 0; i < per; ++i) {
     const int64_t g = dp_rank_ * per + i;  // the prompt's place in the step
     RlPrompts::Prompt p = prompts_.At(step * P + g);
@@ -70,17 +72,26 @@ absl::StatusOr<std::string> RolloutPoolSession::Generate(int64_t step, v1::Tenso
     r.params.seed = engine::PromptSeed(static_cast<uint64_t>(step) * 1009 + g / actor_per, static_cast<size_t>(g % actor_per));
     requests.push_back(std::move(r));
     answers.push_back(std::move(p.answer));
+    texts.push_back(std::move(p.text));
   }
   TESSERA_ASSIGN_OR_RETURN(std::vector<engine::Completion> done, rollout_->Generate(requests));
   const double generate_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::vector<std::vector<int32_t>> prompts, completions;
+  std::vector<std::string> said;  // the completions' text
+  for (const engine::Completion& c : done) said.push_back(prompts_.CompletionText(c.tokens));
   std::vector<double> rewards;
+  if (rewards_ != nullptr) {
+    TESSERA_ASSIGN_OR_RETURN(rewards, rewards_->Score(step, dp_rank_, texts, answers, done, said));
+  } else {
+    for (size_t i = 0; i < done.size(); ++i) rewards.push_back(prompts_.Reward(said[i], answers[done[i].request]));
+  }
   double reward = 0, length = 0;
-  for (const engine::Completion& c : done) {
+  for (size_t i = 0; i < done.size(); ++i) {
+    const engine::Completion& c = done[i];
+    if (!std::isfinite(rewards[i])) return absl::InvalidArgumentError(absl::StrCat("grpo: reward ", i, " is not finite"));
     prompts.push_back(requests[c.request].prompt);
     completions.push_back(c.tokens);
-    rewards.push_back(prompts_.Reward(prompts_.CompletionText(c.tokens), answers[c.request]));
-    reward += rewards.back() / done.size(), length += double(c.tokens.size()) / done.size();
+    reward += rewards[i] / done.size(), length += double(c.tokens.size()) / done.size();
   }
   *out = SamplesToBatch(prompts, completions, rewards, static_cast<size_t>(prompts_.longest_prompt()),
                         static_cast<size_t>(rl_.max_new_tokens()));

@@ -29,7 +29,8 @@ class RolloutPoolSession {
   static absl::StatusOr<std::unique_ptr<RolloutPoolSession>> Create(const v1::JobSpec& spec, GroupComms& comms,
                                                                     v1::DeviceType device, int device_index);
   // rollout_generate {"step": s}: this pool DP rank's share of step s's prompts,
-  // rl.group_size samples each, scored by the built-in verifier. Prompt g of the step is
+  // rl.group_size samples each, scored by the built-in verifier or rl.reward_service
+  // (TP rank 0 of the pool's DP rank calls it). Prompt g of the step is
   // sampled with the seed the actor's DP rank that trains on it would use colocated, so
   // a split job samples what a colocated one does. JSON: reward, response_length,
   // samples, generate_s; the samples as above (every TP rank returns them).
@@ -46,6 +47,7 @@ class RolloutPoolSession {
   std::unique_ptr<model::Llama> model_;
   std::unique_ptr<engine::RolloutEngine> rollout_;
   RlPrompts prompts_;
+  std::unique_ptr<RewardServiceClient> rewards_;  // rl.reward_service (null: the built-in verifier)
 };
 
 // The samples' TensorBatch of `rollouts` (prompt ids per sample given) and back.

@@ -111,9 +111,7 @@ class TrainSession {
   int rl_dp_rank_ = 0, rl_dps_ = 1;
   RlPrompts prompts_;
   std::string job_name_;
-  std::unique_ptr<v1::RewardService::Stub> reward_;  // rl.reward_service (TP rank 0 calls it)
-  // The rewards of this rank's completions from the reward service: TP rank 0 calls it
-  // and broadcasts the rewards (or the failure) over TP, so TP peers never disagree.
+  std::unique_ptr<RewardServiceClient> rewards_;  // rl.reward_service (null: the built-in verifier)
   engine::SamplingParams Sampling() const;
   rl::PolicyLossOptions PolicyLoss() const;
   absl::StatusOr<std::string> PpoStep(int64_t step, const std::vector<std::vector<int32_t>>& prompts,
@@ -121,10 +119,7 @@ class TrainSession {
   engine::PpoOptions PpoOpts() const;
   absl::StatusOr<std::string> PpoUpdateJson(int64_t step, engine::Rollouts& got, int64_t samples);
   absl::StatusOr<std::string> PpoJson(int64_t step, const engine::PpoStats& st, int64_t samples);
-  absl::StatusOr<std::vector<double>> ServiceRewards(int64_t step, const std::vector<std::string>& prompts,
-                                                     const std::vector<std::string>& answers,
-                                                     const std::vector<engine::Completion>& completions,
-                                                     const std::vector<std::string>& texts);
+
 
 };
 
