@@ -491,7 +491,7 @@ absl::StatusOr<JobSpec> ParseJobSpecYaml(absl::string_view yaml, const std::vect
 const v1::GroupSpec* RolloutPool(const v1::JobSpec& spec) {
   if ((spec.kind() != "grpo" && spec.kind() != "ppo") || spec.groups_size() != 2) return nullptr;
   const v1::GroupSpec& g = spec.groups(1);
-  return g.role() == "rollout" && g.colocate_with().empty() ? &g : nullptr;
+  return g.role() == "rollout" ? &g : nullptr;
 }
 
 bool IsRunnableKind(absl::string_view kind) {
@@ -586,15 +586,18 @@ static absl::Status ValidatePretrain(JobSpec& spec) {
 // layout the rollout engine runs (no pipeline, context or sequence parallelism). ppo: the
 // same, with its own defaults (one completion per prompt, GAE, value clip, critic lr);
 // its critic's fields are refused on grpo.
-// A grpo job's second group: the rollout pool on devices of its own (split pools). It
-// runs generation only — tp x dp — and takes the actor's weights after every update.
+// A grpo / ppo job's second group: the rollout, with a layout of its own, on devices of
+// its own (split pools) or on the actor's (colocate_with: the weights re-sliced in each
+// executor). It runs generation only — tp x dp — and takes the actor's weights after
+// every update.
 static absl::Status ValidateRolloutPool(const JobSpec& spec) {
   if (spec.groups_size() < 2) return absl::OkStatus();
   const v1::GroupSpec& g = spec.groups(1);
   if (g.role() != "rollout")
     return Bad("groups[1].role", absl::StrCat("a ", spec.kind(), " job's second group is its rollout pool: role rollout, got '", g.role(), "'"));
-  if (!g.colocate_with().empty())
-    return Bad("groups[1].colocate_with", "a colocated rollout runs inside the actor's executors; leave the group out");
+  if (!g.colocate_with().empty() && g.colocate_with() != spec.groups(0).name())
+    return Bad("groups[1].colocate_with", absl::StrCat("a rollout group shares the actor's devices ('", spec.groups(0).name(),
+                                                       "') or has its own, got '", g.colocate_with(), "'"));
   if (spec.groups(0).role() != "actor" && spec.groups(0).role() != "worker")
     return Bad("groups[0].role", absl::StrCat("the first group of a split ", spec.kind(), " job is the actor, got '", spec.groups(0).role(), "'"));
   const auto& l = g.layout();

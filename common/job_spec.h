@@ -36,9 +36,10 @@ absl::Status CheckJobPaths(const v1::JobSpec& spec, const std::vector<std::strin
 // The job kinds this build can run.
 bool IsRunnableKind(absl::string_view kind);
 
-// The rollout pool of a split grpo / ppo job: its second worker group, role rollout, on
-// devices of its own (no colocate_with); null for every other job. (ppo: the critic
-// stays with the actor.)
+// The rollout group of a grpo / ppo job that has one: its second worker group, role
+// rollout, with a layout of its own — on devices of its own (split pools) or sharing the
+// actor's (colocate_with: verl's resharding hybrid engine). Null for jobs whose rollout
+// runs on the actor's own model (one group). (ppo: the critic stays with the actor.)
 const v1::GroupSpec* RolloutPool(const v1::JobSpec& spec);
 
 std::string JobStateName(v1::JobState s);

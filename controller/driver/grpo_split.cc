@@ -61,6 +61,9 @@ absl::StatusOr<std::string> RunGrpoSplit(DriverContext& ctx) {
   WorkerGroup& pool = *ctx.groups.at(spec.groups(1).name());
   const int pool_tp = std::max(1, spec.groups(1).layout().tp());
   const bool ppo = spec.kind() == "ppo";  // the critic rides with the actor
+  // A rollout group on the actor's devices (another layout): its weights are re-sliced in
+  // each executor (sync_weights on the actor's ranks); no bridge.
+  const bool colocated = !spec.groups(1).colocate_with().empty();
   std::vector<v1::CallResponse> started;
   TESSERA_RETURN_IF_ERROR(Both([&] { return actor.InitAll().status(); }, [&] { return pool.InitAll().status(); }));
   TESSERA_RETURN_IF_ERROR(Both(
@@ -70,8 +73,9 @@ absl::StatusOr<std::string> RunGrpoSplit(DriverContext& ctx) {
       },
       [&] { return pool.CallOneToAll("rollout_init", "{}").status(); }));
   TESSERA_ASSIGN_OR_RETURN(const int64_t start, AgreedStartStep(started));
-  TESSERA_RETURN_IF_ERROR(Both([&] { return actor.CallOneToAll("bridge_init", "{}").status(); },
-                               [&] { return pool.CallOneToAll("bridge_init", "{}").status(); }));
+  if (!colocated)
+    TESSERA_RETURN_IF_ERROR(Both([&] { return actor.CallOneToAll("bridge_init", "{}").status(); },
+                                 [&] { return pool.CallOneToAll("bridge_init", "{}").status(); }));
   // The actor's weights to the pool: bytes sent (the model in f32) and the wall time.
   auto sync = [&]() -> absl::StatusOr<std::pair<int64_t, double>> {
     const auto t = Clock::now();
@@ -81,7 +85,7 @@ absl::StatusOr<std::string> RunGrpoSplit(DriverContext& ctx) {
           TESSERA_ASSIGN_OR_RETURN(sent, actor.CallOneToAll("sync_weights", "{}"));
           return absl::OkStatus();
         },
-        [&] { return pool.CallOneToAll("sync_weights", "{}").status(); }));
+        [&] { return colocated ? absl::OkStatus() : pool.CallOneToAll("sync_weights", "{}").status(); }));
     TESSERA_ASSIGN_OR_RETURN(json first, Parse(sent[0], "sync_weights", 0));
     return std::make_pair(first.value("bytes", int64_t{0}), Since(t));
   };
@@ -114,8 +118,10 @@ absl::StatusOr<std::string> RunGrpoSplit(DriverContext& ctx) {
   v1::Progress ready;
   ready.set_total_steps(steps);
   ready.set_step(static_cast<int32_t>(std::min<int64_t>(start, steps)));
-  ready.set_message(absl::StrCat("actor '", actor.name(), "' (", actor.size(), " ranks) and rollout pool '", pool.name(), "' (",
-                                 pool.size(), " ranks) ready for ", ppo ? "PPO" : "GRPO", "; weights synced (",
+  ready.set_message(absl::StrCat("actor '", actor.name(), "' (", actor.size(), " ranks) and rollout ",
+                                 colocated ? "group '" : "pool '", pool.name(), "' (", pool.size(), " ranks",
+                                 colocated ? ", on the actor's devices" : "", ") ready for ", ppo ? "PPO" : "GRPO",
+                                 "; weights synced (",
                                  absl::StrFormat("%.1f MB in %.3f s", first_sync.first / 1e6, first_sync.second), ")",
                                  start > 0 ? absl::StrCat(", resumed from the checkpoint of step ", start) : ""));
   ctx.progress(ready);

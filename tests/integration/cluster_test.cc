@@ -393,6 +393,59 @@ TEST(Cluster, GrpoWithARolloutPoolOfItsOwnEqualsColocated) {
   EXPECT_THAT(std::string(NormalizeAndValidateJobSpec(spec).message()), HasSubstr("groups[1].role"));
 }
 
+// A rollout group on the actor's devices with a layout of its own (colocate_with: verl's
+// resharding hybrid engine): each executor re-slices the actor's weights into its rollout
+// model (gathered over the actor's TP group, one tensor at a time; no bridge). With the
+// actor's own layout it samples exactly what the rollout on the actor's own model does;
+// actor tp 2 -> rollout tp 1 (dp 2) and actor dp 2 -> rollout tp 2 run, and the driver's
+// digests find the rollout's weights equal to the actor's after the first and last sync.
+TEST(Cluster, GrpoWithARolloutGroupOnTheActorsDevicesReslicesTheWeights) {
+  auto c = Up({.agents = 1, .cpu_slots = 2});
+  v1::JobSpec spec = PretrainSpec(2, 1, 0, 3);
+  spec.set_kind("grpo");
+  spec.mutable_train()->mutable_data()->set_digits(1);
+  spec.mutable_rl()->set_group_size(4);
+  spec.mutable_rl()->set_prompts_per_step(4);
+  spec.mutable_rl()->set_kl_coef(0.01);
+  spec.mutable_rl()->set_entropy_coef(0.05);
+  spec.mutable_rl()->set_eval_problems(10);
+  auto own = c->WaitState(Submit(*c, spec), v1::SUCCEEDED, 120000);
+  ASSERT_TRUE(own.ok()) << own.status();
+  const auto a = nlohmann::json::parse(own->result_json());
+  auto* rollout = spec.add_groups();
+  rollout->set_name("rollout"), rollout->set_role("rollout"), rollout->set_devices(2), rollout->set_colocate_with("actor");
+  rollout->mutable_layout()->set_dp(2);
+  ASSERT_TRUE(NormalizeAndValidateJobSpec(spec).ok()) << NormalizeAndValidateJobSpec(spec);
+  std::ostringstream progress;
+  auto same = c->client().Watch(Submit(*c, spec), progress);
+  ASSERT_TRUE(same.ok()) << same.status();
+  ASSERT_EQ(same->state(), v1::SUCCEEDED) << same->reason() << "\n" << progress.str();
+  EXPECT_THAT(progress.str(), HasSubstr("on the actor's devices"));
+  const auto b = nlohmann::json::parse(same->result_json());
+  EXPECT_EQ(b["rewards"], a["rewards"]);
+  EXPECT_EQ(b["accuracy"], a["accuracy"]);
+  for (const char* k : {"grad_norms", "kl"})
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_GT(a[k][i].get<double>() + (i == 0 && std::string(k) == "kl"), 0) << k << " " << i;
+      EXPECT_NEAR(b[k][i].get<double>(), a[k][i].get<double>(), 1e-6 * std::abs(a[k][i].get<double>()) + 1e-9) << k << " " << i;
+    }
+  EXPECT_EQ(b["weights_verified"], true);
+  // TP 2 -> 1: the actor's shards gathered, the whole tensors kept by each rollout rank.
+  spec.mutable_groups(0)->mutable_layout()->set_tp(2), spec.mutable_groups(0)->mutable_layout()->set_dp(1);
+  spec.mutable_rl()->set_prompts_per_step(2);
+  ASSERT_TRUE(NormalizeAndValidateJobSpec(spec).ok()) << NormalizeAndValidateJobSpec(spec);
+  auto down = c->WaitState(Submit(*c, spec), v1::SUCCEEDED, 120000);
+  ASSERT_TRUE(down.ok()) << down.status();
+  EXPECT_EQ(nlohmann::json::parse(down->result_json())["weights_verified"], true);
+  // DP 2 -> TP 2: each rollout rank keeps its half of every sharded tensor.
+  spec.mutable_groups(0)->mutable_layout()->set_tp(1), spec.mutable_groups(0)->mutable_layout()->set_dp(2);
+  rollout->mutable_layout()->set_dp(1), rollout->mutable_layout()->set_tp(2);
+  ASSERT_TRUE(NormalizeAndValidateJobSpec(spec).ok()) << NormalizeAndValidateJobSpec(spec);
+  auto up = c->WaitState(Submit(*c, spec), v1::SUCCEEDED, 120000);
+  ASSERT_TRUE(up.ok()) << up.status();
+  EXPECT_EQ(nlohmann::json::parse(up->result_json())["weights_verified"], true);
+}
+
 // ppo with a rollout pool of its own (the critic stays with the actor): the same samples
 // as the colocated job, so the same rewards, gradient norms, KLs and accuracy.
 TEST(Cluster, PpoWithARolloutPoolOfItsOwnEqualsColocated) {

@@ -210,6 +210,22 @@ class ExecutorServiceImpl final : public v1::ExecutorService::Service {
       return absl::FailedPreconditionError(absl::StrCat("group '", group, "' has no session; call train_init or rollout_init first"));
     model::Llama& model = actor ? session->second->model() : pool->second->model();
     runtime::Backend& backend = actor ? session->second->backend() : pool->second->backend();
+    if (method == "sync_weights" && actor && !pools_.empty()) {
+      // The rollout shares this executor (colocated, another layout): every tensor
+      // gathered over the actor's TP group and re-sliced into the rollout's model.
+      const auto t0 = std::chrono::steady_clock::now();
+      TESSERA_RETURN_IF_ERROR(engine::SyncColocated(model, pools_.begin()->second->model()));
+      int64_t bytes = 0;  // the model in f32, as a split sync counts it
+      for (model::Param& p : model.params()) {
+        int64_t n = 4;
+        for (int64_t d : p.spec.shape) n *= d;
+        bytes += n;
+      }
+      resp->set_result_json(nlohmann::json{{"bytes", bytes},
+                                           {"seconds", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()}}
+                                .dump());
+      return absl::OkStatus();
+    }
     if (method == "sync_weights") {
       if (bridge_ == nullptr) return absl::FailedPreconditionError("sync_weights: call bridge_init first");
       const auto t0 = std::chrono::steady_clock::now();
