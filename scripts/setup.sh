@@ -11,7 +11,7 @@ pkgs=(
   libabsl-dev libgloo-dev libyaml-cpp-dev nlohmann-json3-dev libsqlite3-dev
   prometheus-cpp-dev libopenblas-dev libspdlog-dev libfmt-dev libcli11-dev libssl-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev zlib1g-dev
-  curl procps iproute2
+  curl procps iproute2 clang libclang-rt-dev
 )
 
 missing=()

@@ -96,7 +96,8 @@ absl::Status SafetensorsReader::ParseHeader(uint64_t file_size) {
       }
       continue;
     }
-    auto tbad = [&](const std::string& what) { return bad(absl::StrCat("tensor '", name, "': ", what)); };
+    const std::string& tensor = name;  // (a lambda cannot capture a structured binding before C++20 in clang 14)
+    auto tbad = [&](const std::string& what) { return bad(absl::StrCat("tensor '", tensor, "': ", what)); };
     if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") || !v.contains("data_offsets"))
       return tbad("needs dtype, shape and data_offsets");
     TensorInfo t;

@@ -142,6 +142,8 @@ void Dumps(const Json& v, int indent, int depth, std::string* out) {
   }
 }
 
+constexpr uint64_t kMaxString = 16 << 20;  // what one string operation or the output may grow to
+
 bool Truthy(const Json& v) {
   if (IsUndefined(v) || v.is_null()) return false;
   if (v.is_boolean()) return v.get<bool>();
@@ -190,10 +192,14 @@ class Renderer {
   absl::StatusOr<Flow> Exec(const JinjaTemplate::Body& body) {
     for (const Node& n : body.nodes) {
       switch (n.kind) {
-        case Node::kText: out_ += n.text; break;
+        case Node::kText:
+          out_ += n.text;
+          if (out_.size() > kMaxString) return Error(n.line, "the rendered text passed 16 MiB");
+          break;
         case Node::kOutput: {
           TESSERA_ASSIGN_OR_RETURN(Json v, Eval(*n.exprs[0]));
           out_ += ToString(v);
+          if (out_.size() > kMaxString) return Error(n.line, "the rendered text passed 16 MiB");
           break;
         }
         case Node::kIf: {
@@ -435,6 +441,8 @@ class Renderer {
     }
     if (op == "*" && a.is_string() && b.is_number_integer()) {
       std::string r;
+      if (b.get<int64_t>() > 0 && a.get_ref<const std::string&>().size() * static_cast<uint64_t>(b.get<int64_t>()) > kMaxString)
+        return Error(e.line, "a repeated string longer than 16 MiB");
       for (int64_t i = 0; i < b.get<int64_t>(); ++i) r += a.get<std::string>();
       return r;
     }
@@ -497,6 +505,7 @@ class Renderer {
         if (args.size() == 1) b = ToInt(args[0]);
         else if (args.size() >= 2) a = ToInt(args[0]), b = ToInt(args[1]), s = args.size() > 2 ? ToInt(args[2]) : 1;
         if (s == 0) return Error(e.line, "range() step cannot be zero");
+        if ((b - a) / s > 1000000) return Error(e.line, "range() of more than a million numbers");
         Json r = Json::array();
         for (int64_t i = a; s > 0 ? i < b : i > b; i += s) r.push_back(i);
         return r;

@@ -33,7 +33,7 @@ using ExprPtr = std::unique_ptr<Expr>;
 
 struct Node {
   enum Kind { kText, kOutput, kIf, kFor, kSet, kBreak, kContinue } kind;
-  Node(Kind k, int l, std::string t = {}) : kind(k), line(l), text(std::move(t)) {}
+  Node(Kind k, int l, std::string t = {});  // defined below, once Body is complete
   int line = 0;
   std::string text;                   // text; set: the name
   std::string attr;                   // set ns.attr
@@ -48,4 +48,5 @@ namespace tessera::tokenizer {
 struct JinjaTemplate::Body {
   std::vector<jinja::Node> nodes;
 };
+inline jinja::Node::Node(Kind k, int l, std::string t) : kind(k), line(l), text(std::move(t)) {}
 }  // namespace tessera::tokenizer

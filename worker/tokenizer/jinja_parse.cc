@@ -1,5 +1,7 @@
 // The template's parser: source -> segments (whitespace control applied) -> tree.
 #include <algorithm>
+#include <charconv>
+#include <cstdlib>
 #include <cstring>
 
 #include "common/status.h"
@@ -53,7 +55,10 @@ absl::StatusOr<std::vector<Token>> Lex(std::string_view s, int line) {
           case '0': str += '\0'; break;
           case 'u': {
             if (j + 4 >= s.size()) return Error(line, "a \\u escape needs four hex digits");
-            AppendUtf8(static_cast<char32_t>(std::stoul(std::string(s.substr(j + 1, 4)), nullptr, 16)), &str);
+            const std::string hex(s.substr(j + 1, 4));
+            if (hex.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos)
+              return Error(line, "a \\u escape needs four hex digits");
+            AppendUtf8(static_cast<char32_t>(std::strtoul(hex.c_str(), nullptr, 16)), &str);
             j += 4;
             break;
           }
@@ -87,6 +92,8 @@ class ExprParser {
   ExprParser(std::vector<Token> t, int line) : t_(std::move(t)), line_(line) {}
 
   absl::StatusOr<ExprPtr> Parse() { return Conditional(); }
+  // Nested expressions recurse: a bound keeps a hostile template from exhausting the stack.
+  static constexpr int kMaxDepth = 64;
   absl::StatusOr<ExprPtr> ParseNoConditional() { return Or(); }  // a for loop's iterable (its `if` filters)
   bool AtEnd() const { return t_[p_].kind == Token::kEnd; }
   bool PeekName(const char* n) const { return t_[p_].kind == Token::kName && t_[p_].text == n; }
@@ -121,6 +128,12 @@ class ExprParser {
   }
 
   absl::StatusOr<ExprPtr> Conditional() {
+    if (++depth_ > kMaxDepth) return Error(line_, absl::StrCat("an expression nested deeper than ", kMaxDepth, " levels"));
+    auto e = ConditionalBody();
+    --depth_;
+    return e;
+  }
+  absl::StatusOr<ExprPtr> ConditionalBody() {
     TESSERA_ASSIGN_OR_RETURN(ExprPtr e, Or());
     if (!AcceptName("if")) return e;
     TESSERA_ASSIGN_OR_RETURN(ExprPtr cond, Or());
@@ -154,6 +167,7 @@ class ExprParser {
     return e;
   }
   absl::StatusOr<ExprPtr> Not() {
+    if (PeekName("not") && ++unary_ > kMaxDepth) return Error(line_, "too many 'not's in a row");
     if (AcceptName("not")) {
       TESSERA_ASSIGN_OR_RETURN(ExprPtr x, Not());
       auto e = Make(Expr::kNot);
@@ -210,6 +224,8 @@ class ExprParser {
     return e;
   }
   absl::StatusOr<ExprPtr> Unary() {
+    if (t_[p_].kind == Token::kOp && (t_[p_].text == "-" || t_[p_].text == "+") && ++unary_ > kMaxDepth)
+      return Error(line_, "too many signs in a row");
     if (AcceptOp("-")) {
       TESSERA_ASSIGN_OR_RETURN(ExprPtr x, Unary());
       auto e = Make(Expr::kNeg);
@@ -309,8 +325,15 @@ class ExprParser {
     }
     if (t.kind == Token::kInt || t.kind == Token::kFloat) {
       auto e = Make(Expr::kLiteral);
-      if (t.kind == Token::kInt) e->value = std::stoll(t.text);
-      else e->value = std::stod(t.text);
+      if (t.kind == Token::kInt) {
+        int64_t v = 0;
+        const auto [end, ec] = std::from_chars(t.text.data(), t.text.data() + t.text.size(), v);
+        if (ec != std::errc() || end != t.text.data() + t.text.size())
+          return Error(line_, absl::StrCat("the integer ", t.text.substr(0, 40), " is out of range"));
+        e->value = v;
+      } else {
+        e->value = std::strtod(t.text.c_str(), nullptr);  // (inf when out of range, as Python's float())
+      }
       return e;
     }
     if (t.kind == Token::kName) {
@@ -359,6 +382,7 @@ class ExprParser {
   std::vector<Token> t_;
   size_t p_ = 0;
   int line_;
+  int depth_ = 0, unary_ = 0;
 };
 
 
@@ -494,6 +518,12 @@ class StatementParser {
   }
 
   absl::Status Statement(const std::string& kw, ExprParser& p, int line, JinjaTemplate::Body* body) {
+    if ((kw == "if" || kw == "for") && nesting_ >= 64) return Error(line, "blocks nested deeper than 64 levels");
+    struct Nest {
+      int& n;
+      explicit Nest(int& x) : n(++x) {}
+      ~Nest() { --n; }
+    } nest(nesting_);
     std::string ended;
     std::unique_ptr<ExprParser> ep;
     int end_line = 0;
@@ -568,6 +598,7 @@ class StatementParser {
 
   std::vector<Segment> segs_;
   size_t i_ = 0;
+  int nesting_ = 0;
 };
 
 }  // namespace

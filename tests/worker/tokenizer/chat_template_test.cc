@@ -88,6 +88,24 @@ TEST(ChatTemplate, RefusesBadInputByName) {
     }
   }
   EXPECT_EQ(ChatTemplate::Load("/nonexistent").status().code(), absl::StatusCode::kNotFound);
+  // Found by fuzz/chat_template_fuzz.cc: hostile templates are errors, not crashes.
+  const Json one = Json::parse(R"([{"role": "user", "content": "x"}])");
+  auto render = [&](const std::string& source) -> std::string {
+    auto t = ChatTemplate::FromSource(source, "", "");
+    if (!t.ok()) return std::string(t.status().message());
+    auto r = t->Apply(one, false);
+    return r.ok() ? *r : std::string(r.status().message());
+  };
+  EXPECT_NE(render("{{ 123456789012345678901234567890 }}").find("out of range"), std::string::npos);
+  EXPECT_NE(render("{{ '\\uZZZZ' }}").find("four hex digits"), std::string::npos);
+  EXPECT_NE(render("{{ " + std::string(500, '(') + "1" + std::string(500, ')') + " }}").find("nested deeper"), std::string::npos);
+  EXPECT_NE(render("{{ " + std::string(500, '-') + "1 }}").find("too many signs"), std::string::npos);
+  std::string deep;
+  for (int i = 0; i < 100; ++i) deep += "{% if true %}";
+  EXPECT_NE(render(deep).find("nested deeper than 64"), std::string::npos);
+  EXPECT_NE(render("{{ 'abcdefgh' * 100000000 }}").find("16 MiB"), std::string::npos);
+  EXPECT_NE(render("{% for i in range(100000000) %}x{% endfor %}").find("a million"), std::string::npos);
+  EXPECT_EQ(render("{{ 2 ** 10 }} {{ -7 // 2 }}"), "1024 -4");
 }
 
 // A model directory's text side: tokenizer, template, and the EOS ids generation stops at
