@@ -759,8 +759,10 @@ absl::Status NormalizeAndValidateJobSpec(JobSpec& spec) {
     }
     parallel::Layout pl{l->tp(), l->cp(), l->dp(), l->pp(), l->vpp(), l->sp(), l->zero()};
     const auto& m = spec.model();
+    // A rollout group generates: the training batch does not split over it.
+    const bool trains = g->role() != "rollout";
     parallel::ModelShape ms{m.num_layers(), m.num_heads(), m.num_kv_heads(), m.vocab_size(),
-                            m.seq_len(), m.global_batch(), m.micro_batch()};
+                            m.seq_len(), trains ? m.global_batch() : 0, trains ? m.micro_batch() : 0};
     auto st = parallel::ValidateLayout(pl, g->devices(), ms);
     if (!st.ok()) return Bad(p, st.message());
   }

@@ -3,6 +3,8 @@
 // attempt on its own thread.
 #pragma once
 
+#include <nlohmann/json.hpp>
+
 #include <atomic>
 #include <functional>
 #include <map>
@@ -50,6 +52,29 @@ struct DriverRun {
 // The step every rank's train_init reported ({"start_step": N}: the checkpoint it resumed
 // from, 0 for none); INTERNAL for a malformed result, DATA_LOSS when ranks disagree.
 absl::StatusOr<int64_t> AgreedStartStep(const std::vector<v1::CallResponse>& train_init);
+
+// An RL job's held-out accuracy (greedy, the arithmetic problems no job trains on; none
+// on JSONL prompts): rl_eval on every rank of `group` — each answers its DP rank's share —
+// with one rank per TP group counted (TP rank 0: ranks are ordered tp fastest), before
+// the first step and after every rl.eval_every steps and the last.
+class HeldOutEvaluator {
+ public:
+  HeldOutEvaluator(const v1::JobSpec& spec, WorkerGroup& group, int tp);
+  // Before the first step (`start`: a resumed job's): evaluates and reports progress.
+  absl::Status Start(DriverContext& ctx, int64_t start, int steps);
+  // After step `s` (0-based) when due: evaluates and adds the accuracy to `p`.
+  absl::Status AfterStep(int64_t s, int steps, v1::Progress* p);
+  // [{"step", "accuracy"}...] for the job's result.
+  const nlohmann::json& curve() const { return curve_; }
+
+ private:
+  absl::StatusOr<double> Evaluate();
+  const v1::JobSpec& spec_;
+  WorkerGroup& group_;
+  int tp_;
+  bool on_;
+  nlohmann::json curve_ = nlohmann::json::array();
+};
 
 // The built-in drivers of this build.
 absl::StatusOr<DriverFn> BuiltinDriver(const std::string& kind);

@@ -50,32 +50,9 @@ absl::StatusOr<std::string> RunGrpo(DriverContext& ctx) {
                                  start > 0 ? absl::StrCat(", resumed from the checkpoint of step ", start) : ""));
   ctx.progress(ready);
   const int dp = std::max(1, spec.groups(0).layout().dp()), tp = std::max(1, spec.groups(0).layout().tp());
-  // Held-out greedy accuracy: every rank answers its DP rank's share; one rank per TP
-  // group (tp rank 0: ranks are ordered tp fastest) is counted.
-  auto evaluate = [&]() -> absl::StatusOr<double> {
-    TESSERA_ASSIGN_OR_RETURN(auto res, wg.CallOneToAll("rl_eval", json{{"problems", spec.rl().eval_problems()}}.dump()));
-    int64_t correct = 0, problems = 0;
-    for (size_t r = 0; r < res.size(); r += tp) {
-      json out = json::parse(res[r].result_json(), nullptr, false);
-      if (out.is_discarded() || !out.contains("correct") || !out.contains("problems"))
-        return absl::InternalError(absl::StrCat("rank ", r, " returned a malformed rl_eval result"));
-      correct += out["correct"].get<int64_t>(), problems += out["problems"].get<int64_t>();
-    }
-    if (problems != spec.rl().eval_problems())
-      return absl::InternalError(absl::StrCat("rl_eval: the ranks answered ", problems, " of ", spec.rl().eval_problems(), " problems"));
-    return double(correct) / problems;
-  };
-  json rewards = json::array(), accuracy = json::array(), grad_norms = json::array(), kls = json::array();
-  const bool held_out = spec.train().data().kind() != "jsonl";  // held-out problems: the arithmetic ones
-  if (held_out) {
-    TESSERA_ASSIGN_OR_RETURN(double a, evaluate());
-    accuracy.push_back(json{{"step", start}, {"accuracy", a}});
-    v1::Progress p;
-    p.set_total_steps(steps);
-    p.set_message(absl::StrFormat("held-out accuracy at the start: %.3f (%d problems)", a, spec.rl().eval_problems()));
-    (*p.mutable_metrics())["accuracy"] = a;
-    ctx.progress(p);
-  }
+  HeldOutEvaluator held_out(spec, wg, tp);
+  TESSERA_RETURN_IF_ERROR(held_out.Start(ctx, start, steps));
+  json rewards = json::array(), grad_norms = json::array(), kls = json::array();
   for (int64_t s = start; s < steps; ++s) {
     if (ctx.cancelled && *ctx.cancelled) return absl::CancelledError("cancelled");
     TESSERA_ASSIGN_OR_RETURN(auto res, wg.CallOneToAll("rl_step", json{{"step", s}}.dump()));
@@ -140,16 +117,50 @@ absl::StatusOr<std::string> RunGrpo(DriverContext& ctx) {
       m["checkpoint_s"] = checkpoint_s;  // the slowest rank
       p.set_message(absl::StrCat(p.message(), " (checkpoint saved)"));
     }
-    if (held_out && ((s + 1) % spec.rl().eval_every() == 0 || s + 1 == steps)) {
-      TESSERA_ASSIGN_OR_RETURN(double a, evaluate());
-      accuracy.push_back(json{{"step", s + 1}, {"accuracy", a}});
-      m["accuracy"] = a;
-      p.set_message(absl::StrCat(p.message(), absl::StrFormat(" held-out accuracy %.3f", a)));
-    }
+    TESSERA_RETURN_IF_ERROR(held_out.AfterStep(s, steps, &p));
     ctx.progress(p);
   }
-  return json{{"first_step", start + 1}, {"rewards", rewards}, {"grad_norms", grad_norms}, {"kl", kls}, {"accuracy", accuracy}}
+  return json{{"first_step", start + 1}, {"rewards", rewards}, {"grad_norms", grad_norms}, {"kl", kls},
+              {"accuracy", held_out.curve()}}
       .dump();
+}
+
+HeldOutEvaluator::HeldOutEvaluator(const v1::JobSpec& spec, WorkerGroup& group, int tp)
+    : spec_(spec), group_(group), tp_(std::max(1, tp)), on_(spec.train().data().kind() != "jsonl") {}
+
+absl::StatusOr<double> HeldOutEvaluator::Evaluate() {
+  TESSERA_ASSIGN_OR_RETURN(auto res, group_.CallOneToAll("rl_eval", json{{"problems", spec_.rl().eval_problems()}}.dump()));
+  int64_t correct = 0, problems = 0;
+  for (size_t r = 0; r < res.size(); r += tp_) {
+    json out = json::parse(res[r].result_json(), nullptr, false);
+    if (out.is_discarded() || !out.contains("correct") || !out.contains("problems"))
+      return absl::InternalError(absl::StrCat("rank ", r, " returned a malformed rl_eval result"));
+    correct += out["correct"].get<int64_t>(), problems += out["problems"].get<int64_t>();
+  }
+  if (problems != spec_.rl().eval_problems())
+    return absl::InternalError(absl::StrCat("rl_eval: the ranks answered ", problems, " of ", spec_.rl().eval_problems(), " problems"));
+  return double(correct) / problems;
+}
+
+absl::Status HeldOutEvaluator::Start(DriverContext& ctx, int64_t start, int steps) {
+  if (!on_) return absl::OkStatus();
+  TESSERA_ASSIGN_OR_RETURN(double a, Evaluate());
+  curve_.push_back(json{{"step", start}, {"accuracy", a}});
+  v1::Progress p;
+  p.set_total_steps(steps);
+  p.set_message(absl::StrFormat("held-out accuracy at the start: %.3f (%d problems)", a, spec_.rl().eval_problems()));
+  (*p.mutable_metrics())["accuracy"] = a;
+  ctx.progress(p);
+  return absl::OkStatus();
+}
+
+absl::Status HeldOutEvaluator::AfterStep(int64_t s, int steps, v1::Progress* p) {
+  if (!on_ || ((s + 1) % spec_.rl().eval_every() != 0 && s + 1 != steps)) return absl::OkStatus();
+  TESSERA_ASSIGN_OR_RETURN(double a, Evaluate());
+  curve_.push_back(json{{"step", s + 1}, {"accuracy", a}});
+  (*p->mutable_metrics())["accuracy"] = a;
+  p->set_message(absl::StrCat(p->message(), absl::StrFormat(" held-out accuracy %.3f", a)));
+  return absl::OkStatus();
 }
 
 }  // namespace tessera::controller

@@ -125,28 +125,9 @@ absl::StatusOr<std::string> RunGrpoSplit(DriverContext& ctx) {
                                  absl::StrFormat("%.1f MB in %.3f s", first_sync.first / 1e6, first_sync.second), ")",
                                  start > 0 ? absl::StrCat(", resumed from the checkpoint of step ", start) : ""));
   ctx.progress(ready);
-  auto evaluate = [&]() -> absl::StatusOr<double> {
-    TESSERA_ASSIGN_OR_RETURN(auto res, pool.CallOneToAll("rl_eval", json{{"problems", spec.rl().eval_problems()}}.dump()));
-    int64_t correct = 0, problems = 0;
-    for (size_t r = 0; r < res.size(); r += pool_tp) {
-      TESSERA_ASSIGN_OR_RETURN(json out, Parse(res[r], "rl_eval", r));
-      correct += out.value("correct", int64_t{0}), problems += out.value("problems", int64_t{0});
-    }
-    if (problems != spec.rl().eval_problems())
-      return absl::InternalError(absl::StrCat("rl_eval: the pool answered ", problems, " of ", spec.rl().eval_problems(), " problems"));
-    return double(correct) / problems;
-  };
-  json rewards = json::array(), accuracy = json::array(), grad_norms = json::array(), kls = json::array();
-  const bool held_out = spec.train().data().kind() != "jsonl";
-  if (held_out) {
-    TESSERA_ASSIGN_OR_RETURN(double a, evaluate());
-    accuracy.push_back(json{{"step", start}, {"accuracy", a}});
-    v1::Progress p;
-    p.set_total_steps(steps);
-    p.set_message(absl::StrFormat("held-out accuracy at the start: %.3f (%d problems)", a, spec.rl().eval_problems()));
-    (*p.mutable_metrics())["accuracy"] = a;
-    ctx.progress(p);
-  }
+  HeldOutEvaluator held_out(spec, pool, pool_tp);  // the pool answers
+  TESSERA_RETURN_IF_ERROR(held_out.Start(ctx, start, steps));
+  json rewards = json::array(), grad_norms = json::array(), kls = json::array();
   int64_t sync_bytes = first_sync.first;
   double sync_seconds = 0;
   for (int64_t s = start; s < steps; ++s) {
@@ -217,17 +198,13 @@ absl::StatusOr<std::string> RunGrpoSplit(DriverContext& ctx) {
       m["checkpoint_s"] = checkpoint_s;
       p.set_message(absl::StrCat(p.message(), " (checkpoint saved)"));
     }
-    if (held_out && ((s + 1) % spec.rl().eval_every() == 0 || s + 1 == steps)) {
-      TESSERA_ASSIGN_OR_RETURN(double a, evaluate());
-      accuracy.push_back(json{{"step", s + 1}, {"accuracy", a}});
-      m["accuracy"] = a;
-      p.set_message(absl::StrCat(p.message(), absl::StrFormat(" held-out accuracy %.3f", a)));
-    }
+    TESSERA_RETURN_IF_ERROR(held_out.AfterStep(s, steps, &p));
     ctx.progress(p);
   }
   TESSERA_RETURN_IF_ERROR(verify());
   const int64_t done = std::max<int64_t>(0, steps - start);
-  return json{{"first_step", start + 1}, {"rewards", rewards}, {"grad_norms", grad_norms}, {"kl", kls}, {"accuracy", accuracy},
+  return json{{"first_step", start + 1}, {"rewards", rewards}, {"grad_norms", grad_norms}, {"kl", kls},
+              {"accuracy", held_out.curve()},
               {"weights_verified", true}, {"sync_bytes", sync_bytes},
               {"sync_seconds_mean", done > 0 ? sync_seconds / done : 0.0}}
       .dump();

@@ -168,6 +168,31 @@ TEST(JobSpec, GrpoDefaultsAndRefusals) {
   EXPECT_THAT(std::string(check({"train.checkpoint.dir=ck"}).status().message()), HasSubstr("train.checkpoint.dir"));
   EXPECT_THAT(std::string(check({"model.tokenizer=/d/tok"}).status().message()),
               HasSubstr("model.tokenizer: is for generate jobs and jsonl data; the built-in grpo data is byte tokens"));
+  // A rollout group (split pools, or on the actor's devices with its own layout): tp x dp,
+  // the training batch does not have to split over it; refusals name the group.
+  {
+    auto two = ParseJobSpecYaml(kPretrain, {"kind=grpo", "rl.prompts_per_step=6"});
+    ASSERT_TRUE(two.ok());
+    auto* g = two->add_groups();
+    g->set_name("rollout"), g->set_role("rollout"), g->set_devices(3);  // dp 3: 8 sequences do not split, and need not
+    ASSERT_TRUE(NormalizeAndValidateJobSpec(*two).ok()) << NormalizeAndValidateJobSpec(*two);
+    EXPECT_NE(RolloutPool(*two), nullptr);
+    v1::JobSpec bad = *two;
+    bad.mutable_groups(1)->mutable_layout()->set_zero(1);
+    EXPECT_THAT(std::string(NormalizeAndValidateJobSpec(bad).message()), HasSubstr("groups[1].layout: a rollout pool runs tp x dp"));
+    bad = *two;
+    bad.mutable_groups(1)->set_colocate_with("elsewhere");
+    EXPECT_THAT(std::string(NormalizeAndValidateJobSpec(bad).message()), HasSubstr("colocate_with"));
+    bad = *two;
+    bad.mutable_groups(0)->mutable_layout()->set_zero(3);
+    EXPECT_THAT(std::string(NormalizeAndValidateJobSpec(bad).message()), HasSubstr("groups[0].layout.zero"));
+    bad = *two;
+    bad.mutable_rl()->set_prompts_per_step(4);  // 4 prompts over the pool's 3 DP ranks
+    EXPECT_THAT(std::string(NormalizeAndValidateJobSpec(bad).message()), HasSubstr("rollout pool's dp=3"));
+    auto pretrain = ParseJobSpecYaml(kPretrain, {});
+    pretrain->add_groups()->CopyFrom(two->groups(1));
+    EXPECT_THAT(std::string(NormalizeAndValidateJobSpec(*pretrain).message()), HasSubstr("exactly one worker group"));
+  }
   // On jsonl prompts a tokenizer.json's stop strings are checked by the executors.
   EXPECT_TRUE(check({"train.data.kind=jsonl", "train.data.path=/d.jsonl", "model.tokenizer=/d/tok", "rl.stop=<|im_end|>"}).ok());
   // sft on jsonl takes a tokenizer; on the built-in data it is refused by name.

@@ -319,6 +319,28 @@ TEST(Cluster, GrpoStepsStreamTheirMetrics) {
 // A ppo job (actor + critic in each executor, dp 2 on CPU slots): the steps stream the
 // actor's and the critic's metrics and the job succeeds; the ranks agree on both gradient
 // norms (the driver checks).
+// The rollout-group tests' job: 3 steps of 4 one-digit problems on an actor of dp 2, with
+// a KL term — grpo: group 4, k3 KL loss and an entropy bonus (an untrained model earns no
+// reward, so zero advantages; the bonus still gives every step a gradient that depends on
+// each sampled token, and the KL follows); ppo: 2 samples per prompt, the KL as a reward
+// penalty (the critic's values make the advantages).
+v1::JobSpec RolloutGroupSpec(const std::string& kind) {
+  v1::JobSpec spec = PretrainSpec(2, 1, 0, 3);
+  spec.set_kind(kind);
+  spec.mutable_train()->mutable_data()->set_digits(1);
+  spec.mutable_rl()->set_prompts_per_step(4);
+  spec.mutable_rl()->set_eval_problems(10);
+  if (kind == "ppo") {
+    spec.mutable_rl()->set_group_size(2);
+    spec.mutable_rl()->set_kl_reward_coef(0.05);
+  } else {
+    spec.mutable_rl()->set_group_size(4);
+    spec.mutable_rl()->set_kl_coef(0.01);
+    spec.mutable_rl()->set_entropy_coef(0.05);
+  }
+  return spec;
+}
+
 // Split pools: the same grpo job with its rollout on devices of its own (a second group,
 // role rollout, dp 2; the bridge communicator over all four ranks) samples what the
 // colocated job samples — every prompt with the seed its actor rank would use — so its
@@ -328,16 +350,7 @@ TEST(Cluster, GrpoStepsStreamTheirMetrics) {
 // pool of another TP layout (tp 2: the sync re-slices) runs and verifies too.
 TEST(Cluster, GrpoWithARolloutPoolOfItsOwnEqualsColocated) {
   auto c = Up({.agents = 1, .cpu_slots = 4});
-  v1::JobSpec spec = PretrainSpec(2, 1, 0, 3);
-  spec.set_kind("grpo");
-  spec.mutable_train()->mutable_data()->set_digits(1);
-  spec.mutable_rl()->set_group_size(4);
-  spec.mutable_rl()->set_prompts_per_step(4);
-  spec.mutable_rl()->set_kl_coef(0.01);
-  // An untrained model earns no reward (zero advantages); the entropy bonus still gives
-  // every step a gradient that depends on each sampled token, and the KL follows.
-  spec.mutable_rl()->set_entropy_coef(0.05);
-  spec.mutable_rl()->set_eval_problems(10);
+  v1::JobSpec spec = RolloutGroupSpec("grpo");
   spec.mutable_rl()->set_eval_every(2);
   auto colocated = c->WaitState(Submit(*c, spec), v1::SUCCEEDED, 120000);
   ASSERT_TRUE(colocated.ok()) << colocated.status();
@@ -401,14 +414,7 @@ TEST(Cluster, GrpoWithARolloutPoolOfItsOwnEqualsColocated) {
 // digests find the rollout's weights equal to the actor's after the first and last sync.
 TEST(Cluster, GrpoWithARolloutGroupOnTheActorsDevicesReslicesTheWeights) {
   auto c = Up({.agents = 1, .cpu_slots = 2});
-  v1::JobSpec spec = PretrainSpec(2, 1, 0, 3);
-  spec.set_kind("grpo");
-  spec.mutable_train()->mutable_data()->set_digits(1);
-  spec.mutable_rl()->set_group_size(4);
-  spec.mutable_rl()->set_prompts_per_step(4);
-  spec.mutable_rl()->set_kl_coef(0.01);
-  spec.mutable_rl()->set_entropy_coef(0.05);
-  spec.mutable_rl()->set_eval_problems(10);
+  v1::JobSpec spec = RolloutGroupSpec("grpo");
   auto own = c->WaitState(Submit(*c, spec), v1::SUCCEEDED, 120000);
   ASSERT_TRUE(own.ok()) << own.status();
   const auto a = nlohmann::json::parse(own->result_json());
@@ -450,13 +456,7 @@ TEST(Cluster, GrpoWithARolloutGroupOnTheActorsDevicesReslicesTheWeights) {
 // as the colocated job, so the same rewards, gradient norms, KLs and accuracy.
 TEST(Cluster, PpoWithARolloutPoolOfItsOwnEqualsColocated) {
   auto c = Up({.agents = 1, .cpu_slots = 4});
-  v1::JobSpec spec = PretrainSpec(2, 1, 0, 3);
-  spec.set_kind("ppo");
-  spec.mutable_train()->mutable_data()->set_digits(1);
-  spec.mutable_rl()->set_group_size(2);
-  spec.mutable_rl()->set_prompts_per_step(4);
-  spec.mutable_rl()->set_kl_reward_coef(0.05);
-  spec.mutable_rl()->set_eval_problems(10);
+  v1::JobSpec spec = RolloutGroupSpec("ppo");
   ASSERT_TRUE(NormalizeAndValidateJobSpec(spec).ok()) << NormalizeAndValidateJobSpec(spec);
   auto colocated = c->WaitState(Submit(*c, spec), v1::SUCCEEDED, 120000);
   ASSERT_TRUE(colocated.ok()) << colocated.status();

@@ -17,6 +17,7 @@
 #include "common/job_spec.h"
 #include "common/util.h"
 #include "tests/integration/cluster.h"
+#include "tests/integration/hf_dir.h"
 #include "worker/checkpoint/checkpoint.h"
 #include "worker/checkpoint/hf.h"
 #include "worker/engine/rollout.h"
@@ -170,17 +171,10 @@ TEST(GenerateJob, ReadsAndWritesTextWithTheModelsTokenizer) {
   ASSERT_TRUE(c.StartController().ok());
   ASSERT_TRUE(c.StartAgent(0).ok());
   ASSERT_TRUE(c.WaitNodes(1, 20000).ok());
-  const std::string hf = c.dir() + "/hf", fixture = std::string(TESSERA_SOURCE_DIR) + "/tests/worker/tokenizer/data/llama3";
-  model::LlamaConfig mc;
-  mc.vocab = 640, mc.hidden = 32, mc.layers = 2, mc.heads = 4, mc.kv_heads = 2, mc.ffn = 48;
+  const std::string hf = c.dir() + "/hf", fixture = TokenizerFixture("llama3");
+  const model::LlamaConfig mc = TinyTextModel();
   auto be = runtime::MakeCpuBackend();
-  {
-    auto m = model::Llama::Create(mc, be.get());
-    ASSERT_TRUE(m.ok());
-    ASSERT_TRUE((*m)->InitRandom(11, 0.5f).ok());
-    ASSERT_TRUE(checkpoint::ExportHf(hf, **m, "F32", true).ok());
-  }
-  for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) ASSERT_TRUE(WriteFileAtomic(hf + "/" + f, *ReadFile(fixture + "/" + f)).ok());
+  ASSERT_TRUE(WriteHfModelDir(hf, mc, 11, 0.5f).ok());
   auto text = tokenizer::LoadModelText(fixture);
   ASSERT_TRUE(text.ok()) << text.status();
   const int32_t bos = *text->tokenizer->SpecialId("<|begin_of_text|>"), eot = *text->tokenizer->SpecialId("<|eot_id|>"),
@@ -276,17 +270,8 @@ TEST(GenerateJob, SftOnConversationsThenChatWithTheExport) {
   ASSERT_TRUE(c.StartController().ok());
   ASSERT_TRUE(c.StartAgent(0).ok());
   ASSERT_TRUE(c.WaitNodes(1, 20000).ok());
-  const std::string hf = c.dir() + "/base", fixture = std::string(TESSERA_SOURCE_DIR) + "/tests/worker/tokenizer/data/llama3";
-  model::LlamaConfig mc;
-  mc.vocab = 640, mc.hidden = 64, mc.layers = 2, mc.heads = 4, mc.kv_heads = 2, mc.ffn = 128;
-  auto be = runtime::MakeCpuBackend();
-  {
-    auto m = model::Llama::Create(mc, be.get());
-    ASSERT_TRUE(m.ok());
-    ASSERT_TRUE((*m)->InitRandom(3, 0.02f).ok());
-    ASSERT_TRUE(checkpoint::ExportHf(hf, **m, "F32", true).ok());
-  }
-  for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) ASSERT_TRUE(WriteFileAtomic(hf + "/" + f, *ReadFile(fixture + "/" + f)).ok());
+  const std::string hf = c.dir() + "/base";
+  ASSERT_TRUE(WriteHfModelDir(hf, TinyTextModel(64, 128), 3, 0.02f).ok());
   // The lesson: whatever the user asks about a colour, the assistant names its opposite.
   const std::vector<std::pair<std::string, std::string>> pairs = {{"black", "white"}, {"white", "black"}, {"red", "green"},
                                                                   {"green", "red"}, {"blue", "orange"}, {"orange", "blue"}};

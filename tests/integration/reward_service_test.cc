@@ -23,7 +23,7 @@
 #include "common/util.h"
 #include "tessera/v1/reward_service.grpc.pb.h"
 #include "tests/integration/cluster.h"
-#include "worker/checkpoint/hf.h"
+#include "tests/integration/hf_dir.h"
 #include "worker/tokenizer/model_text.h"
 
 namespace tessera::testing {
@@ -287,17 +287,9 @@ TEST(RewardService, GrpoOnConversationsThroughTheModelsTokenizer) {
   ASSERT_NE(serving.server, nullptr);
   serving.rewards.set_jsonl(true);
   serving.rewards.set_graded(true);
-  const std::string hf = c.dir() + "/hf", fixture = std::string(TESSERA_SOURCE_DIR) + "/tests/worker/tokenizer/data/llama3";
-  model::LlamaConfig mc;
-  mc.vocab = 640, mc.hidden = 32, mc.layers = 2, mc.heads = 4, mc.kv_heads = 2, mc.ffn = 48;
-  auto be = runtime::MakeCpuBackend();
-  auto m = model::Llama::Create(mc, be.get());
-  ASSERT_TRUE(m.ok());
-  ASSERT_TRUE((*m)->InitRandom(5, 0.3f).ok());
-  ASSERT_TRUE(checkpoint::ExportHf(hf, **m, "F32", true).ok());
-  for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
-    ASSERT_TRUE(WriteFileAtomic(hf + "/" + f, *ReadFile(fixture + "/" + f)).ok());
-  auto text = tokenizer::LoadModelText(fixture);
+  const std::string hf = c.dir() + "/hf";
+  ASSERT_TRUE(WriteHfModelDir(hf, TinyTextModel(), 5, 0.3f).ok());
+  auto text = tokenizer::LoadModelText(TokenizerFixture("llama3"));
   ASSERT_TRUE(text.ok());
   std::set<std::pair<std::string, std::string>> want;
   std::string file;

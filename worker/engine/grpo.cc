@@ -1,5 +1,7 @@
 #include "worker/engine/grpo.h"
 
+#include <algorithm>
+
 #include <chrono>
 #include <cmath>
 
@@ -12,6 +14,21 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
+}  // namespace
+
+namespace {
+// The options against the samples a step will have.
+absl::Status CheckOptions(const GrpoOptions& o, const model::Llama* reference, size_t samples) {
+  if (o.group_size < 2) return absl::InvalidArgumentError(absl::StrCat("grpo: group_size ", o.group_size, "; need >= 2"));
+  if (o.epochs < 1 || o.mini_batches < 1)
+    return absl::InvalidArgumentError(absl::StrCat("grpo: epochs (", o.epochs, ") and mini_batches (", o.mini_batches,
+                                                   ") must be >= 1"));
+  if (o.loss.kl_coef > 0 && reference == nullptr)
+    return absl::InvalidArgumentError("grpo: kl_coef > 0 needs a reference model");
+  if (static_cast<size_t>(o.mini_batches) > samples)
+    return absl::InvalidArgumentError(absl::StrCat("grpo: ", o.mini_batches, " mini-batches of ", samples, " samples"));
+  return absl::OkStatus();
+}
 }  // namespace
 
 absl::StatusOr<GrpoStats> GrpoStep(RolloutEngine& rollout, model::Llama& actor, Trainer& trainer, model::Llama* reference,
@@ -28,16 +45,9 @@ absl::StatusOr<GrpoStats> GrpoStep(RolloutEngine& rollout, model::Llama& actor, 
 absl::StatusOr<GrpoStats> GrpoStep(RolloutEngine& rollout, model::Llama& actor, Trainer& trainer, model::Llama* reference,
                                    const std::vector<std::vector<int32_t>>& prompts, const BatchRewardFn& reward,
                                    const GrpoOptions& o, uint64_t seed) {
-  if (o.group_size < 2) return absl::InvalidArgumentError(absl::StrCat("grpo: group_size ", o.group_size, "; need >= 2"));
-  if (o.epochs < 1 || o.mini_batches < 1)
-    return absl::InvalidArgumentError(absl::StrCat("grpo: epochs (", o.epochs, ") and mini_batches (", o.mini_batches,
-                                                   ") must be >= 1"));
-  if (o.loss.kl_coef > 0 && reference == nullptr)
-    return absl::InvalidArgumentError("grpo: kl_coef > 0 needs a reference model");
+  // Checked before generating (GrpoUpdate checks the samples again).
   if (prompts.empty()) return absl::InvalidArgumentError("grpo: no prompts");
-  const size_t total = prompts.size() * o.group_size;
-  if (static_cast<size_t>(o.mini_batches) > total)
-    return absl::InvalidArgumentError(absl::StrCat("grpo: ", o.mini_batches, " mini-batches of ", total, " samples"));
+  TESSERA_RETURN_IF_ERROR(CheckOptions(o, reference, prompts.size() * std::max(o.group_size, 0)));
   // Generate group_size samples of every prompt, score them; then the update.
   TESSERA_ASSIGN_OR_RETURN(Rollouts got, GenerateAndScore(rollout, prompts, o.sampling, o.group_size, seed, reward, "grpo"));
   return GrpoUpdate(actor, trainer, reference, got, o);
@@ -45,18 +55,11 @@ absl::StatusOr<GrpoStats> GrpoStep(RolloutEngine& rollout, model::Llama& actor, 
 
 absl::StatusOr<GrpoStats> GrpoUpdate(model::Llama& actor, Trainer& trainer, model::Llama* reference, Rollouts& got,
                                      const GrpoOptions& o) {
-  if (o.group_size < 2) return absl::InvalidArgumentError(absl::StrCat("grpo: group_size ", o.group_size, "; need >= 2"));
-  if (o.epochs < 1 || o.mini_batches < 1)
-    return absl::InvalidArgumentError(absl::StrCat("grpo: epochs (", o.epochs, ") and mini_batches (", o.mini_batches,
-                                                   ") must be >= 1"));
-  if (o.loss.kl_coef > 0 && reference == nullptr)
-    return absl::InvalidArgumentError("grpo: kl_coef > 0 needs a reference model");
   const size_t total = got.samples.size();
+  TESSERA_RETURN_IF_ERROR(CheckOptions(o, reference, total));
   if (total == 0 || total % o.group_size != 0 || got.rewards.size() != total)
     return absl::InvalidArgumentError(absl::StrCat("grpo: ", total, " samples with ", got.rewards.size(),
                                                    " rewards do not make whole groups of ", o.group_size));
-  if (static_cast<size_t>(o.mini_batches) > total)
-    return absl::InvalidArgumentError(absl::StrCat("grpo: ", o.mini_batches, " mini-batches of ", total, " samples"));
   GrpoStats stats;
   // Group-normalized advantages (the samples come ordered by prompt, sample).
   std::vector<RlSample>& samples = got.samples;

@@ -12,15 +12,7 @@ import unicodedata
 
 import regex
 
-WS = r"\t\n\x0b\x0c\r\x20\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
-GPT2 = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-LLAMA3 = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
-QWEN2 = LLAMA3.replace(r"\p{N}{1,3}", r"\p{N}")
-
-
-def compile_ws(p):
-    p = p.replace(r"[^\s", "[^" + WS).replace(r"(?!\S)", "(?![^" + WS + "])").replace(r"\s", "[" + WS + "]")
-    return regex.compile(p)
+from patterns import GPT2, LLAMA3, QWEN2, compile_ws  # noqa: E402 (this directory)
 
 
 PATTERNS = {"gpt2": compile_ws(GPT2), "llama3": compile_ws(LLAMA3), "qwen2": compile_ws(QWEN2)}
