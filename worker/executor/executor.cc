@@ -284,6 +284,18 @@ class ExecutorServiceImpl final : public v1::ExecutorService::Service {
 
 }  // namespace
 
+comm::Communicator* CommOf(GroupComms& gc, parallel::GroupKind k) {
+  auto it = gc.comms.find(k);
+  return it == gc.comms.end() ? nullptr : it->second.get();
+}
+
+absl::Status OrderCommsWith(GroupComms& gc, v1::DeviceType device, void* stream) {
+  if (device != v1::GPU) return absl::OkStatus();
+  for (auto& [kind, c] : gc.comms)
+    if (c != nullptr) TESSERA_RETURN_IF_ERROR(c->OrderWith(stream));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<GroupComms> BuildGroupComms(const std::string& group, const parallel::Layout& layout, int rank,
                                            v1::DeviceType device, int device_index, comm::KvStore* rdv,
                                            const std::string& listen_host, int64_t timeout_ms) {

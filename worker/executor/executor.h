@@ -44,6 +44,12 @@ struct GroupComms {
   std::map<parallel::GroupKind, int> group_index;
 };
 
+// The group's communicator of kind `k` (null if the layout has none).
+comm::Communicator* CommOf(GroupComms& gc, parallel::GroupKind k);
+// On GPUs, orders every communicator of the group after the backend's compute stream
+// (OrderWith); nothing on CPU slots.
+absl::Status OrderCommsWith(GroupComms& gc, v1::DeviceType device, void* stream);
+
 // Builds every communicator kind of `layout` for `rank`, through the rendezvous.
 // Backend: Gloo for CPU devices, NCCL for GPU devices.
 absl::StatusOr<GroupComms> BuildGroupComms(const std::string& group, const parallel::Layout& layout, int rank,

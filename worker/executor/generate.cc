@@ -24,17 +24,12 @@ absl::StatusOr<std::unique_ptr<GenerateSession>> GenerateSession::Create(const v
   TESSERA_ASSIGN_OR_RETURN(model::LlamaConfig config, ModelConfigFromSpec(spec, device));
   const runtime::Device dev = device == v1::GPU ? runtime::Device::Cuda(device_index) : runtime::Device::Cpu();
   TESSERA_ASSIGN_OR_RETURN(s->backend_, runtime::MakeBackend(dev));
-  auto comm_of = [&](parallel::GroupKind k) -> comm::Communicator* {
-    auto it = comms.comms.find(k);
-    return it == comms.comms.end() ? nullptr : it->second.get();
-  };
+  auto comm_of = [&](parallel::GroupKind k) { return CommOf(comms, k); };
   s->tp_ = comm_of(parallel::GroupKind::kTp);
   s->dp_ = comm_of(parallel::GroupKind::kDp);
   s->dp_rank_ = s->dp_ != nullptr ? s->dp_->rank() : 0;
   s->dps_ = comms.layout.dp;
-  if (device == v1::GPU)
-    for (auto& [kind, c] : comms.comms)
-      if (c != nullptr) TESSERA_RETURN_IF_ERROR(c->OrderWith(s->backend_->stream()));
+  TESSERA_RETURN_IF_ERROR(OrderCommsWith(comms, device, s->backend_->stream()));
   TESSERA_ASSIGN_OR_RETURN(s->model_, model::Llama::Create(config, s->backend_.get(), s->tp_));
   if (!spec.model().hf_dir().empty()) {
     TESSERA_RETURN_IF_ERROR(checkpoint::ImportHf(spec.model().hf_dir(), *s->model_));

@@ -26,17 +26,12 @@ absl::StatusOr<std::unique_ptr<RolloutPoolSession>> RolloutPoolSession::Create(c
   TESSERA_ASSIGN_OR_RETURN(model::LlamaConfig config, ModelConfigFromSpec(spec, device));
   const runtime::Device dev = device == v1::GPU ? runtime::Device::Cuda(device_index) : runtime::Device::Cpu();
   TESSERA_ASSIGN_OR_RETURN(s->backend_, runtime::MakeBackend(dev));
-  auto comm_of = [&](parallel::GroupKind k) -> comm::Communicator* {
-    auto it = comms.comms.find(k);
-    return it == comms.comms.end() ? nullptr : it->second.get();
-  };
+  auto comm_of = [&](parallel::GroupKind k) { return CommOf(comms, k); };
   comm::Communicator* tp = comm_of(parallel::GroupKind::kTp);
   comm::Communicator* dp = comm_of(parallel::GroupKind::kDp);
   s->dp_rank_ = dp != nullptr ? dp->rank() : 0;
   s->dps_ = comms.layout.dp;
-  if (device == v1::GPU)
-    for (auto& [kind, c] : comms.comms)
-      if (c != nullptr) TESSERA_RETURN_IF_ERROR(c->OrderWith(s->backend_->stream()));
+  TESSERA_RETURN_IF_ERROR(OrderCommsWith(comms, device, s->backend_->stream()));
   TESSERA_ASSIGN_OR_RETURN(s->model_, model::Llama::Create(config, s->backend_.get(), tp));
   // Placeholder weights: the actor's arrive by the first sync, before any generation.
   TESSERA_RETURN_IF_ERROR(s->model_->InitRandom(spec.train().seed(), 0.02f));

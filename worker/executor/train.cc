@@ -79,10 +79,7 @@ absl::StatusOr<std::unique_ptr<TrainSession>> TrainSession::Create(const v1::Job
   runtime::Device dev = device == v1::GPU ? runtime::Device::Cuda(device_index) : runtime::Device::Cpu();
   TESSERA_ASSIGN_OR_RETURN(s->backend_, runtime::MakeBackend(dev));
   if (device == v1::GPU) s->peak_flops_ = runtime::PeakFlops(comm::CudaDevice(device_index).name, config.dtype);
-  auto comm_of = [&](parallel::GroupKind k) -> comm::Communicator* {
-    auto it = comms.comms.find(k);
-    return it == comms.comms.end() ? nullptr : it->second.get();
-  };
+  auto comm_of = [&](parallel::GroupKind k) { return CommOf(comms, k); };
   comm::Communicator* tp = comm_of(parallel::GroupKind::kTp);
   comm::Communicator* dp = comm_of(parallel::GroupKind::kDpCp);
   comm::Communicator* cp = comm_of(parallel::GroupKind::kCp);
@@ -90,9 +87,7 @@ absl::StatusOr<std::unique_ptr<TrainSession>> TrainSession::Create(const v1::Job
   // NCCL runs on each communicator's own streams: order them with the backend's compute
   // stream (events both ways; a pipeline's tagged messages travel over per-link
   // communicators and streams, so a send never holds up the compute or a receive).
-  if (device == v1::GPU)
-    for (auto& [kind, c] : comms.comms)
-      if (c != nullptr) TESSERA_RETURN_IF_ERROR(c->OrderWith(s->backend_->stream()));
+  TESSERA_RETURN_IF_ERROR(OrderCommsWith(comms, device, s->backend_->stream()));
   const model::StageSpec stage{comms.layout.pp, pp != nullptr ? pp->rank() : 0, comms.layout.vpp};
   TESSERA_ASSIGN_OR_RETURN(s->model_, model::Llama::Create(config, s->backend_.get(), tp, comms.layout.sp, cp, stage));
   s->pad_to_ = comms.layout.sp ? comms.layout.tp : 1;
