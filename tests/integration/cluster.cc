@@ -166,11 +166,11 @@ absl::Status Cluster::StartController() {
   return absl::DeadlineExceededError("controller did not write admin.conf");
 }
 
-absl::Status Cluster::StartAgent(int i) {
+absl::Status Cluster::StartAgent(int i, const std::string& controller) {
   if (static_cast<int>(agents_.size()) <= i) agents_.resize(i + 1);
   agents_[i] = std::make_unique<Proc>();
   std::vector<std::string> argv = {std::string(TESSERA_BIN_DIR) + "/tessera-worker",
-                                   "--controller", address(),
+                                   "--controller", controller.empty() ? address() : controller,
                                    "--ca-cert", dir_ + "/controller/ca.crt",
                                    "--join-token-file", dir_ + "/controller/join-token",
                                    "--node-id", absl::StrCat("n", i),
@@ -251,6 +251,31 @@ v1::JobSpec PretrainSpec(int devices, int tp, int zero, int steps, bool sp, int 
       steps, ", lr: 1.0e-2, min_lr: 1.0e-3, warmup_steps: 1, seed: 5, init_std: 0.1}\n"));
   (void)NormalizeAndValidateJobSpec(*s);
   return *s;
+}
+
+std::unique_ptr<Cluster> Up(ClusterOptions o) {
+  auto c = std::make_unique<Cluster>(o);
+  EXPECT_TRUE(c->StartController().ok());
+  for (int i = 0; i < o.agents; ++i) EXPECT_TRUE(c->StartAgent(i).ok());
+  EXPECT_TRUE(c->WaitNodes(o.agents, 20000).ok());
+  return c;
+}
+
+std::string Submit(Cluster& c, const v1::JobSpec& spec) {
+  auto r = c.client().Submit(spec, "");
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r.ok() ? r->job().job_id() : "";
+}
+
+// Waits until the job runs and returns its executor pids.
+std::vector<pid_t> RunningExecutors(Cluster& c, const std::string& id, int attempt, size_t n) {
+  std::vector<pid_t> pids;
+  for (int i = 0; i < 1500 && pids.size() < n; ++i) {
+    pids = Cluster::ExecutorPids(id, attempt);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(c.WaitState(id, v1::RUNNING, 30000).ok());
+  return pids;
 }
 
 }  // namespace tessera::testing

@@ -43,7 +43,8 @@ class Cluster {
   ~Cluster();
   // Starts (or restarts, on the same port and state dir) the controller.
   absl::Status StartController();
-  absl::Status StartAgent(int i);
+  // `controller`: the address the agent dials (default the controller's; a test's proxy).
+  absl::Status StartAgent(int i, const std::string& controller = "");
   absl::Status WaitNodes(int ready, int timeout_ms);
   client::Client& client() { return *client_; }
   absl::StatusOr<std::unique_ptr<client::Client>> ClientWithToken(const std::string& token);
@@ -81,6 +82,12 @@ std::string HttpGet(int port, const std::string& path);
 
 // A comm-check job spec on `devices` CPU executors.
 v1::JobSpec CommCheckSpec(int devices, int tp, int pp, int max_restarts, int iters = 2);
+// A cluster with its controller and o.agents agents started and registered.
+std::unique_ptr<Cluster> Up(ClusterOptions o);
+// Submits and returns the job id ("" and a test failure when refused).
+std::string Submit(Cluster& c, const v1::JobSpec& spec);
+// Waits until the job's attempt runs with n executors and returns their pids.
+std::vector<pid_t> RunningExecutors(Cluster& c, const std::string& id, int attempt, size_t n);
 // A pretrain job of a tiny Llama on the built-in arithmetic data (CPU slots).
 v1::JobSpec PretrainSpec(int devices, int tp, int zero, int steps, bool sp = false, int cp = 1, int pp = 1);
 

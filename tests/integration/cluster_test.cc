@@ -26,30 +26,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::unique_ptr<Cluster> Up(ClusterOptions o) {
-  auto c = std::make_unique<Cluster>(o);
-  EXPECT_TRUE(c->StartController().ok());
-  for (int i = 0; i < o.agents; ++i) EXPECT_TRUE(c->StartAgent(i).ok());
-  EXPECT_TRUE(c->WaitNodes(o.agents, 20000).ok());
-  return c;
-}
-
-std::string Submit(Cluster& c, const v1::JobSpec& spec) {
-  auto r = c.client().Submit(spec, "");
-  EXPECT_TRUE(r.ok()) << r.status();
-  return r.ok() ? r->job().job_id() : "";
-}
-
-// Waits until the job runs and returns its executor pids.
-std::vector<pid_t> RunningExecutors(Cluster& c, const std::string& id, int attempt, size_t n) {
-  std::vector<pid_t> pids;
-  for (int i = 0; i < 1500 && pids.size() < n; ++i) {
-    pids = Cluster::ExecutorPids(id, attempt);
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  EXPECT_TRUE(c.WaitState(id, v1::RUNNING, 30000).ok());
-  return pids;
-}
 
 TEST(Cluster, CommCheckTp2Dp2Pp2OnTwoAgentsOverGloo) {
   auto c = Up({.agents = 2, .cpu_slots = 4});

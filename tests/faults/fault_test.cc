@@ -1,0 +1,181 @@
+// The fault suite (issue 6, DESIGN §9): real daemons on loopback, real processes stopped
+// or cut off; each test states what must happen and asserts it, including that the
+// cluster goes on serving other work. (Executor and agent kills, controller restarts and
+// bad input are in tests/integration/cluster_test.cc.)
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "tests/integration/cluster.h"
+
+namespace tessera::testing {
+namespace {
+
+using ::testing::AnyOf;
+using ::testing::HasSubstr;
+
+// A TCP proxy on a free loopback port forwarding to 127.0.0.1:target. Cut() closes every
+// connection through it and closes new ones at once — a network partition — until Heal().
+// TLS passes through untouched (the proxy only moves bytes).
+class Proxy {
+ public:
+  explicit Proxy(int target) : target_(target) {
+    listen_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bind(listen_, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+    socklen_t len = sizeof(a);
+    getsockname(listen_, reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.sin_port);
+    listen(listen_, 64);
+    accept_ = std::thread([this] { AcceptLoop(); });
+  }
+  ~Proxy() {
+    stop_ = true;
+    Cut();
+    accept_.join();
+    close(listen_);
+    std::lock_guard<std::mutex> l(mu_);
+    for (auto& t : pumps_) t.join();
+  }
+  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
+  void Cut() {
+    cut_ = true;
+    std::lock_guard<std::mutex> l(mu_);
+    for (int fd : fds_) shutdown(fd, SHUT_RDWR);
+  }
+  void Heal() { cut_ = false; }
+
+ private:
+  void AcceptLoop() {
+    while (!stop_) {
+      pollfd p{listen_, POLLIN, 0};
+      if (poll(&p, 1, 50) <= 0) continue;
+      const int client = accept(listen_, nullptr, nullptr);
+      if (client < 0) continue;
+      if (cut_) {
+        close(client);
+        continue;
+      }
+      const int server = socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_port = htons(target_);
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      if (connect(server, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+        close(client), close(server);
+        continue;
+      }
+      std::lock_guard<std::mutex> l(mu_);
+      fds_.push_back(client), fds_.push_back(server);
+      pumps_.emplace_back([this, client, server] { Pump(client, server); });
+      pumps_.emplace_back([this, client, server] { Pump(server, client); });
+    }
+  }
+  // Moves bytes one way until either side ends; then ends both.
+  void Pump(int from, int to) {
+    char buf[16384];
+    for (;;) {
+      const ssize_t n = read(from, buf, sizeof(buf));
+      if (n <= 0 || cut_) break;
+      ssize_t done = 0;
+      while (done < n) {
+        const ssize_t w = write(to, buf + done, n - done);
+        if (w <= 0) break;
+        done += w;
+      }
+      if (done < n) break;
+    }
+    shutdown(from, SHUT_RDWR), shutdown(to, SHUT_RDWR);
+  }
+
+  int target_, listen_ = -1, port_ = 0;
+  std::atomic<bool> stop_{false}, cut_{false};
+  std::thread accept_;
+  std::mutex mu_;
+  std::vector<int> fds_;  // (closed when the test process ends; shut down on Cut)
+  std::vector<std::thread> pumps_;
+};
+
+v1::NodeState NodeStateOf(Cluster& c, const std::string& node) {
+  auto st = c.client().Status();
+  if (st.ok())
+    for (const auto& n : st->nodes())
+      if (n.node_id() == node) return n.state();
+  return v1::NodeState();
+}
+
+bool WaitFor(const std::function<bool()>& done, int timeout_ms) {
+  for (int i = 0; i < timeout_ms / 20; ++i) {
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return done();
+}
+
+// A hung peer (one executor stopped with SIGSTOP mid-training): the other rank's next
+// collective times out after collective_timeout_s and the job fails with a reason that
+// says so — it does not hang; the stopped executor is killed with its attempt; and the
+// freed devices run the next job normally.
+TEST(Faults, AHungPeerEndsInAClearFailureNotAHang) {
+  auto c = Up({.agents = 1, .cpu_slots = 2});
+  v1::JobSpec spec = PretrainSpec(2, 1, 0, 100000);
+  spec.set_collective_timeout_ms(3000);
+  spec.set_max_restarts(0);
+  const std::string id = Submit(*c, spec);
+  auto pids = RunningExecutors(*c, id, 1, 2);
+  ASSERT_EQ(pids.size(), 2u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // into the steps
+  const auto t0 = std::chrono::steady_clock::now();
+  kill(pids[1], SIGSTOP);
+  auto j = c->WaitState(id, v1::FAILED, 60000);
+  ASSERT_TRUE(j.ok()) << j.status();
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(took, 30.0) << "the timeout is 3 s";
+  EXPECT_THAT(j->reason(), AnyOf(HasSubstr("timed out"), HasSubstr("timeout"), HasSubstr("Timed out")));
+  EXPECT_TRUE(WaitFor([&] { return Cluster::ExecutorPids(id, 1).empty(); }, 20000)) << "the stopped executor was not killed";
+  auto next = c->WaitState(Submit(*c, CommCheckSpec(2, 2, 1, 0)), v1::SUCCEEDED, 60000);
+  EXPECT_TRUE(next.ok()) << next.status();
+}
+
+// A network partition between the controller and one agent (a proxy the test cuts): the
+// node is LOST after its lease, the job running there restarts on the other node and
+// finishes; when the network heals the agent registers again (READY) and the executors
+// of the abandoned attempt are stopped — nothing runs twice.
+TEST(Faults, APartitionedNodeIsLostItsJobMovesAndItRejoinsWhenHealed) {
+  Cluster c({.agents = 2, .cpu_slots = 2, .lease_s = 2});
+  ASSERT_TRUE(c.StartController().ok());
+  Proxy proxy(std::stoi(c.address().substr(c.address().rfind(':') + 1)));
+  ASSERT_TRUE(c.StartAgent(1, proxy.address()).ok());  // n1, behind the proxy
+  ASSERT_TRUE(c.WaitNodes(1, 20000).ok());
+  v1::JobSpec spec = PretrainSpec(2, 1, 0, 400);
+  spec.set_max_restarts(3);
+  const std::string id = Submit(c, spec);
+  ASSERT_EQ(RunningExecutors(c, id, 1, 2).size(), 2u);  // on n1, the only node
+  ASSERT_TRUE(c.StartAgent(0).ok());                    // n0, direct
+  ASSERT_TRUE(c.WaitNodes(2, 20000).ok());
+  proxy.Cut();
+  EXPECT_TRUE(WaitFor([&] { return NodeStateOf(c, "n1") == v1::LOST; }, 20000)) << "n1 was not marked LOST";
+  auto j = c.WaitState(id, v1::SUCCEEDED, 120000);
+  ASSERT_TRUE(j.ok()) << j.status();
+  EXPECT_GE(j->attempt(), 2) << "the job should have restarted on n0";
+  proxy.Heal();
+  EXPECT_TRUE(WaitFor([&] { return NodeStateOf(c, "n1") == v1::READY; }, 30000)) << "n1 did not rejoin";
+  EXPECT_TRUE(WaitFor([&] { return Cluster::ExecutorPids(id, 1).empty(); }, 30000))
+      << "the abandoned attempt's executors still run";
+}
+
+}  // namespace
+}  // namespace tessera::testing
