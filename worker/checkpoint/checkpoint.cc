@@ -378,9 +378,15 @@ absl::Status SaveCheckpoint(const std::string& dir, int64_t step, const Group& g
     if (st.ok()) st = MakeDirs(tmp);
   }
   TESSERA_RETURN_IF_ERROR(Agree(g, st, "set-up"));
-  TESSERA_RETURN_IF_ERROR(Agree(g, WriteRankFile(tmp, rank, g), "write"));
+  // A save that fails (a full disk, say) leaves the previous checkpoint the latest and
+  // takes its partial files away, so that they do not keep the disk full.
+  auto cleanup_on_failure = [&](absl::Status failed) {
+    if (!failed.ok() && rank == 0) (void)RemoveTree(tmp);
+    return failed;
+  };
+  TESSERA_RETURN_IF_ERROR(cleanup_on_failure(Agree(g, WriteRankFile(tmp, rank, g), "write")));
   if (rank == 0) st = CommitOnRankZero(dir, tmp, final_dir, step, g);
-  return Agree(g, st, "commit");
+  return cleanup_on_failure(Agree(g, st, "commit"));
 }
 
 absl::StatusOr<std::string> LatestCheckpoint(const std::string& dir) {
