@@ -410,13 +410,19 @@ void JobManager::DetachAgent(const std::string& node_id, const AgentLink* link) 
   if (it != nodes_.end() && it->second.link.get() == link) it->second.link.reset();
 }
 
-void JobManager::OnHeartbeat(const std::string& node_id, int64_t incarnation, const v1::Heartbeat& hb) {
+absl::Status JobManager::OnHeartbeat(const std::string& node_id, int64_t incarnation, const v1::Heartbeat& hb) {
   std::lock_guard<std::mutex> l(mu_);
   auto it = nodes_.find(node_id);
-  if (it == nodes_.end() || it->second.status.incarnation() != incarnation) return;
+  if (it == nodes_.end()) return absl::FailedPreconditionError(absl::StrCat("node '", node_id, "' is not registered"));
+  if (it->second.status.incarnation() != incarnation)
+    return absl::FailedPreconditionError(absl::StrCat("node '", node_id, "' was registered again by another agent (incarnation ",
+                                                      it->second.status.incarnation(), "); this agent (incarnation ",
+                                                      incarnation, ") no longer owns it — is a second tessera-worker "
+                                                      "running with the same --node-id?"));
   it->second.last_seen_mono = MonoMs();
   UpdateStaleDevices(it->second, hb.running());
   if (metrics_) metrics_->SetLeaseAge(node_id, 0);
+  return absl::OkStatus();
 }
 
 void JobManager::OnExecutorEvent(const std::string& node_id, const v1::ExecutorEvent& ev) {

@@ -88,7 +88,9 @@ class JobManager {
   absl::Status RegisterNode(const v1::RegisterNodeRequest& req);
   absl::Status AttachAgent(const std::string& node_id, int64_t incarnation, std::shared_ptr<AgentLink> link);
   void DetachAgent(const std::string& node_id, const AgentLink* link);
-  void OnHeartbeat(const std::string& node_id, int64_t incarnation, const v1::Heartbeat& hb);
+  // FAILED_PRECONDITION when `incarnation` is no longer the node's (a newer agent
+  // registered the same node id): the caller ends that agent's stream with it.
+  absl::Status OnHeartbeat(const std::string& node_id, int64_t incarnation, const v1::Heartbeat& hb);
   void OnExecutorEvent(const std::string& node_id, const v1::ExecutorEvent& ev);
   void OnLogs(const std::string& node_id, const v1::LogBatch& logs);
 

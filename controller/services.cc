@@ -206,10 +206,12 @@ class NodeServiceImpl final : public v1::NodeService::Service {
     const int64_t inc = m.hello().incarnation();
     auto link = std::make_shared<StreamLink>(stream);
     if (auto st = d_.jobs->AttachAgent(node, inc, link); !st.ok()) return ToGrpc(st);
-    while (stream->Read(&m)) {
+    absl::Status fenced;
+    while (fenced.ok() && stream->Read(&m)) {
       switch (m.msg_case()) {
         case v1::AgentMessage::kHeartbeat: {
-          d_.jobs->OnHeartbeat(node, inc, m.heartbeat());
+          fenced = d_.jobs->OnHeartbeat(node, inc, m.heartbeat());  // a newer agent took the node: end this stream
+          if (!fenced.ok()) break;
           v1::ControllerMessage ack;
           ack.mutable_heartbeat_ack()->set_agent_time_ms(m.heartbeat().time_ms());
           ack.mutable_heartbeat_ack()->set_lease_ttl_ms(d_.cfg.lease_ttl_ms);
@@ -223,7 +225,7 @@ class NodeServiceImpl final : public v1::NodeService::Service {
     }
     d_.jobs->DetachAgent(node, link.get());
     link->Close();
-    return Status::OK;
+    return ToGrpc(fenced);
   }
 
  private:

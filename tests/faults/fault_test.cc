@@ -17,6 +17,10 @@
 #include <vector>
 
 #include <filesystem>
+#include <iostream>
+#include <random>
+
+#include <nlohmann/json.hpp>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -219,6 +223,120 @@ TEST(Faults, ADiskFullDuringACheckpointKeepsThePreviousOneLatest) {
     EXPECT_EQ(e.path().extension(), "" ) << "left behind: " << e.path();
   auto next = c->WaitState(Submit(*c, CommCheckSpec(2, 2, 1, 0)), v1::SUCCEEDED, 60000);
   EXPECT_TRUE(next.ok()) << next.status();
+}
+
+}  // namespace
+}  // namespace tessera::testing
+
+namespace tessera::testing {
+namespace {
+
+std::vector<double> Losses(const v1::Job& j) {
+  auto r = nlohmann::json::parse(j.result_json(), nullptr, false);
+  return r.is_discarded() || !r.contains("losses") ? std::vector<double>{} : r["losses"].get<std::vector<double>>();
+}
+
+// The soak test (bounded): a CPU training job that checkpoints every 2 steps while a
+// random executor of it is SIGKILLed every ~1.5 s. Each kill tears the attempt down and
+// a new one resumes from the last checkpoint; the job finishes with exactly the final
+// loss of the same job undisturbed (exact resume: weights, AdamW moments, data position).
+// The report lists the kills survived and the restarts taken.
+TEST(Faults, SoakRandomExecutorKillsEndWithTheUndisturbedFinalLoss) {
+  auto c = Up({.agents = 1, .cpu_slots = 2});
+  constexpr int kSteps = 300;
+  v1::JobSpec spec = PretrainSpec(2, 1, 1, kSteps);
+  auto straight = c->WaitState(Submit(*c, spec), v1::SUCCEEDED, 120000);
+  ASSERT_TRUE(straight.ok()) << straight.status();
+  const auto want = Losses(*straight);
+  ASSERT_EQ(want.size(), size_t(kSteps));
+
+  spec.mutable_train()->mutable_checkpoint()->set_dir(c->dir() + "/soak-ckpt");
+  spec.mutable_train()->mutable_checkpoint()->set_save_every(2);
+  spec.set_max_restarts(100);
+  spec.set_restart_backoff_s(0.1);
+  const std::string id = Submit(*c, spec);
+  std::mt19937 rng(7);
+  int kills = 0;
+  for (int round = 0; round < 8; ++round) {
+    auto job = c->client().Get(id);
+    if (job.ok() && (job->state() == v1::SUCCEEDED || job->state() == v1::FAILED)) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1000 + rng() % 1000));
+    // Every executor process of the job, whatever its attempt.
+    std::vector<pid_t> pids;
+    for (int attempt = 1; attempt <= 101 && pids.empty(); ++attempt) {
+      auto p = Cluster::ExecutorPids(id, attempt);
+      pids.insert(pids.end(), p.begin(), p.end());
+    }
+    if (pids.empty()) continue;  // between attempts
+    if (kill(pids[rng() % pids.size()], SIGKILL) == 0) ++kills;
+  }
+  auto done = c->WaitState(id, v1::SUCCEEDED, 300000);
+  ASSERT_TRUE(done.ok()) << done.status();
+  const auto tail = Losses(*done);
+  ASSERT_FALSE(tail.empty());
+  std::cout << "soak: " << kills << " executor kills survived, " << done->attempt() - 1 << " restarts taken, "
+            << kSteps << " steps, final loss " << tail.back() << " (undisturbed " << want.back() << ")\n";
+  EXPECT_GE(kills, 3) << "the job ended before the kills: make it longer";
+  EXPECT_GE(done->attempt(), 2);
+  EXPECT_EQ(tail.back(), want.back()) << "the final loss differs from the undisturbed run's";
+}
+
+// A corrupt checkpoint (one byte of a shard flipped after the job ends): a job resuming
+// from it fails naming the file and the SHA-256 mismatch — it does not train on garbage —
+// and the next job runs normally.
+TEST(Faults, ACorruptCheckpointIsRefusedByName) {
+  auto c = Up({.agents = 1, .cpu_slots = 2});
+  v1::JobSpec spec = PretrainSpec(2, 1, 0, 4);
+  spec.mutable_train()->mutable_checkpoint()->set_dir(c->dir() + "/ckpt");
+  ASSERT_TRUE(c->WaitState(Submit(*c, spec), v1::SUCCEEDED, 120000).ok());
+  const std::string shard = c->dir() + "/ckpt/step-00000004/rank-00000.safetensors";
+  auto bytes = ReadFile(shard);
+  ASSERT_TRUE(bytes.ok());
+  std::string flipped = *bytes;
+  flipped[flipped.size() / 2] ^= 0x5a;
+  ASSERT_TRUE(WriteFileAtomic(shard, flipped).ok());
+  spec.mutable_train()->set_steps(8);
+  spec.set_max_restarts(0);
+  auto j = c->WaitState(Submit(*c, spec), v1::FAILED, 120000);
+  ASSERT_TRUE(j.ok()) << j.status();
+  EXPECT_THAT(j->reason(), HasSubstr("rank-00000.safetensors: SHA-256 mismatch"));
+  auto next = c->WaitState(Submit(*c, CommCheckSpec(2, 2, 1, 0)), v1::SUCCEEDED, 60000);
+  EXPECT_TRUE(next.ok()) << next.status();
+}
+
+// Two agents claim the same node id (a second tessera-worker started by mistake): the
+// newer registration (the larger incarnation) owns the node; the older agent's stream is
+// ended at its next heartbeat with the reason, and its registrations are refused; the
+// node is listed once, and jobs run on it.
+TEST(Faults, ADuplicateAgentRegistrationIsFenced) {
+  Cluster c({.agents = 2, .cpu_slots = 2});
+  ASSERT_TRUE(c.StartController().ok());
+  ASSERT_TRUE(c.StartAgent(0).ok());
+  ASSERT_TRUE(c.WaitNodes(1, 20000).ok());
+  // A second agent process that also calls itself n0 (its own work dir).
+  Proc twin;
+  ASSERT_TRUE(twin.Start({std::string(TESSERA_BIN_DIR) + "/tessera-worker", "--controller", c.address(), "--ca-cert",
+                          c.dir() + "/controller/ca.crt", "--join-token-file", c.dir() + "/controller/join-token",
+                          "--node-id", "n0", "--cpu-slots", "2", "--no-gpus", "--work-dir", c.dir() + "/twin",
+                          "--listen-host", "127.0.0.1"},
+                         c.dir() + "/twin.log"));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  auto st = c.client().Status();
+  ASSERT_TRUE(st.ok());
+  int n0 = 0;
+  for (const auto& n : st->nodes()) n0 += n.node_id() == "n0";
+  EXPECT_EQ(n0, 1);
+  auto j = c.WaitState(Submit(c, CommCheckSpec(2, 2, 1, 0)), v1::SUCCEEDED, 60000);
+  EXPECT_TRUE(j.ok()) << j.status();
+  // The first agent learns at its next heartbeat that it was fenced off, says why, and
+  // its attempts to register again with its older incarnation are refused.
+  EXPECT_TRUE(WaitFor([&] {
+    return ReadFile(c.dir() + "/agent0.log").value_or("").find("was registered again by another agent") != std::string::npos;
+  }, 10000)) << ReadFile(c.dir() + "/agent0.log").value_or("");
+  EXPECT_TRUE(WaitFor([&] { return ReadFile(c.dir() + "/agent0.log").value_or("").find("cannot register") != std::string::npos; },
+                      10000));
+  twin.Kill(SIGTERM);
+  twin.Wait(3000);
 }
 
 }  // namespace

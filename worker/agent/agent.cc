@@ -190,10 +190,11 @@ void Agent::Run() {
     v1::RegisterNodeResponse resp;
     auto st = RegisterOnce(stub.get(), &resp);
     if (!st.ok()) {
-      spdlog::warn("agent {}: cannot register with {}: {} (retrying in {} ms)", opts_.node_id, opts_.controller,
-                   st.ToString(), backoff);
+      // A wrong join token or a fenced (stale) incarnation will not fix itself soon.
       if (st.code() == absl::StatusCode::kUnauthenticated || st.code() == absl::StatusCode::kFailedPrecondition)
         backoff = 5000;
+      spdlog::warn("agent {}: cannot register with {}: {} (retrying in {} ms)", opts_.node_id, opts_.controller,
+                   st.ToString(), backoff);
       std::unique_lock<std::mutex> l(stream_mu_);
       stop_cv_.wait_for(l, std::chrono::milliseconds(backoff), [&] { return stop_.load(); });
       backoff = std::min<int64_t>(backoff * 2, 2000);
