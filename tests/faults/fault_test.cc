@@ -341,3 +341,41 @@ TEST(Faults, ADuplicateAgentRegistrationIsFenced) {
 
 }  // namespace
 }  // namespace tessera::testing
+
+namespace tessera::testing {
+namespace {
+
+// Clock skew: an agent whose clock is an hour ahead of the controller's joins and runs
+// jobs (leases are measured on the controller's own monotonic clock, not from the
+// agent's timestamps); and when it restarts with a clock an hour *behind* its last run
+// (a host whose clock was stepped back), it still registers — its incarnation continues
+// from the one it used last (kept in its work dir) instead of going back with the
+// clock, which the controller would refuse as a stale agent.
+TEST(Faults, ClockSkewNeitherLosesNodesNorLocksOutARestartedAgent) {
+  Cluster c({.agents = 1, .cpu_slots = 2, .lease_s = 2});
+  ASSERT_TRUE(c.StartController().ok());
+  ASSERT_TRUE(c.StartAgent(0, "", {"--clock-skew-ms", "3600000"}).ok());
+  ASSERT_TRUE(c.WaitNodes(1, 20000).ok());
+  auto j = c.WaitState(Submit(c, CommCheckSpec(2, 2, 1, 0)), v1::SUCCEEDED, 60000);
+  ASSERT_TRUE(j.ok()) << j.status();
+  std::this_thread::sleep_for(std::chrono::milliseconds(3000));  // past a lease
+  EXPECT_EQ(NodeStateOf(c, "n0"), v1::READY);
+  auto incarnation = [&] {
+    auto st = c.client().Status();
+    if (st.ok())
+      for (const auto& n : st->nodes())
+        if (n.node_id() == "n0" && n.state() == v1::READY) return n.incarnation();
+    return int64_t{0};
+  };
+  const int64_t before = incarnation();
+  c.agents()[0]->Kill(SIGTERM);
+  c.agents()[0]->Wait(5000);
+  ASSERT_TRUE(c.StartAgent(0, "", {"--clock-skew-ms", "-3600000"}).ok());
+  EXPECT_TRUE(WaitFor([&] { return incarnation() > before; }, 20000)) << ReadFile(c.dir() + "/agent0.log").value_or("");
+  EXPECT_EQ(ReadFile(c.dir() + "/agent0.log").value_or("").find("a stale agent is refused"), std::string::npos);
+  auto k = c.WaitState(Submit(c, CommCheckSpec(2, 2, 1, 0)), v1::SUCCEEDED, 60000);
+  EXPECT_TRUE(k.ok()) << k.status();
+}
+
+}  // namespace
+}  // namespace tessera::testing

@@ -166,7 +166,7 @@ absl::Status Cluster::StartController() {
   return absl::DeadlineExceededError("controller did not write admin.conf");
 }
 
-absl::Status Cluster::StartAgent(int i, const std::string& controller) {
+absl::Status Cluster::StartAgent(int i, const std::string& controller, const std::vector<std::string>& extra) {
   if (static_cast<int>(agents_.size()) <= i) agents_.resize(i + 1);
   agents_[i] = std::make_unique<Proc>();
   std::vector<std::string> argv = {std::string(TESSERA_BIN_DIR) + "/tessera-worker",
@@ -181,6 +181,7 @@ absl::Status Cluster::StartAgent(int i, const std::string& controller) {
   if (i == 0) {
     for (const char* s : {"--metrics-listen", "127.0.0.1:0", "--health-listen", "127.0.0.1:0"}) argv.push_back(s);
   }
+  argv.insert(argv.end(), extra.begin(), extra.end());
   if (!agents_[i]->Start(argv, absl::StrCat(dir_, "/agent", i, ".log"))) return absl::InternalError("cannot start agent");
   return absl::OkStatus();
 }

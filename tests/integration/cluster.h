@@ -44,7 +44,7 @@ class Cluster {
   // Starts (or restarts, on the same port and state dir) the controller.
   absl::Status StartController();
   // `controller`: the address the agent dials (default the controller's; a test's proxy).
-  absl::Status StartAgent(int i, const std::string& controller = "");
+  absl::Status StartAgent(int i, const std::string& controller = "", const std::vector<std::string>& extra = {});
   absl::Status WaitNodes(int ready, int timeout_ms);
   client::Client& client() { return *client_; }
   absl::StatusOr<std::unique_ptr<client::Client>> ClientWithToken(const std::string& token);

@@ -13,7 +13,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc_util.h"
 #include "common/status.h"
@@ -41,7 +43,15 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(AgentOptions o) {
     a->ca_pem_ = *ca;
   }
   TESSERA_RETURN_IF_ERROR(MakeDirs(o.work_dir, 0700));
-  a->incarnation_ = NowMs() * 1000 + getpid() % 1000;  // a restarted agent always has a larger one
+  // A restarted agent must register with a larger incarnation than the one before it,
+  // even if the wall clock stepped back in between (NTP, or a host whose clock was
+  // ahead): the clock in microseconds, but past the last one used in this work dir
+  // (kept there).
+  const std::string inc_file = o.work_dir + "/incarnation";
+  int64_t last = 0;
+  if (auto text = ReadFile(inc_file); text.ok()) (void)absl::SimpleAtoi(absl::StripAsciiWhitespace(*text), &last);
+  a->incarnation_ = std::max<int64_t>((NowMs() + o.clock_skew_ms) * 1000 + getpid() % 1000, last + 1);
+  TESSERA_RETURN_IF_ERROR(WriteFileAtomic(inc_file, absl::StrCat(a->incarnation_, "\n"), 0600));
   a->devices_ = DiscoverDevices(o.cpu_slots, o.use_gpus);
   if (a->devices_.empty()) return absl::InvalidArgumentError("this node has no devices: no GPUs found and --cpu-slots is 0");
   return a;
@@ -266,7 +276,7 @@ void Agent::HeartbeatLoop() {
     }
     if (!registered_) continue;
     v1::AgentMessage m;
-    m.mutable_heartbeat()->set_time_ms(NowMs());
+    m.mutable_heartbeat()->set_time_ms(NowMs() + opts_.clock_skew_ms);
     for (auto& r : Running()) *m.mutable_heartbeat()->add_running() = r;
     std::lock_guard<std::mutex> l(stream_mu_);
     if (stream_) stream_->Write(m);
@@ -277,7 +287,7 @@ void Agent::Handle(const v1::ControllerMessage& m) {
   if (m.has_start()) StartExecutor(m.start().config());
   else if (m.has_stop()) StopExecutors(m.stop().job_id(), m.stop().attempt(), m.stop().grace_ms());
   else if (m.has_heartbeat_ack() && heartbeat_rtt_)
-    heartbeat_rtt_->Observe(std::max<int64_t>(0, NowMs() - m.heartbeat_ack().agent_time_ms()) / 1000.0);
+    heartbeat_rtt_->Observe(std::max<int64_t>(0, NowMs() + opts_.clock_skew_ms - m.heartbeat_ack().agent_time_ms()) / 1000.0);
 }
 
 void Agent::StartExecutor(const v1::ExecutorConfig& cfg) {

@@ -46,6 +46,9 @@ struct AgentOptions {
   bool insecure = false;        // loopback plaintext
   std::string health_listen;    // grpc.health.v1 + reflection (loopback); SERVING once registered
   std::string metrics_listen;   // Prometheus /metrics (host:port)
+  // Added to this machine's wall clock wherever the agent reads it (incarnations,
+  // heartbeat times): for tests of clock skew; 0 in production.
+  int64_t clock_skew_ms = 0;
 };
 
 class Agent {
