@@ -2,6 +2,7 @@
 #include "worker/tokenizer/jinja_ast.h"
 
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
@@ -177,7 +178,16 @@ std::string AsciiCase(std::string s, int how) {  // 1 upper, -1 lower
 
 size_t CodePoints(const std::string& s) { return DecodeUtf8(s).size(); }
 
-int64_t ToInt(const Json& v) { return v.is_number_float() ? static_cast<int64_t>(v.get<double>()) : v.get<int64_t>(); }
+// Python's ints are unbounded; ours are 64 bits: arithmetic past them is an error, and a
+// float too large for an int is clamped (converting it as it is would be undefined).
+int64_t ToInt(const Json& v) {
+  if (!v.is_number_float()) return v.get<int64_t>();
+  const double d = v.get<double>();
+  if (std::isnan(d)) return 0;
+  if (d >= 9.2e18) return INT64_MAX;
+  if (d <= -9.2e18) return INT64_MIN;
+  return static_cast<int64_t>(d);
+}
 
 class Renderer {
  public:
@@ -337,7 +347,10 @@ class Renderer {
       case Expr::kNeg: {
         TESSERA_ASSIGN_OR_RETURN(Json v, Eval(*e.args[0]));
         if (v.is_number_float()) return -v.get<double>();
-        if (v.is_number()) return -v.get<int64_t>();
+        if (v.is_number()) {
+          if (v.get<int64_t>() == INT64_MIN) return Error(e.line, "integer arithmetic past 64 bits");
+          return -v.get<int64_t>();
+        }
         return Error(e.line, absl::StrCat("cannot negate ", PyRepr(v)));
       }
       case Expr::kCond: {
@@ -452,16 +465,19 @@ class Renderer {
     if (op == "**") {
       if (ints && b.get<int64_t>() >= 0) {
         int64_t r = 1;
-        for (int64_t i = 0; i < b.get<int64_t>(); ++i) r *= a.get<int64_t>();
+        for (int64_t i = 0; i < b.get<int64_t>(); ++i)
+          if (__builtin_mul_overflow(r, a.get<int64_t>(), &r)) return Error(e.line, "integer arithmetic past 64 bits");
         return r;
       }
       return std::pow(a.get<double>(), b.get<double>());
     }
     if (ints && op != "/") {
       const int64_t x = a.get<int64_t>(), y = b.get<int64_t>();
-      if (op == "+") return x + y;
-      if (op == "-") return x - y;
-      if (op == "*") return x * y;
+      int64_t z = 0;
+      const bool over = op == "+" ? __builtin_add_overflow(x, y, &z) : op == "-" ? __builtin_sub_overflow(x, y, &z)
+                      : op == "*" ? __builtin_mul_overflow(x, y, &z) : (x == INT64_MIN && y == -1);
+      if (over) return Error(e.line, "integer arithmetic past 64 bits");
+      if (op == "+" || op == "-" || op == "*") return z;
       if (y == 0) return Error(e.line, "division by zero");
       int64_t q = x / y, r = x % y;
       if (r != 0 && ((r < 0) != (y < 0))) --q, r += y;  // Python floors
@@ -505,7 +521,9 @@ class Renderer {
         if (args.size() == 1) b = ToInt(args[0]);
         else if (args.size() >= 2) a = ToInt(args[0]), b = ToInt(args[1]), s = args.size() > 2 ? ToInt(args[2]) : 1;
         if (s == 0) return Error(e.line, "range() step cannot be zero");
-        if ((b - a) / s > 1000000) return Error(e.line, "range() of more than a million numbers");
+        int64_t span = 0;
+        if (__builtin_sub_overflow(b, a, &span) || span / s > 1000000)
+          return Error(e.line, "range() of more than a million numbers");
         Json r = Json::array();
         for (int64_t i = a; s > 0 ? i < b : i > b; i += s) r.push_back(i);
         return r;
@@ -661,7 +679,11 @@ class Renderer {
     }
     if (f == "int") return v.is_number() ? Json(ToInt(v)) : Json(std::strtoll(ToString(v).c_str(), nullptr, 10));
     if (f == "float") return v.is_number() ? Json(v.get<double>()) : Json(std::strtod(ToString(v).c_str(), nullptr));
-    if (f == "abs" && v.is_number()) return v.is_number_float() ? Json(std::fabs(v.get<double>())) : Json(std::llabs(v.get<int64_t>()));
+    if (f == "abs" && v.is_number()) {
+      if (v.is_number_float()) return std::fabs(v.get<double>());
+      if (v.get<int64_t>() == INT64_MIN) return Error(e.line, "integer arithmetic past 64 bits");
+      return std::llabs(v.get<int64_t>());
+    }
     const std::string s = ToString(v);
     if (f == "trim") return StripChars(s, true, true, arg(0));
     if (f == "upper" || f == "lower") return AsciiCase(s, f == "upper" ? 1 : -1);

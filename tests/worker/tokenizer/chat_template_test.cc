@@ -106,6 +106,10 @@ TEST(ChatTemplate, RefusesBadInputByName) {
   EXPECT_NE(render("{{ 'abcdefgh' * 100000000 }}").find("16 MiB"), std::string::npos);
   EXPECT_NE(render("{% for i in range(100000000) %}x{% endfor %}").find("a million"), std::string::npos);
   EXPECT_EQ(render("{{ 2 ** 10 }} {{ -7 // 2 }}"), "1024 -4");
+  for (const char* past : {"{{ 12345678910 * 1000000000 }}", "{{ 9223372036854775807 + 1 }}", "{{ 2 ** 64 }}",
+                           "{{ (-9223372036854775807 - 1) // -1 }}", "{{ -(-9223372036854775807 - 1) }}"})
+    EXPECT_NE(render(past).find("past 64 bits"), std::string::npos) << past;
+  EXPECT_EQ(render("{{ 1e300 | int > 0 }}"), "True");
 }
 
 // A model directory's text side: tokenizer, template, and the EOS ids generation stops at

@@ -53,7 +53,7 @@ TEST(HfBpe, DecodeGivesTheTextBack) {
   auto toks = LoadAll();
   std::mt19937 rng(3);
   for (auto& [kind, t] : toks) {
-    for (const std::string text : {std::string("Hello, world! 日本語 😀"), std::string("<|im_start|>x<|im_end|>"),
+    for (const std::string& text : {std::string("Hello, world! 日本語 😀"), std::string("<|im_start|>x<|im_end|>"),
                                    std::string("\xff\xfe raw bytes \xc3")}) {
       auto ids = t->Encode(text);
       ASSERT_TRUE(ids.ok());
