@@ -317,6 +317,17 @@ v1::JobSpec RolloutGroupSpec(const std::string& kind) {
   return spec;
 }
 
+// A rollout group of `devices` ranks (dp = devices) — on devices of its own, or on the
+// actor's with `colocate_with` — added to `spec` and the spec validated.
+v1::GroupSpec* AddRolloutGroup(v1::JobSpec& spec, int devices, const std::string& colocate_with = "") {
+  auto* g = spec.add_groups();
+  g->set_name("rollout"), g->set_role("rollout"), g->set_devices(devices), g->set_colocate_with(colocate_with);
+  g->mutable_layout()->set_dp(devices);
+  const absl::Status st = NormalizeAndValidateJobSpec(spec);
+  EXPECT_TRUE(st.ok()) << st;
+  return g;
+}
+
 // Split pools: the same grpo job with its rollout on devices of its own (a second group,
 // role rollout, dp 2; the bridge communicator over all four ranks) samples what the
 // colocated job samples — every prompt with the seed its actor rank would use — so its
@@ -335,10 +346,7 @@ TEST(Cluster, GrpoWithARolloutPoolOfItsOwnEqualsColocated) {
     for (size_t i = 0; i < 3; ++i) ASSERT_GT(a["grad_norms"][i].get<double>(), 0) << a.dump();
     ASSERT_GT(a["kl"][2].get<double>(), 0) << a.dump();
   }
-  auto* pool = spec.add_groups();
-  pool->set_name("rollout"), pool->set_role("rollout"), pool->set_devices(2);
-  pool->mutable_layout()->set_dp(2);
-  ASSERT_TRUE(NormalizeAndValidateJobSpec(spec).ok()) << NormalizeAndValidateJobSpec(spec);
+  auto* pool = AddRolloutGroup(spec, 2);
   std::ostringstream progress;
   auto split = c->client().Watch(Submit(*c, spec), progress);
   ASSERT_TRUE(split.ok()) << split.status();
@@ -394,10 +402,7 @@ TEST(Cluster, GrpoWithARolloutGroupOnTheActorsDevicesReslicesTheWeights) {
   auto own = c->WaitState(Submit(*c, spec), v1::SUCCEEDED, 120000);
   ASSERT_TRUE(own.ok()) << own.status();
   const auto a = nlohmann::json::parse(own->result_json());
-  auto* rollout = spec.add_groups();
-  rollout->set_name("rollout"), rollout->set_role("rollout"), rollout->set_devices(2), rollout->set_colocate_with("actor");
-  rollout->mutable_layout()->set_dp(2);
-  ASSERT_TRUE(NormalizeAndValidateJobSpec(spec).ok()) << NormalizeAndValidateJobSpec(spec);
+  auto* rollout = AddRolloutGroup(spec, 2, "actor");
   std::ostringstream progress;
   auto same = c->client().Watch(Submit(*c, spec), progress);
   ASSERT_TRUE(same.ok()) << same.status();
@@ -438,10 +443,7 @@ TEST(Cluster, PpoWithARolloutPoolOfItsOwnEqualsColocated) {
   ASSERT_TRUE(colocated.ok()) << colocated.status();
   const auto a = nlohmann::json::parse(colocated->result_json());
   for (size_t i = 0; i < 3; ++i) ASSERT_GT(a["grad_norms"][i].get<double>(), 0) << a.dump();
-  auto* pool = spec.add_groups();
-  pool->set_name("rollout"), pool->set_role("rollout"), pool->set_devices(2);
-  pool->mutable_layout()->set_dp(2);
-  ASSERT_TRUE(NormalizeAndValidateJobSpec(spec).ok()) << NormalizeAndValidateJobSpec(spec);
+  auto* pool = AddRolloutGroup(spec, 2);
   std::ostringstream progress;
   auto split = c->client().Watch(Submit(*c, spec), progress);
   ASSERT_TRUE(split.ok()) << split.status();

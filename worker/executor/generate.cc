@@ -49,14 +49,10 @@ absl::StatusOr<std::unique_ptr<GenerateSession>> GenerateSession::Create(const v
 
 absl::Status GenerateSession::LoadText(const v1::JobSpec& spec, int64_t model_vocab) {
   TESSERA_ASSIGN_OR_RETURN(text_, ModelTextFromSpec(spec.model(), model_vocab));
+  TESSERA_ASSIGN_OR_RETURN(std::vector<int32_t> stops,
+                           tokenizer::StopTokens(*text_.tokenizer, {g_.stop().begin(), g_.stop().end()}, "generate.stop"));
   stop_ids_ = text_.eos_ids;
-  for (int i = 0; i < g_.stop_size(); ++i) {
-    TESSERA_ASSIGN_OR_RETURN(auto ids, text_.tokenizer->Encode(g_.stop(i)));
-    if (ids.size() != 1)
-      return absl::InvalidArgumentError(absl::StrCat("generate.stop[", i, "]: '", g_.stop(i), "' is ", ids.size(), " tokens of ",
-                                                     text_.tokenizer->name(), "; a stop string must be one token"));
-    stop_ids_.push_back(ids[0]);
-  }
+  stop_ids_.insert(stop_ids_.end(), stops.begin(), stops.end());
   return absl::OkStatus();
 }
 

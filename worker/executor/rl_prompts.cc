@@ -34,13 +34,9 @@ absl::Status RlPrompts::Load(const v1::JobSpec& spec, int64_t model_vocab) {
     }
     stops_ = text_.eos_ids;
   }
-  for (int i = 0; i < rl.stop_size(); ++i) {
-    TESSERA_ASSIGN_OR_RETURN(auto ids, text_.tokenizer->Encode(rl.stop(i)));
-    if (ids.size() != 1)
-      return absl::InvalidArgumentError(absl::StrCat("rl.stop[", i, "]: '", rl.stop(i), "' is ", ids.size(), " tokens of ",
-                                                     text_.tokenizer->name(), "; a stop string must be one token"));
-    stops_.push_back(ids[0]);
-  }
+  TESSERA_ASSIGN_OR_RETURN(std::vector<int32_t> stops,
+                           tokenizer::StopTokens(*text_.tokenizer, {rl.stop().begin(), rl.stop().end()}, "rl.stop"));
+  stops_.insert(stops_.end(), stops.begin(), stops.end());
   return absl::OkStatus();
 }
 

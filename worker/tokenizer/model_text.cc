@@ -12,6 +12,19 @@
 
 namespace tessera::tokenizer {
 
+absl::StatusOr<std::vector<int32_t>> StopTokens(const Tokenizer& tokenizer, const std::vector<std::string>& stops,
+                                                const std::string& field) {
+  std::vector<int32_t> out;
+  for (size_t i = 0; i < stops.size(); ++i) {
+    TESSERA_ASSIGN_OR_RETURN(auto ids, tokenizer.Encode(stops[i]));
+    if (ids.size() != 1)
+      return absl::InvalidArgumentError(absl::StrCat(field, "[", i, "]: '", stops[i], "' is ", ids.size(), " tokens of ",
+                                                     tokenizer.name(), "; a stop string must be one token"));
+    out.push_back(ids[0]);
+  }
+  return out;
+}
+
 absl::StatusOr<ModelText> LoadModelText(const std::string& path) {
   ModelText t;
   if (path.empty() || path == "byte") {

@@ -24,6 +24,11 @@ struct ModelText {
   std::vector<int32_t> eos_ids;
 };
 
+// The token of each stop string (a job's `field`, e.g. "generate.stop"): each must be one
+// token of the tokenizer — INVALID_ARGUMENT naming field[i] and its token count.
+absl::StatusOr<std::vector<int32_t>> StopTokens(const Tokenizer& tokenizer, const std::vector<std::string>& stops,
+                                                const std::string& field);
+
 // `path`: "byte" (or empty) for the byte tokenizer; a tokenizer.json, or a directory
 // holding one (and, beside it, tokenizer_config.json / generation_config.json).
 absl::StatusOr<ModelText> LoadModelText(const std::string& path);
