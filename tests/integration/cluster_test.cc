@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/grpc_util.h"
@@ -18,6 +19,9 @@
 #include "tessera/v1/rendezvous_service.grpc.pb.h"
 #include <grpcpp/health_check_service_interface.h>
 #include "grpc/health/v1/health.grpc.pb.h"
+#include <regex>
+#include <set>
+
 #include "common/job_spec.h"
 #include "tests/integration/cluster.h"
 
@@ -457,6 +461,51 @@ TEST(Cluster, PpoWithARolloutPoolOfItsOwnEqualsColocated) {
   EXPECT_EQ(b["weights_verified"], true);
   for (const char* k : {"value_loss=", "critic_grad_norm=", "values_s=", "critic_update_s=", "reward_kl=", "sync_s="})
     EXPECT_THAT(progress.str(), HasSubstr(k));
+}
+
+// deploy/grafana/tessera.json queries only what the daemons export: after a pretrain job
+// with a checkpoint and a grpo job with a rollout pool, every metric family the dashboard
+// names is in the controller's or the agent's /metrics, and every per-job metric it
+// selects (metric="...") is one of the jobs' series — except mfu, which needs a device
+// peak (GPUs). The dashboard is Grafana JSON: panels with Prometheus targets.
+TEST(Cluster, GrafanaDashboardQueriesWhatTheDaemonsExport) {
+  auto c = Up({.agents = 1, .cpu_slots = 4});
+  v1::JobSpec pt = PretrainSpec(2, 1, 0, 4);
+  pt.mutable_train()->mutable_checkpoint()->set_dir(c->dir() + "/ckpt");
+  ASSERT_TRUE(c->WaitState(Submit(*c, pt), v1::SUCCEEDED, 120000).ok());
+  v1::JobSpec rl = RolloutGroupSpec("grpo");
+  rl.mutable_train()->set_steps(1);
+  AddRolloutGroup(rl, 2);
+  ASSERT_TRUE(c->WaitState(Submit(*c, rl), v1::SUCCEEDED, 120000).ok());
+  const std::string scraped = HttpGet(c->controller_metrics_port(), "/metrics") + HttpGet(c->agent_metrics_port(), "/metrics");
+  auto text = ReadFile(std::string(TESSERA_SOURCE_DIR) + "/deploy/grafana/tessera.json");
+  ASSERT_TRUE(text.ok());
+  const auto dash = nlohmann::json::parse(*text);
+  ASSERT_TRUE(dash["panels"].is_array());
+  std::set<std::string> families, job_metrics;
+  int targets = 0;
+  for (const auto& p : dash["panels"]) {
+    if (p["type"] == "row") continue;
+    ASSERT_TRUE(p.contains("targets") && p.contains("gridPos")) << p.dump();
+    for (const auto& t : p["targets"]) {
+      const std::string expr = t["expr"];
+      ++targets;
+      static const std::regex family(R"(tessera_[a-z_]+)"), selected(R"re(metric="([a-z_]+)")re");
+      for (std::sregex_iterator it(expr.begin(), expr.end(), family), end; it != end; ++it) families.insert(it->str());
+      for (std::sregex_iterator it(expr.begin(), expr.end(), selected), end; it != end; ++it) job_metrics.insert((*it)[1]);
+    }
+  }
+  EXPECT_GE(targets, 20);
+  for (std::string f : families) {  // a histogram's series are name_bucket, _sum, _count
+    for (const char* suffix : {"_bucket", "_sum", "_count"})
+      if (absl::EndsWith(f, suffix)) f.resize(f.size() - strlen(suffix));
+    EXPECT_THAT(scraped, HasSubstr("# TYPE " + f + " ")) << "the dashboard queries " << f;
+  }
+  ASSERT_GE(job_metrics.size(), 10u);
+  for (const std::string& m : job_metrics) {
+    if (m == "mfu") continue;
+    EXPECT_THAT(scraped, HasSubstr("metric=\"" + m + "\"")) << "the dashboard selects job metric " << m;
+  }
 }
 
 TEST(Cluster, PpoStepsStreamTheCriticsMetrics) {
