@@ -8,11 +8,12 @@
 
 namespace tessera {
 
-std::string WithPort(const std::string& hp, int port) {
-  const std::string host = HostOf(hp);
+std::string JoinHostPort(const std::string& host, int port) {
   if (host.find(':') != std::string::npos) return absl::StrCat("[", host, "]:", port);
   return absl::StrCat(host, ":", port);
 }
+
+std::string WithPort(const std::string& hp, int port) { return JoinHostPort(HostOf(hp), port); }
 
 std::string HostOf(const std::string& hp) {
   if (!hp.empty() && hp[0] == '[') {

@@ -40,6 +40,8 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(c
 // "127.0.0.1:5", "[::1]:5", "localhost:5" -> true.
 bool IsLoopbackAddress(const std::string& host_port);
 std::string HostOf(const std::string& host_port);
+// "host:port", an IPv6 host in brackets: ("::1", 9) -> "[::1]:9".
+std::string JoinHostPort(const std::string& host, int port);
 // The same listen address with `port` in place of its port: "[::1]:0", 9 -> "[::1]:9".
 std::string WithPort(const std::string& host_port, int port);
 

@@ -202,8 +202,7 @@ std::string Controller::address() const {
     gethostname(h, sizeof(h) - 1);
     host = h;
   }
-  if (host.find(':') != std::string::npos) host = "[" + host + "]";
-  return absl::StrCat(host, ":", port_);
+  return JoinHostPort(host, port_);
 }
 
 Controller::~Controller() { Shutdown(); }

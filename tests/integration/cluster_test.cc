@@ -447,7 +447,7 @@ TEST(Cluster, PpoWithARolloutPoolOfItsOwnEqualsColocated) {
   ASSERT_TRUE(colocated.ok()) << colocated.status();
   const auto a = nlohmann::json::parse(colocated->result_json());
   for (size_t i = 0; i < 3; ++i) ASSERT_GT(a["grad_norms"][i].get<double>(), 0) << a.dump();
-  auto* pool = AddRolloutGroup(spec, 2);
+  AddRolloutGroup(spec, 2);
   std::ostringstream progress;
   auto split = c->client().Watch(Submit(*c, spec), progress);
   ASSERT_TRUE(split.ok()) << split.status();

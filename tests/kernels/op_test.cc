@@ -25,6 +25,19 @@
 namespace tessera::runtime::test {
 namespace {
 
+// d f / d x_k by central differences (step 1e-3), for every k.
+template <class F>
+std::vector<double> CentralDifferences(const std::vector<float>& x, const F& f) {
+  const double h = 1e-3;
+  std::vector<double> d(x.size());
+  for (size_t k = 0; k < x.size(); ++k) {
+    auto p = x, m = x;
+    p[k] += h, m[k] -= h;
+    d[k] = (f(p) - f(m)) / (2 * h);
+  }
+  return d;
+}
+
 std::vector<double> RmsNormRef(const std::vector<float>& x, const std::vector<float>& w, int64_t rows, int64_t cols,
                                double eps, std::vector<double>* rstd = nullptr) {
   std::vector<double> y(x.size());
@@ -424,13 +437,7 @@ TEST_P(OpTest, CrossEntropyBackwardMatchesFiniteDifferences) {
   auto lse = Make(*be_, {n}, DType::kF32, res.lse), dl = Make(*be_, {n}, DType::kF32, {1.f, 2.f});
   auto dz = Out(*be_, {n, v}, DType::kF32);
   ASSERT_TRUE(be_->CrossEntropyBackward(z, targets, 0, lse, dl, dz).ok());
-  std::vector<double> num(n * v);
-  const double h = 1e-3;
-  for (int64_t k = 0; k < n * v; ++k) {
-    auto p = zv, m = zv;
-    p[k] += h, m[k] -= h;
-    num[k] = (loss(p) - loss(m)) / (2 * h);
-  }
+  const std::vector<double> num = CentralDifferences(zv, loss);
   EXPECT_LT(RelErr(Read(*be_, dz), num), 1e-4) << "seed " << seed_;
 }
 
@@ -465,13 +472,7 @@ TEST_P(OpTest, CrossEntropyBackwardWithEntropy) {
          ut = Make(*be_, {n}, DType::kF32, u), ht = Make(*be_, {n}, DType::kF32, res.entropy);
     auto dz = Out(*be_, {n, v}, DType::kF32);
     ASSERT_TRUE(be_->CrossEntropyBackward(z, targets, 0, lse, dlt, dz, &ut, &ht).ok());
-    std::vector<double> num(n * v);
-    const double h = 1e-3;
-    for (int64_t k = 0; k < n * v; ++k) {
-      auto p = zv, m = zv;
-      p[k] += h, m[k] -= h;
-      num[k] = (loss(p) - loss(m)) / (2 * h);
-    }
+    const std::vector<double> num = CentralDifferences(zv, loss);
     EXPECT_LT(RelErr(Read(*be_, dz), num), 1e-4) << "seed " << seed_;
     EXPECT_THAT(std::string(be_->CrossEntropyBackward(z, targets, 0, lse, dlt, dz, &ut, nullptr).message()),
                 HasSubstr("dentropy and entropy come together"));

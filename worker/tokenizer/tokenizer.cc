@@ -97,6 +97,8 @@ class BpeTokenizer final : public Tokenizer {
   bool nfc_ = false, ignore_merges_ = false, add_prefix_space_ = false;
   SplitPattern pattern_ = SplitPattern::kGpt2;
   std::vector<int32_t> prefix_, suffix_;           // TemplateProcessing's single sequence
+  int32_t byte_id_[256] = {};                      // each byte's own token
+  bool added_first_[256] = {};                     // bytes an added token starts with
 };
 
 uint64_t PairKey(int32_t a, int32_t b) { return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b); }
@@ -234,10 +236,14 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::FromJson(const Json&
                                                      " has a part or a result that is not in model.vocab"));
     t->merges_.emplace(PairKey(l->second, rt->second), std::pair<int32_t, int32_t>(static_cast<int32_t>(r), lr->second));
   }
-  for (int b = 0; b < 256; ++b)
-    if (!t->vocab_.count(Bytes().to_unicode[b]))
+  for (int b = 0; b < 256; ++b) {
+    auto it = t->vocab_.find(Bytes().to_unicode[b]);
+    if (it == t->vocab_.end())
       return absl::InvalidArgumentError(absl::StrCat(file, ": model.vocab lacks the byte-level token of byte ", b,
                                                      " (", Json(Bytes().to_unicode[b]).dump(), ")"));
+    t->byte_id_[b] = it->second;
+  }
+  for (const auto& a : t->added_) t->added_first_[static_cast<unsigned char>(a.content[0])] = true;
   TESSERA_RETURN_IF_ERROR(ReadNormalizer(j.value("normalizer", Json()), file, &t->nfc_));
   TESSERA_RETURN_IF_ERROR(ReadPreTokenizer(j.value("pre_tokenizer", Json()), file, &t->pattern_, &t->add_prefix_space_));
   TESSERA_RETURN_IF_ERROR(ReadPostProcessor(j.value("post_processor", Json()), file, &t->prefix_, &t->suffix_));
@@ -266,7 +272,7 @@ absl::Status BpeTokenizer::EncodePiece(std::string_view piece, std::vector<int32
   };
   std::vector<Symbol> sym;
   for (size_t i = 0; i < piece.size(); ++i)
-    sym.push_back({vocab_.at(Bytes().to_unicode[static_cast<unsigned char>(piece[i])]), static_cast<int>(i) - 1,
+    sym.push_back({byte_id_[static_cast<unsigned char>(piece[i])], static_cast<int>(i) - 1,
                    i + 1 < piece.size() ? static_cast<int>(i) + 1 : -1});
   // Lowest rank first, leftmost among equal ranks (Hugging Face's order); a popped pair
   // whose symbols changed since it was pushed is stale.
@@ -346,6 +352,10 @@ absl::StatusOr<std::vector<int32_t>> BpeTokenizer::Encode(std::string_view text,
   // Added tokens split the text first: at each position the longest that matches.
   size_t start = 0;  // of the text not yet encoded
   for (size_t i = 0; i < text.size();) {
+    if (!added_first_[static_cast<unsigned char>(text[i])]) {  // most bytes start no added token
+      ++i;
+      continue;
+    }
     const AddedToken* hit = nullptr;
     for (const auto& a : added_) {
       if (text.compare(i, a.content.size(), a.content) != 0) continue;

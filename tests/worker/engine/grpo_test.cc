@@ -9,6 +9,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "tests/worker/engine/rl_rig.h"
 #include "tests/worker/model/model_test_util.h"
 
 namespace tessera::engine {
@@ -16,26 +17,7 @@ namespace {
 using ::testing::HasSubstr;
 using model::Llama;
 
-struct Rig {
-  std::unique_ptr<runtime::Backend> be = runtime::MakeCpuBackend();
-  std::unique_ptr<Llama> actor, ref;
-  std::unique_ptr<Trainer> trainer;
-  std::unique_ptr<RolloutEngine> rollout;
-  Rig() {
-    model::LlamaConfig c = model::test::TinyConfig(16, /*tied=*/false, /*bias=*/false);
-    c.hidden = 32, c.ffn = 48;
-    actor = std::move(*Llama::Create(c, be.get()));
-    ref = std::move(*Llama::Create(c, be.get()));
-    EXPECT_TRUE(actor->InitRandom(8, 0.05f).ok());
-    EXPECT_TRUE(ref->InitRandom(8, 0.05f).ok());
-    OptimizerOptions o;
-    o.lr = 3e-2f, o.min_lr = 3e-2f, o.warmup_steps = 0, o.total_steps = 1000, o.clip_norm = 1.f;
-    trainer = std::move(*Trainer::Create(actor.get(), be.get(), nullptr, nullptr, o));
-    RolloutOptions ro;
-    ro.block_size = 4, ro.num_blocks = 128;
-    rollout = std::move(*RolloutEngine::Create(actor.get(), ro));
-  }
-};
+using Rig = test::RlRig;
 
 TEST(Grpo, ThePolicyGetsBetter) {
   Rig s;

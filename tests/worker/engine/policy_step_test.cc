@@ -265,19 +265,24 @@ struct OneRank {
   }
 };
 
+// A micro-batch's policy inputs before any update: the model's own log-probs as the old
+// policy's, and the response mask from position 4 on (advantages left to the test).
+Trainer::PolicyTokens OnPolicy(const Llama::TokenStats& before, const TokenBatch& b) {
+  Trainer::PolicyTokens p;
+  p.old_logp.assign(before.logprob.begin(), before.logprob.end());
+  p.mask = ResponseMask(b, 4);
+  return p;
+}
+
 // The entropy bonus alone (advantages 0, so the surrogate has no gradient) raises the
 // predictive entropy of the counted tokens; PolicyStats::entropy is their mean before.
 TEST(PolicyStep, EntropyBonusRaisesTheEntropy) {
   OneRank r;
   ASSERT_NE(r.trainer, nullptr);
-  auto* m = &r.model;
-  auto* t = &r.trainer;
   const TokenBatch b = model::test::RandomBatch(32, 6, {10, 10});
-  auto before = (*m)->TokenLogProbs(b);
+  auto before = r.model->TokenLogProbs(b);
   ASSERT_TRUE(before.ok());
-  Trainer::PolicyTokens p;
-  p.old_logp.assign(before->logprob.begin(), before->logprob.end());
-  p.mask = ResponseMask(b, 4);
+  Trainer::PolicyTokens p = OnPolicy(*before, b);
   p.advantage.assign(b.size(), 0.0);
   auto mean_entropy = [&](const Llama::TokenStats& st) {
     double sum = 0, n = 0;
@@ -286,11 +291,11 @@ TEST(PolicyStep, EntropyBonusRaisesTheEntropy) {
   };
   rl::PolicyLossOptions ent;
   ent.entropy_coef = 1.0;
-  auto s = (*t)->PolicyStep({b}, {p}, ent);
+  auto s = r.trainer->PolicyStep({b}, {p}, ent);
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_NEAR(s->entropy, mean_entropy(*before), 1e-5 * mean_entropy(*before));
   EXPECT_NEAR(s->loss, -s->entropy, 1e-5 * s->entropy);  // no surrogate, no KL: L = -H
-  auto after = (*m)->TokenLogProbs(b);
+  auto after = r.model->TokenLogProbs(b);
   ASSERT_TRUE(after.ok());
   EXPECT_GT(mean_entropy(*after), mean_entropy(*before) + 1e-3);
 }
@@ -300,18 +305,14 @@ TEST(PolicyStep, EntropyBonusRaisesTheEntropy) {
 TEST(PolicyStep, FollowsTheAdvantages) {
   OneRank r;
   ASSERT_NE(r.trainer, nullptr);
-  auto* m = &r.model;
-  auto* t = &r.trainer;
   const TokenBatch b = model::test::RandomBatch(32, 5, {10, 10});
-  auto before = (*m)->TokenLogProbs(b);
+  auto before = r.model->TokenLogProbs(b);
   ASSERT_TRUE(before.ok());
-  Trainer::PolicyTokens p;
-  p.old_logp.assign(before->logprob.begin(), before->logprob.end());
-  p.mask = ResponseMask(b, 4);
+  Trainer::PolicyTokens p = OnPolicy(*before, b);
   for (int32_t i = 0; i < static_cast<int32_t>(b.size()); ++i) p.advantage.push_back(i < 10 ? 1.0 : -1.0);
-  auto s = (*t)->PolicyStep({b}, {p}, {});
+  auto s = r.trainer->PolicyStep({b}, {p}, {});
   ASSERT_TRUE(s.ok()) << s.status();
-  auto after = (*m)->TokenLogProbs(b);
+  auto after = r.model->TokenLogProbs(b);
   ASSERT_TRUE(after.ok());
   double up = 0, down = 0;
   for (size_t i = 0; i < p.mask.size(); ++i)
@@ -321,12 +322,12 @@ TEST(PolicyStep, FollowsTheAdvantages) {
   // Bad input names what is wrong; nothing is updated.
   Trainer::PolicyTokens short_mask = p;
   short_mask.mask.pop_back();
-  EXPECT_THAT(std::string((*t)->PolicyStep({b}, {short_mask}, {}).status().message()),
+  EXPECT_THAT(std::string(r.trainer->PolicyStep({b}, {short_mask}, {}).status().message()),
               HasSubstr("micro-batch 0 has 20 tokens; old_logp, advantage, mask need one value each"));
   Trainer::PolicyTokens none = p;
   std::fill(none.mask.begin(), none.mask.end(), 0.0);
-  EXPECT_THAT(std::string((*t)->PolicyStep({b}, {none}, {}).status().message()), HasSubstr("no counted"));
-  EXPECT_EQ((*t)->step(), 1);
+  EXPECT_THAT(std::string(r.trainer->PolicyStep({b}, {none}, {}).status().message()), HasSubstr("no counted"));
+  EXPECT_EQ(r.trainer->step(), 1);
 }
 
 }  // namespace

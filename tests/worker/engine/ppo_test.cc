@@ -9,6 +9,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "tests/worker/engine/rl_rig.h"
 #include "tests/worker/model/model_test_util.h"
 
 namespace tessera::engine {
@@ -16,31 +17,7 @@ namespace {
 using ::testing::HasSubstr;
 using model::Llama;
 
-struct Rig {
-  std::unique_ptr<runtime::Backend> be = runtime::MakeCpuBackend();
-  std::unique_ptr<Llama> actor, ref, critic;
-  std::unique_ptr<Trainer> trainer, critic_trainer;
-  std::unique_ptr<RolloutEngine> rollout;
-  Rig() {
-    model::LlamaConfig c = model::test::TinyConfig(16, /*tied=*/false, /*bias=*/false);
-    c.hidden = 32, c.ffn = 48;
-    actor = std::move(*Llama::Create(c, be.get()));
-    ref = std::move(*Llama::Create(c, be.get()));
-    EXPECT_TRUE(actor->InitRandom(8, 0.05f).ok());
-    EXPECT_TRUE(ref->InitRandom(8, 0.05f).ok());
-    c.value_head = true;
-    critic = std::move(*Llama::Create(c, be.get()));
-    EXPECT_TRUE(critic->InitRandom(9, 0.05f).ok());
-    OptimizerOptions o;
-    o.lr = 3e-2f, o.min_lr = 3e-2f, o.warmup_steps = 0, o.total_steps = 1000, o.clip_norm = 1.f;
-    trainer = std::move(*Trainer::Create(actor.get(), be.get(), nullptr, nullptr, o));
-    o.lr = o.min_lr = 1e-2f;
-    critic_trainer = std::move(*Trainer::Create(critic.get(), be.get(), nullptr, nullptr, o));
-    RolloutOptions ro;
-    ro.block_size = 4, ro.num_blocks = 128;
-    rollout = std::move(*RolloutEngine::Create(actor.get(), ro));
-  }
-};
+using Rig = test::RlRig;
 
 BatchRewardFn Hits() {
   return [](const std::vector<Completion>& cs) -> absl::StatusOr<std::vector<double>> {
@@ -55,7 +32,7 @@ BatchRewardFn Hits() {
 }
 
 TEST(Ppo, ThePolicyGetsBetterAndTheCriticLearns) {
-  Rig s;
+  Rig s(/*with_critic=*/true);
   PpoOptions o;
   o.samples_per_prompt = 8;
   o.sampling.temperature = 1.f, o.sampling.max_new_tokens = 6;
@@ -70,8 +47,12 @@ TEST(Ppo, ThePolicyGetsBetterAndTheCriticLearns) {
     EXPECT_EQ(st->response_length, 6);
     rewards.push_back(st->reward);
     value_losses.push_back(st->value_loss);
-    if (step == 0) EXPECT_EQ(st->reward_kl, 0);  // the actor starts as the reference
-    if (step == 11) EXPECT_GT(st->reward_kl, 0);  // and moves away
+    if (step == 0) {
+      EXPECT_EQ(st->reward_kl, 0);  // the actor starts as the reference
+    }
+    if (step == 11) {
+      EXPECT_GT(st->reward_kl, 0);  // and moves away
+    }
   }
   std::cout << "rewards: " << ::testing::PrintToString(rewards) << "\nvalue losses: " << ::testing::PrintToString(value_losses)
             << "\n";
@@ -83,7 +64,7 @@ TEST(Ppo, ThePolicyGetsBetterAndTheCriticLearns) {
 }
 
 TEST(Ppo, RefusesBadOptions) {
-  Rig s;
+  Rig s(/*with_critic=*/true);
   PpoOptions o;
   auto run = [&](model::Llama* ref, Llama& critic) {
     return std::string(PpoStep(*s.rollout, *s.actor, *s.trainer, critic, *s.critic_trainer, ref, {{1}}, Hits(), o, 0)
