@@ -44,16 +44,22 @@ absl::StatusOr<std::vector<v1::CallResponse>> WorkerGroup::CallEach(const std::v
   for (size_t r = 0; r < ranks_.size(); ++r)
     ts.emplace_back([&, r] {
       res[r] = ranks_[r]->Call(reqs[r], timeout_ms_);
-      if (!res[r].ok()) CancelAll();  // a failed rank leaves its peers stuck in collectives
+      // A failed rank leaves its peers stuck in collectives: cancel them. ABORTED means
+      // "failed because a peer did" (the peer reports why, and returns on its own): it
+      // cancels nothing, so that the peer's own error is not cut off by the cancellation.
+      if (!res[r].ok() && res[r].status().code() != absl::StatusCode::kAborted) CancelAll();
     });
   for (auto& t : ts) t.join();
   std::vector<v1::CallResponse> out;
-  // Report the first rank whose failure is not a cancellation caused by another's.
+  // Report the first rank with a failure of its own; else one that failed because of a
+  // peer (ABORTED); else a cancellation.
+  const auto rank_of = [&](size_t r) {
+    const absl::StatusCode c = res[r].status().code();
+    return c == absl::StatusCode::kCancelled ? 2 : c == absl::StatusCode::kAborted ? 1 : 0;
+  };
   int first = -1;
   for (size_t r = 0; r < res.size(); ++r)
-    if (!res[r].ok() && (first < 0 || (res[first].status().code() == absl::StatusCode::kCancelled &&
-                                       res[r].status().code() != absl::StatusCode::kCancelled)))
-      first = static_cast<int>(r);
+    if (!res[r].ok() && (first < 0 || rank_of(r) < rank_of(static_cast<size_t>(first)))) first = static_cast<int>(r);
   if (first >= 0)
     return Annotate(res[first].status(), absl::StrCat("group '", name_, "' rank ", first, ": ", reqs[first].method()));
   for (auto& r : res) out.push_back(std::move(*r));

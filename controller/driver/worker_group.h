@@ -50,6 +50,10 @@ class WorkerGroup {
   void CancelAll();
 
  private:
+  // Calls every rank at once. A rank's failure cancels the others (they would wait in a
+  // collective for it), except ABORTED, the executors' code for "failed because a peer
+  // did": that peer returns its own error, which is the one reported (own failures first,
+  // then ABORTED, then CANCELLED).
   absl::StatusOr<std::vector<v1::CallResponse>> CallEach(const std::vector<v1::CallRequest>& reqs);
   std::string name_;
   parallel::Layout layout_;

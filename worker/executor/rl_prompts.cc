@@ -129,7 +129,8 @@ absl::StatusOr<std::vector<double>> RewardServiceClient::Score(int64_t step, int
     TESSERA_RETURN_IF_ERROR(tp_->Broadcast(t.data(), n + 1, runtime::DType::kF32, 0));
     TESSERA_RETURN_IF_ERROR(tp_->Synchronize());
     TESSERA_RETURN_IF_ERROR(backend_->CopyToHost(t, buf.data()));
-    if (buf[0] != 1.f && error.empty()) error = "rl.reward_service: TP rank 0 got no rewards from the service";
+    if (buf[0] != 1.f && error.empty())  // ABORTED: TP rank 0 reports why (see WorkerGroup::CallEach)
+      return absl::AbortedError("rl.reward_service: TP rank 0 got no rewards from the service");
   }
   if (!error.empty()) return absl::UnavailableError(error);
   return std::vector<double>(buf.begin() + 1, buf.end());
