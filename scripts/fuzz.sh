@@ -12,11 +12,11 @@ else budget=(-runs="${FUZZ_RUNS:-100000}" -seed=1); what="${FUZZ_RUNS:-100000} i
 jobs=${TESSERA_BUILD_JOBS:-$(nproc)}
 cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ -DTESSERA_FUZZ=ON \
   -DTESSERA_CUDA=OFF > build-fuzz.log 2>&1 || { cat build-fuzz.log; exit 1; }
-ninja -C build-fuzz -j "$jobs" fuzz_job_spec fuzz_tokenizer fuzz_chat_template fuzz_safetensors >> build-fuzz.log 2>&1 \
+ninja -C build-fuzz -j "$jobs" fuzz_job_spec fuzz_tokenizer fuzz_chat_template fuzz_safetensors fuzz_checkpoint >> build-fuzz.log 2>&1 \
   || { tail -50 build-fuzz.log; exit 1; }
 mkdir -p build-fuzz/artifacts
 status=0
-for t in job_spec tokenizer chat_template safetensors; do
+for t in job_spec tokenizer chat_template safetensors checkpoint; do
   work=build-fuzz/corpus/$t
   [ -z "${FUZZ_SECONDS:-}" ] && rm -rf "$work"  # a fixed seed starts from the checked-in corpus alone
   mkdir -p "$work"

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/match.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/grpc_util.h"
@@ -697,6 +698,18 @@ TEST(Cluster, BadInputIsRejectedAndDisturbsNothing) {
   EXPECT_TRUE((*reader)->List(10).ok());
   EXPECT_EQ((*reader)->Submit(spec, "").status().code(), absl::StatusCode::kPermissionDenied);
   EXPECT_EQ((*reader)->Stop(running).status().code(), absl::StatusCode::kPermissionDenied);
+  // A token of the wrong kind: the agents' join token is not a client's token.
+  auto join = ReadFile(c->dir() + "/controller/join-token");
+  ASSERT_TRUE(join.ok());
+  auto joiner = c->ClientWithToken(std::string(absl::StripAsciiWhitespace(*join)));
+  EXPECT_EQ((*joiner)->List(10).status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ((*joiner)->Submit(spec, "").status().code(), absl::StatusCode::kUnauthenticated);
+  // Paths that escape the controller's roots (the test cluster's root is its directory).
+  auto escaping = PretrainSpec(2, 1, 0, 2);
+  escaping.mutable_train()->mutable_checkpoint()->set_dir(c->dir() + "/../elsewhere");
+  expect(escaping, grpc::INVALID_ARGUMENT, "train.checkpoint.dir");
+  escaping.mutable_train()->mutable_checkpoint()->set_dir("/etc/tessera-checkpoints");
+  expect(escaping, grpc::PERMISSION_DENIED, "train.checkpoint.dir: '/etc/tessera-checkpoints' is outside");
   // Nothing was persisted for the rejected jobs; the running job finishes normally.
   EXPECT_EQ(c->client().List(100)->size(), 1u);
   auto j = c->WaitState(running, v1::SUCCEEDED, 60000);

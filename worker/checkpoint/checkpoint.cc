@@ -1,7 +1,6 @@
 #include "worker/checkpoint/checkpoint.h"
 
 #include <fcntl.h>
-#include <openssl/evp.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -21,12 +20,13 @@
 #include "absl/strings/strip.h"
 #include "common/status.h"
 #include "common/util.h"
+#include "worker/checkpoint/checkpoint_reader.h"
 #include "worker/checkpoint/safetensors.h"
 
 namespace tessera::checkpoint {
 namespace {
 using nlohmann::json;
-constexpr char kFormat[] = "tessera-checkpoint-1";
+constexpr const char* kFormat = kCheckpointFormat;
 
 int TpRank(const Group& g) { return g.tp ? g.tp->rank() : 0; }
 int TpSize(const Group& g) { return g.tp ? g.tp->size() : 1; }
@@ -72,25 +72,6 @@ Plan PlanFor(const model::ParamSpec& spec, int tp, int dp, int zero, int tp_r, i
   return p;
 }
 
-// Global index of element `li` of TP rank r's flattened local tensor (split along dim d
-// into t parts).
-struct TpMap {
-  int64_t outer = 1, dim = 1, inner = 1, parts = 1, rank = 0;
-  TpMap(const std::vector<int64_t>& shape, int d, int t, int r) : parts(t), rank(r) {
-    if (d < 0) {
-      dim = Numel(shape), parts = 1, rank = 0;
-      return;
-    }
-    for (int i = 0; i < d; ++i) outer *= shape[i];
-    dim = shape[d];
-    for (size_t i = d + 1; i < shape.size(); ++i) inner *= shape[i];
-  }
-  int64_t Global(int64_t li) const {
-    const int64_t dl = dim / parts, o = li / (dl * inner), rem = li % (dl * inner);
-    return (o * dim + rank * dl + rem / inner) * inner + rem % inner;
-  }
-};
-
 // Every rank learns whether every rank succeeded (an all-reduce of a failure flag over TP,
 // then DP): no rank is left waiting in a later collective when another one failed.
 absl::Status Agree(const Group& g, const absl::Status& local, const char* phase) {
@@ -111,32 +92,6 @@ absl::Status Agree(const Group& g, const absl::Status& local, const char* phase)
   if (!local.ok()) return local;
   if (flag != 0.f) return absl::AbortedError(absl::StrCat("checkpoint ", phase, " failed on another rank"));
   return absl::OkStatus();
-}
-
-absl::StatusOr<std::string> Sha256File(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return absl::NotFoundError(absl::StrCat("cannot open ", path, ": ", strerror(errno)));
-  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
-  EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr);
-  std::vector<char> buf(1 << 20);
-  for (;;) {
-    const ssize_t n = ::read(fd, buf.data(), buf.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int e = errno;
-      ::close(fd);
-      return absl::DataLossError(absl::StrCat("cannot read ", path, ": ", strerror(e)));
-    }
-    if (n == 0) break;
-    EVP_DigestUpdate(ctx.get(), buf.data(), static_cast<size_t>(n));
-  }
-  ::close(fd);
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  EVP_DigestFinal_ex(ctx.get(), md, &len);
-  std::string hex;
-  for (unsigned i = 0; i < len; ++i) absl::StrAppendFormat(&hex, "%02x", md[i]);
-  return hex;
 }
 
 absl::Status FsyncDir(const std::string& dir) {
@@ -240,127 +195,25 @@ absl::Status CommitOnRankZero(const std::string& dir, const std::string& tmp, co
   return FsyncDir(dir);
 }
 
-bool GetInt(const json& j, const char* key, int64_t* out) {
-  if (!j.is_object() || !j.contains(key) || !j[key].is_number_integer()) return false;
-  *out = j[key].get<int64_t>();
-  return true;
-}
-
-// Files of a checkpoint being loaded: opened once, size and SHA-256 checked on first use.
-class Files {
- public:
-  Files(std::string dir, const json& listing) : dir_(std::move(dir)), listing_(listing) {}
-  absl::StatusOr<const SafetensorsReader*> Get(const std::string& name) {
-    if (auto it = open_.find(name); it != open_.end()) return it->second.get();
-    if (name.find('/') != std::string::npos || name.empty() || name[0] == '.')
-      return absl::DataLossError(absl::StrCat(dir_, ": bad shard file name '", name, "'"));
-    int64_t bytes = -1;
-    if (!listing_.contains(name) || !GetInt(listing_[name], "bytes", &bytes) || !listing_[name].contains("sha256") ||
-        !listing_[name]["sha256"].is_string())
-      return absl::DataLossError(absl::StrCat(dir_, "/metadata.json: no size and sha256 for ", name));
-    const std::string path = absl::StrCat(dir_, "/", name);
-    struct stat st {};
-    if (::stat(path.c_str(), &st) != 0) return absl::DataLossError(absl::StrCat(path, ": missing"));
-    if (st.st_size != bytes)
-      return absl::DataLossError(absl::StrCat(path, ": ", st.st_size, " bytes, the metadata says ", bytes, " (truncated?)"));
-    TESSERA_ASSIGN_OR_RETURN(std::string sha, Sha256File(path));
-    if (sha != listing_[name]["sha256"].get<std::string>())
-      return absl::DataLossError(absl::StrCat(path, ": SHA-256 mismatch (the file is corrupt)"));
-    TESSERA_ASSIGN_OR_RETURN(auto reader, SafetensorsReader::Open(path));
-    return (open_[name] = std::move(reader)).get();
-  }
-
- private:
-  std::string dir_;
-  const json& listing_;
-  std::map<std::string, std::unique_ptr<SafetensorsReader>> open_;
-};
-
-// A global tensor from its shards (any layout), checked to cover every element once.
-absl::StatusOr<std::vector<float>> Assemble(const std::string& what, const std::vector<int64_t>& shape,
-                                            const json& shards, Files& files) {
-  auto bad = [&](const std::string& why) { return absl::DataLossError(absl::StrCat("checkpoint: ", what, ": ", why)); };
-  if (!shards.is_array() || shards.empty()) return bad("no shards");
-  const int64_t numel = Numel(shape);
-  std::vector<float> global(numel);
-  std::map<int64_t, std::vector<std::pair<int64_t, int64_t>>> cover;  // tp rank -> [begin, end)
-  int64_t tp_dim = -2, tp_size = 0;
-  for (const auto& s : shards) {
-    int64_t dim, size, rank, begin, len;
-    if (!GetInt(s, "tp_dim", &dim) || !GetInt(s, "tp_size", &size) || !GetInt(s, "tp_rank", &rank) ||
-        !GetInt(s, "begin", &begin) || !GetInt(s, "len", &len) || !s.contains("file") || !s["file"].is_string() ||
-        !s.contains("key") || !s["key"].is_string())
-      return bad("a shard lacks file, key, tp_dim, tp_size, tp_rank, begin or len");
-    if (tp_dim == -2) tp_dim = dim, tp_size = size;
-    if (dim != tp_dim || size != tp_size) return bad("shards disagree on the tensor-parallel split");
-    if (dim < -1 || dim >= static_cast<int64_t>(shape.size()) || size < 1 || (dim < 0 && size != 1) ||
-        (dim >= 0 && shape[dim] % size != 0) || rank < 0 || rank >= size)
-      return bad(absl::StrCat("invalid split (tp_dim ", dim, ", tp_size ", size, ", tp_rank ", rank, ")"));
-    const int64_t local_n = numel / size;
-    if (begin < 0 || len < 0 || begin > local_n - len)
-      return bad(absl::StrCat("shard [", begin, ", +", len, ") outside the ", local_n, " local elements"));
-    TESSERA_ASSIGN_OR_RETURN(const SafetensorsReader* r, files.Get(s["file"].get<std::string>()));
-    TESSERA_ASSIGN_OR_RETURN(std::vector<float> data, r->ReadF32(s["key"].get<std::string>()));
-    if (static_cast<int64_t>(data.size()) != len)
-      return bad(absl::StrCat(s["key"].get<std::string>(), " holds ", data.size(), " elements, the metadata says ", len));
-    const TpMap map(shape, static_cast<int>(dim), static_cast<int>(size), static_cast<int>(rank));
-    for (int64_t k = 0; k < len; ++k) global[map.Global(begin + k)] = data[k];
-    cover[rank].push_back({begin, begin + len});
-  }
-  for (int64_t r = 0; r < tp_size; ++r) {
-    auto& c = cover[r];
-    std::sort(c.begin(), c.end());
-    int64_t at = 0;
-    for (auto [b, e] : c) {
-      if (b != at) return bad(absl::StrCat("TP rank ", r, "'s elements are not covered exactly once near ", at));
-      at = e;
-    }
-    if (at != numel / tp_size) return bad(absl::StrCat("TP rank ", r, "'s shards end at ", at, " of ", numel / tp_size));
-  }
-  return global;
-}
-
 absl::StatusOr<int64_t> LoadLocal(const std::string& path, const Group& g) {
-  TESSERA_ASSIGN_OR_RETURN(std::string text, ReadFile(path + "/metadata.json"));
-  const json meta = json::parse(text, nullptr, false);
-  int64_t step = -1;
-  if (meta.is_discarded() || !meta.is_object() || !meta.contains("format") || meta["format"] != kFormat ||
-      !GetInt(meta, "step", &step) || step < 0 || !meta.contains("tensors") || !meta["tensors"].is_object() ||
-      !meta.contains("files") || !meta["files"].is_object())
-    return absl::DataLossError(absl::StrCat(path, "/metadata.json: not a ", kFormat, " metadata file"));
-  Files files(path, meta["files"]);
-  const auto& tensors = meta["tensors"];
+  TESSERA_ASSIGN_OR_RETURN(auto reader, CheckpointReader::Open(path));
   auto& params = g.model->params();
   for (size_t i = 0; i < params.size(); ++i) {
     const model::ParamSpec& spec = params[i].spec;
-    if (!tensors.contains(spec.name))
-      return absl::NotFoundError(absl::StrCat("checkpoint ", path, " has no tensor ", spec.name));
-    const json& t = tensors[spec.name];
-    std::vector<int64_t> shape;
-    if (t.contains("shape") && t["shape"].is_array())
-      for (const auto& d : t["shape"])
-        if (d.is_number_integer()) shape.push_back(d.get<int64_t>());
-    if (shape != spec.shape)
-      return absl::InvalidArgumentError(absl::StrCat("checkpoint ", path, ": ", spec.name, " has shape [",
-                                                     absl::StrJoin(shape, ", "), "], the model expects [",
-                                                     absl::StrJoin(spec.shape, ", "), "]"));
-    std::vector<float> local[3];
-    const char* parts[3] = {"value", "exp_avg", "exp_avg_sq"};
     if (g.trainer == nullptr) {  // weights only (inference): the values into the model
-      if (!t.contains("value")) return absl::DataLossError(absl::StrCat("checkpoint ", path, ": ", spec.name, " has no value"));
-      TESSERA_ASSIGN_OR_RETURN(std::vector<float> global, Assemble(spec.name + " value", spec.shape, t["value"], files));
+      TESSERA_ASSIGN_OR_RETURN(std::vector<float> global, reader->Read(spec.name, "value", spec.shape));
       TESSERA_RETURN_IF_ERROR(g.model->SetGlobal(params[i], global));
       continue;
     }
+    std::vector<float> local[3];
+    const char* parts[3] = {"value", "exp_avg", "exp_avg_sq"};
     for (int k = 0; k < 3; ++k) {
-      if (!t.contains(parts[k])) return absl::DataLossError(absl::StrCat("checkpoint ", path, ": ", spec.name, " has no ", parts[k]));
-      TESSERA_ASSIGN_OR_RETURN(std::vector<float> global,
-                               Assemble(absl::StrCat(spec.name, " ", parts[k]), spec.shape, t[parts[k]], files));
+      TESSERA_ASSIGN_OR_RETURN(std::vector<float> global, reader->Read(spec.name, parts[k], spec.shape));
       local[k] = model::TpShardOf(global, spec.shape, spec.shard_dim, TpSize(g), TpRank(g));
     }
     TESSERA_RETURN_IF_ERROR(g.trainer->LoadPiece(i, local[0], local[1], local[2]));
   }
-  return step;
+  return reader->step();
 }
 
 }  // namespace
