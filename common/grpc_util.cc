@@ -91,4 +91,16 @@ void EnableHealthAndReflection() {
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
 }
 
+absl::StatusOr<std::unique_ptr<grpc::Server>> StartHealthServer(const std::string& listen, int* port) {
+  EnableHealthAndReflection();
+  grpc::ServerBuilder b;
+  *port = 0;
+  b.AddListeningPort(listen, grpc::InsecureServerCredentials(), port);
+  b.SetMaxReceiveMessageSize(4096);
+  std::unique_ptr<grpc::Server> s = b.BuildAndStart();
+  if (!s || *port == 0) return absl::UnavailableError(absl::StrCat("cannot serve health on ", listen));
+  s->GetHealthCheckService()->SetServingStatus(false);
+  return s;
+}
+
 }  // namespace tessera

@@ -51,4 +51,11 @@ std::string BearerToken(const grpc::ServerContext* ctx);
 // Registers health checking and reflection; call before building any server.
 void EnableHealthAndReflection();
 
+// A plaintext server with nothing but grpc.health.v1 (and reflection), for probes that
+// cannot speak TLS, such as Kubernetes' gRPC probes: it carries no data and takes no
+// token, so unlike every other server it may listen on any address. It answers
+// NOT_SERVING until SetServingStatus(true). Port 0 asks the kernel for one; *port gets
+// the port bound.
+absl::StatusOr<std::unique_ptr<grpc::Server>> StartHealthServer(const std::string& listen, int* port);
+
 }  // namespace tessera

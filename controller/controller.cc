@@ -20,10 +20,15 @@ namespace {
 
 constexpr char kVersion[] = "tessera 0.1.0";
 
-absl::StatusOr<KeyPair> LoadOrMakeCa(const std::string& dir) {
+constexpr const char* kSecretFiles[] = {"ca.crt", "ca.key", "join-token", "tokens"};
+
+absl::StatusOr<KeyPair> LoadOrMakeCa(const std::string& dir, bool read_only) {
   auto cert = ReadFile(dir + "/ca.crt");
   auto key = ReadFile(dir + "/ca.key");
   if (cert.ok() && key.ok()) return KeyPair{*cert, *key};
+  if (read_only)
+    return absl::FailedPreconditionError(absl::StrCat("--secrets-dir ", dir, ": no ca.crt and ca.key (make them with ",
+                                                      "`tessera-controller init-secrets --out DIR`)"));
   TESSERA_ASSIGN_OR_RETURN(KeyPair ca, MakeCa("tessera-ca"));
   TESSERA_RETURN_IF_ERROR(WriteFileAtomic(dir + "/ca.key", ca.key_pem, 0600));
   TESSERA_RETURN_IF_ERROR(WriteFileAtomic(dir + "/ca.crt", ca.cert_pem, 0644));
@@ -31,12 +36,13 @@ absl::StatusOr<KeyPair> LoadOrMakeCa(const std::string& dir) {
   return ca;
 }
 
-absl::StatusOr<std::string> LoadOrMakeSecret(const std::string& path) {
+absl::StatusOr<std::string> LoadOrMakeSecret(const std::string& path, bool read_only) {
   auto s = ReadFile(path);
   if (s.ok()) {
     std::string v(absl::StripAsciiWhitespace(*s));
     if (!v.empty()) return v;
   }
+  if (read_only) return absl::FailedPreconditionError(absl::StrCat("--secrets-dir: ", path, " is missing or empty"));
   std::string v = RandomHex(24);
   TESSERA_RETURN_IF_ERROR(WriteFileAtomic(path, v + "\n", 0600));
   return v;
@@ -88,7 +94,22 @@ class GrpcExecutorClient final : public ExecutorClient {
   std::set<grpc::ClientContext*> active_;
 };
 
+absl::Status MakeTokensFile(const std::string& path) {
+  return WriteFileAtomic(path, absl::StrCat("# ROLE NAME TOKEN (roles: admin, submit, read)\nadmin admin ", RandomHex(24), "\n"),
+                         0600);
+}
+
 }  // namespace
+
+absl::Status InitSecrets(const std::string& dir) {
+  for (const char* f : kSecretFiles)
+    if (access(absl::StrCat(dir, "/", f).c_str(), F_OK) == 0)
+      return absl::AlreadyExistsError(absl::StrCat(dir, "/", f, " exists; init-secrets makes new secrets only"));
+  TESSERA_RETURN_IF_ERROR(MakeDirs(dir, 0700));
+  TESSERA_RETURN_IF_ERROR(LoadOrMakeCa(dir, false).status());
+  TESSERA_RETURN_IF_ERROR(LoadOrMakeSecret(dir + "/join-token", false).status());
+  return MakeTokensFile(dir + "/tokens");
+}
 
 ExecutorConnector GrpcExecutorConnector(std::string ca_pem, bool insecure) {
   return [ca_pem, insecure](const std::string& address, const std::string& secret)
@@ -109,7 +130,9 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Start(const ControllerOp
   c->opts_ = opts;
   const std::string& dir = opts.state_dir;
   TESSERA_RETURN_IF_ERROR(MakeDirs(dir, 0700));
-  TESSERA_ASSIGN_OR_RETURN(c->ca_, LoadOrMakeCa(dir));
+  const bool mounted = !opts.secrets_dir.empty();
+  const std::string& sdir = mounted ? opts.secrets_dir : dir;
+  TESSERA_ASSIGN_OR_RETURN(c->ca_, LoadOrMakeCa(sdir, mounted));
   char host[256] = {0};
   gethostname(host, sizeof(host) - 1);
   std::vector<std::string> dns = {"localhost", host}, ips = {"127.0.0.1", "::1"};
@@ -118,14 +141,14 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Start(const ControllerOp
     (ip ? ips : dns).push_back(n);
   }
   TESSERA_ASSIGN_OR_RETURN(c->server_, IssueCert(c->ca_, "tessera-controller", dns, ips, 365));
-  TESSERA_ASSIGN_OR_RETURN(c->join_token_, LoadOrMakeSecret(dir + "/join-token"));
-  if (!ReadFile(dir + "/tokens").ok()) {
-    TESSERA_RETURN_IF_ERROR(WriteFileAtomic(dir + "/tokens",
-        absl::StrCat("# ROLE NAME TOKEN (roles: admin, submit, read)\nadmin admin ", RandomHex(24), "\n"), 0600));
+  TESSERA_ASSIGN_OR_RETURN(c->join_token_, LoadOrMakeSecret(sdir + "/join-token", mounted));
+  if (!ReadFile(sdir + "/tokens").ok()) {
+    if (mounted) return absl::FailedPreconditionError(absl::StrCat("--secrets-dir: ", sdir, "/tokens is missing"));
+    TESSERA_RETURN_IF_ERROR(MakeTokensFile(dir + "/tokens"));
   }
-  TESSERA_RETURN_IF_ERROR(c->tokens_.LoadFile(dir + "/tokens"));
+  TESSERA_RETURN_IF_ERROR(c->tokens_.LoadFile(sdir + "/tokens"));
   {
-    auto t = ReadFile(dir + "/tokens");
+    auto t = ReadFile(sdir + "/tokens");
     for (absl::string_view line : absl::StrSplit(*t, '\n')) {
       std::vector<std::string> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
       if (f.size() == 3 && f[0] == "admin") { c->admin_token_ = f[2]; break; }
@@ -179,7 +202,7 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Start(const ControllerOp
       return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", opts.metrics_listen, ": ", e.what()));
     }
   }
-  nlohmann::json conf = {{"address", c->address()}, {"token", c->admin_token_}, {"ca_cert", dir + "/ca.crt"},
+  nlohmann::json conf = {{"address", c->address()}, {"token", c->admin_token_}, {"ca_cert", sdir + "/ca.crt"},
                          {"insecure", opts.insecure_loopback}};
   if (c->exposer_) {
     // Port 0 asks the kernel for one; the port actually bound is published here.
@@ -187,6 +210,13 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Start(const ControllerOp
     if (ports.empty()) return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", opts.metrics_listen));
     conf["metrics_address"] = WithPort(opts.metrics_listen, ports.front());
     spdlog::info("controller serving /metrics on {}", conf["metrics_address"].get<std::string>());
+  }
+  if (!opts.health_listen.empty()) {  // last: SERVING means the state is loaded and the server listens
+    int hport = 0;
+    TESSERA_ASSIGN_OR_RETURN(c->health_, StartHealthServer(opts.health_listen, &hport));
+    c->health_->GetHealthCheckService()->SetServingStatus(true);
+    conf["health_address"] = WithPort(opts.health_listen, hport);
+    spdlog::info("controller serving health on {}", conf["health_address"].get<std::string>());
   }
   TESSERA_RETURN_IF_ERROR(WriteFileAtomic(dir + "/admin.conf", conf.dump(2) + "\n", 0600));
   spdlog::info("controller listening on {} (port {}, {}), state in {}", opts.listen, c->port_,
@@ -210,6 +240,7 @@ Controller::~Controller() { Shutdown(); }
 void Controller::Shutdown() {
   if (shut_) return;
   shut_ = true;
+  if (health_) health_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
   if (jobs_) jobs_->Shutdown();
   if (server_impl_) server_impl_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
 }

@@ -3,12 +3,16 @@
 // `tessera local`.
 //
 // State dir layout:
-//   ca.crt ca.key server.crt server.key   TLS (made on first start)
+//   ca.crt ca.key                          the cluster CA (made on first start)
 //   join-token                             agents present it to register
 //   tokens                                 "ROLE NAME TOKEN" lines; an admin token is made on first start
 //   admin.conf                             JSON {address, token, ca_cert} for the local admin's CLI
 //   state.db                               SQLite (WAL): jobs, node incarnations
 //   logs/<job>/attempt-N/executor-R.log    executor logs
+// With --secrets-dir D (Kubernetes: a mounted Secret), ca.crt, ca.key, join-token and
+// tokens are read from D instead, never generated or written; `tessera-controller
+// init-secrets --out D` makes them once (InitSecrets). The server certificate is issued
+// from the CA at every start, for the names the controller answers to.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -36,7 +40,14 @@ struct ControllerOptions {
   int64_t stop_grace_ms = 5000;
   std::vector<std::string> tls_names;  // extra DNS names / IPs for the server certificate
   std::vector<std::string> path_roots;  // directories job specs may name (checkpoints); none: no paths
+  std::string secrets_dir;     // CA, join token and tokens from here (read-only); empty: the state dir
+  std::string health_listen;   // plaintext grpc.health.v1 only (StartHealthServer), SERVING once the
+                               // state is loaded and the server listens; empty = off
 };
+
+// Makes a CA, a join token and a tokens file with an admin token in `dir` (created 0700);
+// ALREADY_EXISTS, touching nothing, when any of them is there.
+absl::Status InitSecrets(const std::string& dir);
 
 class Controller {
  public:
@@ -65,6 +76,7 @@ class Controller {
   std::vector<std::unique_ptr<grpc::Service>> services_;
   std::unique_ptr<grpc::Server> server_impl_;
   std::unique_ptr<prometheus::Exposer> exposer_;
+  std::unique_ptr<grpc::Server> health_;
   int port_ = 0;
   bool shut_ = false;
 };

@@ -1,5 +1,6 @@
 // tessera-controller: the control-plane daemon.
 #include <csignal>
+#include <cstdio>
 
 #include <CLI/CLI.hpp>
 
@@ -25,8 +26,28 @@ int main(int argc, char** argv) {
   app.add_option("--tls-name", o.tls_names, "extra DNS name or IP for the server certificate (repeatable)");
   app.add_option("--path-root", o.path_roots,
                  "directory under which job specs may name paths, e.g. checkpoints (repeatable; none: no paths)");
+  app.add_option("--secrets-dir", o.secrets_dir,
+                 "read ca.crt, ca.key, join-token and tokens from here (e.g. a mounted Secret) instead of the state dir");
+  app.add_option("--health-listen", o.health_listen,
+                 "serve plaintext grpc.health.v1 (only; SERVING once the state is loaded) on host:port, for probes");
   app.add_option("--log-level", level, "trace|debug|info|warn|error")->capture_default_str();
+  std::string secrets_out;
+  auto* init = app.add_subcommand("init-secrets", "make a CA, a join token and an admin token in a new directory, then exit");
+  init->add_option("--out", secrets_out, "directory to create")->required();
   CLI11_PARSE(app, argc, argv);
+  if (*init) {
+    tessera::InitLogging("controller", level);
+    if (auto st = tessera::controller::InitSecrets(secrets_out); !st.ok()) {
+      spdlog::error("{}", st.ToString());
+      return 1;
+    }
+    std::printf("made ca.crt, ca.key, join-token and tokens in %s; for Kubernetes (deploy/k8s):\n"
+                "  kubectl create namespace tessera\n"
+                "  kubectl -n tessera create secret generic tessera-controller --from-file=%s\n"
+                "  kubectl -n tessera create secret generic tessera-join --from-file=%s/ca.crt --from-file=%s/join-token\n",
+                secrets_out.c_str(), secrets_out.c_str(), secrets_out.c_str(), secrets_out.c_str());
+    return 0;
+  }
   o.lease_ttl_ms = static_cast<int64_t>(lease_s * 1000);
   o.heartbeat_interval_ms = std::max<int64_t>(200, o.lease_ttl_ms / 5);
   tessera::InitLogging("controller", level);

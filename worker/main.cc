@@ -31,7 +31,7 @@ int main(int argc, char** argv) {
   app.add_option("--work-dir", ao.work_dir, "executor configs and certificates")->capture_default_str();
   app.add_option("--listen-host", ao.listen_host, "address executors listen on (reachable by peers)")->capture_default_str();
   app.add_flag("--insecure-loopback", ao.insecure, "plaintext to a loopback controller");
-  app.add_option("--health-listen", ao.health_listen, "serve grpc.health.v1 (SERVING once registered) on a loopback host:port");
+  app.add_option("--health-listen", ao.health_listen, "serve plaintext grpc.health.v1 (only; SERVING once registered) on host:port, for probes");
   app.add_option("--metrics-listen", ao.metrics_listen, "serve Prometheus /metrics on host:port");
   app.add_option("--clock-skew-ms", ao.clock_skew_ms, "testing: add this to the wall clock the agent reads")->group("");
   app.add_option("--log-level", level)->capture_default_str();

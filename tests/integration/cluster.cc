@@ -101,7 +101,7 @@ Cluster::Cluster(ClusterOptions o) : o_(o) {
   (void)MakeDirs(dir_ + "/controller", 0700);
   admin_token_ = RandomHex(16);
   read_token_ = RandomHex(16);
-  (void)WriteFileAtomic(dir_ + "/controller/tokens",
+  (void)WriteFileAtomic(secrets_dir() + "/tokens",  // the harness's tokens in place of any made before
                         absl::StrCat("admin admin ", admin_token_, "\nread viewer ", read_token_, "\n"), 0600);
 }
 
@@ -131,11 +131,13 @@ Cluster::~Cluster() {
 }
 
 std::string Cluster::address() const { return absl::StrCat("127.0.0.1:", port_); }
-std::string Cluster::ca_pem() const { return *ReadFile(dir_ + "/controller/ca.crt"); }
+std::string Cluster::secrets_dir() const { return o_.secrets_dir.empty() ? dir_ + "/controller" : o_.secrets_dir; }
+std::string Cluster::ca_pem() const { return *ReadFile(secrets_dir() + "/ca.crt"); }
 std::string Cluster::agent_work_dir(int i) const { return absl::StrCat(dir_, "/agent", i); }
 int Cluster::controller_metrics_port() const { return PublishedPort(dir_ + "/controller/admin.conf", "metrics_address"); }
 int Cluster::agent_metrics_port() const { return PublishedPort(agent_work_dir(0) + "/endpoints.json", "metrics"); }
 int Cluster::agent_health_port() const { return PublishedPort(agent_work_dir(0) + "/endpoints.json", "health"); }
+int Cluster::controller_health_port() const { return PublishedPort(dir_ + "/controller/admin.conf", "health_address"); }
 
 absl::Status Cluster::StartController() {
   controller_ = std::make_unique<Proc>();
@@ -146,7 +148,9 @@ absl::Status Cluster::StartController() {
                                    "--listen", absl::StrCat("127.0.0.1:", port_),
                                    "--lease-ttl", absl::StrCat(o_.lease_s),
                                    "--metrics-listen", "127.0.0.1:0",
+                                   "--health-listen", "127.0.0.1:0",
                                    "--path-root", dir_};
+  if (!o_.secrets_dir.empty()) argv.insert(argv.end(), {"--secrets-dir", o_.secrets_dir});
   if (!controller_->Start(argv, dir_ + "/controller.log")) return absl::InternalError("cannot start controller");
   for (int i = 0; i < 1000; ++i) {
     auto text = ReadFile(conf);
@@ -171,8 +175,8 @@ absl::Status Cluster::StartAgent(int i, const std::string& controller, const std
   agents_[i] = std::make_unique<Proc>();
   std::vector<std::string> argv = {std::string(TESSERA_BIN_DIR) + "/tessera-worker",
                                    "--controller", controller.empty() ? address() : controller,
-                                   "--ca-cert", dir_ + "/controller/ca.crt",
-                                   "--join-token-file", dir_ + "/controller/join-token",
+                                   "--ca-cert", secrets_dir() + "/ca.crt",
+                                   "--join-token-file", secrets_dir() + "/join-token",
                                    "--node-id", absl::StrCat("n", i),
                                    "--cpu-slots", absl::StrCat(o_.cpu_slots),
                                    "--no-gpus",

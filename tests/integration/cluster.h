@@ -35,6 +35,10 @@ struct ClusterOptions {
   int agents = 2;
   int cpu_slots = 4;
   double lease_s = 10;
+  // Non-empty: the controller reads its CA, join token and tokens from this directory
+  // (--secrets-dir; the test makes it with `tessera-controller init-secrets`), and the
+  // agents their CA certificate and join token.
+  std::string secrets_dir;
 };
 
 class Cluster {
@@ -55,6 +59,7 @@ class Cluster {
   const std::string& read_token() const { return read_token_; }
   const std::string& admin_token() const { return admin_token_; }
   std::string ca_pem() const;
+  std::string secrets_dir() const;  // where the CA and the join token are
   std::string agent_work_dir(int i) const;
   // The daemons listen on port 0 and publish the ports they bound (admin.conf's
   // metrics_address; agent 0's endpoints.json); these read them (-1 if not published
@@ -62,6 +67,7 @@ class Cluster {
   int controller_metrics_port() const;
   int agent_metrics_port() const;
   int agent_health_port() const;
+  int controller_health_port() const;
 
   absl::StatusOr<v1::Job> WaitState(const std::string& job, v1::JobState s, int timeout_ms);
   // Pids of the executors of job `job`, attempt `attempt`, found in /proc.

@@ -1,6 +1,7 @@
 // Integration tests: real controller, agents and executors on loopback.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cmath>
 #include <functional>
@@ -73,8 +74,10 @@ TEST(Cluster, CommCheckTp2Dp2Pp2OnTwoAgentsOverGloo) {
   EXPECT_THAT(am, HasSubstr("tessera_agent_registered 1"));
   EXPECT_THAT(am, HasSubstr("tessera_agent_executor_exits_total{how="));
   EXPECT_THAT(am, HasSubstr("tessera_agent_heartbeat_rtt_seconds_count"));
-  // gRPC health on the agent (plaintext loopback) and on the controller (TLS).
+  // gRPC health on the agent's and the controller's probe ports (plaintext) and on the
+  // controller's own port (TLS).
   for (auto [addr, tls] : {std::pair{absl::StrCat("127.0.0.1:", c->agent_health_port()), false},
+                           std::pair{absl::StrCat("127.0.0.1:", c->controller_health_port()), false},
                            std::pair{c->address(), true}}) {
     ChannelOptions o;
     o.address = addr;
@@ -717,6 +720,44 @@ TEST(Cluster, BadInputIsRejectedAndDisturbsNothing) {
   // Plaintext to the TLS port fails; TLS without the right CA fails.
   auto pc = client::Client::Connect({c->address(), c->admin_token(), "", true});
   EXPECT_FALSE((*pc)->List(1).ok());
+}
+
+// Kubernetes mounts the CA, the join token and the tokens as a Secret (deploy/k8s):
+// `tessera-controller init-secrets` makes them once; a controller started with
+// --secrets-dir reads them from there and writes none of them into its state dir; agents
+// join with the CA and join token from the same place. A missing secret is a clear
+// start-up error, and init-secrets never overwrites.
+TEST(Cluster, ControllerRunsFromAMountedSecretsDirectory) {
+  char tmpl[] = "/tmp/tessera-secrets-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string base = tmpl, secrets = base + "/secrets", ctl = std::string(TESSERA_BIN_DIR) + "/tessera-controller";
+  auto run = [&](const std::string& args) {
+    const int rc = system((ctl + " " + args + " > " + base + "/out 2>&1").c_str());
+    return std::pair{WEXITSTATUS(rc), ReadFile(base + "/out").value_or("")};
+  };
+  auto [rc, out] = run("init-secrets --out " + secrets);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_THAT(out, HasSubstr("kubectl -n tessera create secret generic tessera-join"));
+  struct stat st {};
+  ASSERT_EQ(stat((secrets + "/ca.key").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  const std::string ca = *ReadFile(secrets + "/ca.crt");
+  std::tie(rc, out) = run("init-secrets --out " + secrets);
+  EXPECT_NE(rc, 0);
+  EXPECT_THAT(out, HasSubstr("ca.crt exists"));
+  EXPECT_EQ(*ReadFile(secrets + "/ca.crt"), ca);
+  std::tie(rc, out) = run("--state-dir " + base + "/state --listen 127.0.0.1:0 --secrets-dir " + base + "/nothing");
+  EXPECT_NE(rc, 0);
+  EXPECT_THAT(out, HasSubstr("no ca.crt and ca.key (make them with `tessera-controller init-secrets"));
+  {
+    auto c = Up({.agents = 1, .cpu_slots = 2, .secrets_dir = secrets});
+    auto j = c->WaitState(Submit(*c, CommCheckSpec(2, 2, 1, 0)), v1::SUCCEEDED, 60000);
+    EXPECT_TRUE(j.ok()) << j.status();
+    for (const char* f : {"ca.crt", "ca.key", "join-token", "tokens"})
+      EXPECT_FALSE(ReadFile(c->dir() + "/controller/" + f).ok()) << f << " was written into the state dir";
+    EXPECT_EQ(c->ca_pem(), ca);
+  }
+  system(("rm -rf " + base).c_str());
 }
 
 TEST(Cluster, CliSubmitStatusLogs) {

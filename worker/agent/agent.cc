@@ -87,15 +87,8 @@ absl::Status Agent::Start() {
     endpoints["metrics"] = WithPort(opts_.metrics_listen, ports.front());
   }
   if (!opts_.health_listen.empty()) {
-    auto creds = MakeServerCredentials({/*insecure=*/true, {}}, opts_.health_listen);
-    if (!creds.ok()) return creds.status();
-    EnableHealthAndReflection();
-    grpc::ServerBuilder b;
     int port = 0;
-    b.AddListeningPort(opts_.health_listen, *creds, &port);
-    health_ = b.BuildAndStart();
-    if (!health_ || port == 0) return absl::UnavailableError(absl::StrCat("cannot serve health on ", opts_.health_listen));
-    health_->GetHealthCheckService()->SetServingStatus(false);
+    TESSERA_ASSIGN_OR_RETURN(health_, StartHealthServer(opts_.health_listen, &port));
     endpoints["health"] = WithPort(opts_.health_listen, port);
   }
   if (!endpoints.empty()) {

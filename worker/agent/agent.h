@@ -44,7 +44,7 @@ struct AgentOptions {
   std::string executor_binary;  // default: tessera-worker next to this binary
   std::string listen_host = "127.0.0.1";  // address executors listen on and peers dial
   bool insecure = false;        // loopback plaintext
-  std::string health_listen;    // grpc.health.v1 + reflection (loopback); SERVING once registered
+  std::string health_listen;    // grpc.health.v1 only, plaintext (StartHealthServer); SERVING once registered
   std::string metrics_listen;   // Prometheus /metrics (host:port)
   // Added to this machine's wall clock wherever the agent reads it (incarnations,
   // heartbeat times): for tests of clock skew; 0 in production.
