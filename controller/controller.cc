@@ -211,6 +211,11 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Start(const ControllerOp
     conf["metrics_address"] = WithPort(opts.metrics_listen, ports.front());
     spdlog::info("controller serving /metrics on {}", conf["metrics_address"].get<std::string>());
   }
+  if (!opts.dashboard_listen.empty()) {
+    TESSERA_ASSIGN_OR_RETURN(c->dashboard_, Dashboard::Start(opts.dashboard_listen, c->jobs_.get(), &c->tokens_, c->logs_.get()));
+    conf["dashboard_address"] = WithPort(opts.dashboard_listen, c->dashboard_->port());
+    spdlog::info("controller serving the dashboard on http://{}/", conf["dashboard_address"].get<std::string>());
+  }
   if (!opts.health_listen.empty()) {  // last: SERVING means the state is loaded and the server listens
     int hport = 0;
     TESSERA_ASSIGN_OR_RETURN(c->health_, StartHealthServer(opts.health_listen, &hport));
@@ -241,6 +246,7 @@ void Controller::Shutdown() {
   if (shut_) return;
   shut_ = true;
   if (health_) health_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
+  dashboard_.reset();
   if (jobs_) jobs_->Shutdown();
   if (server_impl_) server_impl_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
 }

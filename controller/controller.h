@@ -25,6 +25,7 @@
 #include "absl/status/statusor.h"
 #include "common/auth.h"
 #include "common/tls.h"
+#include "controller/dashboard.h"
 #include "controller/job_manager.h"
 
 namespace tessera::controller {
@@ -43,6 +44,7 @@ struct ControllerOptions {
   std::string secrets_dir;     // CA, join token and tokens from here (read-only); empty: the state dir
   std::string health_listen;   // plaintext grpc.health.v1 only (StartHealthServer), SERVING once the
                                // state is loaded and the server listens; empty = off
+  std::string dashboard_listen;  // the web dashboard (controller/dashboard.h), loopback only; empty = off
 };
 
 // Makes a CA, a join token and a tokens file with an admin token in `dir` (created 0700);
@@ -77,6 +79,7 @@ class Controller {
   std::unique_ptr<grpc::Server> server_impl_;
   std::unique_ptr<prometheus::Exposer> exposer_;
   std::unique_ptr<grpc::Server> health_;
+  std::unique_ptr<Dashboard> dashboard_;
   int port_ = 0;
   bool shut_ = false;
 };

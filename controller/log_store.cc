@@ -89,4 +89,18 @@ std::vector<v1::LogLine> LogStore::ReadNew(const std::string& job_id, Cursor& c,
   return out;
 }
 
+std::vector<v1::LogLine> LogStore::Tail(const std::string& job_id, const Cursor& c, size_t max_lines) {
+  constexpr int64_t kWindow = 256 << 10;
+  Cursor at = c;
+  std::ifstream in(PathOf(job_id, c.attempt, c.executor), std::ios::binary | std::ios::ate);
+  if (!in) return {};
+  const int64_t size = static_cast<int64_t>(in.tellg());
+  const int64_t start = std::max<int64_t>(0, size - kWindow);
+  at.offset = start;
+  std::vector<v1::LogLine> lines = ReadNew(job_id, at, static_cast<size_t>(kWindow));
+  if (start > 0 && !lines.empty()) lines.erase(lines.begin());  // began mid-line
+  if (lines.size() > max_lines) lines.erase(lines.begin(), lines.end() - static_cast<std::ptrdiff_t>(max_lines));
+  return lines;
+}
+
 }  // namespace tessera::controller

@@ -28,6 +28,8 @@ class LogStore {
   // Every log file of the job (attempt 0 = all attempts; executor -1 = all).
   std::vector<Cursor> List(const std::string& job_id, int attempt, int executor);
   std::vector<v1::LogLine> ReadNew(const std::string& job_id, Cursor& c, size_t max_lines);
+  // The last complete lines (at most max_lines, from the last 256 KiB) of one log.
+  std::vector<v1::LogLine> Tail(const std::string& job_id, const Cursor& c, size_t max_lines);
 
  private:
   std::string PathOf(const std::string& job_id, int attempt, int executor) const;

@@ -30,6 +30,8 @@ int main(int argc, char** argv) {
                  "read ca.crt, ca.key, join-token and tokens from here (e.g. a mounted Secret) instead of the state dir");
   app.add_option("--health-listen", o.health_listen,
                  "serve plaintext grpc.health.v1 (only; SERVING once the state is loaded) on host:port, for probes");
+  app.add_option("--dashboard-listen", o.dashboard_listen,
+                 "serve the web dashboard on this loopback host:port (reach it remotely through a tunnel)");
   app.add_option("--log-level", level, "trace|debug|info|warn|error")->capture_default_str();
   std::string secrets_out;
   auto* init = app.add_subcommand("init-secrets", "make a CA, a join token and an admin token in a new directory, then exit");

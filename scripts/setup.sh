@@ -11,8 +11,12 @@ pkgs=(
   libabsl-dev libgloo-dev libyaml-cpp-dev nlohmann-json3-dev libsqlite3-dev
   prometheus-cpp-dev libopenblas-dev libspdlog-dev libfmt-dev libcli11-dev libssl-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev zlib1g-dev
-  curl procps iproute2 clang libclang-rt-dev
+  curl procps iproute2 clang libclang-rt-dev libcivetweb-dev
 )
+# The dashboard test's browser (tests/integration/dashboard_test.cc). Ubuntu ships
+# Chromium only as a snap, which does not run in containers: there the test skips its
+# browser half.
+if grep -q '^ID=debian' /etc/os-release 2>/dev/null; then pkgs+=(chromium); fi
 
 missing=()
 for p in "${pkgs[@]}"; do

@@ -79,14 +79,15 @@ int PublishedPort(const std::string& path, const std::string& key) {
   return -1;
 }
 
-std::string HttpGet(int port, const std::string& path) {
+std::string HttpGet(int port, const std::string& path, const std::string& token) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_port = htons(port);
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) { close(fd); return ""; }
-  std::string req = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+  std::string req = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n" +
+                    (token.empty() ? "" : "Authorization: Bearer " + token + "\r\n") + "\r\n";
   (void)!write(fd, req.data(), req.size());
   std::string out;
   char buf[4096];
@@ -137,6 +138,7 @@ std::string Cluster::agent_work_dir(int i) const { return absl::StrCat(dir_, "/a
 int Cluster::controller_metrics_port() const { return PublishedPort(dir_ + "/controller/admin.conf", "metrics_address"); }
 int Cluster::agent_metrics_port() const { return PublishedPort(agent_work_dir(0) + "/endpoints.json", "metrics"); }
 int Cluster::agent_health_port() const { return PublishedPort(agent_work_dir(0) + "/endpoints.json", "health"); }
+int Cluster::controller_dashboard_port() const { return PublishedPort(dir_ + "/controller/admin.conf", "dashboard_address"); }
 int Cluster::controller_health_port() const { return PublishedPort(dir_ + "/controller/admin.conf", "health_address"); }
 
 absl::Status Cluster::StartController() {
@@ -149,6 +151,7 @@ absl::Status Cluster::StartController() {
                                    "--lease-ttl", absl::StrCat(o_.lease_s),
                                    "--metrics-listen", "127.0.0.1:0",
                                    "--health-listen", "127.0.0.1:0",
+                                   "--dashboard-listen", "127.0.0.1:0",
                                    "--path-root", dir_};
   if (!o_.secrets_dir.empty()) argv.insert(argv.end(), {"--secrets-dir", o_.secrets_dir});
   if (!controller_->Start(argv, dir_ + "/controller.log")) return absl::InternalError("cannot start controller");

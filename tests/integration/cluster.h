@@ -68,6 +68,7 @@ class Cluster {
   int agent_metrics_port() const;
   int agent_health_port() const;
   int controller_health_port() const;
+  int controller_dashboard_port() const;
 
   absl::StatusOr<v1::Job> WaitState(const std::string& job, v1::JobState s, int timeout_ms);
   // Pids of the executors of job `job`, attempt `attempt`, found in /proc.
@@ -83,8 +84,9 @@ class Cluster {
   std::unique_ptr<client::Client> client_;
 };
 
-// Body of http://127.0.0.1:port/path ("" on failure).
-std::string HttpGet(int port, const std::string& path);
+// The response (status line, headers, body) to GET http://127.0.0.1:port/path, with a
+// bearer token when one is given ("" on failure).
+std::string HttpGet(int port, const std::string& path, const std::string& token = "");
 
 // A comm-check job spec on `devices` CPU executors.
 v1::JobSpec CommCheckSpec(int devices, int tp, int pp, int max_restarts, int iters = 2);
