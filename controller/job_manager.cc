@@ -315,6 +315,10 @@ absl::Status JobManager::RegisterNode(const v1::RegisterNodeRequest& req) {
       incarnations_[req.node_id()] = req.incarnation();
     }
     NodeRt& n = nodes_[req.node_id()];
+    if (new_incarnation && n.leaving) {  // the agent that left came back (a new pod, say)
+      n.leaving = false;
+      if (n.status.state() == v1::DRAINING) n.status.set_state(v1::READY);
+    }
     bool was_lost = n.status.state() == v1::LOST;
     n.status.set_node_id(req.node_id());
     n.status.set_hostname(req.hostname());
@@ -411,6 +415,14 @@ void JobManager::DetachAgent(const std::string& node_id, const AgentLink* link) 
 }
 
 absl::Status JobManager::OnHeartbeat(const std::string& node_id, int64_t incarnation, const v1::Heartbeat& hb) {
+  Outbox out;
+  absl::Status st = HeartbeatLocked(node_id, incarnation, hb, out);
+  Send(out);
+  return st;
+}
+
+absl::Status JobManager::HeartbeatLocked(const std::string& node_id, int64_t incarnation, const v1::Heartbeat& hb,
+                                         Outbox& out) {
   std::lock_guard<std::mutex> l(mu_);
   auto it = nodes_.find(node_id);
   if (it == nodes_.end()) return absl::FailedPreconditionError(absl::StrCat("node '", node_id, "' is not registered"));
@@ -422,7 +434,38 @@ absl::Status JobManager::OnHeartbeat(const std::string& node_id, int64_t incarna
   it->second.last_seen_mono = MonoMs();
   UpdateStaleDevices(it->second, hb.running());
   if (metrics_) metrics_->SetLeaseAge(node_id, 0);
+  if (hb.leaving() && !it->second.leaving) OnNodeLeaving(node_id, out);
   return absl::OkStatus();
+}
+
+void JobManager::OnNodeLeaving(const std::string& node_id, Outbox& out) {
+  NodeRt& n = nodes_[node_id];
+  n.leaving = true;
+  if (n.status.state() == v1::READY) n.status.set_state(v1::DRAINING);
+  UpdateGauges();
+  int asked = 0, torn = 0;
+  for (auto& [id, rt] : jobs_) {
+    if (rt.tearing_down || tessera::IsTerminal(rt.job.state()) || !OnLeavingNode(rt)) continue;
+    if (rt.driver && rt.job.state() == v1::RUNNING) {
+      rt.driver->preempt = true;  // the driver saves at its next step and returns
+      ++asked;
+    } else {
+      BeginTeardown(rt, v1::RESTARTING, absl::StrCat("node ", node_id, " is leaving"), out);
+      ++torn;
+    }
+  }
+  spdlog::info("node {} is leaving: placing nothing more there; {} jobs asked to checkpoint and move, {} restarted",
+               node_id, asked, torn);
+  wake_ = true;
+  cv_.notify_all();
+}
+
+bool JobManager::OnLeavingNode(const JobRt& rt) {
+  for (const auto& [x, e] : rt.execs) {
+    auto n = nodes_.find(e.node_id);
+    if (e.state != ExecState::kExited && n != nodes_.end() && n->second.leaving) return true;
+  }
+  return false;
 }
 
 void JobManager::OnExecutorEvent(const std::string& node_id, const v1::ExecutorEvent& ev) {
@@ -670,6 +713,7 @@ void JobManager::StartDriver(JobRt& rt) {
       DriverContext ctx;
       ctx.job = snapshot;
       ctx.cancelled = &run->cancelled;
+      ctx.preempt = &run->preempt;
       for (const auto& g : snapshot.spec().groups()) {
         std::vector<std::shared_ptr<ExecutorClient>> by_rank(g.devices());
         for (const auto& a : snapshot.assignments())
@@ -744,8 +788,9 @@ void JobManager::BeginTeardown(JobRt& rt, v1::JobState target, const std::string
   }
   rt.tearing_down = true;
   rt.teardown_root_cause_known = root_cause;
-  rt.count_restart = true;
-  if (target == v1::RESTARTING && rt.job.restarts() >= rt.job.spec().max_restarts()) target = v1::FAILED;
+  // A node leaving (a drain, an upgrade) is no fault of the job's: its restart is free.
+  rt.count_restart = !OnLeavingNode(rt);
+  if (target == v1::RESTARTING && rt.count_restart && rt.job.restarts() >= rt.job.spec().max_restarts()) target = v1::FAILED;
   rt.after_teardown = target;
   rt.after_reason = reason;
   if (rt.driver) rt.driver->Cancel();

@@ -136,9 +136,11 @@ class JobManager {
     int64_t last_seen_mono = 0;
     std::vector<v1::ControllerMessage> pending;  // waiting for the agent's stream
     std::set<std::pair<int, int>> stale_devices; // (type, index) held by executors of no live attempt
+    bool leaving = false;                         // its agent said it is shutting down (Heartbeat.leaving)
   };
   using Outbox = std::vector<std::pair<std::string, v1::ControllerMessage>>;  // node id, command
 
+  absl::Status HeartbeatLocked(const std::string& node_id, int64_t incarnation, const v1::Heartbeat& hb, Outbox& out);
   void ReconcileLoop();
   void ReconcileOnce();
   void CheckLeases(Outbox& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -155,6 +157,10 @@ class JobManager {
   void BeginTeardown(JobRt& rt, v1::JobState target, const std::string& reason, Outbox& out,
                      bool root_cause = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MarkExited(JobRt& rt, int executor) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The node is leaving: nothing more is placed there; jobs with executors there save and
+  // restart elsewhere (drivers that can checkpoint are asked to; others are torn down).
+  void OnNodeLeaving(const std::string& node_id, Outbox& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool OnLeavingNode(const JobRt& rt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AddEvent(JobRt& rt, const v1::JobEvent& ev) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<NodeView> NodeViews(bool include_used) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SetDevicesUsed(const JobRt& rt, bool used) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -2,6 +2,7 @@
 // the agent, never by hand) the per-device executor.
 #include <csignal>
 #include <cstdlib>
+#include <thread>
 
 #include <CLI/CLI.hpp>
 
@@ -13,8 +14,8 @@
 #include "worker/executor/executor.h"
 
 namespace {
-std::atomic<bool> g_stop{false};
-void OnSignal(int) { g_stop = true; }
+std::atomic<int> g_signals{0};
+void OnSignal(int) { g_signals.fetch_add(1); }
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -33,6 +34,10 @@ int main(int argc, char** argv) {
   app.add_flag("--insecure-loopback", ao.insecure, "plaintext to a loopback controller");
   app.add_option("--health-listen", ao.health_listen, "serve plaintext grpc.health.v1 (only; SERVING once registered) on host:port, for probes");
   app.add_option("--metrics-listen", ao.metrics_listen, "serve Prometheus /metrics on host:port");
+  double leave_grace_s = 90;
+  app.add_option("--leave-grace", leave_grace_s,
+                 "on SIGTERM/SIGINT, seconds to wait for the controller to checkpoint and move this node's jobs "
+                 "(a second signal stops at once)")->capture_default_str();
   app.add_option("--clock-skew-ms", ao.clock_skew_ms, "testing: add this to the wall clock the agent reads")->group("");
   app.add_option("--log-level", level)->capture_default_str();
 
@@ -82,7 +87,16 @@ int main(int argc, char** argv) {
     spdlog::error("{}", st.ToString());
     return 2;
   }
-  while (!g_stop) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  (*agent)->Shutdown();
+  while (g_signals == 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  // First signal: leave gracefully (the controller checkpoints and moves this node's
+  // jobs); a second one: stop now.
+  std::atomic<bool> left{false};
+  std::thread leaver([&] {
+    (*agent)->Leave(static_cast<int64_t>(leave_grace_s * 1000));
+    left = true;
+  });
+  while (!left && g_signals < 2) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  if (!left) (*agent)->Shutdown();
+  leaver.join();
   return 0;
 }

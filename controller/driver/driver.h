@@ -25,6 +25,25 @@ struct DriverContext {
   std::map<std::string, std::unique_ptr<WorkerGroup>> groups;
   std::function<void(const v1::Progress&)> progress;
   std::atomic<bool>* cancelled = nullptr;
+  // Set when a node of the job is leaving (its agent got SIGTERM): a driver that can
+  // should save a checkpoint at the next step boundary and return an error saying so;
+  // the attempt then restarts elsewhere without counting against max_restarts.
+  std::atomic<bool>* preempt = nullptr;
+};
+
+// Step loops' handling of DriverContext::preempt: Before(s) is the "save" flag for step
+// s's call (and an UNAVAILABLE error when the job has no checkpoint directory to save
+// to); After(s) ends the attempt once step s saved, unless it was the last step.
+class Preemption {
+ public:
+  Preemption(const DriverContext& ctx, bool checkpoints) : ctx_(ctx), checkpoints_(checkpoints) {}
+  absl::StatusOr<bool> Before(int64_t step);
+  absl::Status After(int64_t step, int64_t steps) const;
+
+ private:
+  const DriverContext& ctx_;
+  bool checkpoints_;
+  bool saving_ = false;
 };
 
 // Runs the job; returns its result (JSON) or why it failed.
@@ -39,6 +58,7 @@ using ExecutorConnector =
 struct DriverRun {
   std::atomic<bool> cancelled{false};
   std::atomic<bool> finished{false};  // the thread is about to exit
+  std::atomic<bool> preempt{false};   // DriverContext::preempt
   std::vector<std::shared_ptr<ExecutorClient>> clients;  // to cancel in-flight calls
   std::mutex mu;
   std::thread thread;

@@ -53,9 +53,11 @@ absl::StatusOr<std::string> RunGrpo(DriverContext& ctx) {
   HeldOutEvaluator held_out(spec, wg, tp);
   TESSERA_RETURN_IF_ERROR(held_out.Start(ctx, start, steps));
   json rewards = json::array(), grad_norms = json::array(), kls = json::array();
+  Preemption preemption(ctx, !spec.train().checkpoint().dir().empty());
   for (int64_t s = start; s < steps; ++s) {
     if (ctx.cancelled && *ctx.cancelled) return absl::CancelledError("cancelled");
-    TESSERA_ASSIGN_OR_RETURN(auto res, wg.CallOneToAll("rl_step", json{{"step", s}}.dump()));
+    TESSERA_ASSIGN_OR_RETURN(const bool save, preemption.Before(s));
+    TESSERA_ASSIGN_OR_RETURN(auto res, wg.CallOneToAll("rl_step", json{{"step", s}, {"save", save}}.dump()));
     // Every rank reports its DP rank's samples (TP peers the same ones): the mean over
     // ranks is the mean over DP ranks, each with the same number of samples.
     double reward = 0, length = 0, samples = 0;
@@ -119,6 +121,7 @@ absl::StatusOr<std::string> RunGrpo(DriverContext& ctx) {
     }
     TESSERA_RETURN_IF_ERROR(held_out.AfterStep(s, steps, &p));
     ctx.progress(p);
+    TESSERA_RETURN_IF_ERROR(preemption.After(s, steps));
   }
   return json{{"first_step", start + 1}, {"rewards", rewards}, {"grad_norms", grad_norms}, {"kl", kls},
               {"accuracy", held_out.curve()}}

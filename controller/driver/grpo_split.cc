@@ -130,8 +130,10 @@ absl::StatusOr<std::string> RunGrpoSplit(DriverContext& ctx) {
   json rewards = json::array(), grad_norms = json::array(), kls = json::array();
   int64_t sync_bytes = first_sync.first;
   double sync_seconds = 0;
+  Preemption preemption(ctx, !spec.train().checkpoint().dir().empty());
   for (int64_t s = start; s < steps; ++s) {
     if (ctx.cancelled && *ctx.cancelled) return absl::CancelledError("cancelled");
+    TESSERA_ASSIGN_OR_RETURN(const bool save, preemption.Before(s));
     // Generate: TP rank 0 of each pool DP rank (ranks are tp fastest) gives its samples.
     auto t = Clock::now();
     TESSERA_ASSIGN_OR_RETURN(auto gen, pool.CallOneToAll("rollout_generate", json{{"step", s}}.dump()));
@@ -148,7 +150,7 @@ absl::StatusOr<std::string> RunGrpoSplit(DriverContext& ctx) {
     const double generate_s = Since(t);
     // Update: the samples split over the actor's DP ranks (whole groups each).
     t = Clock::now();
-    TESSERA_ASSIGN_OR_RETURN(auto upd, actor.CallDpSplitEach("rl_update", json{{"step", s}}.dump(), batch));
+    TESSERA_ASSIGN_OR_RETURN(auto upd, actor.CallDpSplitEach("rl_update", json{{"step", s}, {"save", save}}.dump(), batch));
     const double update_wall_s = Since(t);
     double phase[5] = {0, 0, 0, 0, 0}, checkpoint_s = -1;  // ref, old, update (ppo: values, critic): the slowest rank
     double reward_kl = 0;
@@ -200,6 +202,7 @@ absl::StatusOr<std::string> RunGrpoSplit(DriverContext& ctx) {
     }
     TESSERA_RETURN_IF_ERROR(held_out.AfterStep(s, steps, &p));
     ctx.progress(p);
+    TESSERA_RETURN_IF_ERROR(preemption.After(s, steps));
   }
   TESSERA_RETURN_IF_ERROR(verify());
   const int64_t done = std::max<int64_t>(0, steps - start);

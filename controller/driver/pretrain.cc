@@ -9,6 +9,10 @@
 // first_step says which step its losses start at). With a pipeline it also reports the
 // step's bubble (the slowest stage's schedule time over the stages' mean busy time,
 // minus 1) next to the ideal (pp - 1) / (vpp * micro-batches per DP rank).
+// When a node of the job is leaving (DriverContext::preempt), the next step also saves a
+// checkpoint (train_step's "save") and the driver then ends the attempt with UNAVAILABLE
+// naming that step; the restarted attempt resumes from it. Without train.checkpoint the
+// attempt ends at once (the job will start over).
 #include <algorithm>
 #include <cmath>
 
@@ -37,6 +41,21 @@ absl::StatusOr<int64_t> AgreedStartStep(const std::vector<v1::CallResponse>& tra
   return std::max<int64_t>(start, 0);
 }
 
+absl::StatusOr<bool> Preemption::Before(int64_t step) {
+  if (ctx_.preempt == nullptr || !*ctx_.preempt) return false;
+  if (!checkpoints_)
+    return absl::UnavailableError(absl::StrCat("a node of the job is leaving; with no train.checkpoint the job ",
+                                               "starts over elsewhere (it was at step ", step, ")"));
+  saving_ = true;
+  return true;
+}
+
+absl::Status Preemption::After(int64_t step, int64_t steps) const {
+  if (!saving_ || step + 1 >= steps) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat("a node of the job is leaving: saved the checkpoint of step ", step + 1,
+                                             "; the job resumes from it elsewhere"));
+}
+
 absl::StatusOr<std::string> RunPretrain(DriverContext& ctx) {
   const auto& spec = ctx.job.spec();
   const std::string& name = spec.groups(0).name();
@@ -59,9 +78,11 @@ absl::StatusOr<std::string> RunPretrain(DriverContext& ctx) {
   const double ideal_bubble = layout.pp() > 1 && micro_per_rank > 0
                                   ? (layout.pp() - 1.0) / (std::max(1, layout.vpp()) * micro_per_rank)
                                   : 0;
+  Preemption preemption(ctx, !spec.train().checkpoint().dir().empty());
   for (int64_t s = start; s < steps; ++s) {
     if (ctx.cancelled && *ctx.cancelled) return absl::CancelledError("cancelled");
-    TESSERA_ASSIGN_OR_RETURN(auto res, wg.CallOneToAll("train_step", json{{"step", s}}.dump()));
+    TESSERA_ASSIGN_OR_RETURN(const bool save, preemption.Before(s));
+    TESSERA_ASSIGN_OR_RETURN(auto res, wg.CallOneToAll("train_step", json{{"step", s}, {"save", save}}.dump()));
     json first;
     double seconds = 0, flops = 0, peak_memory = 0, checkpoint_seconds = -1, peak_flops = 0;
     double pipeline_max = 0, pipeline_busy = 0;  // the slowest stage's schedule; busy time summed
@@ -124,6 +145,7 @@ absl::StatusOr<std::string> RunPretrain(DriverContext& ctx) {
       (*p.mutable_metrics())["pipeline_bubble_ideal"] = ideal_bubble;
     }
     ctx.progress(p);
+    TESSERA_RETURN_IF_ERROR(preemption.After(s, steps));
   }
   return json{{"first_step", start + 1}, {"losses", losses}, {"grad_norms", norms}, {"tokens", tokens}}.dump();
 }

@@ -8,6 +8,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -279,6 +280,80 @@ TEST(Faults, SoakRandomExecutorKillsEndWithTheUndisturbedFinalLoss) {
   EXPECT_GE(kills, 3) << "the job ended before the kills: make it longer";
   EXPECT_GE(done->attempt(), 2);
   EXPECT_EQ(tail.back(), want.back()) << "the final loss differs from the undisturbed run's";
+}
+
+// A node leaving gracefully (its agent gets SIGTERM: a Kubernetes drain, an upgrade, a
+// preemption): the agent tells the controller, which places nothing more there and has
+// the training job running there save a checkpoint after its current step; the attempt
+// then restarts on the other node from that checkpoint — not counted against
+// max_restarts (0 here) — and the job ends with exactly the undisturbed run's final loss.
+// The agent exits 0 once its executors are gone, having killed none.
+TEST(Faults, ALeavingNodesJobCheckpointsAndResumesElsewhere) {
+  auto c = Up({.agents = 2, .cpu_slots = 2});
+  constexpr int kSteps = 300;
+  v1::JobSpec spec = PretrainSpec(2, 1, 1, kSteps);
+  auto straight = c->WaitState(Submit(*c, spec), v1::SUCCEEDED, 120000);
+  ASSERT_TRUE(straight.ok()) << straight.status();
+  const auto want = Losses(*straight);
+  ASSERT_EQ(want.size(), size_t(kSteps));
+
+  const std::string ckpt = c->dir() + "/leave-ckpt";
+  spec.mutable_train()->mutable_checkpoint()->set_dir(ckpt);
+  spec.mutable_train()->mutable_checkpoint()->set_save_every(100000);  // only the leaving save and the last
+  spec.set_max_restarts(0);
+  const std::string id = Submit(*c, spec);
+  ASSERT_TRUE(c->WaitState(id, v1::RUNNING, 60000).ok());
+  const int port = c->controller_dashboard_port();
+  int64_t step = 0;
+  for (int i = 0; i < 600 && step < 20; ++i) {
+    const std::string r = HttpGet(port, "/api/jobs/" + id + "/events", c->read_token());
+    const auto body = nlohmann::json::parse(r.substr(std::min(r.size(), r.find("\r\n\r\n") + 4)), nullptr, false);
+    if (body.is_object())
+      for (const auto& e : body["events"])
+        if (e.contains("progress") && e["progress"].contains("step")) {
+          const auto& v = e["progress"]["step"];  // int64 fields are strings in proto JSON
+          step = v.is_string() ? std::stoll(v.get<std::string>()) : v.get<int64_t>();
+        }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_GE(step, 20);
+  auto job = c->client().Get(id);
+  ASSERT_TRUE(job.ok());
+  ASSERT_EQ(job->state(), v1::RUNNING) << "the job ended before the node left: make it longer";
+  const int leaving = job->assignments(0).node_id() == "n0" ? 0 : 1;
+  c->agents()[leaving]->Kill(SIGTERM);
+  const int status = c->agents()[leaving]->Wait(60000);
+  ASSERT_NE(status, -1) << "the agent did not leave";
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  const std::string log = ReadFile(absl::StrCat(c->dir(), "/agent", leaving, ".log")).value_or("");
+  EXPECT_THAT(log, HasSubstr("no executors left; leaving"));
+
+  auto done = c->WaitState(id, v1::SUCCEEDED, 120000);
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->attempt(), 2);
+  EXPECT_EQ(done->restarts(), 0) << "a node leaving counted against max_restarts";
+  for (const auto& a : done->assignments()) EXPECT_EQ(a.node_id(), absl::StrCat("n", 1 - leaving));
+  const std::string events = HttpGet(port, "/api/jobs/" + id + "/events", c->read_token());
+  EXPECT_THAT(events, HasSubstr("a node of the job is leaving: saved the checkpoint of step "));
+  int saves = 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(ckpt, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("step-", 0) == 0 && name != "step-00000300") {
+      ++saves;
+      const int n = std::stoi(name.substr(5));
+      EXPECT_GE(n, 20);
+      EXPECT_LT(n, kSteps);
+    }
+  }
+  EXPECT_EQ(saves, 1) << "expected the one checkpoint saved as the node left";
+  const auto tail = Losses(*done);
+  ASSERT_FALSE(tail.empty());
+  EXPECT_EQ(tail.back(), want.back()) << "the final loss differs from the undisturbed run's";
+  auto st = c->client().Status();
+  ASSERT_TRUE(st.ok());
+  for (const auto& n : st->nodes())
+    if (n.node_id() == absl::StrCat("n", leaving)) EXPECT_NE(n.state(), v1::READY);
 }
 
 // A corrupt checkpoint (one byte of a shard flipped after the job ends): a job resuming

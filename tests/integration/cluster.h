@@ -38,7 +38,7 @@ struct ClusterOptions {
   // Non-empty: the controller reads its CA, join token and tokens from this directory
   // (--secrets-dir; the test makes it with `tessera-controller init-secrets`), and the
   // agents their CA certificate and join token.
-  std::string secrets_dir;
+  std::string secrets_dir = "";
 };
 
 class Cluster {

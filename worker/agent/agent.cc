@@ -264,16 +264,41 @@ void Agent::HeartbeatLoop() {
   while (!stop_) {
     {
       std::unique_lock<std::mutex> l(stream_mu_);
-      stop_cv_.wait_for(l, std::chrono::milliseconds(heartbeat_ms_.load()), [&] { return stop_.load(); });
+      stop_cv_.wait_for(l, std::chrono::milliseconds(heartbeat_ms_.load()),
+                        [&] { return stop_.load() || beat_now_.load(); });
       if (stop_) return;
+      beat_now_ = false;
     }
     if (!registered_) continue;
     v1::AgentMessage m;
     m.mutable_heartbeat()->set_time_ms(NowMs() + opts_.clock_skew_ms);
+    m.mutable_heartbeat()->set_leaving(leaving_);
     for (auto& r : Running()) *m.mutable_heartbeat()->add_running() = r;
     std::lock_guard<std::mutex> l(stream_mu_);
     if (stream_) stream_->Write(m);
   }
+}
+
+int Agent::Leave(int64_t grace_ms) {
+  if (!leaving_.exchange(true)) {
+    spdlog::info("agent {}: leaving; waiting up to {} s for the controller to move {} executors", opts_.node_id,
+                 grace_ms / 1000.0, Running().size());
+    {
+      std::lock_guard<std::mutex> l(stream_mu_);
+      beat_now_ = true;
+    }
+    stop_cv_.notify_all();
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(grace_ms);
+  size_t left = Running().size();
+  while (left > 0 && std::chrono::steady_clock::now() < deadline && !stop_) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    left = Running().size();
+  }
+  if (left > 0) spdlog::warn("agent {}: {} executors still running after {} s; killing them", opts_.node_id, left, grace_ms / 1000.0);
+  else spdlog::info("agent {}: no executors left; leaving", opts_.node_id);
+  Shutdown();
+  return static_cast<int>(left);
 }
 
 void Agent::Handle(const v1::ControllerMessage& m) {
@@ -296,6 +321,7 @@ void Agent::StartExecutor(const v1::ExecutorConfig& cfg) {
     e->set_message(why);
     SendUp(m, false);
   };
+  if (leaving_) return fail("the node is leaving (its agent was asked to stop)");
   {
     std::lock_guard<std::mutex> l(mu_);
     if (execs_.count(key)) return;  // already running: a re-sent command

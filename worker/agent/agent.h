@@ -58,6 +58,12 @@ class Agent {
   absl::Status Start();
   // Stops the connection loop and kills every executor.
   void Shutdown();
+  // A graceful exit (the daemon's first SIGTERM): tells the controller the node is leaving
+  // (every heartbeat from now on says so, the first one at once), refuses new executors,
+  // and waits up to `grace_ms` for the controller to move its jobs (they save a checkpoint
+  // and their executors here are stopped); then Shutdown() kills what is left. Returns
+  // the number of executors it had to kill.
+  int Leave(int64_t grace_ms);
   const std::string& node_id() const { return opts_.node_id; }
   bool registered() const { return registered_; }
 
@@ -81,6 +87,8 @@ class Agent {
   void ReadAndReap(Key key, int fd, pid_t pid);
   void SendUp(const v1::AgentMessage& m, bool droppable);
   void HeartbeatLoop();
+  std::atomic<bool> leaving_{false};
+  std::atomic<bool> beat_now_{false};
   std::vector<v1::RunningExecutor> Running();
   void SetRegistered(bool r);
 

@@ -139,7 +139,8 @@ class ExecutorServiceImpl final : public v1::ExecutorService::Service {
   }
 
   // train_init builds the group's training session (resuming from a checkpoint: its
-  // result is {"start_step": N}); train_step {"step": s} runs step s; rl_step {"step": s}
+  // result is {"start_step": N}); train_step {"step": s} runs step s (with "save": true,
+  // a checkpoint after it whatever save_every says); rl_step {"step": s[, "save"]}
   // runs GRPO step s of a grpo session; rl_eval {"problems": n} its held-out accuracy.
   absl::Status Train(const std::string& group, const std::string& method, GroupComms& gc, const std::string& args_json,
                      v1::CallResponse* resp) {
@@ -155,11 +156,15 @@ class ExecutorServiceImpl final : public v1::ExecutorService::Service {
       return absl::FailedPreconditionError(absl::StrCat("group '", group, "' has no training session; call train_init first"));
     const char* key = method == "rl_eval" ? "problems" : "step";
     int64_t n = 0;
+    bool save = false;
     try {
-      n = nlohmann::json::parse(args_json).at(key).get<int64_t>();
+      const auto args = nlohmann::json::parse(args_json);
+      n = args.at(key).get<int64_t>();
+      save = args.value("save", false);
     } catch (const std::exception& e) {
       return absl::InvalidArgumentError(absl::StrCat(method, " args_json: expected {\"", key, "\": N}: ", e.what()));
     }
+    if (save) it->second->RequestSave();  // a node of the job is leaving: save after this step
     TESSERA_ASSIGN_OR_RETURN(std::string out, method == "rl_step"   ? it->second->RlStep(n)
                                               : method == "rl_eval" ? it->second->RlEval(n)
                                                                     : it->second->Step(n));
@@ -244,6 +249,8 @@ class ExecutorServiceImpl final : public v1::ExecutorService::Service {
     if (method == "rl_update") {
       if (!actor) return absl::FailedPreconditionError(absl::StrCat("rl_update: group '", group, "' is not the actor"));
       TESSERA_ASSIGN_OR_RETURN(const int64_t step, arg("step"));
+      const auto args = nlohmann::json::parse(req.args_json(), nullptr, false);
+      if (args.is_object() && args.value("save", false)) session->second->RequestSave();
       TESSERA_ASSIGN_OR_RETURN(std::string out, session->second->RlUpdate(step, req.batch()));
       resp->set_result_json(out);
       return absl::OkStatus();

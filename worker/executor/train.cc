@@ -159,13 +159,15 @@ absl::Status TrainSession::Resume(const v1::CheckpointSpec& ck) {
   return absl::OkStatus();
 }
 
-// After `done` steps (of total_steps_): a checkpoint every save_every steps and after the
-// last, named by `done`; the Hugging Face export after the last. Returns the checkpoint's
+// After `done` steps (of total_steps_): a checkpoint every save_every steps, after the
+// last and when RequestSave() asked for one, named by `done`; the Hugging Face export after the last. Returns the checkpoint's
 // seconds (-1: none this step).
 absl::StatusOr<double> TrainSession::SaveAfter(int64_t done) {
+  const bool force = save_requested_;
+  save_requested_ = false;
   double checkpoint_secs = -1;
   const int64_t every = checkpoint_.save_every();
-  if (!checkpoint_.dir().empty() && ((every > 0 && done % every == 0) || done == total_steps_)) {
+  if (!checkpoint_.dir().empty() && ((every > 0 && done % every == 0) || done == total_steps_ || force)) {
     const auto c0 = std::chrono::steady_clock::now();
     // ppo: the critic first (under dir/critic, same step), so that the actor's `latest`
     // never names a step whose critic is missing.

@@ -47,6 +47,9 @@ class TrainSession {
   // Steps are 0-based here (step s makes the trainer's step count s + 1) and must follow
   // on from start_step(): FAILED_PRECONDITION otherwise.
   absl::StatusOr<std::string> Step(int64_t step);
+  // The next step (Step, RlStep or RlUpdate) saves a checkpoint whatever save_every says
+  // (the driver's save when a node of the job is leaving; needs train.checkpoint.dir).
+  void RequestSave() { save_requested_ = true; }
   // The step count of the checkpoint the session started from (0: none).
   int64_t start_step() const { return start_step_; }
   // grpo and ppo jobs (source: rl_step.cc): GRPO step `step` (0-based; any order) on this DP
@@ -80,6 +83,7 @@ class TrainSession {
   TrainSession() = default;
   absl::Status Resume(const v1::CheckpointSpec& ck);
   absl::StatusOr<double> SaveAfter(int64_t done);
+  bool save_requested_ = false;
   absl::Status MakeRl(const v1::JobSpec& spec, int dp_rank, int dps, const engine::OptimizerOptions& actor_options);
   std::unique_ptr<runtime::Backend> backend_;
   std::unique_ptr<model::Llama> model_;
