@@ -446,7 +446,9 @@ void JobManager::OnNodeLeaving(const std::string& node_id, Outbox& out) {
   int asked = 0, torn = 0;
   for (auto& [id, rt] : jobs_) {
     if (rt.tearing_down || tessera::IsTerminal(rt.job.state()) || !OnLeavingNode(rt)) continue;
-    if (rt.driver && rt.job.state() == v1::RUNNING) {
+    const std::string& kind = rt.job.spec().kind();
+    const bool saves = kind == "pretrain" || kind == "sft" || kind == "grpo" || kind == "ppo";  // DriverContext::preempt
+    if (rt.driver && rt.job.state() == v1::RUNNING && saves) {
       rt.driver->preempt = true;  // the driver saves at its next step and returns
       ++asked;
     } else {

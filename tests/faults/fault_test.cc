@@ -237,6 +237,14 @@ std::vector<double> Losses(const v1::Job& j) {
   return r.is_discarded() || !r.contains("losses") ? std::vector<double>{} : r["losses"].get<std::vector<double>>();
 }
 
+// The per-step losses of `spec` run to the end undisturbed (without checkpoints).
+std::vector<double> UndisturbedLosses(Cluster& c, const v1::JobSpec& spec) {
+  auto straight = c.WaitState(Submit(c, spec), v1::SUCCEEDED, 120000);
+  EXPECT_TRUE(straight.ok()) << straight.status();
+  if (!straight.ok()) return {};
+  return Losses(*straight);
+}
+
 // The soak test (bounded): a CPU training job that checkpoints every 2 steps while a
 // random executor of it is SIGKILLed every ~1.5 s. Each kill tears the attempt down and
 // a new one resumes from the last checkpoint; the job finishes with exactly the final
@@ -246,9 +254,7 @@ TEST(Faults, SoakRandomExecutorKillsEndWithTheUndisturbedFinalLoss) {
   auto c = Up({.agents = 1, .cpu_slots = 2});
   constexpr int kSteps = 300;
   v1::JobSpec spec = PretrainSpec(2, 1, 1, kSteps);
-  auto straight = c->WaitState(Submit(*c, spec), v1::SUCCEEDED, 120000);
-  ASSERT_TRUE(straight.ok()) << straight.status();
-  const auto want = Losses(*straight);
+  const auto want = UndisturbedLosses(*c, spec);
   ASSERT_EQ(want.size(), size_t(kSteps));
 
   spec.mutable_train()->mutable_checkpoint()->set_dir(c->dir() + "/soak-ckpt");
@@ -292,9 +298,7 @@ TEST(Faults, ALeavingNodesJobCheckpointsAndResumesElsewhere) {
   auto c = Up({.agents = 2, .cpu_slots = 2});
   constexpr int kSteps = 300;
   v1::JobSpec spec = PretrainSpec(2, 1, 1, kSteps);
-  auto straight = c->WaitState(Submit(*c, spec), v1::SUCCEEDED, 120000);
-  ASSERT_TRUE(straight.ok()) << straight.status();
-  const auto want = Losses(*straight);
+  const auto want = UndisturbedLosses(*c, spec);
   ASSERT_EQ(want.size(), size_t(kSteps));
 
   const std::string ckpt = c->dir() + "/leave-ckpt";
