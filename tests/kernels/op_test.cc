@@ -523,6 +523,33 @@ TEST_P(OpTest, SumSquaresAndScale) {
   }
 }
 
+// Backend::Copy between views (what weight sync re-slices TP shards with): a column block
+// of a [rows, cols] matrix into a contiguous [rows, c] tensor and back into another
+// column block; mismatches are refused naming the operands.
+TEST_P(OpTest, CopyBetweenViews) {
+  const int64_t rows = 37, cols = 24, c = 8;
+  std::vector<float> v(rows * cols);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i);
+  auto whole = Make(*be_, {rows, cols}, DType::kF32, v);
+  auto block = Make(*be_, {rows, c}, DType::kF32, std::vector<float>(rows * c, -1.f));
+  auto src = whole.Slice(1, 2 * c, c);
+  ASSERT_TRUE(src.ok());
+  ASSERT_TRUE(be_->Copy(*src, block).ok());
+  auto got = Read(*be_, block);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t k = 0; k < c; ++k) ASSERT_EQ(got[r * c + k], v[r * cols + 2 * c + k]) << r << "," << k;
+  auto dst = whole.Slice(1, 0, c);
+  ASSERT_TRUE(be_->Copy(block, *dst).ok());
+  got = Read(*be_, whole);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t k = 0; k < cols; ++k)
+      ASSERT_EQ(got[r * cols + k], v[r * cols + (k < c ? 2 * c + k : k)]) << r << "," << k;
+  auto flat = Make(*be_, {rows * c}, DType::kF32, std::vector<float>(rows * c, 0.f));
+  EXPECT_THAT(std::string(be_->Copy(block, flat).message()), ::testing::HasSubstr("must have the same shape"));
+  auto bf = Make(*be_, {rows, c}, DType::kBF16, std::vector<float>(rows * c, 0.f));
+  EXPECT_THAT(std::string(be_->Copy(block, bf).message()), ::testing::HasSubstr("src is f32 but dst is bf16"));
+}
+
 // Independent double reference: per sequence and head, full score matrix and softmax.
 TEST_P(OpTest, AxpbyMixedDtypes) {
   Rng rng(seed_);

@@ -1,6 +1,5 @@
 #include "worker/engine/weight_sync.h"
 
-#include <cstring>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -28,9 +27,11 @@ absl::Status SameArchitecture(model::Llama& a, model::Llama& b) {
 absl::Status SyncColocated(model::Llama& actor, model::Llama& rollout) {
   if (&actor == &rollout) return absl::OkStatus();  // the same TP: the engine reads the actor's model
   TESSERA_RETURN_IF_ERROR(SameArchitecture(actor, rollout));
-  for (size_t i = 0; i < actor.params().size(); ++i) {
-    TESSERA_ASSIGN_OR_RETURN(std::vector<float> whole, actor.GatherGlobal(actor.params()[i], /*grad=*/false));
-    TESSERA_RETURN_IF_ERROR(rollout.SetGlobal(rollout.params()[i], whole));
+  runtime::Backend& b = actor.backend();
+  for (size_t i = 0; i < actor.params().size(); ++i) {  // one tensor at a time, on the device
+    TESSERA_ASSIGN_OR_RETURN(runtime::Tensor whole, b.Empty({Elements(actor.params()[i])}, runtime::DType::kF32));
+    TESSERA_RETURN_IF_ERROR(actor.GatherGlobalInto(actor.params()[i], whole));
+    TESSERA_RETURN_IF_ERROR(rollout.SetGlobalFrom(rollout.params()[i], whole));
   }
   return absl::OkStatus();
 }
@@ -48,31 +49,33 @@ absl::StatusOr<int64_t> SyncSplit(model::Llama* actor, model::Llama* rollout, co
   int64_t sent = 0;
   size_t i = 0;
   while (i < m.params().size()) {
-    // The next bucket: whole tensors, at least one, up to about bucket_bytes.
+    // The next bucket: whole tensors, at least one, up to about bucket_bytes; gathered
+    // into it, broadcast and re-sliced from it on the device.
     size_t end = i;
     int64_t n = 0;
     while (end < m.params().size() && (end == i || n + Elements(m.params()[end]) <= bucket)) n += Elements(m.params()[end++]);
-    std::vector<float> host(n);
+    TESSERA_ASSIGN_OR_RETURN(runtime::Tensor buf, b.Empty({n}, runtime::DType::kF32));
     if (actor != nullptr) {  // every actor rank takes part in the TP gathers
       int64_t at = 0;
       for (size_t k = i; k < end; ++k) {
-        TESSERA_ASSIGN_OR_RETURN(std::vector<float> whole, actor->GatherGlobal(actor->params()[k], /*grad=*/false));
-        std::memcpy(host.data() + at, whole.data(), whole.size() * sizeof(float));
-        at += static_cast<int64_t>(whole.size());
+        const int64_t e = Elements(actor->params()[k]);
+        TESSERA_ASSIGN_OR_RETURN(runtime::Tensor part, buf.Slice(0, at, e));
+        TESSERA_RETURN_IF_ERROR(actor->GatherGlobalInto(actor->params()[k], part));
+        at += e;
       }
     }
-    TESSERA_ASSIGN_OR_RETURN(runtime::Tensor buf, b.Empty({n}, runtime::DType::kF32));
-    TESSERA_RETURN_IF_ERROR(b.CopyFromHost(host.data(), buf));
+    TESSERA_RETURN_IF_ERROR(b.Synchronize());  // the bucket is complete before the bridge reads it
     TESSERA_RETURN_IF_ERROR(bridge.Broadcast(buf.data(), n, runtime::DType::kF32, source));
     TESSERA_RETURN_IF_ERROR(bridge.Synchronize());
     if (rollout != nullptr) {
-      TESSERA_RETURN_IF_ERROR(b.CopyToHost(buf, host.data()));
       int64_t at = 0;
       for (size_t k = i; k < end; ++k) {
         const int64_t e = Elements(rollout->params()[k]);
-        TESSERA_RETURN_IF_ERROR(rollout->SetGlobal(rollout->params()[k], std::vector<float>(host.begin() + at, host.begin() + at + e)));
+        TESSERA_ASSIGN_OR_RETURN(runtime::Tensor part, buf.Slice(0, at, e));
+        TESSERA_RETURN_IF_ERROR(rollout->SetGlobalFrom(rollout->params()[k], part));
         at += e;
       }
+      TESSERA_RETURN_IF_ERROR(b.Synchronize());  // the bucket is reused (freed) only after the copies
     }
     sent += n * 4;
     i = end;

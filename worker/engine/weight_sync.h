@@ -8,6 +8,8 @@
 //  - split pools (rollout on its own devices): SyncSplit — over a `bridge` communicator
 //    that spans both groups (built at job start), the actor's source rank broadcasts the
 //    gathered tensors in buckets of about bucket_bytes; rollout ranks re-slice them.
+// Everything stays on the backend (Llama::GatherGlobalInto / SetGlobalFrom, Backend::Copy
+// for column blocks): no host round trip, so on GPUs the sync runs at NCCL and HBM speed.
 // The two models must have the same architecture (parameter names and global shapes).
 // Every rank of the groups involved must call, in the same order.
 #pragma once

@@ -215,6 +215,59 @@ absl::StatusOr<std::vector<float>> Llama::GatherGlobal(const Param& p, bool grad
   return out;
 }
 
+absl::Status Llama::GatherGlobalInto(const Param& p, Tensor& out) {
+  const int64_t n = p.value.numel(), parts = tp_size();
+  if (out.numel() != n * (p.spec.shard_dim >= 0 ? parts : 1) || out.dtype() != DType::kF32 || !out.contiguous())
+    return absl::InvalidArgumentError(absl::StrCat("model: ", p.name(), ": gather into ", out.ShapeString(), " ",
+                                                   DTypeName(out.dtype()), "; expected f32 of the global size"));
+  TESSERA_ASSIGN_OR_RETURN(Tensor flat, out.Reshape({out.numel()}));
+  TESSERA_ASSIGN_OR_RETURN(Tensor local, p.value.Reshape({n}));
+  if (tp_ == nullptr || p.spec.shard_dim < 0) return backend_->Copy(local, flat);
+  if (p.spec.shard_dim == 0) {  // shards are consecutive row blocks: gather in place
+    TESSERA_RETURN_IF_ERROR(backend_->Synchronize());  // the value is written on the compute stream
+    TESSERA_RETURN_IF_ERROR(tp_->AllGather(local.data(), flat.data(), n, DType::kF32));
+    return tp_->Synchronize();
+  }
+  // Column shards: gather the [rows, cols / parts] blocks, then place each block.
+  const int64_t rows = p.spec.shape[0], cols = p.spec.shape[1], c = cols / parts;
+  TESSERA_ASSIGN_OR_RETURN(Tensor gathered, New(*backend_, {parts * rows, c}));
+  TESSERA_RETURN_IF_ERROR(backend_->Synchronize());
+  TESSERA_RETURN_IF_ERROR(tp_->AllGather(local.data(), gathered.data(), n, DType::kF32));
+  TESSERA_RETURN_IF_ERROR(tp_->Synchronize());
+  TESSERA_ASSIGN_OR_RETURN(Tensor whole, flat.Reshape({rows, cols}));
+  for (int64_t k = 0; k < parts; ++k) {
+    TESSERA_ASSIGN_OR_RETURN(Tensor block, gathered.Slice(0, k * rows, rows));
+    TESSERA_ASSIGN_OR_RETURN(Tensor column, whole.Slice(1, k * c, c));
+    TESSERA_RETURN_IF_ERROR(backend_->Copy(block, column));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Llama::SetGlobalFrom(Param& p, const Tensor& global) {
+  const int64_t n = p.value.numel(), parts = tp_size();
+  int64_t total = 1;
+  for (int64_t d : p.spec.shape) total *= d;
+  if (global.numel() != total || global.dtype() != DType::kF32 || !global.contiguous())
+    return absl::InvalidArgumentError(absl::StrCat("model: ", p.name(), " has ", total, " elements, got ",
+                                                   global.ShapeString(), " ", DTypeName(global.dtype())));
+  TESSERA_ASSIGN_OR_RETURN(Tensor local, p.value.Reshape({n}));
+  if (tp_ == nullptr || p.spec.shard_dim < 0 || parts == 1) {
+    TESSERA_ASSIGN_OR_RETURN(Tensor flat, global.Reshape({total}));
+    TESSERA_RETURN_IF_ERROR(backend_->Copy(flat, local));
+  } else if (p.spec.shard_dim == 0) {
+    TESSERA_ASSIGN_OR_RETURN(Tensor flat, global.Reshape({total}));
+    TESSERA_ASSIGN_OR_RETURN(Tensor mine, flat.Slice(0, tp_rank() * n, n));
+    TESSERA_RETURN_IF_ERROR(backend_->Copy(mine, local));
+  } else {
+    const int64_t rows = p.spec.shape[0], cols = p.spec.shape[1], c = cols / parts;
+    TESSERA_ASSIGN_OR_RETURN(Tensor whole, global.Reshape({rows, cols}));
+    TESSERA_ASSIGN_OR_RETURN(Tensor mine, whole.Slice(1, tp_rank() * c, c));
+    TESSERA_ASSIGN_OR_RETURN(Tensor block, p.value.Reshape({rows, c}));
+    TESSERA_RETURN_IF_ERROR(backend_->Copy(mine, block));
+  }
+  return RefreshCompute(p);
+}
+
 absl::Status Llama::InitRandom(uint64_t seed, float stddev) {
   for (auto& p : params_) {
     int64_t n = 1;

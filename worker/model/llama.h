@@ -127,6 +127,12 @@ class Llama {
   // The full (global) value or gradient of a parameter, gathered over the TP group
   // (every rank of the group must call it).
   absl::StatusOr<std::vector<float>> GatherGlobal(const Param& p, bool grad);
+  // The same on this backend, without a host round trip: the full value of `p` into
+  // `out` (f32, contiguous, p's number of elements; e.g. a slice of a weight-sync
+  // bucket); and this rank's shard of `p` set from a full value `global` laid out so.
+  // Every rank of the TP group must call GatherGlobalInto together.
+  absl::Status GatherGlobalInto(const Param& p, runtime::Tensor& out);
+  absl::Status SetGlobalFrom(Param& p, const runtime::Tensor& global);
   // Mixed precision: whoever writes a parameter's value (the optimizer, a ZeRO-3
   // gather, a checkpoint load) refreshes its compute copy; SetGlobal does it itself.
   // A no-op in f32; with no value present (ZeRO-3 between uses) the copy is dropped.

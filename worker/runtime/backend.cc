@@ -46,6 +46,27 @@ absl::Status SameDType(const char* op, const char* an, const Tensor& a, const ch
 
 }  // namespace
 
+absl::Status Backend::Copy(const Tensor& src, Tensor& dst) {
+  const char* op = "copy";
+  for (auto [name, t] : {std::pair<const char*, const Tensor*>{"src", &src}, {"dst", &dst}}) {
+    if (!t->defined()) return Bad(op, absl::StrCat(name, " is not allocated"));
+    if (!(t->device() == device()))
+      return Bad(op, absl::StrCat(name, " is on ", t->device().ToString(), ", the backend on ", device().ToString()));
+    if (!t->contiguous() && !(t->rank() == 2 && t->strides()[1] == 1))
+      return Bad(op, absl::StrCat(name, " ", t->ShapeString(), " is neither contiguous nor a 2-D view of whole rows' parts"));
+  }
+  TRY(SameShape(op, "src", src, "dst", dst));
+  TRY(SameDType(op, "src", src, "dst", dst));
+  if (src.numel() == 0) return absl::OkStatus();
+  const int64_t es = DTypeSize(src.dtype());
+  if (src.contiguous() && dst.contiguous()) {
+    const int64_t n = src.numel() * es;
+    return DoCopy2D(src.data(), n, dst.data(), n, n, 1);
+  }
+  const int64_t rows = src.dim(0), row = src.dim(1) * es;
+  return DoCopy2D(src.data(), src.strides()[0] * es, dst.data(), dst.strides()[0] * es, row, rows);
+}
+
 absl::Status Backend::Cast(const Tensor& x, Tensor& y) {
   TRY(CheckTensors("cast", device(), {{"x", &x}, {"y", &y}}));
   TRY(SameShape("cast", "x", x, "y", y));

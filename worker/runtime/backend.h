@@ -72,6 +72,10 @@ class Backend {
   virtual absl::Status CopyToHost(const Tensor& src, void* dst) = 0;
   // Sets every byte of `t` (tests poison outputs with 0xff = NaN).
   virtual absl::Status Fill(Tensor& t, uint8_t byte) = 0;
+  // dst = src on this backend, same shape and dtype; either may be a view: contiguous, or
+  // 2-D with rows apart (a column block, Tensor::Slice(1, ...)). On CUDA one 2-D copy on
+  // the backend's stream (no host round trip): weight sync re-slices TP shards with it.
+  absl::Status Copy(const Tensor& src, Tensor& dst);
 
   absl::StatusOr<Tensor> Empty(std::vector<int64_t> shape, DType dtype) { return Tensor::Empty(std::move(shape), dtype, allocator()); }
 
@@ -173,6 +177,9 @@ class Backend {
   std::vector<std::chrono::steady_clock::time_point> host_marks_;
 
   virtual absl::Status DoCast(const Tensor& x, Tensor& y) = 0;
+  // `rows` rows of `row_bytes` each, the rows `src_pitch` / `dst_pitch` bytes apart.
+  virtual absl::Status DoCopy2D(const void* src, int64_t src_pitch, void* dst, int64_t dst_pitch, int64_t row_bytes,
+                                int64_t rows) = 0;
   virtual absl::Status DoRmsNormForward(const Tensor& x, const Tensor& w, float eps, Tensor& y, Tensor& rstd) = 0;
   virtual absl::Status DoRmsNormBackward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
                                          Tensor& dx, Tensor& dw) = 0;

@@ -40,6 +40,12 @@ class CpuBackend final : public Backend {
   }
 
  protected:
+  absl::Status DoCopy2D(const void* src, int64_t src_pitch, void* dst, int64_t dst_pitch, int64_t row_bytes,
+                        int64_t rows) override {
+    for (int64_t r = 0; r < rows; ++r)
+      std::memmove(static_cast<char*>(dst) + r * dst_pitch, static_cast<const char*>(src) + r * src_pitch, row_bytes);
+    return absl::OkStatus();
+  }
   absl::Status DoCast(const Tensor& x, Tensor& y) override {
     return kernels::CastCpu(x.data(), x.dtype(), y.data(), y.dtype(), x.numel());
   }

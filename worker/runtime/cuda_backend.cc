@@ -183,6 +183,11 @@ class CudaBackend final : public Backend {
   }
 
  protected:
+  absl::Status DoCopy2D(const void* src, int64_t src_pitch, void* dst, int64_t dst_pitch, int64_t row_bytes,
+                        int64_t rows) override {
+    return Cuda(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, row_bytes, rows, cudaMemcpyDeviceToDevice, stream_),
+                "copy on the device");
+  }
   absl::Status DoCast(const Tensor& x, Tensor& y) override {
     return kernels::CastCuda(x.data(), x.dtype(), y.data(), y.dtype(), x.numel(), stream_);
   }
