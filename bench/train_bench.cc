@@ -15,7 +15,8 @@
 //
 // --comm-priority high: NCCL's streams at the highest priority (NcclOptions::high_priority);
 // --early-embedding 0: the embedding's gradient reduced as any other (A/B);
-// --grad-reduce bf16: ZeRO-0's DP reduction in bf16 (OptimizerOptions::grad_reduce_bf16).
+// --grad-reduce bf16: ZeRO-0's DP reduction in bf16 (OptimizerOptions::grad_reduce_bf16);
+// --last-stage-layers N: N layers on the last virtual stage (ParallelLayout.last_stage_layers).
 //   train_bench --hidden 2048 --layers 16 --heads 32 --kv-heads 8 --ffn 8192 --vocab 128256
 //               --seq 4096 --micro 4 --steps 10 --warmup 3 [--tied 1] [--dtype bf16] [--recompute 0]
 #include <chrono>
@@ -89,7 +90,7 @@ Result Decode(const std::string& text, int rank) {
 }
 
 struct Layout {
-  int tp = 1, dp = 1, pp = 1, vpp = 1, zero = 0;
+  int tp = 1, dp = 1, pp = 1, vpp = 1, zero = 0, last_stage_layers = 0;
   bool sp = false, recompute = false, early_embedding = true, grad_reduce_bf16 = false;
   engine::Schedule schedule = engine::Schedule::kOneFOneB;
 };
@@ -104,7 +105,7 @@ void RunRank(const model::LlamaConfig& c, int device, comm::Communicator* tp, co
   for (comm::Communicator* g : {tp, dp, pp})
     if (g != nullptr)
       if (auto s = g->OrderWith((*be)->stream()); !s.ok()) return fail(s);
-  const model::StageSpec stage{l.pp, pp != nullptr ? pp->rank() : 0, l.vpp};
+  const model::StageSpec stage{l.pp, pp != nullptr ? pp->rank() : 0, l.vpp, l.last_stage_layers};
   auto m = model::Llama::Create(c, be->get(), tp, l.sp, nullptr, stage);
   if (!m.ok()) return fail(m.status());
   if (auto s = Init(**m, 7); !s.ok()) return fail(s);
@@ -153,6 +154,7 @@ int main(int argc, char** argv) {
   Layout l;
   l.tp = static_cast<int>(get("tp", 1)), l.dp = static_cast<int>(get("dp", 1)), l.zero = static_cast<int>(get("zero", 0));
   l.pp = static_cast<int>(get("pp", 1)), l.vpp = static_cast<int>(get("vpp", 1));
+  l.last_stage_layers = static_cast<int>(get("last-stage-layers", 0));
   l.sp = get("sp", 0) != 0, l.recompute = get("recompute", 0) != 0, l.early_embedding = get("early-embedding", 1) != 0;
   l.grad_reduce_bf16 = a.count("grad-reduce") && a["grad-reduce"] == "bf16";
   if (a.count("schedule")) {

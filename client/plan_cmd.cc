@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_format.h"
+#include "common/job_spec.h"
 #include "common/util.h"
 #include "worker/checkpoint/hf.h"
 #include "worker/engine/plan.h"
@@ -54,7 +55,7 @@ int RunPlan(const v1::JobSpec& spec, int devices, int64_t memory_bytes, bool jso
     c.tie_embeddings = m.tie_embeddings(), c.qkv_bias = m.qkv_bias();
   }
   const auto& l = g.layout();
-  in.layout = parallel::Layout{l.tp(), l.cp(), l.dp(), l.pp(), l.vpp(), l.sp(), l.zero()};
+  in.layout = LayoutOf(l);
   in.seq_len = m.seq_len(), in.micro_batch = m.micro_batch(), in.global_batch = m.global_batch();
   in.recompute = spec.train().recompute();
   // The precision the executors will use: auto is bf16 on GPUs, f32 on CPU slots.

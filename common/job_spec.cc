@@ -100,7 +100,7 @@ absl::StatusOr<std::vector<std::string>> AsStringList(const YAML::Node& n, const
   } while (0)
 
 absl::Status ParseLayout(const YAML::Node& n, const std::string& path, v1::ParallelLayout* l) {
-  TESSERA_RETURN_IF_ERROR(CheckKeys(n, path, {"tp", "cp", "dp", "pp", "vpp", "sp", "zero"}));
+  TESSERA_RETURN_IF_ERROR(CheckKeys(n, path, {"tp", "cp", "dp", "pp", "vpp", "sp", "zero", "last_stage_layers"}));
   for (const auto& kv : n) {
     std::string k = kv.first.Scalar(), p = Join(path, k);
     const YAML::Node& v = kv.second;
@@ -110,6 +110,7 @@ absl::Status ParseLayout(const YAML::Node& n, const std::string& path, v1::Paral
     else if (k == "pp") ASSIGN_INT(l->set_pp, v, p, 1, 1024);
     else if (k == "vpp") ASSIGN_INT(l->set_vpp, v, p, 1, 1024);
     else if (k == "zero") ASSIGN_INT(l->set_zero, v, p, 0, 3);
+    else if (k == "last_stage_layers") ASSIGN_INT(l->set_last_stage_layers, v, p, 0, 1 << 20);
     else if (k == "sp") {
       TESSERA_ASSIGN_OR_RETURN(bool b, AsBool(v, p));
       l->set_sp(b);
@@ -757,7 +758,7 @@ absl::Status NormalizeAndValidateJobSpec(JobSpec& spec) {
                                                ", so dp cannot be derived"));
       l->set_dp(g->devices() / mp);
     }
-    parallel::Layout pl{l->tp(), l->cp(), l->dp(), l->pp(), l->vpp(), l->sp(), l->zero()};
+    parallel::Layout pl = LayoutOf(*l);
     const auto& m = spec.model();
     // A rollout group generates: the training batch does not split over it.
     const bool trains = g->role() != "rollout";
@@ -831,6 +832,10 @@ absl::Status NormalizeAndValidateJobSpec(JobSpec& spec) {
 std::string JobStateName(v1::JobState s) {
   std::string n = v1::JobState_Name(s);
   return n.empty() ? "UNKNOWN" : n;
+}
+
+parallel::Layout LayoutOf(const v1::ParallelLayout& l) {
+  return parallel::Layout{l.tp(), l.cp(), l.dp(), l.pp(), l.vpp(), l.sp(), l.zero(), l.last_stage_layers()};
 }
 
 bool IsTerminal(v1::JobState s) {

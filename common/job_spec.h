@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "worker/parallel/layout.h"
 #include "tessera/v1/common.pb.h"
 
 namespace tessera {
@@ -44,5 +45,8 @@ const v1::GroupSpec* RolloutPool(const v1::JobSpec& spec);
 
 std::string JobStateName(v1::JobState s);
 bool IsTerminal(v1::JobState s);
+
+// The job spec's layout as the engine's struct.
+parallel::Layout LayoutOf(const v1::ParallelLayout& l);
 
 }  // namespace tessera

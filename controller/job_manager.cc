@@ -723,7 +723,7 @@ void JobManager::StartDriver(JobRt& rt) {
             if (gr.group() == g.name()) by_rank[gr.rank()] = clients[a.executor()];
         const auto& pl = g.layout();
         ctx.groups[g.name()] = std::make_unique<WorkerGroup>(
-            g.name(), parallel::Layout{pl.tp(), pl.cp(), pl.dp(), pl.pp(), pl.vpp(), pl.sp(), pl.zero()}, by_rank,
+            g.name(), LayoutOf(pl), by_rank,
             snapshot.spec().collective_timeout_ms() * 4 + 60000);
       }
       std::string job_id = snapshot.job_id();

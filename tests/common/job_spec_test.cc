@@ -75,6 +75,8 @@ TEST(JobSpec, BadInputNamesTheField) {
       {{"groups.0.layout.sp=true", "groups.0.layout.tp=1"}, "sp (sequence parallel) requires tp > 1"},
       {{"groups.0.layout.zero=5"}, "groups[0].layout.zero: must be in [0, 3], got 5"},
       {{"model.num_layers=3"}, "num_layers=3 is not divisible by pp*vpp = 2*1 = 2"},
+      {{"groups.0.layout.last_stage_layers=-1"}, "groups[0].layout.last_stage_layers: must be in [0, 1048576], got -1"},
+      {{"model.num_layers=3", "groups.0.layout.last_stage_layers=3"}, "last_stage_layers=3 leaves 0 of model.num_layers=3"},
       {{"model.global_batch=5"}, "global_batch=5 is not divisible by dp*micro_batch = 2*1 = 2"},
       {{"env.LD_PRELOAD=x"}, "env.LD_PRELOAD: not an allowed variable"},
       {{"groups.1.name=x"}, "--set groups.1.name: '1' is not an index of a list of 1"},
@@ -84,6 +86,7 @@ TEST(JobSpec, BadInputNamesTheField) {
     EXPECT_FALSE(st.ok()) << c.want;
     EXPECT_THAT(std::string(st.message()), HasSubstr(c.want));
   }
+  EXPECT_TRUE(ParseAndValidate(kGood, {"model.num_layers=3", "groups.0.layout.last_stage_layers=1"}).ok());
   EXPECT_THAT(std::string(ParseAndValidate("name: [unclosed").message()), HasSubstr("not valid YAML"));
   EXPECT_THAT(std::string(ParseAndValidate("- a list").message()), HasSubstr("expected a mapping"));
   EXPECT_EQ(ParseAndValidate(kGood, {"kind=evaluate"}).code(), absl::StatusCode::kUnimplemented);

@@ -45,9 +45,13 @@ absl::StatusOr<Plan> PlanStage(const PlanInput& in, int stage) {
   p.input = in;
   p.stage = stage;
   const int dp = l.dp * l.cp, zero = dp > 1 ? l.zero : 0;
-  const int64_t per_chunk = c.layers / (int64_t(l.pp) * l.vpp);
   const bool last = stage == l.pp - 1;
-  const model::StageSpec stage_spec{l.pp, stage, l.vpp};
+  const model::StageSpec stage_spec{l.pp, stage, l.vpp, l.last_stage_layers};
+  int64_t per_chunk = 0;  // this rank's largest chunk (the split may be uneven)
+  for (int k = 0; k < l.vpp; ++k) {
+    const auto [b, e] = model::ChunkLayers(c, stage_spec, k);
+    per_chunk = std::max(per_chunk, e - b);
+  }
   // This rank's parameters: the TP shard; ZeRO slices of every tensor.
   int64_t shard = 0, padded = 0, largest_block = 0, block = 0;
   std::string block_prefix;

@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_util.h"
+#include "common/job_spec.h"
 #include "common/status.h"
 #include "common/util.h"
 #include "worker/comm/gloo_communicator.h"
@@ -64,7 +65,7 @@ class ExecutorServiceImpl final : public v1::ExecutorService::Service {
     if (!found.ok()) return ToGrpc(found.status());
     auto [g, rank] = *found;
     const auto& l = g->layout();
-    parallel::Layout layout{l.tp(), l.cp(), l.dp(), l.pp(), l.vpp(), l.sp(), l.zero()};
+    parallel::Layout layout = LayoutOf(l);
     auto t0 = std::chrono::steady_clock::now();
     spdlog::info("group '{}' rank {}: InitGroup: building communicators", g->name(), rank);
     auto built = BuildGroupComms(g->name(), layout, rank, cfg_.device_type(), cfg_.device_index(), rdv_, listen_host_,

@@ -1,5 +1,7 @@
 #include "worker/model/config.h"
 
+#include "worker/parallel/layout.h"
+
 #include "absl/strings/str_cat.h"
 
 namespace tessera::model {
@@ -83,8 +85,16 @@ int StageOf(const std::string& param, const LlamaConfig& c, const StageSpec& s) 
   if (param == "model.embed_tokens.weight") return 0;
   if (param == "model.norm.weight" || param == "lm_head.weight" || param == "score.weight") return s.pp - 1;
   const int64_t layer = std::stoll(param.substr(13, param.find('.', 13) - 13));  // model.layers.N.
-  const int64_t per_chunk = c.layers / (int64_t(s.pp) * s.vpp);
-  return static_cast<int>((layer / per_chunk) % s.pp);
+  const int stages = s.pp * s.vpp;
+  for (int v = 0; v < stages; ++v) {
+    const auto [b, e] = parallel::VirtualStageLayers(c.layers, stages, s.last_layers, v);
+    if (layer >= b && layer < e) return v % s.pp;
+  }
+  return s.pp - 1;
+}
+
+std::pair<int64_t, int64_t> ChunkLayers(const LlamaConfig& c, const StageSpec& s, int chunk) {
+  return parallel::VirtualStageLayers(c.layers, s.pp * s.vpp, s.last_layers, chunk * s.pp + s.rank);
 }
 
 bool StageHolds(const std::string& param, const LlamaConfig& c, const StageSpec& s) {

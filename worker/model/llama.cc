@@ -85,12 +85,18 @@ absl::StatusOr<std::unique_ptr<Llama>> Llama::Create(const LlamaConfig& config, 
   TESSERA_RETURN_IF_ERROR(config.Validate());
   TESSERA_RETURN_IF_ERROR(config.ValidateTensorParallel(tp != nullptr ? tp->size() : 1));
   if (backend == nullptr) return absl::InvalidArgumentError("model: no backend");
-  if (stage.pp < 1 || stage.vpp < 1 || stage.rank < 0 || stage.rank >= stage.pp ||
-      config.layers % (int64_t(stage.pp) * stage.vpp) != 0)
-    return absl::InvalidArgumentError(absl::StrCat("model: pipeline stage ", stage.rank, " of pp ", stage.pp, " x vpp ",
-                                                   stage.vpp, " does not split ", config.layers, " layers evenly"));
   if (config.value_head && (sequence_parallel || stage.pp > 1 || stage.vpp > 1))
     return absl::InvalidArgumentError("model: a critic (value head) runs without sequence or pipeline parallelism yet");
+  const int stages = stage.pp * stage.vpp;
+  if (stage.pp < 1 || stage.vpp < 1 || stage.rank < 0 || stage.rank >= stage.pp || stage.last_layers < 0)
+    return absl::InvalidArgumentError(absl::StrCat("model: bad pipeline stage (pp ", stage.pp, ", rank ", stage.rank,
+                                                   ", vpp ", stage.vpp, ", last_layers ", stage.last_layers, ")"));
+  if (stages > 1 && (stage.last_layers > 0 ? config.layers - stage.last_layers < stages - 1 : config.layers % stages != 0))
+    return absl::InvalidArgumentError(absl::StrCat("model: pipeline stage ", stage.rank, ": ", config.layers,
+                                                   " layers do not split over pp*vpp = ", stages,
+                                                   " virtual stages", stage.last_layers > 0
+                                                       ? absl::StrCat(" with ", stage.last_layers, " on the last")
+                                                       : std::string(" evenly")));
   std::unique_ptr<Llama> m(new Llama(config, backend, tp, sequence_parallel, cp, stage));
   TESSERA_RETURN_IF_ERROR(m->Allocate());
   return m;
@@ -98,11 +104,10 @@ absl::StatusOr<std::unique_ptr<Llama>> Llama::Create(const LlamaConfig& config, 
 
 absl::Status Llama::Allocate() {
   // This rank's chunks and what they hold.
-  const int64_t per = config_.layers / (int64_t(stage_.pp) * stage_.vpp);
   chunk_layers_.assign(stage_.vpp, {});
   std::vector<bool> held(config_.layers, false);
   for (int c = 0; c < stage_.vpp; ++c)
-    for (int64_t l = (int64_t(c) * stage_.pp + stage_.rank) * per, e = l + per; l < e; ++l) {
+    for (auto [l, e] = ChunkLayers(config_, stage_, c); l < e; ++l) {
       chunk_layers_[c].push_back(l);
       held[l] = true;
     }

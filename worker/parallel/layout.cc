@@ -10,7 +10,8 @@ namespace tessera::parallel {
 
 std::string Layout::ToString() const {
   return absl::StrFormat("tp=%d cp=%d dp=%d pp=%d vpp=%d sp=%d zero=%d", tp, cp, dp, pp, vpp,
-                         sp ? 1 : 0, zero);
+                         sp ? 1 : 0, zero) +
+         (last_stage_layers > 0 ? absl::StrFormat(" last_stage_layers=%d", last_stage_layers) : "");
 }
 
 absl::Status ValidateLayout(const Layout& l, int world, const ModelShape& m) {
@@ -24,9 +25,17 @@ absl::Status ValidateLayout(const Layout& l, int world, const ModelShape& m) {
     return bad("layout: vpp=", l.vpp, " (virtual pipeline stages) requires pp >= 2, got pp=", l.pp);
   if (l.sp && l.tp < 2) return bad("layout: sp (sequence parallel) requires tp > 1, got tp=", l.tp);
   if (l.zero < 0 || l.zero > 3) return bad("layout: zero must be 0, 1, 2 or 3, got ", l.zero);
-  if (m.num_layers > 0 && m.num_layers % (l.pp * l.vpp) != 0)
+  if (l.last_stage_layers < 0) return bad("layout: last_stage_layers must be >= 0, got ", l.last_stage_layers);
+  if (l.last_stage_layers > 0 && l.pp < 2)
+    return bad("layout: last_stage_layers=", l.last_stage_layers, " needs a pipeline (pp >= 2), got pp=", l.pp);
+  const int stages = l.pp * l.vpp;
+  if (l.last_stage_layers > 0 && m.num_layers > 0 && m.num_layers - l.last_stage_layers < stages - 1)
+    return bad("layout: last_stage_layers=", l.last_stage_layers, " leaves ", m.num_layers - l.last_stage_layers,
+               " of model.num_layers=", m.num_layers, " for the other ", stages - 1,
+               " virtual stages (pp*vpp - 1); each needs at least one");
+  if (l.last_stage_layers == 0 && m.num_layers > 0 && m.num_layers % stages != 0)
     return bad("model.num_layers=", m.num_layers, " is not divisible by pp*vpp = ", l.pp, "*",
-               l.vpp, " = ", l.pp * l.vpp);
+               l.vpp, " = ", stages, " (or set layout.last_stage_layers for an uneven split)");
   if (m.global_batch > 0) {
     int mb = m.micro_batch > 0 ? m.micro_batch : 1;
     if (m.global_batch % (l.dp * mb) != 0)
@@ -139,13 +148,23 @@ GroupMembership GroupOf(const Layout& l, GroupKind kind, int rank) {
 
 std::vector<std::pair<int, int>> LayersOfRank(const Layout& l, int num_layers, int pp_rank) {
   std::vector<std::pair<int, int>> out;
-  int stages = l.pp * l.vpp;
-  int per = num_layers / stages;
   for (int chunk = 0; chunk < l.vpp; ++chunk) {
-    int stage = chunk * l.pp + pp_rank;
-    out.emplace_back(stage * per, (stage + 1) * per);
+    auto [b, e] = VirtualStageLayers(num_layers, l.pp * l.vpp, l.last_stage_layers, chunk * l.pp + pp_rank);
+    out.emplace_back(static_cast<int>(b), static_cast<int>(e));
   }
   return out;
+}
+
+std::pair<int64_t, int64_t> VirtualStageLayers(int64_t num_layers, int stages, int64_t last_stage_layers, int v) {
+  if (stages <= 1) return {0, num_layers};
+  if (last_stage_layers <= 0) {
+    const int64_t per = num_layers / stages;
+    return {v * per, (v + 1) * per};
+  }
+  if (v == stages - 1) return {num_layers - last_stage_layers, num_layers};
+  const int64_t rest = num_layers - last_stage_layers, others = stages - 1, per = rest / others, extra = rest % others;
+  const int64_t begin = v * per + std::min<int64_t>(v, extra);
+  return {begin, begin + per + (v < extra ? 1 : 0)};
 }
 
 }  // namespace tessera::parallel

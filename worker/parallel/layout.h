@@ -24,6 +24,7 @@ struct Layout {
   int vpp = 1;
   bool sp = false;
   int zero = 0;
+  int last_stage_layers = 0;  // 0: an even split (see VirtualStageLayers)
 
   int world() const { return tp * cp * dp * pp; }
   std::string ToString() const;
@@ -78,5 +79,11 @@ GroupMembership GroupOf(const Layout& layout, GroupKind kind, int rank);
 // Layers of virtual stage s = chunk*pp + pp_rank; contiguous blocks of
 // num_layers/(pp*vpp) layers. Returns [first, last) for each model chunk of pp_rank.
 std::vector<std::pair<int, int>> LayersOfRank(const Layout& layout, int num_layers, int pp_rank);
+// Layers [begin, end) of virtual stage v (0 .. stages-1; chunk c of pipeline rank r is
+// virtual stage c·pp + r): with last_stage_layers 0 num_layers / stages each; otherwise
+// last_stage_layers on the last one and the rest over the others, the first ones taking
+// one more each where they do not divide evenly (Megatron's uneven pipeline split: the
+// last stage also runs the LM head and the loss). ValidateLayout checks the numbers.
+std::pair<int64_t, int64_t> VirtualStageLayers(int64_t num_layers, int stages, int64_t last_stage_layers, int v);
 
 }  // namespace tessera::parallel

@@ -70,7 +70,7 @@ struct Rank {
 // Runs fn on every rank of a tp x dp (x pp) layout (tp fastest), each with a fresh model
 // initialized from `seed` and its trainer.
 void RunLayout(int tp, int dp, int zero, uint64_t seed, const std::function<void(int, Rank&)>& fn,
-               model::LlamaConfig config = Config(), int pp = 1) {
+               model::LlamaConfig config = Config(), int pp = 1, int last_stage_layers = 0) {
   testing::MemStore store;
   const std::string key = RandomHex(4);
   std::vector<std::thread> threads;
@@ -97,7 +97,7 @@ void RunLayout(int tp, int dp, int zero, uint64_t seed, const std::function<void
         ASSERT_TRUE(c.ok()) << c.status();
         k.pp = std::move(*c);
       }
-      auto m = Llama::Create(config, k.backend.get(), k.tp.get(), false, nullptr, model::StageSpec{pp, ppr, 1});
+      auto m = Llama::Create(config, k.backend.get(), k.tp.get(), false, nullptr, model::StageSpec{pp, ppr, 1, last_stage_layers});
       ASSERT_TRUE(m.ok()) << m.status();
       k.model = std::move(*m);
       ASSERT_TRUE(k.model->InitRandom(seed, 0.3f).ok());
@@ -186,6 +186,32 @@ TEST(Checkpoint, PipelineCheckpointLoadsIntoOtherLayouts) {
       ASSERT_EQ(l.size(), 1u);
       EXPECT_NEAR(l[0], saver_next[0], 1e-5 * saver_next[0]);
     }, Config(), pp);
+  }
+}
+
+// An uneven pipeline split (ParallelLayout.last_stage_layers): three layers saved as 2 + 1
+// load into one rank, into tp2 and into the opposite split 1 + 2, and train on alike.
+TEST(Checkpoint, AnUnevenPipelineSplitLoadsIntoOtherLayouts) {
+  const std::string dir = TempDir();
+  model::LlamaConfig c = Config();
+  c.layers = 3;
+  std::vector<double> saver_next(2);
+  RunLayout(1, 1, 0, 9, [&](int r, Rank& k) {
+    k.Train(1, 2);
+    EXPECT_TRUE(SaveCheckpoint(dir, 2, k.group()).ok());
+    auto l = k.Train(3, 3);
+    saver_next[r] = l.empty() ? -1 : l[0];
+  }, c, /*pp=*/2, /*last_stage_layers=*/1);
+  EXPECT_EQ(saver_next[0], saver_next[1]);
+  for (auto [tp, pp, last] : {std::tuple{1, 1, 0}, std::tuple{2, 1, 0}, std::tuple{1, 2, 2}}) {
+    SCOPED_TRACE(::testing::Message() << "into tp" << tp << " pp" << pp << " last " << last);
+    RunLayout(tp, 1, 0, 5, [&](int, Rank& k) {
+      auto step = LoadCheckpoint(dir + "/step-00000002", k.group());
+      ASSERT_TRUE(step.ok()) << step.status();
+      auto l = k.Train(3, 3);
+      ASSERT_EQ(l.size(), 1u);
+      EXPECT_NEAR(l[0], saver_next[0], 1e-5 * saver_next[0]);
+    }, c, pp, last);
   }
 }
 

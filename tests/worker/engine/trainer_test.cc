@@ -194,6 +194,9 @@ INSTANTIATE_TEST_SUITE_P(
         Layout{"pp2_1f1b", 1, 1, 0, false, 1, 2, 1, Schedule::kOneFOneB, false, 4},
         Layout{"pp2_gpipe_tied", 1, 1, 0, true, 1, 2, 1, Schedule::kGPipe, false, 4},
         Layout{"pp2_vpp2", 1, 1, 0, false, 1, 2, 2, Schedule::kOneFOneB, false, 8},
+        // Stage balance: 3 + 1 layers; 8 layers over 4 virtual stages as 3/2/2/1 (tied).
+        Layout{"pp2_last1", 1, 1, 0, false, 1, 2, 1, Schedule::kOneFOneB, false, 4, false, 1},
+        Layout{"pp2_vpp2_last1_tied", 1, 1, 0, true, 1, 2, 2, Schedule::kOneFOneB, false, 8, false, 1},
         Layout{"pp4_vpp2_1f1b", 1, 1, 0, true, 1, 4, 2, Schedule::kOneFOneB, false, 8},
         Layout{"pp4_vpp2_gpipe", 1, 1, 0, true, 1, 4, 2, Schedule::kGPipe, false, 8},
         Layout{"tp2_pp2_dp2_zero1", 2, 2, 1, false, 1, 2, 1, Schedule::kOneFOneB, false, 4},

@@ -114,3 +114,36 @@ TEST(LayoutValidation, EachRuleNamesTheNumbers) {
 
 }  // namespace
 }  // namespace tessera::parallel
+
+namespace tessera::parallel {
+namespace {
+// Stage balance: the last virtual stage's layers as given, the rest spread with the
+// first stages taking the remainder; ValidateLayout names what does not fit.
+TEST(Layout, UnevenPipelineSplit) {
+  auto all = [](int64_t layers, int stages, int64_t last) {
+    std::vector<std::pair<int64_t, int64_t>> v;
+    for (int s = 0; s < stages; ++s) v.push_back(VirtualStageLayers(layers, stages, last, s));
+    return v;
+  };
+  using P = std::pair<int64_t, int64_t>;
+  EXPECT_THAT(all(16, 4, 0), ::testing::ElementsAre(P{0, 4}, P{4, 8}, P{8, 12}, P{12, 16}));
+  EXPECT_THAT(all(16, 4, 1), ::testing::ElementsAre(P{0, 5}, P{5, 10}, P{10, 15}, P{15, 16}));
+  EXPECT_THAT(all(16, 8, 1), ::testing::ElementsAre(P{0, 3}, P{3, 5}, P{5, 7}, P{7, 9}, P{9, 11}, P{11, 13}, P{13, 15},
+                                                    P{15, 16}));
+  Layout l{1, 1, 1, 4, 2};
+  l.last_stage_layers = 1;
+  EXPECT_THAT(LayersOfRank(l, 16, 3), ::testing::ElementsAre(std::pair{7, 9}, std::pair{15, 16}));
+  EXPECT_TRUE(ValidateLayout(l, 4, {16}).ok());
+  EXPECT_TRUE(ValidateLayout(l, 4, {15}).ok());  // uneven totals are fine with a last-stage count
+  l.last_stage_layers = 10;
+  EXPECT_THAT(std::string(ValidateLayout(l, 4, {16}).message()),
+              ::testing::HasSubstr("last_stage_layers=10 leaves 6 of model.num_layers=16 for the other 7 virtual stages"));
+  Layout flat{2, 1, 2, 1};
+  flat.last_stage_layers = 1;
+  EXPECT_THAT(std::string(ValidateLayout(flat, 4, {16}).message()), ::testing::HasSubstr("needs a pipeline (pp >= 2)"));
+  Layout even{1, 1, 1, 4, 1};
+  EXPECT_THAT(std::string(ValidateLayout(even, 4, {15}).message()),
+              ::testing::HasSubstr("(or set layout.last_stage_layers for an uneven split)"));
+}
+}  // namespace
+}  // namespace tessera::parallel
