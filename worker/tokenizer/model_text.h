@@ -15,13 +15,13 @@ namespace tessera::tokenizer {
 
 struct ModelText {
   std::unique_ptr<Tokenizer> tokenizer;
-  std::optional<ChatTemplate> chat;  // from tokenizer_config.json, when it has one
-  absl::Status chat_status;          // why there is none (reported when a conversation needs it)
+  std::optional<ChatTemplate> chat = std::nullopt;  // from tokenizer_config.json, when it has one
+  absl::Status chat_status = absl::OkStatus();      // why there is none (reported when a conversation needs it)
   // tokenizer_config.json's eos_token: what SFT appends to a response so that the model
   // learns to stop (none for the byte tokenizer).
-  std::optional<int32_t> eos_id;
+  std::optional<int32_t> eos_id = std::nullopt;
   // Where generation stops by default: eos_id and generation_config.json's eos_token_id(s).
-  std::vector<int32_t> eos_ids;
+  std::vector<int32_t> eos_ids = {};
 };
 
 // The token of each stop string (a job's `field`, e.g. "generate.stop"): each must be one
