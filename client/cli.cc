@@ -121,6 +121,14 @@ absl::StatusOr<v1::GetClusterStatusResponse> Client::Status() {
                                              [&](auto* c, auto& q, auto* o) { return cluster_->GetClusterStatus(c, q, o); });
 }
 
+absl::StatusOr<v1::NodeStatus> Client::Drain(const std::string& node_id, bool move_jobs, bool undo) {
+  v1::DrainNodeRequest req;
+  req.set_node_id(node_id), req.set_move_jobs(move_jobs), req.set_undo(undo);
+  auto r = Unary<v1::DrainNodeResponse>(cfg_.token, req, [&](auto* c, auto& q, auto* o) { return cluster_->DrainNode(c, q, o); });
+  if (!r.ok()) return r.status();
+  return r->node();
+}
+
 namespace {
 std::string Clock(int64_t ms) {
   std::time_t t = ms / 1000;

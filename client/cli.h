@@ -34,6 +34,8 @@ class Client {
   absl::StatusOr<std::vector<v1::Job>> List(int limit);
   absl::StatusOr<v1::Job> Stop(const std::string& id);
   absl::StatusOr<v1::GetClusterStatusResponse> Status();
+  // DrainNode (admin): cordon the node, with move_jobs also move its jobs; undo: uncordon.
+  absl::StatusOr<v1::NodeStatus> Drain(const std::string& node_id, bool move_jobs, bool undo);
   // Streams the job's events to `out` until it ends; returns the final job.
   absl::StatusOr<v1::Job> Watch(const std::string& id, std::ostream& out);
   absl::Status Logs(const std::string& id, int rank, int attempt, bool follow, std::ostream& out);

@@ -162,6 +162,16 @@ int main(int argc, char** argv) {
   auto* stop = job->add_subcommand("stop", "stop a job");
   stop->add_option("job", job_id)->required();
   auto* cluster = app.add_subcommand("status", "nodes, devices free/used, versions");
+  auto* node = app.add_subcommand("node", "nodes (admin)");
+  node->require_subcommand(1);
+  std::string node_id;
+  bool move_jobs = false;
+  auto* drain = node->add_subcommand("drain", "place nothing more on a node (until undrained)");
+  drain->add_option("node", node_id)->required();
+  drain->add_flag("--move-jobs", move_jobs,
+                  "also move its jobs now: training jobs save a checkpoint and resume elsewhere");
+  auto* undrain = node->add_subcommand("undrain", "make a drained node schedulable again");
+  undrain->add_option("node", node_id)->required();
   auto* plan = app.add_subcommand("plan", "per-rank memory and communication of a training job's layout");
   int plan_devices = 0;
   std::string plan_memory;
@@ -224,6 +234,13 @@ int main(int argc, char** argv) {
     auto j = (*c)->Stop(job_id);
     if (!j.ok()) return Fail(j.status());
     std::cout << j->job_id() << " " << tessera::JobStateName(j->state()) << "\n";
+    return 0;
+  }
+  if (*drain || *undrain) {
+    auto n = (*c)->Drain(node_id, move_jobs, static_cast<bool>(*undrain));
+    if (!n.ok()) return Fail(n.status());
+    std::cout << n->node_id() << " " << tessera::v1::NodeState_Name(n->state())
+              << (*drain && move_jobs ? " (its jobs are moving)" : "") << "\n";
     return 0;
   }
   if (*cluster) {

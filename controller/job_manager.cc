@@ -289,13 +289,35 @@ v1::GetClusterStatusResponse JobManager::ClusterStatus() {
   return r;
 }
 
-absl::StatusOr<v1::NodeStatus> JobManager::Drain(const std::string& node_id) {
-  std::lock_guard<std::mutex> l(mu_);
-  auto it = nodes_.find(node_id);
-  if (it == nodes_.end()) return absl::NotFoundError(absl::StrCat("node '", node_id, "' not found"));
-  if (it->second.status.state() == v1::READY) it->second.status.set_state(v1::DRAINING);
-  UpdateGauges();
-  return it->second.status;
+absl::StatusOr<v1::NodeStatus> JobManager::Drain(const std::string& node_id, bool move_jobs, bool undo) {
+  Outbox out;
+  v1::NodeStatus status;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = nodes_.find(node_id);
+    if (it == nodes_.end()) return absl::NotFoundError(absl::StrCat("node '", node_id, "' not found"));
+    NodeRt& n = it->second;
+    if (undo && move_jobs) return absl::InvalidArgumentError("drain: move_jobs and undo exclude each other");
+    if (undo) {
+      if (n.leaving)
+        return absl::FailedPreconditionError(absl::StrCat("node '", node_id, "' is leaving (its agent is shutting down); ",
+                                                          "it is schedulable again when its agent registers anew"));
+      n.cordoned = false, n.evacuating = false;
+      if (n.status.state() == v1::DRAINING) n.status.set_state(v1::READY);
+      spdlog::info("node {} is schedulable again", node_id);
+      wake_ = true;
+      cv_.notify_all();
+    } else {
+      n.cordoned = true;
+      if (n.status.state() == v1::READY) n.status.set_state(v1::DRAINING);
+      if (move_jobs) Evacuate(node_id, "was drained", out);
+      else spdlog::info("node {} drained: placing nothing more there", node_id);
+    }
+    UpdateGauges();
+    status = n.status;
+  }
+  Send(out);
+  return status;
 }
 
 // ---------------------------------------------------------------- NodeService
@@ -316,8 +338,8 @@ absl::Status JobManager::RegisterNode(const v1::RegisterNodeRequest& req) {
     }
     NodeRt& n = nodes_[req.node_id()];
     if (new_incarnation && n.leaving) {  // the agent that left came back (a new pod, say)
-      n.leaving = false;
-      if (n.status.state() == v1::DRAINING) n.status.set_state(v1::READY);
+      n.leaving = false, n.evacuating = n.cordoned && n.evacuating;
+      if (n.status.state() == v1::DRAINING && !n.cordoned) n.status.set_state(v1::READY);
     }
     bool was_lost = n.status.state() == v1::LOST;
     n.status.set_node_id(req.node_id());
@@ -325,7 +347,8 @@ absl::Status JobManager::RegisterNode(const v1::RegisterNodeRequest& req) {
     n.status.set_address(req.address());
     n.status.set_incarnation(req.incarnation());
     n.status.set_version(req.version());
-    if (n.status.state() != v1::DRAINING || was_lost) n.status.set_state(v1::READY);
+    if (n.cordoned) n.status.set_state(v1::DRAINING);  // drained by an admin: until undone
+    else if (n.status.state() != v1::DRAINING || was_lost) n.status.set_state(v1::READY);
     n.status.clear_devices();
     for (const auto& d : req.devices()) *n.status.add_devices() = d;
     n.last_seen_mono = MonoMs();
@@ -434,38 +457,41 @@ absl::Status JobManager::HeartbeatLocked(const std::string& node_id, int64_t inc
   it->second.last_seen_mono = MonoMs();
   UpdateStaleDevices(it->second, hb.running());
   if (metrics_) metrics_->SetLeaseAge(node_id, 0);
-  if (hb.leaving() && !it->second.leaving) OnNodeLeaving(node_id, out);
+  if (hb.leaving() && !it->second.leaving) {
+    it->second.leaving = true;
+    Evacuate(node_id, "is leaving", out);
+  }
   return absl::OkStatus();
 }
 
-void JobManager::OnNodeLeaving(const std::string& node_id, Outbox& out) {
+void JobManager::Evacuate(const std::string& node_id, const std::string& why, Outbox& out) {
   NodeRt& n = nodes_[node_id];
-  n.leaving = true;
+  n.evacuating = true;
   if (n.status.state() == v1::READY) n.status.set_state(v1::DRAINING);
   UpdateGauges();
   int asked = 0, torn = 0;
   for (auto& [id, rt] : jobs_) {
-    if (rt.tearing_down || tessera::IsTerminal(rt.job.state()) || !OnLeavingNode(rt)) continue;
+    if (rt.tearing_down || tessera::IsTerminal(rt.job.state()) || !OnEvacuatedNode(rt)) continue;
     const std::string& kind = rt.job.spec().kind();
     const bool saves = kind == "pretrain" || kind == "sft" || kind == "grpo" || kind == "ppo";  // DriverContext::preempt
     if (rt.driver && rt.job.state() == v1::RUNNING && saves) {
       rt.driver->preempt = true;  // the driver saves at its next step and returns
       ++asked;
     } else {
-      BeginTeardown(rt, v1::RESTARTING, absl::StrCat("node ", node_id, " is leaving"), out);
+      BeginTeardown(rt, v1::RESTARTING, absl::StrCat("node ", node_id, " ", why), out);
       ++torn;
     }
   }
-  spdlog::info("node {} is leaving: placing nothing more there; {} jobs asked to checkpoint and move, {} restarted",
-               node_id, asked, torn);
+  spdlog::info("node {} {}: placing nothing more there; {} jobs asked to checkpoint and move, {} restarted", node_id,
+               why, asked, torn);
   wake_ = true;
   cv_.notify_all();
 }
 
-bool JobManager::OnLeavingNode(const JobRt& rt) {
+bool JobManager::OnEvacuatedNode(const JobRt& rt) {
   for (const auto& [x, e] : rt.execs) {
     auto n = nodes_.find(e.node_id);
-    if (e.state != ExecState::kExited && n != nodes_.end() && n->second.leaving) return true;
+    if (e.state != ExecState::kExited && n != nodes_.end() && n->second.evacuating) return true;
   }
   return false;
 }
@@ -791,7 +817,7 @@ void JobManager::BeginTeardown(JobRt& rt, v1::JobState target, const std::string
   rt.tearing_down = true;
   rt.teardown_root_cause_known = root_cause;
   // A node leaving (a drain, an upgrade) is no fault of the job's: its restart is free.
-  rt.count_restart = !OnLeavingNode(rt);
+  rt.count_restart = !OnEvacuatedNode(rt);
   if (target == v1::RESTARTING && rt.count_restart && rt.job.restarts() >= rt.job.spec().max_restarts()) target = v1::FAILED;
   rt.after_teardown = target;
   rt.after_reason = reason;

@@ -82,7 +82,8 @@ class JobManager {
 
   // --- ClusterService ---
   v1::GetClusterStatusResponse ClusterStatus();
-  absl::StatusOr<v1::NodeStatus> Drain(const std::string& node_id);
+  // DrainNodeRequest: cordon (and with move_jobs evacuate) a node, or undo it.
+  absl::StatusOr<v1::NodeStatus> Drain(const std::string& node_id, bool move_jobs = false, bool undo = false);
 
   // --- NodeService ---
   absl::Status RegisterNode(const v1::RegisterNodeRequest& req);
@@ -136,7 +137,9 @@ class JobManager {
     int64_t last_seen_mono = 0;
     std::vector<v1::ControllerMessage> pending;  // waiting for the agent's stream
     std::set<std::pair<int, int>> stale_devices; // (type, index) held by executors of no live attempt
-    bool leaving = false;                         // its agent said it is shutting down (Heartbeat.leaving)
+    bool leaving = false;     // its agent said it is shutting down (Heartbeat.leaving)
+    bool cordoned = false;    // drained by an admin (DrainNode): DRAINING until undone
+    bool evacuating = false;  // its jobs are being moved (leaving, or DrainNode move_jobs)
   };
   using Outbox = std::vector<std::pair<std::string, v1::ControllerMessage>>;  // node id, command
 
@@ -157,10 +160,11 @@ class JobManager {
   void BeginTeardown(JobRt& rt, v1::JobState target, const std::string& reason, Outbox& out,
                      bool root_cause = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MarkExited(JobRt& rt, int executor) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The node is leaving: nothing more is placed there; jobs with executors there save and
-  // restart elsewhere (drivers that can checkpoint are asked to; others are torn down).
-  void OnNodeLeaving(const std::string& node_id, Outbox& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool OnLeavingNode(const JobRt& rt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Nothing more is placed on the node; jobs with executors there save and restart
+  // elsewhere (drivers that can checkpoint are asked to; others are torn down), their
+  // restarts not counted. `why`: "is leaving", "was drained".
+  void Evacuate(const std::string& node_id, const std::string& why, Outbox& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool OnEvacuatedNode(const JobRt& rt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AddEvent(JobRt& rt, const v1::JobEvent& ev) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<NodeView> NodeViews(bool include_used) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SetDevicesUsed(const JobRt& rt, bool used) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -141,7 +141,7 @@ class ClusterServiceImpl final : public v1::ClusterService::Service {
   }
   Status DrainNode(ServerContext* ctx, const v1::DrainNodeRequest* req, v1::DrainNodeResponse* resp) override {
     if (auto s = Authorize(d_, ctx, Role::kAdmin); !s.ok()) return s;
-    auto n = d_.jobs->Drain(req->node_id());
+    auto n = d_.jobs->Drain(req->node_id(), req->move_jobs(), req->undo());
     if (!n.ok()) return ToGrpc(n.status());
     *resp->mutable_node() = *n;
     return Status::OK;

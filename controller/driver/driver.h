@@ -25,7 +25,8 @@ struct DriverContext {
   std::map<std::string, std::unique_ptr<WorkerGroup>> groups;
   std::function<void(const v1::Progress&)> progress;
   std::atomic<bool>* cancelled = nullptr;
-  // Set when a node of the job is leaving (its agent got SIGTERM): a driver that can
+  // Set when a node of the job is leaving (its agent got SIGTERM) or was drained with
+  // move_jobs (DrainNode): a driver that can
   // should save a checkpoint at the next step boundary and return an error saying so;
   // the attempt then restarts elsewhere without counting against max_restarts.
   std::atomic<bool>* preempt = nullptr;

@@ -9,7 +9,7 @@
 // first_step says which step its losses start at). With a pipeline it also reports the
 // step's bubble (the slowest stage's schedule time over the stages' mean busy time,
 // minus 1) next to the ideal (pp - 1) / (vpp * micro-batches per DP rank).
-// When a node of the job is leaving (DriverContext::preempt), the next step also saves a
+// When a node of the job is leaving or drained with move_jobs (DriverContext::preempt), the next step also saves a
 // checkpoint (train_step's "save") and the driver then ends the attempt with UNAVAILABLE
 // naming that step; the restarted attempt resumes from it. Without train.checkpoint the
 // attempt ends at once (the job will start over).
@@ -44,7 +44,7 @@ absl::StatusOr<int64_t> AgreedStartStep(const std::vector<v1::CallResponse>& tra
 absl::StatusOr<bool> Preemption::Before(int64_t step) {
   if (ctx_.preempt == nullptr || !*ctx_.preempt) return false;
   if (!checkpoints_)
-    return absl::UnavailableError(absl::StrCat("a node of the job is leaving; with no train.checkpoint the job ",
+    return absl::UnavailableError(absl::StrCat("a node of the job is leaving or was drained; with no train.checkpoint the job ",
                                                "starts over elsewhere (it was at step ", step, ")"));
   saving_ = true;
   return true;
@@ -52,7 +52,7 @@ absl::StatusOr<bool> Preemption::Before(int64_t step) {
 
 absl::Status Preemption::After(int64_t step, int64_t steps) const {
   if (!saving_ || step + 1 >= steps) return absl::OkStatus();
-  return absl::UnavailableError(absl::StrCat("a node of the job is leaving: saved the checkpoint of step ", step + 1,
+  return absl::UnavailableError(absl::StrCat("a node of the job is leaving or was drained: saved the checkpoint of step ", step + 1,
                                              "; the job resumes from it elsewhere"));
 }
 

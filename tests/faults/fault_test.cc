@@ -20,6 +20,7 @@
 #include <filesystem>
 #include <iostream>
 #include <random>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -237,6 +238,24 @@ std::vector<double> Losses(const v1::Job& j) {
   return r.is_discarded() || !r.contains("losses") ? std::vector<double>{} : r["losses"].get<std::vector<double>>();
 }
 
+// The job's latest reported step once it reaches `step` (read from the dashboard's API;
+// gives up after ~12 s).
+int64_t WaitForStep(Cluster& c, const std::string& id, int64_t want) {
+  int64_t step = 0;
+  for (int i = 0; i < 600 && step < want; ++i) {
+    const std::string r = HttpGet(c.controller_dashboard_port(), "/api/jobs/" + id + "/events", c.read_token());
+    const auto body = nlohmann::json::parse(r.substr(std::min(r.size(), r.find("\r\n\r\n") + 4)), nullptr, false);
+    if (body.is_object())
+      for (const auto& e : body["events"])
+        if (e.contains("progress") && e["progress"].contains("step")) {
+          const auto& v = e["progress"]["step"];  // int64 fields are strings in proto JSON
+          step = v.is_string() ? std::stoll(v.get<std::string>()) : v.get<int64_t>();
+        }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return step;
+}
+
 // The per-step losses of `spec` run to the end undisturbed (without checkpoints).
 std::vector<double> UndisturbedLosses(Cluster& c, const v1::JobSpec& spec) {
   auto straight = c.WaitState(Submit(c, spec), v1::SUCCEEDED, 120000);
@@ -308,19 +327,7 @@ TEST(Faults, ALeavingNodesJobCheckpointsAndResumesElsewhere) {
   const std::string id = Submit(*c, spec);
   ASSERT_TRUE(c->WaitState(id, v1::RUNNING, 60000).ok());
   const int port = c->controller_dashboard_port();
-  int64_t step = 0;
-  for (int i = 0; i < 600 && step < 20; ++i) {
-    const std::string r = HttpGet(port, "/api/jobs/" + id + "/events", c->read_token());
-    const auto body = nlohmann::json::parse(r.substr(std::min(r.size(), r.find("\r\n\r\n") + 4)), nullptr, false);
-    if (body.is_object())
-      for (const auto& e : body["events"])
-        if (e.contains("progress") && e["progress"].contains("step")) {
-          const auto& v = e["progress"]["step"];  // int64 fields are strings in proto JSON
-          step = v.is_string() ? std::stoll(v.get<std::string>()) : v.get<int64_t>();
-        }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  ASSERT_GE(step, 20);
+  ASSERT_GE(WaitForStep(*c, id, 20), 20);
   auto job = c->client().Get(id);
   ASSERT_TRUE(job.ok());
   ASSERT_EQ(job->state(), v1::RUNNING) << "the job ended before the node left: make it longer";
@@ -338,7 +345,7 @@ TEST(Faults, ALeavingNodesJobCheckpointsAndResumesElsewhere) {
   EXPECT_EQ(done->restarts(), 0) << "a node leaving counted against max_restarts";
   for (const auto& a : done->assignments()) EXPECT_EQ(a.node_id(), absl::StrCat("n", 1 - leaving));
   const std::string events = HttpGet(port, "/api/jobs/" + id + "/events", c->read_token());
-  EXPECT_THAT(events, HasSubstr("a node of the job is leaving: saved the checkpoint of step "));
+  EXPECT_THAT(events, HasSubstr("a node of the job is leaving or was drained: saved the checkpoint of step "));
   int saves = 0;
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator(ckpt, ec)) {
@@ -358,6 +365,68 @@ TEST(Faults, ALeavingNodesJobCheckpointsAndResumesElsewhere) {
   ASSERT_TRUE(st.ok());
   for (const auto& n : st->nodes())
     if (n.node_id() == absl::StrCat("n", leaving)) EXPECT_NE(n.state(), v1::READY);
+}
+
+// An admin drains a node (`tessera node drain N --move-jobs`): nothing more is placed
+// there, and the training job running there saves after its current step and resumes on
+// the other node — a restart not counted against max_restarts (0). The node stays
+// drained across its agent's restart; `tessera node undrain` returns it. Bad requests are
+// refused: a read token, an unknown node.
+TEST(Faults, ADrainedNodesJobsMoveAndUndrainReturnsIt) {
+  auto c = Up({.agents = 2, .cpu_slots = 2});
+  v1::JobSpec spec = PretrainSpec(2, 1, 1, 300);
+  spec.mutable_train()->mutable_checkpoint()->set_dir(c->dir() + "/drain-ckpt");
+  spec.mutable_train()->mutable_checkpoint()->set_save_every(100000);
+  spec.set_max_restarts(0);
+  const std::string id = Submit(*c, spec);
+  ASSERT_TRUE(c->WaitState(id, v1::RUNNING, 60000).ok());
+  ASSERT_GE(WaitForStep(*c, id, 10), 10);
+  auto job = c->client().Get(id);
+  ASSERT_TRUE(job.ok());
+  const std::string node = job->assignments(0).node_id(), other = node == "n0" ? "n1" : "n0";
+  auto reader = c->ClientWithToken(c->read_token());
+  EXPECT_EQ((*reader)->Drain(node, true, false).status().code(), absl::StatusCode::kPermissionDenied);
+  auto unknown = c->client().Drain("nope", false, false);
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(unknown.status().message()), HasSubstr("node 'nope' not found"));
+  const std::string cli = std::string(TESSERA_BIN_DIR) + "/tessera --config " + c->dir() + "/controller/admin.conf ";
+  const std::string out = c->dir() + "/drain.out";
+  int rc = system((cli + "node drain " + node + " --move-jobs > " + out + " 2>&1").c_str());
+  EXPECT_EQ(WEXITSTATUS(rc), 0) << ReadFile(out).value_or("");
+  EXPECT_THAT(ReadFile(out).value_or(""), HasSubstr(node + " DRAINING (its jobs are moving)"));
+  auto done = c->WaitState(id, v1::SUCCEEDED, 120000);
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->attempt(), 2);
+  EXPECT_EQ(done->restarts(), 0);
+  for (const auto& a : done->assignments()) EXPECT_EQ(a.node_id(), other);
+  // Nothing new goes to the drained node, even after its agent restarts.
+  const int agent = node == "n0" ? 0 : 1;
+  c->agents()[agent]->Kill(SIGKILL);
+  c->agents()[agent]->Wait(10000);
+  ASSERT_TRUE(c->StartAgent(agent).ok());
+  auto incarnation = [&] {
+    auto st = c->client().Status();
+    if (st.ok())
+      for (const auto& n : st->nodes())
+        if (n.node_id() == node) return std::pair{n.incarnation(), n.state()};
+    return std::pair{int64_t{0}, v1::NODE_STATE_UNSPECIFIED};
+  };
+  const int64_t before = incarnation().first;
+  for (int i = 0; i < 500 && incarnation().first == before; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_NE(incarnation().first, before) << "the agent did not register again";
+  EXPECT_EQ(incarnation().second, v1::DRAINING);
+  auto cc = c->WaitState(Submit(*c, CommCheckSpec(2, 2, 1, 0)), v1::SUCCEEDED, 60000);
+  ASSERT_TRUE(cc.ok()) << cc.status();
+  for (const auto& a : cc->assignments()) EXPECT_EQ(a.node_id(), other);
+  rc = system((cli + "node undrain " + node + " > " + out + " 2>&1").c_str());
+  EXPECT_EQ(WEXITSTATUS(rc), 0) << ReadFile(out).value_or("");
+  EXPECT_THAT(ReadFile(out).value_or(""), HasSubstr(node + " READY"));
+  // Both nodes take work again: four executors need both.
+  auto both = c->WaitState(Submit(*c, CommCheckSpec(4, 2, 1, 0)), v1::SUCCEEDED, 60000);
+  ASSERT_TRUE(both.ok()) << both.status();
+  std::set<std::string> nodes;
+  for (const auto& a : both->assignments()) nodes.insert(a.node_id());
+  EXPECT_EQ(nodes.size(), 2u);
 }
 
 // A corrupt checkpoint (one byte of a shard flipped after the job ends): a job resuming

@@ -165,9 +165,13 @@ TEST(Checkpoint, LoadsIntoAnotherLayout) {
   }
 }
 
-// A pipeline's checkpoint (pp2, tied embeddings held by both stages) loads into one rank
-// and into tp2, and the next step matches the pipeline's.
-TEST(Checkpoint, PipelineCheckpointLoadsIntoOtherLayouts) {
+struct Into {
+  int tp, pp, last_stage_layers;
+};
+
+// A pp2 checkpoint (split as `last_stage_layers` says) of `config`, saved after step 2,
+// loads into each of `into`, and the next step matches the pipeline's.
+void PipelineCheckpointLoadsInto(const model::LlamaConfig& config, int last_stage_layers, const std::vector<Into>& into) {
   const std::string dir = TempDir();
   std::vector<double> saver_next(2);
   RunLayout(1, 1, 0, 9, [&](int r, Rank& k) {
@@ -175,44 +179,32 @@ TEST(Checkpoint, PipelineCheckpointLoadsIntoOtherLayouts) {
     EXPECT_TRUE(SaveCheckpoint(dir, 2, k.group()).ok());
     auto l = k.Train(3, 3);
     saver_next[r] = l.empty() ? -1 : l[0];
-  }, Config(), /*pp=*/2);
+  }, config, /*pp=*/2, last_stage_layers);
   EXPECT_EQ(saver_next[0], saver_next[1]);
-  for (auto [tp, pp] : {std::pair{1, 1}, std::pair{2, 1}, std::pair{1, 2}}) {
-    SCOPED_TRACE(::testing::Message() << "into tp" << tp << " pp" << pp);
-    RunLayout(tp, 1, 0, 5, [&](int, Rank& k) {
+  for (const Into& to : into) {
+    SCOPED_TRACE(::testing::Message() << "into tp" << to.tp << " pp" << to.pp << " last " << to.last_stage_layers);
+    RunLayout(to.tp, 1, 0, 5, [&](int, Rank& k) {
       auto step = LoadCheckpoint(dir + "/step-00000002", k.group());
       ASSERT_TRUE(step.ok()) << step.status();
       auto l = k.Train(3, 3);
       ASSERT_EQ(l.size(), 1u);
       EXPECT_NEAR(l[0], saver_next[0], 1e-5 * saver_next[0]);
-    }, Config(), pp);
+    }, config, to.pp, to.last_stage_layers);
   }
+}
+
+// A pipeline's checkpoint (pp2, tied embeddings held by both stages) loads into one rank
+// and into tp2, and the next step matches the pipeline's.
+TEST(Checkpoint, PipelineCheckpointLoadsIntoOtherLayouts) {
+  PipelineCheckpointLoadsInto(Config(), 0, {{1, 1, 0}, {2, 1, 0}, {1, 2, 0}});
 }
 
 // An uneven pipeline split (ParallelLayout.last_stage_layers): three layers saved as 2 + 1
 // load into one rank, into tp2 and into the opposite split 1 + 2, and train on alike.
 TEST(Checkpoint, AnUnevenPipelineSplitLoadsIntoOtherLayouts) {
-  const std::string dir = TempDir();
   model::LlamaConfig c = Config();
   c.layers = 3;
-  std::vector<double> saver_next(2);
-  RunLayout(1, 1, 0, 9, [&](int r, Rank& k) {
-    k.Train(1, 2);
-    EXPECT_TRUE(SaveCheckpoint(dir, 2, k.group()).ok());
-    auto l = k.Train(3, 3);
-    saver_next[r] = l.empty() ? -1 : l[0];
-  }, c, /*pp=*/2, /*last_stage_layers=*/1);
-  EXPECT_EQ(saver_next[0], saver_next[1]);
-  for (auto [tp, pp, last] : {std::tuple{1, 1, 0}, std::tuple{2, 1, 0}, std::tuple{1, 2, 2}}) {
-    SCOPED_TRACE(::testing::Message() << "into tp" << tp << " pp" << pp << " last " << last);
-    RunLayout(tp, 1, 0, 5, [&](int, Rank& k) {
-      auto step = LoadCheckpoint(dir + "/step-00000002", k.group());
-      ASSERT_TRUE(step.ok()) << step.status();
-      auto l = k.Train(3, 3);
-      ASSERT_EQ(l.size(), 1u);
-      EXPECT_NEAR(l[0], saver_next[0], 1e-5 * saver_next[0]);
-    }, c, pp, last);
-  }
+  PipelineCheckpointLoadsInto(c, 1, {{1, 1, 0}, {2, 1, 0}, {1, 2, 2}});
 }
 
 std::string Flip(const std::string& path, size_t at) {
