@@ -439,12 +439,12 @@ void JobManager::DetachAgent(const std::string& node_id, const AgentLink* link) 
 
 absl::Status JobManager::OnHeartbeat(const std::string& node_id, int64_t incarnation, const v1::Heartbeat& hb) {
   Outbox out;
-  absl::Status st = HeartbeatLocked(node_id, incarnation, hb, out);
+  absl::Status st = ApplyHeartbeat(node_id, incarnation, hb, out);
   Send(out);
   return st;
 }
 
-absl::Status JobManager::HeartbeatLocked(const std::string& node_id, int64_t incarnation, const v1::Heartbeat& hb,
+absl::Status JobManager::ApplyHeartbeat(const std::string& node_id, int64_t incarnation, const v1::Heartbeat& hb,
                                          Outbox& out) {
   std::lock_guard<std::mutex> l(mu_);
   auto it = nodes_.find(node_id);

@@ -143,7 +143,7 @@ class JobManager {
   };
   using Outbox = std::vector<std::pair<std::string, v1::ControllerMessage>>;  // node id, command
 
-  absl::Status HeartbeatLocked(const std::string& node_id, int64_t incarnation, const v1::Heartbeat& hb, Outbox& out);
+  absl::Status ApplyHeartbeat(const std::string& node_id, int64_t incarnation, const v1::Heartbeat& hb, Outbox& out);
   void ReconcileLoop();
   void ReconcileOnce();
   void CheckLeases(Outbox& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

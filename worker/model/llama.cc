@@ -2,6 +2,7 @@
 
 #include "worker/model/context_parallel.h"
 #include "worker/model/llama_internal.h"
+#include "worker/parallel/layout.h"
 
 #include <algorithm>
 
@@ -87,16 +88,11 @@ absl::StatusOr<std::unique_ptr<Llama>> Llama::Create(const LlamaConfig& config, 
   if (backend == nullptr) return absl::InvalidArgumentError("model: no backend");
   if (config.value_head && (sequence_parallel || stage.pp > 1 || stage.vpp > 1))
     return absl::InvalidArgumentError("model: a critic (value head) runs without sequence or pipeline parallelism yet");
-  const int stages = stage.pp * stage.vpp;
   if (stage.pp < 1 || stage.vpp < 1 || stage.rank < 0 || stage.rank >= stage.pp || stage.last_layers < 0)
     return absl::InvalidArgumentError(absl::StrCat("model: bad pipeline stage (pp ", stage.pp, ", rank ", stage.rank,
                                                    ", vpp ", stage.vpp, ", last_layers ", stage.last_layers, ")"));
-  if (stages > 1 && (stage.last_layers > 0 ? config.layers - stage.last_layers < stages - 1 : config.layers % stages != 0))
-    return absl::InvalidArgumentError(absl::StrCat("model: pipeline stage ", stage.rank, ": ", config.layers,
-                                                   " layers do not split over pp*vpp = ", stages,
-                                                   " virtual stages", stage.last_layers > 0
-                                                       ? absl::StrCat(" with ", stage.last_layers, " on the last")
-                                                       : std::string(" evenly")));
+  if (auto st = parallel::CheckLayerSplit(config.layers, stage.pp, stage.vpp, stage.last_layers); !st.ok())
+    return absl::InvalidArgumentError(absl::StrCat("model: pipeline stage ", stage.rank, ": ", st.message()));
   std::unique_ptr<Llama> m(new Llama(config, backend, tp, sequence_parallel, cp, stage));
   TESSERA_RETURN_IF_ERROR(m->Allocate());
   return m;
@@ -201,35 +197,26 @@ absl::Status Llama::RefreshCompute(Param& p) {
 
 absl::StatusOr<std::vector<float>> Llama::GatherGlobal(const Param& p, bool grad) {
   const Tensor& local = grad ? p.grad : p.value;
-  const int64_t n = local.numel(), parts = tp_size();
-  if (tp_ == nullptr || p.spec.shard_dim < 0) {  // the local tensor is the whole one
-    std::vector<float> whole(n);
-    TESSERA_RETURN_IF_ERROR(backend_->CopyToHost(local, whole.data()));
-    return whole;
-  }
-  std::vector<float> all(n * parts);
-  TESSERA_ASSIGN_OR_RETURN(Tensor gathered, New(*backend_, {parts * n}));
-  TESSERA_RETURN_IF_ERROR(tp_->AllGather(local.data(), gathered.data(), n, local.dtype()));
-  TESSERA_RETURN_IF_ERROR(backend_->CopyToHost(gathered, all.data()));
-  if (p.spec.shard_dim == 0) return all;  // shards are consecutive row blocks
-  const int64_t rows = p.spec.shape[0], cols = p.spec.shape[1], c = cols / parts;
-  std::vector<float> out(all.size());
-  for (int64_t k = 0; k < parts; ++k)
-    for (int64_t r = 0; r < rows; ++r)
-      std::copy_n(all.begin() + k * n + r * c, c, out.begin() + r * cols + k * c);
+  const int64_t n = local.numel() * (p.spec.shard_dim >= 0 ? tp_size() : 1);
+  TESSERA_ASSIGN_OR_RETURN(Tensor whole, New(*backend_, {n}));
+  TESSERA_RETURN_IF_ERROR(GatherInto(p, local, whole));
+  std::vector<float> out(n);
+  TESSERA_RETURN_IF_ERROR(backend_->CopyToHost(whole, out.data()));
   return out;
 }
 
-absl::Status Llama::GatherGlobalInto(const Param& p, Tensor& out) {
-  const int64_t n = p.value.numel(), parts = tp_size();
+absl::Status Llama::GatherGlobalInto(const Param& p, Tensor& out) { return GatherInto(p, p.value, out); }
+
+absl::Status Llama::GatherInto(const Param& p, const Tensor& shard, Tensor& out) {
+  const int64_t n = shard.numel(), parts = tp_size();
   if (out.numel() != n * (p.spec.shard_dim >= 0 ? parts : 1) || out.dtype() != DType::kF32 || !out.contiguous())
     return absl::InvalidArgumentError(absl::StrCat("model: ", p.name(), ": gather into ", out.ShapeString(), " ",
                                                    DTypeName(out.dtype()), "; expected f32 of the global size"));
   TESSERA_ASSIGN_OR_RETURN(Tensor flat, out.Reshape({out.numel()}));
-  TESSERA_ASSIGN_OR_RETURN(Tensor local, p.value.Reshape({n}));
+  TESSERA_ASSIGN_OR_RETURN(Tensor local, shard.Reshape({n}));
   if (tp_ == nullptr || p.spec.shard_dim < 0) return backend_->Copy(local, flat);
   if (p.spec.shard_dim == 0) {  // shards are consecutive row blocks: gather in place
-    TESSERA_RETURN_IF_ERROR(backend_->Synchronize());  // the value is written on the compute stream
+    TESSERA_RETURN_IF_ERROR(backend_->Synchronize());  // the shard is written on the compute stream
     TESSERA_RETURN_IF_ERROR(tp_->AllGather(local.data(), flat.data(), n, DType::kF32));
     return tp_->Synchronize();
   }

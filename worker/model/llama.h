@@ -277,6 +277,9 @@ class Llama {
   absl::Status NormBackward(const runtime::Tensor& dy, const runtime::Tensor& x, Param& w,
                             const runtime::Tensor& rstd, runtime::Tensor& dx);
   absl::Status Allocate();
+  // GatherGlobal's and GatherGlobalInto's work: `shard` (p's value or gradient) gathered
+  // over the TP group into `out` (f32, contiguous, global size), on the backend.
+  absl::Status GatherInto(const Param& p, const runtime::Tensor& shard, runtime::Tensor& out);
   absl::StatusOr<Inputs> Upload(const TokenBatch& batch);
   absl::Status LayerForward(const LayerParams& w, const Inputs& in, const runtime::Tensor& x, LayerActs& a,
                             runtime::Tensor& out, const CacheStep* kv = nullptr);

@@ -28,14 +28,9 @@ absl::Status ValidateLayout(const Layout& l, int world, const ModelShape& m) {
   if (l.last_stage_layers < 0) return bad("layout: last_stage_layers must be >= 0, got ", l.last_stage_layers);
   if (l.last_stage_layers > 0 && l.pp < 2)
     return bad("layout: last_stage_layers=", l.last_stage_layers, " needs a pipeline (pp >= 2), got pp=", l.pp);
-  const int stages = l.pp * l.vpp;
-  if (l.last_stage_layers > 0 && m.num_layers > 0 && m.num_layers - l.last_stage_layers < stages - 1)
-    return bad("layout: last_stage_layers=", l.last_stage_layers, " leaves ", m.num_layers - l.last_stage_layers,
-               " of model.num_layers=", m.num_layers, " for the other ", stages - 1,
-               " virtual stages (pp*vpp - 1); each needs at least one");
-  if (l.last_stage_layers == 0 && m.num_layers > 0 && m.num_layers % stages != 0)
-    return bad("model.num_layers=", m.num_layers, " is not divisible by pp*vpp = ", l.pp, "*",
-               l.vpp, " = ", stages, " (or set layout.last_stage_layers for an uneven split)");
+  if (m.num_layers > 0) {
+    if (auto st = CheckLayerSplit(m.num_layers, l.pp, l.vpp, l.last_stage_layers); !st.ok()) return st;
+  }
   if (m.global_batch > 0) {
     int mb = m.micro_batch > 0 ? m.micro_batch : 1;
     if (m.global_batch % (l.dp * mb) != 0)
@@ -153,6 +148,20 @@ std::vector<std::pair<int, int>> LayersOfRank(const Layout& l, int num_layers, i
     out.emplace_back(static_cast<int>(b), static_cast<int>(e));
   }
   return out;
+}
+
+absl::Status CheckLayerSplit(int64_t num_layers, int pp, int vpp, int64_t last_stage_layers) {
+  const int stages = pp * vpp;
+  if (last_stage_layers > 0 && num_layers - last_stage_layers < stages - 1)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "layout: last_stage_layers=", last_stage_layers, " leaves ", num_layers - last_stage_layers,
+        " of model.num_layers=", num_layers, " for the other ", stages - 1,
+        " virtual stages (pp*vpp - 1); each needs at least one"));
+  if (last_stage_layers <= 0 && num_layers % stages != 0)
+    return absl::InvalidArgumentError(absl::StrCat("model.num_layers=", num_layers, " is not divisible by pp*vpp = ", pp,
+                                                   "*", vpp, " = ", stages,
+                                                   " (or set layout.last_stage_layers for an uneven split)"));
+  return absl::OkStatus();
 }
 
 std::pair<int64_t, int64_t> VirtualStageLayers(int64_t num_layers, int stages, int64_t last_stage_layers, int v) {

@@ -85,5 +85,8 @@ std::vector<std::pair<int, int>> LayersOfRank(const Layout& layout, int num_laye
 // one more each where they do not divide evenly (Megatron's uneven pipeline split: the
 // last stage also runs the LM head and the loss). ValidateLayout checks the numbers.
 std::pair<int64_t, int64_t> VirtualStageLayers(int64_t num_layers, int stages, int64_t last_stage_layers, int v);
+// INVALID_ARGUMENT naming the numbers unless num_layers splits over pp·vpp virtual stages
+// as VirtualStageLayers does (evenly, or every stage at least one layer).
+absl::Status CheckLayerSplit(int64_t num_layers, int pp, int vpp, int64_t last_stage_layers);
 
 }  // namespace tessera::parallel
