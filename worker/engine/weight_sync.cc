@@ -1,5 +1,6 @@
 #include "worker/engine/weight_sync.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -27,11 +28,23 @@ absl::Status SameArchitecture(model::Llama& a, model::Llama& b) {
 absl::Status SyncColocated(model::Llama& actor, model::Llama& rollout) {
   if (&actor == &rollout) return absl::OkStatus();  // the same TP: the engine reads the actor's model
   TESSERA_RETURN_IF_ERROR(SameArchitecture(actor, rollout));
-  runtime::Backend& b = actor.backend();
+  // The two models may run on different backends of one device (an executor's training
+  // session and its rollout pool each have their own stream): one buffer, written on the
+  // actor's stream and read on the rollout's, so each tensor's gather is complete before
+  // the rollout copies it out, and that copy is complete before the next gather reuses
+  // the buffer. On one backend the stream orders both.
+  runtime::Backend& a = actor.backend();
+  runtime::Backend& r = rollout.backend();
+  const bool two_streams = &a != &r;
+  int64_t largest = 1;
+  for (const model::Param& p : actor.params()) largest = std::max(largest, Elements(p));
+  TESSERA_ASSIGN_OR_RETURN(runtime::Tensor buf, a.Empty({largest}, runtime::DType::kF32));
   for (size_t i = 0; i < actor.params().size(); ++i) {  // one tensor at a time, on the device
-    TESSERA_ASSIGN_OR_RETURN(runtime::Tensor whole, b.Empty({Elements(actor.params()[i])}, runtime::DType::kF32));
+    TESSERA_ASSIGN_OR_RETURN(runtime::Tensor whole, buf.Slice(0, 0, Elements(actor.params()[i])));
     TESSERA_RETURN_IF_ERROR(actor.GatherGlobalInto(actor.params()[i], whole));
+    if (two_streams) TESSERA_RETURN_IF_ERROR(a.Synchronize());
     TESSERA_RETURN_IF_ERROR(rollout.SetGlobalFrom(rollout.params()[i], whole));
+    if (two_streams) TESSERA_RETURN_IF_ERROR(r.Synchronize());
   }
   return absl::OkStatus();
 }

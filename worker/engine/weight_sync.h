@@ -11,6 +11,8 @@
 // Everything stays on the backend (Llama::GatherGlobalInto / SetGlobalFrom, Backend::Copy
 // for column blocks): no host round trip, so on GPUs the sync runs at NCCL and HBM speed.
 // The two models must have the same architecture (parameter names and global shapes).
+// SyncColocated's two models may live on two backends (two streams) of one device: it
+// orders the streams itself (each tensor's gather completes before the rollout reads it).
 // Every rank of the groups involved must call, in the same order.
 #pragma once
 
