@@ -36,9 +36,18 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-// Runs a and b at once (b on a thread); the first error wins.
+// Runs a and b at once (b on a thread) — or, with `in_turn` (the rollout group colocated
+// on the actor's executors), a then b: an executor serves one call at a time, in the
+// order the calls reach it, and two calls that each run collectives over a different
+// group of the same executors deadlock where executors take them in different orders
+// (seen on 4 GPUs: the actor's TP-4 digest gather against the rollout's TP-2 one). The
+// first error wins.
 template <class A, class B>
-absl::Status Both(A a, B b) {
+absl::Status Both(bool in_turn, A a, B b) {
+  if (in_turn) {
+    TESSERA_RETURN_IF_ERROR(a());
+    return b();
+  }
   absl::Status sb;
   std::thread t([&] { sb = b(); });
   absl::Status sa = a();
@@ -65,8 +74,8 @@ absl::StatusOr<std::string> RunGrpoSplit(DriverContext& ctx) {
   // each executor (sync_weights on the actor's ranks); no bridge.
   const bool colocated = !spec.groups(1).colocate_with().empty();
   std::vector<v1::CallResponse> started;
-  TESSERA_RETURN_IF_ERROR(Both([&] { return actor.InitAll().status(); }, [&] { return pool.InitAll().status(); }));
-  TESSERA_RETURN_IF_ERROR(Both(
+  TESSERA_RETURN_IF_ERROR(Both(colocated, [&] { return actor.InitAll().status(); }, [&] { return pool.InitAll().status(); }));
+  TESSERA_RETURN_IF_ERROR(Both(colocated,
       [&]() -> absl::Status {
         TESSERA_ASSIGN_OR_RETURN(started, actor.CallOneToAll("train_init", "{}"));
         return absl::OkStatus();
@@ -74,13 +83,13 @@ absl::StatusOr<std::string> RunGrpoSplit(DriverContext& ctx) {
       [&] { return pool.CallOneToAll("rollout_init", "{}").status(); }));
   TESSERA_ASSIGN_OR_RETURN(const int64_t start, AgreedStartStep(started));
   if (!colocated)
-    TESSERA_RETURN_IF_ERROR(Both([&] { return actor.CallOneToAll("bridge_init", "{}").status(); },
+    TESSERA_RETURN_IF_ERROR(Both(false, [&] { return actor.CallOneToAll("bridge_init", "{}").status(); },
                                  [&] { return pool.CallOneToAll("bridge_init", "{}").status(); }));
   // The actor's weights to the pool: bytes sent (the model in f32) and the wall time.
   auto sync = [&]() -> absl::StatusOr<std::pair<int64_t, double>> {
     const auto t = Clock::now();
     std::vector<v1::CallResponse> sent;
-    TESSERA_RETURN_IF_ERROR(Both(
+    TESSERA_RETURN_IF_ERROR(Both(colocated,
         [&]() -> absl::Status {
           TESSERA_ASSIGN_OR_RETURN(sent, actor.CallOneToAll("sync_weights", "{}"));
           return absl::OkStatus();
@@ -92,7 +101,7 @@ absl::StatusOr<std::string> RunGrpoSplit(DriverContext& ctx) {
   // Every rank of both groups digests the global weights: all must agree.
   auto verify = [&]() -> absl::Status {
     std::vector<v1::CallResponse> a, p;
-    TESSERA_RETURN_IF_ERROR(Both(
+    TESSERA_RETURN_IF_ERROR(Both(colocated,
         [&]() -> absl::Status {
           TESSERA_ASSIGN_OR_RETURN(a, actor.CallOneToAll("weights_digest", "{}"));
           return absl::OkStatus();
