@@ -261,6 +261,15 @@ absl::Status Trainer::AllReduceGrad(State& s) {
   return dp_->AllReduce(s.grad_low.data(), s.grad_low.data(), s.n, DType::kBF16, comm::ReduceOp::kSum);
 }
 
+absl::Status Trainer::WidenReducedGrad(const model::Param* p) {
+  for (State& s : state_)
+    if (s.param == p && s.grad_low.defined()) {
+      TESSERA_RETURN_IF_ERROR(backend_->Cast(s.grad_low, s.param->grad));
+      s.grad_low = Tensor();  // back to the pool, stream-ordered after the cast
+    }
+  return absl::OkStatus();
+}
+
 absl::Status Trainer::ReduceEarly(State& s) {
   Tensor& g = s.param->grad;
   if (options_.zero == 0) {
@@ -608,7 +617,7 @@ absl::StatusOr<StepStats> Trainer::Step(const std::vector<model::TokenBatch>& mi
   if (stats.tokens == 0) return absl::InvalidArgumentError("trainer: the global batch has no target tokens");
   TESSERA_RETURN_IF_ERROR(BeginStep(micro_batches));
   // Where the host has just waited anyway (the token count): the last micro-batch's rows.
-  if (pp_ == nullptr && options_.zero == 0 && options_.early_embedding && !options_.grad_reduce_bf16)
+  if (pp_ == nullptr && options_.zero == 0 && options_.early_embedding)
     TESSERA_RETURN_IF_ERROR(PlanEmbeddingRows(micro_batches.back()));
   const float scale = 1.f / static_cast<float>(stats.tokens);
   float loss_sum = 0.f;

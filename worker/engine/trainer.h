@@ -54,8 +54,9 @@ struct OptimizerOptions {
   // ZeRO-0 with DP: gradients reduced in bf16 (half the bytes of f32; Megatron's
   // --grad-reduce-in-bf16, FSDP2's reduce_dtype): each gradient, accumulated in f32 over
   // the micro-batches, is rounded to bf16, summed over DP in bf16, and the clipping norm
-  // and AdamW read that bf16 sum. Off: f32 (the default). Not with ZeRO-1/2/3
-  // (INVALID_ARGUMENT) and without the early embedding reduction.
+  // and AdamW read that bf16 sum (the embedding's, under the early reduction, is widened
+  // back to f32 before its last micro-batch's rows are added). Off: f32 (the default).
+  // Not with ZeRO-1/2/3 (INVALID_ARGUMENT).
   bool grad_reduce_bf16 = false;
 };
 
@@ -183,6 +184,9 @@ class Trainer {
   absl::Status EnsureGrad(State& s);
   absl::Status ReduceGrad(State& s);
   absl::Status ReduceEarly(State& s);  // ZeRO-0/1: the last micro-batch's reduction of one parameter
+  // grad_reduce_bf16: p's bf16-reduced gradient widened into its f32 gradient, which the
+  // norm and AdamW then read (a no-op where p has no bf16 sum).
+  absl::Status WidenReducedGrad(const model::Param* p);
   // ZeRO-0 with DP and no pipeline (trainer_rows.cc): the embedding's gradient is
   // all-reduced as soon as the last micro-batch's LM head backward is done — under every
   // layer's backward — instead of after the embedding's backward, the last thing in the

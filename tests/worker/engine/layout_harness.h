@@ -38,6 +38,7 @@ struct Layout {
   bool sp = false;  // with cp (the split pads every sequence to a multiple of 2·cp·tp)
   int64_t layers = 2;
   bool grad_reduce_bf16 = false;  // OptimizerOptions::grad_reduce_bf16
+  bool early_embedding = true;    // OptimizerOptions::early_embedding
   int last_stage_layers = 0;      // an uneven pipeline split (ParallelLayout.last_stage_layers)
   int world() const { return tp * cp * dp * pp; }
 };
@@ -72,7 +73,7 @@ inline void TrainLayout(const Layout& l, const Comms& c, runtime::Backend* be, m
   ASSERT_TRUE((*model)->InitRandom(9, h.init_std).ok());
   OptimizerOptions o;
   o.lr = h.lr, o.min_lr = h.min_lr, o.warmup_steps = 1, o.total_steps = 3, o.clip_norm = h.clip, o.zero = l.zero;
-  o.schedule = l.schedule, o.grad_reduce_bf16 = l.grad_reduce_bf16;
+  o.schedule = l.schedule, o.grad_reduce_bf16 = l.grad_reduce_bf16, o.early_embedding = l.early_embedding;
   auto trainer = Trainer::Create(model->get(), be, c.dp, c.tp, o, c.pp);
   ASSERT_TRUE(trainer.ok()) << trainer.status();
   const int dps = c.dp_size, dpr = c.dp_rank;
