@@ -33,6 +33,8 @@
 
 #include <sstream>
 
+#include <nvtx3/nvToolsExt.h>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "bench/bench_util.h"
@@ -130,7 +132,9 @@ void RunRank(const model::LlamaConfig& c, int device, comm::Communicator* tp, co
       (*be)->allocator()->ResetPeak();
       t0 = std::chrono::steady_clock::now();
     }
+    nvtxRangePushA(s >= warmup ? "timed step" : "warmup step");  // for bench/nsys_gaps.py
     auto st = (*t)->Step(batches);
+    nvtxRangePop();
     if (!st.ok()) return fail(st.status());
     out.losses.push_back(st->loss);
     if (s >= warmup) out.pipeline_s.push_back(st->pipeline_s), out.busy_s.push_back(st->pipeline_busy_s);

@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""Where a training step's time goes on each GPU, from Nsight Systems reports exported to
+SQLite (`nsys export --type sqlite`) of bench/train_bench runs (scripts/gpu-profile.sh,
+WHAT=dp): for every process (one per rank and GPU), its last NVTX "timed step" range
+(train_bench marks each step), and in it:
+  - the step's span, and the compute stream's busy time (the stream with the most
+    non-NCCL kernel time) and idle time, with the longest idle gaps (where in the step,
+    and between which kernels);
+  - NCCL kernel time, and how much of it ran while the compute stream was busy;
+  - compute kernel time by kind (GEMM, attention, the rest), to set against another
+    report (one GPU alone against dp4: what the overlap slows down).
+
+  python3 bench/nsys_gaps.py alone.sqlite dp4.sqlite [--gaps 8] [--min-gap-ms 0.1]
+"""
+import argparse
+import sqlite3
+import sys
+
+
+def pid_of(global_id):
+    return (global_id >> 24) & 0xFFFFFF
+
+
+def kind(name):
+    n = name.lower()
+    if "nccl" in n:
+        return "nccl"
+    if "nvjet" in n or "gemm" in n or "cutlass" in n or "xmma" in n:
+        return "gemm"
+    if "attn" in n or "attention" in n or "flash" in n or "fmha" in n or "cudnn" in n:
+        return "attention"
+    return "other"
+
+
+def union(intervals):
+    out = []
+    for s, e in sorted(intervals):
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return out
+
+
+def overlap(a, b):  # total length of the intersection of two unions of intervals
+    i = j = 0
+    total = 0
+    while i < len(a) and j < len(b):
+        s, e = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        total += max(0, e - s)
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def load(path):
+    db = sqlite3.connect(path)
+    names = dict(db.execute("SELECT id, value FROM StringIds"))
+    cols = {r[1] for r in db.execute("PRAGMA table_info(NVTX_EVENTS)")}
+    text = "COALESCE(text, '')" if "textId" not in cols else "COALESCE(text, (SELECT value FROM StringIds WHERE id = textId), '')"
+    steps = {}
+    for start, end, t, tid in db.execute(f"SELECT start, end, {text}, globalTid FROM NVTX_EVENTS WHERE end IS NOT NULL"):
+        if t == "timed step":
+            steps.setdefault(pid_of(tid), []).append((start, end))
+    kernels = {}
+    for start, end, dev, stream, pid, name in db.execute(
+            "SELECT start, end, deviceId, streamId, globalPid, shortName FROM CUPTI_ACTIVITY_KIND_KERNEL"):
+        kernels.setdefault(pid_of(pid), []).append((start, end, dev, stream, names.get(name, str(name))))
+    return steps, kernels
+
+
+def report(path, gaps, min_gap_ms):
+    steps, kernels = load(path)
+    print(f"== {path}")
+    if not steps:
+        print("  no 'timed step' NVTX ranges (train_bench built without them?)")
+        return
+    for pid in sorted(steps):
+        s0, s1 = max(steps[pid])  # the last timed step
+        ks = [k for k in kernels.get(pid, []) if s0 <= k[0] < s1]
+        if not ks:
+            print(f"  pid {pid}: no kernels in its last timed step")
+            continue
+        by_stream = {}
+        for k in ks:
+            if kind(k[4]) != "nccl":
+                by_stream[k[3]] = by_stream.get(k[3], 0) + k[1] - k[0]
+        compute = max(by_stream, key=by_stream.get)
+        comp = sorted(k for k in ks if k[3] == compute)
+        busy = union([(k[0], k[1]) for k in comp])
+        nccl = union([(k[0], k[1]) for k in ks if kind(k[4]) == "nccl"])
+        first, last = comp[0][0], max(k[1] for k in comp)
+        span = last - first
+        busy_ns = sum(e - s for s, e in busy)
+        by_kind = {}
+        for k in comp:
+            by_kind[kind(k[4])] = by_kind.get(kind(k[4]), 0) + k[1] - k[0]
+        print(f"  pid {pid} (device {comp[0][2]}): compute stream {span / 1e6:.2f} ms from its first to its last kernel, "
+              f"busy {busy_ns / 1e6:.2f} ms, idle {(span - busy_ns) / 1e6:.2f} ms; NCCL kernels "
+              f"{sum(e - s for s, e in nccl) / 1e6:.2f} ms, {overlap(busy, nccl) / 1e6:.2f} ms of it under compute")
+        print("    compute kernels: " + ", ".join(f"{k} {v / 1e6:.2f} ms" for k, v in sorted(by_kind.items(), key=lambda x: -x[1])))
+        holes = []
+        for a, b in zip(comp, comp[1:]):
+            if b[0] - a[1] >= min_gap_ms * 1e6:
+                holes.append((b[0] - a[1], a[1] - first, a[4], b[4]))
+        holes.sort(reverse=True)
+        idle_in_holes = sum(h[0] for h in holes)
+        print(f"    {len(holes)} gaps of {min_gap_ms} ms or more, {idle_in_holes / 1e6:.2f} ms in all; the longest:")
+        for length, at, before, after in holes[:gaps]:
+            print(f"      {length / 1e6:7.3f} ms at {at / 1e6:8.2f} ms: {before[:48]} -> {after[:48]}")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("reports", nargs="+")
+    p.add_argument("--gaps", type=int, default=8)
+    p.add_argument("--min-gap-ms", type=float, default=0.1)
+    a = p.parse_args()
+    for r in a.reports:
+        try:
+            report(r, a.gaps, a.min_gap_ms)
+        except sqlite3.Error as e:
+            print(f"== {r}: {e}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
