@@ -90,7 +90,12 @@ absl::StatusOr<std::string> RolloutPoolSession::Generate(int64_t step, v1::Tenso
   }
   *out = SamplesToBatch(prompts, completions, rewards, static_cast<size_t>(prompts_.longest_prompt()),
                         static_cast<size_t>(rl_.max_new_tokens()));
-  return nlohmann::json{{"reward", reward}, {"response_length", length}, {"samples", done.size()}, {"generate_s", generate_s}}
+  return nlohmann::json{{"reward", reward},
+                        {"response_length", length},
+                        {"samples", done.size()},
+                        {"generate_s", generate_s},
+                        {"decode_steps", rollout_->decode_steps()},
+                        {"graph_steps", rollout_->graph_steps()}}
       .dump();
 }
 
