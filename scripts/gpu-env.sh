@@ -4,7 +4,9 @@
 # with GPU_ENV_KEEP_DIST=1 an already unpacked dist/ is kept.
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 if [ -f .carry/dist.tar.xz ] && { [ "${GPU_ENV_KEEP_DIST:-0}" != 1 ] || [ ! -d dist ]; }; then
-  rm -rf dist && tar -xJf .carry/dist.tar.xz
+  # A transfer that broke off can leave a truncated archive (seen once): stop rather than
+  # run whatever part of dist/ came out of it.
+  rm -rf dist && tar -xJf .carry/dist.tar.xz || { echo "gpu-env: .carry/dist.tar.xz is damaged; run the call again" >&2; exit 3; }
 fi
 export LD_LIBRARY_PATH=$PWD/dist/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export NCCL_NVLS_ENABLE=0
