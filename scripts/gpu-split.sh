@@ -36,9 +36,10 @@ for job in jobs:
         if m:
             rows.append((int(m.group(1)), dict(re.findall(r"(\w+)=([-\d.e+]+)", line))))
     print(f"\n== grpo 1B shape on {card}s, {title} (job {'succeeded: weights verified by digest' if verified else 'FAILED'})")
-    print(f"{'step':>4} {'generate_s':>11} {'engine_s':>9} {'graphs/decode':>14} {'update_s':>9} {'sync_s':>8} {'sync_GB/s':>10}")
+    print(f"{'step':>4} {'generate_s':>11} {'engine_s':>9} {'prefill_s':>9} {'decode_s':>9} {'graphs/decode':>14} {'update_s':>9} {'sync_s':>8} {'sync_GB/s':>10}")
     for step, kv in rows:
         f = lambda k: float(kv.get(k, 0))
-        print(f"{step:4d} {f('generate_s'):11.3f} {f('rollout_engine_s'):9.3f} {f('graph_steps'):7.0f}/{f('decode_steps'):<6.0f} "
+        print(f"{step:4d} {f('generate_s'):11.3f} {f('rollout_engine_s'):9.3f} {f('prefill_s'):9.3f} {f('decode_s'):9.3f} "
+              f"{f('graph_steps'):7.0f}/{f('decode_steps'):<6.0f} "
               f"{f('update_s'):9.3f} {f('sync_s'):8.3f} {f('sync_gb_per_s'):10.2f}")
 PY

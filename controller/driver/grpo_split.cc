@@ -147,13 +147,14 @@ absl::StatusOr<std::string> RunGrpoSplit(DriverContext& ctx) {
     auto t = Clock::now();
     TESSERA_ASSIGN_OR_RETURN(auto gen, pool.CallOneToAll("rollout_generate", json{{"step", s}}.dump()));
     std::vector<v1::TensorBatch> shards;
-    double reward = 0, length = 0, samples = 0, engine_s = 0, decode_steps = 0, graph_steps = 0;
+    double reward = 0, length = 0, samples = 0, engine_s = 0, prefill_s = 0, decode_s = 0, decode_steps = 0, graph_steps = 0;
     for (size_t r = 0; r < gen.size(); r += pool_tp) {
       TESSERA_ASSIGN_OR_RETURN(json out, Parse(gen[r], "rollout_generate", r));
       const double n = out.value("samples", 0.0);
       // The rollout engine's own time (the slowest DP rank's) and its decode steps, of
       // which replayed CUDA graphs: where generate_s goes, the call's wall time.
       engine_s = std::max(engine_s, out.value("generate_s", 0.0));
+      prefill_s = std::max(prefill_s, out.value("prefill_s", 0.0)), decode_s = std::max(decode_s, out.value("decode_s", 0.0));
       decode_steps += out.value("decode_steps", 0.0), graph_steps += out.value("graph_steps", 0.0);
       reward += out.value("reward", 0.0) * n, length += out.value("response_length", 0.0) * n, samples += n;
       shards.push_back(gen[r].batch());
@@ -201,6 +202,7 @@ absl::StatusOr<std::string> RunGrpoSplit(DriverContext& ctx) {
     for (const char* k : {"kl", "clip_fraction", "entropy", "grad_norm", "loss"}) m[k] = first.value(k, 0.0);
     m["generate_s"] = generate_s, m["update_s"] = update_wall_s, m["sync_s"] = synced.second;
     m["rollout_engine_s"] = engine_s, m["decode_steps"] = decode_steps, m["graph_steps"] = graph_steps;
+    m["prefill_s"] = prefill_s, m["decode_s"] = decode_s;
     m["ref_s"] = phase[0], m["old_logprob_s"] = phase[1], m["actor_update_s"] = phase[2];
     if (ppo) {
       for (const char* k : {"value_loss", "value_clip_fraction", "value", "critic_grad_norm"}) m[k] = first.value(k, 0.0);

@@ -463,7 +463,8 @@ TEST(Cluster, PpoWithARolloutPoolOfItsOwnEqualsColocated) {
     for (size_t i = 0; i < 3; ++i)
       EXPECT_NEAR(b[k][i].get<double>(), a[k][i].get<double>(), 1e-6 * std::abs(a[k][i].get<double>()) + 1e-9) << k << " " << i;
   EXPECT_EQ(b["weights_verified"], true);
-  for (const char* k : {"value_loss=", "critic_grad_norm=", "values_s=", "critic_update_s=", "reward_kl=", "sync_s="})
+  for (const char* k : {"value_loss=", "critic_grad_norm=", "values_s=", "critic_update_s=", "reward_kl=", "sync_s=",
+                        "rollout_engine_s=", "prefill_s=", "decode_s=", "graph_steps="})
     EXPECT_THAT(progress.str(), HasSubstr(k));
 }
 

@@ -241,7 +241,9 @@ TEST(GenerateJob, ReadsAndWritesTextWithTheModelsTokenizer) {
     EXPECT_EQ(comp["text"].get<std::string>(),
               json::parse(json(decoded).dump(-1, ' ', false, json::error_handler_t::replace)).get<std::string>());
     EXPECT_EQ(comp["finish_reason"], (*want)[i].finish_reason);
-    if (i == 1) EXPECT_EQ(j["id"], 7);
+    if (i == 1) {
+      EXPECT_EQ(j["id"], 7);
+    }
   }
   EXPECT_EQ(i, lines.size());
 

@@ -1,6 +1,7 @@
 #include "worker/engine/rollout.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <deque>
 
@@ -92,6 +93,10 @@ absl::StatusOr<std::vector<Completion>> RolloutEngine::Generate(const std::vecto
     if (fp != graph_fingerprint_) graphs_.clear(), graph_fingerprint_ = fp;
   }
   decode_steps_ = prefills_ = graph_steps_ = 0;
+  prefill_s_ = decode_s_ = 0;
+  auto seconds_since = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  };
   std::vector<std::unique_ptr<Seq>> all;
   for (size_t i = 0; i < requests.size(); ++i)
     for (int j = 0; j < requests[i].params.n; ++j) {
@@ -133,12 +138,16 @@ absl::StatusOr<std::vector<Completion>> RolloutEngine::Generate(const std::vecto
     if (admitted.empty() && running.empty())  // cannot happen: every request fits an empty cache
       return absl::InternalError("rollout: nothing running and nothing admitted");
     if (!admitted.empty()) {
+      const auto t = std::chrono::steady_clock::now();
       TESSERA_RETURN_IF_ERROR(Prefill(admitted));
+      prefill_s_ += seconds_since(t);
       retire(admitted);
       running.insert(running.end(), admitted.begin(), admitted.end());
     }
     if (!running.empty()) {
+      const auto t = std::chrono::steady_clock::now();
       TESSERA_RETURN_IF_ERROR(Decode(running));
+      decode_s_ += seconds_since(t);
       retire(running);
     }
   }

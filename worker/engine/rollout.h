@@ -90,6 +90,10 @@ class RolloutEngine {
   int64_t decode_steps() const { return decode_steps_; }
   int64_t prefills() const { return prefills_; }
   int64_t graph_steps() const { return graph_steps_; }
+  // Host wall time of the last Generate()'s prefills and decode steps (each ends with its
+  // sampled tokens on the host, so these are the device's time plus the host's launches).
+  double prefill_seconds() const { return prefill_s_; }
+  double decode_seconds() const { return decode_s_; }
 
  private:
   struct Seq;
@@ -135,6 +139,7 @@ class RolloutEngine {
   std::unique_ptr<model::Llama::KvCache> cache_;
   std::vector<int32_t> free_blocks_;
   int64_t decode_steps_ = 0, prefills_ = 0;
+  double prefill_s_ = 0, decode_s_ = 0;
 };
 
 }  // namespace tessera::engine

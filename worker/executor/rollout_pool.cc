@@ -94,6 +94,8 @@ absl::StatusOr<std::string> RolloutPoolSession::Generate(int64_t step, v1::Tenso
                         {"response_length", length},
                         {"samples", done.size()},
                         {"generate_s", generate_s},
+                        {"prefill_s", rollout_->prefill_seconds()},
+                        {"decode_s", rollout_->decode_seconds()},
                         {"decode_steps", rollout_->decode_steps()},
                         {"graph_steps", rollout_->graph_steps()}}
       .dump();
