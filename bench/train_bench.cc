@@ -16,7 +16,8 @@
 // --comm-priority high: NCCL's streams at the highest priority (NcclOptions::high_priority);
 // --early-embedding 0: the embedding's gradient reduced as any other (A/B);
 // --grad-reduce bf16: ZeRO-0's DP reduction in bf16 (OptimizerOptions::grad_reduce_bf16);
-// --last-stage-layers N: N layers on the last virtual stage (ParallelLayout.last_stage_layers).
+// --last-stage-layers N: N layers on the last virtual stage (ParallelLayout.last_stage_layers);
+// --stage-layers A,B,...: every virtual stage's layers (ParallelLayout.stage_layers).
 //   train_bench --hidden 2048 --layers 16 --heads 32 --kv-heads 8 --ffn 8192 --vocab 128256
 //               --seq 4096 --micro 4 --steps 10 --warmup 3 [--tied 1] [--dtype bf16] [--recompute 0]
 #include <chrono>
@@ -37,6 +38,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "bench/bench_util.h"
 #include "tests/common/file_store.h"
 #include "worker/comm/nccl_communicator.h"
@@ -93,6 +96,7 @@ Result Decode(const std::string& text, int rank) {
 
 struct Layout {
   int tp = 1, dp = 1, pp = 1, vpp = 1, zero = 0, last_stage_layers = 0;
+  std::vector<int> stage_layers;  // --stage-layers 3,2,2,1,...
   bool sp = false, recompute = false, early_embedding = true, grad_reduce_bf16 = false;
   engine::Schedule schedule = engine::Schedule::kOneFOneB;
 };
@@ -107,7 +111,7 @@ void RunRank(const model::LlamaConfig& c, int device, comm::Communicator* tp, co
   for (comm::Communicator* g : {tp, dp, pp})
     if (g != nullptr)
       if (auto s = g->OrderWith((*be)->stream()); !s.ok()) return fail(s);
-  const model::StageSpec stage{l.pp, pp != nullptr ? pp->rank() : 0, l.vpp, l.last_stage_layers};
+  const model::StageSpec stage{l.pp, pp != nullptr ? pp->rank() : 0, l.vpp, l.last_stage_layers, l.stage_layers};
   auto m = model::Llama::Create(c, be->get(), tp, l.sp, nullptr, stage);
   if (!m.ok()) return fail(m.status());
   if (auto s = Init(**m, 7); !s.ok()) return fail(s);
@@ -159,6 +163,8 @@ int main(int argc, char** argv) {
   l.tp = static_cast<int>(get("tp", 1)), l.dp = static_cast<int>(get("dp", 1)), l.zero = static_cast<int>(get("zero", 0));
   l.pp = static_cast<int>(get("pp", 1)), l.vpp = static_cast<int>(get("vpp", 1));
   l.last_stage_layers = static_cast<int>(get("last-stage-layers", 0));
+  if (a.count("stage-layers"))
+    for (auto part : absl::StrSplit(a["stage-layers"], ',')) l.stage_layers.push_back(std::atoi(std::string(part).c_str()));
   l.sp = get("sp", 0) != 0, l.recompute = get("recompute", 0) != 0, l.early_embedding = get("early-embedding", 1) != 0;
   l.grad_reduce_bf16 = a.count("grad-reduce") && a["grad-reduce"] == "bf16";
   if (a.count("schedule")) {
@@ -283,13 +289,14 @@ int main(int argc, char** argv) {
   printf("{\"impl\": \"tessera\", \"dtype\": \"%s\", \"tp\": %d, \"dp\": %d, \"pp\": %d, \"vpp\": %d, \"schedule\": \"%s\", "
          "\"bubble\": %.4f, \"bubble_ideal\": %.4f, \"stage_ms_busy_ms\": [%s], \"zero\": %d, \"sp\": %d, \"params\": %lld, "
          "\"seq\": %lld, \"micro\": %lld, \"steps\": %lld, \"step_ms\": %.2f, \"tokens_per_s\": %.1f, \"tflops\": %.2f, "
-         "\"tflops_per_gpu\": %.2f, \"peak_gib\": %.2f, \"dp_wait_ms\": %.2f, \"early_embedding\": %d, \"comm_priority\": \"%s\", \"grad_reduce\": \"%s\", \"losses\": [",
+         "\"tflops_per_gpu\": %.2f, \"peak_gib\": %.2f, \"dp_wait_ms\": %.2f, \"early_embedding\": %d, \"comm_priority\": \"%s\", \"grad_reduce\": \"%s\", "
+         "\"last_stage_layers\": %d, \"stage_layers\": [%s], \"losses\": [",
          runtime::DTypeName(c.dtype), tp, dp, pp, l.vpp, l.schedule == engine::Schedule::kGPipe ? "gpipe" : "1f1b", bubble,
          pp > 1 ? double(pp - 1) / (l.vpp * micro) : 0.0, stages.c_str(), zero, sp ? 1 : 0, static_cast<long long>(c.NumParams()),
          static_cast<long long>(seq), static_cast<long long>(micro), static_cast<long long>(steps), 1e3 * secs / steps,
          tokens / secs, flops / secs / 1e12, flops / secs / 1e12 / world, peak, 1e3 * dp_wait / steps,
          l.early_embedding ? 1 : 0, comm_high_priority ? "high" : "normal",
-         l.grad_reduce_bf16 ? "bf16" : "f32");
+         l.grad_reduce_bf16 ? "bf16" : "f32", l.last_stage_layers, absl::StrJoin(l.stage_layers, ", ").c_str());
   for (size_t i = 0; i < losses.size(); ++i) printf("%s%.4f", i ? ", " : "", losses[i]);
   printf("]}\n");
   return 0;

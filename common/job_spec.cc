@@ -100,7 +100,8 @@ absl::StatusOr<std::vector<std::string>> AsStringList(const YAML::Node& n, const
   } while (0)
 
 absl::Status ParseLayout(const YAML::Node& n, const std::string& path, v1::ParallelLayout* l) {
-  TESSERA_RETURN_IF_ERROR(CheckKeys(n, path, {"tp", "cp", "dp", "pp", "vpp", "sp", "zero", "last_stage_layers"}));
+  TESSERA_RETURN_IF_ERROR(
+      CheckKeys(n, path, {"tp", "cp", "dp", "pp", "vpp", "sp", "zero", "last_stage_layers", "stage_layers"}));
   for (const auto& kv : n) {
     std::string k = kv.first.Scalar(), p = Join(path, k);
     const YAML::Node& v = kv.second;
@@ -111,6 +112,16 @@ absl::Status ParseLayout(const YAML::Node& n, const std::string& path, v1::Paral
     else if (k == "vpp") ASSIGN_INT(l->set_vpp, v, p, 1, 1024);
     else if (k == "zero") ASSIGN_INT(l->set_zero, v, p, 0, 3);
     else if (k == "last_stage_layers") ASSIGN_INT(l->set_last_stage_layers, v, p, 0, 1 << 20);
+    else if (k == "stage_layers") {  // a list, or "3,2,2,1" (for --set)
+      TESSERA_ASSIGN_OR_RETURN(std::vector<std::string> items, AsStringList(v, p));
+      l->clear_stage_layers();
+      for (size_t i = 0; i < items.size(); ++i) {
+        int n = 0;
+        if (!absl::SimpleAtoi(items[i], &n) || n < 0 || n > (1 << 20))
+          return Bad(absl::StrCat(p, "[", i, "]"), absl::StrCat("expected a layer count >= 0, got '", items[i], "'"));
+        l->add_stage_layers(n);
+      }
+    }
     else if (k == "sp") {
       TESSERA_ASSIGN_OR_RETURN(bool b, AsBool(v, p));
       l->set_sp(b);
@@ -835,7 +846,8 @@ std::string JobStateName(v1::JobState s) {
 }
 
 parallel::Layout LayoutOf(const v1::ParallelLayout& l) {
-  return parallel::Layout{l.tp(), l.cp(), l.dp(), l.pp(), l.vpp(), l.sp(), l.zero(), l.last_stage_layers()};
+  return parallel::Layout{l.tp(),  l.cp(),   l.dp(),   l.pp(), l.vpp(), l.sp(), l.zero(), l.last_stage_layers(),
+                          std::vector<int>(l.stage_layers().begin(), l.stage_layers().end())};
 }
 
 bool IsTerminal(v1::JobState s) {

@@ -43,6 +43,8 @@ for r in rows:
     if gpus == 1: base = per
     name = f"tp{r['tp']} dp{r['dp']} pp{r.get('pp', 1)} vpp{r.get('vpp', 1)} m{r.get('micro')}"
     extra = f"  bubble {r['bubble']:.3f} (ideal {r['bubble_ideal']:.3f})" if r.get("pp", 1) > 1 else f"  dp wait {r.get('dp_wait_ms', 0):.2f} ms"
+    if r.get("last_stage_layers"): name += f" last {r['last_stage_layers']}"
+    if r.get("stage_layers"): name += " layers " + ",".join(map(str, r["stage_layers"]))
     if r.get("early_embedding") == 0: name += " early-embedding 0"
     if r.get("comm_priority") == "high": name += " comm-priority high"
     if r.get("grad_reduce") == "bf16": name += " grad-reduce bf16"

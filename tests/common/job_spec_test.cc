@@ -77,6 +77,12 @@ TEST(JobSpec, BadInputNamesTheField) {
       {{"model.num_layers=3"}, "num_layers=3 is not divisible by pp*vpp = 2*1 = 2"},
       {{"groups.0.layout.last_stage_layers=-1"}, "groups[0].layout.last_stage_layers: must be in [0, 1048576], got -1"},
       {{"model.num_layers=3", "groups.0.layout.last_stage_layers=3"}, "last_stage_layers=3 leaves 0 of model.num_layers=3"},
+      {{"groups.0.layout.stage_layers=[3,x]"}, "groups[0].layout.stage_layers[1]: expected a layer count >= 0, got 'x'"},
+      {{"model.num_layers=4", "groups.0.layout.stage_layers=[3,0,1]"},
+       "stage_layers has 3 entries; expected one per virtual stage, pp*vpp = 2*1 = 2"},
+      {{"model.num_layers=4", "groups.0.layout.stage_layers=3,0"}, "stage_layers [3, 0] sum to 3 layers; model.num_layers=4"},
+      {{"model.num_layers=4", "groups.0.layout.stage_layers=3,1", "groups.0.layout.last_stage_layers=1"},
+       "set stage_layers or last_stage_layers, not both"},
       {{"model.global_batch=5"}, "global_batch=5 is not divisible by dp*micro_batch = 2*1 = 2"},
       {{"env.LD_PRELOAD=x"}, "env.LD_PRELOAD: not an allowed variable"},
       {{"groups.1.name=x"}, "--set groups.1.name: '1' is not an index of a list of 1"},
@@ -87,6 +93,7 @@ TEST(JobSpec, BadInputNamesTheField) {
     EXPECT_THAT(std::string(st.message()), HasSubstr(c.want));
   }
   EXPECT_TRUE(ParseAndValidate(kGood, {"model.num_layers=3", "groups.0.layout.last_stage_layers=1"}).ok());
+  EXPECT_TRUE(ParseAndValidate(kGood, {"model.num_layers=3", "groups.0.layout.stage_layers=[3, 0]"}).ok());
   EXPECT_THAT(std::string(ParseAndValidate("name: [unclosed").message()), HasSubstr("not valid YAML"));
   EXPECT_THAT(std::string(ParseAndValidate("- a list").message()), HasSubstr("expected a mapping"));
   EXPECT_EQ(ParseAndValidate(kGood, {"kind=evaluate"}).code(), absl::StatusCode::kUnimplemented);

@@ -364,7 +364,9 @@ TEST(Faults, ALeavingNodesJobCheckpointsAndResumesElsewhere) {
   auto st = c->client().Status();
   ASSERT_TRUE(st.ok());
   for (const auto& n : st->nodes())
-    if (n.node_id() == absl::StrCat("n", leaving)) EXPECT_NE(n.state(), v1::READY);
+    if (n.node_id() == absl::StrCat("n", leaving)) {
+      EXPECT_NE(n.state(), v1::READY);
+    }
 }
 
 // An admin drains a node (`tessera node drain N --move-jobs`): nothing more is placed

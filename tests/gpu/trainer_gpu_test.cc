@@ -156,6 +156,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Layout{"pp4_vpp2_1f1b", 1, 1, 0, false, 1, 4, 2, Schedule::kOneFOneB, false, 8},
                       Layout{"pp4_1f1b_tied", 1, 1, 0, true, 1, 4, 1, Schedule::kOneFOneB, false, 8},
                       Layout{"pp4_last1_tied", 1, 1, 0, true, 1, 4, 1, Schedule::kOneFOneB, false, 8, false, 1},
+                      Layout{"pp4_vpp2_layers_tied", 1, 1, 0, true, 1, 4, 2, Schedule::kOneFOneB, false, 8, false, 0,
+                             {2, 1, 1, 1, 1, 1, 1, 0}},
                       Layout{"tp2_pp2_1f1b", 2, 1, 0, false, 1, 2, 1, Schedule::kOneFOneB, false, 4},
                       Layout{"pp2_dp2_zero1_tied", 1, 2, 1, true, 1, 2, 1, Schedule::kOneFOneB, false, 4}),
     [](const auto& info) { return std::string(info.param.name); });

@@ -44,7 +44,9 @@ TEST(FullNode, EightRankLayoutsOnCpuSlots) {
   auto losses = [&](const v1::JobSpec& spec) {
     const v1::Job job = watch(spec, &progress);
     EXPECT_THAT(progress, HasSubstr(absl::StrCat(spec.groups(0).devices(), " ranks ready to train")));
-    if (spec.groups(0).layout().pp() > 1) EXPECT_THAT(progress, HasSubstr("pipeline_bubble="));
+    if (spec.groups(0).layout().pp() > 1) {
+      EXPECT_THAT(progress, HasSubstr("pipeline_bubble="));
+    }
     const auto r = nlohmann::json::parse(job.result_json(), nullptr, false);
     return r.is_object() && r.contains("losses") ? r["losses"].get<std::vector<double>>() : std::vector<double>{};
   };

@@ -153,7 +153,7 @@ absl::Status ExportHf(const std::string& dir, model::Llama& model, const std::st
   bf16.reserve(specs.size());
   for (const auto& spec : specs) {
     int owner = 0;  // the first stage holding it (a tied embedding: stage 0)
-    while (owner < pps && !model::StageHolds(spec.name, c, model::StageSpec{pps, owner, stage.vpp, stage.last_layers})) ++owner;
+    while (owner < pps && !model::StageHolds(spec.name, c, model::StageSpec{pps, owner, stage.vpp, stage.last_layers, stage.stage_layers})) ++owner;
     if (owner == pps) return absl::InternalError(absl::StrCat("export: no stage holds ", spec.name));
     std::vector<float> global;
     if (me == owner) {

@@ -46,7 +46,7 @@ absl::StatusOr<Plan> PlanStage(const PlanInput& in, int stage) {
   p.stage = stage;
   const int dp = l.dp * l.cp, zero = dp > 1 ? l.zero : 0;
   const bool last = stage == l.pp - 1;
-  const model::StageSpec stage_spec{l.pp, stage, l.vpp, l.last_stage_layers};
+  const model::StageSpec stage_spec{l.pp, stage, l.vpp, l.last_stage_layers, l.stage_layers};
   int64_t per_chunk = 0;  // this rank's largest chunk (the split may be uneven)
   for (int k = 0; k < l.vpp; ++k) {
     const auto [b, e] = model::ChunkLayers(c, stage_spec, k);

@@ -89,7 +89,7 @@ absl::StatusOr<std::unique_ptr<TrainSession>> TrainSession::Create(const v1::Job
   // communicators and streams, so a send never holds up the compute or a receive).
   TESSERA_RETURN_IF_ERROR(OrderCommsWith(comms, device, s->backend_->stream()));
   const model::StageSpec stage{comms.layout.pp, pp != nullptr ? pp->rank() : 0, comms.layout.vpp,
-                                comms.layout.last_stage_layers};
+                                comms.layout.last_stage_layers, comms.layout.stage_layers};
   TESSERA_ASSIGN_OR_RETURN(s->model_, model::Llama::Create(config, s->backend_.get(), tp, comms.layout.sp, cp, stage));
   s->pad_to_ = comms.layout.sp ? comms.layout.tp : 1;
   s->tp_size_ = comms.layout.tp;

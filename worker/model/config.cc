@@ -87,14 +87,14 @@ int StageOf(const std::string& param, const LlamaConfig& c, const StageSpec& s) 
   const int64_t layer = std::stoll(param.substr(13, param.find('.', 13) - 13));  // model.layers.N.
   const int stages = s.pp * s.vpp;
   for (int v = 0; v < stages; ++v) {
-    const auto [b, e] = parallel::VirtualStageLayers(c.layers, stages, s.last_layers, v);
+    const auto [b, e] = parallel::VirtualStageLayers(c.layers, stages, s.last_layers, s.stage_layers, v);
     if (layer >= b && layer < e) return v % s.pp;
   }
   return s.pp - 1;
 }
 
 std::pair<int64_t, int64_t> ChunkLayers(const LlamaConfig& c, const StageSpec& s, int chunk) {
-  return parallel::VirtualStageLayers(c.layers, s.pp * s.vpp, s.last_layers, chunk * s.pp + s.rank);
+  return parallel::VirtualStageLayers(c.layers, s.pp * s.vpp, s.last_layers, s.stage_layers, chunk * s.pp + s.rank);
 }
 
 bool StageHolds(const std::string& param, const LlamaConfig& c, const StageSpec& s) {

@@ -60,13 +60,14 @@ std::vector<ParamSpec> LlamaParamSpecs(const LlamaConfig& c);
 
 // This rank's place in a pipeline (DESIGN §6): pp stages, vpp model chunks per rank;
 // chunk c of rank r is virtual stage c·pp + r and holds layers [s·L/(pp·vpp), (s+1)·L/(pp·vpp)),
-// or with last_layers > 0 an uneven split (parallel::VirtualStageLayers).
+// or with last_layers > 0 / stage_layers an uneven split (parallel::VirtualStageLayers).
 // Virtual stage 0 also holds the embedding, the last one the final norm and the LM head
 // (with tied embeddings it keeps its own copy of the embedding, whose gradient the
 // trainer sums with the first stage's).
 struct StageSpec {
   int pp = 1, rank = 0, vpp = 1;
-  int last_layers = 0;  // ParallelLayout.last_stage_layers
+  int last_layers = 0;             // ParallelLayout.last_stage_layers
+  std::vector<int> stage_layers{};  // ParallelLayout.stage_layers (one count per virtual stage)
 };
 // Layers [begin, end) of this rank's chunk c.
 std::pair<int64_t, int64_t> ChunkLayers(const LlamaConfig& c, const StageSpec& s, int chunk);

@@ -91,7 +91,7 @@ absl::StatusOr<std::unique_ptr<Llama>> Llama::Create(const LlamaConfig& config, 
   if (stage.pp < 1 || stage.vpp < 1 || stage.rank < 0 || stage.rank >= stage.pp || stage.last_layers < 0)
     return absl::InvalidArgumentError(absl::StrCat("model: bad pipeline stage (pp ", stage.pp, ", rank ", stage.rank,
                                                    ", vpp ", stage.vpp, ", last_layers ", stage.last_layers, ")"));
-  if (auto st = parallel::CheckLayerSplit(config.layers, stage.pp, stage.vpp, stage.last_layers); !st.ok())
+  if (auto st = parallel::CheckLayerSplit(config.layers, stage.pp, stage.vpp, stage.last_layers, stage.stage_layers); !st.ok())
     return absl::InvalidArgumentError(absl::StrCat("model: pipeline stage ", stage.rank, ": ", st.message()));
   std::unique_ptr<Llama> m(new Llama(config, backend, tp, sequence_parallel, cp, stage));
   TESSERA_RETURN_IF_ERROR(m->Allocate());

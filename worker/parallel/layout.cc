@@ -5,13 +5,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 
 namespace tessera::parallel {
 
 std::string Layout::ToString() const {
   return absl::StrFormat("tp=%d cp=%d dp=%d pp=%d vpp=%d sp=%d zero=%d", tp, cp, dp, pp, vpp,
                          sp ? 1 : 0, zero) +
-         (last_stage_layers > 0 ? absl::StrFormat(" last_stage_layers=%d", last_stage_layers) : "");
+         (last_stage_layers > 0 ? absl::StrFormat(" last_stage_layers=%d", last_stage_layers) : "") +
+         (stage_layers.empty() ? "" : absl::StrCat(" stage_layers=[", absl::StrJoin(stage_layers, ","), "]"));
 }
 
 absl::Status ValidateLayout(const Layout& l, int world, const ModelShape& m) {
@@ -28,8 +30,13 @@ absl::Status ValidateLayout(const Layout& l, int world, const ModelShape& m) {
   if (l.last_stage_layers < 0) return bad("layout: last_stage_layers must be >= 0, got ", l.last_stage_layers);
   if (l.last_stage_layers > 0 && l.pp < 2)
     return bad("layout: last_stage_layers=", l.last_stage_layers, " needs a pipeline (pp >= 2), got pp=", l.pp);
+  if (!l.stage_layers.empty() && l.pp < 2)
+    return bad("layout: stage_layers needs a pipeline (pp >= 2), got pp=", l.pp);
+  if (!l.stage_layers.empty() && static_cast<int>(l.stage_layers.size()) != l.pp * l.vpp)
+    return bad("layout: stage_layers has ", l.stage_layers.size(), " entries; expected one per virtual stage, pp*vpp = ",
+               l.pp, "*", l.vpp, " = ", l.pp * l.vpp);
   if (m.num_layers > 0) {
-    if (auto st = CheckLayerSplit(m.num_layers, l.pp, l.vpp, l.last_stage_layers); !st.ok()) return st;
+    if (auto st = CheckLayerSplit(m.num_layers, l.pp, l.vpp, l.last_stage_layers, l.stage_layers); !st.ok()) return st;
   }
   if (m.global_batch > 0) {
     int mb = m.micro_batch > 0 ? m.micro_batch : 1;
@@ -144,14 +151,32 @@ GroupMembership GroupOf(const Layout& l, GroupKind kind, int rank) {
 std::vector<std::pair<int, int>> LayersOfRank(const Layout& l, int num_layers, int pp_rank) {
   std::vector<std::pair<int, int>> out;
   for (int chunk = 0; chunk < l.vpp; ++chunk) {
-    auto [b, e] = VirtualStageLayers(num_layers, l.pp * l.vpp, l.last_stage_layers, chunk * l.pp + pp_rank);
+    auto [b, e] = VirtualStageLayers(num_layers, l.pp * l.vpp, l.last_stage_layers, l.stage_layers, chunk * l.pp + pp_rank);
     out.emplace_back(static_cast<int>(b), static_cast<int>(e));
   }
   return out;
 }
 
-absl::Status CheckLayerSplit(int64_t num_layers, int pp, int vpp, int64_t last_stage_layers) {
+absl::Status CheckLayerSplit(int64_t num_layers, int pp, int vpp, int64_t last_stage_layers,
+                             const std::vector<int>& stage_layers) {
   const int stages = pp * vpp;
+  if (!stage_layers.empty()) {
+    auto bad = [](auto&&... args) { return absl::InvalidArgumentError(absl::StrCat(args...)); };
+    if (last_stage_layers > 0)
+      return bad("layout: set stage_layers or last_stage_layers, not both (stage_layers gives every virtual stage's)");
+    if (static_cast<int>(stage_layers.size()) != stages)
+      return bad("layout: stage_layers has ", stage_layers.size(), " entries; expected one per virtual stage, pp*vpp = ",
+                 pp, "*", vpp, " = ", stages);
+    int64_t sum = 0;
+    for (size_t v = 0; v < stage_layers.size(); ++v) {
+      if (stage_layers[v] < 0) return bad("layout: stage_layers[", v, "] = ", stage_layers[v], "; must be >= 0");
+      sum += stage_layers[v];
+    }
+    if (sum != num_layers)
+      return bad("layout: stage_layers [", absl::StrJoin(stage_layers, ", "), "] sum to ", sum,
+                 " layers; model.num_layers=", num_layers);
+    return absl::OkStatus();
+  }
   if (last_stage_layers > 0 && num_layers - last_stage_layers < stages - 1)
     return absl::InvalidArgumentError(absl::StrCat(
         "layout: last_stage_layers=", last_stage_layers, " leaves ", num_layers - last_stage_layers,
@@ -164,8 +189,14 @@ absl::Status CheckLayerSplit(int64_t num_layers, int pp, int vpp, int64_t last_s
   return absl::OkStatus();
 }
 
-std::pair<int64_t, int64_t> VirtualStageLayers(int64_t num_layers, int stages, int64_t last_stage_layers, int v) {
+std::pair<int64_t, int64_t> VirtualStageLayers(int64_t num_layers, int stages, int64_t last_stage_layers,
+                                               const std::vector<int>& stage_layers, int v) {
   if (stages <= 1) return {0, num_layers};
+  if (!stage_layers.empty()) {
+    int64_t begin = 0;
+    for (int u = 0; u < v && u < static_cast<int>(stage_layers.size()); ++u) begin += stage_layers[u];
+    return {begin, begin + (v < static_cast<int>(stage_layers.size()) ? stage_layers[v] : 0)};
+  }
   if (last_stage_layers <= 0) {
     const int64_t per = num_layers / stages;
     return {v * per, (v + 1) * per};

@@ -25,6 +25,7 @@ struct Layout {
   bool sp = false;
   int zero = 0;
   int last_stage_layers = 0;  // 0: an even split (see VirtualStageLayers)
+  std::vector<int> stage_layers{};  // empty, or the layers of each of the pp·vpp virtual stages
 
   int world() const { return tp * cp * dp * pp; }
   std::string ToString() const;
@@ -80,13 +81,21 @@ GroupMembership GroupOf(const Layout& layout, GroupKind kind, int rank);
 // num_layers/(pp*vpp) layers. Returns [first, last) for each model chunk of pp_rank.
 std::vector<std::pair<int, int>> LayersOfRank(const Layout& layout, int num_layers, int pp_rank);
 // Layers [begin, end) of virtual stage v (0 .. stages-1; chunk c of pipeline rank r is
-// virtual stage c·pp + r): with last_stage_layers 0 num_layers / stages each; otherwise
-// last_stage_layers on the last one and the rest over the others, the first ones taking
-// one more each where they do not divide evenly (Megatron's uneven pipeline split: the
-// last stage also runs the LM head and the loss). ValidateLayout checks the numbers.
-std::pair<int64_t, int64_t> VirtualStageLayers(int64_t num_layers, int stages, int64_t last_stage_layers, int v);
+// virtual stage c·pp + r). With `stage_layers` (one count per virtual stage, Megatron's
+// --pipeline-model-parallel-layout) the counts in order — a stage may hold none: the
+// first then runs only the embedding, the last only the final norm, the LM head and
+// the loss. Otherwise with last_stage_layers 0 num_layers / stages each; with
+// last_stage_layers > 0 that many on the last one and the rest over the others, the
+// first ones taking one more each where they do not divide evenly (Megatron's uneven
+// pipeline split: the last stage also runs the LM head and the loss). ValidateLayout
+// checks the numbers.
+std::pair<int64_t, int64_t> VirtualStageLayers(int64_t num_layers, int stages, int64_t last_stage_layers,
+                                               const std::vector<int>& stage_layers, int v);
 // INVALID_ARGUMENT naming the numbers unless num_layers splits over pp·vpp virtual stages
-// as VirtualStageLayers does (evenly, or every stage at least one layer).
-absl::Status CheckLayerSplit(int64_t num_layers, int pp, int vpp, int64_t last_stage_layers);
+// as VirtualStageLayers does (evenly; every stage at least one layer with
+// last_stage_layers; or stage_layers: pp·vpp counts, none negative, summing to
+// num_layers, and not with last_stage_layers).
+absl::Status CheckLayerSplit(int64_t num_layers, int pp, int vpp, int64_t last_stage_layers,
+                             const std::vector<int>& stage_layers);
 
 }  // namespace tessera::parallel

@@ -70,7 +70,8 @@ struct Rank {
 // Runs fn on every rank of a tp x dp (x pp) layout (tp fastest), each with a fresh model
 // initialized from `seed` and its trainer.
 void RunLayout(int tp, int dp, int zero, uint64_t seed, const std::function<void(int, Rank&)>& fn,
-               model::LlamaConfig config = Config(), int pp = 1, int last_stage_layers = 0) {
+               model::LlamaConfig config = Config(), int pp = 1, int last_stage_layers = 0,
+               const std::vector<int>& stage_layers = {}) {
   testing::MemStore store;
   const std::string key = RandomHex(4);
   std::vector<std::thread> threads;
@@ -97,7 +98,7 @@ void RunLayout(int tp, int dp, int zero, uint64_t seed, const std::function<void
         ASSERT_TRUE(c.ok()) << c.status();
         k.pp = std::move(*c);
       }
-      auto m = Llama::Create(config, k.backend.get(), k.tp.get(), false, nullptr, model::StageSpec{pp, ppr, 1, last_stage_layers});
+      auto m = Llama::Create(config, k.backend.get(), k.tp.get(), false, nullptr, model::StageSpec{pp, ppr, 1, last_stage_layers, stage_layers});
       ASSERT_TRUE(m.ok()) << m.status();
       k.model = std::move(*m);
       ASSERT_TRUE(k.model->InitRandom(seed, 0.3f).ok());
@@ -167,11 +168,13 @@ TEST(Checkpoint, LoadsIntoAnotherLayout) {
 
 struct Into {
   int tp, pp, last_stage_layers;
+  std::vector<int> stage_layers{};
 };
 
-// A pp2 checkpoint (split as `last_stage_layers` says) of `config`, saved after step 2,
-// loads into each of `into`, and the next step matches the pipeline's.
-void PipelineCheckpointLoadsInto(const model::LlamaConfig& config, int last_stage_layers, const std::vector<Into>& into) {
+// A pp2 checkpoint (split as `last_stage_layers` or `stage_layers` says) of `config`,
+// saved after step 2, loads into each of `into`, and the next step matches the pipeline's.
+void PipelineCheckpointLoadsInto(const model::LlamaConfig& config, int last_stage_layers, const std::vector<Into>& into,
+                                 const std::vector<int>& stage_layers = {}) {
   const std::string dir = TempDir();
   std::vector<double> saver_next(2);
   RunLayout(1, 1, 0, 9, [&](int r, Rank& k) {
@@ -179,7 +182,7 @@ void PipelineCheckpointLoadsInto(const model::LlamaConfig& config, int last_stag
     EXPECT_TRUE(SaveCheckpoint(dir, 2, k.group()).ok());
     auto l = k.Train(3, 3);
     saver_next[r] = l.empty() ? -1 : l[0];
-  }, config, /*pp=*/2, last_stage_layers);
+  }, config, /*pp=*/2, last_stage_layers, stage_layers);
   EXPECT_EQ(saver_next[0], saver_next[1]);
   for (const Into& to : into) {
     SCOPED_TRACE(::testing::Message() << "into tp" << to.tp << " pp" << to.pp << " last " << to.last_stage_layers);
@@ -189,7 +192,7 @@ void PipelineCheckpointLoadsInto(const model::LlamaConfig& config, int last_stag
       auto l = k.Train(3, 3);
       ASSERT_EQ(l.size(), 1u);
       EXPECT_NEAR(l[0], saver_next[0], 1e-5 * saver_next[0]);
-    }, config, to.pp, to.last_stage_layers);
+    }, config, to.pp, to.last_stage_layers, to.stage_layers);
   }
 }
 
@@ -205,6 +208,15 @@ TEST(Checkpoint, AnUnevenPipelineSplitLoadsIntoOtherLayouts) {
   model::LlamaConfig c = Config();
   c.layers = 3;
   PipelineCheckpointLoadsInto(c, 1, {{1, 1, 0}, {2, 1, 0}, {1, 2, 2}});
+}
+
+// Every stage's layers given (ParallelLayout.stage_layers): three layers saved as 3 + 0
+// (the last stage only the head) load into one rank, into tp2 and into 0 + 3 (the first
+// stage only the embedding), and train on alike.
+TEST(Checkpoint, AnExplicitStageSplitLoadsIntoOtherLayouts) {
+  model::LlamaConfig c = Config();
+  c.layers = 3;
+  PipelineCheckpointLoadsInto(c, 0, {{1, 1, 0}, {2, 1, 0}, {1, 2, 0, {0, 3}}}, {3, 0});
 }
 
 std::string Flip(const std::string& path, size_t at) {

@@ -38,8 +38,9 @@ struct Layout {
   bool sp = false;  // with cp (the split pads every sequence to a multiple of 2·cp·tp)
   int64_t layers = 2;
   bool grad_reduce_bf16 = false;  // OptimizerOptions::grad_reduce_bf16
-  bool early_embedding = true;    // OptimizerOptions::early_embedding
   int last_stage_layers = 0;      // an uneven pipeline split (ParallelLayout.last_stage_layers)
+  std::vector<int> stage_layers{};  // or every virtual stage's layers (ParallelLayout.stage_layers)
+  bool early_embedding = true;    // OptimizerOptions::early_embedding (last: set by name in tests)
   int world() const { return tp * cp * dp * pp; }
 };
 inline void PrintTo(const Layout& l, std::ostream* os) { *os << l.name; }
@@ -68,7 +69,7 @@ inline model::TokenBatch MakeBatch(int64_t vocab, uint64_t seed) {
 inline void TrainLayout(const Layout& l, const Comms& c, runtime::Backend* be, model::LlamaConfig config, Trace& out,
                         const Hyper& h = {}) {
   config.tie_embeddings = l.tied, config.layers = l.layers;
-  auto model = model::Llama::Create(config, be, c.tp, l.sp, c.cp, model::StageSpec{l.pp, c.pp_rank, l.vpp, l.last_stage_layers});
+  auto model = model::Llama::Create(config, be, c.tp, l.sp, c.cp, model::StageSpec{l.pp, c.pp_rank, l.vpp, l.last_stage_layers, l.stage_layers});
   ASSERT_TRUE(model.ok()) << model.status();
   ASSERT_TRUE((*model)->InitRandom(9, h.init_std).ok());
   OptimizerOptions o;

@@ -21,6 +21,7 @@
 #include "tests/worker/model/model_test_util.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/model/context_parallel.h"
+#include "worker/parallel/layout.h"
 
 namespace tessera::engine {
 namespace {
@@ -140,7 +141,20 @@ TEST_P(TrainerLayoutTest, EqualsOneRank) {
   ASSERT_EQ(one.norms.size(), 3u);
   EXPECT_GT(one.norms[0], 0.5);  // clipping is exercised
   // Every tensor within 1e-5; the key bias (seen 1.1e-5 under tp2 sp cp2 pp2) 1e-4.
-  test::ExpectSameAsOneRank(l, test::RunLayout(l, Tiny(), gloo, cpu), one, test::Tolerance{});
+  const std::vector<Trace> ranks = test::RunLayout(l, Tiny(), gloo, cpu);
+  test::ExpectSameAsOneRank(l, ranks, one, test::Tolerance{});
+  // Each pipeline rank holds exactly the layers its chunks should (an uneven split that
+  // fell back to the even one would still equal one rank).
+  if (l.pp == 1) return;
+  parallel::Layout pl{l.tp, l.cp, l.dp, l.pp, l.vpp, l.sp, l.zero, l.last_stage_layers, l.stage_layers};
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    std::set<int> want, got;
+    for (auto [b, e] : parallel::LayersOfRank(pl, static_cast<int>(l.layers), parallel::CoordsOf(pl, static_cast<int>(r)).pp))
+      for (int k = b; k < e; ++k) want.insert(k);
+    for (const auto& [name, w] : ranks[r].weights)
+      if (name.rfind("model.layers.", 0) == 0) got.insert(std::stoi(name.substr(13)));
+    EXPECT_EQ(got, want) << "rank " << r;
+  }
 }
 
 // Mixed precision on the CPU backend (bf16 activations and compute copies, f32 master
@@ -205,6 +219,10 @@ INSTANTIATE_TEST_SUITE_P(
         // Stage balance: 3 + 1 layers; 8 layers over 4 virtual stages as 3/2/2/1 (tied).
         Layout{"pp2_last1", 1, 1, 0, false, 1, 2, 1, Schedule::kOneFOneB, false, 4, false, 1},
         Layout{"pp2_vpp2_last1_tied", 1, 1, 0, true, 1, 2, 2, Schedule::kOneFOneB, false, 8, false, 1},
+        // Every virtual stage's layers: the last stage only the head (tied: its copy of the
+        // embedding), and the first virtual stage only the embedding (vpp 2).
+        Layout{"pp2_layers_4_0_tied", 1, 1, 0, true, 1, 2, 1, Schedule::kOneFOneB, false, 4, false, 0, {4, 0}},
+        Layout{"pp2_vpp2_layers_0_3_2_1", 1, 1, 0, false, 1, 2, 2, Schedule::kOneFOneB, false, 6, false, 0, {0, 3, 2, 1}},
         Layout{"pp4_vpp2_1f1b", 1, 1, 0, true, 1, 4, 2, Schedule::kOneFOneB, false, 8},
         Layout{"pp4_vpp2_gpipe", 1, 1, 0, true, 1, 4, 2, Schedule::kGPipe, false, 8},
         Layout{"tp2_pp2_dp2_zero1", 2, 2, 1, false, 1, 2, 1, Schedule::kOneFOneB, false, 4},

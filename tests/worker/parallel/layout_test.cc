@@ -122,7 +122,7 @@ namespace {
 TEST(Layout, UnevenPipelineSplit) {
   auto all = [](int64_t layers, int stages, int64_t last) {
     std::vector<std::pair<int64_t, int64_t>> v;
-    for (int s = 0; s < stages; ++s) v.push_back(VirtualStageLayers(layers, stages, last, s));
+    for (int s = 0; s < stages; ++s) v.push_back(VirtualStageLayers(layers, stages, last, {}, s));
     return v;
   };
   using P = std::pair<int64_t, int64_t>;
@@ -144,6 +144,36 @@ TEST(Layout, UnevenPipelineSplit) {
   Layout even{1, 1, 1, 4, 1};
   EXPECT_THAT(std::string(ValidateLayout(even, 4, {15}).message()),
               ::testing::HasSubstr("(or set layout.last_stage_layers for an uneven split)"));
+}
+
+// Every virtual stage's layers given (Megatron's --pipeline-model-parallel-layout): a
+// stage may hold none (the last then runs only the head and the loss).
+TEST(Layout, ExplicitStageLayers) {
+  const std::vector<int> counts{3, 2, 2, 1, 2, 3, 3, 0};
+  std::vector<std::pair<int64_t, int64_t>> v;
+  for (int s = 0; s < 8; ++s) v.push_back(VirtualStageLayers(16, 8, 0, counts, s));
+  using P = std::pair<int64_t, int64_t>;
+  EXPECT_THAT(v, ::testing::ElementsAre(P{0, 3}, P{3, 5}, P{5, 7}, P{7, 8}, P{8, 10}, P{10, 13}, P{13, 16}, P{16, 16}));
+  Layout l{1, 1, 1, 4, 2};
+  l.stage_layers = counts;
+  EXPECT_THAT(LayersOfRank(l, 16, 3), ::testing::ElementsAre(std::pair{7, 8}, std::pair{16, 16}));
+  EXPECT_THAT(LayersOfRank(l, 16, 0), ::testing::ElementsAre(std::pair{0, 3}, std::pair{8, 10}));
+  EXPECT_TRUE(ValidateLayout(l, 4, {16}).ok());
+  EXPECT_THAT(l.ToString(), ::testing::HasSubstr("stage_layers=[3,2,2,1,2,3,3,0]"));
+  auto message = [](const Layout& x, int layers) { return std::string(ValidateLayout(x, x.world(), {layers}).message()); };
+  EXPECT_THAT(message(l, 15), ::testing::HasSubstr("stage_layers [3, 2, 2, 1, 2, 3, 3, 0] sum to 16 layers; model.num_layers=15"));
+  Layout shorter = l;
+  shorter.stage_layers.pop_back();
+  EXPECT_THAT(message(shorter, 16), ::testing::HasSubstr("stage_layers has 7 entries; expected one per virtual stage, pp*vpp = 4*2 = 8"));
+  Layout negative = l;
+  negative.stage_layers[1] = -1, negative.stage_layers[0] = 6;
+  EXPECT_THAT(message(negative, 16), ::testing::HasSubstr("stage_layers[1] = -1; must be >= 0"));
+  Layout both = l;
+  both.last_stage_layers = 1;
+  EXPECT_THAT(message(both, 16), ::testing::HasSubstr("set stage_layers or last_stage_layers, not both"));
+  Layout flat{2, 1, 2, 1};
+  flat.stage_layers = {16};
+  EXPECT_THAT(message(flat, 16), ::testing::HasSubstr("stage_layers needs a pipeline (pp >= 2)"));
 }
 }  // namespace
 }  // namespace tessera::parallel
