@@ -1,10 +1,12 @@
 #include "client/plan_cmd.h"
 
+#include <algorithm>
 #include <iostream>
 
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/job_spec.h"
 #include "common/util.h"
 #include "worker/checkpoint/hf.h"
@@ -74,6 +76,12 @@ int RunPlan(const v1::JobSpec& spec, int devices, int64_t memory_bytes, bool jso
   const bool fits = memory_bytes <= 0 || plan->memory.total() <= memory_bytes;
   if (json) {
     nlohmann::json j = {{"job", spec.name()}, {"plan", ToJson(*plan)}, {"fits", fits}};
+    if (in.layout.pp > 1)
+      if (auto b = engine::BalanceStages(in); b.ok())
+        j["stage_balance"] = {{"stage_layers", b->layers},
+                              {"rank_flops", b->rank_flops},
+                              {"balanced_stage_layers", b->balanced},
+                              {"balanced_rank_flops", b->balanced_flops}};
     j["proposals"] = nlohmann::json::array();
     for (const auto& p : proposals) j["proposals"].push_back(ToJson(p));
     out << j.dump(2) << "\n";
@@ -89,6 +97,22 @@ int RunPlan(const v1::JobSpec& spec, int devices, int64_t memory_bytes, bool jso
                          memory_bytes > 0 ? (fits ? " (fits)" : absl::StrCat(" (over ", Mb(memory_bytes), ")")) : "");
   out << absl::StrFormat("  sent per rank and step (bus bytes): tp %s, cp %s, pp %s, dp %s\n", Mb(int64_t(plan->comm.tp)),
                          Mb(int64_t(plan->comm.cp)), Mb(int64_t(plan->comm.pp)), Mb(int64_t(plan->comm.dp)));
+  if (in.layout.pp > 1) {
+    if (auto b = engine::BalanceStages(in); b.ok()) {
+      auto tflops = [](const std::vector<double>& v) {
+        std::string s;
+        for (double x : v) absl::StrAppend(&s, s.empty() ? "" : " / ", absl::StrFormat("%.2f", x / 1e12));
+        return s;
+      };
+      auto most = [](const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); };
+      out << absl::StrFormat("  compute per pipeline rank and micro-batch (model TFLOP): %s (layers per virtual stage %s)\n",
+                             tflops(b->rank_flops), absl::StrJoin(b->layers, ","));
+      if (b->balanced != b->layers)
+        out << absl::StrFormat("  balanced: layout.stage_layers [%s] gives %s (busiest rank %.0f%% of now)\n",
+                               absl::StrJoin(b->balanced, ", "), tflops(b->balanced_flops),
+                               100.0 * most(b->balanced_flops) / most(b->rank_flops));
+    }
+  }
   if (devices > 0 && memory_bytes > 0) {
     out << absl::StrFormat("layouts of %d devices within %s per device (%zu; best first):\n", devices, Mb(memory_bytes),
                            proposals.size());

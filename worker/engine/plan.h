@@ -58,6 +58,23 @@ struct Plan {
 // INVALID_ARGUMENT naming the rule when the layout cannot run the model (DESIGN §3).
 absl::StatusOr<Plan> PlanTraining(const PlanInput& in);
 
+// Pipeline compute balance (pp > 1): each pipeline rank's model FLOPs for one micro-batch
+// (forward and backward: a layer 6 x its matmul parameters per token plus causal
+// attention 6 Hq D s per token, the final norm's and LM head's 6 h V per token on the
+// last virtual stage; the embedding, a lookup, counts nothing), under the layout's split
+// and under the split that balances them — the ParallelLayout.stage_layers that makes
+// the busiest rank's FLOPs least (layers handed one at a time to the least loaded rank),
+// then within each rank the busiest virtual stage's (one at a time to its least loaded
+// chunk). The head weighs ~4 layers of a Llama-3.2-1B-shaped model, so its stage wants
+// fewer layers; FLOPs are a model of time, not a measurement.
+struct StageBalance {
+  std::vector<int> layers;             // the layout's split, per virtual stage
+  std::vector<double> rank_flops;      // per pipeline rank, under it
+  std::vector<int> balanced;           // the suggested stage_layers
+  std::vector<double> balanced_flops;  // per pipeline rank, under it
+};
+absl::StatusOr<StageBalance> BalanceStages(const PlanInput& in);
+
 // Every layout of `devices` ranks (tp, cp, pp, dp, ZeRO stage, recomputation; sp with
 // tp; vpp 1, 1F1B) that runs the model and needs at most
 // `memory_bytes` per rank, cheapest first: least memory-bound choices (no recomputation,

@@ -3,9 +3,11 @@
 // before the model) is compared with the plan's per-rank total, with and without
 // recomputation, tied and untied, f32 and mixed precision; the sharding rules (TP, ZeRO, CP, PP and its schedule)
 // divide what they should;
-// bad layouts are refused naming the rule; proposals fit the memory asked for.
+// bad layouts are refused naming the rule; proposals fit the memory asked for; the
+// pipeline stage balance suggests a split that moves layers off the head's rank.
 #include "worker/engine/plan.h"
 
+#include <algorithm>
 #include <iostream>
 
 #include "gmock/gmock.h"
@@ -105,6 +107,41 @@ TEST(Plan, ShardingRulesAndRefusals) {
     EXPECT_EQ(p.input.layout.world(), 4);
   }
   EXPECT_TRUE(ProposeLayouts(in, 4, 1000).empty());
+}
+
+// Pipeline compute balance: a Llama-3.2-1B shape (the head ~3.8 layers of FLOPs at 4k
+// tokens) over pp 4 wants 5/5/5/1 — at vpp 2 the head's chunk none —, its busiest rank
+// 64% of the even split's; a small vocabulary leaves the even split as it is; no pipeline
+// is refused.
+TEST(Plan, StageBalanceMovesLayersOffTheHeadsRank) {
+  PlanInput in;
+  auto& c = in.config;
+  c.vocab = 128256, c.hidden = 2048, c.layers = 16, c.heads = 32, c.kv_heads = 8, c.ffn = 8192, c.tie_embeddings = true;
+  in.seq_len = 4096, in.micro_batch = 1, in.global_batch = 8;
+  in.layout = parallel::Layout{1, 1, 1, 4, 1};
+  auto b = BalanceStages(in);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->layers, (std::vector<int>{4, 4, 4, 4}));
+  EXPECT_EQ(b->balanced, (std::vector<int>{5, 5, 5, 1}));
+  const double layer = b->rank_flops[0] / 4, head = b->rank_flops[3] - 4 * layer;
+  EXPECT_NEAR(head / layer, 3.8, 0.05);
+  EXPECT_NEAR(b->balanced_flops[3], layer + head, 1e-6 * head);
+  EXPECT_NEAR(*std::max_element(b->balanced_flops.begin(), b->balanced_flops.end()) /
+                  *std::max_element(b->rank_flops.begin(), b->rank_flops.end()),
+              0.64, 0.01);
+  in.layout.vpp = 2;
+  b = BalanceStages(in);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->balanced, (std::vector<int>{3, 3, 3, 1, 2, 2, 2, 0}));
+  in.layout.stage_layers = b->balanced;  // the suggestion is a valid layout, and already balanced
+  EXPECT_TRUE(parallel::ValidateLayout(in.layout, 4, {16}).ok());
+  EXPECT_EQ(BalanceStages(in)->balanced, in.layout.stage_layers);
+  in.layout.stage_layers.clear();
+  c.vocab = 256;  // a head of no weight: the even split stays
+  in.layout = parallel::Layout{1, 1, 1, 2, 1};
+  EXPECT_EQ(BalanceStages(in)->balanced, (std::vector<int>{8, 8}));
+  in.layout = parallel::Layout{};
+  EXPECT_THAT(std::string(BalanceStages(in).status().message()), HasSubstr("needs a pipeline"));
 }
 
 }  // namespace
