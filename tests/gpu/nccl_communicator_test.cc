@@ -1,5 +1,6 @@
 // GPU tests (label gpu): NCCL communicators on 2 GPUs, bootstrapped through an
 // in-memory store; skipped where fewer than 2 GPUs are visible.
+#include <cuda.h>
 #include <cuda_runtime.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -59,6 +60,49 @@ TEST(Nccl, AllReduceAndAllGatherAreExact) {
     }
     cudaFree(in);
     cudaFree(out);
+  });
+}
+
+// Host values (the trainer's token counts, losses and token ids): exact, growing the
+// staging buffers between calls, and not waiting for the compute stream it is ordered
+// with — a kernel-free wait keeps that stream busy for the whole call.
+TEST(Nccl, HostCollectivesAreExactAndDoNotWaitForCompute) {
+  OnGpus(60000, [](int r, Communicator& c) {
+    cudaStream_t compute;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking), cudaSuccess);
+    ASSERT_TRUE(c.OrderWith(compute).ok());
+    // Keep `compute` busy until released: a stream-ordered wait on mapped host memory.
+    volatile uint32_t* flag = nullptr;
+    ASSERT_EQ(cudaHostAlloc(const_cast<uint32_t**>(&flag), sizeof(uint32_t), cudaHostAllocMapped), cudaSuccess);
+    *flag = 0;
+    void* flag_dev = nullptr;
+    ASSERT_EQ(cudaHostGetDevicePointer(&flag_dev, const_cast<uint32_t*>(flag), 0), cudaSuccess);
+    // The driver's cuStreamWaitValue32 through the runtime (no link to libcuda, which
+    // machines without a driver lack).
+    using WaitValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found;
+    ASSERT_EQ(cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &fn, 12000, cudaEnableDefault, &found), cudaSuccess);
+    ASSERT_EQ(found, cudaDriverEntryPointSuccess);
+    ASSERT_EQ(reinterpret_cast<WaitValue32>(fn)(compute, reinterpret_cast<CUdeviceptr>(flag_dev), 1, CU_STREAM_WAIT_VALUE_GEQ),
+              CUDA_SUCCESS);
+    int64_t tokens = 10 + r;
+    ASSERT_TRUE(c.AllReduceHost(&tokens, &tokens, 1, DType::kI64, ReduceOp::kSum).ok());
+    EXPECT_EQ(tokens, 21);
+    for (size_t n : {size_t{3}, size_t{5000}}) {  // the second grows the staging buffers
+      std::vector<int32_t> mine(n), all(2 * n, -1);
+      for (size_t i = 0; i < n; ++i) mine[i] = static_cast<int32_t>(r * 100000 + i);
+      ASSERT_TRUE(c.AllGatherHost(mine.data(), all.data(), n, DType::kI32).ok());
+      for (size_t i = 0; i < n; ++i) {
+        ASSERT_EQ(all[i], static_cast<int32_t>(i));
+        ASSERT_EQ(all[n + i], static_cast<int32_t>(100000 + i));
+      }
+    }
+    EXPECT_EQ(cudaStreamQuery(compute), cudaErrorNotReady) << "the compute stream was still busy throughout";
+    *flag = 1;
+    ASSERT_EQ(cudaStreamSynchronize(compute), cudaSuccess);
+    cudaFreeHost(const_cast<uint32_t*>(flag));
+    cudaStreamDestroy(compute);
   });
 }
 

@@ -44,6 +44,16 @@ absl::Status Communicator::AllGather(const void* in, void* out, size_t send_coun
   return Run("all_gather", send_count * size_ * DTypeSize(t), [&] { return DoAllGather(in, out, send_count, t); });
 }
 
+absl::Status Communicator::AllReduceHost(const void* in, void* out, size_t count, DType t, ReduceOp op) {
+  if (!in || !out) return Describe(Bad("null buffer"), "all_reduce_host");
+  return Run("all_reduce_host", count * DTypeSize(t), [&] { return DoAllReduceHost(in, out, count, t, op); });
+}
+
+absl::Status Communicator::AllGatherHost(const void* in, void* out, size_t send_count, DType t) {
+  if (!in || !out) return Describe(Bad("null buffer"), "all_gather_host");
+  return Run("all_gather_host", send_count * size_ * DTypeSize(t), [&] { return DoAllGatherHost(in, out, send_count, t); });
+}
+
 absl::Status Communicator::Broadcast(void* buf, size_t count, DType t, int root) {
   if (root < 0 || root >= size_) return Describe(Bad(absl::StrCat("root ", root, " is not a rank of ", size_)), "broadcast");
   return Run("broadcast", count * DTypeSize(t), [&] { return DoBroadcast(buf, count, t, root); });

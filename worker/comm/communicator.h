@@ -54,6 +54,15 @@ class Communicator {
   // `out` receives size()*send_count elements, rank r's at offset r*send_count.
   absl::Status AllGather(const void* in, void* out, size_t send_count, DType t);
   absl::Status Broadcast(void* buf, size_t count, DType t, int root);
+  // Small values in host memory (a token count, a loss, token ids): `in` and `out` are
+  // host buffers and the call returns with the result in `out`. Not ordered with the
+  // compute stream (OrderWith): the values need none of the device's work, so the host
+  // does not wait for the compute enqueued so far — the trainer's step start would
+  // otherwise wait for the last step's optimizer with the device idle behind it. NCCL
+  // stages them through its own pinned and device buffers on its own stream (under the
+  // watchdog); host backends (Gloo, self) run the collective in place.
+  absl::Status AllReduceHost(const void* in, void* out, size_t count, DType t, ReduceOp op);
+  absl::Status AllGatherHost(const void* in, void* out, size_t send_count, DType t);
   absl::Status Send(const void* buf, size_t count, DType t, int peer);
   absl::Status Recv(void* buf, size_t count, DType t, int peer);
   // A send that does not wait for the receiver (pipeline schedules: with every send
@@ -96,6 +105,13 @@ class Communicator {
   virtual absl::Status DoSend(const void* buf, size_t count, DType t, int peer) = 0;
   virtual absl::Status DoRecv(void* buf, size_t count, DType t, int peer) = 0;
   virtual absl::Status DoBarrier() = 0;
+  // Host-memory backends: the collectives themselves.
+  virtual absl::Status DoAllReduceHost(const void* in, void* out, size_t count, DType t, ReduceOp op) {
+    return DoAllReduce(in, out, count, t, op);
+  }
+  virtual absl::Status DoAllGatherHost(const void* in, void* out, size_t send_count, DType t) {
+    return DoAllGather(in, out, send_count, t);
+  }
   virtual absl::Status DoIsend(const void* buf, size_t count, DType t, int peer, int /*tag*/) {
     return DoSend(buf, count, t, peer);
   }

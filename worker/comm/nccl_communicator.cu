@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <map>
@@ -64,6 +65,8 @@ class NcclCommunicator final : public Communicator {
     if (!aborted_) ncclCommDestroy(comm_);
     if (before_) cudaEventDestroy(before_);
     if (after_) cudaEventDestroy(after_);
+    if (host_dev_) cudaFree(host_dev_);
+    if (host_pinned_) cudaFreeHost(host_pinned_);
     cudaStreamDestroy(stream_);
   }
   absl::Status OrderWith(void* compute_stream) override {
@@ -302,6 +305,51 @@ class NcclCommunicator final : public Communicator {
   absl::Status DoRecv(void* buf, size_t n, DType t, int peer) override {
     return Ordered([&] { return ncclRecv(buf, n, ToNccl(t), peer, comm_, stream_); });
   }
+  // Host values: copied into pinned memory, up to the device, the collective, back down
+  // — all on this communicator's stream, not ordered with the compute stream — then the
+  // watchdog's wait and the copy out.
+  absl::Status DoAllReduceHost(const void* in, void* out, size_t n, DType t, ReduceOp op) override {
+    const size_t bytes = n * DTypeSize(t);
+    if (absl::Status s = HostStaging(bytes); !s.ok()) return s;
+    std::memcpy(host_pinned_, in, bytes);
+    group_op_ = last_op(), group_seq_ = seq();
+    if (auto e = cudaMemcpyAsync(host_dev_, host_pinned_, bytes, cudaMemcpyHostToDevice, stream_); e != cudaSuccess)
+      return CudaError(e, "all_reduce_host: copy up");
+    if (absl::Status s = Check(ncclAllReduce(host_dev_, host_dev_, n, ToNccl(t), ToNccl(op), comm_, stream_)); !s.ok())
+      return s;
+    return HostStagingDown(out, bytes);
+  }
+  absl::Status DoAllGatherHost(const void* in, void* out, size_t n, DType t) override {
+    const size_t bytes = n * DTypeSize(t), total = bytes * size();
+    if (absl::Status s = HostStaging(total); !s.ok()) return s;
+    char* mine = static_cast<char*>(host_dev_) + bytes * rank();  // in place: this rank's slot
+    std::memcpy(host_pinned_, in, bytes);
+    group_op_ = last_op(), group_seq_ = seq();
+    if (auto e = cudaMemcpyAsync(mine, host_pinned_, bytes, cudaMemcpyHostToDevice, stream_); e != cudaSuccess)
+      return CudaError(e, "all_gather_host: copy up");
+    if (absl::Status s = Check(ncclAllGather(mine, host_dev_, n, ToNccl(t), comm_, stream_)); !s.ok()) return s;
+    return HostStagingDown(out, total);
+  }
+  absl::Status HostStaging(size_t bytes) {
+    if (bytes <= host_capacity_) return absl::OkStatus();
+    if (in_group_) return absl::FailedPreconditionError("host collectives cannot be grouped");
+    if (absl::Status s = Synchronize(); !s.ok()) return s;  // the old buffers may be in use
+    if (host_dev_) cudaFree(host_dev_), host_dev_ = nullptr;
+    if (host_pinned_) cudaFreeHost(host_pinned_), host_pinned_ = nullptr;
+    host_capacity_ = 0;
+    const size_t want = std::max<size_t>(bytes, 4096);
+    if (auto e = cudaMalloc(&host_dev_, want); e != cudaSuccess) return CudaError(e, "cudaMalloc(host staging)");
+    if (auto e = cudaMallocHost(&host_pinned_, want); e != cudaSuccess) return CudaError(e, "cudaMallocHost(host staging)");
+    host_capacity_ = want;
+    return absl::OkStatus();
+  }
+  absl::Status HostStagingDown(void* out, size_t bytes) {
+    if (auto e = cudaMemcpyAsync(host_pinned_, host_dev_, bytes, cudaMemcpyDeviceToHost, stream_); e != cudaSuccess)
+      return CudaError(e, "host collective: copy down");
+    if (absl::Status s = Synchronize(); !s.ok()) return s;
+    std::memcpy(out, host_pinned_, bytes);
+    return absl::OkStatus();
+  }
   absl::Status DoBarrier() override {
     if (!barrier_buf_) {
       if (auto e = cudaMalloc(&barrier_buf_, 4); e != cudaSuccess) return CudaError(e, "cudaMalloc");
@@ -368,6 +416,9 @@ class NcclCommunicator final : public Communicator {
   bool trace_;
   std::atomic<bool> aborted_{false};
   void* barrier_buf_ = nullptr;
+  void* host_dev_ = nullptr;     // AllReduceHost / AllGatherHost staging: device side
+  void* host_pinned_ = nullptr;  // and pinned host side, host_capacity_ bytes each
+  size_t host_capacity_ = 0;
   cudaStream_t compute_ = nullptr;  // OrderWith
   cudaEvent_t before_ = nullptr, after_ = nullptr;
   bool in_group_ = false;

@@ -353,13 +353,10 @@ absl::Status Trainer::LoadPiece(size_t i, const std::vector<float>& value, const
   return write(v, from, count, s.v);
 }
 
+// Host values: not ordered with the compute stream (Communicator::AllReduceHost).
 absl::Status Trainer::AllReduceHost(comm::Communicator* c, float* values, int n) {
   if (c == nullptr) return absl::OkStatus();
-  TESSERA_ASSIGN_OR_RETURN(Tensor buf, backend_->Empty({n}, DType::kF32));
-  TESSERA_RETURN_IF_ERROR(backend_->CopyFromHost(values, buf));
-  TESSERA_RETURN_IF_ERROR(c->AllReduce(buf.data(), buf.data(), n, DType::kF32, comm::ReduceOp::kSum));
-  TESSERA_RETURN_IF_ERROR(c->Synchronize());  // under the watchdog, before the host waits
-  return backend_->CopyToHost(buf, values);
+  return c->AllReduceHost(values, values, n, DType::kF32, comm::ReduceOp::kSum);
 }
 
 // The schedule's operations in order. Activations go to the next rank (tag 0) and
@@ -466,11 +463,9 @@ absl::StatusOr<int64_t> Trainer::GlobalTokens(const std::vector<model::TokenBatc
   for (const auto& mb : micro_batches)
     for (int32_t t : mb.targets) tokens += t >= 0;
   if (dp_ == nullptr) return tokens;
-  TESSERA_ASSIGN_OR_RETURN(Tensor buf, backend_->Empty({1}, DType::kI64));
-  TESSERA_RETURN_IF_ERROR(backend_->CopyFromHost(&tokens, buf));
-  TESSERA_RETURN_IF_ERROR(dp_->AllReduce(buf.data(), buf.data(), 1, DType::kI64, comm::ReduceOp::kSum));
-  TESSERA_RETURN_IF_ERROR(dp_->Synchronize());
-  TESSERA_RETURN_IF_ERROR(backend_->CopyToHost(buf, &tokens));
+  // On the host, not behind the last step's optimizer on the device (which the step's
+  // first kernels then queue behind, as with one rank).
+  TESSERA_RETURN_IF_ERROR(dp_->AllReduceHost(&tokens, &tokens, 1, DType::kI64, comm::ReduceOp::kSum));
   return tokens;
 }
 
@@ -616,7 +611,7 @@ absl::StatusOr<StepStats> Trainer::Step(const std::vector<model::TokenBatch>& mi
   TESSERA_ASSIGN_OR_RETURN(stats.tokens, GlobalTokens(micro_batches));
   if (stats.tokens == 0) return absl::InvalidArgumentError("trainer: the global batch has no target tokens");
   TESSERA_RETURN_IF_ERROR(BeginStep(micro_batches));
-  // Where the host has just waited anyway (the token count): the last micro-batch's rows.
+  // The last micro-batch's rows (host collectives: the device goes on with the last update).
   if (pp_ == nullptr && options_.zero == 0 && options_.early_embedding)
     TESSERA_RETURN_IF_ERROR(PlanEmbeddingRows(micro_batches.back()));
   const float scale = 1.f / static_cast<float>(stats.tokens);

@@ -17,10 +17,11 @@ model::Param* Trainer::EarlyEmbedding() const {
   return rows_ != nullptr && reduce_in_backward_ ? rows_->embed : nullptr;
 }
 
-// At the step's start (the host has just waited for the token count): every DP rank's
-// token ids of its last micro-batch, gathered on the host (their counts, then the ids
-// padded to the longest), give the rows touched in this TP rank's share of the
-// vocabulary and each local token's place among them.
+// At the step's start: every DP rank's token ids of its last micro-batch, gathered on
+// the host (their counts, then the ids padded to the longest; host collectives, so the
+// host does not wait for the last step's optimizer and this work hides under it), give
+// the rows touched in this TP rank's share of the vocabulary and each local token's
+// place among them.
 absl::Status Trainer::PlanEmbeddingRows(const model::TokenBatch& last) {
   rows_.reset();
   model::Param* e = model_->Find("model.embed_tokens.weight");
@@ -29,14 +30,8 @@ absl::Status Trainer::PlanEmbeddingRows(const model::TokenBatch& last) {
   runtime::Backend& b = *backend_;
   const int dps = dp_->size();
   auto gather = [&](const std::vector<int32_t>& mine) -> absl::StatusOr<std::vector<int32_t>> {
-    const int64_t n = static_cast<int64_t>(mine.size());
-    TESSERA_ASSIGN_OR_RETURN(Tensor in, b.Empty({n}, DType::kI32));
-    TESSERA_ASSIGN_OR_RETURN(Tensor out, b.Empty({n * dps}, DType::kI32));
-    TESSERA_RETURN_IF_ERROR(b.CopyFromHost(mine.data(), in));
-    TESSERA_RETURN_IF_ERROR(dp_->AllGather(in.data(), out.data(), n, DType::kI32));
-    TESSERA_RETURN_IF_ERROR(dp_->Synchronize());  // under the watchdog, before the host waits
-    std::vector<int32_t> all(n * dps);
-    TESSERA_RETURN_IF_ERROR(b.CopyToHost(out, all.data()));
+    std::vector<int32_t> all(mine.size() * dps);  // on the host: not behind the device's work
+    TESSERA_RETURN_IF_ERROR(dp_->AllGatherHost(mine.data(), all.data(), mine.size(), DType::kI32));
     return all;
   };
   TESSERA_ASSIGN_OR_RETURN(std::vector<int32_t> counts, gather({static_cast<int32_t>(last.tokens.size())}));

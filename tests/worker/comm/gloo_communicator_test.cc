@@ -63,6 +63,13 @@ TEST(Gloo, CollectivesGiveExactResults) {
     uint16_t one = 0x3f80, sum = 0;  // 1.0
     ASSERT_TRUE(c.AllReduce(&one, &sum, 1, DType::kBF16, ReduceOp::kSum).ok());
     EXPECT_EQ(sum, 0x4040);  // 3.0
+    // Host values (the trainer's token counts and ids), in place too.
+    int64_t tokens = 10 + r;
+    ASSERT_TRUE(c.AllReduceHost(&tokens, &tokens, 1, DType::kI64, ReduceOp::kSum).ok());
+    EXPECT_EQ(tokens, 33);
+    std::vector<int32_t> ids(3 * 2, -1);
+    ASSERT_TRUE(c.AllGatherHost(mine.data(), ids.data(), 2, DType::kI32).ok());
+    EXPECT_EQ(ids, (std::vector<int32_t>{0, 100, 1, 101, 2, 102}));
     EXPECT_GT(c.stats().calls, 5u);
   });
 }
