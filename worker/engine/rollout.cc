@@ -33,8 +33,7 @@ RolloutEngine::RolloutEngine(model::Llama* model, const RolloutOptions& options)
     : model_(model),
       options_(options),
       host_(runtime::MakeCpuBackend()),
-      device_sampling_(model->backend().device().kind != runtime::DeviceKind::kCpu && !model->tensor_parallel() &&
-                       !options.sample_on_host) {}
+      device_sampling_(model->backend().device().kind != runtime::DeviceKind::kCpu && !options.sample_on_host) {}
 
 absl::StatusOr<std::unique_ptr<RolloutEngine>> RolloutEngine::Create(model::Llama* model, const RolloutOptions& o) {
   if (model == nullptr) return absl::InvalidArgumentError("rollout: no model");
@@ -205,7 +204,10 @@ absl::Status RolloutEngine::Decode(std::vector<Seq*>& running) {
 absl::Status RolloutEngine::ForwardAndSample(const std::vector<Seq*>& seqs, const model::TokenBatch& batch,
                                              const std::vector<int32_t>& slots, const model::Llama::DecodeView* view) {
   if (device_sampling_) {  // the logits stay on the device: sampled there
-    TESSERA_ASSIGN_OR_RETURN(Tensor logits, model_->ForwardWithCacheLocal(batch, slots, *cache_, view));
+    TESSERA_ASSIGN_OR_RETURN(Tensor local, model_->ForwardWithCacheLocal(batch, slots, *cache_, view));
+    // Under TP every rank gathers the whole vocabulary's logits on its device and samples
+    // the same tokens (the same logits, seeds and kernel), so the ranks stay in step.
+    TESSERA_ASSIGN_OR_RETURN(Tensor logits, model_->GatherVocab(local));
     return SampleInto(seqs, logits, model_->backend());
   }
   TESSERA_ASSIGN_OR_RETURN(std::vector<float> logits, model_->ForwardWithCache(batch, slots, *cache_, view));

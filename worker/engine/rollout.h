@@ -15,9 +15,10 @@
 // token i of sample j of a request with (seed + j, i), so the result does not depend on
 // batching or admission order; the log-probability of each drawn token is under the
 // sampling distribution (softmax(logits / temperature); at temperature 0 or 1 the
-// model's own). On a GPU without TP the logits stay on the device and are sampled there
-// (the same counter-based draw as the host's); otherwise they come to the host and are
-// sampled there (one [running x vocab] copy per step).
+// model's own). On a GPU the logits stay on the device and are sampled there (the same
+// counter-based draw as the host's); under TP each rank first gathers the whole
+// vocabulary's logits on its device (Llama::GatherVocab) and every rank draws the same
+// tokens. On the CPU they are sampled by the host backend.
 // ReleaseCache() frees the cache (a colocated executor going back to training); the
 // next Generate() makes it again.
 // Threading: one caller at a time (like the model it drives).
@@ -133,8 +134,8 @@ class RolloutEngine {
   int64_t scratch_block_ = -1;  // first of the blocks padded graph rows write to (never handed out)
   int64_t graph_steps_ = 0;
   std::unique_ptr<runtime::Backend> host_;  // sampling and host index tensors
-  // A GPU model without TP samples on its device (no logits through the host); with TP
-  // the gathered logits are sampled on the host (TP ranks draw the same tokens).
+  // A GPU model samples on its device (no logits through the host; under TP from the
+  // gathered vocabulary, every rank drawing the same tokens).
   bool device_sampling_ = false;
   std::unique_ptr<model::Llama::KvCache> cache_;
   std::vector<int32_t> free_blocks_;

@@ -30,7 +30,7 @@ int64_t Pow2AtLeast(int64_t n) {
 
 bool RolloutEngine::GraphsUsable() const {
   return options_.cuda_graphs && device_sampling_ && !graphs_failed_ && !model_->has_param_hooks() &&
-         !model_->config().qkv_bias;
+         !model_->config().qkv_bias && !model_->tensor_parallel();  // DecodeStepOnDevice: no TP
 }
 
 uint64_t RolloutEngine::GraphFingerprint() const {

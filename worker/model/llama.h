@@ -239,6 +239,10 @@ class Llama {
   // samples from on a GPU without a round trip through the host.
   absl::StatusOr<runtime::Tensor> ForwardWithCacheLocal(const TokenBatch& batch, const std::vector<int32_t>& slots,
                                                         KvCache& cache, const DecodeView* decode);
+  // Vocabulary-parallel logits [n, vocab / tp] of every TP rank gathered into [n, vocab]
+  // on the device, in their dtype (each rank gets the same); without TP `local` itself.
+  // Every rank of the TP group calls it.
+  absl::StatusOr<runtime::Tensor> GatherVocab(const runtime::Tensor& local);
   // The decode step over inputs already on the device (the rollout engine's CUDA graph
   // captures it): tokens, positions, slots, lens i32 [B] and block tables i32 [B,
   // max_blocks], all on the model's device and checked by the caller on their host

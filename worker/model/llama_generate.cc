@@ -164,26 +164,31 @@ absl::StatusOr<Tensor> Llama::CacheForward(const Inputs& in, int64_t n, const st
 
 absl::StatusOr<std::vector<float>> Llama::ForwardWithCache(const TokenBatch& batch, const std::vector<int32_t>& slots,
                                                            KvCache& cache, const DecodeView* decode) {
-  TESSERA_ASSIGN_OR_RETURN(Tensor logits, ForwardWithCacheLocal(batch, slots, cache, decode));
+  TESSERA_ASSIGN_OR_RETURN(Tensor local, ForwardWithCacheLocal(batch, slots, cache, decode));
+  TESSERA_ASSIGN_OR_RETURN(Tensor logits, GatherVocab(local));
   Backend& b = *backend_;
-  const LlamaConfig& c = config_;
-  const int64_t n = logits.shape()[0], vocab = logits.shape()[1];
-  TESSERA_ASSIGN_OR_RETURN(Tensor local, New(b, {n, vocab}));
-  TESSERA_RETURN_IF_ERROR(b.Cast(logits, local));
-  std::vector<float> full(n * c.vocab);
-  if (tp_ == nullptr) {
-    TESSERA_RETURN_IF_ERROR(b.CopyToHost(local, full.data()));
-    return full;
+  TESSERA_ASSIGN_OR_RETURN(Tensor f32, New(b, logits.shape()));
+  TESSERA_RETURN_IF_ERROR(b.Cast(logits, f32));
+  std::vector<float> full(f32.numel());
+  TESSERA_RETURN_IF_ERROR(b.CopyToHost(f32, full.data()));
+  return full;
+}
+
+absl::StatusOr<Tensor> Llama::GatherVocab(const Tensor& local) {
+  if (tp_ == nullptr || tp_size() == 1) return local;
+  Backend& b = *backend_;
+  const int64_t n = local.dim(0), v = local.dim(1), parts = tp_size();
+  // The shards [tp][n][vocab / tp] gathered (ordered with the compute stream), then
+  // each placed as its columns of [n, vocab] by a 2-D copy on the device.
+  TESSERA_ASSIGN_OR_RETURN(Tensor gathered, New(b, {parts * n, v}, local.dtype()));
+  TESSERA_RETURN_IF_ERROR(tp_->AllGather(local.data(), gathered.data(), n * v, local.dtype()));
+  TESSERA_RETURN_IF_ERROR(tp_->Synchronize());  // under the watchdog, before anything waits on it
+  TESSERA_ASSIGN_OR_RETURN(Tensor full, New(b, {n, parts * v}, local.dtype()));
+  for (int64_t k = 0; k < parts; ++k) {
+    TESSERA_ASSIGN_OR_RETURN(Tensor block, gathered.Slice(0, k * n, n));
+    TESSERA_ASSIGN_OR_RETURN(Tensor columns, full.Slice(1, k * v, v));
+    TESSERA_RETURN_IF_ERROR(b.Copy(block, columns));
   }
-  // TP: the shards [tp][n][vocab / tp] gathered, then each row's shards side by side.
-  TESSERA_ASSIGN_OR_RETURN(Tensor gathered, New(b, {tp_size() * n * vocab}));
-  TESSERA_RETURN_IF_ERROR(tp_->AllGather(local.data(), gathered.data(), n * vocab, DType::kF32));
-  TESSERA_RETURN_IF_ERROR(tp_->Synchronize());  // under the watchdog, before the host waits
-  std::vector<float> shards(tp_size() * n * vocab);
-  TESSERA_RETURN_IF_ERROR(b.CopyToHost(gathered, shards.data()));
-  for (int r = 0; r < tp_size(); ++r)
-    for (int64_t s = 0; s < n; ++s)
-      std::copy_n(shards.begin() + (r * n + s) * vocab, vocab, full.begin() + s * c.vocab + r * vocab);
   return full;
 }
 
