@@ -15,15 +15,19 @@
 //    sign of small gradients); biases only sanity-bounded (layout_harness.h).
 // The largest differences seen are printed per layout for docs/perf.md.
 // Skips where fewer than 2 GPUs are visible; 4-rank layouts need 4.
+// Also: a TP-2 rollout samples on the device (each rank gathers the vocabulary's logits)
+// and both ranks draw the same tokens, which are the host sampler's.
 #include <cuda_runtime.h>
 
 #include <cstdlib>
 #include <iostream>
 
 #include "gtest/gtest.h"
+#include "tests/common/file_store.h"
 #include "tests/worker/engine/layout_harness.h"
 #include "tests/worker/engine/rank_processes.h"
 #include "worker/comm/nccl_communicator.h"
+#include "worker/engine/rollout.h"
 
 namespace tessera::engine {
 namespace {
@@ -161,6 +165,93 @@ INSTANTIATE_TEST_SUITE_P(
                       Layout{"tp2_pp2_1f1b", 2, 1, 0, false, 1, 2, 1, Schedule::kOneFOneB, false, 4},
                       Layout{"pp2_dp2_zero1_tied", 1, 2, 1, true, 1, 2, 1, Schedule::kOneFOneB, false, 4}),
     [](const auto& info) { return std::string(info.param.name); });
+
+// A TP-2 rollout on two GPUs (a process each): sampling on the device — each rank gathers
+// the whole vocabulary's logits (Llama::GatherVocab) and draws — gives both ranks the
+// same tokens (else their caches would part), and those are what the host sampler draws
+// from the same logits (f32; as on one GPU, at most one sequence may part at a CDF
+// boundary, the device summing in another order). Greedy, temperature 1, top-k, top-p.
+TEST(RolloutTpGpu, Tp2RanksDrawTheSameTokensOnTheDevice) {
+  static const int gpus = GpuCountInChild();
+  if (gpus < 2) GTEST_SKIP() << "needs 2 GPUs, " << gpus << " visible";
+  char tmpl[] = "/tmp/rollout_tp_gpu.XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  auto run = [&](int r) -> int {  // in the rank's process; the exit code says what failed
+    if (cudaSetDevice(r) != cudaSuccess) return 2;
+    auto be = runtime::MakeCudaBackend(r);
+    if (!be.ok()) return 3;
+    testing::FileStore store(dir);
+    auto c = comm::MakeNcclCommunicator("rollout/tp/0", "rollout-tp", r, 2, &store, {r, 20000});
+    if (!c.ok() || !(*c)->OrderWith((*be)->stream()).ok()) return 4;
+    model::LlamaConfig cfg = Config(runtime::DType::kF32);
+    cfg.layers = 2;
+    auto m = model::Llama::Create(cfg, be->get(), c->get());
+    if (!m.ok() || !(*m)->InitRandom(7, 0.05f).ok()) return 5;
+    std::vector<GenerationRequest> reqs;
+    for (int i = 0; i < 4; ++i) {
+      GenerationRequest q;
+      q.prompt = model::test::RandomBatch(cfg.vocab, 60 + i, {12 + 17 * i}).tokens;
+      q.params.n = 3, q.params.max_new_tokens = 24, q.params.seed = 30 + i;
+      q.params.temperature = i == 0 ? 0.f : 1.f;
+      if (i == 2) q.params.top_k = 20;
+      if (i == 3) q.params.top_p = 0.8f;
+      reqs.push_back(q);
+    }
+    for (bool host : {false, true}) {
+      RolloutOptions o;
+      o.block_size = 16, o.num_blocks = 64, o.max_running = 8, o.sample_on_host = host;
+      auto e = RolloutEngine::Create(m->get(), o);
+      if (!e.ok()) return 6;
+      auto got = (*e)->Generate(reqs);
+      if (!got.ok()) {
+        fprintf(stderr, "rank %d: %s\n", r, got.status().ToString().c_str());
+        return 7;
+      }
+      std::ofstream f(absl::StrCat(dir, "/tokens-", r, host ? "-host" : "-device"));
+      for (const Completion& k : *got) {
+        for (int32_t t : k.tokens) f << t << " ";
+        f << "\n";
+      }
+    }
+    return 0;
+  };
+  std::vector<pid_t> pids;
+  for (int r = 0; r < 2; ++r) {
+    const pid_t pid = fork();
+    if (pid == 0) _exit(run(r));
+    ASSERT_GT(pid, 0);
+    pids.push_back(pid);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  for (int r = 0; r < 2; ++r) {
+    int status = 0;
+    while (waitpid(pids[r], &status, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        for (pid_t p : pids) kill(p, SIGKILL);
+        waitpid(pids[r], &status, 0);
+        FAIL() << "rank " << r << " still running after 120 s";
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "rank " << r << " exit " << WEXITSTATUS(status);
+  }
+  auto lines = [&](const std::string& name) {
+    std::ifstream f(dir + "/" + name);
+    std::vector<std::string> out;
+    for (std::string l; std::getline(f, l);) out.push_back(l);
+    return out;
+  };
+  const auto dev0 = lines("tokens-0-device"), dev1 = lines("tokens-1-device"), host0 = lines("tokens-0-host");
+  ASSERT_EQ(dev0.size(), 12u);
+  EXPECT_EQ(dev1, dev0) << "the TP ranks drew different tokens on the device";
+  EXPECT_EQ(lines("tokens-1-host"), host0);
+  int identical = 0;
+  for (size_t i = 0; i < dev0.size() && i < host0.size(); ++i) identical += dev0[i] == host0[i];
+  EXPECT_GE(identical, 11) << "sequences equal between device and host sampling";
+  EXPECT_EQ(dev0[0], host0[0]) << "greedy";
+  std::cout << "RESULT rollout_tp2_device_vs_host identical=" << identical << "/12\n";
+}
 
 }  // namespace
 }  // namespace tessera::engine
