@@ -309,6 +309,7 @@ class NcclCommunicator final : public Communicator {
   // — all on this communicator's stream, not ordered with the compute stream — then the
   // watchdog's wait and the copy out.
   absl::Status DoAllReduceHost(const void* in, void* out, size_t n, DType t, ReduceOp op) override {
+    if (in_group_) return absl::FailedPreconditionError("host collectives cannot be grouped");
     const size_t bytes = n * DTypeSize(t);
     if (absl::Status s = HostStaging(bytes); !s.ok()) return s;
     std::memcpy(host_pinned_, in, bytes);
@@ -320,6 +321,7 @@ class NcclCommunicator final : public Communicator {
     return HostStagingDown(out, bytes);
   }
   absl::Status DoAllGatherHost(const void* in, void* out, size_t n, DType t) override {
+    if (in_group_) return absl::FailedPreconditionError("host collectives cannot be grouped");
     const size_t bytes = n * DTypeSize(t), total = bytes * size();
     if (absl::Status s = HostStaging(total); !s.ok()) return s;
     char* mine = static_cast<char*>(host_dev_) + bytes * rank();  // in place: this rank's slot
@@ -332,7 +334,6 @@ class NcclCommunicator final : public Communicator {
   }
   absl::Status HostStaging(size_t bytes) {
     if (bytes <= host_capacity_) return absl::OkStatus();
-    if (in_group_) return absl::FailedPreconditionError("host collectives cannot be grouped");
     if (absl::Status s = Synchronize(); !s.ok()) return s;  // the old buffers may be in use
     if (host_dev_) cudaFree(host_dev_), host_dev_ = nullptr;
     if (host_pinned_) cudaFreeHost(host_pinned_), host_pinned_ = nullptr;
