@@ -221,16 +221,22 @@ absl::Status Llama::GatherInto(const Param& p, const Tensor& shard, Tensor& out)
     return tp_->Synchronize();
   }
   // Column shards: gather the [rows, cols / parts] blocks, then place each block.
-  const int64_t rows = p.spec.shape[0], cols = p.spec.shape[1], c = cols / parts;
-  TESSERA_ASSIGN_OR_RETURN(Tensor gathered, New(*backend_, {parts * rows, c}));
-  TESSERA_RETURN_IF_ERROR(backend_->Synchronize());
-  TESSERA_RETURN_IF_ERROR(tp_->AllGather(local.data(), gathered.data(), n, DType::kF32));
-  TESSERA_RETURN_IF_ERROR(tp_->Synchronize());
+  const int64_t rows = p.spec.shape[0], cols = p.spec.shape[1];
+  TESSERA_ASSIGN_OR_RETURN(Tensor block, shard.Reshape({rows, cols / parts}));
   TESSERA_ASSIGN_OR_RETURN(Tensor whole, flat.Reshape({rows, cols}));
+  return GatherColumns(block, whole);
+}
+
+absl::Status Llama::GatherColumns(const Tensor& local, Tensor& full) {
+  const int64_t rows = local.dim(0), c = local.dim(1), parts = tp_size();
+  TESSERA_ASSIGN_OR_RETURN(Tensor gathered, New(*backend_, {parts * rows, c}, local.dtype()));
+  TESSERA_RETURN_IF_ERROR(backend_->Synchronize());  // `local` is written on the compute stream
+  TESSERA_RETURN_IF_ERROR(tp_->AllGather(local.data(), gathered.data(), rows * c, local.dtype()));
+  TESSERA_RETURN_IF_ERROR(tp_->Synchronize());  // under the watchdog, before anything waits on it
   for (int64_t k = 0; k < parts; ++k) {
     TESSERA_ASSIGN_OR_RETURN(Tensor block, gathered.Slice(0, k * rows, rows));
-    TESSERA_ASSIGN_OR_RETURN(Tensor column, whole.Slice(1, k * c, c));
-    TESSERA_RETURN_IF_ERROR(backend_->Copy(block, column));
+    TESSERA_ASSIGN_OR_RETURN(Tensor columns, full.Slice(1, k * c, c));
+    TESSERA_RETURN_IF_ERROR(backend_->Copy(block, columns));
   }
   return absl::OkStatus();
 }

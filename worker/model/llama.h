@@ -284,6 +284,10 @@ class Llama {
   // GatherGlobal's and GatherGlobalInto's work: `shard` (p's value or gradient) gathered
   // over the TP group into `out` (f32, contiguous, global size), on the backend.
   absl::Status GatherInto(const Param& p, const runtime::Tensor& shard, runtime::Tensor& out);
+  // Every TP rank's [rows, c] block placed as columns [k·c, (k+1)·c) of `full` [rows,
+  // tp·c] (same dtype): an all-gather, then a 2-D device copy per block. The column
+  // shards of a weight (GatherInto) and the vocabulary shards of logits (GatherVocab).
+  absl::Status GatherColumns(const runtime::Tensor& local, runtime::Tensor& full);
   absl::StatusOr<Inputs> Upload(const TokenBatch& batch);
   absl::Status LayerForward(const LayerParams& w, const Inputs& in, const runtime::Tensor& x, LayerActs& a,
                             runtime::Tensor& out, const CacheStep* kv = nullptr);

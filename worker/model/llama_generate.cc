@@ -176,19 +176,8 @@ absl::StatusOr<std::vector<float>> Llama::ForwardWithCache(const TokenBatch& bat
 
 absl::StatusOr<Tensor> Llama::GatherVocab(const Tensor& local) {
   if (tp_ == nullptr || tp_size() == 1) return local;
-  Backend& b = *backend_;
-  const int64_t n = local.dim(0), v = local.dim(1), parts = tp_size();
-  // The shards [tp][n][vocab / tp] gathered (ordered with the compute stream), then
-  // each placed as its columns of [n, vocab] by a 2-D copy on the device.
-  TESSERA_ASSIGN_OR_RETURN(Tensor gathered, New(b, {parts * n, v}, local.dtype()));
-  TESSERA_RETURN_IF_ERROR(tp_->AllGather(local.data(), gathered.data(), n * v, local.dtype()));
-  TESSERA_RETURN_IF_ERROR(tp_->Synchronize());  // under the watchdog, before anything waits on it
-  TESSERA_ASSIGN_OR_RETURN(Tensor full, New(b, {n, parts * v}, local.dtype()));
-  for (int64_t k = 0; k < parts; ++k) {
-    TESSERA_ASSIGN_OR_RETURN(Tensor block, gathered.Slice(0, k * n, n));
-    TESSERA_ASSIGN_OR_RETURN(Tensor columns, full.Slice(1, k * v, v));
-    TESSERA_RETURN_IF_ERROR(b.Copy(block, columns));
-  }
+  TESSERA_ASSIGN_OR_RETURN(Tensor full, New(*backend_, {local.dim(0), tp_size() * local.dim(1)}, local.dtype()));
+  TESSERA_RETURN_IF_ERROR(GatherColumns(local, full));
   return full;
 }
 
