@@ -5,6 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <map>
 #include <thread>
@@ -65,7 +66,8 @@ TEST(Nccl, AllReduceAndAllGatherAreExact) {
 
 // Host values (the trainer's token counts, losses and token ids): exact, growing the
 // staging buffers between calls, and not waiting for the compute stream it is ordered
-// with — a kernel-free wait keeps that stream busy for the whole call.
+// with — a kernel-free wait keeps that stream busy until a timer releases it, so a call
+// that waits for compute shows as one that took the timer's 8 s (and the test ends).
 TEST(Nccl, HostCollectivesAreExactAndDoNotWaitForCompute) {
   OnGpus(60000, [](int r, Communicator& c) {
     cudaStream_t compute;
@@ -86,20 +88,32 @@ TEST(Nccl, HostCollectivesAreExactAndDoNotWaitForCompute) {
     ASSERT_EQ(found, cudaDriverEntryPointSuccess);
     ASSERT_EQ(reinterpret_cast<WaitValue32>(fn)(compute, reinterpret_cast<CUdeviceptr>(flag_dev), 1, CU_STREAM_WAIT_VALUE_GEQ),
               CUDA_SUCCESS);
+    std::thread release([flag] {
+      std::this_thread::sleep_for(std::chrono::seconds(8));
+      *flag = 1;
+    });
+    auto seconds = [t0 = std::chrono::steady_clock::now()]() mutable {
+      auto t = std::chrono::steady_clock::now();
+      double s = std::chrono::duration<double>(t - t0).count();
+      t0 = t;
+      return s;
+    };
     int64_t tokens = 10 + r;
     ASSERT_TRUE(c.AllReduceHost(&tokens, &tokens, 1, DType::kI64, ReduceOp::kSum).ok());
     EXPECT_EQ(tokens, 21);
-    for (size_t n : {size_t{3}, size_t{5000}}) {  // the second grows the staging buffers
+    EXPECT_LT(seconds(), 4.0) << "all_reduce_host waited for the compute stream";
+    for (size_t n : {size_t{3}, size_t{5000}, size_t{300000}}) {  // the later ones grow the staging buffer
       std::vector<int32_t> mine(n), all(2 * n, -1);
-      for (size_t i = 0; i < n; ++i) mine[i] = static_cast<int32_t>(r * 100000 + i);
+      for (size_t i = 0; i < n; ++i) mine[i] = static_cast<int32_t>(r * 1000000 + i);
       ASSERT_TRUE(c.AllGatherHost(mine.data(), all.data(), n, DType::kI32).ok());
+      EXPECT_LT(seconds(), 4.0) << "all_gather_host of " << n << " values waited for the compute stream";
       for (size_t i = 0; i < n; ++i) {
         ASSERT_EQ(all[i], static_cast<int32_t>(i));
-        ASSERT_EQ(all[n + i], static_cast<int32_t>(100000 + i));
+        ASSERT_EQ(all[n + i], static_cast<int32_t>(1000000 + i));
       }
     }
     EXPECT_EQ(cudaStreamQuery(compute), cudaErrorNotReady) << "the compute stream was still busy throughout";
-    *flag = 1;
+    release.join();
     ASSERT_EQ(cudaStreamSynchronize(compute), cudaSuccess);
     cudaFreeHost(const_cast<uint32_t*>(flag));
     cudaStreamDestroy(compute);

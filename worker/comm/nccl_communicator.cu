@@ -65,8 +65,7 @@ class NcclCommunicator final : public Communicator {
     if (!aborted_) ncclCommDestroy(comm_);
     if (before_) cudaEventDestroy(before_);
     if (after_) cudaEventDestroy(after_);
-    if (host_dev_) cudaFree(host_dev_);
-    if (host_pinned_) cudaFreeHost(host_pinned_);
+    if (host_dev_) cudaFreeAsync(host_dev_, stream_);  // released once stream_ drains
     cudaStreamDestroy(stream_);
   }
   absl::Status OrderWith(void* compute_stream) override {
@@ -305,16 +304,20 @@ class NcclCommunicator final : public Communicator {
   absl::Status DoRecv(void* buf, size_t n, DType t, int peer) override {
     return Ordered([&] { return ncclRecv(buf, n, ToNccl(t), peer, comm_, stream_); });
   }
-  // Host values: copied into pinned memory, up to the device, the collective, back down
-  // — all on this communicator's stream, not ordered with the compute stream — then the
-  // watchdog's wait and the copy out.
+  // Host values: copied up to the device, the collective, back down — all on this
+  // communicator's stream, not ordered with the compute stream — then the watchdog's
+  // wait. Nothing here may wait for the compute stream (the point of these calls: DP's
+  // step start must not wait for the previous step's optimizer). So no pinned staging
+  // (cudaFreeHost and cudaFree synchronize the whole device; session 14 saw the test
+  // hang there): the copies go straight from and to the caller's pageable memory (a
+  // pageable copy up is staged at once; the copy down waits for stream_ only), and the
+  // device buffer grows stream-ordered (cudaMallocAsync / cudaFreeAsync).
   absl::Status DoAllReduceHost(const void* in, void* out, size_t n, DType t, ReduceOp op) override {
     if (in_group_) return absl::FailedPreconditionError("host collectives cannot be grouped");
     const size_t bytes = n * DTypeSize(t);
     if (absl::Status s = HostStaging(bytes); !s.ok()) return s;
-    std::memcpy(host_pinned_, in, bytes);
     group_op_ = last_op(), group_seq_ = seq();
-    if (auto e = cudaMemcpyAsync(host_dev_, host_pinned_, bytes, cudaMemcpyHostToDevice, stream_); e != cudaSuccess)
+    if (auto e = cudaMemcpyAsync(host_dev_, in, bytes, cudaMemcpyHostToDevice, stream_); e != cudaSuccess)
       return CudaError(e, "all_reduce_host: copy up");
     if (absl::Status s = Check(ncclAllReduce(host_dev_, host_dev_, n, ToNccl(t), ToNccl(op), comm_, stream_)); !s.ok())
       return s;
@@ -325,30 +328,29 @@ class NcclCommunicator final : public Communicator {
     const size_t bytes = n * DTypeSize(t), total = bytes * size();
     if (absl::Status s = HostStaging(total); !s.ok()) return s;
     char* mine = static_cast<char*>(host_dev_) + bytes * rank();  // in place: this rank's slot
-    std::memcpy(host_pinned_, in, bytes);
     group_op_ = last_op(), group_seq_ = seq();
-    if (auto e = cudaMemcpyAsync(mine, host_pinned_, bytes, cudaMemcpyHostToDevice, stream_); e != cudaSuccess)
+    if (auto e = cudaMemcpyAsync(mine, in, bytes, cudaMemcpyHostToDevice, stream_); e != cudaSuccess)
       return CudaError(e, "all_gather_host: copy up");
     if (absl::Status s = Check(ncclAllGather(mine, host_dev_, n, ToNccl(t), comm_, stream_)); !s.ok()) return s;
     return HostStagingDown(out, total);
   }
   absl::Status HostStaging(size_t bytes) {
     if (bytes <= host_capacity_) return absl::OkStatus();
-    if (absl::Status s = Synchronize(); !s.ok()) return s;  // the old buffers may be in use
-    if (host_dev_) cudaFree(host_dev_), host_dev_ = nullptr;
-    if (host_pinned_) cudaFreeHost(host_pinned_), host_pinned_ = nullptr;
+    // Stream-ordered: the old buffer is freed after the work already on stream_.
+    if (host_dev_) cudaFreeAsync(host_dev_, stream_), host_dev_ = nullptr;
     host_capacity_ = 0;
-    const size_t want = std::max<size_t>(bytes, 4096);
-    if (auto e = cudaMalloc(&host_dev_, want); e != cudaSuccess) return CudaError(e, "cudaMalloc(host staging)");
-    if (auto e = cudaMallocHost(&host_pinned_, want); e != cudaSuccess) return CudaError(e, "cudaMallocHost(host staging)");
-    host_capacity_ = want;
+    const size_t want = std::max<size_t>(bytes, 2 * host_capacity_seen_);
+    if (auto e = cudaMallocAsync(&host_dev_, want, stream_); e != cudaSuccess)
+      return CudaError(e, "cudaMallocAsync(host collective staging)");
+    host_capacity_ = host_capacity_seen_ = want;
     return absl::OkStatus();
   }
   absl::Status HostStagingDown(void* out, size_t bytes) {
-    if (auto e = cudaMemcpyAsync(host_pinned_, host_dev_, bytes, cudaMemcpyDeviceToHost, stream_); e != cudaSuccess)
-      return CudaError(e, "host collective: copy down");
+    // The watchdog's wait first: a copy to pageable memory returns only once it is done,
+    // so issued before, a stuck collective would hang this thread past the timeout.
     if (absl::Status s = Synchronize(); !s.ok()) return s;
-    std::memcpy(out, host_pinned_, bytes);
+    if (auto e = cudaMemcpyAsync(out, host_dev_, bytes, cudaMemcpyDeviceToHost, stream_); e != cudaSuccess)
+      return CudaError(e, "host collective: copy down");
     return absl::OkStatus();
   }
   absl::Status DoBarrier() override {
@@ -417,9 +419,8 @@ class NcclCommunicator final : public Communicator {
   bool trace_;
   std::atomic<bool> aborted_{false};
   void* barrier_buf_ = nullptr;
-  void* host_dev_ = nullptr;     // AllReduceHost / AllGatherHost staging: device side
-  void* host_pinned_ = nullptr;  // and pinned host side, host_capacity_ bytes each
-  size_t host_capacity_ = 0;
+  void* host_dev_ = nullptr;  // AllReduceHost / AllGatherHost staging, host_capacity_ bytes
+  size_t host_capacity_ = 0, host_capacity_seen_ = 2048;  // grows at least twofold
   cudaStream_t compute_ = nullptr;  // OrderWith
   cudaEvent_t before_ = nullptr, after_ = nullptr;
   bool in_group_ = false;
