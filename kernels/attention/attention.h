@@ -21,8 +21,10 @@ namespace tessera::kernels {
 using runtime::DType;
 // Which implementation serves the CUDA forward (bf16, head_dim 64/128). kAuto: cuDNN's
 // fused attention (cudnn_attention.h) for sequences of one length up to
-// kCudnnMaxAutoSeq tokens — where it measured faster (docs/perf.md) — when cuDNN loads,
-// else the flash kernels. kFlash / kCudnn force one (tests, benchmarks); kCudnn fails
+// kCudnnMaxAutoSeq tokens — where it measured faster (docs/perf.md) — when cuDNN loads
+// and the shape was prepared (Backend::PrepareAttention: the trainer at a step's start),
+// else the flash kernels: a plan is never built inside a forward (it takes ~0.1 s and
+// may wait for the device to drain; the rollout's prefills change shape every batch). kFlash / kCudnn force one (tests, benchmarks); kCudnn fails
 // when cuDNN is missing or the sequences differ in length. The CPU ignores it.
 enum class AttentionEngine { kAuto, kFlash, kCudnn };
 inline constexpr int64_t kCudnnMaxAutoSeq = 4096;

@@ -191,7 +191,8 @@ absl::Status StatsToTokenMajor(const float* stats, float* lse, int64_t heads, in
 namespace {
 // Whether the forward takes cuDNN's path (the forward and Prepare decide alike): forced
 // (kCudnn; what it cannot serve is an error), tried (kAuto over sequences of one length up
-// to kCudnnMaxAutoSeq: the flash kernels if cuDNN is missing or has no engine), or not.
+// to kCudnnMaxAutoSeq whose plan Prepare built: the flash kernels if it did not, if cuDNN
+// is missing or has no engine), or not.
 enum class CudnnRoute { kNo, kForced, kTry };
 absl::Status RouteToCudnn(const AttentionDims& d, DType t, CudnnRoute* route) {
   *route = CudnnRoute::kNo;
@@ -215,8 +216,9 @@ absl::Status AttentionForwardCuda(const void* q, const void* k, const void* v, c
   CudnnRoute route;
   if (absl::Status st = RouteToCudnn(d, t, &route); !st.ok()) return st;
   if (route == CudnnRoute::kForced) return cudnn_attention::Forward(q, k, v, out, lse, d, d.uniform_len, s);
-  // Tried: a failure's reason is cached, so falling back costs one failed lookup per call.
-  if (route == CudnnRoute::kTry && cudnn_attention::Forward(q, k, v, out, lse, d, d.uniform_len, s).ok())
+  // Tried, never built here (a shape not prepared runs the flash kernels), and a failure's
+  // reason is cached: falling back costs one failed lookup per call.
+  if (route == CudnnRoute::kTry && cudnn_attention::Forward(q, k, v, out, lse, d, d.uniform_len, s, /*build=*/false).ok())
     return absl::OkStatus();
   if (flash::Supported(d, t)) return flash::Forward(q, k, v, cu, out, lse, d, s);
   if (d.head_dim > 32 * kMaxPerLane) return absl::UnimplementedError("attention (cuda): head_dim > 256");

@@ -300,7 +300,10 @@ class DeviceCache {
   // The built graph for this shape (built on first use) and the handle, its stream set
   // to s. Needs mu() held.
   absl::StatusOr<std::pair<const Entry*, cudnnHandle_t>> Get(const Api& api, const AttentionDims& d, int64_t seq,
-                                                             cudaStream_t s) {
+                                                             cudaStream_t s, bool build = true) {
+    const auto key = std::make_tuple(d.batch, seq, d.q_heads, d.kv_heads, d.head_dim, d.causal);
+    auto it = entries_.find(key);
+    if (it == entries_.end() && !build) return absl::NotFoundError("cuDNN attention: no plan built for this shape");
     if (handle_ == nullptr)
       if (cudnnStatus_t st = api.Create(&handle_); st != CUDNN_STATUS_SUCCESS) {
         handle_ = nullptr;
@@ -308,8 +311,6 @@ class DeviceCache {
       }
     if (cudnnStatus_t st = api.SetStream(handle_, s); st != CUDNN_STATUS_SUCCESS)
       return absl::InternalError(absl::StrCat("cudnnSetStream: ", Why(api, st)));
-    const auto key = std::make_tuple(d.batch, seq, d.q_heads, d.kv_heads, d.head_dim, d.causal);
-    auto it = entries_.find(key);
     if (it == entries_.end()) {
       auto e = std::make_unique<Entry>();
       std::string errors;
@@ -374,11 +375,11 @@ absl::StatusOr<Target> Resolve(const AttentionDims& d, int64_t seq) {
 }  // namespace
 
 absl::Status Forward(const void* q, const void* k, const void* v, void* out, float* lse, const AttentionDims& d,
-                     int64_t seq, cudaStream_t s) {
+                     int64_t seq, cudaStream_t s, bool build) {
   TESSERA_ASSIGN_OR_RETURN(const Target target, Resolve(d, seq));
   const Api& a = *target.api;
   std::lock_guard<std::mutex> lock(target.cache->mu());  // the handle's stream stays ours until executed
-  auto got = target.cache->Get(a, d, seq, s);
+  auto got = target.cache->Get(a, d, seq, s, build);
   if (!got.ok()) return got.status();
   const Entry& entry = *got->first;
   const Graph& g = *entry.graph;

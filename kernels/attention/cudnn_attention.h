@@ -28,9 +28,12 @@ namespace tessera::kernels::cudnn_attention {
 // out [tokens, q_heads, dim] bf16 and lse [tokens, q_heads] f32 (natural log of the
 // scaled scores' sum of exponentials, as the flash forward writes it) for d.batch
 // sequences of exactly `seq` tokens each (d.tokens == d.batch * seq). Unavailable when
-// cuDNN cannot be loaded or has no engine for the graph; the message says which.
+// cuDNN cannot be loaded or has no engine for the graph; the message says which. With
+// build false, a shape whose plan Prepare (or an earlier Forward) has not built is
+// NOT_FOUND, at once: the caller runs the flash kernels instead of waiting ~0.1 s for a
+// build (the rollout's prefills change shape every batch; session 14 measured it).
 absl::Status Forward(const void* q, const void* k, const void* v, void* out, float* lse, const AttentionDims& d,
-                     int64_t seq, cudaStream_t s);
+                     int64_t seq, cudaStream_t s, bool build = true);
 
 // Builds (once) the plan Forward would use for these dims on the current device, without
 // running it; the same errors as Forward's lookup.

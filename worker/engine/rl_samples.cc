@@ -122,14 +122,20 @@ absl::Status Fill(std::vector<RlSample>& samples, int parts, std::vector<double>
 absl::Status FillLogProbs(model::Llama& m, std::vector<RlSample>& samples, int parts,
                           std::vector<double> RlSample::*field) {
   return Fill(samples, parts, field, [&](const model::TokenBatch& b) -> absl::StatusOr<std::vector<float>> {
+    // The kernels the update's step will run (it prepares the same shapes): the old
+    // policy's log-probs then equal the first epoch's, and a shape's plan is built here,
+    // before the forward, never inside it.
+    TESSERA_RETURN_IF_ERROR(m.PrepareKernels(b));
     TESSERA_ASSIGN_OR_RETURN(model::Llama::TokenStats st, m.TokenLogProbs(b));
     return std::move(st.logprob);
   });
 }
 
 absl::Status FillValues(model::Llama& critic, std::vector<RlSample>& samples, int parts) {
-  return Fill(samples, parts, &RlSample::old_value,
-              [&](const model::TokenBatch& b) { return critic.TokenValues(b); });
+  return Fill(samples, parts, &RlSample::old_value, [&](const model::TokenBatch& b) -> absl::StatusOr<std::vector<float>> {
+    TESSERA_RETURN_IF_ERROR(critic.PrepareKernels(b));  // as FillLogProbs
+    return critic.TokenValues(b);
+  });
 }
 
 }  // namespace tessera::engine
