@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Where a training step's time goes on each GPU, from Nsight Systems reports exported to
 SQLite (`nsys export --type sqlite`) of bench/train_bench runs (scripts/gpu-profile.sh,
-WHAT=dp): for every process (one per rank and GPU), its last NVTX "timed step" range
-(train_bench marks each step), and in it:
+WHAT=dp) — or from train_bench's own CUPTI traces (`--trace PREFIX`: give PREFIX, which
+reads PREFIX.rank*.csv, or one .csv) where the host's nsys records no CUDA work: for every
+process (one per rank and GPU), its last "timed step" range (train_bench marks each
+step), and in it:
   - the step's span, and the compute stream's busy time (the stream with the most
     non-NCCL kernel time) and idle time, with the longest idle gaps (where in the step,
     and between which kernels);
@@ -10,9 +12,16 @@ WHAT=dp): for every process (one per rank and GPU), its last NVTX "timed step" r
   - compute kernel time by kind (GEMM, attention, the rest), to set against another
     report (one GPU alone against dp4: what the overlap slows down).
 
-  python3 bench/nsys_gaps.py alone.sqlite dp4.sqlite [--gaps 8] [--min-gap-ms 0.1]
+  python3 bench/nsys_gaps.py alone.sqlite dp4.sqlite [--gaps 8] [--min-gap-ms 0.1] [--kernels 25]
+
+With --kernels N, also the N kernels of most total time in that step (first process),
+with their share, count and mean (what `nsys stats --report cuda_gpu_kern_sum` gives, for
+hosts whose nsys lacks `stats`).
 """
 import argparse
+import csv
+import glob
+import re
 import sqlite3
 import sys
 
@@ -29,6 +38,8 @@ def kind(name):
         return "gemm"
     if "attn" in n or "attention" in n or "flash" in n or "fmha" in n or "cudnn" in n:
         return "attention"
+    if n.startswith("memcpy") or n.startswith("memset"):
+        return "copy"
     return "other"
 
 
@@ -55,8 +66,33 @@ def overlap(a, b):  # total length of the intersection of two unions of interval
     return total
 
 
+def load_trace(path):
+    """CUPTI traces (bench/cupti_trace.h): a file per rank; the rank stands for the pid."""
+    files = [path] if path.endswith(".csv") else sorted(glob.glob(glob.escape(path) + ".rank*.csv"))
+    if not files:
+        raise sqlite3.OperationalError(f"no trace files {path}.rank*.csv")
+    steps, kernels = {}, {}
+    for i, f in enumerate(files):
+        m = re.search(r"\.rank(\d+)\.csv$", f)
+        pid = int(m.group(1)) if m else i
+        for row in csv.DictReader(open(f, newline="")):
+            start, end = int(row["start_ns"]), int(row["end_ns"])
+            if row["kind"] == "range":
+                if row["name"] == "timed step":
+                    steps.setdefault(pid, []).append((start, end))
+            else:
+                kernels.setdefault(pid, []).append((start, end, int(row["device"]), int(row["stream"]), row["name"]))
+    return steps, kernels
+
+
 def load(path):
+    if not path.endswith(".sqlite"):
+        return load_trace(path)
     db = sqlite3.connect(path)
+    tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    if "CUPTI_ACTIVITY_KIND_KERNEL" not in tables:  # seen with the lent hosts' nsys (session 14)
+        raise sqlite3.OperationalError("no CUDA kernels in the report (CUPTI_ACTIVITY_KIND_KERNEL missing): "
+                                       "the CUDA trace did not attach; see the profile log")
     names = dict(db.execute("SELECT id, value FROM StringIds"))
     cols = {r[1] for r in db.execute("PRAGMA table_info(NVTX_EVENTS)")}
     text = "COALESCE(text, '')" if "textId" not in cols else "COALESCE(text, (SELECT value FROM StringIds WHERE id = textId), '')"
@@ -71,7 +107,18 @@ def load(path):
     return steps, kernels
 
 
-def report(path, gaps, min_gap_ms):
+def top_kernels(ks, n):
+    by_name = {}
+    for k in ks:
+        t, c = by_name.get(k[4], (0, 0))
+        by_name[k[4]] = (t + k[1] - k[0], c + 1)
+    total = sum(t for t, _ in by_name.values())
+    print(f"    kernel time in the step: {total / 1e6:.2f} ms; by kernel:")
+    for name, (t, c) in sorted(by_name.items(), key=lambda x: -x[1][0])[:n]:
+        print(f"      {100 * t / total:5.1f}% {t / 1e6:8.2f} ms {c:6d}x {t / c / 1e3:9.1f} us  {name[:90]}")
+
+
+def report(path, gaps, min_gap_ms, kernels_top=0):
     steps, kernels = load(path)
     print(f"== {path}")
     if not steps:
@@ -87,6 +134,9 @@ def report(path, gaps, min_gap_ms):
         for k in ks:
             if kind(k[4]) != "nccl":
                 by_stream[k[3]] = by_stream.get(k[3], 0) + k[1] - k[0]
+        if not by_stream:
+            print(f"  pid {pid}: only NCCL kernels in its last timed step")
+            continue
         compute = max(by_stream, key=by_stream.get)
         comp = sorted(k for k in ks if k[3] == compute)
         busy = union([(k[0], k[1]) for k in comp])
@@ -110,6 +160,9 @@ def report(path, gaps, min_gap_ms):
         print(f"    {len(holes)} gaps of {min_gap_ms} ms or more, {idle_in_holes / 1e6:.2f} ms in all; the longest:")
         for length, at, before, after in holes[:gaps]:
             print(f"      {length / 1e6:7.3f} ms at {at / 1e6:8.2f} ms: {before[:48]} -> {after[:48]}")
+        if kernels_top:
+            top_kernels(ks, kernels_top)
+            kernels_top = 0  # the first process only
 
 
 def main():
@@ -117,10 +170,11 @@ def main():
     p.add_argument("reports", nargs="+")
     p.add_argument("--gaps", type=int, default=8)
     p.add_argument("--min-gap-ms", type=float, default=0.1)
+    p.add_argument("--kernels", type=int, default=0)
     a = p.parse_args()
     for r in a.reports:
         try:
-            report(r, a.gaps, a.min_gap_ms)
+            report(r, a.gaps, a.min_gap_ms, a.kernels)
         except sqlite3.Error as e:
             print(f"== {r}: {e}", file=sys.stderr)
     return 0

@@ -17,7 +17,10 @@
 // --early-embedding 0: the embedding's gradient reduced as any other (A/B);
 // --grad-reduce bf16: ZeRO-0's DP reduction in bf16 (OptimizerOptions::grad_reduce_bf16);
 // --last-stage-layers N: N layers on the last virtual stage (ParallelLayout.last_stage_layers);
-// --stage-layers A,B,...: every virtual stage's layers (ParallelLayout.stage_layers).
+// --stage-layers A,B,...: every virtual stage's layers (ParallelLayout.stage_layers);
+// --trace PREFIX: each rank's GPU timeline (kernels, copies, memsets, and its "timed step"
+//   ranges) from CUPTI into PREFIX.rank<r>.csv (bench/cupti_trace.h), for bench/nsys_gaps.py
+//   where Nsight Systems cannot trace CUDA.
 //   train_bench --hidden 2048 --layers 16 --heads 32 --kv-heads 8 --ffn 8192 --vocab 128256
 //               --seq 4096 --micro 4 --steps 10 --warmup 3 [--tied 1] [--dtype bf16] [--recompute 0]
 #include <chrono>
@@ -41,6 +44,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "bench/bench_util.h"
+#include "bench/cupti_trace.h"
 #include "tests/common/file_store.h"
 #include "worker/comm/nccl_communicator.h"
 #include "worker/engine/trainer.h"
@@ -104,7 +108,7 @@ struct Layout {
 // One rank: its model, trainer and data (`micro` micro-batches of its DP rank).
 void RunRank(const model::LlamaConfig& c, int device, comm::Communicator* tp, comm::Communicator* dp,
              comm::Communicator* pp, const Layout& l, int64_t seq, int64_t micro, int64_t steps, int64_t warmup,
-             int dp_rank, Result& out) {
+             int dp_rank, bench::CuptiTrace* trace, Result& out) {
   auto fail = [&](absl::Status s) { out.status = std::move(s); };
   auto be = runtime::MakeCudaBackend(device);
   if (!be.ok()) return fail(be.status());
@@ -137,7 +141,9 @@ void RunRank(const model::LlamaConfig& c, int device, comm::Communicator* tp, co
       t0 = std::chrono::steady_clock::now();
     }
     nvtxRangePushA(s >= warmup ? "timed step" : "warmup step");  // for bench/nsys_gaps.py
+    const uint64_t begin = trace != nullptr ? trace->Now() : 0;
     auto st = (*t)->Step(batches);
+    if (trace != nullptr) trace->Range(s >= warmup ? "timed step" : "warmup step", begin, trace->Now());
     nvtxRangePop();
     if (!st.ok()) return fail(st.status());
     out.losses.push_back(st->loss);
@@ -207,6 +213,12 @@ int main(int argc, char** argv) {
       close(fd[0]);
       tessera::testing::FileStore store(dir);
       Result res;
+      std::unique_ptr<bench::CuptiTrace> trace;  // before this rank's first CUDA call
+      if (a.count("trace")) {
+        auto started = bench::CuptiTrace::Start();
+        if (started.ok()) trace = std::move(*started);
+        else res.status = started.status();
+      }
       const int tpr = r % tp, dpr = (r / tp) % dp, ppr = r / (tp * dp);
       std::unique_ptr<comm::Communicator> tpc, dpc, ppc;
       auto make = [&](const std::string& name, int rank, int size, std::unique_ptr<comm::Communicator>& out) {
@@ -218,10 +230,16 @@ int main(int argc, char** argv) {
         out = std::move(*cm);
         return absl::OkStatus();
       };
-      res.status = make(absl::StrCat("tp", dpr, "_", ppr), tpr, tp, tpc);
+      if (res.status.ok()) res.status = make(absl::StrCat("tp", dpr, "_", ppr), tpr, tp, tpc);
       if (res.status.ok()) res.status = make(absl::StrCat("dp", tpr, "_", ppr), dpr, dp, dpc);
       if (res.status.ok()) res.status = make(absl::StrCat("pp", tpr, "_", dpr), ppr, pp, ppc);
-      if (res.status.ok()) RunRank(c, r, tpc.get(), dpc.get(), ppc.get(), l, seq, micro, steps, warmup, dpr, res);
+      if (res.status.ok()) RunRank(c, r, tpc.get(), dpc.get(), ppc.get(), l, seq, micro, steps, warmup, dpr, trace.get(), res);
+      if (res.status.ok() && trace != nullptr) {
+        std::string summary;
+        const std::string path = absl::StrCat(a["trace"], ".rank", r, ".csv");
+        res.status = trace->Write(path, &summary);
+        if (res.status.ok()) fprintf(stderr, "rank %d: trace %s: %s\n", r, path.c_str(), summary.c_str());
+      }
       if (!res.status.ok()) fprintf(stderr, "rank %d: %s\n", r, res.status.ToString().c_str());
       const std::string text = Encode(res);
       for (size_t done = 0; done < text.size();) {

@@ -12,6 +12,14 @@ rm -rf dist && cmake --install build --prefix dist > /dev/null
 blas=$(readlink -f /usr/lib/x86_64-linux-gnu/libopenblas.so.0)
 mkdir -p dist/lib && cp -L "$blas" dist/lib/libopenblas.so.0
 /work/shared/scripts/bundle-runtime.sh dist/lib dist/bin/* dist/lib/libopenblas.so.0
+# For scripts/gpu-profile.sh, in a folder of its own (on the profilers' path only): Nsight's
+# QdstrmImporter needs elfutils' libdw, which the lent hosts lack (session 14), and a
+# libcupti for train_bench --trace where the host has none.
+mkdir -p dist/prof-lib
+for l in /usr/lib/x86_64-linux-gnu/libdw.so.1 /usr/lib/x86_64-linux-gnu/libelf.so.1 /usr/local/cuda/lib64/libcupti.so.13 \
+         /usr/local/cuda/lib/libcupti.so.13; do
+  [ -e "$l" ] && cp -L "$l" dist/prof-lib/
+done
 strip dist/bin/* 2>/dev/null || true
 mkdir -p .carry && XZ_OPT=-3 tar -cJf .carry/dist.tar.xz dist && rm -rf dist
 ls -la .carry/dist.tar.xz
