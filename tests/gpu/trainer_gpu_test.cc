@@ -163,7 +163,10 @@ INSTANTIATE_TEST_SUITE_P(
                       Layout{"pp4_vpp2_layers_tied", 1, 1, 0, true, 1, 4, 2, Schedule::kOneFOneB, false, 8, false, 0,
                              {2, 1, 1, 1, 1, 1, 1, 0}},
                       Layout{"tp2_pp2_1f1b", 2, 1, 0, false, 1, 2, 1, Schedule::kOneFOneB, false, 4},
-                      Layout{"pp2_dp2_zero1_tied", 1, 2, 1, true, 1, 2, 1, Schedule::kOneFOneB, false, 4}),
+                      Layout{"pp2_dp2_zero1_tied", 1, 2, 1, true, 1, 2, 1, Schedule::kOneFOneB, false, 4},
+                      // Issue 7's eight-rank layouts (skipped below 8 GPUs), as trainer_test's.
+                      Layout{"tp2_pp2_dp2_zero1", 2, 2, 1, false, 1, 2, 1, Schedule::kOneFOneB, false, 4},
+                      Layout{"tp2_sp_cp2_pp2", 2, 1, 0, false, 2, 2, 1, Schedule::kOneFOneB, true, 4}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // A TP-2 rollout on two GPUs (a process each): sampling on the device — each rank gathers
