@@ -14,6 +14,8 @@ step), and in it:
 
   python3 bench/nsys_gaps.py alone.sqlite dp4.sqlite [--gaps 8] [--min-gap-ms 0.1] [--kernels 25]
 
+With --chrome FILE, also every process's last timed step as a Chrome trace (JSON; open it
+in Perfetto or chrome://tracing: a track per process and stream).
 With --kernels N, also the N kernels of most total time in that step (first process),
 with their share, count and mean (what `nsys stats --report cuda_gpu_kern_sum` gives, for
 hosts whose nsys lacks `stats`).
@@ -118,8 +120,25 @@ def top_kernels(ks, n):
         print(f"      {100 * t / total:5.1f}% {t / 1e6:8.2f} ms {c:6d}x {t / c / 1e3:9.1f} us  {name[:90]}")
 
 
-def report(path, gaps, min_gap_ms, kernels_top=0):
+def chrome_events(path, steps, kernels):
+    """The last timed step of each process as Chrome trace events (us; pid = process)."""
+    events = []
+    for pid in sorted(steps):
+        s0, s1 = max(steps[pid])
+        label = f"{path} pid {pid}"
+        events.append({"name": "process_name", "ph": "M", "pid": label, "args": {"name": label}})
+        events.append({"name": "timed step", "ph": "X", "pid": label, "tid": "host", "ts": 0, "dur": (s1 - s0) / 1e3})
+        for start, end, dev, stream, name in kernels.get(pid, []):
+            if s0 <= start < s1:
+                events.append({"name": name[:120], "cat": kind(name), "ph": "X", "pid": label,
+                               "tid": f"device {dev} stream {stream}", "ts": (start - s0) / 1e3, "dur": (end - start) / 1e3})
+    return events
+
+
+def report(path, gaps, min_gap_ms, kernels_top=0, chrome=None):
     steps, kernels = load(path)
+    if chrome is not None:
+        chrome.extend(chrome_events(path, steps, kernels))
     print(f"== {path}")
     if not steps:
         print("  no 'timed step' NVTX ranges (train_bench built without them?)")
@@ -171,12 +190,19 @@ def main():
     p.add_argument("--gaps", type=int, default=8)
     p.add_argument("--min-gap-ms", type=float, default=0.1)
     p.add_argument("--kernels", type=int, default=0)
+    p.add_argument("--chrome", help="write the steps as a Chrome trace (JSON) here")
     a = p.parse_args()
+    events = [] if a.chrome else None
     for r in a.reports:
         try:
-            report(r, a.gaps, a.min_gap_ms, a.kernels)
+            report(r, a.gaps, a.min_gap_ms, a.kernels, events)
         except sqlite3.Error as e:
             print(f"== {r}: {e}", file=sys.stderr)
+    if a.chrome:
+        import json
+        with open(a.chrome, "w") as f:
+            json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f)
+        print(f"chrome trace: {a.chrome} ({len(events)} events)")
     return 0
 
 

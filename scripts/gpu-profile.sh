@@ -32,10 +32,10 @@ case "${WHAT:-train}" in
 dp)
   trace alone --micro ${M:-4}
   trace dp4 --micro ${M:-4} --dp 4
-  python3 bench/nsys_gaps.py /tmp/alone /tmp/dp4 | tee "$OUT/gaps.txt" ;;
+  python3 bench/nsys_gaps.py /tmp/alone /tmp/dp4 --chrome "$OUT/dp.trace.json" | tee "$OUT/gaps.txt" ;;
 train)
   trace train --micro ${M:-4} ${TRAIN_ARGS:-}
-  python3 bench/nsys_gaps.py /tmp/train --kernels ${KERNELS:-30} | tee "$OUT/kernels.txt" ;;
+  python3 bench/nsys_gaps.py /tmp/train --kernels ${KERNELS:-30} --chrome "$OUT/train.trace.json" | tee "$OUT/kernels.txt" ;;
 decode)  # Nsight Systems (CUDA graphs traced per node; its .qdstrm importer needs libdw). The
   # lent hosts' copy recorded no CUDA work for train_bench in session 14: unverified there.
   nsys=$(command -v nsys || ls /usr/local/cuda*/bin/nsys /opt/nvidia/nsight-systems*/bin/nsys \
