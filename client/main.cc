@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/cli.h"
 #include "client/plan_cmd.h"
+#include "common/job_paths.h"
 #include "common/job_spec.h"
 #include "common/logging.h"
 #include "common/util.h"
@@ -35,28 +36,7 @@ absl::StatusOr<v1::JobSpec> LoadSpec(const std::string& file, const std::vector<
   if (!text.ok()) return absl::InvalidArgumentError(absl::StrCat("job file: ", text.status().message()));
   auto spec = ParseJobSpecYaml(*text, sets);
   if (!spec.ok()) return absl::Status(spec.status().code(), absl::StrCat(file, ": ", spec.status().message()));
-  if (!base_dir.empty()) {
-    auto* ck = spec->mutable_train()->mutable_checkpoint();
-    auto absolute = [&](const std::string& p) {
-      return p.empty() || p[0] == '/' ? p : (std::filesystem::path(base_dir) / p).lexically_normal().string();
-    };
-    ck->set_dir(absolute(ck->dir()));
-    ck->set_load(absolute(ck->load()));
-    if (ck->ByteSizeLong() == 0) spec->mutable_train()->clear_checkpoint();
-    if (spec->has_train()) spec->mutable_train()->set_export_hf(absolute(spec->train().export_hf()));
-    if (spec->has_model()) {
-      spec->mutable_model()->set_hf_dir(absolute(spec->model().hf_dir()));
-      if (spec->model().tokenizer() != "byte") spec->mutable_model()->set_tokenizer(absolute(spec->model().tokenizer()));
-    }
-    if (spec->has_train() && spec->train().has_data())
-      spec->mutable_train()->mutable_data()->set_path(absolute(spec->train().data().path()));
-    if (spec->has_generate()) {
-      auto* g = spec->mutable_generate();
-      g->set_input(absolute(g->input()));
-      g->set_output(absolute(g->output()));
-      g->set_checkpoint(absolute(g->checkpoint()));
-    }
-  }
+  if (!base_dir.empty()) ResolveRelativePaths(*spec, base_dir);
   auto st = NormalizeAndValidateJobSpec(*spec);
   if (!st.ok()) return absl::Status(st.code(), absl::StrCat(file, ": ", st.message()));
   return spec;
