@@ -112,9 +112,11 @@ absl::Status ParseLayout(const YAML::Node& n, const std::string& path, v1::Paral
     else if (k == "vpp") ASSIGN_INT(l->set_vpp, v, p, 1, 1024);
     else if (k == "zero") ASSIGN_INT(l->set_zero, v, p, 0, 3);
     else if (k == "last_stage_layers") ASSIGN_INT(l->set_last_stage_layers, v, p, 0, 1 << 20);
-    else if (k == "stage_layers") {  // a list, or "3,2,2,1" (for --set)
+    else if (k == "stage_layers") {  // a list, "3,2,2,1" (for --set), or auto (balanced when validated)
       TESSERA_ASSIGN_OR_RETURN(std::vector<std::string> items, AsStringList(v, p));
       l->clear_stage_layers();
+      l->set_balance_stages(items.size() == 1 && items[0] == "auto");
+      if (l->balance_stages()) continue;
       for (size_t i = 0; i < items.size(); ++i) {
         int n = 0;
         if (!absl::SimpleAtoi(items[i], &n) || n < 0 || n > (1 << 20))
@@ -733,6 +735,28 @@ static absl::Status ValidateGenerate(JobSpec& spec) {
   return absl::OkStatus();
 }
 
+// `stage_layers: auto`: the balanced split, written into the layout (see the proto).
+static absl::Status BalanceStages(const v1::ModelShape& m, const std::string& path, v1::ParallelLayout* l) {
+  if (l->pp() < 2) return Bad(path, absl::StrCat("auto balances a pipeline's stages; it needs pp >= 2, got pp = ", l->pp()));
+  if (l->last_stage_layers() > 0) return Bad(path, "auto and last_stage_layers both set the split; give one of them");
+  for (auto [name, value] : {std::pair{"num_layers", m.num_layers()}, std::pair{"hidden", m.hidden()},
+                             std::pair{"num_heads", m.num_heads()}, std::pair{"num_kv_heads", m.num_kv_heads()},
+                             std::pair{"ffn", m.ffn()}, std::pair{"vocab_size", m.vocab_size()},
+                             std::pair{"seq_len", m.seq_len()}})
+    if (value <= 0)
+      return Bad(path, absl::StrCat("auto needs the model's shape in the job (model.", name,
+                                    " is not given; with model.hf_dir the shape is read only by the executors): give "
+                                    "the split itself — `tessera plan` prints the balanced one"));
+  const int64_t head_dim = m.head_dim() > 0 ? m.head_dim() : m.hidden() / m.num_heads();
+  const auto split = parallel::BalancedStageLayers(
+      m.num_layers(), l->pp(), l->vpp() > 0 ? l->vpp() : 1,
+      parallel::LlamaStageCosts(m.hidden(), m.num_heads(), m.num_kv_heads(), head_dim, m.ffn(), m.vocab_size(), m.seq_len()));
+  l->clear_stage_layers();
+  for (int n : split) l->add_stage_layers(n);
+  l->set_balance_stages(false);
+  return absl::OkStatus();
+}
+
 absl::Status NormalizeAndValidateJobSpec(JobSpec& spec) {
   if (spec.name().empty()) return Bad("name", "is required");
   if (!ValidName(spec.name()))
@@ -769,6 +793,7 @@ absl::Status NormalizeAndValidateJobSpec(JobSpec& spec) {
                                                ", so dp cannot be derived"));
       l->set_dp(g->devices() / mp);
     }
+    if (l->balance_stages()) TESSERA_RETURN_IF_ERROR(BalanceStages(spec.model(), p + ".layout.stage_layers", l));
     parallel::Layout pl = LayoutOf(*l);
     const auto& m = spec.model();
     // A rollout group generates: the training batch does not split over it.

@@ -389,6 +389,47 @@ TEST(JobSpec, CheckpointPathsAreAbsoluteAndUnderTheRoots) {
   EXPECT_FALSE(no_resume->train().checkpoint().resume());
 }
 
+// `stage_layers: auto` becomes the split that balances the ranks' FLOPs (as `tessera plan`
+// suggests), written into the layout; what it needs is refused by field.
+TEST(JobSpec, StageLayersAutoIsTheBalancedSplit) {
+  constexpr char k1b[] = R"(
+name: pp
+kind: pretrain
+groups:
+  - name: actor
+    devices: 4
+    device: gpu
+    layout: {pp: 4, vpp: 2, stage_layers: auto}
+model: {vocab_size: 128256, hidden: 2048, num_layers: 16, num_heads: 32, num_kv_heads: 8, ffn: 8192, seq_len: 4096,
+        global_batch: 8, micro_batch: 1}
+train: {steps: 1, lr: 1.0e-4}
+)";
+  auto layers = [](const v1::JobSpec& s) {
+    const auto& l = s.groups(0).layout();
+    EXPECT_FALSE(l.balance_stages());
+    return std::vector<int>(l.stage_layers().begin(), l.stage_layers().end());
+  };
+  auto vpp2 = ValidSpec(k1b, {});
+  ASSERT_TRUE(vpp2.ok()) << vpp2.status();
+  EXPECT_THAT(layers(*vpp2), ::testing::ElementsAre(3, 3, 3, 1, 2, 2, 2, 0));
+  auto vpp1 = ValidSpec(k1b, {"groups.0.layout.vpp=1"});
+  ASSERT_TRUE(vpp1.ok()) << vpp1.status();
+  EXPECT_THAT(layers(*vpp1), ::testing::ElementsAre(5, 5, 5, 1));
+  auto again = *vpp1;  // validating the resolved spec again (the controller does) keeps it
+  ASSERT_TRUE(NormalizeAndValidateJobSpec(again).ok());
+  EXPECT_THAT(layers(again), ::testing::ElementsAre(5, 5, 5, 1));
+  auto listed = ValidSpec(k1b, {"groups.0.layout.vpp=1", "groups.0.layout.stage_layers=4,4,4,4"});  // --set overrides auto
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  EXPECT_THAT(layers(*listed), ::testing::ElementsAre(4, 4, 4, 4));
+  EXPECT_THAT(std::string(ParseAndValidate(k1b, {"groups.0.layout.pp=1", "groups.0.layout.vpp=1",
+                                                 "groups.0.layout.dp=4"}).message()),
+              HasSubstr("groups[0].layout.stage_layers: auto balances a pipeline's stages; it needs pp >= 2, got pp = 1"));
+  EXPECT_THAT(std::string(ParseAndValidate(k1b, {"groups.0.layout.last_stage_layers=1"}).message()),
+              HasSubstr("auto and last_stage_layers both set the split"));
+  EXPECT_THAT(std::string(ParseAndValidate(kGood, {"groups.0.layout.stage_layers=auto"}).message()),
+              HasSubstr("groups[0].layout.stage_layers: auto needs the model's shape in the job (model.num_layers"));
+}
+
 // Every job file under examples/ (what the README and docs tell users to run) parses and
 // passes the checks that need no cluster, its relative paths taken from the repository
 // root as `tessera local` run there takes them: an example broken by a change to the

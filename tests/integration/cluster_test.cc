@@ -30,6 +30,7 @@
 namespace tessera::testing {
 namespace {
 
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 
@@ -105,12 +106,14 @@ TEST(Cluster, CommCheckTp2Dp2Pp2OnTwoAgentsOverGloo) {
 // losses as one executor on the same model and data.
 TEST(Cluster, PretrainLayoutsEqualOneRank) {
   auto c = Up({.agents = 1, .cpu_slots = 4});
+  v1::Job last;  // the job `run` watched last
   auto run = [&](const v1::JobSpec& spec) -> std::vector<double> {
     std::string id = Submit(*c, spec);
     std::ostringstream progress;
     auto job = c->client().Watch(id, progress);
     EXPECT_TRUE(job.ok()) << job.status();
     if (!job.ok()) return {};
+    last = *job;
     EXPECT_EQ(job->state(), v1::SUCCEEDED) << job->reason() << "\n" << progress.str();
     EXPECT_THAT(progress.str(), HasSubstr("step 3/3 loss"));
     EXPECT_THAT(progress.str(), HasSubstr("model_tflops_per_s="));
@@ -137,16 +140,27 @@ TEST(Cluster, PretrainLayoutsEqualOneRank) {
   const auto sp = run(PretrainSpec(2, 2, 0, 3, /*sp=*/true));
   const auto cp = run(PretrainSpec(4, 2, 0, 3, /*sp=*/true, /*cp=*/2));
   const auto pp = run(PretrainSpec(4, 1, 1, 3, /*sp=*/false, /*cp=*/1, /*pp=*/2));  // pp2 x dp2 ZeRO-1, 1F1B
+  // `stage_layers: auto`, resolved by the controller at submit: here the LM head weighs
+  // about a layer, so the balanced split of 2 layers is [2, 0] (the last stage runs only
+  // the head) — and the job shows the split it ran.
+  v1::JobSpec auto_spec = PretrainSpec(4, 1, 1, 3, /*sp=*/false, /*cp=*/1, /*pp=*/2);
+  auto_spec.mutable_groups(0)->mutable_layout()->set_balance_stages(true);
+  const auto balanced = run(auto_spec);
+  const v1::ParallelLayout& ran = last.spec().groups(0).layout();
+  EXPECT_THAT(std::vector<int>(ran.stage_layers().begin(), ran.stage_layers().end()), ElementsAre(2, 0));
+  EXPECT_FALSE(ran.balance_stages());
   ASSERT_EQ(one.size(), 3u);
   ASSERT_EQ(sharded.size(), 3u);
   ASSERT_EQ(sp.size(), 3u);
   ASSERT_EQ(cp.size(), 3u);
   ASSERT_EQ(pp.size(), 3u);
+  ASSERT_EQ(balanced.size(), 3u);
   for (int s = 0; s < 3; ++s) {
     EXPECT_NEAR(sharded[s], one[s], 1e-5 * one[s]) << "tp2 dp2 zero3, step " << s + 1;
     EXPECT_NEAR(sp[s], one[s], 1e-5 * one[s]) << "tp2 sp, step " << s + 1;
     EXPECT_NEAR(cp[s], one[s], 1e-5 * one[s]) << "tp2 cp2 sp, step " << s + 1;
     EXPECT_NEAR(pp[s], one[s], 1e-5 * one[s]) << "pp2 dp2 zero1, step " << s + 1;
+    EXPECT_NEAR(balanced[s], one[s], 1e-5 * one[s]) << "pp2 dp2 zero1, stage_layers auto, step " << s + 1;
   }
   EXPECT_LT(one[2], one[0]);
 }

@@ -142,9 +142,10 @@ absl::StatusOr<StageBalance> BalanceStages(const PlanInput& in) {
   TESSERA_RETURN_IF_ERROR(c.Validate());
   TESSERA_RETURN_IF_ERROR(parallel::CheckLayerSplit(c.layers, l.pp, l.vpp, l.last_stage_layers, l.stage_layers));
   const int stages = l.pp * l.vpp;
-  const double tokens = double(in.micro_batch) * in.seq_len, h = c.hidden, d = c.HeadDim();
-  const double matmul = h * (c.heads + 2.0 * c.kv_heads) * d + c.heads * d * h + 3.0 * h * c.ffn;
-  const double layer = tokens * (6.0 * matmul + 6.0 * c.heads * d * in.seq_len), head = tokens * 6.0 * h * c.vocab;
+  const double tokens = double(in.micro_batch) * in.seq_len;
+  const parallel::StageCosts per_token =
+      parallel::LlamaStageCosts(c.hidden, c.heads, c.kv_heads, c.HeadDim(), c.ffn, c.vocab, in.seq_len);
+  const double layer = tokens * per_token.layer, head = tokens * per_token.head;
   auto per_rank = [&](const std::vector<int>& counts) {
     std::vector<double> r(l.pp, 0.0);
     for (int v = 0; v < stages; ++v) r[v % l.pp] += counts[v] * layer + (v == stages - 1 ? head : 0.0);
@@ -156,26 +157,7 @@ absl::StatusOr<StageBalance> BalanceStages(const PlanInput& in) {
     out.layers.push_back(static_cast<int>(e - b));
   }
   out.rank_flops = per_rank(out.layers);
-  // Layers to ranks: each to the least loaded (the head's rank starts with the head).
-  std::vector<double> load(l.pp, 0.0);
-  load[(stages - 1) % l.pp] = head;
-  std::vector<int> rank_layers(l.pp, 0);
-  for (int64_t k = 0; k < c.layers; ++k) {
-    const int r = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
-    ++rank_layers[r], load[r] += layer;
-  }
-  // Within a rank, each layer to its least loaded chunk (the earliest on ties).
-  out.balanced.assign(stages, 0);
-  for (int r = 0; r < l.pp; ++r)
-    for (int k = 0; k < rank_layers[r]; ++k) {
-      int best = -1;
-      double least = 0;
-      for (int v = r; v < stages; v += l.pp) {
-        const double at = out.balanced[v] * layer + (v == stages - 1 ? head : 0.0);
-        if (best < 0 || at < least) best = v, least = at;
-      }
-      ++out.balanced[best];
-    }
+  out.balanced = parallel::BalancedStageLayers(c.layers, l.pp, l.vpp, per_token);
   out.balanced_flops = per_rank(out.balanced);
   return out;
 }

@@ -207,4 +207,34 @@ std::pair<int64_t, int64_t> VirtualStageLayers(int64_t num_layers, int stages, i
   return {begin, begin + per + (v < extra ? 1 : 0)};
 }
 
+StageCosts LlamaStageCosts(int64_t hidden, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t ffn,
+                           int64_t vocab, int64_t seq_len) {
+  const double h = hidden, d = head_dim;
+  const double matmul = h * (heads + 2.0 * kv_heads) * d + heads * d * h + 3.0 * h * ffn;
+  return StageCosts{6.0 * matmul + 6.0 * heads * d * seq_len, 6.0 * h * vocab};
+}
+
+std::vector<int> BalancedStageLayers(int64_t num_layers, int pp, int vpp, const StageCosts& costs) {
+  const int stages = pp * vpp;
+  std::vector<double> load(pp, 0.0);
+  load[(stages - 1) % pp] = costs.head;
+  std::vector<int> rank_layers(pp, 0);
+  for (int64_t k = 0; k < num_layers; ++k) {
+    const int r = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+    ++rank_layers[r], load[r] += costs.layer;
+  }
+  std::vector<int> out(stages, 0);
+  for (int r = 0; r < pp; ++r)
+    for (int k = 0; k < rank_layers[r]; ++k) {
+      int best = -1;
+      double least = 0;
+      for (int v = r; v < stages; v += pp) {
+        const double at = out[v] * costs.layer + (v == stages - 1 ? costs.head : 0.0);
+        if (best < 0 || at < least) best = v, least = at;
+      }
+      ++out[best];
+    }
+  return out;
+}
+
 }  // namespace tessera::parallel

@@ -98,4 +98,20 @@ std::pair<int64_t, int64_t> VirtualStageLayers(int64_t num_layers, int stages, i
 absl::Status CheckLayerSplit(int64_t num_layers, int pp, int vpp, int64_t last_stage_layers,
                              const std::vector<int>& stage_layers);
 
+// The model FLOPs per token, forward and backward, of one decoder layer (6 x its matmul
+// parameters, plus causal attention's 6 Hq D s) and of what the last virtual stage runs
+// besides its layers (the final norm and LM head: 6 h V): the costs a pipeline split
+// balances. Dimensions as in the job's model shape; the embedding, a lookup, costs nothing.
+struct StageCosts {
+  double layer = 0, head = 0;
+};
+StageCosts LlamaStageCosts(int64_t hidden, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t ffn,
+                           int64_t vocab, int64_t seq_len);
+// The stage_layers (pp·vpp counts summing to num_layers) that make the busiest pipeline
+// rank's cost least: layers handed one at a time to the least loaded rank (the last
+// virtual stage's rank starting with the head), then within each rank one at a time to
+// its least loaded chunk (the earliest on ties). `layout.stage_layers: auto` and
+// `tessera plan`'s suggestion. Needs pp >= 1, vpp >= 1, num_layers >= 0.
+std::vector<int> BalancedStageLayers(int64_t num_layers, int pp, int vpp, const StageCosts& costs);
+
 }  // namespace tessera::parallel
