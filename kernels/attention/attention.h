@@ -28,6 +28,10 @@ using runtime::DType;
 // when cuDNN is missing or the sequences differ in length. The CPU ignores it.
 enum class AttentionEngine { kAuto, kFlash, kCudnn };
 inline constexpr int64_t kCudnnMaxAutoSeq = 4096;
+// kAuto builds plans for at most this many shapes per device; later shapes run flash.
+// Sequences of one length in varying lengths (one-sample micro-batches, equal-length
+// RL samples) would otherwise pay a ~0.1 s build per length and keep every plan.
+inline constexpr int64_t kCudnnMaxAutoPlans = 32;
 
 struct AttentionDims {
   int64_t tokens, q_heads, kv_heads, head_dim, batch;  // batch = number of sequences

@@ -240,7 +240,7 @@ absl::Status AttentionPrepareCuda(const AttentionDims& d, DType t, void* stream)
   CudnnRoute route;
   if (absl::Status st = RouteToCudnn(d, t, &route); !st.ok()) return st;
   if (route == CudnnRoute::kForced) return cudnn_attention::Prepare(d, d.uniform_len, s);
-  if (route == CudnnRoute::kTry) cudnn_attention::Prepare(d, d.uniform_len, s).IgnoreError();
+  if (route == CudnnRoute::kTry) cudnn_attention::Prepare(d, d.uniform_len, s, /*bounded=*/true).IgnoreError();
   return absl::OkStatus();
 }
 

@@ -300,10 +300,12 @@ class DeviceCache {
   // The built graph for this shape (built on first use) and the handle, its stream set
   // to s. Needs mu() held.
   absl::StatusOr<std::pair<const Entry*, cudnnHandle_t>> Get(const Api& api, const AttentionDims& d, int64_t seq,
-                                                             cudaStream_t s, bool build = true) {
+                                                             cudaStream_t s, bool build = true, bool bounded = false) {
     const auto key = std::make_tuple(d.batch, seq, d.q_heads, d.kv_heads, d.head_dim, d.causal);
     auto it = entries_.find(key);
     if (it == entries_.end() && !build) return absl::NotFoundError("cuDNN attention: no plan built for this shape");
+    if (it == entries_.end() && bounded && static_cast<int64_t>(entries_.size()) >= kCudnnMaxAutoPlans)
+      return absl::ResourceExhaustedError(absl::StrCat("cuDNN attention: ", entries_.size(), " shapes hold plans already"));
     if (handle_ == nullptr)
       if (cudnnStatus_t st = api.Create(&handle_); st != CUDNN_STATUS_SUCCESS) {
         handle_ = nullptr;
@@ -412,10 +414,10 @@ absl::Status Forward(const void* q, const void* k, const void* v, void* out, flo
   return st;
 }
 
-absl::Status Prepare(const AttentionDims& d, int64_t seq, cudaStream_t s) {
+absl::Status Prepare(const AttentionDims& d, int64_t seq, cudaStream_t s, bool bounded) {
   TESSERA_ASSIGN_OR_RETURN(const Target target, Resolve(d, seq));
   std::lock_guard<std::mutex> lock(target.cache->mu());
-  return target.cache->Get(*target.api, d, seq, s).status();
+  return target.cache->Get(*target.api, d, seq, s, /*build=*/true, bounded).status();
 }
 
 std::string Describe() {

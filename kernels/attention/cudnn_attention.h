@@ -36,8 +36,10 @@ absl::Status Forward(const void* q, const void* k, const void* v, void* out, flo
                      int64_t seq, cudaStream_t s, bool build = true);
 
 // Builds (once) the plan Forward would use for these dims on the current device, without
-// running it; the same errors as Forward's lookup.
-absl::Status Prepare(const AttentionDims& d, int64_t seq, cudaStream_t s);
+// running it; the same errors as Forward's lookup. Bounded (the auto dispatch's
+// preparation): when the device already holds kCudnnMaxAutoPlans plans, a new shape gets
+// none (RESOURCE_EXHAUSTED) and so runs the flash kernels.
+absl::Status Prepare(const AttentionDims& d, int64_t seq, cudaStream_t s, bool bounded = false);
 
 // lse [rows, heads] from cuDNN's packed stats [batch, heads, seq] (rows = batch * seq);
 // used when this cuDNN's engines want the stats packed (defined in attention_cuda.cu).

@@ -315,6 +315,39 @@ TEST_P(OpTest, CudnnAttentionForwardMatchesReference) {
   }
 }
 
+// The auto dispatch builds plans for at most kCudnnMaxAutoPlans shapes per device: of 40
+// new shapes prepared, the last gets none and its forward is the flash kernels' bit for
+// bit; a forced cuDNN forward still builds its plan past the bound.
+TEST_P(OpTest, AutoCudnnPlansAreBoundedPerDevice) {
+  if (cpu()) GTEST_SKIP() << "the CPU has one attention";
+  const int64_t hq = 2, dim = 64;
+  Rng rng(seed_);
+  auto run = [&](kernels::AttentionEngine e, int32_t len) {
+    be_->set_attention_engine(e);
+    auto q = Make(*be_, {len, hq, dim}, DType::kBF16, Quantize(rng.Normal(len * hq * dim), DType::kBF16));
+    auto out = Out(*be_, {len, hq, dim}, DType::kBF16), lse = Out(*be_, {len, hq}, DType::kF32);
+    EXPECT_TRUE(be_->AttentionForward(q, q, q, Ints(*ref_, {0, len}), true, out, lse).ok());
+    return Read(*be_, out);
+  };
+  static int32_t base = 1000;  // lengths no other test prepares
+  const int32_t first = base;
+  base += 48;
+  be_->set_attention_engine(kernels::AttentionEngine::kAuto);
+  for (int32_t len = first; len < first + 40; ++len)
+    ASSERT_TRUE(be_->PrepareAttention(1, len, hq, hq, dim, true, DType::kBF16).ok());
+  const int32_t last = first + 39;
+  Rng again = rng;  // the same inputs for both engines
+  const auto automatic = run(kernels::AttentionEngine::kAuto, last);
+  rng = again;
+  EXPECT_EQ(automatic, run(kernels::AttentionEngine::kFlash, last)) << "shape " << last << " got a plan past the bound";
+  be_->set_attention_engine(kernels::AttentionEngine::kCudnn);
+  EXPECT_TRUE(be_->PrepareAttention(1, last, hq, hq, dim, true, DType::kBF16).ok());
+  rng = again;
+  const auto forced = run(kernels::AttentionEngine::kCudnn, last);
+  EXPECT_NE(forced, automatic) << "cuDNN and flash agree bit for bit: the check above tells nothing";
+  be_->set_attention_engine(kernels::AttentionEngine::kAuto);
+}
+
 // PrepareAttention builds ahead what the forward will use (cuDNN's plan) and computes
 // nothing: sizes are checked on every backend; forced cuDNN refuses, by name, a dtype it
 // cannot serve, as its forward does; a prepared shape then runs and matches the
