@@ -189,7 +189,7 @@ absl::Status ParseTrain(const YAML::Node& n, const std::string& path, v1::TrainS
       if (s != "auto" && s != "bf16" && s != "f32") return Bad(p, absl::StrCat("expected auto, bf16 or f32, got '", s, "'"));
       t->set_precision(s);
     } else if (k == "checkpoint") {
-      TESSERA_RETURN_IF_ERROR(CheckKeys(v, p, {"dir", "save_every", "resume", "load"}));
+      TESSERA_RETURN_IF_ERROR(CheckKeys(v, p, {"dir", "save_every", "resume", "load", "keep"}));
       auto* c = t->mutable_checkpoint();
       for (const auto& d : v) {
         const std::string ck = d.first.Scalar(), cp = Join(p, ck);
@@ -198,6 +198,8 @@ absl::Status ParseTrain(const YAML::Node& n, const std::string& path, v1::TrainS
           ck == "dir" ? c->set_dir(s) : c->set_load(s);
         } else if (ck == "save_every") {
           ASSIGN_INT(c->set_save_every, d.second, cp, 0, 100000000);
+        } else if (ck == "keep") {
+          ASSIGN_INT(c->set_keep, d.second, cp, 0, 1000000);
         } else if (ck == "resume") {
           TESSERA_ASSIGN_OR_RETURN(bool b, AsBool(d.second, cp));
           c->set_resume(b);
@@ -589,6 +591,7 @@ static absl::Status ValidatePretrain(JobSpec& spec) {
     if (!path.empty()) TESSERA_RETURN_IF_ERROR(CheckCleanAbsolute(field, path));
   if (!c->has_resume()) c->set_resume(true);
   if (c->dir().empty() && c->save_every() > 0) return Bad("train.checkpoint.save_every", "needs train.checkpoint.dir");
+  if (c->dir().empty() && c->keep() > 0) return Bad("train.checkpoint.keep", "needs train.checkpoint.dir");
   return absl::OkStatus();
 }
 

@@ -430,6 +430,24 @@ train: {steps: 1, lr: 1.0e-4}
               HasSubstr("groups[0].layout.stage_layers: auto needs the model's shape in the job (model.num_layers"));
 }
 
+TEST(JobSpec, CheckpointKeep) {
+  constexpr char kPretrain[] = R"(
+name: pt
+kind: pretrain
+groups: [{name: actor, devices: 1}]
+model: {vocab_size: 256, hidden: 32, num_layers: 2, num_heads: 4, num_kv_heads: 2, ffn: 48, seq_len: 16,
+        global_batch: 2, micro_batch: 1}
+train: {steps: 4, lr: 1.0e-3, checkpoint: {dir: /tmp/ck, save_every: 1, keep: 2}}
+)";
+  auto spec = ValidSpec(kPretrain, {});
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->train().checkpoint().keep(), 2);
+  EXPECT_THAT(std::string(ParseAndValidate(kPretrain, {"train.checkpoint.keep=-1"}).message()),
+              HasSubstr("train.checkpoint.keep: must be in [0, 1000000], got -1"));
+  EXPECT_THAT(std::string(ParseAndValidate(kPretrain, {"train.checkpoint={keep: 3}"}).message()),
+              HasSubstr("train.checkpoint.keep: needs train.checkpoint.dir"));
+}
+
 // Every job file under examples/ (what the README and docs tell users to run) parses and
 // passes the checks that need no cluster, its relative paths taken from the repository
 // root as `tessera local` run there takes them: an example broken by a change to the

@@ -14,12 +14,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "common/status.h"
 #include "common/util.h"
+#include "spdlog/spdlog.h"
 #include "worker/checkpoint/checkpoint_reader.h"
 #include "worker/checkpoint/safetensors.h"
 
@@ -220,7 +222,7 @@ absl::StatusOr<int64_t> LoadLocal(const std::string& path, const Group& g) {
 
 std::string StepDirName(int64_t step) { return absl::StrFormat("step-%08d", step); }
 
-absl::Status SaveCheckpoint(const std::string& dir, int64_t step, const Group& g) {
+absl::Status SaveCheckpoint(const std::string& dir, int64_t step, const Group& g, int keep) {
   if (g.model == nullptr || g.trainer == nullptr) return absl::InvalidArgumentError("checkpoint: no model or trainer");
   const int rank = WorldRank(g, TpRank(g), DpRank(g), PpRank(g));
   const std::string final_dir = absl::StrCat(dir, "/", StepDirName(step)), tmp = final_dir + ".tmp";
@@ -239,7 +241,39 @@ absl::Status SaveCheckpoint(const std::string& dir, int64_t step, const Group& g
   };
   TESSERA_RETURN_IF_ERROR(cleanup_on_failure(Agree(g, WriteRankFile(tmp, rank, g), "write")));
   if (rank == 0) st = CommitOnRankZero(dir, tmp, final_dir, step, g);
-  return cleanup_on_failure(Agree(g, st, "commit"));
+  TESSERA_RETURN_IF_ERROR(cleanup_on_failure(Agree(g, st, "commit")));
+  if (rank == 0 && keep > 0) {
+    auto removed = PruneCheckpoints(dir, keep);
+    if (!removed.ok()) spdlog::warn("checkpoint: keeping the newest {} in {} failed: {}", keep, dir, removed.status().ToString());
+    else if (!removed->empty()) spdlog::info("checkpoint: removed {} (keep {})", absl::StrJoin(*removed, ", "), keep);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::string>> PruneCheckpoints(const std::string& dir, int keep) {
+  std::vector<std::string> removed;
+  if (keep <= 0) return removed;
+  std::string latest;
+  if (auto l = LatestCheckpoint(dir); l.ok()) latest = l->substr(dir.size() + 1);
+  std::vector<std::pair<int64_t, std::string>> steps;  // committed step-N directories
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    int64_t n = 0;
+    if (name.rfind("step-", 0) != 0 || !absl::SimpleAtoi(name.substr(5), &n) || name.size() < 13 ||
+        name.find_first_not_of("0123456789", 5) != std::string::npos || !e.is_directory())
+      continue;
+    steps.emplace_back(n, name);
+  }
+  if (ec) return absl::InternalError(absl::StrCat("cannot list ", dir, ": ", ec.message()));
+  std::sort(steps.begin(), steps.end(), std::greater<>());
+  for (size_t i = static_cast<size_t>(keep); i < steps.size(); ++i) {
+    if (steps[i].second == latest) continue;
+    TESSERA_RETURN_IF_ERROR(RemoveTree(absl::StrCat(dir, "/", steps[i].second)));
+    removed.push_back(steps[i].second);
+  }
+  std::reverse(removed.begin(), removed.end());
+  return removed;
 }
 
 absl::StatusOr<std::string> LatestCheckpoint(const std::string& dir) {

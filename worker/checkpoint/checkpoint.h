@@ -24,6 +24,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "worker/comm/communicator.h"
@@ -43,7 +44,15 @@ struct Group {
 // "step-00000042"
 std::string StepDirName(int64_t step);
 
-absl::Status SaveCheckpoint(const std::string& dir, int64_t step, const Group& g);
+// With keep > 0, after the commit rank 0 prunes dir to the newest `keep` checkpoints
+// (PruneCheckpoints); a prune that fails is logged, not returned: the save itself stands.
+absl::Status SaveCheckpoint(const std::string& dir, int64_t step, const Group& g, int keep = 0);
+
+// Removes the committed step-N directories of dir beyond the newest `keep` by step,
+// never the one dir/latest names (a job resumed from an earlier step keeps it), nor
+// anything else in dir (a save in progress, step-N.tmp; other files). Returns the names
+// removed, oldest first. keep <= 0 removes nothing.
+absl::StatusOr<std::vector<std::string>> PruneCheckpoints(const std::string& dir, int keep);
 
 // The directory D/latest names; NOT_FOUND when there is none yet.
 absl::StatusOr<std::string> LatestCheckpoint(const std::string& dir);

@@ -174,8 +174,10 @@ absl::StatusOr<double> TrainSession::SaveAfter(int64_t done) {
     // never names a step whose critic is missing.
     if (critic_ != nullptr)
       TESSERA_RETURN_IF_ERROR(checkpoint::SaveCheckpoint(checkpoint_.dir() + "/critic", done,
-                                                         {critic_.get(), critic_trainer_.get(), tp_, dp_, nullptr}));
-    TESSERA_RETURN_IF_ERROR(checkpoint::SaveCheckpoint(checkpoint_.dir(), done, {model_.get(), trainer_.get(), tp_, dp_, pp_}));
+                                                         {critic_.get(), critic_trainer_.get(), tp_, dp_, nullptr},
+                                                         checkpoint_.keep()));
+    TESSERA_RETURN_IF_ERROR(checkpoint::SaveCheckpoint(checkpoint_.dir(), done, {model_.get(), trainer_.get(), tp_, dp_, pp_},
+                                                       checkpoint_.keep()));
     checkpoint_secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count();
   }
   if (!export_hf_.empty() && done == total_steps_) {

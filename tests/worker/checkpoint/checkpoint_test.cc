@@ -11,6 +11,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -224,6 +225,46 @@ std::string Flip(const std::string& path, size_t at) {
   bytes[at] = static_cast<char>(bytes[at] ^ 0x40);
   std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
   return bytes;
+}
+
+// train.checkpoint.keep: saves with keep 2 (two DP ranks, ZeRO-1: rank 0 prunes after its
+// commit) leave the newest two, and the newest loads; PruneCheckpoints keeps what `latest`
+// names even when it is older, and touches nothing but committed step directories.
+TEST(Checkpoint, KeepRemovesAllButTheNewestAfterEachCommit) {
+  const std::string dir = TempDir();
+  RunLayout(1, 2, 1, 9, [&](int, Rank& k) {
+    for (int step = 1; step <= 4; ++step) {
+      k.Train(step, step);
+      EXPECT_TRUE(SaveCheckpoint(dir, step, k.group(), /*keep=*/2).ok());
+    }
+  });
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_THAT(names, ::testing::ElementsAre("latest", "step-00000003", "step-00000004"));
+  RunLayout(1, 2, 1, 5, [&](int, Rank& k) {
+    auto step = LoadCheckpoint(dir + "/step-00000004", k.group());
+    ASSERT_TRUE(step.ok()) << step.status();
+    EXPECT_EQ(*step, 4);
+  });
+
+  const std::string d2 = TempDir();  // fabricated: steps 1..5, latest -> 2, a save in progress, a stray file
+  for (int s = 1; s <= 5; ++s) ASSERT_TRUE(MakeDirs(absl::StrCat(d2, "/", StepDirName(s))).ok());
+  ASSERT_TRUE(MakeDirs(d2 + "/step-00000006.tmp").ok());
+  ASSERT_TRUE(MakeDirs(d2 + "/step-notes").ok());
+  ASSERT_TRUE(WriteFileAtomic(d2 + "/latest", "step-00000002\n").ok());
+  auto removed = PruneCheckpoints(d2, 2);
+  ASSERT_TRUE(removed.ok()) << removed.status();
+  EXPECT_THAT(*removed, ::testing::ElementsAre("step-00000001", "step-00000003"));
+  names.clear();
+  for (const auto& e : std::filesystem::directory_iterator(d2)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_THAT(names, ::testing::ElementsAre("latest", "step-00000002", "step-00000004", "step-00000005",
+                                            "step-00000006.tmp", "step-notes"));
+  auto none = PruneCheckpoints(d2, 0);
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->empty());
+  EXPECT_FALSE(PruneCheckpoints(d2 + "/missing", 1).ok());
 }
 
 TEST(Checkpoint, DamageIsAnErrorAndAnUnfinishedSaveLeavesLatest) {
