@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <functional>
 #include <iostream>
 #include <sstream>
@@ -216,6 +218,18 @@ TEST(Cluster, KilledTrainingResumesFromItsCheckpoint) {
   ASSERT_EQ(resharded.size(), size_t(kSteps - 8));
   for (size_t i = 0; i < resharded.size(); ++i)
     EXPECT_NEAR(resharded[i], straight[8 + i], 1e-5 * straight[8 + i]) << "step " << 9 + i;
+
+  // train.checkpoint.keep through the executors: 12 steps saved every 4 with keep 2
+  // leave steps 8 and 12.
+  v1::JobSpec kept = PretrainSpec(2, 1, 1, 12);
+  kept.mutable_train()->mutable_checkpoint()->set_dir(c->dir() + "/kept");
+  kept.mutable_train()->mutable_checkpoint()->set_save_every(4);
+  kept.mutable_train()->mutable_checkpoint()->set_keep(2);
+  EXPECT_EQ(run(kept).state(), v1::SUCCEEDED);
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(c->dir() + "/kept")) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_THAT(names, ::testing::ElementsAre("latest", "step-00000008", "step-00000012"));
 
   v1::JobSpec outside = PretrainSpec(2, 1, 1, kSteps);
   outside.mutable_train()->mutable_checkpoint()->set_dir("/etc/tessera-ckpt");
