@@ -108,7 +108,7 @@ int RunPlan(const v1::JobSpec& spec, int devices, int64_t memory_bytes, bool jso
       out << absl::StrFormat("  compute per pipeline rank and micro-batch (model TFLOP): %s (layers per virtual stage %s)\n",
                              tflops(b->rank_flops), absl::StrJoin(b->layers, ","));
       if (b->balanced != b->layers)
-        out << absl::StrFormat("  balanced: layout.stage_layers [%s] gives %s (busiest rank %.0f%% of now)\n",
+        out << absl::StrFormat("  balanced: layout.stage_layers [%s] (or stage_layers: auto) gives %s (busiest rank %.0f%% of now)\n",
                                absl::StrJoin(b->balanced, ", "), tflops(b->balanced_flops),
                                100.0 * most(b->balanced_flops) / most(b->rank_flops));
     }
