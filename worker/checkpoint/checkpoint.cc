@@ -253,8 +253,9 @@ absl::Status SaveCheckpoint(const std::string& dir, int64_t step, const Group& g
 absl::StatusOr<std::vector<std::string>> PruneCheckpoints(const std::string& dir, int keep) {
   std::vector<std::string> removed;
   if (keep <= 0) return removed;
-  std::string latest;
+  std::string latest;  // never removed; a `latest` that cannot be read removes nothing
   if (auto l = LatestCheckpoint(dir); l.ok()) latest = l->substr(dir.size() + 1);
+  else if (l.status().code() != absl::StatusCode::kNotFound) return l.status();
   std::vector<std::pair<int64_t, std::string>> steps;  // committed step-N directories
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {

@@ -51,7 +51,8 @@ absl::Status SaveCheckpoint(const std::string& dir, int64_t step, const Group& g
 // Removes the committed step-N directories of dir beyond the newest `keep` by step,
 // never the one dir/latest names (a job resumed from an earlier step keeps it), nor
 // anything else in dir (a save in progress, step-N.tmp; other files). Returns the names
-// removed, oldest first. keep <= 0 removes nothing.
+// removed, oldest first. keep <= 0 removes nothing; so does a `latest` that cannot be
+// read (its error is returned: what it protects is unknown).
 absl::StatusOr<std::vector<std::string>> PruneCheckpoints(const std::string& dir, int keep);
 
 // The directory D/latest names; NOT_FOUND when there is none yet.

@@ -265,6 +265,9 @@ TEST(Checkpoint, KeepRemovesAllButTheNewestAfterEachCommit) {
   ASSERT_TRUE(none.ok());
   EXPECT_TRUE(none->empty());
   EXPECT_FALSE(PruneCheckpoints(d2 + "/missing", 1).ok());
+  ASSERT_TRUE(WriteFileAtomic(d2 + "/latest", "../elsewhere\n").ok());  // unreadable: nothing goes
+  EXPECT_EQ(PruneCheckpoints(d2, 1).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_TRUE(std::filesystem::exists(d2 + "/step-00000004"));
 }
 
 TEST(Checkpoint, DamageIsAnErrorAndAnUnfinishedSaveLeavesLatest) {
