@@ -17,7 +17,8 @@
 // --early-embedding 0: the embedding's gradient reduced as any other (A/B);
 // --grad-reduce bf16: ZeRO-0's DP reduction in bf16 (OptimizerOptions::grad_reduce_bf16);
 // --last-stage-layers N: N layers on the last virtual stage (ParallelLayout.last_stage_layers);
-// --stage-layers A,B,...: every virtual stage's layers (ParallelLayout.stage_layers);
+// --stage-layers A,B,...|auto: every virtual stage's layers (ParallelLayout.stage_layers;
+//   auto: the balanced split, as a job's `stage_layers: auto`);
 // --trace PREFIX: each rank's GPU timeline (kernels, copies, memsets, and its "timed step"
 //   ranges) from CUPTI into PREFIX.rank<r>.csv (bench/cupti_trace.h), for bench/nsys_gaps.py
 //   where Nsight Systems cannot trace CUDA.
@@ -48,6 +49,7 @@
 #include "tests/common/file_store.h"
 #include "worker/comm/nccl_communicator.h"
 #include "worker/engine/trainer.h"
+#include "worker/parallel/layout.h"
 
 using namespace tessera;
 using bench::Args;
@@ -169,8 +171,12 @@ int main(int argc, char** argv) {
   l.tp = static_cast<int>(get("tp", 1)), l.dp = static_cast<int>(get("dp", 1)), l.zero = static_cast<int>(get("zero", 0));
   l.pp = static_cast<int>(get("pp", 1)), l.vpp = static_cast<int>(get("vpp", 1));
   l.last_stage_layers = static_cast<int>(get("last-stage-layers", 0));
-  if (a.count("stage-layers"))
+  if (a.count("stage-layers") && a["stage-layers"] == "auto") {  // as a job's `stage_layers: auto`
+    l.stage_layers = parallel::BalancedStageLayers(
+        c.layers, l.pp, l.vpp, parallel::LlamaStageCosts(c.hidden, c.heads, c.kv_heads, c.HeadDim(), c.ffn, c.vocab, seq));
+  } else if (a.count("stage-layers")) {
     for (auto part : absl::StrSplit(a["stage-layers"], ',')) l.stage_layers.push_back(std::atoi(std::string(part).c_str()));
+  }
   l.sp = get("sp", 0) != 0, l.recompute = get("recompute", 0) != 0, l.early_embedding = get("early-embedding", 1) != 0;
   l.grad_reduce_bf16 = a.count("grad-reduce") && a["grad-reduce"] == "bf16";
   if (a.count("schedule")) {
