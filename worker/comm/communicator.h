@@ -59,8 +59,9 @@ class Communicator {
   // compute stream (OrderWith): the values need none of the device's work, so the host
   // does not wait for the compute enqueued so far — the trainer's step start would
   // otherwise wait for the last step's optimizer with the device idle behind it. NCCL
-  // stages them through its own pinned and device buffers on its own stream (under the
-  // watchdog); host backends (Gloo, self) run the collective in place.
+  // moves them through its own device buffer on its own stream (under the watchdog;
+  // nothing there synchronizes the device); host backends (Gloo, self) run the
+  // collective in place.
   absl::Status AllReduceHost(const void* in, void* out, size_t count, DType t, ReduceOp op);
   absl::Status AllGatherHost(const void* in, void* out, size_t send_count, DType t);
   absl::Status Send(const void* buf, size_t count, DType t, int peer);

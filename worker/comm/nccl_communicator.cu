@@ -336,13 +336,12 @@ class NcclCommunicator final : public Communicator {
   }
   absl::Status HostStaging(size_t bytes) {
     if (bytes <= host_capacity_) return absl::OkStatus();
+    const size_t want = std::max<size_t>(bytes, 2 * std::max<size_t>(host_capacity_, 2048));  // at least twofold
     // Stream-ordered: the old buffer is freed after the work already on stream_.
-    if (host_dev_) cudaFreeAsync(host_dev_, stream_), host_dev_ = nullptr;
-    host_capacity_ = 0;
-    const size_t want = std::max<size_t>(bytes, 2 * host_capacity_seen_);
+    if (host_dev_) cudaFreeAsync(host_dev_, stream_), host_dev_ = nullptr, host_capacity_ = 0;
     if (auto e = cudaMallocAsync(&host_dev_, want, stream_); e != cudaSuccess)
       return CudaError(e, "cudaMallocAsync(host collective staging)");
-    host_capacity_ = host_capacity_seen_ = want;
+    host_capacity_ = want;
     return absl::OkStatus();
   }
   absl::Status HostStagingDown(void* out, size_t bytes) {
@@ -420,7 +419,7 @@ class NcclCommunicator final : public Communicator {
   std::atomic<bool> aborted_{false};
   void* barrier_buf_ = nullptr;
   void* host_dev_ = nullptr;  // AllReduceHost / AllGatherHost staging, host_capacity_ bytes
-  size_t host_capacity_ = 0, host_capacity_seen_ = 2048;  // grows at least twofold
+  size_t host_capacity_ = 0;
   cudaStream_t compute_ = nullptr;  // OrderWith
   cudaEvent_t before_ = nullptr, after_ = nullptr;
   bool in_group_ = false;
