@@ -166,6 +166,25 @@ int main(int argc, char** argv) {
       }
     }
   }
+  // One ~1B-Llama layer's attention (Llama 3.2 1B: one 4096-token sequence, 32 query and 8
+  // kv heads, d64, causal): the backward alone, as the training step runs it (GQA and a
+  // single sequence give few, unequal CTAs — what the backward's CTA order is about).
+  if (Want("attn")) {
+    const int64_t T = 4096, Hq = 32, Hkv = 8, D = 64;
+    auto q = Random(b, {T, Hq, D}, bf), k = Random(b, {T, Hkv, D}, bf), v = Random(b, {T, Hkv, D}, bf);
+    auto g = Random(b, {T, Hq, D}, bf), out = *b.Empty({T, Hq, D}, bf), lse = *b.Empty({T, Hq}, DType::kF32);
+    auto dq = *b.Empty({T, Hq, D}, bf), dk = *b.Empty({T, Hkv, D}, bf), dv = *b.Empty({T, Hkv, D}, bf);
+    auto host = MakeCpuBackend();
+    auto cu = *host->Empty({2}, DType::kI32);
+    cu.data_as<int32_t>()[0] = 0, cu.data_as<int32_t>()[1] = static_cast<int32_t>(T);
+    const double flops = 4.0 * T * T * Hq * D * 0.5;
+    if (absl::Status st = b.AttentionForward(q, k, v, cu, true, out, lse); !st.ok()) {
+      fprintf(stderr, "attn_bwd_1b_layer: %s\n", st.ToString().c_str());
+    } else {
+      double ms = TimeMs(b, [&] { return b.AttentionBackward(q, k, v, cu, true, out, g, lse, dq, dk, dv); }, 20, 3);
+      Line("attn_bwd_1b_layer", "S4096 Hq32 Hkv8 D64 causal", ms, "tflops", 2.5 * flops / ms / 1e9);
+    }
+  }
   // The forward's two engines side by side (kernels::AttentionEngine), at the sequence
   // lengths around the auto threshold (kCudnnMaxAutoSeq): what the threshold is set from.
   if (Want("attn")) {

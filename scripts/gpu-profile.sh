@@ -6,7 +6,7 @@
 # the kernels ranked by time. (The lent hosts' Nsight Systems is Nsight Compute's copy,
 # whose reports held no CUDA records in session 14; CUPTI is what it would have used.)
 #   WHAT=train (default, 1 GPU): one GPU, M micro-batches (default 4), TRAIN_ARGS extra;
-#   WHAT=dp (4 GPUs): alone and at dp4 — what DP's overlap costs;
+#   WHAT=dp (DP GPUs, default 4): alone and at dpDP — what DP's overlap costs;
 #   WHAT=decode: Nsight Systems over bench/decode_bench (BATCHES=1), kernels ranked.
 # Traces stay in /tmp on the host; the tables go to $OUT.
 set -uo pipefail
@@ -31,8 +31,8 @@ trace() {
 case "${WHAT:-train}" in
 dp)
   trace alone --micro ${M:-4}
-  trace dp4 --micro ${M:-4} --dp 4
-  python3 bench/nsys_gaps.py /tmp/alone /tmp/dp4 --chrome "$OUT/dp.trace.json" | tee "$OUT/gaps.txt" ;;
+  trace dp${DP:-4} --micro ${M:-4} --dp ${DP:-4}
+  python3 bench/nsys_gaps.py /tmp/alone /tmp/dp${DP:-4} --chrome "$OUT/dp.trace.json" | tee "$OUT/gaps.txt" ;;
 train)
   trace train --micro ${M:-4} ${TRAIN_ARGS:-}
   python3 bench/nsys_gaps.py /tmp/train --kernels ${KERNELS:-30} --chrome "$OUT/train.trace.json" | tee "$OUT/kernels.txt" ;;

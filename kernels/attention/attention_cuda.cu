@@ -125,7 +125,7 @@ __global__ void SeqOfToken(const int32_t* cu, int64_t batch, int32_t* seq) {
 
 constexpr int kTableThreads = 1024;
 __global__ void __launch_bounds__(kTableThreads) TileTable(const int32_t* cu, int64_t batch, int tile, int2* table,
-                                                          int64_t capacity, int32_t* first_tile, bool pairs) {
+                                                          int64_t capacity, int32_t* first_tile, flash::TileOrder order) {
   using Scan = cub::BlockScan<int64_t, kTableThreads>;
   __shared__ typename Scan::TempStorage tmp;
   int64_t carry = 0;
@@ -136,8 +136,10 @@ __global__ void __launch_bounds__(kTableThreads) TileTable(const int32_t* cu, in
     Scan(tmp).ExclusiveSum(n, off, total);
     if (first_tile != nullptr && b < batch) first_tile[b] = static_cast<int32_t>(carry + off);
     if (table != nullptr)
-      for (int64_t j = 0; j < n; ++j) {  // the last tile of a sequence first: causal tiles grow along it
-        const int64_t tile_j = !pairs ? n - 1 - j : (j % 2 == 0 ? n - 1 - j / 2 : j / 2);
+      for (int64_t j = 0; j < n; ++j) {  // flash::TileOrder
+        const int64_t tile_j = order == flash::TileOrder::kFirstFirst ? j
+                               : order == flash::TileOrder::kLastFirst ? n - 1 - j
+                                                                       : (j % 2 == 0 ? n - 1 - j / 2 : j / 2);
         table[carry + off + j] = make_int2(static_cast<int>(b), static_cast<int>(tile_j));
       }
     carry += total;
@@ -166,8 +168,8 @@ unsigned WarpBlocks(int64_t warps) { return static_cast<unsigned>((warps * 32 + 
 
 namespace flash {
 absl::Status BuildTileTable(const int32_t* cu, int64_t batch, int tile, int2* table, int64_t capacity, cudaStream_t s,
-                            int32_t* first_tile, bool pairs) {
-  TileTable<<<1, kTableThreads, 0, s>>>(cu, batch, tile, table, capacity, first_tile, pairs);
+                            int32_t* first_tile, TileOrder order) {
+  TileTable<<<1, kTableThreads, 0, s>>>(cu, batch, tile, table, capacity, first_tile, order);
   return LaunchStatus("attention(tile table)");
 }
 }  // namespace flash

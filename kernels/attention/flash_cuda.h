@@ -27,13 +27,21 @@ inline bool Supported(const AttentionDims& d, DType t) {
 // Upper bound on the tiles of `tile`-token blocks over all sequences.
 inline int64_t TileCapacity(const AttentionDims& d, int tile) { return (d.tokens + tile - 1) / tile + d.batch; }
 
+// The order of each sequence's tiles in a tile table. Causal work grows along a sequence
+// for query tiles (tile i sees i + 1 key tiles) and shrinks for key tiles (tile j is seen
+// by the queries from j on); the hardware starts CTAs in grid order, so the heaviest go
+// first and the light ones fill in behind them (a longest-first list schedule).
+enum class TileOrder {
+  kLastFirst,   // n-1, n-2, ..., 0: query tiles, heaviest first (the causal forward)
+  kPairs,       // n-1, 0, n-2, 1, ...: entries 2c and 2c+1 cost about the same for every c
+  kFirstFirst,  // 0, 1, ..., n-1: key tiles, heaviest first (the causal backward)
+};
+
 // Writes table[0, capacity) = {sequence, tile index within it}, each sequence's tiles
-// together, heaviest causal tile first (n-1, n-2, ..., 0) or, with `pairs`, heavy and
-// light alternating (n-1, 0, n-2, 1, ...) so that entries 2c and 2c+1 cost about the same
-// for every c; unused entries get sequence -1. Optionally (first_tile != null) also the
-// index of each sequence's first tile, first_tile[b]; table may be null.
+// together in `order`; unused entries get sequence -1. Optionally (first_tile != null)
+// also the index of each sequence's first tile, first_tile[b]; table may be null.
 absl::Status BuildTileTable(const int32_t* cu, int64_t batch, int tile, int2* table, int64_t capacity, cudaStream_t s,
-                            int32_t* first_tile = nullptr, bool pairs = false);
+                            int32_t* first_tile = nullptr, TileOrder order = TileOrder::kLastFirst);
 
 absl::Status Forward(const void* q, const void* k, const void* v, const int32_t* cu, void* out, float* lse,
                      const AttentionDims& d, cudaStream_t s);

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# A/B of the ~1B Llama training step on one lent GPU: the baseline's train_bench
+# (.carry/base.tar.xz from scripts/make-base.sh) against this build's (dist/, make-dist.sh),
+# in alternating rounds on the same card, so that drift between rounds shows.
+#   AB_ARGS    train_bench arguments after the 1B shape (default "--micro 4")
+#   ROUNDS     rounds of (base, new) (default 2)
+#   AB_ATTN=1  also op_bench's attention cases, both builds
+# A short table is printed last; logs go to $OUT.
+set -uo pipefail
+source "$(dirname "$0")/gpu-env.sh"
+[ -f .carry/base.tar.xz ] || { echo "gpu-ab: no .carry/base.tar.xz (scripts/make-base.sh)"; exit 1; }
+rm -rf base && tar -xJf .carry/base.tar.xz || exit 3
+card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+shape="--hidden 2048 --layers 16 --heads 32 --kv-heads 8 --ffn 8192 --vocab 128256 --seq 4096"
+args=${AB_ARGS:---micro 4}
+rows=()
+for r in $(seq 1 "${ROUNDS:-2}"); do
+  for side in base dist; do
+    log="$OUT/ab_${side}_$r.jsonl"
+    $side/bin/train_bench $shape $args --steps 6 --warmup 3 > "$log" 2> "$OUT/ab_${side}_$r.err" || { echo "$side round $r failed:"; tail -3 "$OUT/ab_${side}_$r.err"; }
+    ms=$(grep -oE '"step_ms": [0-9.]+' "$log" | tail -1 | awk '{print $2}')
+    mfu=$(python3 -c "import json,sys; r=[json.loads(l) for l in open('$log') if l.startswith('{')][-1]; print(f\"{r['tflops']/989:.1%} {r['peak_gib']:.2f}\")" 2>/dev/null)
+    rows+=("$side $r ${ms:-?} ${mfu:-? ?}")
+  done
+done
+if [ "${AB_ATTN:-0}" = 1 ]; then
+  for side in base dist; do $side/bin/op_bench attn > "$OUT/ab_attn_$side.txt" 2>&1; done
+  echo "== attention (op_bench attn), $card: ms base -> new"
+  python3 - "$OUT/ab_attn_base.txt" "$OUT/ab_attn_dist.txt" <<'PY'
+import json, sys
+def rows(f):
+    return {r["op"]: r for r in (json.loads(l) for l in open(f) if l.startswith("{"))}
+a, b = rows(sys.argv[1]), rows(sys.argv[2])
+for op in b:
+    if op in a:
+        print(f"{op:32} {a[op]['ms']:8.4f} -> {b[op]['ms']:8.4f}  ({a[op]['ms'] / b[op]['ms']:.3f}x)")
+    else:
+        print(f"{op:32} {'-':>8} -> {b[op]['ms']:8.4f}")
+PY
+fi
+echo "== ~1B Llama, $card, train_bench $args — base: $(cat base/NAME)"
+printf '%-6s %-5s %9s %8s %8s\n' build round "step ms" MFU "peak GiB"
+for row in "${rows[@]}"; do set -- $row; printf '%-6s %-5s %9s %8s %8s\n' "$1" "$2" "$3" "$4" "$5"; done
