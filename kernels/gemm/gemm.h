@@ -2,6 +2,8 @@
 // A is [m,k] ([k,m] if ta), B is [k,n] ([n,k] if tb). f32 or bf16 (f32 accumulate);
 // C has A's dtype `t`, or `ct` = f32 with bf16 inputs (weight gradients accumulated
 // straight into f32 main gradients, Megatron's gradient-accumulation fusion).
+// With `c_in` (C's dtype and shape), C = alpha * op(A) @ op(B) + beta * C_in and C is only
+// written: a residual added in the epilogue (cuBLASLt's separate C and D).
 // CPU: OpenBLAS sgemm (bf16 converted through f32). CUDA: cuBLASLt.
 #pragma once
 #include <cstdint>
@@ -12,9 +14,9 @@
 namespace tessera::kernels {
 using runtime::DType;
 absl::Status GemmCpu(const void* a, bool ta, const void* b, bool tb, void* c, int64_t m, int64_t n, int64_t k, float alpha,
-                     float beta, DType t, DType ct);
+                     float beta, DType t, DType ct, const void* c_in = nullptr);
 // `workspace` (device memory, `workspace_bytes`) is reused across calls; `handle` is a cublasLtHandle_t.
 absl::Status GemmCuda(const void* a, bool ta, const void* b, bool tb, void* c, int64_t m, int64_t n, int64_t k,
                       float alpha, float beta, DType t, DType ct, void* handle, void* workspace, size_t workspace_bytes,
-                      void* stream);
+                      void* stream, const void* c_in = nullptr);
 }  // namespace tessera::kernels

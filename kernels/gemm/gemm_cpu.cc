@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -41,8 +42,10 @@ absl::StatusOr<Sgemm> GetSgemm() {
 }  // namespace
 
 absl::Status GemmCpu(const void* a, bool ta, const void* b, bool tb, void* c, int64_t m, int64_t n, int64_t k, float alpha,
-                     float beta, DType t, DType ct) {
+                     float beta, DType t, DType ct, const void* c_in) {
   if (m == 0 || n == 0) return absl::OkStatus();
+  if (c_in != nullptr && c_in != c && beta != 0)  // C = ... + beta C_in: start from a copy of C_in
+    std::memcpy(c, c_in, static_cast<size_t>(m * n) * DTypeSize(ct));
   TESSERA_ASSIGN_OR_RETURN(Sgemm cblas_sgemm, GetSgemm());
   if (t == DType::kF32) {
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, alpha,

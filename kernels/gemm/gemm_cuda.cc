@@ -29,7 +29,7 @@ struct Descs {
 
 absl::Status GemmCuda(const void* a, bool ta, const void* b, bool tb, void* c, int64_t m, int64_t n, int64_t k,
                       float alpha, float beta, DType t, DType ct, void* handle, void* workspace, size_t workspace_bytes,
-                      void* stream) {
+                      void* stream, const void* c_in) {
   if (m == 0 || n == 0) return absl::OkStatus();
   cudaDataType_t dt = t == DType::kF32 ? CUDA_R_32F : CUDA_R_16BF;
   cudaDataType_t cdt = ct == DType::kF32 ? CUDA_R_32F : CUDA_R_16BF;
@@ -56,7 +56,8 @@ absl::Status GemmCuda(const void* a, bool ta, const void* b, bool tb, void* c, i
   if (!(s = Lt(api->MatmulAlgoGetHeuristic(lt, d.op, d.a, d.b, d.c, d.c, d.pref, 1, &h, &found), "heuristic")).ok())
     return s;
   if (found == 0) return absl::UnimplementedError(absl::StrCat("cublasLt has no algorithm for gemm m=", m, " n=", n, " k=", k));
-  return Lt(api->Matmul(lt, d.op, &alpha, b, d.a, a, d.b, &beta, c, d.c, c, d.c, &h.algo, workspace, workspace_bytes,
+  return Lt(api->Matmul(lt, d.op, &alpha, b, d.a, a, d.b, &beta, c_in != nullptr ? c_in : c, d.c, c, d.c, &h.algo,
+                        workspace, workspace_bytes,
                            static_cast<cudaStream_t>(stream)),
             "matmul");
 }

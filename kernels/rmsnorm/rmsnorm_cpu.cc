@@ -24,7 +24,7 @@ absl::Status RmsNormForwardCpu(const void* x, const void* w, void* y, float* rst
 }
 
 absl::Status RmsNormBackwardCpu(const void* dy, const void* x, const void* w, const float* rstd, void* dx, float* dw,
-                                int64_t rows, int64_t cols, DType t) {
+                                int64_t rows, int64_t cols, DType t, const void* add) {
   std::vector<double> dwa(cols, 0.0);
   for (int64_t r = 0; r < rows; ++r) {
     double rs = rstd[r], dot = 0;
@@ -37,7 +37,8 @@ absl::Status RmsNormBackwardCpu(const void* dy, const void* x, const void* w, co
     double coef = rs * rs * rs * dot / cols;
     for (int64_t c = 0; c < cols; ++c) {
       int64_t i = r * cols + c;
-      StoreElem(dx, i, static_cast<float>(rs * LoadElem(dy, i, t) * LoadElem(w, c, t) - LoadElem(x, i, t) * coef), t);
+      const double v = rs * LoadElem(dy, i, t) * LoadElem(w, c, t) - LoadElem(x, i, t) * coef;
+      StoreElem(dx, i, static_cast<float>(add != nullptr ? v + LoadElem(add, i, t) : v), t);
     }
   }
   for (int64_t c = 0; c < cols; ++c) dw[c] = static_cast<float>(dwa[c]);

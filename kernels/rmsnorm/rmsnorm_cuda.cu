@@ -33,7 +33,8 @@ __global__ void Forward(const T* x, const T* w, T* y, float* rstd, int64_t cols,
 }
 
 template <typename T>
-__global__ void Backward(const T* dy, const T* x, const T* w, const float* rstd, T* dx, float* dw, int64_t cols) {
+__global__ void Backward(const T* dy, const T* x, const T* w, const float* rstd, T* dx, float* dw, int64_t cols,
+                         const T* add) {
   const int64_t off = blockIdx.x * cols;
   const float rs = rstd[blockIdx.x];
   float dot = 0;
@@ -41,7 +42,8 @@ __global__ void Backward(const T* dy, const T* x, const T* w, const float* rstd,
   float coef = rs * rs * rs * BlockSum(dot) / cols;
   for (int64_t c = threadIdx.x; c < cols; c += kThreads) {
     float g = ToF(dy[off + c]), xv = ToF(x[off + c]);
-    dx[off + c] = FromF<T>(rs * g * ToF(w[c]) - xv * coef);
+    const float v = rs * g * ToF(w[c]) - xv * coef;
+    dx[off + c] = FromF<T>(add != nullptr ? v + ToF(add[off + c]) : v);
     atomicAdd(&dw[c], g * xv * rs);
   }
 }
@@ -177,7 +179,8 @@ inline size_t BwdSmemBytes(int64_t cols) {
 }
 __global__ void __launch_bounds__(kBwdWarps * 32) BackwardWarpRowBf16(const uint4* dy, const uint4* x, const uint4* w,
                                                                       const float* rstd, uint4* dx, float* partial,
-                                                                      int64_t rows, int64_t cols, int rows_per_cta) {
+                                                                      int64_t rows, int64_t cols, int rows_per_cta,
+                                                                      const uint4* add) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x / 32, nvec = static_cast<int>(cols / 8);
   const uint32_t row_bytes = static_cast<uint32_t>(cols * 2);
@@ -242,13 +245,16 @@ __global__ void __launch_bounds__(kBwdWarps * 32) BackwardWarpRowBf16(const uint
       const __nv_bfloat162 *x2 = reinterpret_cast<const __nv_bfloat162*>(&xv[k]),
                           *g2 = reinterpret_cast<const __nv_bfloat162*>(&gv[k]),
                           *w2 = reinterpret_cast<const __nv_bfloat162*>(&wq);
-      uint4 out;
+      uint4 out, res = make_uint4(0, 0, 0, 0);  // bf16 zeros
+      if (add != nullptr) res = __ldcs(add + row * nvec + i8);
+      const __nv_bfloat162* r2 = reinterpret_cast<const __nv_bfloat162*>(&res);
       __nv_bfloat162* o2 = reinterpret_cast<__nv_bfloat162*>(&out);
       float d[8];
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const float2 xf = __bfloat1622float2(x2[j]), gf = __bfloat1622float2(g2[j]), wf = __bfloat1622float2(w2[j]);
-        o2[j] = __floats2bfloat162_rn(rs * gf.x * wf.x - xf.x * coef, rs * gf.y * wf.y - xf.y * coef);
+        const float2 xf = __bfloat1622float2(x2[j]), gf = __bfloat1622float2(g2[j]), wf = __bfloat1622float2(w2[j]),
+                     rf = __bfloat1622float2(r2[j]);
+        o2[j] = __floats2bfloat162_rn(rs * gf.x * wf.x - xf.x * coef + rf.x, rs * gf.y * wf.y - xf.y * coef + rf.y);
         d[2 * j] = gf.x * xf.x * rs;
         d[2 * j + 1] = gf.y * xf.y * rs;
       }
@@ -325,11 +331,11 @@ absl::Status RmsNormForwardCuda(const void* x, const void* w, void* y, float* rs
 }
 
 absl::Status RmsNormBackwardCuda(const void* dy, const void* x, const void* w, const float* rstd, void* dx, float* dw,
-                                 int64_t rows, int64_t cols, DType t, void* stream) {
+                                 int64_t rows, int64_t cols, DType t, void* stream, const void* add) {
   auto s = static_cast<cudaStream_t>(stream);
   using bf = __nv_bfloat16;
   if (rows > 0 && t == DType::kBF16 && cols % 256 == 0 && cols <= 32 * 8 * kBwdVec && Aligned16(dy) && Aligned16(x) &&
-      Aligned16(w) && Aligned16(dx)) {
+      Aligned16(w) && Aligned16(dx) && Aligned16(add)) {
     // As many CTAs as fit on the device at once (by shared memory), each owning a run of
     // rows; DwReduce writes every dw column, so dw needs no memset here.
     auto* kernel = BackwardWarpRowBf16;
@@ -362,7 +368,8 @@ absl::Status RmsNormBackwardCuda(const void* dy, const void* x, const void* w, c
       cfg.blockDim = dim3(kBwdWarps * 32);
       cfg.dynamicSmemBytes = smem;
       attr[0].val.programmaticStreamSerializationAllowed = kBwdPdl ? 1 : 0;
-      cudaLaunchKernelEx(&cfg, kernel, dyv, xv, wv, rstd, dxv, static_cast<float*>(partial), rows, cols, per_cta);
+      cudaLaunchKernelEx(&cfg, kernel, dyv, xv, wv, rstd, dxv, static_cast<float*>(partial), rows, cols, per_cta,
+                         static_cast<const uint4*>(add));
       TESSERA_RETURN_IF_ERROR(LaunchStatus("rmsnorm_backward"));
       cfg.gridDim = dim3(static_cast<unsigned>((cols + kReduceCols - 1) / kReduceCols));
       cfg.blockDim = dim3(32 * kReduceCols);
@@ -380,10 +387,10 @@ absl::Status RmsNormBackwardCuda(const void* dy, const void* x, const void* w, c
   if (rows == 0) return absl::OkStatus();
   if (t == DType::kF32)
     Backward<<<rows, kThreads, 0, s>>>(static_cast<const float*>(dy), static_cast<const float*>(x), static_cast<const float*>(w),
-                                       rstd, static_cast<float*>(dx), dw, cols);
+                                       rstd, static_cast<float*>(dx), dw, cols, static_cast<const float*>(add));
   else
     Backward<<<rows, kThreads, 0, s>>>(static_cast<const bf*>(dy), static_cast<const bf*>(x), static_cast<const bf*>(w), rstd,
-                                       static_cast<bf*>(dx), dw, cols);
+                                       static_cast<bf*>(dx), dw, cols, static_cast<const bf*>(add));
   return LaunchStatus("rmsnorm_backward");
 }
 

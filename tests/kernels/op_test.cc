@@ -122,6 +122,15 @@ TEST_P(OpTest, RmsNormForwardAndBackward) {
         EXPECT_LT(ErrOverScale(Read(*be_, dx), Read(*ref_, rdx), term), Tol(t));
         EXPECT_LT(RelErr(Read(*be_, dw), Read(*ref_, rdw)), t == DType::kBF16 ? Tol(t) : 1e-5);
       }
+      // With `add` = dx itself (a residual's gradient in place): dx + the same backward,
+      // rounded once (the unfused sum rounds twice in bf16: within a few ulp).
+      auto addv = Quantize(rng.Normal(rows * cols), t);
+      auto dx2 = Make(*be_, {rows, cols}, t, addv), dw2 = Out(*be_, {cols}, DType::kF32);
+      ASSERT_TRUE(be_->RmsNormBackward(dy, x, w, rstd, dx2, dw2, &dx2).ok());
+      std::vector<float> want = Read(*be_, dx);
+      for (size_t i = 0; i < want.size(); ++i) want[i] += addv[i];
+      EXPECT_LT(RelErr(Read(*be_, dx2), want), t == DType::kBF16 ? 1e-2 : 1e-6);
+      EXPECT_LT(RelErr(Read(*be_, dw2), Read(*be_, dw)), 1e-6);  // CUDA f32 sums dw with atomics
     }
   }
 }
@@ -214,6 +223,11 @@ TEST_P(OpTest, Gemm) {
             ref[i * g.n + j] = 0.5 * acc + 0.25 * cv[i * g.n + j];
           }
         EXPECT_LT(RelErr(Read(*be_, c), ref), ct == DType::kBF16 ? 2e-2 : 1e-5);
+        // c_in: the same sum into a write-only c (poisoned: every element must be written).
+        auto c_in = Make(*be_, {g.m, g.n}, ct, cv), c2 = Out(*be_, {g.m, g.n}, ct);
+        ASSERT_TRUE(be_->Gemm(a, ta, b, tb, c2, 0.5f, 0.25f, &c_in).ok());
+        EXPECT_LT(RelErr(Read(*be_, c2), ref), ct == DType::kBF16 ? 2e-2 : 1e-5);
+        EXPECT_EQ(Read(*be_, c_in), std::vector<float>(cv.begin(), cv.end()));
       }
     }
   }
@@ -581,6 +595,10 @@ TEST_P(OpTest, ValidationNamesShapes) {
   auto a = *be_->Empty({3, 5}, DType::kF32), b = *be_->Empty({4, 2}, DType::kF32), c = *be_->Empty({3, 2}, DType::kF32);
   EXPECT_THAT(std::string(be_->Gemm(a, false, b, false, c).message()),
               HasSubstr("inner dimensions differ: op(a) is [3, 5], op(b) is [4, 2]"));
+  auto a2 = *be_->Empty({3, 4}, DType::kF32), c_in = *be_->Empty({2, 3}, DType::kF32);
+  EXPECT_THAT(std::string(be_->Gemm(a2, false, b, false, c, 1.f, 1.f, &c_in).message()), HasSubstr("c_in"));
+  auto w8 = *be_->Empty({8}, DType::kF32), dw8 = *be_->Empty({8}, DType::kF32), add = *be_->Empty({4, 9}, DType::kF32);
+  EXPECT_THAT(std::string(be_->RmsNormBackward(x, x, w8, r, y, dw8, &add).message()), HasSubstr("add"));
   auto bf = *be_->Empty({4, 8}, DType::kBF16);
   EXPECT_THAT(std::string(be_->SwiGluForward(x, bf, y).message()), HasSubstr("gate is f32 but up is bf16"));
   auto col = *x.Slice(1, 2, 3);

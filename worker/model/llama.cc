@@ -359,12 +359,18 @@ absl::StatusOr<Tensor> Llama::LeaveTp(Tensor& partial) {
   return local;
 }
 
+absl::Status Llama::LinearResidual(const Tensor& x, const Tensor& w, const Tensor& residual, Tensor& y) {
+  if (tp_ != nullptr) return Linear(*backend_, x, w, y);
+  return backend_->Gemm(x, false, w, true, y, 1.f, 1.f, &residual);
+}
+
 // RMSNorm backward; the weight gradient is summed over TP under SP (each rank saw its
 // own tokens) before it is accumulated.
-absl::Status Llama::NormBackward(const Tensor& dy, const Tensor& x, Param& w, const Tensor& rstd, Tensor& dx) {
+absl::Status Llama::NormBackward(const Tensor& dy, const Tensor& x, Param& w, const Tensor& rstd, Tensor& dx,
+                                 const Tensor* add) {
   Backend& b = *backend_;
   TESSERA_ASSIGN_OR_RETURN(Tensor dw, New(b, {w.weight().numel()}));
-  TESSERA_RETURN_IF_ERROR(b.RmsNormBackward(dy, x, w.weight(), rstd, dx, dw));
+  TESSERA_RETURN_IF_ERROR(b.RmsNormBackward(dy, x, w.weight(), rstd, dx, dw, add));
   if (sp_) TESSERA_RETURN_IF_ERROR(AllReduce(dw));
   return b.Axpby(1.f, dw, 1.f, w.grad);
 }
@@ -409,12 +415,13 @@ absl::Status Llama::LayerForward(const LayerParams& w, const Inputs& in, const T
   } else {
     TESSERA_RETURN_IF_ERROR(b.AttentionForward(a.q, a.k, a.v, in.cu, /*causal=*/true, a.o, a.lse));
   }
-  // Output projection (row-parallel: partial sums over this rank's heads) and the first residual.
+  // Output projection (row-parallel: partial sums over this rank's heads) and the first
+  // residual — added in the GEMM's epilogue where there is no TP sum to wait for.
   TESSERA_ASSIGN_OR_RETURN(Tensor o2, a.o.Reshape({t, hq * d}));
   TESSERA_ASSIGN_OR_RETURN(Tensor attn, New(b, {t, c.hidden}, act_));
-  TESSERA_RETURN_IF_ERROR(Linear(b, o2, w.wo->weight(), attn));
+  TESSERA_RETURN_IF_ERROR(LinearResidual(o2, w.wo->weight(), x, attn));
   TESSERA_ASSIGN_OR_RETURN(a.x_mid, LeaveTp(attn));
-  TESSERA_RETURN_IF_ERROR(b.Axpby(1.f, x, 1.f, a.x_mid));
+  if (tp_ != nullptr) TESSERA_RETURN_IF_ERROR(b.Axpby(1.f, x, 1.f, a.x_mid));
   // MLP and the second residual.
   TESSERA_ASSIGN_OR_RETURN(a.xn2, New(b, {tl, c.hidden}, act_));
   TESSERA_ASSIGN_OR_RETURN(a.rstd2, New(b, {tl}));
@@ -427,9 +434,9 @@ absl::Status Llama::LayerForward(const LayerParams& w, const Inputs& in, const T
   TESSERA_RETURN_IF_ERROR(Linear(b, a.xn2_full, w.wu->weight(), a.up));
   TESSERA_RETURN_IF_ERROR(b.SwiGluForward(a.gate, a.up, a.act));
   TESSERA_ASSIGN_OR_RETURN(Tensor mlp, New(b, {t, c.hidden}, act_));
-  TESSERA_RETURN_IF_ERROR(Linear(b, a.act, w.wd->weight(), mlp));
+  TESSERA_RETURN_IF_ERROR(LinearResidual(a.act, w.wd->weight(), a.x_mid, mlp));
   TESSERA_ASSIGN_OR_RETURN(out, LeaveTp(mlp));  // row-parallel
-  return b.Axpby(1.f, a.x_mid, 1.f, out);
+  return tp_ != nullptr ? b.Axpby(1.f, a.x_mid, 1.f, out) : absl::OkStatus();
 }
 
 // dx: the gradient of the layer's output on entry, of its input on return (this rank's
@@ -450,9 +457,7 @@ absl::Status Llama::LayerBackward(const LayerParams& w, const Inputs& in, const 
   TESSERA_RETURN_IF_ERROR(LinearBackward(b, dgate, a.xn2_full, *w.wg, dxn_full, 0.f));
   TESSERA_RETURN_IF_ERROR(LinearBackward(b, dup, a.xn2_full, *w.wu, dxn_full, 1.f));
   TESSERA_ASSIGN_OR_RETURN(Tensor dxn, LeaveTp(dxn_full));  // column-parallel: partial input gradients
-  TESSERA_ASSIGN_OR_RETURN(Tensor dnorm, New(b, dx.shape(), dx.dtype()));
-  TESSERA_RETURN_IF_ERROR(NormBackward(dxn, a.x_mid, *w.norm2, a.rstd2, dnorm));
-  TESSERA_RETURN_IF_ERROR(b.Axpby(1.f, dnorm, 1.f, dx));  // dx = d(x_mid)
+  TESSERA_RETURN_IF_ERROR(NormBackward(dxn, a.x_mid, *w.norm2, a.rstd2, dx, &dx));  // dx = d(x_mid)
   // Attention: x_mid = x_in + o_proj(attn(rope(q(xn1)), rope(k(xn1)), v(xn1))).
   TESSERA_ASSIGN_OR_RETURN(Tensor dattn, EnterTp(dx));
   TESSERA_ASSIGN_OR_RETURN(Tensor o2, a.o.Reshape({t, hq * d}));
@@ -484,8 +489,7 @@ absl::Status Llama::LayerBackward(const LayerParams& w, const Inputs& in, const 
   TESSERA_RETURN_IF_ERROR(LinearBackward(b, dk_lin, a.xn1_full, *w.wk, dxn_full, 1.f));
   TESSERA_RETURN_IF_ERROR(LinearBackward(b, dv_lin, a.xn1_full, *w.wv, dxn_full, 1.f));
   TESSERA_ASSIGN_OR_RETURN(dxn, LeaveTp(dxn_full));
-  TESSERA_RETURN_IF_ERROR(NormBackward(dxn, a.x_in, *w.norm1, a.rstd1, dnorm));
-  return b.Axpby(1.f, dnorm, 1.f, dx);  // dx = d(x_in)
+  return NormBackward(dxn, a.x_in, *w.norm1, a.rstd1, dx, &dx);  // dx = d(x_in)
 }
 
 absl::StatusOr<LossSum> Llama::Forward(const TokenBatch& batch) { return Run(batch, false, 0.f); }

@@ -93,7 +93,7 @@ absl::Status Backend::RmsNormForward(const Tensor& x, const Tensor& w, float eps
 }
 
 absl::Status Backend::RmsNormBackward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, Tensor& dx,
-                                      Tensor& dw) {
+                                      Tensor& dw, const Tensor* add) {
   const char* op = "rmsnorm_backward";
   TRY(CheckTensors(op, device(), {{"dy", &dy}, {"x", &x}, {"w", &w}, {"rstd", &rstd}, {"dx", &dx}, {"dw", &dw}}));
   if (x.rank() != 2 || !Float(x.dtype())) return Bad(op, absl::StrCat("x must be f32 or bf16 [rows, cols], got ", x.ShapeString()));
@@ -107,7 +107,12 @@ absl::Status Backend::RmsNormBackward(const Tensor& dy, const Tensor& x, const T
     return Bad(op, absl::StrCat("dw must be f32 ", w.ShapeString(), ", got ", DTypeName(dw.dtype()), " ", dw.ShapeString()));
   if (rstd.dtype() != DType::kF32 || rstd.rank() != 1 || rstd.dim(0) != x.dim(0))
     return Bad(op, absl::StrCat("rstd must be f32 [", x.dim(0), "]"));
-  return DoRmsNormBackward(dy, x, w, rstd, dx, dw);
+  if (add != nullptr) {
+    TRY(CheckTensors(op, device(), {{"add", add}}));
+    TRY(SameShape(op, "add", *add, "x", x));
+    TRY(SameDType(op, "add", *add, "x", x));
+  }
+  return DoRmsNormBackward(dy, x, w, rstd, dx, dw, add);
 }
 
 absl::Status Backend::SwiGluForward(const Tensor& gate, const Tensor& up, Tensor& y) {
@@ -132,7 +137,8 @@ absl::Status Backend::SwiGluBackward(const Tensor& dy, const Tensor& gate, const
   return DoSwiGluBackward(dy, gate, up, dgate, dup);
 }
 
-absl::Status Backend::Gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c, float alpha, float beta) {
+absl::Status Backend::Gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c, float alpha, float beta,
+                           const Tensor* c_in) {
   const char* op = "gemm";
   TRY(CheckTensors(op, device(), {{"a", &a}, {"b", &b}, {"c", &c}}));
   if (a.rank() != 2 || b.rank() != 2 || c.rank() != 2)
@@ -145,7 +151,12 @@ absl::Status Backend::Gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, T
   if (k != kb)
     return Bad(op, absl::StrCat("inner dimensions differ: op(a) is [", m, ", ", k, "], op(b) is [", kb, ", ", n, "]"));
   if (c.dim(0) != m || c.dim(1) != n) return Bad(op, absl::StrCat("c is ", c.ShapeString(), ", expected [", m, ", ", n, "]"));
-  return DoGemm(a, ta, b, tb, c, alpha, beta);
+  if (c_in != nullptr) {
+    TRY(CheckTensors(op, device(), {{"c_in", c_in}}));
+    TRY(SameShape(op, "c_in", *c_in, "c", c));
+    TRY(SameDType(op, "c_in", *c_in, "c", c));
+  }
+  return DoGemm(a, ta, b, tb, c, alpha, beta, c_in);
 }
 
 absl::Status Backend::AdamW(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& p,

@@ -83,16 +83,20 @@ class Backend {
   absl::Status Cast(const Tensor& x, Tensor& y);
   // x, y: [rows, cols]; w: [cols]; rstd: [rows] f32.  y = x * rstd * w, rstd = 1/sqrt(mean(x^2)+eps).
   absl::Status RmsNormForward(const Tensor& x, const Tensor& w, float eps, Tensor& y, Tensor& rstd);
-  // dx: [rows, cols]; dw: [cols] f32 (overwritten).
+  // dx: [rows, cols]; dw: [cols] f32 (overwritten). With `add` (x's shape and dtype; may
+  // be dx itself), dx = the norm's input gradient + *add, rounded once: a pre-norm block
+  // adds its residual stream's gradient in the same pass.
   absl::Status RmsNormBackward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, Tensor& dx,
-                               Tensor& dw);
+                               Tensor& dw, const Tensor* add = nullptr);
   // y = silu(gate) * up, elementwise over equal shapes.
   absl::Status SwiGluForward(const Tensor& gate, const Tensor& up, Tensor& y);
   absl::Status SwiGluBackward(const Tensor& dy, const Tensor& gate, const Tensor& up, Tensor& dgate, Tensor& dup);
   // c = alpha * op(a) @ op(b) + beta * c, row-major 2-D; op transposes when t* is set.
   // f32 x f32 -> f32, or bf16 x bf16 -> bf16 or f32 (weight gradients accumulated into
-  // f32 main gradients), with f32 accumulation.
-  absl::Status Gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c, float alpha = 1.f, float beta = 0.f);
+  // f32 main gradients), with f32 accumulation. With c_in (c's shape and dtype; c is then
+  // only written): c = alpha * op(a) @ op(b) + beta * c_in — a residual added in the GEMM.
+  absl::Status Gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c, float alpha = 1.f, float beta = 0.f,
+                    const Tensor* c_in = nullptr);
   // Vocab-parallel embedding: table [rows, hidden] holds ids [vocab_start, vocab_start+rows);
   // ids [n] i32; out [n, hidden] (zeros for ids outside the shard); dtable f32 [rows, hidden].
   absl::Status EmbeddingForward(const Tensor& ids, const Tensor& table, int64_t vocab_start, Tensor& out);
@@ -182,11 +186,12 @@ class Backend {
                                 int64_t rows) = 0;
   virtual absl::Status DoRmsNormForward(const Tensor& x, const Tensor& w, float eps, Tensor& y, Tensor& rstd) = 0;
   virtual absl::Status DoRmsNormBackward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
-                                         Tensor& dx, Tensor& dw) = 0;
+                                         Tensor& dx, Tensor& dw, const Tensor* add) = 0;
   virtual absl::Status DoSwiGluForward(const Tensor& gate, const Tensor& up, Tensor& y) = 0;
   virtual absl::Status DoSwiGluBackward(const Tensor& dy, const Tensor& gate, const Tensor& up, Tensor& dgate,
                                         Tensor& dup) = 0;
-  virtual absl::Status DoGemm(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c, float alpha, float beta) = 0;
+  virtual absl::Status DoGemm(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c, float alpha, float beta,
+                              const Tensor* c_in) = 0;
   virtual absl::Status DoEmbeddingForward(const Tensor& ids, const Tensor& table, int64_t vocab_start, Tensor& out) = 0;
   virtual absl::Status DoEmbeddingBackward(const Tensor& ids, const Tensor& dout, int64_t vocab_start, Tensor& dtable) = 0;
   virtual absl::Status DoRope(const Tensor& x, const Tensor& positions, float base, Tensor& y, float sign) = 0;

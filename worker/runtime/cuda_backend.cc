@@ -196,9 +196,10 @@ class CudaBackend final : public Backend {
                                        x.dtype(), stream_);
   }
   absl::Status DoRmsNormBackward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, Tensor& dx,
-                                 Tensor& dw) override {
+                                 Tensor& dw, const Tensor* add) override {
     return kernels::RmsNormBackwardCuda(dy.data(), x.data(), w.data(), rstd.data_as<float>(), dx.data(),
-                                        dw.data_as<float>(), x.dim(0), x.dim(1), x.dtype(), stream_);
+                                        dw.data_as<float>(), x.dim(0), x.dim(1), x.dtype(), stream_,
+                                        add != nullptr ? add->data() : nullptr);
   }
   absl::Status DoSwiGluForward(const Tensor& g, const Tensor& u, Tensor& y) override {
     return kernels::SwiGluForwardCuda(g.data(), u.data(), y.data(), g.numel(), g.dtype(), stream_);
@@ -206,10 +207,11 @@ class CudaBackend final : public Backend {
   absl::Status DoSwiGluBackward(const Tensor& dy, const Tensor& g, const Tensor& u, Tensor& dg, Tensor& du) override {
     return kernels::SwiGluBackwardCuda(dy.data(), g.data(), u.data(), dg.data(), du.data(), g.numel(), g.dtype(), stream_);
   }
-  absl::Status DoGemm(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c, float alpha, float beta) override {
+  absl::Status DoGemm(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c, float alpha, float beta,
+                      const Tensor* c_in) override {
     int64_t m = c.dim(0), n = c.dim(1), k = ta ? a.dim(0) : a.dim(1);
     return kernels::GemmCuda(a.data(), ta, b.data(), tb, c.data(), m, n, k, alpha, beta, a.dtype(), c.dtype(), lt_, workspace_,
-                             kWorkspace, stream_);
+                             kWorkspace, stream_, c_in != nullptr ? c_in->data() : nullptr);
   }
   absl::Status DoEmbeddingForward(const Tensor& ids, const Tensor& table, int64_t vs, Tensor& out) override {
     return kernels::EmbeddingForwardCuda(ids.data_as<int32_t>(), table.data(), out.data(), ids.dim(0), table.dim(0),
