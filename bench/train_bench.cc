@@ -62,15 +62,20 @@ struct Result {
   std::vector<double> losses;
   std::vector<double> pipeline_s, busy_s;  // per timed step (pipelines)
   double dp_wait_s = 0;                     // summed over timed steps (StepStats::dp_wait_s)
+  // The DP communicator's host time (enqueue, + completion of host collectives) and calls,
+  // summed over timed steps: a slow enqueue can starve the GPU where the host is not ahead.
+  double dp_host_s = 0, dp_calls = 0;
   double seconds = 0, peak_gib = 0;
 };
 
-// A rank's result through a pipe to the parent: "<code> <seconds> <peak> <dp wait>", the
+// A rank's result through a pipe to the parent: "<code> <seconds> <peak> <dp wait> <dp host>
+// <dp calls>", the
 // three series (count, values), then the status message.
 std::string Encode(const Result& r) {
   std::ostringstream o;
   o.precision(17);
-  o << static_cast<int>(r.status.code()) << ' ' << r.seconds << ' ' << r.peak_gib << ' ' << r.dp_wait_s;
+  o << static_cast<int>(r.status.code()) << ' ' << r.seconds << ' ' << r.peak_gib << ' ' << r.dp_wait_s << ' '
+    << r.dp_host_s << ' ' << r.dp_calls;
   for (const auto* v : {&r.losses, &r.pipeline_s, &r.busy_s}) {
     o << ' ' << v->size();
     for (double x : *v) o << ' ' << x;
@@ -83,7 +88,7 @@ Result Decode(const std::string& text, int rank) {
   Result r;
   std::istringstream in(text);
   int code = -1;
-  in >> code >> r.seconds >> r.peak_gib >> r.dp_wait_s;
+  in >> code >> r.seconds >> r.peak_gib >> r.dp_wait_s >> r.dp_host_s >> r.dp_calls;
   for (auto* v : {&r.losses, &r.pipeline_s, &r.busy_s}) {
     size_t n = 0;
     in >> n;
@@ -137,10 +142,12 @@ void RunRank(const model::LlamaConfig& c, int device, comm::Communicator* tp, co
     for (int64_t i = 0; i < seq; ++i) b.positions.push_back(static_cast<int32_t>(i));
   }
   std::chrono::steady_clock::time_point t0;
+  comm::CommStats dp0;
   for (int64_t s = 0; s < warmup + steps; ++s) {
     if (s == warmup) {
       (*be)->allocator()->ResetPeak();
       t0 = std::chrono::steady_clock::now();
+      if (dp != nullptr) dp0 = dp->stats();
     }
     nvtxRangePushA(s >= warmup ? "timed step" : "warmup step");  // for bench/nsys_gaps.py
     const uint64_t begin = trace != nullptr ? trace->Now() : 0;
@@ -153,6 +160,8 @@ void RunRank(const model::LlamaConfig& c, int device, comm::Communicator* tp, co
     if (s >= warmup) out.dp_wait_s += st->dp_wait_s;
   }
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (dp != nullptr)
+    out.dp_host_s = dp->stats().seconds - dp0.seconds, out.dp_calls = double(dp->stats().calls - dp0.calls);
   out.peak_gib = (*be)->allocator()->stats().peak_bytes / double(1 << 30);
 }
 
@@ -279,7 +288,7 @@ int main(int argc, char** argv) {
   }
   std::system(absl::StrCat("rm -rf ", dir).c_str());
   for (int r = 0; r < world; ++r) results[r] = Decode(text[r], r);
-  double secs = 0, peak = 0, dp_wait = 0;
+  double secs = 0, peak = 0, dp_wait = 0, dp_host = 0, dp_calls = 0;
   bool failed = false;
   for (int r = 0; r < world; ++r)
     if (!results[r].status.ok()) {
@@ -290,6 +299,7 @@ int main(int argc, char** argv) {
   for (int r = 0; r < world; ++r) {
     secs = std::max(secs, results[r].seconds), peak = std::max(peak, results[r].peak_gib);
     dp_wait = std::max(dp_wait, results[r].dp_wait_s);
+    dp_host = std::max(dp_host, results[r].dp_host_s), dp_calls = std::max(dp_calls, results[r].dp_calls);
   }
   const std::vector<double>& losses = results[world - 1].losses;  // every rank has the loss
   // The bubble of each timed step over the first pipeline (tp rank 0, dp rank 0).
@@ -313,12 +323,13 @@ int main(int argc, char** argv) {
   printf("{\"impl\": \"tessera\", \"dtype\": \"%s\", \"tp\": %d, \"dp\": %d, \"pp\": %d, \"vpp\": %d, \"schedule\": \"%s\", "
          "\"bubble\": %.4f, \"bubble_ideal\": %.4f, \"stage_ms_busy_ms\": [%s], \"zero\": %d, \"sp\": %d, \"params\": %lld, "
          "\"seq\": %lld, \"micro\": %lld, \"steps\": %lld, \"step_ms\": %.2f, \"tokens_per_s\": %.1f, \"tflops\": %.2f, "
-         "\"tflops_per_gpu\": %.2f, \"peak_gib\": %.2f, \"dp_wait_ms\": %.2f, \"early_embedding\": %d, \"comm_priority\": \"%s\", \"grad_reduce\": \"%s\", "
+         "\"tflops_per_gpu\": %.2f, \"peak_gib\": %.2f, \"dp_wait_ms\": %.2f, \"dp_host_ms\": %.2f, \"dp_calls\": %.0f, \"early_embedding\": %d, \"comm_priority\": \"%s\", \"grad_reduce\": \"%s\", "
          "\"last_stage_layers\": %d, \"stage_layers\": [%s], \"losses\": [",
          runtime::DTypeName(c.dtype), tp, dp, pp, l.vpp, l.schedule == engine::Schedule::kGPipe ? "gpipe" : "1f1b", bubble,
          pp > 1 ? double(pp - 1) / (l.vpp * micro) : 0.0, stages.c_str(), zero, sp ? 1 : 0, static_cast<long long>(c.NumParams()),
          static_cast<long long>(seq), static_cast<long long>(micro), static_cast<long long>(steps), 1e3 * secs / steps,
-         tokens / secs, flops / secs / 1e12, flops / secs / 1e12 / world, peak, 1e3 * dp_wait / steps,
+         tokens / secs, flops / secs / 1e12, flops / secs / 1e12 / world, peak, 1e3 * dp_wait / steps, 1e3 * dp_host / steps,
+         dp_calls / steps,
          l.early_embedding ? 1 : 0, comm_high_priority ? "high" : "normal",
          l.grad_reduce_bf16 ? "bf16" : "f32", l.last_stage_layers, absl::StrJoin(l.stage_layers, ", ").c_str());
   for (size_t i = 0; i < losses.size(); ++i) printf("%s%.4f", i ? ", " : "", losses[i]);

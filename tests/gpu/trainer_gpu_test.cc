@@ -132,7 +132,12 @@ TEST_P(TrainerGpuTest, EqualsOneRank) {
   const Trace cpu_bf16 = test::RunLayout(single, bf16c, none, cpu, gentle)[0];
   const std::vector<Trace> one_bf16 = {OneGpu(single, runtime::DType::kBF16, true, nccl, gpu)};
   test::Tolerance bf16_tol;
-  bf16_tol.loss = 5e-3, bf16_tol.norm = 5e-2, bf16_tol.weight = 5e-2, bf16_tol.key_bias = 1, bf16_tol.bias = 1;
+  // The key bias's true gradient is zero (softmax ignores a per-query constant): in bf16
+  // each run's value is its own rounding noise blown up to AdamW steps, two independent
+  // vectors of one size, whose relative difference is ~1.4 in expectation (session 15,
+  // pp2_1f1b against the CPU in bf16: 1.04). 2 (|a - b| <= |a| + |b|) checks that the
+  // sizes stay alike.
+  bf16_tol.loss = 5e-3, bf16_tol.norm = 5e-2, bf16_tol.weight = 5e-2, bf16_tol.key_bias = 2, bf16_tol.bias = 1;
   auto vs_cpu = test::ExpectSameAsOneRank(single, one_bf16, cpu_bf16, bf16_tol);
   auto vs_f32 = test::ExpectSameAsOneRank(single, one_bf16, oracle_gentle, bf16_tol);
   auto bf16 = test::ExpectSameAsOneRank(l, test::RunLayoutInProcesses(l, bf16c, nccl, gpu, gentle), one_bf16[0], bf16_tol);

@@ -47,10 +47,12 @@ ncclRedOp_t ToNccl(ReduceOp op) { return op == ReduceOp::kSum ? ncclSum : op == 
 
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(std::string name, int rank, int size, ncclComm_t comm, cudaStream_t stream, int device,
-                   int64_t timeout_ms, bool trace)
-      : Communicator(std::move(name), rank, size), comm_(comm), stream_(stream), device_(device), timeout_ms_(timeout_ms),
-        trace_(trace) {}
+  // boot: the non-blocking communicator made at init (splits under a deadline); comm: the
+  // blocking one split from it that runs the collectives (NewNcclCommunicator says why).
+  NcclCommunicator(std::string name, int rank, int size, ncclComm_t boot, ncclComm_t comm, cudaStream_t stream,
+                   int device, int64_t timeout_ms, bool trace)
+      : Communicator(std::move(name), rank, size), boot_(boot), comm_(comm), stream_(stream), device_(device),
+        timeout_ms_(timeout_ms), trace_(trace) {}
   // The priority of the link streams made later (stream_ is made with it by the caller).
   void set_stream_priority(int p) { stream_priority_ = p; }
   void Trace(const char* op, int peer, int tag) {
@@ -62,7 +64,7 @@ class NcclCommunicator final : public Communicator {
       if (!aborted_) ncclCommDestroy(link.comm);
       cudaStreamDestroy(link.stream);
     }
-    if (!aborted_) ncclCommDestroy(comm_);
+    if (!aborted_) ncclCommDestroy(comm_), ncclCommDestroy(boot_);
     if (before_) cudaEventDestroy(before_);
     if (after_) cudaEventDestroy(after_);
     if (host_dev_) cudaFreeAsync(host_dev_, stream_);  // released once stream_ drains
@@ -120,6 +122,7 @@ class NcclCommunicator final : public Communicator {
     if (aborted_.exchange(true)) return;
     for (auto& [key, link] : links_) ncclCommAbort(link.comm);
     ncclCommAbort(comm_);
+    ncclCommAbort(boot_);
   }
 
  protected:
@@ -148,7 +151,7 @@ class NcclCommunicator final : public Communicator {
     uint64_t last_seq = 0;
   };
   // Every link between ring neighbours (src -> src ± 1 mod size) for each of the 4 tags,
-  // split from this communicator by every rank in one fixed order at the first tagged
+  // split from the boot communicator by every rank in one fixed order at the first tagged
   // operation (before any rank can block on one: a pipeline's first tagged operation
   // comes before its first host wait).
   absl::Status MakeLinks() {
@@ -165,9 +168,9 @@ class NcclCommunicator final : public Communicator {
           cfg.blocking = 1;  // the links' calls only enqueue; the watchdog aborts them with the parent
           // A non-blocking parent splits in the background and fills the handle when done.
           volatile ncclComm_t child = nullptr;
-          ncclResult_t r = ncclCommSplit(comm_, in ? 0 : NCCL_SPLIT_NOCOLOR, me == src ? 0 : 1,
+          ncclResult_t r = ncclCommSplit(boot_, in ? 0 : NCCL_SPLIT_NOCOLOR, me == src ? 0 : 1,
                                          const_cast<ncclComm_t*>(&child), &cfg);
-          if (absl::Status s = CheckOn(comm_, r); !s.ok()) return s;
+          if (absl::Status s = CheckOn(boot_, r); !s.ok()) return s;
           // The split is a collective of the parent, and a non-blocking parent takes no new
           // call before it completes: every rank — in this link or not — waits for it
           // here. (Ranks outside a link used to go straight to the next split: with pp 4
@@ -176,13 +179,13 @@ class NcclCommunicator final : public Communicator {
           const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms_);
           ncclResult_t parent = ncclInProgress;
           while (true) {
-            ncclCommGetAsyncError(comm_, &parent);
+            ncclCommGetAsyncError(boot_, &parent);
             if (parent != ncclInProgress || std::chrono::steady_clock::now() >= deadline) break;
             std::this_thread::sleep_for(std::chrono::microseconds(100));
           }
           if (parent == ncclInProgress)
             return absl::DeadlineExceededError(absl::StrCat("ncclCommSplit did not complete within ", timeout_ms_, " ms"));
-          if (absl::Status s = CheckOn(comm_, parent); !s.ok()) return s;
+          if (absl::Status s = CheckOn(boot_, parent); !s.ok()) return s;
           if (!in) continue;
           while (child == nullptr && std::chrono::steady_clock::now() < deadline)
             std::this_thread::sleep_for(std::chrono::microseconds(100));
@@ -411,7 +414,8 @@ class NcclCommunicator final : public Communicator {
   }
 
  private:
-  ncclComm_t comm_;
+  ncclComm_t boot_;  // non-blocking: the links are split from it
+  ncclComm_t comm_;  // blocking: every collective and untagged send/receive
   cudaStream_t stream_;
   int device_;
   int64_t timeout_ms_;
@@ -468,13 +472,52 @@ absl::StatusOr<std::unique_ptr<Communicator>> MakeNcclCommunicator(const std::st
     ncclCommGetAsyncError(comm, &r);
   }
   if (r != ncclSuccess) return fail(absl::StrCat("ncclCommInitRankConfig: ", ncclGetErrorString(r)));
+  // The collectives run on a blocking communicator split from the non-blocking one. On a
+  // non-blocking communicator NCCL launches every group (each lone collective is one) from
+  // a thread it creates for that call, and the caller polls until it is done: ~0.36 ms of
+  // host time per collective (2x H200, session 15: 54 ms a step for dp2's 151 calls),
+  // enough to starve the GPU where the host is not far ahead (the last micro-batch's
+  // per-block reductions). The init stays non-blocking, so a peer that never comes is a
+  // timeout, not a hang; splits (the links too) go through it for the same reason. A
+  // blocking enqueue does not wait for peers; a collective stuck on the GPU is the
+  // watchdog's (Synchronize), which aborts both — what PyTorch's blocking default does.
+  ncclComm_t work = nullptr;
+  {
+    ncclConfig_t wcfg = NCCL_CONFIG_INITIALIZER;
+    wcfg.blocking = 1;
+    wcfg.commName = name.c_str();
+    volatile ncclComm_t child = nullptr;  // filled by the background split
+    r = ncclCommSplit(comm, 0, rank, const_cast<ncclComm_t*>(&child), &wcfg);
+    while (r == ncclInProgress && std::chrono::steady_clock::now() <= deadline) {
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+      ncclCommGetAsyncError(comm, &r);
+    }
+    while (r == ncclSuccess && child == nullptr && std::chrono::steady_clock::now() <= deadline)
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    if (r == ncclSuccess && child != nullptr) {  // the child's own initialization
+      ncclCommGetAsyncError(child, &r);
+      while (r == ncclInProgress && std::chrono::steady_clock::now() <= deadline) {
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+        ncclCommGetAsyncError(child, &r);
+      }
+    }
+    if (r != ncclSuccess || child == nullptr) {
+      if (child != nullptr) ncclCommAbort(child);
+      ncclCommAbort(comm);
+      return fail(r == ncclSuccess || r == ncclInProgress
+                      ? absl::StrCat("ncclCommSplit (the blocking communicator) did not finish within ", opts.timeout_ms, " ms")
+                      : absl::StrCat("ncclCommSplit (the blocking communicator): ", ncclGetErrorString(r)));
+    }
+    work = child;
+  }
   cudaStream_t stream;
   int least = 0, greatest = 0;  // CUDA: a lower number is a higher priority
   if (opts.high_priority) cudaDeviceGetStreamPriorityRange(&least, &greatest);
   const int priority = opts.high_priority ? greatest : 0;
   if (auto e = cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking, priority); e != cudaSuccess)
     return fail(absl::StrCat("cudaStreamCreate: ", cudaGetErrorString(e)));
-  auto c = std::make_unique<NcclCommunicator>(name, rank, size, comm, stream, opts.device, opts.timeout_ms, opts.trace);
+  auto c = std::make_unique<NcclCommunicator>(name, rank, size, comm, work, stream, opts.device, opts.timeout_ms,
+                                              opts.trace);
   c->set_stream_priority(priority);
   return std::unique_ptr<Communicator>(std::move(c));
 }
