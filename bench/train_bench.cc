@@ -62,20 +62,21 @@ struct Result {
   std::vector<double> losses;
   std::vector<double> pipeline_s, busy_s;  // per timed step (pipelines)
   double dp_wait_s = 0;                     // summed over timed steps (StepStats::dp_wait_s)
-  // The DP communicator's host time (enqueue, + completion of host collectives) and calls,
-  // summed over timed steps: a slow enqueue can starve the GPU where the host is not ahead.
-  double dp_host_s = 0, dp_calls = 0;
+  // The DP communicator's host time in device collectives (their enqueue) and in host
+  // collectives (which wait for the group's stream), and its calls, summed over timed
+  // steps: a slow enqueue can starve the GPU where the host is not ahead.
+  double dp_host_s = 0, dp_host_op_s = 0, dp_calls = 0;
   double seconds = 0, peak_gib = 0;
 };
 
 // A rank's result through a pipe to the parent: "<code> <seconds> <peak> <dp wait> <dp host>
-// <dp calls>", the
+// <dp host ops> <dp calls>", the
 // three series (count, values), then the status message.
 std::string Encode(const Result& r) {
   std::ostringstream o;
   o.precision(17);
   o << static_cast<int>(r.status.code()) << ' ' << r.seconds << ' ' << r.peak_gib << ' ' << r.dp_wait_s << ' '
-    << r.dp_host_s << ' ' << r.dp_calls;
+    << r.dp_host_s << ' ' << r.dp_host_op_s << ' ' << r.dp_calls;
   for (const auto* v : {&r.losses, &r.pipeline_s, &r.busy_s}) {
     o << ' ' << v->size();
     for (double x : *v) o << ' ' << x;
@@ -88,7 +89,7 @@ Result Decode(const std::string& text, int rank) {
   Result r;
   std::istringstream in(text);
   int code = -1;
-  in >> code >> r.seconds >> r.peak_gib >> r.dp_wait_s >> r.dp_host_s >> r.dp_calls;
+  in >> code >> r.seconds >> r.peak_gib >> r.dp_wait_s >> r.dp_host_s >> r.dp_host_op_s >> r.dp_calls;
   for (auto* v : {&r.losses, &r.pipeline_s, &r.busy_s}) {
     size_t n = 0;
     in >> n;
@@ -161,7 +162,9 @@ void RunRank(const model::LlamaConfig& c, int device, comm::Communicator* tp, co
   }
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (dp != nullptr)
-    out.dp_host_s = dp->stats().seconds - dp0.seconds, out.dp_calls = double(dp->stats().calls - dp0.calls);
+    out.dp_host_op_s = dp->stats().host_op_seconds - dp0.host_op_seconds,
+    out.dp_host_s = dp->stats().seconds - dp0.seconds - out.dp_host_op_s,
+    out.dp_calls = double(dp->stats().calls - dp0.calls);
   out.peak_gib = (*be)->allocator()->stats().peak_bytes / double(1 << 30);
 }
 
@@ -288,7 +291,7 @@ int main(int argc, char** argv) {
   }
   std::system(absl::StrCat("rm -rf ", dir).c_str());
   for (int r = 0; r < world; ++r) results[r] = Decode(text[r], r);
-  double secs = 0, peak = 0, dp_wait = 0, dp_host = 0, dp_calls = 0;
+  double secs = 0, peak = 0, dp_wait = 0, dp_host = 0, dp_host_op = 0, dp_calls = 0;
   bool failed = false;
   for (int r = 0; r < world; ++r)
     if (!results[r].status.ok()) {
@@ -300,6 +303,7 @@ int main(int argc, char** argv) {
     secs = std::max(secs, results[r].seconds), peak = std::max(peak, results[r].peak_gib);
     dp_wait = std::max(dp_wait, results[r].dp_wait_s);
     dp_host = std::max(dp_host, results[r].dp_host_s), dp_calls = std::max(dp_calls, results[r].dp_calls);
+    dp_host_op = std::max(dp_host_op, results[r].dp_host_op_s);
   }
   const std::vector<double>& losses = results[world - 1].losses;  // every rank has the loss
   // The bubble of each timed step over the first pipeline (tp rank 0, dp rank 0).
@@ -323,13 +327,13 @@ int main(int argc, char** argv) {
   printf("{\"impl\": \"tessera\", \"dtype\": \"%s\", \"tp\": %d, \"dp\": %d, \"pp\": %d, \"vpp\": %d, \"schedule\": \"%s\", "
          "\"bubble\": %.4f, \"bubble_ideal\": %.4f, \"stage_ms_busy_ms\": [%s], \"zero\": %d, \"sp\": %d, \"params\": %lld, "
          "\"seq\": %lld, \"micro\": %lld, \"steps\": %lld, \"step_ms\": %.2f, \"tokens_per_s\": %.1f, \"tflops\": %.2f, "
-         "\"tflops_per_gpu\": %.2f, \"peak_gib\": %.2f, \"dp_wait_ms\": %.2f, \"dp_host_ms\": %.2f, \"dp_calls\": %.0f, \"early_embedding\": %d, \"comm_priority\": \"%s\", \"grad_reduce\": \"%s\", "
+         "\"tflops_per_gpu\": %.2f, \"peak_gib\": %.2f, \"dp_wait_ms\": %.2f, \"dp_enqueue_ms\": %.2f, \"dp_host_ops_ms\": %.2f, \"dp_calls\": %.0f, \"early_embedding\": %d, \"comm_priority\": \"%s\", \"grad_reduce\": \"%s\", "
          "\"last_stage_layers\": %d, \"stage_layers\": [%s], \"losses\": [",
          runtime::DTypeName(c.dtype), tp, dp, pp, l.vpp, l.schedule == engine::Schedule::kGPipe ? "gpipe" : "1f1b", bubble,
          pp > 1 ? double(pp - 1) / (l.vpp * micro) : 0.0, stages.c_str(), zero, sp ? 1 : 0, static_cast<long long>(c.NumParams()),
          static_cast<long long>(seq), static_cast<long long>(micro), static_cast<long long>(steps), 1e3 * secs / steps,
          tokens / secs, flops / secs / 1e12, flops / secs / 1e12 / world, peak, 1e3 * dp_wait / steps, 1e3 * dp_host / steps,
-         dp_calls / steps,
+         1e3 * dp_host_op / steps, dp_calls / steps,
          l.early_embedding ? 1 : 0, comm_high_priority ? "high" : "normal",
          l.grad_reduce_bf16 ? "bf16" : "f32", l.last_stage_layers, absl::StrJoin(l.stage_layers, ", ").c_str());
   for (size_t i = 0; i < losses.size(); ++i) printf("%s%.4f", i ? ", " : "", losses[i]);

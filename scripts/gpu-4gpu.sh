@@ -42,7 +42,7 @@ for r in rows:
     per = r["tokens_per_s"] / gpus
     if gpus == 1: base = per  # each 1-GPU run is the base of the runs after it
     name = f"tp{r['tp']} dp{r['dp']} pp{r.get('pp', 1)} vpp{r.get('vpp', 1)} m{r.get('micro')}"
-    extra = f"  bubble {r['bubble']:.3f} (ideal {r['bubble_ideal']:.3f})" if r.get("pp", 1) > 1 else f"  dp wait {r.get('dp_wait_ms', 0):.2f} ms, host {r.get('dp_host_ms', 0):.2f} ms / {r.get('dp_calls', 0):.0f} calls"
+    extra = f"  bubble {r['bubble']:.3f} (ideal {r['bubble_ideal']:.3f})" if r.get("pp", 1) > 1 else f"  dp wait {r.get('dp_wait_ms', 0):.2f} ms, enqueue {r.get('dp_enqueue_ms', 0):.2f} ms + host ops {r.get('dp_host_ops_ms', 0):.2f} ms / {r.get('dp_calls', 0):.0f} calls"
     if r.get("last_stage_layers"): name += f" last {r['last_stage_layers']}"
     if r.get("stage_layers"): name += " layers " + ",".join(map(str, r["stage_layers"]))
     if r.get("early_embedding") == 0: name += " early-embedding 0"

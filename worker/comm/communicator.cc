@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace tessera::comm {
@@ -21,7 +22,9 @@ absl::Status Communicator::Run(const char* op, size_t bytes, F&& f) {
   absl::Status s = f();
   stats_.calls++;
   stats_.bytes += bytes;
-  stats_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  stats_.seconds += dt;
+  if (absl::EndsWith(op, "_host")) stats_.host_op_seconds += dt;
   return Describe(s, op);
 }
 

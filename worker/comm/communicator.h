@@ -32,6 +32,9 @@ struct CommStats {
   uint64_t calls = 0;
   uint64_t bytes = 0;
   double seconds = 0;  // host-observed time of enqueue (+ completion for blocking backends)
+  // Of `seconds`: the host collectives (AllReduceHost, AllGatherHost), which return with the
+  // values and so wait for whatever the group's stream holds before them.
+  double host_op_seconds = 0;
 };
 
 class Communicator {

@@ -65,7 +65,10 @@ TEST(Gloo, CollectivesGiveExactResults) {
     EXPECT_EQ(sum, 0x4040);  // 3.0
     // Host values (the trainer's token counts and ids), in place too.
     int64_t tokens = 10 + r;
+    const CommStats before = c.stats();
     ASSERT_TRUE(c.AllReduceHost(&tokens, &tokens, 1, DType::kI64, ReduceOp::kSum).ok());
+    EXPECT_GT(c.stats().host_op_seconds, before.host_op_seconds);  // host collectives are counted apart
+    EXPECT_NEAR(c.stats().seconds - before.seconds, c.stats().host_op_seconds - before.host_op_seconds, 1e-9);
     EXPECT_EQ(tokens, 33);
     std::vector<int32_t> ids(3 * 2, -1);
     ASSERT_TRUE(c.AllGatherHost(mine.data(), ids.data(), 2, DType::kI32).ok());
