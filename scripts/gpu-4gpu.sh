@@ -47,6 +47,7 @@ for r in rows:
     if r.get("stage_layers"): name += " layers " + ",".join(map(str, r["stage_layers"]))
     if r.get("early_embedding") == 0: name += " early-embedding 0"
     if r.get("comm_priority") == "high": name += " comm-priority high"
+    if r.get("nccl_blocking") == 0: name += " nccl-nonblocking"
     if r.get("grad_reduce") == "bf16": name += " grad-reduce bf16"
     if r.get("env"): name = r["env"] + " " + name
     eff = f"{per / base:.1%}" if base and r.get("pp", 1) == 1 else ""

@@ -64,7 +64,10 @@ class NcclCommunicator final : public Communicator {
       if (!aborted_) ncclCommDestroy(link.comm);
       cudaStreamDestroy(link.stream);
     }
-    if (!aborted_) ncclCommDestroy(comm_), ncclCommDestroy(boot_);
+    if (!aborted_) {
+      ncclCommDestroy(comm_);
+      if (boot_ != comm_) ncclCommDestroy(boot_);
+    }
     if (before_) cudaEventDestroy(before_);
     if (after_) cudaEventDestroy(after_);
     if (host_dev_) cudaFreeAsync(host_dev_, stream_);  // released once stream_ drains
@@ -122,7 +125,7 @@ class NcclCommunicator final : public Communicator {
     if (aborted_.exchange(true)) return;
     for (auto& [key, link] : links_) ncclCommAbort(link.comm);
     ncclCommAbort(comm_);
-    ncclCommAbort(boot_);
+    if (boot_ != comm_) ncclCommAbort(boot_);
   }
 
  protected:
@@ -481,8 +484,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> MakeNcclCommunicator(const std::st
   // timeout, not a hang; splits (the links too) go through it for the same reason. A
   // blocking enqueue does not wait for peers; a collective stuck on the GPU is the
   // watchdog's (Synchronize), which aborts both — what PyTorch's blocking default does.
-  ncclComm_t work = nullptr;
-  {
+  ncclComm_t work = comm;  // !blocking_collectives: the init communicator does everything
+  if (opts.blocking_collectives) {
     ncclConfig_t wcfg = NCCL_CONFIG_INITIALIZER;
     wcfg.blocking = 1;
     wcfg.commName = name.c_str();

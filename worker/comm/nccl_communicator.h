@@ -42,6 +42,10 @@ struct NcclOptions {
   // starved of SMs (PyTorch's FSDP2 makes its collective streams high-priority too).
   // Off by default until measured (train_bench --comm-priority high).
   bool high_priority = false;
+  // Collectives on a blocking communicator split from the non-blocking init one (the
+  // default; MakeNcclCommunicator says why), or on the non-blocking one itself (for A/B
+  // measurements: train_bench --nccl-nonblocking).
+  bool blocking_collectives = true;
 };
 
 absl::StatusOr<std::unique_ptr<Communicator>> MakeNcclCommunicator(const std::string& name, const std::string& key,
