@@ -18,24 +18,10 @@ using runtime::DType;
 using runtime::Tensor;
 
 using internal::Linear;
+using internal::LinearBackward;
 using internal::New;
 
 namespace {
-// dW += dy^T x; dx = dy W + beta_dx dx.
-absl::Status LinearBackward(Backend& b, const Tensor& dy, const Tensor& x, Param& w, Tensor& dx, float beta_dx) {
-  TESSERA_RETURN_IF_ERROR(b.Gemm(dy, true, x, false, w.grad, 1.f, 1.f));
-  return b.Gemm(dy, false, w.weight(), false, dx, 1.f, beta_dx);
-}
-// y [T, n] += bias [n] (broadcast over rows: ones [T, 1] x bias [1, n]).
-absl::Status AddBias(Backend& b, const Tensor& ones, const Param& bias, Tensor& y) {
-  TESSERA_ASSIGN_OR_RETURN(Tensor row, bias.weight().Reshape({1, bias.weight().numel()}));
-  return b.Gemm(ones, false, row, false, y, 1.f, 1.f);
-}
-// dbias [n] += column sums of dy [T, n].
-absl::Status BiasBackward(Backend& b, const Tensor& ones, const Tensor& dy, Param& bias) {
-  TESSERA_ASSIGN_OR_RETURN(Tensor row, bias.grad.Reshape({1, bias.grad.numel()}));
-  return b.Gemm(ones, true, dy, false, row, 1.f, 1.f);
-}
 uint64_t NameHash(const std::string& s) {  // FNV-1a
   uint64_t h = 1469598103934665603ull;
   for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
@@ -357,139 +343,6 @@ absl::StatusOr<Tensor> Llama::LeaveTp(Tensor& partial) {
   TESSERA_RETURN_IF_ERROR(
       tp_->ReduceScatter(partial.data(), local.data(), local.numel(), partial.dtype(), comm::ReduceOp::kSum));
   return local;
-}
-
-absl::Status Llama::LinearResidual(const Tensor& x, const Tensor& w, const Tensor& residual, Tensor& y) {
-  if (tp_ != nullptr) return Linear(*backend_, x, w, y);
-  return backend_->Gemm(x, false, w, true, y, 1.f, 1.f, &residual);
-}
-
-// RMSNorm backward; the weight gradient is summed over TP under SP (each rank saw its
-// own tokens) before it is accumulated.
-absl::Status Llama::NormBackward(const Tensor& dy, const Tensor& x, Param& w, const Tensor& rstd, Tensor& dx,
-                                 const Tensor* add) {
-  Backend& b = *backend_;
-  TESSERA_ASSIGN_OR_RETURN(Tensor dw, New(b, {w.weight().numel()}));
-  TESSERA_RETURN_IF_ERROR(b.RmsNormBackward(dy, x, w.weight(), rstd, dx, dw, add));
-  if (sp_) TESSERA_RETURN_IF_ERROR(AllReduce(dw));
-  return b.Axpby(1.f, dw, 1.f, w.grad);
-}
-
-// x: this rank's tokens of the residual stream (all tokens without SP).
-absl::Status Llama::LayerForward(const LayerParams& w, const Inputs& in, const Tensor& x, LayerActs& a, Tensor& out,
-                                 const CacheStep* kv) {
-  Backend& b = *backend_;
-  const LlamaConfig& c = config_;
-  const int64_t tl = x.dim(0), t = in.tokens.numel(), d = c.HeadDim(), hq = c.heads / tp_size(),
-                hkv = c.kv_heads / tp_size(), ffn = c.ffn / tp_size();
-  a.x_in = x;
-  TESSERA_ASSIGN_OR_RETURN(a.xn1, New(b, {tl, c.hidden}, act_));
-  TESSERA_ASSIGN_OR_RETURN(a.rstd1, New(b, {tl}));
-  TESSERA_RETURN_IF_ERROR(b.RmsNormForward(x, w.norm1->weight(), c.norm_eps, a.xn1, a.rstd1));
-  TESSERA_ASSIGN_OR_RETURN(a.xn1_full, EnterTp(a.xn1));
-  // Q, K, V projections (+ bias), then RoPE on Q and K.
-  auto project = [&](const Param* wt, const Param* bias, int64_t heads, Tensor& lin) -> absl::Status {
-    TESSERA_ASSIGN_OR_RETURN(lin, New(b, {t, heads * d}, act_));
-    TESSERA_RETURN_IF_ERROR(Linear(b, a.xn1_full, wt->weight(), lin));
-    if (bias != nullptr) TESSERA_RETURN_IF_ERROR(AddBias(b, in.ones, *bias, lin));
-    TESSERA_ASSIGN_OR_RETURN(lin, lin.Reshape({t, heads, d}));
-    return absl::OkStatus();
-  };
-  Tensor q_lin, k_lin;
-  TESSERA_RETURN_IF_ERROR(project(w.wq, w.bq, hq, q_lin));
-  TESSERA_RETURN_IF_ERROR(project(w.wk, w.bk, hkv, k_lin));
-  TESSERA_RETURN_IF_ERROR(project(w.wv, w.bv, hkv, a.v));
-  TESSERA_ASSIGN_OR_RETURN(a.q, New(b, {t, hq, d}, act_));
-  TESSERA_ASSIGN_OR_RETURN(a.k, New(b, {t, hkv, d}, act_));
-  TESSERA_RETURN_IF_ERROR(b.Rope(q_lin, in.positions, c.rope_base, a.q));
-  TESSERA_RETURN_IF_ERROR(b.Rope(k_lin, in.positions, c.rope_base, a.k));
-  TESSERA_ASSIGN_OR_RETURN(a.o, New(b, {t, hq, d}, act_));
-  TESSERA_ASSIGN_OR_RETURN(a.lse, New(b, {t, hq}));
-  if (kv != nullptr)  // generation: this step's keys and values into the cache
-    TESSERA_RETURN_IF_ERROR(b.KvCacheWrite(a.k, a.v, kv->slots, kv->cache->k[kv->layer], kv->cache->v[kv->layer]));
-  if (kv != nullptr && kv->decode != nullptr) {
-    TESSERA_RETURN_IF_ERROR(b.PagedAttention(a.q, kv->cache->k[kv->layer], kv->cache->v[kv->layer], kv->decode->tables,
-                                             kv->decode->lens, a.o, a.lse));
-  } else if (cp_ != nullptr) {
-    TESSERA_RETURN_IF_ERROR(RingAttentionForward(b, *cp_, a.q, a.k, a.v, in.cu_half, a.o, a.lse));
-  } else {
-    TESSERA_RETURN_IF_ERROR(b.AttentionForward(a.q, a.k, a.v, in.cu, /*causal=*/true, a.o, a.lse));
-  }
-  // Output projection (row-parallel: partial sums over this rank's heads) and the first
-  // residual — added in the GEMM's epilogue where there is no TP sum to wait for.
-  TESSERA_ASSIGN_OR_RETURN(Tensor o2, a.o.Reshape({t, hq * d}));
-  TESSERA_ASSIGN_OR_RETURN(Tensor attn, New(b, {t, c.hidden}, act_));
-  TESSERA_RETURN_IF_ERROR(LinearResidual(o2, w.wo->weight(), x, attn));
-  TESSERA_ASSIGN_OR_RETURN(a.x_mid, LeaveTp(attn));
-  if (tp_ != nullptr) TESSERA_RETURN_IF_ERROR(b.Axpby(1.f, x, 1.f, a.x_mid));
-  // MLP and the second residual.
-  TESSERA_ASSIGN_OR_RETURN(a.xn2, New(b, {tl, c.hidden}, act_));
-  TESSERA_ASSIGN_OR_RETURN(a.rstd2, New(b, {tl}));
-  TESSERA_RETURN_IF_ERROR(b.RmsNormForward(a.x_mid, w.norm2->weight(), c.norm_eps, a.xn2, a.rstd2));
-  TESSERA_ASSIGN_OR_RETURN(a.xn2_full, EnterTp(a.xn2));
-  TESSERA_ASSIGN_OR_RETURN(a.gate, New(b, {t, ffn}, act_));
-  TESSERA_ASSIGN_OR_RETURN(a.up, New(b, {t, ffn}, act_));
-  TESSERA_ASSIGN_OR_RETURN(a.act, New(b, {t, ffn}, act_));
-  TESSERA_RETURN_IF_ERROR(Linear(b, a.xn2_full, w.wg->weight(), a.gate));
-  TESSERA_RETURN_IF_ERROR(Linear(b, a.xn2_full, w.wu->weight(), a.up));
-  TESSERA_RETURN_IF_ERROR(b.SwiGluForward(a.gate, a.up, a.act));
-  TESSERA_ASSIGN_OR_RETURN(Tensor mlp, New(b, {t, c.hidden}, act_));
-  TESSERA_RETURN_IF_ERROR(LinearResidual(a.act, w.wd->weight(), a.x_mid, mlp));
-  TESSERA_ASSIGN_OR_RETURN(out, LeaveTp(mlp));  // row-parallel
-  return tp_ != nullptr ? b.Axpby(1.f, a.x_mid, 1.f, out) : absl::OkStatus();
-}
-
-// dx: the gradient of the layer's output on entry, of its input on return (this rank's
-// tokens under SP).
-absl::Status Llama::LayerBackward(const LayerParams& w, const Inputs& in, const LayerActs& a, Tensor& dx) {
-  Backend& b = *backend_;
-  const LlamaConfig& c = config_;
-  const int64_t t = in.tokens.numel(), d = c.HeadDim(), hq = c.heads / tp_size(), hkv = c.kv_heads / tp_size(),
-                ffn = c.ffn / tp_size();
-  // MLP: out = x_mid + down(swiglu(gate(xn2), up(xn2))), xn2 = norm2(x_mid).
-  TESSERA_ASSIGN_OR_RETURN(Tensor dmlp, EnterTp(dx));
-  TESSERA_ASSIGN_OR_RETURN(Tensor dact, New(b, {t, ffn}, act_));
-  TESSERA_RETURN_IF_ERROR(LinearBackward(b, dmlp, a.act, *w.wd, dact, 0.f));
-  TESSERA_ASSIGN_OR_RETURN(Tensor dgate, New(b, {t, ffn}, act_));
-  TESSERA_ASSIGN_OR_RETURN(Tensor dup, New(b, {t, ffn}, act_));
-  TESSERA_RETURN_IF_ERROR(b.SwiGluBackward(dact, a.gate, a.up, dgate, dup));
-  TESSERA_ASSIGN_OR_RETURN(Tensor dxn_full, New(b, {t, c.hidden}, act_));
-  TESSERA_RETURN_IF_ERROR(LinearBackward(b, dgate, a.xn2_full, *w.wg, dxn_full, 0.f));
-  TESSERA_RETURN_IF_ERROR(LinearBackward(b, dup, a.xn2_full, *w.wu, dxn_full, 1.f));
-  TESSERA_ASSIGN_OR_RETURN(Tensor dxn, LeaveTp(dxn_full));  // column-parallel: partial input gradients
-  TESSERA_RETURN_IF_ERROR(NormBackward(dxn, a.x_mid, *w.norm2, a.rstd2, dx, &dx));  // dx = d(x_mid)
-  // Attention: x_mid = x_in + o_proj(attn(rope(q(xn1)), rope(k(xn1)), v(xn1))).
-  TESSERA_ASSIGN_OR_RETURN(Tensor dattn, EnterTp(dx));
-  TESSERA_ASSIGN_OR_RETURN(Tensor o2, a.o.Reshape({t, hq * d}));
-  TESSERA_ASSIGN_OR_RETURN(Tensor do2, New(b, {t, hq * d}, act_));
-  TESSERA_RETURN_IF_ERROR(LinearBackward(b, dattn, o2, *w.wo, do2, 0.f));
-  TESSERA_ASSIGN_OR_RETURN(Tensor do3, do2.Reshape({t, hq, d}));
-  TESSERA_ASSIGN_OR_RETURN(Tensor dq, New(b, {t, hq, d}, act_));
-  TESSERA_ASSIGN_OR_RETURN(Tensor dk, New(b, {t, hkv, d}, act_));
-  TESSERA_ASSIGN_OR_RETURN(Tensor dv, New(b, {t, hkv, d}, act_));
-  if (cp_ != nullptr) {
-    TESSERA_RETURN_IF_ERROR(RingAttentionBackward(b, *cp_, a.q, a.k, a.v, in.cu_half, a.o, do3, a.lse, dq, dk, dv));
-  } else {
-    TESSERA_RETURN_IF_ERROR(b.AttentionBackward(a.q, a.k, a.v, in.cu, true, a.o, do3, a.lse, dq, dk, dv));
-  }
-  // RoPE is a rotation: its backward rotates back.
-  TESSERA_ASSIGN_OR_RETURN(Tensor dq_lin, New(b, {t, hq, d}, act_));
-  TESSERA_ASSIGN_OR_RETURN(Tensor dk_lin, New(b, {t, hkv, d}, act_));
-  TESSERA_RETURN_IF_ERROR(b.Rope(dq, in.positions, c.rope_base, dq_lin, /*inverse=*/true));
-  TESSERA_RETURN_IF_ERROR(b.Rope(dk, in.positions, c.rope_base, dk_lin, /*inverse=*/true));
-  TESSERA_ASSIGN_OR_RETURN(dq_lin, dq_lin.Reshape({t, hq * d}));
-  TESSERA_ASSIGN_OR_RETURN(dk_lin, dk_lin.Reshape({t, hkv * d}));
-  TESSERA_ASSIGN_OR_RETURN(Tensor dv_lin, dv.Reshape({t, hkv * d}));
-  if (c.qkv_bias) {
-    TESSERA_RETURN_IF_ERROR(BiasBackward(b, in.ones, dq_lin, *w.bq));
-    TESSERA_RETURN_IF_ERROR(BiasBackward(b, in.ones, dk_lin, *w.bk));
-    TESSERA_RETURN_IF_ERROR(BiasBackward(b, in.ones, dv_lin, *w.bv));
-  }
-  TESSERA_RETURN_IF_ERROR(LinearBackward(b, dq_lin, a.xn1_full, *w.wq, dxn_full, 0.f));
-  TESSERA_RETURN_IF_ERROR(LinearBackward(b, dk_lin, a.xn1_full, *w.wk, dxn_full, 1.f));
-  TESSERA_RETURN_IF_ERROR(LinearBackward(b, dv_lin, a.xn1_full, *w.wv, dxn_full, 1.f));
-  TESSERA_ASSIGN_OR_RETURN(dxn, LeaveTp(dxn_full));
-  return NormBackward(dxn, a.x_in, *w.norm1, a.rstd1, dx, &dx);  // dx = d(x_in)
 }
 
 absl::StatusOr<LossSum> Llama::Forward(const TokenBatch& batch) { return Run(batch, false, 0.f); }

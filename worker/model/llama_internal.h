@@ -1,5 +1,6 @@
 // Llama's internal structures, shared by its source files (llama.cc: training;
-// llama_generate.cc: the forward over a KV cache). Not part of the model's interface.
+// llama_layer.cc: a decoder layer's forward and backward; llama_generate.cc: the forward
+// over a KV cache). Not part of the model's interface.
 #pragma once
 
 #include <vector>
@@ -16,6 +17,12 @@ inline absl::StatusOr<runtime::Tensor> New(runtime::Backend& b, std::vector<int6
 // y [T, out] = x [T, in] W^T, W [out, in].
 inline absl::Status Linear(runtime::Backend& b, const runtime::Tensor& x, const runtime::Tensor& w, runtime::Tensor& y) {
   return b.Gemm(x, false, w, true, y);
+}
+// dW += dy^T x; dx = dy W + beta_dx dx.
+inline absl::Status LinearBackward(runtime::Backend& b, const runtime::Tensor& dy, const runtime::Tensor& x, Param& w,
+                                   runtime::Tensor& dx, float beta_dx) {
+  if (absl::Status s = b.Gemm(dy, true, x, false, w.grad, 1.f, 1.f); !s.ok()) return s;
+  return b.Gemm(dy, false, w.weight(), false, dx, 1.f, beta_dx);
 }
 }  // namespace internal
 
