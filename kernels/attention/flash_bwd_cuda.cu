@@ -483,7 +483,7 @@ absl::Status Backward(const void* q, const void* k, const void* v, const int32_t
   auto run = [&]() -> absl::Status {
     if (cudaMemsetAsync(dq_acc, 0, acc_n * sizeof(float), s) != cudaSuccess) return LaunchStatus("flash_backward(memset)");
     TESSERA_RETURN_IF_ERROR(BuildTileTable(cu, d.batch, kBc, table, tiles, s, nullptr,
-                                                   d.causal ? TileOrder::kFirstFirst : TileOrder::kLastFirst));
+                                           d.causal ? TileOrder::kFirstFirst : TileOrder::kLastFirst));
     TESSERA_RETURN_IF_ERROR(BuildTileTable(cu, d.batch, kBr, slots, q_slots, s, q_first));
     const dim3 grid(static_cast<unsigned>(q_slots), static_cast<unsigned>(d.q_heads));
     (kBr == 128 ? Prepare<128> : Prepare<64>)<<<grid, 256, 0, s>>>(static_cast<const bf16*>(dout), static_cast<const bf16*>(out), lse, slots, q_first, cu,

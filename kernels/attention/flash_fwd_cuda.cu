@@ -362,7 +362,8 @@ absl::Status Launch(const void* q, const void* k, const void* v, const FwdParams
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem) != cudaSuccess)
     return LaunchStatus("flash_forward(smem attribute)");
   const int64_t tiles = TileCapacity(d, kBr);
-  TESSERA_RETURN_IF_ERROR(BuildTileTable(p.cu, d.batch, kBr, table, tiles, s, nullptr, kCausal ? TileOrder::kPairs : TileOrder::kLastFirst));
+  TESSERA_RETURN_IF_ERROR(BuildTileTable(p.cu, d.batch, kBr, table, tiles, s, nullptr,
+                                         kCausal ? TileOrder::kPairs : TileOrder::kLastFirst));
   // Full attention: persistent, one CTA per multiprocessor (each holds one) taking items
   // round robin (they all cost the same), so each CTA's next Q and K/V load under its
   // last item's tail and epilogue. Causal items differ in cost (tile i of a sequence sees

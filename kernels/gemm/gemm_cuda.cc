@@ -57,8 +57,7 @@ absl::Status GemmCuda(const void* a, bool ta, const void* b, bool tb, void* c, i
     return s;
   if (found == 0) return absl::UnimplementedError(absl::StrCat("cublasLt has no algorithm for gemm m=", m, " n=", n, " k=", k));
   return Lt(api->Matmul(lt, d.op, &alpha, b, d.a, a, d.b, &beta, c_in != nullptr ? c_in : c, d.c, c, d.c, &h.algo,
-                        workspace, workspace_bytes,
-                           static_cast<cudaStream_t>(stream)),
+                        workspace, workspace_bytes, static_cast<cudaStream_t>(stream)),
             "matmul");
 }
 }  // namespace tessera::kernels

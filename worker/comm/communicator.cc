@@ -3,7 +3,6 @@
 #include <chrono>
 #include <cstring>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace tessera::comm {
@@ -15,7 +14,7 @@ absl::Status Communicator::Describe(const absl::Status& s, const char* op) const
 }
 
 template <typename F>
-absl::Status Communicator::Run(const char* op, size_t bytes, F&& f) {
+absl::Status Communicator::Run(const char* op, size_t bytes, F&& f, bool host_op) {
   ++seq_;
   last_op_ = op;
   auto t0 = std::chrono::steady_clock::now();
@@ -24,7 +23,7 @@ absl::Status Communicator::Run(const char* op, size_t bytes, F&& f) {
   stats_.bytes += bytes;
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   stats_.seconds += dt;
-  if (absl::EndsWith(op, "_host")) stats_.host_op_seconds += dt;
+  if (host_op) stats_.host_op_seconds += dt;
   return Describe(s, op);
 }
 
@@ -49,12 +48,14 @@ absl::Status Communicator::AllGather(const void* in, void* out, size_t send_coun
 
 absl::Status Communicator::AllReduceHost(const void* in, void* out, size_t count, DType t, ReduceOp op) {
   if (!in || !out) return Describe(Bad("null buffer"), "all_reduce_host");
-  return Run("all_reduce_host", count * DTypeSize(t), [&] { return DoAllReduceHost(in, out, count, t, op); });
+  return Run("all_reduce_host", count * DTypeSize(t), [&] { return DoAllReduceHost(in, out, count, t, op); },
+             /*host_op=*/true);
 }
 
 absl::Status Communicator::AllGatherHost(const void* in, void* out, size_t send_count, DType t) {
   if (!in || !out) return Describe(Bad("null buffer"), "all_gather_host");
-  return Run("all_gather_host", send_count * size_ * DTypeSize(t), [&] { return DoAllGatherHost(in, out, send_count, t); });
+  return Run("all_gather_host", send_count * size_ * DTypeSize(t), [&] { return DoAllGatherHost(in, out, send_count, t); },
+             /*host_op=*/true);
 }
 
 absl::Status Communicator::Broadcast(void* buf, size_t count, DType t, int root) {

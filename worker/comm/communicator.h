@@ -130,7 +130,7 @@ class Communicator {
 
  private:
   template <typename F>
-  absl::Status Run(const char* op, size_t bytes, F&& f);
+  absl::Status Run(const char* op, size_t bytes, F&& f, bool host_op = false);  // host_op: CommStats::host_op_seconds
   std::string name_;
   int rank_, size_;
   uint64_t seq_ = 0;

@@ -45,10 +45,52 @@ ncclDataType_t ToNccl(DType t) {
 }
 ncclRedOp_t ToNccl(ReduceOp op) { return op == ReduceOp::kSum ? ncclSum : op == ReduceOp::kMax ? ncclMax : ncclMin; }
 
+// Splits a non-blocking `parent` into a blocking child (named `name`, or unnamed when
+// null) under a deadline. The split is a collective of the parent that NCCL completes in
+// the background, and a non-blocking parent takes no new call before it completes, so
+// every rank — one passing NCCL_SPLIT_NOCOLOR too — waits for it here. (Ranks outside a
+// pipeline link used to go straight to the next split: with pp 4 the parent refused it,
+// "Attempt to use communicator before the previous operation returned ncclSuccess", and
+// the link's own ranks waited forever.) Returns the child, or null for NCCL_SPLIT_NOCOLOR.
+absl::StatusOr<ncclComm_t> SplitBlocking(ncclComm_t parent, int color, int key, const char* name, int64_t timeout_ms) {
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  cfg.blocking = 1;
+  if (name != nullptr) cfg.commName = name;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  auto settle = [&](ncclComm_t comm, ncclResult_t r) {
+    while (r == ncclInProgress && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+      ncclCommGetAsyncError(comm, &r);
+    }
+    return r;
+  };
+  auto failed = [&](ncclComm_t comm, ncclResult_t r, const char* what) {
+    if (r == ncclInProgress)
+      return absl::DeadlineExceededError(absl::StrCat("ncclCommSplit ", what, " within ", timeout_ms, " ms"));
+    return absl::UnavailableError(absl::StrCat("NCCL: ", ncclGetErrorString(r), " ", ncclGetLastError(comm)));
+  };
+  volatile ncclComm_t child = nullptr;  // filled in the background
+  ncclResult_t r = settle(parent, ncclCommSplit(parent, color, key, const_cast<ncclComm_t*>(&child), &cfg));
+  if (r != ncclSuccess) return failed(parent, r, "did not complete");
+  if (color == NCCL_SPLIT_NOCOLOR) return nullptr;
+  while (child == nullptr && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  if (child == nullptr)
+    return absl::DeadlineExceededError(absl::StrCat("ncclCommSplit gave no communicator within ", timeout_ms, " ms"));
+  ncclComm_t c = child;
+  ncclCommGetAsyncError(c, &r);  // the child's own initialization
+  if (r = settle(c, r); r != ncclSuccess) {
+    absl::Status s = failed(c, r, "did not initialize the new communicator");
+    ncclCommAbort(c);
+    return s;
+  }
+  return c;
+}
+
 class NcclCommunicator final : public Communicator {
  public:
   // boot: the non-blocking communicator made at init (splits under a deadline); comm: the
-  // blocking one split from it that runs the collectives (NewNcclCommunicator says why).
+  // blocking one split from it that runs the collectives (MakeNcclCommunicator says why).
   NcclCommunicator(std::string name, int rank, int size, ncclComm_t boot, ncclComm_t comm, cudaStream_t stream,
                    int device, int64_t timeout_ms, bool trace)
       : Communicator(std::move(name), rank, size), boot_(boot), comm_(comm), stream_(stream), device_(device),
@@ -167,38 +209,14 @@ class NcclCommunicator final : public Communicator {
           const int dst = ((src + d) % n + n) % n;
           if (dst == src || (d == -1 && n == 2)) continue;  // with 2 ranks, +1 and -1 are the same link
           const bool in = me == src || me == dst;
-          ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
-          cfg.blocking = 1;  // the links' calls only enqueue; the watchdog aborts them with the parent
-          // A non-blocking parent splits in the background and fills the handle when done.
-          volatile ncclComm_t child = nullptr;
-          ncclResult_t r = ncclCommSplit(boot_, in ? 0 : NCCL_SPLIT_NOCOLOR, me == src ? 0 : 1,
-                                         const_cast<ncclComm_t*>(&child), &cfg);
-          if (absl::Status s = CheckOn(boot_, r); !s.ok()) return s;
-          // The split is a collective of the parent, and a non-blocking parent takes no new
-          // call before it completes: every rank — in this link or not — waits for it
-          // here. (Ranks outside a link used to go straight to the next split: with pp 4
-          // the parent refused it, "Attempt to use communicator before the previous
-          // operation returned ncclSuccess", and the link's own ranks waited forever.)
-          const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms_);
-          ncclResult_t parent = ncclInProgress;
-          while (true) {
-            ncclCommGetAsyncError(boot_, &parent);
-            if (parent != ncclInProgress || std::chrono::steady_clock::now() >= deadline) break;
-            std::this_thread::sleep_for(std::chrono::microseconds(100));
-          }
-          if (parent == ncclInProgress)
-            return absl::DeadlineExceededError(absl::StrCat("ncclCommSplit did not complete within ", timeout_ms_, " ms"));
-          if (absl::Status s = CheckOn(boot_, parent); !s.ok()) return s;
+          // Blocking: the links' calls only enqueue; the watchdog aborts them with the parent.
+          if (aborted_) return absl::AbortedError("communicator was aborted");
+          absl::StatusOr<ncclComm_t> child =
+              SplitBlocking(boot_, in ? 0 : NCCL_SPLIT_NOCOLOR, me == src ? 0 : 1, nullptr, timeout_ms_);
+          if (!child.ok()) return child.status();
           if (!in) continue;
-          while (child == nullptr && std::chrono::steady_clock::now() < deadline)
-            std::this_thread::sleep_for(std::chrono::microseconds(100));
-          if (child == nullptr)
-            return absl::DeadlineExceededError(absl::StrCat("ncclCommSplit gave no communicator within ", timeout_ms_, " ms"));
-          ncclResult_t cr = ncclInProgress;
-          ncclCommGetAsyncError(child, &cr);
-          if (absl::Status s = CheckOn(child, cr); !s.ok()) return s;
           LinkComm link;
-          link.comm = child;
+          link.comm = *child;
           if (auto e = cudaStreamCreateWithPriority(&link.stream, cudaStreamNonBlocking, stream_priority_); e != cudaSuccess)
             return CudaError(e, "cudaStreamCreate");
           links_[{src, dst, tag}] = link;
@@ -477,41 +495,21 @@ absl::StatusOr<std::unique_ptr<Communicator>> MakeNcclCommunicator(const std::st
   if (r != ncclSuccess) return fail(absl::StrCat("ncclCommInitRankConfig: ", ncclGetErrorString(r)));
   // The collectives run on a blocking communicator split from the non-blocking one. On a
   // non-blocking communicator NCCL launches every group (each lone collective is one) from
-  // a thread it creates for that call, and the caller polls until it is done: ~0.36 ms of
-  // host time per collective (2x H200, session 15: 54 ms a step for dp2's 151 calls),
-  // enough to starve the GPU where the host is not far ahead (the last micro-batch's
-  // per-block reductions). The init stays non-blocking, so a peer that never comes is a
+  // a thread it creates for that call, and the caller polls until it is done: 93-115 us
+  // of host time per collective against 17-19 us blocking (2x H200, session 15: 14-17 ms
+  // against 2.6-2.9 ms a step for dp2's 151 calls), enough to starve the GPU where the
+  // host is not far ahead (under CUPTI tracing, the last micro-batch's reductions). The init stays non-blocking, so a peer that never comes is a
   // timeout, not a hang; splits (the links too) go through it for the same reason. A
   // blocking enqueue does not wait for peers; a collective stuck on the GPU is the
   // watchdog's (Synchronize), which aborts both — what PyTorch's blocking default does.
   ncclComm_t work = comm;  // !blocking_collectives: the init communicator does everything
   if (opts.blocking_collectives) {
-    ncclConfig_t wcfg = NCCL_CONFIG_INITIALIZER;
-    wcfg.blocking = 1;
-    wcfg.commName = name.c_str();
-    volatile ncclComm_t child = nullptr;  // filled by the background split
-    r = ncclCommSplit(comm, 0, rank, const_cast<ncclComm_t*>(&child), &wcfg);
-    while (r == ncclInProgress && std::chrono::steady_clock::now() <= deadline) {
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
-      ncclCommGetAsyncError(comm, &r);
-    }
-    while (r == ncclSuccess && child == nullptr && std::chrono::steady_clock::now() <= deadline)
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
-    if (r == ncclSuccess && child != nullptr) {  // the child's own initialization
-      ncclCommGetAsyncError(child, &r);
-      while (r == ncclInProgress && std::chrono::steady_clock::now() <= deadline) {
-        std::this_thread::sleep_for(std::chrono::microseconds(100));
-        ncclCommGetAsyncError(child, &r);
-      }
-    }
-    if (r != ncclSuccess || child == nullptr) {
-      if (child != nullptr) ncclCommAbort(child);
+    absl::StatusOr<ncclComm_t> child = SplitBlocking(comm, 0, rank, name.c_str(), opts.timeout_ms);
+    if (!child.ok()) {
       ncclCommAbort(comm);
-      return fail(r == ncclSuccess || r == ncclInProgress
-                      ? absl::StrCat("ncclCommSplit (the blocking communicator) did not finish within ", opts.timeout_ms, " ms")
-                      : absl::StrCat("ncclCommSplit (the blocking communicator): ", ncclGetErrorString(r)));
+      return fail(absl::StrCat("the blocking communicator: ", child.status().message()));
     }
-    work = child;
+    work = *child;
   }
   cudaStream_t stream;
   int least = 0, greatest = 0;  // CUDA: a lower number is a higher priority

@@ -281,10 +281,11 @@ class Llama {
   // dx = the norm's input gradient (+ *add, which may be dx: the residual's gradient).
   absl::Status NormBackward(const runtime::Tensor& dy, const runtime::Tensor& x, Param& w,
                             const runtime::Tensor& rstd, runtime::Tensor& dx, const runtime::Tensor* add = nullptr);
-  // y = x W^T, + residual where there is no TP sum after it (tp 1: added in the GEMM's
-  // epilogue); with TP the caller adds the residual after LeaveTp.
-  absl::Status LinearResidual(const runtime::Tensor& x, const runtime::Tensor& w, const runtime::Tensor& residual,
-                              runtime::Tensor& y);
+  // A row-parallel projection and its residual: LeaveTp(x W^T) + residual (this rank's
+  // tokens under SP). Without TP there is no sum to wait for and the residual is added in
+  // the GEMM's epilogue.
+  absl::StatusOr<runtime::Tensor> RowParallelResidual(const runtime::Tensor& x, const runtime::Tensor& w,
+                                                      const runtime::Tensor& residual);
   absl::Status Allocate();
   // GatherGlobal's and GatherGlobalInto's work: `shard` (p's value or gradient) gathered
   // over the TP group into `out` (f32, contiguous, global size), on the backend.

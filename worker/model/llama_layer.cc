@@ -28,9 +28,17 @@ absl::Status BiasBackward(Backend& b, const Tensor& ones, const Tensor& dy, Para
 }
 }  // namespace
 
-absl::Status Llama::LinearResidual(const Tensor& x, const Tensor& w, const Tensor& residual, Tensor& y) {
-  if (tp_ != nullptr) return Linear(*backend_, x, w, y);
-  return backend_->Gemm(x, false, w, true, y, 1.f, 1.f, &residual);
+absl::StatusOr<Tensor> Llama::RowParallelResidual(const Tensor& x, const Tensor& w, const Tensor& residual) {
+  Backend& b = *backend_;
+  TESSERA_ASSIGN_OR_RETURN(Tensor partial, New(b, {x.dim(0), w.dim(0)}, act_));
+  if (tp_ == nullptr) {  // no sum to wait for: the residual goes into the GEMM's epilogue
+    TESSERA_RETURN_IF_ERROR(b.Gemm(x, false, w, true, partial, 1.f, 1.f, &residual));
+    return partial;
+  }
+  TESSERA_RETURN_IF_ERROR(Linear(b, x, w, partial));
+  TESSERA_ASSIGN_OR_RETURN(Tensor out, LeaveTp(partial));
+  TESSERA_RETURN_IF_ERROR(b.Axpby(1.f, residual, 1.f, out));
+  return out;
 }
 
 // RMSNorm backward; the weight gradient is summed over TP under SP (each rank saw its
@@ -84,13 +92,9 @@ absl::Status Llama::LayerForward(const LayerParams& w, const Inputs& in, const T
   } else {
     TESSERA_RETURN_IF_ERROR(b.AttentionForward(a.q, a.k, a.v, in.cu, /*causal=*/true, a.o, a.lse));
   }
-  // Output projection (row-parallel: partial sums over this rank's heads) and the first
-  // residual — added in the GEMM's epilogue where there is no TP sum to wait for.
+  // Output projection (row-parallel: partial sums over this rank's heads) and the first residual.
   TESSERA_ASSIGN_OR_RETURN(Tensor o2, a.o.Reshape({t, hq * d}));
-  TESSERA_ASSIGN_OR_RETURN(Tensor attn, New(b, {t, c.hidden}, act_));
-  TESSERA_RETURN_IF_ERROR(LinearResidual(o2, w.wo->weight(), x, attn));
-  TESSERA_ASSIGN_OR_RETURN(a.x_mid, LeaveTp(attn));
-  if (tp_ != nullptr) TESSERA_RETURN_IF_ERROR(b.Axpby(1.f, x, 1.f, a.x_mid));
+  TESSERA_ASSIGN_OR_RETURN(a.x_mid, RowParallelResidual(o2, w.wo->weight(), x));
   // MLP and the second residual.
   TESSERA_ASSIGN_OR_RETURN(a.xn2, New(b, {tl, c.hidden}, act_));
   TESSERA_ASSIGN_OR_RETURN(a.rstd2, New(b, {tl}));
@@ -102,10 +106,8 @@ absl::Status Llama::LayerForward(const LayerParams& w, const Inputs& in, const T
   TESSERA_RETURN_IF_ERROR(Linear(b, a.xn2_full, w.wg->weight(), a.gate));
   TESSERA_RETURN_IF_ERROR(Linear(b, a.xn2_full, w.wu->weight(), a.up));
   TESSERA_RETURN_IF_ERROR(b.SwiGluForward(a.gate, a.up, a.act));
-  TESSERA_ASSIGN_OR_RETURN(Tensor mlp, New(b, {t, c.hidden}, act_));
-  TESSERA_RETURN_IF_ERROR(LinearResidual(a.act, w.wd->weight(), a.x_mid, mlp));
-  TESSERA_ASSIGN_OR_RETURN(out, LeaveTp(mlp));  // row-parallel
-  return tp_ != nullptr ? b.Axpby(1.f, a.x_mid, 1.f, out) : absl::OkStatus();
+  TESSERA_ASSIGN_OR_RETURN(out, RowParallelResidual(a.act, w.wd->weight(), a.x_mid));
+  return absl::OkStatus();
 }
 
 // dx: the gradient of the layer's output on entry, of its input on return (this rank's
