@@ -86,6 +86,8 @@ std::string BearerToken(const grpc::ServerContext* ctx) {
   return "";
 }
 
+void ExclusivePort(grpc::ServerBuilder& b) { b.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0); }
+
 void EnableHealthAndReflection() {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -94,11 +96,13 @@ void EnableHealthAndReflection() {
 absl::StatusOr<std::unique_ptr<grpc::Server>> StartHealthServer(const std::string& listen, int* port) {
   EnableHealthAndReflection();
   grpc::ServerBuilder b;
+  ExclusivePort(b);
   *port = 0;
   b.AddListeningPort(listen, grpc::InsecureServerCredentials(), port);
   b.SetMaxReceiveMessageSize(4096);
   std::unique_ptr<grpc::Server> s = b.BuildAndStart();
-  if (!s || *port == 0) return absl::UnavailableError(absl::StrCat("cannot serve health on ", listen));
+  if (!s || *port == 0)
+    return absl::UnavailableError(absl::StrCat("cannot serve health on ", listen, " (is the port in use?)"));
   s->GetHealthCheckService()->SetServingStatus(false);
   return s;
 }

@@ -48,6 +48,13 @@ std::string WithPort(const std::string& host_port, int port);
 // Reads "authorization: Bearer X" from server metadata ("" if absent).
 std::string BearerToken(const grpc::ServerContext* ctx);
 
+// Every server calls this before BuildAndStart: gRPC sets SO_REUSEPORT on Linux by
+// default, so a second process of the same user could bind a port already served and
+// the kernel would split connections between the two (two controllers on one port both
+// "listening", or an RPC meant for one daemon answered by another). Without it, a port
+// in use fails to bind.
+void ExclusivePort(grpc::ServerBuilder& b);
+
 // Registers health checking and reflection; call before building any server.
 void EnableHealthAndReflection();
 

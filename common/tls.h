@@ -26,5 +26,7 @@ absl::StatusOr<KeyPair> IssueCert(const KeyPair& ca, const std::string& common_n
 // The name every executor certificate carries; the driver verifies executors
 // against it (executors listen on whatever address their node has).
 inline constexpr char kExecutorTlsName[] = "tessera-executor";
+// Metadata key on the driver's calls to an executor: the executor index it is meant for.
+inline constexpr char kExecutorMetadata[] = "x-tessera-executor";
 
 }  // namespace tessera

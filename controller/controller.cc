@@ -50,13 +50,21 @@ absl::StatusOr<std::string> LoadOrMakeSecret(const std::string& path, bool read_
 
 class GrpcExecutorClient final : public ExecutorClient {
  public:
-  explicit GrpcExecutorClient(std::shared_ptr<grpc::Channel> ch, std::string secret)
-      : stub_(v1::ExecutorService::NewStub(ch)), secret_(std::move(secret)) {}
+  GrpcExecutorClient(std::shared_ptr<grpc::Channel> ch, const ExecutorTarget& t)
+      : stub_(v1::ExecutorService::NewStub(ch)), secret_(t.secret), executor_(std::to_string(t.executor)),
+        where_(absl::StrCat("executor ", t.executor, " on node ", t.node_id)) {}
+  std::string where() const override { return where_; }
 
   template <typename Req, typename Resp, typename Fn>
   absl::StatusOr<Resp> Do(const Req& req, int64_t timeout_ms, Fn fn) {
     auto ctx = std::make_shared<grpc::ClientContext>();
     PrepareContext(*ctx, secret_, timeout_ms);
+    ctx->AddMetadata(kExecutorMetadata, executor_);
+    // The executor registered its address, so it listens: a failed connection attempt
+    // (a loaded host) is retried until the deadline instead of failing the call at once.
+    // A dead executor does not leave the call waiting: its exit tears the attempt down,
+    // which cancels every call in flight (Cancel).
+    ctx->set_wait_for_ready(true);
     {
       std::lock_guard<std::mutex> l(mu_);
       if (cancelled_) return absl::CancelledError("the attempt was torn down");
@@ -89,6 +97,8 @@ class GrpcExecutorClient final : public ExecutorClient {
  private:
   std::unique_ptr<v1::ExecutorService::Stub> stub_;
   std::string secret_;
+  std::string executor_;
+  std::string where_;
   std::mutex mu_;
   bool cancelled_ = false;
   std::set<grpc::ClientContext*> active_;
@@ -112,16 +122,15 @@ absl::Status InitSecrets(const std::string& dir) {
 }
 
 ExecutorConnector GrpcExecutorConnector(std::string ca_pem, bool insecure) {
-  return [ca_pem, insecure](const std::string& address, const std::string& secret)
-             -> absl::StatusOr<std::shared_ptr<ExecutorClient>> {
+  return [ca_pem, insecure](const ExecutorTarget& t) -> absl::StatusOr<std::shared_ptr<ExecutorClient>> {
     ChannelOptions o;
-    o.address = address;
+    o.address = t.address;
     o.ca_pem = ca_pem;
     o.insecure = insecure;
     o.tls_name_override = kExecutorTlsName;
     o.max_message_bytes = kDataMaxMessageBytes;
     TESSERA_ASSIGN_OR_RETURN(auto ch, MakeChannel(o));
-    return std::shared_ptr<ExecutorClient>(std::make_shared<GrpcExecutorClient>(ch, secret));
+    return std::shared_ptr<ExecutorClient>(std::make_shared<GrpcExecutorClient>(ch, t));
   };
 }
 
@@ -163,6 +172,7 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Start(const ControllerOp
   if (!creds.ok()) return creds.status();
   EnableHealthAndReflection();
   grpc::ServerBuilder b;
+  ExclusivePort(b);
   b.AddListeningPort(opts.listen, *creds, &c->port_);
   b.SetMaxReceiveMessageSize(kControlMaxMessageBytes);
   b.SetMaxSendMessageSize(kControlMaxMessageBytes);
@@ -190,7 +200,7 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Start(const ControllerOp
   for (auto& s : c->services_) b.RegisterService(s.get());
   c->server_impl_ = b.BuildAndStart();
   if (!c->server_impl_ || c->port_ == 0)
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", opts.listen));
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", opts.listen, " (--listen): is the port in use?"));
   c->jobs_->SetControllerAddress(c->address());
   TESSERA_RETURN_IF_ERROR(c->jobs_->Recover());
   c->jobs_->Start();

@@ -723,16 +723,15 @@ void JobManager::CheckStarting(Outbox& out) {
 void JobManager::StartDriver(JobRt& rt) {
   auto run = std::make_shared<DriverRun>();
   rt.driver = run;
-  std::map<int, std::string> addrs;
-  for (auto& [x, e] : rt.execs) addrs[x] = e.address;
+  std::map<int, ExecutorTarget> targets;
+  for (auto& [x, e] : rt.execs) targets[x] = ExecutorTarget{e.address, rt.secret, x, e.node_id};
   v1::Job snapshot = rt.job;
-  std::string secret = rt.secret;
-  run->thread = std::thread([this, run, snapshot, secret, addrs] {
+  run->thread = std::thread([this, run, snapshot, targets] {
     auto result = [&]() -> absl::StatusOr<std::string> {
       TESSERA_ASSIGN_OR_RETURN(DriverFn fn, drivers_(snapshot.spec().kind()));
       std::map<int, std::shared_ptr<ExecutorClient>> clients;
-      for (auto& [x, addr] : addrs) {
-        TESSERA_ASSIGN_OR_RETURN(auto c, connect_(addr, secret));
+      for (auto& [x, target] : targets) {
+        TESSERA_ASSIGN_OR_RETURN(auto c, connect_(target));
         clients[x] = c;
         std::lock_guard<std::mutex> l(run->mu);
         run->clients.push_back(c);

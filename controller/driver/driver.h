@@ -51,9 +51,16 @@ class Preemption {
 using DriverFn = std::function<absl::StatusOr<std::string>(DriverContext&)>;
 // kind -> driver (NOT_FOUND for kinds without one).
 using DriverFactory = std::function<absl::StatusOr<DriverFn>(const std::string& kind)>;
-// Connects to an executor serving at `address`, authenticating with `secret`.
-using ExecutorConnector =
-    std::function<absl::StatusOr<std::shared_ptr<ExecutorClient>>(const std::string& address, const std::string& secret)>;
+// Where one executor of an attempt serves, and how to reach it.
+struct ExecutorTarget {
+  std::string address;  // host:port it registered
+  std::string secret;   // the attempt's secret
+  int executor = 0;     // its index in the job
+  std::string node_id;  // the node it runs on (named in errors)
+};
+// Connects to an executor. Every call names the executor it is meant for, and an executor
+// refuses calls meant for another (a port answered by the wrong process).
+using ExecutorConnector = std::function<absl::StatusOr<std::shared_ptr<ExecutorClient>>(const ExecutorTarget&)>;
 
 // State shared between the JobManager and a driver thread.
 struct DriverRun {

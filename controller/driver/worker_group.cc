@@ -1,5 +1,7 @@
 #include "controller/driver/worker_group.h"
 
+#include <atomic>
+#include <functional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -22,48 +24,62 @@ WorkerGroup::WorkerGroup(std::string name, parallel::Layout layout,
                          std::vector<std::shared_ptr<ExecutorClient>> by_rank, int64_t timeout_ms)
     : name_(std::move(name)), layout_(layout), ranks_(std::move(by_rank)), timeout_ms_(timeout_ms) {}
 
-absl::StatusOr<std::vector<v1::InitGroupResponse>> WorkerGroup::InitAll() {
-  std::vector<absl::StatusOr<v1::InitGroupResponse>> res(ranks_.size(), absl::UnknownError("not run"));
-  std::vector<std::thread> ts;
-  v1::InitGroupRequest req;
-  req.set_group(name_);
-  for (size_t r = 0; r < ranks_.size(); ++r)
-    ts.emplace_back([&, r] { res[r] = ranks_[r]->InitGroup(req, timeout_ms_); });
-  for (auto& t : ts) t.join();
-  std::vector<v1::InitGroupResponse> out;
-  for (size_t r = 0; r < res.size(); ++r) {
-    if (!res[r].ok()) return Annotate(res[r].status(), absl::StrCat("group '", name_, "' rank ", r, ": InitGroup"));
-    out.push_back(*res[r]);
-  }
-  return out;
-}
-
-absl::StatusOr<std::vector<v1::CallResponse>> WorkerGroup::CallEach(const std::vector<v1::CallRequest>& reqs) {
-  std::vector<absl::StatusOr<v1::CallResponse>> res(ranks_.size(), absl::UnknownError("not run"));
+template <typename Resp>
+absl::StatusOr<std::vector<Resp>> WorkerGroup::OnEveryRank(const std::function<absl::StatusOr<Resp>(size_t)>& call,
+                                                          const std::function<std::string(size_t)>& what) {
+  std::vector<absl::StatusOr<Resp>> res(ranks_.size(), absl::UnknownError("not run"));
+  std::atomic<int> first_own{-1};  // the rank whose own failure came first
   std::vector<std::thread> ts;
   for (size_t r = 0; r < ranks_.size(); ++r)
     ts.emplace_back([&, r] {
-      res[r] = ranks_[r]->Call(reqs[r], timeout_ms_);
-      // A failed rank leaves its peers stuck in collectives: cancel them. ABORTED means
-      // "failed because a peer did" (the peer reports why, and returns on its own): it
-      // cancels nothing, so that the peer's own error is not cut off by the cancellation.
-      if (!res[r].ok() && res[r].status().code() != absl::StatusCode::kAborted) CancelAll();
+      res[r] = call(r);
+      // A failed rank leaves its peers stuck in collectives (or waiting for its
+      // rendezvous keys): cancel them. ABORTED means "failed because a peer did" (the
+      // peer reports why, and returns on its own): it cancels nothing, so that the peer's
+      // own error is not cut off by the cancellation.
+      const absl::StatusCode c = res[r].status().code();
+      if (!res[r].ok() && c != absl::StatusCode::kAborted && c != absl::StatusCode::kCancelled) {
+        int none = -1;
+        first_own.compare_exchange_strong(none, static_cast<int>(r));
+        CancelAll();
+      }
     });
   for (auto& t : ts) t.join();
-  std::vector<v1::CallResponse> out;
-  // Report the first rank with a failure of its own; else one that failed because of a
-  // peer (ABORTED); else a cancellation.
-  const auto rank_of = [&](size_t r) {
+  // Report the rank whose own failure came first (its peers' failures, a timeout waiting
+  // for it or a cancellation, are consequences); else one that failed because of a peer
+  // (ABORTED); else a cancellation.
+  int first = first_own.load();
+  const auto order = [&](size_t r) {
     const absl::StatusCode c = res[r].status().code();
     return c == absl::StatusCode::kCancelled ? 2 : c == absl::StatusCode::kAborted ? 1 : 0;
   };
-  int first = -1;
-  for (size_t r = 0; r < res.size(); ++r)
-    if (!res[r].ok() && (first < 0 || rank_of(r) < rank_of(static_cast<size_t>(first)))) first = static_cast<int>(r);
-  if (first >= 0)
-    return Annotate(res[first].status(), absl::StrCat("group '", name_, "' rank ", first, ": ", reqs[first].method()));
+  if (first < 0)
+    for (size_t r = 0; r < res.size(); ++r)
+      if (!res[r].ok() && (first < 0 || order(r) < order(static_cast<size_t>(first)))) first = static_cast<int>(r);
+  if (first >= 0) {
+    int others = 0;
+    for (size_t r = 0; r < res.size(); ++r) others += !res[r].ok() && static_cast<int>(r) != first;
+    return Annotate(res[first].status(),
+                    absl::StrCat("group '", name_, "' rank ", first,
+                                 ranks_[first]->where().empty() ? "" : absl::StrCat(" (", ranks_[first]->where(), ")"),
+                                 ": ", what(first),
+                                 others ? absl::StrCat(" (first of ", others + 1, " ranks to fail)") : ""));
+  }
+  std::vector<Resp> out;
   for (auto& r : res) out.push_back(std::move(*r));
   return out;
+}
+
+absl::StatusOr<std::vector<v1::InitGroupResponse>> WorkerGroup::InitAll() {
+  v1::InitGroupRequest req;
+  req.set_group(name_);
+  return OnEveryRank<v1::InitGroupResponse>([&](size_t r) { return ranks_[r]->InitGroup(req, timeout_ms_); },
+                                            [](size_t) { return std::string("InitGroup"); });
+}
+
+absl::StatusOr<std::vector<v1::CallResponse>> WorkerGroup::CallEach(const std::vector<v1::CallRequest>& reqs) {
+  return OnEveryRank<v1::CallResponse>([&](size_t r) { return ranks_[r]->Call(reqs[r], timeout_ms_); },
+                                       [&](size_t r) { return reqs[r].method(); });
 }
 
 absl::StatusOr<std::vector<v1::CallResponse>> WorkerGroup::CallOneToAll(const std::string& method,

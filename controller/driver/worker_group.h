@@ -11,6 +11,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,6 +30,7 @@ class ExecutorClient {
   virtual absl::StatusOr<v1::CallResponse> Call(const v1::CallRequest& req, int64_t timeout_ms) = 0;
   virtual absl::Status Shutdown(int64_t timeout_ms) = 0;
   virtual void Cancel() = 0;  // fails in-flight calls
+  virtual std::string where() const { return ""; }  // "executor 3 on node n1", for errors
 };
 
 class WorkerGroup {
@@ -50,10 +52,15 @@ class WorkerGroup {
   void CancelAll();
 
  private:
-  // Calls every rank at once. A rank's failure cancels the others (they would wait in a
-  // collective for it), except ABORTED, the executors' code for "failed because a peer
-  // did": that peer returns its own error, which is the one reported (own failures first,
-  // then ABORTED, then CANCELLED).
+  // Calls every rank at once (InitAll and every Call* go through it). A rank's failure
+  // cancels the others (they would wait in a collective, or for its rendezvous keys),
+  // except ABORTED, the executors' code for "failed because a peer did": that peer
+  // returns its own error. The error reported is the rank whose own failure came first in
+  // time (the others' timeouts and cancellations follow from it), else ABORTED, else
+  // CANCELLED; it says how many ranks failed.
+  template <typename Resp>
+  absl::StatusOr<std::vector<Resp>> OnEveryRank(const std::function<absl::StatusOr<Resp>(size_t)>& call,
+                                                const std::function<std::string(size_t)>& what);
   absl::StatusOr<std::vector<v1::CallResponse>> CallEach(const std::vector<v1::CallRequest>& reqs);
   std::string name_;
   parallel::Layout layout_;

@@ -1,7 +1,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
 #include "common/auth.h"
+#include "common/grpc_util.h"
 #include "common/tls.h"
 #include "common/util.h"
 
@@ -43,6 +45,20 @@ TEST(Tls, IssuesCertificatesSignedByTheCa) {
   ASSERT_TRUE(leaf.ok()) << leaf.status();
   EXPECT_THAT(leaf->key_pem, ::testing::HasSubstr("PRIVATE KEY"));
   EXPECT_FALSE(IssueCert(KeyPair{"junk", "junk"}, "x", {}, {}, 1).ok());
+}
+
+// gRPC would set SO_REUSEPORT: a second server on a served port would bind too, and the
+// kernel would split connections between the two processes.
+TEST(Grpc, AServedPortCannotBeBoundTwice) {
+  int port = 0;
+  auto first = StartHealthServer("127.0.0.1:0", &port);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_GT(port, 0);
+  int again = 0;
+  auto second = StartHealthServer(absl::StrCat("127.0.0.1:", port), &again);
+  ASSERT_FALSE(second.ok()) << "a second server bound port " << port;
+  EXPECT_THAT(std::string(second.status().message()), ::testing::HasSubstr("is the port in use?"));
+  (*first)->Shutdown();
 }
 
 TEST(Util, ConstantTimeEqualsAndBytes) {

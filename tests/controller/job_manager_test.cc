@@ -71,7 +71,7 @@ class JobManagerTest : public ::testing::Test {
         return std::string("{\"ok\":true}");
       });
     };
-    auto connect = [](const std::string&, const std::string&) -> absl::StatusOr<std::shared_ptr<ExecutorClient>> {
+    auto connect = [](const ExecutorTarget&) -> absl::StatusOr<std::shared_ptr<ExecutorClient>> {
       return std::shared_ptr<ExecutorClient>(std::make_shared<FakeExecutor>());
     };
     jm_ = std::make_unique<JobManager>(cfg, store_.get(), &rdv_, logs_.get(), nullptr, drivers, connect);

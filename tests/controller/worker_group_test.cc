@@ -3,7 +3,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 
 namespace tessera::controller {
 namespace {
@@ -92,6 +95,49 @@ TEST(WorkerGroup, OneToAllReportsTheFailedRankAndCancelsPeers) {
   auto st = g.CallOneToAll("ping", "{}");
   EXPECT_THAT(std::string(st.status().message()), ::testing::HasSubstr("group 'actor' rank 2: ping: executor died"));
   EXPECT_TRUE(ex[0]->cancelled);
+}
+
+// InitGroup as a rank of a Gloo rendezvous sees it: one rank fails at once (its call was
+// refused); the others wait for its keys until they give up or are cancelled.
+class RendezvousExecutor : public ExecutorClient {
+ public:
+  absl::StatusOr<v1::InitGroupResponse> InitGroup(const v1::InitGroupRequest&, int64_t) override {
+    if (refuse) return absl::FailedPreconditionError("this is executor 1; the call was meant for executor '2'");
+    std::unique_lock<std::mutex> l(mu);
+    if (!cv.wait_for(l, std::chrono::seconds(5), [&] { return cancelled; }))
+      return absl::UnavailableError("rendezvous key 'gloo/workers/tp/1/rank_0' was not set within 5000 ms");
+    return absl::CancelledError("cancelled");
+  }
+  absl::StatusOr<v1::CallResponse> Call(const v1::CallRequest&, int64_t) override { return v1::CallResponse{}; }
+  absl::Status Shutdown(int64_t) override { return absl::OkStatus(); }
+  void Cancel() override {
+    std::lock_guard<std::mutex> l(mu);
+    cancelled = true;
+    cv.notify_all();
+  }
+  bool refuse = false;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool cancelled = false;
+};
+
+TEST(WorkerGroup, InitAllReportsTheRankThatFailedFirstAndDoesNotWaitForThePeers) {
+  std::vector<std::shared_ptr<RendezvousExecutor>> ex;
+  std::vector<std::shared_ptr<ExecutorClient>> clients;
+  for (int i = 0; i < 4; ++i) {
+    ex.push_back(std::make_shared<RendezvousExecutor>());
+    clients.push_back(ex.back());
+  }
+  ex[2]->refuse = true;
+  WorkerGroup g("workers", parallel::Layout{2, 1, 2, 1}, clients, 1000);
+  auto t0 = std::chrono::steady_clock::now();
+  auto st = g.InitAll();
+  ASSERT_FALSE(st.ok());
+  // Rank 2's own failure, not rank 0's wait for it; the peers were cancelled, not left to
+  // time out.
+  EXPECT_THAT(std::string(st.status().message()),
+              ::testing::HasSubstr("group 'workers' rank 2: InitGroup (first of 4 ranks to fail): this is executor 1"));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(3));
 }
 
 }  // namespace

@@ -124,6 +124,7 @@ void Agent::Shutdown() {
     std::lock_guard<std::mutex> l(mu_);
     for (auto& [k, e] : execs_) {
       e.requested_stop = true;
+      e.sent_kill = true;
       kill(e.pid, SIGKILL);
     }
   }
@@ -391,13 +392,24 @@ void Agent::StartExecutor(const v1::ExecutorConfig& cfg) {
   std::thread([this, m] { SendUp(m, false); }).detach();
 }
 
+namespace {
+// Whether `pid`, our child, has exited (a zombie not yet reaped); it stays unreaped.
+bool HasExited(pid_t pid) {
+  siginfo_t info{};
+  return waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == pid;
+}
+}  // namespace
+
 void Agent::StopExecutors(const std::string& job, int attempt, int64_t grace_ms) {
   std::vector<pid_t> pids;
   {
     std::lock_guard<std::mutex> l(mu_);
     for (auto& [k, e] : execs_)
       if (std::get<0>(k) == job && std::get<1>(k) <= attempt) {
-        e.requested_stop = true;
+        // One that had already exited (its reader has not reaped it yet) was not stopped
+        // by this request: its exit is news — often the reason the attempt is being torn
+        // down, when the driver saw its connection close first.
+        e.requested_stop = e.requested_stop || !HasExited(e.pid);
         pids.push_back(e.pid);
         kill(e.pid, SIGTERM);
       }
@@ -416,7 +428,12 @@ void Agent::StopExecutors(const std::string& job, int attempt, int64_t grace_ms)
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
     std::lock_guard<std::mutex> l(mu_);
-    for (auto& [k, e] : execs_) for (pid_t p : pids) if (e.pid == p) kill(p, SIGKILL);
+    for (auto& [k, e] : execs_)
+      for (pid_t p : pids)
+        if (e.pid == p) {
+          e.sent_kill = true;
+          kill(p, SIGKILL);
+        }
   }).detach();
 }
 
@@ -463,7 +480,11 @@ void Agent::ReadAndReap(Key key, int fd, pid_t pid) {
     std::lock_guard<std::mutex> l(mu_);
     auto it = execs_.find(key);
     if (it != execs_.end()) {
-      ev->set_requested_stop(it->second.requested_stop);
+      // Killed by a signal this agent did not send (it sends SIGTERM to stop, SIGKILL when
+      // the grace runs out): the death is news even if a stop was asked for meanwhile.
+      const Exec& x = it->second;
+      const bool ours = !WIFSIGNALED(status) || WTERMSIG(status) == SIGTERM || (WTERMSIG(status) == SIGKILL && x.sent_kill);
+      ev->set_requested_stop(x.requested_stop && ours);
       done_readers_.push_back(std::move(it->second.reader));
       execs_.erase(it);
       if (running_) running_->Decrement();

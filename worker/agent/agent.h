@@ -72,7 +72,8 @@ class Agent {
   using Key = std::tuple<std::string, int, int>;  // job, attempt, executor
   struct Exec {
     pid_t pid = 0;
-    bool requested_stop = false;
+    bool requested_stop = false;  // asked to stop while it still ran
+    bool sent_kill = false;       // we sent it SIGKILL (a stop's grace ran out, or shutdown)
     v1::DeviceType device_type = v1::CPU;
     int device_index = 0;
     std::thread reader;

@@ -45,9 +45,23 @@ class ExecutorServiceImpl final : public v1::ExecutorService::Service {
   ExecutorServiceImpl(v1::ExecutorConfig cfg, comm::RendezvousClient* rdv, std::string listen_host)
       : cfg_(std::move(cfg)), rdv_(rdv), listen_host_(std::move(listen_host)) {}
 
+  // A call must carry this attempt's secret and name this executor: anything else was
+  // meant for another process (logged, so that a misrouted call shows on the side that
+  // got it, not only as a peer's timeout).
   grpc::Status Auth(grpc::ServerContext* ctx) {
-    if (!ConstantTimeEquals(BearerToken(ctx), cfg_.secret()))
+    if (!ConstantTimeEquals(BearerToken(ctx), cfg_.secret())) {
+      spdlog::error("executor {}: refused a call from {}: wrong or missing attempt secret", cfg_.executor(), ctx->peer());
       return grpc::Status(grpc::UNAUTHENTICATED, "wrong or missing attempt secret");
+    }
+    const auto& md = ctx->client_metadata();
+    auto it = md.find(kExecutorMetadata);
+    const std::string to = it == md.end() ? "" : std::string(it->second.data(), it->second.size());
+    if (to != std::to_string(cfg_.executor())) {
+      std::string why = absl::StrCat("this is executor ", cfg_.executor(), " of job ", cfg_.job_id(), " attempt ",
+                                     cfg_.attempt(), "; the call was meant for executor '", to, "'");
+      spdlog::error("executor {}: refused a call from {}: {}", cfg_.executor(), ctx->peer(), why);
+      return grpc::Status(grpc::FAILED_PRECONDITION, why);
+    }
     return grpc::Status::OK;
   }
 
@@ -381,6 +395,7 @@ int RunExecutor(const ExecutorOptions& opts) {
   }
   int port = 0;
   grpc::ServerBuilder b;
+  ExclusivePort(b);
   b.AddListeningPort(listen, *creds, &port);
   b.SetMaxReceiveMessageSize(kDataMaxMessageBytes);
   b.SetMaxSendMessageSize(kDataMaxMessageBytes);
