@@ -186,7 +186,7 @@ absl::Status Trainer::Allocate() {
       p.value = Tensor();
       p.compute = Tensor();
     }
-    if (zero >= 2) p.grad = Tensor();
+    if (zero >= 2) p.grad = Tensor(), p.grad_stale = false;  // EnsureGrad gives each block a zeroed one
     state_.push_back(std::move(s));
   }
   if (zero >= 2 || (dp_ != nullptr && pp_ == nullptr)) {
@@ -254,6 +254,7 @@ absl::Status Trainer::ReduceGrad(State& s) {
 // ZeRO-0: the gradient summed over DP — in place in f32, or (grad_reduce_bf16) rounded
 // into s.grad_low and summed there in bf16 (the norm and AdamW then read grad_low).
 absl::Status Trainer::AllReduceGrad(State& s) {
+  TESSERA_RETURN_IF_ERROR(model_->FreshenGrad(*s.param));
   Tensor& g = s.param->grad;
   if (!options_.grad_reduce_bf16) return dp_->AllReduce(g.data(), g.data(), s.n, DType::kF32, comm::ReduceOp::kSum);
   TESSERA_ASSIGN_OR_RETURN(s.grad_low, backend_->Empty(g.shape(), DType::kBF16));
@@ -271,6 +272,7 @@ absl::Status Trainer::WidenReducedGrad(const model::Param* p) {
 }
 
 absl::Status Trainer::ReduceEarly(State& s) {
+  TESSERA_RETURN_IF_ERROR(model_->FreshenGrad(*s.param));  // a parameter this step did not reach
   Tensor& g = s.param->grad;
   if (options_.zero == 0) {
     TESSERA_RETURN_IF_ERROR(AllReduceGrad(s));
@@ -438,6 +440,7 @@ absl::Status Trainer::SumTiedEmbeddingGrads() {
   if (!model_->config().tie_embeddings || (rank != 0 && rank != last)) return absl::OkStatus();
   model::Param* e = model_->Find("model.embed_tokens.weight");
   if (e == nullptr) return absl::InternalError("trainer: a tied first or last stage holds no embedding");
+  TESSERA_RETURN_IF_ERROR(model_->FreshenGrad(*e));
   Tensor* grad = &e->grad;
   if (options_.zero >= 2)
     for (State& s : state_)
@@ -483,6 +486,7 @@ absl::StatusOr<double> Trainer::ReduceGradsAndNorm() {
   auto& params = model_->params();
   for (size_t i = 0; i < params.size(); ++i) {
     State& s = state_[i];
+    TESSERA_RETURN_IF_ERROR(model_->FreshenGrad(params[i]));  // one no write reached this step
     Tensor& g = params[i].grad;
     Tensor& acc = s.tp_sharded ? sq_sharded : sq_repl;
     if (s.norm_elsewhere) {  // the last stage's copy of a tied embedding: reduce it, count it on the first stage

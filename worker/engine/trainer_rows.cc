@@ -85,6 +85,7 @@ absl::StatusOr<bool> Trainer::TakeEmbeddingRows(const Tensor& ids, const Tensor&
 // the f32 gradient first (which the norm and AdamW then read), so the rows add in f32.
 absl::Status Trainer::AddEmbeddingRows() {
   if (rows_ == nullptr || rows_->count == 0 || !rows_->sums.defined()) return absl::OkStatus();
+  TESSERA_RETURN_IF_ERROR(model_->FreshenGrad(*rows_->embed));
   TESSERA_RETURN_IF_ERROR(WidenReducedGrad(rows_->embed));
   return backend_->EmbeddingBackward(rows_->rows, rows_->sums, rows_->vocab_start, rows_->embed->grad);
 }

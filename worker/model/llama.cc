@@ -184,6 +184,7 @@ absl::Status Llama::RefreshCompute(Param& p) {
 absl::StatusOr<std::vector<float>> Llama::GatherGlobal(const Param& p, bool grad) {
   const Tensor& local = grad ? p.grad : p.value;
   const int64_t n = local.numel() * (p.spec.shard_dim >= 0 ? tp_size() : 1);
+  if (grad && p.grad_stale) return std::vector<float>(n, 0.f);  // nothing written this step
   TESSERA_ASSIGN_OR_RETURN(Tensor whole, New(*backend_, {n}));
   TESSERA_RETURN_IF_ERROR(GatherInto(p, local, whole));
   std::vector<float> out(n);
@@ -272,9 +273,19 @@ absl::Status Llama::InitRandom(uint64_t seed, float stddev) {
 }
 
 absl::Status Llama::ZeroGrads() {
-  for (auto& p : params_)
-    if (p.grad.defined()) TESSERA_RETURN_IF_ERROR(backend_->Fill(p.grad, 0));
+  const bool poison = backend_->device().kind == runtime::DeviceKind::kCpu;
+  for (auto& p : params_) {
+    if (!p.grad.defined()) continue;
+    p.grad_stale = true;
+    if (poison) TESSERA_RETURN_IF_ERROR(backend_->Fill(p.grad, 0xff));  // NaN in f32
+  }
   return absl::OkStatus();
+}
+
+absl::Status Llama::FreshenGrad(Param& p) {
+  if (!p.grad_stale) return absl::OkStatus();
+  p.grad_stale = false;
+  return p.grad.defined() ? backend_->Fill(p.grad, 0) : absl::OkStatus();
 }
 
 absl::Status Llama::PrepareKernels(const TokenBatch& batch) {
@@ -555,7 +566,10 @@ absl::StatusOr<Tensor> Llama::ChunkBackward(int chunk, Flight& f, const Tensor* 
   if (hooks_ != nullptr) {
     TESSERA_ASSIGN_OR_RETURN(taken, hooks_->TakeEmbeddingRows(f.in.tokens, dx_full, vocab_start));
   }
-  if (!taken) TESSERA_RETURN_IF_ERROR(b.EmbeddingBackward(f.in.tokens, dx_full, vocab_start, embed_->grad));  // adds
+  if (!taken) {
+    TESSERA_RETURN_IF_ERROR(FreshenGrad(*embed_));
+    TESSERA_RETURN_IF_ERROR(b.EmbeddingBackward(f.in.tokens, dx_full, vocab_start, embed_->grad));  // adds
+  }
   TESSERA_RETURN_IF_ERROR(done(0));
   return Tensor();
 }

@@ -95,6 +95,11 @@ struct Param {
   runtime::Tensor value;  // f32, this rank's shard (the master weights)
   runtime::Tensor grad;   // f32, accumulated by ForwardBackward
   runtime::Tensor compute;  // bf16 copy of value when config.dtype is bf16 (Llama::RefreshCompute)
+  // The gradient's contents are not this step's (Llama::ZeroGrads): the step's first
+  // write overwrites it (a GEMM with beta 0) instead of adding, which saves a pass that
+  // zeroes every gradient and the first micro-batch's read of those zeros. A reader, or a
+  // write that can only add (a scatter), calls Llama::FreshenGrad first.
+  bool grad_stale = false;
   const std::string& name() const { return spec.name; }
   // What a forward or backward multiplies with: the compute copy under mixed precision.
   const runtime::Tensor& weight() const { return compute.defined() ? compute : value; }
@@ -137,8 +142,13 @@ class Llama {
   // gather, a checkpoint load) refreshes its compute copy; SetGlobal does it itself.
   // A no-op in f32; with no value present (ZeRO-3 between uses) the copy is dropped.
   absl::Status RefreshCompute(Param& p);
-  // Zeroes every gradient buffer that is present (ZeRO-2/3 keep none between blocks).
+  // Zeroes every gradient buffer that is present (ZeRO-2/3 keep none between blocks),
+  // lazily: it marks them stale (Param::grad_stale). On the CPU backend it also fills
+  // them with NaN, so that a write that adds to a stale gradient, or a read of one that
+  // did not freshen it, shows in every CPU test instead of summing last step's gradient.
   absl::Status ZeroGrads();
+  // Zeroes p's gradient if it is stale: before reading it, or writing by adding.
+  absl::Status FreshenGrad(Param& p);
 
   // Blocks (see ParamHooks): the parameters a block uses, and those whose gradient is
   // complete after its backward (each parameter is owned by the lowest block using it:

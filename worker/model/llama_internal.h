@@ -19,9 +19,16 @@ inline absl::Status Linear(runtime::Backend& b, const runtime::Tensor& x, const 
   return b.Gemm(x, false, w, true, y);
 }
 // dW += dy^T x; dx = dy W + beta_dx dx.
+// The beta of a write into p.grad: 0 (overwrite) for the step's first (Param::grad_stale),
+// else 1 (accumulate).
+inline float GradBeta(Param& p) {
+  const float beta = p.grad_stale ? 0.f : 1.f;
+  p.grad_stale = false;
+  return beta;
+}
 inline absl::Status LinearBackward(runtime::Backend& b, const runtime::Tensor& dy, const runtime::Tensor& x, Param& w,
                                    runtime::Tensor& dx, float beta_dx) {
-  if (absl::Status s = b.Gemm(dy, true, x, false, w.grad, 1.f, 1.f); !s.ok()) return s;
+  if (absl::Status s = b.Gemm(dy, true, x, false, w.grad, 1.f, GradBeta(w)); !s.ok()) return s;
   return b.Gemm(dy, false, w.weight(), false, dx, 1.f, beta_dx);
 }
 }  // namespace internal

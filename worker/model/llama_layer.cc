@@ -24,7 +24,7 @@ absl::Status AddBias(Backend& b, const Tensor& ones, const Param& bias, Tensor& 
 // dbias [n] += column sums of dy [T, n].
 absl::Status BiasBackward(Backend& b, const Tensor& ones, const Tensor& dy, Param& bias) {
   TESSERA_ASSIGN_OR_RETURN(Tensor row, bias.grad.Reshape({1, bias.grad.numel()}));
-  return b.Gemm(ones, true, dy, false, row, 1.f, 1.f);
+  return b.Gemm(ones, true, dy, false, row, 1.f, internal::GradBeta(bias));
 }
 }  // namespace
 
@@ -49,7 +49,7 @@ absl::Status Llama::NormBackward(const Tensor& dy, const Tensor& x, Param& w, co
   TESSERA_ASSIGN_OR_RETURN(Tensor dw, New(b, {w.weight().numel()}));
   TESSERA_RETURN_IF_ERROR(b.RmsNormBackward(dy, x, w.weight(), rstd, dx, dw, add));
   if (sp_) TESSERA_RETURN_IF_ERROR(AllReduce(dw));
-  return b.Axpby(1.f, dw, 1.f, w.grad);
+  return b.Axpby(1.f, dw, internal::GradBeta(w), w.grad);
 }
 
 // x: this rank's tokens of the residual stream (all tokens without SP).
