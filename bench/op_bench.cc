@@ -219,5 +219,25 @@ int main(int argc, char** argv) {
     Line(g.name, std::to_string(g.m) + "x" + std::to_string(g.n) + "x" + std::to_string(g.k) + " bf16", ms, "tflops",
          2.0 * g.m * g.n * g.k / ms / 1e9);
   }
+  // The 1B training step's GEMMs per micro-batch (4096 tokens, weights [out, in]): forward
+  // y = x W^T, dgrad dx = dy W (bf16 out), wgrad dW += dy^T x into the f32 gradient (beta 1:
+  // the accumulation), for TESSERA_GEMM_TUNE A/B (run this mode with and without it).
+  struct W { const char* name; int64_t out, in; };
+  if (Want("gemm_train"))
+    for (W w : {W{"q_o", 2048, 2048}, W{"k_v", 512, 2048}, W{"gate_up", 8192, 2048}, W{"down", 2048, 8192},
+                W{"lm_head", 128256, 2048}}) {
+      const int64_t T = 4096;
+      auto x = Random(b, {T, w.in}, bf), wt = Random(b, {w.out, w.in}, bf, 0.02f), dy = Random(b, {T, w.out}, bf);
+      auto y = *b.Empty({T, w.out}, bf), dx = *b.Empty({T, w.in}, bf), dw = *b.Empty({w.out, w.in}, DType::kF32);
+      (void)b.Fill(dw, 0);
+      const double flops = 2.0 * T * w.out * w.in;
+      const std::string shape = std::to_string(T) + "x" + std::to_string(w.out) + "x" + std::to_string(w.in);
+      double ms = TimeMs(b, [&] { return b.Gemm(x, false, wt, true, y); });
+      Line((std::string("gemm_fwd_") + w.name).c_str(), shape + " bf16", ms, "tflops", flops / ms / 1e9);
+      ms = TimeMs(b, [&] { return b.Gemm(dy, false, wt, false, dx); });
+      Line((std::string("gemm_dgrad_") + w.name).c_str(), shape + " bf16", ms, "tflops", flops / ms / 1e9);
+      ms = TimeMs(b, [&] { return b.Gemm(dy, true, x, false, dw, 1.f, 1.f); });
+      Line((std::string("gemm_wgrad_") + w.name).c_str(), shape + " bf16->f32 +=", ms, "tflops", flops / ms / 1e9);
+    }
   return 0;
 }

@@ -21,6 +21,8 @@
 // --last-stage-layers N: N layers on the last virtual stage (ParallelLayout.last_stage_layers);
 // --stage-layers A,B,...|auto: every virtual stage's layers (ParallelLayout.stage_layers;
 //   auto: the balanced split, as a job's `stage_layers: auto`);
+// --gemm-tune 1: each GEMM shape's first call times cuBLASLt's candidates and keeps the
+//   fastest (kernels::SetGemmTuning; the warmup steps pay for it);
 // --trace PREFIX: each rank's GPU timeline (kernels, copies, memsets, and its "timed step"
 //   ranges) from CUPTI into PREFIX.rank<r>.csv (bench/cupti_trace.h), for bench/nsys_gaps.py
 //   where Nsight Systems cannot trace CUDA.
@@ -48,6 +50,7 @@
 #include "absl/strings/str_split.h"
 #include "bench/bench_util.h"
 #include "bench/cupti_trace.h"
+#include "kernels/gemm/gemm.h"
 #include "tests/common/file_store.h"
 #include "worker/comm/nccl_communicator.h"
 #include "worker/engine/trainer.h"
@@ -217,6 +220,7 @@ int main(int argc, char** argv) {
   const int64_t nccl_timeout_ms = get("nccl-timeout-ms", 120000);
   const bool comm_high_priority = a.count("comm-priority") && a["comm-priority"] == "high";
   const bool nccl_nonblocking = a.count("nccl-nonblocking") && a["nccl-nonblocking"] == "1";
+  if (a.count("gemm-tune")) kernels::SetGemmTuning(a["gemm-tune"] == "1");
   std::vector<pid_t> pids(world, -1);
   std::vector<int> pipes(world, -1);
   for (int r = 0; r < world; ++r) {
@@ -331,7 +335,7 @@ int main(int argc, char** argv) {
   printf("{\"impl\": \"tessera\", \"dtype\": \"%s\", \"tp\": %d, \"dp\": %d, \"pp\": %d, \"vpp\": %d, \"schedule\": \"%s\", "
          "\"bubble\": %.4f, \"bubble_ideal\": %.4f, \"stage_ms_busy_ms\": [%s], \"zero\": %d, \"sp\": %d, \"params\": %lld, "
          "\"seq\": %lld, \"micro\": %lld, \"steps\": %lld, \"step_ms\": %.2f, \"tokens_per_s\": %.1f, \"tflops\": %.2f, "
-         "\"tflops_per_gpu\": %.2f, \"peak_gib\": %.2f, \"dp_wait_ms\": %.2f, \"dp_enqueue_ms\": %.2f, \"dp_host_ops_ms\": %.2f, \"dp_calls\": %.0f, \"early_embedding\": %d, \"comm_priority\": \"%s\", \"nccl_blocking\": %d, \"grad_reduce\": \"%s\", "
+         "\"tflops_per_gpu\": %.2f, \"peak_gib\": %.2f, \"dp_wait_ms\": %.2f, \"dp_enqueue_ms\": %.2f, \"dp_host_ops_ms\": %.2f, \"dp_calls\": %.0f, \"early_embedding\": %d, \"comm_priority\": \"%s\", \"nccl_blocking\": %d, \"gemm_tune\": %d, \"grad_reduce\": \"%s\", "
          "\"last_stage_layers\": %d, \"stage_layers\": [%s], \"losses\": [",
          runtime::DTypeName(c.dtype), tp, dp, pp, l.vpp, l.schedule == engine::Schedule::kGPipe ? "gpipe" : "1f1b", bubble,
          pp > 1 ? double(pp - 1) / (l.vpp * micro) : 0.0, stages.c_str(), zero, sp ? 1 : 0, static_cast<long long>(c.NumParams()),
@@ -339,7 +343,7 @@ int main(int argc, char** argv) {
          tokens / secs, flops / secs / 1e12, flops / secs / 1e12 / world, peak, 1e3 * dp_wait / steps, 1e3 * dp_host / steps,
          1e3 * dp_host_op / steps, dp_calls / steps,
          l.early_embedding ? 1 : 0, comm_high_priority ? "high" : "normal", nccl_nonblocking ? 0 : 1,
-         l.grad_reduce_bf16 ? "bf16" : "f32", l.last_stage_layers, absl::StrJoin(l.stage_layers, ", ").c_str());
+         kernels::GemmTuning() ? 1 : 0, l.grad_reduce_bf16 ? "bf16" : "f32", l.last_stage_layers, absl::StrJoin(l.stage_layers, ", ").c_str());
   for (size_t i = 0; i < losses.size(); ++i) printf("%s%.4f", i ? ", " : "", losses[i]);
   printf("]}\n");
   return 0;

@@ -5,6 +5,8 @@
 #   AB_ARGS    train_bench arguments after the 1B shape (default "--micro 4")
 #   ROUNDS     rounds of (base, new) (default 2)
 #   AB_ATTN=1  also op_bench's attention cases, both builds
+#   AB_TUNE=1  also this build with --gemm-tune 1 in every round ("tune"), and op_bench's
+#              gemm_train cases without and with TESSERA_GEMM_TUNE=1
 # A short table is printed last; logs go to $OUT.
 set -uo pipefail
 source "$(dirname "$0")/gpu-env.sh"
@@ -15,9 +17,13 @@ shape="--hidden 2048 --layers 16 --heads 32 --kv-heads 8 --ffn 8192 --vocab 1282
 args=${AB_ARGS:---micro 4}
 rows=()
 for r in $(seq 1 "${ROUNDS:-2}"); do
-  for side in base dist; do
+  sides="base dist"
+  [ "${AB_TUNE:-0}" = 1 ] && sides="$sides tune"
+  for side in $sides; do
     log="$OUT/ab_${side}_$r.jsonl"
-    $side/bin/train_bench $shape $args --steps 6 --warmup 3 > "$log" 2> "$OUT/ab_${side}_$r.err" || { echo "$side round $r failed:"; tail -3 "$OUT/ab_${side}_$r.err"; }
+    bin=$side extra=""
+    [ "$side" = tune ] && bin=dist extra="--gemm-tune 1"
+    $bin/bin/train_bench $shape $args $extra --steps 6 --warmup 3 > "$log" 2> "$OUT/ab_${side}_$r.err" || { echo "$side round $r failed:"; tail -3 "$OUT/ab_${side}_$r.err"; }
     ms=$(grep -oE '"step_ms": [0-9.]+' "$log" | tail -1 | awk '{print $2}')
     mfu=$(python3 -c "import json,sys; r=[json.loads(l) for l in open('$log') if l.startswith('{')][-1]; print(f\"{r['tflops']/989:.1%} {r['peak_gib']:.2f}\")" 2>/dev/null)
     rows+=("$side $r ${ms:-?} ${mfu:-? ?}")
@@ -36,6 +42,20 @@ for op in b:
         print(f"{op:32} {a[op]['ms']:8.4f} -> {b[op]['ms']:8.4f}  ({a[op]['ms'] / b[op]['ms']:.3f}x)")
     else:
         print(f"{op:32} {'-':>8} -> {b[op]['ms']:8.4f}")
+PY
+fi
+if [ "${AB_TUNE:-0}" = 1 ]; then
+  dist/bin/op_bench gemm_train > "$OUT/ab_gemm_heur.txt" 2>&1
+  TESSERA_GEMM_TUNE=1 dist/bin/op_bench gemm_train > "$OUT/ab_gemm_tune.txt" 2>&1
+  echo "== GEMMs of a 1B micro-batch (op_bench gemm_train), $card: TFLOP/s heuristic -> tuned"
+  python3 - "$OUT/ab_gemm_heur.txt" "$OUT/ab_gemm_tune.txt" <<'PY'
+import json, sys
+def rows(f):
+    return {r["op"]: r for r in (json.loads(l) for l in open(f) if l.startswith("{"))}
+a, b = rows(sys.argv[1]), rows(sys.argv[2])
+for op in b:
+    if op in a and op.startswith("gemm_") and "_" in op[5:]:
+        print(f"{op:24} {a[op]['tflops']:7.1f} -> {b[op]['tflops']:7.1f}  ({a[op]['ms'] / b[op]['ms']:.3f}x)")
 PY
 fi
 echo "== ~1B Llama, $card, train_bench $args — base: $(cat base/NAME)"

@@ -19,4 +19,10 @@ absl::Status GemmCpu(const void* a, bool ta, const void* b, bool tb, void* c, in
 absl::Status GemmCuda(const void* a, bool ta, const void* b, bool tb, void* c, int64_t m, int64_t n, int64_t k,
                       float alpha, float beta, DType t, DType ct, void* handle, void* workspace, size_t workspace_bytes,
                       void* stream, const void* c_in = nullptr);
+// Whether a CUDA GEMM shape's first call times cuBLASLt's candidates and keeps the fastest
+// (default: the environment's TESSERA_GEMM_TUNE=1; see gemm_cuda.cc). Shapes already
+// planned keep their algorithm.
+// (The setting lives with the CPU GEMM so that builds without CUDA link it too.)
+void SetGemmTuning(bool on);
+bool GemmTuning();
 }  // namespace tessera::kernels

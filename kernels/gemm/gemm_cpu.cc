@@ -2,7 +2,9 @@
 #include <cblas.h>
 #include <dlfcn.h>
 
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -40,6 +42,23 @@ absl::StatusOr<Sgemm> GetSgemm() {
   return loaded;
 }
 }  // namespace
+
+namespace {
+std::atomic<int> g_tune{-1};  // -1: TESSERA_GEMM_TUNE decides
+}  // namespace
+
+void SetGemmTuning(bool on) { g_tune.store(on ? 1 : 0); }
+
+bool GemmTuning() {
+  int v = g_tune.load(std::memory_order_relaxed);
+  if (v < 0) {
+    const char* e = std::getenv("TESSERA_GEMM_TUNE");
+    int unset = -1;
+    g_tune.compare_exchange_strong(unset, e != nullptr && e[0] == '1' ? 1 : 0);
+    v = g_tune.load(std::memory_order_relaxed);
+  }
+  return v == 1;
+}
 
 absl::Status GemmCpu(const void* a, bool ta, const void* b, bool tb, void* c, int64_t m, int64_t n, int64_t k, float alpha,
                      float beta, DType t, DType ct, const void* c_in) {

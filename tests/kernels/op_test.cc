@@ -20,6 +20,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cross_entropy/cross_entropy.h"
+#include "kernels/gemm/gemm.h"
 #include "tests/kernels/op_harness.h"
 
 namespace tessera::runtime::test {
@@ -231,6 +232,31 @@ TEST_P(OpTest, Gemm) {
       }
     }
   }
+}
+
+// TESSERA_GEMM_TUNE: a shape's first call times cuBLASLt's candidates into a scratch
+// output; the call's C (beta 1: a gradient accumulating) must get the product once, and
+// the kept plan's next call once more.
+TEST_P(OpTest, GemmTuningAccumulatesOnce) {
+  if (cpu()) GTEST_SKIP() << "tuning is cuBLASLt's";
+  Rng rng(seed_);
+  const int64_t m = 1024, n = 1024, k = 512;  // 1.07 GFLOP: past the tuning threshold
+  auto av = Quantize(rng.Normal(m * k), DType::kBF16), bv = Quantize(rng.Normal(n * k), DType::kBF16);
+  auto cv = rng.Normal(m * n);
+  std::vector<float> prod(m * n, 0.f);
+  ASSERT_TRUE(kernels::GemmCpu(av.data(), true, bv.data(), false, prod.data(), m, n, k, 1.f, 0.f, DType::kF32,
+                               DType::kF32).ok());
+  kernels::SetGemmTuning(true);
+  auto a = Make(*be_, {k, m}, DType::kBF16, av), b = Make(*be_, {k, n}, DType::kBF16, bv);
+  auto c = Make(*be_, {m, n}, DType::kF32, cv);
+  for (int call = 1; call <= 2; ++call) {
+    SCOPED_TRACE(::testing::Message() << "call " << call << " seed=" << seed_);
+    ASSERT_TRUE(be_->Gemm(a, true, b, false, c, 1.f, 1.f).ok());
+    std::vector<double> ref(m * n);
+    for (int64_t i = 0; i < m * n; ++i) ref[i] = double(cv[i]) + call * double(prod[i]);
+    EXPECT_LT(RelErr(Read(*be_, c), ref), 1e-5);
+  }
+  kernels::SetGemmTuning(false);
 }
 
 TEST_P(OpTest, AdamW) {
