@@ -19,6 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "common/grpc_util.h"
 #include "common/util.h"
+#include "tessera/v1/executor_service.grpc.pb.h"
 #include "tessera/v1/node_service.pb.h"
 #include "tessera/v1/rendezvous_service.grpc.pb.h"
 #include <grpcpp/health_check_service_interface.h>
@@ -640,6 +641,57 @@ TEST(Cluster, KilledExecutorRestartsTheAttempt) {
   auto st = stub->Set(&ctx, req, &resp);
   EXPECT_EQ(st.error_code(), grpc::FAILED_PRECONDITION) << st.error_message();
   EXPECT_THAT(st.error_message(), HasSubstr("attempt 1 is stale"));
+}
+
+// The driver's calls name the executor they are meant for: one that reaches another
+// executor (a port answered by the wrong process) is refused there and logged, with the
+// attempt's right secret too, and the job goes on.
+TEST(Cluster, AnExecutorRefusesACallMeantForAnother) {
+  auto c = Up({.agents = 1, .cpu_slots = 2});
+  std::string id = Submit(*c, CommCheckSpec(2, 2, 1, 0, 5000));
+  ASSERT_EQ(RunningExecutors(*c, id, 1, 2).size(), 2u);
+  v1::ExecutorConfig cfg;
+  ASSERT_TRUE(cfg.ParseFromString(*ReadFile(absl::StrCat(c->agent_work_dir(0), "/jobs/", id, "/attempt-1/executor-0.pb"))));
+  std::string address;
+  const std::regex serving("serving ExecutorService on (\\S+)");
+  for (int i = 0; i < 1000 && address.empty(); ++i) {
+    std::ostringstream logs;
+    (void)c->client().Logs(id, 0, 0, false, logs);
+    std::smatch m;
+    const std::string text = logs.str();
+    if (std::regex_search(text, m, serving)) address = m[1];
+    else std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_FALSE(address.empty()) << "executor 0 never logged its address";
+  ChannelOptions co;
+  co.address = address;
+  co.ca_pem = c->ca_pem();
+  co.tls_name_override = kExecutorTlsName;
+  auto ch = MakeChannel(co);
+  ASSERT_TRUE(ch.ok()) << ch.status();
+  auto stub = v1::ExecutorService::NewStub(*ch);
+  for (const char* to : {"1", ""}) {
+    grpc::ClientContext ctx;
+    PrepareContext(ctx, cfg.secret(), 10000);
+    if (*to) ctx.AddMetadata(kExecutorMetadata, to);
+    v1::InitGroupRequest req;
+    req.set_group("workers");
+    v1::InitGroupResponse resp;
+    auto st = stub->InitGroup(&ctx, req, &resp);
+    EXPECT_EQ(st.error_code(), grpc::FAILED_PRECONDITION) << to << ": " << st.error_message();
+    EXPECT_THAT(st.error_message(),
+                HasSubstr(absl::StrCat("this is executor 0 of job ", id, " attempt 1; the call was meant for executor '", to, "'")));
+  }
+  auto j = c->client().Get(id);
+  ASSERT_TRUE(j.ok()) << j.status();
+  EXPECT_TRUE(j->state() == v1::RUNNING || j->state() == v1::SUCCEEDED) << v1::JobState_Name(j->state()) << " " << j->reason();
+  for (int i = 0; i < 500; ++i) {  // the executor's own record of it
+    std::ostringstream logs;
+    (void)c->client().Logs(id, 0, 0, false, logs);
+    if (absl::StrContains(logs.str(), "refused a call from")) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ADD_FAILURE() << "executor 0 did not log the refused calls";
 }
 
 TEST(Cluster, KilledExecutorWithoutRestartsFailsNamingRankAndNode) {
