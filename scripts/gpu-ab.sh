@@ -29,10 +29,9 @@ for r in $(seq 1 "${ROUNDS:-2}"); do
     rows+=("$side $r ${ms:-?} ${mfu:-? ?}")
   done
 done
-if [ "${AB_ATTN:-0}" = 1 ]; then
-  for side in base dist; do $side/bin/op_bench attn > "$OUT/ab_attn_$side.txt" 2>&1; done
-  echo "== attention (op_bench attn), $card: ms base -> new"
-  python3 - "$OUT/ab_attn_base.txt" "$OUT/ab_attn_dist.txt" <<'PY'
+# op_bench lines of two runs side by side: ms (and the ratio) per case of the second run.
+compare() {
+  python3 - "$1" "$2" <<'PY'
 import json, sys
 def rows(f):
     return {r["op"]: r for r in (json.loads(l) for l in open(f) if l.startswith("{"))}
@@ -43,20 +42,17 @@ for op in b:
     else:
         print(f"{op:32} {'-':>8} -> {b[op]['ms']:8.4f}")
 PY
+}
+if [ "${AB_ATTN:-0}" = 1 ]; then
+  for side in base dist; do $side/bin/op_bench attn > "$OUT/ab_attn_$side.txt" 2>&1; done
+  echo "== attention (op_bench attn), $card: ms base -> new"
+  compare "$OUT/ab_attn_base.txt" "$OUT/ab_attn_dist.txt"
 fi
 if [ "${AB_TUNE:-0}" = 1 ]; then
   dist/bin/op_bench gemm_train > "$OUT/ab_gemm_heur.txt" 2>&1
   TESSERA_GEMM_TUNE=1 dist/bin/op_bench gemm_train > "$OUT/ab_gemm_tune.txt" 2>&1
-  echo "== GEMMs of a 1B micro-batch (op_bench gemm_train), $card: TFLOP/s heuristic -> tuned"
-  python3 - "$OUT/ab_gemm_heur.txt" "$OUT/ab_gemm_tune.txt" <<'PY'
-import json, sys
-def rows(f):
-    return {r["op"]: r for r in (json.loads(l) for l in open(f) if l.startswith("{"))}
-a, b = rows(sys.argv[1]), rows(sys.argv[2])
-for op in b:
-    if op in a and op.startswith("gemm_") and "_" in op[5:]:
-        print(f"{op:24} {a[op]['tflops']:7.1f} -> {b[op]['tflops']:7.1f}  ({a[op]['ms'] / b[op]['ms']:.3f}x)")
-PY
+  echo "== GEMMs (op_bench gemm_train: the 1B micro-batch's fwd/dgrad/wgrad), $card: ms heuristic -> tuned"
+  compare "$OUT/ab_gemm_heur.txt" "$OUT/ab_gemm_tune.txt"
 fi
 echo "== ~1B Llama, $card, train_bench $args — base: $(cat base/NAME)"
 printf '%-6s %-5s %9s %8s %8s\n' build round "step ms" MFU "peak GiB"

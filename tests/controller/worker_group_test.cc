@@ -39,6 +39,18 @@ class EchoExecutor : public ExecutorClient {
   std::atomic<bool> cancelled{false};
 };
 
+// n fake executors, and the same as the driver's clients.
+template <class T>
+std::pair<std::vector<std::shared_ptr<T>>, std::vector<std::shared_ptr<ExecutorClient>>> Fleet(int n) {
+  std::vector<std::shared_ptr<T>> ex;
+  std::vector<std::shared_ptr<ExecutorClient>> clients;
+  for (int i = 0; i < n; ++i) {
+    ex.push_back(std::make_shared<T>());
+    clients.push_back(ex.back());
+  }
+  return {ex, clients};
+}
+
 v1::TensorBatch Rows(int rows) {
   v1::TensorBatch b;
   auto* t = b.add_tensors();
@@ -61,12 +73,7 @@ float At(const v1::NamedTensor& t, int i) {
 
 TEST(WorkerGroup, DpSplitShardsByDpRankAndGathersFromOutputRanks) {
   // tp=2 dp=2 pp=2: 8 ranks; DP rank of r is (r/2)%2; output ranks are tp=0 on the last stage: 4 and 6.
-  std::vector<std::shared_ptr<EchoExecutor>> ex;
-  std::vector<std::shared_ptr<ExecutorClient>> clients;
-  for (int i = 0; i < 8; ++i) {
-    ex.push_back(std::make_shared<EchoExecutor>());
-    clients.push_back(ex.back());
-  }
+  auto [ex, clients] = Fleet<EchoExecutor>(8);
   WorkerGroup g("actor", parallel::Layout{2, 1, 2, 2}, clients, 1000);
   auto out = g.CallDpSplit("fwd", "{}", Rows(4));
   ASSERT_TRUE(out.ok()) << out.status();
@@ -81,12 +88,7 @@ TEST(WorkerGroup, DpSplitShardsByDpRankAndGathersFromOutputRanks) {
 }
 
 TEST(WorkerGroup, OneToAllReportsTheFailedRankAndCancelsPeers) {
-  std::vector<std::shared_ptr<EchoExecutor>> ex;
-  std::vector<std::shared_ptr<ExecutorClient>> clients;
-  for (int i = 0; i < 4; ++i) {
-    ex.push_back(std::make_shared<EchoExecutor>());
-    clients.push_back(ex.back());
-  }
+  auto [ex, clients] = Fleet<EchoExecutor>(4);
   WorkerGroup g("actor", parallel::Layout{1, 1, 4, 1}, clients, 1000);
   auto ok = g.CallOneToAll("ping", "{}");
   ASSERT_TRUE(ok.ok());
@@ -122,12 +124,7 @@ class RendezvousExecutor : public ExecutorClient {
 };
 
 TEST(WorkerGroup, InitAllReportsTheRankThatFailedFirstAndDoesNotWaitForThePeers) {
-  std::vector<std::shared_ptr<RendezvousExecutor>> ex;
-  std::vector<std::shared_ptr<ExecutorClient>> clients;
-  for (int i = 0; i < 4; ++i) {
-    ex.push_back(std::make_shared<RendezvousExecutor>());
-    clients.push_back(ex.back());
-  }
+  auto [ex, clients] = Fleet<RendezvousExecutor>(4);
   ex[2]->refuse = true;
   WorkerGroup g("workers", parallel::Layout{2, 1, 2, 1}, clients, 1000);
   auto t0 = std::chrono::steady_clock::now();
