@@ -186,7 +186,7 @@ absl::Status Trainer::Allocate() {
       p.value = Tensor();
       p.compute = Tensor();
     }
-    if (zero >= 2) p.grad = Tensor(), p.grad_stale = false;  // EnsureGrad gives each block a zeroed one
+    if (zero >= 2) p.grad = Tensor(), p.grad_stale = false;  // EnsureGrad gives each block its buffer
     state_.push_back(std::move(s));
   }
   if (zero >= 2 || (dp_ != nullptr && pp_ == nullptr)) {
@@ -227,21 +227,28 @@ absl::Status Trainer::GatherForCompute(State& s) {
   return absl::OkStatus();
 }
 
-// ZeRO-2/3: a zeroed, padded gradient buffer for a block's backward (no-op when present:
-// a tied embedding's gradient lives from the LM head's backward to the embedding's).
+// ZeRO-2/3: a padded gradient buffer for a block's backward (no-op when present: a tied
+// embedding's gradient lives from the LM head's backward to the embedding's). The padding
+// is zeroed (the reduce-scatter reads it); the gradient itself starts stale, so the
+// micro-batch's first write overwrites it (Param::grad_stale) — no fill of every
+// gradient per micro-batch.
 absl::Status Trainer::EnsureGrad(State& s) {
   if (s.param->grad.defined()) return absl::OkStatus();
   TESSERA_ASSIGN_OR_RETURN(s.grad_full, backend_->Empty({s.shard * dp_->size()}, DType::kF32));
-  TESSERA_RETURN_IF_ERROR(backend_->Fill(s.grad_full, 0));
+  if (const int64_t tail = s.grad_full.numel() - s.n; tail > 0) {
+    TESSERA_ASSIGN_OR_RETURN(Tensor rest, s.grad_full.Slice(0, s.n, tail));
+    TESSERA_RETURN_IF_ERROR(backend_->Fill(rest, 0));
+  }
   TESSERA_ASSIGN_OR_RETURN(Tensor head, s.grad_full.Slice(0, 0, s.n));
   TESSERA_ASSIGN_OR_RETURN(s.param->grad, head.Reshape(s.shape));
-  return absl::OkStatus();
+  return model_->MarkGradStale(*s.param);
 }
 
 // ZeRO-2/3: adds this micro-batch's gradient, reduce-scattered over DP, into the rank's
 // slice and frees the full buffer.
 absl::Status Trainer::ReduceGrad(State& s) {
   if (!s.grad_full.defined()) return absl::InternalError(absl::StrCat("trainer: no gradient buffer for ", s.param->name()));
+  TESSERA_RETURN_IF_ERROR(model_->FreshenGrad(*s.param));  // one this micro-batch did not reach
   TESSERA_RETURN_IF_ERROR(
       dp_->ReduceScatter(s.grad_full.data(), s.stage.data(), s.shard, DType::kF32, comm::ReduceOp::kSum));
   TESSERA_RETURN_IF_ERROR(backend_->Axpby(1.f, s.stage, 1.f, s.grad_shard));

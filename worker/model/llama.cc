@@ -273,13 +273,15 @@ absl::Status Llama::InitRandom(uint64_t seed, float stddev) {
 }
 
 absl::Status Llama::ZeroGrads() {
-  const bool poison = backend_->device().kind == runtime::DeviceKind::kCpu;
-  for (auto& p : params_) {
-    if (!p.grad.defined()) continue;
-    p.grad_stale = true;
-    if (poison) TESSERA_RETURN_IF_ERROR(backend_->Fill(p.grad, 0xff));  // NaN in f32
-  }
+  for (auto& p : params_)
+    if (p.grad.defined()) TESSERA_RETURN_IF_ERROR(MarkGradStale(p));
   return absl::OkStatus();
+}
+
+absl::Status Llama::MarkGradStale(Param& p) {
+  p.grad_stale = true;
+  const bool poison = backend_->device().kind == runtime::DeviceKind::kCpu;
+  return poison && p.grad.defined() ? backend_->Fill(p.grad, 0xff) : absl::OkStatus();  // 0xff bytes: NaN in f32
 }
 
 absl::Status Llama::FreshenGrad(Param& p) {

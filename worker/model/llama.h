@@ -149,6 +149,8 @@ class Llama {
   absl::Status ZeroGrads();
   // Zeroes p's gradient if it is stale: before reading it, or writing by adding.
   absl::Status FreshenGrad(Param& p);
+  // Marks p's gradient stale (ZeroGrads for one parameter; NaN on the CPU backend).
+  absl::Status MarkGradStale(Param& p);
 
   // Blocks (see ParamHooks): the parameters a block uses, and those whose gradient is
   // complete after its backward (each parameter is owned by the lowest block using it:
