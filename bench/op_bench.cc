@@ -224,8 +224,11 @@ int main(int argc, char** argv) {
   // the accumulation), for TESSERA_GEMM_TUNE A/B (run this mode with and without it).
   struct W { const char* name; int64_t out, in; };
   if (Want("gemm_train"))
+    // The *_fused rows are not in the model: q|k|v and gate|up as one GEMM each, to show
+    // what fusing the projections would save (against q_o + 2 k_v, and 2 gate_up).
     for (W w : {W{"q_o", 2048, 2048}, W{"k_v", 512, 2048}, W{"gate_up", 8192, 2048}, W{"down", 2048, 8192},
-                W{"lm_head", 128256, 2048}}) {
+                W{"lm_head", 128256, 2048}, W{"qkv_fused", 3072, 2048}, W{"kv_fused", 1024, 2048},
+                W{"gate_up_fused", 16384, 2048}}) {
       const int64_t T = 4096;
       auto x = Random(b, {T, w.in}, bf), wt = Random(b, {w.out, w.in}, bf, 0.02f), dy = Random(b, {T, w.out}, bf);
       auto y = *b.Empty({T, w.out}, bf), dx = *b.Empty({T, w.in}, bf), dw = *b.Empty({w.out, w.in}, DType::kF32);
