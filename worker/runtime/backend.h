@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -72,6 +73,11 @@ class Backend {
   virtual absl::Status CopyToHost(const Tensor& src, void* dst) = 0;
   // Sets every byte of `t` (tests poison outputs with 0xff = NaN).
   virtual absl::Status Fill(Tensor& t, uint8_t byte) = 0;
+  // A value that is not an integer (Fill(t, -INFINITY), Fill(t, 1.f)) does not compile:
+  // it would convert to a byte (garbage, or undefined behaviour), not fill with the value.
+  template <class T>
+    requires(!std::is_integral_v<T>)
+  absl::Status Fill(Tensor& t, T value) = delete;
   // dst = src on this backend, same shape and dtype; either may be a view: contiguous, or
   // 2-D with rows apart (a column block, Tensor::Slice(1, ...)). On CUDA one 2-D copy on
   // the backend's stream (no host round trip): weight sync re-slices TP shards with it.
