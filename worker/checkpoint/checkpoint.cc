@@ -113,34 +113,47 @@ absl::Status RemoveTree(const std::string& path) {
 }
 
 // This rank's shard file and its sidecar (size and SHA-256), if it holds anything to write.
+// Streamed: one parameter's piece is read from the trainer when the file reaches it and
+// dropped after its tensors are written (host memory of the largest parameter, not of the
+// whole shard), and the file is hashed as it is written (not read back).
 absl::Status WriteRankFile(const std::string& tmp, int rank, const Group& g) {
   auto& params = g.model->params();
-  std::vector<engine::Trainer::Piece> pieces;
   std::vector<TensorToWrite> tensors;
-  pieces.reserve(params.size());
   const int tp = TpSize(g), dp = DpSize(g), zero = g.trainer->zero();
   const auto& stage = g.model->stage();
+  size_t held = params.size();  // the parameter whose piece is in `piece`
+  engine::Trainer::Piece piece;
+  // The piece of parameter i, read when first needed; `part` 0 value, 1 m, 2 v.
+  auto producer = [&](size_t i, int part, const Plan plan) {
+    return [&, i, part, plan]() -> absl::StatusOr<const void*> {
+      if (held != i) {
+        piece = engine::Trainer::Piece();  // the last one's memory first
+        TESSERA_ASSIGN_OR_RETURN(piece, g.trainer->ReadPiece(i));
+        held = i;
+        if (piece.value_begin != plan.value_begin || static_cast<int64_t>(piece.value.size()) < plan.value_len ||
+            piece.state_begin != plan.state_begin || static_cast<int64_t>(piece.m.size()) < plan.state_len)
+          return absl::InternalError(
+              absl::StrCat("checkpoint: ", params[i].name(), ": the trainer holds other elements than planned"));
+      }
+      return static_cast<const void*>(part == 0 ? piece.value.data() : part == 1 ? piece.m.data() : piece.v.data());
+    };
+  };
   for (size_t i = 0; i < params.size(); ++i) {
     if (model::StageOf(params[i].name(), g.model->config(), stage) != PpRank(g)) continue;
     const Plan plan = PlanFor(params[i].spec, tp, dp, zero, TpRank(g), DpRank(g));
     if (!plan.value && !plan.state) continue;
-    TESSERA_ASSIGN_OR_RETURN(engine::Trainer::Piece p, g.trainer->ReadPiece(i));
-    if (p.value_begin != plan.value_begin || static_cast<int64_t>(p.value.size()) < plan.value_len ||
-        p.state_begin != plan.state_begin || static_cast<int64_t>(p.m.size()) < plan.state_len)
-      return absl::InternalError(absl::StrCat("checkpoint: ", params[i].name(), ": the trainer holds other elements than planned"));
-    pieces.push_back(std::move(p));
-    const engine::Trainer::Piece& q = pieces.back();
     const std::string& name = params[i].name();
-    if (plan.value) tensors.push_back({name, "F32", {plan.value_len}, q.value.data(), size_t(plan.value_len) * 4});
+    if (plan.value)
+      tensors.push_back({name, "F32", {plan.value_len}, nullptr, size_t(plan.value_len) * 4, producer(i, 0, plan)});
     if (plan.state) {
-      tensors.push_back({name + "/exp_avg", "F32", {plan.state_len}, q.m.data(), size_t(plan.state_len) * 4});
-      tensors.push_back({name + "/exp_avg_sq", "F32", {plan.state_len}, q.v.data(), size_t(plan.state_len) * 4});
+      tensors.push_back({name + "/exp_avg", "F32", {plan.state_len}, nullptr, size_t(plan.state_len) * 4, producer(i, 1, plan)});
+      tensors.push_back({name + "/exp_avg_sq", "F32", {plan.state_len}, nullptr, size_t(plan.state_len) * 4, producer(i, 2, plan)});
     }
   }
   if (tensors.empty()) return absl::OkStatus();
   const std::string file = absl::StrCat(tmp, "/", RankFile(rank, "safetensors"));
-  TESSERA_RETURN_IF_ERROR(WriteSafetensors(file, tensors, {{"format", kFormat}}));
-  TESSERA_ASSIGN_OR_RETURN(std::string sha, Sha256File(file));
+  std::string sha;
+  TESSERA_RETURN_IF_ERROR(WriteSafetensors(file, tensors, {{"format", kFormat}}, &sha));
   struct stat st {};
   if (::stat(file.c_str(), &st) != 0) return absl::InternalError(absl::StrCat("cannot stat ", file));
   const json side = {{"bytes", static_cast<int64_t>(st.st_size)}, {"sha256", sha}};
@@ -210,8 +223,8 @@ absl::StatusOr<int64_t> LoadLocal(const std::string& path, const Group& g) {
     std::vector<float> local[3];
     const char* parts[3] = {"value", "exp_avg", "exp_avg_sq"};
     for (int k = 0; k < 3; ++k) {
-      TESSERA_ASSIGN_OR_RETURN(std::vector<float> global, reader->Read(spec.name, parts[k], spec.shape));
-      local[k] = model::TpShardOf(global, spec.shape, spec.shard_dim, TpSize(g), TpRank(g));
+      TESSERA_ASSIGN_OR_RETURN(local[k],
+                               reader->ReadTpShard(spec.name, parts[k], spec.shape, spec.shard_dim, TpSize(g), TpRank(g)));
     }
     TESSERA_RETURN_IF_ERROR(g.trainer->LoadPiece(i, local[0], local[1], local[2]));
   }

@@ -15,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "common/status.h"
 #include "common/util.h"
+#include "worker/model/config.h"
 
 namespace tessera::checkpoint {
 namespace {
@@ -113,8 +114,11 @@ absl::StatusOr<const SafetensorsReader*> CheckpointReader::File(const std::strin
   return (open_[name] = std::move(reader)).get();
 }
 
-absl::StatusOr<std::vector<float>> CheckpointReader::Read(const std::string& name, const std::string& part,
-                                                          const std::vector<int64_t>& shape) {
+// The shards of `name`'s `part`, validated against the expected shape (no data read).
+absl::StatusOr<std::vector<CheckpointReader::Shard>> CheckpointReader::Shards(const std::string& name,
+                                                                            const std::string& part,
+                                                                            const std::vector<int64_t>& shape,
+                                                                            int64_t* numel_out) {
   constexpr int64_t kMaxElements = int64_t{1} << 40;
   int64_t numel = 1;
   for (int64_t d : shape) {
@@ -139,42 +143,91 @@ absl::StatusOr<std::vector<float>> CheckpointReader::Read(const std::string& nam
   const std::string what = absl::StrCat(name, " ", part);
   auto bad = [&](const std::string& why) { return absl::DataLossError(absl::StrCat("checkpoint: ", what, ": ", why)); };
   if (!shards.is_array() || shards.empty()) return bad("no shards");
-  std::vector<float> global(numel);
-  std::map<int64_t, std::vector<std::pair<int64_t, int64_t>>> cover;  // tp rank -> [begin, end)
-  int64_t tp_dim = -2, tp_size = 0;
+  std::vector<Shard> out;
   for (const auto& s : shards) {
-    int64_t dim, size, rank, begin, len;
-    if (!GetInt(s, "tp_dim", &dim) || !GetInt(s, "tp_size", &size) || !GetInt(s, "tp_rank", &rank) ||
-        !GetInt(s, "begin", &begin) || !GetInt(s, "len", &len) || !s.contains("file") || !s["file"].is_string() ||
+    Shard h;
+    if (!GetInt(s, "tp_dim", &h.dim) || !GetInt(s, "tp_size", &h.size) || !GetInt(s, "tp_rank", &h.rank) ||
+        !GetInt(s, "begin", &h.begin) || !GetInt(s, "len", &h.len) || !s.contains("file") || !s["file"].is_string() ||
         !s.contains("key") || !s["key"].is_string())
       return bad("a shard lacks file, key, tp_dim, tp_size, tp_rank, begin or len");
-    if (tp_dim == -2) tp_dim = dim, tp_size = size;
-    if (dim != tp_dim || size != tp_size) return bad("shards disagree on the tensor-parallel split");
-    if (dim < -1 || dim >= static_cast<int64_t>(shape.size()) || size < 1 || (dim < 0 && size != 1) ||
-        (dim >= 0 && shape[dim] % size != 0) || rank < 0 || rank >= size)
-      return bad(absl::StrCat("invalid split (tp_dim ", dim, ", tp_size ", size, ", tp_rank ", rank, ")"));
-    const int64_t local_n = numel / size;
-    if (begin < 0 || len < 0 || begin > local_n - len)
-      return bad(absl::StrCat("shard [", begin, ", +", len, ") outside the ", local_n, " local elements"));
-    TESSERA_ASSIGN_OR_RETURN(const SafetensorsReader* r, File(s["file"].get<std::string>()));
-    TESSERA_ASSIGN_OR_RETURN(std::vector<float> data, r->ReadF32(s["key"].get<std::string>()));
-    if (static_cast<int64_t>(data.size()) != len)
-      return bad(absl::StrCat(s["key"].get<std::string>(), " holds ", data.size(), " elements, the metadata says ", len));
-    const TpMap map(shape, static_cast<int>(dim), static_cast<int>(size), static_cast<int>(rank), numel);
-    for (int64_t k = 0; k < len; ++k) global[map.Global(begin + k)] = data[k];
-    cover[rank].push_back({begin, begin + len});
+    if (!out.empty() && (h.dim != out[0].dim || h.size != out[0].size)) return bad("shards disagree on the tensor-parallel split");
+    if (h.dim < -1 || h.dim >= static_cast<int64_t>(shape.size()) || h.size < 1 || (h.dim < 0 && h.size != 1) ||
+        (h.dim >= 0 && shape[h.dim] % h.size != 0) || h.rank < 0 || h.rank >= h.size)
+      return bad(absl::StrCat("invalid split (tp_dim ", h.dim, ", tp_size ", h.size, ", tp_rank ", h.rank, ")"));
+    const int64_t local_n = numel / h.size;
+    if (h.begin < 0 || h.len < 0 || h.begin > local_n - h.len)
+      return bad(absl::StrCat("shard [", h.begin, ", +", h.len, ") outside the ", local_n, " local elements"));
+    h.file = s["file"].get<std::string>();
+    h.key = s["key"].get<std::string>();
+    out.push_back(std::move(h));
   }
-  for (int64_t r = 0; r < tp_size; ++r) {
-    auto& c = cover[r];
-    std::sort(c.begin(), c.end());
-    int64_t at = 0;
-    for (auto [b, e] : c) {
-      if (b != at) return bad(absl::StrCat("TP rank ", r, "'s elements are not covered exactly once near ", at));
-      at = e;
-    }
-    if (at != numel / tp_size) return bad(absl::StrCat("TP rank ", r, "'s shards end at ", at, " of ", numel / tp_size));
+  *numel_out = numel;
+  return out;
+}
+
+namespace {
+// Whether the shards of TP rank `rank` cover its `n` local elements exactly once.
+absl::Status CheckCover(std::vector<std::pair<int64_t, int64_t>> ranges, int64_t n, int64_t rank,
+                        const std::string& what) {
+  std::sort(ranges.begin(), ranges.end());
+  int64_t at = 0;
+  for (auto [b, e] : ranges) {
+    if (b != at)
+      return absl::DataLossError(
+          absl::StrCat("checkpoint: ", what, ": TP rank ", rank, "'s elements are not covered exactly once near ", at));
+    at = e;
   }
+  if (at != n)
+    return absl::DataLossError(absl::StrCat("checkpoint: ", what, ": TP rank ", rank, "'s shards end at ", at, " of ", n));
+  return absl::OkStatus();
+}
+}  // namespace
+
+// Reads shard h's elements into dst (h.len floats).
+absl::Status CheckpointReader::ReadShard(const Shard& h, float* dst) {
+  TESSERA_ASSIGN_OR_RETURN(const SafetensorsReader* r, File(h.file));
+  return r->ReadF32Into(h.key, dst, static_cast<size_t>(h.len));
+}
+
+absl::StatusOr<std::vector<float>> CheckpointReader::Read(const std::string& name, const std::string& part,
+                                                          const std::vector<int64_t>& shape) {
+  int64_t numel = 0;
+  TESSERA_ASSIGN_OR_RETURN(std::vector<Shard> shards, Shards(name, part, shape, &numel));
+  const std::string what = absl::StrCat(name, " ", part);
+  std::vector<float> global(numel);
+  std::map<int64_t, std::vector<std::pair<int64_t, int64_t>>> cover;  // tp rank -> [begin, end)
+  std::vector<float> data;
+  for (const Shard& h : shards) {
+    data.resize(static_cast<size_t>(h.len));
+    TESSERA_RETURN_IF_ERROR(ReadShard(h, data.data()));
+    const TpMap map(shape, static_cast<int>(h.dim), static_cast<int>(h.size), static_cast<int>(h.rank), numel);
+    for (int64_t k = 0; k < h.len; ++k) global[map.Global(h.begin + k)] = data[k];
+    cover[h.rank].push_back({h.begin, h.begin + h.len});
+  }
+  for (int64_t r = 0; r < shards[0].size; ++r) TESSERA_RETURN_IF_ERROR(CheckCover(cover[r], numel / shards[0].size, r, what));
   return global;
+}
+
+absl::StatusOr<std::vector<float>> CheckpointReader::ReadTpShard(const std::string& name, const std::string& part,
+                                                                 const std::vector<int64_t>& shape, int tp_dim,
+                                                                 int tp_size, int tp_rank) {
+  const int dim = tp_size > 1 ? tp_dim : -1, size = dim >= 0 ? tp_size : 1, rank = dim >= 0 ? tp_rank : 0;
+  int64_t numel = 0;
+  TESSERA_ASSIGN_OR_RETURN(std::vector<Shard> shards, Shards(name, part, shape, &numel));
+  if (shards[0].dim != dim || shards[0].size != size) {  // saved under another split: through the global tensor
+    TESSERA_ASSIGN_OR_RETURN(std::vector<float> global, Read(name, part, shape));
+    return model::TpShardOf(global, shape, tp_dim, tp_size, tp_rank);
+  }
+  const int64_t n = numel / size;
+  std::vector<float> local(static_cast<size_t>(n));
+  std::vector<std::pair<int64_t, int64_t>> cover;
+  for (const Shard& h : shards) {
+    if (h.rank != rank) continue;
+    TESSERA_RETURN_IF_ERROR(ReadShard(h, local.data() + h.begin));
+    cover.push_back({h.begin, h.begin + h.len});
+  }
+  TESSERA_RETURN_IF_ERROR(CheckCover(std::move(cover), n, rank, absl::StrCat(name, " ", part)));
+  return local;
 }
 
 }  // namespace tessera::checkpoint

@@ -46,9 +46,23 @@ class CheckpointReader {
   // files are bad.
   absl::StatusOr<std::vector<float>> Read(const std::string& name, const std::string& part,
                                           const std::vector<int64_t>& shape);
+  // This tensor-parallel rank's part of it: the slice model::TpShardOf(global, shape,
+  // tp_dim, tp_size, tp_rank) takes. When the checkpoint split the tensor the same way,
+  // only this rank's shards are read (straight into place: no global tensor, and the
+  // other TP ranks' files are not opened); otherwise through Read.
+  absl::StatusOr<std::vector<float>> ReadTpShard(const std::string& name, const std::string& part,
+                                                 const std::vector<int64_t>& shape, int tp_dim, int tp_size,
+                                                 int tp_rank);
 
  private:
   CheckpointReader() = default;
+  struct Shard {  // one entry of a tensor part's shard list in metadata.json
+    int64_t dim = -1, size = 1, rank = 0, begin = 0, len = 0;
+    std::string file, key;
+  };
+  absl::StatusOr<std::vector<Shard>> Shards(const std::string& name, const std::string& part,
+                                            const std::vector<int64_t>& shape, int64_t* numel);
+  absl::Status ReadShard(const Shard& h, float* dst);
   absl::StatusOr<const SafetensorsReader*> File(const std::string& name);
   std::string path_;
   int64_t step_ = -1;

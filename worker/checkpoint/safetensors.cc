@@ -9,9 +9,14 @@
 #include <cstring>
 #include <limits>
 
+#include <openssl/evp.h>
+
+#include <memory>
+
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/status.h"
 #include "worker/runtime/dtype.h"
@@ -139,22 +144,26 @@ absl::StatusOr<const TensorInfo*> SafetensorsReader::Find(const std::string& nam
 
 absl::StatusOr<std::vector<float>> SafetensorsReader::ReadF32(const std::string& name) const {
   TESSERA_ASSIGN_OR_RETURN(const TensorInfo* t, Find(name));
-  const size_t n = static_cast<size_t>(t->numel());
-  std::vector<float> out(n);
-  if (t->dtype == "F32") {
-    TESSERA_RETURN_IF_ERROR(PreadAll(fd_, out.data(), n * 4, data_start_ + t->begin, path_));
-    return out;
-  }
+  std::vector<float> out(static_cast<size_t>(t->numel()));
+  TESSERA_RETURN_IF_ERROR(ReadF32Into(name, out.data(), out.size()));
+  return out;
+}
+
+absl::Status SafetensorsReader::ReadF32Into(const std::string& name, float* dst, size_t n) const {
+  TESSERA_ASSIGN_OR_RETURN(const TensorInfo* t, Find(name));
+  if (static_cast<size_t>(t->numel()) != n)
+    return absl::InvalidArgumentError(absl::StrCat(path_, ": tensor '", name, "' holds ", t->numel(), " elements, expected ", n));
+  if (t->dtype == "F32") return PreadAll(fd_, dst, n * 4, data_start_ + t->begin, path_);
   if (t->dtype != "BF16" && t->dtype != "F16")
     return absl::InvalidArgumentError(absl::StrCat(path_, ": tensor '", name, "' is ", t->dtype, ", expected F32, BF16 or F16"));
   std::vector<uint16_t> raw(n);
   TESSERA_RETURN_IF_ERROR(PreadAll(fd_, raw.data(), n * 2, data_start_ + t->begin, path_));
-  for (size_t i = 0; i < n; ++i) out[i] = t->dtype == "BF16" ? runtime::Bf16ToFloat(raw[i]) : runtime::F16ToFloat(raw[i]);
-  return out;
+  for (size_t i = 0; i < n; ++i) dst[i] = t->dtype == "BF16" ? runtime::Bf16ToFloat(raw[i]) : runtime::F16ToFloat(raw[i]);
+  return absl::OkStatus();
 }
 
 absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
-                              const std::map<std::string, std::string>& metadata) {
+                              const std::map<std::string, std::string>& metadata, std::string* sha256) {
   nlohmann::json header = nlohmann::json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t offset = 0;
@@ -174,11 +183,32 @@ absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorT
   for (int i = 0; i < 8; ++i) len_bytes[i] = static_cast<unsigned char>(static_cast<uint64_t>(text.size()) >> (8 * i));
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return absl::InternalError(absl::StrCat("cannot create ", path, ": ", strerror(errno)));
-  absl::Status st = WriteAll(fd, len_bytes, 8, path);
-  if (st.ok()) st = WriteAll(fd, text.data(), text.size(), path);
-  for (size_t i = 0; st.ok() && i < tensors.size(); ++i) st = WriteAll(fd, tensors[i].data, tensors[i].bytes, path);
+  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> md(sha256 ? EVP_MD_CTX_new() : nullptr, EVP_MD_CTX_free);
+  if (md) EVP_DigestInit_ex(md.get(), EVP_sha256(), nullptr);
+  auto put = [&](const void* data, size_t bytes) {
+    if (md) EVP_DigestUpdate(md.get(), data, bytes);
+    return WriteAll(fd, data, bytes, path);
+  };
+  absl::Status st = put(len_bytes, 8);
+  if (st.ok()) st = put(text.data(), text.size());
+  for (size_t i = 0; st.ok() && i < tensors.size(); ++i) {
+    const void* data = tensors[i].data;
+    if (tensors[i].produce) {
+      absl::StatusOr<const void*> made = tensors[i].produce();
+      if (!made.ok()) st = made.status();
+      else data = *made;
+    }
+    if (st.ok()) st = put(data, tensors[i].bytes);
+  }
   if (st.ok() && ::fsync(fd) != 0) st = absl::InternalError(absl::StrCat("cannot sync ", path, ": ", strerror(errno)));
   if (::close(fd) != 0 && st.ok()) st = absl::InternalError(absl::StrCat("cannot close ", path, ": ", strerror(errno)));
+  if (st.ok() && md) {
+    unsigned char digest[EVP_MAX_MD_SIZE];
+    unsigned int len = 0;
+    EVP_DigestFinal_ex(md.get(), digest, &len);
+    sha256->clear();
+    for (unsigned k = 0; k < len; ++k) absl::StrAppendFormat(sha256, "%02x", digest[k]);
+  }
   return st;
 }
 

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -39,6 +40,8 @@ class SafetensorsReader {
   absl::StatusOr<const TensorInfo*> Find(const std::string& name) const;
   // The tensor's values as f32 (from F32, BF16 or F16; others are an error).
   absl::StatusOr<std::vector<float>> ReadF32(const std::string& name) const;
+  // The same into dst, which holds `n` floats: INVALID_ARGUMENT unless the tensor has n.
+  absl::Status ReadF32Into(const std::string& name, float* dst, size_t n) const;
 
  private:
   SafetensorsReader(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
@@ -56,12 +59,18 @@ struct TensorToWrite {
   std::vector<int64_t> shape;
   const void* data = nullptr;
   size_t bytes = 0;  // must equal numel * the dtype's size
+  // Instead of `data`: called when the writer reaches this tensor, returns its bytes
+  // (valid until the next tensor's `produce` is called), so that a writer streams tensors
+  // it has not read yet instead of holding all of them.
+  std::function<absl::StatusOr<const void*>()> produce;
 };
 
 // Writes a safetensors file (tensors in the given order, 8-byte aligned header) and
-// fsyncs it. Not atomic by itself: checkpoints write into a temporary directory.
+// fsyncs it. Not atomic by itself: checkpoints write into a temporary directory. With
+// `sha256`, the hex SHA-256 of the whole file, computed as it is written.
 absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
-                              const std::map<std::string, std::string>& metadata = {});
+                              const std::map<std::string, std::string>& metadata = {},
+                              std::string* sha256 = nullptr);
 
 // Bytes per element of a safetensors dtype name; 0 if unknown.
 int SafetensorsDTypeSize(const std::string& dtype);

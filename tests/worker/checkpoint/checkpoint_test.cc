@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -23,6 +24,7 @@
 #include "gtest/gtest.h"
 #include "tests/common/mem_store.h"
 #include "tests/worker/model/model_test_util.h"
+#include "worker/checkpoint/checkpoint_reader.h"
 #include "worker/comm/gloo_communicator.h"
 
 namespace tessera::checkpoint {
@@ -268,6 +270,48 @@ TEST(Checkpoint, KeepRemovesAllButTheNewestAfterEachCommit) {
   ASSERT_TRUE(WriteFileAtomic(d2 + "/latest", "../elsewhere\n").ok());  // unreadable: nothing goes
   EXPECT_EQ(PruneCheckpoints(d2, 1).status().code(), absl::StatusCode::kDataLoss);
   EXPECT_TRUE(std::filesystem::exists(d2 + "/step-00000004"));
+}
+
+// A checkpoint loaded with the TP split it was saved with reads each rank's own shards
+// only, straight into place: every parameter's slice equals the global tensor's, and a
+// corrupt file of TP rank 1 fails rank 1 (and any reshard) but not rank 0, which never
+// opens it.
+TEST(Checkpoint, ASameSplitLoadReadsOnlyTheRanksOwnShards) {
+  const std::string dir = TempDir();
+  RunLayout(2, 1, 0, 9, [&](int, Rank& k) {
+    k.Train(1, 1);
+    EXPECT_TRUE(SaveCheckpoint(dir, 1, k.group()).ok());
+  });
+  const std::string ck = dir + "/step-00000001";
+  const auto specs = model::LlamaParamSpecs(Config());
+  std::set<int> dims;
+  {
+    auto reader = CheckpointReader::Open(ck);
+    ASSERT_TRUE(reader.ok()) << reader.status();
+    for (const auto& p : specs)
+      for (const char* part : {"value", "exp_avg", "exp_avg_sq"}) {
+        auto global = (*reader)->Read(p.name, part, p.shape);
+        ASSERT_TRUE(global.ok()) << global.status();
+        for (int r = 0; r < 2; ++r) {
+          auto mine = (*reader)->ReadTpShard(p.name, part, p.shape, p.shard_dim, 2, r);
+          ASSERT_TRUE(mine.ok()) << mine.status();
+          EXPECT_EQ(*mine, model::TpShardOf(*global, p.shape, p.shard_dim, 2, r)) << p.name << " " << part << " rank " << r;
+        }
+        dims.insert(p.shard_dim);
+      }
+  }
+  EXPECT_EQ(dims, (std::set<int>{-1, 0, 1}));  // replicated, row- and column-split parameters
+  const std::string other = ck + "/rank-00001.safetensors";
+  Flip(other, ReadFile(other)->size() - 3);
+  auto reader = CheckpointReader::Open(ck);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  const auto& q = specs[2];  // a layer's q projection: split by rows
+  ASSERT_EQ(q.shard_dim, 0) << q.name;
+  EXPECT_TRUE((*reader)->ReadTpShard(q.name, "value", q.shape, q.shard_dim, 2, 0).ok());
+  EXPECT_THAT(std::string((*reader)->ReadTpShard(q.name, "value", q.shape, q.shard_dim, 2, 1).status().message()),
+              HasSubstr("rank-00001.safetensors: SHA-256 mismatch"));
+  EXPECT_THAT(std::string((*reader)->ReadTpShard(q.name, "value", q.shape, q.shard_dim, 1, 0).status().message()),
+              HasSubstr("rank-00001.safetensors: SHA-256 mismatch"));  // a reshard reads both ranks' shards
 }
 
 TEST(Checkpoint, DamageIsAnErrorAndAnUnfinishedSaveLeavesLatest) {
