@@ -121,8 +121,8 @@ absl::Status InitSecrets(const std::string& dir) {
   return MakeTokensFile(dir + "/tokens");
 }
 
-ExecutorConnector GrpcExecutorConnector(std::string ca_pem, bool insecure) {
-  return [ca_pem, insecure](const ExecutorTarget& t) -> absl::StatusOr<std::shared_ptr<ExecutorClient>> {
+ExecutorConnector GrpcExecutorConnector(std::string ca_pem, bool insecure, int64_t connect_timeout_ms) {
+  return [ca_pem, insecure, connect_timeout_ms](const ExecutorTarget& t) -> absl::StatusOr<std::shared_ptr<ExecutorClient>> {
     ChannelOptions o;
     o.address = t.address;
     o.ca_pem = ca_pem;
@@ -130,6 +130,14 @@ ExecutorConnector GrpcExecutorConnector(std::string ca_pem, bool insecure) {
     o.tls_name_override = kExecutorTlsName;
     o.max_message_bytes = kDataMaxMessageBytes;
     TESSERA_ASSIGN_OR_RETURN(auto ch, MakeChannel(o));
+    // The calls wait for the connection (wait_for_ready), so an address the controller
+    // cannot reach would only show as a call's deadline minutes later: the first
+    // connection must come up within connect_timeout_ms.
+    if (!ch->WaitForConnected(std::chrono::system_clock::now() + std::chrono::milliseconds(connect_timeout_ms)))
+      return absl::UnavailableError(absl::StrCat(
+          "cannot reach executor ", t.executor, " on node ", t.node_id, " at ", t.address, " within ",
+          connect_timeout_ms / 1000.0, " s (the address it registered: is the agent's --listen-host reachable from the "
+          "controller, and does TLS verify?)"));
     return std::shared_ptr<ExecutorClient>(std::make_shared<GrpcExecutorClient>(ch, t));
   };
 }

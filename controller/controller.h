@@ -86,6 +86,8 @@ class Controller {
 
 // ExecutorConnector over gRPC with TLS (verified against the controller CA and the
 // executor certificate name) or loopback plaintext.
-ExecutorConnector GrpcExecutorConnector(std::string ca_pem, bool insecure);
+// The first connection to an executor must come up within connect_timeout_ms (an error
+// naming the executor, node and address otherwise); later calls wait for reconnections.
+ExecutorConnector GrpcExecutorConnector(std::string ca_pem, bool insecure, int64_t connect_timeout_ms = 30000);
 
 }  // namespace tessera::controller

@@ -1,5 +1,10 @@
 #include "controller/job_manager.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -7,7 +12,9 @@
 #include <chrono>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "common/job_spec.h"
+#include "controller/controller.h"
 #include "common/util.h"
 
 namespace tessera::controller {
@@ -346,6 +353,29 @@ TEST_F(JobManagerTest, RecoversJobsAfterRestartWithoutLaunchingTwice) {
   ExitAll(cfgs2, "n1", true);
   ASSERT_TRUE(WaitFor([&] { return State(id) == v1::SUCCEEDED; }));
   EXPECT_EQ(jm_->GetJob(id)->restarts(), 0);  // a controller restart is not the job's fault
+}
+
+// The driver's calls wait for an executor's connection to come up; the first one has a
+// bound, so an address the controller cannot reach is an error naming it, not a hang
+// until a call's deadline.
+TEST(GrpcExecutorConnector, AnUnreachableExecutorIsANamedErrorNotAHang) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);  // a port nothing listens on
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  const std::string address = absl::StrCat("127.0.0.1:", ntohs(a.sin_port));
+  auto connect = GrpcExecutorConnector("", /*insecure=*/true, /*connect_timeout_ms=*/500);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto c = connect(ExecutorTarget{address, "secret", 3, "n9"});
+  close(fd);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(c.status().message()),
+              ::testing::HasSubstr(absl::StrCat("cannot reach executor 3 on node n9 at ", address, " within 0.5 s")));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
 }
 
 }  // namespace
