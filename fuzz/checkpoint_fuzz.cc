@@ -63,6 +63,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (const char* part : {"value", "exp_avg", "exp_avg_sq"}) {
       if (numel <= 4096) (void)(*r)->Read(name, part, shape);
       (void)(*r)->Read(name, part, {4, 2});
+      // A TP rank's part straight from its shards, whole and a range (ZeRO's slice).
+      (void)(*r)->ReadTpShard(name, part, {4, 2}, 0, 2, 1);
+      (void)(*r)->ReadTpShard(name, part, {4, 2}, 0, 2, 0, 1, 2);
+      (void)(*r)->ReadTpShard(name, part, {4, 2}, -1, 1, 0, 3, 5);
     }
   }
   return 0;

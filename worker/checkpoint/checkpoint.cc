@@ -220,13 +220,17 @@ absl::StatusOr<int64_t> LoadLocal(const std::string& path, const Group& g) {
       TESSERA_RETURN_IF_ERROR(g.model->SetGlobal(params[i], global));
       continue;
     }
-    std::vector<float> local[3];
-    const char* parts[3] = {"value", "exp_avg", "exp_avg_sq"};
-    for (int k = 0; k < 3; ++k) {
-      TESSERA_ASSIGN_OR_RETURN(local[k],
-                               reader->ReadTpShard(spec.name, parts[k], spec.shape, spec.shard_dim, TpSize(g), TpRank(g)));
-    }
-    TESSERA_RETURN_IF_ERROR(g.trainer->LoadPiece(i, local[0], local[1], local[2]));
+    // Only what this rank holds: under ZeRO its slice of the moments (ZeRO-3: of the value too).
+    const engine::Trainer::PieceSlices sl = g.trainer->SlicesOf(i);
+    engine::Trainer::Piece p;
+    p.value_begin = sl.value_begin, p.state_begin = sl.state_begin;
+    auto read = [&](const char* part, int64_t begin, int64_t len) {
+      return reader->ReadTpShard(spec.name, part, spec.shape, spec.shard_dim, TpSize(g), TpRank(g), begin, len);
+    };
+    TESSERA_ASSIGN_OR_RETURN(p.value, read("value", sl.value_begin, sl.value_len));
+    TESSERA_ASSIGN_OR_RETURN(p.m, read("exp_avg", sl.state_begin, sl.state_len));
+    TESSERA_ASSIGN_OR_RETURN(p.v, read("exp_avg_sq", sl.state_begin, sl.state_len));
+    TESSERA_RETURN_IF_ERROR(g.trainer->LoadPiece(i, p));
   }
   return reader->step();
 }

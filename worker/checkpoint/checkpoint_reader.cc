@@ -15,7 +15,6 @@
 #include "absl/strings/str_join.h"
 #include "common/status.h"
 #include "common/util.h"
-#include "worker/model/config.h"
 
 namespace tessera::checkpoint {
 namespace {
@@ -210,24 +209,35 @@ absl::StatusOr<std::vector<float>> CheckpointReader::Read(const std::string& nam
 
 absl::StatusOr<std::vector<float>> CheckpointReader::ReadTpShard(const std::string& name, const std::string& part,
                                                                  const std::vector<int64_t>& shape, int tp_dim,
-                                                                 int tp_size, int tp_rank) {
+                                                                 int tp_size, int tp_rank, int64_t begin, int64_t len) {
   const int dim = tp_size > 1 ? tp_dim : -1, size = dim >= 0 ? tp_size : 1, rank = dim >= 0 ? tp_rank : 0;
   int64_t numel = 0;
   TESSERA_ASSIGN_OR_RETURN(std::vector<Shard> shards, Shards(name, part, shape, &numel));
+  const int64_t n = numel / size;
+  if (len < 0) len = n - begin;
+  if (begin < 0 || len < 0 || begin > n - len)
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint: ", name, " ", part, ": [", begin, ", +", len,
+                                                   ") is outside the ", n, " elements of a TP rank's part"));
   if (shards[0].dim != dim || shards[0].size != size) {  // saved under another split: through the global tensor
     TESSERA_ASSIGN_OR_RETURN(std::vector<float> global, Read(name, part, shape));
-    return model::TpShardOf(global, shape, tp_dim, tp_size, tp_rank);
+    const TpMap map(shape, dim, size, rank, numel);  // this rank's local element -> global
+    std::vector<float> out(static_cast<size_t>(len));
+    for (int64_t k = 0; k < len; ++k) out[k] = global[map.Global(begin + k)];
+    return out;
   }
-  const int64_t n = numel / size;
-  std::vector<float> local(static_cast<size_t>(n));
   std::vector<std::pair<int64_t, int64_t>> cover;
+  for (const Shard& h : shards)
+    if (h.rank == rank) cover.push_back({h.begin, h.begin + h.len});
+  TESSERA_RETURN_IF_ERROR(CheckCover(cover, n, rank, absl::StrCat(name, " ", part)));
+  std::vector<float> out(static_cast<size_t>(len));
   for (const Shard& h : shards) {
-    if (h.rank != rank) continue;
-    TESSERA_RETURN_IF_ERROR(ReadShard(h, local.data() + h.begin));
-    cover.push_back({h.begin, h.begin + h.len});
+    const int64_t from = std::max(h.begin, begin), to = std::min(h.begin + h.len, begin + len);
+    if (h.rank != rank || from >= to) continue;
+    TESSERA_ASSIGN_OR_RETURN(const SafetensorsReader* r, File(h.file));
+    TESSERA_RETURN_IF_ERROR(r->ReadF32RangeInto(h.key, static_cast<size_t>(from - h.begin), out.data() + (from - begin),
+                                                static_cast<size_t>(to - from)));
   }
-  TESSERA_RETURN_IF_ERROR(CheckCover(std::move(cover), n, rank, absl::StrCat(name, " ", part)));
-  return local;
+  return out;
 }
 
 }  // namespace tessera::checkpoint

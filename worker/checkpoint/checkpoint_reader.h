@@ -46,13 +46,15 @@ class CheckpointReader {
   // files are bad.
   absl::StatusOr<std::vector<float>> Read(const std::string& name, const std::string& part,
                                           const std::vector<int64_t>& shape);
-  // This tensor-parallel rank's part of it: the slice model::TpShardOf(global, shape,
-  // tp_dim, tp_size, tp_rank) takes. When the checkpoint split the tensor the same way,
-  // only this rank's shards are read (straight into place: no global tensor, and the
-  // other TP ranks' files are not opened); otherwise through Read.
+  // Elements [begin, begin + len) (len -1: to the end) of this tensor-parallel rank's
+  // part of it: the slice model::TpShardOf(global, shape, tp_dim, tp_size, tp_rank)
+  // takes. When the checkpoint split the tensor the same way, only the shards of this
+  // rank that overlap the range are read, straight into place (no global tensor; other
+  // ranks' files are not opened; the shards' coverage is still checked from the
+  // metadata); otherwise through Read.
   absl::StatusOr<std::vector<float>> ReadTpShard(const std::string& name, const std::string& part,
                                                  const std::vector<int64_t>& shape, int tp_dim, int tp_size,
-                                                 int tp_rank);
+                                                 int tp_rank, int64_t begin = 0, int64_t len = -1);
 
  private:
   CheckpointReader() = default;

@@ -153,11 +153,20 @@ absl::Status SafetensorsReader::ReadF32Into(const std::string& name, float* dst,
   TESSERA_ASSIGN_OR_RETURN(const TensorInfo* t, Find(name));
   if (static_cast<size_t>(t->numel()) != n)
     return absl::InvalidArgumentError(absl::StrCat(path_, ": tensor '", name, "' holds ", t->numel(), " elements, expected ", n));
-  if (t->dtype == "F32") return PreadAll(fd_, dst, n * 4, data_start_ + t->begin, path_);
+  return ReadF32RangeInto(name, 0, dst, n);
+}
+
+absl::Status SafetensorsReader::ReadF32RangeInto(const std::string& name, size_t offset, float* dst, size_t n) const {
+  TESSERA_ASSIGN_OR_RETURN(const TensorInfo* t, Find(name));
+  const size_t numel = static_cast<size_t>(t->numel());
+  if (offset > numel || n > numel - offset)
+    return absl::InvalidArgumentError(absl::StrCat(path_, ": tensor '", name, "' holds ", numel, " elements; asked for [",
+                                                   offset, ", +", n, ")"));
+  if (t->dtype == "F32") return PreadAll(fd_, dst, n * 4, data_start_ + t->begin + offset * 4, path_);
   if (t->dtype != "BF16" && t->dtype != "F16")
     return absl::InvalidArgumentError(absl::StrCat(path_, ": tensor '", name, "' is ", t->dtype, ", expected F32, BF16 or F16"));
   std::vector<uint16_t> raw(n);
-  TESSERA_RETURN_IF_ERROR(PreadAll(fd_, raw.data(), n * 2, data_start_ + t->begin, path_));
+  TESSERA_RETURN_IF_ERROR(PreadAll(fd_, raw.data(), n * 2, data_start_ + t->begin + offset * 2, path_));
   for (size_t i = 0; i < n; ++i) dst[i] = t->dtype == "BF16" ? runtime::Bf16ToFloat(raw[i]) : runtime::F16ToFloat(raw[i]);
   return absl::OkStatus();
 }

@@ -42,6 +42,9 @@ class SafetensorsReader {
   absl::StatusOr<std::vector<float>> ReadF32(const std::string& name) const;
   // The same into dst, which holds `n` floats: INVALID_ARGUMENT unless the tensor has n.
   absl::Status ReadF32Into(const std::string& name, float* dst, size_t n) const;
+  // Elements [offset, offset + n) of the flattened tensor into dst (INVALID_ARGUMENT when
+  // the range is not inside it).
+  absl::Status ReadF32RangeInto(const std::string& name, size_t offset, float* dst, size_t n) const;
 
  private:
   SafetensorsReader(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}

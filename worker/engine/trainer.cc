@@ -330,36 +330,49 @@ absl::Status Trainer::ResetOptimizerState() {
   return absl::OkStatus();
 }
 
-absl::Status Trainer::LoadPiece(size_t i, const std::vector<float>& value, const std::vector<float>& m,
-                                const std::vector<float>& v) {
-  if (i >= state_.size()) return absl::OutOfRangeError(absl::StrCat("trainer: no parameter ", i));
-  State& s = state_[i];
-  if (static_cast<int64_t>(value.size()) != s.n || static_cast<int64_t>(m.size()) != s.n ||
-      static_cast<int64_t>(v.size()) != s.n)
-    return absl::InvalidArgumentError(absl::StrCat("trainer: ", s.param->name(), " holds ", s.n, " elements, got ",
-                                                   value.size(), " / ", m.size(), " / ", v.size()));
-  runtime::Backend& b = *backend_;
+Trainer::PieceSlices Trainer::SlicesOf(size_t i) const {
+  const State& s = state_[i];
   const int rank = dp_ ? dp_->rank() : 0;
   const int64_t begin = std::min<int64_t>(s.n, rank * s.shard), len = std::min<int64_t>(s.shard, s.n - begin);
-  auto write = [&](const std::vector<float>& src, int64_t from, int64_t count, Tensor& t) -> absl::Status {
+  PieceSlices r;
+  r.n = s.n;
+  if (options_.zero == 3) r.value_begin = begin, r.value_len = len;
+  else r.value_len = s.n;
+  if (options_.zero > 0) r.state_begin = begin, r.state_len = len;
+  else r.state_len = s.n;
+  return r;
+}
+
+absl::Status Trainer::LoadPiece(size_t i, const Piece& p) {
+  if (i >= state_.size()) return absl::OutOfRangeError(absl::StrCat("trainer: no parameter ", i));
+  State& s = state_[i];
+  const PieceSlices sl = SlicesOf(i);
+  if (p.value_begin != sl.value_begin || static_cast<int64_t>(p.value.size()) != sl.value_len ||
+      p.state_begin != sl.state_begin || static_cast<int64_t>(p.m.size()) != sl.state_len ||
+      static_cast<int64_t>(p.v.size()) != sl.state_len)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "trainer: ", s.param->name(), " holds value elements [", sl.value_begin, ", +", sl.value_len, ") and moments [",
+        sl.state_begin, ", +", sl.state_len, "); got [", p.value_begin, ", +", p.value.size(), ") and [", p.state_begin,
+        ", +", p.m.size(), " / ", p.v.size(), ")"));
+  runtime::Backend& b = *backend_;
+  auto write = [&](const std::vector<float>& src, Tensor& t) -> absl::Status {
     TESSERA_RETURN_IF_ERROR(b.Fill(t, 0));  // the padding past n stays zero
-    if (count == 0) return absl::OkStatus();
+    if (src.empty()) return absl::OkStatus();
     TESSERA_ASSIGN_OR_RETURN(Tensor flat, t.Reshape({t.numel()}));
-    TESSERA_ASSIGN_OR_RETURN(Tensor head, flat.Slice(0, 0, count));
-    return b.CopyFromHost(src.data() + from, head);
+    TESSERA_ASSIGN_OR_RETURN(Tensor head, flat.Slice(0, 0, static_cast<int64_t>(src.size())));
+    return b.CopyFromHost(src.data(), head);
   };
   if (options_.zero == 3) {
     s.param->value = Tensor();
     s.param->compute = Tensor();
-    TESSERA_RETURN_IF_ERROR(write(value, begin, len, s.value_shard));
+    TESSERA_RETURN_IF_ERROR(write(p.value, s.value_shard));
     if (s.lowp_shard.defined()) TESSERA_RETURN_IF_ERROR(b.Cast(s.value_shard, s.lowp_shard));
   } else {
-    TESSERA_RETURN_IF_ERROR(write(value, 0, s.n, s.param->value));
+    TESSERA_RETURN_IF_ERROR(write(p.value, s.param->value));
     TESSERA_RETURN_IF_ERROR(model_->RefreshCompute(*s.param));
   }
-  const int64_t from = options_.zero > 0 ? begin : 0, count = options_.zero > 0 ? len : s.n;
-  TESSERA_RETURN_IF_ERROR(write(m, from, count, s.m));
-  return write(v, from, count, s.v);
+  TESSERA_RETURN_IF_ERROR(write(p.m, s.m));
+  return write(p.v, s.v);
 }
 
 // Host values: not ordered with the compute stream (Communicator::AllReduceHost).

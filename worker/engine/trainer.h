@@ -148,10 +148,15 @@ class Trainer {
     std::vector<float> value, m, v;
   };
   absl::StatusOr<Piece> ReadPiece(size_t i);
-  // Sets parameter i's value and moments from its whole TP-local tensors (n elements
-  // each); the rank keeps what it holds.
-  absl::Status LoadPiece(size_t i, const std::vector<float>& value, const std::vector<float>& m,
-                         const std::vector<float>& v);
+  // Which elements of parameter i's flattened TP-local tensor (n of them) this rank holds:
+  // the value's and the moments' ranges, as ReadPiece returns them.
+  struct PieceSlices {
+    int64_t n = 0, value_begin = 0, value_len = 0, state_begin = 0, state_len = 0;
+  };
+  PieceSlices SlicesOf(size_t i) const;
+  // Sets parameter i's value and moments from exactly the ranges SlicesOf(i) names
+  // (INVALID_ARGUMENT naming the parameter otherwise).
+  absl::Status LoadPiece(size_t i, const Piece& p);
   void set_step(int64_t step) { step_ = step; }
   // Zeroes the AdamW moments and the step count: a fresh optimizer on the current
   // weights (an RL job's warm start from an SFT checkpoint).

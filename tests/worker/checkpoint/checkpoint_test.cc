@@ -295,7 +295,13 @@ TEST(Checkpoint, ASameSplitLoadReadsOnlyTheRanksOwnShards) {
         for (int r = 0; r < 2; ++r) {
           auto mine = (*reader)->ReadTpShard(p.name, part, p.shape, p.shard_dim, 2, r);
           ASSERT_TRUE(mine.ok()) << mine.status();
-          EXPECT_EQ(*mine, model::TpShardOf(*global, p.shape, p.shard_dim, 2, r)) << p.name << " " << part << " rank " << r;
+          const auto want = model::TpShardOf(*global, p.shape, p.shard_dim, 2, r);
+          EXPECT_EQ(*mine, want) << p.name << " " << part << " rank " << r;
+          // A range of it (a ZeRO slice): the same elements.
+          const int64_t n = static_cast<int64_t>(want.size()), b = n / 3, len = n - n / 3 - b;
+          auto range = (*reader)->ReadTpShard(p.name, part, p.shape, p.shard_dim, 2, r, b, len);
+          ASSERT_TRUE(range.ok()) << range.status();
+          EXPECT_EQ(*range, std::vector<float>(want.begin() + b, want.begin() + b + len)) << p.name << " " << part;
         }
         dims.insert(p.shard_dim);
       }
@@ -329,14 +335,15 @@ TEST(Checkpoint, DamageIsAnErrorAndAnUnfinishedSaveLeavesLatest) {
   };
   // A model of another shape: the tensor and both shapes are named.
   EXPECT_THAT(load_error(1, 0, ck, Config(32))[0], HasSubstr("model.embed_tokens.weight has shape [14, 16], the model expects [14, 32]"));
-  // A flipped byte in rank 1's shard: both ranks fail (rank 0 reads it too when resharding
-  // to one rank; with dp2 both read all shards), naming the file.
+  // A flipped byte in rank 1's shard: one rank reads it (all of the moments), naming the
+  // file; loaded as saved (dp2 ZeRO-1), rank 1 reads it and rank 0 — which reads only its
+  // own slice, from its own file — fails because rank 1 did.
   const std::string good = *ReadFile(shard);
   Flip(shard, good.size() - 3);
   EXPECT_THAT(load_error(1, 0, ck)[0], HasSubstr("rank-00001.safetensors: SHA-256 mismatch"));
   auto both = load_error(2, 1, ck);
-  EXPECT_THAT(both[0], HasSubstr("SHA-256 mismatch"));
-  EXPECT_THAT(both[1], HasSubstr("SHA-256 mismatch"));
+  EXPECT_THAT(both[0], HasSubstr("checkpoint load failed on another rank"));
+  EXPECT_THAT(both[1], HasSubstr("rank-00001.safetensors: SHA-256 mismatch"));
   // Truncated, then missing.
   std::ofstream(shard, std::ios::binary | std::ios::trunc) << good.substr(0, good.size() / 2);
   EXPECT_THAT(load_error(1, 0, ck)[0], HasSubstr("(truncated?)"));
