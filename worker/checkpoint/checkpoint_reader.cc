@@ -182,10 +182,15 @@ absl::Status CheckCover(std::vector<std::pair<int64_t, int64_t>> ranges, int64_t
 }
 }  // namespace
 
-// Reads shard h's elements into dst (h.len floats).
-absl::Status CheckpointReader::ReadShard(const Shard& h, float* dst) {
+// Elements [from, from + n) of shard h into dst, once its file checks out and its tensor
+// holds the h.len elements the metadata says (both paths read through here).
+absl::Status CheckpointReader::ReadShard(const Shard& h, int64_t from, int64_t n, float* dst) {
   TESSERA_ASSIGN_OR_RETURN(const SafetensorsReader* r, File(h.file));
-  return r->ReadF32Into(h.key, dst, static_cast<size_t>(h.len));
+  TESSERA_ASSIGN_OR_RETURN(const TensorInfo* t, r->Find(h.key));
+  if (t->numel() != h.len)
+    return absl::DataLossError(absl::StrCat("checkpoint ", path_, ": ", h.key, " holds ", t->numel(),
+                                            " elements, the metadata says ", h.len));
+  return r->ReadF32RangeInto(h.key, static_cast<size_t>(from), dst, static_cast<size_t>(n));
 }
 
 absl::StatusOr<std::vector<float>> CheckpointReader::Read(const std::string& name, const std::string& part,
@@ -198,7 +203,7 @@ absl::StatusOr<std::vector<float>> CheckpointReader::Read(const std::string& nam
   std::vector<float> data;
   for (const Shard& h : shards) {
     data.resize(static_cast<size_t>(h.len));
-    TESSERA_RETURN_IF_ERROR(ReadShard(h, data.data()));
+    TESSERA_RETURN_IF_ERROR(ReadShard(h, 0, h.len, data.data()));
     const TpMap map(shape, static_cast<int>(h.dim), static_cast<int>(h.size), static_cast<int>(h.rank), numel);
     for (int64_t k = 0; k < h.len; ++k) global[map.Global(h.begin + k)] = data[k];
     cover[h.rank].push_back({h.begin, h.begin + h.len});
@@ -233,9 +238,7 @@ absl::StatusOr<std::vector<float>> CheckpointReader::ReadTpShard(const std::stri
   for (const Shard& h : shards) {
     const int64_t from = std::max(h.begin, begin), to = std::min(h.begin + h.len, begin + len);
     if (h.rank != rank || from >= to) continue;
-    TESSERA_ASSIGN_OR_RETURN(const SafetensorsReader* r, File(h.file));
-    TESSERA_RETURN_IF_ERROR(r->ReadF32RangeInto(h.key, static_cast<size_t>(from - h.begin), out.data() + (from - begin),
-                                                static_cast<size_t>(to - from)));
+    TESSERA_RETURN_IF_ERROR(ReadShard(h, from - h.begin, to - from, out.data() + (from - begin)));
   }
   return out;
 }

@@ -64,7 +64,7 @@ class CheckpointReader {
   };
   absl::StatusOr<std::vector<Shard>> Shards(const std::string& name, const std::string& part,
                                             const std::vector<int64_t>& shape, int64_t* numel);
-  absl::Status ReadShard(const Shard& h, float* dst);
+  absl::Status ReadShard(const Shard& h, int64_t from, int64_t n, float* dst);
   absl::StatusOr<const SafetensorsReader*> File(const std::string& name);
   std::string path_;
   int64_t step_ = -1;

@@ -145,15 +145,8 @@ absl::StatusOr<const TensorInfo*> SafetensorsReader::Find(const std::string& nam
 absl::StatusOr<std::vector<float>> SafetensorsReader::ReadF32(const std::string& name) const {
   TESSERA_ASSIGN_OR_RETURN(const TensorInfo* t, Find(name));
   std::vector<float> out(static_cast<size_t>(t->numel()));
-  TESSERA_RETURN_IF_ERROR(ReadF32Into(name, out.data(), out.size()));
+  TESSERA_RETURN_IF_ERROR(ReadF32RangeInto(name, 0, out.data(), out.size()));
   return out;
-}
-
-absl::Status SafetensorsReader::ReadF32Into(const std::string& name, float* dst, size_t n) const {
-  TESSERA_ASSIGN_OR_RETURN(const TensorInfo* t, Find(name));
-  if (static_cast<size_t>(t->numel()) != n)
-    return absl::InvalidArgumentError(absl::StrCat(path_, ": tensor '", name, "' holds ", t->numel(), " elements, expected ", n));
-  return ReadF32RangeInto(name, 0, dst, n);
 }
 
 absl::Status SafetensorsReader::ReadF32RangeInto(const std::string& name, size_t offset, float* dst, size_t n) const {

@@ -40,8 +40,6 @@ class SafetensorsReader {
   absl::StatusOr<const TensorInfo*> Find(const std::string& name) const;
   // The tensor's values as f32 (from F32, BF16 or F16; others are an error).
   absl::StatusOr<std::vector<float>> ReadF32(const std::string& name) const;
-  // The same into dst, which holds `n` floats: INVALID_ARGUMENT unless the tensor has n.
-  absl::Status ReadF32Into(const std::string& name, float* dst, size_t n) const;
   // Elements [offset, offset + n) of the flattened tensor into dst (INVALID_ARGUMENT when
   // the range is not inside it).
   absl::Status ReadF32RangeInto(const std::string& name, size_t offset, float* dst, size_t n) const;
