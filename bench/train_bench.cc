@@ -8,8 +8,9 @@
 // micro-batches, and the measured bubble is printed: the slowest stage's schedule time
 // over the stages' mean compute time, minus 1, against (pp - 1) / (vpp * micro));
 // AdamW; `--warmup` untimed steps, then `--steps` timed ones (each step ends on the host:
-// the loss is read; the slowest rank's time counts). Prints one JSON line: tokens/s, step ms,
-// model TFLOP/s in all and per GPU (Megatron's
+// the loss is read; the slowest rank's time counts; the clock starts and stops with the
+// device idle, so every timed step's update is timed and nothing before them is). Prints
+// one JSON line: tokens/s, step ms, model TFLOP/s in all and per GPU (Megatron's
 // 6 N per token + causal attention 6 L Hq D s^2, the formula the pretrain driver
 // reports), peak memory, the losses.
 //
@@ -151,6 +152,7 @@ void RunRank(const model::LlamaConfig& c, int device, comm::Communicator* tp, co
   comm::CommStats dp0;
   for (int64_t s = 0; s < warmup + steps; ++s) {
     if (s == warmup) {
+      if (auto st = (*be)->Synchronize(); !st.ok()) return fail(st);  // the warmup's last update
       (*be)->allocator()->ResetPeak();
       t0 = std::chrono::steady_clock::now();
       if (dp != nullptr) dp0 = dp->stats();
@@ -165,6 +167,7 @@ void RunRank(const model::LlamaConfig& c, int device, comm::Communicator* tp, co
     if (s >= warmup) out.pipeline_s.push_back(st->pipeline_s), out.busy_s.push_back(st->pipeline_busy_s);
     if (s >= warmup) out.dp_wait_s += st->dp_wait_s;
   }
+  if (auto st = (*be)->Synchronize(); !st.ok()) return fail(st);  // the last step's update, still on the device
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (dp != nullptr)
     out.dp_host_op_s = dp->stats().host_op_seconds - dp0.host_op_seconds,

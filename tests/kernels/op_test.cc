@@ -131,7 +131,9 @@ TEST_P(OpTest, RmsNormForwardAndBackward) {
       std::vector<float> want = Read(*be_, dx);
       for (size_t i = 0; i < want.size(); ++i) want[i] += addv[i];
       EXPECT_LT(RelErr(Read(*be_, dx2), want), t == DType::kBF16 ? 1e-2 : 1e-6);
-      EXPECT_LT(RelErr(Read(*be_, dw2), Read(*be_, dw)), 1e-6);  // CUDA f32 sums dw with atomics
+      // The CPU sums dw in one order both times; CUDA sums it with atomics, in an order
+      // that varies from run to run (4099 rows: 1.3e-6 apart once on H100, session 17).
+      EXPECT_LT(RelErr(Read(*be_, dw2), Read(*be_, dw)), cpu() ? 1e-6 : 1e-5);
     }
   }
 }

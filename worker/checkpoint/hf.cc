@@ -177,9 +177,9 @@ absl::Status ExportHf(const std::string& dir, model::Llama& model, const std::st
     if (dtype == "BF16") {
       bf16.emplace_back(v.size());
       for (size_t i = 0; i < v.size(); ++i) bf16.back()[i] = runtime::FloatToBf16(v[i]);
-      tensors.push_back({spec.name, dtype, spec.shape, bf16.back().data(), v.size() * 2});
+      tensors.push_back({spec.name, dtype, spec.shape, bf16.back().data(), v.size() * 2, {}});
     } else {
-      tensors.push_back({spec.name, dtype, spec.shape, v.data(), v.size() * 4});
+      tensors.push_back({spec.name, dtype, spec.shape, v.data(), v.size() * 4, {}});
     }
   }
   if (!write) return absl::OkStatus();

@@ -70,7 +70,14 @@ absl::StatusOr<ncclComm_t> SplitBlocking(ncclComm_t parent, int color, int key, 
     return absl::UnavailableError(absl::StrCat("NCCL: ", ncclGetErrorString(r), " ", ncclGetLastError(comm)));
   };
   volatile ncclComm_t child = nullptr;  // filled in the background
-  ncclResult_t r = settle(parent, ncclCommSplit(parent, color, key, const_cast<ncclComm_t*>(&child), &cfg));
+  ncclResult_t r = ncclCommSplit(parent, color, key, const_cast<ncclComm_t*>(&child), &cfg);
+  // The parent's own state, whatever the call returned: a split that returns ncclSuccess
+  // (a rank passing NCCL_SPLIT_NOCOLOR may get it at once) can still be completing on
+  // the parent, which then refuses the next split (session 17, pp 4 on 4x H200: "Attempt
+  // to use communicator before the previous operation returned ncclSuccess" at a link's
+  // first receive; the helper had skipped this poll when the call said ncclSuccess).
+  if (r == ncclSuccess || r == ncclInProgress) ncclCommGetAsyncError(parent, &r);
+  r = settle(parent, r);
   if (r != ncclSuccess) return failed(parent, r, "did not complete");
   if (color == NCCL_SPLIT_NOCOLOR) return nullptr;
   while (child == nullptr && std::chrono::steady_clock::now() < deadline)

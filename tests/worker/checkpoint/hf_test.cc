@@ -151,7 +151,7 @@ TEST(Hf, ShardedDirectoryAndErrors) {
   for (const auto& [name, info] : (*r)->tensors()) {
     data.push_back(*(*r)->ReadF32(name));
     const bool in_first = name.find("layers.1.") == std::string::npos;
-    (in_first ? first : second).push_back({name, "F32", info.shape, data.back().data(), data.back().size() * 4});
+    (in_first ? first : second).push_back({name, "F32", info.shape, data.back().data(), data.back().size() * 4, {}});
     absl::StrAppend(&map, map.empty() ? "" : ", ", "\"", name, "\": \"model-0000", in_first ? 1 : 2, "-of-00002.safetensors\"");
   }
   ASSERT_TRUE(MakeDirs(two).ok());
