@@ -41,7 +41,7 @@ for r in rows:
     gpus = r["tp"] * r["dp"] * r.get("pp", 1)
     per = r["tokens_per_s"] / gpus
     if gpus == 1: base = per  # each 1-GPU run is the base of the runs after it
-    name = f"tp{r['tp']} dp{r['dp']} pp{r.get('pp', 1)} vpp{r.get('vpp', 1)} m{r.get('micro')}"
+    name = f"tp{r['tp']} dp{r['dp']} pp{r.get('pp', 1)} vpp{r.get('vpp', 1)} m{r.get('micro')}" + (f" zero{r['zero']}" if r.get("zero") else "")
     extra = f"  bubble {r['bubble']:.3f} (ideal {r['bubble_ideal']:.3f})" if r.get("pp", 1) > 1 else f"  dp wait {r.get('dp_wait_ms', 0):.2f} ms, enqueue {r.get('dp_enqueue_ms', 0):.2f} ms + host ops {r.get('dp_host_ops_ms', 0):.2f} ms / {r.get('dp_calls', 0):.0f} calls"
     if r.get("last_stage_layers"): name += f" last {r['last_stage_layers']}"
     if r.get("stage_layers"): name += " layers " + ",".join(map(str, r["stage_layers"]))
@@ -49,6 +49,7 @@ for r in rows:
     if r.get("comm_priority") == "high": name += " comm-priority high"
     if r.get("nccl_blocking") == 0: name += " nccl-nonblocking"
     if r.get("grad_reduce") == "bf16": name += " grad-reduce bf16"
+    if r.get("group_reductions") == 0: name += " ungrouped"
     if r.get("env"): name = r["env"] + " " + name
     eff = f"{per / base:.1%}" if base and r.get("pp", 1) == 1 else ""
     print(f"{name:58} gpus {gpus}  {r['step_ms']:8.1f} ms/step  {r['tokens_per_s']:9.0f} tokens/s  weak eff {eff:>6}{extra}")

@@ -241,6 +241,7 @@ std::string StepDirName(int64_t step) { return absl::StrFormat("step-%08d", step
 
 absl::Status SaveCheckpoint(const std::string& dir, int64_t step, const Group& g, int keep) {
   if (g.model == nullptr || g.trainer == nullptr) return absl::InvalidArgumentError("checkpoint: no model or trainer");
+  TESSERA_RETURN_IF_ERROR(g.trainer->GatherValues());  // ZeRO-1: the values the last step left as slices
   const int rank = WorldRank(g, TpRank(g), DpRank(g), PpRank(g));
   const std::string final_dir = absl::StrCat(dir, "/", StepDirName(step)), tmp = final_dir + ".tmp";
   absl::Status st;

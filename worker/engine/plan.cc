@@ -75,7 +75,11 @@ absl::StatusOr<Plan> PlanStage(const PlanInput& in, int stage) {
   const int64_t a = runtime::DTypeSize(c.dtype), copy = c.dtype == runtime::DType::kF32 ? 0 : a;
   // ZeRO-3: the f32 slice (+ its bf16 copy, which is what gets gathered) and the gathered
   // block and the next (f32 values, or bf16 compute copies under mixed precision).
-  m.params = zero == 3 ? (4 + copy) * shard + a * 2 * largest_block : (4 + copy) * P;
+  // ZeRO-1 under mixed precision: the compute copy lives in a padded buffer the updated
+  // bf16 slices are gathered into, and its staging slice.
+  m.params = zero == 3                ? (4 + copy) * shard + a * 2 * largest_block
+             : zero == 1 && copy > 0 ? 4 * P + copy * (padded + shard)
+                                      : (4 + copy) * P;
   m.grads = zero >= 2 ? 4 * (shard + largest_block) : 4 * P;   // the reduced slice + one block's buffer
   // m and v; with ZeRO the staging slice (the updated slice before the all-gather / the
   // reduce-scatter's output), ZeRO-1 also the reduced gradient slice and the padded flat buffer.
@@ -118,7 +122,8 @@ absl::StatusOr<Plan> PlanStage(const PlanInput& in, int stage) {
     const double g = 4.0 * P;
     switch (zero) {
       case 0: p.comm.dp = g * 2 * ring(dp); break;
-      case 1: p.comm.dp = 2 * g * ring(dp); break;                       // reduce-scatter + all-gather
+      // reduce-scatter + all-gather (of the bf16 compute copies under mixed precision)
+      case 1: p.comm.dp = (g + (copy > 0 ? double(copy) * P : g)) * ring(dp); break;
       case 2: p.comm.dp = (micro + 1) * g * ring(dp); break;             // a reduce-scatter per micro-batch
       default: p.comm.dp = micro * (in.recompute ? 4 : 3) * g * ring(dp);  // gather fwd + bwd (+ recompute), scatter
     }

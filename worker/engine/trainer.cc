@@ -38,6 +38,15 @@ struct Trainer::State {
   bool tp_sharded = false;
   bool norm_elsewhere = false;  // the last pipeline stage's copy of a tied embedding
   Tensor grad_low;  // OptimizerOptions::grad_reduce_bf16: this step's gradient, reduced in bf16 (until the update)
+  // ZeRO-1 under mixed precision (the distributed optimizer): the compute copy lives in
+  // lowp_padded ([shard * dp] bf16; Param::compute is a view of its head); AdamW writes
+  // the rank's updated slice into lowp_stage ([shard] bf16), all-gathered into
+  // lowp_padded — lazily after Step (compute_pending: the next forward gathers a block
+  // at a time, the next block's ahead), at once after PolicyStep / ValueStep. The f32
+  // value then holds only this rank's slice up to date (value_stale) until
+  // Trainer::GatherValues.
+  Tensor lowp_padded, lowp_stage;
+  bool compute_pending = false, value_stale = false;
 };
 
 // ZeRO-2/3 through the model's block hooks. Values (ZeRO-3; their bf16 compute copies
@@ -53,6 +62,15 @@ class Trainer::Hooks : public model::ParamHooks {
   }
   absl::Status Acquire(int block, Phase phase) override {
     const bool backward = phase == Phase::kBackward;
+    if (t_->compute_pending_) {  // ZeRO-1: the last Step's update, gathered a block at a time
+      bool issued = false;
+      TESSERA_RETURN_IF_ERROR(GatherComputes(block, &issued));
+      if (issued || t_->prefetched_) TESSERA_RETURN_IF_ERROR(t_->dp_->Join());  // the block's compute waits for its weights
+      t_->prefetched_ = false;
+      const int next = Next(block, Phase::kForward);  // ahead, under this block's compute
+      if (!backward && next >= 0) TESSERA_RETURN_IF_ERROR(GatherComputes(next, &t_->prefetched_));
+      if (!backward && next < 0) t_->compute_pending_ = false;  // the forward's last block: all gathered
+    }
     if (t_->options_.zero >= 3 && !(backward && block == 0)) {
       TESSERA_RETURN_IF_ERROR(GatherValues(block));  // no-op when prefetched
       TESSERA_RETURN_IF_ERROR(t_->dp_->Join());      // the block's compute waits for its weights
@@ -81,9 +99,11 @@ class Trainer::Hooks : public model::ParamHooks {
       for (model::Param* p : t_->model_->BlockOwns(block)) TESSERA_RETURN_IF_ERROR(t_->ReduceGrad(State(p)));
     } else if (t_->reduce_in_backward_) {
       model::Param* early = t_->EarlyEmbedding();  // reduced after the LM head's backward instead
+      std::vector<Trainer::State*> bucket;  // the block's gradients: one bucket
       for (model::Param* p : t_->model_->BlockOwns(block))
-        if (p != early) TESSERA_RETURN_IF_ERROR(t_->ReduceEarly(State(p)));
-      if (early != nullptr && block == t_->model_->num_blocks() - 1) TESSERA_RETURN_IF_ERROR(t_->ReduceEarly(State(early)));
+        if (p != early) bucket.push_back(&State(p));
+      if (early != nullptr && block == t_->model_->num_blocks() - 1) bucket.push_back(&State(early));
+      TESSERA_RETURN_IF_ERROR(t_->ReduceEarly(bucket));
     }
     return absl::OkStatus();
   }
@@ -100,6 +120,26 @@ class Trainer::Hooks : public model::ParamHooks {
   absl::Status GatherValues(int block) {
     for (model::Param* p : t_->model_->BlockUses(block)) TESSERA_RETURN_IF_ERROR(t_->GatherForCompute(State(p)));
     return absl::OkStatus();
+  }
+  // One NCCL group per block (as the block's gradient reductions), in overlap mode.
+  absl::Status GatherComputes(int block, bool* issued) {
+    std::vector<Trainer::State*> todo;
+    for (model::Param* p : t_->model_->BlockUses(block))
+      if (State(p).compute_pending) todo.push_back(&State(p));
+    if (todo.empty()) return absl::OkStatus();
+    const bool group = t_->options_.group_reductions && todo.size() > 1;
+    t_->dp_->SetOverlap(true);
+    if (group) t_->dp_->GroupStart();
+    absl::Status st;
+    for (Trainer::State* s : todo)
+      if (st = t_->GatherCompute(*s); !st.ok()) break;
+    if (group) {
+      absl::Status end = t_->dp_->GroupEnd();
+      if (st.ok()) st = end;
+    }
+    t_->dp_->SetOverlap(false);
+    *issued = true;
+    return st;
   }
   Trainer* t_;
   std::unordered_map<const model::Param*, size_t> index_;
@@ -168,6 +208,15 @@ absl::Status Trainer::Allocate() {
     if (zero == 1) {
       TESSERA_ASSIGN_OR_RETURN(s.padded, b.Empty({s.shard * dp}, DType::kF32));
       TESSERA_RETURN_IF_ERROR(b.Fill(s.padded, 0));  // the tail past n stays zero
+      if (p.compute.defined()) {  // mixed precision: the compute copy moves into lowp_padded
+        TESSERA_ASSIGN_OR_RETURN(s.lowp_padded, b.Empty({s.shard * dp}, p.compute.dtype()));
+        TESSERA_ASSIGN_OR_RETURN(s.lowp_stage, b.Empty({s.shard}, p.compute.dtype()));
+        TESSERA_RETURN_IF_ERROR(b.Fill(s.lowp_padded, 0));
+        TESSERA_RETURN_IF_ERROR(b.Fill(s.lowp_stage, 0));
+        TESSERA_ASSIGN_OR_RETURN(Tensor head, s.lowp_padded.Slice(0, 0, s.n));
+        TESSERA_ASSIGN_OR_RETURN(p.compute, head.Reshape(s.shape));
+        TESSERA_RETURN_IF_ERROR(model_->RefreshCompute(p));  // casts into the view (same shape: no new buffer)
+      }
     }
     if (zero == 3) {
       TESSERA_ASSIGN_OR_RETURN(s.value_shard, b.Empty({s.shard}, DType::kF32));
@@ -257,16 +306,38 @@ absl::Status Trainer::ReduceGrad(State& s) {
   return absl::OkStatus();
 }
 
-// ZeRO-0: all-reduce the gradient in place; ZeRO-1: reduce-scatter it into the slice.
-// ZeRO-0: the gradient summed over DP — in place in f32, or (grad_reduce_bf16) rounded
-// into s.grad_low and summed there in bf16 (the norm and AdamW then read grad_low).
-absl::Status Trainer::AllReduceGrad(State& s) {
+// ZeRO-0/1, the reduction of a gradient in two parts. Prepare: compute-stream work only —
+// the gradient present (one this step did not reach is zeroed) and in the collective's
+// input: ZeRO-0 in place in f32, or (grad_reduce_bf16) rounded into s.grad_low, summed
+// there in bf16 (the norm and AdamW then read grad_low); ZeRO-1 copied into the padded
+// buffer. Issue: the collective — ZeRO-0 all-reduces, ZeRO-1 reduce-scatters into the
+// rank's slice. Apart so that a block's collectives go as one NCCL group after all of
+// the block's preparation (a group waits for the compute enqueued before it starts).
+absl::Status Trainer::PrepareReduce(State& s) {
   TESSERA_RETURN_IF_ERROR(model_->FreshenGrad(*s.param));
   Tensor& g = s.param->grad;
-  if (!options_.grad_reduce_bf16) return dp_->AllReduce(g.data(), g.data(), s.n, DType::kF32, comm::ReduceOp::kSum);
-  TESSERA_ASSIGN_OR_RETURN(s.grad_low, backend_->Empty(g.shape(), DType::kBF16));
-  TESSERA_RETURN_IF_ERROR(backend_->Cast(g, s.grad_low));
-  return dp_->AllReduce(s.grad_low.data(), s.grad_low.data(), s.n, DType::kBF16, comm::ReduceOp::kSum);
+  if (options_.zero == 0) {
+    if (!options_.grad_reduce_bf16) return absl::OkStatus();
+    TESSERA_ASSIGN_OR_RETURN(s.grad_low, backend_->Empty(g.shape(), DType::kBF16));
+    return backend_->Cast(g, s.grad_low);
+  }
+  TESSERA_ASSIGN_OR_RETURN(Tensor flat, g.Reshape({s.n}));
+  TESSERA_ASSIGN_OR_RETURN(Tensor head, s.padded.Slice(0, 0, s.n));
+  return backend_->Axpby(1.f, flat, 0.f, head);
+}
+
+absl::Status Trainer::IssueReduce(State& s) {
+  if (options_.zero > 0)
+    return dp_->ReduceScatter(s.padded.data(), s.grad_shard.data(), s.shard, DType::kF32, comm::ReduceOp::kSum);
+  if (s.grad_low.defined())
+    return dp_->AllReduce(s.grad_low.data(), s.grad_low.data(), s.n, DType::kBF16, comm::ReduceOp::kSum);
+  Tensor& g = s.param->grad;
+  return dp_->AllReduce(g.data(), g.data(), s.n, DType::kF32, comm::ReduceOp::kSum);
+}
+
+absl::Status Trainer::AllReduceGrad(State& s) {
+  TESSERA_RETURN_IF_ERROR(PrepareReduce(s));
+  return IssueReduce(s);
 }
 
 absl::Status Trainer::WidenReducedGrad(const model::Param* p) {
@@ -278,25 +349,30 @@ absl::Status Trainer::WidenReducedGrad(const model::Param* p) {
   return absl::OkStatus();
 }
 
-absl::Status Trainer::ReduceEarly(State& s) {
-  TESSERA_RETURN_IF_ERROR(model_->FreshenGrad(*s.param));  // a parameter this step did not reach
-  Tensor& g = s.param->grad;
-  if (options_.zero == 0) {
-    TESSERA_RETURN_IF_ERROR(AllReduceGrad(s));
-  } else {
-    TESSERA_ASSIGN_OR_RETURN(Tensor flat, g.Reshape({s.n}));
-    TESSERA_ASSIGN_OR_RETURN(Tensor head, s.padded.Slice(0, 0, s.n));
-    TESSERA_RETURN_IF_ERROR(backend_->Axpby(1.f, flat, 0.f, head));
-    TESSERA_RETURN_IF_ERROR(
-        dp_->ReduceScatter(s.padded.data(), s.grad_shard.data(), s.shard, DType::kF32, comm::ReduceOp::kSum));
+absl::Status Trainer::ReduceEarly(const std::vector<State*>& bucket) {
+  if (bucket.empty()) return absl::OkStatus();
+  for (State* s : bucket) TESSERA_RETURN_IF_ERROR(PrepareReduce(*s));
+  const bool group = options_.group_reductions && bucket.size() > 1;
+  if (group) dp_->GroupStart();
+  absl::Status st;
+  for (State* s : bucket)
+    if (st = IssueReduce(*s); !st.ok()) break;
+  if (group) {
+    absl::Status end = dp_->GroupEnd();  // ends the group whatever happened in it
+    if (st.ok()) st = end;
   }
-  s.reduced = true;
+  TESSERA_RETURN_IF_ERROR(st);
+  for (State* s : bucket) s->reduced = true;
   return absl::OkStatus();
 }
 
 absl::StatusOr<Trainer::Piece> Trainer::ReadPiece(size_t i) {
   if (i >= state_.size()) return absl::OutOfRangeError(absl::StrCat("trainer: no parameter ", i));
   State& s = state_[i];
+  if (s.value_stale)
+    return absl::FailedPreconditionError(absl::StrCat("trainer: ", s.param->name(),
+                                                      " holds only this rank's slice of its value (ZeRO-1); every DP "
+                                                      "rank calls GatherValues first"));
   runtime::Backend& b = *backend_;
   const int rank = dp_ ? dp_->rank() : 0;
   const int64_t begin = std::min<int64_t>(s.n, rank * s.shard), len = std::min<int64_t>(s.shard, s.n - begin);
@@ -369,7 +445,8 @@ absl::Status Trainer::LoadPiece(size_t i, const Piece& p) {
     if (s.lowp_shard.defined()) TESSERA_RETURN_IF_ERROR(b.Cast(s.value_shard, s.lowp_shard));
   } else {
     TESSERA_RETURN_IF_ERROR(write(p.value, s.param->value));
-    TESSERA_RETURN_IF_ERROR(model_->RefreshCompute(*s.param));
+    TESSERA_RETURN_IF_ERROR(model_->RefreshCompute(*s.param));  // ZeRO-1: into its lowp_padded view
+    s.value_stale = s.compute_pending = false;
   }
   TESSERA_RETURN_IF_ERROR(write(p.m, s.m));
   return write(p.v, s.v);
@@ -476,6 +553,7 @@ absl::Status Trainer::SumTiedEmbeddingGrads() {
 }
 
 absl::Status Trainer::GatherParams() {
+  TESSERA_RETURN_IF_ERROR(GatherValues());
   if (options_.zero < 3) return absl::OkStatus();
   for (State& s : state_) TESSERA_RETURN_IF_ERROR(GatherValue(s));
   return absl::OkStatus();
@@ -526,11 +604,8 @@ absl::StatusOr<double> Trainer::ReduceGradsAndNorm() {
       continue;
     }
     if (!reduced) {
-      TESSERA_ASSIGN_OR_RETURN(Tensor flat, g.Reshape({s.n}));
-      TESSERA_ASSIGN_OR_RETURN(Tensor head, s.padded.Slice(0, 0, s.n));
-      TESSERA_RETURN_IF_ERROR(b.Axpby(1.f, flat, 0.f, head));
-      TESSERA_RETURN_IF_ERROR(
-          dp_->ReduceScatter(s.padded.data(), s.grad_shard.data(), s.shard, DType::kF32, comm::ReduceOp::kSum));
+      TESSERA_RETURN_IF_ERROR(PrepareReduce(s));
+      TESSERA_RETURN_IF_ERROR(IssueReduce(s));
     }
     if (!s.norm_elsewhere) TESSERA_RETURN_IF_ERROR(b.SumSquares(s.grad_shard, acc));
   }
@@ -548,7 +623,7 @@ absl::StatusOr<double> Trainer::ReduceGradsAndNorm() {
   return std::sqrt(static_cast<double>(host[0]) + host[1]);
 }
 
-absl::Status Trainer::Update(float lr, float clip_scale) {
+absl::Status Trainer::Update(float lr, float clip_scale, bool lazy_gather) {
   runtime::Backend& b = *backend_;
   auto& params = model_->params();
   const int rank = dp_ ? dp_->rank() : 0;
@@ -583,8 +658,24 @@ absl::Status Trainer::Update(float lr, float clip_scale) {
       TESSERA_RETURN_IF_ERROR(update_slice(p));
       continue;
     }
-    // ZeRO-1/2: update this rank's slice, then all-gather the parameter.
     TESSERA_ASSIGN_OR_RETURN(Tensor flat, params[i].value.Reshape({s.n}));
+    if (s.lowp_padded.defined()) {
+      // ZeRO-1 under mixed precision: the rank's slice of the f32 value and of the bf16
+      // compute copy (into lowp_stage) in one pass; the compute copy is gathered (half the
+      // bytes of the f32 value, no cast), the value's other slices left as they are.
+      if (len > 0) {
+        TESSERA_ASSIGN_OR_RETURN(Tensor p, flat.Slice(0, begin, len));
+        TESSERA_ASSIGN_OR_RETURN(Tensor g, s.grad_shard.Slice(0, 0, len));
+        TESSERA_ASSIGN_OR_RETURN(Tensor m, s.m.Slice(0, 0, len));
+        TESSERA_ASSIGN_OR_RETURN(Tensor v, s.v.Slice(0, 0, len));
+        TESSERA_ASSIGN_OR_RETURN(Tensor lowp, s.lowp_stage.Slice(0, 0, len));
+        TESSERA_RETURN_IF_ERROR(b.AdamW(p, g, m, v, hp, &lowp));
+      }
+      s.value_stale = s.compute_pending = true;
+      compute_pending_ = true;
+      continue;
+    }
+    // ZeRO-1/2: update this rank's slice, then all-gather the parameter.
     if (len > 0) {
       TESSERA_ASSIGN_OR_RETURN(Tensor p, flat.Slice(0, begin, len));
       TESSERA_ASSIGN_OR_RETURN(Tensor st, s.stage.Slice(0, 0, len));
@@ -606,6 +697,51 @@ absl::Status Trainer::Update(float lr, float clip_scale) {
       TESSERA_RETURN_IF_ERROR(b.Fill(rest, 0));
     }
   }
+  // ZeRO-1 under mixed precision: the compute copies now, or (lazy_gather: Step, whose
+  // next forward goes through the hooks) a block at a time in the next forward.
+  if (compute_pending_ && !(lazy_gather && hooks_ != nullptr)) return GatherComputes();
+  return absl::OkStatus();
+}
+
+// ZeRO-1 under mixed precision: the compute copy of one parameter from every rank's
+// updated slice, in whatever mode the DP group is (Hooks::Acquire: overlap, joined
+// before the compute that reads it).
+absl::Status Trainer::GatherCompute(State& s) {
+  if (!s.compute_pending) return absl::OkStatus();
+  TESSERA_RETURN_IF_ERROR(dp_->AllGather(s.lowp_stage.data(), s.lowp_padded.data(), s.shard, s.lowp_stage.dtype()));
+  s.compute_pending = false;
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::GatherComputes() {
+  if (!compute_pending_) return absl::OkStatus();
+  for (State& s : state_) TESSERA_RETURN_IF_ERROR(GatherCompute(s));
+  compute_pending_ = prefetched_ = false;
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::GatherValues() {
+  TESSERA_RETURN_IF_ERROR(GatherComputes());
+  runtime::Backend& b = *backend_;
+  const int rank = dp_ ? dp_->rank() : 0;
+  for (State& s : state_) {
+    if (!s.value_stale) continue;
+    const int64_t begin = std::min<int64_t>(s.n, rank * s.shard), len = std::min<int64_t>(s.shard, s.n - begin);
+    TESSERA_ASSIGN_OR_RETURN(Tensor flat, s.param->value.Reshape({s.n}));
+    if (len > 0) {
+      TESSERA_ASSIGN_OR_RETURN(Tensor mine, flat.Slice(0, begin, len));
+      TESSERA_ASSIGN_OR_RETURN(Tensor st, s.stage.Slice(0, 0, len));
+      TESSERA_RETURN_IF_ERROR(b.Axpby(1.f, mine, 0.f, st));
+    }
+    TESSERA_RETURN_IF_ERROR(dp_->AllGather(s.stage.data(), s.padded.data(), s.shard, DType::kF32));
+    TESSERA_ASSIGN_OR_RETURN(Tensor head, s.padded.Slice(0, 0, s.n));
+    TESSERA_RETURN_IF_ERROR(b.Axpby(1.f, head, 0.f, flat));
+    if (const int64_t tail = s.padded.numel() - s.n; tail > 0) {  // the next reduce-scatter reads the padding
+      TESSERA_ASSIGN_OR_RETURN(Tensor rest, s.padded.Slice(0, s.n, tail));
+      TESSERA_RETURN_IF_ERROR(b.Fill(rest, 0));
+    }
+    s.value_stale = false;
+  }
   return absl::OkStatus();
 }
 
@@ -620,14 +756,14 @@ absl::Status Trainer::BeginStep(const std::vector<model::TokenBatch>& micro_batc
 
 // The step's end: the gradients reduced and their global norm, clipping, the LR schedule
 // and the update.
-absl::Status Trainer::FinishStep(StepStats& stats) {
+absl::Status Trainer::FinishStep(StepStats& stats, bool lazy_gather) {
   TESSERA_ASSIGN_OR_RETURN(stats.grad_norm, ReduceGradsAndNorm());
   ++step_;
   stats.lr = LearningRate(options_, step_);
   const float clip = options_.clip_norm > 0 && stats.grad_norm > options_.clip_norm
                          ? static_cast<float>(options_.clip_norm / (stats.grad_norm + 1e-6))
                          : 1.f;
-  return Update(stats.lr, clip);
+  return Update(stats.lr, clip, lazy_gather);
 }
 
 absl::StatusOr<StepStats> Trainer::Step(const std::vector<model::TokenBatch>& micro_batches) {
@@ -675,7 +811,7 @@ absl::StatusOr<StepStats> Trainer::Step(const std::vector<model::TokenBatch>& mi
     wait_marks_ = {-1, -1};
   }
   stats.loss = loss_sum / stats.tokens;
-  TESSERA_RETURN_IF_ERROR(FinishStep(stats));
+  TESSERA_RETURN_IF_ERROR(FinishStep(stats, /*lazy_gather=*/true));
   return stats;
 }
 

@@ -58,6 +58,12 @@ struct OptimizerOptions {
   // back to f32 before its last micro-batch's rows are added). Off: f32 (the default).
   // Not with ZeRO-1/2/3 (INVALID_ARGUMENT).
   bool grad_reduce_bf16 = false;
+  // ZeRO-0/1 with DP: the last micro-batch's reduction of a block's gradients (one bucket
+  // per block, issued as the block's backward ends) goes to NCCL as one group — one
+  // launch for the block's 9 collectives instead of 9, the small norm vectors' latency
+  // folded into the large ones; so do ZeRO-1's gathers of a block's updated compute
+  // copies in the next forward. Off: one collective at a time (for A/B).
+  bool group_reductions = true;
 };
 
 // Learning rate at a 1-based step: linear warmup to lr, then cosine to min_lr.
@@ -138,6 +144,13 @@ class Trainer {
   // and Llama::GatherGlobal); the next Step frees them again. Other stages: nothing to do.
   // Every rank of the DP group must call it.
   absl::Status GatherParams();
+  // ZeRO-1 under mixed precision: after Step, each rank holds only its slice of the f32
+  // values up to date (the compute copies it trains with are gathered by the next
+  // forward); this gathers the values (and any compute copy still pending) — a no-op
+  // otherwise. Every rank of the DP group must call it before reading parameter values
+  // outside the trainer: SaveCheckpoint and GatherParams call it, the executor calls it
+  // before a weight sync or digest; ReadPiece refuses a stale value (FAILED_PRECONDITION).
+  absl::Status GatherValues();
 
   // Checkpoints (worker/checkpoint). Parameter i (the model's order) as this rank holds
   // it: `value` is elements [value_begin, value_begin + value.size()) of the flattened
@@ -175,7 +188,8 @@ class Trainer {
   absl::Status BeginStep(const std::vector<model::TokenBatch>& micro_batches);
   absl::StatusOr<float> BeginMaskedStep(const char* who, const std::vector<model::TokenBatch>& micro_batches,
                                         const std::vector<const std::vector<double>*>& masks);
-  absl::Status FinishStep(StepStats& stats);
+  // lazy_gather: Step's (ZeRO-1's compute copies gathered by the next forward).
+  absl::Status FinishStep(StepStats& stats, bool lazy_gather = false);
   absl::Status PipelineTimes(StepStats* stats);
   absl::Status SumTiedEmbeddingGrads();
   absl::Status AllReduceHost(comm::Communicator* c, float* values, int n);
@@ -183,12 +197,20 @@ class Trainer {
   absl::StatusOr<int64_t> GlobalTokens(const std::vector<model::TokenBatch>& micro_batches);
   absl::StatusOr<double> ReduceGradsAndNorm();
   absl::Status AllReduceGrad(State& s);
-  absl::Status Update(float lr, float clip_scale);
+  absl::Status Update(float lr, float clip_scale, bool lazy_gather);
+  // ZeRO-1 under mixed precision (State::lowp_padded): one parameter's compute copy
+  // gathered from the ranks' updated slices; every pending one.
+  absl::Status GatherCompute(State& s);
+  absl::Status GatherComputes();
   absl::Status GatherValue(State& s);       // ZeRO-3: the f32 value (GatherParams)
   absl::Status GatherForCompute(State& s);  // ZeRO-3: what a block multiplies with, prefetchable
   absl::Status EnsureGrad(State& s);
   absl::Status ReduceGrad(State& s);
-  absl::Status ReduceEarly(State& s);  // ZeRO-0/1: the last micro-batch's reduction of one parameter
+  // ZeRO-0/1: the last micro-batch's reduction of one block's gradients (a bucket), as
+  // one NCCL group (OptimizerOptions::group_reductions).
+  absl::Status ReduceEarly(const std::vector<State*>& bucket);
+  absl::Status PrepareReduce(State& s);
+  absl::Status IssueReduce(State& s);
   // grad_reduce_bf16: p's bf16-reduced gradient widened into its f32 gradient, which the
   // norm and AdamW then read (a no-op where p has no bf16 sum).
   absl::Status WidenReducedGrad(const model::Param* p);
@@ -225,6 +247,8 @@ class Trainer {
   std::unique_ptr<Hooks> hooks_;  // ZeRO-2/3; ZeRO-0/1 with DP and no pipeline
   bool reduce_in_backward_ = false;  // ZeRO-0/1: during the last micro-batch
   std::unique_ptr<EmbeddingRows> rows_;  // ZeRO-0: during the last micro-batch (PlanEmbeddingRows)
+  bool compute_pending_ = false;  // ZeRO-1 under mixed precision: a State::compute_pending is set
+  bool prefetched_ = false;       // Hooks::Acquire issued the next block's gathers
   int64_t step_ = 0;
 };
 

@@ -78,6 +78,9 @@ class TrainSession {
   absl::StatusOr<std::string> RlUpdate(int64_t step, const v1::TensorBatch& batch);
   model::Llama& model() { return *model_; }
   runtime::Backend& backend() { return *backend_; }
+  // Before reading the model's parameter values outside a step (a weight sync, a digest):
+  // ZeRO-1's values gathered (engine::Trainer::GatherValues; every DP rank calls it).
+  absl::Status GatherValues() { return trainer_->GatherValues(); }
 
  private:
   TrainSession() = default;
