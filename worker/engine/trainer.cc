@@ -96,7 +96,9 @@ class Trainer::Hooks : public model::ParamHooks {
   }
   absl::Status GradsReady(int block) override {
     if (t_->options_.zero >= 2) {
-      for (model::Param* p : t_->model_->BlockOwns(block)) TESSERA_RETURN_IF_ERROR(t_->ReduceGrad(State(p)));
+      std::vector<Trainer::State*> bucket;
+      for (model::Param* p : t_->model_->BlockOwns(block)) bucket.push_back(&State(p));
+      TESSERA_RETURN_IF_ERROR(t_->ReduceGrads(bucket));
     } else if (t_->reduce_in_backward_) {
       model::Param* early = t_->EarlyEmbedding();  // reduced after the LM head's backward instead
       std::vector<Trainer::State*> bucket;  // the block's gradients: one bucket
@@ -118,8 +120,19 @@ class Trainer::Hooks : public model::ParamHooks {
   }
   Trainer::State& State(const model::Param* p) { return t_->state_[index_.at(p)]; }
   absl::Status GatherValues(int block) {
-    for (model::Param* p : t_->model_->BlockUses(block)) TESSERA_RETURN_IF_ERROR(t_->GatherForCompute(State(p)));
-    return absl::OkStatus();
+    const auto& uses = t_->model_->BlockUses(block);
+    const bool group = t_->options_.group_reductions && uses.size() > 1;
+    t_->dp_->SetOverlap(true);
+    if (group) t_->dp_->GroupStart();
+    absl::Status st;
+    for (model::Param* p : uses)
+      if (st = t_->GatherForCompute(State(p)); !st.ok()) break;
+    if (group) {
+      absl::Status end = t_->dp_->GroupEnd();
+      if (st.ok()) st = end;
+    }
+    t_->dp_->SetOverlap(false);
+    return st;
   }
   // One NCCL group per block (as the block's gradient reductions), in overlap mode.
   absl::Status GatherComputes(int block, bool* issued) {
@@ -257,19 +270,17 @@ absl::Status Trainer::GatherValue(State& s) {
 
 // ZeRO-3, before a block runs: what its forward and backward multiply with — under mixed
 // precision the bf16 compute copy, gathered from the bf16 slices (half the bytes of the
-// f32 values, and no cast), else the f32 value. Issued with the DP group in overlap
-// mode: the caller joins before the compute that reads it (Hooks::Acquire), so a
-// prefetch runs under the current block's compute.
+// f32 values, and no cast), else the f32 value. The caller (Hooks::GatherValues) issues
+// a block's gathers as one group with the DP group in overlap mode and joins before the
+// compute that reads them (Hooks::Acquire), so a prefetch runs under the current
+// block's compute.
 absl::Status Trainer::GatherForCompute(State& s) {
   model::Param& p = *s.param;
   const bool lowp = s.lowp_shard.defined();
   if (lowp ? p.compute.defined() : p.value.defined()) return absl::OkStatus();
   const Tensor& shard = lowp ? s.lowp_shard : s.value_shard;
   TESSERA_ASSIGN_OR_RETURN(Tensor full, backend_->Empty({s.shard * dp_->size()}, shard.dtype()));
-  dp_->SetOverlap(true);
-  absl::Status st = dp_->AllGather(shard.data(), full.data(), s.shard, shard.dtype());
-  dp_->SetOverlap(false);
-  TESSERA_RETURN_IF_ERROR(st);
+  TESSERA_RETURN_IF_ERROR(dp_->AllGather(shard.data(), full.data(), s.shard, shard.dtype()));
   TESSERA_ASSIGN_OR_RETURN(Tensor head, full.Slice(0, 0, s.n));
   Tensor& dst = lowp ? p.compute : p.value;
   TESSERA_ASSIGN_OR_RETURN(dst, head.Reshape(s.shape));
@@ -293,16 +304,32 @@ absl::Status Trainer::EnsureGrad(State& s) {
   return model_->MarkGradStale(*s.param);
 }
 
-// ZeRO-2/3: adds this micro-batch's gradient, reduce-scattered over DP, into the rank's
-// slice and frees the full buffer.
-absl::Status Trainer::ReduceGrad(State& s) {
-  if (!s.grad_full.defined()) return absl::InternalError(absl::StrCat("trainer: no gradient buffer for ", s.param->name()));
-  TESSERA_RETURN_IF_ERROR(model_->FreshenGrad(*s.param));  // one this micro-batch did not reach
-  TESSERA_RETURN_IF_ERROR(
-      dp_->ReduceScatter(s.grad_full.data(), s.stage.data(), s.shard, DType::kF32, comm::ReduceOp::kSum));
-  TESSERA_RETURN_IF_ERROR(backend_->Axpby(1.f, s.stage, 1.f, s.grad_shard));
-  s.param->grad = Tensor();
-  s.grad_full = Tensor();
+// ZeRO-2/3: adds this micro-batch's gradients of one block, reduce-scattered over DP (one
+// NCCL group, OptimizerOptions::group_reductions), into the rank's slices and frees the
+// full buffers.
+absl::Status Trainer::ReduceGrads(const std::vector<State*>& bucket) {
+  for (State* s : bucket) {
+    if (!s->grad_full.defined())
+      return absl::InternalError(absl::StrCat("trainer: no gradient buffer for ", s->param->name()));
+    TESSERA_RETURN_IF_ERROR(model_->FreshenGrad(*s->param));  // one this micro-batch did not reach
+  }
+  const bool group = options_.group_reductions && bucket.size() > 1;
+  if (group) dp_->GroupStart();
+  absl::Status st;
+  for (State* s : bucket)
+    if (st = dp_->ReduceScatter(s->grad_full.data(), s->stage.data(), s->shard, DType::kF32, comm::ReduceOp::kSum);
+        !st.ok())
+      break;
+  if (group) {
+    absl::Status end = dp_->GroupEnd();
+    if (st.ok()) st = end;
+  }
+  TESSERA_RETURN_IF_ERROR(st);
+  for (State* s : bucket) {
+    TESSERA_RETURN_IF_ERROR(backend_->Axpby(1.f, s->stage, 1.f, s->grad_shard));
+    s->param->grad = Tensor();
+    s->grad_full = Tensor();
+  }
   return absl::OkStatus();
 }
 

@@ -58,11 +58,12 @@ struct OptimizerOptions {
   // back to f32 before its last micro-batch's rows are added). Off: f32 (the default).
   // Not with ZeRO-1/2/3 (INVALID_ARGUMENT).
   bool grad_reduce_bf16 = false;
-  // ZeRO-0/1 with DP: the last micro-batch's reduction of a block's gradients (one bucket
-  // per block, issued as the block's backward ends) goes to NCCL as one group — one
-  // launch for the block's 9 collectives instead of 9, the small norm vectors' latency
-  // folded into the large ones; so do ZeRO-1's gathers of a block's updated compute
-  // copies in the next forward. Off: one collective at a time (for A/B).
+  // DP: a block's collectives go to NCCL as one group — one launch for the block's nine
+  // instead of nine, the small norm vectors' latency folded into the large ones: ZeRO-0/1's
+  // reduction of the last micro-batch's gradients (one bucket per block, issued as the
+  // block's backward ends) and ZeRO-1's gathers of the updated compute copies in the next
+  // forward; ZeRO-2/3's reduce-scatters every micro-batch and ZeRO-3's gathers. Off: one
+  // collective at a time (for A/B).
   bool group_reductions = true;
 };
 
@@ -205,7 +206,7 @@ class Trainer {
   absl::Status GatherValue(State& s);       // ZeRO-3: the f32 value (GatherParams)
   absl::Status GatherForCompute(State& s);  // ZeRO-3: what a block multiplies with, prefetchable
   absl::Status EnsureGrad(State& s);
-  absl::Status ReduceGrad(State& s);
+  absl::Status ReduceGrads(const std::vector<State*>& bucket);  // ZeRO-2/3: one block's, every micro-batch
   // ZeRO-0/1: the last micro-batch's reduction of one block's gradients (a bucket), as
   // one NCCL group (OptimizerOptions::group_reductions).
   absl::Status ReduceEarly(const std::vector<State*>& bucket);

@@ -230,7 +230,8 @@ class ExecutorServiceImpl final : public v1::ExecutorService::Service {
       return absl::FailedPreconditionError(absl::StrCat("group '", group, "' has no session; call train_init or rollout_init first"));
     model::Llama& model = actor ? session->second->model() : pool->second->model();
     runtime::Backend& backend = actor ? session->second->backend() : pool->second->backend();
-    if (actor) TESSERA_RETURN_IF_ERROR(session->second->GatherValues());  // ZeRO-1: the values, not only this rank's slices
+    if (actor && (method == "sync_weights" || method == "weights_digest"))  // every actor rank calls them
+      TESSERA_RETURN_IF_ERROR(session->second->GatherValues());  // ZeRO-1: the values, not only this rank's slices
     if (method == "sync_weights" && actor && !pools_.empty()) {
       // The rollout shares this executor (colocated, another layout): every tensor
       // gathered over the actor's TP group and re-sliced into the rollout's model.
