@@ -6,17 +6,17 @@
 namespace tessera::kernels {
 
 absl::Status RopeCpu(const void* x, const int32_t* pos, void* y, int64_t tokens, int64_t heads, int64_t dim, float base,
-                     float sign, DType t) {
+                     float sign, DType t, int64_t x_row, int64_t y_row) {
   const int64_t half = dim / 2;
   for (int64_t tok = 0; tok < tokens; ++tok)
     for (int64_t i = 0; i < half; ++i) {
       double ang = pos[tok] * std::pow(static_cast<double>(base), -2.0 * i / dim);
       double c = std::cos(ang), s = sign * std::sin(ang);
       for (int64_t h = 0; h < heads; ++h) {
-        int64_t o = (tok * heads + h) * dim;
-        double a = LoadElem(x, o + i, t), b = LoadElem(x, o + i + half, t);
-        StoreElem(y, o + i, static_cast<float>(a * c - b * s), t);
-        StoreElem(y, o + i + half, static_cast<float>(b * c + a * s), t);
+        const int64_t ox = tok * x_row + h * dim, oy = tok * y_row + h * dim;
+        double a = LoadElem(x, ox + i, t), b = LoadElem(x, ox + i + half, t);
+        StoreElem(y, oy + i, static_cast<float>(a * c - b * s), t);
+        StoreElem(y, oy + i + half, static_cast<float>(b * c + a * s), t);
       }
     }
   return absl::OkStatus();

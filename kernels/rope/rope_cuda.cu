@@ -13,7 +13,7 @@ namespace {
 // reused for every head.
 template <typename T>
 __global__ void Rope(const T* x, const int32_t* pos, T* y, int64_t tokens, int64_t heads, int64_t dim, double log_base,
-                     float sign) {
+                     float sign, int64_t x_row, int64_t y_row) {
   const int64_t half = dim / 2, total = tokens * half;
   constexpr double kTwoPi = 6.283185307179586476925286766559;
   for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < total; k += int64_t(gridDim.x) * blockDim.x) {
@@ -24,10 +24,10 @@ __global__ void Rope(const T* x, const int32_t* pos, T* y, int64_t tokens, int64
     sincosf(r, &sf, &cf);
     sf *= sign;
     for (int64_t h = 0; h < heads; ++h) {
-      const int64_t o = (tok * heads + h) * dim;
-      const float a = ToF(x[o + i]), b = ToF(x[o + i + half]);
-      y[o + i] = FromF<T>(a * cf - b * sf);
-      y[o + i + half] = FromF<T>(b * cf + a * sf);
+      const int64_t ox = tok * x_row + h * dim, oy = tok * y_row + h * dim;
+      const float a = ToF(x[ox + i]), b = ToF(x[ox + i + half]);
+      y[oy + i] = FromF<T>(a * cf - b * sf);
+      y[oy + i + half] = FromF<T>(b * cf + a * sf);
     }
   }
 }
@@ -42,20 +42,20 @@ struct InvFreq {  // base^(-2i/d) in double, formed once on the host (passed by 
 };
 template <int kRopeHeads>
 __global__ void RopeBf16Vec(const __nv_bfloat16* x, const int32_t* pos, __nv_bfloat16* y, int64_t tokens, int heads,
-                            int dim, InvFreq inv, float sign) {
+                            int dim, InvFreq inv, float sign, int64_t x_row, int64_t y_row) {
   const int half = dim / 2, chunks = half / 8, groups = (heads + kRopeHeads - 1) / kRopeHeads;
   constexpr double kTwoPi = 6.283185307179586476925286766559;
   for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < tokens * chunks * groups;
        k += int64_t(gridDim.x) * blockDim.x) {
     const int c = static_cast<int>(k % chunks), h0 = static_cast<int>(k / chunks % groups) * kRopeHeads;
     const int64_t tok = k / chunks / groups;
-    const int64_t base = tok * heads * dim + c * 8;
+    const int64_t xb = tok * x_row + c * 8, yb0 = tok * y_row + c * 8;
     uint4 a[kRopeHeads], b[kRopeHeads];
 #pragma unroll
     for (int u = 0; u < kRopeHeads; ++u)
       if (h0 + u < heads) {
-        a[u] = __ldcs(reinterpret_cast<const uint4*>(x + base + int64_t(h0 + u) * dim));
-        b[u] = __ldcs(reinterpret_cast<const uint4*>(x + base + int64_t(h0 + u) * dim + half));
+        a[u] = __ldcs(reinterpret_cast<const uint4*>(x + xb + int64_t(h0 + u) * dim));
+        b[u] = __ldcs(reinterpret_cast<const uint4*>(x + xb + int64_t(h0 + u) * dim + half));
       }
     const double p = pos[tok];
     float cs[8], sn[8];
@@ -80,8 +80,8 @@ __global__ void RopeBf16Vec(const __nv_bfloat16* x, const int32_t* pos, __nv_bfl
         ya2[e] = __floats2bfloat162_rn(av.x * c0 - bv.x * s0, av.y * c1 - bv.y * s1);
         yb2[e] = __floats2bfloat162_rn(bv.x * c0 + av.x * s0, bv.y * c1 + av.y * s1);
       }
-      __stcs(reinterpret_cast<uint4*>(y + base + int64_t(h0 + u) * dim), ya);
-      __stcs(reinterpret_cast<uint4*>(y + base + int64_t(h0 + u) * dim + half), yb);
+      __stcs(reinterpret_cast<uint4*>(y + yb0 + int64_t(h0 + u) * dim), ya);
+      __stcs(reinterpret_cast<uint4*>(y + yb0 + int64_t(h0 + u) * dim + half), yb);
     }
   }
 }
@@ -99,26 +99,28 @@ bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 
 }  // namespace
 
 absl::Status RopeCuda(const void* x, const int32_t* pos, void* y, int64_t tokens, int64_t heads, int64_t dim, float base,
-                      float sign, DType t, void* stream) {
+                      float sign, DType t, void* stream, int64_t x_row, int64_t y_row) {
   int64_t total = tokens * (dim / 2);
   if (total == 0) return absl::OkStatus();
   auto s = static_cast<cudaStream_t>(stream);
   double lb = std::log(static_cast<double>(base));
-  if (t == DType::kBF16 && dim % 16 == 0 && dim / 2 <= kMaxHalf && Aligned16(x) && Aligned16(y) && heads < (1 << 30)) {
+  if (t == DType::kBF16 && dim % 16 == 0 && dim / 2 <= kMaxHalf && Aligned16(x) && Aligned16(y) && heads < (1 << 30) &&
+      x_row % 8 == 0 && y_row % 8 == 0) {  // 16-byte rows
     InvFreq inv{};
     for (int64_t i = 0; i < dim / 2; ++i) inv.v[i] = std::exp(-2.0 * i / dim * lb);
     constexpr int kRopeHeads = TESSERA_ROPE_HEADS, kBlock = TESSERA_ROPE_BLOCK;
     const int64_t threads = tokens * (dim / 16) * ((heads + kRopeHeads - 1) / kRopeHeads);
     RopeBf16Vec<kRopeHeads><<<GridFor(threads, kBlock), kBlock, 0, s>>>(static_cast<const __nv_bfloat16*>(x), pos,
                                                       static_cast<__nv_bfloat16*>(y), tokens, static_cast<int>(heads),
-                                                      static_cast<int>(dim), inv, sign);
+                                                      static_cast<int>(dim), inv, sign, x_row, y_row);
     return LaunchStatus("rope");
   }
   if (t == DType::kF32)
-    Rope<<<GridFor(total, 256), 256, 0, s>>>(static_cast<const float*>(x), pos, static_cast<float*>(y), tokens, heads, dim, lb, sign);
+    Rope<<<GridFor(total, 256), 256, 0, s>>>(static_cast<const float*>(x), pos, static_cast<float*>(y), tokens, heads, dim, lb,
+                                             sign, x_row, y_row);
   else
     Rope<<<GridFor(total, 256), 256, 0, s>>>(static_cast<const __nv_bfloat16*>(x), pos, static_cast<__nv_bfloat16*>(y), tokens,
-                                             heads, dim, lb, sign);
+                                             heads, dim, lb, sign, x_row, y_row);
   return LaunchStatus("rope");
 }
 }  // namespace tessera::kernels

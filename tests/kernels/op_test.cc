@@ -386,6 +386,51 @@ TEST_P(OpTest, RopeWithExplicitPositions) {
   }
 }
 
+// RoPE on head columns of wider rows (a fused Q|K|V projection: [tokens, q + k + v heads,
+// dim]), read from one such view and written into another: the rotated heads equal
+// RoPE of a contiguous copy, and nothing outside the output view is touched.
+TEST_P(OpTest, RopeOnHeadColumnsOfWiderRows) {
+  Rng rng(seed_);
+  std::uniform_int_distribution<int32_t> posd(0, 8191);
+  for (DType t : {DType::kF32, DType::kBF16}) {
+    for (auto [tokens, total, from, heads, dim] :
+         {std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>{33, 12, 8, 2, 64}, {5, 12, 0, 8, 64}, {7, 5, 1, 3, 128}}) {
+      SCOPED_TRACE(::testing::Message() << DTypeName(t) << " tokens=" << tokens << " heads " << from << ".." << from + heads
+                                        << " of " << total << " dim=" << dim << " seed=" << seed_);
+      std::vector<int32_t> pos(tokens);
+      for (auto& p : pos) p = posd(rng.gen);
+      auto wide_v = Quantize(rng.Normal(tokens * total * dim), t);
+      auto wide = Make(*be_, {tokens, total, dim}, t, wide_v), p = Ints(*be_, pos);
+      std::vector<float> sentinel(tokens * (total + 1) * dim, 7.f);
+      auto out = Make(*be_, {tokens, total + 1, dim}, t, sentinel);  // written at heads 1..heads
+      auto x = wide.Slice(1, from, heads), y = out.Slice(1, 1, heads);
+      ASSERT_TRUE(x.ok() && y.ok());
+      ASSERT_TRUE(be_->Rope(*x, p, 10000.f, *y).ok());
+      std::vector<float> xv(tokens * heads * dim);
+      for (int64_t tok = 0; tok < tokens; ++tok)
+        for (int64_t k = 0; k < heads * dim; ++k) xv[tok * heads * dim + k] = wide_v[(tok * total + from) * dim + k];
+      auto xc = Make(*be_, {tokens, heads, dim}, t, xv), yc = Out(*be_, {tokens, heads, dim}, t);
+      ASSERT_TRUE(be_->Rope(xc, p, 10000.f, yc).ok());
+      auto want = Read(*be_, yc), got = Read(*be_, out);
+      std::vector<float> rotated(want.size());
+      for (int64_t tok = 0; tok < tokens; ++tok)
+        for (int64_t h = 0; h <= total; ++h)
+          for (int64_t i = 0; i < dim; ++i) {
+            const float g = got[(tok * (total + 1) + h) * dim + i];
+            if (h >= 1 && h <= heads) rotated[(tok * heads + h - 1) * dim + i] = g;
+            else ASSERT_EQ(g, 7.f) << "token " << tok << " head " << h << " outside the view was written";
+          }
+      EXPECT_LT(RelErr(rotated, want), t == DType::kBF16 ? 1e-2 : 1e-6);
+    }
+  }
+  auto y = Out(*be_, {4, 4, 8}, DType::kF32);
+  auto p = Ints(*be_, std::vector<int32_t>(4, 1));
+  auto cols = y.Slice(2, 0, 4);  // half of each head: not a head
+  ASSERT_TRUE(cols.ok());
+  auto xh = Out(*be_, {4, 4, 4}, DType::kF32);
+  EXPECT_THAT(std::string(be_->Rope(xh, p, 10000.f, *cols).message()), HasSubstr("heads must be contiguous"));
+}
+
 TEST_P(OpTest, CrossEntropyVocabParallel) {
   Rng rng(seed_);
   for (DType t : {DType::kF32, DType::kBF16}) {

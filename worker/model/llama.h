@@ -164,6 +164,14 @@ class Llama {
   // backward runs the layer's forward again (its collectives too) before its backward —
   // about one more forward of compute for activations of one layer instead of all.
   void set_recompute(bool on) { recompute_ = on; }
+  // One GEMM for a layer's Q, K and V projections (forward, input gradient and weight
+  // gradient) instead of three: without QKV bias, each layer's q/k/v weights, their
+  // compute copies and their gradients are allocated as row blocks of one [q + k + v
+  // rows, hidden] matrix each (the parameters stay three, with their names and shapes);
+  // RoPE reads Q and K from the fused rows and writes them back into its gradient rows.
+  // Used while the three are still those blocks (a ZeRO-3 gather or ZeRO-1's padded
+  // compute copy make new tensors: then three GEMMs). On by default; off for A/B.
+  void set_fuse_qkv(bool on) { fuse_qkv_ = on; }
 
   // Pipeline parallelism: one model chunk of one micro-batch (the schedule is the
   // trainer's). The first virtual stage reads the batch's tokens (input null), others
@@ -309,7 +317,7 @@ class Llama {
   absl::StatusOr<Inputs> Upload(const TokenBatch& batch);
   absl::Status LayerForward(const LayerParams& w, const Inputs& in, const runtime::Tensor& x, LayerActs& a,
                             runtime::Tensor& out, const CacheStep* kv = nullptr);
-  absl::Status LayerBackward(const LayerParams& w, const Inputs& in, const LayerActs& a, runtime::Tensor& dx);
+  absl::Status LayerBackward(LayerParams& w, const Inputs& in, const LayerActs& a, runtime::Tensor& dx);
   absl::StatusOr<LossSum> Run(const TokenBatch& batch, bool backward, float grad_scale,
                               std::vector<float>* logits_out = nullptr, TokenStats* stats = nullptr,
                               const LogProbGrad* logprob_grad = nullptr, std::vector<float>* values = nullptr,
@@ -335,6 +343,12 @@ class Llama {
   std::vector<std::vector<Param*>> uses_, owns_;  // per block
   ParamHooks* hooks_ = nullptr;
   bool recompute_ = false;
+  bool fuse_qkv_ = true;
+  // set_fuse_qkv: the layer's fused Q|K|V weight (the compute copy under mixed precision)
+  // if its three weights are still rows of the layer's block, else null; the same for
+  // the gradients.
+  const runtime::Tensor* FusedQkvWeight(const LayerParams& w) const;
+  runtime::Tensor* FusedQkvGrad(LayerParams& w) const;
   StageSpec stage_;
   std::vector<std::vector<int64_t>> chunk_layers_;  // per chunk, its layers
   std::map<std::pair<int, int64_t>, std::unique_ptr<Flight>> flights_;  // (chunk, micro-batch) in flight

@@ -212,8 +212,17 @@ absl::Status Backend::EmbeddingBackward(const Tensor& ids, const Tensor& dout, i
 
 absl::Status Backend::Rope(const Tensor& x, const Tensor& positions, float base, Tensor& y, bool inverse) {
   const char* op = "rope";
-  TRY(CheckTensors(op, device(), {{"x", &x}, {"positions", &positions}, {"y", &y}}));
+  TRY(CheckTensors(op, device(), {{"positions", &positions}}));
   if (x.rank() != 3 || !Float(x.dtype())) return Bad(op, absl::StrCat("x must be f32/bf16 [tokens, heads, dim], got ", x.ShapeString()));
+  // x and y may be head columns of wider rows (a fused Q|K|V projection): each token's
+  // heads contiguous, its row any distance from the next.
+  for (auto [name, t] : {std::pair<const char*, const Tensor*>{"x", &x}, {"y", &y}}) {
+    if (!t->defined()) return Bad(op, absl::StrCat(name, " is not allocated"));
+    if (!(t->device() == device()))
+      return Bad(op, absl::StrCat(name, " is on ", t->device().ToString(), ", the backend on ", device().ToString()));
+    if (t->rank() == 3 && (t->strides()[2] != 1 || t->strides()[1] != t->dim(2) || t->strides()[0] < t->dim(1) * t->dim(2)))
+      return Bad(op, absl::StrCat(name, " ", t->ShapeString(), ": each token's heads must be contiguous"));
+  }
   if (x.dim(2) % 2 != 0) return Bad(op, absl::StrCat("head dim must be even, got ", x.dim(2)));
   TRY(SameShape(op, "x", x, "y", y));
   TRY(SameDType(op, "x", x, "y", y));

@@ -80,7 +80,7 @@ class CpuBackend final : public Backend {
   }
   absl::Status DoRope(const Tensor& x, const Tensor& pos, float base, Tensor& y, float sign) override {
     return kernels::RopeCpu(x.data(), pos.data_as<int32_t>(), y.data(), x.dim(0), x.dim(1), x.dim(2), base, sign,
-                            x.dtype());
+                            x.dtype(), x.strides()[0], y.strides()[0]);
   }
   absl::Status DoCrossEntropyPartials(const Tensor& z, const Tensor& t, int64_t vs, Tensor& mx, Tensor& sm, Tensor& dt,
                                       Tensor& tg) override {

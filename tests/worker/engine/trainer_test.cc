@@ -157,6 +157,39 @@ TEST_P(TrainerLayoutTest, EqualsOneRank) {
   }
 }
 
+// The fused Q|K|V projection (Llama::set_fuse_qkv; models without QKV bias, which the
+// layouts above have): one rank fused equals one rank with three projections, and the
+// layouts whose parameters or gradients leave the fused blocks (ZeRO-2's per-block
+// gradient buffers, ZeRO-3's gathered values, ZeRO-1's bf16 compute copies) or split
+// them (TP, CP, pipelines) equal one fused rank — in f32 within the oracle's 1e-5, in
+// bf16 within the mixed-precision bounds.
+TEST(TrainerTest, FusedQkvLayoutsEqualOneRank) {
+  auto cpu = [](int) { return runtime::MakeCpuBackend(); };
+  testing::MemStore store;
+  const test::MakeComm gloo = Gloo(store);
+  LlamaConfig c = Tiny();
+  c.qkv_bias = false;
+  Layout one{"one", 1, 1, 0}, three = one;
+  three.fuse_qkv = false;
+  const Trace fused = test::RunLayout(one, c, gloo, cpu)[0];
+  test::ExpectSameAsOneRank(three, test::RunLayout(three, c, gloo, cpu), fused, test::Tolerance{});
+  for (const Layout& l : {Layout{"dp2_zero1", 1, 2, 1}, Layout{"dp2_zero2", 1, 2, 2}, Layout{"dp2_zero3", 1, 2, 3},
+                          Layout{"tp2", 2, 1, 0}, Layout{"cp2", 1, 1, 0, false, 2}})
+    test::ExpectSameAsOneRank(l, test::RunLayout(l, c, gloo, cpu), fused, test::Tolerance{});
+  Layout one4 = one, pp2{"pp2_1f1b", 1, 1, 0, false, 1, 2, 1, Schedule::kOneFOneB, false, 4};
+  one4.layers = 4;
+  test::ExpectSameAsOneRank(pp2, test::RunLayout(pp2, c, gloo, cpu), test::RunLayout(one4, c, gloo, cpu)[0],
+                            test::Tolerance{});
+  LlamaConfig bf16 = c;
+  bf16.dtype = runtime::DType::kBF16;
+  const auto gentle = test::Hyper::Gentle();
+  const Trace fused_bf16 = test::RunLayout(one, bf16, gloo, cpu, gentle)[0];
+  test::Tolerance tol;
+  tol.loss = 1e-3, tol.norm = 1e-2, tol.weight = 5e-2;
+  for (const Layout& l : {three, Layout{"dp2_zero1", 1, 2, 1}, Layout{"tp2", 2, 1, 0}})
+    test::ExpectSameAsOneRank(l, test::RunLayout(l, bf16, gloo, cpu, gentle), fused_bf16, tol);
+}
+
 // Mixed precision on the CPU backend (bf16 activations and compute copies, f32 master
 // weights), 3 steps in a realistic regime (Hyper::Gentle: init std 0.02, lr 2e-3): tracks
 // the f32 run — losses within 1e-3, gradient norms within 1e-2, weights within 5e-2
