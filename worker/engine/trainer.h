@@ -5,7 +5,9 @@
 // [rank * shard, (rank + 1) * shard) of every flattened (TP-local) parameter:
 //   0: nothing — gradients all-reduced after the last micro-batch, state replicated;
 //   1: optimizer state (the distributed optimizer) — gradients reduce-scattered after the
-//      last micro-batch, AdamW on the slice, the parameter all-gathered;
+//      last micro-batch, AdamW on the slice, the parameter all-gathered (under mixed
+//      precision only its bf16 compute copy, after Step by the next forward a block at a
+//      time; the f32 values on demand, GatherValues);
 //   2: + gradients — each block's gradients are reduce-scattered into the slice as soon
 //      as the block's backward is done (every micro-batch) and their full buffers freed;
 //   3: + parameters (FSDP) — a block's parameters are all-gathered before its forward and
