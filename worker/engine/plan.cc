@@ -75,8 +75,8 @@ absl::StatusOr<Plan> PlanStage(const PlanInput& in, int stage) {
   const int64_t a = runtime::DTypeSize(c.dtype), copy = c.dtype == runtime::DType::kF32 ? 0 : a;
   // ZeRO-3: the f32 slice (+ its bf16 copy, which is what gets gathered) and the gathered
   // block and the next (f32 values, or bf16 compute copies under mixed precision).
-  // ZeRO-1 under mixed precision: the compute copy lives in a padded buffer the updated
-  // bf16 slices are gathered into, and its staging slice.
+  // ZeRO-1 under mixed precision: the compute copy (padded where a parameter does not
+  // split evenly) the updated bf16 slices are gathered into, and its staging slice.
   m.params = zero == 3                ? (4 + copy) * shard + a * 2 * largest_block
              : zero == 1 && copy > 0 ? 4 * P + copy * (padded + shard)
                                       : (4 + copy) * P;

@@ -39,7 +39,8 @@ struct Trainer::State {
   bool norm_elsewhere = false;  // the last pipeline stage's copy of a tied embedding
   Tensor grad_low;  // OptimizerOptions::grad_reduce_bf16: this step's gradient, reduced in bf16 (until the update)
   // ZeRO-1 under mixed precision (the distributed optimizer): the compute copy lives in
-  // lowp_padded ([shard * dp] bf16; Param::compute is a view of its head); AdamW writes
+  // lowp_padded ([shard * dp] bf16: Param::compute itself where nothing needs padding,
+  // else a buffer whose head Param::compute then is); AdamW writes
   // the rank's updated slice into lowp_stage ([shard] bf16), all-gathered into
   // lowp_padded — lazily after Step (compute_pending: the next forward gathers a block
   // at a time, the next block's ahead), at once after PolicyStep / ValueStep. The f32
@@ -221,14 +222,20 @@ absl::Status Trainer::Allocate() {
     if (zero == 1) {
       TESSERA_ASSIGN_OR_RETURN(s.padded, b.Empty({s.shard * dp}, DType::kF32));
       TESSERA_RETURN_IF_ERROR(b.Fill(s.padded, 0));  // the tail past n stays zero
-      if (p.compute.defined()) {  // mixed precision: the compute copy moves into lowp_padded
-        TESSERA_ASSIGN_OR_RETURN(s.lowp_padded, b.Empty({s.shard * dp}, p.compute.dtype()));
+      if (p.compute.defined()) {  // mixed precision: the slices' bf16 copies are gathered
         TESSERA_ASSIGN_OR_RETURN(s.lowp_stage, b.Empty({s.shard}, p.compute.dtype()));
-        TESSERA_RETURN_IF_ERROR(b.Fill(s.lowp_padded, 0));
         TESSERA_RETURN_IF_ERROR(b.Fill(s.lowp_stage, 0));
-        TESSERA_ASSIGN_OR_RETURN(Tensor head, s.lowp_padded.Slice(0, 0, s.n));
-        TESSERA_ASSIGN_OR_RETURN(p.compute, head.Reshape(s.shape));
-        TESSERA_RETURN_IF_ERROR(model_->RefreshCompute(p));  // casts into the view (same shape: no new buffer)
+        if (s.shard * dp == s.n && p.compute.contiguous()) {
+          // No padding: the gather lands in the model's own compute copy (which may be
+          // rows of a fused Q|K|V block, Llama::set_fuse_qkv, kept so).
+          TESSERA_ASSIGN_OR_RETURN(s.lowp_padded, p.compute.Reshape({s.n}));
+        } else {  // the compute copy moves into a padded buffer
+          TESSERA_ASSIGN_OR_RETURN(s.lowp_padded, b.Empty({s.shard * dp}, p.compute.dtype()));
+          TESSERA_RETURN_IF_ERROR(b.Fill(s.lowp_padded, 0));
+          TESSERA_ASSIGN_OR_RETURN(Tensor head, s.lowp_padded.Slice(0, 0, s.n));
+          TESSERA_ASSIGN_OR_RETURN(p.compute, head.Reshape(s.shape));
+          TESSERA_RETURN_IF_ERROR(model_->RefreshCompute(p));  // casts into the view (same shape: no new buffer)
+        }
       }
     }
     if (zero == 3) {

@@ -169,8 +169,9 @@ class Llama {
   // compute copies and their gradients are allocated as row blocks of one [q + k + v
   // rows, hidden] matrix each (the parameters stay three, with their names and shapes);
   // RoPE reads Q and K from the fused rows and writes them back into its gradient rows.
-  // Used while the three are still those blocks (a ZeRO-3 gather or ZeRO-1's padded
-  // compute copy make new tensors: then three GEMMs). On by default; off for A/B.
+  // Used while the three are still those blocks (a ZeRO-3 gather, ZeRO-2's gradient
+  // buffers or ZeRO-1's padded compute copy make new tensors: then three GEMMs). On by
+  // default; off for A/B.
   void set_fuse_qkv(bool on) { fuse_qkv_ = on; }
 
   // Pipeline parallelism: one model chunk of one micro-batch (the schedule is the

@@ -157,12 +157,12 @@ TEST_P(TrainerLayoutTest, EqualsOneRank) {
   }
 }
 
-// The fused Q|K|V projection (Llama::set_fuse_qkv; models without QKV bias, which the
-// layouts above have): one rank fused equals one rank with three projections, and the
-// layouts whose parameters or gradients leave the fused blocks (ZeRO-2's per-block
-// gradient buffers, ZeRO-3's gathered values, ZeRO-1's bf16 compute copies) or split
-// them (TP, CP, pipelines) equal one fused rank — in f32 within the oracle's 1e-5, in
-// bf16 within the mixed-precision bounds.
+// The fused Q|K|V projection (Llama::set_fuse_qkv; only without QKV bias — the layouts
+// above have biases, so they run three projections): one rank fused equals one rank with
+// three projections, and layouts that leave the fused blocks (ZeRO-2's per-block gradient
+// buffers, ZeRO-3's gathered values), gather into them (ZeRO-1's bf16 compute copies) or
+// split them (TP, CP, pipelines) equal one fused rank — in f32 within the oracle's 1e-5,
+// in bf16 within the mixed-precision bounds.
 TEST(TrainerTest, FusedQkvLayoutsEqualOneRank) {
   auto cpu = [](int) { return runtime::MakeCpuBackend(); };
   testing::MemStore store;
