@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
@@ -11,6 +12,21 @@
 namespace tessera::engine {
 using runtime::DType;
 using runtime::Tensor;
+
+namespace {
+// `issue` enqueues collectives on `c`, as one NCCL group when `group`
+// (OptimizerOptions::group_reductions): the group is ended whatever `issue` returned, and
+// the first error is returned.
+absl::Status Grouped(comm::Communicator& c, bool group, const std::function<absl::Status()>& issue) {
+  if (group) c.GroupStart();
+  absl::Status st = issue();
+  if (group) {
+    absl::Status end = c.GroupEnd();
+    if (st.ok()) st = end;
+  }
+  return st;
+}
+}  // namespace
 
 float LearningRate(const OptimizerOptions& o, int64_t step) {
   if (o.warmup_steps > 0 && step <= o.warmup_steps) return o.lr * static_cast<float>(step) / o.warmup_steps;
@@ -31,7 +47,9 @@ struct Trainer::State {
   Tensor padded;      // [shard * dp], ZeRO-1: the flat gradient / the gathered parameter
   Tensor stage;       // [shard], ZeRO-1/2: this rank's updated slice; ZeRO-2/3: a reduce-scatter's output
   Tensor value_shard; // [shard], ZeRO-3: this rank's slice of the parameter (the only copy between steps)
-  Tensor lowp_shard;  // [shard] bf16, ZeRO-3 under mixed precision: the slice's compute copy (what is gathered)
+  // [shard] bf16 under mixed precision, ZeRO-3: the slice's compute copy (what is gathered);
+  // ZeRO-1: the updated slice's compute copy, gathered into lowp_padded.
+  Tensor lowp_shard;
   Tensor grad_full;   // [shard * dp], ZeRO-2/3: the gradient buffer while a block's backward runs
   bool decay = true;  // weight decay (not for norms and biases: 1-D parameters)
   bool reduced = false;  // ZeRO-0/1: reduced during the backward of this step's last micro-batch
@@ -40,13 +58,12 @@ struct Trainer::State {
   Tensor grad_low;  // OptimizerOptions::grad_reduce_bf16: this step's gradient, reduced in bf16 (until the update)
   // ZeRO-1 under mixed precision (the distributed optimizer): the compute copy lives in
   // lowp_padded ([shard * dp] bf16: Param::compute itself where nothing needs padding,
-  // else a buffer whose head Param::compute then is); AdamW writes
-  // the rank's updated slice into lowp_stage ([shard] bf16), all-gathered into
-  // lowp_padded — lazily after Step (compute_pending: the next forward gathers a block
-  // at a time, the next block's ahead), at once after PolicyStep / ValueStep. The f32
-  // value then holds only this rank's slice up to date (value_stale) until
-  // Trainer::GatherValues.
-  Tensor lowp_padded, lowp_stage;
+  // else a buffer whose head Param::compute then is); AdamW writes the rank's updated
+  // slice into lowp_shard, all-gathered into lowp_padded — lazily after Step
+  // (compute_pending: the next forward gathers a block at a time, the next block's
+  // ahead), at once after PolicyStep / ValueStep. The f32 value then holds only this
+  // rank's slice up to date (value_stale) until Trainer::GatherValues.
+  Tensor lowp_padded;
   bool compute_pending = false, value_stale = false;
 };
 
@@ -122,16 +139,11 @@ class Trainer::Hooks : public model::ParamHooks {
   Trainer::State& State(const model::Param* p) { return t_->state_[index_.at(p)]; }
   absl::Status GatherValues(int block) {
     const auto& uses = t_->model_->BlockUses(block);
-    const bool group = t_->options_.group_reductions && uses.size() > 1;
     t_->dp_->SetOverlap(true);
-    if (group) t_->dp_->GroupStart();
-    absl::Status st;
-    for (model::Param* p : uses)
-      if (st = t_->GatherForCompute(State(p)); !st.ok()) break;
-    if (group) {
-      absl::Status end = t_->dp_->GroupEnd();
-      if (st.ok()) st = end;
-    }
+    absl::Status st = Grouped(*t_->dp_, t_->options_.group_reductions && uses.size() > 1, [&] {
+      for (model::Param* p : uses) TESSERA_RETURN_IF_ERROR(t_->GatherForCompute(State(p)));
+      return absl::OkStatus();
+    });
     t_->dp_->SetOverlap(false);
     return st;
   }
@@ -141,16 +153,11 @@ class Trainer::Hooks : public model::ParamHooks {
     for (model::Param* p : t_->model_->BlockUses(block))
       if (State(p).compute_pending) todo.push_back(&State(p));
     if (todo.empty()) return absl::OkStatus();
-    const bool group = t_->options_.group_reductions && todo.size() > 1;
     t_->dp_->SetOverlap(true);
-    if (group) t_->dp_->GroupStart();
-    absl::Status st;
-    for (Trainer::State* s : todo)
-      if (st = t_->GatherCompute(*s); !st.ok()) break;
-    if (group) {
-      absl::Status end = t_->dp_->GroupEnd();
-      if (st.ok()) st = end;
-    }
+    absl::Status st = Grouped(*t_->dp_, t_->options_.group_reductions && todo.size() > 1, [&] {
+      for (Trainer::State* s : todo) TESSERA_RETURN_IF_ERROR(t_->GatherCompute(*s));
+      return absl::OkStatus();
+    });
     t_->dp_->SetOverlap(false);
     *issued = true;
     return st;
@@ -223,8 +230,8 @@ absl::Status Trainer::Allocate() {
       TESSERA_ASSIGN_OR_RETURN(s.padded, b.Empty({s.shard * dp}, DType::kF32));
       TESSERA_RETURN_IF_ERROR(b.Fill(s.padded, 0));  // the tail past n stays zero
       if (p.compute.defined()) {  // mixed precision: the slices' bf16 copies are gathered
-        TESSERA_ASSIGN_OR_RETURN(s.lowp_stage, b.Empty({s.shard}, p.compute.dtype()));
-        TESSERA_RETURN_IF_ERROR(b.Fill(s.lowp_stage, 0));
+        TESSERA_ASSIGN_OR_RETURN(s.lowp_shard, b.Empty({s.shard}, p.compute.dtype()));
+        TESSERA_RETURN_IF_ERROR(b.Fill(s.lowp_shard, 0));
         if (s.shard * dp == s.n && p.compute.contiguous()) {
           // No padding: the gather lands in the model's own compute copy (which may be
           // rows of a fused Q|K|V block, Llama::set_fuse_qkv, kept so).
@@ -320,18 +327,12 @@ absl::Status Trainer::ReduceGrads(const std::vector<State*>& bucket) {
       return absl::InternalError(absl::StrCat("trainer: no gradient buffer for ", s->param->name()));
     TESSERA_RETURN_IF_ERROR(model_->FreshenGrad(*s->param));  // one this micro-batch did not reach
   }
-  const bool group = options_.group_reductions && bucket.size() > 1;
-  if (group) dp_->GroupStart();
-  absl::Status st;
-  for (State* s : bucket)
-    if (st = dp_->ReduceScatter(s->grad_full.data(), s->stage.data(), s->shard, DType::kF32, comm::ReduceOp::kSum);
-        !st.ok())
-      break;
-  if (group) {
-    absl::Status end = dp_->GroupEnd();
-    if (st.ok()) st = end;
-  }
-  TESSERA_RETURN_IF_ERROR(st);
+  TESSERA_RETURN_IF_ERROR(Grouped(*dp_, options_.group_reductions && bucket.size() > 1, [&] {
+    for (State* s : bucket)
+      TESSERA_RETURN_IF_ERROR(
+          dp_->ReduceScatter(s->grad_full.data(), s->stage.data(), s->shard, DType::kF32, comm::ReduceOp::kSum));
+    return absl::OkStatus();
+  }));
   for (State* s : bucket) {
     TESSERA_RETURN_IF_ERROR(backend_->Axpby(1.f, s->stage, 1.f, s->grad_shard));
     s->param->grad = Tensor();
@@ -386,16 +387,10 @@ absl::Status Trainer::WidenReducedGrad(const model::Param* p) {
 absl::Status Trainer::ReduceEarly(const std::vector<State*>& bucket) {
   if (bucket.empty()) return absl::OkStatus();
   for (State* s : bucket) TESSERA_RETURN_IF_ERROR(PrepareReduce(*s));
-  const bool group = options_.group_reductions && bucket.size() > 1;
-  if (group) dp_->GroupStart();
-  absl::Status st;
-  for (State* s : bucket)
-    if (st = IssueReduce(*s); !st.ok()) break;
-  if (group) {
-    absl::Status end = dp_->GroupEnd();  // ends the group whatever happened in it
-    if (st.ok()) st = end;
-  }
-  TESSERA_RETURN_IF_ERROR(st);
+  TESSERA_RETURN_IF_ERROR(Grouped(*dp_, options_.group_reductions && bucket.size() > 1, [&] {
+    for (State* s : bucket) TESSERA_RETURN_IF_ERROR(IssueReduce(*s));
+    return absl::OkStatus();
+  }));
   for (State* s : bucket) s->reduced = true;
   return absl::OkStatus();
 }
@@ -681,7 +676,7 @@ absl::Status Trainer::Update(float lr, float clip_scale, bool lazy_gather) {
       TESSERA_ASSIGN_OR_RETURN(Tensor m, s.m.Slice(0, 0, len));
       TESSERA_ASSIGN_OR_RETURN(Tensor v, s.v.Slice(0, 0, len));
       if (!s.lowp_shard.defined()) return b.AdamW(p, g, m, v, hp);
-      TESSERA_ASSIGN_OR_RETURN(Tensor lowp, s.lowp_shard.Slice(0, 0, len));  // ZeRO-3, mixed precision
+      TESSERA_ASSIGN_OR_RETURN(Tensor lowp, s.lowp_shard.Slice(0, 0, len));  // ZeRO-1/3, mixed precision
       return b.AdamW(p, g, m, v, hp, &lowp);
     };
     if (options_.zero == 3) {  // the slice is the parameter; gathered again when a block needs it
@@ -693,43 +688,17 @@ absl::Status Trainer::Update(float lr, float clip_scale, bool lazy_gather) {
       continue;
     }
     TESSERA_ASSIGN_OR_RETURN(Tensor flat, params[i].value.Reshape({s.n}));
+    // ZeRO-1/2: update this rank's slice. ZeRO-1 under mixed precision: its bf16 copy too
+    // (lowp_shard), which is what gets gathered (half the bytes, no cast); the value's
+    // other slices are left as they are. Else the value is gathered and cast.
+    TESSERA_ASSIGN_OR_RETURN(Tensor p, flat.Slice(0, begin, len));
+    if (len > 0) TESSERA_RETURN_IF_ERROR(update_slice(p));
     if (s.lowp_padded.defined()) {
-      // ZeRO-1 under mixed precision: the rank's slice of the f32 value and of the bf16
-      // compute copy (into lowp_stage) in one pass; the compute copy is gathered (half the
-      // bytes of the f32 value, no cast), the value's other slices left as they are.
-      if (len > 0) {
-        TESSERA_ASSIGN_OR_RETURN(Tensor p, flat.Slice(0, begin, len));
-        TESSERA_ASSIGN_OR_RETURN(Tensor g, s.grad_shard.Slice(0, 0, len));
-        TESSERA_ASSIGN_OR_RETURN(Tensor m, s.m.Slice(0, 0, len));
-        TESSERA_ASSIGN_OR_RETURN(Tensor v, s.v.Slice(0, 0, len));
-        TESSERA_ASSIGN_OR_RETURN(Tensor lowp, s.lowp_stage.Slice(0, 0, len));
-        TESSERA_RETURN_IF_ERROR(b.AdamW(p, g, m, v, hp, &lowp));
-      }
-      s.value_stale = s.compute_pending = true;
-      compute_pending_ = true;
+      s.value_stale = s.compute_pending = compute_pending_ = true;
       continue;
     }
-    // ZeRO-1/2: update this rank's slice, then all-gather the parameter.
-    if (len > 0) {
-      TESSERA_ASSIGN_OR_RETURN(Tensor p, flat.Slice(0, begin, len));
-      TESSERA_ASSIGN_OR_RETURN(Tensor st, s.stage.Slice(0, 0, len));
-      TESSERA_RETURN_IF_ERROR(update_slice(p));
-      TESSERA_RETURN_IF_ERROR(b.Axpby(1.f, p, 0.f, st));
-    }
-    // ZeRO-2 has no persistent full-size buffer: the gather goes through a temporary one.
-    Tensor gathered = s.padded;
-    if (!gathered.defined()) {
-      TESSERA_ASSIGN_OR_RETURN(gathered, b.Empty({s.shard * dp_->size()}, DType::kF32));
-    }
-    TESSERA_RETURN_IF_ERROR(dp_->AllGather(s.stage.data(), gathered.data(), s.shard, DType::kF32));
-    TESSERA_ASSIGN_OR_RETURN(Tensor head, gathered.Slice(0, 0, s.n));
-    TESSERA_RETURN_IF_ERROR(b.Axpby(1.f, head, 0.f, flat));
+    TESSERA_RETURN_IF_ERROR(GatherSlices(s, p, len));
     TESSERA_RETURN_IF_ERROR(model_->RefreshCompute(params[i]));
-    if (const int64_t tail = s.padded.defined() ? s.padded.numel() - s.n : 0; tail > 0) {
-      // ZeRO-1: the next reduce-scatter reads the padding, which must be zero.
-      TESSERA_ASSIGN_OR_RETURN(Tensor rest, s.padded.Slice(0, s.n, tail));
-      TESSERA_RETURN_IF_ERROR(b.Fill(rest, 0));
-    }
   }
   // ZeRO-1 under mixed precision: the compute copies now, or (lazy_gather: Step, whose
   // next forward goes through the hooks) a block at a time in the next forward.
@@ -742,7 +711,7 @@ absl::Status Trainer::Update(float lr, float clip_scale, bool lazy_gather) {
 // before the compute that reads it).
 absl::Status Trainer::GatherCompute(State& s) {
   if (!s.compute_pending) return absl::OkStatus();
-  TESSERA_RETURN_IF_ERROR(dp_->AllGather(s.lowp_stage.data(), s.lowp_padded.data(), s.shard, s.lowp_stage.dtype()));
+  TESSERA_RETURN_IF_ERROR(dp_->AllGather(s.lowp_shard.data(), s.lowp_padded.data(), s.shard, s.lowp_shard.dtype()));
   s.compute_pending = false;
   return absl::OkStatus();
 }
@@ -756,25 +725,39 @@ absl::Status Trainer::GatherComputes() {
 
 absl::Status Trainer::GatherValues() {
   TESSERA_RETURN_IF_ERROR(GatherComputes());
-  runtime::Backend& b = *backend_;
   const int rank = dp_ ? dp_->rank() : 0;
   for (State& s : state_) {
     if (!s.value_stale) continue;
     const int64_t begin = std::min<int64_t>(s.n, rank * s.shard), len = std::min<int64_t>(s.shard, s.n - begin);
     TESSERA_ASSIGN_OR_RETURN(Tensor flat, s.param->value.Reshape({s.n}));
-    if (len > 0) {
-      TESSERA_ASSIGN_OR_RETURN(Tensor mine, flat.Slice(0, begin, len));
-      TESSERA_ASSIGN_OR_RETURN(Tensor st, s.stage.Slice(0, 0, len));
-      TESSERA_RETURN_IF_ERROR(b.Axpby(1.f, mine, 0.f, st));
-    }
-    TESSERA_RETURN_IF_ERROR(dp_->AllGather(s.stage.data(), s.padded.data(), s.shard, DType::kF32));
-    TESSERA_ASSIGN_OR_RETURN(Tensor head, s.padded.Slice(0, 0, s.n));
-    TESSERA_RETURN_IF_ERROR(b.Axpby(1.f, head, 0.f, flat));
-    if (const int64_t tail = s.padded.numel() - s.n; tail > 0) {  // the next reduce-scatter reads the padding
-      TESSERA_ASSIGN_OR_RETURN(Tensor rest, s.padded.Slice(0, s.n, tail));
-      TESSERA_RETURN_IF_ERROR(b.Fill(rest, 0));
-    }
+    TESSERA_ASSIGN_OR_RETURN(Tensor mine, flat.Slice(0, begin, len));
+    TESSERA_RETURN_IF_ERROR(GatherSlices(s, mine, len));
     s.value_stale = false;
+  }
+  return absl::OkStatus();
+}
+
+// ZeRO-1/2: the f32 value from every rank's slice (`mine`: this rank's, len elements of
+// it), through the staging slice and the padded buffer (ZeRO-1) or a temporary (ZeRO-2
+// keeps no full-size buffer); ZeRO-1's padding is zeroed again after (the next
+// reduce-scatter reads it).
+absl::Status Trainer::GatherSlices(State& s, const Tensor& mine, int64_t len) {
+  runtime::Backend& b = *backend_;
+  if (len > 0) {
+    TESSERA_ASSIGN_OR_RETURN(Tensor st, s.stage.Slice(0, 0, len));
+    TESSERA_RETURN_IF_ERROR(b.Axpby(1.f, mine, 0.f, st));
+  }
+  Tensor gathered = s.padded;
+  if (!gathered.defined()) {
+    TESSERA_ASSIGN_OR_RETURN(gathered, b.Empty({s.shard * dp_->size()}, DType::kF32));
+  }
+  TESSERA_RETURN_IF_ERROR(dp_->AllGather(s.stage.data(), gathered.data(), s.shard, DType::kF32));
+  TESSERA_ASSIGN_OR_RETURN(Tensor flat, s.param->value.Reshape({s.n}));
+  TESSERA_ASSIGN_OR_RETURN(Tensor head, gathered.Slice(0, 0, s.n));
+  TESSERA_RETURN_IF_ERROR(b.Axpby(1.f, head, 0.f, flat));
+  if (const int64_t tail = s.padded.defined() ? s.padded.numel() - s.n : 0; tail > 0) {
+    TESSERA_ASSIGN_OR_RETURN(Tensor rest, s.padded.Slice(0, s.n, tail));
+    TESSERA_RETURN_IF_ERROR(b.Fill(rest, 0));
   }
   return absl::OkStatus();
 }

@@ -205,6 +205,8 @@ class Trainer {
   // gathered from the ranks' updated slices; every pending one.
   absl::Status GatherCompute(State& s);
   absl::Status GatherComputes();
+  // ZeRO-1/2: the f32 value from every rank's slice (`mine`, len elements: this rank's).
+  absl::Status GatherSlices(State& s, const runtime::Tensor& mine, int64_t len);
   absl::Status GatherValue(State& s);       // ZeRO-3: the f32 value (GatherParams)
   absl::Status GatherForCompute(State& s);  // ZeRO-3: what a block multiplies with, prefetchable
   absl::Status EnsureGrad(State& s);

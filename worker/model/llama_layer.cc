@@ -182,24 +182,23 @@ absl::Status Llama::LayerBackward(LayerParams& w, const Inputs& in, const LayerA
     w.wq->grad_stale = w.wk->grad_stale = w.wv->grad_stale = false;
     TESSERA_RETURN_IF_ERROR(b.Gemm(dlin, true, a.xn1_full, false, *gqkv, 1.f, stale ? 0.f : 1.f));
     TESSERA_RETURN_IF_ERROR(b.Gemm(dlin, false, *wqkv, false, dxn_full, 1.f, 0.f));
-    TESSERA_ASSIGN_OR_RETURN(dxn, LeaveTp(dxn_full));
-    return NormBackward(dxn, a.x_in, *w.norm1, a.rstd1, dx, &dx);  // dx = d(x_in)
+  } else {  // three projections: QKV bias, or q/k/v no longer rows of the fused blocks
+    TESSERA_ASSIGN_OR_RETURN(Tensor dq_lin, New(b, {t, hq, d}, act_));
+    TESSERA_ASSIGN_OR_RETURN(Tensor dk_lin, New(b, {t, hkv, d}, act_));
+    TESSERA_RETURN_IF_ERROR(b.Rope(dq, in.positions, c.rope_base, dq_lin, /*inverse=*/true));
+    TESSERA_RETURN_IF_ERROR(b.Rope(dk, in.positions, c.rope_base, dk_lin, /*inverse=*/true));
+    TESSERA_ASSIGN_OR_RETURN(dq_lin, dq_lin.Reshape({t, hq * d}));
+    TESSERA_ASSIGN_OR_RETURN(dk_lin, dk_lin.Reshape({t, hkv * d}));
+    TESSERA_ASSIGN_OR_RETURN(Tensor dv_lin, dv.Reshape({t, hkv * d}));
+    if (c.qkv_bias) {
+      TESSERA_RETURN_IF_ERROR(BiasBackward(b, in.ones, dq_lin, *w.bq));
+      TESSERA_RETURN_IF_ERROR(BiasBackward(b, in.ones, dk_lin, *w.bk));
+      TESSERA_RETURN_IF_ERROR(BiasBackward(b, in.ones, dv_lin, *w.bv));
+    }
+    TESSERA_RETURN_IF_ERROR(LinearBackward(b, dq_lin, a.xn1_full, *w.wq, dxn_full, 0.f));
+    TESSERA_RETURN_IF_ERROR(LinearBackward(b, dk_lin, a.xn1_full, *w.wk, dxn_full, 1.f));
+    TESSERA_RETURN_IF_ERROR(LinearBackward(b, dv_lin, a.xn1_full, *w.wv, dxn_full, 1.f));
   }
-  TESSERA_ASSIGN_OR_RETURN(Tensor dq_lin, New(b, {t, hq, d}, act_));
-  TESSERA_ASSIGN_OR_RETURN(Tensor dk_lin, New(b, {t, hkv, d}, act_));
-  TESSERA_RETURN_IF_ERROR(b.Rope(dq, in.positions, c.rope_base, dq_lin, /*inverse=*/true));
-  TESSERA_RETURN_IF_ERROR(b.Rope(dk, in.positions, c.rope_base, dk_lin, /*inverse=*/true));
-  TESSERA_ASSIGN_OR_RETURN(dq_lin, dq_lin.Reshape({t, hq * d}));
-  TESSERA_ASSIGN_OR_RETURN(dk_lin, dk_lin.Reshape({t, hkv * d}));
-  TESSERA_ASSIGN_OR_RETURN(Tensor dv_lin, dv.Reshape({t, hkv * d}));
-  if (c.qkv_bias) {
-    TESSERA_RETURN_IF_ERROR(BiasBackward(b, in.ones, dq_lin, *w.bq));
-    TESSERA_RETURN_IF_ERROR(BiasBackward(b, in.ones, dk_lin, *w.bk));
-    TESSERA_RETURN_IF_ERROR(BiasBackward(b, in.ones, dv_lin, *w.bv));
-  }
-  TESSERA_RETURN_IF_ERROR(LinearBackward(b, dq_lin, a.xn1_full, *w.wq, dxn_full, 0.f));
-  TESSERA_RETURN_IF_ERROR(LinearBackward(b, dk_lin, a.xn1_full, *w.wk, dxn_full, 1.f));
-  TESSERA_RETURN_IF_ERROR(LinearBackward(b, dv_lin, a.xn1_full, *w.wv, dxn_full, 1.f));
   TESSERA_ASSIGN_OR_RETURN(dxn, LeaveTp(dxn_full));
   return NormBackward(dxn, a.x_in, *w.norm1, a.rstd1, dx, &dx);  // dx = d(x_in)
 }
