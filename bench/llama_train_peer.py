@@ -2,7 +2,7 @@
 """PyTorch peer of bench/train_bench.cc: the same Llama (RMSNorm, RoPE, GQA, SwiGLU, tied
 embeddings), fp32 master weights under torch.autocast(bf16), F.scaled_dot_product_attention
 with the backend forced, torch.compile (default mode), fused AdamW, gradient accumulation
-over `--micro` micro-batches of one `--seq`-token sequence per rank. Same FLOP formula as
+over `--micro` micro-batches of `--mbs` (default 1) `--seq`-token sequences per rank. Same FLOP formula as
 the engine (6 N per token + causal attention 6 L Hq D s^2). One JSON line per variant.
 
 Under torchrun (WORLD_SIZE > 1), `--parallel ddp` wraps the compiled model in DDP
@@ -91,8 +91,8 @@ def run(a, backend, compiled):
     if a.parallel == "ddp":
         fwd = torch.nn.parallel.DistributedDataParallel(fwd, device_ids=[torch.cuda.current_device()])
     g = torch.Generator(device="cuda").manual_seed(11 + rank)
-    toks = torch.randint(0, a.vocab, (a.micro, 1, a.seq), device="cuda", generator=g)
-    tgts = torch.cat([toks[:, :, 1:], torch.full((a.micro, 1, 1), -1, device="cuda")], dim=2)
+    toks = torch.randint(0, a.vocab, (a.micro, a.mbs, a.seq), device="cuda", generator=g)
+    tgts = torch.cat([toks[:, :, 1:], torch.full((a.micro, a.mbs, 1), -1, device="cuda")], dim=2)
     losses = []
 
     def step():
@@ -119,11 +119,11 @@ def run(a, backend, compiled):
         losses.append(step())
     torch.cuda.synchronize()
     secs = time.perf_counter() - t0
-    tokens = a.steps * a.micro * a.seq * world
-    flops = 6.0 * n_params * tokens + 6.0 * a.layers * a.hidden * a.seq * a.seq * a.micro * a.steps * world
+    tokens = a.steps * a.micro * a.mbs * a.seq * world
+    flops = 6.0 * n_params * tokens + 6.0 * a.layers * a.hidden * a.seq * a.seq * a.micro * a.mbs * a.steps * world
     name = f"{'compile' if compiled else 'eager'}+{backend.name}" + (f" {a.parallel}x{world}" if world > 1 else "")
     return {"impl": "torch", "variant": name, "params": n_params, "tflops_per_gpu": flops / secs / 1e12 / world,
-            "seq": a.seq, "micro": a.micro, "steps": a.steps, "step_ms": 1e3 * secs / a.steps,
+            "seq": a.seq, "mbs": a.mbs, "micro": a.micro, "steps": a.steps, "step_ms": 1e3 * secs / a.steps,
             "tokens_per_s": tokens / secs, "tflops": flops / secs / 1e12,
             "peak_gib": torch.cuda.max_memory_allocated() / 2**30, "losses": [round(l, 4) for l in losses]}
 
@@ -131,7 +131,7 @@ def run(a, backend, compiled):
 def main():
     p = argparse.ArgumentParser()
     for k, d in [("hidden", 2048), ("layers", 16), ("heads", 32), ("kv-heads", 8), ("ffn", 8192), ("vocab", 128256),
-                 ("seq", 4096), ("micro", 4), ("steps", 10), ("warmup", 3)]:
+                 ("seq", 4096), ("mbs", 1), ("micro", 4), ("steps", 10), ("warmup", 3)]:
         p.add_argument("--" + k, type=int, default=d)
     p.add_argument("--variants", default="compile+FLASH_ATTENTION,compile+CUDNN_ATTENTION")
     p.add_argument("--parallel", default="none", choices=["none", "ddp", "fsdp2"])

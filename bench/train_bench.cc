@@ -1,7 +1,8 @@
 // Training throughput of the engine on one or more GPUs of one host (bench/llama_train_peer.py
 // is the PyTorch peer — DDP / FSDP2 under torchrun —, run in the same call by
 // scripts/gpu-train.sh): a Llama of the given shape, random tokens (fixed seed), per DP
-// rank `--micro` micro-batches of one `--seq`-token sequence per step (weak scaling),
+// rank `--micro` micro-batches per step (weak scaling), each of `--mbs` (default 1) packed
+// `--seq`-token sequences (per-document causal attention, positions from 0 in each),
 // `--tp`, `--dp`, `--zero`, `--sp`, `--pp` (with `--vpp`, `--schedule 1f1b|gpipe`) as a
 // job's layout (a process per rank and GPU, as executors run; NCCL bootstrapped through a
 // directory store; every pipeline stage runs all `--micro`
@@ -19,7 +20,7 @@
 // --comm-priority high: NCCL's streams at the highest priority (NcclOptions::high_priority);
 // --early-embedding 0: the embedding's gradient reduced as any other (A/B);
 // --grad-reduce bf16: ZeRO-0's DP reduction in bf16 (OptimizerOptions::grad_reduce_bf16);
-// --fuse-qkv 0: three Q, K, V projection GEMMs instead of one (Llama::set_fuse_qkv), for A/B;
+// --fuse-qkv 1: one fused Q|K|V projection GEMM instead of three (Llama::set_fuse_qkv), for A/B;
 // --group-reductions 0: a block's gradient reductions one collective at a time, not as
 //   one NCCL group (OptimizerOptions::group_reductions), for A/B;
 // --last-stage-layers N: N layers on the last virtual stage (ParallelLayout.last_stage_layers);
@@ -118,13 +119,13 @@ Result Decode(const std::string& text, int rank) {
 struct Layout {
   int tp = 1, dp = 1, pp = 1, vpp = 1, zero = 0, last_stage_layers = 0;
   std::vector<int> stage_layers;  // --stage-layers 3,2,2,1,...
-  bool sp = false, recompute = false, early_embedding = true, grad_reduce_bf16 = false, group_reductions = true, fuse_qkv = true;
+  bool sp = false, recompute = false, early_embedding = true, grad_reduce_bf16 = false, group_reductions = true, fuse_qkv = false;
   engine::Schedule schedule = engine::Schedule::kOneFOneB;
 };
 
 // One rank: its model, trainer and data (`micro` micro-batches of its DP rank).
 void RunRank(const model::LlamaConfig& c, int device, comm::Communicator* tp, comm::Communicator* dp,
-             comm::Communicator* pp, const Layout& l, int64_t seq, int64_t micro, int64_t steps, int64_t warmup,
+             comm::Communicator* pp, const Layout& l, int64_t seq, int64_t mbs, int64_t micro, int64_t steps, int64_t warmup,
              int dp_rank, bench::CuptiTrace* trace, Result& out) {
   auto fail = [&](absl::Status s) { out.status = std::move(s); };
   auto be = runtime::MakeCudaBackend(device);
@@ -147,10 +148,14 @@ void RunRank(const model::LlamaConfig& c, int device, comm::Communicator* tp, co
   std::mt19937_64 rng(11 + dp_rank);
   std::vector<model::TokenBatch> batches(micro);
   for (auto& b : batches) {
-    b.cu_seqlens = {0, static_cast<int32_t>(seq)};
-    for (int64_t i = 0; i < seq; ++i) b.tokens.push_back(static_cast<int32_t>(rng() % c.vocab));
-    for (int64_t i = 0; i < seq; ++i) b.targets.push_back(i + 1 < seq ? b.tokens[i + 1] : -1);
-    for (int64_t i = 0; i < seq; ++i) b.positions.push_back(static_cast<int32_t>(i));
+    b.cu_seqlens = {0};
+    for (int64_t d = 0; d < mbs; ++d) {
+      const int64_t at = static_cast<int64_t>(b.tokens.size());
+      for (int64_t i = 0; i < seq; ++i) b.tokens.push_back(static_cast<int32_t>(rng() % c.vocab));
+      for (int64_t i = 0; i < seq; ++i) b.targets.push_back(i + 1 < seq ? b.tokens[at + i + 1] : -1);
+      for (int64_t i = 0; i < seq; ++i) b.positions.push_back(static_cast<int32_t>(i));
+      b.cu_seqlens.push_back(static_cast<int32_t>(at + seq));
+    }
   }
   std::chrono::steady_clock::time_point t0;
   comm::CommStats dp0;
@@ -190,7 +195,12 @@ int main(int argc, char** argv) {
   auto a = Args(argc, argv);
   auto get = [&](const char* k, int64_t d) { return a.count(k) ? std::atoll(a[k].c_str()) : d; };
   model::LlamaConfig c = bench::ConfigFromArgs(a);
-  const int64_t seq = get("seq", 4096), micro = get("micro", 4), steps = get("steps", 10), warmup = get("warmup", 3);
+  const int64_t seq = get("seq", 4096), micro = get("micro", 4), steps = get("steps", 10), warmup = get("warmup", 3),
+                mbs = get("mbs", 1);
+  if (mbs < 1) {
+    fprintf(stderr, "--mbs: sequences per micro-batch must be at least 1, got %lld\n", static_cast<long long>(mbs));
+    return 2;
+  }
   Layout l;
   l.tp = static_cast<int>(get("tp", 1)), l.dp = static_cast<int>(get("dp", 1)), l.zero = static_cast<int>(get("zero", 0));
   l.pp = static_cast<int>(get("pp", 1)), l.vpp = static_cast<int>(get("vpp", 1));
@@ -204,7 +214,7 @@ int main(int argc, char** argv) {
   l.sp = get("sp", 0) != 0, l.recompute = get("recompute", 0) != 0, l.early_embedding = get("early-embedding", 1) != 0;
   l.grad_reduce_bf16 = a.count("grad-reduce") && a["grad-reduce"] == "bf16";
   l.group_reductions = get("group-reductions", 1) != 0;
-  l.fuse_qkv = get("fuse-qkv", 1) != 0;
+  l.fuse_qkv = get("fuse-qkv", 0) != 0;
   if (a.count("schedule")) {
     auto sch = engine::ParseSchedule(a["schedule"]);
     if (!sch.ok()) {
@@ -268,7 +278,7 @@ int main(int argc, char** argv) {
       if (res.status.ok()) res.status = make(absl::StrCat("tp", dpr, "_", ppr), tpr, tp, tpc);
       if (res.status.ok()) res.status = make(absl::StrCat("dp", tpr, "_", ppr), dpr, dp, dpc);
       if (res.status.ok()) res.status = make(absl::StrCat("pp", tpr, "_", dpr), ppr, pp, ppc);
-      if (res.status.ok()) RunRank(c, r, tpc.get(), dpc.get(), ppc.get(), l, seq, micro, steps, warmup, dpr, trace.get(), res);
+      if (res.status.ok()) RunRank(c, r, tpc.get(), dpc.get(), ppc.get(), l, seq, mbs, micro, steps, warmup, dpr, trace.get(), res);
       if (res.status.ok() && trace != nullptr) {
         std::string summary;
         const std::string path = absl::StrCat(a["trace"], ".rank", r, ".csv");
@@ -339,16 +349,17 @@ int main(int argc, char** argv) {
   std::string stages;
   for (int p = 0; pp > 1 && p < pp; ++p)
     absl::StrAppend(&stages, p ? ", " : "", "[", absl::StrFormat("%.2f, %.2f", stage_ms[p], busy_ms[p]), "]");
-  const double tokens = double(steps) * micro * seq * dp;
-  const double flops = 6.0 * double(c.NumParams()) * tokens + 6.0 * c.layers * c.heads * c.HeadDim() * double(seq) * seq * micro * dp * steps;
+  const double tokens = double(steps) * micro * mbs * seq * dp;
+  const double flops = 6.0 * double(c.NumParams()) * tokens + 6.0 * c.layers * c.heads * c.HeadDim() * double(seq) * seq * micro * mbs * dp * steps;
   printf("{\"impl\": \"tessera\", \"dtype\": \"%s\", \"tp\": %d, \"dp\": %d, \"pp\": %d, \"vpp\": %d, \"schedule\": \"%s\", "
          "\"bubble\": %.4f, \"bubble_ideal\": %.4f, \"stage_ms_busy_ms\": [%s], \"zero\": %d, \"sp\": %d, \"params\": %lld, "
-         "\"seq\": %lld, \"micro\": %lld, \"steps\": %lld, \"step_ms\": %.2f, \"tokens_per_s\": %.1f, \"tflops\": %.2f, "
+         "\"seq\": %lld, \"mbs\": %lld, \"micro\": %lld, \"steps\": %lld, \"step_ms\": %.2f, \"tokens_per_s\": %.1f, \"tflops\": %.2f, "
          "\"tflops_per_gpu\": %.2f, \"peak_gib\": %.2f, \"dp_wait_ms\": %.2f, \"dp_enqueue_ms\": %.2f, \"dp_host_ops_ms\": %.2f, \"dp_calls\": %.0f, \"early_embedding\": %d, \"comm_priority\": \"%s\", \"nccl_blocking\": %d, \"gemm_tune\": %d, \"grad_reduce\": \"%s\", \"group_reductions\": %d, \"fuse_qkv\": %d, "
          "\"last_stage_layers\": %d, \"stage_layers\": [%s], \"losses\": [",
          runtime::DTypeName(c.dtype), tp, dp, pp, l.vpp, l.schedule == engine::Schedule::kGPipe ? "gpipe" : "1f1b", bubble,
          pp > 1 ? double(pp - 1) / (l.vpp * micro) : 0.0, stages.c_str(), zero, sp ? 1 : 0, static_cast<long long>(c.NumParams()),
-         static_cast<long long>(seq), static_cast<long long>(micro), static_cast<long long>(steps), 1e3 * secs / steps,
+         static_cast<long long>(seq), static_cast<long long>(mbs), static_cast<long long>(micro), static_cast<long long>(steps),
+         1e3 * secs / steps,
          tokens / secs, flops / secs / 1e12, flops / secs / 1e12 / world, peak, 1e3 * dp_wait / steps, 1e3 * dp_host / steps,
          1e3 * dp_host_op / steps, dp_calls / steps,
          l.early_embedding ? 1 : 0, comm_high_priority ? "high" : "normal", nccl_nonblocking ? 0 : 1,

@@ -170,8 +170,9 @@ class Llama {
   // rows, hidden] matrix each (the parameters stay three, with their names and shapes);
   // RoPE reads Q and K from the fused rows and writes them back into its gradient rows.
   // Used while the three are still those blocks (a ZeRO-3 gather, ZeRO-2's gradient
-  // buffers or ZeRO-1's padded compute copy make new tensors: then three GEMMs). On by
-  // default; off for A/B.
+  // buffers or ZeRO-1's padded compute copy make new tensors: then three GEMMs). Off by
+  // default: on an H100 it did not pay (docs/perf.md, session 18 — the one GEMM saves
+  // ~0.5 ms of a 1B step, V's copies cost ~0.8 ms); the row-block layout stays either way.
   void set_fuse_qkv(bool on) { fuse_qkv_ = on; }
 
   // Pipeline parallelism: one model chunk of one micro-batch (the schedule is the
@@ -344,7 +345,7 @@ class Llama {
   std::vector<std::vector<Param*>> uses_, owns_;  // per block
   ParamHooks* hooks_ = nullptr;
   bool recompute_ = false;
-  bool fuse_qkv_ = true;
+  bool fuse_qkv_ = false;
   // set_fuse_qkv: the layer's fused Q|K|V weight (the compute copy under mixed precision)
   // if its three weights are still rows of the layer's block, else null; the same for
   // the gradients.

@@ -41,7 +41,7 @@ struct Layout {
   int last_stage_layers = 0;      // an uneven pipeline split (ParallelLayout.last_stage_layers)
   std::vector<int> stage_layers{};  // or every virtual stage's layers (ParallelLayout.stage_layers)
   bool early_embedding = true;    // OptimizerOptions::early_embedding (set by name in tests)
-  bool fuse_qkv = true;           // Llama::set_fuse_qkv (set by name in tests)
+  bool fuse_qkv = false;          // Llama::set_fuse_qkv (set by name in tests)
   int world() const { return tp * cp * dp * pp; }
 };
 inline void PrintTo(const Layout& l, std::ostream* os) { *os << l.name; }

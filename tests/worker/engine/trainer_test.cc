@@ -169,14 +169,18 @@ TEST(TrainerTest, FusedQkvLayoutsEqualOneRank) {
   const test::MakeComm gloo = Gloo(store);
   LlamaConfig c = Tiny();
   c.qkv_bias = false;
-  Layout one{"one", 1, 1, 0}, three = one;
-  three.fuse_qkv = false;
+  auto fused_qkv = [](Layout l) {  // off by default (Llama::set_fuse_qkv)
+    l.fuse_qkv = true;
+    return l;
+  };
+  const Layout one = fused_qkv(Layout{"one", 1, 1, 0}), three{"three", 1, 1, 0};
   const Trace fused = test::RunLayout(one, c, gloo, cpu)[0];
   test::ExpectSameAsOneRank(three, test::RunLayout(three, c, gloo, cpu), fused, test::Tolerance{});
   for (const Layout& l : {Layout{"dp2_zero1", 1, 2, 1}, Layout{"dp2_zero2", 1, 2, 2}, Layout{"dp2_zero3", 1, 2, 3},
                           Layout{"tp2", 2, 1, 0}, Layout{"cp2", 1, 1, 0, false, 2}})
-    test::ExpectSameAsOneRank(l, test::RunLayout(l, c, gloo, cpu), fused, test::Tolerance{});
-  Layout one4 = one, pp2{"pp2_1f1b", 1, 1, 0, false, 1, 2, 1, Schedule::kOneFOneB, false, 4};
+    test::ExpectSameAsOneRank(fused_qkv(l), test::RunLayout(fused_qkv(l), c, gloo, cpu), fused, test::Tolerance{});
+  Layout one4 = one;
+  const Layout pp2 = fused_qkv(Layout{"pp2_1f1b", 1, 1, 0, false, 1, 2, 1, Schedule::kOneFOneB, false, 4});
   one4.layers = 4;
   test::ExpectSameAsOneRank(pp2, test::RunLayout(pp2, c, gloo, cpu), test::RunLayout(one4, c, gloo, cpu)[0],
                             test::Tolerance{});
@@ -186,7 +190,7 @@ TEST(TrainerTest, FusedQkvLayoutsEqualOneRank) {
   const Trace fused_bf16 = test::RunLayout(one, bf16, gloo, cpu, gentle)[0];
   test::Tolerance tol;
   tol.loss = 1e-3, tol.norm = 1e-2, tol.weight = 5e-2;
-  for (const Layout& l : {three, Layout{"dp2_zero1", 1, 2, 1}, Layout{"tp2", 2, 1, 0}})
+  for (const Layout& l : {three, fused_qkv(Layout{"dp2_zero1", 1, 2, 1}), fused_qkv(Layout{"tp2", 2, 1, 0})})
     test::ExpectSameAsOneRank(l, test::RunLayout(l, bf16, gloo, cpu, gentle), fused_bf16, tol);
 }
 
