@@ -170,6 +170,22 @@ def report(path, gaps, min_gap_ms, kernels_top=0, chrome=None):
               f"busy {busy_ns / 1e6:.2f} ms, idle {(span - busy_ns) / 1e6:.2f} ms; NCCL kernels "
               f"{sum(e - s for s, e in nccl) / 1e6:.2f} ms, {overlap(busy, nccl) / 1e6:.2f} ms of it under compute")
         print("    compute kernels: " + ", ".join(f"{k} {v / 1e6:.2f} ms" for k, v in sorted(by_kind.items(), key=lambda x: -x[1])))
+        # The step as the host saw it (the range) against the device's span: the head is
+        # the host's work before its first kernel, the tail the wait after the last one.
+        print(f"    host step {(s1 - s0) / 1e6:.2f} ms: {(first - s0) / 1e6:.2f} ms before the first kernel, "
+              f"{(s1 - last) / 1e6:.2f} ms after the last")
+        # Idle between consecutive kernels by size: launch latency (many tiny gaps) or the
+        # host (a few long ones, e.g. after a host read).
+        buckets = [(2e3, "<2us"), (5e3, "2-5us"), (20e3, "5-20us"), (100e3, "20-100us"), (float("inf"), ">=100us")]
+        hist = {name: [0, 0] for _, name in buckets}
+        for a, b in zip(comp, comp[1:]):
+            g = b[0] - max(a[1], first)
+            if g <= 0:
+                continue
+            name = next(n for lim, n in buckets if g < lim)
+            hist[name][0] += 1
+            hist[name][1] += g
+        print("    idle between kernels: " + ", ".join(f"{n} {c}x {t / 1e6:.2f} ms" for n, (c, t) in hist.items()))
         holes = []
         for a, b in zip(comp, comp[1:]):
             if b[0] - a[1] >= min_gap_ms * 1e6:

@@ -29,6 +29,15 @@ absl::Status CrossEntropyBackwardCuda(const void* logits, const int32_t* targets
                                       void* dlogits, int64_t n, int64_t v, int64_t vocab_start, DType t, void* stream,
                                       const float* dent = nullptr, const float* ent = nullptr);
 
+// The loss from whole-vocabulary partials (one shard, or shards already combined): per
+// token lse_i = max_i + log sum_i and dloss_i = scale where targets_i >= 0 (else 0; lse
+// too), and loss_sum[0] += the sum of lse_i - tgt_i over those tokens, added in one fixed
+// order (deterministic). The training step's loss without a round trip through the host.
+absl::Status CrossEntropyLossCpu(const float* max, const float* sum, const float* tgt, const int32_t* targets,
+                                 float scale, float* lse, float* dloss, float* loss_sum, int64_t n);
+absl::Status CrossEntropyLossCuda(const float* max, const float* sum, const float* tgt, const int32_t* targets,
+                                  float scale, float* lse, float* dloss, float* loss_sum, int64_t n, void* stream);
+
 // Host-side combination of per-shard partials (shards[k] = {max, sum, dot, tgt}, each [n]).
 struct CrossEntropyResult {
   std::vector<float> lse, loss, logprob, entropy;

@@ -43,6 +43,19 @@ absl::Status CrossEntropyBackwardCpu(const void* logits, const int32_t* targets,
   return absl::OkStatus();
 }
 
+absl::Status CrossEntropyLossCpu(const float* max, const float* sum, const float* tgt, const int32_t* targets,
+                                 float scale, float* lse, float* dloss, float* loss_sum, int64_t n) {
+  double total = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const bool counted = targets[i] >= 0;
+    lse[i] = counted ? max[i] + std::log(sum[i]) : 0.f;
+    dloss[i] = counted ? scale : 0.f;
+    if (counted) total += static_cast<double>(lse[i]) - tgt[i];
+  }
+  loss_sum[0] = static_cast<float>(loss_sum[0] + total);
+  return absl::OkStatus();
+}
+
 CrossEntropyResult CombineCrossEntropy(const std::vector<std::vector<std::vector<float>>>& shards) {
   CrossEntropyResult r;
   if (shards.empty()) return r;

@@ -155,6 +155,36 @@ __global__ void BackwardVecBf16(const uint4* logits, const int32_t* targets, con
 }
 }  // namespace
 
+namespace {
+constexpr int kLossThreads = 1024;
+// One block: each thread a strided set of rows, summed in double; then a fixed-shape tree.
+__global__ void Loss(const float* max, const float* sum, const float* tgt, const int32_t* targets, float scale,
+                     float* lse, float* dloss, float* loss_sum, int64_t n) {
+  __shared__ double part[kLossThreads];
+  double total = 0;
+  for (int64_t i = threadIdx.x; i < n; i += kLossThreads) {
+    const bool counted = targets[i] >= 0;
+    const float l = counted ? max[i] + logf(sum[i]) : 0.f;
+    lse[i] = l;
+    dloss[i] = counted ? scale : 0.f;
+    if (counted) total += static_cast<double>(l) - tgt[i];
+  }
+  part[threadIdx.x] = total;
+  __syncthreads();
+  for (int w = kLossThreads / 2; w > 0; w /= 2) {
+    if (threadIdx.x < w) part[threadIdx.x] += part[threadIdx.x + w];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) loss_sum[0] = static_cast<float>(loss_sum[0] + part[0]);
+}
+}  // namespace
+
+absl::Status CrossEntropyLossCuda(const float* max, const float* sum, const float* tgt, const int32_t* targets,
+                                  float scale, float* lse, float* dloss, float* loss_sum, int64_t n, void* stream) {
+  Loss<<<1, kLossThreads, 0, static_cast<cudaStream_t>(stream)>>>(max, sum, tgt, targets, scale, lse, dloss, loss_sum, n);
+  return LaunchStatus("cross_entropy_loss");
+}
+
 absl::Status CrossEntropyPartialsCuda(const void* logits, const int32_t* targets, float* max, float* sum, float* dot,
                                       float* tgt, int64_t n, int64_t v, int64_t start, DType t, void* stream) {
   if (n == 0) return absl::OkStatus();

@@ -500,6 +500,39 @@ TEST_P(OpTest, CrossEntropyVocabParallel) {
   }
 }
 
+// The loss from whole-vocabulary partials: lse and dloss per token (zero where the
+// target is -1) and the sum of lse - tgt added to what loss_sum held, against double.
+TEST_P(OpTest, CrossEntropyLossFromPartials) {
+  Rng rng(seed_);
+  for (int64_t n : {1, 7, 1025, 5000}) {
+    SCOPED_TRACE(::testing::Message() << "n=" << n << " seed=" << seed_);
+    auto mx = rng.Normal(n, 3.f), tg = rng.Normal(n, 3.f), sm = rng.Normal(n, 1.f);
+    for (auto& x : sm) x = 1.f + 100.f * std::abs(x);  // a sum of exp(z - max): >= 1
+    std::vector<int32_t> targets(n);
+    std::uniform_int_distribution<int32_t> td(-1, 9);  // ~1 in 11 not counted
+    for (auto& x : targets) x = td(rng.gen);
+    auto lse = Out(*be_, {n}, DType::kF32), dl = Out(*be_, {n}, DType::kF32);
+    auto loss = Make(*be_, {1}, DType::kF32, {1.5f});
+    ASSERT_TRUE(be_->CrossEntropyLoss(Make(*be_, {n}, DType::kF32, mx), Make(*be_, {n}, DType::kF32, sm),
+                                      Make(*be_, {n}, DType::kF32, tg), Ints(*be_, targets), 0.25f, lse, dl, loss).ok());
+    std::vector<double> want_lse(n), want_dl(n);
+    double total = 1.5;
+    for (int64_t i = 0; i < n; ++i) {
+      if (targets[i] < 0) continue;
+      want_lse[i] = mx[i] + std::log(double(sm[i]));
+      want_dl[i] = 0.25;
+      total += want_lse[i] - tg[i];
+    }
+    EXPECT_LT(RelErr(Read(*be_, lse), want_lse), 1e-6);
+    EXPECT_EQ(Read(*be_, dl), std::vector<float>(want_dl.begin(), want_dl.end()));
+    EXPECT_NEAR(Read(*be_, loss)[0], total, 1e-6 * std::abs(total) + 1e-5);
+  }
+  auto bad = Out(*be_, {2}, DType::kF32), one = Out(*be_, {3}, DType::kF32);
+  const absl::Status st = be_->CrossEntropyLoss(one, one, one, Ints(*be_, {0, 1, 2}), 1.f, one, one, bad);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("loss_sum"), std::string::npos) << st;
+}
+
 TEST_P(OpTest, CrossEntropyBackwardMatchesFiniteDifferences) {
   if (!cpu()) GTEST_SKIP() << "finite differences check the CPU reference";
   Rng rng(seed_);

@@ -175,9 +175,12 @@ Trainer::Trainer(model::Llama* model, runtime::Backend* backend, comm::Communica
       pp_(pp != nullptr && pp->size() > 1 ? pp : nullptr),
       options_(options) {
   if (dp_ == nullptr) options_.zero = 0;  // one DP rank: nothing to shard
+  model_->set_defer_loss(true);  // the step's loss read once, after its last backward
 }
 Trainer::~Trainer() {
   if (hooks_ != nullptr) model_->set_hooks(nullptr);
+  model_->set_defer_loss(false);
+  model_->DropPendingLoss();
 }
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(model::Llama* model, runtime::Backend* backend,
@@ -539,7 +542,8 @@ absl::StatusOr<double> Trainer::RunPipeline(const std::vector<model::TokenBatch>
   TESSERA_RETURN_IF_ERROR(pp_->WaitSends());
   TESSERA_ASSIGN_OR_RETURN(int end, b.Mark());
   pipe_marks_.push_back(end);
-  return loss.sum;
+  TESSERA_ASSIGN_OR_RETURN(double pending, m.TakePendingLoss());  // the last stage's, summed on the device
+  return loss.sum + pending;
 }
 
 // From RunPipeline's marks (start, before/after of each operation, end): the whole
@@ -763,6 +767,7 @@ absl::Status Trainer::GatherSlices(State& s, const Tensor& mine, int64_t len) {
 }
 
 absl::Status Trainer::BeginStep(const std::vector<model::TokenBatch>& micro_batches) {
+  model_->DropPendingLoss();  // a failed step's, if any
   for (const model::TokenBatch& mb : micro_batches) TESSERA_RETURN_IF_ERROR(model_->PrepareKernels(mb));
   for (State& s : state_) s.grad_low = Tensor();  // a failed step's, if any
   TESSERA_RETURN_IF_ERROR(model_->ZeroGrads());
@@ -819,6 +824,8 @@ absl::StatusOr<StepStats> Trainer::Step(const std::vector<model::TokenBatch>& mi
       if (!l.ok()) return l.status();
       loss_sum += static_cast<float>(l->sum);
     }
+    TESSERA_ASSIGN_OR_RETURN(double pending, model_->TakePendingLoss());  // summed on the device
+    loss_sum += static_cast<float>(pending);
   }
   TESSERA_RETURN_IF_ERROR(AllReduceHost(dp_, &loss_sum, 1));
   TESSERA_RETURN_IF_ERROR(AllReduceHost(pp_, &loss_sum, 1));  // only the last stage has a loss

@@ -440,6 +440,7 @@ struct Llama::Flight {
   std::vector<LayerActs> acts;  // per layer of the chunk
   Tensor x_last, xn, rstd, xn_full, logits;  // the head (last virtual stage)
   std::vector<float> lse, dloss;
+  Tensor lse_t, dloss_t;  // on the device instead (Llama::DeviceLoss)
   std::vector<float> dentropy;  // ForwardBackwardLogProbs with an entropy term: dL/dH per token
   std::vector<float>* values = nullptr;  // a critic's: filled by the value head
   const ValueGrad* value_grad = nullptr;  // ForwardBackwardValues: the per-token gradient
@@ -515,6 +516,10 @@ absl::StatusOr<Tensor> Llama::ChunkForward(int chunk, const TokenBatch& batch, F
     logits_out->resize(f32.numel());
     TESSERA_RETURN_IF_ERROR(b.CopyToHost(f32, logits_out->data()));
   }
+  if (backward && tp_ == nullptr && f.stats == nullptr && f.logprob_grad == nullptr) {  // training's cross-entropy
+    TESSERA_RETURN_IF_ERROR(DeviceLoss(f, batch, grad_scale, loss));
+    return Tensor();
+  }
   TESSERA_ASSIGN_OR_RETURN(f.lse, CrossEntropyLse(f.logits, f.in, vocab_start, f.stats ? &f.stats->entropy : nullptr));
   if (f.stats != nullptr) {
     f.stats->logprob.assign(t, 0.f);
@@ -563,10 +568,13 @@ absl::StatusOr<Tensor> Llama::ChunkBackward(int chunk, Flight& f, const Tensor* 
     TESSERA_RETURN_IF_ERROR(done(head_block));
   } else if (LastVirtualStage(chunk)) {  // from the loss: cross-entropy, LM head, final norm
     TESSERA_RETURN_IF_ERROR(acquire(head_block, Phase::kBackward));
-    TESSERA_ASSIGN_OR_RETURN(Tensor lse_t, New(b, {t}));
-    TESSERA_ASSIGN_OR_RETURN(Tensor dloss_t, New(b, {t}));
-    TESSERA_RETURN_IF_ERROR(b.CopyFromHost(f.lse.data(), lse_t));
-    TESSERA_RETURN_IF_ERROR(b.CopyFromHost(f.dloss.data(), dloss_t));
+    Tensor lse_t = f.lse_t, dloss_t = f.dloss_t;
+    if (!lse_t.defined()) {  // from the host (CrossEntropyLse)
+      TESSERA_ASSIGN_OR_RETURN(lse_t, New(b, {t}));
+      TESSERA_ASSIGN_OR_RETURN(dloss_t, New(b, {t}));
+      TESSERA_RETURN_IF_ERROR(b.CopyFromHost(f.lse.data(), lse_t));
+      TESSERA_RETURN_IF_ERROR(b.CopyFromHost(f.dloss.data(), dloss_t));
+    }
     TESSERA_ASSIGN_OR_RETURN(Tensor dlogits, New(b, {t, vocab}, act_));
     if (f.dentropy.empty()) {
       TESSERA_RETURN_IF_ERROR(b.CrossEntropyBackward(f.logits, f.in.targets, vocab_start, lse_t, dloss_t, dlogits));
@@ -674,7 +682,39 @@ absl::StatusOr<LossSum> Llama::Run(const TokenBatch& batch, bool backward, float
   LossSum loss;
   TESSERA_RETURN_IF_ERROR(ChunkForward(0, batch, f, nullptr, backward, grad_scale, &loss, logits_out).status());
   if (backward) TESSERA_RETURN_IF_ERROR(ChunkBackward(0, f, nullptr).status());
+  if (!defer_loss_) {
+    TESSERA_ASSIGN_OR_RETURN(double pending, TakePendingLoss());
+    loss.sum += pending;
+  }
   return loss;
+}
+
+absl::Status Llama::DeviceLoss(Flight& f, const TokenBatch& batch, float grad_scale, LossSum* loss) {
+  Backend& b = *backend_;
+  const int64_t t = f.logits.dim(0);
+  Tensor part[4];  // max, sum of exp, (the entropy's, unused), target logit
+  for (auto& p : part) {
+    TESSERA_ASSIGN_OR_RETURN(p, New(b, {t}));
+  }
+  TESSERA_RETURN_IF_ERROR(b.CrossEntropyPartials(f.logits, f.in.targets, 0, part[0], part[1], part[2], part[3]));
+  if (!loss_sum_.defined()) {
+    TESSERA_ASSIGN_OR_RETURN(loss_sum_, b.Empty({1}, DType::kF32));
+  }
+  if (!loss_pending_) TESSERA_RETURN_IF_ERROR(b.Fill(loss_sum_, 0));
+  TESSERA_ASSIGN_OR_RETURN(f.lse_t, New(b, {t}));
+  TESSERA_ASSIGN_OR_RETURN(f.dloss_t, New(b, {t}));
+  TESSERA_RETURN_IF_ERROR(b.CrossEntropyLoss(part[0], part[1], part[3], f.in.targets, grad_scale, f.lse_t, f.dloss_t, loss_sum_));
+  loss_pending_ = true;
+  for (int32_t target : batch.targets) loss->tokens += target >= 0 ? 1 : 0;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> Llama::TakePendingLoss() {
+  if (!loss_pending_) return 0.0;
+  float sum = 0.f;
+  TESSERA_RETURN_IF_ERROR(backend_->CopyToHost(loss_sum_, &sum));
+  loss_pending_ = false;
+  return static_cast<double>(sum);
 }
 
 absl::StatusOr<Tensor> Llama::PipelineForward(int chunk, int64_t micro_batch, const TokenBatch& batch,
@@ -696,6 +736,10 @@ absl::StatusOr<Tensor> Llama::PipelineForward(int chunk, int64_t micro_batch, co
   LossSum local;
   auto out = ChunkForward(chunk, batch, *slot, input, true, grad_scale, &local, nullptr);
   if (!out.ok()) flights_.erase({chunk, micro_batch});
+  if (out.ok() && !defer_loss_) {
+    TESSERA_ASSIGN_OR_RETURN(double pending, TakePendingLoss());
+    local.sum += pending;
+  }
   if (loss != nullptr) loss->sum += local.sum, loss->tokens += local.tokens;
   return out;
 }

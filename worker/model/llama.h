@@ -233,6 +233,15 @@ class Llama {
   // Forward and backward: adds grad_scale * d(loss sum)/d(param) into every grad (so a
   // token-mean over a global batch passes 1 / its target count to every micro-batch).
   absl::StatusOr<LossSum> ForwardBackward(const TokenBatch& batch, float grad_scale);
+  // Without TP, ForwardBackward and PipelineForward sum the cross-entropy on the device
+  // (no host round trip between a micro-batch's forward and backward). With defer_loss on
+  // (the trainer), the sum they return leaves it out — LossSum::tokens still counts —
+  // and TakePendingLoss() reads what is pending (one wait for the device) and clears it;
+  // off (the default), ForwardBackward reads it itself at its end.
+  void set_defer_loss(bool on) { defer_loss_ = on; }
+  absl::StatusOr<double> TakePendingLoss();
+  // Drops a pending sum unread (a step that failed half-way); no device work.
+  void DropPendingLoss() { loss_pending_ = false; }
 
   // Generation over a paged KV cache (the rollout engine, worker/engine/rollout.h; source
   // in llama_generate.cc). A model without pipeline, context or sequence parallelism; TP
@@ -346,6 +355,11 @@ class Llama {
   ParamHooks* hooks_ = nullptr;
   bool recompute_ = false;
   bool fuse_qkv_ = false;
+  bool defer_loss_ = false;
+  runtime::Tensor loss_sum_;  // f32 [1]: the cross-entropy summed on the device (set_defer_loss)
+  bool loss_pending_ = false;  // loss_sum_ holds a sum not yet taken (else it is zeroed before use)
+  // The whole-vocabulary loss of a flight on the device: lse, dloss and the pending sum.
+  absl::Status DeviceLoss(Flight& f, const TokenBatch& batch, float grad_scale, LossSum* loss);
   // set_fuse_qkv: the layer's fused Q|K|V weight (the compute copy under mixed precision)
   // if its three weights are still rows of the layer's block, else null; the same for
   // the gradients.

@@ -244,6 +244,20 @@ absl::Status Backend::CrossEntropyPartials(const Tensor& logits, const Tensor& t
   return DoCrossEntropyPartials(logits, targets, vocab_start, max, sum, dot, tgt);
 }
 
+absl::Status Backend::CrossEntropyLoss(const Tensor& max, const Tensor& sum, const Tensor& tgt, const Tensor& targets,
+                                       float scale, Tensor& lse, Tensor& dloss, Tensor& loss_sum) {
+  const char* op = "cross_entropy_loss";
+  TRY(CheckTensors(op, device(), {{"max", &max}, {"sum", &sum}, {"tgt", &tgt}, {"targets", &targets}, {"lse", &lse},
+                                  {"dloss", &dloss}, {"loss_sum", &loss_sum}}));
+  const int64_t n = max.numel();
+  for (auto [name, t] : {std::pair<const char*, const Tensor*>{"max", &max}, {"sum", &sum}, {"tgt", &tgt}, {"lse", &lse},
+                         {"dloss", &dloss}})
+    TRY(Vec(op, name, *t, n, DType::kF32));
+  TRY(Vec(op, "targets", targets, n, DType::kI32));
+  TRY(Vec(op, "loss_sum", loss_sum, 1, DType::kF32));
+  return DoCrossEntropyLoss(max, sum, tgt, targets, scale, lse, dloss, loss_sum);
+}
+
 absl::Status Backend::CrossEntropyBackward(const Tensor& logits, const Tensor& targets, int64_t vocab_start,
                                            const Tensor& lse, const Tensor& dloss, Tensor& dlogits, const Tensor* dentropy,
                                            const Tensor* entropy) {

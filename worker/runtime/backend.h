@@ -113,6 +113,11 @@ class Backend {
   // targets [n] i32 (global ids); max, sum, dot, tgt: f32 [n].
   absl::Status CrossEntropyPartials(const Tensor& logits, const Tensor& targets, int64_t vocab_start, Tensor& max,
                                     Tensor& sum, Tensor& dot, Tensor& tgt);
+  // From whole-vocabulary partials (max, sum, tgt f32 [n]; targets [n] i32): lse and
+  // dloss (f32 [n]: scale where the target is >= 0, else 0) for CrossEntropyBackward, and
+  // loss_sum (f32 [1]) += the sum of lse - tgt over the counted tokens (kernels/cross_entropy).
+  absl::Status CrossEntropyLoss(const Tensor& max, const Tensor& sum, const Tensor& tgt, const Tensor& targets,
+                                float scale, Tensor& lse, Tensor& dloss, Tensor& loss_sum);
   // dlogits = dloss * (softmax(logits; lse) - onehot(target)); lse, dloss: f32 [n].
   // With dentropy and entropy (f32 [n]: dL/dH and H per token, H the entropy of the whole
   // vocabulary's softmax) also the entropy's term: - dentropy * p * (log p + H).
@@ -203,6 +208,8 @@ class Backend {
   virtual absl::Status DoRope(const Tensor& x, const Tensor& positions, float base, Tensor& y, float sign) = 0;
   virtual absl::Status DoCrossEntropyPartials(const Tensor& logits, const Tensor& targets, int64_t vocab_start,
                                               Tensor& max, Tensor& sum, Tensor& dot, Tensor& tgt) = 0;
+  virtual absl::Status DoCrossEntropyLoss(const Tensor& max, const Tensor& sum, const Tensor& tgt, const Tensor& targets,
+                                          float scale, Tensor& lse, Tensor& dloss, Tensor& loss_sum) = 0;
   virtual absl::Status DoCrossEntropyBackward(const Tensor& logits, const Tensor& targets, int64_t vocab_start,
                                               const Tensor& lse, const Tensor& dloss, Tensor& dlogits,
                                               const Tensor* dentropy, const Tensor* entropy) = 0;

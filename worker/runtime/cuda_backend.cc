@@ -230,6 +230,11 @@ class CudaBackend final : public Backend {
     return kernels::CrossEntropyPartialsCuda(z.data(), t.data_as<int32_t>(), mx.data_as<float>(), sm.data_as<float>(),
                                             dt.data_as<float>(), tg.data_as<float>(), z.dim(0), z.dim(1), vs, z.dtype(), stream_);
   }
+  absl::Status DoCrossEntropyLoss(const Tensor& mx, const Tensor& sm, const Tensor& tg, const Tensor& t, float scale,
+                                  Tensor& lse, Tensor& dl, Tensor& loss) override {
+    return kernels::CrossEntropyLossCuda(mx.data_as<float>(), sm.data_as<float>(), tg.data_as<float>(), t.data_as<int32_t>(),
+                                        scale, lse.data_as<float>(), dl.data_as<float>(), loss.data_as<float>(), mx.numel(), stream_);
+  }
   absl::Status DoCrossEntropyBackward(const Tensor& z, const Tensor& t, int64_t vs, const Tensor& lse, const Tensor& dl,
                                       Tensor& dz, const Tensor* dh, const Tensor* h) override {
     return kernels::CrossEntropyBackwardCuda(z.data(), t.data_as<int32_t>(), lse.data_as<float>(), dl.data_as<float>(),
