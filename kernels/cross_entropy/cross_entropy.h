@@ -38,6 +38,11 @@ absl::Status CrossEntropyLossCpu(const float* max, const float* sum, const float
 absl::Status CrossEntropyLossCuda(const float* max, const float* sum, const float* tgt, const int32_t* targets,
                                   float scale, float* lse, float* dloss, float* loss_sum, int64_t n, void* stream);
 
+// Vocab-parallel shards on the device: sum_i *= exp(max_i - global_max_i), this shard's
+// sum of exp rescaled to the all-reduced max (then the sums all-reduce to the whole one).
+absl::Status CrossEntropyRescaleCpu(const float* max, const float* global_max, float* sum, int64_t n);
+absl::Status CrossEntropyRescaleCuda(const float* max, const float* global_max, float* sum, int64_t n, void* stream);
+
 // Host-side combination of per-shard partials (shards[k] = {max, sum, dot, tgt}, each [n]).
 struct CrossEntropyResult {
   std::vector<float> lse, loss, logprob, entropy;

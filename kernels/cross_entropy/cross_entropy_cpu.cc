@@ -56,6 +56,11 @@ absl::Status CrossEntropyLossCpu(const float* max, const float* sum, const float
   return absl::OkStatus();
 }
 
+absl::Status CrossEntropyRescaleCpu(const float* max, const float* global_max, float* sum, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) sum[i] *= std::exp(max[i] - global_max[i]);
+  return absl::OkStatus();
+}
+
 CrossEntropyResult CombineCrossEntropy(const std::vector<std::vector<std::vector<float>>>& shards) {
   CrossEntropyResult r;
   if (shards.empty()) return r;

@@ -177,7 +177,17 @@ __global__ void Loss(const float* max, const float* sum, const float* tgt, const
   }
   if (threadIdx.x == 0) loss_sum[0] = static_cast<float>(loss_sum[0] + part[0]);
 }
+__global__ void Rescale(const float* max, const float* global_max, float* sum, int64_t n) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i < n) sum[i] *= expf(max[i] - global_max[i]);
+}
 }  // namespace
+
+absl::Status CrossEntropyRescaleCuda(const float* max, const float* global_max, float* sum, int64_t n, void* stream) {
+  if (n == 0) return absl::OkStatus();
+  Rescale<<<(n + 255) / 256, 256, 0, static_cast<cudaStream_t>(stream)>>>(max, global_max, sum, n);
+  return LaunchStatus("cross_entropy_rescale");
+}
 
 absl::Status CrossEntropyLossCuda(const float* max, const float* sum, const float* tgt, const int32_t* targets,
                                   float scale, float* lse, float* dloss, float* loss_sum, int64_t n, void* stream) {

@@ -527,7 +527,15 @@ TEST_P(OpTest, CrossEntropyLossFromPartials) {
     EXPECT_EQ(Read(*be_, dl), std::vector<float>(want_dl.begin(), want_dl.end()));
     EXPECT_NEAR(Read(*be_, loss)[0], total, 1e-6 * std::abs(total) + 1e-5);
   }
+  // A vocab shard's sum rescaled to the all-reduced max.
+  const std::vector<float> m = {0.f, -3.f, 2.5f}, gm = {1.f, -3.f, 4.f}, sv = {2.f, 7.f, 1.f};
+  auto sum_t = Make(*be_, {3}, DType::kF32, sv);
+  ASSERT_TRUE(be_->CrossEntropyRescale(Make(*be_, {3}, DType::kF32, m), Make(*be_, {3}, DType::kF32, gm), sum_t).ok());
+  std::vector<double> want(3);
+  for (int i = 0; i < 3; ++i) want[i] = sv[i] * std::exp(double(m[i]) - gm[i]);
+  EXPECT_LT(RelErr(Read(*be_, sum_t), want), 1e-6);
   auto bad = Out(*be_, {2}, DType::kF32), one = Out(*be_, {3}, DType::kF32);
+  EXPECT_FALSE(be_->CrossEntropyRescale(one, bad, one).ok());
   const absl::Status st = be_->CrossEntropyLoss(one, one, one, Ints(*be_, {0, 1, 2}), 1.f, one, one, bad);
   EXPECT_FALSE(st.ok());
   EXPECT_NE(st.message().find("loss_sum"), std::string::npos) << st;

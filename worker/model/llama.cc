@@ -516,7 +516,7 @@ absl::StatusOr<Tensor> Llama::ChunkForward(int chunk, const TokenBatch& batch, F
     logits_out->resize(f32.numel());
     TESSERA_RETURN_IF_ERROR(b.CopyToHost(f32, logits_out->data()));
   }
-  if (backward && tp_ == nullptr && f.stats == nullptr && f.logprob_grad == nullptr) {  // training's cross-entropy
+  if (backward && f.stats == nullptr && f.logprob_grad == nullptr) {  // training's cross-entropy
     TESSERA_RETURN_IF_ERROR(DeviceLoss(f, batch, grad_scale, loss));
     return Tensor();
   }
@@ -692,11 +692,20 @@ absl::StatusOr<LossSum> Llama::Run(const TokenBatch& batch, bool backward, float
 absl::Status Llama::DeviceLoss(Flight& f, const TokenBatch& batch, float grad_scale, LossSum* loss) {
   Backend& b = *backend_;
   const int64_t t = f.logits.dim(0);
+  const int64_t vocab_start = tp_rank() * (config_.vocab / tp_size());
   Tensor part[4];  // max, sum of exp, (the entropy's, unused), target logit
   for (auto& p : part) {
     TESSERA_ASSIGN_OR_RETURN(p, New(b, {t}));
   }
-  TESSERA_RETURN_IF_ERROR(b.CrossEntropyPartials(f.logits, f.in.targets, 0, part[0], part[1], part[2], part[3]));
+  TESSERA_RETURN_IF_ERROR(b.CrossEntropyPartials(f.logits, f.in.targets, vocab_start, part[0], part[1], part[2], part[3]));
+  if (tp_ != nullptr) {  // vocab shards: the max all-reduced, each sum rescaled to it, then sums and targets added
+    TESSERA_ASSIGN_OR_RETURN(Tensor global_max, New(b, {t}));
+    TESSERA_RETURN_IF_ERROR(tp_->AllReduce(part[0].data(), global_max.data(), t, DType::kF32, comm::ReduceOp::kMax));
+    TESSERA_RETURN_IF_ERROR(b.CrossEntropyRescale(part[0], global_max, part[1]));
+    TESSERA_RETURN_IF_ERROR(AllReduce(part[1]));
+    TESSERA_RETURN_IF_ERROR(AllReduce(part[3]));
+    part[0] = global_max;
+  }
   if (!loss_sum_.defined()) {
     TESSERA_ASSIGN_OR_RETURN(loss_sum_, b.Empty({1}, DType::kF32));
   }

@@ -233,8 +233,9 @@ class Llama {
   // Forward and backward: adds grad_scale * d(loss sum)/d(param) into every grad (so a
   // token-mean over a global batch passes 1 / its target count to every micro-batch).
   absl::StatusOr<LossSum> ForwardBackward(const TokenBatch& batch, float grad_scale);
-  // Without TP, ForwardBackward and PipelineForward sum the cross-entropy on the device
-  // (no host round trip between a micro-batch's forward and backward). With defer_loss on
+  // ForwardBackward and PipelineForward sum the cross-entropy on the device (TP's vocab
+  // shards combined by device all-reduces): no host round trip between a micro-batch's
+  // forward and backward. With defer_loss on
   // (the trainer), the sum they return leaves it out — LossSum::tokens still counts —
   // and TakePendingLoss() reads what is pending (one wait for the device) and clears it;
   // off (the default), ForwardBackward reads it itself at its end.

@@ -258,6 +258,15 @@ absl::Status Backend::CrossEntropyLoss(const Tensor& max, const Tensor& sum, con
   return DoCrossEntropyLoss(max, sum, tgt, targets, scale, lse, dloss, loss_sum);
 }
 
+absl::Status Backend::CrossEntropyRescale(const Tensor& max, const Tensor& global_max, Tensor& sum) {
+  const char* op = "cross_entropy_rescale";
+  TRY(CheckTensors(op, device(), {{"max", &max}, {"global_max", &global_max}, {"sum", &sum}}));
+  const int64_t n = max.numel();
+  for (auto [name, t] : {std::pair<const char*, const Tensor*>{"max", &max}, {"global_max", &global_max}, {"sum", &sum}})
+    TRY(Vec(op, name, *t, n, DType::kF32));
+  return DoCrossEntropyRescale(max, global_max, sum);
+}
+
 absl::Status Backend::CrossEntropyBackward(const Tensor& logits, const Tensor& targets, int64_t vocab_start,
                                            const Tensor& lse, const Tensor& dloss, Tensor& dlogits, const Tensor* dentropy,
                                            const Tensor* entropy) {

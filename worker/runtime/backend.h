@@ -118,6 +118,9 @@ class Backend {
   // loss_sum (f32 [1]) += the sum of lse - tgt over the counted tokens (kernels/cross_entropy).
   absl::Status CrossEntropyLoss(const Tensor& max, const Tensor& sum, const Tensor& tgt, const Tensor& targets,
                                 float scale, Tensor& lse, Tensor& dloss, Tensor& loss_sum);
+  // A vocab shard's partial sum rescaled to the all-reduced max: sum *= exp(max - global_max)
+  // (all f32 [n]), before the sums are all-reduced.
+  absl::Status CrossEntropyRescale(const Tensor& max, const Tensor& global_max, Tensor& sum);
   // dlogits = dloss * (softmax(logits; lse) - onehot(target)); lse, dloss: f32 [n].
   // With dentropy and entropy (f32 [n]: dL/dH and H per token, H the entropy of the whole
   // vocabulary's softmax) also the entropy's term: - dentropy * p * (log p + H).
@@ -208,6 +211,7 @@ class Backend {
   virtual absl::Status DoRope(const Tensor& x, const Tensor& positions, float base, Tensor& y, float sign) = 0;
   virtual absl::Status DoCrossEntropyPartials(const Tensor& logits, const Tensor& targets, int64_t vocab_start,
                                               Tensor& max, Tensor& sum, Tensor& dot, Tensor& tgt) = 0;
+  virtual absl::Status DoCrossEntropyRescale(const Tensor& max, const Tensor& global_max, Tensor& sum) = 0;
   virtual absl::Status DoCrossEntropyLoss(const Tensor& max, const Tensor& sum, const Tensor& tgt, const Tensor& targets,
                                           float scale, Tensor& lse, Tensor& dloss, Tensor& loss_sum) = 0;
   virtual absl::Status DoCrossEntropyBackward(const Tensor& logits, const Tensor& targets, int64_t vocab_start,

@@ -87,6 +87,9 @@ class CpuBackend final : public Backend {
     return kernels::CrossEntropyPartialsCpu(z.data(), t.data_as<int32_t>(), mx.data_as<float>(), sm.data_as<float>(),
                                             dt.data_as<float>(), tg.data_as<float>(), z.dim(0), z.dim(1), vs, z.dtype());
   }
+  absl::Status DoCrossEntropyRescale(const Tensor& mx, const Tensor& gmx, Tensor& sm) override {
+    return kernels::CrossEntropyRescaleCpu(mx.data_as<float>(), gmx.data_as<float>(), sm.data_as<float>(), mx.numel());
+  }
   absl::Status DoCrossEntropyLoss(const Tensor& mx, const Tensor& sm, const Tensor& tg, const Tensor& t, float scale,
                                   Tensor& lse, Tensor& dl, Tensor& loss) override {
     return kernels::CrossEntropyLossCpu(mx.data_as<float>(), sm.data_as<float>(), tg.data_as<float>(), t.data_as<int32_t>(),

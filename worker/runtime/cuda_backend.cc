@@ -230,6 +230,9 @@ class CudaBackend final : public Backend {
     return kernels::CrossEntropyPartialsCuda(z.data(), t.data_as<int32_t>(), mx.data_as<float>(), sm.data_as<float>(),
                                             dt.data_as<float>(), tg.data_as<float>(), z.dim(0), z.dim(1), vs, z.dtype(), stream_);
   }
+  absl::Status DoCrossEntropyRescale(const Tensor& mx, const Tensor& gmx, Tensor& sm) override {
+    return kernels::CrossEntropyRescaleCuda(mx.data_as<float>(), gmx.data_as<float>(), sm.data_as<float>(), mx.numel(), stream_);
+  }
   absl::Status DoCrossEntropyLoss(const Tensor& mx, const Tensor& sm, const Tensor& tg, const Tensor& t, float scale,
                                   Tensor& lse, Tensor& dl, Tensor& loss) override {
     return kernels::CrossEntropyLossCuda(mx.data_as<float>(), sm.data_as<float>(), tg.data_as<float>(), t.data_as<int32_t>(),
