@@ -24,6 +24,7 @@ nlohmann::json ToJson(const engine::Plan& p) {
   const auto& m = p.memory;
   return {{"layout", LayoutName(p.input.layout)},
           {"recompute", p.input.recompute},
+          {"recompute_swiglu", p.input.recompute_swiglu},
           {"params_per_rank", p.params_per_rank},
           {"memory_bytes",
            {{"params", m.params}, {"grads", m.grads}, {"optimizer", m.optimizer}, {"activations", m.activations},
@@ -60,6 +61,7 @@ int RunPlan(const v1::JobSpec& spec, int devices, int64_t memory_bytes, bool jso
   in.layout = LayoutOf(l);
   in.seq_len = m.seq_len(), in.micro_batch = m.micro_batch(), in.global_batch = m.global_batch();
   in.recompute = spec.train().recompute();
+  in.recompute_swiglu = spec.train().recompute_swiglu();
   // The precision the executors will use: auto is bf16 on GPUs, f32 on CPU slots.
   const std::string& prec = spec.train().precision();
   in.config.dtype = prec == "bf16" || ((prec.empty() || prec == "auto") && g.device_type() == v1::GPU)
@@ -89,7 +91,8 @@ int RunPlan(const v1::JobSpec& spec, int devices, int64_t memory_bytes, bool jso
   }
   const auto& mem = plan->memory;
   out << absl::StrFormat("%s (%s): %s%s, %d ranks, %lld x %lld tokens per micro-batch, %lld parameters per rank\n",
-                         spec.name(), spec.kind(), LayoutName(in.layout), in.recompute ? " recompute" : "",
+                         spec.name(), spec.kind(), LayoutName(in.layout),
+                         absl::StrCat(in.recompute ? " recompute" : "", in.recompute_swiglu ? " recompute_swiglu" : ""),
                          in.layout.world(), in.micro_batch, in.seq_len, plan->params_per_rank);
   if (in.layout.pp > 1) out << absl::StrFormat("  (pipeline stage %d needs the most memory)\n", plan->stage);
   out << absl::StrFormat("  memory per rank: params %s, grads %s, optimizer %s, activations %s = %s%s\n", Mb(mem.params),

@@ -166,7 +166,7 @@ absl::Status ParseModel(const YAML::Node& n, const std::string& path, v1::ModelS
 absl::Status ParseTrain(const YAML::Node& n, const std::string& path, v1::TrainSpec* t) {
   TESSERA_RETURN_IF_ERROR(CheckKeys(n, path, {"steps", "lr", "min_lr", "warmup_steps", "weight_decay", "clip_norm",
                                               "seed", "data", "init_std", "checkpoint", "recompute", "export_hf",
-                                              "schedule", "precision"}));
+                                              "schedule", "precision", "recompute_swiglu"}));
   for (const auto& kv : n) {
     std::string k = kv.first.Scalar(), p = Join(path, k);
     const YAML::Node& v = kv.second;
@@ -176,6 +176,9 @@ absl::Status ParseTrain(const YAML::Node& n, const std::string& path, v1::TrainS
     else if (k == "recompute") {
       TESSERA_ASSIGN_OR_RETURN(bool b, AsBool(v, p));
       t->set_recompute(b);
+    } else if (k == "recompute_swiglu") {
+      TESSERA_ASSIGN_OR_RETURN(bool b, AsBool(v, p));
+      t->set_recompute_swiglu(b);
     } else if (k == "export_hf") {
       TESSERA_ASSIGN_OR_RETURN(auto s, AsString(v, p));
       t->set_export_hf(s);

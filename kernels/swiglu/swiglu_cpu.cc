@@ -19,11 +19,13 @@ absl::Status SwiGluForwardCpu(const void* g, const void* u, void* y, int64_t n, 
   return absl::OkStatus();
 }
 
-absl::Status SwiGluBackwardCpu(const void* dy, const void* g, const void* u, void* dg, void* du, int64_t n, DType t) {
+absl::Status SwiGluBackwardCpu(const void* dy, const void* g, const void* u, void* dg, void* du, int64_t n, DType t,
+                               void* y) {
   for (int64_t i = 0; i < n; ++i) {
     double gv = LoadElem(g, i, t), uv = LoadElem(u, i, t), d = LoadElem(dy, i, t), s = Sigmoid(gv);
     StoreElem(dg, i, static_cast<float>(d * uv * s * (1 + gv * (1 - s))), t);
     StoreElem(du, i, static_cast<float>(d * gv * s), t);
+    if (y != nullptr) StoreElem(y, i, static_cast<float>(gv * Sigmoid(gv) * uv), t);  // as the forward
   }
   return absl::OkStatus();
 }

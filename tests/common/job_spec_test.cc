@@ -376,10 +376,12 @@ TEST(JobSpec, CheckpointPathsAreAbsoluteAndUnderTheRoots) {
   EXPECT_THAT(std::string(check({"model.hf_dir=/models/llama"}).message()),
               HasSubstr("model.hidden: comes from model.hf_dir's config.json; leave it out"));
   auto hf = parse({"model={hf_dir: /models/llama, seq_len: 32, global_batch: 8, micro_batch: 2}",
-                   "train.export_hf=/out/model", "train.recompute=true"});
+                   "train.export_hf=/out/model", "train.recompute=true", "train.recompute_swiglu=true"});
   ASSERT_TRUE(hf.ok()) << hf.status();
   ASSERT_TRUE(NormalizeAndValidateJobSpec(*hf).ok());
   EXPECT_TRUE(hf->train().recompute());
+  EXPECT_TRUE(hf->train().recompute_swiglu());
+  EXPECT_THAT(std::string(check({"train.recompute_swiglu=maybe"}).message()), HasSubstr("train.recompute_swiglu"));
   EXPECT_THAT(std::string(CheckJobPaths(*hf, {"/models"}).message()), HasSubstr("train.export_hf: '/out/model'"));
   EXPECT_TRUE(CheckJobPaths(*hf, {"/models", "/out"}).ok());
   EXPECT_THAT(std::string(check({"train.export_hf=out"}).message()), HasSubstr("train.export_hf: must be an absolute path"));

@@ -16,12 +16,15 @@ int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 struct LayerBytes {
   int64_t saved = 0, backward = 0, input = 0;
 };
-LayerBytes Layer(const model::LlamaConfig& c, const parallel::Layout& l, int64_t t, int64_t tl, int64_t a) {
+LayerBytes Layer(const model::LlamaConfig& c, const parallel::Layout& l, int64_t t, int64_t tl, int64_t a,
+                 bool recompute_swiglu) {
   const int64_t h = c.hidden, d = c.HeadDim(), hq = c.heads / l.tp, hkv = c.kv_heads / l.tp, f = c.ffn / l.tp;
   const bool sp = l.sp && l.tp > 1;
   LayerBytes b;
   b.input = a * tl * h;
-  b.saved = a * (4 * tl * h + (sp ? 2 * t * h : 0) + t * (2 * hq * d + 2 * hkv * d) + 3 * t * f) + 4 * (2 * tl + t * hq);
+  // gate, up and (unless recompute_swiglu) the SwiGLU output: `kept_ffn` [t, f] each.
+  const int64_t kept_ffn = recompute_swiglu ? 2 : 3;
+  b.saved = a * (4 * tl * h + (sp ? 2 * t * h : 0) + t * (2 * hq * d + 2 * hkv * d) + kept_ffn * t * f) + 4 * (2 * tl + t * hq);
   b.backward = a * (3 * t * f + t * h + 2 * tl * h + (l.tp > 1 ? t * h : 0) + t * hq * d + t * (hq + 2 * hkv) * d +
                     t * (hq + hkv) * d);
   return b;
@@ -86,7 +89,7 @@ absl::StatusOr<Plan> PlanStage(const PlanInput& in, int stage) {
   m.optimizer = 8 * (zero >= 1 ? shard : P) + (zero >= 1 ? 4 * shard : 0) + (zero == 1 ? 4 * shard + 4 * padded : 0);
   // Activations of one micro-batch.
   const int64_t t = in.micro_batch * in.seq_len / l.cp, tl = l.sp && l.tp > 1 ? t / l.tp : t;
-  const LayerBytes lb = Layer(c, l, t, tl, a);
+  const LayerBytes lb = Layer(c, l, t, tl, a, in.recompute_swiglu);
   const int64_t v = c.vocab / l.tp, h = c.hidden;
   // On top of what the layers keep, the larger of the LM head's backward (logits, their
   // gradient, the norms' tensors, the CE partials) and a layer's backward (with the

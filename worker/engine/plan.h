@@ -34,6 +34,7 @@ struct PlanInput {
   parallel::Layout layout;
   int64_t seq_len = 0, micro_batch = 0, global_batch = 0;
   bool recompute = false;
+  bool recompute_swiglu = false;  // TrainSpec.recompute_swiglu: the SwiGLU output not kept
   Schedule schedule = Schedule::kOneFOneB;  // pp > 1
 };
 

@@ -98,6 +98,8 @@ class Trainer {
   // runs them with asynchronous sends of activations and gradients; the loss (from the
   // last stage), the gradient norm and a tied embedding's gradient (first + last stage)
   // are reduced over pp (under ZeRO-2/3 the tied embedding's DP-reduced slices).
+  // The trainer turns on the model's Llama::set_defer_loss while it lives (a step's loss
+  // stays on the device until the step reads it once); the model must outlive it.
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(model::Llama* model, runtime::Backend* backend,
                                                          comm::Communicator* dp, comm::Communicator* tp,
                                                          const OptimizerOptions& options,

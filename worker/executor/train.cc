@@ -99,6 +99,7 @@ absl::StatusOr<std::unique_ptr<TrainSession>> TrainSession::Create(const v1::Job
     TESSERA_RETURN_IF_ERROR(s->model_->InitRandom(t.seed(), static_cast<float>(t.init_std())));
   }
   s->model_->set_recompute(t.recompute());
+  s->model_->set_recompute_swiglu(t.recompute_swiglu());
   engine::OptimizerOptions o;
   o.lr = static_cast<float>(t.lr()), o.min_lr = static_cast<float>(t.min_lr());
   o.warmup_steps = t.warmup_steps(), o.total_steps = t.steps();

@@ -174,6 +174,11 @@ class Llama {
   // default: on an H100 it did not pay (docs/perf.md, session 18 — the one GEMM saves
   // ~0.5 ms of a 1B step, V's copies cost ~0.8 ms); the row-block layout stays either way.
   void set_fuse_qkv(bool on) { fuse_qkv_ = on; }
+  // Each layer's SwiGLU output is dropped after the down projection's forward; the
+  // backward rebuilds it inside SwiGLU's backward kernel (into the buffer of its input
+  // gradient, once read) for the down projection's weight gradient. Bit for bit the same
+  // training; [tokens, ffn / tp] less per layer kept (TrainSpec.recompute_swiglu).
+  void set_recompute_swiglu(bool on) { recompute_swiglu_ = on; }
 
   // Pipeline parallelism: one model chunk of one micro-batch (the schedule is the
   // trainer's). The first virtual stage reads the batch's tokens (input null), others
@@ -356,6 +361,7 @@ class Llama {
   ParamHooks* hooks_ = nullptr;
   bool recompute_ = false;
   bool fuse_qkv_ = false;
+  bool recompute_swiglu_ = false;
   bool defer_loss_ = false;
   runtime::Tensor loss_sum_;  // f32 [1]: the cross-entropy summed on the device (set_defer_loss)
   bool loss_pending_ = false;  // loss_sum_ holds a sum not yet taken (else it is zeroed before use)

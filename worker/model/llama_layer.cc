@@ -122,6 +122,7 @@ absl::Status Llama::LayerForward(const LayerParams& w, const Inputs& in, const T
   TESSERA_RETURN_IF_ERROR(Linear(b, a.xn2_full, w.wu->weight(), a.up));
   TESSERA_RETURN_IF_ERROR(b.SwiGluForward(a.gate, a.up, a.act));
   TESSERA_ASSIGN_OR_RETURN(out, RowParallelResidual(a.act, w.wd->weight(), a.x_mid));
+  if (recompute_swiglu_) a.act = Tensor();  // rebuilt by the backward (set_recompute_swiglu)
   return absl::OkStatus();
 }
 
@@ -135,10 +136,16 @@ absl::Status Llama::LayerBackward(LayerParams& w, const Inputs& in, const LayerA
   // MLP: out = x_mid + down(swiglu(gate(xn2), up(xn2))), xn2 = norm2(x_mid).
   TESSERA_ASSIGN_OR_RETURN(Tensor dmlp, EnterTp(dx));
   TESSERA_ASSIGN_OR_RETURN(Tensor dact, New(b, {t, ffn}, act_));
-  TESSERA_RETURN_IF_ERROR(LinearBackward(b, dmlp, a.act, *w.wd, dact, 0.f));
   TESSERA_ASSIGN_OR_RETURN(Tensor dgate, New(b, {t, ffn}, act_));
   TESSERA_ASSIGN_OR_RETURN(Tensor dup, New(b, {t, ffn}, act_));
-  TESSERA_RETURN_IF_ERROR(b.SwiGluBackward(dact, a.gate, a.up, dgate, dup));
+  if (a.act.defined()) {
+    TESSERA_RETURN_IF_ERROR(LinearBackward(b, dmlp, a.act, *w.wd, dact, 0.f));
+    TESSERA_RETURN_IF_ERROR(b.SwiGluBackward(dact, a.gate, a.up, dgate, dup));
+  } else {  // set_recompute_swiglu: the output rebuilt into dact's buffer once dact is read
+    TESSERA_RETURN_IF_ERROR(b.Gemm(dmlp, false, w.wd->weight(), false, dact, 1.f, 0.f));
+    TESSERA_RETURN_IF_ERROR(b.SwiGluBackward(dact, a.gate, a.up, dgate, dup, &dact));
+    TESSERA_RETURN_IF_ERROR(b.Gemm(dmlp, true, dact, false, w.wd->grad, 1.f, internal::GradBeta(*w.wd)));
+  }
   TESSERA_ASSIGN_OR_RETURN(Tensor dxn_full, New(b, {t, c.hidden}, act_));
   TESSERA_RETURN_IF_ERROR(LinearBackward(b, dgate, a.xn2_full, *w.wg, dxn_full, 0.f));
   TESSERA_RETURN_IF_ERROR(LinearBackward(b, dup, a.xn2_full, *w.wu, dxn_full, 1.f));

@@ -126,7 +126,8 @@ absl::Status Backend::SwiGluForward(const Tensor& gate, const Tensor& up, Tensor
   return DoSwiGluForward(gate, up, y);
 }
 
-absl::Status Backend::SwiGluBackward(const Tensor& dy, const Tensor& gate, const Tensor& up, Tensor& dgate, Tensor& dup) {
+absl::Status Backend::SwiGluBackward(const Tensor& dy, const Tensor& gate, const Tensor& up, Tensor& dgate, Tensor& dup,
+                                     Tensor* y) {
   const char* op = "swiglu_backward";
   TRY(CheckTensors(op, device(), {{"dy", &dy}, {"gate", &gate}, {"up", &up}, {"dgate", &dgate}, {"dup", &dup}}));
   if (!Float(gate.dtype())) return Bad(op, "gate must be f32 or bf16");
@@ -134,7 +135,12 @@ absl::Status Backend::SwiGluBackward(const Tensor& dy, const Tensor& gate, const
     TRY(SameShape(op, n, *t, "gate", gate));
     TRY(SameDType(op, n, *t, "gate", gate));
   }
-  return DoSwiGluBackward(dy, gate, up, dgate, dup);
+  if (y != nullptr) {
+    TRY(CheckTensors(op, device(), {{"y", y}}));
+    TRY(SameShape(op, "y", *y, "gate", gate));
+    TRY(SameDType(op, "y", *y, "gate", gate));
+  }
+  return DoSwiGluBackward(dy, gate, up, dgate, dup, y);
 }
 
 absl::Status Backend::Gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c, float alpha, float beta,

@@ -96,7 +96,10 @@ class Backend {
                                Tensor& dw, const Tensor* add = nullptr);
   // y = silu(gate) * up, elementwise over equal shapes.
   absl::Status SwiGluForward(const Tensor& gate, const Tensor& up, Tensor& y);
-  absl::Status SwiGluBackward(const Tensor& dy, const Tensor& gate, const Tensor& up, Tensor& dgate, Tensor& dup);
+  // dgate, dup from dy; with `y`, also y = silu(gate) * up again (bit for bit the forward's;
+  // y may be dy itself: a model that did not keep the forward's y rebuilds it in place).
+  absl::Status SwiGluBackward(const Tensor& dy, const Tensor& gate, const Tensor& up, Tensor& dgate, Tensor& dup,
+                              Tensor* y = nullptr);
   // c = alpha * op(a) @ op(b) + beta * c, row-major 2-D; op transposes when t* is set.
   // f32 x f32 -> f32, or bf16 x bf16 -> bf16 or f32 (weight gradients accumulated into
   // f32 main gradients), with f32 accumulation. With c_in (c's shape and dtype; c is then
@@ -203,7 +206,7 @@ class Backend {
                                          Tensor& dx, Tensor& dw, const Tensor* add) = 0;
   virtual absl::Status DoSwiGluForward(const Tensor& gate, const Tensor& up, Tensor& y) = 0;
   virtual absl::Status DoSwiGluBackward(const Tensor& dy, const Tensor& gate, const Tensor& up, Tensor& dgate,
-                                        Tensor& dup) = 0;
+                                        Tensor& dup, Tensor* y) = 0;
   virtual absl::Status DoGemm(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c, float alpha, float beta,
                               const Tensor* c_in) = 0;
   virtual absl::Status DoEmbeddingForward(const Tensor& ids, const Tensor& table, int64_t vocab_start, Tensor& out) = 0;

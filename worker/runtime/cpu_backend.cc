@@ -61,8 +61,10 @@ class CpuBackend final : public Backend {
   absl::Status DoSwiGluForward(const Tensor& g, const Tensor& u, Tensor& y) override {
     return kernels::SwiGluForwardCpu(g.data(), u.data(), y.data(), g.numel(), g.dtype());
   }
-  absl::Status DoSwiGluBackward(const Tensor& dy, const Tensor& g, const Tensor& u, Tensor& dg, Tensor& du) override {
-    return kernels::SwiGluBackwardCpu(dy.data(), g.data(), u.data(), dg.data(), du.data(), g.numel(), g.dtype());
+  absl::Status DoSwiGluBackward(const Tensor& dy, const Tensor& g, const Tensor& u, Tensor& dg, Tensor& du,
+                                Tensor* y) override {
+    return kernels::SwiGluBackwardCpu(dy.data(), g.data(), u.data(), dg.data(), du.data(), g.numel(), g.dtype(),
+                                      y != nullptr ? y->data() : nullptr);
   }
   absl::Status DoGemm(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c, float alpha, float beta,
                       const Tensor* c_in) override {

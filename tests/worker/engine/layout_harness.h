@@ -42,6 +42,7 @@ struct Layout {
   std::vector<int> stage_layers{};  // or every virtual stage's layers (ParallelLayout.stage_layers)
   bool early_embedding = true;    // OptimizerOptions::early_embedding (set by name in tests)
   bool fuse_qkv = false;          // Llama::set_fuse_qkv (set by name in tests)
+  bool recompute_swiglu = false;  // Llama::set_recompute_swiglu (set by name in tests)
   int world() const { return tp * cp * dp * pp; }
 };
 inline void PrintTo(const Layout& l, std::ostream* os) { *os << l.name; }
@@ -74,6 +75,7 @@ inline void TrainLayout(const Layout& l, const Comms& c, runtime::Backend* be, m
   ASSERT_TRUE(model.ok()) << model.status();
   ASSERT_TRUE((*model)->InitRandom(9, h.init_std).ok());
   (*model)->set_fuse_qkv(l.fuse_qkv);
+  (*model)->set_recompute_swiglu(l.recompute_swiglu);
   OptimizerOptions o;
   o.lr = h.lr, o.min_lr = h.min_lr, o.warmup_steps = 1, o.total_steps = 3, o.clip_norm = h.clip, o.zero = l.zero;
   o.schedule = l.schedule, o.grad_reduce_bf16 = l.grad_reduce_bf16, o.early_embedding = l.early_embedding;

@@ -194,6 +194,36 @@ TEST(TrainerTest, FusedQkvLayoutsEqualOneRank) {
     test::ExpectSameAsOneRank(l, test::RunLayout(l, bf16, gloo, cpu, gentle), fused_bf16, tol);
 }
 
+// The SwiGLU output rebuilt by the backward instead of kept (Llama::set_recompute_swiglu)
+// trains exactly as keeping it — one rank bit for bit (the rebuilt output is the
+// forward's, the same GEMMs run), tp2 (ffn sharded) and pp2 within the oracle's bound,
+// and in bf16 too.
+TEST(TrainerTest, RecomputedSwigluTrainsTheSame) {
+  auto cpu = [](int) { return runtime::MakeCpuBackend(); };
+  testing::MemStore store;
+  const test::MakeComm gloo = Gloo(store);
+  auto rebuilt = [](Layout l) {
+    l.recompute_swiglu = true;
+    return l;
+  };
+  for (runtime::DType dtype : {runtime::DType::kF32, runtime::DType::kBF16}) {
+    LlamaConfig c = Tiny();
+    c.dtype = dtype;
+    const Layout one{"one", 1, 1, 0};
+    const Trace kept = test::RunLayout(one, c, gloo, cpu)[0], again = test::RunLayout(rebuilt(one), c, gloo, cpu)[0];
+    EXPECT_EQ(kept.losses, again.losses) << runtime::DTypeName(dtype);
+    EXPECT_EQ(kept.norms, again.norms) << runtime::DTypeName(dtype);
+    EXPECT_EQ(kept.weights, again.weights) << runtime::DTypeName(dtype);
+    if (dtype != runtime::DType::kF32) continue;
+    for (const Layout& l : {Layout{"tp2", 2, 1, 0}, Layout{"pp2_1f1b", 1, 1, 0, false, 1, 2, 1, Schedule::kOneFOneB, false, 4}}) {
+      Layout base = one;
+      base.layers = l.layers;
+      test::ExpectSameAsOneRank(rebuilt(l), test::RunLayout(rebuilt(l), c, gloo, cpu),
+                                test::RunLayout(base, c, gloo, cpu)[0], test::Tolerance{});
+    }
+  }
+}
+
 // Mixed precision on the CPU backend (bf16 activations and compute copies, f32 master
 // weights), 3 steps in a realistic regime (Hyper::Gentle: init std 0.02, lr 2e-3): tracks
 // the f32 run — losses within 1e-3, gradient norms within 1e-2, weights within 5e-2
