@@ -520,7 +520,7 @@ absl::StatusOr<Tensor> Llama::ChunkForward(int chunk, const TokenBatch& batch, F
     TESSERA_RETURN_IF_ERROR(DeviceLoss(f, batch, grad_scale, loss));
     return Tensor();
   }
-  TESSERA_ASSIGN_OR_RETURN(f.lse, CrossEntropyLse(f.logits, f.in, vocab_start, f.stats ? &f.stats->entropy : nullptr));
+  TESSERA_ASSIGN_OR_RETURN(f.lse, CrossEntropyLse(f.logits, f.in, f.stats ? &f.stats->entropy : nullptr));
   if (f.stats != nullptr) {
     f.stats->logprob.assign(t, 0.f);
     for (int64_t i = 0; i < t; ++i)
@@ -692,20 +692,8 @@ absl::StatusOr<LossSum> Llama::Run(const TokenBatch& batch, bool backward, float
 absl::Status Llama::DeviceLoss(Flight& f, const TokenBatch& batch, float grad_scale, LossSum* loss) {
   Backend& b = *backend_;
   const int64_t t = f.logits.dim(0);
-  const int64_t vocab_start = tp_rank() * (config_.vocab / tp_size());
   Tensor part[4];  // max, sum of exp, (the entropy's, unused), target logit
-  for (auto& p : part) {
-    TESSERA_ASSIGN_OR_RETURN(p, New(b, {t}));
-  }
-  TESSERA_RETURN_IF_ERROR(b.CrossEntropyPartials(f.logits, f.in.targets, vocab_start, part[0], part[1], part[2], part[3]));
-  if (tp_ != nullptr) {  // vocab shards: the max all-reduced, each sum rescaled to it, then sums and targets added
-    TESSERA_ASSIGN_OR_RETURN(Tensor global_max, New(b, {t}));
-    TESSERA_RETURN_IF_ERROR(tp_->AllReduce(part[0].data(), global_max.data(), t, DType::kF32, comm::ReduceOp::kMax));
-    TESSERA_RETURN_IF_ERROR(b.CrossEntropyRescale(part[0], global_max, part[1]));
-    TESSERA_RETURN_IF_ERROR(AllReduce(part[1]));
-    TESSERA_RETURN_IF_ERROR(AllReduce(part[3]));
-    part[0] = global_max;
-  }
+  TESSERA_RETURN_IF_ERROR(CombinedPartials(f.logits, f.in, /*dot=*/false, part));
   if (!loss_sum_.defined()) {
     TESSERA_ASSIGN_OR_RETURN(loss_sum_, b.Empty({1}, DType::kF32));
   }
@@ -764,50 +752,43 @@ absl::StatusOr<Tensor> Llama::PipelineBackward(int chunk, int64_t micro_batch, c
   return ChunkBackward(chunk, *f, grad_output);
 }
 
-// Per-token log-sum-exp over the whole vocabulary from this rank's logits [T, V/tp]:
-// shard partials (max, sum of exp, target logit), combined over the TP group as
-// M = max_k max_k, S = sum_k sum_k exp(max_k - M), z_t = sum_k tgt_k (zero off-shard).
-// Leaves the target logits in in.target_logit.
-absl::StatusOr<std::vector<float>> Llama::CrossEntropyLse(const Tensor& logits, Inputs& in, int64_t vocab_start,
-                                                           std::vector<float>* entropy) {
+// This rank's cross-entropy partials of logits [T, V/tp] (max, sum of exp, sum of exp * z
+// when `dot`, target logit), combined over the TP group on the device: M = max_k max_k,
+// S = sum_k sum_k exp(max_k - M) (D likewise), z_t = sum_k tgt_k (zero off-shard).
+absl::Status Llama::CombinedPartials(const Tensor& logits, const Inputs& in, bool dot, Tensor (&part)[4]) {
   Backend& b = *backend_;
-  const int64_t t = logits.dim(0);
-  Tensor part[4];  // max, sum of exp, sum of exp * z (entropy), target logit
+  const int64_t t = logits.dim(0), vocab_start = tp_rank() * (config_.vocab / tp_size());
   for (auto& p : part) {
     TESSERA_ASSIGN_OR_RETURN(p, New(b, {t}));
   }
-  // The global max under TP: into the entropy's partial when no entropy is wanted.
-  Tensor global_max_t = part[2];
-  if (tp_ != nullptr && entropy != nullptr) {
-    TESSERA_ASSIGN_OR_RETURN(global_max_t, New(b, {t}));
-  }
   TESSERA_RETURN_IF_ERROR(b.CrossEntropyPartials(logits, in.targets, vocab_start, part[0], part[1], part[2], part[3]));
+  if (tp_ == nullptr) return absl::OkStatus();
+  TESSERA_ASSIGN_OR_RETURN(Tensor global_max, New(b, {t}));
+  TESSERA_RETURN_IF_ERROR(tp_->AllReduce(part[0].data(), global_max.data(), t, DType::kF32, comm::ReduceOp::kMax));
+  for (int k : {1, 2}) {
+    if (k == 2 && !dot) continue;
+    TESSERA_RETURN_IF_ERROR(b.CrossEntropyRescale(part[0], global_max, part[k]));
+    TESSERA_RETURN_IF_ERROR(AllReduce(part[k]));
+  }
+  TESSERA_RETURN_IF_ERROR(AllReduce(part[3]));
+  part[0] = global_max;
+  return absl::OkStatus();
+}
+
+// Per-token log-sum-exp over the whole vocabulary, on the host (CombinedPartials read
+// back); leaves the target logits in in.target_logit and, if asked, the entropies.
+absl::StatusOr<std::vector<float>> Llama::CrossEntropyLse(const Tensor& logits, Inputs& in,
+                                                           std::vector<float>* entropy) {
+  Backend& b = *backend_;
+  const int64_t t = logits.dim(0);
+  Tensor part[4];
+  TESSERA_RETURN_IF_ERROR(CombinedPartials(logits, in, entropy != nullptr, part));
+  if (tp_ != nullptr) TESSERA_RETURN_IF_ERROR(tp_->Synchronize());  // under the watchdog, before the host waits
   std::vector<float> mx(t), sum(t), dot(entropy != nullptr ? t : 0), lse(t);
   in.target_logit.assign(t, 0.f);
   TESSERA_RETURN_IF_ERROR(b.CopyToHost(part[0], mx.data()));
   TESSERA_RETURN_IF_ERROR(b.CopyToHost(part[1], sum.data()));
   if (entropy != nullptr) TESSERA_RETURN_IF_ERROR(b.CopyToHost(part[2], dot.data()));
-  if (tp_ != nullptr) {  // rescale each shard's sums to the global max, then add them up
-    TESSERA_RETURN_IF_ERROR(tp_->AllReduce(part[0].data(), global_max_t.data(), t, part[0].dtype(), comm::ReduceOp::kMax));
-    TESSERA_RETURN_IF_ERROR(tp_->Synchronize());  // under the watchdog, before the host waits
-    std::vector<float> global_max(t);
-    TESSERA_RETURN_IF_ERROR(b.CopyToHost(global_max_t, global_max.data()));
-    for (int64_t i = 0; i < t; ++i) {
-      const float scale = std::exp(mx[i] - global_max[i]);
-      sum[i] *= scale;
-      if (entropy != nullptr) dot[i] *= scale;
-    }
-    mx = global_max;
-    TESSERA_RETURN_IF_ERROR(b.CopyFromHost(sum.data(), part[1]));
-    TESSERA_RETURN_IF_ERROR(AllReduce(part[1]));
-    TESSERA_RETURN_IF_ERROR(AllReduce(part[3]));
-    if (entropy != nullptr) {
-      TESSERA_RETURN_IF_ERROR(b.CopyFromHost(dot.data(), part[2]));
-      TESSERA_RETURN_IF_ERROR(AllReduce(part[2]));
-      TESSERA_RETURN_IF_ERROR(b.CopyToHost(part[2], dot.data()));
-    }
-    TESSERA_RETURN_IF_ERROR(b.CopyToHost(part[1], sum.data()));
-  }
   TESSERA_RETURN_IF_ERROR(b.CopyToHost(part[3], in.target_logit.data()));
   for (int64_t i = 0; i < t; ++i) lse[i] = mx[i] + std::log(sum[i]);
   if (entropy != nullptr) {  // H = lse - sum_j p_j z_j, and sum_j p_j z_j = dot / sum

@@ -341,9 +341,12 @@ class Llama {
                               const ValueGrad* value_grad = nullptr);
   absl::Status ValueHeadForward(Flight& f, int64_t t);
   absl::StatusOr<runtime::Tensor> ValueHeadBackward(Flight& f, int64_t t);
-  // Per token of `logits` (this rank's vocabulary shard): the log-sum-exp over the whole
-  // vocabulary; leaves the target logits in in.target_logit and, if asked, the entropies.
-  absl::StatusOr<std::vector<float>> CrossEntropyLse(const runtime::Tensor& logits, Inputs& in, int64_t vocab_start,
+  // This rank's cross-entropy partials of `logits` (its vocabulary shard) combined over
+  // TP on the device: {max, sum of exp, sum of exp * z (only with `dot`), target logit}.
+  absl::Status CombinedPartials(const runtime::Tensor& logits, const Inputs& in, bool dot, runtime::Tensor (&part)[4]);
+  // Per token of `logits`: the log-sum-exp over the whole vocabulary, on the host; leaves
+  // the target logits in in.target_logit and, if asked, the entropies.
+  absl::StatusOr<std::vector<float>> CrossEntropyLse(const runtime::Tensor& logits, Inputs& in,
                                                      std::vector<float>* entropy = nullptr);
 
   LlamaConfig config_;

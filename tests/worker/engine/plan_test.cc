@@ -62,7 +62,9 @@ TEST(Plan, EstimateMatchesTheEnginesPeakOnOneRank) {
                 << plan->memory.activations << "), measured peak " << peak << " B\n";
       EXPECT_NEAR(static_cast<double>(est), static_cast<double>(peak), 0.05 * peak);  // seen: -0.1% to +1.2%
       if (recompute == 0) kept_peak = peak;
-      if (recompute == 2) EXPECT_LT(peak, kept_peak);
+      if (recompute == 2) {
+        EXPECT_LT(peak, kept_peak);
+      }
     }
   }
 }
