@@ -101,16 +101,22 @@ absl::StatusOr<v1::Job> Client::Get(const std::string& id) {
 }
 
 absl::StatusOr<std::vector<v1::Job>> Client::List(int limit) {
+  std::vector<v1::Job> out;
   v1::ListJobsRequest req;
-  req.set_limit(limit);
-  auto r = Unary<v1::ListJobsResponse>(cfg_.token, req, [&](auto* c, auto& q, auto* o) { return jobs_->ListJobs(c, q, o); });
-  if (!r.ok()) return r.status();
-  return std::vector<v1::Job>(r->jobs().begin(), r->jobs().end());
+  do {  // page by page until `limit` jobs (or all: limit <= 0)
+    req.set_limit(limit > 0 ? std::min<int>(limit - static_cast<int>(out.size()), 1000) : 1000);
+    auto r = Unary<v1::ListJobsResponse>(cfg_.token, req, [&](auto* c, auto& q, auto* o) { return jobs_->ListJobs(c, q, o); });
+    if (!r.ok()) return r.status();
+    out.insert(out.end(), r->jobs().begin(), r->jobs().end());
+    req.set_page_token(r->next_page_token());
+  } while (!req.page_token().empty() && (limit <= 0 || static_cast<int>(out.size()) < limit));
+  return out;
 }
 
-absl::StatusOr<v1::Job> Client::Stop(const std::string& id) {
+absl::StatusOr<v1::Job> Client::Stop(const std::string& id, const std::string& reason) {
   v1::StopJobRequest req;
   req.set_job_id(id);
+  req.set_reason(reason);
   auto r = Unary<v1::StopJobResponse>(cfg_.token, req, [&](auto* c, auto& q, auto* o) { return jobs_->StopJob(c, q, o); });
   if (!r.ok()) return r.status();
   return r->job();
@@ -140,18 +146,32 @@ std::string Clock(int64_t ms) {
 }
 }  // namespace
 
-absl::StatusOr<v1::Job> Client::Watch(const std::string& id, std::ostream& out) {
+absl::StatusOr<v1::Job> Client::Watch(const std::string& id, std::ostream& out, int64_t reconnect_ms) {
   int64_t seq = 0;
+  std::string epoch;
   int64_t first_progress_ms = 0;
-  for (int tries = 0; tries < 30; ++tries) {
+  int64_t lost_since = 0;  // MonoMs() when the controller was last lost; 0 while connected
+  int64_t backoff_ms = 250;
+  while (true) {
     grpc::ClientContext ctx;
     PrepareContext(ctx, cfg_.token, 0);
+    ctx.set_wait_for_ready(lost_since != 0);  // reconnecting: wait for the channel, within the budget
+    if (lost_since != 0)
+      ctx.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::milliseconds(std::max<int64_t>(1000, reconnect_ms - (MonoMs() - lost_since))));
     v1::WatchJobRequest req;
     req.set_job_id(id);
     req.set_from_seq(seq);
+    req.set_epoch(epoch);
     auto reader = jobs_->WatchJob(&ctx, req);
     v1::WatchJobResponse r;
     while (reader->Read(&r)) {
+      if (lost_since != 0) {
+        out << "[" << Clock(NowMs()) << "] reconnected to the controller\n";
+        lost_since = 0, backoff_ms = 250;
+      }
+      if (r.epoch() != epoch) seq = 0;  // the controller restarted: its events are numbered anew
+      epoch = r.epoch();
       const auto& e = r.event();
       seq = e.seq();
       if (e.has_progress()) {
@@ -181,10 +201,24 @@ absl::StatusOr<v1::Job> Client::Watch(const std::string& id, std::ostream& out) 
     }
     auto st = reader->Finish();
     if (st.ok()) return Get(id);
-    if (st.error_code() != grpc::UNAVAILABLE) return FromGrpc(st);
-    std::this_thread::sleep_for(std::chrono::seconds(1));  // controller restarting: resume from seq
+    // A controller that restarts (or is briefly unreachable) ends the stream UNAVAILABLE
+    // (or CANCELLED, as its server shuts down, or DEADLINE_EXCEEDED while reconnecting):
+    // watch again from where the stream stopped, until reconnect_ms without one.
+    const bool transient = st.error_code() == grpc::UNAVAILABLE || st.error_code() == grpc::CANCELLED ||
+                           (lost_since != 0 && st.error_code() == grpc::DEADLINE_EXCEEDED);
+    if (!transient) return FromGrpc(st);
+    if (lost_since == 0) {
+      lost_since = MonoMs();
+      out << "[" << Clock(NowMs()) << "] lost the controller (" << st.error_message() << "); reconnecting\n";
+      out.flush();
+    }
+    if (MonoMs() - lost_since > reconnect_ms)
+      return absl::UnavailableError(absl::StrCat("lost the controller while watching job ", id, " and could not reconnect in ",
+                                                 reconnect_ms / 1000, " s (", st.error_message(), "); the job may still run: ",
+                                                 "`tessera job status ", id, "`"));
+    std::this_thread::sleep_for(std::chrono::milliseconds(backoff_ms));
+    backoff_ms = std::min<int64_t>(backoff_ms * 2, 5000);
   }
-  return absl::UnavailableError("lost the controller while watching the job");
 }
 
 absl::Status Client::Logs(const std::string& id, int rank, int attempt, bool follow, std::ostream& out) {

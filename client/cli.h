@@ -31,13 +31,16 @@ class Client {
   static absl::StatusOr<std::unique_ptr<Client>> Connect(const ClientConfig& cfg);
   absl::StatusOr<v1::SubmitJobResponse> Submit(const v1::JobSpec& spec, const std::string& submission_id);
   absl::StatusOr<v1::Job> Get(const std::string& id);
+  // Newest first, up to `limit` jobs (<= 0: all), as summaries (ListJobsRequest).
   absl::StatusOr<std::vector<v1::Job>> List(int limit);
-  absl::StatusOr<v1::Job> Stop(const std::string& id);
+  // `reason`: the job's reason once STOPPED (empty: "stopped by user").
+  absl::StatusOr<v1::Job> Stop(const std::string& id, const std::string& reason = "");
   absl::StatusOr<v1::GetClusterStatusResponse> Status();
   // DrainNode (admin): cordon the node, with move_jobs also move its jobs; undo: uncordon.
   absl::StatusOr<v1::NodeStatus> Drain(const std::string& node_id, bool move_jobs, bool undo);
-  // Streams the job's events to `out` until it ends; returns the final job.
-  absl::StatusOr<v1::Job> Watch(const std::string& id, std::ostream& out);
+  // Streams the job's events to `out` until it ends; returns the final job. A lost
+  // controller (a restart) is waited for, reconnecting with backoff, up to reconnect_ms.
+  absl::StatusOr<v1::Job> Watch(const std::string& id, std::ostream& out, int64_t reconnect_ms = 600000);
   absl::Status Logs(const std::string& id, int rank, int attempt, bool follow, std::ostream& out);
 
  private:

@@ -3,10 +3,16 @@
 //   tessera job list | status JOB | logs JOB [--follow] [--rank R] | stop JOB
 //   tessera status
 //   tessera local JOB.yaml [--cpu-slots N] [--set k=v]...
-#include <filesystem>
+#include <pthread.h>
+#include <signal.h>
 #include <unistd.h>
 
+#include <cstdlib>
+#include <filesystem>
+#include <functional>
 #include <iostream>
+#include <mutex>
+#include <thread>
 
 #include <CLI/CLI.hpp>
 
@@ -42,10 +48,12 @@ absl::StatusOr<v1::JobSpec> LoadSpec(const std::string& file, const std::vector<
   return spec;
 }
 
-int SubmitAndWait(client::Client& c, const v1::JobSpec& spec, const std::string& sid, bool wait, bool json) {
+int SubmitAndWait(client::Client& c, const v1::JobSpec& spec, const std::string& sid, bool wait, bool json,
+                  const std::function<void(const std::string&)>& submitted = nullptr) {
   auto r = c.Submit(spec, sid);
   if (!r.ok()) return Fail(r.status());
   const auto& job = r->job();
+  if (submitted) submitted(job.job_id());
   std::cerr << (r->created() ? "submitted " : "already submitted as ") << job.job_id() << "\n";
   if (!wait) {
     std::cout << job.job_id() << "\n";
@@ -60,8 +68,60 @@ int SubmitAndWait(client::Client& c, const v1::JobSpec& spec, const std::string&
   return final_job->state() == v1::SUCCEEDED ? 0 : 1;
 }
 
+// `tessera local`'s signals: the first SIGINT or SIGTERM stops the job through the
+// controller (its executors stop, the watch sees STOPPED) and the run exits 130; a second
+// one exits at once (the next run marks what was left STOPPED; nothing is resumed).
+class LocalInterrupts {
+ public:
+  // Before any thread starts: they inherit the blocked mask, and one thread takes the signals.
+  LocalInterrupts() {
+    sigemptyset(&set_);
+    sigaddset(&set_, SIGINT);
+    sigaddset(&set_, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set_, nullptr);
+    std::thread([this] {
+      int sig = 0, count = 0;
+      while (sigwait(&set_, &sig) == 0) {
+        if (++count > 1) {
+          std::cerr << "\ninterrupted again: exiting without waiting for the job to stop\n";
+          std::_Exit(130);
+        }
+        std::function<void()> stop;
+        {
+          std::lock_guard<std::mutex> l(mu_);
+          interrupted_ = true;
+          stop = stop_;
+        }
+        std::cerr << "\ninterrupted: stopping the job (again to exit at once)\n";
+        if (stop) stop();
+      }
+    }).detach();
+  }
+  // What the first signal does once the job exists (before: the run ends after submitting).
+  void OnInterrupt(std::function<void()> stop) {
+    bool now = false;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      stop_ = stop;
+      now = interrupted_;
+    }
+    if (now) stop();
+  }
+  bool interrupted() {
+    std::lock_guard<std::mutex> l(mu_);
+    return interrupted_;
+  }
+
+ private:
+  sigset_t set_;
+  std::mutex mu_;
+  bool interrupted_ = false;
+  std::function<void()> stop_;
+};
+
 int RunLocal(const std::string& file, const std::vector<std::string>& sets, int cpu_slots, std::string state_dir,
              bool json, bool gpus) {
+  LocalInterrupts interrupts;
   // A local run may name paths under the working directory and the state directory;
   // relative ones are taken from the working directory.
   const std::string cwd = std::filesystem::current_path().string();
@@ -77,6 +137,7 @@ int RunLocal(const std::string& file, const std::vector<std::string>& sets, int 
   co.path_roots = {cwd, state_dir};
   co.listen = "127.0.0.1:0";
   co.advertise = "";
+  co.stop_unfinished_jobs = true;  // an earlier run's leftovers are never resumed beside this job
   auto ctl = controller::Controller::Start(co);
   if (!ctl.ok()) return Fail(ctl.status());
   agent::AgentOptions ao;
@@ -98,10 +159,16 @@ int RunLocal(const std::string& file, const std::vector<std::string>& sets, int 
   cc.ca_pem = (*ctl)->ca_pem();
   auto cl = client::Client::Connect(cc);
   if (!cl.ok()) return Fail(cl.status());
-  int rc = SubmitAndWait(**cl, *spec, "", true, json);
+  client::Client* c = cl->get();
+  int rc = SubmitAndWait(*c, *spec, "", true, json, [&](const std::string& job_id) {
+    interrupts.OnInterrupt([c, job_id] {
+      if (auto j = c->Stop(job_id, "interrupted (Ctrl-C) in tessera local"); !j.ok())
+        std::cerr << "could not stop job " << job_id << ": " << j.status().message() << "\n";
+    });
+  });
   (*ag)->Shutdown();
   (*ctl)->Shutdown();
-  return rc;
+  return interrupts.interrupted() ? 130 : rc;
 }
 
 }  // namespace
@@ -211,7 +278,7 @@ int main(int argc, char** argv) {
     return st.ok() ? 0 : Fail(st);
   }
   if (*stop) {
-    auto j = (*c)->Stop(job_id);
+    auto j = (*c)->Stop(job_id, "");
     if (!j.ok()) return Fail(j.status());
     std::cout << j->job_id() << " " << tessera::JobStateName(j->state()) << "\n";
     return 0;

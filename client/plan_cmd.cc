@@ -11,6 +11,7 @@
 #include "common/util.h"
 #include "worker/checkpoint/hf.h"
 #include "worker/engine/plan.h"
+#include "worker/engine/plan_spec.h"
 
 namespace tessera::client {
 namespace {
@@ -41,33 +42,17 @@ int RunPlan(const v1::JobSpec& spec, int devices, int64_t memory_bytes, bool jso
     std::cerr << "error: plan covers pretrain and sft jobs, not '" << spec.kind() << "'\n";
     return 1;
   }
-  const auto& g = spec.groups(0);
   const auto& m = spec.model();
-  engine::PlanInput in;
+  model::LlamaConfig hf;
   if (!m.hf_dir().empty()) {
     auto c = checkpoint::ReadHfConfig(m.hf_dir());
     if (!c.ok()) {
       std::cerr << "error: model.hf_dir: " << c.status().message() << "\n";
       return 1;
     }
-    in.config = *c;
-  } else {
-    auto& c = in.config;
-    c.vocab = m.vocab_size(), c.hidden = m.hidden(), c.layers = m.num_layers(), c.heads = m.num_heads();
-    c.kv_heads = m.num_kv_heads(), c.head_dim = m.head_dim(), c.ffn = m.ffn();
-    c.tie_embeddings = m.tie_embeddings(), c.qkv_bias = m.qkv_bias();
+    hf = *c;
   }
-  const auto& l = g.layout();
-  in.layout = LayoutOf(l);
-  in.seq_len = m.seq_len(), in.micro_batch = m.micro_batch(), in.global_batch = m.global_batch();
-  in.recompute = spec.train().recompute();
-  in.recompute_swiglu = spec.train().recompute_swiglu();
-  // The precision the executors will use: auto is bf16 on GPUs, f32 on CPU slots.
-  const std::string& prec = spec.train().precision();
-  in.config.dtype = prec == "bf16" || ((prec.empty() || prec == "auto") && g.device_type() == v1::GPU)
-                        ? runtime::DType::kBF16
-                        : runtime::DType::kF32;
-  if (spec.train().schedule() == "gpipe") in.schedule = engine::Schedule::kGPipe;
+  const engine::PlanInput in = engine::PlanInputOf(spec, m.hf_dir().empty() ? nullptr : &hf);
   auto plan = engine::PlanTraining(in);
   if (!plan.ok()) {
     std::cerr << "error: groups[0].layout: " << plan.status().message() << "\n";

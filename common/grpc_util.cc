@@ -3,6 +3,10 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
 
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
@@ -36,8 +40,12 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const ChannelOptions&
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 20000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // Reconnect quickly (a restarted controller is found within ~2 s), but give each
+  // connection attempt its time: gRPC's GRPC_ARG_MIN_RECONNECT_BACKOFF_MS is also the
+  // shortest connect timeout, and at 200 ms a TLS handshake with a loaded host failed
+  // (executors that could not register: "exited with code 3" under ordinary load).
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 200);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 10000);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
   std::shared_ptr<grpc::ChannelCredentials> creds;
   if (o.insecure) {
@@ -62,6 +70,26 @@ void PrepareContext(grpc::ClientContext& ctx, const std::string& token, int64_t 
   if (!token.empty()) ctx.AddMetadata("authorization", "Bearer " + token);
   if (timeout_ms > 0)
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms));
+}
+
+grpc::Status CallWithRetry(const std::string& token, int64_t timeout_ms,
+                           const std::function<grpc::Status(grpc::ClientContext*, int64_t left_ms)>& call) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  int64_t backoff_ms = 100;
+  while (true) {
+    const int64_t left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
+    grpc::ClientContext ctx;
+    PrepareContext(ctx, token, std::max<int64_t>(left, 1));
+    ctx.set_wait_for_ready(true);
+    grpc::Status st = call(&ctx, std::max<int64_t>(left, 0));
+    if (st.ok() || st.error_code() != grpc::UNAVAILABLE) return st;
+    const int64_t after =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
+    if (after <= backoff_ms) return st;
+    std::this_thread::sleep_for(std::chrono::milliseconds(backoff_ms));
+    backoff_ms = std::min<int64_t>(backoff_ms * 2, 2000);
+  }
 }
 
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(const ServerTls& t,

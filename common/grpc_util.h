@@ -5,6 +5,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -29,6 +30,15 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const ChannelOptions&
 
 // Sets the bearer token and deadline on a client context.
 void PrepareContext(grpc::ClientContext& ctx, const std::string& token, int64_t timeout_ms);
+
+// An idempotent unary call between daemons of the cluster, tried until it succeeds, fails
+// with a code other than UNAVAILABLE, or `timeout_ms` runs out. Each try waits for the
+// connection to come up (wait_for_ready) instead of failing on the first refused or slow
+// connection — a loaded host, a controller restarting — and the tries back off (100 ms
+// doubling to 2 s). `call` gets a fresh context (token set, deadline the time left) and
+// the milliseconds left, for calls that pass a wait of their own to the server.
+grpc::Status CallWithRetry(const std::string& token, int64_t timeout_ms,
+                           const std::function<grpc::Status(grpc::ClientContext*, int64_t left_ms)>& call);
 
 struct ServerTls {
   bool insecure = false;  // plaintext; the listen address must be loopback

@@ -2,6 +2,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <cmath>
 #include <functional>
 #include <set>
 
@@ -12,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/job_spec_internal.h"
+#include "common/job_spec_limits.h"
 #include "common/status.h"
 #include "common/util.h"
 #include "worker/parallel/layout.h"
@@ -33,8 +35,13 @@ std::string Show(const YAML::Node& n) {
 absl::Status CheckKeys(const YAML::Node& n, const std::string& path,
                        const std::set<std::string>& allowed) {
   if (!n.IsMap()) return Bad(path.empty() ? "job" : path, absl::StrCat("expected a mapping, got ", Show(n)));
+  std::set<std::string> seen;
   for (const auto& kv : n) {
     std::string key = kv.first.Scalar();
+    // YAML leaves a repeated key to the reader; a job file that says two things of one
+    // field is refused rather than one of them silently winning.
+    if (!seen.insert(key).second)
+      return Bad(path.empty() ? key : absl::StrCat(path, ".", key), "is given twice");
     if (!allowed.count(key)) {
       return Bad(path.empty() ? key : absl::StrCat(path, ".", key),
                  absl::StrCat("unknown key; expected one of ", absl::StrJoin(allowed, ", ")));
@@ -47,19 +54,38 @@ std::string Join(const std::string& path, const std::string& key) {
   return path.empty() ? key : absl::StrCat(path, ".", key);
 }
 
-absl::StatusOr<int64_t> AsInt(const YAML::Node& n, const std::string& path, int64_t lo, int64_t hi) {
+// The proto path of a YAML path: list indices dropped ("groups[0].layout.tp" ->
+// "groups.layout.tp"), the key of the limits table (common/job_spec_limits.h).
+std::string ProtoPath(const std::string& yaml) {
+  std::string out;
+  for (size_t i = 0; i < yaml.size(); ++i) {
+    if (yaml[i] == '[') i = yaml.find(']', i);
+    if (i == std::string::npos) break;
+    if (yaml[i] != ']') out += yaml[i];
+  }
+  return out;
+}
+
+// Numbers are checked against the limits table as they are read (the same rules the
+// validator applies to the proto), so that an out-of-range value never reaches a field
+// narrower than int64 and a job file's error names the key as written.
+absl::StatusOr<int64_t> AsInt(const YAML::Node& n, const std::string& path) {
   int64_t v = 0;
   if (!n.IsScalar() || !absl::SimpleAtoi(n.Scalar(), &v))
     return Bad(path, absl::StrCat("expected an integer, got ", Show(n)));
-  if (v < lo || v > hi) return Bad(path, absl::StrCat("must be in [", lo, ", ", hi, "], got ", v));
+  TESSERA_RETURN_IF_ERROR(CheckJobSpecValue(ProtoPath(path), path, static_cast<double>(v), true));
   return v;
 }
 
-absl::StatusOr<double> AsDouble(const YAML::Node& n, const std::string& path, double lo, double hi) {
+// `proto`: the table's key where the job file's key differs from the proto's
+// (collective_timeout_s is collective_timeout_ms), with the value as the proto holds it.
+absl::StatusOr<double> AsDouble(const YAML::Node& n, const std::string& path, const std::string& proto = "",
+                                double scale = 1) {
   double v = 0;
   if (!n.IsScalar() || !absl::SimpleAtod(n.Scalar(), &v))
     return Bad(path, absl::StrCat("expected a number, got ", Show(n)));
-  if (!(v >= lo && v <= hi)) return Bad(path, absl::StrCat("must be in [", lo, ", ", hi, "], got ", v));
+  if (!std::isfinite(v)) return Bad(path, absl::StrCat("must be a finite number, got ", Show(n)));
+  TESSERA_RETURN_IF_ERROR(CheckJobSpecValue(proto.empty() ? ProtoPath(path) : proto, path, v * scale, false));
   return v;
 }
 
@@ -92,10 +118,10 @@ absl::StatusOr<std::vector<std::string>> AsStringList(const YAML::Node& n, const
   return out;
 }
 
-#define ASSIGN_INT(field, node, path, lo, hi)                  \
-  do {                                                         \
-    TESSERA_ASSIGN_OR_RETURN(auto _v, AsInt(node, path, lo, hi)); \
-    field(_v);                                                 \
+#define ASSIGN_INT(field, node, path)                   \
+  do {                                                 \
+    TESSERA_ASSIGN_OR_RETURN(auto _v, AsInt(node, path)); \
+    field(_v);                                         \
   } while (0)
 
 absl::Status ParseLayout(const YAML::Node& n, const std::string& path, v1::ParallelLayout* l) {
@@ -104,13 +130,13 @@ absl::Status ParseLayout(const YAML::Node& n, const std::string& path, v1::Paral
   for (const auto& kv : n) {
     std::string k = kv.first.Scalar(), p = Join(path, k);
     const YAML::Node& v = kv.second;
-    if (k == "tp") ASSIGN_INT(l->set_tp, v, p, 1, 1024);
-    else if (k == "cp") ASSIGN_INT(l->set_cp, v, p, 1, 1024);
-    else if (k == "dp") ASSIGN_INT(l->set_dp, v, p, 1, 65536);
-    else if (k == "pp") ASSIGN_INT(l->set_pp, v, p, 1, 1024);
-    else if (k == "vpp") ASSIGN_INT(l->set_vpp, v, p, 1, 1024);
-    else if (k == "zero") ASSIGN_INT(l->set_zero, v, p, 0, 3);
-    else if (k == "last_stage_layers") ASSIGN_INT(l->set_last_stage_layers, v, p, 0, 1 << 20);
+    if (k == "tp") ASSIGN_INT(l->set_tp, v, p);
+    else if (k == "cp") ASSIGN_INT(l->set_cp, v, p);
+    else if (k == "dp") ASSIGN_INT(l->set_dp, v, p);
+    else if (k == "pp") ASSIGN_INT(l->set_pp, v, p);
+    else if (k == "vpp") ASSIGN_INT(l->set_vpp, v, p);
+    else if (k == "zero") ASSIGN_INT(l->set_zero, v, p);
+    else if (k == "last_stage_layers") ASSIGN_INT(l->set_last_stage_layers, v, p);
     else if (k == "stage_layers") {  // a list, "3,2,2,1" (for --set), or auto (balanced when validated)
       TESSERA_ASSIGN_OR_RETURN(std::vector<std::string> items, AsStringList(v, p));
       l->clear_stage_layers();
@@ -118,8 +144,10 @@ absl::Status ParseLayout(const YAML::Node& n, const std::string& path, v1::Paral
       if (l->balance_stages()) continue;
       for (size_t i = 0; i < items.size(); ++i) {
         int n = 0;
-        if (!absl::SimpleAtoi(items[i], &n) || n < 0 || n > (1 << 20))
-          return Bad(absl::StrCat(p, "[", i, "]"), absl::StrCat("expected a layer count >= 0, got '", items[i], "'"));
+        const std::string at = absl::StrCat(p, "[", i, "]");
+        if (!absl::SimpleAtoi(items[i], &n))
+          return Bad(at, absl::StrCat("expected a layer count >= 0, got '", items[i], "'"));
+        TESSERA_RETURN_IF_ERROR(CheckJobSpecValue("groups.layout.stage_layers", at, n, true));
         l->add_stage_layers(n);
       }
     }
@@ -139,18 +167,18 @@ absl::Status ParseModel(const YAML::Node& n, const std::string& path, v1::ModelS
   for (const auto& kv : n) {
     std::string k = kv.first.Scalar(), p = Join(path, k);
     const YAML::Node& v = kv.second;
-    if (k == "num_layers") ASSIGN_INT(m->set_num_layers, v, p, 1, kMax);
-    else if (k == "num_heads") ASSIGN_INT(m->set_num_heads, v, p, 1, kMax);
-    else if (k == "num_kv_heads") ASSIGN_INT(m->set_num_kv_heads, v, p, 1, kMax);
-    else if (k == "vocab_size") ASSIGN_INT(m->set_vocab_size, v, p, 1, kMax);
-    else if (k == "seq_len") ASSIGN_INT(m->set_seq_len, v, p, 1, kMax);
-    else if (k == "global_batch") ASSIGN_INT(m->set_global_batch, v, p, 1, kMax);
-    else if (k == "micro_batch") ASSIGN_INT(m->set_micro_batch, v, p, 1, kMax);
-    else if (k == "hidden") ASSIGN_INT(m->set_hidden, v, p, 1, kMax);
-    else if (k == "ffn") ASSIGN_INT(m->set_ffn, v, p, 1, kMax);
-    else if (k == "head_dim") ASSIGN_INT(m->set_head_dim, v, p, 2, 1024);
+    if (k == "num_layers") ASSIGN_INT(m->set_num_layers, v, p);
+    else if (k == "num_heads") ASSIGN_INT(m->set_num_heads, v, p);
+    else if (k == "num_kv_heads") ASSIGN_INT(m->set_num_kv_heads, v, p);
+    else if (k == "vocab_size") ASSIGN_INT(m->set_vocab_size, v, p);
+    else if (k == "seq_len") ASSIGN_INT(m->set_seq_len, v, p);
+    else if (k == "global_batch") ASSIGN_INT(m->set_global_batch, v, p);
+    else if (k == "micro_batch") ASSIGN_INT(m->set_micro_batch, v, p);
+    else if (k == "hidden") ASSIGN_INT(m->set_hidden, v, p);
+    else if (k == "ffn") ASSIGN_INT(m->set_ffn, v, p);
+    else if (k == "head_dim") ASSIGN_INT(m->set_head_dim, v, p);
     else if (k == "rope_base") {
-      TESSERA_ASSIGN_OR_RETURN(double d, AsDouble(v, p, 2, 1e12));
+      TESSERA_ASSIGN_OR_RETURN(double d, AsDouble(v, p));
       m->set_rope_base(d);
     } else if (k == "tie_embeddings" || k == "qkv_bias") {
       TESSERA_ASSIGN_OR_RETURN(bool b, AsBool(v, p));
@@ -170,9 +198,9 @@ absl::Status ParseTrain(const YAML::Node& n, const std::string& path, v1::TrainS
   for (const auto& kv : n) {
     std::string k = kv.first.Scalar(), p = Join(path, k);
     const YAML::Node& v = kv.second;
-    if (k == "steps") ASSIGN_INT(t->set_steps, v, p, 1, 100000000);
-    else if (k == "warmup_steps") ASSIGN_INT(t->set_warmup_steps, v, p, 0, 100000000);
-    else if (k == "seed") ASSIGN_INT(t->set_seed, v, p, 0, int64_t(1) << 62);
+    if (k == "steps") ASSIGN_INT(t->set_steps, v, p);
+    else if (k == "warmup_steps") ASSIGN_INT(t->set_warmup_steps, v, p);
+    else if (k == "seed") ASSIGN_INT(t->set_seed, v, p);
     else if (k == "recompute") {
       TESSERA_ASSIGN_OR_RETURN(bool b, AsBool(v, p));
       t->set_recompute(b);
@@ -199,9 +227,9 @@ absl::Status ParseTrain(const YAML::Node& n, const std::string& path, v1::TrainS
           TESSERA_ASSIGN_OR_RETURN(auto s, AsString(d.second, cp));
           ck == "dir" ? c->set_dir(s) : c->set_load(s);
         } else if (ck == "save_every") {
-          ASSIGN_INT(c->set_save_every, d.second, cp, 0, 100000000);
+          ASSIGN_INT(c->set_save_every, d.second, cp);
         } else if (ck == "keep") {
-          ASSIGN_INT(c->set_keep, d.second, cp, 0, 1000000);
+          ASSIGN_INT(c->set_keep, d.second, cp);
         } else if (ck == "resume") {
           TESSERA_ASSIGN_OR_RETURN(bool b, AsBool(d.second, cp));
           c->set_resume(b);
@@ -220,24 +248,22 @@ absl::Status ParseTrain(const YAML::Node& n, const std::string& path, v1::TrainS
           TESSERA_ASSIGN_OR_RETURN(auto path, AsString(d.second, dp));
           t->mutable_data()->set_path(path);
         } else if (dk == "digits") {
-          ASSIGN_INT(t->mutable_data()->set_digits, d.second, dp, 1, 9);
+          ASSIGN_INT(t->mutable_data()->set_digits, d.second, dp);
         } else if (dk == "careless") {
-          TESSERA_ASSIGN_OR_RETURN(double f, AsDouble(d.second, dp, 0, 1));
+          TESSERA_ASSIGN_OR_RETURN(double f, AsDouble(d.second, dp));
           t->mutable_data()->set_careless(f);
         }
       }
     } else {
-      struct Range {
+      struct Setter {
         const char* key;
-        double lo, hi;
         void (v1::TrainSpec::*set)(double);
       };
-      for (Range r : {Range{"lr", 1e-9, 10, &v1::TrainSpec::set_lr}, Range{"min_lr", 0, 10, &v1::TrainSpec::set_min_lr},
-                      Range{"weight_decay", 0, 10, &v1::TrainSpec::set_weight_decay},
-                      Range{"clip_norm", -1, 1e6, &v1::TrainSpec::set_clip_norm},
-                      Range{"init_std", 1e-6, 10, &v1::TrainSpec::set_init_std}})
+      for (Setter r : {Setter{"lr", &v1::TrainSpec::set_lr}, Setter{"min_lr", &v1::TrainSpec::set_min_lr},
+                       Setter{"weight_decay", &v1::TrainSpec::set_weight_decay},
+                       Setter{"clip_norm", &v1::TrainSpec::set_clip_norm}, Setter{"init_std", &v1::TrainSpec::set_init_std}})
         if (k == r.key) {
-          TESSERA_ASSIGN_OR_RETURN(double d, AsDouble(v, p, r.lo, r.hi));
+          TESSERA_ASSIGN_OR_RETURN(double d, AsDouble(v, p));
           (t->*r.set)(d);
         }
     }
@@ -258,7 +284,7 @@ absl::Status ParseGroup(const YAML::Node& n, const std::string& path, v1::GroupS
       TESSERA_ASSIGN_OR_RETURN(auto s, AsString(v, p));
       g->set_role(s);
     } else if (k == "devices") {
-      ASSIGN_INT(g->set_devices, v, p, 1, 65536);
+      ASSIGN_INT(g->set_devices, v, p);
     } else if (k == "device") {
       TESSERA_ASSIGN_OR_RETURN(auto s, AsString(v, p));
       s = absl::AsciiStrToLower(s);
@@ -291,12 +317,14 @@ absl::Status ParseCommCheck(const YAML::Node& n, const std::string& path, v1::Co
       for (size_t i = 0; i < list.size(); ++i) {
         auto b = ParseBytes(list[i]);
         if (!b.ok()) return Bad(absl::StrCat(p, "[", i, "]"), b.status().message());
+        TESSERA_RETURN_IF_ERROR(CheckJobSpecValue("comm_check.sizes_bytes", absl::StrCat(p, "[", i, "]"),
+                                                  static_cast<double>(*b), true));
         c->add_sizes_bytes(*b);
       }
     } else if (k == "iters") {
-      ASSIGN_INT(c->set_iters, v, p, 1, 100000);
+      ASSIGN_INT(c->set_iters, v, p);
     } else if (k == "warmup") {
-      ASSIGN_INT(c->set_warmup, v, p, 0, 100000);
+      ASSIGN_INT(c->set_warmup, v, p);
     } else if (k == "dtype") {
       TESSERA_ASSIGN_OR_RETURN(auto s, AsString(v, p));
       c->set_dtype(s);
@@ -335,25 +363,25 @@ absl::Status ParseRl(const YAML::Node& n, const std::string& path, v1::RlSpec* r
   for (const auto& kv : n) {
     const std::string k = kv.first.Scalar(), p = Join(path, k);
     const YAML::Node& v = kv.second;
-    if (k == "group_size") ASSIGN_INT(r->set_group_size, v, p, 1, 4096);
-    else if (k == "prompts_per_step") ASSIGN_INT(r->set_prompts_per_step, v, p, 1, 1000000);
-    else if (k == "max_new_tokens") ASSIGN_INT(r->set_max_new_tokens, v, p, 1, 1000000);
-    else if (k == "epochs") ASSIGN_INT(r->set_epochs, v, p, 1, 1000);
-    else if (k == "mini_batches") ASSIGN_INT(r->set_mini_batches, v, p, 1, 1000000);
-    else if (k == "eval_every") ASSIGN_INT(r->set_eval_every, v, p, 1, 1000000);
-    else if (k == "eval_problems") ASSIGN_INT(r->set_eval_problems, v, p, 1, 1000000);
+    if (k == "group_size") ASSIGN_INT(r->set_group_size, v, p);
+    else if (k == "prompts_per_step") ASSIGN_INT(r->set_prompts_per_step, v, p);
+    else if (k == "max_new_tokens") ASSIGN_INT(r->set_max_new_tokens, v, p);
+    else if (k == "epochs") ASSIGN_INT(r->set_epochs, v, p);
+    else if (k == "mini_batches") ASSIGN_INT(r->set_mini_batches, v, p);
+    else if (k == "eval_every") ASSIGN_INT(r->set_eval_every, v, p);
+    else if (k == "eval_problems") ASSIGN_INT(r->set_eval_problems, v, p);
     else if (k == "reward_service" || k == "reward_ca_cert") {
       TESSERA_ASSIGN_OR_RETURN(auto str, AsString(v, p));
       k == "reward_service" ? r->set_reward_service(str) : r->set_reward_ca_cert(str);
     } else if (k == "reward_timeout_s") {
-      TESSERA_ASSIGN_OR_RETURN(double d, AsDouble(v, p, 0.001, 3600));
+      TESSERA_ASSIGN_OR_RETURN(double d, AsDouble(v, p));
       r->set_reward_timeout_s(d);
     } else if (k == "stop") {
       TESSERA_RETURN_IF_ERROR(ParseStops(v, p, r->mutable_stop()));
     }
     else {
       const bool unit = k == "clip" || k == "gamma" || k == "gae_lambda";  // within (0, 1]
-      TESSERA_ASSIGN_OR_RETURN(double d, AsDouble(v, p, unit ? 1e-6 : 0, unit ? 1 : 100));
+      TESSERA_ASSIGN_OR_RETURN(double d, AsDouble(v, p));
       if (k == "temperature") r->set_temperature(d);
       else if (k == "kl_coef") r->set_kl_coef(d);
       else if (k == "entropy_coef") r->set_entropy_coef(d);
@@ -377,17 +405,17 @@ absl::Status ParseGenerate(const YAML::Node& n, const std::string& path, v1::Gen
     if (k == "input" || k == "output" || k == "checkpoint") {
       TESSERA_ASSIGN_OR_RETURN(auto str, AsString(v, p));
       k == "input" ? g->set_input(str) : k == "output" ? g->set_output(str) : g->set_checkpoint(str);
-    } else if (k == "max_new_tokens") ASSIGN_INT(g->set_max_new_tokens, v, p, 1, 1000000);
-    else if (k == "top_k") ASSIGN_INT(g->set_top_k, v, p, 0, 100000000);
-    else if (k == "n") ASSIGN_INT(g->set_n, v, p, 1, 4096);
-    else if (k == "seed") ASSIGN_INT(g->set_seed, v, p, 0, int64_t{1} << 62);
-    else if (k == "max_running") ASSIGN_INT(g->set_max_running, v, p, 1, 65536);
-    else if (k == "cache_tokens") ASSIGN_INT(g->set_cache_tokens, v, p, 1, int64_t{1} << 40);
+    } else if (k == "max_new_tokens") ASSIGN_INT(g->set_max_new_tokens, v, p);
+    else if (k == "top_k") ASSIGN_INT(g->set_top_k, v, p);
+    else if (k == "n") ASSIGN_INT(g->set_n, v, p);
+    else if (k == "seed") ASSIGN_INT(g->set_seed, v, p);
+    else if (k == "max_running") ASSIGN_INT(g->set_max_running, v, p);
+    else if (k == "cache_tokens") ASSIGN_INT(g->set_cache_tokens, v, p);
     else if (k == "temperature") {
-      TESSERA_ASSIGN_OR_RETURN(double d, AsDouble(v, p, 0, 100));
+      TESSERA_ASSIGN_OR_RETURN(double d, AsDouble(v, p));
       g->set_temperature(d);
     } else if (k == "top_p") {
-      TESSERA_ASSIGN_OR_RETURN(double d, AsDouble(v, p, 1e-6, 1));
+      TESSERA_ASSIGN_OR_RETURN(double d, AsDouble(v, p));
       g->set_top_p(d);
     } else if (k == "stop") {
       TESSERA_RETURN_IF_ERROR(ParseStops(v, p, g->mutable_stop()));
@@ -414,9 +442,9 @@ absl::Status ParseJob(const YAML::Node& root, JobSpec* spec) {
       for (size_t i = 0; i < v.size(); ++i)
         TESSERA_RETURN_IF_ERROR(ParseGroup(v[i], absl::StrCat("groups[", i, "]"), spec->add_groups()));
     } else if (k == "max_restarts") {
-      ASSIGN_INT(spec->set_max_restarts, v, k, 0, 1000);
+      ASSIGN_INT(spec->set_max_restarts, v, k);
     } else if (k == "restart_backoff_s") {
-      TESSERA_ASSIGN_OR_RETURN(double d, AsDouble(v, k, 0, 3600));
+      TESSERA_ASSIGN_OR_RETURN(double d, AsDouble(v, k));
       spec->set_restart_backoff_s(d);
     } else if (k == "model") {
       TESSERA_RETURN_IF_ERROR(ParseModel(v, k, spec->mutable_model()));
@@ -429,14 +457,16 @@ absl::Status ParseJob(const YAML::Node& root, JobSpec* spec) {
     } else if (k == "generate") {
       TESSERA_RETURN_IF_ERROR(ParseGenerate(v, k, spec->mutable_generate()));
     } else if (k == "collective_timeout_s") {
-      TESSERA_ASSIGN_OR_RETURN(double d, AsDouble(v, k, 0.1, 86400));
+      TESSERA_ASSIGN_OR_RETURN(double d, AsDouble(v, k, "collective_timeout_ms", 1000));
       spec->set_collective_timeout_ms(static_cast<int64_t>(d * 1000));
     } else if (k == "start_timeout_s") {
-      TESSERA_ASSIGN_OR_RETURN(double d, AsDouble(v, k, 1, 86400));
+      TESSERA_ASSIGN_OR_RETURN(double d, AsDouble(v, k, "start_timeout_ms", 1000));
       spec->set_start_timeout_ms(static_cast<int64_t>(d * 1000));
     } else if (k == "env") {
       if (!v.IsMap()) return Bad(k, absl::StrCat("expected a mapping of NAME: value, got ", Show(v)));
+      std::set<std::string> seen;
       for (const auto& e : v) {
+        if (!seen.insert(e.first.Scalar()).second) return Bad(Join(k, e.first.Scalar()), "is given twice");
         TESSERA_ASSIGN_OR_RETURN(auto val, AsString(e.second, Join(k, e.first.Scalar())));
         (*spec->mutable_env())[e.first.Scalar()] = val;
       }
@@ -481,6 +511,9 @@ absl::Status ApplyOverride(YAML::Node& root, const std::string& ov) {
 }  // namespace
 
 absl::StatusOr<JobSpec> ParseJobSpecYaml(absl::string_view yaml, const std::vector<std::string>& overrides) {
+  if (yaml.size() > kMaxJobSpecBytes)
+    return absl::InvalidArgumentError(
+        absl::StrCat("job file: ", yaml.size(), " bytes; at most ", kMaxJobSpecBytes, " are allowed"));
   YAML::Node root;
   try {
     root = YAML::Load(std::string(yaml));

@@ -34,6 +34,17 @@ absl::Status NormalizeAndValidateJobSpec(v1::JobSpec& spec);
 // controller checks this at submit; the syntax (absolute, no '..') is checked above.
 absl::Status CheckJobPaths(const v1::JobSpec& spec, const std::vector<std::string>& roots);
 
+// The same rule where the files are opened (executors, at every call): each path, its
+// symbolic links resolved (the deepest existing ancestor through realpath; what does not
+// exist yet as written), must lie under a root, itself resolved. A symlink under a root
+// that leads out of it is PERMISSION_DENIED naming the field and where it leads.
+absl::Status CheckJobPathsResolved(const v1::JobSpec& spec, const std::vector<std::string>& roots);
+// `path` with the symbolic links of its deepest existing ancestor resolved.
+std::string ResolvePath(const std::string& path);
+
+// The path fields a spec sets, as (YAML field name, path): what the two checks above cover.
+std::vector<std::pair<std::string, std::string>> JobPathFields(const v1::JobSpec& spec);
+
 // The job kinds this build can run.
 bool IsRunnableKind(absl::string_view kind);
 

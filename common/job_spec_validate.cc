@@ -1,5 +1,8 @@
 // Normalizing and validating a parsed job spec (common/job_spec.h): defaults, every rule
 // that needs no cluster knowledge, `stage_layers: auto`, path roots.
+#include <limits.h>
+#include <stdlib.h>
+
 #include <set>
 
 #include "absl/strings/ascii.h"
@@ -9,6 +12,7 @@
 #include "absl/strings/str_split.h"
 #include "common/job_spec.h"
 #include "common/job_spec_internal.h"
+#include "common/job_spec_limits.h"
 #include "common/status.h"
 #include "common/util.h"
 #include "worker/parallel/layout.h"
@@ -43,12 +47,8 @@ bool IsRunnableKind(absl::string_view kind) {
 }
 
 namespace {
-bool ValidName(const std::string& s) {
-  if (s.empty() || s.size() > 63) return false;
-  for (char c : s)
-    if (!(absl::ascii_isalnum(c) || c == '-' || c == '_' || c == '.')) return false;
-  return true;
-}
+// Job names become job ids (name-hex), which name directories and log files.
+bool ValidName(const std::string& s) { return IsSafeName(s, 63); }
 }  // namespace
 
 // A path in a job spec: absolute, no '.' or '..' components (so that the check against
@@ -68,11 +68,6 @@ static absl::Status ValidatePretrain(JobSpec& spec) {
     return Bad("groups", absl::StrCat("a ", spec.kind(), " job has exactly one worker group",
                                       rl ? " (or two: the actor and a rollout pool)" : ""));
   const auto& l = spec.groups(0).layout();
-  if (l.vpp() > 1 && spec.model().global_batch() / (spec.model().micro_batch() * l.dp()) % l.pp() != 0)
-    return Bad("model.global_batch", absl::StrCat("interleaved pipelines (vpp ", l.vpp(), ") need the micro-batches per ",
-                                                  "step and DP rank (", spec.model().global_batch() /
-                                                  (spec.model().micro_batch() * l.dp()), ") to be a multiple of pp (",
-                                                  l.pp(), ")"));
   const auto& m = spec.model();
   struct Req {
     const char* name;
@@ -96,6 +91,21 @@ static absl::Status ValidatePretrain(JobSpec& spec) {
       return Bad(absl::StrCat("model.", r.name), absl::StrCat("is required for ", spec.kind(), " jobs"));
   if (!hf && m.vocab_size() < 256)
     return Bad("model.vocab_size", absl::StrCat("must be >= 256 for byte-level tokens, got ", m.vocab_size()));
+  // Sizes the engine multiplies: bounded so that no product overflows on the way.
+  const int64_t micro_tokens = int64_t{m.micro_batch()} * m.seq_len();
+  if (micro_tokens > kMaxMicroBatchTokens)
+    return Bad("model.micro_batch", absl::StrCat("micro_batch x seq_len = ", micro_tokens, " tokens; at most ",
+                                                 kMaxMicroBatchTokens, " per micro-batch"));
+  const int64_t step_tokens = int64_t{m.global_batch()} * m.seq_len();
+  if (step_tokens > kMaxStepTokens)
+    return Bad("model.global_batch", absl::StrCat("global_batch x seq_len = ", step_tokens, " tokens; at most ",
+                                                  kMaxStepTokens, " per step"));
+  // (global_batch % (dp x micro_batch) == 0 was checked with the layout.)
+  const int64_t micro_per_rank = m.global_batch() / (int64_t{m.micro_batch()} * l.dp());
+  if (l.vpp() > 1 && micro_per_rank % l.pp() != 0)
+    return Bad("model.global_batch", absl::StrCat("interleaved pipelines (vpp ", l.vpp(), ") need the micro-batches per ",
+                                                  "step and DP rank (", micro_per_rank, ") to be a multiple of pp (",
+                                                  l.pp(), ")"));
   auto* t = spec.mutable_train();
   if (t->steps() <= 0) return Bad("train.steps", absl::StrCat("is required for ", spec.kind(), " jobs"));
   if (t->lr() <= 0) return Bad("train.lr", absl::StrCat("is required for ", spec.kind(), " jobs"));
@@ -212,6 +222,10 @@ static absl::Status ValidateRl(JobSpec& spec) {
   if (r->prompts_per_step() % l.dp() != 0)
     return Bad("rl.prompts_per_step", absl::StrCat(r->prompts_per_step(), " prompts do not split over dp=", l.dp(), " ranks"));
   const int64_t samples = int64_t(r->prompts_per_step() / l.dp()) * r->group_size();
+  if (int64_t{r->prompts_per_step()} * r->group_size() > kMaxRlSamples)
+    return Bad("rl.group_size", absl::StrCat("prompts_per_step x group_size = ",
+                                             int64_t{r->prompts_per_step()} * r->group_size(), " samples; at most ",
+                                             kMaxRlSamples, " per step"));
   if (r->mini_batches() > samples)
     return Bad("rl.mini_batches", absl::StrCat(r->mini_batches(), " mini-batches of ", samples, " samples per DP rank"));
   TESSERA_RETURN_IF_ERROR(ValidateRolloutPool(spec));
@@ -288,9 +302,11 @@ static absl::Status BalanceStages(const v1::ModelShape& m, const std::string& pa
 }
 
 absl::Status NormalizeAndValidateJobSpec(JobSpec& spec) {
+  // Ranges first: every rule below may multiply or divide by what it reads.
+  TESSERA_RETURN_IF_ERROR(CheckJobSpecLimits(spec));
   if (spec.name().empty()) return Bad("name", "is required");
   if (!ValidName(spec.name()))
-    return Bad("name", absl::StrCat("'", spec.name(), "' must be 1-63 characters of letters, digits, '-', '_' or '.'"));
+    return Bad("name", absl::StrCat("'", spec.name(), "' must be 1-63 characters of letters, digits, '-', '_' or '.', starting with a letter or digit"));
   static const std::set<std::string> kKnown = {"comm-check", "pretrain", "sft", "grpo", "ppo", "generate", "evaluate"};
   if (spec.kind().empty()) return Bad("kind", "is required (e.g. comm-check)");
   if (!kKnown.count(spec.kind()))
@@ -304,24 +320,30 @@ absl::Status NormalizeAndValidateJobSpec(JobSpec& spec) {
   for (int i = 0; i < spec.groups_size(); ++i) {
     auto* g = spec.mutable_groups(i);
     std::string p = absl::StrCat("groups[", i, "]");
-    if (!ValidName(g->name())) return Bad(p + ".name", absl::StrCat("'", g->name(), "' must be 1-63 characters of letters, digits, '-', '_' or '.'"));
+    if (!ValidName(g->name())) return Bad(p + ".name", absl::StrCat("'", g->name(), "' must be 1-63 characters of letters, digits, '-', '_' or '.', starting with a letter or digit"));
     if (!names.insert(g->name()).second) return Bad(p + ".name", absl::StrCat("duplicate group name '", g->name(), "'"));
     if (g->devices() < 1) return Bad(p + ".devices", "is required and must be >= 1");
     if (g->device_type() == v1::DEVICE_TYPE_UNSPECIFIED) g->set_device_type(v1::CPU);
     if (g->placement() == v1::PLACEMENT_UNSPECIFIED) g->set_placement(v1::PACK);
     if (g->role().empty()) g->set_role("worker");
+    static const std::set<std::string> kRoles = {"actor", "reference", "rollout", "critic", "worker"};
+    if (!kRoles.count(g->role()))
+      return Bad(p + ".role", absl::StrCat("unknown role '", g->role(), "'; expected one of ", absl::StrJoin(kRoles, ", ")));
     auto* l = g->mutable_layout();
     for (auto [get, set] : {std::pair{&v1::ParallelLayout::tp, &v1::ParallelLayout::set_tp},
                             std::pair{&v1::ParallelLayout::cp, &v1::ParallelLayout::set_cp},
                             std::pair{&v1::ParallelLayout::pp, &v1::ParallelLayout::set_pp},
                             std::pair{&v1::ParallelLayout::vpp, &v1::ParallelLayout::set_vpp}})
       if ((l->*get)() == 0) (l->*set)(1);
+    if (int64_t{l->pp()} * l->vpp() > kMaxVirtualStages)
+      return Bad(p + ".layout", absl::StrCat("pp x vpp = ", int64_t{l->pp()} * l->vpp(), " virtual stages; at most ",
+                                             kMaxVirtualStages));
     if (l->dp() == 0) {
-      int mp = l->tp() * l->cp() * l->pp();
+      const int64_t mp = int64_t{l->tp()} * l->cp() * l->pp();
       if (g->devices() % mp != 0)
         return Bad(p + ".layout", absl::StrCat("devices=", g->devices(), " is not divisible by tp*cp*pp = ", mp,
                                                ", so dp cannot be derived"));
-      l->set_dp(g->devices() / mp);
+      l->set_dp(static_cast<int>(g->devices() / mp));
     }
     if (l->balance_stages()) TESSERA_RETURN_IF_ERROR(BalanceStages(spec.model(), p + ".layout.stage_layers", l));
     parallel::Layout pl = LayoutOf(*l);
@@ -409,8 +431,9 @@ bool IsTerminal(v1::JobState s) {
   return s == v1::SUCCEEDED || s == v1::FAILED || s == v1::STOPPED;
 }
 
-absl::Status CheckJobPaths(const v1::JobSpec& spec, const std::vector<std::string>& roots) {
+std::vector<std::pair<std::string, std::string>> JobPathFields(const v1::JobSpec& spec) {
   const auto& c = spec.train().checkpoint();
+  std::vector<std::pair<std::string, std::string>> out;
   for (auto [field, path] : {std::pair{"train.checkpoint.dir", c.dir()}, std::pair{"train.checkpoint.load", c.load()},
                              std::pair{"train.export_hf", spec.train().export_hf()},
                              std::pair{"model.hf_dir", spec.model().hf_dir()},
@@ -419,19 +442,61 @@ absl::Status CheckJobPaths(const v1::JobSpec& spec, const std::vector<std::strin
                              std::pair{"generate.output", spec.generate().output()},
                              std::pair{"generate.checkpoint", spec.generate().checkpoint()},
                              std::pair{"model.tokenizer", spec.model().tokenizer() == "byte" ? std::string() : spec.model().tokenizer()},
-                             std::pair{"rl.reward_ca_cert", spec.rl().reward_ca_cert()}}) {
-    if (path.empty()) continue;
+                             std::pair{"rl.reward_ca_cert", spec.rl().reward_ca_cert()}})
+    if (!path.empty()) out.emplace_back(field, path);
+  return out;
+}
+
+namespace {
+// Whether `path` is `root` or below it (both absolute, without trailing slashes but "/").
+bool Under(const std::string& path, std::string root) {
+  while (root.size() > 1 && root.back() == '/') root.pop_back();
+  return path == root || absl::StartsWith(path, root == "/" ? root : root + "/");
+}
+}  // namespace
+
+absl::Status CheckJobPaths(const v1::JobSpec& spec, const std::vector<std::string>& roots) {
+  for (const auto& [field, path] : JobPathFields(spec)) {
     TESSERA_RETURN_IF_ERROR(CheckCleanAbsolute(field, path));
     bool inside = false;
-    for (std::string root : roots) {
-      while (root.size() > 1 && root.back() == '/') root.pop_back();
-      if (path == root || absl::StartsWith(path, root == "/" ? root : root + "/")) inside = true;
-    }
+    for (const std::string& root : roots) inside |= Under(path, root);
     if (roots.empty())
       return absl::PermissionDeniedError(absl::StrCat(field, ": '", path, "': this controller allows no paths in job ",
                                                       "specs (start it with --path-root DIR)"));
     if (!inside)
       return absl::PermissionDeniedError(absl::StrCat(field, ": '", path, "' is outside the controller's path roots (",
+                                                      absl::StrJoin(roots, ", "), ")"));
+  }
+  return absl::OkStatus();
+}
+
+std::string ResolvePath(const std::string& path) {
+  // The deepest ancestor that exists, resolved; the components below it (not there yet:
+  // an output, a checkpoint directory to be made) appended as written.
+  std::string head = path, tail;
+  while (true) {
+    char buf[PATH_MAX];
+    if (::realpath(head.c_str(), buf) != nullptr) {
+      std::string r = buf;
+      return tail.empty() ? r : (r == "/" ? "" : r) + tail;
+    }
+    const auto slash = head.rfind('/');
+    if (slash == std::string::npos || head.size() <= 1) return path;
+    tail = head.substr(slash) + tail;
+    head = slash == 0 ? "/" : head.substr(0, slash);
+  }
+}
+
+absl::Status CheckJobPathsResolved(const v1::JobSpec& spec, const std::vector<std::string>& roots) {
+  std::vector<std::string> real_roots;
+  for (const auto& r : roots) real_roots.push_back(ResolvePath(r));
+  for (const auto& [field, path] : JobPathFields(spec)) {
+    const std::string real = ResolvePath(path);
+    bool inside = false;
+    for (const auto& r : real_roots) inside |= Under(real, r);
+    if (!inside)
+      return absl::PermissionDeniedError(absl::StrCat(field, ": '", path, "' resolves to '", real,
+                                                      "' (through a symbolic link), outside the controller's path roots (",
                                                       absl::StrJoin(roots, ", "), ")"));
   }
   return absl::OkStatus();

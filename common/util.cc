@@ -64,7 +64,8 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
 
 absl::Status WriteFileAtomic(const std::string& path, absl::string_view data, int mode) {
   std::string tmp = absl::StrCat(path, ".tmp.", getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
+  // O_NOFOLLOW: a symbolic link planted at the temporary name is not written through.
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, mode);
   if (fd < 0) return absl::InternalError(absl::StrCat("cannot create ", tmp, ": ", strerror(errno)));
   size_t off = 0;
   while (off < data.size()) {
@@ -101,6 +102,29 @@ absl::Status MakeDirs(const std::string& path, int mode) {
     }
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<bool> TightenPrivateDir(const std::string& path, absl::string_view what) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0)
+    return absl::FailedPreconditionError(absl::StrCat(what, " ", path, ": ", strerror(errno)));
+  if (!S_ISDIR(st.st_mode)) return absl::FailedPreconditionError(absl::StrCat(what, " ", path, " is not a directory"));
+  if (st.st_uid != ::geteuid())
+    return absl::FailedPreconditionError(absl::StrCat(what, " ", path, " belongs to uid ", st.st_uid, ", not to this user (uid ",
+                                                      ::geteuid(), "); it holds secrets: use a directory of this user's"));
+  if ((st.st_mode & 077) == 0) return false;
+  if (::chmod(path.c_str(), st.st_mode & 0700) != 0)
+    return absl::FailedPreconditionError(absl::StrCat(what, " ", path, " is open to other users (mode ",
+                                                      absl::StrFormat("%o", st.st_mode & 0777), ") and cannot be made 0700: ",
+                                                      strerror(errno)));
+  return true;
+}
+
+bool IsSafeName(absl::string_view s, size_t max_len) {
+  if (s.empty() || s.size() > max_len || !absl::ascii_isalnum(static_cast<unsigned char>(s[0]))) return false;
+  for (char c : s)
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' && c != '.') return false;
+  return true;
 }
 
 absl::StatusOr<int64_t> ParseBytes(absl::string_view text) {

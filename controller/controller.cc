@@ -147,6 +147,8 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Start(const ControllerOp
   c->opts_ = opts;
   const std::string& dir = opts.state_dir;
   TESSERA_RETURN_IF_ERROR(MakeDirs(dir, 0700));
+  TESSERA_ASSIGN_OR_RETURN(const bool tightened, TightenPrivateDir(dir, "--state-dir"));
+  if (tightened) spdlog::warn("--state-dir {} was open to other users; its mode is now 0700", dir);
   const bool mounted = !opts.secrets_dir.empty();
   const std::string& sdir = mounted ? opts.secrets_dir : dir;
   TESSERA_ASSIGN_OR_RETURN(c->ca_, LoadOrMakeCa(sdir, mounted));
@@ -195,6 +197,8 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Start(const ControllerOp
   jc.heartbeat_interval_ms = opts.heartbeat_interval_ms;
   jc.stop_grace_ms = opts.stop_grace_ms;
   jc.version = kVersion;
+  jc.stop_unfinished_on_recover = opts.stop_unfinished_jobs;
+  jc.path_roots = opts.path_roots;
   // The port is known only after BuildAndStart; the JobManager reads the address
   // when it starts executors, which is after Start() returns.
   c->jobs_ = std::make_unique<JobManager>(jc, c->store_.get(), c->rdv_.get(), c->logs_.get(), c->metrics_.get(),

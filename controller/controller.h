@@ -45,6 +45,7 @@ struct ControllerOptions {
   std::string health_listen;   // plaintext grpc.health.v1 only (StartHealthServer), SERVING once the
                                // state is loaded and the server listens; empty = off
   std::string dashboard_listen;  // the web dashboard (controller/dashboard.h), loopback only; empty = off
+  bool stop_unfinished_jobs = false;  // JobManagerConfig::stop_unfinished_on_recover (`tessera local`)
 };
 
 // Makes a CA, a join token and a tokens file with an admin token in `dir` (created 0700);

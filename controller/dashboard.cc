@@ -71,7 +71,8 @@ struct Dashboard::Impl : public CivetHandler {
     } else if (parts.size() == 1 && parts[0] == "jobs") {
       std::string body = "{\"jobs\":[";
       const auto list = jobs->ListJobs({}, 200);
-      for (size_t i = 0; i < list.size(); ++i) absl::StrAppend(&body, i ? "," : "", ToJson(list[i]));
+      if (list.ok())
+        for (size_t i = 0; i < list->jobs.size(); ++i) absl::StrAppend(&body, i ? "," : "", ToJson(list->jobs[i]));
       Reply(conn, 200, "application/json", body + "]}");
     } else if (parts.size() == 3 && parts[0] == "jobs" && parts[2] == "events") {
       int64_t from = 0;

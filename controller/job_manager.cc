@@ -8,7 +8,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include <google/protobuf/util/message_differencer.h>
 #include "common/job_spec.h"
+#include "controller/admission.h"
 #include "common/status.h"
 #include "common/util.h"
 
@@ -17,6 +19,11 @@ namespace tessera::controller {
 namespace {
 bool Active(v1::JobState s) {
   return s == v1::PLACING || s == v1::STARTING || s == v1::RUNNING || s == v1::RESTARTING;
+}
+// The job's current attempt is one executors may serve: placed and not being torn down
+// (RESTARTING is between attempts: the last one is gone or going).
+bool LiveAttempt(v1::JobState s, bool tearing_down) {
+  return !tearing_down && (s == v1::PLACING || s == v1::STARTING || s == v1::RUNNING);
 }
 std::string ExitDescription(const v1::ExecutorEvent& ev) {
   if (ev.phase() == v1::EXECUTOR_FAILED_TO_START) return absl::StrCat("failed to start: ", ev.message());
@@ -28,7 +35,7 @@ std::string ExitDescription(const v1::ExecutorEvent& ev) {
 JobManager::JobManager(JobManagerConfig cfg, Store* store, Rendezvous* rdv, LogStore* logs, Metrics* metrics,
                        DriverFactory drivers, ExecutorConnector connect)
     : cfg_(std::move(cfg)), store_(store), rdv_(rdv), logs_(logs), metrics_(metrics),
-      drivers_(std::move(drivers)), connect_(std::move(connect)) {}
+      drivers_(std::move(drivers)), connect_(std::move(connect)), epoch_(RandomHex(8)), started_mono_(MonoMs()) {}
 
 JobManager::~JobManager() { Shutdown(); }
 
@@ -44,6 +51,34 @@ absl::Status JobManager::Recover() {
     const std::string id = j.job_id();
     job_counter_++;
     if (!j.submission_id().empty()) by_submission_[j.submission_id()] = id;
+    // `tessera local`: a job an earlier run left unfinished (killed, Ctrl-C before it
+    // could stop it) is not silently resumed beside the one this run was started for.
+    if (cfg_.stop_unfinished_on_recover && !tessera::IsTerminal(j.state())) {
+      rt.job.set_state(v1::STOPPED);
+      rt.job.set_reason("left unfinished by an earlier run on this state directory; not resumed");
+      rt.job.set_updated_ms(NowMs());
+      rt.job.set_finished_ms(NowMs());
+      TESSERA_RETURN_IF_ERROR(store_->PutJob(rt.job));
+      spdlog::warn("job {} was left {} by an earlier run on this state directory: marked STOPPED, not resumed", id,
+                   JobStateName(j.state()));
+      j = rt.job;
+    }
+    // Defence in depth: a stored job is checked again before anything is set up for it (a
+    // spec stored by an older version, or a rule added since). One that fails ends FAILED
+    // with the reason, instead of the controller tripping over it at every start.
+    if (!tessera::IsTerminal(j.state())) {
+      v1::JobSpec check = j.spec();
+      if (absl::Status st = NormalizeAndValidateJobSpec(check); !st.ok()) {
+        rt.job.set_state(v1::FAILED);
+        rt.job.set_reason(absl::StrCat("the stored job spec is not valid: ", st.message()));
+        rt.job.set_updated_ms(NowMs());
+        rt.job.set_finished_ms(NowMs());
+        rt.job.clear_assignments();
+        TESSERA_RETURN_IF_ERROR(store_->PutJob(rt.job));
+        spdlog::error("recovered job {} FAILED: {}", id, rt.job.reason());
+        j = rt.job;
+      }
+    }
     if (Active(j.state())) {
       // The driver of this attempt died with the old controller. Stop whatever of the
       // attempt still runs, then start a new attempt (not counted as a restart).
@@ -185,12 +220,25 @@ absl::StatusOr<std::pair<v1::Job, bool>> JobManager::Submit(const v1::JobSpec& s
   std::lock_guard<std::mutex> l(mu_);
   if (!submission_id.empty()) {
     auto it = by_submission_.find(submission_id);
-    if (it != by_submission_.end()) return std::make_pair(jobs_[it->second].job, false);
+    if (it != by_submission_.end()) {
+      const v1::Job& first = jobs_[it->second].job;
+      // A retried submit is the same request; the same id with another spec is a mistake
+      // the caller must hear about, not a silent return of a job it did not ask for.
+      if (!google::protobuf::util::MessageDifferencer::Equals(first.spec(), spec))
+        return absl::AlreadyExistsError(absl::StrCat("submission_id '", submission_id, "' was used for job ",
+                                                     first.job_id(), " with a different spec; use a new submission id"));
+      return std::make_pair(first, false);
+    }
   }
-  // A job that can never fit the cluster is rejected now rather than left pending forever.
-  auto fits = Place(spec, NodeViews(/*include_used=*/true), /*only_free=*/false);
-  if (!fits.ok())
+  // A job that can never fit the cluster is refused now rather than left pending forever.
+  // "The cluster" is every node registered, whatever its state (DRAINING, LOST a moment
+  // ago): capacity that may come back. Right after a start, before the agents had a
+  // lease's time to register again, nothing is known yet: the job waits instead.
+  const bool settled = Settled();
+  auto fits = Place(spec, NodeViews(/*include_used=*/true, /*registered=*/true), /*only_free=*/false);
+  if (!fits.ok() && settled)
     return absl::Status(fits.status().code(), absl::StrCat("the job can never fit this cluster: ", fits.status().message()));
+  TESSERA_RETURN_IF_ERROR(CheckPlanFits(spec, SmallestDeviceMemory(spec)));
   JobRt rt;
   std::string id;
   do {
@@ -217,16 +265,45 @@ absl::StatusOr<v1::Job> JobManager::GetJob(const std::string& job_id) {
   return it->second.job;
 }
 
-std::vector<v1::Job> JobManager::ListJobs(const std::set<v1::JobState>& states, int limit) {
+v1::Job JobSummary(const v1::Job& j) {
+  v1::Job out = j;
+  out.clear_result_json();
+  out.clear_assignments();
+  v1::JobSpec spec;
+  spec.set_name(j.spec().name());
+  spec.set_kind(j.spec().kind());
+  *spec.mutable_groups() = j.spec().groups();
+  spec.set_max_restarts(j.spec().max_restarts());
+  *out.mutable_spec() = std::move(spec);
+  return out;
+}
+
+absl::StatusOr<JobManager::JobPage> JobManager::ListJobs(const std::set<v1::JobState>& states, int limit,
+                                                         const std::string& page_token) {
+  constexpr size_t kPageBytes = 4 << 20;  // well under the control plane's message cap
+  if (limit <= 0) limit = 100;
+  limit = std::min(limit, 1000);
   std::lock_guard<std::mutex> l(mu_);
-  std::vector<v1::Job> out;
-  for (auto it = job_order_.rbegin(); it != job_order_.rend(); ++it) {
+  auto it = job_order_.rbegin();
+  if (!page_token.empty()) {
+    it = std::find(job_order_.rbegin(), job_order_.rend(), page_token);
+    if (it == job_order_.rend())
+      return absl::InvalidArgumentError(absl::StrCat("page_token: '", page_token, "' is not a job of this controller"));
+    ++it;
+  }
+  JobPage page;
+  size_t bytes = 0;
+  for (; it != job_order_.rend(); ++it) {
     const auto& j = jobs_[*it].job;
     if (!states.empty() && !states.count(j.state())) continue;
-    out.push_back(j);
-    if (limit > 0 && static_cast<int>(out.size()) >= limit) break;
+    if (static_cast<int>(page.jobs.size()) >= limit || bytes > kPageBytes) {
+      page.next_page_token = page.jobs.back().job_id();
+      break;
+    }
+    page.jobs.push_back(JobSummary(j));
+    bytes += page.jobs.back().ByteSizeLong();
   }
-  return out;
+  return page;
 }
 
 absl::StatusOr<v1::Job> JobManager::Stop(const std::string& job_id, const std::string& reason) {
@@ -267,7 +344,8 @@ absl::StatusOr<std::vector<v1::JobEvent>> JobManager::WaitEvents(const std::stri
     std::vector<v1::JobEvent> out;
     for (const auto& e : it->second.events) if (e.seq() > from_seq) out.push_back(e);
     *done = tessera::IsTerminal(it->second.job.state());
-    if (!out.empty() || *done || stopping_) return out;
+    if (!out.empty() || *done) return out;
+    if (stopping_) return absl::UnavailableError("the controller is shutting down; watch again once it is back");
     if (cv_.wait_until(l, deadline) == std::cv_status::timeout) return out;
   }
 }
@@ -370,8 +448,8 @@ absl::Status JobManager::RegisterNode(const v1::RegisterNodeRequest& req) {
     }
     for (const auto& r : req.running()) {
       auto it = jobs_.find(r.job_id());
-      bool live = it != jobs_.end() && it->second.job.attempt() == r.attempt() && !it->second.tearing_down &&
-                  Active(it->second.job.state());
+      bool live = it != jobs_.end() && it->second.job.attempt() == r.attempt() &&
+                  LiveAttempt(it->second.job.state(), it->second.tearing_down);
       if (!live) {
         v1::ControllerMessage m;
         m.mutable_stop()->set_job_id(r.job_id());
@@ -454,6 +532,13 @@ absl::Status JobManager::ApplyHeartbeat(const std::string& node_id, int64_t inca
                                                       it->second.status.incarnation(), "); this agent (incarnation ",
                                                       incarnation, ") no longer owns it — is a second tessera-worker "
                                                       "running with the same --node-id?"));
+  // A node declared lost (its agent stalled, or the network dropped) whose agent speaks
+  // again: its executors were written off and their jobs moved on. It registers anew
+  // (the stream ends with this error; the agent re-registers at once), reporting what it
+  // still runs, and what belongs to no live attempt is stopped (RegisterNode).
+  if (it->second.status.state() == v1::LOST)
+    return absl::FailedPreconditionError(absl::StrCat("node '", node_id, "' was declared lost (no heartbeat for over ",
+                                                      cfg_.lease_ttl_ms / 1000.0, " s); register again"));
   it->second.last_seen_mono = MonoMs();
   UpdateStaleDevices(it->second, hb.running());
   if (metrics_) metrics_->SetLeaseAge(node_id, 0);
@@ -529,6 +614,22 @@ void JobManager::OnExecutorEvent(const std::string& node_id, const v1::ExecutorE
 }
 
 void JobManager::OnLogs(const std::string& node_id, const v1::LogBatch& b) {
+  // What an agent says is checked, never used as a path as it comes: the job must be one
+  // of ours, the attempt one it has had, the executor one of its executors (and, for the
+  // live attempt, one placed on this node).
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = jobs_.find(b.job_id());
+    const bool ok = it != jobs_.end() && b.attempt() >= 1 && b.attempt() <= it->second.job.attempt() &&
+                    b.executor() >= 0 && b.executor() < it->second.job.assignments_size() &&
+                    (b.attempt() != it->second.job.attempt() ||
+                     it->second.job.assignments(b.executor()).node_id() == node_id);
+    if (!ok) {
+      spdlog::warn("node {} sent logs for job '{}' attempt {} executor {}, which it does not run: dropped", node_id,
+                   b.job_id().substr(0, 128), b.attempt(), b.executor());
+      return;
+    }
+  }
   std::vector<std::string> lines(b.lines().begin(), b.lines().end());
   logs_->Append(b.job_id(), b.attempt(), b.executor(), node_id, lines);
 }
@@ -540,7 +641,7 @@ absl::Status JobManager::CheckScope(const std::string& job_id, int attempt, cons
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job '", job_id, "' not found"));
   const JobRt& rt = it->second;
-  if (attempt != rt.job.attempt() || rt.tearing_down || !Active(rt.job.state()))
+  if (attempt != rt.job.attempt() || !LiveAttempt(rt.job.state(), rt.tearing_down))
     return absl::FailedPreconditionError(absl::StrCat("job '", job_id, "' attempt ", attempt,
                                                       " is stale (current attempt ", rt.job.attempt(), ", ",
                                                       JobStateName(rt.job.state()), rt.tearing_down ? ", tearing down" : "", ")"));
@@ -602,6 +703,17 @@ void JobManager::ReconcileOnce() {
 
 void JobManager::CheckLeases(Outbox& out) {
   int64_t now = MonoMs();
+  // The reconciler runs every 200 ms. A longer gap means this process did not run (a GC
+  // or VM pause, SIGSTOP): the agents' heartbeats could not be taken meanwhile, so the
+  // time stalled does not count against their leases, nor against start deadlines.
+  const int64_t gap = last_lease_check_mono_ > 0 ? now - last_lease_check_mono_ : 0;
+  last_lease_check_mono_ = now;
+  if (gap > std::max<int64_t>(2000, cfg_.lease_ttl_ms / 2)) {
+    spdlog::warn("the controller did not run for {:.1f} s (paused?): node leases and start deadlines are extended by that",
+                 gap / 1000.0);
+    for (auto& [id, n] : nodes_) n.last_seen_mono += gap;
+    for (auto& [id, rt] : jobs_) if (rt.start_deadline_ms > 0) rt.start_deadline_ms += gap;
+  }
   for (auto& [id, n] : nodes_) {
     if (metrics_) metrics_->SetLeaseAge(id, (now - n.last_seen_mono) / 1000.0);
     if (n.status.state() == v1::LOST || now - n.last_seen_mono <= cfg_.lease_ttl_ms) continue;
@@ -637,12 +749,31 @@ void JobManager::UpdateStaleDevices(NodeRt& n, const google::protobuf::RepeatedP
   }
 }
 
-std::vector<NodeView> JobManager::NodeViews(bool include_used) {
+bool JobManager::Settled() {
+  if (MonoMs() - started_mono_ > 2 * cfg_.lease_ttl_ms) return true;
+  for (const auto& [id, inc] : incarnations_) {
+    auto it = nodes_.find(id);
+    if (it == nodes_.end() || it->second.status.incarnation() != inc) return false;  // not back yet
+  }
+  return true;
+}
+
+int64_t JobManager::SmallestDeviceMemory(const v1::JobSpec& spec) {
+  if (spec.groups_size() == 0) return 0;
+  const v1::DeviceType type = spec.groups(0).device_type();
+  int64_t least = 0;
+  for (const auto& [id, n] : nodes_)
+    for (const auto& d : n.status.devices())
+      if (d.type() == type && d.memory_bytes() > 0 && (least == 0 || d.memory_bytes() < least)) least = d.memory_bytes();
+  return least;
+}
+
+std::vector<NodeView> JobManager::NodeViews(bool include_used, bool registered) {
   std::vector<NodeView> views;
   for (auto& [id, n] : nodes_) {
     NodeView v;
     v.node_id = id;
-    v.schedulable = n.status.state() == v1::READY;
+    v.schedulable = registered || n.status.state() == v1::READY;
     for (const auto& d : n.status.devices())
       v.devices.push_back({d.type(), d.index(),
                            include_used || (d.used_by_job().empty() && !n.stale_devices.count({d.type(), d.index()}))});
@@ -672,6 +803,8 @@ void JobManager::ScheduleJobs(Outbox& out) {
     auto placed = Place(rt.job.spec(), NodeViews(false), /*only_free=*/true);
     if (!placed.ok()) {
       std::string reason = absl::StrCat("Unschedulable: ", placed.status().message());
+      if (!Place(rt.job.spec(), NodeViews(true, true), /*only_free=*/false).ok())
+        reason += " (more than the registered nodes have: it waits for nodes to join)";
       if (rt.job.state() == v1::PENDING && rt.job.reason() != reason) (void)Transition(rt, v1::PENDING, reason);
       continue;  // FIFO with backfill: smaller later jobs may still fit
     }
@@ -696,6 +829,7 @@ void JobManager::ScheduleJobs(Outbox& out) {
       c->set_device_index(a.device_index());
       c->set_secret(rt.secret);
       c->set_controller_address(cfg_.controller_address);
+      for (const auto& r : cfg_.path_roots) c->add_path_roots(r);
       *c->mutable_spec() = rt.job.spec();
       *c->mutable_ranks() = a.ranks();
       out.emplace_back(a.node_id(), m);

@@ -46,6 +46,10 @@ struct JobManagerConfig {
   std::string controller_address;  // what executors dial
   std::string version;
   int64_t max_backoff_ms = 60000;
+  // Recover() marks every unfinished job STOPPED instead of resuming it (`tessera local`,
+  // whose state directory outlives a run that was killed).
+  bool stop_unfinished_on_recover = false;
+  std::vector<std::string> path_roots;  // --path-root: passed to executors (ExecutorConfig.path_roots)
 };
 
 // The controller's side of one agent's Connect stream.
@@ -54,6 +58,10 @@ class AgentLink {
   virtual ~AgentLink() = default;
   virtual bool Send(const v1::ControllerMessage& msg) = 0;
 };
+
+// A job as lists show it: the spec's name, kind, groups and max_restarts; no result or
+// assignments (GetJob has those).
+v1::Job JobSummary(const v1::Job& j);
 
 class JobManager {
  public:
@@ -72,13 +80,21 @@ class JobManager {
   // `spec` must be normalized and validated. Returns the job and whether it was created.
   absl::StatusOr<std::pair<v1::Job, bool>> Submit(const v1::JobSpec& spec, const std::string& submission_id);
   absl::StatusOr<v1::Job> GetJob(const std::string& job_id);
-  std::vector<v1::Job> ListJobs(const std::set<v1::JobState>& states, int limit);
+  // Newest first, summaries (JobSummary), `limit` a page (0: 100, at most 1000) from
+  // after the job `page_token` names; next_page_token is empty on the last page.
+  struct JobPage {
+    std::vector<v1::Job> jobs;
+    std::string next_page_token;
+  };
+  absl::StatusOr<JobPage> ListJobs(const std::set<v1::JobState>& states, int limit, const std::string& page_token = "");
   absl::StatusOr<v1::Job> Stop(const std::string& job_id, const std::string& reason);
   // Events with seq > from_seq; waits up to timeout_ms for one. `done` is set when
   // the job is terminal and all its events were returned.
   absl::StatusOr<std::vector<v1::JobEvent>> WaitEvents(const std::string& job_id, int64_t from_seq,
                                                        int64_t timeout_ms, bool* done);
   bool IsTerminal(const std::string& job_id);
+  // This start's id: event sequence numbers count from 1 at every start (WatchJob).
+  const std::string& epoch() const { return epoch_; }
 
   // --- ClusterService ---
   v1::GetClusterStatusResponse ClusterStatus();
@@ -166,7 +182,15 @@ class JobManager {
   void Evacuate(const std::string& node_id, const std::string& why, Outbox& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool OnEvacuatedNode(const JobRt& rt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AddEvent(JobRt& rt, const v1::JobEvent& ev) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::vector<NodeView> NodeViews(bool include_used) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // include_used: used devices too (can this ever fit?); registered: every known node, in
+  // any state, as schedulable (the cluster's capacity, not what can take work now).
+  std::vector<NodeView> NodeViews(bool include_used, bool registered = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether the registered nodes are the cluster: every node this controller's store
+  // knows has registered since the start, or two leases have passed (time for any live
+  // agent to come back).
+  bool Settled() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The least memory of a registered device of the type the spec's first group runs on (0: none known).
+  int64_t SmallestDeviceMemory(const v1::JobSpec& spec) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SetDevicesUsed(const JobRt& rt, bool used) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Send(Outbox& out);
   void UpdateGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -182,6 +206,9 @@ class JobManager {
   Metrics* metrics_;
   DriverFactory drivers_;
   ExecutorConnector connect_;
+  const std::string epoch_;
+  const int64_t started_mono_;
+  int64_t last_lease_check_mono_ ABSL_GUARDED_BY(mu_) = 0;  // MonoMs() at construction: admission waits a lease for agents to register
 
   std::mutex mu_;
   std::condition_variable cv_;  // job events and reconciler wake-ups

@@ -18,6 +18,7 @@ std::string LogStore::PathOf(const std::string& job_id, int attempt, int executo
 
 void LogStore::Append(const std::string& job_id, int attempt, int executor, const std::string& node_id,
                       const std::vector<std::string>& lines) {
+  if (!IsSafeName(job_id) || !IsSafeName(node_id)) return;  // never a path outside dir_ (callers check too)
   std::lock_guard<std::mutex> l(mu_);
   std::string dir = absl::StrCat(dir_, "/", job_id, "/attempt-", attempt);
   (void)MakeDirs(dir);
@@ -33,6 +34,7 @@ void LogStore::Append(const std::string& job_id, int attempt, int executor, cons
 std::vector<LogStore::Cursor> LogStore::List(const std::string& job_id, int attempt, int executor) {
   std::lock_guard<std::mutex> l(mu_);
   std::vector<Cursor> out;
+  if (!IsSafeName(job_id)) return out;
   std::string jdir = absl::StrCat(dir_, "/", job_id);
   DIR* d = opendir(jdir.c_str());
   if (!d) return out;

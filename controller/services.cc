@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <map>
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
@@ -68,7 +69,12 @@ class JobServiceImpl final : public v1::JobService::Service {
     if (auto s = Authorize(d_, ctx, Role::kRead); !s.ok()) return s;
     std::set<v1::JobState> states;
     for (int s : req->states()) states.insert(static_cast<v1::JobState>(s));
-    for (auto& j : d_.jobs->ListJobs(states, req->limit())) *resp->add_jobs() = std::move(j);
+    for (int s : req->states())
+      if (!v1::JobState_IsValid(s)) return Status(grpc::INVALID_ARGUMENT, absl::StrCat("states: unknown job state ", s));
+    auto page = d_.jobs->ListJobs(states, req->limit(), req->page_token());
+    if (!page.ok()) return ToGrpc(page.status());
+    for (auto& j : page->jobs) *resp->add_jobs() = std::move(j);
+    resp->set_next_page_token(page->next_page_token);
     return Status::OK;
   }
 
@@ -84,7 +90,9 @@ class JobServiceImpl final : public v1::JobService::Service {
   Status WatchJob(ServerContext* ctx, const v1::WatchJobRequest* req,
                   grpc::ServerWriter<v1::WatchJobResponse>* w) override {
     if (auto s = Authorize(d_, ctx, Role::kRead); !s.ok()) return s;
-    int64_t seq = req->from_seq();
+    // A caller resuming a stream of an earlier controller start starts over: sequence
+    // numbers are per start.
+    int64_t seq = req->epoch().empty() || req->epoch() == d_.jobs->epoch() ? req->from_seq() : 0;
     while (!ctx->IsCancelled()) {
       bool done = false;
       auto evs = d_.jobs->WaitEvents(req->job_id(), seq, 1000, &done);
@@ -92,6 +100,7 @@ class JobServiceImpl final : public v1::JobService::Service {
       for (auto& e : *evs) {
         seq = e.seq();
         v1::WatchJobResponse r;
+        r.set_epoch(d_.jobs->epoch());
         *r.mutable_event() = std::move(e);
         if (!w->Write(r)) return Status::OK;
       }
@@ -169,21 +178,59 @@ class StreamLink final : public AgentLink {
   grpc::ServerReaderWriter<v1::ControllerMessage, v1::AgentMessage>* s_;
 };
 
+// Failed join attempts, logged with the peer's address (never the token offered): at
+// most one line per peer host every 10 s, saying how many more there were meanwhile.
+class JoinFailureLog {
+ public:
+  void Note(const std::string& peer) {
+    const std::string host = PeerHost(peer);
+    const int64_t now = MonoMs();
+    std::lock_guard<std::mutex> l(mu_);
+    if (hosts_.size() > 1024) hosts_.clear();  // bounded, whoever knocks
+    auto& h = hosts_[host];
+    ++h.count;
+    if (h.last_logged != 0 && now - h.last_logged < 10000) return;
+    spdlog::warn("refused an agent join from {} (join token missing or wrong){}", peer,
+                 h.count > 1 ? absl::StrCat("; ", h.count - 1, " more from ", host, " since the last report") : "");
+    h.last_logged = now, h.count = 0;
+  }
+
+ private:
+  // "ipv4:10.0.0.5:41234" -> "ipv4:10.0.0.5"
+  static std::string PeerHost(const std::string& peer) {
+    auto c = peer.rfind(':');
+    return c == std::string::npos ? peer : peer.substr(0, c);
+  }
+  struct Host {
+    int64_t last_logged = 0;
+    int64_t count = 0;
+  };
+  std::mutex mu_;
+  std::map<std::string, Host> hosts_;
+};
+
 class NodeServiceImpl final : public v1::NodeService::Service {
  public:
   explicit NodeServiceImpl(ServiceDeps d) : d_(std::move(d)) {}
 
   Status CheckJoin(ServerContext* ctx) {
-    if (!ConstantTimeEquals(BearerToken(ctx), d_.join_token))
+    if (!ConstantTimeEquals(BearerToken(ctx), d_.join_token)) {
+      join_failures_.Note(ctx->peer());
       return Status(grpc::UNAUTHENTICATED, "agent join token is missing or wrong");
+    }
     return Status::OK;
   }
 
   Status RegisterNode(ServerContext* ctx, const v1::RegisterNodeRequest* req, v1::RegisterNodeResponse* resp) override {
     RpcTimer t(d_.metrics, "RegisterNode");
     if (auto s = CheckJoin(ctx); !s.ok()) return s;
-    if (req->node_id().empty() || req->node_id().size() > 253)
-      return Status(grpc::INVALID_ARGUMENT, "node_id: required, at most 253 characters");
+    if (!IsSafeName(req->node_id()))
+      return Status(grpc::INVALID_ARGUMENT, absl::StrCat("node_id: '", req->node_id().substr(0, 64),
+                                                         "' must be 1-253 characters of letters, digits, '-', '_' and '.', "
+                                                         "starting with a letter or digit"));
+    if (req->address().size() > 1024 || req->hostname().size() > 1024 || req->version().size() > 1024 ||
+        req->devices_size() > 1024 || req->running_size() > 65536)
+      return Status(grpc::INVALID_ARGUMENT, "RegisterNode: a field is larger than any node has");
     if (req->address().empty()) return Status(grpc::INVALID_ARGUMENT, "address: required (host executors listen on)");
     if (auto st = d_.jobs->RegisterNode(*req); !st.ok()) return ToGrpc(st);
     std::vector<std::string> ips, dns = {kExecutorTlsName};
@@ -230,6 +277,7 @@ class NodeServiceImpl final : public v1::NodeService::Service {
 
  private:
   ServiceDeps d_;
+  JoinFailureLog join_failures_;
 };
 
 class RendezvousServiceImpl final : public v1::RendezvousService::Service {
@@ -265,6 +313,9 @@ class RendezvousServiceImpl final : public v1::RendezvousService::Service {
     if (auto s = Check(ctx, req->scope(), req->key()); !s.ok()) return s;
     if (req->world() < 1) return Status(grpc::INVALID_ARGUMENT, "world: must be >= 1");
     return ToGrpc(d_.rdv->Barrier(K(req->scope()), req->key(), req->world(), std::clamp<int64_t>(req->timeout_ms(), 0, 600000)));
+  }
+  Status CheckAttempt(ServerContext* ctx, const v1::CheckAttemptRequest* req, v1::CheckAttemptResponse*) override {
+    return Check(ctx, req->scope(), "");
   }
   Status RegisterExecutor(ServerContext* ctx, const v1::RegisterExecutorRequest* req, v1::RegisterExecutorResponse*) override {
     if (auto s = Check(ctx, req->scope(), ""); !s.ok()) return s;

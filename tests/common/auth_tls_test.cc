@@ -1,7 +1,11 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <thread>
+
 #include "absl/strings/str_cat.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "common/auth.h"
 #include "common/grpc_util.h"
 #include "common/tls.h"
@@ -59,6 +63,49 @@ TEST(Grpc, AServedPortCannotBeBoundTwice) {
   ASSERT_FALSE(second.ok()) << "a second server bound port " << port;
   EXPECT_THAT(std::string(second.status().message()), ::testing::HasSubstr("is the port in use?"));
   (*first)->Shutdown();
+}
+
+// Calls between the cluster's daemons ride out a server that is not up yet (a controller
+// restarting, a host too loaded to finish a handshake in time) within their deadline,
+// instead of failing at the first refused connection; an answer that is an error is
+// returned at once.
+TEST(Grpc, ACallBetweenDaemonsWaitsForALateServerWithinItsDeadline) {
+  int port = 0;
+  auto probe = StartHealthServer("127.0.0.1:0", &port);  // a port that was free a moment ago
+  ASSERT_TRUE(probe.ok()) << probe.status();
+  (*probe)->Shutdown();
+  probe->reset();
+  const std::string addr = absl::StrCat("127.0.0.1:", port);
+  auto ch = MakeChannel({addr, "", true});
+  ASSERT_TRUE(ch.ok());
+  auto stub = grpc::health::v1::Health::NewStub(*ch);
+  std::unique_ptr<grpc::Server> late;
+  std::thread starter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    int p = 0;
+    auto s = StartHealthServer(addr, &p);
+    if (s.ok()) late = std::move(*s);
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  grpc::health::v1::HealthCheckResponse resp;
+  grpc::Status st = CallWithRetry("", 20000, [&](grpc::ClientContext* ctx, int64_t) {
+    grpc::health::v1::HealthCheckRequest req;
+    return stub->Check(ctx, req, &resp);
+  });
+  starter.join();
+  ASSERT_NE(late, nullptr) << "port " << port << " was taken meanwhile";
+  EXPECT_TRUE(st.ok()) << st.error_message();
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(1400));
+  // A definite answer is not retried: NOT_FOUND for a service the server does not have.
+  const auto t1 = std::chrono::steady_clock::now();
+  st = CallWithRetry("", 20000, [&](grpc::ClientContext* ctx, int64_t) {
+    grpc::health::v1::HealthCheckRequest req;
+    req.set_service("no.such.Service");
+    return stub->Check(ctx, req, &resp);
+  });
+  EXPECT_EQ(st.error_code(), grpc::NOT_FOUND);
+  EXPECT_LT(std::chrono::steady_clock::now() - t1, std::chrono::seconds(2));
+  late->Shutdown();
 }
 
 TEST(Util, ConstantTimeEqualsAndBytes) {

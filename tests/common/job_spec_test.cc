@@ -81,7 +81,7 @@ TEST(JobSpec, BadInputNamesTheField) {
       {{"groups.0.layout.sp=true", "groups.0.layout.tp=1"}, "sp (sequence parallel) requires tp > 1"},
       {{"groups.0.layout.zero=5"}, "groups[0].layout.zero: must be in [0, 3], got 5"},
       {{"model.num_layers=3"}, "num_layers=3 is not divisible by pp*vpp = 2*1 = 2"},
-      {{"groups.0.layout.last_stage_layers=-1"}, "groups[0].layout.last_stage_layers: must be in [0, 1048576], got -1"},
+      {{"groups.0.layout.last_stage_layers=-1"}, "groups[0].layout.last_stage_layers: must be in [0, 4096], got -1"},
       {{"model.num_layers=3", "groups.0.layout.last_stage_layers=3"}, "last_stage_layers=3 leaves 0 of model.num_layers=3"},
       {{"groups.0.layout.stage_layers=[3,x]"}, "groups[0].layout.stage_layers[1]: expected a layer count >= 0, got 'x'"},
       {{"model.num_layers=4", "groups.0.layout.stage_layers=[3,0,1]"},

@@ -69,6 +69,7 @@ class JobManagerTest : public ::testing::Test {
     JobManagerConfig cfg;
     cfg.lease_ttl_ms = lease_ms_;
     cfg.controller_address = "127.0.0.1:1";
+    cfg.stop_unfinished_on_recover = stop_unfinished_;
     auto drivers = [this](const std::string&) -> absl::StatusOr<DriverFn> {
       return DriverFn([this](DriverContext& ctx) -> absl::StatusOr<std::string> {
         driver_runs_++;
@@ -89,7 +90,7 @@ class JobManagerTest : public ::testing::Test {
     jm_.reset();
     system(("rm -rf " + dir_).c_str());
   }
-  void AddNode(const std::string& id, int cpus, std::shared_ptr<FakeLink> link, int64_t inc = 1) {
+  void AddNode(const std::string& id, int cpus, std::shared_ptr<FakeLink> link, int64_t inc = 1, int64_t memory = 0) {
     v1::RegisterNodeRequest r;
     r.set_node_id(id);
     r.set_address("127.0.0.1");
@@ -98,6 +99,7 @@ class JobManagerTest : public ::testing::Test {
       auto* d = r.add_devices();
       d->set_index(i);
       d->set_type(v1::CPU);
+      d->set_memory_bytes(memory);
     }
     ASSERT_TRUE(jm_->RegisterNode(r).ok());
     ASSERT_TRUE(jm_->AttachAgent(id, inc, link).ok());
@@ -151,6 +153,7 @@ class JobManagerTest : public ::testing::Test {
   std::unique_ptr<LogStore> logs_;
   std::unique_ptr<JobManager> jm_;
   int64_t lease_ms_ = 60000;
+  bool stop_unfinished_ = false;
   std::atomic<int> driver_runs_{0};
   std::atomic<bool> block_driver_{false};
   std::string driver_error_;
@@ -250,7 +253,7 @@ TEST_F(JobManagerTest, NeverFitsIsRejectedAndNotPersisted) {
   auto r = jm_->Submit(Spec(4, 0), "");
   EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(std::string(r.status().message()), HasSubstr("can never fit"));
-  EXPECT_TRUE(jm_->ListJobs({}, 0).empty());
+  EXPECT_TRUE(jm_->ListJobs({}, 0)->jobs.empty());
   EXPECT_TRUE(store_->LoadJobs()->empty());
 }
 
@@ -353,6 +356,217 @@ TEST_F(JobManagerTest, RecoversJobsAfterRestartWithoutLaunchingTwice) {
   ExitAll(cfgs2, "n1", true);
   ASSERT_TRUE(WaitFor([&] { return State(id) == v1::SUCCEEDED; }));
   EXPECT_EQ(jm_->GetJob(id)->restarts(), 0);  // a controller restart is not the job's fault
+}
+
+// A submission id names one request: retried with the same spec it returns the job; with
+// another spec it is an error, not a silent return of a job the caller did not ask for.
+TEST_F(JobManagerTest, ASubmissionIdWithAnotherSpecIsRefused) {
+  auto link = std::make_shared<FakeLink>();
+  AddNode("n1", 4, link);
+  block_driver_ = true;
+  auto first = jm_->Submit(Spec(2, 0), "sub-x");
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto same = jm_->Submit(Spec(2, 0), "sub-x");
+  ASSERT_TRUE(same.ok());
+  EXPECT_FALSE(same->second);
+  auto other = jm_->Submit(Spec(4, 0), "sub-x");
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(std::string(other.status().message()),
+              HasSubstr("submission_id 'sub-x' was used for job " + first->first.job_id() + " with a different spec"));
+}
+
+// Lists are pages of summaries: a stored spec of any size cannot make a page too large.
+TEST_F(JobManagerTest, ListJobsPagesSummaries) {
+  auto link = std::make_shared<FakeLink>();
+  AddNode("n1", 1, link);
+  block_driver_ = true;
+  std::vector<std::string> ids;
+  for (int i = 0; i < 5; ++i) {
+    v1::JobSpec s = Spec(1, 0);
+    (*s.mutable_env())["NCCL_DEBUG"] = std::string(4000, 'x');  // weight in the stored spec
+    s.mutable_comm_check()->add_collectives("all_reduce");
+    ids.push_back(jm_->Submit(s, "")->first.job_id());
+  }
+  std::vector<std::string> seen;
+  std::string token;
+  int pages = 0;
+  do {
+    auto page = jm_->ListJobs({}, 2, token);
+    ASSERT_TRUE(page.ok()) << page.status();
+    EXPECT_LE(page->jobs.size(), 2u);
+    for (const auto& j : page->jobs) {
+      seen.push_back(j.job_id());
+      EXPECT_EQ(j.spec().kind(), "comm-check");
+      EXPECT_EQ(j.spec().groups_size(), 1);
+      EXPECT_TRUE(j.spec().env().empty()) << "a list carries no whole spec";
+      EXPECT_TRUE(j.assignments().empty());
+    }
+    token = page->next_page_token;
+    ++pages;
+  } while (!token.empty());
+  EXPECT_EQ(pages, 3);
+  EXPECT_EQ(seen, std::vector<std::string>(ids.rbegin(), ids.rend()));  // newest first, each once
+  EXPECT_EQ(jm_->ListJobs({}, 2, "no-such-job").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(jm_->GetJob(ids[0])->spec().env().at("NCCL_DEBUG").size(), 4000u);  // GetJob has it all
+}
+
+// Defence in depth: a stored job whose spec no longer validates (an older version stored
+// it, or a rule was added) ends FAILED with the reason when the controller starts,
+// instead of being set up — the controller never trips over its own state.
+TEST_F(JobManagerTest, AStoredJobThatNoLongerValidatesFailsOnRecovery) {
+  v1::Job bad;
+  bad.set_job_id("bad-000001");
+  bad.set_state(v1::RUNNING);
+  bad.set_attempt(1);
+  *bad.mutable_spec() = Spec(2, 0);
+  auto* l = bad.mutable_spec()->mutable_groups(0)->mutable_layout();
+  l->set_tp(1 << 20), l->set_dp(1 << 20);  // tp*dp overflows an int: once a segfault at setup
+  auto* a = bad.add_assignments();
+  a->set_executor(0), a->set_node_id("n1");
+  ASSERT_TRUE(store_->PutJob(bad).ok());
+  jm_.reset();
+  Open();
+  auto j = jm_->GetJob("bad-000001");
+  ASSERT_TRUE(j.ok());
+  EXPECT_EQ(j->state(), v1::FAILED);
+  EXPECT_THAT(j->reason(), HasSubstr("the stored job spec is not valid: groups[0].layout.tp: must be in [1, 1024]"));
+  EXPECT_EQ(store_->LoadJobs()->at(0).state(), v1::FAILED);  // persisted: the next start does not see it again
+}
+
+// `tessera local`'s controller: what an earlier run left unfinished is marked STOPPED,
+// never resumed beside the new job.
+TEST_F(JobManagerTest, UnfinishedJobsAreStoppedNotResumedWhenAsked) {
+  auto link = std::make_shared<FakeLink>();
+  AddNode("n1", 2, link);
+  block_driver_ = true;
+  std::string id = jm_->Submit(Spec(2, 0), "")->first.job_id();
+  StartAll(*link, 2);
+  ASSERT_TRUE(WaitFor([&] { return State(id) == v1::RUNNING; }));
+  jm_.reset();
+  stop_unfinished_ = true;
+  Open();
+  EXPECT_EQ(State(id), v1::STOPPED);
+  EXPECT_THAT(jm_->GetJob(id)->reason(), HasSubstr("left unfinished by an earlier run"));
+}
+
+// "Can never fit" counts the registered cluster (a drained node, one lost a moment ago),
+// not only the nodes that can take work now: such a job waits, saying why.
+TEST_F(JobManagerTest, NeverFitsCountsTheRegisteredCapacity) {
+  auto l1 = std::make_shared<FakeLink>(), l2 = std::make_shared<FakeLink>();
+  AddNode("n1", 2, l1);
+  AddNode("n2", 2, l2);
+  ASSERT_TRUE(jm_->Drain("n2").ok());
+  auto r = jm_->Submit(Spec(4, 0), "");
+  ASSERT_TRUE(r.ok()) << r.status();
+  const std::string id = r->first.job_id();
+  ASSERT_TRUE(WaitFor([&] { return jm_->GetJob(id)->reason().find("Unschedulable") != std::string::npos; }));
+  EXPECT_EQ(State(id), v1::PENDING);
+  ASSERT_TRUE(jm_->Drain("n2", false, /*undo=*/true).ok());
+  auto cfgs = StartAll(*l1, 2);
+  EXPECT_EQ(cfgs.size(), 2u);
+  EXPECT_EQ(jm_->Submit(Spec(8, 0), "").status().code(), absl::StatusCode::kResourceExhausted);  // more than registered
+}
+
+// Just after a restart the nodes have not registered again: a job is not refused for
+// capacity nobody has reported yet; it waits and runs once they are back.
+TEST_F(JobManagerTest, AfterARestartCapacityIsWaitedForNotRefused) {
+  auto link = std::make_shared<FakeLink>();
+  AddNode("n1", 2, link);
+  jm_.reset();
+  Open();
+  auto r = jm_->Submit(Spec(2, 0), "");
+  ASSERT_TRUE(r.ok()) << r.status();
+  const std::string id = r->first.job_id();
+  ASSERT_TRUE(WaitFor([&] { return jm_->GetJob(id)->reason().find("waits for nodes to join") != std::string::npos; }));
+  auto link2 = std::make_shared<FakeLink>();
+  AddNode("n1", 2, link2);
+  EXPECT_EQ(StartAll(*link2, 2).size(), 2u);
+}
+
+// A training job whose plan needs more memory per rank than its devices have is refused at
+// submit with the plan's numbers.
+TEST_F(JobManagerTest, APlanOverTheDevicesMemoryIsRefusedWithItsNumbers) {
+  auto link = std::make_shared<FakeLink>();
+  AddNode("n1", 2, link, 1, /*memory=*/64 << 20);
+  auto spec = ParseJobSpecYaml(R"(
+name: big
+kind: pretrain
+groups: [{name: actor, devices: 2}]
+model: {vocab_size: 32000, hidden: 1024, num_layers: 8, num_heads: 8, num_kv_heads: 8, ffn: 4096, seq_len: 512,
+        global_batch: 2, micro_batch: 1}
+train: {steps: 1, lr: 1.0e-4}
+)");
+  ASSERT_TRUE(spec.ok());
+  ASSERT_TRUE(NormalizeAndValidateJobSpec(*spec).ok());
+  auto r = jm_->Submit(*spec, "");
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("groups[0] ('actor'): `tessera plan` puts"));
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("but its CPU slots have 0.06 GiB"));
+  spec->mutable_model()->set_hidden(64), spec->mutable_model()->set_ffn(128), spec->mutable_model()->set_vocab_size(256);
+  spec->mutable_model()->set_seq_len(32);
+  EXPECT_TRUE(jm_->Submit(*spec, "").ok());
+}
+
+// A node declared lost whose agent speaks again (it was stalled past its lease) is asked
+// to register anew; registering, it reports the executors it still runs, and those of the
+// attempt that was written off are stopped.
+TEST_F(JobManagerTest, ALostNodeThatSpeaksAgainRegistersAnewAndItsFencedExecutorsStop) {
+  jm_.reset();
+  lease_ms_ = 600;
+  Open();
+  auto link = std::make_shared<FakeLink>();
+  AddNode("n1", 2, link);
+  block_driver_ = true;
+  std::string id = jm_->Submit(Spec(2, 3), "")->first.job_id();
+  auto cfgs = StartAll(*link, 2);
+  ASSERT_TRUE(WaitFor([&] { return jm_->ClusterStatus().nodes(0).state() == v1::LOST; }, 5000));
+  v1::Heartbeat hb;
+  const auto st = jm_->OnHeartbeat("n1", 1, hb);
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(st.message()), HasSubstr("was declared lost"));
+  v1::RegisterNodeRequest r;
+  r.set_node_id("n1"), r.set_address("127.0.0.1"), r.set_incarnation(1);
+  for (int i = 0; i < 2; ++i) {
+    auto* d = r.add_devices();
+    d->set_index(i), d->set_type(v1::CPU);
+    auto* run = r.add_running();
+    run->set_job_id(id), run->set_attempt(1), run->set_executor(i), run->set_device_index(i);
+  }
+  ASSERT_TRUE(jm_->RegisterNode(r).ok());
+  auto link2 = std::make_shared<FakeLink>();
+  ASSERT_TRUE(jm_->AttachAgent("n1", 1, link2).ok());
+  EXPECT_EQ(jm_->ClusterStatus().nodes(0).state(), v1::READY);
+  bool stopped = false;
+  for (auto& m : link2->Take()) stopped |= m.has_stop() && m.stop().job_id() == id && m.stop().attempt() == 1;
+  EXPECT_TRUE(stopped) << "the written-off attempt's executors were not stopped";
+  EXPECT_TRUE(jm_->OnHeartbeat("n1", 1, hb).ok());
+}
+
+// What an agent sends is checked before it names a file: logs for a job it does not run,
+// or with a job id that is a path, are dropped.
+TEST_F(JobManagerTest, LogsAnAgentSendsAreChecked) {
+  auto l1 = std::make_shared<FakeLink>(), l2 = std::make_shared<FakeLink>();
+  AddNode("n1", 2, l1);
+  AddNode("n2", 2, l2);
+  block_driver_ = true;
+  std::string id = jm_->Submit(Spec(2, 0), "")->first.job_id();
+  StartAll(*l1, 2);
+  auto send = [&](const std::string& node, const std::string& job, int attempt, int executor) {
+    v1::LogBatch b;
+    b.set_job_id(job), b.set_attempt(attempt), b.set_executor(executor);
+    b.add_lines("hello");
+    jm_->OnLogs(node, b);
+  };
+  send("n1", "../escaped", 1, 0);
+  send("n1", id, 1, 7);
+  send("n2", id, 1, 0);  // executor 0 runs on n1
+  send("n1", id, 2, 0);  // no attempt 2 yet
+  EXPECT_FALSE(ReadFile(dir_ + "/escaped/attempt-1/executor-0.log").ok());
+  EXPECT_FALSE(ReadFile(dir_ + "/logs/" + id + "/attempt-1/executor-7.log").ok());
+  EXPECT_FALSE(ReadFile(dir_ + "/logs/" + id + "/attempt-2/executor-0.log").ok());
+  EXPECT_FALSE(ReadFile(dir_ + "/logs/" + id + "/attempt-1/executor-0.log").ok());
+  send("n1", id, 1, 0);
+  EXPECT_EQ(*ReadFile(dir_ + "/logs/" + id + "/attempt-1/executor-0.log"), "hello\n");
 }
 
 // The driver's calls wait for an executor's connection to come up; the first one has a

@@ -187,6 +187,85 @@ TEST(Faults, APartitionedNodeIsLostItsJobMovesAndItRejoinsWhenHealed) {
       << "the abandoned attempt's executors still run";
 }
 
+// The controller stalls past the lease (a GC or VM pause; here SIGSTOP for three
+// leases): the time it did not run does not count against the agents — no node is lost
+// for the controller's own stall, the running job goes on in its attempt, and the
+// cluster schedules new work at once.
+TEST(Faults, AControllerStalledPastTheLeaseLosesNoNodeAndSchedulesAfter) {
+  Cluster c({.agents = 2, .cpu_slots = 2, .lease_s = 2});
+  ASSERT_TRUE(c.StartController().ok());
+  ASSERT_TRUE(c.StartAgent(0).ok());
+  ASSERT_TRUE(c.StartAgent(1).ok());
+  ASSERT_TRUE(c.WaitNodes(2, 20000).ok());
+  const std::string id = Submit(c, PretrainSpec(2, 1, 0, 300));
+  ASSERT_EQ(RunningExecutors(c, id, 1, 2).size(), 2u);
+  c.controller().Kill(SIGSTOP);
+  std::this_thread::sleep_for(std::chrono::seconds(7));
+  c.controller().Kill(SIGCONT);
+  // Every node stays READY from here on (none LOST, none asked to re-register).
+  for (int i = 0; i < 20; ++i) {
+    EXPECT_EQ(NodeStateOf(c, "n0"), v1::READY);
+    EXPECT_EQ(NodeStateOf(c, "n1"), v1::READY);
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
+  }
+  auto j = c.WaitState(id, v1::SUCCEEDED, 120000);
+  ASSERT_TRUE(j.ok()) << j.status();
+  EXPECT_EQ(j->attempt(), 1) << "the job was restarted by the controller's own stall: " << j->reason();
+  auto next = c.WaitState(Submit(c, CommCheckSpec(4, 2, 1, 0)), v1::SUCCEEDED, 60000);  // both nodes take work
+  EXPECT_TRUE(next.ok()) << next.status();
+  EXPECT_THAT(*ReadFile(c.dir() + "/controller.log"), HasSubstr("the controller did not run for"));
+}
+
+// An agent stalls past its lease (SIGSTOP for five leases; its executors are not stopped):
+// its node is LOST and the job moves to the other node. When the agent runs again it is
+// told to register anew, does, and the node is READY; the executors of the attempt that
+// was written off stop (they notice their attempt is closed, or are stopped when the
+// agent reports them) — nothing runs twice — and the node takes new work.
+TEST(Faults, AnAgentStalledPastItsLeaseRejoinsAndItsFencedExecutorsStop) {
+  Cluster c({.agents = 2, .cpu_slots = 2, .lease_s = 2});
+  ASSERT_TRUE(c.StartController().ok());
+  ASSERT_TRUE(c.StartAgent(1).ok());
+  ASSERT_TRUE(c.WaitNodes(1, 20000).ok());
+  v1::JobSpec spec = PretrainSpec(2, 1, 0, 400);
+  spec.set_max_restarts(3);
+  const std::string id = Submit(c, spec);
+  ASSERT_EQ(RunningExecutors(c, id, 1, 2).size(), 2u);  // on n1
+  ASSERT_TRUE(c.StartAgent(0).ok());
+  ASSERT_TRUE(c.WaitNodes(2, 20000).ok());
+  c.agents()[1]->Kill(SIGSTOP);
+  EXPECT_TRUE(WaitFor([&] { return NodeStateOf(c, "n1") == v1::LOST; }, 20000)) << "n1 was not marked LOST";
+  std::this_thread::sleep_for(std::chrono::seconds(6));
+  c.agents()[1]->Kill(SIGCONT);
+  EXPECT_TRUE(WaitFor([&] { return NodeStateOf(c, "n1") == v1::READY; }, 30000)) << "n1 did not come back";
+  EXPECT_TRUE(WaitFor([&] { return Cluster::ExecutorPids(id, 1).empty(); }, 30000))
+      << "the written-off attempt's executors still run";
+  auto j = c.WaitState(id, v1::SUCCEEDED, 180000);
+  ASSERT_TRUE(j.ok()) << j.status();
+  EXPECT_GE(j->attempt(), 2);
+  ASSERT_TRUE(c.client().Drain("n0", false, false).ok());  // the next job can only go to n1
+  auto next = c.WaitState(Submit(c, CommCheckSpec(2, 2, 1, 0)), v1::SUCCEEDED, 60000);
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(next->assignments(0).node_id(), "n1");
+}
+
+// A symbolic link under a path root that leads out of it (the controller's check at
+// submit is lexical): the executors resolve it where they open the files and refuse it
+// by field; nothing is written outside the root.
+TEST(Faults, ASymlinkOutOfAPathRootIsRefusedWhereTheFilesAreOpened) {
+  auto c = Up({.agents = 1, .cpu_slots = 2});
+  char tmpl[] = "/tmp/tessera-outside-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string outside = tmpl;
+  ASSERT_EQ(symlink(outside.c_str(), (c->dir() + "/escape").c_str()), 0);
+  v1::JobSpec spec = PretrainSpec(2, 1, 0, 2);
+  spec.mutable_train()->mutable_checkpoint()->set_dir(c->dir() + "/escape/ck");
+  auto j = c->WaitState(Submit(*c, spec), v1::FAILED, 60000);
+  ASSERT_TRUE(j.ok()) << j.status();
+  EXPECT_THAT(j->reason(), HasSubstr("train.checkpoint.dir: '" + c->dir() + "/escape/ck' resolves to '" + outside + "/ck'"));
+  EXPECT_TRUE(std::filesystem::is_empty(outside)) << "something was written outside the root";
+  std::filesystem::remove_all(outside);
+}
+
 }  // namespace
 }  // namespace tessera::testing
 

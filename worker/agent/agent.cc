@@ -32,6 +32,9 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(AgentOptions o) {
     gethostname(h, sizeof(h) - 1);
     o.node_id = h;
   }
+  if (!IsSafeName(o.node_id))
+    return absl::InvalidArgumentError(absl::StrCat("--node-id '", o.node_id, "': must be 1-253 characters of letters, ",
+                                                   "digits, '-', '_' and '.', starting with a letter or digit"));
   if (o.executor_binary.empty()) o.executor_binary = SelfExeDir() + "/tessera-worker";
   if (access(o.executor_binary.c_str(), X_OK) != 0)
     return absl::NotFoundError(absl::StrCat("executor binary ", o.executor_binary, " is not executable"));
@@ -43,6 +46,8 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(AgentOptions o) {
     a->ca_pem_ = *ca;
   }
   TESSERA_RETURN_IF_ERROR(MakeDirs(o.work_dir, 0700));
+  TESSERA_ASSIGN_OR_RETURN(const bool tightened, TightenPrivateDir(o.work_dir, "--work-dir"));  // it keeps the node's key
+  if (tightened) spdlog::warn("--work-dir {} was open to other users; its mode is now 0700", o.work_dir);
   // A restarted agent must register with a larger incarnation than the one before it,
   // even if the wall clock stepped back in between (NTP, or a host whose clock was
   // ahead): the clock in microseconds, but past the last one used in this work dir
@@ -363,10 +368,27 @@ void Agent::StartExecutor(const v1::ExecutorConfig& cfg) {
   posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
   posix_spawn_file_actions_adddup2(&fa, fds[1], 2);
   posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  // The executor gets a process group of its own, so that a terminal's Ctrl-C (meant for
+  // `tessera local`, which stops its job through the controller) or a signal to the
+  // agent's group does not reach it behind the agent's back; and a clean signal state
+  // (the agent's caller may block SIGINT/SIGTERM in its threads).
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  sigset_t none, defaults;
+  sigemptyset(&none);
+  sigemptyset(&defaults);
+  sigaddset(&defaults, SIGINT);
+  sigaddset(&defaults, SIGTERM);
+  sigaddset(&defaults, SIGPIPE);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setsigdefault(&attr, &defaults);
+  posix_spawnattr_setpgroup(&attr, 0);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETPGROUP);
   pid_t pid = 0;
   std::lock_guard<std::mutex> l(mu_);  // held so the reader cannot reap before the entry exists
-  int rc = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), envp.data());
+  int rc = posix_spawn(&pid, argv[0], &fa, &attr, argv.data(), envp.data());
   posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&attr);
   close(fds[1]);
   if (rc != 0) {
     close(fds[0]);
@@ -437,6 +459,10 @@ void Agent::StopExecutors(const std::string& job, int attempt, int64_t grace_ms)
   }).detach();
 }
 
+namespace {
+constexpr size_t kMaxLogLine = 64 << 10;  // longer executor output lines are cut to this
+}  // namespace
+
 void Agent::ReadAndReap(Key key, int fd, pid_t pid) {
   const auto& [job, attempt, executor] = key;
   std::string buf;
@@ -449,10 +475,16 @@ void Agent::ReadAndReap(Key key, int fd, pid_t pid) {
     lb->set_executor(executor);
     size_t start = 0, nl;
     while ((nl = buf.find('\n', start)) != std::string::npos) {
-      lb->add_lines(buf.substr(start, nl - start));
+      lb->add_lines(buf.substr(start, std::min(nl - start, kMaxLogLine)));
       start = nl + 1;
     }
-    if (all && start < buf.size()) { lb->add_lines(buf.substr(start)); start = buf.size(); }
+    // A line without an end (a program printing without newlines) is cut, not buffered
+    // without bound.
+    if (!all && buf.size() - start > kMaxLogLine) {
+      lb->add_lines(buf.substr(start, kMaxLogLine));
+      start = buf.size();
+    }
+    if (all && start < buf.size()) { lb->add_lines(buf.substr(start, kMaxLogLine)); start = buf.size(); }
     buf.erase(0, start);
     if (lb->lines_size() > 0) SendUp(m, true);
   };

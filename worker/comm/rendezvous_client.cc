@@ -2,6 +2,8 @@
 
 #include <gloo/common/error.h>
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/grpc_util.h"
 #include "common/status.h"
@@ -14,26 +16,27 @@ RendezvousClient::RendezvousClient(std::shared_ptr<grpc::Channel> ch, std::strin
   scope_.set_attempt(attempt);
 }
 
+// Every call but Add is idempotent and retried through a lost or slow connection within
+// its deadline (CallWithRetry); Add would count twice, so it only waits for the connection.
 absl::Status RendezvousClient::Set(const std::string& key, const std::string& value) {
-  grpc::ClientContext ctx;
-  PrepareContext(ctx, secret_, 30000);
   v1::SetRequest req;
   *req.mutable_scope() = scope_;
   req.set_key(key);
   req.set_value(value);
   v1::SetResponse resp;
-  return FromGrpc(stub_->Set(&ctx, req, &resp));
+  return FromGrpc(CallWithRetry(secret_, 30000, [&](grpc::ClientContext* ctx, int64_t) { return stub_->Set(ctx, req, &resp); }));
 }
 
 absl::StatusOr<std::string> RendezvousClient::Get(const std::string& key, int64_t timeout_ms) {
-  grpc::ClientContext ctx;
-  PrepareContext(ctx, secret_, timeout_ms + 10000);
   v1::GetRequest req;
   *req.mutable_scope() = scope_;
   req.set_key(key);
-  req.set_timeout_ms(timeout_ms);
   v1::GetResponse resp;
-  auto st = stub_->Get(&ctx, req, &resp);
+  // The server waits up to timeout_ms for the key; the call has 10 s more for the network.
+  auto st = CallWithRetry(secret_, timeout_ms + 10000, [&](grpc::ClientContext* ctx, int64_t left) {
+    req.set_timeout_ms(std::clamp<int64_t>(left - 10000, 0, timeout_ms));
+    return stub_->Get(ctx, req, &resp);
+  });
   if (!st.ok()) return FromGrpc(st);
   return resp.value();
 }
@@ -41,6 +44,7 @@ absl::StatusOr<std::string> RendezvousClient::Get(const std::string& key, int64_
 absl::StatusOr<int64_t> RendezvousClient::Add(const std::string& key, int64_t delta) {
   grpc::ClientContext ctx;
   PrepareContext(ctx, secret_, 30000);
+  ctx.set_wait_for_ready(true);
   v1::AddRequest req;
   *req.mutable_scope() = scope_;
   req.set_key(key);
@@ -52,8 +56,11 @@ absl::StatusOr<int64_t> RendezvousClient::Add(const std::string& key, int64_t de
 }
 
 absl::Status RendezvousClient::Barrier(const std::string& key, int world, int64_t timeout_ms) {
+  // The server counts arrivals by caller-free increments; a retried Barrier after a lost
+  // reply would arrive twice, so like Add it only waits for the connection.
   grpc::ClientContext ctx;
   PrepareContext(ctx, secret_, timeout_ms + 10000);
+  ctx.set_wait_for_ready(true);
   v1::BarrierRequest req;
   *req.mutable_scope() = scope_;
   req.set_key(key);
@@ -64,14 +71,23 @@ absl::Status RendezvousClient::Barrier(const std::string& key, int world, int64_
 }
 
 absl::Status RendezvousClient::RegisterExecutor(int executor, const std::string& address) {
-  grpc::ClientContext ctx;
-  PrepareContext(ctx, secret_, 30000);
   v1::RegisterExecutorRequest req;
   *req.mutable_scope() = scope_;
   req.set_executor(executor);
   req.set_address(address);
   v1::RegisterExecutorResponse resp;
-  return FromGrpc(stub_->RegisterExecutor(&ctx, req, &resp));
+  return FromGrpc(CallWithRetry(secret_, 60000, [&](grpc::ClientContext* ctx, int64_t) {
+    return stub_->RegisterExecutor(ctx, req, &resp);
+  }));
+}
+
+absl::Status RendezvousClient::CheckAttempt(int64_t timeout_ms) {
+  grpc::ClientContext ctx;
+  PrepareContext(ctx, secret_, timeout_ms);
+  v1::CheckAttemptRequest req;
+  *req.mutable_scope() = scope_;
+  v1::CheckAttemptResponse resp;
+  return FromGrpc(stub_->CheckAttempt(&ctx, req, &resp));
 }
 
 void GlooStore::set(const std::string& key, const std::vector<char>& data) {

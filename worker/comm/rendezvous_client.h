@@ -33,6 +33,9 @@ class RendezvousClient final : public KvStore {
   absl::StatusOr<int64_t> Add(const std::string& key, int64_t delta);
   absl::Status Barrier(const std::string& key, int world, int64_t timeout_ms);
   absl::Status RegisterExecutor(int executor, const std::string& address);
+  // OK while this attempt is the job's live one (one try, `timeout_ms`; UNAVAILABLE and
+  // DEADLINE_EXCEEDED when the controller cannot be reached).
+  absl::Status CheckAttempt(int64_t timeout_ms);
 
  private:
   v1::Scope scope_;

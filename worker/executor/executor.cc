@@ -31,6 +31,7 @@ namespace tessera::executor {
 namespace {
 
 std::atomic<bool> g_stop{false};
+constexpr int64_t kAttemptCheckMs = 5000;  // how often an idle executor asks whether its attempt is live
 void OnSignal(int) { g_stop = true; }
 
 absl::StatusOr<comm::DType> ParseDType(const std::string& s) {
@@ -73,8 +74,18 @@ class ExecutorServiceImpl final : public v1::ExecutorService::Service {
     return absl::NotFoundError(absl::StrCat("this executor hosts no rank of group '", group, "'"));
   }
 
+  // The spec's paths lie under the controller's roots as the controller checked them at
+  // submit, but on this host a symbolic link under a root may lead out of it: checked
+  // again here, links resolved, before every call that may open one.
+  grpc::Status CheckPaths() {
+    auto st = CheckJobPathsResolved(cfg_.spec(), std::vector<std::string>(cfg_.path_roots().begin(), cfg_.path_roots().end()));
+    if (!st.ok()) spdlog::error("executor {}: {}", cfg_.executor(), std::string(st.message()));
+    return ToGrpc(st);
+  }
+
   grpc::Status InitGroup(grpc::ServerContext* ctx, const v1::InitGroupRequest* req, v1::InitGroupResponse* resp) override {
     if (auto s = Auth(ctx); !s.ok()) return s;
+    if (auto s = CheckPaths(); !s.ok()) return s;
     auto found = Find(req->group());
     if (!found.ok()) return ToGrpc(found.status());
     auto [g, rank] = *found;
@@ -99,6 +110,7 @@ class ExecutorServiceImpl final : public v1::ExecutorService::Service {
 
   grpc::Status Call(grpc::ServerContext* ctx, const v1::CallRequest* req, v1::CallResponse* resp) override {
     if (auto s = Auth(ctx); !s.ok()) return s;
+    if (auto s = CheckPaths(); !s.ok()) return s;
     std::shared_ptr<GroupComms> gc;
     {
       std::lock_guard<std::mutex> lk(mu_);
@@ -414,7 +426,22 @@ int RunExecutor(const ExecutorOptions& opts) {
     return 3;
   }
   spdlog::info("serving ExecutorService on {}", addr);
-  while (!g_stop) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  // Self-fencing: every few seconds, is this attempt still the job's live one? Once the
+  // controller has torn it down (its node was declared lost: an agent stalled or cut off
+  // longer than the lease, while the job moved on), this executor stops by itself rather
+  // than holding its device beside the attempt that replaced it. An unreachable
+  // controller changes nothing: the executor keeps serving its driver.
+  int64_t next_check = MonoMs() + kAttemptCheckMs;
+  while (!g_stop) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (MonoMs() < next_check) continue;
+    const absl::Status live = rdv.CheckAttempt(5000);
+    next_check = MonoMs() + kAttemptCheckMs;
+    if (live.code() == absl::StatusCode::kFailedPrecondition || live.code() == absl::StatusCode::kNotFound) {
+      spdlog::warn("executor {}: {}; this attempt was torn down: exiting", cfg.executor(), std::string(live.message()));
+      break;
+    }
+  }
   spdlog::info("executor {} shutting down", cfg.executor());
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   // Communicators (Gloo threads, NCCL comms) are torn down by process exit.

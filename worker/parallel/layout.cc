@@ -20,9 +20,11 @@ absl::Status ValidateLayout(const Layout& l, int world, const ModelShape& m) {
   auto bad = [](auto&&... args) { return absl::InvalidArgumentError(absl::StrCat(args...)); };
   if (l.tp < 1 || l.cp < 1 || l.dp < 1 || l.pp < 1 || l.vpp < 1)
     return bad("layout: tp, cp, dp, pp and vpp must each be >= 1, got ", l.ToString());
-  if (world != l.world())
+  // In 64 bits: the degrees come from the job, and their product may not fit an int.
+  const int64_t product = int64_t{l.tp} * l.cp * l.dp * l.pp;
+  if (world != product)
     return bad("layout: the group has ", world, " devices but tp*cp*dp*pp = ", l.tp, "*", l.cp,
-               "*", l.dp, "*", l.pp, " = ", l.world());
+               "*", l.dp, "*", l.pp, " = ", product);
   if (l.vpp > 1 && l.pp < 2)
     return bad("layout: vpp=", l.vpp, " (virtual pipeline stages) requires pp >= 2, got pp=", l.pp);
   if (l.sp && l.tp < 2) return bad("layout: sp (sequence parallel) requires tp > 1, got tp=", l.tp);
@@ -32,14 +34,14 @@ absl::Status ValidateLayout(const Layout& l, int world, const ModelShape& m) {
     return bad("layout: last_stage_layers=", l.last_stage_layers, " needs a pipeline (pp >= 2), got pp=", l.pp);
   if (!l.stage_layers.empty() && l.pp < 2)
     return bad("layout: stage_layers needs a pipeline (pp >= 2), got pp=", l.pp);
-  if (!l.stage_layers.empty() && static_cast<int>(l.stage_layers.size()) != l.pp * l.vpp)
+  if (!l.stage_layers.empty() && static_cast<int64_t>(l.stage_layers.size()) != int64_t{l.pp} * l.vpp)
     return bad("layout: stage_layers has ", l.stage_layers.size(), " entries; expected one per virtual stage, pp*vpp = ",
                l.pp, "*", l.vpp, " = ", l.pp * l.vpp);
   if (m.num_layers > 0) {
     if (auto st = CheckLayerSplit(m.num_layers, l.pp, l.vpp, l.last_stage_layers, l.stage_layers); !st.ok()) return st;
   }
   if (m.global_batch > 0) {
-    int mb = m.micro_batch > 0 ? m.micro_batch : 1;
+    const int64_t mb = m.micro_batch > 0 ? m.micro_batch : 1;
     if (m.global_batch % (l.dp * mb) != 0)
       return bad("model.global_batch=", m.global_batch, " is not divisible by dp*micro_batch = ",
                  l.dp, "*", mb, " = ", l.dp * mb);

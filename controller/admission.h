@@ -1,0 +1,21 @@
+// What the controller checks of a job at submit beyond its spec (common/job_spec.h):
+// that its training plan fits the memory of the devices it would run on.
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "tessera/v1/common.pb.h"
+
+namespace tessera::controller {
+
+// RESOURCE_EXHAUSTED with `tessera plan`'s numbers (parameters, gradients, optimizer
+// state, activations per rank) when a training job's first group needs more memory per
+// rank than `device_memory_bytes`, the smallest memory of the registered devices of its
+// type. pretrain and sft: the plan itself; grpo and ppo: the actor's training plan, a
+// lower bound of what they hold (the reference, the critic and the rollout's KV cache
+// come on top). Jobs whose model shape comes from model.hf_dir (read by the executors),
+// other kinds, and device_memory_bytes <= 0 pass.
+absl::Status CheckPlanFits(const v1::JobSpec& spec, int64_t device_memory_bytes);
+
+}  // namespace tessera::controller

@@ -1,0 +1,136 @@
+// The CLI against real daemons: `tessera job submit` watching across a controller restart,
+// and `tessera local`'s Ctrl-C and state directory.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <filesystem>
+#include <regex>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/util.h"
+#include "tests/integration/cluster.h"
+
+namespace tessera::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+bool WaitFor(const std::function<bool()>& done, int timeout_ms) {
+  for (int i = 0; i < timeout_ms / 20; ++i) {
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return done();
+}
+
+std::string PretrainYaml(const std::string& name, int steps) {
+  return absl::StrCat("name: ", name,
+                      "\nkind: pretrain\ngroups: [{name: actor, devices: 2}]\n"
+                      "model: {vocab_size: 256, hidden: 32, num_layers: 2, num_heads: 4, num_kv_heads: 2, ffn: 48, "
+                      "seq_len: 16, global_batch: 8, micro_batch: 2}\n"
+                      "train: {steps: ",
+                      steps, ", lr: 1.0e-2, seed: 5}\n");
+}
+
+std::string Read(const std::string& path) { return ReadFile(path).value_or(""); }
+
+// The job id `tessera` printed ("submitted ID").
+std::string SubmittedId(const std::string& log) {
+  std::smatch m;
+  return std::regex_search(log, m, std::regex("submitted (\\S+)")) ? m[1].str() : "";
+}
+
+// `tessera job submit` keeps watching while the controller restarts: it says it lost the
+// controller, reconnects, follows the job's new attempt and exits 0 when it succeeds.
+TEST(Cli, SubmitKeepsWatchingAcrossAControllerRestart) {
+  auto c = Up({.agents = 1, .cpu_slots = 2, .lease_s = 4});
+  const std::string job = c->dir() + "/job.yaml", log = c->dir() + "/submit.log";
+  ASSERT_TRUE(WriteFileAtomic(job, PretrainYaml("watched", 150)).ok());
+  Proc cli;
+  ASSERT_TRUE(cli.Start({std::string(TESSERA_BIN_DIR) + "/tessera", "--config", c->dir() + "/controller/admin.conf",
+                         "job", "submit", "-f", job},
+                        log));
+  std::string id;
+  ASSERT_TRUE(WaitFor([&] { return !(id = SubmittedId(Read(log))).empty(); }, 30000)) << Read(log);
+  ASSERT_TRUE(c->WaitState(id, v1::RUNNING, 30000).ok());
+  c->controller().Kill(SIGKILL);
+  c->controller().Wait(5000);
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  ASSERT_TRUE(c->StartController().ok());
+  const int st = cli.Wait(180000);
+  ASSERT_NE(st, -1) << "tessera job submit did not end: " << Read(log);
+  ASSERT_TRUE(WIFEXITED(st));
+  EXPECT_EQ(WEXITSTATUS(st), 0) << Read(log);
+  const std::string out = Read(log);
+  EXPECT_THAT(out, HasSubstr("lost the controller"));
+  EXPECT_THAT(out, HasSubstr("reconnected to the controller"));
+  EXPECT_THAT(out, HasSubstr("RESTARTING (attempt 1): the controller restarted while the job was active"));
+  EXPECT_THAT(out, HasSubstr("job " + id + " SUCCEEDED"));
+}
+
+// Ctrl-C on `tessera local` stops its job (the executors stop, the job ends STOPPED) and
+// the run exits 130. A run that was killed outright leaves its job unfinished in the
+// state directory: the next run marks it STOPPED, says so, and never resumes it beside
+// its own job.
+TEST(Cli, LocalStopsItsJobOnCtrlCAndNeverResumesAnother) {
+  char tmpl[] = "/tmp/tessera-local-test-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl, state = dir + "/state", job = dir + "/long.yaml", short_job = dir + "/short.yaml";
+  ASSERT_TRUE(WriteFileAtomic(job, PretrainYaml("long", 100000)).ok());
+  ASSERT_TRUE(WriteFileAtomic(short_job, PretrainYaml("short", 3)).ok());
+  const std::string bin = std::string(TESSERA_BIN_DIR) + "/tessera";
+  auto local = [&](Proc& p, const std::string& file, const std::string& log) {
+    return p.Start({bin, "local", file, "--state-dir", state, "--no-gpus"}, log);
+  };
+  // 1. Ctrl-C.
+  std::string id;
+  {
+    Proc p;
+    ASSERT_TRUE(local(p, job, dir + "/1.log"));
+    ASSERT_TRUE(WaitFor([&] { return Read(dir + "/1.log").find("RUNNING") != std::string::npos; }, 60000))
+        << Read(dir + "/1.log");
+    id = SubmittedId(Read(dir + "/1.log"));
+    ASSERT_FALSE(id.empty());
+    ASSERT_TRUE(WaitFor([&] { return Cluster::ExecutorPids(id, 1).size() == 2; }, 30000));
+    p.Kill(SIGINT);
+    const int st = p.Wait(60000);
+    ASSERT_NE(st, -1) << "tessera local did not end after Ctrl-C: " << Read(dir + "/1.log");
+    ASSERT_TRUE(WIFEXITED(st)) << Read(dir + "/1.log");
+    EXPECT_EQ(WEXITSTATUS(st), 130) << Read(dir + "/1.log");
+    EXPECT_THAT(Read(dir + "/1.log"), HasSubstr("interrupted: stopping the job"));
+    EXPECT_THAT(Read(dir + "/1.log"), HasSubstr("job " + id + " STOPPED: interrupted (Ctrl-C) in tessera local"));
+    EXPECT_TRUE(Cluster::ExecutorPids(id, 1).empty());
+  }
+  // 2. Killed outright: its job stays RUNNING in the state directory.
+  std::string killed;
+  {
+    Proc p;
+    ASSERT_TRUE(local(p, job, dir + "/2.log"));
+    ASSERT_TRUE(WaitFor([&] { return !(killed = SubmittedId(Read(dir + "/2.log"))).empty(); }, 60000));
+    ASSERT_TRUE(WaitFor([&] { return Cluster::ExecutorPids(killed, 1).size() == 2; }, 30000));
+    p.Kill(SIGKILL);
+    p.Wait(5000);
+    EXPECT_TRUE(WaitFor([&] { return Cluster::ExecutorPids(killed, 1).empty(); }, 10000));  // died with their agent
+  }
+  // 3. The next run: its own job only.
+  {
+    Proc p;
+    ASSERT_TRUE(local(p, short_job, dir + "/3.log"));
+    const int st = p.Wait(120000);
+    ASSERT_NE(st, -1) << Read(dir + "/3.log");
+    EXPECT_EQ(WEXITSTATUS(st), 0) << Read(dir + "/3.log");
+    const std::string out = Read(dir + "/3.log");
+    EXPECT_THAT(out, HasSubstr("job " + killed + " was left "));  // STARTING or RUNNING, as it was killed
+    EXPECT_THAT(out, HasSubstr("by an earlier run on this state directory: marked STOPPED, not resumed"));
+    EXPECT_THAT(out, HasSubstr("SUCCEEDED"));
+    EXPECT_FALSE(std::filesystem::exists(state + "/worker/jobs/" + killed + "/attempt-2")) << "the killed job was resumed";
+  }
+  (void)system(("rm -rf " + dir).c_str());
+}
+
+}  // namespace
+}  // namespace tessera::testing
