@@ -8,7 +8,8 @@
 //
 //   grpo_arithmetic [--digits 2] [--sft-steps 300] [--grpo-steps 60] [--hidden 128]
 //                   [--layers 4] [--eval 200] [--group 8] [--prompts 16] [--lr 3e-5] [--kl 0.01]
-//                   [--warmup 0] [--sft-lr 3e-3] [--careless 0] [--pool 0] [--device cpu|cuda]
+//                   [--warmup 0] [--sft-lr 3e-3] [--careless 0] [--pool 0] [--device cpu|cuda] [--seed 1]
+//                   [--sft-batch 64]
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -67,8 +68,9 @@ int main(int argc, char** argv) {
   if (!be.ok()) return fprintf(stderr, "%s\n", be.status().ToString().c_str()), 1;
   auto actor = model::Llama::Create(c, be->get());
   auto ref = model::Llama::Create(c, be->get());
-  if (!actor.ok() || !ref.ok() || !(*actor)->InitRandom(1, 0.02f).ok()) return fprintf(stderr, "model\n"), 1;
-  engine::ArithmeticData train{digits, 1, 0, /*answer_only=*/true}, held{digits, 999, 0, true, /*held_out=*/true};
+  const uint64_t seed = static_cast<uint64_t>(get("seed", 1));
+  if (!actor.ok() || !ref.ok() || !(*actor)->InitRandom(seed, 0.02f).ok()) return fprintf(stderr, "model\n"), 1;
+  engine::ArithmeticData train{digits, seed, 0, /*answer_only=*/true}, held{digits, 999, 0, true, /*held_out=*/true};
   train.careless = a.count("careless") ? std::strtod(a["careless"].c_str(), nullptr) : 0;
   const int64_t max_new = digits + 3;  // the answer's digits (+1 carry) and '\n'
   engine::RolloutOptions ro;
@@ -82,7 +84,7 @@ int main(int argc, char** argv) {
   auto sft = engine::Trainer::Create(actor->get(), be->get(), nullptr, nullptr, so);
   if (!sft.ok()) return fprintf(stderr, "%s\n", sft.status().ToString().c_str()), 1;
   for (int64_t s = 0; s < sft_steps; ++s) {
-    auto st = (*sft)->Step({engine::MakeArithmeticBatch(train, s, 64)});
+    auto st = (*sft)->Step({engine::MakeArithmeticBatch(train, s, get("sft-batch", 64))});
     if (!st.ok()) return fprintf(stderr, "sft: %s\n", st.status().ToString().c_str()), 1;
     if ((s + 1) % 100 == 0 || s + 1 == sft_steps)
       printf("{\"phase\": \"sft\", \"step\": %lld, \"loss\": %.4f, \"accuracy\": %.3f, \"seconds\": %.1f}\n",

@@ -4,7 +4,8 @@
 # `tessera-worker` run in production (TLS, tokens); LOAD busy loops keep every core busy
 # meanwhile; JOBS jobs are submitted one after another with `tessera job submit` and each
 # must end SUCCEEDED. Prints one line per failure (the job's reason) and a summary table;
-# exits 1 if any job failed.
+# exits 1 if any job failed. SOAK_KEEP=1 keeps the daemons' state and logs (the path is
+# printed first).
 #   bash bench/soak_small_jobs.sh [JOBS (200)] [LOAD (cores)]     (after scripts/build.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,11 +13,12 @@ jobs=${1:-200}
 load=${2:-$(nproc)}
 bin=${TESSERA_BIN:-build/bin}
 dir=$(mktemp -d /tmp/tessera-soak.XXXXXX)
+[ -z "${SOAK_KEEP:-}" ] || echo "state and logs in $dir"
 pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
-  rm -rf "$dir"
+  [ -n "${SOAK_KEEP:-}" ] || rm -rf "$dir"
 }
 trap cleanup EXIT
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sets everything up, builds, and runs the RL demo on `tessera local` (CPU, a few
-# minutes): SFT warm start on 2-digit addition from a careless teacher that drops 60% of
+# minutes): SFT warm start on 2-digit addition from a careless teacher that drops 80% of
 # the carries (examples/rl-demo-sft.yaml), then GRPO with an exact-match reward on the
 # true sums from that checkpoint (examples/rl-demo-grpo.yaml, data parallel 2). GRPO
 # prints the held-out accuracy (greedy, problems no job trained on) at the start and every

@@ -20,7 +20,7 @@
 #include "common/grpc_util.h"
 #include "common/util.h"
 #include "tessera/v1/executor_service.grpc.pb.h"
-#include "tessera/v1/node_service.pb.h"
+#include "tessera/v1/node_service.grpc.pb.h"
 #include "tessera/v1/rendezvous_service.grpc.pb.h"
 #include <grpcpp/health_check_service_interface.h>
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -801,6 +801,43 @@ TEST(Cluster, BadInputIsRejectedAndDisturbsNothing) {
   // Plaintext to the TLS port fails; TLS without the right CA fails.
   auto pc = client::Client::Connect({c->address(), c->admin_token(), "", true});
   EXPECT_FALSE((*pc)->List(1).ok());
+}
+
+// An agent's input is checked before it is trusted: a node id that is not a plain name is
+// refused; failed joins are logged with the peer's address (never the token offered), at
+// most a line per peer every 10 s however often it knocks. The controller's state dir is
+// private (0700) whatever it was made with.
+TEST(Cluster, AgentsInputIsCheckedAndFailedJoinsAreLoggedRateLimited) {
+  auto c = Up({.agents = 1, .cpu_slots = 2});
+  auto ch = MakeChannel({c->address(), c->ca_pem(), false});
+  ASSERT_TRUE(ch.ok());
+  auto stub = v1::NodeService::NewStub(*ch);
+  const std::string join = std::string(absl::StripAsciiWhitespace(*ReadFile(c->dir() + "/controller/join-token")));
+  auto reg = [&](const std::string& token, const std::string& node) {
+    grpc::ClientContext ctx;
+    PrepareContext(ctx, token, 5000);
+    v1::RegisterNodeRequest req;
+    req.set_node_id(node), req.set_address("127.0.0.1"), req.set_incarnation(1);
+    v1::RegisterNodeResponse resp;
+    return stub->RegisterNode(&ctx, req, &resp);
+  };
+  for (int i = 0; i < 40; ++i) EXPECT_EQ(reg("wrong-token-" + std::to_string(i), "x").error_code(), grpc::UNAUTHENTICATED);
+  for (const char* bad : {"../../etc", "a/b", "-n", ""}) {
+    auto st = reg(join, bad);
+    EXPECT_EQ(st.error_code(), grpc::INVALID_ARGUMENT) << bad;
+    EXPECT_THAT(st.error_message(), HasSubstr("node_id:"));
+  }
+  const std::string log = *ReadFile(c->dir() + "/controller.log");
+  size_t lines = 0;
+  for (size_t at = log.find("refused an agent join from ipv4:127.0.0.1:"); at != std::string::npos;
+       at = log.find("refused an agent join from", at + 1))
+    ++lines;
+  EXPECT_GE(lines, 1u);
+  EXPECT_LE(lines, 2u) << "40 failed joins should not make 40 log lines";
+  EXPECT_THAT(log, ::testing::Not(HasSubstr("wrong-token-")));
+  struct stat st {};
+  ASSERT_EQ(stat((c->dir() + "/controller").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
 }
 
 // Kubernetes mounts the CA, the join token and the tokens as a Secret (deploy/k8s):
