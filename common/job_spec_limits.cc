@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/job_spec_internal.h"
 #include "common/status.h"
 
@@ -118,6 +119,7 @@ bool IsNumeric(FieldDescriptor::CppType t) {
 // "1e+08" reads badly in an error: integers as integers.
 std::string Num(double v) {
   if (std::fabs(v) < 9e15 && v == std::floor(v)) return absl::StrCat(static_cast<int64_t>(v));
+  if (int e = 0; v > 0 && std::frexp(v, &e) == 0.5) return absl::StrCat("2^", e - 1);
   return absl::StrFormat("%g", v);
 }
 
@@ -256,6 +258,63 @@ std::vector<std::string> UnboundedJobSpecFields() {
         }
       };
   walk(v1::JobSpec::descriptor(), "");
+  return out;
+}
+
+std::vector<JobSpecKey> JobSpecKeys() {
+  // Keys a job file spells differently from the proto, or writes as something else.
+  struct Spelling {
+    const char* yaml;
+    const char* type;
+  };
+  static const std::map<std::string, Spelling> kSpelling = {
+      {"groups.device_type", {"groups[].device", "cpu or gpu"}},
+      {"groups.placement", {"groups[].placement", "pack or spread"}},
+      {"groups.layout.balance_stages", {"groups[].layout.stage_layers", "auto"}},
+      {"comm_check.sizes_bytes", {"comm_check.sizes", "list of sizes (4KiB, 1MiB, 1GiB or bytes)"}},
+      {"env", {"env", "map of string to string"}},
+  };
+  auto type_of = [](const FieldDescriptor* f) -> std::string {
+    switch (f->cpp_type()) {
+      case FieldDescriptor::CPPTYPE_BOOL: return "bool";
+      case FieldDescriptor::CPPTYPE_STRING: return "string";
+      case FieldDescriptor::CPPTYPE_DOUBLE:
+      case FieldDescriptor::CPPTYPE_FLOAT: return "number";
+      case FieldDescriptor::CPPTYPE_ENUM: return "enum";
+      default: return "integer";
+    }
+  };
+  std::vector<JobSpecKey> out;
+  std::function<void(const google::protobuf::Descriptor*, const std::string&, const std::string&)> walk =
+      [&](const google::protobuf::Descriptor* d, const std::string& proto, const std::string& yaml) {
+        for (int i = 0; i < d->field_count(); ++i) {
+          const FieldDescriptor* f = d->field(i);
+          const std::string fp = proto.empty() ? f->name() : absl::StrCat(proto, ".", f->name());
+          const std::string fy = yaml.empty() ? f->name() : absl::StrCat(yaml, ".", f->name());
+          if (f->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE && !f->is_map()) {
+            walk(f->message_type(), fp, f->is_repeated() ? fy + "[]" : fy);
+            continue;
+          }
+          auto lim_it = Index().find(fp);
+          const FieldLimit* lim = lim_it == Index().end() ? nullptr : lim_it->second;
+          JobSpecKey k{lim && lim->yaml ? lim->yaml : fy, fp, type_of(f), ""};
+          if (lim && lim->scale != 1) k.type = "number";
+          if (f->is_repeated() && !f->is_map()) k.type = "list of " + k.type;
+          if (auto it = kSpelling.find(fp); it != kSpelling.end()) k.yaml = it->second.yaml, k.type = it->second.type;
+          std::vector<std::string> b;
+          if (IsNumeric(f->cpp_type()) && lim)
+            b.push_back(absl::StrCat("[", Num(lim->lo / lim->scale), ", ", Num(lim->hi / lim->scale), "]",
+                                     lim->zero_default ? ", or unset" : ""));
+          if (f->is_repeated())
+            b.push_back(absl::StrCat("at most ", lim && lim->max_items > 0 ? lim->max_items : kMaxListItems,
+                                     f->is_map() ? " entries" : " items"));
+          if (f->cpp_type() == FieldDescriptor::CPPTYPE_STRING || f->is_map())
+            b.push_back(absl::StrCat("at most ", kMaxSpecStringBytes, " bytes", f->is_map() || f->is_repeated() ? " each" : ""));
+          k.bounds = b.empty() ? "-" : absl::StrJoin(b, "; ");
+          out.push_back(std::move(k));
+        }
+      };
+  walk(v1::JobSpec::descriptor(), "", "");
   return out;
 }
 

@@ -43,7 +43,7 @@ struct FieldLimit {
   double scale = 1;
 };
 
-// The table (docs/operations.md lists it).
+// The table (docs/jobs.md lists every key with its bounds).
 const std::vector<FieldLimit>& JobSpecLimits();
 
 // Checks `spec` against the table. Fields the table does not name (strings, bools) get
@@ -55,6 +55,15 @@ absl::Status CheckJobSpecLimits(const v1::JobSpec& spec);
 // a written 0 is refused too ("leave the key out for the default"). OK for a field the
 // table does not name.
 absl::Status CheckJobSpecValue(const std::string& proto, const std::string& yaml, double v, bool integral);
+
+// One job-file key, for the reference of every key (docs/jobs.md, which a unit test
+// holds to this list): its YAML path (`groups[].layout.tp`), the proto field it sets
+// (`groups.layout.tp`), its type as a job file writes it, and its bounds from the table
+// (`[1, 1024], or unset`; `at most 64 items`; `at most 4096 bytes`).
+struct JobSpecKey {
+  std::string yaml, proto, type, bounds;
+};
+std::vector<JobSpecKey> JobSpecKeys();
 
 // The numeric fields of JobSpec (by proto path) that have no entry in the table: empty
 // unless a field was added to the proto without a bound (a unit test keeps it empty).

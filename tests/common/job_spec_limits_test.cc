@@ -7,6 +7,10 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
 #include <cmath>
 #include <limits>
 
@@ -164,6 +168,63 @@ TEST(JobSpecLimits, RolesAndNamesAreChecked) {
   s = Parsed();
   s.set_name("-x");
   EXPECT_THAT(Refusal(s), HasSubstr("starting with a letter or digit"));
+}
+
+// docs/jobs.md, the reference of every job-file key, cannot drift from the proto and the
+// bounds table: every field is there once, by its YAML key and proto field, with the
+// type and bounds the validator applies, and says its default, the kinds that read it
+// and what it does.
+TEST(JobsDoc, EveryKeyIsDocumentedWithItsTypeAndBounds) {
+  const std::string path = std::string(TESSERA_SOURCE_DIR) + "/docs/jobs.md";
+  std::ifstream in(path);
+  ASSERT_TRUE(in) << path;
+  struct Row {
+    std::vector<std::string> cells;
+    int line;
+  };
+  std::map<std::string, Row> rows;  // by proto field
+  std::string line;
+  auto trim = [](std::string c) {
+    while (!c.empty() && (c.front() == ' ' || c.front() == '`')) c.erase(c.begin());
+    while (!c.empty() && (c.back() == ' ' || c.back() == '`')) c.pop_back();
+    return c;
+  };
+  for (int n = 1; std::getline(in, line); ++n) {
+    if (line.rfind("| `", 0) != 0) continue;
+    std::vector<std::string> cells;
+    std::stringstream ss(line.substr(1));
+    for (std::string c; std::getline(ss, c, '|');) cells.push_back(trim(c));
+    ASSERT_EQ(cells.size(), 7u) << "docs/jobs.md:" << n << ": a key's row has 7 cells (key, proto, type, default, "
+                                << "bounds, kinds, meaning); a '|' inside a cell splits it";
+    EXPECT_TRUE(rows.emplace(cells[1], Row{cells, n}).second) << "docs/jobs.md:" << n << ": " << cells[1] << " twice";
+  }
+  const std::set<std::string> kinds = {"all", "comm-check", "pretrain", "sft", "grpo", "ppo", "generate"};
+  std::string expected_rows;
+  for (const JobSpecKey& k : JobSpecKeys()) {
+    auto it = rows.find(k.proto);
+    const std::string want = "| `" + k.yaml + "` | `" + k.proto + "` | " + k.type + " | ? | " + k.bounds + " | ? | ? |";
+    if (it == rows.end()) {
+      ADD_FAILURE() << "docs/jobs.md has no row for " << k.proto << ":\n" << want;
+      continue;
+    }
+    const auto& c = it->second.cells;
+    const std::string at = "docs/jobs.md:" + std::to_string(it->second.line) + " (" + k.proto + ")";
+    EXPECT_EQ(c[0], k.yaml) << at << ": the key";
+    EXPECT_EQ(c[2], k.type) << at << ": the type";
+    EXPECT_EQ(c[4], k.bounds) << at << ": the bounds";
+    EXPECT_FALSE(c[3].empty() || c[3] == "?") << at << ": the default";
+    EXPECT_FALSE(c[6].empty() || c[6] == "?") << at << ": the meaning";
+    std::stringstream ks(c[5]);
+    int n = 0;
+    for (std::string kind; std::getline(ks, kind, ',');) {
+      EXPECT_TRUE(kinds.count(trim(kind))) << at << ": unknown kind '" << trim(kind) << "'";
+      ++n;
+    }
+    EXPECT_GT(n, 0) << at << ": the kinds";
+    rows.erase(it);
+  }
+  for (const auto& [proto, row] : rows)
+    ADD_FAILURE() << "docs/jobs.md:" << row.line << ": " << proto << " is not a JobSpec field";
 }
 
 }  // namespace
