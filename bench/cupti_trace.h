@@ -1,7 +1,7 @@
 // A timeline of a process's GPU work — every kernel, copy and memset with its device,
 // stream and times — from CUPTI's activity API, for bench/train_bench's `--trace PREFIX`.
 // It exists because the lent GPU hosts' Nsight Systems (Nsight Compute's embedded copy)
-// writes reports without CUDA records (session 14); bench/nsys_gaps.py reads both.
+// writes reports without CUDA records; bench/nsys_gaps.py reads both.
 //
 // libcupti is loaded at Start (dlopen, like cuBLASLt and cuDNN: nothing links it; the
 // name, then the toolkit's folders): a host without it gets an error saying where it

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 4's four-GPU checks in one call (dist/ from scripts/make-dist.sh), on a 4-GPU host:
+# The four-GPU checks in one call (dist/ from scripts/make-dist.sh), on a 4-GPU host:
 #   1. trainer_gpu_test: every oracle layout, those of 4 ranks included (pp4 vpp2 1F1B and
 #      GPipe with tied embeddings, tp2 pp2, pp2 dp2 ZeRO-1, tp2 dp2, tp2 cp2 ...);
 #   2. train_bench (~1B Llama, seq 4096, 4 micro-batches per DP rank): 1 GPU, dp2 and dp4

@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
-# Issue 7 on one 8-GPU host, in one call (dist/ from scripts/make-dist.sh; kind
-# nvidia-h100-x8 or nvidia-h200-x8 when `status` lists one; ~8 minutes):
+# The eight-GPU checks on one 8-GPU host (H100 or H200), in one run (dist/ from
+# scripts/make-dist.sh; ~8 minutes):
 #   1. a plain NCCL all-reduce loop at 1 GiB over the 8 GPUs (bench/nccl_allreduce_baseline),
 #      comm-check (`tessera local`, examples/comm-check-8gpu.yaml) of every group of tp8 and
 #      of tp2 x dp2 x pp2, the loop again: comm-check's 1 GiB all-reduce over the tp8 group
-#      (all 8 GPUs) against the better loop run (issue 7: within 5%);
+#      (all 8 GPUs) against the better loop run (the goal: within 5%);
 #   2. the eight-rank oracle layouts in bf16 (trainer_gpu_test tp2_pp2_dp2_zero1, tp2_sp_cp2_pp2);
 #   3. an 8B Llama shape (hidden 4096, 32 layers, 32 / 8 heads, SwiGLU 14336, 128k vocabulary,
 #      untied, seq 4096) at tp8 and at tp2 x pp2 x dp2 ZeRO-1 (with the balanced split
 #      `tessera plan` gives, 17 + 15 layers): tokens/s, MFU, the measured bubble.
 # Logs in $OUT; a short table last.
-#   bash scripts/make-dist.sh; run(command="bash scripts/gpu-8gpu.sh", carry=[".carry"], kind="nvidia-h100-x8")
+#   bash scripts/gpu-8gpu.sh on a host with 8 GPUs (after scripts/make-dist.sh)
 set -uo pipefail
 source "$(dirname "$0")/gpu-env.sh"
 card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)

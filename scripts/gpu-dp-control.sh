@@ -6,7 +6,7 @@
 #      busy GPUs of the host cost — power, clocks, host CPUs);
 #   3. dp4 (the data-parallel job).
 # nvidia-smi samples SM clocks and power during each phase. Table last.
-#   run(command="bash scripts/gpu-dp-control.sh", carry=[".carry"], kind="nvidia-h100-x4")
+#   bash scripts/gpu-dp-control.sh on a host with 4 GPUs (after scripts/make-dist.sh)
 set -uo pipefail
 source "$(dirname "$0")/gpu-env.sh"
 card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)

@@ -6,7 +6,7 @@
 # (examples/grpo-reslice4-1b-gpu.yaml); first rollout_gpu_test (the rollout engine against
 # the training engine, weight sync across two streams of a GPU); per-step phases and the
 # sync's GB/s last. JOBS="split reslice ..." picks the jobs.
-#   bash scripts/make-dist.sh; run(command="bash scripts/gpu-split.sh", carry=[".carry"], kind="nvidia-h100-x2")
+#   bash scripts/gpu-split.sh on a host with 2 GPUs (after scripts/make-dist.sh)
 set -uo pipefail
 source "$(dirname "$0")/gpu-env.sh"
 card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Builds here (CUDA on) and packs what a lent GPU host needs into .carry/dist.tar.xz:
 # the installed programs, GPU tests and benchmarks (dist/bin), the libraries a bare GPU
-# host lacks (../shared/scripts/bundle-runtime.sh) and OpenBLAS, which the CPU GEMM
+# host lacks (scripts/bundle-runtime.sh) and OpenBLAS, which the CPU GEMM
 # loads at first use (kernels/gemm/gemm_cpu.cc), so ldd does not list it.
-# Then: run(command="bash scripts/gpu-....sh", carry=[".carry"]).
+# Copy the repository with .carry/ to the GPU host and run a scripts/gpu-*.sh there
+# (scripts/gpu-env.sh unpacks it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cmake --build build
@@ -11,9 +12,9 @@ rm -rf dist && cmake --install build --prefix dist > /dev/null
 [ -f bench/variants/build.sh ] && [ "${WITH_VARIANTS:-0}" = 1 ] && bash bench/variants/build.sh dist/bin
 blas=$(readlink -f /usr/lib/x86_64-linux-gnu/libopenblas.so.0)
 mkdir -p dist/lib && cp -L "$blas" dist/lib/libopenblas.so.0
-/work/shared/scripts/bundle-runtime.sh dist/lib dist/bin/* dist/lib/libopenblas.so.0
+scripts/bundle-runtime.sh dist/lib dist/bin/* dist/lib/libopenblas.so.0
 # For scripts/gpu-profile.sh, in a folder of its own (on the profilers' path only): Nsight's
-# QdstrmImporter needs elfutils' libdw, which the lent hosts lack (session 14), and a
+# QdstrmImporter needs elfutils' libdw, which the lent hosts lack, and a
 # libcupti for train_bench --trace where the host has none.
 mkdir -p dist/prof-lib
 for l in /usr/lib/x86_64-linux-gnu/libdw.so.1 /usr/lib/x86_64-linux-gnu/libelf.so.1 /usr/local/cuda/lib64/libcupti.so.13 \

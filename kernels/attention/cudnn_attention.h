@@ -1,6 +1,6 @@
 // cuDNN's fused flash attention (cuDNN 9 graph API) as a second path of the CUDA attention
-// forward, behind the same launcher (AttentionForwardCuda; issue 3 allows it where it is
-// measured faster). It serves sequences of one length only (the graph is a dense
+// forward, behind the same launcher (AttentionForwardCuda), used where it is
+// measured faster. It serves sequences of one length only (the graph is a dense
 // [batch, heads, seq, dim] problem over our packed [tokens, heads, dim] memory, described
 // by strides — no copy); varlen batches stay on the flash kernels.
 //
@@ -31,7 +31,7 @@ namespace tessera::kernels::cudnn_attention {
 // cuDNN cannot be loaded or has no engine for the graph; the message says which. With
 // build false, a shape whose plan Prepare (or an earlier Forward) has not built is
 // NOT_FOUND, at once: the caller runs the flash kernels instead of waiting ~0.1 s for a
-// build (the rollout's prefills change shape every batch; session 14 measured it).
+// build (the rollout's prefills change shape every batch).
 absl::Status Forward(const void* q, const void* k, const void* v, void* out, float* lse, const AttentionDims& d,
                      int64_t seq, cudaStream_t s, bool build = true);
 

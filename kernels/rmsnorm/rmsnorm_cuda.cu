@@ -151,9 +151,9 @@ __global__ void ForwardWarpRowBf16(const uint4* x, const uint4* w, uint4* y, flo
 // programmatic dependent launches (ncu, H200: row kernel 56 us, DwReduce 3.4 us; the
 // overlap took the op from 0.067 to 0.060 ms), and dw needs no memset.
 // Warps per CTA and row buffers per warp. The defaults are the fastest of sweeps
-// (bench/variants, H200, 16384 x 2048; session 3, before PDL): 8 warps x 1 buffer
+// (bench/variants, H200, 16384 x 2048; without PDL): 8 warps x 1 buffer
 // 3.01 TB/s; 8 x 2: 2.62-2.66; 4 x 1, 6 x 1, 12 x 1: 2.65-2.70; 4 x 2, 4 x 3, 2 x 3, 2 x 4:
-// 2.43-2.78; without prefetch (rows loaded into registers): 2.70-2.82. Session 4, with
+// 2.43-2.78; without prefetch (rows loaded into registers): 2.70-2.82. With
 // PDL: 8 x 1 3.30-3.36 TB/s; 6 x 1 / 12 x 1 2.8-2.9; dw in registers instead of shared
 // rows (refill after the row, 2-4 buffers, 3-12 warps): 2.58-3.13; the partials summed in
 // the same kernel after a cooperative grid barrier: 3.11. Overridable for such sweeps.
@@ -214,7 +214,7 @@ __global__ void __launch_bounds__(kBwdWarps * 32) BackwardWarpRowBf16(const uint
     const float rs = rstd[row];
     // The residual's gradient (add) for this row, loaded before any of the row's stores
     // (add may be dx itself) and ahead of the wait, so its latency hides there: loaded
-    // beside each store it cost a dependent round trip per vector (H100, session 15:
+    // beside each store it cost a dependent round trip per vector (H100:
     // 33.9 us a call for the 1B's 4096 x 2048 against ~19 without add).
     uint4 res[kBwdVec];
 #pragma unroll

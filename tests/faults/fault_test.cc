@@ -1,4 +1,4 @@
-// The fault suite (issue 6, DESIGN §9): real daemons on loopback, real processes stopped
+// The fault suite (DESIGN §9): real daemons on loopback, real processes stopped
 // or cut off; each test states what must happen and asserts it, including that the
 // cluster goes on serving other work. (Executor and agent kills, controller restarts and
 // bad input are in tests/integration/cluster_test.cc.)

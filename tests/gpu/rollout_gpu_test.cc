@@ -201,8 +201,8 @@ TEST(RolloutGpu, CudaGraphDecodeEqualsEager) {
 }
 
 // An executor's training session and its colocated rollout pool run on two backends of
-// one GPU (two streams): SyncColocated must order them (the first GPU run of the re-slice
-// job, 4x H200, session 13, failed its digest check because it did not). Large tensors,
+// one GPU (two streams): SyncColocated must order them (without that, the re-slice job on
+// 4x H200 failed its digest check). Large tensors,
 // so an unordered copy reads a stale buffer.
 TEST(RolloutGpu, ColocatedSyncAcrossTwoStreamsCopiesEveryWeight) {
   if (comm::CudaDeviceCount() < 1) GTEST_SKIP() << "no GPU";

@@ -134,8 +134,8 @@ TEST_P(TrainerGpuTest, EqualsOneRank) {
   test::Tolerance bf16_tol;
   // The key bias's true gradient is zero (softmax ignores a per-query constant): in bf16
   // each run's value is its own rounding noise blown up to AdamW steps, two independent
-  // vectors of one size, whose relative difference is ~1.4 in expectation (session 15,
-  // pp2_1f1b against the CPU in bf16: 1.04). 2 (|a - b| <= |a| + |b|) checks that the
+  // vectors of one size, whose relative difference is ~1.4 in expectation (pp2_1f1b
+  // against the CPU in bf16 on an H100: 1.04). 2 (|a - b| <= |a| + |b|) checks that the
   // sizes stay alike.
   bf16_tol.loss = 5e-3, bf16_tol.norm = 5e-2, bf16_tol.weight = 5e-2, bf16_tol.key_bias = 2, bf16_tol.bias = 1;
   auto vs_cpu = test::ExpectSameAsOneRank(single, one_bf16, cpu_bf16, bf16_tol);
@@ -169,7 +169,7 @@ INSTANTIATE_TEST_SUITE_P(
                              {2, 1, 1, 1, 1, 1, 1, 0}},
                       Layout{"tp2_pp2_1f1b", 2, 1, 0, false, 1, 2, 1, Schedule::kOneFOneB, false, 4},
                       Layout{"pp2_dp2_zero1_tied", 1, 2, 1, true, 1, 2, 1, Schedule::kOneFOneB, false, 4},
-                      // Issue 7's eight-rank layouts (skipped below 8 GPUs), as trainer_test's.
+                      // The eight-rank layouts (skipped below 8 GPUs), as trainer_test's.
                       Layout{"tp2_pp2_dp2_zero1", 2, 2, 1, false, 1, 2, 1, Schedule::kOneFOneB, false, 4},
                       Layout{"tp2_sp_cp2_pp2", 2, 1, 0, false, 2, 2, 1, Schedule::kOneFOneB, true, 4}),
     [](const auto& info) { return std::string(info.param.name); });

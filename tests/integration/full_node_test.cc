@@ -1,4 +1,4 @@
-// Issue 7's layouts on one "full node" of CPU slots (no 8-GPU host is lent): one agent with
+// The eight-rank layouts on one "full node" of CPU slots (where no 8-GPU host is at hand): one agent with
 // 8 slots, real controller, agent and executor processes, Gloo over loopback.
 //  - comm-check: every group of tp8 and of tp2 x dp2 x pp2 passes its exactly verifiable
 //    collectives;

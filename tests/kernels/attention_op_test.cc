@@ -95,7 +95,7 @@ TEST_P(OpTest, AttentionMergeEqualsAttentionOverBothBlocks) {
       rl.resize(T * hq);
       EXPECT_LT(RelErr(Read(*be_, out[0]), ro), t == DType::kBF16 ? 2e-2 : (cpu() ? 1e-6 : 1e-5));
       // The lse relative to max(|lse|, 1) per row: with one row (T=1) an lse near 0 made a
-      // plain relative error of f32 rounding fail now and then (2.8e-6, session 14).
+      // plain relative error of f32 rounding fail now and then (2.8e-6).
       const std::vector<float> got_lse = Read(*be_, lse[0]);
       double err = 0, size = 0;
       for (size_t i = 0; i < rl.size(); ++i) err += (got_lse[i] - rl[i]) * (got_lse[i] - rl[i]), size += std::max(rl[i] * rl[i], 1.0);

@@ -132,7 +132,7 @@ TEST_P(OpTest, RmsNormForwardAndBackward) {
       for (size_t i = 0; i < want.size(); ++i) want[i] += addv[i];
       EXPECT_LT(RelErr(Read(*be_, dx2), want), t == DType::kBF16 ? 1e-2 : 1e-6);
       // The CPU sums dw in one order both times; CUDA sums it with atomics, in an order
-      // that varies from run to run (4099 rows: 1.3e-6 apart once on H100, session 17).
+      // that varies from run to run (4099 rows: 1.3e-6 apart once on H100).
       EXPECT_LT(RelErr(Read(*be_, dw2), Read(*be_, dw)), cpu() ? 1e-6 : 1e-5);
     }
   }

@@ -73,7 +73,7 @@ absl::StatusOr<ncclComm_t> SplitBlocking(ncclComm_t parent, int color, int key, 
   ncclResult_t r = ncclCommSplit(parent, color, key, const_cast<ncclComm_t*>(&child), &cfg);
   // The parent's own state, whatever the call returned: a split that returns ncclSuccess
   // (a rank passing NCCL_SPLIT_NOCOLOR may get it at once) can still be completing on
-  // the parent, which then refuses the next split (session 17, pp 4 on 4x H200: "Attempt
+  // the parent, which then refuses the next split (seen with pp 4 on 4x H200: "Attempt
   // to use communicator before the previous operation returned ncclSuccess" at a link's
   // first receive; the helper had skipped this poll when the call said ncclSuccess).
   if (r == ncclSuccess || r == ncclInProgress) ncclCommGetAsyncError(parent, &r);
@@ -339,8 +339,8 @@ class NcclCommunicator final : public Communicator {
   // communicator's stream, not ordered with the compute stream — then the watchdog's
   // wait. Nothing here may wait for the compute stream (the point of these calls: DP's
   // step start must not wait for the previous step's optimizer). So no pinned staging
-  // (cudaFreeHost and cudaFree synchronize the whole device; session 14 saw the test
-  // hang there): the copies go straight from and to the caller's pageable memory (a
+  // (cudaFreeHost and cudaFree synchronize the whole device; the test hung
+  // there): the copies go straight from and to the caller's pageable memory (a
   // pageable copy up is staged at once; the copy down waits for stream_ only), and the
   // device buffer grows stream-ordered (cudaMallocAsync / cudaFreeAsync).
   absl::Status DoAllReduceHost(const void* in, void* out, size_t n, DType t, ReduceOp op) override {
@@ -503,7 +503,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> MakeNcclCommunicator(const std::st
   // The collectives run on a blocking communicator split from the non-blocking one. On a
   // non-blocking communicator NCCL launches every group (each lone collective is one) from
   // a thread it creates for that call, and the caller polls until it is done: 93-115 us
-  // of host time per collective against 17-19 us blocking (2x H200, session 15: 14-17 ms
+  // of host time per collective against 17-19 us blocking (2x H200: 14-17 ms
   // against 2.6-2.9 ms a step for dp2's 151 calls), enough to starve the GPU where the
   // host is not far ahead (under CUPTI tracing, the last micro-batch's reductions). The init stays non-blocking, so a peer that never comes is a
   // timeout, not a hang; splits (the links too) go through it for the same reason. A

@@ -1,4 +1,4 @@
-// Weight sync, actor -> rollout, after every update (DESIGN §7, issue 5):
+// Weight sync, actor -> rollout, after every update (DESIGN §7):
 //  - colocated with the same TP: nothing to copy — the rollout engine drives the actor's
 //    own model object (worker/engine/rollout.h), so there is no call to make;
 //  - colocated with another TP (e.g. actor TP 2 -> rollout TP 1, or 4 -> 2; verl's

@@ -1,4 +1,4 @@
-// Split pools (DESIGN §7, issue 5): a grpo job whose rollout group has its own devices.
+// Split pools (DESIGN §7): a grpo job whose rollout group has its own devices.
 // The rollout pool's executors hold the model (their own TP layout), the rollout engine
 // and the prompts; the actor's executors train on what the pool generates; after every
 // update the actor's weights go to the pool over a `bridge` communicator spanning both

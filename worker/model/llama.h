@@ -171,7 +171,7 @@ class Llama {
   // RoPE reads Q and K from the fused rows and writes them back into its gradient rows.
   // Used while the three are still those blocks (a ZeRO-3 gather, ZeRO-2's gradient
   // buffers or ZeRO-1's padded compute copy make new tensors: then three GEMMs). Off by
-  // default: on an H100 it did not pay (docs/perf.md, session 18 — the one GEMM saves
+  // default: on an H100 it did not pay (docs/perf.md — the one GEMM saves
   // ~0.5 ms of a 1B step, V's copies cost ~0.8 ms); the row-block layout stays either way.
   void set_fuse_qkv(bool on) { fuse_qkv_ = on; }
   // Each layer's SwiGLU output is dropped after the down projection's forward; the
