@@ -226,7 +226,7 @@ absl::Status Client::Logs(const std::string& id, int rank, int attempt, bool fol
   PrepareContext(ctx, cfg_.token, 0);
   v1::GetLogsRequest req;
   req.set_job_id(id);
-  req.set_rank(rank);
+  if (rank >= 0) req.set_rank(rank);
   req.set_attempt(attempt);
   req.set_follow(follow);
   auto reader = jobs_->GetLogs(&ctx, req);

@@ -213,9 +213,13 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Start(const ControllerOp
   c->server_impl_ = b.BuildAndStart();
   if (!c->server_impl_ || c->port_ == 0)
     return absl::UnavailableError(absl::StrCat("cannot listen on ", opts.listen, " (--listen): is the port in use?"));
+  // gRPC health: the server as a whole ("") and each service by its full name are
+  // NOT_SERVING until the state is recovered, and again from the start of a shutdown.
+  c->SetServing(c->server_impl_.get(), false);
   c->jobs_->SetControllerAddress(c->address());
   TESSERA_RETURN_IF_ERROR(c->jobs_->Recover());
   c->jobs_->Start();
+  c->SetServing(c->server_impl_.get(), true);
   if (!opts.metrics_listen.empty()) {
     try {
       c->exposer_ = std::make_unique<prometheus::Exposer>(opts.metrics_listen);
@@ -241,7 +245,7 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Start(const ControllerOp
   if (!opts.health_listen.empty()) {  // last: SERVING means the state is loaded and the server listens
     int hport = 0;
     TESSERA_ASSIGN_OR_RETURN(c->health_, StartHealthServer(opts.health_listen, &hport));
-    c->health_->GetHealthCheckService()->SetServingStatus(true);
+    c->SetServing(c->health_.get(), true);
     conf["health_address"] = WithPort(opts.health_listen, hport);
     spdlog::info("controller serving health on {}", conf["health_address"].get<std::string>());
   }
@@ -264,9 +268,20 @@ std::string Controller::address() const {
 
 Controller::~Controller() { Shutdown(); }
 
+void Controller::SetServing(grpc::Server* server, bool serving) {
+  auto* health = server ? server->GetHealthCheckService() : nullptr;
+  if (health == nullptr) return;
+  health->SetServingStatus("", serving);
+  for (const char* name : {v1::JobService::service_full_name(), v1::ClusterService::service_full_name(),
+                           v1::NodeService::service_full_name(), v1::RendezvousService::service_full_name()})
+    health->SetServingStatus(name, serving);
+}
+
 void Controller::Shutdown() {
   if (shut_) return;
   shut_ = true;
+  SetServing(health_.get(), false);
+  SetServing(server_impl_.get(), false);
   if (health_) health_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
   dashboard_.reset();
   if (jobs_) jobs_->Shutdown();

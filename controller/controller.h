@@ -67,6 +67,8 @@ class Controller {
 
  private:
   Controller() = default;
+  // gRPC health of `server`: overall ("") and per service (tessera.v1.JobService, ...).
+  static void SetServing(grpc::Server* server, bool serving);
   ControllerOptions opts_;
   KeyPair ca_, server_;
   std::string admin_token_, join_token_;

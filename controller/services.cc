@@ -111,12 +111,14 @@ class JobServiceImpl final : public v1::JobService::Service {
 
   Status GetLogs(ServerContext* ctx, const v1::GetLogsRequest* req, grpc::ServerWriter<v1::GetLogsResponse>* w) override {
     if (auto s = Authorize(d_, ctx, Role::kRead); !s.ok()) return s;
+    const int rank = req->has_rank() ? req->rank() : -1;
+    if (rank < -1) return Status(grpc::INVALID_ARGUMENT, "rank: an executor index (>= 0), or unset for all");
     auto job = d_.jobs->GetJob(req->job_id());
     if (!job.ok()) return ToGrpc(job.status());
     std::map<std::pair<int, int>, LogStore::Cursor> cursors;
     while (!ctx->IsCancelled()) {
       bool terminal = d_.jobs->IsTerminal(req->job_id());
-      for (auto& c : d_.logs->List(req->job_id(), req->attempt(), req->rank()))
+      for (auto& c : d_.logs->List(req->job_id(), req->attempt(), rank))
         cursors.try_emplace({c.attempt, c.executor}, c);
       bool any = false;
       for (auto& [k, c] : cursors) {

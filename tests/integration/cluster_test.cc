@@ -20,6 +20,7 @@
 #include "common/grpc_util.h"
 #include "common/util.h"
 #include "tessera/v1/executor_service.grpc.pb.h"
+#include "tessera/v1/job_service.grpc.pb.h"
 #include "tessera/v1/node_service.grpc.pb.h"
 #include "tessera/v1/rendezvous_service.grpc.pb.h"
 #include <grpcpp/health_check_service_interface.h>
@@ -67,6 +68,23 @@ TEST(Cluster, CommCheckTp2Dp2Pp2OnTwoAgentsOverGloo) {
   std::ostringstream one;
   ASSERT_TRUE(c->client().Logs(id, 5, 0, false, one).ok());
   EXPECT_THAT(one.str(), Not(HasSubstr("executor 4 ")));
+  {  // A rank below -1 is refused by name (unset and -1 both mean every rank).
+    ChannelOptions o;
+    o.address = c->address();
+    o.ca_pem = c->ca_pem();
+    auto jobs = v1::JobService::NewStub(*MakeChannel(o));
+    grpc::ClientContext ctx;
+    PrepareContext(ctx, c->read_token(), 5000);
+    v1::GetLogsRequest req;
+    req.set_job_id(id);
+    req.set_rank(-2);
+    auto reader = jobs->GetLogs(&ctx, req);
+    v1::GetLogsResponse r;
+    while (reader->Read(&r)) {}
+    auto st = reader->Finish();
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(st.error_message(), HasSubstr("rank"));
+  }
   // Metrics on the controller and the agent.
   std::string cm = HttpGet(c->controller_metrics_port(), "/metrics");
   EXPECT_THAT(cm, HasSubstr("tessera_jobs{state=\"SUCCEEDED\"} 1"));
@@ -96,6 +114,21 @@ TEST(Cluster, CommCheckTp2Dp2Pp2OnTwoAgentsOverGloo) {
     auto hs = stub->Check(&ctx, hreq, &hresp);
     EXPECT_TRUE(hs.ok()) << addr << ": " << hs.error_message();
     EXPECT_EQ(hresp.status(), grpc::health::v1::HealthCheckResponse::SERVING) << addr;
+    if (addr == absl::StrCat("127.0.0.1:", c->agent_health_port())) continue;
+    // The controller answers per service too, and NOT_FOUND for a name it does not serve.
+    for (const char* name : {"tessera.v1.JobService", "tessera.v1.ClusterService", "tessera.v1.NodeService",
+                             "tessera.v1.RendezvousService", "tessera.v1.NoSuchService"}) {
+      grpc::ClientContext sctx;
+      PrepareContext(sctx, "", 5000);
+      hreq.set_service(name);
+      auto ss = stub->Check(&sctx, hreq, &hresp);
+      if (std::string(name) == "tessera.v1.NoSuchService") {
+        EXPECT_EQ(ss.error_code(), grpc::StatusCode::NOT_FOUND) << addr;
+      } else {
+        EXPECT_TRUE(ss.ok()) << addr << " " << name << ": " << ss.error_message();
+        EXPECT_EQ(hresp.status(), grpc::health::v1::HealthCheckResponse::SERVING) << addr << " " << name;
+      }
+    }
   }
   // The devices are free again.
   auto st = c->client().Status();
