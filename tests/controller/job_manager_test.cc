@@ -126,6 +126,18 @@ class JobManagerTest : public ::testing::Test {
     for (auto& c : cfgs) EXPECT_TRUE(jm_->RegisterExecutor(c.job_id(), c.attempt(), c.executor(), "127.0.0.1:2").ok());
     return cfgs;
   }
+  // A manager with a 600 ms lease, one node "n1" of 2 slots (no heartbeats sent) and a
+  // 2-executor job started on it with `max_restarts`; returns the job id.
+  std::string StartOnAShortLease(int max_restarts, std::shared_ptr<FakeLink> link) {
+    jm_.reset();
+    lease_ms_ = 600;
+    Open();
+    AddNode("n1", 2, link);
+    block_driver_ = true;
+    std::string id = jm_->Submit(Spec(2, max_restarts), "")->first.job_id();
+    StartAll(*link, 2);
+    return id;
+  }
   // Waits until the manager asks the agent to stop the attempt (the driver finished).
   void WaitStop(FakeLink& link) {
     EXPECT_TRUE(WaitFor([&] {
@@ -273,14 +285,7 @@ TEST_F(JobManagerTest, CannotFitNowWaitsPending) {
 }
 
 TEST_F(JobManagerTest, LostNodeRestartsItsJobs) {
-  jm_.reset();
-  lease_ms_ = 600;
-  Open();
-  auto link = std::make_shared<FakeLink>();
-  AddNode("n1", 2, link);
-  block_driver_ = true;
-  std::string id = jm_->Submit(Spec(2, 0), "")->first.job_id();
-  StartAll(*link, 2);
+  const std::string id = StartOnAShortLease(0, std::make_shared<FakeLink>());
   ASSERT_TRUE(WaitFor([&] { return State(id) == v1::RUNNING; }));
   // No heartbeats: after the 600 ms lease the node is lost and the job fails (no restarts left).
   ASSERT_TRUE(WaitFor([&] { return State(id) == v1::FAILED; }, 5000));
@@ -511,14 +516,7 @@ train: {steps: 1, lr: 1.0e-4}
 // to register anew; registering, it reports the executors it still runs, and those of the
 // attempt that was written off are stopped.
 TEST_F(JobManagerTest, ALostNodeThatSpeaksAgainRegistersAnewAndItsFencedExecutorsStop) {
-  jm_.reset();
-  lease_ms_ = 600;
-  Open();
-  auto link = std::make_shared<FakeLink>();
-  AddNode("n1", 2, link);
-  block_driver_ = true;
-  std::string id = jm_->Submit(Spec(2, 3), "")->first.job_id();
-  auto cfgs = StartAll(*link, 2);
+  const std::string id = StartOnAShortLease(3, std::make_shared<FakeLink>());
   ASSERT_TRUE(WaitFor([&] { return jm_->ClusterStatus().nodes(0).state() == v1::LOST; }, 5000));
   v1::Heartbeat hb;
   const auto st = jm_->OnHeartbeat("n1", 1, hb);
