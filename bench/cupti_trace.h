@@ -1,6 +1,6 @@
 // A timeline of a process's GPU work — every kernel, copy and memset with its device,
 // stream and times — from CUPTI's activity API, for bench/train_bench's `--trace PREFIX`.
-// It exists because the lent GPU hosts' Nsight Systems (Nsight Compute's embedded copy)
+// It exists because the GPU hosts' Nsight Systems (Nsight Compute's embedded copy)
 // writes reports without CUDA records; bench/nsys_gaps.py reads both.
 //
 // libcupti is loaded at Start (dlopen, like cuBLASLt and cuDNN: nothing links it; the

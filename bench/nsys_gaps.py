@@ -92,7 +92,7 @@ def load(path):
         return load_trace(path)
     db = sqlite3.connect(path)
     tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    if "CUPTI_ACTIVITY_KIND_KERNEL" not in tables:  # seen with the lent hosts' nsys
+    if "CUPTI_ACTIVITY_KIND_KERNEL" not in tables:  # seen with the GPU hosts' nsys
         raise sqlite3.OperationalError("no CUDA kernels in the report (CUPTI_ACTIVITY_KIND_KERNEL missing): "
                                        "the CUDA trace did not attach; see the profile log")
     names = dict(db.execute("SELECT id, value FROM StringIds"))

@@ -6,7 +6,7 @@
 # the slowest stage's schedule time over the stages' mean busy time (outside receives),
 # minus 1 (docs/training.md); the first step (warm-up) is left out and the rest averaged.
 # One BLAS thread per stage, so that the two stages do not share cores' threads.
-# DEVICE=gpu runs the same job on two GPUs (a lent host: dist/bin/tessera) with a wider
+# DEVICE=gpu runs the same job on two GPUs (a GPU host: dist/bin/tessera) with a wider
 # model (hidden 2048, ffn 8192), so that the stages' compute is not all launch latency.
 #   [DEVICE=gpu] bench/pipeline_bubble.sh [build/bin/tessera] [steps]
 set -uo pipefail

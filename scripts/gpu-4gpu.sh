@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# The four-GPU checks in one call (dist/ from scripts/make-dist.sh), on a 4-GPU host:
+# The four-GPU checks in one run (dist/ from scripts/make-dist.sh), on a 4-GPU host:
 #   1. trainer_gpu_test: every oracle layout, those of 4 ranks included (pp4 vpp2 1F1B and
 #      GPipe with tied embeddings, tp2 pp2, pp2 dp2 ZeRO-1, tp2 dp2, tp2 cp2 ...);
 #   2. train_bench (~1B Llama, seq 4096, 4 micro-batches per DP rank): 1 GPU, dp2 and dp4
 #      (DP weak scaling), and pp4 with 8 micro-batches, vpp 1 and 2 (the measured bubble).
 # Logs in $OUT; a short table last. Ranks are processes (as executors): the whole oracle
-# takes ~9 minutes on 4 GPUs, so a call runs either the oracle (SKIP_BENCH=1, or a subset
+# takes ~9 minutes on 4 GPUs, so a run does either the oracle (SKIP_BENCH=1, or a subset
 # with ORACLE_FILTER) or the benchmarks (SKIP_ORACLE=1), within the 10-minute call limit.
 set -uo pipefail
 source "$(dirname "$0")/gpu-env.sh"

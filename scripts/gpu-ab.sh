@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A/B of the ~1B Llama training step on one lent GPU: the baseline's train_bench
+# A/B of the ~1B Llama training step on one GPU: the baseline's train_bench
 # (.carry/base.tar.xz from scripts/make-base.sh) against this build's (dist/, make-dist.sh),
 # in alternating rounds on the same card, so that drift between rounds shows.
 #   AB_ARGS    train_bench arguments after the 1B shape (default "--micro 4")

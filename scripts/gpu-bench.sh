@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Op benchmarks on a lent GPU: Tessera's CUDA ops (bench/op_bench) and the PyTorch
+# Op benchmarks on a GPU: Tessera's CUDA ops (bench/op_bench) and the PyTorch
 # peer (bench/torch_ops_peer.py) in the same call; prints a side-by-side table.
 # ONLY=attn: attention only (both sides).
 set -uo pipefail

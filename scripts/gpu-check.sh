@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs on a lent GPU host over the installed tree (dist/, built and bundled here):
+# Runs on a GPU host over the installed tree (dist/, built and bundled here):
 #   1. a plain NCCL all-reduce loop (bench/nccl_allreduce_baseline) at 1 GiB;
 #   2. `tessera local` comm-check with the NCCL backend on every visible GPU pair;
 #   3. the baseline again (run-to-run spread).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The rollout engine on a lent GPU host (dist/ from scripts/make-dist.sh), one call:
+# The rollout engine on a GPU host (dist/ from scripts/make-dist.sh), one run:
 #   1. rollout_gpu_test: the rollout against the training engine (f32 greedy = argmax,
 #      sampled log-probs; bf16 mean |difference|), device sampling = host sampling;
 #   2. decode_bench (~1B Llama, bf16, batch 1 and 64, 128 + 128 tokens) and its peer,

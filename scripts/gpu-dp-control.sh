@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Where DP's weak-scaling loss at 4 GPUs comes from (one call on a 4-GPU host; dist/ from
+# Where DP's weak-scaling loss at 4 GPUs comes from (one run on a 4-GPU host; dist/ from
 # scripts/make-dist.sh): the ~1B Llama step (seq 4096, --micro M per GPU) on
 #   1. one GPU alone;
 #   2. four GPUs each running its own one-GPU job at once (no communication: what four

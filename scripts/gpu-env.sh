@@ -1,4 +1,4 @@
-# Sourced by the scripts that run on a lent GPU host (gpu-check.sh, gpu-kernels.sh,
+# Sourced by the scripts that run on a GPU host (gpu-check.sh, gpu-kernels.sh,
 # gpu-bench.sh): unpacks the installed tree and sets the environment they share.
 # dist/ travels compressed (.carry/dist.tar.xz) to stay under the tree-size limit;
 # with GPU_ENV_KEEP_DIST=1 an already unpacked dist/ is kept.
@@ -6,7 +6,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 if [ -f .carry/dist.tar.xz ] && { [ "${GPU_ENV_KEEP_DIST:-0}" != 1 ] || [ ! -d dist ]; }; then
   # A transfer that broke off can leave a truncated archive (seen once): stop rather than
   # run whatever part of dist/ came out of it.
-  rm -rf dist && tar -xJf .carry/dist.tar.xz || { echo "gpu-env: .carry/dist.tar.xz is damaged; run the call again" >&2; exit 3; }
+  rm -rf dist && tar -xJf .carry/dist.tar.xz || { echo "gpu-env: .carry/dist.tar.xz is damaged; run it again" >&2; exit 3; }
 fi
 export LD_LIBRARY_PATH=$PWD/dist/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export NCCL_NVLS_ENABLE=0

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Where a training step's GPU time goes, without Nsight Systems (absent on the lent
+# Where a training step's GPU time goes, without Nsight Systems (absent on the GPU
 # hosts): Nsight Compute times every kernel of one bench/train_bench step (the ~1B Llama,
 # one 4096-token micro-batch, no warm-up) with the single metric gpu__time_duration, and
 # the kernels are summed by name. Kernels run serialized under ncu, so the total is GPU

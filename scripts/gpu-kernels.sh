@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Kernel checks and timings on a lent GPU (one call): the op harness on the GPU,
+# Kernel checks and timings on a GPU (one run): the op harness on the GPU,
 # compute-sanitizer memcheck over every CUDA op test and racecheck over the attention and RMSNorm
 # tests (but the at-scale one, too slow under racecheck, and the cuDNN one: not our kernel), then the op benchmarks against
 # PyTorch (scripts/gpu-bench.sh). Prints a short table last; logs go to $OUT.

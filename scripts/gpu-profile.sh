@@ -3,7 +3,7 @@
 # (the ~1B Llama) with `--trace` — each rank's kernels, copies and memsets from CUPTI
 # (bench/cupti_trace.h) — read by bench/nsys_gaps.py: each process's last "timed step",
 # its compute-stream gaps, NCCL under compute, compute time by kind, and with WHAT=train
-# the kernels ranked by time. (The lent hosts' Nsight Systems is Nsight Compute's copy,
+# the kernels ranked by time. (The GPU hosts' Nsight Systems is Nsight Compute's copy,
 # whose reports held no CUDA records there; CUPTI is what it would have used.)
 #   WHAT=train (default, 1 GPU): one GPU, M micro-batches (default 4), TRAIN_ARGS extra;
 #   WHAT=dp (DP GPUs, default 4): alone and at dpDP — what DP's overlap costs;
@@ -37,7 +37,7 @@ train)
   trace train --micro ${M:-4} ${TRAIN_ARGS:-}
   python3 bench/nsys_gaps.py /tmp/train --kernels ${KERNELS:-30} --chrome "$OUT/train.trace.json" | tee "$OUT/kernels.txt" ;;
 decode)  # Nsight Systems (CUDA graphs traced per node; its .qdstrm importer needs libdw). The
-  # lent hosts' copy recorded no CUDA work for train_bench: unverified there.
+  # GPU hosts' copy recorded no CUDA work for train_bench: unverified there.
   nsys=$(command -v nsys || ls /usr/local/cuda*/bin/nsys /opt/nvidia/nsight-systems*/bin/nsys \
     /opt/nvidia/nsight-compute/*/host/target-linux-x64/nsys 2>/dev/null | head -1)
   importer=$(ls /opt/nvidia/nsight-*/*/host/*/QdstrmImporter 2>/dev/null | head -1)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Multi-GPU training throughput on one lent host (dist/ from scripts/make-dist.sh), one
-# call: bench/train_bench for 1 GPU and the engine's layouts (DP 2 and 4, ZeRO-1/3,
+# Multi-GPU training throughput on one host (dist/ from scripts/make-dist.sh), one
+# run: bench/train_bench for 1 GPU and the engine's layouts (DP 2 and 4, ZeRO-1/3,
 # TP 2 with SP, TP 2 x DP 2), and the PyTorch peers (bench/llama_train_peer.py: one GPU,
 # DDP on 2 and 4 GPUs, FSDP2 on 2) under torchrun, same model and tokens per GPU.
 # Prints a table with weak-scaling efficiency (tokens/s per GPU against one GPU).

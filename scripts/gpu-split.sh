@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On a lent host with 2 GPUs (kind nvidia-h100-x2), through `tessera local`, the 1B shape:
+# On a host with 2 GPUs, through `tessera local`, the 1B shape:
 # GRPO with the rollout pool on its own GPU (examples/grpo-split-1b-gpu.yaml; the weights
 # in f32 over NCCL) and with the rollout re-sliced on the actor's GPUs (TP 2 -> TP 1 x DP 2,
 # examples/grpo-reslice-1b-gpu.yaml) and, on 4 GPUs, TP 4 -> TP 2 x DP 2

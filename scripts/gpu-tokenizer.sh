@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On a lent GPU host (it has Hugging Face's tokenizers / transformers; the GPU itself is
+# On a GPU host (it has Hugging Face's tokenizers / transformers; the GPU itself is
 # not used): our tokenizer and chat templates against theirs on three freshly trained
 # 32k-token byte-level BPE vocabularies (bench/tokenizer_check.py). Table last; the
 # failures, if any, in $OUT/tokenizer_check.json.

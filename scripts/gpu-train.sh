@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The training engine on a lent GPU host (dist/ from scripts/make-dist.sh), one call:
+# The training engine on a GPU host (dist/ from scripts/make-dist.sh), one run:
 #   1. llama_cuda_test (one GPU, f32 and mixed precision against the CPU oracle) and the
 #      CUDA GEMM cases of the op harness (bf16 -> f32 included);
 #   2. trainer_gpu_test: the oracle layouts on 2 and 4 GPUs (NCCL), f32 and bf16;

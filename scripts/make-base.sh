@@ -2,7 +2,7 @@
 # Keeps the benchmarks of the last packed build (.carry/dist.tar.xz, from make-dist.sh) as
 # the baseline of an A/B run: .carry/base.tar.xz holds base/bin/{train_bench,op_bench}
 # (statically linked against the project; they use dist/lib's runtime libraries). Run it
-# before make-dist.sh packs the change; then scripts/gpu-ab.sh times both in one call.
+# before make-dist.sh packs the change; then scripts/gpu-ab.sh times both in one run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -f .carry/dist.tar.xz ] || { echo "make-base: no .carry/dist.tar.xz (run scripts/make-dist.sh on the baseline first)" >&2; exit 1; }

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds here (CUDA on) and packs what a lent GPU host needs into .carry/dist.tar.xz:
+# Builds here (CUDA on) and packs what a GPU host needs into .carry/dist.tar.xz:
 # the installed programs, GPU tests and benchmarks (dist/bin), the libraries a bare GPU
 # host lacks (scripts/bundle-runtime.sh) and OpenBLAS, which the CPU GEMM
 # loads at first use (kernels/gemm/gemm_cpu.cc), so ldd does not list it.
@@ -14,7 +14,7 @@ blas=$(readlink -f /usr/lib/x86_64-linux-gnu/libopenblas.so.0)
 mkdir -p dist/lib && cp -L "$blas" dist/lib/libopenblas.so.0
 scripts/bundle-runtime.sh dist/lib dist/bin/* dist/lib/libopenblas.so.0
 # For scripts/gpu-profile.sh, in a folder of its own (on the profilers' path only): Nsight's
-# QdstrmImporter needs elfutils' libdw, which the lent hosts lack, and a
+# QdstrmImporter needs elfutils' libdw, which the GPU hosts lack, and a
 # libcupti for train_bench --trace where the host has none.
 mkdir -p dist/prof-lib
 for l in /usr/lib/x86_64-linux-gnu/libdw.so.1 /usr/lib/x86_64-linux-gnu/libelf.so.1 /usr/local/cuda/lib64/libcupti.so.13 \

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the kernel-variant sweeps (bench/variants/*.cu) into $1 (default dist/bin) with
-# nvcc, for a run on a lent GPU next to the op benchmarks. Each variant is the kernel's
+# nvcc, for a run on a GPU next to the op benchmarks. Each variant is the kernel's
 # own source compiled with its tuning macros set and its launcher renamed, so the sweep
 # times exactly the code the library would run with those settings.
 set -euo pipefail

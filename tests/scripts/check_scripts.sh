@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The scripts that only run on lent GPU hosts (scripts/gpu-*.sh) or by hand cannot run
-# here, and a syntax error in one costs a whole device call: every shell script under
+# The scripts that only run on GPU hosts (scripts/gpu-*.sh) or by hand cannot run
+# here, and a syntax error in one costs a whole GPU run: every shell script under
 # scripts/, bench/ and deploy/ must parse (bash -n), and so must every Python program —
 # bench/*.py and each Python heredoc (<<'PY' ... PY) inside the shell scripts.
 #   check_scripts.sh SOURCE_DIR
