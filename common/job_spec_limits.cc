@@ -123,6 +123,24 @@ std::string Num(double v) {
   return absl::StrFormat("%g", v);
 }
 
+// Calls fn(field, proto path, YAML path) for every field of JobSpec that is not a nested
+// message (maps included), depth first; a repeated message adds "[]" to the YAML path.
+void ForEachLeaf(const std::function<void(const FieldDescriptor*, const std::string&, const std::string&)>& fn) {
+  std::function<void(const google::protobuf::Descriptor*, const std::string&, const std::string&)> walk =
+      [&](const google::protobuf::Descriptor* d, const std::string& proto, const std::string& yaml) {
+        for (int i = 0; i < d->field_count(); ++i) {
+          const FieldDescriptor* f = d->field(i);
+          const std::string fp = proto.empty() ? f->name() : absl::StrCat(proto, ".", f->name());
+          const std::string fy = yaml.empty() ? f->name() : absl::StrCat(yaml, ".", f->name());
+          if (f->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE && !f->is_map())
+            walk(f->message_type(), fp, f->is_repeated() ? fy + "[]" : fy);
+          else
+            fn(f, fp, fy);
+        }
+      };
+  walk(v1::JobSpec::descriptor(), "", "");
+}
+
 class Checker {
  public:
   absl::Status Walk(const Message& m, const std::string& proto, const std::string& yaml) {
@@ -248,16 +266,9 @@ absl::Status CheckJobSpecValue(const std::string& proto, const std::string& yaml
 
 std::vector<std::string> UnboundedJobSpecFields() {
   std::vector<std::string> out;
-  std::function<void(const google::protobuf::Descriptor*, const std::string&)> walk =
-      [&](const google::protobuf::Descriptor* d, const std::string& prefix) {
-        for (int i = 0; i < d->field_count(); ++i) {
-          const FieldDescriptor* f = d->field(i);
-          const std::string p = prefix.empty() ? f->name() : absl::StrCat(prefix, ".", f->name());
-          if (f->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE && !f->is_map()) walk(f->message_type(), p);
-          else if (IsNumeric(f->cpp_type()) && !Index().count(p)) out.push_back(p);
-        }
-      };
-  walk(v1::JobSpec::descriptor(), "");
+  ForEachLeaf([&](const FieldDescriptor* f, const std::string& proto, const std::string&) {
+    if (IsNumeric(f->cpp_type()) && !Index().count(proto)) out.push_back(proto);
+  });
   return out;
 }
 
@@ -285,36 +296,25 @@ std::vector<JobSpecKey> JobSpecKeys() {
     }
   };
   std::vector<JobSpecKey> out;
-  std::function<void(const google::protobuf::Descriptor*, const std::string&, const std::string&)> walk =
-      [&](const google::protobuf::Descriptor* d, const std::string& proto, const std::string& yaml) {
-        for (int i = 0; i < d->field_count(); ++i) {
-          const FieldDescriptor* f = d->field(i);
-          const std::string fp = proto.empty() ? f->name() : absl::StrCat(proto, ".", f->name());
-          const std::string fy = yaml.empty() ? f->name() : absl::StrCat(yaml, ".", f->name());
-          if (f->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE && !f->is_map()) {
-            walk(f->message_type(), fp, f->is_repeated() ? fy + "[]" : fy);
-            continue;
-          }
-          auto lim_it = Index().find(fp);
-          const FieldLimit* lim = lim_it == Index().end() ? nullptr : lim_it->second;
-          JobSpecKey k{lim && lim->yaml ? lim->yaml : fy, fp, type_of(f), ""};
-          if (lim && lim->scale != 1) k.type = "number";
-          if (f->is_repeated() && !f->is_map()) k.type = "list of " + k.type;
-          if (auto it = kSpelling.find(fp); it != kSpelling.end()) k.yaml = it->second.yaml, k.type = it->second.type;
-          std::vector<std::string> b;
-          if (IsNumeric(f->cpp_type()) && lim)
-            b.push_back(absl::StrCat("[", Num(lim->lo / lim->scale), ", ", Num(lim->hi / lim->scale), "]",
-                                     lim->zero_default ? ", or unset" : ""));
-          if (f->is_repeated())
-            b.push_back(absl::StrCat("at most ", lim && lim->max_items > 0 ? lim->max_items : kMaxListItems,
-                                     f->is_map() ? " entries" : " items"));
-          if (f->cpp_type() == FieldDescriptor::CPPTYPE_STRING || f->is_map())
-            b.push_back(absl::StrCat("at most ", kMaxSpecStringBytes, " bytes", f->is_map() || f->is_repeated() ? " each" : ""));
-          k.bounds = b.empty() ? "-" : absl::StrJoin(b, "; ");
-          out.push_back(std::move(k));
-        }
-      };
-  walk(v1::JobSpec::descriptor(), "", "");
+  ForEachLeaf([&](const FieldDescriptor* f, const std::string& fp, const std::string& fy) {
+      auto lim_it = Index().find(fp);
+      const FieldLimit* lim = lim_it == Index().end() ? nullptr : lim_it->second;
+      JobSpecKey k{lim && lim->yaml ? lim->yaml : fy, fp, type_of(f), ""};
+      if (lim && lim->scale != 1) k.type = "number";
+      if (f->is_repeated() && !f->is_map()) k.type = "list of " + k.type;
+      if (auto it = kSpelling.find(fp); it != kSpelling.end()) k.yaml = it->second.yaml, k.type = it->second.type;
+      std::vector<std::string> b;
+      if (IsNumeric(f->cpp_type()) && lim)
+        b.push_back(absl::StrCat("[", Num(lim->lo / lim->scale), ", ", Num(lim->hi / lim->scale), "]",
+                                 lim->zero_default ? ", or unset" : ""));
+      if (f->is_repeated())
+        b.push_back(absl::StrCat("at most ", lim && lim->max_items > 0 ? lim->max_items : kMaxListItems,
+                                 f->is_map() ? " entries" : " items"));
+      if (f->cpp_type() == FieldDescriptor::CPPTYPE_STRING || f->is_map())
+        b.push_back(absl::StrCat("at most ", kMaxSpecStringBytes, " bytes", f->is_map() || f->is_repeated() ? " each" : ""));
+      k.bounds = b.empty() ? "-" : absl::StrJoin(b, "; ");
+      out.push_back(std::move(k));
+  });
   return out;
 }
 

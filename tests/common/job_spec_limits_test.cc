@@ -199,7 +199,6 @@ TEST(JobsDoc, EveryKeyIsDocumentedWithItsTypeAndBounds) {
     EXPECT_TRUE(rows.emplace(cells[1], Row{cells, n}).second) << "docs/jobs.md:" << n << ": " << cells[1] << " twice";
   }
   const std::set<std::string> kinds = {"all", "comm-check", "pretrain", "sft", "grpo", "ppo", "generate"};
-  std::string expected_rows;
   for (const JobSpecKey& k : JobSpecKeys()) {
     auto it = rows.find(k.proto);
     const std::string want = "| `" + k.yaml + "` | `" + k.proto + "` | " + k.type + " | ? | " + k.bounds + " | ? | ? |";
