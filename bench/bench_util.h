@@ -29,7 +29,7 @@ inline model::LlamaConfig ConfigFromArgs(std::map<std::string, std::string>& a) 
   c.kv_heads = get("kv-heads", 8), c.ffn = get("ffn", 8192), c.vocab = get("vocab", 128256);
   c.tie_embeddings = get("tied", 1) != 0;
   c.rope_base = 500000.f;
-  c.dtype = a.count("dtype") && a["dtype"] == "f32" ? runtime::DType::kF32 : runtime::DType::kBF16;
+  c.dtype = a.count("dtype") && a["dtype"] == "f32" ? tessera::DType::kF32 : tessera::DType::kBF16;
   return c;
 }
 

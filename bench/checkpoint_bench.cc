@@ -19,7 +19,7 @@
 #include "tests/common/mem_store.h"
 #include "worker/checkpoint/checkpoint.h"
 #include "worker/comm/gloo_communicator.h"
-#include "worker/engine/trainer.h"
+#include "worker/train/trainer.h"
 #include "worker/runtime/backend.h"
 
 using namespace tessera;

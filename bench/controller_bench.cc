@@ -24,8 +24,8 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "client/cli.h"
-#include "common/grpc_util.h"
-#include "common/job_spec.h"
+#include "common/rpc/grpc_util.h"
+#include "common/spec/job_spec.h"
 #include "common/util.h"
 #include "tessera/v1/node_service.grpc.pb.h"
 
@@ -117,7 +117,7 @@ int main(int argc, char** argv) {
       req.set_address("127.0.0.1");
       req.set_incarnation(1);
       auto* d = req.add_devices();
-      d->set_type(v1::GPU);  // real CPU jobs never land on simulated nodes
+      d->set_type(v1::DEVICE_TYPE_GPU);  // real CPU jobs never land on simulated nodes
       v1::RegisterNodeResponse resp;
       grpc::ClientContext rc;
       PrepareContext(rc, join, 60000);
@@ -181,7 +181,7 @@ int main(int argc, char** argv) {
   for (int i = 0; i < 300; ++i) {
     auto st = cl->Status();
     int ready = 0;
-    for (auto& n : st->nodes()) ready += n.node_id().rfind("real-", 0) == 0 && n.state() == v1::READY;
+    for (auto& n : st->nodes()) ready += n.node_id().rfind("real-", 0) == 0 && n.state() == v1::NODE_STATE_READY;
     if (ready == 2) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
@@ -196,7 +196,7 @@ int main(int argc, char** argv) {
     if (!s.ok()) { fprintf(stderr, "submit: %s\n", s.status().ToString().c_str()); break; }
     while (true) {
       auto job = cl->Get(s->job().job_id());
-      if (job->state() == v1::RUNNING || IsTerminal(job->state())) {
+      if (job->state() == v1::JOB_STATE_RUNNING || IsTerminal(job->state())) {
         lat.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
         break;
       }

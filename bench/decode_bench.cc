@@ -25,7 +25,7 @@
 
 #include "absl/strings/str_split.h"
 #include "bench/bench_util.h"
-#include "worker/engine/rollout.h"
+#include "worker/rollout/rollout.h"
 
 using namespace tessera;
 
@@ -62,7 +62,7 @@ int main(int argc, char** argv) {
   if (!m.ok()) return fprintf(stderr, "%s\n", m.status().ToString().c_str()), 1;
   if (auto s = bench::Init(**m, 11); !s.ok()) return fprintf(stderr, "%s\n", s.ToString().c_str()), 1;
 
-  const int64_t hd = c.HeadDim(), elem = c.dtype == runtime::DType::kBF16 ? 2 : 4;
+  const int64_t hd = c.HeadDim(), elem = c.dtype == tessera::DType::kBF16 ? 2 : 4;
   for (int64_t batch : batches) {
     engine::RolloutOptions o;
     o.block_size = 16;

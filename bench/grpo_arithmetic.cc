@@ -16,9 +16,9 @@
 #include <map>
 #include <string>
 
-#include "worker/engine/data.h"
-#include "worker/engine/grpo.h"
-#include "worker/engine/weight_sync.h"
+#include "worker/train/data.h"
+#include "worker/rl/grpo.h"
+#include "worker/rollout/weight_sync.h"
 
 using namespace tessera;
 

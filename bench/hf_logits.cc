@@ -21,7 +21,7 @@ int main(int argc, char** argv) {
   }
   const std::string dir = argv[1];
   const int64_t t = std::stoll(argv[2]);
-  auto config = checkpoint::ReadHfConfig(dir);
+  auto config = model::ReadHfConfig(dir);
   if (!config.ok()) {
     fprintf(stderr, "%s\n", config.status().ToString().c_str());
     return 1;
@@ -34,7 +34,7 @@ int main(int argc, char** argv) {
       return 1;
     }
     backend = std::move(*gpu);
-    config->dtype = runtime::DType::kBF16;
+    config->dtype = tessera::DType::kBF16;
   }
   auto model = model::Llama::Create(*config, backend.get());
   if (!model.ok()) {

@@ -14,6 +14,8 @@
 #include "worker/runtime/backend.h"
 
 using namespace tessera::runtime;
+using tessera::DType;
+using tessera::FloatToBf16;
 
 namespace {
 

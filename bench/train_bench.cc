@@ -59,8 +59,8 @@
 #include "kernels/gemm/gemm.h"
 #include "tests/common/file_store.h"
 #include "worker/comm/nccl_communicator.h"
-#include "worker/engine/trainer.h"
-#include "worker/parallel/layout.h"
+#include "worker/train/trainer.h"
+#include "common/parallel/layout.h"
 
 using namespace tessera;
 using bench::Args;
@@ -122,7 +122,7 @@ struct Layout {
   std::vector<int> stage_layers;  // --stage-layers 3,2,2,1,...
   bool sp = false, recompute = false, early_embedding = true, grad_reduce_bf16 = false, group_reductions = true, fuse_qkv = false,
        recompute_swiglu = false;
-  engine::Schedule schedule = engine::Schedule::kOneFOneB;
+  parallel::Schedule schedule = parallel::Schedule::kOneFOneB;
 };
 
 // One rank: its model, trainer and data (`micro` micro-batches of its DP rank).
@@ -220,7 +220,7 @@ int main(int argc, char** argv) {
   l.fuse_qkv = get("fuse-qkv", 0) != 0;
   l.recompute_swiglu = get("recompute-swiglu", 0) != 0;
   if (a.count("schedule")) {
-    auto sch = engine::ParseSchedule(a["schedule"]);
+    auto sch = parallel::ParseSchedule(a["schedule"]);
     if (!sch.ok()) {
       fprintf(stderr, "%s\n", sch.status().ToString().c_str());
       return 2;
@@ -360,7 +360,7 @@ int main(int argc, char** argv) {
          "\"seq\": %lld, \"mbs\": %lld, \"micro\": %lld, \"steps\": %lld, \"step_ms\": %.2f, \"tokens_per_s\": %.1f, \"tflops\": %.2f, "
          "\"tflops_per_gpu\": %.2f, \"peak_gib\": %.2f, \"dp_wait_ms\": %.2f, \"dp_enqueue_ms\": %.2f, \"dp_host_ops_ms\": %.2f, \"dp_calls\": %.0f, \"early_embedding\": %d, \"comm_priority\": \"%s\", \"nccl_blocking\": %d, \"gemm_tune\": %d, \"grad_reduce\": \"%s\", \"group_reductions\": %d, \"fuse_qkv\": %d, \"recompute_swiglu\": %d, "
          "\"last_stage_layers\": %d, \"stage_layers\": [%s], \"losses\": [",
-         runtime::DTypeName(c.dtype), tp, dp, pp, l.vpp, l.schedule == engine::Schedule::kGPipe ? "gpipe" : "1f1b", bubble,
+         tessera::DTypeName(c.dtype), tp, dp, pp, l.vpp, l.schedule == parallel::Schedule::kGPipe ? "gpipe" : "1f1b", bubble,
          pp > 1 ? double(pp - 1) / (l.vpp * micro) : 0.0, stages.c_str(), zero, sp ? 1 : 0, static_cast<long long>(c.NumParams()),
          static_cast<long long>(seq), static_cast<long long>(mbs), static_cast<long long>(micro), static_cast<long long>(steps),
          1e3 * secs / steps,

@@ -12,8 +12,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/grpc_util.h"
-#include "common/job_spec.h"
+#include "common/rpc/grpc_util.h"
+#include "common/spec/job_spec.h"
 #include "common/status.h"
 #include "common/util.h"
 
@@ -267,10 +267,10 @@ void PrintJob(const v1::Job& j, bool json, std::ostream& out) {
       << (j.reason().empty() ? "" : " (" + j.reason() + ")") << "\nattempt:   " << j.attempt()
       << "\nrestarts:  " << j.restarts() << " of " << j.spec().max_restarts() << "\n";
   for (const auto& g : j.spec().groups())
-    out << "group:     " << g.name() << " (" << g.devices() << " " << (g.device_type() == v1::GPU ? "gpu" : "cpu")
+    out << "group:     " << g.name() << " (" << g.devices() << " " << (g.device_type() == v1::DEVICE_TYPE_GPU ? "gpu" : "cpu")
         << ", tp=" << g.layout().tp() << " cp=" << g.layout().cp() << " dp=" << g.layout().dp() << " pp=" << g.layout().pp() << ")\n";
   for (const auto& a : j.assignments()) {
-    out << "executor " << a.executor() << ": node " << a.node_id() << " " << (a.device_type() == v1::GPU ? "gpu" : "cpu")
+    out << "executor " << a.executor() << ": node " << a.node_id() << " " << (a.device_type() == v1::DEVICE_TYPE_GPU ? "gpu" : "cpu")
         << ":" << a.device_index();
     for (const auto& r : a.ranks()) out << "  " << r.group() << "[" << r.rank() << "]";
     out << "\n";
@@ -294,9 +294,9 @@ void PrintCluster(const v1::GetClusterStatusResponse& s, bool json, std::ostream
     int gu = 0, gt = 0, cu = 0, ct = 0;
     for (const auto& d : n.devices()) {
       bool used = !d.used_by_job().empty();
-      if (d.type() == v1::GPU) { gt++; gu += used; } else { ct++; cu += used; }
+      if (d.type() == v1::DEVICE_TYPE_GPU) { gt++; gu += used; } else { ct++; cu += used; }
     }
-    out << absl::StrFormat("%-20s %-9s %-16s %5d %5d %5d %5d  %s\n", n.node_id(), v1::NodeState_Name(n.state()), n.address(),
+    out << absl::StrFormat("%-20s %-9s %-16s %5d %5d %5d %5d  %s\n", n.node_id(), NodeStateName(n.state()), n.address(),
                            gu, gt, cu, ct, n.version());
   }
   for (const auto& [st, n] : s.jobs_by_state()) out << "jobs " << st << ": " << n << "\n";

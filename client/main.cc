@@ -19,8 +19,8 @@
 #include "absl/strings/str_cat.h"
 #include "client/cli.h"
 #include "client/plan_cmd.h"
-#include "common/job_paths.h"
-#include "common/job_spec.h"
+#include "common/spec/job_paths.h"
+#include "common/spec/job_spec.h"
 #include "common/logging.h"
 #include "common/util.h"
 #include "controller/controller.h"
@@ -65,7 +65,7 @@ int SubmitAndWait(client::Client& c, const v1::JobSpec& spec, const std::string&
   else if (!final_job->result_json().empty()) client::PrintCommCheckTable(final_job->result_json(), std::cout);
   std::cerr << "job " << final_job->job_id() << " " << JobStateName(final_job->state())
             << (final_job->reason().empty() ? "" : ": " + final_job->reason()) << "\n";
-  return final_job->state() == v1::SUCCEEDED ? 0 : 1;
+  return final_job->state() == v1::JOB_STATE_SUCCEEDED ? 0 : 1;
 }
 
 // `tessera local`'s signals: the first SIGINT or SIGTERM stops the job through the
@@ -130,7 +130,7 @@ int RunLocal(const std::string& file, const std::vector<std::string>& sets, int 
   if (state_dir.empty()) state_dir = absl::StrCat("/tmp/tessera-local-", getuid());
   if (cpu_slots <= 0) {
     for (const auto& g : spec->groups())
-      if (g.device_type() == v1::CPU && g.colocate_with().empty()) cpu_slots += g.devices();
+      if (g.device_type() == v1::DEVICE_TYPE_CPU && g.colocate_with().empty()) cpu_slots += g.devices();
   }
   controller::ControllerOptions co;
   co.state_dir = state_dir;
@@ -286,7 +286,7 @@ int main(int argc, char** argv) {
   if (*drain || *undrain) {
     auto n = (*c)->Drain(node_id, move_jobs, static_cast<bool>(*undrain));
     if (!n.ok()) return Fail(n.status());
-    std::cout << n->node_id() << " " << tessera::v1::NodeState_Name(n->state())
+    std::cout << n->node_id() << " " << tessera::NodeStateName(n->state())
               << (*drain && move_jobs ? " (its jobs are moving)" : "") << "\n";
     return 0;
   }

@@ -7,11 +7,11 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "common/job_spec.h"
+#include "common/spec/job_spec.h"
 #include "common/util.h"
-#include "worker/checkpoint/hf.h"
-#include "worker/engine/plan.h"
-#include "worker/engine/plan_spec.h"
+#include "common/model/hf_config.h"
+#include "common/plan/plan.h"
+#include "common/plan/plan_spec.h"
 
 namespace tessera::client {
 namespace {
@@ -21,7 +21,7 @@ std::string LayoutName(const parallel::Layout& l) {
   return absl::StrFormat("tp%d cp%d pp%d%s dp%d zero%d%s", l.tp, l.cp, l.pp, l.vpp > 1 ? absl::StrCat(" vpp", l.vpp) : "",
                          l.dp, l.zero, l.sp ? " sp" : "");
 }
-nlohmann::json ToJson(const engine::Plan& p) {
+nlohmann::json ToJson(const plan::Plan& p) {
   const auto& m = p.memory;
   return {{"layout", LayoutName(p.input.layout)},
           {"recompute", p.input.recompute},
@@ -45,26 +45,26 @@ int RunPlan(const v1::JobSpec& spec, int devices, int64_t memory_bytes, bool jso
   const auto& m = spec.model();
   model::LlamaConfig hf;
   if (!m.hf_dir().empty()) {
-    auto c = checkpoint::ReadHfConfig(m.hf_dir());
+    auto c = model::ReadHfConfig(m.hf_dir());
     if (!c.ok()) {
       std::cerr << "error: model.hf_dir: " << c.status().message() << "\n";
       return 1;
     }
     hf = *c;
   }
-  const engine::PlanInput in = engine::PlanInputOf(spec, m.hf_dir().empty() ? nullptr : &hf);
-  auto plan = engine::PlanTraining(in);
+  const plan::PlanInput in = plan::PlanInputOf(spec, m.hf_dir().empty() ? nullptr : &hf);
+  auto plan = plan::PlanTraining(in);
   if (!plan.ok()) {
     std::cerr << "error: groups[0].layout: " << plan.status().message() << "\n";
     return 1;
   }
-  std::vector<engine::Plan> proposals;
-  if (devices > 0 && memory_bytes > 0) proposals = engine::ProposeLayouts(in, devices, memory_bytes);
+  std::vector<plan::Plan> proposals;
+  if (devices > 0 && memory_bytes > 0) proposals = plan::ProposeLayouts(in, devices, memory_bytes);
   const bool fits = memory_bytes <= 0 || plan->memory.total() <= memory_bytes;
   if (json) {
     nlohmann::json j = {{"job", spec.name()}, {"plan", ToJson(*plan)}, {"fits", fits}};
     if (in.layout.pp > 1)
-      if (auto b = engine::BalanceStages(in); b.ok())
+      if (auto b = plan::BalanceStages(in); b.ok())
         j["stage_balance"] = {{"stage_layers", b->layers},
                               {"rank_flops", b->rank_flops},
                               {"balanced_stage_layers", b->balanced},
@@ -86,7 +86,7 @@ int RunPlan(const v1::JobSpec& spec, int devices, int64_t memory_bytes, bool jso
   out << absl::StrFormat("  sent per rank and step (bus bytes): tp %s, cp %s, pp %s, dp %s\n", Mb(int64_t(plan->comm.tp)),
                          Mb(int64_t(plan->comm.cp)), Mb(int64_t(plan->comm.pp)), Mb(int64_t(plan->comm.dp)));
   if (in.layout.pp > 1) {
-    if (auto b = engine::BalanceStages(in); b.ok()) {
+    if (auto b = plan::BalanceStages(in); b.ok()) {
       auto tflops = [](const std::vector<double>& v) {
         std::string s;
         for (double x : v) absl::StrAppend(&s, s.empty() ? "" : " / ", absl::StrFormat("%.2f", x / 1e12));

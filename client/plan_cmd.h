@@ -1,5 +1,5 @@
 // `tessera plan JOB.yaml`: the per-rank memory and communication of a training job's
-// layout (worker/engine/plan.h), and with --devices / --memory the layouts that fit.
+// layout (common/plan/plan.h), and with --devices / --memory the layouts that fit.
 #pragma once
 
 #include <cstdint>

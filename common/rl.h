@@ -1,4 +1,4 @@
-// The arithmetic of the RL objectives (DESIGN §8), on host values: GRPO's group-normalized
+// The arithmetic of the RL objectives (docs/design.md §8), on host values: GRPO's group-normalized
 // advantages, PPO's GAE, the three KL estimators, and the per-token policy loss (clipped
 // surrogate with dual clip, KL to the reference as a loss term, entropy bonus, token
 // mean) with its gradient with respect to each token's log-probability and entropy. The

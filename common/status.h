@@ -1,10 +1,12 @@
-// Status helpers: early-return macros and absl <-> gRPC status conversion.
+// Status helpers: early-return macros and error context. absl only, no gRPC: every layer,
+// the kernels included, uses it.
 #pragma once
 
-#include <grpcpp/support/status.h>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 #define TESSERA_CONCAT_INNER(a, b) a##b
 #define TESSERA_CONCAT(a, b) TESSERA_CONCAT_INNER(a, b)
@@ -24,16 +26,6 @@
   TESSERA_ASSIGN_OR_RETURN_IMPL(TESSERA_CONCAT(_statusor_, __LINE__), lhs, expr)
 
 namespace tessera {
-
-inline grpc::Status ToGrpc(const absl::Status& s) {
-  if (s.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
-}
-
-inline absl::Status FromGrpc(const grpc::Status& s) {
-  if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
-}
 
 // Prefixes the message of a non-OK status with context, keeping its code.
 inline absl::Status Annotate(const absl::Status& s, absl::string_view context) {

@@ -2,7 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "worker/engine/plan_spec.h"
+#include "common/plan/plan_spec.h"
 
 namespace tessera::controller {
 namespace {
@@ -15,7 +15,7 @@ absl::Status CheckPlanFits(const v1::JobSpec& spec, int64_t device_memory_bytes)
   if (device_memory_bytes <= 0 || spec.groups_size() == 0 || !spec.model().hf_dir().empty() ||
       (kind != "pretrain" && kind != "sft" && !rl))
     return absl::OkStatus();
-  auto plan = engine::PlanTraining(engine::PlanInputOf(spec));
+  auto plan = plan::PlanTraining(plan::PlanInputOf(spec));
   if (!plan.ok()) return absl::OkStatus();  // the executors refuse what cannot be planned, by name
   const auto& m = plan->memory;
   if (m.total() <= device_memory_bytes) return absl::OkStatus();
@@ -24,7 +24,7 @@ absl::Status CheckPlanFits(const v1::JobSpec& spec, int64_t device_memory_bytes)
       "groups[0] ('", g.name(), "'): `tessera plan` puts ", rl ? "at least " : "", GiB(m.total()),
       " on each rank (parameters ", GiB(m.params), ", gradients ", GiB(m.grads), ", optimizer ", GiB(m.optimizer),
       ", activations ", GiB(m.activations), rl ? "; the reference and rollout come on top" : "",
-      ") but its ", g.device_type() == v1::GPU ? "GPUs have" : "CPU slots have", " ", GiB(device_memory_bytes),
+      ") but its ", g.device_type() == v1::DEVICE_TYPE_GPU ? "GPUs have" : "CPU slots have", " ", GiB(device_memory_bytes),
       ": use more devices, a higher ZeRO stage, recomputation or smaller micro-batches (`tessera plan --devices N "
       "--memory SIZE` lists layouts that fit)"));
 }

@@ -1,4 +1,4 @@
-// What the controller checks of a job at submit beyond its spec (common/job_spec.h):
+// What the controller checks of a job at submit beyond its spec (common/spec/job_spec.h):
 // that its training plan fits the memory of the devices it would run on.
 #pragma once
 

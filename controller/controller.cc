@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/ascii.h"
-#include "common/grpc_util.h"
+#include "common/rpc/grpc_util.h"
 #include "common/status.h"
 #include "common/util.h"
 #include "controller/services.h"

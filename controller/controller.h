@@ -23,8 +23,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/auth.h"
-#include "common/tls.h"
+#include "common/rpc/auth.h"
+#include "common/rpc/tls.h"
 #include "controller/dashboard.h"
 #include "controller/job_manager.h"
 

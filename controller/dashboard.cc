@@ -9,7 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "common/grpc_util.h"
+#include "common/rpc/grpc_util.h"
 
 namespace tessera::controller {
 namespace {

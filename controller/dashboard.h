@@ -1,4 +1,4 @@
-// The controller's web dashboard (DESIGN §9): one page — nodes and their devices, jobs
+// The controller's web dashboard (docs/design.md §9): one page — nodes and their devices, jobs
 // with their states and reasons, the selected job's curves (every per-step metric its
 // driver reports: loss, reward, tokens/s, phase times...) and its logs per rank —
 // refreshed every 2 s from a small JSON API on the same port:
@@ -11,7 +11,7 @@
 // answers 401 without one; the page asks for a token and keeps it in the tab's
 // sessionStorage (or takes it once from the URL fragment, #token=..., which browsers do
 // not send to the server). The server is plaintext HTTP and therefore loopback-only
-// (as every plaintext listener, DESIGN §9): reach it remotely through an SSH tunnel or
+// (as every plaintext listener, docs/design.md §9): reach it remotely through an SSH tunnel or
 // `kubectl port-forward` (docs/operations.md).
 #pragma once
 
@@ -19,7 +19,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "common/auth.h"
+#include "common/rpc/auth.h"
 #include "controller/job_manager.h"
 #include "controller/log_store.h"
 

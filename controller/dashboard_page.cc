@@ -44,6 +44,8 @@ pre{background:#11151c;color:#d7dce5;padding:8px;max-height:260px;overflow:auto;
 "use strict";
 const $ = id => document.getElementById(id);
 const esc = s => String(s ?? "").replace(/[&<>"']/g, c => ({"&":"&amp;","<":"&lt;",">":"&gt;",'"':"&quot;","'":"&#39;"}[c]));
+// JSON carries enum values by name (JOB_STATE_RUNNING); the page shows the state (RUNNING).
+const st = s => String(s ?? "").replace(/^(JOB|NODE)_STATE_/, "");
 if (location.hash.startsWith("#token=")) {
   sessionStorage.setItem("tessera-token", decodeURIComponent(location.hash.slice(7)));
   history.replaceState(null, "", location.pathname);
@@ -82,7 +84,7 @@ async function refreshJob(job) {
     }
   }
   $("jobtitle").textContent = `Job ${job.jobId} · ${job.spec.name} · ${job.spec.kind}`;
-  $("progress").innerHTML = `<span class="st ${job.state}">${job.state}</span> ` +
+  $("progress").innerHTML = `<span class="st ${st(job.state)}">${st(job.state)}</span> ` +
     (lastEvent ? esc(lastEvent.message || `step ${lastEvent.step}`) : esc(job.reason));
   $("charts").innerHTML = Object.keys(series).sort().filter(k => series[k].length > 0).map(k => chart(k, series[k])).join("");
   const ranks = (job.assignments || []).length || (job.spec.groups || []).reduce((n, g) => n + (+g.devices || 0), 0);
@@ -101,12 +103,12 @@ async function refresh() {
     const [cl, js] = await Promise.all([api("cluster"), api("jobs")]);
     $("version").textContent = cl.controllerVersion;
     $("updated").textContent = "updated " + new Date().toLocaleTimeString();
-    $("nodes").tBodies[0].innerHTML = (cl.nodes || []).map(n => `<tr><td>${esc(n.nodeId)}</td><td class="st ${n.state}">${n.state}</td><td>` +
+    $("nodes").tBodies[0].innerHTML = (cl.nodes || []).map(n => `<tr><td>${esc(n.nodeId)}</td><td class="st ${st(n.state)}">${st(n.state)}</td><td>` +
       (n.devices || []).map(d => `<span class="dev ${d.usedByJob ? "used" : ""}" title="${esc(d.type)} ${d.index} ${esc(d.name)}${d.usedByJob ? " · " + esc(d.usedByJob) : ""}"></span>`).join("") + `</td></tr>`).join("");
     const jobs = js.jobs || [];
-    if (!selected && jobs.length) selected = (jobs.find(j => j.state === "RUNNING") || jobs[jobs.length - 1]).jobId;
+    if (!selected && jobs.length) selected = (jobs.find(j => st(j.state) === "RUNNING") || jobs[jobs.length - 1]).jobId;
     $("jobs").tBodies[0].innerHTML = jobs.map(j => `<tr class="job ${j.jobId === selected ? "sel" : ""}" data-id="${esc(j.jobId)}"><td>${esc(j.jobId)}</td><td>${esc(j.spec.name)}</td><td>${esc(j.spec.kind)}</td>` +
-      `<td class="st ${j.state}">${j.state}</td><td>${j.attempt}</td><td class="reason" title="${esc(j.reason)}">${esc(j.reason)}</td></tr>`).join("");
+      `<td class="st ${st(j.state)}">${st(j.state)}</td><td>${j.attempt}</td><td class="reason" title="${esc(j.reason)}">${esc(j.reason)}</td></tr>`).join("");
     for (const tr of $("jobs").tBodies[0].rows) tr.onclick = () => selectJob(tr.dataset.id);
     const job = jobs.find(j => j.jobId === selected);
     if (job) await refreshJob(job);

@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include <google/protobuf/util/message_differencer.h>
-#include "common/job_spec.h"
+#include "common/spec/job_spec.h"
 #include "controller/admission.h"
 #include "common/status.h"
 #include "common/util.h"
@@ -18,15 +18,15 @@ namespace tessera::controller {
 
 namespace {
 bool Active(v1::JobState s) {
-  return s == v1::PLACING || s == v1::STARTING || s == v1::RUNNING || s == v1::RESTARTING;
+  return s == v1::JOB_STATE_PLACING || s == v1::JOB_STATE_STARTING || s == v1::JOB_STATE_RUNNING || s == v1::JOB_STATE_RESTARTING;
 }
 // The job's current attempt is one executors may serve: placed and not being torn down
 // (RESTARTING is between attempts: the last one is gone or going).
 bool LiveAttempt(v1::JobState s, bool tearing_down) {
-  return !tearing_down && (s == v1::PLACING || s == v1::STARTING || s == v1::RUNNING);
+  return !tearing_down && (s == v1::JOB_STATE_PLACING || s == v1::JOB_STATE_STARTING || s == v1::JOB_STATE_RUNNING);
 }
 std::string ExitDescription(const v1::ExecutorEvent& ev) {
-  if (ev.phase() == v1::EXECUTOR_FAILED_TO_START) return absl::StrCat("failed to start: ", ev.message());
+  if (ev.phase() == v1::EXECUTOR_PHASE_FAILED_TO_START) return absl::StrCat("failed to start: ", ev.message());
   if (ev.signal() != 0) return absl::StrCat("was killed by signal ", ev.signal(), " (", strsignal(ev.signal()), ")");
   return absl::StrCat("exited with code ", ev.exit_code(), ev.message().empty() ? "" : ": ", ev.message());
 }
@@ -54,7 +54,7 @@ absl::Status JobManager::Recover() {
     // `tessera local`: a job an earlier run left unfinished (killed, Ctrl-C before it
     // could stop it) is not silently resumed beside the one this run was started for.
     if (cfg_.stop_unfinished_on_recover && !tessera::IsTerminal(j.state())) {
-      rt.job.set_state(v1::STOPPED);
+      rt.job.set_state(v1::JOB_STATE_STOPPED);
       rt.job.set_reason("left unfinished by an earlier run on this state directory; not resumed");
       rt.job.set_updated_ms(NowMs());
       rt.job.set_finished_ms(NowMs());
@@ -69,7 +69,7 @@ absl::Status JobManager::Recover() {
     if (!tessera::IsTerminal(j.state())) {
       v1::JobSpec check = j.spec();
       if (absl::Status st = NormalizeAndValidateJobSpec(check); !st.ok()) {
-        rt.job.set_state(v1::FAILED);
+        rt.job.set_state(v1::JOB_STATE_FAILED);
         rt.job.set_reason(absl::StrCat("the stored job spec is not valid: ", st.message()));
         rt.job.set_updated_ms(NowMs());
         rt.job.set_finished_ms(NowMs());
@@ -89,18 +89,18 @@ absl::Status JobManager::Recover() {
         auto& n = nodes_[a.node_id()];
         if (n.status.node_id().empty()) {
           n.status.set_node_id(a.node_id());
-          n.status.set_state(v1::READY);
+          n.status.set_state(v1::NODE_STATE_READY);
           n.last_seen_mono = now;  // give it a lease to re-register
         }
       }
       rt.tearing_down = true;
-      rt.after_teardown = v1::RESTARTING;
+      rt.after_teardown = v1::JOB_STATE_RESTARTING;
       rt.after_reason = "the controller restarted while the job was active";
       rt.count_restart = false;
       if (rt.execs.empty()) rt.tearing_down = false, rt.restart_at_ms = now;
       spdlog::info("recovered job {} in state {}: attempt {} will be replaced", id, JobStateName(j.state()), j.attempt());
-      if (j.state() != v1::RESTARTING) {
-        rt.job.set_state(v1::RESTARTING);
+      if (j.state() != v1::JOB_STATE_RESTARTING) {
+        rt.job.set_state(v1::JOB_STATE_RESTARTING);
         rt.job.set_reason(rt.after_reason);
         rt.job.set_updated_ms(NowMs());
         TESSERA_RETURN_IF_ERROR(store_->PutJob(rt.job));
@@ -184,7 +184,7 @@ absl::Status JobManager::Transition(JobRt& rt, v1::JobState state, const std::st
   next.set_state(state);
   next.set_reason(reason);
   next.set_updated_ms(NowMs());
-  if (state == v1::RUNNING && next.started_ms() == 0) next.set_started_ms(NowMs());
+  if (state == v1::JOB_STATE_RUNNING && next.started_ms() == 0) next.set_started_ms(NowMs());
   if (tessera::IsTerminal(state)) next.set_finished_ms(NowMs());
   auto st = store_->PutJob(next);  // persisted before it is acted on
   if (!st.ok()) {
@@ -207,11 +207,11 @@ void JobManager::UpdateGauges() {
   if (!metrics_) return;
   std::map<v1::JobState, int> n;
   for (auto& [id, rt] : jobs_) n[rt.job.state()]++;
-  for (int s = v1::PENDING; s <= v1::STOPPED; ++s)
+  for (int s = v1::JOB_STATE_PENDING; s <= v1::JOB_STATE_STOPPED; ++s)
     metrics_->SetJobsByState(JobStateName(static_cast<v1::JobState>(s)), n[static_cast<v1::JobState>(s)]);
   std::map<v1::NodeState, int> ns;
   for (auto& [id, node] : nodes_) ns[node.status.state()]++;
-  for (auto s : {v1::READY, v1::LOST, v1::DRAINING}) metrics_->SetNodes(v1::NodeState_Name(s), ns[s]);
+  for (auto s : {v1::NODE_STATE_READY, v1::NODE_STATE_LOST, v1::NODE_STATE_DRAINING}) metrics_->SetNodes(NodeStateName(s), ns[s]);
 }
 
 // ---------------------------------------------------------------- JobService
@@ -248,7 +248,7 @@ absl::StatusOr<std::pair<v1::Job, bool>> JobManager::Submit(const v1::JobSpec& s
   rt.job.set_submission_id(submission_id);
   *rt.job.mutable_spec() = spec;
   rt.job.set_created_ms(NowMs());
-  TESSERA_RETURN_IF_ERROR(Transition(rt, v1::PENDING, "waiting to be scheduled"));
+  TESSERA_RETURN_IF_ERROR(Transition(rt, v1::JOB_STATE_PENDING, "waiting to be scheduled"));
   if (!submission_id.empty()) by_submission_[submission_id] = id;
   job_order_.push_back(id);
   auto& stored = jobs_.emplace(id, std::move(rt)).first->second;
@@ -316,10 +316,10 @@ absl::StatusOr<v1::Job> JobManager::Stop(const std::string& job_id, const std::s
     JobRt& rt = it->second;
     std::string why = reason.empty() ? "stopped by user" : reason;
     if (tessera::IsTerminal(rt.job.state())) return rt.job;
-    if (rt.job.state() == v1::PENDING || (rt.job.state() == v1::RESTARTING && !rt.tearing_down)) {
-      TESSERA_RETURN_IF_ERROR(Transition(rt, v1::STOPPED, why));
+    if (rt.job.state() == v1::JOB_STATE_PENDING || (rt.job.state() == v1::JOB_STATE_RESTARTING && !rt.tearing_down)) {
+      TESSERA_RETURN_IF_ERROR(Transition(rt, v1::JOB_STATE_STOPPED, why));
     } else {
-      BeginTeardown(rt, v1::STOPPED, why, out, /*root_cause=*/true);
+      BeginTeardown(rt, v1::JOB_STATE_STOPPED, why, out, /*root_cause=*/true);
     }
     result = rt.job;
   }
@@ -381,13 +381,13 @@ absl::StatusOr<v1::NodeStatus> JobManager::Drain(const std::string& node_id, boo
         return absl::FailedPreconditionError(absl::StrCat("node '", node_id, "' is leaving (its agent is shutting down); ",
                                                           "it is schedulable again when its agent registers anew"));
       n.cordoned = false, n.evacuating = false;
-      if (n.status.state() == v1::DRAINING) n.status.set_state(v1::READY);
+      if (n.status.state() == v1::NODE_STATE_DRAINING) n.status.set_state(v1::NODE_STATE_READY);
       spdlog::info("node {} is schedulable again", node_id);
       wake_ = true;
       cv_.notify_all();
     } else {
       n.cordoned = true;
-      if (n.status.state() == v1::READY) n.status.set_state(v1::DRAINING);
+      if (n.status.state() == v1::NODE_STATE_READY) n.status.set_state(v1::NODE_STATE_DRAINING);
       if (move_jobs) Evacuate(node_id, "was drained", out);
       else spdlog::info("node {} drained: placing nothing more there", node_id);
     }
@@ -417,16 +417,16 @@ absl::Status JobManager::RegisterNode(const v1::RegisterNodeRequest& req) {
     NodeRt& n = nodes_[req.node_id()];
     if (new_incarnation && n.leaving) {  // the agent that left came back (a new pod, say)
       n.leaving = false, n.evacuating = n.cordoned && n.evacuating;
-      if (n.status.state() == v1::DRAINING && !n.cordoned) n.status.set_state(v1::READY);
+      if (n.status.state() == v1::NODE_STATE_DRAINING && !n.cordoned) n.status.set_state(v1::NODE_STATE_READY);
     }
-    bool was_lost = n.status.state() == v1::LOST;
+    bool was_lost = n.status.state() == v1::NODE_STATE_LOST;
     n.status.set_node_id(req.node_id());
     n.status.set_hostname(req.hostname());
     n.status.set_address(req.address());
     n.status.set_incarnation(req.incarnation());
     n.status.set_version(req.version());
-    if (n.cordoned) n.status.set_state(v1::DRAINING);  // drained by an admin: until undone
-    else if (n.status.state() != v1::DRAINING || was_lost) n.status.set_state(v1::READY);
+    if (n.cordoned) n.status.set_state(v1::NODE_STATE_DRAINING);  // drained by an admin: until undone
+    else if (n.status.state() != v1::NODE_STATE_DRAINING || was_lost) n.status.set_state(v1::NODE_STATE_READY);
     n.status.clear_devices();
     for (const auto& d : req.devices()) *n.status.add_devices() = d;
     n.last_seen_mono = MonoMs();
@@ -440,7 +440,7 @@ absl::Status JobManager::RegisterNode(const v1::RegisterNodeRequest& req) {
         if (!running.count({id, rt.job.attempt(), x})) {
           spdlog::warn("job {} executor {} is gone from node {} (agent re-registered)", id, x, req.node_id());
           if (!rt.tearing_down)
-            BeginTeardown(rt, v1::RESTARTING, absl::StrCat("executor ", x, " on node ", req.node_id(),
+            BeginTeardown(rt, v1::JOB_STATE_RESTARTING, absl::StrCat("executor ", x, " on node ", req.node_id(),
                                                            " was lost when its agent restarted"), out, true);
           MarkExited(rt, x);
         }
@@ -536,7 +536,7 @@ absl::Status JobManager::ApplyHeartbeat(const std::string& node_id, int64_t inca
   // again: its executors were written off and their jobs moved on. It registers anew
   // (the stream ends with this error; the agent re-registers at once), reporting what it
   // still runs, and what belongs to no live attempt is stopped (RegisterNode).
-  if (it->second.status.state() == v1::LOST)
+  if (it->second.status.state() == v1::NODE_STATE_LOST)
     return absl::FailedPreconditionError(absl::StrCat("node '", node_id, "' was declared lost (no heartbeat for over ",
                                                       cfg_.lease_ttl_ms / 1000.0, " s); register again"));
   it->second.last_seen_mono = MonoMs();
@@ -552,18 +552,18 @@ absl::Status JobManager::ApplyHeartbeat(const std::string& node_id, int64_t inca
 void JobManager::Evacuate(const std::string& node_id, const std::string& why, Outbox& out) {
   NodeRt& n = nodes_[node_id];
   n.evacuating = true;
-  if (n.status.state() == v1::READY) n.status.set_state(v1::DRAINING);
+  if (n.status.state() == v1::NODE_STATE_READY) n.status.set_state(v1::NODE_STATE_DRAINING);
   UpdateGauges();
   int asked = 0, torn = 0;
   for (auto& [id, rt] : jobs_) {
     if (rt.tearing_down || tessera::IsTerminal(rt.job.state()) || !OnEvacuatedNode(rt)) continue;
     const std::string& kind = rt.job.spec().kind();
     const bool saves = kind == "pretrain" || kind == "sft" || kind == "grpo" || kind == "ppo";  // DriverContext::preempt
-    if (rt.driver && rt.job.state() == v1::RUNNING && saves) {
+    if (rt.driver && rt.job.state() == v1::JOB_STATE_RUNNING && saves) {
       rt.driver->preempt = true;  // the driver saves at its next step and returns
       ++asked;
     } else {
-      BeginTeardown(rt, v1::RESTARTING, absl::StrCat("node ", node_id, " ", why), out);
+      BeginTeardown(rt, v1::JOB_STATE_RESTARTING, absl::StrCat("node ", node_id, " ", why), out);
       ++torn;
     }
   }
@@ -591,9 +591,9 @@ void JobManager::OnExecutorEvent(const std::string& node_id, const v1::ExecutorE
     if (ev.attempt() != rt.job.attempt()) return;  // a stale attempt's news
     auto ex = rt.execs.find(ev.executor());
     if (ex == rt.execs.end() || ex->second.node_id != node_id) return;
-    if (ev.phase() == v1::EXECUTOR_STARTED) return;
+    if (ev.phase() == v1::EXECUTOR_PHASE_STARTED) return;
     if (metrics_)
-      metrics_->IncExecutorExit(ev.signal() ? "signal" : ev.phase() == v1::EXECUTOR_FAILED_TO_START ? "start_failed"
+      metrics_->IncExecutorExit(ev.signal() ? "signal" : ev.phase() == v1::EXECUTOR_PHASE_FAILED_TO_START ? "start_failed"
                                 : ev.exit_code() == 0 ? "ok" : "error");
     if (ex->second.state == ExecState::kExited) return;
     std::string group_ranks;
@@ -602,10 +602,10 @@ void JobManager::OnExecutorEvent(const std::string& node_id, const v1::ExecutorE
         for (const auto& gr : a.ranks()) group_ranks += absl::StrCat(group_ranks.empty() ? "" : ", ", gr.group(), " rank ", gr.rank());
     std::string why = absl::StrCat("executor ", ev.executor(), " (", group_ranks, ") on node ", node_id, " ",
                                    ExitDescription(ev));
-    bool failed = ev.exit_code() != 0 || ev.signal() != 0 || ev.phase() == v1::EXECUTOR_FAILED_TO_START;
+    bool failed = ev.exit_code() != 0 || ev.signal() != 0 || ev.phase() == v1::EXECUTOR_PHASE_FAILED_TO_START;
     if (!ev.requested_stop() && (!rt.tearing_down || failed)) {
       spdlog::warn("job {} attempt {}: {}", rt.job.job_id(), rt.job.attempt(), why);
-      BeginTeardown(rt, v1::RESTARTING, why, out, /*root_cause=*/true);
+      BeginTeardown(rt, v1::JOB_STATE_RESTARTING, why, out, /*root_cause=*/true);
     }
     MarkExited(rt, ev.executor());
   }
@@ -716,16 +716,16 @@ void JobManager::CheckLeases(Outbox& out) {
   }
   for (auto& [id, n] : nodes_) {
     if (metrics_) metrics_->SetLeaseAge(id, (now - n.last_seen_mono) / 1000.0);
-    if (n.status.state() == v1::LOST || now - n.last_seen_mono <= cfg_.lease_ttl_ms) continue;
+    if (n.status.state() == v1::NODE_STATE_LOST || now - n.last_seen_mono <= cfg_.lease_ttl_ms) continue;
     spdlog::warn("node {} missed its lease ({} ms without a heartbeat): lost", id, now - n.last_seen_mono);
-    n.status.set_state(v1::LOST);
+    n.status.set_state(v1::NODE_STATE_LOST);
     n.link.reset();
     for (auto& [jid, rt] : jobs_) {
       bool hit = false;
       for (auto& [x, e] : rt.execs) {
         if (e.node_id != id || e.state == ExecState::kExited) continue;
         if (!hit && !rt.tearing_down)
-          BeginTeardown(rt, v1::RESTARTING, absl::StrCat("node ", id, " was lost (no heartbeat for ",
+          BeginTeardown(rt, v1::JOB_STATE_RESTARTING, absl::StrCat("node ", id, " was lost (no heartbeat for ",
                                                          cfg_.lease_ttl_ms / 1000.0, " s) with executor ", x, " on it"), out, true);
         hit = true;
         MarkExited(rt, x);
@@ -773,7 +773,7 @@ std::vector<NodeView> JobManager::NodeViews(bool include_used, bool registered) 
   for (auto& [id, n] : nodes_) {
     NodeView v;
     v.node_id = id;
-    v.schedulable = registered || n.status.state() == v1::READY;
+    v.schedulable = registered || n.status.state() == v1::NODE_STATE_READY;
     for (const auto& d : n.status.devices())
       v.devices.push_back({d.type(), d.index(),
                            include_used || (d.used_by_job().empty() && !n.stale_devices.count({d.type(), d.index()}))});
@@ -798,14 +798,14 @@ void JobManager::ScheduleJobs(Outbox& out) {
   int64_t now = MonoMs();
   for (const auto& id : job_order_) {
     JobRt& rt = jobs_[id];
-    bool restart_due = rt.job.state() == v1::RESTARTING && !rt.tearing_down && now >= rt.restart_at_ms;
-    if (rt.job.state() != v1::PENDING && !restart_due) continue;
+    bool restart_due = rt.job.state() == v1::JOB_STATE_RESTARTING && !rt.tearing_down && now >= rt.restart_at_ms;
+    if (rt.job.state() != v1::JOB_STATE_PENDING && !restart_due) continue;
     auto placed = Place(rt.job.spec(), NodeViews(false), /*only_free=*/true);
     if (!placed.ok()) {
       std::string reason = absl::StrCat("Unschedulable: ", placed.status().message());
       if (!Place(rt.job.spec(), NodeViews(true, true), /*only_free=*/false).ok())
         reason += " (more than the registered nodes have: it waits for nodes to join)";
-      if (rt.job.state() == v1::PENDING && rt.job.reason() != reason) (void)Transition(rt, v1::PENDING, reason);
+      if (rt.job.state() == v1::JOB_STATE_PENDING && rt.job.reason() != reason) (void)Transition(rt, v1::JOB_STATE_PENDING, reason);
       continue;  // FIFO with backfill: smaller later jobs may still fit
     }
     rt.job.set_attempt(rt.job.attempt() + 1);
@@ -813,7 +813,7 @@ void JobManager::ScheduleJobs(Outbox& out) {
     for (auto& a : *placed) *rt.job.add_assignments() = a;
     rt.secret = RandomHex(24);
     rt.execs.clear();
-    if (!Transition(rt, v1::PLACING, absl::StrCat("placed ", placed->size(), " executors")).ok()) continue;
+    if (!Transition(rt, v1::JOB_STATE_PLACING, absl::StrCat("placed ", placed->size(), " executors")).ok()) continue;
     SetDevicesUsed(rt, true);
     for (const auto& a : rt.job.assignments()) {
       ExecRt e;
@@ -835,20 +835,20 @@ void JobManager::ScheduleJobs(Outbox& out) {
       out.emplace_back(a.node_id(), m);
     }
     rt.start_deadline_ms = now + rt.job.spec().start_timeout_ms();
-    (void)Transition(rt, v1::STARTING, absl::StrCat("starting ", rt.execs.size(), " executors"));
+    (void)Transition(rt, v1::JOB_STATE_STARTING, absl::StrCat("starting ", rt.execs.size(), " executors"));
   }
 }
 
 void JobManager::CheckStarting(Outbox& out) {
   int64_t now = MonoMs();
   for (auto& [id, rt] : jobs_) {
-    if (rt.job.state() != v1::STARTING || rt.tearing_down) continue;
+    if (rt.job.state() != v1::JOB_STATE_STARTING || rt.tearing_down) continue;
     std::vector<int> waiting;
     for (auto& [x, e] : rt.execs) if (e.state != ExecState::kReady) waiting.push_back(x);
     if (waiting.empty()) {
-      if (Transition(rt, v1::RUNNING, "").ok()) StartDriver(rt);
+      if (Transition(rt, v1::JOB_STATE_RUNNING, "").ok()) StartDriver(rt);
     } else if (now > rt.start_deadline_ms) {
-      BeginTeardown(rt, v1::RESTARTING, absl::StrCat("executors ", absl::StrJoin(waiting, ","), " did not become ready within ",
+      BeginTeardown(rt, v1::JOB_STATE_RESTARTING, absl::StrCat("executors ", absl::StrJoin(waiting, ","), " did not become ready within ",
                                                      rt.job.spec().start_timeout_ms() / 1000.0, " s"), out, true);
     }
   }
@@ -924,11 +924,11 @@ void JobManager::OnDriverDone(const std::string& job_id, int attempt, absl::Stat
     }
     if (result.ok()) {
       rt.job.set_result_json(*result);
-      BeginTeardown(rt, v1::SUCCEEDED, "", out);
+      BeginTeardown(rt, v1::JOB_STATE_SUCCEEDED, "", out);
     } else {
       // Possibly a symptom (an executor died mid-call); an exit event that arrives
       // during teardown replaces this reason with the root cause.
-      BeginTeardown(rt, v1::RESTARTING, absl::StrCat("driver: ", result.status().message()), out);
+      BeginTeardown(rt, v1::JOB_STATE_RESTARTING, absl::StrCat("driver: ", result.status().message()), out);
     }
     wake_ = true;
     cv_.notify_all();
@@ -939,11 +939,11 @@ void JobManager::OnDriverDone(const std::string& job_id, int attempt, absl::Stat
 void JobManager::BeginTeardown(JobRt& rt, v1::JobState target, const std::string& reason, Outbox& out, bool root_cause) {
   if (rt.tearing_down) {
     // Prefer the root cause: an executor's own exit over the driver's view of it.
-    if (root_cause && !rt.teardown_root_cause_known && rt.after_teardown != v1::SUCCEEDED &&
-        rt.after_teardown != v1::STOPPED) {
+    if (root_cause && !rt.teardown_root_cause_known && rt.after_teardown != v1::JOB_STATE_SUCCEEDED &&
+        rt.after_teardown != v1::JOB_STATE_STOPPED) {
       rt.after_reason = reason;
       rt.teardown_root_cause_known = true;
-      if (rt.job.state() == v1::RESTARTING) (void)Transition(rt, v1::RESTARTING, reason);
+      if (rt.job.state() == v1::JOB_STATE_RESTARTING) (void)Transition(rt, v1::JOB_STATE_RESTARTING, reason);
     }
     return;
   }
@@ -951,12 +951,12 @@ void JobManager::BeginTeardown(JobRt& rt, v1::JobState target, const std::string
   rt.teardown_root_cause_known = root_cause;
   // A node leaving (a drain, an upgrade) is no fault of the job's: its restart is free.
   rt.count_restart = !OnEvacuatedNode(rt);
-  if (target == v1::RESTARTING && rt.count_restart && rt.job.restarts() >= rt.job.spec().max_restarts()) target = v1::FAILED;
+  if (target == v1::JOB_STATE_RESTARTING && rt.count_restart && rt.job.restarts() >= rt.job.spec().max_restarts()) target = v1::JOB_STATE_FAILED;
   rt.after_teardown = target;
   rt.after_reason = reason;
   if (rt.driver) rt.driver->Cancel();
   rdv_->Drop({rt.job.job_id(), rt.job.attempt()});
-  if (target == v1::RESTARTING) (void)Transition(rt, v1::RESTARTING, reason);
+  if (target == v1::JOB_STATE_RESTARTING) (void)Transition(rt, v1::JOB_STATE_RESTARTING, reason);
   std::set<std::string> nodes;
   for (auto& [x, e] : rt.execs) if (e.state != ExecState::kExited) nodes.insert(e.node_id);
   for (const auto& n : nodes) {
@@ -995,18 +995,18 @@ void JobManager::FinishTeardowns() {
     rt.tearing_down = false;
     SetDevicesUsed(rt, false);
     v1::JobState target = rt.after_teardown;
-    if (target == v1::RESTARTING) {
+    if (target == v1::JOB_STATE_RESTARTING) {
       if (rt.count_restart) {
         rt.job.set_restarts(rt.job.restarts() + 1);
         if (metrics_) metrics_->IncRestarts();
       }
       double backoff_s = rt.job.spec().restart_backoff_s() * (1 << std::min(rt.job.restarts(), 6));
       rt.restart_at_ms = MonoMs() + std::min<int64_t>(static_cast<int64_t>(backoff_s * 1000), cfg_.max_backoff_ms);
-      if (rt.job.state() == v1::RESTARTING && rt.job.reason() == rt.after_reason) {
+      if (rt.job.state() == v1::JOB_STATE_RESTARTING && rt.job.reason() == rt.after_reason) {
         rt.job.set_updated_ms(NowMs());
         if (auto st = store_->PutJob(rt.job); !st.ok()) spdlog::error("cannot persist job {}: {}", id, st.ToString());
       } else {
-        (void)Transition(rt, v1::RESTARTING, rt.after_reason);
+        (void)Transition(rt, v1::JOB_STATE_RESTARTING, rt.after_reason);
       }
     } else {
       (void)Transition(rt, target, rt.after_reason);

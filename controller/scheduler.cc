@@ -8,7 +8,7 @@
 namespace tessera::controller {
 namespace {
 
-const char* TypeName(v1::DeviceType t) { return t == v1::GPU ? "gpu" : "cpu"; }
+const char* TypeName(v1::DeviceType t) { return t == v1::DEVICE_TYPE_GPU ? "gpu" : "cpu"; }
 
 }  // namespace
 
@@ -29,12 +29,12 @@ absl::StatusOr<std::vector<v1::Assignment>> Place(const v1::JobSpec& spec,
     if (!g.colocate_with().empty()) continue;
     const int tp = std::max(1, g.layout().tp());
     const int units = g.devices() / tp;
-    const v1::DeviceType type = g.device_type() == v1::GPU ? v1::GPU : v1::CPU;
+    const v1::DeviceType type = g.device_type() == v1::DEVICE_TYPE_GPU ? v1::DEVICE_TYPE_GPU : v1::DEVICE_TYPE_CPU;
     // Number of TP units each node takes.
     std::vector<int> take(nodes.size(), 0);
     auto capacity = [&](size_t n) { return static_cast<int>(avail[n][type].size()) / tp - take[n]; };
     int placed = 0;
-    if (g.placement() == v1::SPREAD) {
+    if (g.placement() == v1::PLACEMENT_SPREAD) {
       bool progress = true;
       while (placed < units && progress) {
         progress = false;
@@ -80,7 +80,7 @@ absl::StatusOr<std::vector<v1::Assignment>> Place(const v1::JobSpec& spec,
     }
     // SPREAD dealt units per node; reorder ranks so that unit u goes to the node of
     // its turn (round-robin), keeping each unit's tp ranks together.
-    if (g.placement() == v1::SPREAD) {
+    if (g.placement() == v1::PLACEMENT_SPREAD) {
       std::vector<std::vector<int>> per_node(nodes.size());
       size_t k = 0;
       for (size_t n = 0; n < nodes.size(); ++n)

@@ -1,4 +1,4 @@
-// Placement of a job's worker groups onto devices (DESIGN §2, Scheduling).
+// Placement of a job's worker groups onto devices (docs/design.md §2, Scheduling).
 //
 // A pure function: given the job and a snapshot of the nodes, it returns one
 // Assignment per executor (device) or an error saying why it does not fit.
@@ -18,7 +18,7 @@
 namespace tessera::controller {
 
 struct DeviceSlot {
-  v1::DeviceType type = v1::CPU;
+  v1::DeviceType type = v1::DEVICE_TYPE_CPU;
   int index = 0;
   bool free = true;
 };

@@ -7,8 +7,8 @@
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
-#include "common/grpc_util.h"
-#include "common/job_spec.h"
+#include "common/rpc/grpc_util.h"
+#include "common/spec/job_spec.h"
 #include "common/status.h"
 #include "common/util.h"
 

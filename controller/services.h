@@ -1,11 +1,11 @@
 // gRPC handlers of the controller. They only authenticate, unpack, call the
-// JobManager / Rendezvous, and pack (DESIGN §11).
+// JobManager / Rendezvous, and pack (docs/design.md §11).
 #pragma once
 
 #include <memory>
 
-#include "common/auth.h"
-#include "common/tls.h"
+#include "common/rpc/auth.h"
+#include "common/rpc/tls.h"
 #include "controller/job_manager.h"
 #include "controller/log_store.h"
 #include "controller/metrics.h"

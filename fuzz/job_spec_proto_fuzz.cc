@@ -21,13 +21,13 @@
 #include <string>
 #include <vector>
 
-#include "common/job_spec.h"
-#include "common/job_spec_limits.h"
+#include "common/spec/job_spec.h"
+#include "common/spec/job_spec_limits.h"
 #include "controller/admission.h"
 #include "controller/driver/worker_group.h"
 #include "controller/scheduler.h"
-#include "worker/engine/plan_spec.h"
-#include "worker/parallel/layout.h"
+#include "common/plan/plan_spec.h"
+#include "common/parallel/layout.h"
 
 extern "C" size_t LLVMFuzzerMutate(uint8_t* data, size_t size, size_t max_size);
 
@@ -44,7 +44,7 @@ std::vector<tessera::controller::NodeView> Cluster() {
     tessera::controller::NodeView v;
     v.node_id = "n" + std::to_string(n);
     v.schedulable = n != 2;
-    for (int i = 0; i < 16; ++i) v.devices.push_back({i < 8 ? tessera::v1::CPU : tessera::v1::GPU, i % 8, !(n == 1 && i % 2)});
+    for (int i = 0; i < 16; ++i) v.devices.push_back({i < 8 ? tessera::v1::DEVICE_TYPE_CPU : tessera::v1::DEVICE_TYPE_GPU, i % 8, !(n == 1 && i % 2)});
     nodes.push_back(v);
   }
   return nodes;
@@ -87,9 +87,9 @@ void Exercise(JobSpec spec) {
   const std::string& kind = spec.kind();
   if (kind == "pretrain" || kind == "sft" || kind == "grpo" || kind == "ppo") {
     if (spec.model().hf_dir().empty()) {
-      const auto in = tessera::engine::PlanInputOf(spec);
-      (void)tessera::engine::PlanTraining(in);
-      if (in.layout.pp > 1) (void)tessera::engine::BalanceStages(in);
+      const auto in = tessera::plan::PlanInputOf(spec);
+      (void)tessera::plan::PlanTraining(in);
+      if (in.layout.pp > 1) (void)tessera::plan::BalanceStages(in);
     }
     (void)tessera::controller::CheckPlanFits(spec, int64_t{80} << 30);
   }

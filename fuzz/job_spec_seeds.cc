@@ -6,8 +6,8 @@
 #include <iostream>
 #include <sstream>
 
-#include "common/job_paths.h"
-#include "common/job_spec.h"
+#include "common/spec/job_paths.h"
+#include "common/spec/job_spec.h"
 
 int main(int argc, char** argv) {
   if (argc != 3) {

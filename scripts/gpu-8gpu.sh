@@ -47,7 +47,7 @@ for lay in ("tp8", "3d"):
         rows = json.loads(job.get("resultJson", "{}")).get("comm_check", [])
     except Exception as e:
         print(f"{lay}: no result ({e})"); continue
-    if job.get("state") != "SUCCEEDED":
+    if job.get("state") != "JOB_STATE_SUCCEEDED":
         print(f"{lay}: {job.get('state')}: {job.get('reason')}"); continue
     print(f"{lay}: {len(rows)} measurements over groups {sorted({r['kind'] for r in rows})}, all verified")
     if lay == "tp8":

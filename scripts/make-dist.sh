@@ -7,8 +7,11 @@
 # (scripts/gpu-env.sh unpacks it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cmake --build build
-rm -rf dist && cmake --install build --prefix dist > /dev/null
+# A build of its own with CUDA on (BUILD_DIR, default build-cuda), configured on first use.
+build=${BUILD_DIR:-build-cuda}
+[ -f "$build/CMakeCache.txt" ] || cmake -S . -B "$build" -G Ninja -DTESSERA_CUDA=ON -DCMAKE_BUILD_TYPE=Release
+cmake --build "$build"
+rm -rf dist && cmake --install "$build" --prefix dist > /dev/null
 [ -f bench/variants/build.sh ] && [ "${WITH_VARIANTS:-0}" = 1 ] && bash bench/variants/build.sh dist/bin
 blas=$(readlink -f /usr/lib/x86_64-linux-gnu/libopenblas.so.0)
 mkdir -p dist/lib && cp -L "$blas" dist/lib/libopenblas.so.0

@@ -13,14 +13,14 @@
 #include <cuda_runtime.h>
 #include "absl/status/status.h"
 #include "bench/variants/timing.h"
-#include "worker/runtime/dtype.h"
+#include "common/dtype.h"
 namespace tessera::kernels {
-using runtime::DType;
 #define X(n) absl::Status RmsBwd_##n(const void*, const void*, const void*, const float*, void*, float*, int64_t, int64_t, DType, void*, const void*);
 RMS_VARIANTS
 #undef X
 }
 using namespace tessera::kernels;
+using tessera::DType;
 __global__ void Fill(uint16_t* p, int64_t n, uint32_t seed) {  // bf16 values in about [-2, 2)
   for (int64_t i = blockIdx.x * 256 + threadIdx.x; i < n; i += 256LL * gridDim.x) {
     uint32_t h = uint32_t(i) * 2654435761u ^ seed;

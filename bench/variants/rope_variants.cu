@@ -8,13 +8,13 @@
 #include <cuda_runtime.h>
 #include "absl/status/status.h"
 #include "bench/variants/timing.h"
-#include "worker/runtime/dtype.h"
+#include "common/dtype.h"
 namespace tessera::kernels {
-using runtime::DType;
 #define DECL(n) absl::Status n(const void*, const int32_t*, void*, int64_t, int64_t, int64_t, float, float, DType, void*);
 DECL(Rope_h2_b128) DECL(Rope_h4_b128) DECL(Rope_h8_b128) DECL(Rope_h4_b256) DECL(Rope_h8_b256) DECL(Rope_h16_b128)
 }
 using namespace tessera::kernels;
+using tessera::DType;
 int main() {
   const int64_t T = 16384, H = 32, D = 64, n = T * H * D;
   void *x, *y; int32_t* pos;

@@ -13,7 +13,7 @@
 #include "common/status.h"
 #include "common/util.h"
 #include "controller/driver/driver.h"
-#include "worker/parallel/layout.h"
+#include "common/parallel/layout.h"
 
 namespace tessera::controller {
 namespace {

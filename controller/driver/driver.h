@@ -1,5 +1,5 @@
 // The driver framework: a job kind's single-controller loop, written against
-// WorkerGroup objects (DESIGN §2). The JobManager runs one DriverRun per running
+// WorkerGroup objects (docs/design.md §2). The JobManager runs one DriverRun per running
 // attempt on its own thread.
 #pragma once
 

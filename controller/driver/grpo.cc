@@ -10,7 +10,7 @@
 // each phase (the slowest rank's). With train.checkpoint.dir the executors save every
 // save_every GRPO steps and after the last; a resumed job (train_init's start_step)
 // continues from its checkpoint's step, and its result's first_step says where its
-// rewards start (1-based, as pretrain's losses). DESIGN §8's finer split — the driver calling
+// rewards start (1-based, as pretrain's losses). docs/design.md §8's finer split — the driver calling
 // generate / log_probs / update and scoring the rewards itself — comes with split pools
 // and the reward service. ppo jobs run through the same driver: their executors also
 // hold the critic, and the step's metrics add the critic's (value loss, value clip
@@ -23,7 +23,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/job_spec.h"
+#include "common/spec/job_spec.h"
 #include "common/status.h"
 #include "controller/driver/driver.h"
 

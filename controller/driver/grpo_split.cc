@@ -1,5 +1,5 @@
-// The grpo / ppo driver with a rollout pool on devices of its own (split pools; DESIGN
-// §7–8; ppo's critic stays with the actor):
+// The grpo / ppo driver with a rollout pool on devices of its own (split pools;
+// docs/design.md §7–8; ppo's critic stays with the actor):
 // the single-controller loop calling the two worker groups phase by phase.
 //  - start: the actor's train_init (warm start, reference, resume) and the pool's
 //    rollout_init at once; the bridge communicator over both groups (bridge_init, every

@@ -12,10 +12,10 @@ namespace tessera::controller {
 
 int DTypeSize(v1::DType t) {
   switch (t) {
-    case v1::F32: case v1::I32: return 4;
-    case v1::BF16: case v1::F16: return 2;
-    case v1::I64: return 8;
-    case v1::U8: return 1;
+    case v1::DTYPE_F32: case v1::DTYPE_I32: return 4;
+    case v1::DTYPE_BF16: case v1::DTYPE_F16: return 2;
+    case v1::DTYPE_I64: return 8;
+    case v1::DTYPE_U8: return 1;
     default: return 0;
   }
 }

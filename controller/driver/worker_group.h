@@ -1,6 +1,6 @@
 // WorkerGroup: the driver's handle on one worker group of a running job. Its
 // methods fan a call out to every executor of the group (in parallel) and gather
-// the results (DESIGN §2, The driver):
+// the results (docs/design.md §2, The driver):
 //  - ONE_TO_ALL: the same request to every rank.
 //  - DP_SPLIT: the batch is split along dim 0 into dp shards; every TP/CP/PP peer
 //    of a DP rank gets that rank's shard; outputs are taken from each DP rank's
@@ -18,7 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "tessera/v1/executor_service.pb.h"
-#include "worker/parallel/layout.h"
+#include "common/parallel/layout.h"
 
 namespace tessera::controller {
 

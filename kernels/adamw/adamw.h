@@ -7,10 +7,9 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "worker/runtime/dtype.h"
+#include "common/dtype.h"
 
 namespace tessera::kernels {
-using runtime::DType;
 struct AdamWArgs {
   float lr, beta1, beta2, eps, weight_decay;
   int64_t step;

@@ -20,7 +20,7 @@ absl::Status AdamWCpu(float* p, const void* g, DType gt, float* m, float* v, uin
     v[i] = static_cast<float>(vi);
     double upd = (mi / bc1) / (std::sqrt(vi / bc2) + a.eps) + a.weight_decay * static_cast<double>(p[i]);
     p[i] = static_cast<float>(p[i] - a.lr * upd);
-    if (p_bf16) p_bf16[i] = runtime::FloatToBf16(p[i]);
+    if (p_bf16) p_bf16[i] = tessera::FloatToBf16(p[i]);
   }
   return absl::OkStatus();
 }

@@ -15,10 +15,9 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "worker/runtime/dtype.h"
+#include "common/dtype.h"
 
 namespace tessera::kernels {
-using runtime::DType;
 // Which implementation serves the CUDA forward (bf16, head_dim 64/128). kAuto: cuDNN's
 // fused attention (cudnn_attention.h) for sequences of one length up to
 // kCudnnMaxAutoSeq tokens — where it measured faster (docs/perf.md) — when cuDNN loads

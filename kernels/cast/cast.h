@@ -4,10 +4,9 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "worker/runtime/dtype.h"
+#include "common/dtype.h"
 
 namespace tessera::kernels {
-using runtime::DType;
 absl::Status CastCpu(const void* x, DType xt, void* y, DType yt, int64_t n);
 absl::Status CastCuda(const void* x, DType xt, void* y, DType yt, int64_t n, void* stream);
 }  // namespace tessera::kernels

@@ -14,10 +14,9 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "worker/runtime/dtype.h"
+#include "common/dtype.h"
 
 namespace tessera::kernels {
-using runtime::DType;
 absl::Status CrossEntropyPartialsCpu(const void* logits, const int32_t* targets, float* max, float* sum, float* dot,
                                      float* tgt, int64_t n, int64_t v, int64_t vocab_start, DType t);
 absl::Status CrossEntropyBackwardCpu(const void* logits, const int32_t* targets, const float* lse, const float* dloss,

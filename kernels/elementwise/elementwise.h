@@ -6,10 +6,9 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "worker/runtime/dtype.h"
+#include "common/dtype.h"
 
 namespace tessera::kernels {
-using runtime::DType;
 absl::Status AxpbyCpu(float alpha, const void* x, DType tx, float beta, void* y, DType ty, int64_t n);
 absl::Status AxpbyCuda(float alpha, const void* x, DType tx, float beta, void* y, DType ty, int64_t n, void* stream);
 }  // namespace tessera::kernels

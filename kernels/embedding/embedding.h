@@ -10,10 +10,9 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "worker/runtime/dtype.h"
+#include "common/dtype.h"
 
 namespace tessera::kernels {
-using runtime::DType;
 absl::Status EmbeddingForwardCpu(const int32_t* ids, const void* table, void* out, int64_t n, int64_t rows,
                                  int64_t hidden, int64_t vocab_start, DType t);
 absl::Status EmbeddingBackwardCpu(const int32_t* ids, const void* dout, float* dtable, int64_t n, int64_t rows,

@@ -9,10 +9,9 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "worker/runtime/dtype.h"
+#include "common/dtype.h"
 
 namespace tessera::kernels {
-using runtime::DType;
 absl::Status GemmCpu(const void* a, bool ta, const void* b, bool tb, void* c, int64_t m, int64_t n, int64_t k, float alpha,
                      float beta, DType t, DType ct, const void* c_in = nullptr);
 // `workspace` (device memory, `workspace_bytes`) is reused across calls; `handle` is a cublasLtHandle_t.

@@ -10,10 +10,9 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "worker/runtime/dtype.h"
+#include "common/dtype.h"
 
 namespace tessera::kernels {
-using runtime::DType;
 struct PagedDims {
   int64_t batch, q_heads, kv_heads, head_dim, block_size, max_blocks;
   float scale;

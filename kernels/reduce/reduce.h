@@ -4,10 +4,9 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "worker/runtime/dtype.h"
+#include "common/dtype.h"
 
 namespace tessera::kernels {
-using runtime::DType;
 absl::Status SumSquaresCpu(const void* x, int64_t n, DType t, float* out);
 absl::Status ScaleCpu(void* x, int64_t n, float s, DType t);
 absl::Status SumSquaresCuda(const void* x, int64_t n, DType t, float* out, void* stream);

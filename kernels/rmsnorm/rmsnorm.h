@@ -8,10 +8,9 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "worker/runtime/dtype.h"
+#include "common/dtype.h"
 
 namespace tessera::kernels {
-using runtime::DType;
 absl::Status RmsNormForwardCpu(const void* x, const void* w, void* y, float* rstd, int64_t rows, int64_t cols, float eps, DType t);
 absl::Status RmsNormBackwardCpu(const void* dy, const void* x, const void* w, const float* rstd, void* dx, float* dw,
                                 int64_t rows, int64_t cols, DType t, const void* add = nullptr);

@@ -8,10 +8,9 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "worker/runtime/dtype.h"
+#include "common/dtype.h"
 
 namespace tessera::kernels {
-using runtime::DType;
 absl::Status RopeCpu(const void* x, const int32_t* pos, void* y, int64_t tokens, int64_t heads, int64_t dim,
                      float base, float sign, DType t, int64_t x_row, int64_t y_row);
 absl::Status RopeCuda(const void* x, const int32_t* pos, void* y, int64_t tokens, int64_t heads, int64_t dim,

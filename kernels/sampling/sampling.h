@@ -10,10 +10,9 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "worker/runtime/dtype.h"
+#include "common/dtype.h"
 
 namespace tessera::kernels {
-using runtime::DType;
 
 // SplitMix64 of (seed, offset) -> [0, 1) with 53 random bits. Host and device.
 #if defined(__CUDACC__)

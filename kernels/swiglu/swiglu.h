@@ -6,10 +6,9 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "worker/runtime/dtype.h"
+#include "common/dtype.h"
 
 namespace tessera::kernels {
-using runtime::DType;
 absl::Status SwiGluForwardCpu(const void* g, const void* u, void* y, int64_t n, DType t);
 absl::Status SwiGluBackwardCpu(const void* dy, const void* g, const void* u, void* dg, void* du, int64_t n, DType t,
                                void* y = nullptr);

@@ -1,6 +1,6 @@
 // `tessera plan` (client/plan_cmd.h) on a pipeline job of the Llama-3.2-1B shape: the text
 // and the JSON carry each pipeline rank's compute and the balanced stage_layers the plan
-// suggests (worker/engine/plan.h, BalanceStages); the suggestion, planned again, is
+// suggests (common/plan/plan.h, BalanceStages); the suggestion, planned again, is
 // balanced already.
 #include "client/plan_cmd.h"
 
@@ -8,7 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/job_spec.h"
+#include "common/spec/job_spec.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

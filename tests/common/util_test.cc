@@ -8,7 +8,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "common/job_spec.h"
+#include "common/spec/job_spec.h"
 
 namespace tessera {
 namespace {

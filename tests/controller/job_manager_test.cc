@@ -13,7 +13,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "common/job_spec.h"
+#include "common/spec/job_spec.h"
 #include "controller/controller.h"
 #include "common/util.h"
 
@@ -98,7 +98,7 @@ class JobManagerTest : public ::testing::Test {
     for (int i = 0; i < cpus; ++i) {
       auto* d = r.add_devices();
       d->set_index(i);
-      d->set_type(v1::CPU);
+      d->set_type(v1::DEVICE_TYPE_CPU);
       d->set_memory_bytes(memory);
     }
     ASSERT_TRUE(jm_->RegisterNode(r).ok());
@@ -152,7 +152,7 @@ class JobManagerTest : public ::testing::Test {
       ev.set_job_id(c.job_id());
       ev.set_attempt(c.attempt());
       ev.set_executor(c.executor());
-      ev.set_phase(v1::EXECUTOR_EXITED);
+      ev.set_phase(v1::EXECUTOR_PHASE_EXITED);
       ev.set_requested_stop(requested);
       ev.set_signal(requested ? 15 : 0);
       jm_->OnExecutorEvent(node, ev);
@@ -178,21 +178,21 @@ TEST_F(JobManagerTest, RunsToSuccessThroughEveryState) {
   ASSERT_TRUE(r.ok()) << r.status();
   std::string id = r->first.job_id();
   auto cfgs = StartAll(*link, 4);
-  ASSERT_TRUE(WaitFor([&] { return State(id) != v1::STARTING && State(id) != v1::PLACING; }));
+  ASSERT_TRUE(WaitFor([&] { return State(id) != v1::JOB_STATE_STARTING && State(id) != v1::JOB_STATE_PLACING; }));
   // Driver finished: the attempt is torn down (stop sent), then SUCCEEDED once executors exit.
   ASSERT_TRUE(WaitFor([&] {
     std::lock_guard<std::mutex> l(link->mu);
     for (auto& m : link->msgs) if (m.has_stop()) return true;
     return false;
   }));
-  EXPECT_NE(State(id), v1::SUCCEEDED);
+  EXPECT_NE(State(id), v1::JOB_STATE_SUCCEEDED);
   ExitAll(cfgs, "n1", true);
-  ASSERT_TRUE(WaitFor([&] { return State(id) == v1::SUCCEEDED; }));
+  ASSERT_TRUE(WaitFor([&] { return State(id) == v1::JOB_STATE_SUCCEEDED; }));
   bool done = false;
   auto evs = jm_->WaitEvents(id, 0, 0, &done);
   std::vector<v1::JobState> states;
   for (auto& e : *evs) if (!e.has_progress()) states.push_back(e.state());
-  EXPECT_EQ(states, (std::vector<v1::JobState>{v1::PENDING, v1::PLACING, v1::STARTING, v1::RUNNING, v1::SUCCEEDED}));
+  EXPECT_EQ(states, (std::vector<v1::JobState>{v1::JOB_STATE_PENDING, v1::JOB_STATE_PLACING, v1::JOB_STATE_STARTING, v1::JOB_STATE_RUNNING, v1::JOB_STATE_SUCCEEDED}));
   EXPECT_TRUE(done);
   EXPECT_EQ(jm_->GetJob(id)->result_json(), "{\"ok\":true}");
   // Idempotent submission.
@@ -210,7 +210,7 @@ TEST_F(JobManagerTest, ExecutorCrashRestartsWholeAttempt) {
   block_driver_ = true;
   std::string id = jm_->Submit(Spec(4, 1), "")->first.job_id();
   auto cfgs = StartAll(*link, 4);
-  ASSERT_TRUE(WaitFor([&] { return State(id) == v1::RUNNING; }));
+  ASSERT_TRUE(WaitFor([&] { return State(id) == v1::JOB_STATE_RUNNING; }));
   std::string secret = cfgs[0].secret();
   EXPECT_TRUE(jm_->CheckScope(id, 1, secret).ok());
   EXPECT_EQ(jm_->CheckScope(id, 1, "wrong").code(), absl::StatusCode::kPermissionDenied);
@@ -219,10 +219,10 @@ TEST_F(JobManagerTest, ExecutorCrashRestartsWholeAttempt) {
   ev.set_job_id(id);
   ev.set_attempt(1);
   ev.set_executor(2);
-  ev.set_phase(v1::EXECUTOR_EXITED);
+  ev.set_phase(v1::EXECUTOR_PHASE_EXITED);
   ev.set_signal(9);
   jm_->OnExecutorEvent("n1", ev);
-  ASSERT_TRUE(WaitFor([&] { return State(id) == v1::RESTARTING; }));
+  ASSERT_TRUE(WaitFor([&] { return State(id) == v1::JOB_STATE_RESTARTING; }));
   EXPECT_THAT(jm_->GetJob(id)->reason(), HasSubstr("executor 2 (w rank 2) on node n1 was killed by signal 9"));
   // The stale attempt is refused from now on.
   EXPECT_EQ(jm_->CheckScope(id, 1, secret).code(), absl::StatusCode::kFailedPrecondition);
@@ -236,7 +236,7 @@ TEST_F(JobManagerTest, ExecutorCrashRestartsWholeAttempt) {
   EXPECT_EQ(cfgs2[0].attempt(), 2);
   WaitStop(*link);
   ExitAll(cfgs2, "n1", true);
-  ASSERT_TRUE(WaitFor([&] { return State(id) == v1::SUCCEEDED; }));
+  ASSERT_TRUE(WaitFor([&] { return State(id) == v1::JOB_STATE_SUCCEEDED; }));
   EXPECT_EQ(jm_->GetJob(id)->restarts(), 1);
 }
 
@@ -246,16 +246,16 @@ TEST_F(JobManagerTest, NoRestartsLeftFailsWithRankAndNode) {
   block_driver_ = true;
   std::string id = jm_->Submit(Spec(2, 0), "")->first.job_id();
   auto cfgs = StartAll(*link, 2);
-  ASSERT_TRUE(WaitFor([&] { return State(id) == v1::RUNNING; }));
+  ASSERT_TRUE(WaitFor([&] { return State(id) == v1::JOB_STATE_RUNNING; }));
   v1::ExecutorEvent ev;
   ev.set_job_id(id);
   ev.set_attempt(1);
   ev.set_executor(1);
-  ev.set_phase(v1::EXECUTOR_EXITED);
+  ev.set_phase(v1::EXECUTOR_PHASE_EXITED);
   ev.set_exit_code(3);
   jm_->OnExecutorEvent("n1", ev);
   ExitAll({cfgs[0]}, "n1", true);
-  ASSERT_TRUE(WaitFor([&] { return State(id) == v1::FAILED; }));
+  ASSERT_TRUE(WaitFor([&] { return State(id) == v1::JOB_STATE_FAILED; }));
   EXPECT_THAT(jm_->GetJob(id)->reason(), HasSubstr("executor 1 (w rank 1) on node n1 exited with code 3"));
 }
 
@@ -277,20 +277,20 @@ TEST_F(JobManagerTest, CannotFitNowWaitsPending) {
   auto cfgs = StartAll(*link, 2);
   std::string b = jm_->Submit(Spec(2, 0), "")->first.job_id();
   ASSERT_TRUE(WaitFor([&] { return jm_->GetJob(b)->reason().find("Unschedulable") != std::string::npos; }));
-  EXPECT_EQ(State(b), v1::PENDING);
+  EXPECT_EQ(State(b), v1::JOB_STATE_PENDING);
   ASSERT_TRUE(jm_->Stop(a, "").ok());
   ExitAll(cfgs, "n1", true);
-  ASSERT_TRUE(WaitFor([&] { return State(a) == v1::STOPPED; }));
-  ASSERT_TRUE(WaitFor([&] { return State(b) == v1::STARTING; }));
+  ASSERT_TRUE(WaitFor([&] { return State(a) == v1::JOB_STATE_STOPPED; }));
+  ASSERT_TRUE(WaitFor([&] { return State(b) == v1::JOB_STATE_STARTING; }));
 }
 
 TEST_F(JobManagerTest, LostNodeRestartsItsJobs) {
   const std::string id = StartOnAShortLease(0, std::make_shared<FakeLink>());
-  ASSERT_TRUE(WaitFor([&] { return State(id) == v1::RUNNING; }));
+  ASSERT_TRUE(WaitFor([&] { return State(id) == v1::JOB_STATE_RUNNING; }));
   // No heartbeats: after the 600 ms lease the node is lost and the job fails (no restarts left).
-  ASSERT_TRUE(WaitFor([&] { return State(id) == v1::FAILED; }, 5000));
+  ASSERT_TRUE(WaitFor([&] { return State(id) == v1::JOB_STATE_FAILED; }, 5000));
   EXPECT_THAT(jm_->GetJob(id)->reason(), HasSubstr("node n1 was lost"));
-  EXPECT_EQ(jm_->ClusterStatus().nodes(0).state(), v1::LOST);
+  EXPECT_EQ(jm_->ClusterStatus().nodes(0).state(), v1::NODE_STATE_LOST);
 }
 
 TEST_F(JobManagerTest, DrainedNodeTakesNoNewWork) {
@@ -299,7 +299,7 @@ TEST_F(JobManagerTest, DrainedNodeTakesNoNewWork) {
   AddNode("n2", 2, l2);
   auto d = jm_->Drain("n1");
   ASSERT_TRUE(d.ok());
-  EXPECT_EQ(d->state(), v1::DRAINING);
+  EXPECT_EQ(d->state(), v1::NODE_STATE_DRAINING);
   EXPECT_EQ(jm_->Drain("nope").status().code(), absl::StatusCode::kNotFound);
   block_driver_ = true;
   std::string id = jm_->Submit(Spec(2, 0), "")->first.job_id();
@@ -327,12 +327,12 @@ TEST_F(JobManagerTest, RecoversJobsAfterRestartWithoutLaunchingTwice) {
   block_driver_ = true;
   std::string id = jm_->Submit(Spec(2, 1), "")->first.job_id();
   auto cfgs = StartAll(*link, 2);
-  ASSERT_TRUE(WaitFor([&] { return State(id) == v1::RUNNING; }));
+  ASSERT_TRUE(WaitFor([&] { return State(id) == v1::JOB_STATE_RUNNING; }));
   std::string done_id;
   jm_.reset();  // the controller dies
   block_driver_ = false;
   Open();
-  EXPECT_EQ(State(id), v1::RESTARTING);
+  EXPECT_EQ(State(id), v1::JOB_STATE_RESTARTING);
   // The agent re-registers (same incarnation) still running both old executors:
   // they are stopped, and only after they exit does attempt 2 start.
   auto link2 = std::make_shared<FakeLink>();
@@ -343,7 +343,7 @@ TEST_F(JobManagerTest, RecoversJobsAfterRestartWithoutLaunchingTwice) {
   for (int i = 0; i < 2; ++i) {
     auto* d = r.add_devices();
     d->set_index(i);
-    d->set_type(v1::CPU);
+    d->set_type(v1::DEVICE_TYPE_CPU);
     auto* run = r.add_running();
     run->set_job_id(id);
     run->set_attempt(1);
@@ -359,7 +359,7 @@ TEST_F(JobManagerTest, RecoversJobsAfterRestartWithoutLaunchingTwice) {
   EXPECT_EQ(cfgs2[0].attempt(), 2);
   WaitStop(*link2);
   ExitAll(cfgs2, "n1", true);
-  ASSERT_TRUE(WaitFor([&] { return State(id) == v1::SUCCEEDED; }));
+  ASSERT_TRUE(WaitFor([&] { return State(id) == v1::JOB_STATE_SUCCEEDED; }));
   EXPECT_EQ(jm_->GetJob(id)->restarts(), 0);  // a controller restart is not the job's fault
 }
 
@@ -421,7 +421,7 @@ TEST_F(JobManagerTest, ListJobsPagesSummaries) {
 TEST_F(JobManagerTest, AStoredJobThatNoLongerValidatesFailsOnRecovery) {
   v1::Job bad;
   bad.set_job_id("bad-000001");
-  bad.set_state(v1::RUNNING);
+  bad.set_state(v1::JOB_STATE_RUNNING);
   bad.set_attempt(1);
   *bad.mutable_spec() = Spec(2, 0);
   auto* l = bad.mutable_spec()->mutable_groups(0)->mutable_layout();
@@ -433,9 +433,9 @@ TEST_F(JobManagerTest, AStoredJobThatNoLongerValidatesFailsOnRecovery) {
   Open();
   auto j = jm_->GetJob("bad-000001");
   ASSERT_TRUE(j.ok());
-  EXPECT_EQ(j->state(), v1::FAILED);
+  EXPECT_EQ(j->state(), v1::JOB_STATE_FAILED);
   EXPECT_THAT(j->reason(), HasSubstr("the stored job spec is not valid: groups[0].layout.tp: must be in [1, 1024]"));
-  EXPECT_EQ(store_->LoadJobs()->at(0).state(), v1::FAILED);  // persisted: the next start does not see it again
+  EXPECT_EQ(store_->LoadJobs()->at(0).state(), v1::JOB_STATE_FAILED);  // persisted: the next start does not see it again
 }
 
 // `tessera local`'s controller: what an earlier run left unfinished is marked STOPPED,
@@ -446,11 +446,11 @@ TEST_F(JobManagerTest, UnfinishedJobsAreStoppedNotResumedWhenAsked) {
   block_driver_ = true;
   std::string id = jm_->Submit(Spec(2, 0), "")->first.job_id();
   StartAll(*link, 2);
-  ASSERT_TRUE(WaitFor([&] { return State(id) == v1::RUNNING; }));
+  ASSERT_TRUE(WaitFor([&] { return State(id) == v1::JOB_STATE_RUNNING; }));
   jm_.reset();
   stop_unfinished_ = true;
   Open();
-  EXPECT_EQ(State(id), v1::STOPPED);
+  EXPECT_EQ(State(id), v1::JOB_STATE_STOPPED);
   EXPECT_THAT(jm_->GetJob(id)->reason(), HasSubstr("left unfinished by an earlier run"));
 }
 
@@ -465,7 +465,7 @@ TEST_F(JobManagerTest, NeverFitsCountsTheRegisteredCapacity) {
   ASSERT_TRUE(r.ok()) << r.status();
   const std::string id = r->first.job_id();
   ASSERT_TRUE(WaitFor([&] { return jm_->GetJob(id)->reason().find("Unschedulable") != std::string::npos; }));
-  EXPECT_EQ(State(id), v1::PENDING);
+  EXPECT_EQ(State(id), v1::JOB_STATE_PENDING);
   ASSERT_TRUE(jm_->Drain("n2", false, /*undo=*/true).ok());
   auto cfgs = StartAll(*l1, 2);
   EXPECT_EQ(cfgs.size(), 2u);
@@ -517,7 +517,7 @@ train: {steps: 1, lr: 1.0e-4}
 // attempt that was written off are stopped.
 TEST_F(JobManagerTest, ALostNodeThatSpeaksAgainRegistersAnewAndItsFencedExecutorsStop) {
   const std::string id = StartOnAShortLease(3, std::make_shared<FakeLink>());
-  ASSERT_TRUE(WaitFor([&] { return jm_->ClusterStatus().nodes(0).state() == v1::LOST; }, 5000));
+  ASSERT_TRUE(WaitFor([&] { return jm_->ClusterStatus().nodes(0).state() == v1::NODE_STATE_LOST; }, 5000));
   v1::Heartbeat hb;
   const auto st = jm_->OnHeartbeat("n1", 1, hb);
   EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
@@ -526,14 +526,14 @@ TEST_F(JobManagerTest, ALostNodeThatSpeaksAgainRegistersAnewAndItsFencedExecutor
   r.set_node_id("n1"), r.set_address("127.0.0.1"), r.set_incarnation(1);
   for (int i = 0; i < 2; ++i) {
     auto* d = r.add_devices();
-    d->set_index(i), d->set_type(v1::CPU);
+    d->set_index(i), d->set_type(v1::DEVICE_TYPE_CPU);
     auto* run = r.add_running();
     run->set_job_id(id), run->set_attempt(1), run->set_executor(i), run->set_device_index(i);
   }
   ASSERT_TRUE(jm_->RegisterNode(r).ok());
   auto link2 = std::make_shared<FakeLink>();
   ASSERT_TRUE(jm_->AttachAgent("n1", 1, link2).ok());
-  EXPECT_EQ(jm_->ClusterStatus().nodes(0).state(), v1::READY);
+  EXPECT_EQ(jm_->ClusterStatus().nodes(0).state(), v1::NODE_STATE_READY);
   bool stopped = false;
   for (auto& m : link2->Take()) stopped |= m.has_stop() && m.stop().job_id() == id && m.stop().attempt() == 1;
   EXPECT_TRUE(stopped) << "the written-off attempt's executors were not stopped";

@@ -3,7 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "common/job_spec.h"
+#include "common/spec/job_spec.h"
 
 namespace tessera::controller {
 namespace {
@@ -13,11 +13,11 @@ using ::testing::HasSubstr;
 NodeView Node(const std::string& id, int cpus, int used = 0) {
   NodeView n;
   n.node_id = id;
-  for (int i = 0; i < cpus; ++i) n.devices.push_back({v1::CPU, i, i >= used});
+  for (int i = 0; i < cpus; ++i) n.devices.push_back({v1::DEVICE_TYPE_CPU, i, i >= used});
   return n;
 }
 
-v1::JobSpec Spec(int devices, int tp, v1::Placement p = v1::PACK) {
+v1::JobSpec Spec(int devices, int tp, v1::Placement p = v1::PLACEMENT_PACK) {
   v1::JobSpec s;
   s.set_name("j");
   s.set_kind("comm-check");
@@ -48,7 +48,7 @@ TEST(Scheduler, PackFillsANodeFirst) {
 }
 
 TEST(Scheduler, SpreadDealsTpGroupsRoundRobin) {
-  auto p = Place(Spec(8, 2, v1::SPREAD), {Node("a", 4), Node("b", 4)}, true);
+  auto p = Place(Spec(8, 2, v1::PLACEMENT_SPREAD), {Node("a", 4), Node("b", 4)}, true);
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ(NodesOf(*p, "actor"), (std::vector<std::string>{"a", "a", "b", "b", "a", "a", "b", "b"}));
 }

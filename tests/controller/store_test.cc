@@ -18,10 +18,10 @@ TEST(Store, SurvivesReopen) {
     v1::Job j;
     j.set_job_id("a");
     j.set_submission_id("sub-1");
-    j.set_state(v1::PENDING);
+    j.set_state(v1::JOB_STATE_PENDING);
     j.set_created_ms(1);
     ASSERT_TRUE((*s)->PutJob(j).ok());
-    j.set_state(v1::RUNNING);
+    j.set_state(v1::JOB_STATE_RUNNING);
     j.set_attempt(2);
     ASSERT_TRUE((*s)->PutJob(j).ok());
     v1::Job k;
@@ -36,7 +36,7 @@ TEST(Store, SurvivesReopen) {
   ASSERT_TRUE(jobs.ok());
   ASSERT_EQ(jobs->size(), 2u);
   EXPECT_EQ((*jobs)[0].job_id(), "a");
-  EXPECT_EQ((*jobs)[0].state(), v1::RUNNING);
+  EXPECT_EQ((*jobs)[0].state(), v1::JOB_STATE_RUNNING);
   EXPECT_EQ((*jobs)[0].attempt(), 2);
   EXPECT_EQ((*(*s)->LoadNodeIncarnations())["n1"], 7);
   // A second job with the same submission id is refused by the unique index.

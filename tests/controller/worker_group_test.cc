@@ -55,7 +55,7 @@ v1::TensorBatch Rows(int rows) {
   v1::TensorBatch b;
   auto* t = b.add_tensors();
   t->set_name("x");
-  t->set_dtype(v1::F32);
+  t->set_dtype(v1::DTYPE_F32);
   t->add_shape(rows);
   t->add_shape(2);
   for (int i = 0; i < rows * 2; ++i) {

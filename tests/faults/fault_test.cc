@@ -1,4 +1,4 @@
-// The fault suite (DESIGN §9): real daemons on loopback, real processes stopped
+// The fault suite (docs/design.md §9): real daemons on loopback, real processes stopped
 // or cut off; each test states what must happen and asserts it, including that the
 // cluster goes on serving other work. (Executor and agent kills, controller restarts and
 // bad input are in tests/integration/cluster_test.cc.)
@@ -150,13 +150,13 @@ TEST(Faults, AHungPeerEndsInAClearFailureNotAHang) {
   std::this_thread::sleep_for(std::chrono::milliseconds(300));  // into the steps
   const auto t0 = std::chrono::steady_clock::now();
   kill(pids[1], SIGSTOP);
-  auto j = c->WaitState(id, v1::FAILED, 60000);
+  auto j = c->WaitState(id, v1::JOB_STATE_FAILED, 60000);
   ASSERT_TRUE(j.ok()) << j.status();
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_LT(took, 30.0) << "the timeout is 3 s";
   EXPECT_THAT(j->reason(), AnyOf(HasSubstr("timed out"), HasSubstr("timeout"), HasSubstr("Timed out")));
   EXPECT_TRUE(WaitFor([&] { return Cluster::ExecutorPids(id, 1).empty(); }, 20000)) << "the stopped executor was not killed";
-  auto next = c->WaitState(Submit(*c, CommCheckSpec(2, 2, 1, 0)), v1::SUCCEEDED, 60000);
+  auto next = c->WaitState(Submit(*c, CommCheckSpec(2, 2, 1, 0)), v1::JOB_STATE_SUCCEEDED, 60000);
   EXPECT_TRUE(next.ok()) << next.status();
 }
 
@@ -177,12 +177,12 @@ TEST(Faults, APartitionedNodeIsLostItsJobMovesAndItRejoinsWhenHealed) {
   ASSERT_TRUE(c.StartAgent(0).ok());                    // n0, direct
   ASSERT_TRUE(c.WaitNodes(2, 20000).ok());
   proxy.Cut();
-  EXPECT_TRUE(WaitFor([&] { return NodeStateOf(c, "n1") == v1::LOST; }, 20000)) << "n1 was not marked LOST";
-  auto j = c.WaitState(id, v1::SUCCEEDED, 120000);
+  EXPECT_TRUE(WaitFor([&] { return NodeStateOf(c, "n1") == v1::NODE_STATE_LOST; }, 20000)) << "n1 was not marked LOST";
+  auto j = c.WaitState(id, v1::JOB_STATE_SUCCEEDED, 120000);
   ASSERT_TRUE(j.ok()) << j.status();
   EXPECT_GE(j->attempt(), 2) << "the job should have restarted on n0";
   proxy.Heal();
-  EXPECT_TRUE(WaitFor([&] { return NodeStateOf(c, "n1") == v1::READY; }, 30000)) << "n1 did not rejoin";
+  EXPECT_TRUE(WaitFor([&] { return NodeStateOf(c, "n1") == v1::NODE_STATE_READY; }, 30000)) << "n1 did not rejoin";
   EXPECT_TRUE(WaitFor([&] { return Cluster::ExecutorPids(id, 1).empty(); }, 30000))
       << "the abandoned attempt's executors still run";
 }
@@ -204,14 +204,14 @@ TEST(Faults, AControllerStalledPastTheLeaseLosesNoNodeAndSchedulesAfter) {
   c.controller().Kill(SIGCONT);
   // Every node stays READY from here on (none LOST, none asked to re-register).
   for (int i = 0; i < 20; ++i) {
-    EXPECT_EQ(NodeStateOf(c, "n0"), v1::READY);
-    EXPECT_EQ(NodeStateOf(c, "n1"), v1::READY);
+    EXPECT_EQ(NodeStateOf(c, "n0"), v1::NODE_STATE_READY);
+    EXPECT_EQ(NodeStateOf(c, "n1"), v1::NODE_STATE_READY);
     std::this_thread::sleep_for(std::chrono::milliseconds(250));
   }
-  auto j = c.WaitState(id, v1::SUCCEEDED, 120000);
+  auto j = c.WaitState(id, v1::JOB_STATE_SUCCEEDED, 120000);
   ASSERT_TRUE(j.ok()) << j.status();
   EXPECT_EQ(j->attempt(), 1) << "the job was restarted by the controller's own stall: " << j->reason();
-  auto next = c.WaitState(Submit(c, CommCheckSpec(4, 2, 1, 0)), v1::SUCCEEDED, 60000);  // both nodes take work
+  auto next = c.WaitState(Submit(c, CommCheckSpec(4, 2, 1, 0)), v1::JOB_STATE_SUCCEEDED, 60000);  // both nodes take work
   EXPECT_TRUE(next.ok()) << next.status();
   EXPECT_THAT(*ReadFile(c.dir() + "/controller.log"), HasSubstr("the controller did not run for"));
 }
@@ -233,17 +233,17 @@ TEST(Faults, AnAgentStalledPastItsLeaseRejoinsAndItsFencedExecutorsStop) {
   ASSERT_TRUE(c.StartAgent(0).ok());
   ASSERT_TRUE(c.WaitNodes(2, 20000).ok());
   c.agents()[1]->Kill(SIGSTOP);
-  EXPECT_TRUE(WaitFor([&] { return NodeStateOf(c, "n1") == v1::LOST; }, 20000)) << "n1 was not marked LOST";
+  EXPECT_TRUE(WaitFor([&] { return NodeStateOf(c, "n1") == v1::NODE_STATE_LOST; }, 20000)) << "n1 was not marked LOST";
   std::this_thread::sleep_for(std::chrono::seconds(6));
   c.agents()[1]->Kill(SIGCONT);
-  EXPECT_TRUE(WaitFor([&] { return NodeStateOf(c, "n1") == v1::READY; }, 30000)) << "n1 did not come back";
+  EXPECT_TRUE(WaitFor([&] { return NodeStateOf(c, "n1") == v1::NODE_STATE_READY; }, 30000)) << "n1 did not come back";
   EXPECT_TRUE(WaitFor([&] { return Cluster::ExecutorPids(id, 1).empty(); }, 30000))
       << "the written-off attempt's executors still run";
-  auto j = c.WaitState(id, v1::SUCCEEDED, 180000);
+  auto j = c.WaitState(id, v1::JOB_STATE_SUCCEEDED, 180000);
   ASSERT_TRUE(j.ok()) << j.status();
   EXPECT_GE(j->attempt(), 2);
   ASSERT_TRUE(c.client().Drain("n0", false, false).ok());  // the next job can only go to n1
-  auto next = c.WaitState(Submit(c, CommCheckSpec(2, 2, 1, 0)), v1::SUCCEEDED, 60000);
+  auto next = c.WaitState(Submit(c, CommCheckSpec(2, 2, 1, 0)), v1::JOB_STATE_SUCCEEDED, 60000);
   ASSERT_TRUE(next.ok()) << next.status();
   EXPECT_EQ(next->assignments(0).node_id(), "n1");
 }
@@ -259,7 +259,7 @@ TEST(Faults, ASymlinkOutOfAPathRootIsRefusedWhereTheFilesAreOpened) {
   ASSERT_EQ(symlink(outside.c_str(), (c->dir() + "/escape").c_str()), 0);
   v1::JobSpec spec = PretrainSpec(2, 1, 0, 2);
   spec.mutable_train()->mutable_checkpoint()->set_dir(c->dir() + "/escape/ck");
-  auto j = c->WaitState(Submit(*c, spec), v1::FAILED, 60000);
+  auto j = c->WaitState(Submit(*c, spec), v1::JOB_STATE_FAILED, 60000);
   ASSERT_TRUE(j.ok()) << j.status();
   EXPECT_THAT(j->reason(), HasSubstr("train.checkpoint.dir: '" + c->dir() + "/escape/ck' resolves to '" + outside + "/ck'"));
   EXPECT_TRUE(std::filesystem::is_empty(outside)) << "something was written outside the root";
@@ -291,7 +291,7 @@ TEST(Faults, ADiskFullDuringACheckpointKeepsThePreviousOneLatest) {
   spec.set_max_restarts(0);
   spec.mutable_train()->mutable_checkpoint()->set_dir(small + "/ckpt");
   spec.mutable_train()->mutable_checkpoint()->set_save_every(1);
-  auto j = c->WaitState(Submit(*c, spec), v1::FAILED, 120000);
+  auto j = c->WaitState(Submit(*c, spec), v1::JOB_STATE_FAILED, 120000);
   ASSERT_TRUE(j.ok()) << j.status();
   EXPECT_THAT(j->reason(), HasSubstr("No space left on device"));
   auto latest = ReadFile(small + "/ckpt/latest");
@@ -302,7 +302,7 @@ TEST(Faults, ADiskFullDuringACheckpointKeepsThePreviousOneLatest) {
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator(small + "/ckpt", ec))
     EXPECT_EQ(e.path().extension(), "" ) << "left behind: " << e.path();
-  auto next = c->WaitState(Submit(*c, CommCheckSpec(2, 2, 1, 0)), v1::SUCCEEDED, 60000);
+  auto next = c->WaitState(Submit(*c, CommCheckSpec(2, 2, 1, 0)), v1::JOB_STATE_SUCCEEDED, 60000);
   EXPECT_TRUE(next.ok()) << next.status();
 }
 
@@ -337,7 +337,7 @@ int64_t WaitForStep(Cluster& c, const std::string& id, int64_t want) {
 
 // The per-step losses of `spec` run to the end undisturbed (without checkpoints).
 std::vector<double> UndisturbedLosses(Cluster& c, const v1::JobSpec& spec) {
-  auto straight = c.WaitState(Submit(c, spec), v1::SUCCEEDED, 120000);
+  auto straight = c.WaitState(Submit(c, spec), v1::JOB_STATE_SUCCEEDED, 120000);
   EXPECT_TRUE(straight.ok()) << straight.status();
   if (!straight.ok()) return {};
   return Losses(*straight);
@@ -364,7 +364,7 @@ TEST(Faults, SoakRandomExecutorKillsEndWithTheUndisturbedFinalLoss) {
   int kills = 0;
   for (int round = 0; round < 8; ++round) {
     auto job = c->client().Get(id);
-    if (job.ok() && (job->state() == v1::SUCCEEDED || job->state() == v1::FAILED)) break;
+    if (job.ok() && (job->state() == v1::JOB_STATE_SUCCEEDED || job->state() == v1::JOB_STATE_FAILED)) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(1000 + rng() % 1000));
     // Every executor process of the job, whatever its attempt.
     std::vector<pid_t> pids;
@@ -375,7 +375,7 @@ TEST(Faults, SoakRandomExecutorKillsEndWithTheUndisturbedFinalLoss) {
     if (pids.empty()) continue;  // between attempts
     if (kill(pids[rng() % pids.size()], SIGKILL) == 0) ++kills;
   }
-  auto done = c->WaitState(id, v1::SUCCEEDED, 300000);
+  auto done = c->WaitState(id, v1::JOB_STATE_SUCCEEDED, 300000);
   ASSERT_TRUE(done.ok()) << done.status();
   const auto tail = Losses(*done);
   ASSERT_FALSE(tail.empty());
@@ -404,12 +404,12 @@ TEST(Faults, ALeavingNodesJobCheckpointsAndResumesElsewhere) {
   spec.mutable_train()->mutable_checkpoint()->set_save_every(100000);  // only the leaving save and the last
   spec.set_max_restarts(0);
   const std::string id = Submit(*c, spec);
-  ASSERT_TRUE(c->WaitState(id, v1::RUNNING, 60000).ok());
+  ASSERT_TRUE(c->WaitState(id, v1::JOB_STATE_RUNNING, 60000).ok());
   const int port = c->controller_dashboard_port();
   ASSERT_GE(WaitForStep(*c, id, 20), 20);
   auto job = c->client().Get(id);
   ASSERT_TRUE(job.ok());
-  ASSERT_EQ(job->state(), v1::RUNNING) << "the job ended before the node left: make it longer";
+  ASSERT_EQ(job->state(), v1::JOB_STATE_RUNNING) << "the job ended before the node left: make it longer";
   const int leaving = job->assignments(0).node_id() == "n0" ? 0 : 1;
   c->agents()[leaving]->Kill(SIGTERM);
   const int status = c->agents()[leaving]->Wait(60000);
@@ -418,7 +418,7 @@ TEST(Faults, ALeavingNodesJobCheckpointsAndResumesElsewhere) {
   const std::string log = ReadFile(absl::StrCat(c->dir(), "/agent", leaving, ".log")).value_or("");
   EXPECT_THAT(log, HasSubstr("no executors left; leaving"));
 
-  auto done = c->WaitState(id, v1::SUCCEEDED, 120000);
+  auto done = c->WaitState(id, v1::JOB_STATE_SUCCEEDED, 120000);
   ASSERT_TRUE(done.ok()) << done.status();
   EXPECT_EQ(done->attempt(), 2);
   EXPECT_EQ(done->restarts(), 0) << "a node leaving counted against max_restarts";
@@ -444,7 +444,7 @@ TEST(Faults, ALeavingNodesJobCheckpointsAndResumesElsewhere) {
   ASSERT_TRUE(st.ok());
   for (const auto& n : st->nodes())
     if (n.node_id() == absl::StrCat("n", leaving)) {
-      EXPECT_NE(n.state(), v1::READY);
+      EXPECT_NE(n.state(), v1::NODE_STATE_READY);
     }
 }
 
@@ -460,7 +460,7 @@ TEST(Faults, ADrainedNodesJobsMoveAndUndrainReturnsIt) {
   spec.mutable_train()->mutable_checkpoint()->set_save_every(100000);
   spec.set_max_restarts(0);
   const std::string id = Submit(*c, spec);
-  ASSERT_TRUE(c->WaitState(id, v1::RUNNING, 60000).ok());
+  ASSERT_TRUE(c->WaitState(id, v1::JOB_STATE_RUNNING, 60000).ok());
   ASSERT_GE(WaitForStep(*c, id, 10), 10);
   auto job = c->client().Get(id);
   ASSERT_TRUE(job.ok());
@@ -475,7 +475,7 @@ TEST(Faults, ADrainedNodesJobsMoveAndUndrainReturnsIt) {
   int rc = system((cli + "node drain " + node + " --move-jobs > " + out + " 2>&1").c_str());
   EXPECT_EQ(WEXITSTATUS(rc), 0) << ReadFile(out).value_or("");
   EXPECT_THAT(ReadFile(out).value_or(""), HasSubstr(node + " DRAINING (its jobs are moving)"));
-  auto done = c->WaitState(id, v1::SUCCEEDED, 120000);
+  auto done = c->WaitState(id, v1::JOB_STATE_SUCCEEDED, 120000);
   ASSERT_TRUE(done.ok()) << done.status();
   EXPECT_EQ(done->attempt(), 2);
   EXPECT_EQ(done->restarts(), 0);
@@ -495,15 +495,15 @@ TEST(Faults, ADrainedNodesJobsMoveAndUndrainReturnsIt) {
   const int64_t before = incarnation().first;
   for (int i = 0; i < 500 && incarnation().first == before; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   EXPECT_NE(incarnation().first, before) << "the agent did not register again";
-  EXPECT_EQ(incarnation().second, v1::DRAINING);
-  auto cc = c->WaitState(Submit(*c, CommCheckSpec(2, 2, 1, 0)), v1::SUCCEEDED, 60000);
+  EXPECT_EQ(incarnation().second, v1::NODE_STATE_DRAINING);
+  auto cc = c->WaitState(Submit(*c, CommCheckSpec(2, 2, 1, 0)), v1::JOB_STATE_SUCCEEDED, 60000);
   ASSERT_TRUE(cc.ok()) << cc.status();
   for (const auto& a : cc->assignments()) EXPECT_EQ(a.node_id(), other);
   rc = system((cli + "node undrain " + node + " > " + out + " 2>&1").c_str());
   EXPECT_EQ(WEXITSTATUS(rc), 0) << ReadFile(out).value_or("");
   EXPECT_THAT(ReadFile(out).value_or(""), HasSubstr(node + " READY"));
   // Both nodes take work again: four executors need both.
-  auto both = c->WaitState(Submit(*c, CommCheckSpec(4, 2, 1, 0)), v1::SUCCEEDED, 60000);
+  auto both = c->WaitState(Submit(*c, CommCheckSpec(4, 2, 1, 0)), v1::JOB_STATE_SUCCEEDED, 60000);
   ASSERT_TRUE(both.ok()) << both.status();
   std::set<std::string> nodes;
   for (const auto& a : both->assignments()) nodes.insert(a.node_id());
@@ -517,7 +517,7 @@ TEST(Faults, ACorruptCheckpointIsRefusedByName) {
   auto c = Up({.agents = 1, .cpu_slots = 2});
   v1::JobSpec spec = PretrainSpec(2, 1, 0, 4);
   spec.mutable_train()->mutable_checkpoint()->set_dir(c->dir() + "/ckpt");
-  ASSERT_TRUE(c->WaitState(Submit(*c, spec), v1::SUCCEEDED, 120000).ok());
+  ASSERT_TRUE(c->WaitState(Submit(*c, spec), v1::JOB_STATE_SUCCEEDED, 120000).ok());
   const std::string shard = c->dir() + "/ckpt/step-00000004/rank-00000.safetensors";
   auto bytes = ReadFile(shard);
   ASSERT_TRUE(bytes.ok());
@@ -526,10 +526,10 @@ TEST(Faults, ACorruptCheckpointIsRefusedByName) {
   ASSERT_TRUE(WriteFileAtomic(shard, flipped).ok());
   spec.mutable_train()->set_steps(8);
   spec.set_max_restarts(0);
-  auto j = c->WaitState(Submit(*c, spec), v1::FAILED, 120000);
+  auto j = c->WaitState(Submit(*c, spec), v1::JOB_STATE_FAILED, 120000);
   ASSERT_TRUE(j.ok()) << j.status();
   EXPECT_THAT(j->reason(), HasSubstr("rank-00000.safetensors: SHA-256 mismatch"));
-  auto next = c->WaitState(Submit(*c, CommCheckSpec(2, 2, 1, 0)), v1::SUCCEEDED, 60000);
+  auto next = c->WaitState(Submit(*c, CommCheckSpec(2, 2, 1, 0)), v1::JOB_STATE_SUCCEEDED, 60000);
   EXPECT_TRUE(next.ok()) << next.status();
 }
 
@@ -555,7 +555,7 @@ TEST(Faults, ADuplicateAgentRegistrationIsFenced) {
   int n0 = 0;
   for (const auto& n : st->nodes()) n0 += n.node_id() == "n0";
   EXPECT_EQ(n0, 1);
-  auto j = c.WaitState(Submit(c, CommCheckSpec(2, 2, 1, 0)), v1::SUCCEEDED, 60000);
+  auto j = c.WaitState(Submit(c, CommCheckSpec(2, 2, 1, 0)), v1::JOB_STATE_SUCCEEDED, 60000);
   EXPECT_TRUE(j.ok()) << j.status();
   // The first agent learns at its next heartbeat that it was fenced off, says why, and
   // its attempts to register again with its older incarnation are refused.
@@ -585,15 +585,15 @@ TEST(Faults, ClockSkewNeitherLosesNodesNorLocksOutARestartedAgent) {
   ASSERT_TRUE(c.StartController().ok());
   ASSERT_TRUE(c.StartAgent(0, "", {"--clock-skew-ms", "3600000"}).ok());
   ASSERT_TRUE(c.WaitNodes(1, 20000).ok());
-  auto j = c.WaitState(Submit(c, CommCheckSpec(2, 2, 1, 0)), v1::SUCCEEDED, 60000);
+  auto j = c.WaitState(Submit(c, CommCheckSpec(2, 2, 1, 0)), v1::JOB_STATE_SUCCEEDED, 60000);
   ASSERT_TRUE(j.ok()) << j.status();
   std::this_thread::sleep_for(std::chrono::milliseconds(3000));  // past a lease
-  EXPECT_EQ(NodeStateOf(c, "n0"), v1::READY);
+  EXPECT_EQ(NodeStateOf(c, "n0"), v1::NODE_STATE_READY);
   auto incarnation = [&] {
     auto st = c.client().Status();
     if (st.ok())
       for (const auto& n : st->nodes())
-        if (n.node_id() == "n0" && n.state() == v1::READY) return n.incarnation();
+        if (n.node_id() == "n0" && n.state() == v1::NODE_STATE_READY) return n.incarnation();
     return int64_t{0};
   };
   const int64_t before = incarnation();
@@ -602,7 +602,7 @@ TEST(Faults, ClockSkewNeitherLosesNodesNorLocksOutARestartedAgent) {
   ASSERT_TRUE(c.StartAgent(0, "", {"--clock-skew-ms", "-3600000"}).ok());
   EXPECT_TRUE(WaitFor([&] { return incarnation() > before; }, 20000)) << ReadFile(c.dir() + "/agent0.log").value_or("");
   EXPECT_EQ(ReadFile(c.dir() + "/agent0.log").value_or("").find("a stale agent is refused"), std::string::npos);
-  auto k = c.WaitState(Submit(c, CommCheckSpec(2, 2, 1, 0)), v1::SUCCEEDED, 60000);
+  auto k = c.WaitState(Submit(c, CommCheckSpec(2, 2, 1, 0)), v1::JOB_STATE_SUCCEEDED, 60000);
   EXPECT_TRUE(k.ok()) << k.status();
 }
 

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "bench/cupti_trace.h"
-#include "worker/comm/nccl_communicator.h"  // CudaDeviceCount
+#include "common/gpu_devices.h"
 #include "worker/runtime/backend.h"
 
 namespace tessera::bench {
@@ -51,7 +51,7 @@ std::vector<Row> ReadCsv(const std::string& path) {
 }
 
 TEST(CuptiTrace, RecordsTheBackendsWorkInsideItsRange) {
-  if (comm::CudaDeviceCount() < 1) GTEST_SKIP() << "needs a GPU";
+  if (static_cast<int>(VisibleGpus().size()) < 1) GTEST_SKIP() << "needs a GPU";
   auto trace = CuptiTrace::Start();  // before this process's first CUDA work
   if (!trace.ok() && trace.status().code() == absl::StatusCode::kUnavailable) GTEST_SKIP() << trace.status();
   ASSERT_TRUE(trace.ok()) << trace.status();
@@ -60,8 +60,8 @@ TEST(CuptiTrace, RecordsTheBackendsWorkInsideItsRange) {
   auto be = runtime::MakeCudaBackend(0);
   ASSERT_TRUE(be.ok()) << be.status();
   const uint64_t begin = (*trace)->Now();
-  auto x = (*be)->Empty({1 << 20}, runtime::DType::kF32);
-  auto t = (*be)->Empty({1 << 20}, runtime::DType::kF32);
+  auto x = (*be)->Empty({1 << 20}, tessera::DType::kF32);
+  auto t = (*be)->Empty({1 << 20}, tessera::DType::kF32);
   ASSERT_TRUE(x.ok() && t.ok());
   ASSERT_TRUE((*be)->Fill(*x, 0x40).ok());  // a memset: every float 0x40404040
   ASSERT_TRUE((*be)->Axpby(2.f, *x, 0.f, *t).ok());  // a kernel on the backend's stream

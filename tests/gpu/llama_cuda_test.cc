@@ -6,7 +6,7 @@
 
 #include "gtest/gtest.h"
 #include "tests/worker/model/model_test_util.h"
-#include "worker/engine/trainer.h"
+#include "worker/train/trainer.h"
 
 namespace tessera::engine {
 namespace {

@@ -12,6 +12,7 @@
 
 #include "common/util.h"
 #include "tests/common/mem_store.h"
+#include "common/gpu_devices.h"
 #include "worker/comm/nccl_communicator.h"
 
 namespace tessera::comm {
@@ -25,7 +26,7 @@ using ::tessera::testing::MemStore;
 // blocking communicator split from the non-blocking init one).
 template <typename F>
 void OnGpus(int64_t timeout_ms, F fn, bool blocking = true) {
-  if (CudaDeviceCount() < 2) GTEST_SKIP() << "needs 2 GPUs";
+  if (static_cast<int>(VisibleGpus().size()) < 2) GTEST_SKIP() << "needs 2 GPUs";
   MemStore store;
   std::string key = RandomHex(4);
   std::vector<std::thread> ts;

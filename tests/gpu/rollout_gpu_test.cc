@@ -13,9 +13,10 @@
 
 #include "gtest/gtest.h"
 #include "common/status.h"
+#include "common/gpu_devices.h"
 #include "worker/comm/nccl_communicator.h"
-#include "worker/engine/rollout.h"
-#include "worker/engine/weight_sync.h"
+#include "worker/rollout/rollout.h"
+#include "worker/rollout/weight_sync.h"
 #include "tests/worker/model/model_test_util.h"
 
 namespace tessera::engine {
@@ -23,7 +24,7 @@ namespace {
 using model::Llama;
 using model::TokenBatch;
 
-model::LlamaConfig Config(runtime::DType dtype) {
+model::LlamaConfig Config(tessera::DType dtype) {
   model::LlamaConfig c = model::test::TinyConfig(512, /*tied=*/true, /*bias=*/false);
   c.hidden = 256, c.layers = 4, c.heads = 4, c.kv_heads = 2, c.ffn = 512;  // head_dim 64
   c.dtype = dtype;
@@ -35,7 +36,7 @@ struct Check {
   int64_t tokens = 0, argmax_equal = 0;
 };
 
-Check Compare(runtime::DType dtype, float temperature) {
+Check Compare(tessera::DType dtype, float temperature) {
   Check out;
   auto be = runtime::MakeCudaBackend(0);
   EXPECT_TRUE(be.ok()) << be.status();
@@ -79,12 +80,12 @@ Check Compare(runtime::DType dtype, float temperature) {
 }
 
 TEST(RolloutGpu, EqualsTheTrainingEngine) {
-  if (comm::CudaDeviceCount() < 1) GTEST_SKIP() << "no GPU";
-  const Check greedy = Compare(runtime::DType::kF32, 0.f);
+  if (static_cast<int>(VisibleGpus().size()) < 1) GTEST_SKIP() << "no GPU";
+  const Check greedy = Compare(tessera::DType::kF32, 0.f);
   EXPECT_EQ(greedy.argmax_equal, greedy.tokens) << "greedy tokens that are not the training forward's argmax";
-  const Check f32 = Compare(runtime::DType::kF32, 1.f);
+  const Check f32 = Compare(tessera::DType::kF32, 1.f);
   EXPECT_LT(f32.max_abs, 1e-4);
-  const Check bf16 = Compare(runtime::DType::kBF16, 1.f);
+  const Check bf16 = Compare(tessera::DType::kBF16, 1.f);
   EXPECT_LT(bf16.mean_abs, 2e-2);
   std::cout << "RESULT rollout_vs_training greedy_f32 argmax_equal=" << greedy.argmax_equal << "/" << greedy.tokens
             << " | sampled_f32 mean_abs_logprob=" << f32.mean_abs << " max=" << f32.max_abs
@@ -92,7 +93,7 @@ TEST(RolloutGpu, EqualsTheTrainingEngine) {
             << "\n";
 }
 
-absl::StatusOr<std::unique_ptr<Llama>> RandomModel(runtime::Backend* be, runtime::DType dtype, uint64_t seed) {
+absl::StatusOr<std::unique_ptr<Llama>> RandomModel(runtime::Backend* be, tessera::DType dtype, uint64_t seed) {
   TESSERA_ASSIGN_OR_RETURN(auto m, Llama::Create(Config(dtype), be));
   TESSERA_RETURN_IF_ERROR(m->InitRandom(seed, 0.05f));
   return m;
@@ -118,10 +119,10 @@ std::pair<int, double> Agreement(const std::vector<Completion>& a, const std::ve
 // rounding of a CDF boundary (the device sums in another order): at most one sequence
 // of each run may diverge, and the log-probs of identical tokens agree within 1e-4.
 TEST(RolloutGpu, DeviceSamplingEqualsHostSampling) {
-  if (comm::CudaDeviceCount() < 1) GTEST_SKIP() << "no GPU";
+  if (static_cast<int>(VisibleGpus().size()) < 1) GTEST_SKIP() << "no GPU";
   auto be = runtime::MakeCudaBackend(0);
   ASSERT_TRUE(be.ok()) << be.status();
-  for (runtime::DType dtype : {runtime::DType::kF32, runtime::DType::kBF16}) {
+  for (tessera::DType dtype : {tessera::DType::kF32, tessera::DType::kBF16}) {
     auto m = RandomModel(be->get(), dtype, 5);
     ASSERT_TRUE(m.ok()) << m.status();
     std::vector<GenerationRequest> reqs;
@@ -152,7 +153,7 @@ TEST(RolloutGpu, DeviceSamplingEqualsHostSampling) {
       }
     EXPECT_GE(identical, static_cast<int>(runs[0].size()) - 1);
     EXPECT_LT(max_abs, 1e-4);
-    std::cout << "RESULT device_vs_host_sampling dtype=" << runtime::DTypeName(dtype) << " identical=" << identical << "/"
+    std::cout << "RESULT device_vs_host_sampling dtype=" << tessera::DTypeName(dtype) << " identical=" << identical << "/"
               << runs[0].size() << " max_abs_logprob=" << max_abs << "\n";
   }
 }
@@ -162,10 +163,10 @@ TEST(RolloutGpu, DeviceSamplingEqualsHostSampling) {
 // the eager path runs the unpadded one, whose GEMMs may sum in another order), and the
 // graphs are really used: every decode step after a (batch, width)'s first two.
 TEST(RolloutGpu, CudaGraphDecodeEqualsEager) {
-  if (comm::CudaDeviceCount() < 1) GTEST_SKIP() << "no GPU";
+  if (static_cast<int>(VisibleGpus().size()) < 1) GTEST_SKIP() << "no GPU";
   auto be = runtime::MakeCudaBackend(0);
   ASSERT_TRUE(be.ok()) << be.status();
-  for (runtime::DType dtype : {runtime::DType::kF32, runtime::DType::kBF16}) {
+  for (tessera::DType dtype : {tessera::DType::kF32, tessera::DType::kBF16}) {
     auto m = RandomModel(be->get(), dtype, 9);
     ASSERT_TRUE(m.ok()) << m.status();
     std::vector<GenerationRequest> reqs;
@@ -193,8 +194,8 @@ TEST(RolloutGpu, CudaGraphDecodeEqualsEager) {
     ASSERT_EQ(runs[0].size(), runs[1].size());
     const auto [identical, max_abs] = Agreement(runs[0], runs[1]);
     EXPECT_GE(identical, static_cast<int>(runs[0].size()) - 1);
-    EXPECT_LT(max_abs, dtype == runtime::DType::kF32 ? 1e-4 : 5e-2);
-    std::cout << "RESULT graph_vs_eager dtype=" << runtime::DTypeName(dtype) << " identical=" << identical << "/"
+    EXPECT_LT(max_abs, dtype == tessera::DType::kF32 ? 1e-4 : 5e-2);
+    std::cout << "RESULT graph_vs_eager dtype=" << tessera::DTypeName(dtype) << " identical=" << identical << "/"
               << runs[0].size() << " max_abs_logprob=" << max_abs << " graph_steps=" << graph_steps << "/" << decode_steps
               << "\n";
   }
@@ -205,10 +206,10 @@ TEST(RolloutGpu, CudaGraphDecodeEqualsEager) {
 // 4x H200 failed its digest check). Large tensors,
 // so an unordered copy reads a stale buffer.
 TEST(RolloutGpu, ColocatedSyncAcrossTwoStreamsCopiesEveryWeight) {
-  if (comm::CudaDeviceCount() < 1) GTEST_SKIP() << "no GPU";
+  if (static_cast<int>(VisibleGpus().size()) < 1) GTEST_SKIP() << "no GPU";
   auto ba = runtime::MakeCudaBackend(0), bb = runtime::MakeCudaBackend(0);
   ASSERT_TRUE(ba.ok() && bb.ok());
-  model::LlamaConfig c = Config(runtime::DType::kBF16);
+  model::LlamaConfig c = Config(tessera::DType::kBF16);
   c.vocab = 16384, c.hidden = 1024, c.ffn = 4096, c.heads = 16, c.kv_heads = 4, c.tie_embeddings = false;
   auto actor = Llama::Create(c, ba->get());
   auto rollout = Llama::Create(c, bb->get());

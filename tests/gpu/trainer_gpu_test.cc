@@ -1,4 +1,4 @@
-// The training oracle on GPUs (label gpu): the layouts of tests/worker/engine/trainer_test
+// The training oracle on GPUs (label gpu): the layouts of tests/worker/train/trainer_test
 // that fit the visible GPUs (pipelines too), one rank per GPU and process (rank_processes.h
 // says why not threads), NCCL communicators ordered with each rank's compute stream
 // (Communicator::OrderWith), against one rank (one GPU runs once per model shape and regime).
@@ -24,10 +24,11 @@
 
 #include "gtest/gtest.h"
 #include "tests/common/file_store.h"
-#include "tests/worker/engine/layout_harness.h"
-#include "tests/worker/engine/rank_processes.h"
+#include "tests/worker/train/layout_harness.h"
+#include "tests/worker/train/rank_processes.h"
+#include "common/gpu_devices.h"
 #include "worker/comm/nccl_communicator.h"
-#include "worker/engine/rollout.h"
+#include "worker/rollout/rollout.h"
 
 namespace tessera::engine {
 namespace {
@@ -35,7 +36,7 @@ using test::Layout;
 using test::MakeCommWithStore;
 using test::Trace;
 
-model::LlamaConfig Config(runtime::DType dtype) {
+model::LlamaConfig Config(tessera::DType dtype) {
   model::LlamaConfig c = model::test::TinyConfig(256, false, /*bias=*/true);
   c.hidden = 64, c.heads = 4, c.kv_heads = 2, c.ffn = 128;
   c.dtype = dtype;
@@ -57,16 +58,16 @@ class TrainerGpuTest : public ::testing::TestWithParam<Layout> {};
 // parent initialized it, and every GPU run here is a child.
 int GpuCountInChild() {
   const pid_t pid = fork();
-  if (pid == 0) _exit(std::min(comm::CudaDeviceCount(), 100));
+  if (pid == 0) _exit(std::min(static_cast<int>(VisibleGpus().size()), 100));
   int status = 0;
   if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return 0;
   return WEXITSTATUS(status);
 }
 
 // One GPU's run of a model shape and regime, once per test process.
-const Trace& OneGpu(const Layout& single, runtime::DType dtype, bool gentle, const MakeCommWithStore& nccl,
+const Trace& OneGpu(const Layout& single, tessera::DType dtype, bool gentle, const MakeCommWithStore& nccl,
                     const test::MakeBackend& gpu) {
-  static std::map<std::tuple<bool, int64_t, runtime::DType, bool>, Trace> done;
+  static std::map<std::tuple<bool, int64_t, tessera::DType, bool>, Trace> done;
   const auto key = std::make_tuple(single.tied, single.layers, dtype, gentle);
   auto it = done.find(key);
   if (it == done.end()) {
@@ -112,25 +113,25 @@ TEST_P(TrainerGpuTest, EqualsOneRank) {
   // rounding differences along the hot trajectory (one H100, 3 steps: 6e-4 of the
   // weights at 4 layers, 6e-3 at 8, with no pipeline at all), so there one GPU meets the
   // oracle in the gentle regime instead.
-  const Trace oracle = test::RunLayout(single, Config(runtime::DType::kF32), none, cpu)[0];
-  const std::vector<Trace> one_f32 = {OneGpu(single, runtime::DType::kF32, false, nccl, gpu)};
+  const Trace oracle = test::RunLayout(single, Config(tessera::DType::kF32), none, cpu)[0];
+  const std::vector<Trace> one_f32 = {OneGpu(single, tessera::DType::kF32, false, nccl, gpu)};
   test::Tolerance f32_tol;
   f32_tol.loss = f32_tol.norm = f32_tol.weight = 1e-4, f32_tol.key_bias = 5e-2;
   const auto gentle = test::Hyper::Gentle();
   const bool hot = l.layers <= 2;
-  const Trace oracle_gentle = test::RunLayout(single, Config(runtime::DType::kF32), none, cpu, gentle)[0];
+  const Trace oracle_gentle = test::RunLayout(single, Config(tessera::DType::kF32), none, cpu, gentle)[0];
   auto f32_one = hot ? test::ExpectSameAsOneRank(single, one_f32, oracle, f32_tol)
-                     : test::ExpectSameAsOneRank(single, {OneGpu(single, runtime::DType::kF32, true, nccl, gpu)},
+                     : test::ExpectSameAsOneRank(single, {OneGpu(single, tessera::DType::kF32, true, nccl, gpu)},
                                                  oracle_gentle, f32_tol);
   auto f32 =
-      test::ExpectSameAsOneRank(l, test::RunLayoutInProcesses(l, Config(runtime::DType::kF32), nccl, gpu), one_f32[0], f32_tol);
+      test::ExpectSameAsOneRank(l, test::RunLayoutInProcesses(l, Config(tessera::DType::kF32), nccl, gpu), one_f32[0], f32_tol);
   // bf16 (Hyper::Gentle, a realistic regime; QKV biases kept but only sanity-bounded, see
   // Tolerance::bias): one GPU against the CPU backend in bf16 (the same rounding points:
   // checks the CUDA kernels' bf16 paths), every layout against one GPU in bf16, and one
   // GPU's drift from the f32 CPU oracle.
-  const model::LlamaConfig bf16c = Config(runtime::DType::kBF16);
+  const model::LlamaConfig bf16c = Config(tessera::DType::kBF16);
   const Trace cpu_bf16 = test::RunLayout(single, bf16c, none, cpu, gentle)[0];
-  const std::vector<Trace> one_bf16 = {OneGpu(single, runtime::DType::kBF16, true, nccl, gpu)};
+  const std::vector<Trace> one_bf16 = {OneGpu(single, tessera::DType::kBF16, true, nccl, gpu)};
   test::Tolerance bf16_tol;
   // The key bias's true gradient is zero (softmax ignores a per-query constant): in bf16
   // each run's value is its own rounding noise blown up to AdamW steps, two independent
@@ -155,23 +156,23 @@ INSTANTIATE_TEST_SUITE_P(
                       Layout{"dp2_zero3_tied", 1, 2, 3, true}, Layout{"tp2", 2, 1, 0}, Layout{"tp2_tied", 2, 1, 0, true},
                       Layout{"cp2", 1, 1, 0, false, 2}, Layout{"tp2_dp2_zero1", 2, 2, 1},
                       Layout{"tp2_dp2_zero3", 2, 2, 3}, Layout{"tp2_cp2", 2, 1, 0, false, 2},
-                      Layout{"tp2_sp_cp2", 2, 1, 0, false, 2, 1, 1, Schedule::kOneFOneB, true},
+                      Layout{"tp2_sp_cp2", 2, 1, 0, false, 2, 1, 1, parallel::Schedule::kOneFOneB, true},
                       Layout{"cp2_dp2_zero1", 1, 2, 1, false, 2},
-                      Layout{"pp2_1f1b", 1, 1, 0, false, 1, 2, 1, Schedule::kOneFOneB, false, 4},
-                      Layout{"pp2_gpipe_tied", 1, 1, 0, true, 1, 2, 1, Schedule::kGPipe, false, 4},
-                      Layout{"pp2_vpp2", 1, 1, 0, false, 1, 2, 2, Schedule::kOneFOneB, false, 8},
-                      Layout{"pp4_vpp2_1f1b_tied", 1, 1, 0, true, 1, 4, 2, Schedule::kOneFOneB, false, 8},
-                      Layout{"pp4_vpp2_gpipe_tied", 1, 1, 0, true, 1, 4, 2, Schedule::kGPipe, false, 8},
-                      Layout{"pp4_vpp2_1f1b", 1, 1, 0, false, 1, 4, 2, Schedule::kOneFOneB, false, 8},
-                      Layout{"pp4_1f1b_tied", 1, 1, 0, true, 1, 4, 1, Schedule::kOneFOneB, false, 8},
-                      Layout{"pp4_last1_tied", 1, 1, 0, true, 1, 4, 1, Schedule::kOneFOneB, false, 8, false, 1},
-                      Layout{"pp4_vpp2_layers_tied", 1, 1, 0, true, 1, 4, 2, Schedule::kOneFOneB, false, 8, false, 0,
+                      Layout{"pp2_1f1b", 1, 1, 0, false, 1, 2, 1, parallel::Schedule::kOneFOneB, false, 4},
+                      Layout{"pp2_gpipe_tied", 1, 1, 0, true, 1, 2, 1, parallel::Schedule::kGPipe, false, 4},
+                      Layout{"pp2_vpp2", 1, 1, 0, false, 1, 2, 2, parallel::Schedule::kOneFOneB, false, 8},
+                      Layout{"pp4_vpp2_1f1b_tied", 1, 1, 0, true, 1, 4, 2, parallel::Schedule::kOneFOneB, false, 8},
+                      Layout{"pp4_vpp2_gpipe_tied", 1, 1, 0, true, 1, 4, 2, parallel::Schedule::kGPipe, false, 8},
+                      Layout{"pp4_vpp2_1f1b", 1, 1, 0, false, 1, 4, 2, parallel::Schedule::kOneFOneB, false, 8},
+                      Layout{"pp4_1f1b_tied", 1, 1, 0, true, 1, 4, 1, parallel::Schedule::kOneFOneB, false, 8},
+                      Layout{"pp4_last1_tied", 1, 1, 0, true, 1, 4, 1, parallel::Schedule::kOneFOneB, false, 8, false, 1},
+                      Layout{"pp4_vpp2_layers_tied", 1, 1, 0, true, 1, 4, 2, parallel::Schedule::kOneFOneB, false, 8, false, 0,
                              {2, 1, 1, 1, 1, 1, 1, 0}},
-                      Layout{"tp2_pp2_1f1b", 2, 1, 0, false, 1, 2, 1, Schedule::kOneFOneB, false, 4},
-                      Layout{"pp2_dp2_zero1_tied", 1, 2, 1, true, 1, 2, 1, Schedule::kOneFOneB, false, 4},
+                      Layout{"tp2_pp2_1f1b", 2, 1, 0, false, 1, 2, 1, parallel::Schedule::kOneFOneB, false, 4},
+                      Layout{"pp2_dp2_zero1_tied", 1, 2, 1, true, 1, 2, 1, parallel::Schedule::kOneFOneB, false, 4},
                       // The eight-rank layouts (skipped below 8 GPUs), as trainer_test's.
-                      Layout{"tp2_pp2_dp2_zero1", 2, 2, 1, false, 1, 2, 1, Schedule::kOneFOneB, false, 4},
-                      Layout{"tp2_sp_cp2_pp2", 2, 1, 0, false, 2, 2, 1, Schedule::kOneFOneB, true, 4}),
+                      Layout{"tp2_pp2_dp2_zero1", 2, 2, 1, false, 1, 2, 1, parallel::Schedule::kOneFOneB, false, 4},
+                      Layout{"tp2_sp_cp2_pp2", 2, 1, 0, false, 2, 2, 1, parallel::Schedule::kOneFOneB, true, 4}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // A TP-2 rollout on two GPUs (a process each): sampling on the device — each rank gathers
@@ -192,7 +193,7 @@ TEST(RolloutTpGpu, Tp2RanksDrawTheSameTokensOnTheDevice) {
     testing::FileStore store(dir);
     auto c = comm::MakeNcclCommunicator("rollout/tp/0", "rollout-tp", r, 2, &store, {r, 20000});
     if (!c.ok() || !(*c)->OrderWith((*be)->stream()).ok()) return 4;
-    model::LlamaConfig cfg = Config(runtime::DType::kF32);
+    model::LlamaConfig cfg = Config(tessera::DType::kF32);
     cfg.layers = 2;
     auto m = model::Llama::Create(cfg, be->get(), c->get());
     if (!m.ok() || !(*m)->InitRandom(7, 0.05f).ok()) return 5;

@@ -56,7 +56,7 @@ TEST(Cli, SubmitKeepsWatchingAcrossAControllerRestart) {
                         log));
   std::string id;
   ASSERT_TRUE(WaitFor([&] { return !(id = SubmittedId(Read(log))).empty(); }, 30000)) << Read(log);
-  ASSERT_TRUE(c->WaitState(id, v1::RUNNING, 30000).ok());
+  ASSERT_TRUE(c->WaitState(id, v1::JOB_STATE_RUNNING, 30000).ok());
   c->controller().Kill(SIGKILL);
   c->controller().Wait(5000);
   std::this_thread::sleep_for(std::chrono::seconds(2));

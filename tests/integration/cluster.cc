@@ -23,7 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
-#include "common/job_spec.h"
+#include "common/spec/job_spec.h"
 #include "common/util.h"
 
 extern char** environ;
@@ -198,7 +198,7 @@ absl::Status Cluster::WaitNodes(int ready, int timeout_ms) {
     auto s = client_->Status();
     if (s.ok()) {
       int n = 0;
-      for (auto& node : s->nodes()) n += node.state() == v1::READY;
+      for (auto& node : s->nodes()) n += node.state() == v1::NODE_STATE_READY;
       if (n >= ready) return absl::OkStatus();
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -282,7 +282,7 @@ std::vector<pid_t> RunningExecutors(Cluster& c, const std::string& id, int attem
     pids = Cluster::ExecutorPids(id, attempt);
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  EXPECT_TRUE(c.WaitState(id, v1::RUNNING, 30000).ok());
+  EXPECT_TRUE(c.WaitState(id, v1::JOB_STATE_RUNNING, 30000).ok());
   return pids;
 }
 

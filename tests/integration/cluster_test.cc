@@ -17,7 +17,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/grpc_util.h"
+#include "common/rpc/grpc_util.h"
 #include "common/util.h"
 #include "tessera/v1/executor_service.grpc.pb.h"
 #include "tessera/v1/job_service.grpc.pb.h"
@@ -28,7 +28,7 @@
 #include <regex>
 #include <set>
 
-#include "common/job_spec.h"
+#include "common/spec/job_spec.h"
 #include "tests/integration/cluster.h"
 
 namespace tessera::testing {
@@ -44,7 +44,7 @@ TEST(Cluster, CommCheckTp2Dp2Pp2OnTwoAgentsOverGloo) {
   std::ostringstream progress;
   auto job = c->client().Watch(id, progress);
   ASSERT_TRUE(job.ok()) << job.status();
-  ASSERT_EQ(job->state(), v1::SUCCEEDED) << job->reason() << "\n" << progress.str();
+  ASSERT_EQ(job->state(), v1::JOB_STATE_SUCCEEDED) << job->reason() << "\n" << progress.str();
   EXPECT_THAT(progress.str(), HasSubstr("RUNNING"));
   EXPECT_THAT(progress.str(), HasSubstr("tp: 10 checks passed"));
   // Both nodes were used, TP pairs on one node.
@@ -150,7 +150,7 @@ TEST(Cluster, PretrainLayoutsEqualOneRank) {
     EXPECT_TRUE(job.ok()) << job.status();
     if (!job.ok()) return {};
     last = *job;
-    EXPECT_EQ(job->state(), v1::SUCCEEDED) << job->reason() << "\n" << progress.str();
+    EXPECT_EQ(job->state(), v1::JOB_STATE_SUCCEEDED) << job->reason() << "\n" << progress.str();
     EXPECT_THAT(progress.str(), HasSubstr("step 3/3 loss"));
     EXPECT_THAT(progress.str(), HasSubstr("model_tflops_per_s="));
     EXPECT_THAT(progress.str(), HasSubstr("memory_peak_gb="));
@@ -212,7 +212,7 @@ TEST(Cluster, KilledTrainingResumesFromItsCheckpoint) {
   auto run = [&](const v1::JobSpec& spec, std::function<void(const std::string&)> during = nullptr) {
     std::string id = Submit(*c, spec);
     if (during) during(id);
-    auto job = c->WaitState(id, v1::SUCCEEDED, 120000);
+    auto job = c->WaitState(id, v1::JOB_STATE_SUCCEEDED, 120000);
     EXPECT_TRUE(job.ok()) << job.status();
     return job.ok() ? *job : v1::Job();
   };
@@ -259,7 +259,7 @@ TEST(Cluster, KilledTrainingResumesFromItsCheckpoint) {
   kept.mutable_train()->mutable_checkpoint()->set_dir(c->dir() + "/kept");
   kept.mutable_train()->mutable_checkpoint()->set_save_every(4);
   kept.mutable_train()->mutable_checkpoint()->set_keep(2);
-  EXPECT_EQ(run(kept).state(), v1::SUCCEEDED);
+  EXPECT_EQ(run(kept).state(), v1::JOB_STATE_SUCCEEDED);
   std::vector<std::string> names;
   for (const auto& e : std::filesystem::directory_iterator(c->dir() + "/kept")) names.push_back(e.path().filename().string());
   std::sort(names.begin(), names.end());
@@ -282,7 +282,7 @@ TEST(Cluster, PretrainExportsAndStartsFromAHuggingFaceDirectory) {
   const std::string hf = c->dir() + "/hf-export";
   v1::JobSpec first = PretrainSpec(4, 1, 3, 30, /*sp=*/false, /*cp=*/1, /*pp=*/2);
   first.mutable_train()->set_export_hf(hf);
-  auto a = c->WaitState(Submit(*c, first), v1::SUCCEEDED, 120000);
+  auto a = c->WaitState(Submit(*c, first), v1::JOB_STATE_SUCCEEDED, 120000);
   ASSERT_TRUE(a.ok()) << a.status();
   const auto la = nlohmann::json::parse(a->result_json())["losses"].get<std::vector<double>>();
   ASSERT_TRUE(ReadFile(hf + "/config.json").ok());
@@ -295,7 +295,7 @@ TEST(Cluster, PretrainExportsAndStartsFromAHuggingFaceDirectory) {
     (m->*clear)();
   m->set_hf_dir(hf);
   second.mutable_train()->set_recompute(true);
-  auto b = c->WaitState(Submit(*c, second), v1::SUCCEEDED, 120000);
+  auto b = c->WaitState(Submit(*c, second), v1::JOB_STATE_SUCCEEDED, 120000);
   ASSERT_TRUE(b.ok()) << b.status();
   const auto lb = nlohmann::json::parse(b->result_json())["losses"].get<std::vector<double>>();
   ASSERT_EQ(lb.size(), 2u);
@@ -315,7 +315,7 @@ TEST(Cluster, SftTrainsOnJsonlData) {
   spec.set_kind("sft");
   spec.mutable_train()->mutable_data()->set_kind("jsonl");
   spec.mutable_train()->mutable_data()->set_path(path);
-  auto job = c->WaitState(Submit(*c, spec), v1::SUCCEEDED, 120000);
+  auto job = c->WaitState(Submit(*c, spec), v1::JOB_STATE_SUCCEEDED, 120000);
   ASSERT_TRUE(job.ok()) << job.status();
   const auto losses = nlohmann::json::parse(job->result_json())["losses"].get<std::vector<double>>();
   ASSERT_EQ(losses.size(), 30u);
@@ -344,7 +344,7 @@ TEST(Cluster, GrpoStepsStreamTheirMetrics) {
   std::ostringstream progress;
   auto job = c->client().Watch(Submit(*c, spec), progress);
   ASSERT_TRUE(job.ok()) << job.status();
-  ASSERT_EQ(job->state(), v1::SUCCEEDED) << job->reason() << "\n" << progress.str();
+  ASSERT_EQ(job->state(), v1::JOB_STATE_SUCCEEDED) << job->reason() << "\n" << progress.str();
   EXPECT_THAT(progress.str(), HasSubstr("step 2/2 reward"));
   for (const char* k : {"reward=", "accuracy=", "response_length=", "kl=", "clip_fraction=", "entropy=", "grad_norm=", "generate_s=",
                         "ref_s=", "old_logprob_s=", "update_s=", "samples_per_s="})
@@ -409,7 +409,7 @@ TEST(Cluster, GrpoWithARolloutPoolOfItsOwnEqualsColocated) {
   auto c = Up({.agents = 1, .cpu_slots = 4});
   v1::JobSpec spec = RolloutGroupSpec("grpo");
   spec.mutable_rl()->set_eval_every(2);
-  auto colocated = c->WaitState(Submit(*c, spec), v1::SUCCEEDED, 120000);
+  auto colocated = c->WaitState(Submit(*c, spec), v1::JOB_STATE_SUCCEEDED, 120000);
   ASSERT_TRUE(colocated.ok()) << colocated.status();
   {
     const auto a = nlohmann::json::parse(colocated->result_json());
@@ -420,7 +420,7 @@ TEST(Cluster, GrpoWithARolloutPoolOfItsOwnEqualsColocated) {
   std::ostringstream progress;
   auto split = c->client().Watch(Submit(*c, spec), progress);
   ASSERT_TRUE(split.ok()) << split.status();
-  ASSERT_EQ(split->state(), v1::SUCCEEDED) << split->reason() << "\n" << progress.str();
+  ASSERT_EQ(split->state(), v1::JOB_STATE_SUCCEEDED) << split->reason() << "\n" << progress.str();
   const auto a = nlohmann::json::parse(colocated->result_json()), b = nlohmann::json::parse(split->result_json());
   // The same samples: the same rewards, and the gradient norms and KLs (which depend on
   // every sampled token) agree to float precision.
@@ -443,13 +443,13 @@ TEST(Cluster, GrpoWithARolloutPoolOfItsOwnEqualsColocated) {
   // the same samples again.
   pool->set_devices(1), pool->mutable_layout()->set_dp(1);
   ASSERT_TRUE(NormalizeAndValidateJobSpec(spec).ok());
-  auto one = c->WaitState(Submit(*c, spec), v1::SUCCEEDED, 120000);
+  auto one = c->WaitState(Submit(*c, spec), v1::JOB_STATE_SUCCEEDED, 120000);
   ASSERT_TRUE(one.ok()) << one.status();
   same_run(nlohmann::json::parse(one->result_json()), "pool of one rank");
   // A pool with tensor parallelism: the sync re-slices every tensor.
   pool->set_devices(2), pool->mutable_layout()->set_dp(1), pool->mutable_layout()->set_tp(2);
   ASSERT_TRUE(NormalizeAndValidateJobSpec(spec).ok());
-  auto tp2 = c->WaitState(Submit(*c, spec), v1::SUCCEEDED, 120000);
+  auto tp2 = c->WaitState(Submit(*c, spec), v1::JOB_STATE_SUCCEEDED, 120000);
   ASSERT_TRUE(tp2.ok()) << tp2.status();
   EXPECT_EQ(nlohmann::json::parse(tp2->result_json())["weights_verified"], true);
   // Refusals name the field.
@@ -469,14 +469,14 @@ TEST(Cluster, GrpoWithARolloutPoolOfItsOwnEqualsColocated) {
 TEST(Cluster, GrpoWithARolloutGroupOnTheActorsDevicesReslicesTheWeights) {
   auto c = Up({.agents = 1, .cpu_slots = 2});
   v1::JobSpec spec = RolloutGroupSpec("grpo");
-  auto own = c->WaitState(Submit(*c, spec), v1::SUCCEEDED, 120000);
+  auto own = c->WaitState(Submit(*c, spec), v1::JOB_STATE_SUCCEEDED, 120000);
   ASSERT_TRUE(own.ok()) << own.status();
   const auto a = nlohmann::json::parse(own->result_json());
   auto* rollout = AddRolloutGroup(spec, 2, "actor");
   std::ostringstream progress;
   auto same = c->client().Watch(Submit(*c, spec), progress);
   ASSERT_TRUE(same.ok()) << same.status();
-  ASSERT_EQ(same->state(), v1::SUCCEEDED) << same->reason() << "\n" << progress.str();
+  ASSERT_EQ(same->state(), v1::JOB_STATE_SUCCEEDED) << same->reason() << "\n" << progress.str();
   EXPECT_THAT(progress.str(), HasSubstr("on the actor's devices"));
   const auto b = nlohmann::json::parse(same->result_json());
   EXPECT_EQ(b["rewards"], a["rewards"]);
@@ -491,14 +491,14 @@ TEST(Cluster, GrpoWithARolloutGroupOnTheActorsDevicesReslicesTheWeights) {
   spec.mutable_groups(0)->mutable_layout()->set_tp(2), spec.mutable_groups(0)->mutable_layout()->set_dp(1);
   spec.mutable_rl()->set_prompts_per_step(2);
   ASSERT_TRUE(NormalizeAndValidateJobSpec(spec).ok()) << NormalizeAndValidateJobSpec(spec);
-  auto down = c->WaitState(Submit(*c, spec), v1::SUCCEEDED, 120000);
+  auto down = c->WaitState(Submit(*c, spec), v1::JOB_STATE_SUCCEEDED, 120000);
   ASSERT_TRUE(down.ok()) << down.status();
   EXPECT_EQ(nlohmann::json::parse(down->result_json())["weights_verified"], true);
   // DP 2 -> TP 2: each rollout rank keeps its half of every sharded tensor.
   spec.mutable_groups(0)->mutable_layout()->set_tp(1), spec.mutable_groups(0)->mutable_layout()->set_dp(2);
   rollout->mutable_layout()->set_dp(1), rollout->mutable_layout()->set_tp(2);
   ASSERT_TRUE(NormalizeAndValidateJobSpec(spec).ok()) << NormalizeAndValidateJobSpec(spec);
-  auto up = c->WaitState(Submit(*c, spec), v1::SUCCEEDED, 120000);
+  auto up = c->WaitState(Submit(*c, spec), v1::JOB_STATE_SUCCEEDED, 120000);
   ASSERT_TRUE(up.ok()) << up.status();
   EXPECT_EQ(nlohmann::json::parse(up->result_json())["weights_verified"], true);
 }
@@ -509,7 +509,7 @@ TEST(Cluster, PpoWithARolloutPoolOfItsOwnEqualsColocated) {
   auto c = Up({.agents = 1, .cpu_slots = 4});
   v1::JobSpec spec = RolloutGroupSpec("ppo");
   ASSERT_TRUE(NormalizeAndValidateJobSpec(spec).ok()) << NormalizeAndValidateJobSpec(spec);
-  auto colocated = c->WaitState(Submit(*c, spec), v1::SUCCEEDED, 120000);
+  auto colocated = c->WaitState(Submit(*c, spec), v1::JOB_STATE_SUCCEEDED, 120000);
   ASSERT_TRUE(colocated.ok()) << colocated.status();
   const auto a = nlohmann::json::parse(colocated->result_json());
   for (size_t i = 0; i < 3; ++i) ASSERT_GT(a["grad_norms"][i].get<double>(), 0) << a.dump();
@@ -517,7 +517,7 @@ TEST(Cluster, PpoWithARolloutPoolOfItsOwnEqualsColocated) {
   std::ostringstream progress;
   auto split = c->client().Watch(Submit(*c, spec), progress);
   ASSERT_TRUE(split.ok()) << split.status();
-  ASSERT_EQ(split->state(), v1::SUCCEEDED) << split->reason() << "\n" << progress.str();
+  ASSERT_EQ(split->state(), v1::JOB_STATE_SUCCEEDED) << split->reason() << "\n" << progress.str();
   const auto b = nlohmann::json::parse(split->result_json());
   EXPECT_EQ(b["rewards"], a["rewards"]);
   EXPECT_EQ(b["accuracy"], a["accuracy"]);
@@ -539,11 +539,11 @@ TEST(Cluster, GrafanaDashboardQueriesWhatTheDaemonsExport) {
   auto c = Up({.agents = 1, .cpu_slots = 4});
   v1::JobSpec pt = PretrainSpec(2, 1, 0, 4);
   pt.mutable_train()->mutable_checkpoint()->set_dir(c->dir() + "/ckpt");
-  ASSERT_TRUE(c->WaitState(Submit(*c, pt), v1::SUCCEEDED, 120000).ok());
+  ASSERT_TRUE(c->WaitState(Submit(*c, pt), v1::JOB_STATE_SUCCEEDED, 120000).ok());
   v1::JobSpec rl = RolloutGroupSpec("grpo");
   rl.mutable_train()->set_steps(1);
   AddRolloutGroup(rl, 2);
-  ASSERT_TRUE(c->WaitState(Submit(*c, rl), v1::SUCCEEDED, 120000).ok());
+  ASSERT_TRUE(c->WaitState(Submit(*c, rl), v1::JOB_STATE_SUCCEEDED, 120000).ok());
   const std::string scraped = HttpGet(c->controller_metrics_port(), "/metrics") + HttpGet(c->agent_metrics_port(), "/metrics");
   auto text = ReadFile(std::string(TESSERA_SOURCE_DIR) + "/deploy/grafana/tessera.json");
   ASSERT_TRUE(text.ok());
@@ -587,7 +587,7 @@ TEST(Cluster, PpoStepsStreamTheCriticsMetrics) {
   std::ostringstream progress;
   auto job = c->client().Watch(Submit(*c, spec), progress);
   ASSERT_TRUE(job.ok()) << job.status();
-  ASSERT_EQ(job->state(), v1::SUCCEEDED) << job->reason() << "\n" << progress.str();
+  ASSERT_EQ(job->state(), v1::JOB_STATE_SUCCEEDED) << job->reason() << "\n" << progress.str();
   EXPECT_THAT(progress.str(), HasSubstr("ready for PPO"));
   for (const char* k : {"reward=", "value_loss=", "value_clip_fraction=", "critic_grad_norm=", "values_s=",
                         "critic_update_s=", "kl=", "entropy=", "reward_kl="})
@@ -616,7 +616,7 @@ TEST(Cluster, PpoResumesActorAndCriticFromItsCheckpoint) {
     std::ostringstream progress;
     auto job = c->client().Watch(Submit(*c, spec), progress);
     EXPECT_TRUE(job.ok()) << job.status();
-    EXPECT_EQ(job.ok() ? job->state() : v1::FAILED, v1::SUCCEEDED) << (job.ok() ? job->reason() : "") << progress.str();
+    EXPECT_EQ(job.ok() ? job->state() : v1::JOB_STATE_FAILED, v1::JOB_STATE_SUCCEEDED) << (job.ok() ? job->reason() : "") << progress.str();
     return job.ok() ? nlohmann::json::parse(job->result_json(), nullptr, false) : nlohmann::json();
   };
   const auto straight = run(spec_of(4));
@@ -644,7 +644,7 @@ TEST(Cluster, KilledExecutorRestartsTheAttempt) {
   auto pids = RunningExecutors(*c, id, 1, 4);
   ASSERT_EQ(pids.size(), 4u);
   ASSERT_EQ(kill(pids[1], SIGKILL), 0);
-  auto j = c->WaitState(id, v1::SUCCEEDED, 90000);
+  auto j = c->WaitState(id, v1::JOB_STATE_SUCCEEDED, 90000);
   ASSERT_TRUE(j.ok()) << j.status();
   EXPECT_EQ(j->attempt(), 2);
   EXPECT_EQ(j->restarts(), 1);
@@ -717,7 +717,7 @@ TEST(Cluster, AnExecutorRefusesACallMeantForAnother) {
   }
   auto j = c->client().Get(id);
   ASSERT_TRUE(j.ok()) << j.status();
-  EXPECT_TRUE(j->state() == v1::RUNNING || j->state() == v1::SUCCEEDED) << v1::JobState_Name(j->state()) << " " << j->reason();
+  EXPECT_TRUE(j->state() == v1::JOB_STATE_RUNNING || j->state() == v1::JOB_STATE_SUCCEEDED) << v1::JobState_Name(j->state()) << " " << j->reason();
   for (int i = 0; i < 500; ++i) {  // the executor's own record of it
     std::ostringstream logs;
     (void)c->client().Logs(id, 0, 0, false, logs);
@@ -733,7 +733,7 @@ TEST(Cluster, KilledExecutorWithoutRestartsFailsNamingRankAndNode) {
   auto pids = RunningExecutors(*c, id, 1, 2);
   ASSERT_EQ(pids.size(), 2u);
   kill(pids[0], SIGKILL);
-  auto j = c->WaitState(id, v1::FAILED, 60000);
+  auto j = c->WaitState(id, v1::JOB_STATE_FAILED, 60000);
   ASSERT_TRUE(j.ok()) << j.status();
   EXPECT_THAT(j->reason(), HasSubstr("on node n0 was killed by signal 9"));
   EXPECT_THAT(j->reason(), HasSubstr("workers rank"));
@@ -745,12 +745,12 @@ TEST(Cluster, KilledAgentLosesItsNodeAfterTheLease) {
   RunningExecutors(*c, id, 1, 4);
   c->agents()[1]->Kill(SIGKILL);
   c->agents()[1]->Wait(2000);
-  auto j = c->WaitState(id, v1::FAILED, 60000);
+  auto j = c->WaitState(id, v1::JOB_STATE_FAILED, 60000);
   ASSERT_TRUE(j.ok()) << j.status();
   auto st = c->client().Status();
   ASSERT_TRUE(st.ok());
   bool lost = false;
-  for (const auto& n : st->nodes()) lost |= n.node_id() == "n1" && n.state() == v1::LOST;
+  for (const auto& n : st->nodes()) lost |= n.node_id() == "n1" && n.state() == v1::NODE_STATE_LOST;
   EXPECT_TRUE(lost);
   // The job's reason names what went first: the node, or an executor on it.
   EXPECT_THAT(j->reason(), ::testing::AnyOf(HasSubstr("node n1"), HasSubstr("executor")));
@@ -763,7 +763,7 @@ TEST(Cluster, ControllerRestartMidJobLosesNothingAndLaunchesNothingTwice) {
   c->controller().Kill(SIGKILL);
   c->controller().Wait(2000);
   ASSERT_TRUE(c->StartController().ok());
-  auto j = c->WaitState(id, v1::SUCCEEDED, 90000);
+  auto j = c->WaitState(id, v1::JOB_STATE_SUCCEEDED, 90000);
   ASSERT_TRUE(j.ok()) << j.status();
   EXPECT_EQ(j->attempt(), 2);
   EXPECT_EQ(j->restarts(), 0);
@@ -829,7 +829,7 @@ TEST(Cluster, BadInputIsRejectedAndDisturbsNothing) {
   expect(escaping, grpc::PERMISSION_DENIED, "train.checkpoint.dir: '/etc/tessera-checkpoints' is outside");
   // Nothing was persisted for the rejected jobs; the running job finishes normally.
   EXPECT_EQ(c->client().List(100)->size(), 1u);
-  auto j = c->WaitState(running, v1::SUCCEEDED, 60000);
+  auto j = c->WaitState(running, v1::JOB_STATE_SUCCEEDED, 60000);
   EXPECT_TRUE(j.ok()) << j.status();
   // Plaintext to the TLS port fails; TLS without the right CA fails.
   auto pc = client::Client::Connect({c->address(), c->admin_token(), "", true});
@@ -902,7 +902,7 @@ TEST(Cluster, ControllerRunsFromAMountedSecretsDirectory) {
   EXPECT_THAT(out, HasSubstr("no ca.crt and ca.key (make them with `tessera-controller init-secrets"));
   {
     auto c = Up({.agents = 1, .cpu_slots = 2, .secrets_dir = secrets});
-    auto j = c->WaitState(Submit(*c, CommCheckSpec(2, 2, 1, 0)), v1::SUCCEEDED, 60000);
+    auto j = c->WaitState(Submit(*c, CommCheckSpec(2, 2, 1, 0)), v1::JOB_STATE_SUCCEEDED, 60000);
     EXPECT_TRUE(j.ok()) << j.status();
     for (const char* f : {"ca.crt", "ca.key", "join-token", "tokens"})
       EXPECT_FALSE(ReadFile(c->dir() + "/controller/" + f).ok()) << f << " was written into the state dir";
@@ -938,7 +938,7 @@ TEST(Cluster, CliSubmitStatusLogs) {
   EXPECT_THAT(*ReadFile(out), HasSubstr("already submitted as " + id));
   rc = system((bin + " -o json job status " + id + " > " + out + " 2>&1").c_str());
   EXPECT_EQ(WEXITSTATUS(rc), 0);
-  EXPECT_EQ(nlohmann::json::parse(*ReadFile(out))["state"], "SUCCEEDED");
+  EXPECT_EQ(nlohmann::json::parse(*ReadFile(out))["state"], "JOB_STATE_SUCCEEDED");
   rc = system((bin + " job logs " + id + " --rank 1 > " + out + " 2>&1").c_str());
   EXPECT_EQ(WEXITSTATUS(rc), 0);
   EXPECT_THAT(*ReadFile(out), HasSubstr("[attempt 1 executor 1 n0]"));

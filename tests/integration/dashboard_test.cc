@@ -37,7 +37,7 @@ TEST(Dashboard, ShowsARunningJobsCurvesAndLogs) {
   const int port = c->controller_dashboard_port();
   ASSERT_GT(port, 0);
   const std::string id = Submit(*c, PretrainSpec(2, 1, 0, 1000000));
-  ASSERT_TRUE(c->WaitState(id, v1::RUNNING, 60000).ok());
+  ASSERT_TRUE(c->WaitState(id, v1::JOB_STATE_RUNNING, 60000).ok());
   // Wait for some steps' metrics.
   nlohmann::json events;
   int steps = 0;
@@ -59,7 +59,7 @@ TEST(Dashboard, ShowsARunningJobsCurvesAndLogs) {
   ASSERT_EQ(Status(jobs), 200);
   ASSERT_EQ(Body(jobs)["jobs"].size(), 1u);
   EXPECT_EQ(Body(jobs)["jobs"][0]["jobId"], id);
-  EXPECT_EQ(Body(jobs)["jobs"][0]["state"], "RUNNING");
+  EXPECT_EQ(Body(jobs)["jobs"][0]["state"], "JOB_STATE_RUNNING");
   const auto cluster = Body(HttpGet(port, "/api/cluster", c->admin_token()));
   ASSERT_EQ(cluster["nodes"].size(), 1u);
   EXPECT_EQ(cluster["nodes"][0]["devices"][0]["usedByJob"], id);
@@ -106,7 +106,7 @@ TEST(Dashboard, ShowsARunningJobsCurvesAndLogs) {
     std::cout << "screenshot of the dashboard: " << shot << "\n";
   }
   ASSERT_TRUE(c->client().Stop(id).ok());
-  EXPECT_TRUE(c->WaitState(id, v1::STOPPED, 30000).ok());
+  EXPECT_TRUE(c->WaitState(id, v1::JOB_STATE_STOPPED, 30000).ok());
 }
 
 }  // namespace

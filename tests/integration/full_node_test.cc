@@ -29,7 +29,7 @@ TEST(FullNode, EightRankLayoutsOnCpuSlots) {
     auto job = c->client().Watch(id, progress);
     EXPECT_TRUE(job.ok()) << job.status();
     if (!job.ok()) return {};
-    EXPECT_EQ(job->state(), v1::SUCCEEDED) << job->reason() << "\n" << progress.str();
+    EXPECT_EQ(job->state(), v1::JOB_STATE_SUCCEEDED) << job->reason() << "\n" << progress.str();
     *progress_out = progress.str();
     return *job;
   };

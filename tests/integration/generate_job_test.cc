@@ -14,13 +14,13 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
-#include "common/job_spec.h"
+#include "common/spec/job_spec.h"
 #include "common/util.h"
 #include "tests/integration/cluster.h"
 #include "tests/integration/hf_dir.h"
 #include "worker/checkpoint/checkpoint.h"
 #include "worker/checkpoint/hf.h"
-#include "worker/engine/rollout.h"
+#include "worker/rollout/rollout.h"
 #include "worker/tokenizer/model_text.h"
 
 namespace tessera::testing {
@@ -88,7 +88,7 @@ TEST(GenerateJob, CompletesAJsonlFileAsTheEngineDoes) {
   // Weights: a short pretrain run's checkpoint.
   v1::JobSpec pt = PretrainSpec(2, 1, 0, 3);
   pt.mutable_train()->mutable_checkpoint()->set_dir(c.dir() + "/ckpt");
-  ASSERT_EQ(RunJob(c, pt).state(), v1::SUCCEEDED);
+  ASSERT_EQ(RunJob(c, pt).state(), v1::JOB_STATE_SUCCEEDED);
   // Seven prompts (an odd count: the DP ranks take 3 and 4), extra keys on some.
   const std::vector<std::string> prompts = {"12+34=", "hello", "a", "The quick brown fox", "7+8=", "zz", "0123456789"};
   const std::string input = c.dir() + "/prompts.jsonl", output = c.dir() + "/out.jsonl";
@@ -103,7 +103,7 @@ TEST(GenerateJob, CompletesAJsonlFileAsTheEngineDoes) {
   }
   std::string progress;
   v1::Job job = RunJob(c, GenerateSpec(c.dir(), input, output), &progress);
-  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason() << "\n" << progress;
+  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason() << "\n" << progress;
   EXPECT_THAT(progress, HasSubstr("7 prompts, 7 completions"));
   auto check = [&](float temperature, int n, uint64_t seed) {
     const std::vector<std::string> want = Reference(prompts, c.dir() + "/ckpt", temperature, n, seed);
@@ -139,13 +139,13 @@ TEST(GenerateJob, CompletesAJsonlFileAsTheEngineDoes) {
   v1::JobSpec greedy = GenerateSpec(c.dir(), input, output);
   greedy.mutable_generate()->set_temperature(0);
   greedy.mutable_generate()->set_n(2);
-  ASSERT_EQ(RunJob(c, greedy).state(), v1::SUCCEEDED);
+  ASSERT_EQ(RunJob(c, greedy).state(), v1::JOB_STATE_SUCCEEDED);
   check(0.f, 2, 0);
   // A cache too small for the longest prompt (19 bytes) + 9 new tokens: refused by name.
   v1::JobSpec small = GenerateSpec(c.dir(), input, output);
   small.mutable_generate()->set_cache_tokens(20);
   job = RunJob(c, small);
-  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
   EXPECT_THAT(job.reason(), HasSubstr("generate.cache_tokens: 20 tokens cannot hold prompt"));
   // Bad input: the job fails naming the file and the line; the output is not replaced.
   const std::string before = *ReadFile(output);
@@ -154,7 +154,7 @@ TEST(GenerateJob, CompletesAJsonlFileAsTheEngineDoes) {
     f << "{\"text\": \"no prompt here\"}\n";
   }
   job = RunJob(c, GenerateSpec(c.dir(), input, output));
-  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
   EXPECT_THAT(job.reason(), HasSubstr("prompts.jsonl:9: expected {\"prompt\""));
   EXPECT_EQ(*ReadFile(output), before);
 }
@@ -224,7 +224,7 @@ TEST(GenerateJob, ReadsAndWritesTextWithTheModelsTokenizer) {
   ASSERT_TRUE(s.ok()) << s.status();
   ASSERT_TRUE(NormalizeAndValidateJobSpec(*s).ok());
   v1::Job job = RunJob(c, *s);
-  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
   auto out = ReadFile(output);
   ASSERT_TRUE(out.ok());
   std::istringstream in(*out);
@@ -250,14 +250,14 @@ TEST(GenerateJob, ReadsAndWritesTextWithTheModelsTokenizer) {
   v1::JobSpec stop = *s;
   stop.mutable_generate()->add_stop("Hello world");
   job = RunJob(c, stop);
-  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
   EXPECT_THAT(job.reason(), HasSubstr("generate.stop[0]: 'Hello world' is "));
   EXPECT_THAT(job.reason(), HasSubstr("a stop string must be one token"));
   // A conversation needs a chat template: with the byte tokenizer the job fails at its line.
   v1::JobSpec byte_chat = *s;
   byte_chat.mutable_model()->set_tokenizer("byte");
   job = RunJob(c, byte_chat);
-  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
   EXPECT_THAT(job.reason(), HasSubstr("chat.jsonl:2: \"messages\" needs a chat template"));
   EXPECT_EQ(*ReadFile(output), *out);  // failed jobs leave the output as it was
 }
@@ -291,7 +291,7 @@ TEST(GenerateJob, SftOnConversationsThenChatWithTheExport) {
   ASSERT_TRUE(sft.ok()) << sft.status();
   ASSERT_TRUE(NormalizeAndValidateJobSpec(*sft).ok());
   v1::Job job = RunJob(c, *sft);
-  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
   for (const char* f : {"config.json", "tokenizer.json", "tokenizer_config.json"})
     EXPECT_TRUE(ReadFile(c.dir() + "/tuned/" + f).ok()) << f;
 
@@ -306,7 +306,7 @@ TEST(GenerateJob, SftOnConversationsThenChatWithTheExport) {
   ASSERT_TRUE(gen.ok()) << gen.status();
   ASSERT_TRUE(NormalizeAndValidateJobSpec(*gen).ok());
   job = RunJob(c, *gen);
-  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
   std::istringstream in(*ReadFile(output));
   std::string line;
   int right = 0, stopped = 0, n = 0;

@@ -19,7 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/job_spec.h"
+#include "common/spec/job_spec.h"
 #include "common/util.h"
 #include "tessera/v1/reward_service.grpc.pb.h"
 #include "tests/integration/cluster.h"
@@ -122,7 +122,7 @@ TEST(RewardService, GrpoRewardsComeFromTheServiceAndItsFailureFailsTheJob) {
 
   std::string progress;
   v1::Job job = RunJob(c, GrpoSpec(address), &progress);
-  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason() << "\n" << progress;
+  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason() << "\n" << progress;
   EXPECT_EQ(service.calls(), 4);      // 2 steps x 2 DP ranks
   EXPECT_EQ(service.samples(), 32);   // 2 prompts x 4 samples per call
   EXPECT_FALSE(service.bad()) << "samples without their prompt or reference";
@@ -134,13 +134,13 @@ TEST(RewardService, GrpoRewardsComeFromTheServiceAndItsFailureFailsTheJob) {
 
   service.set_short_by(1);
   job = RunJob(c, GrpoSpec(address), &progress);
-  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
   EXPECT_THAT(job.reason(), HasSubstr(absl::StrCat("rl.reward_service ", address, ": 7 rewards for 8 samples")));
 
   server->Shutdown();
   server.reset();
   job = RunJob(c, GrpoSpec(address), &progress);
-  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
   EXPECT_THAT(job.reason(), HasSubstr(absl::StrCat("rl.reward_service ", address, ": Score failed")));
 }
 
@@ -160,7 +160,7 @@ TEST(RewardService, ARolloutPoolOfItsOwnScoresThroughTheService) {
   ASSERT_TRUE(NormalizeAndValidateJobSpec(spec).ok()) << NormalizeAndValidateJobSpec(spec);
   std::string progress;
   v1::Job job = RunJob(c, spec, &progress);
-  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason() << "\n" << progress;
+  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason() << "\n" << progress;
   EXPECT_EQ(serving.rewards.calls(), 2);
   EXPECT_EQ(serving.rewards.samples(), 32);
   EXPECT_FALSE(serving.rewards.bad());
@@ -169,7 +169,7 @@ TEST(RewardService, ARolloutPoolOfItsOwnScoresThroughTheService) {
   EXPECT_EQ(result["weights_verified"], true);
   serving.rewards.set_short_by(1);
   job = RunJob(c, spec, &progress);
-  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
   EXPECT_THAT(job.reason(), HasSubstr(absl::StrCat("rl.reward_service ", serving.address, ": 15 rewards for 16 samples")));
 }
 
@@ -192,7 +192,7 @@ TEST(RewardService, KilledGrpoResumesFromItsCheckpointExactly) {
   spec.mutable_rl()->set_mini_batches(2);  // two optimizer steps per GRPO step: AdamW's step count matters
   std::string progress;
   const v1::Job straight_job = RunJob(c, spec, &progress);
-  ASSERT_EQ(straight_job.state(), v1::SUCCEEDED) << straight_job.reason() << "\n" << progress;
+  ASSERT_EQ(straight_job.state(), v1::JOB_STATE_SUCCEEDED) << straight_job.reason() << "\n" << progress;
   const auto straight = nlohmann::json::parse(straight_job.result_json());
   ASSERT_EQ(straight["grad_norms"].size(), size_t(kSteps)) << straight.dump();
   EXPECT_GT(straight["kl"][kSteps - 1].get<double>(), 0) << "the policy did not move: the test would show nothing";
@@ -213,7 +213,7 @@ TEST(RewardService, KilledGrpoResumesFromItsCheckpointExactly) {
   ASSERT_EQ(pids.size(), 2u);
   for (int i = 0; i < 6000 && !ReadFile(dir + "/latest").ok(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   ASSERT_EQ(kill(pids[1], SIGKILL), 0);
-  auto resumed_job = c.WaitState(id, v1::SUCCEEDED, 120000);
+  auto resumed_job = c.WaitState(id, v1::JOB_STATE_SUCCEEDED, 120000);
   ASSERT_TRUE(resumed_job.ok()) << resumed_job.status();
   EXPECT_EQ(resumed_job->attempt(), 2) << "the kill came after the job ended: make the steps more or slower";
   const auto resumed = nlohmann::json::parse(resumed_job->result_json());
@@ -257,13 +257,13 @@ TEST(RewardService, GrpoOnJsonlPromptsWithAnswers) {
   ASSERT_TRUE(NormalizeAndValidateJobSpec(spec).ok());
   std::string progress;
   v1::Job job = RunJob(c, spec, &progress);
-  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason() << "\n" << progress;
+  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason() << "\n" << progress;
   EXPECT_FALSE(serving.rewards.bad());
   EXPECT_EQ(serving.rewards.seen(), lines);
 
   spec.mutable_rl()->clear_reward_service();  // the built-in verifier
   job = RunJob(c, spec, &progress);
-  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason() << "\n" << progress;
+  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason() << "\n" << progress;
   const auto result = nlohmann::json::parse(job.result_json());
   ASSERT_EQ(result["rewards"].size(), 2u);
   for (const auto& r : result["rewards"]) EXPECT_TRUE(r.get<double>() >= 0 && r.get<double>() <= 1) << r;
@@ -272,7 +272,7 @@ TEST(RewardService, GrpoOnJsonlPromptsWithAnswers) {
 
   ASSERT_TRUE(WriteFileAtomic(path, file + "{\"prompt\": \"x\"}\n").ok());
   job = RunJob(c, spec, &progress);
-  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
   EXPECT_THAT(job.reason(), HasSubstr(path + ":7: expected {\"prompt\": string, \"answer\": string}"));
 }
 
@@ -315,14 +315,14 @@ TEST(RewardService, GrpoOnConversationsThroughTheModelsTokenizer) {
   ASSERT_TRUE(NormalizeAndValidateJobSpec(spec).ok());
   std::string progress;
   v1::Job job = RunJob(c, spec, &progress);
-  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason() << "\n" << progress;
+  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason() << "\n" << progress;
   EXPECT_EQ(serving.rewards.seen(), want);
   EXPECT_FALSE(serving.rewards.completions().empty());
   for (const std::string& comp : serving.rewards.completions()) EXPECT_EQ(comp.find("<|"), std::string::npos) << comp;
   // A stop string of two tokens is refused by name.
   spec.mutable_rl()->add_stop("What is");
   job = RunJob(c, spec, &progress);
-  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
   EXPECT_THAT(job.reason(), HasSubstr("rl.stop[1]: 'What is' is "));
   EXPECT_THAT(job.reason(), HasSubstr("a stop string must be one token"));
 }

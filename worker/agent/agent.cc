@@ -17,7 +17,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "common/grpc_util.h"
+#include "common/rpc/grpc_util.h"
 #include "common/status.h"
 #include "common/util.h"
 #include "worker/agent/devices.h"
@@ -323,7 +323,7 @@ void Agent::StartExecutor(const v1::ExecutorConfig& cfg) {
     e->set_job_id(cfg.job_id());
     e->set_attempt(cfg.attempt());
     e->set_executor(cfg.executor());
-    e->set_phase(v1::EXECUTOR_FAILED_TO_START);
+    e->set_phase(v1::EXECUTOR_PHASE_FAILED_TO_START);
     e->set_message(why);
     SendUp(m, false);
   };
@@ -349,7 +349,7 @@ void Agent::StartExecutor(const v1::ExecutorConfig& cfg) {
   // unless the job or the agent's environment says otherwise (as torchrun sets
   // OMP_NUM_THREADS for its workers) — two executors with a thread per core each spun
   // against each other (3x slower SFT steps on 2 cores, docs/operations.md).
-  if (cfg.device_type() == v1::CPU) {
+  if (cfg.device_type() == v1::DEVICE_TYPE_CPU) {
     bool set = false;
     for (const auto& e : env) set |= absl::StartsWith(e, "OMP_NUM_THREADS=") || absl::StartsWith(e, "OPENBLAS_NUM_THREADS=");
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -409,7 +409,7 @@ void Agent::StartExecutor(const v1::ExecutorConfig& cfg) {
   ev->set_job_id(cfg.job_id());
   ev->set_attempt(cfg.attempt());
   ev->set_executor(cfg.executor());
-  ev->set_phase(v1::EXECUTOR_STARTED);
+  ev->set_phase(v1::EXECUTOR_PHASE_STARTED);
   ev->set_pid(pid);
   std::thread([this, m] { SendUp(m, false); }).detach();
 }
@@ -504,7 +504,7 @@ void Agent::ReadAndReap(Key key, int fd, pid_t pid) {
   ev->set_job_id(job);
   ev->set_attempt(attempt);
   ev->set_executor(executor);
-  ev->set_phase(v1::EXECUTOR_EXITED);
+  ev->set_phase(v1::EXECUTOR_PHASE_EXITED);
   ev->set_pid(pid);
   if (WIFSIGNALED(status)) ev->set_signal(WTERMSIG(status));
   else ev->set_exit_code(WEXITSTATUS(status));

@@ -74,7 +74,7 @@ class Agent {
     pid_t pid = 0;
     bool requested_stop = false;  // asked to stop while it still ran
     bool sent_kill = false;       // we sent it SIGKILL (a stop's grace ran out, or shutdown)
-    v1::DeviceType device_type = v1::CPU;
+    v1::DeviceType device_type = v1::DEVICE_TYPE_CPU;
     int device_index = 0;
     std::thread reader;
   };

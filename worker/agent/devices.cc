@@ -3,17 +3,17 @@
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
-#include "worker/comm/nccl_communicator.h"
+#include "common/gpu_devices.h"
 
 namespace tessera::agent {
 std::vector<v1::Device> DiscoverDevices(int cpu_slots, bool use_gpus) {
   std::vector<v1::Device> out;
-  int n = use_gpus ? comm::CudaDeviceCount() : 0;
-  for (int i = 0; i < n; ++i) {
-    auto info = comm::CudaDevice(i);
+  const std::vector<GpuInfo> gpus = use_gpus ? VisibleGpus() : std::vector<GpuInfo>{};
+  for (int i = 0; i < static_cast<int>(gpus.size()); ++i) {
+    const GpuInfo& info = gpus[i];
     v1::Device d;
     d.set_index(i);
-    d.set_type(v1::GPU);
+    d.set_type(v1::DEVICE_TYPE_GPU);
     d.set_name(info.name);
     d.set_memory_bytes(info.memory_bytes);
     out.push_back(d);
@@ -22,7 +22,7 @@ std::vector<v1::Device> DiscoverDevices(int cpu_slots, bool use_gpus) {
   for (int i = 0; i < cpu_slots; ++i) {
     v1::Device d;
     d.set_index(i);
-    d.set_type(v1::CPU);
+    d.set_type(v1::DEVICE_TYPE_CPU);
     d.set_name(absl::StrCat("cpu-slot-", i));
     d.set_memory_bytes(cpu_slots > 0 ? mem / cpu_slots : 0);
     out.push_back(d);

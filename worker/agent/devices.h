@@ -1,5 +1,5 @@
-// The devices a node agent registers: GPUs found through the CUDA runtime (in a
-// CUDA build) and `cpu_slots` CPU devices.
+// The devices a node agent registers: the GPUs the CUDA driver shows this process
+// (common/gpu_devices.h; none without a driver) and `cpu_slots` CPU devices.
 #pragma once
 #include <vector>
 

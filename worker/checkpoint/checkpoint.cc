@@ -81,9 +81,9 @@ absl::Status Agree(const Group& g, const absl::Status& local, const char* phase)
   float flag = local.ok() ? 0.f : 1.f;
   auto reduce = [&](comm::Communicator* c) -> absl::Status {
     if (c == nullptr || c->size() == 1) return absl::OkStatus();
-    TESSERA_ASSIGN_OR_RETURN(runtime::Tensor t, b.Empty({1}, runtime::DType::kF32));
+    TESSERA_ASSIGN_OR_RETURN(runtime::Tensor t, b.Empty({1}, tessera::DType::kF32));
     TESSERA_RETURN_IF_ERROR(b.CopyFromHost(&flag, t));
-    TESSERA_RETURN_IF_ERROR(c->AllReduce(t.data(), t.data(), 1, runtime::DType::kF32, comm::ReduceOp::kMax));
+    TESSERA_RETURN_IF_ERROR(c->AllReduce(t.data(), t.data(), 1, tessera::DType::kF32, comm::ReduceOp::kMax));
     return b.CopyToHost(t, &flag);
   };
   TESSERA_RETURN_IF_ERROR(reduce(g.tp));

@@ -1,4 +1,4 @@
-// Sharded training checkpoints (DESIGN §6).
+// Sharded training checkpoints (docs/design.md §6).
 //
 // Layout on disk, under a checkpoint directory D:
 //   D/step-00000042/rank-00003.safetensors   what rank 3 holds (parameters and AdamW moments, f32)
@@ -28,7 +28,7 @@
 
 #include "absl/status/statusor.h"
 #include "worker/comm/communicator.h"
-#include "worker/engine/trainer.h"
+#include "worker/train/trainer.h"
 #include "worker/model/llama.h"
 
 namespace tessera::checkpoint {

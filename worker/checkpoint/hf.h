@@ -1,7 +1,9 @@
 // Hugging Face Llama / Qwen2 model directories: config.json plus model.safetensors, or
 // shards listed by model.safetensors.index.json. Our parameter names are Hugging Face's
-// (worker/model/config.h), and our RoPE rotates halves as theirs does, so weights map
+// (common/model/config.h), and our RoPE rotates halves as theirs does, so weights map
 // one to one.
+//
+// The shape comes from model::ReadHfConfig (common/model/hf_config.h).
 //
 // Supported: model_type llama and qwen2 (q/k/v bias), grouped-query attention, head_dim,
 // tied embeddings, rope_theta, rms_norm_eps; critics (LlamaConfig::value_head) as
@@ -14,12 +16,10 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/model/hf_config.h"
 #include "worker/model/llama.h"
 
 namespace tessera::checkpoint {
-
-// The model shape from dir/config.json (INVALID_ARGUMENT or UNIMPLEMENTED naming the key).
-absl::StatusOr<model::LlamaConfig> ReadHfConfig(const std::string& dir);
 
 // Loads every parameter from the directory's safetensors into the model (any TP layout:
 // each rank reads the whole tensors and keeps its shard; F32, BF16 and F16 files). The

@@ -19,7 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/status.h"
-#include "worker/runtime/dtype.h"
+#include "common/dtype.h"
 
 namespace tessera::checkpoint {
 namespace {
@@ -160,7 +160,7 @@ absl::Status SafetensorsReader::ReadF32RangeInto(const std::string& name, size_t
     return absl::InvalidArgumentError(absl::StrCat(path_, ": tensor '", name, "' is ", t->dtype, ", expected F32, BF16 or F16"));
   std::vector<uint16_t> raw(n);
   TESSERA_RETURN_IF_ERROR(PreadAll(fd_, raw.data(), n * 2, data_start_ + t->begin + offset * 2, path_));
-  for (size_t i = 0; i < n; ++i) dst[i] = t->dtype == "BF16" ? runtime::Bf16ToFloat(raw[i]) : runtime::F16ToFloat(raw[i]);
+  for (size_t i = 0; i < n; ++i) dst[i] = t->dtype == "BF16" ? tessera::Bf16ToFloat(raw[i]) : tessera::F16ToFloat(raw[i]);
   return absl::OkStatus();
 }
 

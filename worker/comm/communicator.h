@@ -1,4 +1,4 @@
-// Communicator: one per parallel group (DESIGN §4). Public methods are the single
+// Communicator: one per parallel group (docs/design.md §4). Public methods are the single
 // choke point every collective goes through: they validate arguments, number
 // the call (sequence number per communicator), time it and count its bytes,
 // then call the backend (Gloo for CPU tensors, NCCL for GPU tensors).
@@ -19,13 +19,10 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "worker/runtime/dtype.h"
+#include "common/dtype.h"
 
 namespace tessera::comm {
 
-using runtime::DType;
-using runtime::DTypeName;
-using runtime::DTypeSize;
 enum class ReduceOp { kSum, kMax, kMin };
 
 struct CommStats {

@@ -17,8 +17,6 @@
 namespace tessera::comm {
 namespace {
 
-using runtime::Bf16ToFloat;
-using runtime::FloatToBf16;
 
 template <typename T, ReduceOp op>
 void Reduce(void* c, const void* a, const void* b, size_t n) {

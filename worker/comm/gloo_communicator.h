@@ -1,5 +1,5 @@
 // Gloo backend of Communicator: CPU tensors over TCP, bootstrapped through the
-// controller's rendezvous (DESIGN §4). Every operation has a timeout; a peer that
+// controller's rendezvous (docs/design.md §4). Every operation has a timeout; a peer that
 // hangs makes the call fail with DEADLINE_EXCEEDED naming the group, collective
 // and sequence number, never a hang.
 #pragma once

@@ -1,4 +1,4 @@
-// NCCL backend of Communicator for GPU tensors (DESIGN §4): the unique id goes
+// NCCL backend of Communicator for GPU tensors (docs/design.md §4): the unique id goes
 // through the rendezvous; the communicator is non-blocking
 // (ncclCommInitRankConfig, blocking=0); every operation is enqueued on the
 // communicator's stream, and Synchronize() waits for it under a watchdog that
@@ -51,13 +51,5 @@ struct NcclOptions {
 absl::StatusOr<std::unique_ptr<Communicator>> MakeNcclCommunicator(const std::string& name, const std::string& key,
                                                                    int rank, int size, KvStore* rdv,
                                                                    const NcclOptions& opts);
-
-// Number of CUDA devices (0 without CUDA or without a driver).
-int CudaDeviceCount();
-struct CudaDeviceInfo {
-  std::string name;
-  int64_t memory_bytes = 0;
-};
-CudaDeviceInfo CudaDevice(int index);
 
 }  // namespace tessera::comm

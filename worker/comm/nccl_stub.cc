@@ -1,16 +1,10 @@
 // Built when CUDA is not available: GPU devices cannot exist, so NCCL is never reached.
 #include "worker/comm/nccl_communicator.h"
-#include "worker/executor/cuda_buffer_space.h"
 
 namespace tessera::comm {
 absl::StatusOr<std::unique_ptr<Communicator>> MakeNcclCommunicator(const std::string& name, const std::string&, int,
                                                                    int, KvStore*, const NcclOptions&) {
   return absl::UnimplementedError("communicator '" + name + "': this build has no CUDA/NCCL support");
 }
-int CudaDeviceCount() { return 0; }
-CudaDeviceInfo CudaDevice(int) { return {}; }
 }  // namespace tessera::comm
 
-namespace tessera::executor {
-std::unique_ptr<BufferSpace> MakeCudaBufferSpace(int) { return nullptr; }
-}  // namespace tessera::executor

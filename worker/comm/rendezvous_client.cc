@@ -5,7 +5,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "common/grpc_util.h"
+#include "common/rpc/grpc_util.h"
 #include "common/status.h"
 
 namespace tessera::comm {

@@ -9,7 +9,6 @@
 namespace tessera::executor {
 namespace {
 
-using comm::DType;
 
 class HostSpace final : public BufferSpace {
  public:
@@ -35,7 +34,7 @@ class HostSpace final : public BufferSpace {
 int Val(int r, size_t i) { return static_cast<int>((static_cast<size_t>(r) * 7 + i) % 5); }
 
 void Encode(DType t, const std::vector<float>& v, std::vector<char>& out) {
-  size_t es = comm::DTypeSize(t);
+  size_t es = tessera::DTypeSize(t);
   out.resize(v.size() * es);
   for (size_t i = 0; i < v.size(); ++i) {
     if (t == DType::kF32) std::memcpy(&out[i * 4], &v[i], 4);
@@ -80,7 +79,7 @@ std::unique_ptr<BufferSpace> MakeHostBufferSpace() { return std::make_unique<Hos
 absl::StatusOr<nlohmann::json> RunCommCheck(comm::Communicator& c, BufferSpace& space, const CommCheckArgs& a,
                                             int group_index) {
   const int n = c.size(), r = c.rank();
-  const size_t es = comm::DTypeSize(a.dtype);
+  const size_t es = tessera::DTypeSize(a.dtype);
   nlohmann::json rows = nlohmann::json::array();
   for (const auto& coll : a.collectives) {
     for (int64_t size : a.sizes) {

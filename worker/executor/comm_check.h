@@ -33,7 +33,7 @@ struct CommCheckArgs {
   std::vector<std::string> collectives;
   int iters = 5;
   int warmup = 1;
-  comm::DType dtype = comm::DType::kF32;
+  tessera::DType dtype = tessera::DType::kF32;
 };
 
 // Returns one JSON row per (collective, size): time_us, algbw_gbps, busbw_gbps,

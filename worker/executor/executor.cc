@@ -14,8 +14,8 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
-#include "common/grpc_util.h"
-#include "common/job_spec.h"
+#include "common/rpc/grpc_util.h"
+#include "common/spec/job_spec.h"
 #include "common/status.h"
 #include "common/util.h"
 #include "worker/comm/gloo_communicator.h"
@@ -25,7 +25,7 @@
 #include "worker/executor/train.h"
 #include "worker/executor/cuda_buffer_space.h"
 #include "worker/executor/rollout_pool.h"
-#include "worker/engine/weight_sync.h"
+#include "worker/rollout/weight_sync.h"
 
 namespace tessera::executor {
 namespace {
@@ -34,10 +34,10 @@ std::atomic<bool> g_stop{false};
 constexpr int64_t kAttemptCheckMs = 5000;  // how often an idle executor asks whether its attempt is live
 void OnSignal(int) { g_stop = true; }
 
-absl::StatusOr<comm::DType> ParseDType(const std::string& s) {
-  if (s == "f32") return comm::DType::kF32;
-  if (s == "bf16") return comm::DType::kBF16;
-  if (s == "i32") return comm::DType::kI32;
+absl::StatusOr<tessera::DType> ParseDType(const std::string& s) {
+  if (s == "f32") return tessera::DType::kF32;
+  if (s == "bf16") return tessera::DType::kBF16;
+  if (s == "i32") return tessera::DType::kI32;
   return absl::InvalidArgumentError(absl::StrCat("dtype: unsupported '", s, "'"));
 }
 
@@ -155,7 +155,7 @@ class ExecutorServiceImpl final : public v1::ExecutorService::Service {
     nlohmann::json rows = nlohmann::json::array();
     auto it = gc.comms.find(kind);
     if (it != gc.comms.end() && it->second->size() > 1) {
-      std::unique_ptr<BufferSpace> space = cfg_.device_type() == v1::GPU ? MakeCudaBufferSpace(cfg_.device_index())
+      std::unique_ptr<BufferSpace> space = cfg_.device_type() == v1::DEVICE_TYPE_GPU ? MakeCudaBufferSpace(cfg_.device_index())
                                                                          : MakeHostBufferSpace();
       if (!space) return absl::UnimplementedError("GPU buffers are not available in this build (built without CUDA)");
       TESSERA_ASSIGN_OR_RETURN(rows, RunCommCheck(*it->second, *space, args, gc.group_index[kind]));
@@ -230,7 +230,7 @@ class ExecutorServiceImpl final : public v1::ExecutorService::Service {
     }
     if (method == "bridge_init") {
       TESSERA_ASSIGN_OR_RETURN(bridge_, MakeBridge(cfg_, rdv_, listen_host_));
-      if (cfg_.device_type() == v1::GPU) {
+      if (cfg_.device_type() == v1::DEVICE_TYPE_GPU) {
         runtime::Backend& b = session != sessions_.end() ? session->second->backend() : pool->second->backend();
         TESSERA_RETURN_IF_ERROR(bridge_->OrderWith(b.stream()));
       }
@@ -326,7 +326,7 @@ comm::Communicator* CommOf(GroupComms& gc, parallel::GroupKind k) {
 }
 
 absl::Status OrderCommsWith(GroupComms& gc, v1::DeviceType device, void* stream) {
-  if (device != v1::GPU) return absl::OkStatus();
+  if (device != v1::DEVICE_TYPE_GPU) return absl::OkStatus();
   for (auto& [kind, c] : gc.comms)
     if (c != nullptr) TESSERA_RETURN_IF_ERROR(c->OrderWith(stream));
   return absl::OkStatus();
@@ -345,7 +345,7 @@ absl::StatusOr<GroupComms> BuildGroupComms(const std::string& group, const paral
     std::unique_ptr<comm::Communicator> c;
     if (m.ranks.size() == 1) {
       c = comm::MakeSelfCommunicator(name);
-    } else if (device == v1::GPU) {
+    } else if (device == v1::DEVICE_TYPE_GPU) {
       comm::NcclOptions o;
       o.device = device_index;
       o.timeout_ms = timeout_ms;
@@ -378,7 +378,7 @@ int RunExecutor(const ExecutorOptions& opts) {
     return 2;
   }
   spdlog::info("executor {} of job {} attempt {} on node {} ({} {}), pid {}", cfg.executor(), cfg.job_id(), cfg.attempt(),
-               cfg.node_id(), cfg.device_type() == v1::GPU ? "gpu" : "cpu", cfg.device_index(), getpid());
+               cfg.node_id(), cfg.device_type() == v1::DEVICE_TYPE_GPU ? "gpu" : "cpu", cfg.device_index(), getpid());
   std::string ca, cert, key;
   if (!opts.insecure) {
     auto c = ReadFile(opts.ca_cert_path), ce = ReadFile(opts.cert_path), k = ReadFile(opts.key_path);

@@ -19,7 +19,7 @@
 #include "tessera/v1/node_service.pb.h"
 #include "worker/comm/communicator.h"
 #include "worker/comm/rendezvous_client.h"
-#include "worker/parallel/layout.h"
+#include "common/parallel/layout.h"
 
 namespace tessera::executor {
 

@@ -22,7 +22,7 @@ absl::StatusOr<std::unique_ptr<GenerateSession>> GenerateSession::Create(const v
   std::unique_ptr<GenerateSession> s(new GenerateSession());
   s->g_ = spec.generate();
   TESSERA_ASSIGN_OR_RETURN(model::LlamaConfig config, ModelConfigFromSpec(spec, device));
-  const runtime::Device dev = device == v1::GPU ? runtime::Device::Cuda(device_index) : runtime::Device::Cpu();
+  const runtime::Device dev = device == v1::DEVICE_TYPE_GPU ? runtime::Device::Cuda(device_index) : runtime::Device::Cpu();
   TESSERA_ASSIGN_OR_RETURN(s->backend_, runtime::MakeBackend(dev));
   auto comm_of = [&](parallel::GroupKind k) { return CommOf(comms, k); };
   s->tp_ = comm_of(parallel::GroupKind::kTp);
@@ -148,9 +148,9 @@ absl::StatusOr<std::string> GenerateSession::Run() {
   absl::Status wrote = writer ? WriteFileAtomic(part_path, part) : absl::OkStatus();
   if (dp_ != nullptr) {
     float ok = wrote.ok() ? 1.f : 0.f;  // every DP rank learns whether all parts exist
-    TESSERA_ASSIGN_OR_RETURN(runtime::Tensor buf, backend_->Empty({1}, runtime::DType::kF32));
+    TESSERA_ASSIGN_OR_RETURN(runtime::Tensor buf, backend_->Empty({1}, tessera::DType::kF32));
     TESSERA_RETURN_IF_ERROR(backend_->CopyFromHost(&ok, buf));
-    TESSERA_RETURN_IF_ERROR(dp_->AllReduce(buf.data(), buf.data(), 1, runtime::DType::kF32, comm::ReduceOp::kMin));
+    TESSERA_RETURN_IF_ERROR(dp_->AllReduce(buf.data(), buf.data(), 1, tessera::DType::kF32, comm::ReduceOp::kMin));
     TESSERA_RETURN_IF_ERROR(dp_->Synchronize());  // under the watchdog, before the host waits
     TESSERA_RETURN_IF_ERROR(backend_->CopyToHost(buf, &ok));
     if (ok < 1.f && wrote.ok()) wrote = absl::InternalError("generate: another DP rank could not write its part");

@@ -1,4 +1,4 @@
-// The executor's side of a generate job (batch inference, DESIGN §7): the model (TP over
+// The executor's side of a generate job (batch inference, docs/design.md §7): the model (TP over
 // the group's TP ranks) with its weights (generate.checkpoint, or model.hf_dir), the
 // rollout engine on it, and this DP rank's share of the input file's prompts.
 // Threading: one call at a time (the executor serializes them).
@@ -12,7 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "tessera/v1/common.pb.h"
-#include "worker/engine/rollout.h"
+#include "worker/rollout/rollout.h"
 #include "worker/executor/executor.h"
 #include "worker/tokenizer/model_text.h"
 

@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/rl.h"
-#include "common/grpc_util.h"
+#include "common/rpc/grpc_util.h"
 #include "common/status.h"
 #include "common/util.h"
 #include "worker/executor/train.h"
@@ -124,9 +124,9 @@ absl::StatusOr<std::vector<double>> RewardServiceClient::Score(int64_t step, int
     }
   }
   if (tp_ != nullptr && tp_->size() > 1) {  // TP rank 0's answer (or its failure) to its peers
-    TESSERA_ASSIGN_OR_RETURN(runtime::Tensor t, backend_->Empty({static_cast<int64_t>(n + 1)}, runtime::DType::kF32));
+    TESSERA_ASSIGN_OR_RETURN(runtime::Tensor t, backend_->Empty({static_cast<int64_t>(n + 1)}, tessera::DType::kF32));
     TESSERA_RETURN_IF_ERROR(backend_->CopyFromHost(buf.data(), t));
-    TESSERA_RETURN_IF_ERROR(tp_->Broadcast(t.data(), n + 1, runtime::DType::kF32, 0));
+    TESSERA_RETURN_IF_ERROR(tp_->Broadcast(t.data(), n + 1, tessera::DType::kF32, 0));
     TESSERA_RETURN_IF_ERROR(tp_->Synchronize());
     TESSERA_RETURN_IF_ERROR(backend_->CopyToHost(t, buf.data()));
     if (buf[0] != 1.f && error.empty())  // ABORTED: TP rank 0 reports why (see WorkerGroup::CallEach)

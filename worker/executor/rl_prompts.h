@@ -14,8 +14,8 @@
 #include "tessera/v1/reward_service.grpc.pb.h"
 #include "worker/comm/communicator.h"
 #include "worker/runtime/backend.h"
-#include "worker/engine/data.h"
-#include "worker/engine/rollout.h"
+#include "worker/train/data.h"
+#include "worker/rollout/rollout.h"
 #include "worker/tokenizer/model_text.h"
 
 namespace tessera::executor {

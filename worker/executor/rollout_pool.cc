@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
-#include "common/job_spec.h"
+#include "common/spec/job_spec.h"
 #include "common/status.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/nccl_communicator.h"
@@ -24,7 +24,7 @@ absl::StatusOr<std::unique_ptr<RolloutPoolSession>> RolloutPoolSession::Create(c
   s->rl_ = spec.rl();
   s->actor_dps_ = std::max(1, spec.groups(0).layout().dp());
   TESSERA_ASSIGN_OR_RETURN(model::LlamaConfig config, ModelConfigFromSpec(spec, device));
-  const runtime::Device dev = device == v1::GPU ? runtime::Device::Cuda(device_index) : runtime::Device::Cpu();
+  const runtime::Device dev = device == v1::DEVICE_TYPE_GPU ? runtime::Device::Cuda(device_index) : runtime::Device::Cpu();
   TESSERA_ASSIGN_OR_RETURN(s->backend_, runtime::MakeBackend(dev));
   auto comm_of = [&](parallel::GroupKind k) { return CommOf(comms, k); };
   comm::Communicator* tp = comm_of(parallel::GroupKind::kTp);
@@ -109,7 +109,7 @@ namespace {
 
 void AddI32(v1::TensorBatch* b, const std::string& name, std::vector<int64_t> shape, const std::vector<int32_t>& v) {
   auto* t = b->add_tensors();
-  t->set_name(name), t->set_dtype(v1::I32);
+  t->set_name(name), t->set_dtype(v1::DTYPE_I32);
   for (int64_t d : shape) t->add_shape(d);
   t->set_data(std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(int32_t)));
 }
@@ -134,7 +134,7 @@ const v1::NamedTensor* Find(const v1::TensorBatch& b, const std::string& name) {
 absl::StatusOr<std::vector<std::vector<int32_t>>> GetRows(const v1::TensorBatch& b, const std::string& name) {
   const v1::NamedTensor* m = Find(b, name);
   const v1::NamedTensor* l = Find(b, name + "_len");
-  if (m == nullptr || l == nullptr || m->dtype() != v1::I32 || l->dtype() != v1::I32 || m->shape_size() != 2 ||
+  if (m == nullptr || l == nullptr || m->dtype() != v1::DTYPE_I32 || l->dtype() != v1::DTYPE_I32 || m->shape_size() != 2 ||
       l->shape_size() != 1 || l->shape(0) != m->shape(0) ||
       m->data().size() != static_cast<size_t>(m->shape(0) * m->shape(1)) * sizeof(int32_t) ||
       l->data().size() != static_cast<size_t>(l->shape(0)) * sizeof(int32_t))
@@ -162,7 +162,7 @@ v1::TensorBatch SamplesToBatch(const std::vector<std::vector<int32_t>>& prompts,
   AddRows(&b, "completion", completions, completion_width);
   std::vector<float> r(rewards.begin(), rewards.end());
   auto* t = b.add_tensors();
-  t->set_name("reward"), t->set_dtype(v1::F32), t->add_shape(static_cast<int64_t>(r.size()));
+  t->set_name("reward"), t->set_dtype(v1::DTYPE_F32), t->add_shape(static_cast<int64_t>(r.size()));
   t->set_data(std::string(reinterpret_cast<const char*>(r.data()), r.size() * sizeof(float)));
   return b;
 }
@@ -172,7 +172,7 @@ absl::Status BatchToSamples(const v1::TensorBatch& batch, std::vector<std::vecto
   TESSERA_ASSIGN_OR_RETURN(*prompts, GetRows(batch, "prompt"));
   TESSERA_ASSIGN_OR_RETURN(*completions, GetRows(batch, "completion"));
   const v1::NamedTensor* r = Find(batch, "reward");
-  if (r == nullptr || r->dtype() != v1::F32 || r->shape_size() != 1 || r->shape(0) != static_cast<int64_t>(prompts->size()) ||
+  if (r == nullptr || r->dtype() != v1::DTYPE_F32 || r->shape_size() != 1 || r->shape(0) != static_cast<int64_t>(prompts->size()) ||
       completions->size() != prompts->size() || r->data().size() != prompts->size() * sizeof(float))
     return absl::InvalidArgumentError("samples batch: expected reward [N] f32 with as many rows as prompt and completion");
   std::vector<float> v(prompts->size());
@@ -214,7 +214,7 @@ absl::StatusOr<std::unique_ptr<comm::Communicator>> MakeBridge(const v1::Executo
   }
   if (rank < 0) return absl::FailedPreconditionError("bridge_init: this executor hosts neither the actor nor the rollout pool");
   const int size = actor.devices() + pool->devices();
-  if (cfg.device_type() == v1::GPU) {
+  if (cfg.device_type() == v1::DEVICE_TYPE_GPU) {
     comm::NcclOptions o;
     o.device = cfg.device_index();
     o.timeout_ms = spec.collective_timeout_ms();

@@ -1,4 +1,4 @@
-// Split pools (DESIGN §7): a grpo job whose rollout group has its own devices.
+// Split pools (docs/design.md §7): a grpo job whose rollout group has its own devices.
 // The rollout pool's executors hold the model (their own TP layout), the rollout engine
 // and the prompts; the actor's executors train on what the pool generates; after every
 // update the actor's weights go to the pool over a `bridge` communicator spanning both
@@ -17,8 +17,8 @@
 
 #include "absl/status/statusor.h"
 #include "tessera/v1/common.pb.h"
-#include "worker/engine/rl_samples.h"
-#include "worker/engine/rollout.h"
+#include "worker/rl/rl_samples.h"
+#include "worker/rollout/rollout.h"
 #include "worker/executor/executor.h"
 #include "worker/executor/rl_prompts.h"
 

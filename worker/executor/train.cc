@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "common/gpu_devices.h"
 #include "common/status.h"
 #include "common/util.h"
 #include "worker/checkpoint/checkpoint.h"
@@ -20,7 +21,7 @@ absl::StatusOr<model::LlamaConfig> ModelConfigFromSpec(const v1::JobSpec& spec, 
   const auto& m = spec.model();
   model::LlamaConfig config;
   if (!m.hf_dir().empty()) {  // the dims from the Hugging Face directory
-    TESSERA_ASSIGN_OR_RETURN(config, checkpoint::ReadHfConfig(m.hf_dir()));
+    TESSERA_ASSIGN_OR_RETURN(config, model::ReadHfConfig(m.hf_dir()));
   } else {
     config.vocab = m.vocab_size(), config.hidden = m.hidden(), config.layers = m.num_layers();
     config.heads = m.num_heads(), config.kv_heads = m.num_kv_heads(), config.head_dim = m.head_dim(), config.ffn = m.ffn();
@@ -30,9 +31,9 @@ absl::StatusOr<model::LlamaConfig> ModelConfigFromSpec(const v1::JobSpec& spec, 
   // Mixed precision by default on GPUs (as Megatron's --bf16 / FSDP's MixedPrecision);
   // the CPU oracle stays f32 (bf16 on the CPU is emulated through f32: slower, no gain).
   const std::string& precision = spec.train().precision();
-  config.dtype = precision == "bf16" || ((precision.empty() || precision == "auto") && device == v1::GPU)
-                     ? runtime::DType::kBF16
-                     : runtime::DType::kF32;
+  config.dtype = precision == "bf16" || ((precision.empty() || precision == "auto") && device == v1::DEVICE_TYPE_GPU)
+                     ? tessera::DType::kBF16
+                     : tessera::DType::kF32;
   return config;
 }
 
@@ -76,9 +77,13 @@ absl::StatusOr<std::unique_ptr<TrainSession>> TrainSession::Create(const v1::Job
   const auto& t = spec.train();
   TESSERA_ASSIGN_OR_RETURN(model::LlamaConfig config, ModelConfigFromSpec(spec, device));
   std::unique_ptr<TrainSession> s(new TrainSession());
-  runtime::Device dev = device == v1::GPU ? runtime::Device::Cuda(device_index) : runtime::Device::Cpu();
+  runtime::Device dev = device == v1::DEVICE_TYPE_GPU ? runtime::Device::Cuda(device_index) : runtime::Device::Cpu();
   TESSERA_ASSIGN_OR_RETURN(s->backend_, runtime::MakeBackend(dev));
-  if (device == v1::GPU) s->peak_flops_ = runtime::PeakFlops(comm::CudaDevice(device_index).name, config.dtype);
+  if (device == v1::DEVICE_TYPE_GPU) {
+    const std::vector<GpuInfo> gpus = VisibleGpus();
+    if (device_index >= 0 && device_index < static_cast<int>(gpus.size()))
+      s->peak_flops_ = runtime::PeakFlops(gpus[device_index].name, config.dtype);
+  }
   auto comm_of = [&](parallel::GroupKind k) { return CommOf(comms, k); };
   comm::Communicator* tp = comm_of(parallel::GroupKind::kTp);
   comm::Communicator* dp = comm_of(parallel::GroupKind::kDpCp);
@@ -105,7 +110,7 @@ absl::StatusOr<std::unique_ptr<TrainSession>> TrainSession::Create(const v1::Job
   o.warmup_steps = t.warmup_steps(), o.total_steps = t.steps();
   o.weight_decay = static_cast<float>(t.weight_decay()), o.clip_norm = static_cast<float>(t.clip_norm());
   o.zero = comms.layout.zero;
-  TESSERA_ASSIGN_OR_RETURN(o.schedule, engine::ParseSchedule(t.schedule()));
+  TESSERA_ASSIGN_OR_RETURN(o.schedule, parallel::ParseSchedule(t.schedule()));
   TESSERA_ASSIGN_OR_RETURN(s->trainer_, engine::Trainer::Create(s->model_.get(), s->backend_.get(), dp, tp, o, pp));
   s->data_ = {t.data().digits(), t.seed(), m.seq_len(), /*answer_only=*/spec.kind() == "sft"};
   s->data_.careless = t.data().careless();

@@ -20,12 +20,12 @@
 #include "absl/status/statusor.h"
 #include "tessera/v1/common.pb.h"
 #include "tessera/v1/reward_service.grpc.pb.h"
-#include "worker/engine/data.h"
-#include "worker/engine/grpo.h"
-#include "worker/engine/ppo.h"
-#include "worker/engine/rl_samples.h"
-#include "worker/engine/rollout.h"
-#include "worker/engine/trainer.h"
+#include "worker/train/data.h"
+#include "worker/rl/grpo.h"
+#include "worker/rl/ppo.h"
+#include "worker/rl/rl_samples.h"
+#include "worker/rollout/rollout.h"
+#include "worker/train/trainer.h"
 #include "worker/executor/executor.h"
 
 namespace tessera::executor {

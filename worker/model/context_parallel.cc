@@ -5,7 +5,6 @@
 
 namespace tessera::model {
 using runtime::Backend;
-using runtime::DType;
 using runtime::Tensor;
 
 namespace {

@@ -1,4 +1,4 @@
-// Context parallelism (DESIGN §6): the load-balanced causal split and ring attention.
+// Context parallelism (docs/design.md §6): the load-balanced causal split and ring attention.
 //
 // Every sequence of a packed batch is cut into 2·cp equal chunks; CP rank r keeps
 // chunks r and 2·cp−1−r of every sequence, so that each rank gets the same share of

@@ -2,7 +2,7 @@
 
 #include "worker/model/context_parallel.h"
 #include "worker/model/llama_internal.h"
-#include "worker/parallel/layout.h"
+#include "common/parallel/layout.h"
 
 #include <algorithm>
 
@@ -14,7 +14,6 @@
 
 namespace tessera::model {
 using runtime::Backend;
-using runtime::DType;
 using runtime::Tensor;
 
 using internal::Linear;
@@ -370,7 +369,7 @@ absl::StatusOr<Llama::Inputs> Llama::Upload(const TokenBatch& batch) {
       const std::vector<float> ones(t, 1.f);
       TESSERA_RETURN_IF_ERROR(b.CopyFromHost(ones.data(), in.ones));
     } else {
-      const std::vector<uint16_t> ones(t, runtime::FloatToBf16(1.f));
+      const std::vector<uint16_t> ones(t, tessera::FloatToBf16(1.f));
       TESSERA_RETURN_IF_ERROR(b.CopyFromHost(ones.data(), in.ones));
     }
   }
@@ -722,8 +721,8 @@ absl::StatusOr<Tensor> Llama::PipelineForward(int chunk, int64_t micro_batch, co
     return absl::InvalidArgumentError("model: the first virtual stage takes no input, every other one does");
   if (input != nullptr && (input->rank() != 2 || input->dim(0) != StageTokens(batch) ||
                            input->dim(1) != config_.hidden || input->dtype() != act_))
-    return absl::InvalidArgumentError(absl::StrCat("model: stage input ", runtime::DTypeName(input->dtype()), " ",
-                                                   input->ShapeString(), ", expected ", runtime::DTypeName(act_), " [",
+    return absl::InvalidArgumentError(absl::StrCat("model: stage input ", tessera::DTypeName(input->dtype()), " ",
+                                                   input->ShapeString(), ", expected ", tessera::DTypeName(act_), " [",
                                                    StageTokens(batch), ", ", config_.hidden, "]"));
   auto& slot = flights_[{chunk, micro_batch}];
   if (slot != nullptr)

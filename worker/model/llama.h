@@ -1,4 +1,4 @@
-// Llama-style decoder on one rank (DESIGN §6): embedding, per layer RMSNorm -> GQA
+// Llama-style decoder on one rank (docs/design.md §6): embedding, per layer RMSNorm -> GQA
 // attention with RoPE (optional QKV bias) -> residual -> RMSNorm -> SwiGLU MLP ->
 // residual, final RMSNorm, LM head (optionally tied to the embedding). Explicit forward
 // and backward per layer with saved activations — no autograd. Runs on any Backend
@@ -40,7 +40,7 @@
 
 #include "absl/status/statusor.h"
 #include "worker/comm/communicator.h"
-#include "worker/model/config.h"
+#include "common/model/config.h"
 #include "worker/runtime/backend.h"
 
 namespace tessera::model {
@@ -64,7 +64,7 @@ struct LossSum {
   int64_t tokens = 0;
 };
 
-// Hooks of sharded data parallelism (ZeRO-2/3, worker/engine/trainer.h). The model runs
+// Hooks of sharded data parallelism (ZeRO-2/3, worker/train/trainer.h). The model runs
 // in blocks — 0: the embedding, 1..layers: the decoder layers, layers + 1: the final
 // norm and the LM head — and calls these around each block's forward and backward.
 class ParamHooks {
@@ -249,7 +249,7 @@ class Llama {
   // Drops a pending sum unread (a step that failed half-way); no device work.
   void DropPendingLoss() { loss_pending_ = false; }
 
-  // Generation over a paged KV cache (the rollout engine, worker/engine/rollout.h; source
+  // Generation over a paged KV cache (the rollout engine, worker/rollout/rollout.h; source
   // in llama_generate.cc). A model without pipeline, context or sequence parallelism; TP
   // shards the cache's heads like the attention.
   struct KvCache {
@@ -355,7 +355,7 @@ class Llama {
   comm::Communicator* cp_;  // null: no context parallelism
   bool sp_;                 // sequence parallel (only with tp_)
   std::unique_ptr<runtime::Backend> host_;  // host tensors (cu_seqlens) of every micro-batch
-  runtime::DType act_;                      // activations: config_.dtype
+  tessera::DType act_;                      // activations: config_.dtype
   std::vector<Param> params_;
   std::vector<LayerParams> layers_;
   Param *embed_ = nullptr, *final_norm_ = nullptr, *lm_head_ = nullptr;

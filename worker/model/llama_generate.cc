@@ -11,7 +11,6 @@ namespace tessera::model {
 using internal::Linear;
 using internal::New;
 using runtime::Backend;
-using runtime::DType;
 using runtime::Tensor;
 
 absl::StatusOr<Llama::KvCache> Llama::NewKvCache(int64_t blocks, int64_t block_size) {

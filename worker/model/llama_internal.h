@@ -11,7 +11,7 @@ namespace tessera::model {
 
 namespace internal {
 inline absl::StatusOr<runtime::Tensor> New(runtime::Backend& b, std::vector<int64_t> shape,
-                                           runtime::DType t = runtime::DType::kF32) {
+                                           tessera::DType t = tessera::DType::kF32) {
   return b.Empty(std::move(shape), t);
 }
 // y [T, out] = x [T, in] W^T, W [out, in].

@@ -1,4 +1,4 @@
-// Backend: where tensors live and ops run (DESIGN §5). Chosen at runtime by device
+// Backend: where tensors live and ops run (docs/design.md §5). Chosen at runtime by device
 // (MakeBackend), no #ifdef in callers. The CPU backend is the reference every CUDA op
 // is tested against; it runs the whole system where there is no GPU.
 //

@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "worker/runtime/dtype.h"
+#include "common/dtype.h"
 
 namespace tessera::runtime {
 

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "worker/runtime/dtype.h"
+#include "common/dtype.h"
 
 namespace tessera::runtime {
 

@@ -1,4 +1,4 @@
-// Tokenizers: text <-> token ids (DESIGN §10 worker/tokenizer).
+// Tokenizers: text <-> token ids (docs/design.md §10 worker/tokenizer).
 //  - ByteTokenizer: token = byte (the default; the built-in tasks and demo models).
 //  - Hugging Face `tokenizer.json` byte-level BPE (GPT-2, Llama-3, Qwen2 style):
 //    added/special tokens split out first (leftmost-longest; lstrip/rstrip honoured),

@@ -153,7 +153,7 @@ TEST(Checkpoint, ResumeEqualsTrainingStraight) {
 // bit for bit; reading a value before the gather is refused by name.
 TEST(Checkpoint, MixedPrecisionZero1ResumeEqualsTrainingStraight) {
   model::LlamaConfig bf16 = Config();
-  bf16.dtype = runtime::DType::kBF16;
+  bf16.dtype = tessera::DType::kBF16;
   const std::string dir = TempDir();
   std::vector<std::vector<double>> straight(2), resumed(2);
   RunLayout(1, 2, 1, 9, [&](int r, Rank& k) { straight[r] = k.Train(1, 3); }, bf16);

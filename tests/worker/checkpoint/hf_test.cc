@@ -19,11 +19,12 @@
 #include "tests/worker/model/model_test_util.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/checkpoint/safetensors.h"
-#include "worker/runtime/dtype.h"
+#include "common/dtype.h"
 
 namespace tessera::checkpoint {
 namespace {
 using ::testing::HasSubstr;
+using model::ReadHfConfig;
 
 std::string TempDir() { return absl::StrCat(::testing::TempDir(), "/hf-", getpid(), "-", RandomHex(4)); }
 
@@ -59,7 +60,7 @@ TEST(Hf, ExportImportRoundTrip) {
       for (auto& p : a->params()) {
         auto want = *a->GatherGlobal(p, false);
         if (std::string(dtype) == "BF16")
-          for (float& x : want) x = runtime::Bf16ToFloat(runtime::FloatToBf16(x));
+          for (float& x : want) x = tessera::Bf16ToFloat(tessera::FloatToBf16(x));
         EXPECT_EQ(*b->GatherGlobal(*b->Find(p.name()), false), want) << dtype << " " << p.name();
       }
     }

@@ -13,7 +13,7 @@
 #include "common/util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "worker/runtime/dtype.h"
+#include "common/dtype.h"
 
 namespace tessera::checkpoint {
 namespace {
@@ -38,7 +38,7 @@ std::string Handmade(const std::string& header, size_t data) {
 TEST(Safetensors, RoundTripF32Bf16AndMetadata) {
   const std::string p = TempPath("ok.safetensors");
   std::vector<float> a = {1.f, -2.5f, 3.25f, 0.f, 1e-3f, 7.f};
-  std::vector<uint16_t> b = {runtime::FloatToBf16(1.5f), runtime::FloatToBf16(-0.25f)};
+  std::vector<uint16_t> b = {tessera::FloatToBf16(1.5f), tessera::FloatToBf16(-0.25f)};
   ASSERT_TRUE(WriteSafetensors(p, {{"a", "F32", {2, 3}, a.data(), a.size() * 4}, {"b", "BF16", {2}, b.data(), 4}},
                                {{"format", "pt"}})
                   .ok());

@@ -16,7 +16,6 @@
 
 namespace tessera::model {
 namespace {
-using runtime::DType;
 using runtime::Tensor;
 
 TEST(ContextParallel, SplitKeepsChunksRAnd2cpMinus1MinusR) {

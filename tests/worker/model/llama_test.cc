@@ -286,8 +286,8 @@ TEST(LlamaTest, AdamWStepsFitABatch) {
   const TokenBatch batch = MakeBatch(13, 4);
   std::vector<Tensor> mom, var;
   for (auto& p : m.params()) {
-    mom.push_back(*be->Empty(p.value.shape(), runtime::DType::kF32));
-    var.push_back(*be->Empty(p.value.shape(), runtime::DType::kF32));
+    mom.push_back(*be->Empty(p.value.shape(), tessera::DType::kF32));
+    var.push_back(*be->Empty(p.value.shape(), tessera::DType::kF32));
     ASSERT_TRUE(be->Fill(mom.back(), 0).ok() && be->Fill(var.back(), 0).ok());
   }
   double first = 0, last = 0;
@@ -350,7 +350,7 @@ TEST(LlamaTest, MixedPrecisionLogitsTrackF32) {
   auto be = runtime::MakeCpuBackend();
   LlamaConfig c = test::TinyConfig(64, /*tied=*/true, /*bias=*/true);
   std::vector<std::vector<float>> logits;
-  for (auto dtype : {runtime::DType::kF32, runtime::DType::kBF16}) {
+  for (auto dtype : {tessera::DType::kF32, tessera::DType::kBF16}) {
     c.dtype = dtype;
     auto m = Llama::Create(c, be.get());
     ASSERT_TRUE(m.ok()) << m.status();

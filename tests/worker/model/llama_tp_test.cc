@@ -38,8 +38,8 @@ void Train(const LlamaConfig& config, comm::Communicator* tp, bool sp, Trace& ou
   ASSERT_TRUE(m.InitRandom(3, 0.3f).ok());
   std::vector<Tensor> mom, var;
   for (auto& p : m.params()) {
-    mom.push_back(*be->Empty(p.value.shape(), runtime::DType::kF32));
-    var.push_back(*be->Empty(p.value.shape(), runtime::DType::kF32));
+    mom.push_back(*be->Empty(p.value.shape(), tessera::DType::kF32));
+    var.push_back(*be->Empty(p.value.shape(), tessera::DType::kF32));
     ASSERT_TRUE(be->Fill(mom.back(), 0).ok() && be->Fill(var.back(), 0).ok());
   }
   for (int step = 1; step <= 3; ++step) {

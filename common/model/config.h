@@ -1,0 +1,86 @@
+// Llama-family model configuration (docs/design.md §6): Llama 2/3 and Qwen2 (QKV bias) shapes,
+// optional tied embeddings. Parameter names follow Hugging Face's so checkpoints map
+// one to one (model.layers.{i}.self_attn.q_proj.weight, ...).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/dtype.h"
+
+namespace tessera::model {
+
+struct LlamaConfig {
+  int64_t vocab = 0;
+  int64_t hidden = 0;
+  int64_t layers = 0;
+  int64_t heads = 0;
+  int64_t kv_heads = 0;
+  int64_t head_dim = 0;  // 0: hidden / heads
+  int64_t ffn = 0;       // SwiGLU intermediate size
+  float rope_base = 10000.f;
+  float norm_eps = 1e-5f;
+  bool tie_embeddings = false;
+  bool qkv_bias = false;  // Qwen2
+  // A critic (PPO): the LM head is replaced by a value head, score.weight [1, hidden] —
+  // one value per token from the final norm's output (Hugging Face's
+  // LlamaForTokenClassification with one label), replicated over TP. Not tied.
+  bool value_head = false;
+  // Compute dtype of activations and of the weights' compute copies: f32, or bf16 (mixed
+  // precision: master weights, gradients and optimizer state stay f32).
+  tessera::DType dtype = tessera::DType::kF32;
+
+  int64_t HeadDim() const { return head_dim > 0 ? head_dim : (heads > 0 ? hidden / heads : 0); }
+  // INVALID_ARGUMENT naming the field and the expected value when a size is missing or
+  // inconsistent (heads % kv_heads, hidden % heads without head_dim, ...).
+  absl::Status Validate() const;
+  // Parameter count (tied embeddings counted once).
+  int64_t NumParams() const;
+  // INVALID_ARGUMENT naming the numbers unless tensor parallelism of degree tp can split
+  // heads, kv heads, the MLP and the vocabulary evenly.
+  absl::Status ValidateTensorParallel(int tp) const;
+};
+
+// One parameter: its Hugging Face name and (global) shape. Linear weights are [out, in].
+// shard_dim: the dimension tensor parallelism splits (Megatron: column-parallel q/k/v,
+// gate/up and their biases and the vocab-parallel embedding and LM head split dim 0;
+// row-parallel o and down split dim 1); -1: replicated (norms).
+struct ParamSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+  int shard_dim = -1;
+};
+
+// Every parameter of the model, in a fixed order: embedding, then per layer (input
+// norm, q/k/v (+bias), o, post-attention norm, gate, up, down), final norm, LM head
+// (absent when tied).
+std::vector<ParamSpec> LlamaParamSpecs(const LlamaConfig& c);
+
+// This rank's place in a pipeline (docs/design.md §6): pp stages, vpp model chunks per rank;
+// chunk c of rank r is virtual stage c·pp + r and holds layers [s·L/(pp·vpp), (s+1)·L/(pp·vpp)),
+// or with last_layers > 0 / stage_layers an uneven split (parallel::VirtualStageLayers).
+// Virtual stage 0 also holds the embedding, the last one the final norm and the LM head
+// (with tied embeddings it keeps its own copy of the embedding, whose gradient the
+// trainer sums with the first stage's).
+struct StageSpec {
+  int pp = 1, rank = 0, vpp = 1;
+  int last_layers = 0;             // ParallelLayout.last_stage_layers
+  std::vector<int> stage_layers{};  // ParallelLayout.stage_layers (one count per virtual stage)
+};
+// Layers [begin, end) of this rank's chunk c.
+std::pair<int64_t, int64_t> ChunkLayers(const LlamaConfig& c, const StageSpec& s, int chunk);
+// The pipeline rank whose chunks hold a parameter: a layer's by the rule above, the
+// embedding 0, the final norm and LM head pp - 1 (checkpoints write a tied embedding
+// from stage 0 only).
+int StageOf(const std::string& param, const LlamaConfig& c, const StageSpec& s);
+// Whether stage s.rank holds the parameter (the last stage also a tied embedding).
+bool StageHolds(const std::string& param, const LlamaConfig& c, const StageSpec& s);
+
+// This TP rank's part of a global tensor ([rows] or [rows, cols]) split along dim
+// (dim < 0 or parts 1: all of it).
+std::vector<float> TpShardOf(const std::vector<float>& global, const std::vector<int64_t>& shape, int dim, int parts,
+                             int index);
+
+}  // namespace tessera::model

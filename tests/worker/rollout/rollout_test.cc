@@ -1,0 +1,231 @@
+// The rollout engine (worker/rollout/rollout.h) on the CPU backend against the training
+// engine's own forward on the same weights: greedy generation is the argmax of the
+// teacher-forced logits, sampled tokens' log-probabilities are the training engine's
+// log-probs (within 1e-5: the decode attention sums in another order than the varlen
+// one), continuous batching gives what one request at a time gives, and stops, lengths
+// and bad requests behave.
+#include "worker/rollout/rollout.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "common/util.h"
+#include "tests/common/mem_store.h"
+#include "tests/worker/model/model_test_util.h"
+#include "worker/comm/gloo_communicator.h"
+
+namespace tessera::engine {
+namespace {
+using ::testing::HasSubstr;
+using model::Llama;
+using model::TokenBatch;
+
+// A random tiny model with a larger head dim than TinyConfig (8), so that attention is
+// not degenerate, and a vocabulary big enough for spread-out distributions.
+model::LlamaConfig Config() {
+  model::LlamaConfig c = model::test::TinyConfig(97, /*tied=*/false, /*bias=*/true);
+  c.hidden = 32, c.heads = 4, c.kv_heads = 2, c.ffn = 48, c.layers = 2;
+  return c;
+}
+
+std::vector<GenerationRequest> Requests(int64_t vocab, float temperature, int n, int64_t max_new) {
+  std::vector<GenerationRequest> r;
+  const std::vector<int> lengths = {5, 1, 17, 9, 33, 3};
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    TokenBatch b = model::test::RandomBatch(vocab, 100 + i, {lengths[i]});
+    GenerationRequest q;
+    q.prompt = b.tokens;
+    q.params.temperature = temperature, q.params.n = n, q.params.max_new_tokens = max_new + static_cast<int64_t>(i % 3);
+    q.params.seed = 1000 + i;
+    r.push_back(q);
+  }
+  return r;
+}
+
+// The training engine's log-probs of the completion's tokens (teacher forcing over
+// prompt + completion), and its argmax at each of those positions.
+void TeacherForced(Llama& m, const std::vector<int32_t>& prompt, const Completion& c, std::vector<float>* logprobs,
+                   std::vector<int32_t>* argmax) {
+  const TokenBatch b = CompletionSequence(prompt, c.tokens);
+  const int64_t n = static_cast<int64_t>(b.size()), p = static_cast<int64_t>(prompt.size());
+  auto stats = m.TokenLogProbs(b);
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  auto logits = m.ForwardLogits(b);
+  ASSERT_TRUE(logits.ok()) << logits.status();
+  const int64_t v = m.config().vocab;
+  for (int64_t i = p - 1; i + 1 < n; ++i) {
+    logprobs->push_back(stats->logprob[i]);
+    const float* z = logits->data() + i * v;
+    argmax->push_back(static_cast<int32_t>(std::max_element(z, z + v) - z));
+  }
+}
+
+class RolloutTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    be_ = runtime::MakeCpuBackend();
+    auto m = Llama::Create(Config(), be_.get());
+    ASSERT_TRUE(m.ok()) << m.status();
+    model_ = std::move(*m);
+    ASSERT_TRUE(model_->InitRandom(3, 0.2f).ok());
+  }
+  std::unique_ptr<RolloutEngine> Engine(RolloutOptions o = {}) {
+    auto e = RolloutEngine::Create(model_.get(), o);
+    EXPECT_TRUE(e.ok()) << e.status();
+    return std::move(*e);
+  }
+  std::unique_ptr<runtime::Backend> be_;
+  std::unique_ptr<Llama> model_;
+};
+
+TEST_F(RolloutTest, GreedyIsTheArgmaxOfTheTrainingForward) {
+  RolloutOptions o;
+  o.block_size = 4, o.num_blocks = 64, o.max_running = 3;  // blocks cross often; 6 requests queue
+  auto e = Engine(o);
+  const auto reqs = Requests(Config().vocab, /*temperature=*/0.f, 1, 12);
+  auto got = e->Generate(reqs);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->size(), reqs.size());
+  for (const Completion& c : *got) {
+    SCOPED_TRACE(::testing::Message() << "request " << c.request);
+    EXPECT_EQ(c.finish_reason, "length");
+    EXPECT_EQ(static_cast<int64_t>(c.tokens.size()), reqs[c.request].params.max_new_tokens);
+    std::vector<float> lp;
+    std::vector<int32_t> arg;
+    TeacherForced(*model_, reqs[c.request].prompt, c, &lp, &arg);
+    EXPECT_EQ(c.tokens, arg);
+    for (size_t i = 0; i < lp.size(); ++i) EXPECT_NEAR(c.logprobs[i], lp[i], 1e-5) << "token " << i;
+  }
+  EXPECT_GT(e->decode_steps(), 0);
+  EXPECT_GT(e->prefills(), 1);  // max_running 3 of 6: later requests joined a running batch
+}
+
+TEST_F(RolloutTest, SampledLogProbsAreTheTrainingEnginesAndBatchingChangesNothing) {
+  const auto reqs = Requests(Config().vocab, /*temperature=*/1.f, /*n=*/3, 10);
+  RolloutOptions together;
+  together.block_size = 8, together.num_blocks = 40, together.max_running = 5;  // the cache limits admission too
+  auto all = Engine(together)->Generate(reqs);
+  ASSERT_TRUE(all.ok()) << all.status();
+  ASSERT_EQ(all->size(), reqs.size() * 3);
+  RolloutOptions alone;
+  alone.block_size = 8, alone.num_blocks = 40, alone.max_running = 1;
+  auto one = Engine(alone);
+  for (size_t i = 0; i < all->size(); ++i) {
+    const Completion& c = (*all)[i];
+    SCOPED_TRACE(::testing::Message() << "request " << c.request << " sample " << c.sample);
+    std::vector<float> lp;
+    std::vector<int32_t> arg;
+    TeacherForced(*model_, reqs[c.request].prompt, c, &lp, &arg);
+    for (size_t k = 0; k < lp.size(); ++k) EXPECT_NEAR(c.logprobs[k], lp[k], 1e-5) << "token " << k;
+    if (c.sample == 0) {  // the same request alone, samples in order
+      auto solo = one->Generate({reqs[c.request]});
+      ASSERT_TRUE(solo.ok()) << solo.status();
+      for (int j = 0; j < 3; ++j) {
+        EXPECT_EQ((*solo)[j].tokens, (*all)[i + j].tokens) << "sample " << j;
+        for (size_t k = 0; k < (*solo)[j].logprobs.size(); ++k)
+          EXPECT_NEAR((*solo)[j].logprobs[k], (*all)[i + j].logprobs[k], 1e-5);
+      }
+    }
+  }
+  // The samples of a request differ (different seeds), and a rerun repeats them exactly.
+  EXPECT_NE((*all)[0].tokens, (*all)[1].tokens);
+  auto again = Engine(together)->Generate(reqs);
+  ASSERT_TRUE(again.ok());
+  for (size_t i = 0; i < all->size(); ++i) EXPECT_EQ((*again)[i].tokens, (*all)[i].tokens);
+}
+
+TEST_F(RolloutTest, StopTokensEndASampleAndFreeItsBlocks) {
+  // Greedy from one prompt: take its 4th generated token as a stop token; the rerun stops
+  // there (the stop token kept), and the cache, one request's worth, serves both in turn.
+  RolloutOptions o;
+  o.block_size = 4, o.num_blocks = 6, o.max_running = 8;
+  auto e = Engine(o);
+  GenerationRequest r;
+  r.prompt = model::test::RandomBatch(Config().vocab, 9, {7}).tokens;
+  r.params.temperature = 0, r.params.max_new_tokens = 16;
+  auto free_run = e->Generate({r});
+  ASSERT_TRUE(free_run.ok()) << free_run.status();
+  const std::vector<int32_t>& t = (*free_run)[0].tokens;
+  const size_t first = std::find(t.begin(), t.end(), t[3]) - t.begin();  // its first occurrence
+  r.params.stop_tokens = {t[3]};
+  auto stopped = e->Generate({r, r});  // 2 x 23 tokens > 24 slots: the second waits for the first's blocks
+  ASSERT_TRUE(stopped.ok()) << stopped.status();
+  for (const Completion& c : *stopped) {
+    EXPECT_EQ(c.finish_reason, "stop");
+    EXPECT_EQ(c.tokens, std::vector<int32_t>(t.begin(), t.begin() + first + 1));
+  }
+}
+
+TEST_F(RolloutTest, BadRequestsAreRefusedByName) {
+  RolloutOptions o;
+  o.block_size = 4, o.num_blocks = 4;
+  auto e = Engine(o);
+  GenerationRequest ok;
+  ok.prompt = {1, 2, 3};
+  ok.params.max_new_tokens = 4;
+  auto with = [&](auto edit) {
+    GenerationRequest r = ok;
+    edit(r);
+    auto s = e->Generate({ok, r});
+    return std::string(s.status().message());
+  };
+  EXPECT_THAT(with([](GenerationRequest& r) { r.prompt.clear(); }), HasSubstr("requests[1]: empty prompt"));
+  EXPECT_THAT(with([](GenerationRequest& r) { r.prompt[1] = 97; }), HasSubstr("prompt token 97 is not in the vocabulary"));
+  EXPECT_THAT(with([](GenerationRequest& r) { r.params.max_new_tokens = 20; }),
+              HasSubstr("prompt (3) + max_new_tokens (20) = 23 tokens; the KV cache holds 16"));
+  EXPECT_THAT(with([](GenerationRequest& r) { r.params.top_p = 0; }), HasSubstr("top_p = 0"));
+  EXPECT_THAT(with([](GenerationRequest& r) { r.params.n = 0; }), HasSubstr("n = 0"));
+  EXPECT_THAT(with([](GenerationRequest& r) { r.params.temperature = -1; }), HasSubstr("temperature = -1"));
+  // Nothing ran for a refused batch; a good one still runs (the cache was not disturbed).
+  auto good = e->Generate({ok});
+  ASSERT_TRUE(good.ok()) << good.status();
+  EXPECT_EQ((*good)[0].tokens.size(), 4u);
+}
+
+// Tensor parallelism: two ranks (threads, Gloo) hold half the heads and half the
+// vocabulary each — the cache too — and gather the logits; both sample the same tokens,
+// equal to one rank's, with log-probs within 1e-5.
+TEST(RolloutTp, Tp2EqualsOneRank) {
+  model::LlamaConfig c = Config();
+  c.vocab = 98;  // a multiple of tp
+  auto reqs = Requests(c.vocab, /*temperature=*/1.f, /*n=*/2, 8);
+  RolloutOptions o;
+  o.block_size = 4, o.num_blocks = 48, o.max_running = 4;
+  auto run = [&](comm::Communicator* tp, std::vector<Completion>* out) {
+    auto be = runtime::MakeCpuBackend();
+    auto m = Llama::Create(c, be.get(), tp);
+    ASSERT_TRUE(m.ok()) << m.status();
+    ASSERT_TRUE((*m)->InitRandom(3, 0.2f).ok());
+    auto e = RolloutEngine::Create(m->get(), o);
+    ASSERT_TRUE(e.ok()) << e.status();
+    auto got = (*e)->Generate(reqs);
+    ASSERT_TRUE(got.ok()) << got.status();
+    *out = std::move(*got);
+  };
+  std::vector<Completion> one, ranks[2];
+  run(nullptr, &one);
+  tessera::testing::MemStore store;
+  const std::string key = RandomHex(4);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      auto tp = comm::MakeGlooCommunicator("test/rollout/tp", key, r, 2, &store, {"127.0.0.1", 60000});
+      ASSERT_TRUE(tp.ok()) << tp.status();
+      run(tp->get(), &ranks[r]);
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(ranks[r].size(), one.size());
+    for (size_t i = 0; i < one.size(); ++i) {
+      SCOPED_TRACE(::testing::Message() << "rank " << r << " completion " << i);
+      EXPECT_EQ(ranks[r][i].tokens, one[i].tokens);
+      for (size_t k = 0; k < one[i].logprobs.size() && k < ranks[r][i].logprobs.size(); ++k)
+        EXPECT_NEAR(ranks[r][i].logprobs[k], one[i].logprobs[k], 1e-5);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tessera::engine

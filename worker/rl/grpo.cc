@@ -1,0 +1,95 @@
+#include "worker/rl/grpo.h"
+
+#include <algorithm>
+
+#include <chrono>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "worker/rl/rl_samples.h"
+
+namespace tessera::engine {
+namespace {
+using Clock = std::chrono::steady_clock;
+double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+}  // namespace
+
+namespace {
+// The options against the samples a step will have.
+absl::Status CheckOptions(const GrpoOptions& o, const model::Llama* reference, size_t samples) {
+  if (o.group_size < 2) return absl::InvalidArgumentError(absl::StrCat("grpo: group_size ", o.group_size, "; need >= 2"));
+  if (o.epochs < 1 || o.mini_batches < 1)
+    return absl::InvalidArgumentError(absl::StrCat("grpo: epochs (", o.epochs, ") and mini_batches (", o.mini_batches,
+                                                   ") must be >= 1"));
+  if (o.loss.kl_coef > 0 && reference == nullptr)
+    return absl::InvalidArgumentError("grpo: kl_coef > 0 needs a reference model");
+  if (static_cast<size_t>(o.mini_batches) > samples)
+    return absl::InvalidArgumentError(absl::StrCat("grpo: ", o.mini_batches, " mini-batches of ", samples, " samples"));
+  return absl::OkStatus();
+}
+}  // namespace
+
+absl::StatusOr<GrpoStats> GrpoStep(RolloutEngine& rollout, model::Llama& actor, Trainer& trainer, model::Llama* reference,
+                                   const std::vector<std::vector<int32_t>>& prompts, const RewardFn& reward,
+                                   const GrpoOptions& o, uint64_t seed) {
+  const BatchRewardFn batch = [&](const std::vector<Completion>& cs) -> absl::StatusOr<std::vector<double>> {
+    std::vector<double> r;
+    for (const Completion& c : cs) r.push_back(reward(static_cast<size_t>(c.request), c.tokens));
+    return r;
+  };
+  return GrpoStep(rollout, actor, trainer, reference, prompts, batch, o, seed);
+}
+
+absl::StatusOr<GrpoStats> GrpoStep(RolloutEngine& rollout, model::Llama& actor, Trainer& trainer, model::Llama* reference,
+                                   const std::vector<std::vector<int32_t>>& prompts, const BatchRewardFn& reward,
+                                   const GrpoOptions& o, uint64_t seed) {
+  // Checked before generating (GrpoUpdate checks the samples again).
+  if (prompts.empty()) return absl::InvalidArgumentError("grpo: no prompts");
+  TESSERA_RETURN_IF_ERROR(CheckOptions(o, reference, prompts.size() * std::max(o.group_size, 0)));
+  // Generate group_size samples of every prompt, score them; then the update.
+  TESSERA_ASSIGN_OR_RETURN(Rollouts got, GenerateAndScore(rollout, prompts, o.sampling, o.group_size, seed, reward, "grpo"));
+  return GrpoUpdate(actor, trainer, reference, got, o);
+}
+
+absl::StatusOr<GrpoStats> GrpoUpdate(model::Llama& actor, Trainer& trainer, model::Llama* reference, Rollouts& got,
+                                     const GrpoOptions& o) {
+  const size_t total = got.samples.size();
+  TESSERA_RETURN_IF_ERROR(CheckOptions(o, reference, total));
+  if (total == 0 || total % o.group_size != 0 || got.rewards.size() != total)
+    return absl::InvalidArgumentError(absl::StrCat("grpo: ", total, " samples with ", got.rewards.size(),
+                                                   " rewards do not make whole groups of ", o.group_size));
+  GrpoStats stats;
+  // Group-normalized advantages (the samples come ordered by prompt, sample).
+  std::vector<RlSample>& samples = got.samples;
+  const std::vector<double>& rewards = got.rewards;
+  stats.reward = got.reward, stats.response_length = got.response_length, stats.generate_s = got.generate_s;
+  Clock::time_point t;
+  rl::GroupAdvantageOptions ao = o.advantages;
+  ao.group_size = o.group_size;
+  TESSERA_ASSIGN_OR_RETURN(std::vector<double> adv, rl::GroupNormalizedAdvantages(rewards, ao));
+  for (size_t i = 0; i < samples.size(); ++i) samples[i].advantage.assign(samples[i].batch.size(), adv[i]);
+  // The reference's and the old policy's log-probs (teacher forcing), one forward per
+  // mini-batch's samples packed.
+  t = Clock::now();
+  if (o.loss.kl_coef > 0) TESSERA_RETURN_IF_ERROR(FillLogProbs(*reference, samples, o.mini_batches, &RlSample::ref_logp));
+  stats.ref_s = Since(t);
+  t = Clock::now();
+  TESSERA_RETURN_IF_ERROR(FillLogProbs(actor, samples, o.mini_batches, &RlSample::old_logp));
+  stats.old_s = Since(t);
+  // Update: epochs x mini-batches, each one optimizer step over one packed micro-batch.
+  t = Clock::now();
+  for (int e = 0; e < o.epochs; ++e)
+    for (int mb = 0; mb < o.mini_batches; ++mb) {
+      const size_t begin = total * mb / o.mini_batches, end = total * (mb + 1) / o.mini_batches;
+      TESSERA_ASSIGN_OR_RETURN(Trainer::PolicyStats ps, UpdateActor(trainer, samples, begin, end, o.loss));
+      stats.loss = ps.loss, stats.kl = ps.kl, stats.clip_fraction = ps.clip_fraction, stats.grad_norm = ps.grad_norm;
+      stats.entropy = ps.entropy;
+      ++stats.optimizer_steps;
+    }
+  stats.update_s = Since(t);
+  return stats;
+}
+
+}  // namespace tessera::engine

@@ -1,0 +1,67 @@
+// The samples of one RL step on one rank (worker/rl/grpo.cc, ppo.cc): each completion
+// as a sequence of its prompt and its tokens (CompletionSequence: entry t is the target
+// of token t) with its per-token RL inputs, packed into micro-batches (varlen: each
+// sample attends to itself) for the reference's and the old policy's log-probs, the
+// critic's values and the updates.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "worker/rl/grpo.h"
+#include "worker/rollout/rollout.h"
+#include "worker/train/trainer.h"
+#include "worker/model/llama.h"
+
+namespace tessera::engine {
+
+struct RlSample {
+  model::TokenBatch batch;
+  // Per token: mask (1: a response token that counts), the reference's and the old
+  // policy's log-probs, the advantage, the critic's value before the update, the return.
+  std::vector<double> mask, ref_logp, old_logp, advantage, old_value, returns;
+};
+
+RlSample MakeRlSample(const std::vector<int32_t>& prompt, const std::vector<int32_t>& completion);
+
+// A step's generation and rewards: `n` samples of every prompt (prompt i's seed from
+// `seed` and i), scored in one call; the samples in (prompt, sample) order with their
+// rewards, the means and the time taken. `who` names the algorithm in errors (a wrong
+// number of rewards, a reward that is not finite).
+struct Rollouts {
+  std::vector<RlSample> samples;
+  std::vector<double> rewards;
+  double reward = 0, response_length = 0, generate_s = 0;
+};
+absl::StatusOr<Rollouts> GenerateAndScore(RolloutEngine& rollout, const std::vector<std::vector<int32_t>>& prompts,
+                                          const SamplingParams& sampling, int n, uint64_t seed,
+                                          const BatchRewardFn& reward, const char* who);
+// The same with each prompt's sampling seed given (`seeds[i]`, as PromptSeed makes them):
+// a rollout pool reproduces what each actor rank would have sampled itself.
+absl::StatusOr<Rollouts> GenerateAndScore(RolloutEngine& rollout, const std::vector<std::vector<int32_t>>& prompts,
+                                          const SamplingParams& sampling, int n, const std::vector<uint64_t>& seeds,
+                                          const BatchRewardFn& reward, const char* who);
+// Prompt i's seed of a step's base seed (the first overload's).
+inline uint64_t PromptSeed(uint64_t seed, size_t i) { return seed * 1000003ull + i * 7919ull; }
+// Rollouts of samples made elsewhere: prompt + completion tokens and rewards, in order.
+Rollouts MakeRollouts(const std::vector<std::vector<int32_t>>& prompts, const std::vector<std::vector<int32_t>>& completions,
+                      const std::vector<double>& rewards);
+
+// Samples [begin, end) packed into one micro-batch.
+model::TokenBatch PackSamples(const std::vector<RlSample>& samples, size_t begin, size_t end);
+// One optimizer step of the actor (Trainer::PolicyStep) or the critic (ValueStep) on
+// samples [begin, end), packed into one micro-batch with their per-token inputs.
+absl::StatusOr<Trainer::PolicyStats> UpdateActor(Trainer& trainer, const std::vector<RlSample>& samples, size_t begin,
+                                                 size_t end, const rl::PolicyLossOptions& loss);
+absl::StatusOr<Trainer::ValueStats> UpdateCritic(Trainer& trainer, const std::vector<RlSample>& samples, size_t begin,
+                                                 size_t end, double value_clip);
+
+// samples[i].*field from the model's log-probs (TokenLogProbs) or, for a critic, its
+// values (TokenValues): one forward per `parts` of the samples, packed, split back.
+absl::Status FillLogProbs(model::Llama& m, std::vector<RlSample>& samples, int parts,
+                          std::vector<double> RlSample::*field);
+absl::Status FillValues(model::Llama& critic, std::vector<RlSample>& samples, int parts);
+
+}  // namespace tessera::engine

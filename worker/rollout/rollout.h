@@ -1,0 +1,146 @@
+// The rollout engine (docs/design.md §7): generation for RL and batch inference over the training
+// engine's model and weights (no copy), with a paged KV cache and continuous batching.
+//
+// Generate() expands each request into `n` samples and runs them to completion:
+//   - admission: a waiting sample joins the running batch when a batch slot is free and
+//     the cache has blocks for its prompt plus max_new_tokens (reserved up front, so a
+//     running sample never waits for memory and nothing is preempted);
+//   - prefill: the admitted samples' prompts in one packed varlen forward, writing their
+//     keys and values into their blocks; it gives each its first new token;
+//   - decode: every running sample's last token in one forward over the cache (block
+//     tables, context lengths); sequences join and leave between steps;
+//   - a sample ends at one of its stop tokens (kept, finish "stop") or after
+//     max_new_tokens (finish "length"); its blocks go back to the free list at once.
+// Sampling (kernels/sampling: temperature, top-k, top-p, greedy at temperature 0) draws
+// token i of sample j of a request with (seed + j, i), so the result does not depend on
+// batching or admission order; the log-probability of each drawn token is under the
+// sampling distribution (softmax(logits / temperature); at temperature 0 or 1 the
+// model's own). On a GPU the logits stay on the device and are sampled there (the same
+// counter-based draw as the host's); under TP each rank first gathers the whole
+// vocabulary's logits on its device (Llama::GatherVocab) and every rank draws the same
+// tokens. On the CPU they are sampled by the host backend.
+// ReleaseCache() frees the cache (a colocated executor going back to training); the
+// next Generate() makes it again.
+// Threading: one caller at a time (like the model it drives).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/model/llama.h"
+#include "worker/runtime/backend.h"
+
+namespace tessera::engine {
+
+struct SamplingParams {
+  float temperature = 1.f;  // 0: greedy
+  int32_t top_k = 0;        // 0: the whole vocabulary
+  float top_p = 1.f;        // 1: no nucleus cut
+  int64_t max_new_tokens = 64;
+  std::vector<int32_t> stop_tokens;
+  uint64_t seed = 0;
+  int n = 1;  // samples of the prompt (a GRPO group)
+};
+
+struct GenerationRequest {
+  std::vector<int32_t> prompt;
+  SamplingParams params;
+};
+
+struct Completion {
+  int64_t request = 0;  // index into Generate's requests
+  int sample = 0;       // 0 .. n-1
+  std::vector<int32_t> tokens;  // the new tokens (a stop token included)
+  std::vector<float> logprobs;  // of each new token under the sampling distribution
+  std::string finish_reason;    // "stop" | "length"
+};
+
+struct RolloutOptions {
+  int64_t block_size = 16;
+  int64_t num_blocks = 256;  // cache capacity: num_blocks * block_size tokens
+  int64_t max_running = 64;  // samples decoded together
+  bool sample_on_host = false;  // a GPU model's logits sampled on the host all the same (tests)
+  // GPU, no TP, no parameter hooks, no QKV bias: each decode step is a CUDA graph (one per
+  // padded batch size and table width, captured at its second use) — the step's inputs
+  // are three uploads, its tokens two downloads, and no per-op launch cost remains.
+  bool cuda_graphs = true;
+};
+
+// A completion as a training sequence: prompt + completion tokens, positions from 0,
+// next-token targets (none after the last token); with `mask`, 1 for the targets that
+// are completion tokens (what an RL loss counts), 0 elsewhere. For teacher-forced
+// log-probs of what the rollout sampled.
+model::TokenBatch CompletionSequence(const std::vector<int32_t>& prompt, const std::vector<int32_t>& completion,
+                                     std::vector<double>* mask = nullptr);
+
+class RolloutEngine {
+ public:
+  // The model is not owned and must outlive the engine; its weights are read as they are
+  // at each Generate() (the actor's current weights when colocated).
+  static absl::StatusOr<std::unique_ptr<RolloutEngine>> Create(model::Llama* model, const RolloutOptions& options);
+  // Completions ordered by (request, sample). A request that can never fit the cache, an
+  // empty prompt or a bad parameter is an error naming the request, before anything runs.
+  absl::StatusOr<std::vector<Completion>> Generate(const std::vector<GenerationRequest>& requests);
+  void ReleaseCache();
+  // Decode steps and prefills of the last Generate() (tests: continuous batching), and
+  // how many of its decode steps replayed a CUDA graph.
+  int64_t decode_steps() const { return decode_steps_; }
+  int64_t prefills() const { return prefills_; }
+  int64_t graph_steps() const { return graph_steps_; }
+  // Host wall time of the last Generate()'s prefills and decode steps (each ends with its
+  // sampled tokens on the host, so these are the device's time plus the host's launches).
+  double prefill_seconds() const { return prefill_s_; }
+  double decode_seconds() const { return decode_s_; }
+
+ private:
+  struct Seq;
+  RolloutEngine(model::Llama* model, const RolloutOptions& options);
+  absl::Status Prefill(std::vector<Seq*>& admitted);
+  absl::Status Decode(std::vector<Seq*>& running);
+  // The model's forward over the cache for `seqs`, then each sequence's next token.
+  absl::Status ForwardAndSample(const std::vector<Seq*>& seqs, const model::TokenBatch& batch,
+                                const std::vector<int32_t>& slots, const model::Llama::DecodeView* view);
+  // Draws each sequence's next token from its row of `logits` (on `be`'s device: the
+  // host backend, or the model's GPU) and appends it.
+  absl::Status SampleInto(const std::vector<Seq*>& seqs, const runtime::Tensor& logits, runtime::Backend& be);
+
+  // CUDA-graph decode (source: rollout_graph.cc). A graph's static buffers: i32 tokens,
+  // positions, slots, lens, top_k [batch] then tables [batch, max_blocks]; f32
+  // temperature, top_p; i64 seed, offset; the outputs token, logprob.
+  struct DecodeGraph {
+    int64_t batch = 0, max_blocks = 0;
+    runtime::Tensor i32, f32, i64, token, logprob;
+    std::unique_ptr<runtime::Backend::Graph> graph;
+    int uses = 0;
+  };
+  bool GraphsUsable() const;
+  uint64_t GraphFingerprint() const;  // the addresses a graph bakes in: weights and cache
+  absl::Status DecodeWithGraph(std::vector<Seq*>& running);
+  absl::Status RunDecodeGraphOps(DecodeGraph& g);
+  // Sampling parameters of each sequence's next draw, and the drawn tokens appended.
+  void SamplingInputs(const std::vector<Seq*>& seqs, float* temperature, int32_t* top_k, float* top_p, int64_t* seed,
+                      int64_t* offset) const;
+  void Append(const std::vector<Seq*>& seqs, const int32_t* token, const float* logprob);
+
+  model::Llama* model_;
+  RolloutOptions options_;
+  std::map<std::pair<int64_t, int64_t>, DecodeGraph> graphs_;
+  uint64_t graph_fingerprint_ = 0;
+  bool graphs_failed_ = false;  // a capture failed: eager decode from then on
+  int64_t scratch_block_ = -1;  // first of the blocks padded graph rows write to (never handed out)
+  int64_t graph_steps_ = 0;
+  std::unique_ptr<runtime::Backend> host_;  // sampling and host index tensors
+  // A GPU model samples on its device (no logits through the host; under TP from the
+  // gathered vocabulary, every rank drawing the same tokens).
+  bool device_sampling_ = false;
+  std::unique_ptr<model::Llama::KvCache> cache_;
+  std::vector<int32_t> free_blocks_;
+  int64_t decode_steps_ = 0, prefills_ = 0;
+  double prefill_s_ = 0, decode_s_ = 0;
+};
+
+}  // namespace tessera::engine

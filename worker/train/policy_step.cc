@@ -1,0 +1,133 @@
+// Trainer::PolicyStep and Trainer::ValueStep: the RL actor's and critic's optimizer steps
+// (see trainer.h).
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "worker/train/trainer.h"
+
+namespace tessera::engine {
+namespace {
+double MaskSum(const std::vector<double>& mask) {
+  double n = 0;
+  for (double m : mask) n += m;
+  return n;
+}
+}  // namespace
+
+// What both RL steps do first: no pipeline; the mini-batch's counted (masked) tokens over
+// every DP rank — each micro-batch's token mean is scaled by its share of them — and the
+// step begun. `who` names the step in errors.
+absl::StatusOr<float> Trainer::BeginMaskedStep(const char* who, const std::vector<model::TokenBatch>& micro_batches,
+                                               const std::vector<const std::vector<double>*>& masks) {
+  if (pp_ != nullptr) return absl::UnimplementedError(absl::StrCat("trainer: the ", who, " does not run with pipelines yet"));
+  float counted = 0;
+  for (const std::vector<double>* mask : masks)
+    for (double m : *mask) counted += static_cast<float>(m);
+  TESSERA_RETURN_IF_ERROR(AllReduceHost(dp_, &counted, 1));
+  if (counted <= 0) return absl::InvalidArgumentError(absl::StrCat(who, ": the mini-batch has no counted (masked) tokens"));
+  TESSERA_RETURN_IF_ERROR(BeginStep(micro_batches));
+  return counted;
+}
+
+absl::StatusOr<Trainer::PolicyStats> Trainer::PolicyStep(const std::vector<model::TokenBatch>& micro_batches,
+                                                         const std::vector<PolicyTokens>& tokens,
+                                                         const rl::PolicyLossOptions& options) {
+  if (tokens.size() != micro_batches.size())
+    return absl::InvalidArgumentError(absl::StrCat("policy step: ", tokens.size(), " token sets for ",
+                                                   micro_batches.size(), " micro-batches"));
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const size_t t = micro_batches[i].tokens.size();
+    const PolicyTokens& p = tokens[i];
+    if (p.old_logp.size() != t || p.advantage.size() != t || p.mask.size() != t ||
+        (options.kl_coef > 0 && p.ref_logp.size() != t))
+      return absl::InvalidArgumentError(absl::StrCat("policy step: micro-batch ", i, " has ", t,
+                                                     " tokens; old_logp, advantage, mask",
+                                                     options.kl_coef > 0 ? " and ref_logp" : "", " need one value each"));
+  }
+  std::vector<const std::vector<double>*> masks;
+  for (const PolicyTokens& p : tokens) masks.push_back(&p.mask);
+  TESSERA_ASSIGN_OR_RETURN(const float counted, BeginMaskedStep("policy step", micro_batches, masks));
+  // Sums over the counted tokens of this rank: loss, pg loss, kl, clipped tokens, entropy.
+  float sums[5] = {0, 0, 0, 0, 0};
+  for (size_t i = 0; i < micro_batches.size(); ++i) {
+    const PolicyTokens& p = tokens[i];
+    const double local = MaskSum(p.mask);
+    if (local == 0) continue;  // nothing counts: no gradient from this micro-batch
+    auto grad = [&](const model::Llama::TokenStats& st) -> absl::StatusOr<model::Llama::TokenGrads> {
+      rl::PolicyTokens in;
+      in.logp.assign(st.logprob.begin(), st.logprob.end());
+      in.old_logp = p.old_logp, in.advantage = p.advantage, in.mask = p.mask;
+      if (options.kl_coef > 0) in.ref_logp = p.ref_logp;
+      if (options.entropy_coef > 0) in.entropy.assign(st.entropy.begin(), st.entropy.end());
+      TESSERA_ASSIGN_OR_RETURN(rl::PolicyLoss l, rl::ComputePolicyLoss(in, options));
+      const double share = local / counted;  // micro-batch token mean -> mini-batch token mean
+      sums[0] += static_cast<float>(l.loss * local), sums[1] += static_cast<float>(l.pg_loss * local);
+      sums[2] += static_cast<float>(l.kl * local), sums[3] += static_cast<float>(l.clip_fraction * local);
+      for (size_t t = 0; t < st.entropy.size() && t < p.mask.size(); ++t)  // reported with or without the bonus
+        sums[4] += static_cast<float>(p.mask[t] * st.entropy[t]);
+      model::Llama::TokenGrads g;
+      g.dlogprob.resize(l.dlogp.size());
+      for (size_t t = 0; t < l.dlogp.size(); ++t) g.dlogprob[t] = static_cast<float>(l.dlogp[t] * share);
+      g.dentropy.resize(l.dentropy.size());
+      for (size_t t = 0; t < l.dentropy.size(); ++t) g.dentropy[t] = static_cast<float>(l.dentropy[t] * share);
+      return g;
+    };
+    TESSERA_RETURN_IF_ERROR(model_->ForwardBackwardLogProbs(micro_batches[i], grad).status());
+  }
+  TESSERA_RETURN_IF_ERROR(AllReduceHost(dp_, sums, 5));
+  PolicyStats out;
+  out.tokens = static_cast<int64_t>(std::lround(counted));
+  out.loss = sums[0] / counted, out.pg_loss = sums[1] / counted, out.kl = sums[2] / counted;
+  out.clip_fraction = sums[3] / counted, out.entropy = sums[4] / counted;
+  StepStats st;
+  TESSERA_RETURN_IF_ERROR(FinishStep(st));
+  out.grad_norm = st.grad_norm, out.lr = st.lr;
+  return out;
+}
+
+absl::StatusOr<Trainer::ValueStats> Trainer::ValueStep(const std::vector<model::TokenBatch>& micro_batches,
+                                                       const std::vector<ValueTokens>& tokens, double clip) {
+  if (tokens.size() != micro_batches.size())
+    return absl::InvalidArgumentError(absl::StrCat("value step: ", tokens.size(), " token sets for ",
+                                                   micro_batches.size(), " micro-batches"));
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const size_t t = micro_batches[i].tokens.size();
+    const ValueTokens& v = tokens[i];
+    if (v.old_value.size() != t || v.returns.size() != t || v.mask.size() != t)
+      return absl::InvalidArgumentError(absl::StrCat("value step: micro-batch ", i, " has ", t,
+                                                     " tokens; old_value, returns and mask need one value each"));
+  }
+  std::vector<const std::vector<double>*> masks;
+  for (const ValueTokens& v : tokens) masks.push_back(&v.mask);
+  TESSERA_ASSIGN_OR_RETURN(const float counted, BeginMaskedStep("value step", micro_batches, masks));
+  float sums[3] = {0, 0, 0};  // this rank's sums over the counted tokens: loss, clipped, value
+  for (size_t i = 0; i < micro_batches.size(); ++i) {
+    const ValueTokens& v = tokens[i];
+    const double local = MaskSum(v.mask);
+    if (local == 0) continue;
+    auto grad = [&](const std::vector<float>& values) -> absl::StatusOr<std::vector<float>> {
+      rl::ValueTokens in;
+      in.value.assign(values.begin(), values.end());
+      in.old_value = v.old_value, in.returns = v.returns, in.mask = v.mask;
+      TESSERA_ASSIGN_OR_RETURN(rl::ValueLoss l, rl::ComputeValueLoss(in, clip));
+      const double share = local / counted;  // micro-batch token mean -> mini-batch token mean
+      sums[0] += static_cast<float>(l.loss * local), sums[1] += static_cast<float>(l.clip_fraction * local);
+      for (size_t t = 0; t < values.size(); ++t) sums[2] += static_cast<float>(v.mask[t] * values[t]);
+      std::vector<float> d(l.dvalue.size());
+      for (size_t t = 0; t < d.size(); ++t) d[t] = static_cast<float>(l.dvalue[t] * share);
+      return d;
+    };
+    TESSERA_RETURN_IF_ERROR(model_->ForwardBackwardValues(micro_batches[i], grad).status());
+  }
+  TESSERA_RETURN_IF_ERROR(AllReduceHost(dp_, sums, 3));
+  ValueStats out;
+  out.tokens = static_cast<int64_t>(std::lround(counted));
+  out.loss = sums[0] / counted, out.clip_fraction = sums[1] / counted, out.value = sums[2] / counted;
+  StepStats st;
+  TESSERA_RETURN_IF_ERROR(FinishStep(st));
+  out.grad_norm = st.grad_norm, out.lr = st.lr;
+  return out;
+}
+
+}  // namespace tessera::engine

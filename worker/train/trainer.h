@@ -1,0 +1,262 @@
+// One rank's optimizer step (docs/design.md §6): gradient accumulation over micro-batches, data-
+// parallel gradient reduction, the global gradient norm across data- and tensor-parallel
+// ranks and clipping, warmup + cosine learning rate, AdamW on fp32 state. The ZeRO stage
+// decides what is sharded over the DP (x CP) group; a rank owns the same contiguous slice
+// [rank * shard, (rank + 1) * shard) of every flattened (TP-local) parameter:
+//   0: nothing — gradients all-reduced after the last micro-batch, state replicated;
+//   1: optimizer state (the distributed optimizer) — gradients reduce-scattered after the
+//      last micro-batch, AdamW on the slice, the parameter all-gathered (under mixed
+//      precision only its bf16 compute copy, after Step by the next forward a block at a
+//      time; the f32 values on demand, GatherValues);
+//   2: + gradients — each block's gradients are reduce-scattered into the slice as soon
+//      as the block's backward is done (every micro-batch) and their full buffers freed;
+//   3: + parameters (FSDP) — a block's parameters are all-gathered before its forward and
+//      its backward (the next block's one ahead) and freed after; AdamW updates the slice,
+//      which is the only copy kept between steps.
+// ZeRO-2/3 work through the model's ParamHooks (worker/model/llama.h). With one DP rank
+// every stage is stage 0. ZeRO-0/1 without a pipeline use the hooks too: during the last
+// micro-batch's backward each block's gradients are all-reduced (reduce-scattered) as soon
+// as the block is done — one bucket per block, on NCCL overlapped with the backward of
+// the blocks below it (Communicator::SetOverlap), joined before the gradient norm.
+//
+// The loss is a token mean over the global batch: every micro-batch's gradient is
+// scaled by 1 / (target tokens of the whole global batch, summed over data-parallel
+// ranks), so any split of the batch over ranks and micro-batches gives the same update.
+//
+// Threading: one thread (the model's backend thread).
+#pragma once
+
+#include <cstdint>
+#include <array>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/rl.h"
+#include "worker/comm/communicator.h"
+#include "common/parallel/pipeline.h"
+#include "worker/model/llama.h"
+#include "worker/runtime/backend.h"
+
+namespace tessera::engine {
+
+struct OptimizerOptions {
+  float lr = 3e-4f;
+  float min_lr = 3e-5f;
+  int64_t warmup_steps = 0;
+  int64_t total_steps = 1;  // cosine decay ends here
+  float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f;
+  float clip_norm = 1.0f;  // <= 0: no clipping
+  int zero = 0;            // ZeRO stage, 0-3 (above)
+  parallel::Schedule schedule = parallel::Schedule::kOneFOneB;  // pipeline schedule (pp > 1; vpp > 1 interleaves 1F1B)
+  // ZeRO-0 with DP, no pipeline: the embedding's gradient all-reduced right after the last
+  // LM head backward and the last micro-batch's rows sent compacted (trainer_rows.cc).
+  // Off: reduced after the embedding's backward, as any parameter (for A/B measurements).
+  bool early_embedding = true;
+  // ZeRO-0 with DP: gradients reduced in bf16 (half the bytes of f32; Megatron's
+  // --grad-reduce-in-bf16, FSDP2's reduce_dtype): each gradient, accumulated in f32 over
+  // the micro-batches, is rounded to bf16, summed over DP in bf16, and the clipping norm
+  // and AdamW read that bf16 sum (the embedding's, under the early reduction, is widened
+  // back to f32 before its last micro-batch's rows are added). Off: f32 (the default).
+  // Not with ZeRO-1/2/3 (INVALID_ARGUMENT).
+  bool grad_reduce_bf16 = false;
+  // DP: a block's collectives go to NCCL as one group — one launch for the block's nine
+  // instead of nine, the small norm vectors' latency folded into the large ones: ZeRO-0/1's
+  // reduction of the last micro-batch's gradients (one bucket per block, issued as the
+  // block's backward ends) and ZeRO-1's gathers of the updated compute copies in the next
+  // forward; ZeRO-2/3's reduce-scatters every micro-batch and ZeRO-3's gathers. Off: one
+  // collective at a time (for A/B).
+  bool group_reductions = true;
+};
+
+// Learning rate at a 1-based step: linear warmup to lr, then cosine to min_lr.
+float LearningRate(const OptimizerOptions& o, int64_t step);
+
+struct StepStats {
+  double loss = 0;       // token mean over the global batch
+  double grad_norm = 0;  // before clipping
+  float lr = 0;
+  int64_t tokens = 0;  // target tokens of the global batch
+  // Pipelines (pp > 1): this rank's schedule in seconds — all of it, and the part inside
+  // its operations' compute (outside receives, sends and the final wait for the sends),
+  // from timing marks on the backend's stream (Backend::Mark: CUDA events on GPUs, where
+  // the host only enqueues; the host clock on the CPU).
+  // The bubble of a step: the slowest stage's pipeline_s over the stages' mean busy time,
+  // minus 1 — (pp - 1) / (vpp * micro-batches) for balanced stages and free transfers.
+  double pipeline_s = 0, pipeline_busy_s = 0;
+  // DP without a pipeline (ZeRO-0/1, gradients reduced during the last backward): how
+  // long the compute stream waited after that backward for the reduction to finish —
+  // the part of the gradient reduction the backward did not hide (0 on blocking backends).
+  double dp_wait_s = 0;
+};
+
+class Trainer {
+ public:
+  // dp: the gradient-reduction group (DP x CP), tp: the model's tensor-parallel group,
+  // pp: the pipeline group (the model is then this rank's stage; each may be null for
+  // one rank). Pipelines: every stage gets all micro-batches of the DP rank; the schedule
+  // runs them with asynchronous sends of activations and gradients; the loss (from the
+  // last stage), the gradient norm and a tied embedding's gradient (first + last stage)
+  // are reduced over pp (under ZeRO-2/3 the tied embedding's DP-reduced slices).
+  // The trainer turns on the model's Llama::set_defer_loss while it lives (a step's loss
+  // stays on the device until the step reads it once); the model must outlive it.
+  static absl::StatusOr<std::unique_ptr<Trainer>> Create(model::Llama* model, runtime::Backend* backend,
+                                                         comm::Communicator* dp, comm::Communicator* tp,
+                                                         const OptimizerOptions& options,
+                                                         comm::Communicator* pp = nullptr);
+  ~Trainer();
+  // One optimizer step over this rank's micro-batches of the global batch.
+  absl::StatusOr<StepStats> Step(const std::vector<model::TokenBatch>& micro_batches);
+  // RL: one optimizer step of the actor on the policy loss (common/rl.h) over this rank's
+  // micro-batches of a mini-batch (source: policy_step.cc). `tokens[i]` holds micro-batch
+  // i's per-token inputs, aligned with its tokens (entry t: the target of token t): old
+  // log-probs, advantages, the mask (1: a response token that counts) and, with a KL
+  // term, the reference's log-probs. The loss is the token mean over the mask of the
+  // whole mini-batch (all DP ranks). Gradients, clipping, LR and the update as Step.
+  // With options.entropy_coef > 0 the entropy bonus's gradient goes through the softmax
+  // (Llama::TokenGrads::dentropy). PolicyStats::entropy is the token mean of the
+  // predictive entropy over the mask, with or without the bonus. Not with pipelines yet.
+  struct PolicyTokens {
+    std::vector<double> old_logp, advantage, mask, ref_logp;
+  };
+  struct PolicyStats {
+    double loss = 0, pg_loss = 0, kl = 0, clip_fraction = 0, entropy = 0;  // token means
+    double grad_norm = 0;
+    float lr = 0;
+    int64_t tokens = 0;  // counted (masked) tokens of the mini-batch, all DP ranks
+  };
+  absl::StatusOr<PolicyStats> PolicyStep(const std::vector<model::TokenBatch>& micro_batches,
+                                         const std::vector<PolicyTokens>& tokens, const rl::PolicyLossOptions& options);
+  // PPO's critic (the model has a value head, LlamaConfig::value_head): one optimizer step
+  // on the clipped value loss (rl::ComputeValueLoss, clip <= 0: none) over this rank's
+  // micro-batches of a mini-batch; `tokens[i]` holds micro-batch i's old values, returns
+  // and mask per token (entry t: token t's value). Token mean over the mask of the whole
+  // mini-batch (all DP ranks); gradients, clipping, LR and the update as Step. Not with
+  // pipelines.
+  struct ValueTokens {
+    std::vector<double> old_value, returns, mask;
+  };
+  struct ValueStats {
+    double loss = 0, clip_fraction = 0, value = 0;  // token means (value: before the step)
+    double grad_norm = 0;
+    float lr = 0;
+    int64_t tokens = 0;
+  };
+  absl::StatusOr<ValueStats> ValueStep(const std::vector<model::TokenBatch>& micro_batches,
+                                       const std::vector<ValueTokens>& tokens, double clip);
+  int64_t step() const { return step_; }
+  // ZeRO-3: gathers every parameter's value onto the model (for evaluation, checkpoints
+  // and Llama::GatherGlobal); the next Step frees them again. Other stages: nothing to do.
+  // Every rank of the DP group must call it.
+  absl::Status GatherParams();
+  // ZeRO-1 under mixed precision: after Step, each rank holds only its slice of the f32
+  // values up to date (the compute copies it trains with are gathered by the next
+  // forward); this gathers the values (and any compute copy still pending) — a no-op
+  // otherwise. Every rank of the DP group must call it before reading parameter values
+  // outside the trainer: SaveCheckpoint and GatherParams call it, the executor calls it
+  // before a weight sync or digest; ReadPiece refuses a stale value (FAILED_PRECONDITION).
+  absl::Status GatherValues();
+
+  // Checkpoints (worker/checkpoint). Parameter i (the model's order) as this rank holds
+  // it: `value` is elements [value_begin, value_begin + value.size()) of the flattened
+  // TP-local tensor (ZeRO-3: the rank's slice, else all of it), the AdamW moments m and v
+  // elements [state_begin, ...) (ZeRO >= 1: the slice, else all of it); no padding.
+  struct Piece {
+    int64_t value_begin = 0, state_begin = 0;
+    std::vector<float> value, m, v;
+  };
+  absl::StatusOr<Piece> ReadPiece(size_t i);
+  // Which elements of parameter i's flattened TP-local tensor (n of them) this rank holds:
+  // the value's and the moments' ranges, as ReadPiece returns them.
+  struct PieceSlices {
+    int64_t n = 0, value_begin = 0, value_len = 0, state_begin = 0, state_len = 0;
+  };
+  PieceSlices SlicesOf(size_t i) const;
+  // Sets parameter i's value and moments from exactly the ranges SlicesOf(i) names
+  // (INVALID_ARGUMENT naming the parameter otherwise).
+  absl::Status LoadPiece(size_t i, const Piece& p);
+  void set_step(int64_t step) { step_ = step; }
+  // Zeroes the AdamW moments and the step count: a fresh optimizer on the current
+  // weights (an RL job's warm start from an SFT checkpoint).
+  absl::Status ResetOptimizerState();
+  int zero() const { return options_.zero; }  // the effective stage (0 with one DP rank)
+  runtime::Backend* backend() const { return backend_; }
+
+ private:
+  struct State;
+  class Hooks;
+  Trainer(model::Llama* model, runtime::Backend* backend, comm::Communicator* dp, comm::Communicator* tp,
+          comm::Communicator* pp, const OptimizerOptions& options);
+  absl::StatusOr<double> RunPipeline(const std::vector<model::TokenBatch>& micro_batches, float scale);
+  // A step's start, before any collective of its own: kernels readied for these
+  // micro-batches (model::Llama::PrepareKernels) and gradients zeroed.
+  absl::Status BeginStep(const std::vector<model::TokenBatch>& micro_batches);
+  absl::StatusOr<float> BeginMaskedStep(const char* who, const std::vector<model::TokenBatch>& micro_batches,
+                                        const std::vector<const std::vector<double>*>& masks);
+  // lazy_gather: Step's (ZeRO-1's compute copies gathered by the next forward).
+  absl::Status FinishStep(StepStats& stats, bool lazy_gather = false);
+  absl::Status PipelineTimes(StepStats* stats);
+  absl::Status SumTiedEmbeddingGrads();
+  absl::Status AllReduceHost(comm::Communicator* c, float* values, int n);
+  absl::Status Allocate();
+  absl::StatusOr<int64_t> GlobalTokens(const std::vector<model::TokenBatch>& micro_batches);
+  absl::StatusOr<double> ReduceGradsAndNorm();
+  absl::Status AllReduceGrad(State& s);
+  absl::Status Update(float lr, float clip_scale, bool lazy_gather);
+  // ZeRO-1 under mixed precision (State::lowp_padded): one parameter's compute copy
+  // gathered from the ranks' updated slices; every pending one.
+  absl::Status GatherCompute(State& s);
+  absl::Status GatherComputes();
+  // ZeRO-1/2: the f32 value from every rank's slice (`mine`, len elements: this rank's).
+  absl::Status GatherSlices(State& s, const runtime::Tensor& mine, int64_t len);
+  absl::Status GatherValue(State& s);       // ZeRO-3: the f32 value (GatherParams)
+  absl::Status GatherForCompute(State& s);  // ZeRO-3: what a block multiplies with, prefetchable
+  absl::Status EnsureGrad(State& s);
+  absl::Status ReduceGrads(const std::vector<State*>& bucket);  // ZeRO-2/3: one block's, every micro-batch
+  // ZeRO-0/1: the last micro-batch's reduction of one block's gradients (a bucket), as
+  // one NCCL group (OptimizerOptions::group_reductions).
+  absl::Status ReduceEarly(const std::vector<State*>& bucket);
+  absl::Status PrepareReduce(State& s);
+  absl::Status IssueReduce(State& s);
+  // grad_reduce_bf16: p's bf16-reduced gradient widened into its f32 gradient, which the
+  // norm and AdamW then read (a no-op where p has no bf16 sum).
+  absl::Status WidenReducedGrad(const model::Param* p);
+  // ZeRO-0 with DP and no pipeline (trainer_rows.cc): the embedding's gradient is
+  // all-reduced as soon as the last micro-batch's LM head backward is done — under every
+  // layer's backward — instead of after the embedding's backward, the last thing in the
+  // step (1 GiB exposed for a 128k x 2048 f32 table). That micro-batch's embedding rows
+  // go round instead, compacted to the rows any DP rank's tokens touch ([rows, hidden]
+  // f32, all-reduced), and are added after the join, each row once (the same result on
+  // every rank). Plan: at the step's start (the ranks' last token ids, gathered on the
+  // host); Take: the model's embedding backward (ParamHooks); Add: after the join.
+  struct EmbeddingRows {
+    model::Param* embed = nullptr;
+    int64_t vocab_start = 0;  // this TP rank's first vocabulary row
+    int64_t count = 0;        // rows any DP rank's tokens touch in this rank's vocabulary
+    runtime::Tensor rows;  // i32 [count]: those rows' vocabulary ids, ascending
+    runtime::Tensor pos;   // i32 [tokens]: each local token's index in `rows` (-1: another TP rank's)
+    runtime::Tensor sums;  // f32 [count, hidden]: the rows' gradients, all-reduced over DP
+  };
+  model::Param* EarlyEmbedding() const;  // the embedding while rows_ is planned, else null
+  absl::Status PlanEmbeddingRows(const model::TokenBatch& last);
+  absl::StatusOr<bool> TakeEmbeddingRows(const runtime::Tensor& ids, const runtime::Tensor& dout);
+  absl::Status AddEmbeddingRows();
+
+  model::Llama* model_;
+  runtime::Backend* backend_;
+  comm::Communicator* dp_;  // null: one data-parallel rank
+  comm::Communicator* tp_;
+  comm::Communicator* pp_;  // null: one stage
+  OptimizerOptions options_;
+  std::vector<State> state_;  // per parameter, in the model's order
+  std::vector<int> pipe_marks_;  // RunPipeline's timing marks: start, (before, after) per op, end
+  std::array<int, 2> wait_marks_{-1, -1};  // around the join of the DP reduction (StepStats::dp_wait_s)
+  std::unique_ptr<Hooks> hooks_;  // ZeRO-2/3; ZeRO-0/1 with DP and no pipeline
+  bool reduce_in_backward_ = false;  // ZeRO-0/1: during the last micro-batch
+  std::unique_ptr<EmbeddingRows> rows_;  // ZeRO-0: during the last micro-batch (PlanEmbeddingRows)
+  bool compute_pending_ = false;  // ZeRO-1 under mixed precision: a State::compute_pending is set
+  bool prefetched_ = false;       // Hooks::Acquire issued the next block's gathers
+  int64_t step_ = 0;
+};
+
+}  // namespace tessera::engine
