@@ -21,7 +21,6 @@
 // --early-embedding 0: the embedding's gradient reduced as any other (A/B);
 // --grad-reduce bf16: ZeRO-0's DP reduction in bf16 (OptimizerOptions::grad_reduce_bf16);
 // --recompute-swiglu 1: the SwiGLU output rebuilt by the backward, not kept (Llama::set_recompute_swiglu);
-// --fuse-qkv 1: one fused Q|K|V projection GEMM instead of three (Llama::set_fuse_qkv), for A/B;
 // --group-reductions 0: a block's gradient reductions one collective at a time, not as
 //   one NCCL group (OptimizerOptions::group_reductions), for A/B;
 // --last-stage-layers N: N layers on the last virtual stage (ParallelLayout.last_stage_layers);
@@ -120,7 +119,7 @@ Result Decode(const std::string& text, int rank) {
 struct Layout {
   int tp = 1, dp = 1, pp = 1, vpp = 1, zero = 0, last_stage_layers = 0;
   std::vector<int> stage_layers;  // --stage-layers 3,2,2,1,...
-  bool sp = false, recompute = false, early_embedding = true, grad_reduce_bf16 = false, group_reductions = true, fuse_qkv = false,
+  bool sp = false, recompute = false, early_embedding = true, grad_reduce_bf16 = false, group_reductions = true,
        recompute_swiglu = false;
   parallel::Schedule schedule = parallel::Schedule::kOneFOneB;
 };
@@ -140,7 +139,6 @@ void RunRank(const model::LlamaConfig& c, int device, comm::Communicator* tp, co
   if (!m.ok()) return fail(m.status());
   if (auto s = Init(**m, 7); !s.ok()) return fail(s);
   (*m)->set_recompute(l.recompute);
-  (*m)->set_fuse_qkv(l.fuse_qkv);
   (*m)->set_recompute_swiglu(l.recompute_swiglu);
   engine::OptimizerOptions o;
   o.lr = 3e-4f, o.min_lr = 3e-5f, o.warmup_steps = 2, o.total_steps = warmup + steps, o.clip_norm = 1.f;
@@ -217,7 +215,6 @@ int main(int argc, char** argv) {
   l.sp = get("sp", 0) != 0, l.recompute = get("recompute", 0) != 0, l.early_embedding = get("early-embedding", 1) != 0;
   l.grad_reduce_bf16 = a.count("grad-reduce") && a["grad-reduce"] == "bf16";
   l.group_reductions = get("group-reductions", 1) != 0;
-  l.fuse_qkv = get("fuse-qkv", 0) != 0;
   l.recompute_swiglu = get("recompute-swiglu", 0) != 0;
   if (a.count("schedule")) {
     auto sch = parallel::ParseSchedule(a["schedule"]);
@@ -358,7 +355,7 @@ int main(int argc, char** argv) {
   printf("{\"impl\": \"tessera\", \"dtype\": \"%s\", \"tp\": %d, \"dp\": %d, \"pp\": %d, \"vpp\": %d, \"schedule\": \"%s\", "
          "\"bubble\": %.4f, \"bubble_ideal\": %.4f, \"stage_ms_busy_ms\": [%s], \"zero\": %d, \"sp\": %d, \"params\": %lld, "
          "\"seq\": %lld, \"mbs\": %lld, \"micro\": %lld, \"steps\": %lld, \"step_ms\": %.2f, \"tokens_per_s\": %.1f, \"tflops\": %.2f, "
-         "\"tflops_per_gpu\": %.2f, \"peak_gib\": %.2f, \"dp_wait_ms\": %.2f, \"dp_enqueue_ms\": %.2f, \"dp_host_ops_ms\": %.2f, \"dp_calls\": %.0f, \"early_embedding\": %d, \"comm_priority\": \"%s\", \"nccl_blocking\": %d, \"gemm_tune\": %d, \"grad_reduce\": \"%s\", \"group_reductions\": %d, \"fuse_qkv\": %d, \"recompute_swiglu\": %d, "
+         "\"tflops_per_gpu\": %.2f, \"peak_gib\": %.2f, \"dp_wait_ms\": %.2f, \"dp_enqueue_ms\": %.2f, \"dp_host_ops_ms\": %.2f, \"dp_calls\": %.0f, \"early_embedding\": %d, \"comm_priority\": \"%s\", \"nccl_blocking\": %d, \"gemm_tune\": %d, \"grad_reduce\": \"%s\", \"group_reductions\": %d, \"recompute_swiglu\": %d, "
          "\"last_stage_layers\": %d, \"stage_layers\": [%s], \"losses\": [",
          tessera::DTypeName(c.dtype), tp, dp, pp, l.vpp, l.schedule == parallel::Schedule::kGPipe ? "gpipe" : "1f1b", bubble,
          pp > 1 ? double(pp - 1) / (l.vpp * micro) : 0.0, stages.c_str(), zero, sp ? 1 : 0, static_cast<long long>(c.NumParams()),
@@ -367,7 +364,7 @@ int main(int argc, char** argv) {
          tokens / secs, flops / secs / 1e12, flops / secs / 1e12 / world, peak, 1e3 * dp_wait / steps, 1e3 * dp_host / steps,
          1e3 * dp_host_op / steps, dp_calls / steps,
          l.early_embedding ? 1 : 0, comm_high_priority ? "high" : "normal", nccl_nonblocking ? 0 : 1,
-         kernels::GemmTuning() ? 1 : 0, l.grad_reduce_bf16 ? "bf16" : "f32", l.group_reductions ? 1 : 0, l.fuse_qkv ? 1 : 0, l.recompute_swiglu ? 1 : 0, l.last_stage_layers, absl::StrJoin(l.stage_layers, ", ").c_str());
+         kernels::GemmTuning() ? 1 : 0, l.grad_reduce_bf16 ? "bf16" : "f32", l.group_reductions ? 1 : 0, l.recompute_swiglu ? 1 : 0, l.last_stage_layers, absl::StrJoin(l.stage_layers, ", ").c_str());
   for (size_t i = 0; i < losses.size(); ++i) printf("%s%.4f", i ? ", " : "", losses[i]);
   printf("]}\n");
   return 0;

@@ -126,25 +126,6 @@ absl::Status Llama::Allocate() {
     w.wg = Find(l + "mlp.gate_proj.weight");
     w.wu = Find(l + "mlp.up_proj.weight");
     w.wd = Find(l + "mlp.down_proj.weight");
-    if (w.wq != nullptr && !config_.qkv_bias) {  // set_fuse_qkv: q, k and v as row blocks of one matrix each
-      const int64_t rq = w.wq->value.dim(0), rk = w.wk->value.dim(0), rv = w.wv->value.dim(0);
-      const int64_t h = w.wq->value.dim(1);
-      TESSERA_ASSIGN_OR_RETURN(w.qkv_value, New(*backend_, {rq + rk + rv, h}));
-      TESSERA_ASSIGN_OR_RETURN(w.qkv_grad, New(*backend_, {rq + rk + rv, h}));
-      if (act_ != DType::kF32) {
-        TESSERA_ASSIGN_OR_RETURN(w.qkv_compute, New(*backend_, {rq + rk + rv, h}, act_));
-      }
-      int64_t row = 0;
-      for (auto [p, rows] : {std::pair<Param*, int64_t>{w.wq, rq}, {w.wk, rk}, {w.wv, rv}}) {
-        TESSERA_ASSIGN_OR_RETURN(p->value, w.qkv_value.Slice(0, row, rows));
-        TESSERA_ASSIGN_OR_RETURN(p->grad, w.qkv_grad.Slice(0, row, rows));
-        if (w.qkv_compute.defined()) {  // RefreshCompute casts into it (same shape: no new tensor)
-          TESSERA_ASSIGN_OR_RETURN(p->compute, w.qkv_compute.Slice(0, row, rows));
-        }
-        TESSERA_RETURN_IF_ERROR(MarkGradStale(*p));
-        row += rows;
-      }
-    }
   }
   uses_.assign(num_blocks(), {});
   owns_.assign(num_blocks(), {});
@@ -288,28 +269,6 @@ absl::Status Llama::InitRandom(uint64_t seed, float stddev) {
     TESSERA_RETURN_IF_ERROR(SetGlobal(p, v));
   }
   return absl::OkStatus();
-}
-
-namespace {
-// Whether a, b and c are consecutive row blocks of `block` (one storage, in that order).
-bool RowsOf(const Tensor& block, const Tensor& a, const Tensor& b, const Tensor& c) {
-  if (!block.defined() || !a.defined() || !b.defined() || !c.defined()) return false;
-  const char* base = static_cast<const char*>(block.data());
-  return a.data() == base && b.data() == base + a.nbytes() && c.data() == base + a.nbytes() + b.nbytes() &&
-         a.nbytes() + b.nbytes() + c.nbytes() == block.nbytes() && a.dtype() == block.dtype() &&
-         b.dtype() == block.dtype() && c.dtype() == block.dtype();
-}
-}  // namespace
-
-const Tensor* Llama::FusedQkvWeight(const LayerParams& w) const {
-  if (!fuse_qkv_ || !w.qkv_value.defined()) return nullptr;
-  const Tensor& block = act_ == DType::kF32 ? w.qkv_value : w.qkv_compute;
-  return RowsOf(block, w.wq->weight(), w.wk->weight(), w.wv->weight()) ? &block : nullptr;
-}
-
-Tensor* Llama::FusedQkvGrad(LayerParams& w) const {
-  if (!fuse_qkv_ || !w.qkv_grad.defined()) return nullptr;
-  return RowsOf(w.qkv_grad, w.wq->grad, w.wk->grad, w.wv->grad) ? &w.qkv_grad : nullptr;
 }
 
 absl::Status Llama::ZeroGrads() {

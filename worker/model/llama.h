@@ -164,16 +164,6 @@ class Llama {
   // backward runs the layer's forward again (its collectives too) before its backward —
   // about one more forward of compute for activations of one layer instead of all.
   void set_recompute(bool on) { recompute_ = on; }
-  // One GEMM for a layer's Q, K and V projections (forward, input gradient and weight
-  // gradient) instead of three: without QKV bias, each layer's q/k/v weights, their
-  // compute copies and their gradients are allocated as row blocks of one [q + k + v
-  // rows, hidden] matrix each (the parameters stay three, with their names and shapes);
-  // RoPE reads Q and K from the fused rows and writes them back into its gradient rows.
-  // Used while the three are still those blocks (a ZeRO-3 gather, ZeRO-2's gradient
-  // buffers or ZeRO-1's padded compute copy make new tensors: then three GEMMs). Off by
-  // default: on an H100 it did not pay (docs/perf.md — the one GEMM saves
-  // ~0.5 ms of a 1B step, V's copies cost ~0.8 ms); the row-block layout stays either way.
-  void set_fuse_qkv(bool on) { fuse_qkv_ = on; }
   // Each layer's SwiGLU output is dropped after the down projection's forward; the
   // backward rebuilds it inside SwiGLU's backward kernel (into the buffer of its input
   // gradient, once read) for the down projection's weight gradient. Bit for bit the same
@@ -363,18 +353,12 @@ class Llama {
   std::vector<std::vector<Param*>> uses_, owns_;  // per block
   ParamHooks* hooks_ = nullptr;
   bool recompute_ = false;
-  bool fuse_qkv_ = false;
   bool recompute_swiglu_ = false;
   bool defer_loss_ = false;
   runtime::Tensor loss_sum_;  // f32 [1]: the cross-entropy summed on the device (set_defer_loss)
   bool loss_pending_ = false;  // loss_sum_ holds a sum not yet taken (else it is zeroed before use)
   // The whole-vocabulary loss of a flight on the device: lse, dloss and the pending sum.
   absl::Status DeviceLoss(Flight& f, const TokenBatch& batch, float grad_scale, LossSum* loss);
-  // set_fuse_qkv: the layer's fused Q|K|V weight (the compute copy under mixed precision)
-  // if its three weights are still rows of the layer's block, else null; the same for
-  // the gradients.
-  const runtime::Tensor* FusedQkvWeight(const LayerParams& w) const;
-  runtime::Tensor* FusedQkvGrad(LayerParams& w) const;
   StageSpec stage_;
   std::vector<std::vector<int64_t>> chunk_layers_;  // per chunk, its layers
   std::map<std::pair<int, int64_t>, std::unique_ptr<Flight>> flights_;  // (chunk, micro-batch) in flight

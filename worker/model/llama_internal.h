@@ -35,10 +35,6 @@ inline absl::Status LinearBackward(runtime::Backend& b, const runtime::Tensor& d
 
 struct Llama::LayerParams {
   Param *norm1, *wq, *wk, *wv, *bq = nullptr, *bk = nullptr, *bv = nullptr, *wo, *norm2, *wg, *wu, *wd;
-  // Without QKV bias: [q + k + v rows (TP-local), hidden] blocks whose row ranges are the
-  // q, k and v weights' value (f32), compute copy (bf16 under mixed precision) and
-  // gradient (f32) — Llama::set_fuse_qkv.
-  runtime::Tensor qkv_value, qkv_compute, qkv_grad;
 };
 
 struct Llama::Inputs {

@@ -73,24 +73,9 @@ absl::Status Llama::LayerForward(const LayerParams& w, const Inputs& in, const T
     return absl::OkStatus();
   };
   Tensor q_lin, k_lin;
-  if (const Tensor* wqkv = FusedQkvWeight(w); wqkv != nullptr) {
-    // One GEMM into [t, q | k | v heads, d]; RoPE reads Q and K from those rows, V is
-    // copied out (attention takes each of them contiguous).
-    const int64_t heads = hq + 2 * hkv;
-    TESSERA_ASSIGN_OR_RETURN(Tensor lin, New(b, {t, heads * d}, act_));
-    TESSERA_RETURN_IF_ERROR(Linear(b, a.xn1_full, *wqkv, lin));
-    TESSERA_ASSIGN_OR_RETURN(Tensor lin3, lin.Reshape({t, heads, d}));
-    TESSERA_ASSIGN_OR_RETURN(q_lin, lin3.Slice(1, 0, hq));
-    TESSERA_ASSIGN_OR_RETURN(k_lin, lin3.Slice(1, hq, hkv));
-    TESSERA_ASSIGN_OR_RETURN(Tensor v_cols, lin.Slice(1, (hq + hkv) * d, hkv * d));
-    TESSERA_ASSIGN_OR_RETURN(a.v, New(b, {t, hkv, d}, act_));
-    TESSERA_ASSIGN_OR_RETURN(Tensor v2, a.v.Reshape({t, hkv * d}));
-    TESSERA_RETURN_IF_ERROR(b.Copy(v_cols, v2));
-  } else {
-    TESSERA_RETURN_IF_ERROR(project(w.wq, w.bq, hq, q_lin));
-    TESSERA_RETURN_IF_ERROR(project(w.wk, w.bk, hkv, k_lin));
-    TESSERA_RETURN_IF_ERROR(project(w.wv, w.bv, hkv, a.v));
-  }
+  TESSERA_RETURN_IF_ERROR(project(w.wq, w.bq, hq, q_lin));
+  TESSERA_RETURN_IF_ERROR(project(w.wk, w.bk, hkv, k_lin));
+  TESSERA_RETURN_IF_ERROR(project(w.wv, w.bv, hkv, a.v));
   TESSERA_ASSIGN_OR_RETURN(a.q, New(b, {t, hq, d}, act_));
   TESSERA_ASSIGN_OR_RETURN(a.k, New(b, {t, hkv, d}, act_));
   TESSERA_RETURN_IF_ERROR(b.Rope(q_lin, in.positions, c.rope_base, a.q));
@@ -165,47 +150,22 @@ absl::Status Llama::LayerBackward(LayerParams& w, const Inputs& in, const LayerA
   } else {
     TESSERA_RETURN_IF_ERROR(b.AttentionBackward(a.q, a.k, a.v, in.cu, true, a.o, do3, a.lse, dq, dk, dv));
   }
-  // RoPE is a rotation: its backward rotates back.
-  const Tensor* wqkv = FusedQkvWeight(w);
-  Tensor* gqkv = wqkv != nullptr ? FusedQkvGrad(w) : nullptr;
-  if (gqkv != nullptr) {
-    // Into one [t, q | k | v heads, d] gradient: RoPE's backward writes the Q and K rows,
-    // V's are copied in; then one weight-gradient GEMM and one input-gradient GEMM.
-    const int64_t heads = hq + 2 * hkv;
-    TESSERA_ASSIGN_OR_RETURN(Tensor dlin, New(b, {t, heads * d}, act_));
-    TESSERA_ASSIGN_OR_RETURN(Tensor dlin3, dlin.Reshape({t, heads, d}));
-    TESSERA_ASSIGN_OR_RETURN(Tensor dq_rows, dlin3.Slice(1, 0, hq));
-    TESSERA_ASSIGN_OR_RETURN(Tensor dk_rows, dlin3.Slice(1, hq, hkv));
-    TESSERA_RETURN_IF_ERROR(b.Rope(dq, in.positions, c.rope_base, dq_rows, /*inverse=*/true));
-    TESSERA_RETURN_IF_ERROR(b.Rope(dk, in.positions, c.rope_base, dk_rows, /*inverse=*/true));
-    TESSERA_ASSIGN_OR_RETURN(Tensor dv_cols, dlin.Slice(1, (hq + hkv) * d, hkv * d));
-    TESSERA_ASSIGN_OR_RETURN(Tensor dv2, dv.Reshape({t, hkv * d}));
-    TESSERA_RETURN_IF_ERROR(b.Copy(dv2, dv_cols));
-    // The block's first write this step overwrites it (Param::grad_stale), whichever of
-    // the three the flags name; if they disagree, the stale ones are zeroed first.
-    const bool stale = w.wq->grad_stale && w.wk->grad_stale && w.wv->grad_stale;
-    if (!stale)
-      for (Param* p : {w.wq, w.wk, w.wv}) TESSERA_RETURN_IF_ERROR(FreshenGrad(*p));
-    w.wq->grad_stale = w.wk->grad_stale = w.wv->grad_stale = false;
-    TESSERA_RETURN_IF_ERROR(b.Gemm(dlin, true, a.xn1_full, false, *gqkv, 1.f, stale ? 0.f : 1.f));
-    TESSERA_RETURN_IF_ERROR(b.Gemm(dlin, false, *wqkv, false, dxn_full, 1.f, 0.f));
-  } else {  // three projections: QKV bias, or q/k/v no longer rows of the fused blocks
-    TESSERA_ASSIGN_OR_RETURN(Tensor dq_lin, New(b, {t, hq, d}, act_));
-    TESSERA_ASSIGN_OR_RETURN(Tensor dk_lin, New(b, {t, hkv, d}, act_));
-    TESSERA_RETURN_IF_ERROR(b.Rope(dq, in.positions, c.rope_base, dq_lin, /*inverse=*/true));
-    TESSERA_RETURN_IF_ERROR(b.Rope(dk, in.positions, c.rope_base, dk_lin, /*inverse=*/true));
-    TESSERA_ASSIGN_OR_RETURN(dq_lin, dq_lin.Reshape({t, hq * d}));
-    TESSERA_ASSIGN_OR_RETURN(dk_lin, dk_lin.Reshape({t, hkv * d}));
-    TESSERA_ASSIGN_OR_RETURN(Tensor dv_lin, dv.Reshape({t, hkv * d}));
-    if (c.qkv_bias) {
-      TESSERA_RETURN_IF_ERROR(BiasBackward(b, in.ones, dq_lin, *w.bq));
-      TESSERA_RETURN_IF_ERROR(BiasBackward(b, in.ones, dk_lin, *w.bk));
-      TESSERA_RETURN_IF_ERROR(BiasBackward(b, in.ones, dv_lin, *w.bv));
-    }
-    TESSERA_RETURN_IF_ERROR(LinearBackward(b, dq_lin, a.xn1_full, *w.wq, dxn_full, 0.f));
-    TESSERA_RETURN_IF_ERROR(LinearBackward(b, dk_lin, a.xn1_full, *w.wk, dxn_full, 1.f));
-    TESSERA_RETURN_IF_ERROR(LinearBackward(b, dv_lin, a.xn1_full, *w.wv, dxn_full, 1.f));
+  // RoPE is a rotation: its backward rotates back; then each projection's gradients.
+  TESSERA_ASSIGN_OR_RETURN(Tensor dq_lin, New(b, {t, hq, d}, act_));
+  TESSERA_ASSIGN_OR_RETURN(Tensor dk_lin, New(b, {t, hkv, d}, act_));
+  TESSERA_RETURN_IF_ERROR(b.Rope(dq, in.positions, c.rope_base, dq_lin, /*inverse=*/true));
+  TESSERA_RETURN_IF_ERROR(b.Rope(dk, in.positions, c.rope_base, dk_lin, /*inverse=*/true));
+  TESSERA_ASSIGN_OR_RETURN(dq_lin, dq_lin.Reshape({t, hq * d}));
+  TESSERA_ASSIGN_OR_RETURN(dk_lin, dk_lin.Reshape({t, hkv * d}));
+  TESSERA_ASSIGN_OR_RETURN(Tensor dv_lin, dv.Reshape({t, hkv * d}));
+  if (c.qkv_bias) {
+    TESSERA_RETURN_IF_ERROR(BiasBackward(b, in.ones, dq_lin, *w.bq));
+    TESSERA_RETURN_IF_ERROR(BiasBackward(b, in.ones, dk_lin, *w.bk));
+    TESSERA_RETURN_IF_ERROR(BiasBackward(b, in.ones, dv_lin, *w.bv));
   }
+  TESSERA_RETURN_IF_ERROR(LinearBackward(b, dq_lin, a.xn1_full, *w.wq, dxn_full, 0.f));
+  TESSERA_RETURN_IF_ERROR(LinearBackward(b, dk_lin, a.xn1_full, *w.wk, dxn_full, 1.f));
+  TESSERA_RETURN_IF_ERROR(LinearBackward(b, dv_lin, a.xn1_full, *w.wv, dxn_full, 1.f));
   TESSERA_ASSIGN_OR_RETURN(dxn, LeaveTp(dxn_full));
   return NormBackward(dxn, a.x_in, *w.norm1, a.rstd1, dx, &dx);  // dx = d(x_in)
 }

@@ -235,8 +235,7 @@ absl::Status Trainer::Allocate() {
         TESSERA_ASSIGN_OR_RETURN(s.lowp_shard, b.Empty({s.shard}, p.compute.dtype()));
         TESSERA_RETURN_IF_ERROR(b.Fill(s.lowp_shard, 0));
         if (s.shard * dp == s.n && p.compute.contiguous()) {
-          // No padding: the gather lands in the model's own compute copy (which may be
-          // rows of a fused Q|K|V block, Llama::set_fuse_qkv, kept so).
+          // No padding: the gather lands in the model's own compute copy.
           TESSERA_ASSIGN_OR_RETURN(s.lowp_padded, p.compute.Reshape({s.n}));
         } else {  // the compute copy moves into a padded buffer
           TESSERA_ASSIGN_OR_RETURN(s.lowp_padded, b.Empty({s.shard * dp}, p.compute.dtype()));

@@ -41,7 +41,6 @@ struct Layout {
   int last_stage_layers = 0;      // an uneven pipeline split (ParallelLayout.last_stage_layers)
   std::vector<int> stage_layers{};  // or every virtual stage's layers (ParallelLayout.stage_layers)
   bool early_embedding = true;    // OptimizerOptions::early_embedding (set by name in tests)
-  bool fuse_qkv = false;          // Llama::set_fuse_qkv (set by name in tests)
   bool recompute_swiglu = false;  // Llama::set_recompute_swiglu (set by name in tests)
   int world() const { return tp * cp * dp * pp; }
 };
@@ -74,7 +73,6 @@ inline void TrainLayout(const Layout& l, const Comms& c, runtime::Backend* be, m
   auto model = model::Llama::Create(config, be, c.tp, l.sp, c.cp, model::StageSpec{l.pp, c.pp_rank, l.vpp, l.last_stage_layers, l.stage_layers});
   ASSERT_TRUE(model.ok()) << model.status();
   ASSERT_TRUE((*model)->InitRandom(9, h.init_std).ok());
-  (*model)->set_fuse_qkv(l.fuse_qkv);
   (*model)->set_recompute_swiglu(l.recompute_swiglu);
   OptimizerOptions o;
   o.lr = h.lr, o.min_lr = h.min_lr, o.warmup_steps = 1, o.total_steps = 3, o.clip_norm = h.clip, o.zero = l.zero;

@@ -157,41 +157,33 @@ TEST_P(TrainerLayoutTest, EqualsOneRank) {
   }
 }
 
-// The fused Q|K|V projection (Llama::set_fuse_qkv; only without QKV bias — the layouts
-// above have biases, so they run three projections): one rank fused equals one rank with
-// three projections, and layouts that leave the fused blocks (ZeRO-2's per-block gradient
-// buffers, ZeRO-3's gathered values), gather into them (ZeRO-1's bf16 compute copies) or
-// split them (TP, CP, pipelines) equal one fused rank — in f32 within the oracle's 1e-5,
-// in bf16 within the mixed-precision bounds.
-TEST(TrainerTest, FusedQkvLayoutsEqualOneRank) {
+// Without QKV bias (Llama-style; the layouts above have biases): layouts with ZeRO-1/2/3,
+// TP, CP and a pipeline equal one rank — in f32 within the oracle's 1e-5, in bf16 within
+// the mixed-precision bounds.
+TEST(TrainerTest, NoQkvBiasLayoutsEqualOneRank) {
   auto cpu = [](int) { return runtime::MakeCpuBackend(); };
   testing::MemStore store;
   const test::MakeComm gloo = Gloo(store);
   LlamaConfig c = Tiny();
   c.qkv_bias = false;
-  auto fused_qkv = [](Layout l) {  // off by default (Llama::set_fuse_qkv)
-    l.fuse_qkv = true;
-    return l;
-  };
-  const Layout one = fused_qkv(Layout{"one", 1, 1, 0}), three{"three", 1, 1, 0};
-  const Trace fused = test::RunLayout(one, c, gloo, cpu)[0];
-  test::ExpectSameAsOneRank(three, test::RunLayout(three, c, gloo, cpu), fused, test::Tolerance{});
+  const Layout one{"one", 1, 1, 0};
+  const Trace single = test::RunLayout(one, c, gloo, cpu)[0];
   for (const Layout& l : {Layout{"dp2_zero1", 1, 2, 1}, Layout{"dp2_zero2", 1, 2, 2}, Layout{"dp2_zero3", 1, 2, 3},
                           Layout{"tp2", 2, 1, 0}, Layout{"cp2", 1, 1, 0, false, 2}})
-    test::ExpectSameAsOneRank(fused_qkv(l), test::RunLayout(fused_qkv(l), c, gloo, cpu), fused, test::Tolerance{});
+    test::ExpectSameAsOneRank(l, test::RunLayout(l, c, gloo, cpu), single, test::Tolerance{});
   Layout one4 = one;
-  const Layout pp2 = fused_qkv(Layout{"pp2_1f1b", 1, 1, 0, false, 1, 2, 1, parallel::Schedule::kOneFOneB, false, 4});
+  const Layout pp2{"pp2_1f1b", 1, 1, 0, false, 1, 2, 1, parallel::Schedule::kOneFOneB, false, 4};
   one4.layers = 4;
   test::ExpectSameAsOneRank(pp2, test::RunLayout(pp2, c, gloo, cpu), test::RunLayout(one4, c, gloo, cpu)[0],
                             test::Tolerance{});
   LlamaConfig bf16 = c;
   bf16.dtype = tessera::DType::kBF16;
   const auto gentle = test::Hyper::Gentle();
-  const Trace fused_bf16 = test::RunLayout(one, bf16, gloo, cpu, gentle)[0];
+  const Trace single_bf16 = test::RunLayout(one, bf16, gloo, cpu, gentle)[0];
   test::Tolerance tol;
   tol.loss = 1e-3, tol.norm = 1e-2, tol.weight = 5e-2;
-  for (const Layout& l : {three, fused_qkv(Layout{"dp2_zero1", 1, 2, 1}), fused_qkv(Layout{"tp2", 2, 1, 0})})
-    test::ExpectSameAsOneRank(l, test::RunLayout(l, bf16, gloo, cpu, gentle), fused_bf16, tol);
+  for (const Layout& l : {Layout{"dp2_zero1", 1, 2, 1}, Layout{"tp2", 2, 1, 0}})
+    test::ExpectSameAsOneRank(l, test::RunLayout(l, bf16, gloo, cpu, gentle), single_bf16, tol);
 }
 
 // The SwiGLU output rebuilt by the backward instead of kept (Llama::set_recompute_swiglu)
