@@ -5,11 +5,13 @@
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/ascii.h"
 #include "common/rpc/grpc_util.h"
+#include "common/rpc/tensor_stream.h"
 #include "common/status.h"
 #include "common/util.h"
 #include "controller/services.h"
@@ -55,8 +57,8 @@ class GrpcExecutorClient final : public ExecutorClient {
         where_(absl::StrCat("executor ", t.executor, " on node ", t.node_id)) {}
   std::string where() const override { return where_; }
 
-  template <typename Req, typename Resp, typename Fn>
-  absl::StatusOr<Resp> Do(const Req& req, int64_t timeout_ms, Fn fn) {
+  // A call's context, registered so that Cancel reaches it; End unregisters it.
+  absl::StatusOr<std::shared_ptr<grpc::ClientContext>> Begin(int64_t timeout_ms) {
     auto ctx = std::make_shared<grpc::ClientContext>();
     PrepareContext(*ctx, secret_, timeout_ms);
     ctx->AddMetadata(kExecutorMetadata, executor_);
@@ -65,29 +67,106 @@ class GrpcExecutorClient final : public ExecutorClient {
     // A dead executor does not leave the call waiting: its exit tears the attempt down,
     // which cancels every call in flight (Cancel).
     ctx->set_wait_for_ready(true);
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      if (cancelled_) return absl::CancelledError("the attempt was torn down");
-      active_.insert(ctx.get());
-    }
+    std::lock_guard<std::mutex> l(mu_);
+    if (cancelled_) return absl::CancelledError("the attempt was torn down");
+    active_.insert(ctx.get());
+    return ctx;
+  }
+  void End(grpc::ClientContext* ctx) {
+    std::lock_guard<std::mutex> l(mu_);
+    active_.erase(ctx);
+  }
+
+  template <typename Req, typename Resp>
+  absl::StatusOr<Resp> Unary(grpc::Status (v1::ExecutorService::Stub::*rpc)(grpc::ClientContext*, const Req&, Resp*),
+                             const Req& req, int64_t timeout_ms) {
+    TESSERA_ASSIGN_OR_RETURN(auto ctx, Begin(timeout_ms));
     Resp resp;
-    grpc::Status st = fn(ctx.get(), req, &resp);
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      active_.erase(ctx.get());
-    }
+    grpc::Status st = (stub_.get()->*rpc)(ctx.get(), req, &resp);
+    End(ctx.get());
     if (!st.ok()) return FromGrpc(st);
     return resp;
   }
-  absl::StatusOr<v1::InitGroupResponse> InitGroup(const v1::InitGroupRequest& req, int64_t timeout_ms) override {
-    return Do<v1::InitGroupRequest, v1::InitGroupResponse>(req, timeout_ms, [&](auto* c, auto& r, auto* o) { return stub_->InitGroup(c, r, o); });
+
+  absl::StatusOr<v1::InitGroupResponse> InitGroup(const v1::InitGroupRequest& q, int64_t t) override {
+    return Unary(&v1::ExecutorService::Stub::InitGroup, q, t);
   }
-  absl::StatusOr<v1::CallResponse> Call(const v1::CallRequest& req, int64_t timeout_ms) override {
-    return Do<v1::CallRequest, v1::CallResponse>(req, timeout_ms, [&](auto* c, auto& r, auto* o) { return stub_->Call(c, r, o); });
+  absl::StatusOr<v1::CommCheckResponse> CommCheck(const v1::CommCheckRequest& q, int64_t t) override {
+    return Unary(&v1::ExecutorService::Stub::CommCheck, q, t);
+  }
+  absl::StatusOr<v1::TrainInitResponse> TrainInit(const v1::TrainInitRequest& q, int64_t t) override {
+    return Unary(&v1::ExecutorService::Stub::TrainInit, q, t);
+  }
+  absl::StatusOr<v1::TrainStepResponse> TrainStep(const v1::TrainStepRequest& q, int64_t t) override {
+    return Unary(&v1::ExecutorService::Stub::TrainStep, q, t);
+  }
+  absl::StatusOr<v1::RolloutInitResponse> RolloutInit(const v1::RolloutInitRequest& q, int64_t t) override {
+    return Unary(&v1::ExecutorService::Stub::RolloutInit, q, t);
+  }
+  absl::StatusOr<v1::RlEvalResponse> RlEval(const v1::RlEvalRequest& q, int64_t t) override {
+    return Unary(&v1::ExecutorService::Stub::RlEval, q, t);
+  }
+  absl::StatusOr<v1::BridgeInitResponse> BridgeInit(const v1::BridgeInitRequest& q, int64_t t) override {
+    return Unary(&v1::ExecutorService::Stub::BridgeInit, q, t);
+  }
+  absl::StatusOr<v1::SyncWeightsResponse> SyncWeights(const v1::SyncWeightsRequest& q, int64_t t) override {
+    return Unary(&v1::ExecutorService::Stub::SyncWeights, q, t);
+  }
+  absl::StatusOr<v1::WeightsDigestResponse> WeightsDigest(const v1::WeightsDigestRequest& q, int64_t t) override {
+    return Unary(&v1::ExecutorService::Stub::WeightsDigest, q, t);
+  }
+  absl::StatusOr<v1::GenerateResponse> Generate(const v1::GenerateRequest& q, int64_t t) override {
+    return Unary(&v1::ExecutorService::Stub::Generate, q, t);
   }
   absl::Status Shutdown(int64_t timeout_ms) override {
-    return Do<v1::ShutdownRequest, v1::ShutdownResponse>(v1::ShutdownRequest{}, timeout_ms, [&](auto* c, auto& r, auto* o) { return stub_->Shutdown(c, r, o); }).status();
+    return Unary(&v1::ExecutorService::Stub::Shutdown, v1::ShutdownRequest{}, timeout_ms).status();
   }
+
+  // The statistics, then the samples in chunks.
+  absl::StatusOr<v1::RolloutStats> RolloutGenerate(const v1::RolloutGenerateRequest& req, v1::TensorBatch* samples,
+                                                   int64_t timeout_ms) override {
+    TESSERA_ASSIGN_OR_RETURN(auto ctx, Begin(timeout_ms));
+    std::unique_ptr<grpc::ClientReader<v1::RolloutGenerateResponse>> in = stub_->RolloutGenerate(ctx.get(), req);
+    v1::RolloutGenerateResponse m;
+    std::optional<v1::RolloutStats> stats;
+    BatchAssembler batch;
+    absl::Status bad;
+    while (in->Read(&m)) {
+      if (!bad.ok()) continue;  // drain: Finish wants the stream read to its end
+      if (m.has_stats() && !stats) stats = std::move(*m.mutable_stats());
+      else if (m.has_chunk() && stats) bad = batch.Add(std::move(*m.mutable_chunk()));
+      else bad = absl::InternalError("RolloutGenerate: the stream does not start with the statistics");
+    }
+    const grpc::Status st = in->Finish();
+    End(ctx.get());
+    if (!st.ok()) return FromGrpc(st);
+    if (!bad.ok()) return bad;
+    if (!stats) return absl::InternalError("RolloutGenerate: the stream ended without the statistics");
+    TESSERA_ASSIGN_OR_RETURN(*samples, std::move(batch).Finish());
+    return *stats;
+  }
+
+  // The header, then the samples in chunks.
+  absl::StatusOr<v1::RlUpdateResponse> RlUpdate(const v1::RlUpdateHeader& header, const v1::TensorBatch& samples,
+                                                int64_t timeout_ms) override {
+    TESSERA_ASSIGN_OR_RETURN(auto ctx, Begin(timeout_ms));
+    v1::RlUpdateResponse resp;
+    std::unique_ptr<grpc::ClientWriter<v1::RlUpdateRequest>> out = stub_->RlUpdate(ctx.get(), &resp);
+    v1::RlUpdateRequest m;
+    *m.mutable_header() = header;
+    // A failed write means the executor ended the call: Finish says why.
+    if (out->Write(m))
+      if (ForEachChunk(samples, [&](const v1::TensorChunk& c) {
+            *m.mutable_chunk() = c;
+            return out->Write(m);
+          }))
+        out->WritesDone();
+    const grpc::Status st = out->Finish();
+    End(ctx.get());
+    if (!st.ok()) return FromGrpc(st);
+    return resp;
+  }
+
   void Cancel() override {
     std::lock_guard<std::mutex> l(mu_);
     cancelled_ = true;

@@ -55,9 +55,6 @@ class NoExecutor final : public tessera::controller::ExecutorClient {
   absl::StatusOr<tessera::v1::InitGroupResponse> InitGroup(const tessera::v1::InitGroupRequest&, int64_t) override {
     return absl::UnavailableError("none");
   }
-  absl::StatusOr<tessera::v1::CallResponse> Call(const tessera::v1::CallRequest&, int64_t) override {
-    return absl::UnavailableError("none");
-  }
   absl::Status Shutdown(int64_t) override { return absl::OkStatus(); }
   void Cancel() override {}
 };

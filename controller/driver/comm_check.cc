@@ -45,35 +45,31 @@ absl::StatusOr<std::string> RunCommCheck(DriverContext& ctx) {
     ctx.progress(p0);
     for (const auto& kind : kinds) {
       if (ctx.cancelled && *ctx.cancelled) return absl::CancelledError("cancelled");
-      json args = {{"group_kind", kind}, {"iters", cc.iters()}, {"warmup", cc.warmup()}, {"dtype", cc.dtype()},
-                   {"sizes", json(std::vector<int64_t>(cc.sizes_bytes().begin(), cc.sizes_bytes().end()))},
-                   {"collectives", json(std::vector<std::string>(cc.collectives().begin(), cc.collectives().end()))}};
-      TESSERA_ASSIGN_OR_RETURN(auto res, wg.CallOneToAll("comm_check", args.dump()));
+      v1::CommCheckRequest req;
+      req.set_group_kind(kind);
+      req.set_iters(cc.iters());
+      req.set_warmup(cc.warmup());
+      req.set_dtype(cc.dtype() == "bf16" ? v1::DTYPE_BF16 : cc.dtype() == "i32" ? v1::DTYPE_I32 : v1::DTYPE_F32);
+      *req.mutable_sizes_bytes() = cc.sizes_bytes();
+      *req.mutable_collectives() = cc.collectives();
+      TESSERA_ASSIGN_OR_RETURN(auto res, wg.OneToAll(&ExecutorClient::CommCheck, req));
       // (collective, size) -> aggregate over ranks
       struct Agg { double time_us = 0, algbw = 1e30, busbw = 1e30; int groups = 0, group_size = 0; int64_t errors = 0; std::string first_error; };
       std::map<std::pair<std::string, int64_t>, Agg> agg;
       std::vector<std::pair<std::string, int64_t>> order;
       for (size_t r = 0; r < res.size(); ++r) {
-        json out;
-        try {
-          out = json::parse(res[r].result_json());
-        } catch (const std::exception& e) {
-          return absl::InternalError(absl::StrCat("rank ", r, " returned malformed comm_check results: ", e.what()));
-        }
-        for (const auto& row : out["results"]) {
-          auto key = std::make_pair(row["collective"].get<std::string>(), row["size"].get<int64_t>());
+        for (const v1::CommCheckResult& row : res[r].results()) {
+          auto key = std::make_pair(row.collective(), row.size_bytes());
           auto [it, fresh] = agg.try_emplace(key);
           if (fresh) order.push_back(key);
           Agg& a = it->second;
-          a.time_us = std::max(a.time_us, row["time_us"].get<double>());
-          a.algbw = std::min(a.algbw, row["algbw_gbps"].get<double>());
-          a.busbw = std::min(a.busbw, row["busbw_gbps"].get<double>());
-          a.group_size = row["group_size"].get<int>();
-          a.groups = std::max(a.groups, row["group_index"].get<int>() + 1);
-          int64_t e = row["errors"].get<int64_t>();
-          if (e > 0 && a.errors == 0)
-            a.first_error = absl::StrCat("rank ", r, ": ", row["first_error"].get<std::string>());
-          a.errors += e;
+          a.time_us = std::max(a.time_us, row.time_us());
+          a.algbw = std::min(a.algbw, row.algbw_gbps());
+          a.busbw = std::min(a.busbw, row.busbw_gbps());
+          a.group_size = row.group_size();
+          a.groups = std::max(a.groups, row.group_index() + 1);
+          if (row.errors() > 0 && a.errors == 0) a.first_error = absl::StrCat("rank ", r, ": ", row.first_error());
+          a.errors += row.errors();
         }
       }
       for (const auto& key : order) {
@@ -103,13 +99,13 @@ absl::StatusOr<std::string> RunCommCheck(DriverContext& ctx) {
 }  // namespace
 
 absl::StatusOr<std::string> RunPretrain(DriverContext& ctx);  // driver/pretrain.cc
-absl::StatusOr<std::string> RunGrpo(DriverContext& ctx);      // driver/grpo.cc
+absl::StatusOr<std::string> RunRl(DriverContext& ctx);        // driver/rl.cc
 absl::StatusOr<std::string> RunGenerate(DriverContext& ctx);  // driver/generate.cc
 
 absl::StatusOr<DriverFn> BuiltinDriver(const std::string& kind) {
   if (kind == "comm-check") return DriverFn(RunCommCheck);
   if (kind == "pretrain" || kind == "sft") return DriverFn(RunPretrain);  // sft: loss on answers only
-  if (kind == "grpo" || kind == "ppo") return DriverFn(RunGrpo);  // ppo: the critic rides along (driver/grpo.cc)
+  if (kind == "grpo" || kind == "ppo") return DriverFn(RunRl);  // ppo: the critic rides with the actor
   if (kind == "generate") return DriverFn(RunGenerate);
   return absl::UnimplementedError(absl::StrCat("no driver for job kind '", kind, "' in this build"));
 }

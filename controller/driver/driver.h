@@ -77,12 +77,12 @@ struct DriverRun {
   }
 };
 
-// The step every rank's train_init reported ({"start_step": N}: the checkpoint it resumed
-// from, 0 for none); INTERNAL for a malformed result, DATA_LOSS when ranks disagree.
-absl::StatusOr<int64_t> AgreedStartStep(const std::vector<v1::CallResponse>& train_init);
+// The step every rank's TrainInit reported (start_step: the checkpoint it resumed from, 0
+// for none); DATA_LOSS when ranks disagree.
+absl::StatusOr<int64_t> AgreedStartStep(const std::vector<v1::TrainInitResponse>& train_init);
 
 // An RL job's held-out accuracy (greedy, the arithmetic problems no job trains on; none
-// on JSONL prompts): rl_eval on every rank of `group` — each answers its DP rank's share —
+// on JSONL prompts): RlEval on every rank of `group` — each answers its DP rank's share —
 // with one rank per TP group counted (TP rank 0: ranks are ordered tp fastest), before
 // the first step and after every rl.eval_every steps and the last.
 class HeldOutEvaluator {

@@ -24,20 +24,16 @@ absl::StatusOr<std::string> RunGenerate(DriverContext& ctx) {
   ready.set_message(absl::StrCat("group '", spec.groups(0).name(), "': ", inits.size(), " ranks generating from ",
                                  spec.generate().input()));
   ctx.progress(ready);
-  TESSERA_ASSIGN_OR_RETURN(auto res, wg.CallOneToAll("generate", "{}"));
+  TESSERA_ASSIGN_OR_RETURN(auto res, wg.OneToAll(&ExecutorClient::Generate, v1::GenerateRequest{}));
   const int tp = std::max(1, spec.groups(0).layout().tp());
   int64_t prompts = 0, completions = 0, tokens = 0;
   double seconds = 0;
   std::string output;
   for (size_t r = 0; r < res.size(); ++r) {
-    json out = json::parse(res[r].result_json(), nullptr, false);
-    if (out.is_discarded() || !out.contains("prompts") || !out.contains("tokens") || !out.contains("seconds"))
-      return absl::InternalError(absl::StrCat("rank ", r, " returned a malformed generate result"));
-    seconds = std::max(seconds, out["seconds"].get<double>());
-    if (out.contains("output")) output = out["output"].get<std::string>();
+    seconds = std::max(seconds, res[r].seconds());
+    if (!res[r].output().empty()) output = res[r].output();
     if (r % tp != 0) continue;  // TP peers generated the same sequences
-    prompts += out["prompts"].get<int64_t>(), completions += out["completions"].get<int64_t>();
-    tokens += out["tokens"].get<int64_t>();
+    prompts += res[r].prompts(), completions += res[r].completions(), tokens += res[r].tokens();
   }
   if (output.empty()) return absl::InternalError("generate: no rank reports writing the output");
   v1::Progress p;

@@ -6,28 +6,64 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "common/rpc/tensor_stream.h"
 #include "common/status.h"
 
 namespace tessera::controller {
 
-int DTypeSize(v1::DType t) {
-  switch (t) {
-    case v1::DTYPE_F32: case v1::DTYPE_I32: return 4;
-    case v1::DTYPE_BF16: case v1::DTYPE_F16: return 2;
-    case v1::DTYPE_I64: return 8;
-    case v1::DTYPE_U8: return 1;
-    default: return 0;
-  }
+namespace {
+absl::Status Unimplemented(const char* rpc) {
+  return absl::UnimplementedError(absl::StrCat(rpc, " is not implemented by this executor client"));
+}
+}  // namespace
+
+absl::StatusOr<v1::InitGroupResponse> ExecutorClient::InitGroup(const v1::InitGroupRequest&, int64_t) {
+  return Unimplemented("InitGroup");
+}
+absl::StatusOr<v1::CommCheckResponse> ExecutorClient::CommCheck(const v1::CommCheckRequest&, int64_t) {
+  return Unimplemented("CommCheck");
+}
+absl::StatusOr<v1::TrainInitResponse> ExecutorClient::TrainInit(const v1::TrainInitRequest&, int64_t) {
+  return Unimplemented("TrainInit");
+}
+absl::StatusOr<v1::TrainStepResponse> ExecutorClient::TrainStep(const v1::TrainStepRequest&, int64_t) {
+  return Unimplemented("TrainStep");
+}
+absl::StatusOr<v1::RolloutInitResponse> ExecutorClient::RolloutInit(const v1::RolloutInitRequest&, int64_t) {
+  return Unimplemented("RolloutInit");
+}
+absl::StatusOr<v1::RolloutStats> ExecutorClient::RolloutGenerate(const v1::RolloutGenerateRequest&, v1::TensorBatch*, int64_t) {
+  return Unimplemented("RolloutGenerate");
+}
+absl::StatusOr<v1::RlUpdateResponse> ExecutorClient::RlUpdate(const v1::RlUpdateHeader&, const v1::TensorBatch&, int64_t) {
+  return Unimplemented("RlUpdate");
+}
+absl::StatusOr<v1::RlEvalResponse> ExecutorClient::RlEval(const v1::RlEvalRequest&, int64_t) { return Unimplemented("RlEval"); }
+absl::StatusOr<v1::BridgeInitResponse> ExecutorClient::BridgeInit(const v1::BridgeInitRequest&, int64_t) {
+  return Unimplemented("BridgeInit");
+}
+absl::StatusOr<v1::SyncWeightsResponse> ExecutorClient::SyncWeights(const v1::SyncWeightsRequest&, int64_t) {
+  return Unimplemented("SyncWeights");
+}
+absl::StatusOr<v1::WeightsDigestResponse> ExecutorClient::WeightsDigest(const v1::WeightsDigestRequest&, int64_t) {
+  return Unimplemented("WeightsDigest");
+}
+absl::StatusOr<v1::GenerateResponse> ExecutorClient::Generate(const v1::GenerateRequest&, int64_t) {
+  return Unimplemented("Generate");
 }
 
 WorkerGroup::WorkerGroup(std::string name, parallel::Layout layout,
                          std::vector<std::shared_ptr<ExecutorClient>> by_rank, int64_t timeout_ms)
     : name_(std::move(name)), layout_(layout), ranks_(std::move(by_rank)), timeout_ms_(timeout_ms) {}
 
-template <typename Resp>
-absl::StatusOr<std::vector<Resp>> WorkerGroup::OnEveryRank(const std::function<absl::StatusOr<Resp>(size_t)>& call,
-                                                          const std::function<std::string(size_t)>& what) {
-  std::vector<absl::StatusOr<Resp>> res(ranks_.size(), absl::UnknownError("not run"));
+std::string WorkerGroup::OperationName(absl::string_view request_type) {
+  absl::ConsumeSuffix(&request_type, "Request");
+  return std::string(request_type);
+}
+
+absl::Status WorkerGroup::OnEveryRank(const std::function<absl::Status(size_t)>& call, const std::string& what) {
+  std::vector<absl::Status> res(ranks_.size(), absl::UnknownError("not run"));
   std::atomic<int> first_own{-1};  // the rank whose own failure came first
   std::vector<std::thread> ts;
   for (size_t r = 0; r < ranks_.size(); ++r)
@@ -37,7 +73,7 @@ absl::StatusOr<std::vector<Resp>> WorkerGroup::OnEveryRank(const std::function<a
       // rendezvous keys): cancel them. ABORTED means "failed because a peer did" (the
       // peer reports why, and returns on its own): it cancels nothing, so that the peer's
       // own error is not cut off by the cancellation.
-      const absl::StatusCode c = res[r].status().code();
+      const absl::StatusCode c = res[r].code();
       if (!res[r].ok() && c != absl::StatusCode::kAborted && c != absl::StatusCode::kCancelled) {
         int none = -1;
         first_own.compare_exchange_strong(none, static_cast<int>(r));
@@ -50,73 +86,52 @@ absl::StatusOr<std::vector<Resp>> WorkerGroup::OnEveryRank(const std::function<a
   // (ABORTED); else a cancellation.
   int first = first_own.load();
   const auto order = [&](size_t r) {
-    const absl::StatusCode c = res[r].status().code();
+    const absl::StatusCode c = res[r].code();
     return c == absl::StatusCode::kCancelled ? 2 : c == absl::StatusCode::kAborted ? 1 : 0;
   };
   if (first < 0)
     for (size_t r = 0; r < res.size(); ++r)
       if (!res[r].ok() && (first < 0 || order(r) < order(static_cast<size_t>(first)))) first = static_cast<int>(r);
-  if (first >= 0) {
-    int others = 0;
-    for (size_t r = 0; r < res.size(); ++r) others += !res[r].ok() && static_cast<int>(r) != first;
-    return Annotate(res[first].status(),
-                    absl::StrCat("group '", name_, "' rank ", first,
-                                 ranks_[first]->where().empty() ? "" : absl::StrCat(" (", ranks_[first]->where(), ")"),
-                                 ": ", what(first),
-                                 others ? absl::StrCat(" (first of ", others + 1, " ranks to fail)") : ""));
-  }
-  std::vector<Resp> out;
-  for (auto& r : res) out.push_back(std::move(*r));
-  return out;
+  if (first < 0) return absl::OkStatus();
+  int others = 0;
+  for (size_t r = 0; r < res.size(); ++r) others += !res[r].ok() && static_cast<int>(r) != first;
+  return Annotate(res[first],
+                  absl::StrCat("group '", name_, "' rank ", first,
+                               ranks_[first]->where().empty() ? "" : absl::StrCat(" (", ranks_[first]->where(), ")"), ": ",
+                               what, others ? absl::StrCat(" (first of ", others + 1, " ranks to fail)") : ""));
 }
 
 absl::StatusOr<std::vector<v1::InitGroupResponse>> WorkerGroup::InitAll() {
-  v1::InitGroupRequest req;
+  return OneToAll(&ExecutorClient::InitGroup, v1::InitGroupRequest{});
+}
+
+absl::StatusOr<std::vector<RankSamples>> WorkerGroup::RolloutGenerate(int64_t step) {
+  v1::RolloutGenerateRequest req;
   req.set_group(name_);
-  return OnEveryRank<v1::InitGroupResponse>([&](size_t r) { return ranks_[r]->InitGroup(req, timeout_ms_); },
-                                            [](size_t) { return std::string("InitGroup"); });
+  req.set_step(step);
+  std::vector<RankSamples> out(ranks_.size());
+  TESSERA_RETURN_IF_ERROR(OnEveryRank(
+      [&](size_t r) -> absl::Status {
+        TESSERA_ASSIGN_OR_RETURN(out[r].stats, ranks_[r]->RolloutGenerate(req, &out[r].samples, timeout_ms_));
+        return absl::OkStatus();
+      },
+      "RolloutGenerate"));
+  return out;
 }
 
-absl::StatusOr<std::vector<v1::CallResponse>> WorkerGroup::CallEach(const std::vector<v1::CallRequest>& reqs) {
-  return OnEveryRank<v1::CallResponse>([&](size_t r) { return ranks_[r]->Call(reqs[r], timeout_ms_); },
-                                       [&](size_t r) { return reqs[r].method(); });
-}
-
-absl::StatusOr<std::vector<v1::CallResponse>> WorkerGroup::CallOneToAll(const std::string& method,
-                                                                        const std::string& args_json,
-                                                                        const v1::TensorBatch& batch) {
-  v1::CallRequest req;
-  req.set_group(name_);
-  req.set_method(method);
-  req.set_args_json(args_json);
-  *req.mutable_batch() = batch;
-  return CallEach(std::vector<v1::CallRequest>(ranks_.size(), req));
-}
-
-absl::StatusOr<std::vector<v1::CallResponse>> WorkerGroup::CallDpSplitEach(const std::string& method,
-                                                                             const std::string& args_json,
-                                                                             const v1::TensorBatch& batch) {
-  TESSERA_ASSIGN_OR_RETURN(auto shards, SplitBatch(batch, layout_.dp));
-  std::vector<v1::CallRequest> reqs(ranks_.size());
-  for (size_t r = 0; r < ranks_.size(); ++r) {
-    auto c = parallel::CoordsOf(layout_, static_cast<int>(r));
-    reqs[r].set_group(name_);
-    reqs[r].set_method(method);
-    reqs[r].set_args_json(args_json);
-    *reqs[r].mutable_batch() = shards[c.dp];
-  }
-  return CallEach(reqs);
-}
-
-absl::StatusOr<v1::TensorBatch> WorkerGroup::CallDpSplit(const std::string& method, const std::string& args_json,
-                                                         const v1::TensorBatch& batch) {
-  TESSERA_ASSIGN_OR_RETURN(auto res, CallDpSplitEach(method, args_json, batch));
-  std::vector<v1::TensorBatch> outs(layout_.dp);
-  for (size_t r = 0; r < ranks_.size(); ++r) {
-    auto c = parallel::CoordsOf(layout_, static_cast<int>(r));
-    if (c.tp == 0 && c.cp == 0 && c.pp == layout_.pp - 1) outs[c.dp] = res[r].batch();
-  }
-  return ConcatBatches(outs);
+absl::StatusOr<std::vector<v1::RlUpdateResponse>> WorkerGroup::RlUpdateDpSplit(v1::RlUpdateHeader header,
+                                                                              const v1::TensorBatch& samples) {
+  header.set_group(name_);
+  TESSERA_ASSIGN_OR_RETURN(auto shards, SplitBatch(samples, layout_.dp));
+  std::vector<v1::RlUpdateResponse> out(ranks_.size());
+  TESSERA_RETURN_IF_ERROR(OnEveryRank(
+      [&](size_t r) -> absl::Status {
+        const auto c = parallel::CoordsOf(layout_, static_cast<int>(r));
+        TESSERA_ASSIGN_OR_RETURN(out[r], ranks_[r]->RlUpdate(header, shards[c.dp], timeout_ms_));
+        return absl::OkStatus();
+      },
+      "RlUpdate"));
+  return out;
 }
 
 void WorkerGroup::CancelAll() {
@@ -134,7 +149,7 @@ absl::StatusOr<std::vector<v1::TensorBatch>> SplitBatch(const v1::TensorBatch& b
                                                      " rows, not divisible by dp=", parts));
     int64_t row_elems = 1;
     for (int i = 1; i < t.shape_size(); ++i) row_elems *= t.shape(i);
-    int64_t row_bytes = row_elems * DTypeSize(t.dtype());
+    int64_t row_bytes = row_elems * TensorDTypeBytes(t.dtype());
     if (static_cast<int64_t>(t.data().size()) != rows * row_bytes)
       return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name(), "' has ", t.data().size(),
                                                      " bytes, expected ", rows * row_bytes, " for its shape"));

@@ -42,7 +42,6 @@ class FakeLink : public AgentLink {
 class FakeExecutor : public ExecutorClient {
  public:
   absl::StatusOr<v1::InitGroupResponse> InitGroup(const v1::InitGroupRequest&, int64_t) override { return v1::InitGroupResponse{}; }
-  absl::StatusOr<v1::CallResponse> Call(const v1::CallRequest&, int64_t) override { return v1::CallResponse{}; }
   absl::Status Shutdown(int64_t) override { return absl::OkStatus(); }
   void Cancel() override {}
 };

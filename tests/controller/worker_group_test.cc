@@ -11,30 +11,29 @@
 namespace tessera::controller {
 namespace {
 
-// Echoes its input batch with every float multiplied by 10, and records what it got.
+// Records the samples RlUpdate got and answers with their first float; TrainStep answers
+// with its step (or fails).
 class EchoExecutor : public ExecutorClient {
  public:
   absl::StatusOr<v1::InitGroupResponse> InitGroup(const v1::InitGroupRequest&, int64_t) override { return v1::InitGroupResponse{}; }
-  absl::StatusOr<v1::CallResponse> Call(const v1::CallRequest& req, int64_t) override {
-    got = req.batch();
+  absl::StatusOr<v1::TrainStepResponse> TrainStep(const v1::TrainStepRequest& req, int64_t) override {
+    group = req.group();
     if (fail) return absl::UnavailableError("executor died");
-    v1::CallResponse r;
-    *r.mutable_batch() = req.batch();
-    for (auto& t : *r.mutable_batch()->mutable_tensors()) {
-      std::string& d = *t.mutable_data();
-      for (size_t i = 0; i + 4 <= d.size(); i += 4) {
-        float f;
-        std::memcpy(&f, &d[i], 4);
-        f *= 10;
-        std::memcpy(&d[i], &f, 4);
-      }
-    }
-    r.set_result_json(req.method());
+    v1::TrainStepResponse r;
+    r.set_step(req.step());
+    return r;
+  }
+  absl::StatusOr<v1::RlUpdateResponse> RlUpdate(const v1::RlUpdateHeader& req, const v1::TensorBatch& samples, int64_t) override {
+    group = req.group();
+    got = samples;
+    v1::RlUpdateResponse r;
+    r.set_step(req.step());
     return r;
   }
   absl::Status Shutdown(int64_t) override { return absl::OkStatus(); }
   void Cancel() override { cancelled = true; }
   v1::TensorBatch got;
+  std::string group;
   bool fail = false;
   std::atomic<bool> cancelled{false};
 };
@@ -71,32 +70,42 @@ float At(const v1::NamedTensor& t, int i) {
   return f;
 }
 
-TEST(WorkerGroup, DpSplitShardsByDpRankAndGathersFromOutputRanks) {
-  // tp=2 dp=2 pp=2: 8 ranks; DP rank of r is (r/2)%2; output ranks are tp=0 on the last stage: 4 and 6.
+TEST(WorkerGroup, DpSplitShardsByDpRank) {
+  // tp=2 dp=2 pp=2: 8 ranks; the DP rank of r is (r/2)%2.
   auto [ex, clients] = Fleet<EchoExecutor>(8);
   WorkerGroup g("actor", parallel::Layout{2, 1, 2, 2}, clients, 1000);
-  auto out = g.CallDpSplit("fwd", "{}", Rows(4));
+  v1::RlUpdateHeader h;
+  h.set_step(7);
+  auto out = g.RlUpdateDpSplit(h, Rows(4));
   ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_EQ(out->size(), 8u);
+  EXPECT_EQ((*out)[5].step(), 7);
   // Ranks 0,1,4,5 (dp 0) got rows 0-1; ranks 2,3,6,7 (dp 1) got rows 2-3.
   for (int r : {0, 1, 4, 5}) EXPECT_EQ(At(ex[r]->got.tensors(0), 0), 0) << r;
   for (int r : {2, 3, 6, 7}) EXPECT_EQ(At(ex[r]->got.tensors(0), 0), 4) << r;
   EXPECT_EQ(ex[3]->got.tensors(0).shape(0), 2);
-  ASSERT_EQ(out->tensors(0).shape(0), 4);
-  for (int i = 0; i < 8; ++i) EXPECT_EQ(At(out->tensors(0), i), 10 * i);
-  auto bad = g.CallDpSplit("fwd", "{}", Rows(3));
+  EXPECT_EQ(ex[3]->group, "actor");
+  auto bad = g.RlUpdateDpSplit(h, Rows(3));
   EXPECT_THAT(std::string(bad.status().message()), ::testing::HasSubstr("tensor 'x' has 3 rows, not divisible by dp=2"));
 }
 
 TEST(WorkerGroup, OneToAllReportsTheFailedRankAndCancelsPeers) {
   auto [ex, clients] = Fleet<EchoExecutor>(4);
   WorkerGroup g("actor", parallel::Layout{1, 1, 4, 1}, clients, 1000);
-  auto ok = g.CallOneToAll("ping", "{}");
+  v1::TrainStepRequest req;
+  req.set_step(3);
+  auto ok = g.OneToAll(&ExecutorClient::TrainStep, req);
   ASSERT_TRUE(ok.ok());
-  EXPECT_EQ((*ok)[3].result_json(), "ping");
+  EXPECT_EQ((*ok)[3].step(), 3);
+  EXPECT_EQ(ex[2]->group, "actor");  // the fan-out names the group
   ex[2]->fail = true;
-  auto st = g.CallOneToAll("ping", "{}");
-  EXPECT_THAT(std::string(st.status().message()), ::testing::HasSubstr("group 'actor' rank 2: ping: executor died"));
+  auto st = g.OneToAll(&ExecutorClient::TrainStep, req);
+  EXPECT_THAT(std::string(st.status().message()), ::testing::HasSubstr("group 'actor' rank 2: TrainStep: executor died"));
   EXPECT_TRUE(ex[0]->cancelled);
+  // An operation the client does not implement says which.
+  auto none = g.OneToAll(&ExecutorClient::Generate, v1::GenerateRequest{});
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(std::string(none.status().message()), ::testing::HasSubstr("Generate is not implemented"));
 }
 
 // InitGroup as a rank of a Gloo rendezvous sees it: one rank fails at once (its call was
@@ -110,7 +119,6 @@ class RendezvousExecutor : public ExecutorClient {
       return absl::UnavailableError("rendezvous key 'gloo/workers/tp/1/rank_0' was not set within 5000 ms");
     return absl::CancelledError("cancelled");
   }
-  absl::StatusOr<v1::CallResponse> Call(const v1::CallRequest&, int64_t) override { return v1::CallResponse{}; }
   absl::Status Shutdown(int64_t) override { return absl::OkStatus(); }
   void Cancel() override {
     std::lock_guard<std::mutex> l(mu);

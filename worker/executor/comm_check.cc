@@ -76,11 +76,10 @@ struct Bufs {
 
 std::unique_ptr<BufferSpace> MakeHostBufferSpace() { return std::make_unique<HostSpace>(); }
 
-absl::StatusOr<nlohmann::json> RunCommCheck(comm::Communicator& c, BufferSpace& space, const CommCheckArgs& a,
-                                            int group_index) {
+absl::Status RunCommCheck(comm::Communicator& c, BufferSpace& space, const CommCheckArgs& a, int group_index,
+                          v1::CommCheckResponse* out) {
   const int n = c.size(), r = c.rank();
   const size_t es = tessera::DTypeSize(a.dtype);
-  nlohmann::json rows = nlohmann::json::array();
   for (const auto& coll : a.collectives) {
     for (int64_t size : a.sizes) {
       if (coll == "send_recv" && n < 2) continue;
@@ -149,12 +148,14 @@ absl::StatusOr<nlohmann::json> RunCommCheck(comm::Communicator& c, BufferSpace& 
       double t = secs / a.iters;
       double bytes = static_cast<double>(count * es);
       double algbw = bytes / t / 1e9;
-      rows.push_back({{"collective", coll}, {"size", static_cast<int64_t>(count * es)}, {"group_index", group_index},
-                      {"group_size", n}, {"time_us", t * 1e6}, {"algbw_gbps", algbw},
-                      {"busbw_gbps", algbw * BusFactor(coll, n)}, {"errors", errors}, {"first_error", first}});
+      v1::CommCheckResult* row = out->add_results();
+      row->set_collective(coll), row->set_size_bytes(static_cast<int64_t>(count * es));
+      row->set_group_index(group_index), row->set_group_size(n);
+      row->set_time_us(t * 1e6), row->set_algbw_gbps(algbw), row->set_busbw_gbps(algbw * BusFactor(coll, n));
+      row->set_errors(errors), row->set_first_error(first);
     }
   }
-  return rows;
+  return absl::OkStatus();
 }
 
 }  // namespace tessera::executor

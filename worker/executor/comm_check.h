@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
 
 #include "absl/status/statusor.h"
+#include "tessera/v1/executor_service.pb.h"
 #include "worker/comm/communicator.h"
 
 namespace tessera::executor {
@@ -36,9 +36,9 @@ struct CommCheckArgs {
   tessera::DType dtype = tessera::DType::kF32;
 };
 
-// Returns one JSON row per (collective, size): time_us, algbw_gbps, busbw_gbps,
+// Appends one result per (collective, size) to `out`: time_us, algbw_gbps, busbw_gbps,
 // errors, first_error.
-absl::StatusOr<nlohmann::json> RunCommCheck(comm::Communicator& c, BufferSpace& space, const CommCheckArgs& args,
-                                            int group_index);
+absl::Status RunCommCheck(comm::Communicator& c, BufferSpace& space, const CommCheckArgs& args, int group_index,
+                          v1::CommCheckResponse* out);
 
 }  // namespace tessera::executor

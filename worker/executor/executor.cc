@@ -11,10 +11,10 @@
 #include <csignal>
 #include <thread>
 
-#include <nlohmann/json.hpp>
-
 #include "absl/strings/str_cat.h"
 #include "common/rpc/grpc_util.h"
+#include "common/rpc/tensor_stream.h"
+#include "tessera/v1/executor_service.grpc.pb.h"
 #include "common/spec/job_spec.h"
 #include "common/status.h"
 #include "common/util.h"
@@ -34,21 +34,234 @@ std::atomic<bool> g_stop{false};
 constexpr int64_t kAttemptCheckMs = 5000;  // how often an idle executor asks whether its attempt is live
 void OnSignal(int) { g_stop = true; }
 
-absl::StatusOr<tessera::DType> ParseDType(const std::string& s) {
-  if (s == "f32") return tessera::DType::kF32;
-  if (s == "bf16") return tessera::DType::kBF16;
-  if (s == "i32") return tessera::DType::kI32;
-  return absl::InvalidArgumentError(absl::StrCat("dtype: unsupported '", s, "'"));
+absl::StatusOr<tessera::DType> DTypeOf(v1::DType t) {
+  switch (t) {
+    case v1::DTYPE_F32: return tessera::DType::kF32;
+    case v1::DTYPE_BF16: return tessera::DType::kBF16;
+    case v1::DTYPE_I32: return tessera::DType::kI32;
+    default: return absl::InvalidArgumentError(absl::StrCat("dtype: ", v1::DType_Name(t), " is not one of DTYPE_F32, DTYPE_BF16, DTYPE_I32"));
+  }
 }
 
+}  // namespace
+
+Executor::Executor(v1::ExecutorConfig cfg, comm::KvStore* rdv, std::string listen_host)
+    : cfg_(std::move(cfg)), rdv_(rdv), listen_host_(std::move(listen_host)) {}
+
+Executor::~Executor() = default;
+
+absl::Status Executor::CheckPaths() const {
+  auto st = CheckJobPathsResolved(cfg_.spec(), std::vector<std::string>(cfg_.path_roots().begin(), cfg_.path_roots().end()));
+  if (!st.ok()) spdlog::error("executor {}: {}", cfg_.executor(), std::string(st.message()));
+  return st;
+}
+
+absl::StatusOr<std::shared_ptr<GroupComms>> Executor::Group(const std::string& group) {
+  TESSERA_RETURN_IF_ERROR(CheckPaths());
+  std::lock_guard<std::mutex> lk(groups_mu_);
+  auto it = groups_.find(group);
+  if (it != groups_.end()) return it->second;
+  for (const auto& gr : cfg_.ranks())
+    if (gr.group() == group)
+      return absl::FailedPreconditionError(absl::StrCat("group '", group, "' is not initialized; call InitGroup first"));
+  return absl::NotFoundError(absl::StrCat("this executor hosts no rank of group '", group, "'"));
+}
+
+TrainSession* Executor::SessionOf(const std::string& group) {
+  auto it = sessions_.find(group);
+  return it == sessions_.end() ? nullptr : it->second.get();
+}
+
+RolloutPoolSession* Executor::PoolOf(const std::string& group) {
+  auto it = pools_.find(group);
+  return it == pools_.end() ? nullptr : it->second.get();
+}
+
+absl::StatusOr<v1::InitGroupResponse> Executor::InitGroup(const v1::InitGroupRequest& req) {
+  TESSERA_RETURN_IF_ERROR(CheckPaths());
+  const v1::GroupSpec* g = nullptr;
+  int rank = 0;
+  for (const auto& gr : cfg_.ranks())
+    if (gr.group() == req.group())
+      for (const auto& spec_group : cfg_.spec().groups())
+        if (spec_group.name() == req.group()) g = &spec_group, rank = gr.rank();
+  if (g == nullptr) return absl::NotFoundError(absl::StrCat("this executor hosts no rank of group '", req.group(), "'"));
+  const parallel::Layout layout = LayoutOf(g->layout());
+  const auto t0 = std::chrono::steady_clock::now();
+  spdlog::info("group '{}' rank {}: InitGroup: building communicators", g->name(), rank);
+  auto built = BuildGroupComms(g->name(), layout, rank, cfg_.device_type(), cfg_.device_index(), rdv_, listen_host_,
+                               cfg_.spec().collective_timeout_ms());
+  if (!built.ok()) {
+    spdlog::error("group '{}' rank {}: InitGroup failed: {}", g->name(), rank, std::string(built.status().message()));
+    return built.status();
+  }
+  v1::InitGroupResponse resp;
+  resp.set_init_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  for (auto& [k, c] : built->comms) resp.add_communicators(c->name());
+  std::lock_guard<std::mutex> lk(groups_mu_);
+  groups_[g->name()] = std::make_shared<GroupComms>(std::move(*built));
+  spdlog::info("group '{}' rank {}: {} communicators ready in {:.2f} s", g->name(), rank, resp.communicators_size(),
+               resp.init_seconds());
+  return resp;
+}
+
+absl::StatusOr<v1::CommCheckResponse> Executor::CommCheck(const v1::CommCheckRequest& req) {
+  TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<GroupComms> gc, Group(req.group()));
+  TESSERA_ASSIGN_OR_RETURN(auto kind, parallel::ParseGroupKind(req.group_kind()));
+  CommCheckArgs args;
+  args.sizes.assign(req.sizes_bytes().begin(), req.sizes_bytes().end());
+  args.collectives.assign(req.collectives().begin(), req.collectives().end());
+  if (req.iters() < 1) return absl::InvalidArgumentError(absl::StrCat("iters: ", req.iters(), "; expected at least 1"));
+  if (req.warmup() < 0) return absl::InvalidArgumentError(absl::StrCat("warmup: ", req.warmup(), "; expected at least 0"));
+  args.iters = req.iters();
+  args.warmup = req.warmup();
+  TESSERA_ASSIGN_OR_RETURN(args.dtype, DTypeOf(req.dtype()));
+  std::lock_guard<std::mutex> lk(ops_mu_);
+  v1::CommCheckResponse resp;
+  auto it = gc->comms.find(kind);
+  if (it != gc->comms.end() && it->second->size() > 1) {
+    std::unique_ptr<BufferSpace> space = cfg_.device_type() == v1::DEVICE_TYPE_GPU ? MakeCudaBufferSpace(cfg_.device_index())
+                                                                                   : MakeHostBufferSpace();
+    if (!space) return absl::UnimplementedError("GPU buffers are not available in this build (built without CUDA)");
+    TESSERA_RETURN_IF_ERROR(RunCommCheck(*it->second, *space, args, gc->group_index[kind], &resp));
+    spdlog::info("comm_check {} ({} ranks): {} checks done", it->second->name(), it->second->size(), resp.results_size());
+  }
+  return resp;
+}
+
+absl::StatusOr<v1::TrainInitResponse> Executor::TrainInit(const v1::TrainInitRequest& req) {
+  TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<GroupComms> gc, Group(req.group()));
+  std::lock_guard<std::mutex> lk(ops_mu_);
+  TESSERA_ASSIGN_OR_RETURN(auto session, TrainSession::Create(cfg_.spec(), *gc, cfg_.device_type(), cfg_.device_index()));
+  v1::TrainInitResponse resp;
+  resp.set_start_step(session->start_step());
+  sessions_[req.group()] = std::move(session);
+  return resp;
+}
+
+absl::StatusOr<v1::TrainStepResponse> Executor::TrainStep(const v1::TrainStepRequest& req) {
+  TESSERA_RETURN_IF_ERROR(Group(req.group()).status());
+  std::lock_guard<std::mutex> lk(ops_mu_);
+  TrainSession* s = SessionOf(req.group());
+  if (s == nullptr)
+    return absl::FailedPreconditionError(absl::StrCat("group '", req.group(), "' has no training session; call TrainInit first"));
+  if (req.save()) s->RequestSave();  // a node of the job is leaving: save after this step
+  return s->Step(req.step());
+}
+
+absl::StatusOr<v1::RolloutInitResponse> Executor::RolloutInit(const v1::RolloutInitRequest& req) {
+  TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<GroupComms> gc, Group(req.group()));
+  std::lock_guard<std::mutex> lk(ops_mu_);
+  TESSERA_ASSIGN_OR_RETURN(auto pool, RolloutPoolSession::Create(cfg_.spec(), *gc, cfg_.device_type(), cfg_.device_index()));
+  pools_[req.group()] = std::move(pool);
+  return v1::RolloutInitResponse{};
+}
+
+absl::StatusOr<v1::RolloutStats> Executor::RolloutGenerate(const v1::RolloutGenerateRequest& req, v1::TensorBatch* samples) {
+  TESSERA_RETURN_IF_ERROR(Group(req.group()).status());
+  std::lock_guard<std::mutex> lk(ops_mu_);
+  if (RolloutPoolSession* pool = PoolOf(req.group())) return pool->Generate(req.step(), samples);
+  if (TrainSession* s = SessionOf(req.group())) return s->RolloutGenerate(req.step(), samples);
+  return absl::FailedPreconditionError(absl::StrCat("group '", req.group(), "' has no session; call TrainInit or RolloutInit first"));
+}
+
+absl::StatusOr<v1::RlUpdateResponse> Executor::RlUpdate(const v1::RlUpdateHeader& req, const v1::TensorBatch& samples) {
+  TESSERA_RETURN_IF_ERROR(Group(req.group()).status());
+  std::lock_guard<std::mutex> lk(ops_mu_);
+  TrainSession* s = SessionOf(req.group());
+  if (s == nullptr)
+    return absl::FailedPreconditionError(absl::StrCat("RlUpdate: group '", req.group(), "' has no training session (not the actor, or no TrainInit yet)"));
+  if (req.save()) s->RequestSave();
+  return s->RlUpdate(req.step(), samples);
+}
+
+absl::StatusOr<v1::RlEvalResponse> Executor::RlEval(const v1::RlEvalRequest& req) {
+  TESSERA_RETURN_IF_ERROR(Group(req.group()).status());
+  std::lock_guard<std::mutex> lk(ops_mu_);
+  if (RolloutPoolSession* pool = PoolOf(req.group())) return pool->Eval(req.problems());
+  if (TrainSession* s = SessionOf(req.group())) return s->RlEval(req.problems());
+  return absl::FailedPreconditionError(absl::StrCat("group '", req.group(), "' has no session; call TrainInit or RolloutInit first"));
+}
+
+absl::StatusOr<v1::BridgeInitResponse> Executor::BridgeInit(const v1::BridgeInitRequest& req) {
+  TESSERA_RETURN_IF_ERROR(Group(req.group()).status());
+  std::lock_guard<std::mutex> lk(ops_mu_);
+  TrainSession* s = SessionOf(req.group());
+  RolloutPoolSession* pool = PoolOf(req.group());
+  if (s == nullptr && pool == nullptr)
+    return absl::FailedPreconditionError(absl::StrCat("group '", req.group(), "' has no session; call TrainInit or RolloutInit first"));
+  TESSERA_ASSIGN_OR_RETURN(bridge_, MakeBridge(cfg_, rdv_, listen_host_));
+  if (cfg_.device_type() == v1::DEVICE_TYPE_GPU)
+    TESSERA_RETURN_IF_ERROR(bridge_->OrderWith(s != nullptr ? s->backend().stream() : pool->backend().stream()));
+  v1::BridgeInitResponse resp;
+  resp.set_size(bridge_->size());
+  resp.set_rank(bridge_->rank());
+  return resp;
+}
+
+absl::StatusOr<v1::SyncWeightsResponse> Executor::SyncWeights(const v1::SyncWeightsRequest& req) {
+  TESSERA_RETURN_IF_ERROR(Group(req.group()).status());
+  std::lock_guard<std::mutex> lk(ops_mu_);
+  TrainSession* s = SessionOf(req.group());
+  RolloutPoolSession* pool = PoolOf(req.group());
+  if (s == nullptr && pool == nullptr)
+    return absl::FailedPreconditionError(absl::StrCat("group '", req.group(), "' has no session; call TrainInit or RolloutInit first"));
+  const auto t0 = std::chrono::steady_clock::now();
+  v1::SyncWeightsResponse resp;
+  if (s != nullptr) TESSERA_RETURN_IF_ERROR(s->GatherValues());  // ZeRO-1: the values, not only this rank's slices
+  if (s != nullptr && !pools_.empty() && pools_.begin()->first != req.group()) {
+    // The rollout group shares this executor (colocated, another layout): every tensor
+    // gathered over the actor's TP group and re-sliced into the rollout's model.
+    TESSERA_RETURN_IF_ERROR(engine::SyncColocated(s->model(), pools_.begin()->second->model()));
+    int64_t bytes = 0;  // the model in f32, as a sync over the bridge counts it
+    for (model::Param& p : s->model().params()) {
+      int64_t n = 4;
+      for (int64_t d : p.spec.shape) n *= d;
+      bytes += n;
+    }
+    resp.set_bytes(bytes);
+  } else {
+    if (bridge_ == nullptr) return absl::FailedPreconditionError("SyncWeights: call BridgeInit first");
+    model::Llama& model = s != nullptr ? s->model() : pool->model();
+    runtime::Backend& backend = s != nullptr ? s->backend() : pool->backend();
+    TESSERA_ASSIGN_OR_RETURN(const int64_t bytes, engine::SyncSplit(s != nullptr ? &model : nullptr, s != nullptr ? nullptr : &model,
+                                                                    *bridge_, /*source=*/0, backend));
+    resp.set_bytes(bytes);
+  }
+  resp.set_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  return resp;
+}
+
+absl::StatusOr<v1::WeightsDigestResponse> Executor::WeightsDigest(const v1::WeightsDigestRequest& req) {
+  TESSERA_RETURN_IF_ERROR(Group(req.group()).status());
+  std::lock_guard<std::mutex> lk(ops_mu_);
+  TrainSession* s = SessionOf(req.group());
+  RolloutPoolSession* pool = PoolOf(req.group());
+  if (s == nullptr && pool == nullptr)
+    return absl::FailedPreconditionError(absl::StrCat("group '", req.group(), "' has no session; call TrainInit or RolloutInit first"));
+  if (s != nullptr) TESSERA_RETURN_IF_ERROR(s->GatherValues());  // every actor rank calls it
+  TESSERA_ASSIGN_OR_RETURN(std::string digest, executor::WeightsDigest(s != nullptr ? s->model() : pool->model()));
+  v1::WeightsDigestResponse resp;
+  resp.set_digest(std::move(digest));
+  return resp;
+}
+
+absl::StatusOr<v1::GenerateResponse> Executor::Generate(const v1::GenerateRequest& req) {
+  TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<GroupComms> gc, Group(req.group()));
+  std::lock_guard<std::mutex> lk(ops_mu_);
+  TESSERA_ASSIGN_OR_RETURN(auto session, GenerateSession::Create(cfg_.spec(), *gc, cfg_.device_type(), cfg_.device_index()));
+  return session->Run();
+}
+
+namespace {
+
+// The gRPC face of an Executor: every call must carry this attempt's secret and name this
+// executor; anything else was meant for another process (logged, so that a misrouted call
+// shows on the side that got it, not only as a peer's timeout).
 class ExecutorServiceImpl final : public v1::ExecutorService::Service {
  public:
-  ExecutorServiceImpl(v1::ExecutorConfig cfg, comm::RendezvousClient* rdv, std::string listen_host)
-      : cfg_(std::move(cfg)), rdv_(rdv), listen_host_(std::move(listen_host)) {}
+  explicit ExecutorServiceImpl(Executor* ex) : ex_(ex), cfg_(ex->config()) {}
 
-  // A call must carry this attempt's secret and name this executor: anything else was
-  // meant for another process (logged, so that a misrouted call shows on the side that
-  // got it, not only as a peer's timeout).
   grpc::Status Auth(grpc::ServerContext* ctx) {
     if (!ConstantTimeEquals(BearerToken(ctx), cfg_.secret())) {
       spdlog::error("executor {}: refused a call from {}: wrong or missing attempt secret", cfg_.executor(), ctx->peer());
@@ -66,69 +279,82 @@ class ExecutorServiceImpl final : public v1::ExecutorService::Service {
     return grpc::Status::OK;
   }
 
-  absl::StatusOr<std::pair<const v1::GroupSpec*, int>> Find(const std::string& group) {
-    for (const auto& gr : cfg_.ranks())
-      if (gr.group() == group)
-        for (const auto& g : cfg_.spec().groups())
-          if (g.name() == group) return std::make_pair(&g, gr.rank());
-    return absl::NotFoundError(absl::StrCat("this executor hosts no rank of group '", group, "'"));
-  }
-
-  // The spec's paths lie under the controller's roots as the controller checked them at
-  // submit, but on this host a symbolic link under a root may lead out of it: checked
-  // again here, links resolved, before every call that may open one.
-  grpc::Status CheckPaths() {
-    auto st = CheckJobPathsResolved(cfg_.spec(), std::vector<std::string>(cfg_.path_roots().begin(), cfg_.path_roots().end()));
-    if (!st.ok()) spdlog::error("executor {}: {}", cfg_.executor(), std::string(st.message()));
-    return ToGrpc(st);
-  }
-
-  grpc::Status InitGroup(grpc::ServerContext* ctx, const v1::InitGroupRequest* req, v1::InitGroupResponse* resp) override {
+  template <typename Req, typename Resp>
+  grpc::Status Unary(grpc::ServerContext* ctx, const Req* req, Resp* resp,
+                     absl::StatusOr<Resp> (Executor::*op)(const Req&)) {
     if (auto s = Auth(ctx); !s.ok()) return s;
-    if (auto s = CheckPaths(); !s.ok()) return s;
-    auto found = Find(req->group());
-    if (!found.ok()) return ToGrpc(found.status());
-    auto [g, rank] = *found;
-    const auto& l = g->layout();
-    parallel::Layout layout = LayoutOf(l);
-    auto t0 = std::chrono::steady_clock::now();
-    spdlog::info("group '{}' rank {}: InitGroup: building communicators", g->name(), rank);
-    auto built = BuildGroupComms(g->name(), layout, rank, cfg_.device_type(), cfg_.device_index(), rdv_, listen_host_,
-                                 cfg_.spec().collective_timeout_ms());
-    if (!built.ok()) {
-      spdlog::error("group '{}' rank {}: InitGroup failed: {}", g->name(), rank, std::string(built.status().message()));
-      return ToGrpc(built.status());
-    }
-    resp->set_init_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    for (auto& [k, c] : built->comms) resp->add_communicators(c->name());
-    std::lock_guard<std::mutex> lk(mu_);
-    groups_[g->name()] = std::make_shared<GroupComms>(std::move(*built));
-    spdlog::info("group '{}' rank {}: {} communicators ready in {:.2f} s", g->name(), rank, resp->communicators_size(),
-                 resp->init_seconds());
+    absl::StatusOr<Resp> r = (ex_->*op)(*req);
+    if (!r.ok()) return ToGrpc(r.status());
+    *resp = std::move(*r);
     return grpc::Status::OK;
   }
 
-  grpc::Status Call(grpc::ServerContext* ctx, const v1::CallRequest* req, v1::CallResponse* resp) override {
+  grpc::Status InitGroup(grpc::ServerContext* c, const v1::InitGroupRequest* q, v1::InitGroupResponse* r) override {
+    return Unary(c, q, r, &Executor::InitGroup);
+  }
+  grpc::Status CommCheck(grpc::ServerContext* c, const v1::CommCheckRequest* q, v1::CommCheckResponse* r) override {
+    return Unary(c, q, r, &Executor::CommCheck);
+  }
+  grpc::Status TrainInit(grpc::ServerContext* c, const v1::TrainInitRequest* q, v1::TrainInitResponse* r) override {
+    return Unary(c, q, r, &Executor::TrainInit);
+  }
+  grpc::Status TrainStep(grpc::ServerContext* c, const v1::TrainStepRequest* q, v1::TrainStepResponse* r) override {
+    return Unary(c, q, r, &Executor::TrainStep);
+  }
+  grpc::Status RolloutInit(grpc::ServerContext* c, const v1::RolloutInitRequest* q, v1::RolloutInitResponse* r) override {
+    return Unary(c, q, r, &Executor::RolloutInit);
+  }
+  grpc::Status RlEval(grpc::ServerContext* c, const v1::RlEvalRequest* q, v1::RlEvalResponse* r) override {
+    return Unary(c, q, r, &Executor::RlEval);
+  }
+  grpc::Status BridgeInit(grpc::ServerContext* c, const v1::BridgeInitRequest* q, v1::BridgeInitResponse* r) override {
+    return Unary(c, q, r, &Executor::BridgeInit);
+  }
+  grpc::Status SyncWeights(grpc::ServerContext* c, const v1::SyncWeightsRequest* q, v1::SyncWeightsResponse* r) override {
+    return Unary(c, q, r, &Executor::SyncWeights);
+  }
+  grpc::Status WeightsDigest(grpc::ServerContext* c, const v1::WeightsDigestRequest* q, v1::WeightsDigestResponse* r) override {
+    return Unary(c, q, r, &Executor::WeightsDigest);
+  }
+  grpc::Status Generate(grpc::ServerContext* c, const v1::GenerateRequest* q, v1::GenerateResponse* r) override {
+    return Unary(c, q, r, &Executor::Generate);
+  }
+
+  grpc::Status RolloutGenerate(grpc::ServerContext* ctx, const v1::RolloutGenerateRequest* req,
+                               grpc::ServerWriter<v1::RolloutGenerateResponse>* out) override {
     if (auto s = Auth(ctx); !s.ok()) return s;
-    if (auto s = CheckPaths(); !s.ok()) return s;
-    std::shared_ptr<GroupComms> gc;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      auto it = groups_.find(req->group());
-      if (it == groups_.end())
-        return grpc::Status(grpc::FAILED_PRECONDITION, absl::StrCat("group '", req->group(), "' is not initialized; call InitGroup first"));
-      gc = it->second;
+    v1::TensorBatch samples;
+    absl::StatusOr<v1::RolloutStats> st = ex_->RolloutGenerate(*req, &samples);
+    if (!st.ok()) return ToGrpc(st.status());
+    v1::RolloutGenerateResponse m;
+    *m.mutable_stats() = std::move(*st);
+    bool sent = out->Write(m);
+    sent = sent && ForEachChunk(samples, [&](const v1::TensorChunk& c) {
+      *m.mutable_chunk() = c;
+      return out->Write(m);
+    });
+    if (!sent) return grpc::Status(grpc::CANCELLED, "the driver closed the stream");
+    return grpc::Status::OK;
+  }
+
+  grpc::Status RlUpdate(grpc::ServerContext* ctx, grpc::ServerReader<v1::RlUpdateRequest>* in,
+                        v1::RlUpdateResponse* resp) override {
+    if (auto s = Auth(ctx); !s.ok()) return s;
+    v1::RlUpdateRequest m;
+    if (!in->Read(&m) || !m.has_header())
+      return grpc::Status(grpc::INVALID_ARGUMENT, "RlUpdate: the stream must start with a header");
+    const v1::RlUpdateHeader header = m.header();
+    BatchAssembler samples;
+    while (in->Read(&m)) {
+      if (!m.has_chunk()) return grpc::Status(grpc::INVALID_ARGUMENT, "RlUpdate: a second header on the stream");
+      if (absl::Status s = samples.Add(std::move(*m.mutable_chunk())); !s.ok()) return ToGrpc(Annotate(s, "RlUpdate samples"));
     }
-    if (req->method() == "comm_check") return ToGrpc(CommCheck(*gc, req->args_json(), resp));
-    if (req->method() == "generate") return ToGrpc(Generate(req->group(), *gc, resp));
-    if (req->method() == "rollout_init" || req->method() == "rollout_generate" || req->method() == "rl_update" ||
-        req->method() == "bridge_init" || req->method() == "sync_weights" || req->method() == "weights_digest" ||
-        (req->method() == "rl_eval" && HasPool(req->group())))
-      return ToGrpc(Split(req->group(), req->method(), *gc, *req, resp));
-    if (req->method() == "train_init" || req->method() == "train_step" || req->method() == "rl_step" ||
-        req->method() == "rl_eval")
-      return ToGrpc(Train(req->group(), req->method(), *gc, req->args_json(), resp));
-    return grpc::Status(grpc::UNIMPLEMENTED, absl::StrCat("method '", req->method(), "' is not implemented"));
+    absl::StatusOr<v1::TensorBatch> batch = std::move(samples).Finish();
+    if (!batch.ok()) return ToGrpc(Annotate(batch.status(), "RlUpdate samples"));
+    absl::StatusOr<v1::RlUpdateResponse> r = ex_->RlUpdate(header, *batch);
+    if (!r.ok()) return ToGrpc(r.status());
+    *resp = std::move(*r);
+    return grpc::Status::OK;
   }
 
   grpc::Status Shutdown(grpc::ServerContext* ctx, const v1::ShutdownRequest*, v1::ShutdownResponse*) override {
@@ -138,184 +364,8 @@ class ExecutorServiceImpl final : public v1::ExecutorService::Service {
   }
 
  private:
-  absl::Status CommCheck(GroupComms& gc, const std::string& args_json, v1::CallResponse* resp) {
-    nlohmann::json a;
-    try {
-      a = nlohmann::json::parse(args_json);
-    } catch (const std::exception& e) {
-      return absl::InvalidArgumentError(absl::StrCat("args_json: ", e.what()));
-    }
-    TESSERA_ASSIGN_OR_RETURN(auto kind, parallel::ParseGroupKind(a.value("group_kind", "")));
-    CommCheckArgs args;
-    args.sizes = a.value("sizes", std::vector<int64_t>{});
-    args.collectives = a.value("collectives", std::vector<std::string>{});
-    args.iters = a.value("iters", 5);
-    args.warmup = a.value("warmup", 1);
-    TESSERA_ASSIGN_OR_RETURN(args.dtype, ParseDType(a.value("dtype", "f32")));
-    nlohmann::json rows = nlohmann::json::array();
-    auto it = gc.comms.find(kind);
-    if (it != gc.comms.end() && it->second->size() > 1) {
-      std::unique_ptr<BufferSpace> space = cfg_.device_type() == v1::DEVICE_TYPE_GPU ? MakeCudaBufferSpace(cfg_.device_index())
-                                                                         : MakeHostBufferSpace();
-      if (!space) return absl::UnimplementedError("GPU buffers are not available in this build (built without CUDA)");
-      TESSERA_ASSIGN_OR_RETURN(rows, RunCommCheck(*it->second, *space, args, gc.group_index[kind]));
-      spdlog::info("comm_check {} ({} ranks): {} checks done", it->second->name(), it->second->size(), rows.size());
-    }
-    resp->set_result_json(nlohmann::json{{"results", rows}}.dump());
-    return absl::OkStatus();
-  }
-
-  // train_init builds the group's training session (resuming from a checkpoint: its
-  // result is {"start_step": N}); train_step {"step": s} runs step s (with "save": true,
-  // a checkpoint after it whatever save_every says); rl_step {"step": s[, "save"]}
-  // runs GRPO step s of a grpo session; rl_eval {"problems": n} its held-out accuracy.
-  absl::Status Train(const std::string& group, const std::string& method, GroupComms& gc, const std::string& args_json,
-                     v1::CallResponse* resp) {
-    std::lock_guard<std::mutex> lk(train_mu_);
-    if (method == "train_init") {
-      TESSERA_ASSIGN_OR_RETURN(auto session, TrainSession::Create(cfg_.spec(), gc, cfg_.device_type(), cfg_.device_index()));
-      resp->set_result_json(nlohmann::json{{"start_step", session->start_step()}}.dump());
-      sessions_[group] = std::move(session);
-      return absl::OkStatus();
-    }
-    auto it = sessions_.find(group);
-    if (it == sessions_.end())
-      return absl::FailedPreconditionError(absl::StrCat("group '", group, "' has no training session; call train_init first"));
-    const char* key = method == "rl_eval" ? "problems" : "step";
-    int64_t n = 0;
-    bool save = false;
-    try {
-      const auto args = nlohmann::json::parse(args_json);
-      n = args.at(key).get<int64_t>();
-      save = args.value("save", false);
-    } catch (const std::exception& e) {
-      return absl::InvalidArgumentError(absl::StrCat(method, " args_json: expected {\"", key, "\": N}: ", e.what()));
-    }
-    if (save) it->second->RequestSave();  // a node of the job is leaving: save after this step
-    TESSERA_ASSIGN_OR_RETURN(std::string out, method == "rl_step"   ? it->second->RlStep(n)
-                                              : method == "rl_eval" ? it->second->RlEval(n)
-                                                                    : it->second->Step(n));
-    resp->set_result_json(out);
-    return absl::OkStatus();
-  }
-
-  bool HasPool(const std::string& group) {
-    std::lock_guard<std::mutex> lk(train_mu_);
-    return pools_.count(group) > 0;
-  }
-
-  // Split pools (worker/executor/rollout_pool.h): rollout_init builds a rollout pool's
-  // session; rollout_generate {"step"} its samples; rl_eval {"problems"} its held-out
-  // accuracy; rl_update {"step"} + samples the actor's update; bridge_init the bridge
-  // communicator (every rank of both groups at once); sync_weights the actor's weights
-  // to the pool over it ({"bytes", "seconds"}); weights_digest a digest of the model's
-  // global weights.
-  absl::Status Split(const std::string& group, const std::string& method, GroupComms& gc, const v1::CallRequest& req,
-                     v1::CallResponse* resp) {
-    std::lock_guard<std::mutex> lk(train_mu_);
-    auto arg = [&](const char* key) -> absl::StatusOr<int64_t> {
-      try {
-        return nlohmann::json::parse(req.args_json()).at(key).get<int64_t>();
-      } catch (const std::exception& e) {
-        return absl::InvalidArgumentError(absl::StrCat(method, " args_json: expected {\"", key, "\": N}: ", e.what()));
-      }
-    };
-    auto session = sessions_.find(group);
-    auto pool = pools_.find(group);
-    if (method == "rollout_init") {
-      TESSERA_ASSIGN_OR_RETURN(auto p, RolloutPoolSession::Create(cfg_.spec(), gc, cfg_.device_type(), cfg_.device_index()));
-      pools_[group] = std::move(p);
-      resp->set_result_json("{}");
-      return absl::OkStatus();
-    }
-    if (method == "bridge_init") {
-      TESSERA_ASSIGN_OR_RETURN(bridge_, MakeBridge(cfg_, rdv_, listen_host_));
-      if (cfg_.device_type() == v1::DEVICE_TYPE_GPU) {
-        runtime::Backend& b = session != sessions_.end() ? session->second->backend() : pool->second->backend();
-        TESSERA_RETURN_IF_ERROR(bridge_->OrderWith(b.stream()));
-      }
-      resp->set_result_json(nlohmann::json{{"size", bridge_->size()}, {"rank", bridge_->rank()}}.dump());
-      return absl::OkStatus();
-    }
-    const bool actor = session != sessions_.end();
-    if (!actor && pool == pools_.end())
-      return absl::FailedPreconditionError(absl::StrCat("group '", group, "' has no session; call train_init or rollout_init first"));
-    model::Llama& model = actor ? session->second->model() : pool->second->model();
-    runtime::Backend& backend = actor ? session->second->backend() : pool->second->backend();
-    if (actor && (method == "sync_weights" || method == "weights_digest"))  // every actor rank calls them
-      TESSERA_RETURN_IF_ERROR(session->second->GatherValues());  // ZeRO-1: the values, not only this rank's slices
-    if (method == "sync_weights" && actor && !pools_.empty()) {
-      // The rollout shares this executor (colocated, another layout): every tensor
-      // gathered over the actor's TP group and re-sliced into the rollout's model.
-      const auto t0 = std::chrono::steady_clock::now();
-      TESSERA_RETURN_IF_ERROR(engine::SyncColocated(model, pools_.begin()->second->model()));
-      int64_t bytes = 0;  // the model in f32, as a split sync counts it
-      for (model::Param& p : model.params()) {
-        int64_t n = 4;
-        for (int64_t d : p.spec.shape) n *= d;
-        bytes += n;
-      }
-      resp->set_result_json(nlohmann::json{{"bytes", bytes},
-                                           {"seconds", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()}}
-                                .dump());
-      return absl::OkStatus();
-    }
-    if (method == "sync_weights") {
-      if (bridge_ == nullptr) return absl::FailedPreconditionError("sync_weights: call bridge_init first");
-      const auto t0 = std::chrono::steady_clock::now();
-      TESSERA_ASSIGN_OR_RETURN(const int64_t bytes, engine::SyncSplit(actor ? &model : nullptr, actor ? nullptr : &model,
-                                                                      *bridge_, /*source=*/0, backend));
-      resp->set_result_json(nlohmann::json{{"bytes", bytes},
-                                           {"seconds", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()}}
-                                .dump());
-      return absl::OkStatus();
-    }
-    if (method == "weights_digest") {
-      TESSERA_ASSIGN_OR_RETURN(std::string digest, WeightsDigest(model));
-      resp->set_result_json(nlohmann::json{{"digest", digest}}.dump());
-      return absl::OkStatus();
-    }
-    if (method == "rl_update") {
-      if (!actor) return absl::FailedPreconditionError(absl::StrCat("rl_update: group '", group, "' is not the actor"));
-      TESSERA_ASSIGN_OR_RETURN(const int64_t step, arg("step"));
-      const auto args = nlohmann::json::parse(req.args_json(), nullptr, false);
-      if (args.is_object() && args.value("save", false)) session->second->RequestSave();
-      TESSERA_ASSIGN_OR_RETURN(std::string out, session->second->RlUpdate(step, req.batch()));
-      resp->set_result_json(out);
-      return absl::OkStatus();
-    }
-    if (actor) return absl::FailedPreconditionError(absl::StrCat(method, ": group '", group, "' is not a rollout pool"));
-    if (method == "rl_eval") {
-      TESSERA_ASSIGN_OR_RETURN(const int64_t problems, arg("problems"));
-      TESSERA_ASSIGN_OR_RETURN(std::string out, pool->second->Eval(problems));
-      resp->set_result_json(out);
-      return absl::OkStatus();
-    }
-    TESSERA_ASSIGN_OR_RETURN(const int64_t step, arg("step"));  // rollout_generate
-    TESSERA_ASSIGN_OR_RETURN(std::string out, pool->second->Generate(step, resp->mutable_batch()));
-    resp->set_result_json(out);
-    return absl::OkStatus();
-  }
-
-  // generate: builds the group's generate session (model, weights) and runs it over this
-  // rank's share of the input file (worker/executor/generate.h).
-  absl::Status Generate(const std::string& group, GroupComms& gc, v1::CallResponse* resp) {
-    std::lock_guard<std::mutex> lk(train_mu_);
-    TESSERA_ASSIGN_OR_RETURN(auto session, GenerateSession::Create(cfg_.spec(), gc, cfg_.device_type(), cfg_.device_index()));
-    TESSERA_ASSIGN_OR_RETURN(std::string out, session->Run());
-    resp->set_result_json(out);
-    return absl::OkStatus();
-  }
-
-  v1::ExecutorConfig cfg_;
-  comm::RendezvousClient* rdv_;
-  std::mutex train_mu_;  // one training call at a time
-  std::map<std::string, std::unique_ptr<TrainSession>> sessions_ ABSL_GUARDED_BY(train_mu_);
-  std::map<std::string, std::unique_ptr<RolloutPoolSession>> pools_ ABSL_GUARDED_BY(train_mu_);
-  std::unique_ptr<comm::Communicator> bridge_ ABSL_GUARDED_BY(train_mu_);  // split pools: actor + rollout ranks
-  std::string listen_host_;
-  std::mutex mu_;
-  std::map<std::string, std::shared_ptr<GroupComms>> groups_;
+  Executor* ex_;
+  const v1::ExecutorConfig& cfg_;
 };
 
 }  // namespace
@@ -400,7 +450,8 @@ int RunExecutor(const ExecutorOptions& opts) {
   comm::RendezvousClient rdv(*ch, cfg.job_id(), cfg.attempt(), cfg.secret());
 
   EnableHealthAndReflection();
-  ExecutorServiceImpl svc(cfg, &rdv, opts.listen_host);
+  Executor executor(cfg, &rdv, opts.listen_host);
+  ExecutorServiceImpl svc(&executor);
   std::string listen = absl::StrCat(opts.listen_host.find(':') != std::string::npos ? "[" + opts.listen_host + "]" : opts.listen_host, ":0");
   auto creds = MakeServerCredentials({opts.insecure, {cert, key}}, listen);
   if (!creds.ok()) {

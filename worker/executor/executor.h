@@ -1,10 +1,8 @@
-// The executor process: one per device per job attempt, spawned by the node
-// agent. It serves ExecutorService for the job's driver, builds the
-// communicators of every parallel group of each worker group it hosts, and runs
-// the driver's calls (today: comm_check).
-//
-// Threading: gRPC handler threads call in; group state is guarded by mu_. The
-// driver calls one method at a time per executor.
+// The executor process: one per device per job attempt, spawned by the node agent. It
+// serves ExecutorService (proto/tessera/v1/executor_service.proto) for the job's driver:
+// the service checks each call's credentials and hands it to an Executor, which builds
+// the communicators of every parallel group of each worker group it hosts and runs the
+// operations on the groups' sessions (training, rollout, generation).
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -14,8 +12,9 @@
 #include <mutex>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "tessera/v1/executor_service.grpc.pb.h"
+#include "tessera/v1/executor_service.pb.h"
 #include "tessera/v1/node_service.pb.h"
 #include "worker/comm/communicator.h"
 #include "worker/comm/rendezvous_client.h"
@@ -35,6 +34,61 @@ struct ExecutorOptions {
 // Runs the executor until Shutdown is called or the process is signalled.
 // Returns the process exit code.
 int RunExecutor(const ExecutorOptions& opts);
+
+class TrainSession;        // train.h
+class RolloutPoolSession;  // rollout_pool.h
+class GenerateSession;     // generate.h
+struct GroupComms;
+
+// The executor's operations, one per ExecutorService RPC (whose comments say what each
+// does), without gRPC: RunExecutor's service authenticates a call and forwards it here.
+// Every operation first checks the spec's paths against the controller's roots again,
+// symbolic links resolved (a link under a root may lead out of it on this host), then
+// finds the request's group: NOT_FOUND when this executor hosts no rank of it,
+// FAILED_PRECONDITION before InitGroup and for operations out of order.
+// Sessions per group: TrainInit makes a TrainSession (pretrain, sft, and the actor of
+// grpo / ppo, which generates its own samples when the job has no rollout group);
+// RolloutInit a RolloutPoolSession (a rollout group); Generate a GenerateSession.
+//
+// Threading: any thread may call; InitGroup runs beside other groups' calls, and the
+// operations on sessions run one at a time (the driver calls one at a time per group).
+class Executor {
+ public:
+  // `rdv`: the job's rendezvous (outlives the executor).
+  Executor(v1::ExecutorConfig cfg, comm::KvStore* rdv, std::string listen_host);
+  ~Executor();
+  const v1::ExecutorConfig& config() const { return cfg_; }
+
+  absl::StatusOr<v1::InitGroupResponse> InitGroup(const v1::InitGroupRequest& req);
+  absl::StatusOr<v1::CommCheckResponse> CommCheck(const v1::CommCheckRequest& req);
+  absl::StatusOr<v1::TrainInitResponse> TrainInit(const v1::TrainInitRequest& req);
+  absl::StatusOr<v1::TrainStepResponse> TrainStep(const v1::TrainStepRequest& req);
+  absl::StatusOr<v1::RolloutInitResponse> RolloutInit(const v1::RolloutInitRequest& req);
+  // The samples go to `samples`.
+  absl::StatusOr<v1::RolloutStats> RolloutGenerate(const v1::RolloutGenerateRequest& req, v1::TensorBatch* samples);
+  absl::StatusOr<v1::RlUpdateResponse> RlUpdate(const v1::RlUpdateHeader& req, const v1::TensorBatch& samples);
+  absl::StatusOr<v1::RlEvalResponse> RlEval(const v1::RlEvalRequest& req);
+  absl::StatusOr<v1::BridgeInitResponse> BridgeInit(const v1::BridgeInitRequest& req);
+  absl::StatusOr<v1::SyncWeightsResponse> SyncWeights(const v1::SyncWeightsRequest& req);
+  absl::StatusOr<v1::WeightsDigestResponse> WeightsDigest(const v1::WeightsDigestRequest& req);
+  absl::StatusOr<v1::GenerateResponse> Generate(const v1::GenerateRequest& req);
+
+ private:
+  absl::Status CheckPaths() const;
+  absl::StatusOr<std::shared_ptr<GroupComms>> Group(const std::string& group);
+  TrainSession* SessionOf(const std::string& group) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_mu_);
+  RolloutPoolSession* PoolOf(const std::string& group) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_mu_);
+
+  const v1::ExecutorConfig cfg_;
+  comm::KvStore* const rdv_;
+  const std::string listen_host_;
+  std::mutex groups_mu_;
+  std::map<std::string, std::shared_ptr<GroupComms>> groups_ ABSL_GUARDED_BY(groups_mu_);
+  std::mutex ops_mu_;  // one session operation at a time
+  std::map<std::string, std::unique_ptr<TrainSession>> sessions_ ABSL_GUARDED_BY(ops_mu_);
+  std::map<std::string, std::unique_ptr<RolloutPoolSession>> pools_ ABSL_GUARDED_BY(ops_mu_);
+  std::unique_ptr<comm::Communicator> bridge_ ABSL_GUARDED_BY(ops_mu_);  // a rollout group's own devices: actor + rollout ranks
+};
 
 // Communicators of one worker group on this executor, by parallel-group kind.
 struct GroupComms {

@@ -70,7 +70,7 @@ absl::StatusOr<std::vector<int32_t>> GenerateSession::PromptOf(const json& j) co
   return text_.tokenizer->Encode(prompt, /*add_special=*/false);  // the template wrote BOS if the model wants one
 }
 
-absl::StatusOr<std::string> GenerateSession::Run() {
+absl::StatusOr<v1::GenerateResponse> GenerateSession::Run() {
   const auto t0 = std::chrono::steady_clock::now();
   std::ifstream in(g_.input());
   if (!in) return absl::NotFoundError(absl::StrCat("generate.input: cannot read ", g_.input()));
@@ -156,7 +156,8 @@ absl::StatusOr<std::string> GenerateSession::Run() {
     if (ok < 1.f && wrote.ok()) wrote = absl::InternalError("generate: another DP rank could not write its part");
   }
   TESSERA_RETURN_IF_ERROR(wrote);
-  json result{{"prompts", end - begin}, {"completions", completions}, {"tokens", tokens}};
+  v1::GenerateResponse result;
+  result.set_prompts(end - begin), result.set_completions(completions), result.set_tokens(tokens);
   if (writer && dp_rank_ == 0) {
     std::string all;
     for (int r = 0; r < dps_; ++r) {
@@ -166,10 +167,10 @@ absl::StatusOr<std::string> GenerateSession::Run() {
     }
     TESSERA_RETURN_IF_ERROR(WriteFileAtomic(g_.output(), all));
     for (int r = 0; r < dps_; ++r) unlink(absl::StrCat(g_.output(), ".part-", r).c_str());
-    result["output"] = g_.output();
+    result.set_output(g_.output());
   }
-  result["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return result.dump();
+  result.set_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  return result;
 }
 
 }  // namespace tessera::executor

@@ -12,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "tessera/v1/common.pb.h"
+#include "tessera/v1/executor_service.pb.h"
 #include "worker/rollout/rollout.h"
 #include "worker/executor/executor.h"
 #include "worker/tokenizer/model_text.h"
@@ -30,13 +31,13 @@ class GenerateSession {
   // Generates this DP rank's prompts (lines [r·N/dp, (r+1)·N/dp) of the input) and, on TP
   // rank 0, writes them to <output>.part-<r>; after a barrier over the DP group, DP rank 0
   // (TP rank 0) joins the parts in order into <output> (a temporary file renamed) and
-  // removes them. Every rank must call it. JSON: prompts, completions, tokens (this DP
+  // removes them. Every rank must call it. Returns prompts, completions, tokens (this DP
   // rank's), seconds, and output on the rank that wrote it. INVALID_ARGUMENT naming the
   // file and line for a line without a "prompt" string or "messages" list (or messages
   // the chat template refuses), and naming generate.cache_tokens
   // when the cache cannot hold the longest prompt + max_new_tokens; NOT_FOUND for a
   // missing input.
-  absl::StatusOr<std::string> Run();
+  absl::StatusOr<v1::GenerateResponse> Run();
 
  private:
   GenerateSession() = default;

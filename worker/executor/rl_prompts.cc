@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <chrono>
 
-#include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "common/rl.h"
@@ -136,11 +135,11 @@ absl::StatusOr<std::vector<double>> RewardServiceClient::Score(int64_t step, int
   return std::vector<double>(buf.begin() + 1, buf.end());
 }
 
-absl::StatusOr<std::string> HeldOutEval(engine::RolloutEngine& rollout, const RlPrompts& prompts, int64_t max_new_tokens,
+absl::StatusOr<v1::RlEvalResponse> HeldOutEval(engine::RolloutEngine& rollout, const RlPrompts& prompts, int64_t max_new_tokens,
                                         int64_t problems, int dp_rank, int dps) {
-  if (prompts.jsonl()) return absl::FailedPreconditionError("rl_eval: held-out problems are the built-in arithmetic ones");
+  if (prompts.jsonl()) return absl::FailedPreconditionError("RlEval: held-out problems are the built-in arithmetic ones");
   if (problems < 1 || problems > 1000000)
-    return absl::InvalidArgumentError(absl::StrCat("rl_eval: problems ", problems, "; expected 1..1000000"));
+    return absl::InvalidArgumentError(absl::StrCat("RlEval: problems ", problems, "; expected 1..1000000"));
   engine::ArithmeticData held = prompts.arithmetic();
   held.held_out = true;
   const int64_t begin = problems * dp_rank / dps, end = problems * (dp_rank + 1) / dps;
@@ -162,7 +161,9 @@ absl::StatusOr<std::string> HeldOutEval(engine::RolloutEngine& rollout, const Rl
     TESSERA_ASSIGN_OR_RETURN(std::vector<engine::Completion> out, rollout.Generate(requests));
     for (const engine::Completion& c : out) correct += std::string(c.tokens.begin(), c.tokens.end()) == answers[c.request];
   }
-  return nlohmann::json{{"correct", correct}, {"problems", end - begin}}.dump();
+  v1::RlEvalResponse r;
+  r.set_correct(correct), r.set_problems(end - begin);
+  return r;
 }
 
 }  // namespace tessera::executor

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "tessera/v1/executor_service.pb.h"
 #include "tessera/v1/common.pb.h"
 #include "tessera/v1/reward_service.grpc.pb.h"
 #include "worker/comm/communicator.h"
@@ -76,9 +77,9 @@ class RewardServiceClient {
   std::unique_ptr<v1::RewardService::Stub> stub_;  // on TP rank 0
 };
 
-// rl_eval: greedy exact-match answers to this DP rank's share of `problems` held-out
-// arithmetic problems (pairs no job trains on). JSON {"correct", "problems"}.
-absl::StatusOr<std::string> HeldOutEval(engine::RolloutEngine& rollout, const RlPrompts& prompts, int64_t max_new_tokens,
-                                        int64_t problems, int dp_rank, int dps);
+// RlEval: greedy exact-match answers to this DP rank's share of `problems` held-out
+// arithmetic problems (pairs no job trains on): correct and problems of this DP rank.
+absl::StatusOr<v1::RlEvalResponse> HeldOutEval(engine::RolloutEngine& rollout, const RlPrompts& prompts, int64_t max_new_tokens,
+                                               int64_t problems, int dp_rank, int dps);
 
 }  // namespace tessera::executor

@@ -1,7 +1,5 @@
-// TrainSession's GRPO half (see train.h): the reference and the rollout engine made at
-// creation, and one GRPO step per call.
-#include <nlohmann/json.hpp>
-
+// TrainSession's RL half (see train.h): the reference, the critic and the rollout engine
+// made at creation; the samples of a step and its update.
 #include "absl/strings/str_cat.h"
 #include "common/rl.h"
 #include "common/status.h"
@@ -78,84 +76,56 @@ absl::Status TrainSession::MakeRl(const v1::JobSpec& spec, int dp_rank, int dps,
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> TrainSession::RlStep(int64_t step) {
+absl::StatusOr<v1::RolloutStats> TrainSession::RolloutGenerate(int64_t step, v1::TensorBatch* out) {
   if (rollout_ == nullptr)
-    return absl::FailedPreconditionError("rl_step: the session has no rollout engine (not a grpo session, or its rollout pool has its own devices)");
-  if (step < 0) return absl::InvalidArgumentError(absl::StrCat("rl_step: step ", step));
-  // This rank's prompts: problems [step * P + rank * P/dp, ...) of the training data
-  // (global numbering over all ranks; JSONL prompts cycle through the file), the answer
-  // each completion must match.
-  const int per_rank = rl_.prompts_per_step() / rl_dps_;
-  std::vector<std::vector<int32_t>> prompts;
-  std::vector<std::string> texts, answers;  // the prompts' text, and the answer each completion must match
-  for (int i = 0; i < per_rank; ++i) {
-    RlPrompts::Prompt p = prompts_.At(step * rl_.prompts_per_step() + rl_dp_rank_ * per_rank + i);
-    prompts.push_back(std::move(p.ids));
-    texts.push_back(std::move(p.text));
-    answers.push_back(std::move(p.answer));
-  }
-  const engine::BatchRewardFn reward = [&](const std::vector<engine::Completion>& cs) -> absl::StatusOr<std::vector<double>> {
-    std::vector<std::string> done;
-    for (const engine::Completion& c : cs) done.push_back(prompts_.CompletionText(c.tokens));
-    if (rewards_ != nullptr) return rewards_->Score(step, rl_dp_rank_, texts, answers, cs, done);
-    std::vector<double> r;  // built in: exact match of the answer (JSONL: of the extracted final answer)
-    for (size_t i = 0; i < cs.size(); ++i) r.push_back(prompts_.Reward(done[i], answers[cs[i].request]));
-    return r;
-  };
-  const uint64_t seed = static_cast<uint64_t>(step) * 1009 + rl_dp_rank_;
-  if (critic_ != nullptr) return PpoStep(step, prompts, reward, seed, per_rank);
-  engine::GrpoOptions o;
-  o.group_size = rl_.group_size();
-  o.sampling = Sampling(), o.loss = PolicyLoss();
-  o.epochs = rl_.epochs(), o.mini_batches = rl_.mini_batches();
-  TESSERA_ASSIGN_OR_RETURN(engine::GrpoStats st,
-                           engine::GrpoStep(*rollout_, *model_, *trainer_, reference_.get(), prompts, reward, o, seed));
-  TESSERA_ASSIGN_OR_RETURN(const double checkpoint_secs, SaveAfter(step + 1));
-  return nlohmann::json{{"step", step},
-                        {"reward", st.reward},
-                        {"response_length", st.response_length},
-                        {"loss", st.loss},
-                        {"kl", st.kl},
-                        {"clip_fraction", st.clip_fraction},
-                        {"entropy", st.entropy},
-                        {"grad_norm", st.grad_norm},
-                        {"samples", per_rank * rl_.group_size()},
-                        {"generate_s", st.generate_s},
-                        {"ref_s", st.ref_s},
-                        {"old_s", st.old_s},
-                        {"update_s", st.update_s},
-                        {"checkpoint_seconds", checkpoint_secs}}
-      .dump();
+    return absl::FailedPreconditionError("RolloutGenerate: the session has no rollout engine (not a grpo or ppo session, or "
+                                         "the job's rollout group generates)");
+  return GenerateSamples(*rollout_, prompts_, rl_, rewards_.get(), step, rl_dp_rank_, rl_dps_, rl_dps_, out);
 }
 
-absl::StatusOr<std::string> TrainSession::RlUpdate(int64_t step, const v1::TensorBatch& batch) {
-  if (rl_.group_size() == 0) return absl::FailedPreconditionError("rl_update: the session is not a grpo session");
-  if (step < 0) return absl::InvalidArgumentError(absl::StrCat("rl_update: step ", step));
+absl::StatusOr<v1::RlUpdateResponse> TrainSession::RlUpdate(int64_t step, const v1::TensorBatch& batch) {
+  if (rl_.group_size() == 0) return absl::FailedPreconditionError("RlUpdate: the session is not a grpo or ppo session");
+  if (step < 0) return absl::InvalidArgumentError(absl::StrCat("RlUpdate: step ", step));
   std::vector<std::vector<int32_t>> prompts, completions;
   std::vector<double> rewards;
   TESSERA_RETURN_IF_ERROR(BatchToSamples(batch, &prompts, &completions, &rewards));
   const int64_t want = int64_t(rl_.prompts_per_step() / rl_dps_) * rl_.group_size();
   if (static_cast<int64_t>(prompts.size()) != want)
-    return absl::InvalidArgumentError(absl::StrCat("rl_update: ", prompts.size(), " samples; this DP rank trains on ", want));
+    return absl::InvalidArgumentError(absl::StrCat("RlUpdate: ", prompts.size(), " samples; this DP rank trains on ", want));
   const int64_t vocab = model_->config().vocab;
   for (const auto* rows : {&prompts, &completions})
     for (const auto& r : *rows)
       for (int32_t t : r)
-        if (t < 0 || t >= vocab) return absl::InvalidArgumentError(absl::StrCat("rl_update: token ", t, " is outside the vocabulary"));
+        if (t < 0 || t >= vocab) return absl::InvalidArgumentError(absl::StrCat("RlUpdate: token ", t, " is outside the vocabulary"));
   engine::Rollouts got = engine::MakeRollouts(prompts, completions, rewards);
-  if (critic_ != nullptr) return PpoUpdateJson(step, got, static_cast<int64_t>(prompts.size()));
-  engine::GrpoOptions o;
-  o.group_size = rl_.group_size();
-  o.sampling = Sampling(), o.loss = PolicyLoss();
-  o.epochs = rl_.epochs(), o.mini_batches = rl_.mini_batches();
-  TESSERA_ASSIGN_OR_RETURN(engine::GrpoStats st, engine::GrpoUpdate(*model_, *trainer_, reference_.get(), got, o));
+  v1::RlUpdateResponse r;
+  r.set_step(step);
+  r.set_samples(static_cast<int64_t>(prompts.size()));
+  if (critic_ != nullptr) {
+    TESSERA_ASSIGN_OR_RETURN(engine::PpoStats st, engine::PpoUpdate(*model_, *trainer_, *critic_, *critic_trainer_,
+                                                                    reference_.get(), got, PpoOpts()));
+    r.set_reward(st.reward), r.set_response_length(st.response_length);
+    r.set_loss(st.loss), r.set_kl(st.kl), r.set_clip_fraction(st.clip_fraction), r.set_entropy(st.entropy);
+    r.set_grad_norm(st.grad_norm);
+    r.set_ref_s(st.ref_s), r.set_old_s(st.old_s), r.set_update_s(st.update_s);
+    v1::CriticStats& c = *r.mutable_critic();
+    c.set_value_loss(st.value_loss), c.set_value_clip_fraction(st.value_clip_fraction), c.set_value(st.value);
+    c.set_grad_norm(st.critic_grad_norm), c.set_reward_kl(st.reward_kl);
+    c.set_values_s(st.values_s), c.set_update_s(st.critic_s);
+  } else {
+    engine::GrpoOptions o;
+    o.group_size = rl_.group_size();
+    o.sampling = Sampling(), o.loss = PolicyLoss();
+    o.epochs = rl_.epochs(), o.mini_batches = rl_.mini_batches();
+    TESSERA_ASSIGN_OR_RETURN(engine::GrpoStats st, engine::GrpoUpdate(*model_, *trainer_, reference_.get(), got, o));
+    r.set_reward(st.reward), r.set_response_length(st.response_length);
+    r.set_loss(st.loss), r.set_kl(st.kl), r.set_clip_fraction(st.clip_fraction), r.set_entropy(st.entropy);
+    r.set_grad_norm(st.grad_norm);
+    r.set_ref_s(st.ref_s), r.set_old_s(st.old_s), r.set_update_s(st.update_s);
+  }
   TESSERA_ASSIGN_OR_RETURN(const double checkpoint_secs, SaveAfter(step + 1));
-  return nlohmann::json{{"step", step}, {"reward", st.reward}, {"response_length", st.response_length},
-                        {"loss", st.loss}, {"kl", st.kl}, {"clip_fraction", st.clip_fraction},
-                        {"entropy", st.entropy}, {"grad_norm", st.grad_norm},
-                        {"samples", prompts.size()}, {"ref_s", st.ref_s}, {"old_s", st.old_s},
-                        {"update_s", st.update_s}, {"checkpoint_seconds", checkpoint_secs}}
-      .dump();
+  if (checkpoint_secs >= 0) r.set_checkpoint_seconds(checkpoint_secs);
+  return r;
 }
 
 // The rl section's sampling and actor-loss settings, shared by grpo and ppo.
@@ -185,40 +155,12 @@ engine::PpoOptions TrainSession::PpoOpts() const {
   return o;
 }
 
-absl::StatusOr<std::string> TrainSession::PpoUpdateJson(int64_t step, engine::Rollouts& got, int64_t samples) {
-  TESSERA_ASSIGN_OR_RETURN(engine::PpoStats st, engine::PpoUpdate(*model_, *trainer_, *critic_, *critic_trainer_,
-                                                                  reference_.get(), got, PpoOpts()));
-  return PpoJson(step, st, samples);
-}
-
-absl::StatusOr<std::string> TrainSession::PpoStep(int64_t step, const std::vector<std::vector<int32_t>>& prompts,
-                                                  const engine::BatchRewardFn& reward, uint64_t seed, int64_t per_rank) {
-  TESSERA_ASSIGN_OR_RETURN(engine::PpoStats st, engine::PpoStep(*rollout_, *model_, *trainer_, *critic_, *critic_trainer_,
-                                                                reference_.get(), prompts, reward, PpoOpts(), seed));
-  return PpoJson(step, st, per_rank * rl_.group_size());
-}
-
-absl::StatusOr<std::string> TrainSession::PpoJson(int64_t step, const engine::PpoStats& st, int64_t samples) {
-  TESSERA_ASSIGN_OR_RETURN(const double checkpoint_secs, SaveAfter(step + 1));
-  // grpo's fields (the same names and meanings) and the critic's.
-  return nlohmann::json{{"step", step}, {"reward", st.reward}, {"response_length", st.response_length},
-                        {"loss", st.loss}, {"kl", st.kl}, {"clip_fraction", st.clip_fraction},
-                        {"entropy", st.entropy}, {"grad_norm", st.grad_norm}, {"value_loss", st.value_loss},
-                        {"value_clip_fraction", st.value_clip_fraction}, {"value", st.value},
-                        {"critic_grad_norm", st.critic_grad_norm}, {"reward_kl", st.reward_kl},
-                        {"samples", samples},
-                        {"generate_s", st.generate_s}, {"ref_s", st.ref_s}, {"old_s", st.old_s},
-                        {"values_s", st.values_s}, {"update_s", st.update_s}, {"critic_s", st.critic_s},
-                        {"checkpoint_seconds", checkpoint_secs}}
-      .dump();
-}
-
 }  // namespace tessera::executor
 
 namespace tessera::executor {
 
-absl::StatusOr<std::string> TrainSession::RlEval(int64_t problems) {
-  if (rollout_ == nullptr) return absl::FailedPreconditionError("rl_eval: the session has no rollout engine");
+absl::StatusOr<v1::RlEvalResponse> TrainSession::RlEval(int64_t problems) {
+  if (rollout_ == nullptr) return absl::FailedPreconditionError("RlEval: the session has no rollout engine");
   return HeldOutEval(*rollout_, prompts_, rl_.max_new_tokens(), problems, rl_dp_rank_, rl_dps_);
 }
 

@@ -7,8 +7,6 @@
 #include <cmath>
 #include <cstring>
 
-#include <nlohmann/json.hpp>
-
 #include "absl/strings/str_cat.h"
 #include "common/spec/job_spec.h"
 #include "common/status.h"
@@ -47,8 +45,14 @@ absl::StatusOr<std::unique_ptr<RolloutPoolSession>> RolloutPoolSession::Create(c
   return s;
 }
 
-absl::StatusOr<std::string> RolloutPoolSession::Generate(int64_t step, v1::TensorBatch* out) {
-  if (step < 0) return absl::InvalidArgumentError(absl::StrCat("rollout_generate: step ", step));
+absl::StatusOr<v1::RolloutStats> RolloutPoolSession::Generate(int64_t step, v1::TensorBatch* out) {
+  return GenerateSamples(*rollout_, prompts_, rl_, rewards_.get(), step, dp_rank_, dps_, actor_dps_, out);
+}
+
+absl::StatusOr<v1::RolloutStats> GenerateSamples(engine::RolloutEngine& rollout, const RlPrompts& prompts_,
+                                                 const v1::RlSpec& rl_, RewardServiceClient* rewards_, int64_t step,
+                                                 int dp_rank_, int dps_, int actor_dps_, v1::TensorBatch* out) {
+  if (step < 0) return absl::InvalidArgumentError(absl::StrCat("RolloutGenerate: step ", step));
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t P = rl_.prompts_per_step(), per = P / dps_, actor_per = P / actor_dps_;
   std::vector<engine::GenerationRequest> requests;
@@ -69,7 +73,7 @@ absl::StatusOr<std::string> RolloutPoolSession::Generate(int64_t step, v1::Tenso
     answers.push_back(std::move(p.answer));
     texts.push_back(std::move(p.text));
   }
-  TESSERA_ASSIGN_OR_RETURN(std::vector<engine::Completion> done, rollout_->Generate(requests));
+  TESSERA_ASSIGN_OR_RETURN(std::vector<engine::Completion> done, rollout.Generate(requests));
   const double generate_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::vector<std::vector<int32_t>> prompts, completions;
   std::vector<std::string> said;  // the completions' text
@@ -90,18 +94,15 @@ absl::StatusOr<std::string> RolloutPoolSession::Generate(int64_t step, v1::Tenso
   }
   *out = SamplesToBatch(prompts, completions, rewards, static_cast<size_t>(prompts_.longest_prompt()),
                         static_cast<size_t>(rl_.max_new_tokens()));
-  return nlohmann::json{{"reward", reward},
-                        {"response_length", length},
-                        {"samples", done.size()},
-                        {"generate_s", generate_s},
-                        {"prefill_s", rollout_->prefill_seconds()},
-                        {"decode_s", rollout_->decode_seconds()},
-                        {"decode_steps", rollout_->decode_steps()},
-                        {"graph_steps", rollout_->graph_steps()}}
-      .dump();
+  v1::RolloutStats st;
+  st.set_reward(reward), st.set_response_length(length), st.set_samples(static_cast<int64_t>(done.size()));
+  st.set_generate_s(generate_s);
+  st.set_prefill_s(rollout.prefill_seconds()), st.set_decode_s(rollout.decode_seconds());
+  st.set_decode_steps(rollout.decode_steps()), st.set_graph_steps(rollout.graph_steps());
+  return st;
 }
 
-absl::StatusOr<std::string> RolloutPoolSession::Eval(int64_t problems) {
+absl::StatusOr<v1::RlEvalResponse> RolloutPoolSession::Eval(int64_t problems) {
   return HeldOutEval(*rollout_, prompts_, rl_.max_new_tokens(), problems, dp_rank_, dps_);
 }
 
@@ -205,14 +206,14 @@ absl::StatusOr<std::unique_ptr<comm::Communicator>> MakeBridge(const v1::Executo
                                                                 const std::string& listen_host) {
   const v1::JobSpec& spec = cfg.spec();
   const v1::GroupSpec* pool = RolloutPool(spec);
-  if (pool == nullptr) return absl::FailedPreconditionError("bridge_init: the job has no rollout pool of its own");
+  if (pool == nullptr) return absl::FailedPreconditionError("BridgeInit: the job has no rollout pool of its own");
   const v1::GroupSpec& actor = spec.groups(0);
   int rank = -1;
   for (const auto& gr : cfg.ranks()) {
     if (gr.group() == actor.name()) rank = gr.rank();
     if (gr.group() == pool->name()) rank = actor.devices() + gr.rank();
   }
-  if (rank < 0) return absl::FailedPreconditionError("bridge_init: this executor hosts neither the actor nor the rollout pool");
+  if (rank < 0) return absl::FailedPreconditionError("BridgeInit: this executor hosts neither the actor nor the rollout pool");
   const int size = actor.devices() + pool->devices();
   if (cfg.device_type() == v1::DEVICE_TYPE_GPU) {
     comm::NcclOptions o;

@@ -17,6 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "tessera/v1/common.pb.h"
+#include "tessera/v1/executor_service.pb.h"
 #include "worker/rl/rl_samples.h"
 #include "worker/rollout/rollout.h"
 #include "worker/executor/executor.h"
@@ -28,14 +29,11 @@ class RolloutPoolSession {
  public:
   static absl::StatusOr<std::unique_ptr<RolloutPoolSession>> Create(const v1::JobSpec& spec, GroupComms& comms,
                                                                     v1::DeviceType device, int device_index);
-  // rollout_generate {"step": s}: this pool DP rank's share of step s's prompts,
-  // rl.group_size samples each, scored by the built-in verifier or rl.reward_service
-  // (TP rank 0 of the pool's DP rank calls it). Prompt g of the step is
-  // sampled with the seed the actor's DP rank that trains on it would use colocated, so
-  // a split job samples what a colocated one does. JSON: reward, response_length,
-  // samples, generate_s; the samples as above (every TP rank returns them).
-  absl::StatusOr<std::string> Generate(int64_t step, v1::TensorBatch* out);
-  absl::StatusOr<std::string> Eval(int64_t problems);
+  // RL step `step`'s samples of this pool DP rank (GenerateSamples below, seeded as the
+  // actor's DP ranks would); every TP rank returns them.
+  absl::StatusOr<v1::RolloutStats> Generate(int64_t step, v1::TensorBatch* out);
+  // Greedy accuracy on this pool DP rank's share of the held-out problems (HeldOutEval).
+  absl::StatusOr<v1::RlEvalResponse> Eval(int64_t problems);
   model::Llama& model() { return *model_; }
   runtime::Backend& backend() { return *backend_; }
 
@@ -49,6 +47,16 @@ class RolloutPoolSession {
   RlPrompts prompts_;
   std::unique_ptr<RewardServiceClient> rewards_;  // rl.reward_service (null: the built-in verifier)
 };
+
+// One RL step's samples of DP rank `dp_rank` of `dps`: prompts [dp_rank·P/dps, (dp_rank+1)·P/dps)
+// of step `step` (P = rl.prompts_per_step), rl.group_size samples each, scored by the
+// built-in verifier or `rewards` (rl.reward_service; TP rank 0 calls it). Prompt g of the
+// step is sampled with the seed that the actor's DP rank training on it (of `actor_dps`)
+// gives it, so a rollout group of any DP size samples what the actor's own engine does.
+// The samples as above, rows padded to the longest prompt and rl.max_new_tokens.
+absl::StatusOr<v1::RolloutStats> GenerateSamples(engine::RolloutEngine& rollout, const RlPrompts& prompts,
+                                                 const v1::RlSpec& rl, RewardServiceClient* rewards, int64_t step,
+                                                 int dp_rank, int dps, int actor_dps, v1::TensorBatch* out);
 
 // The samples' TensorBatch of `rollouts` (prompt ids per sample given) and back.
 // Rows are padded to the given widths (at least each row's length), so that every pool

@@ -3,7 +3,6 @@
 #include <chrono>
 #include <filesystem>
 
-#include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "common/gpu_devices.h"
@@ -197,9 +196,9 @@ absl::StatusOr<double> TrainSession::SaveAfter(int64_t done) {
   return checkpoint_secs;
 }
 
-absl::StatusOr<std::string> TrainSession::Step(int64_t step) {
+absl::StatusOr<v1::TrainStepResponse> TrainSession::Step(int64_t step) {
   if (step != trainer_->step())
-    return absl::FailedPreconditionError(absl::StrCat("train_step ", step, ": the session is at step ", trainer_->step(),
+    return absl::FailedPreconditionError(absl::StrCat("TrainStep ", step, ": the session is at step ", trainer_->step(),
                                                       " (started from ", start_step_, ")"));
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<model::TokenBatch> mine;
@@ -239,16 +238,18 @@ absl::StatusOr<std::string> TrainSession::Step(int64_t step) {
   const auto& c = model_->config();
   const double flops = (6.0 * static_cast<double>(c.NumParams()) * tokens +
                         6.0 * c.layers * c.heads * c.HeadDim() * attn) / (tp_size_ * cp_);
-  return nlohmann::json{{"step", step},   {"loss", st.loss},     {"grad_norm", st.grad_norm},
-                        {"lr", st.lr},     {"tokens", st.tokens}, {"seconds", secs},
-                        {"model_flops", flops},
-                        {"peak_flops", peak_flops_},  // 0: unknown (no MFU)
-                        {"memory_peak_bytes", backend_->allocator()->stats().peak_bytes},
-                        {"checkpoint_seconds", checkpoint_secs},
-                        {"pipeline_seconds", st.pipeline_s},  // 0 without a pipeline
-                        {"pipeline_busy_seconds", st.pipeline_busy_s},
-                        {"dp_wait_seconds", st.dp_wait_s}}  // the gradient reduction the backward did not hide
-      .dump();
+  v1::TrainStepResponse r;
+  r.set_step(step);
+  r.set_loss(st.loss), r.set_grad_norm(st.grad_norm), r.set_lr(st.lr), r.set_tokens(st.tokens);
+  r.set_seconds(secs);
+  r.set_model_flops(flops);
+  r.set_peak_flops(peak_flops_);  // 0: unknown (no MFU)
+  r.set_memory_peak_bytes(backend_->allocator()->stats().peak_bytes);
+  if (checkpoint_secs >= 0) r.set_checkpoint_seconds(checkpoint_secs);
+  r.set_pipeline_seconds(st.pipeline_s);  // 0 without a pipeline
+  r.set_pipeline_busy_seconds(st.pipeline_busy_s);
+  r.set_dp_wait_seconds(st.dp_wait_s);  // the gradient reduction the backward did not hide
+  return r;
 }
 
 }  // namespace tessera::executor

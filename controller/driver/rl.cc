@@ -1,0 +1,311 @@
+// The grpo / ppo driver (docs/design.md §7–8): the single-controller loop over the actor
+// group and the rollout side, phase by phase. Where the rollout runs is placement:
+//  - one group: the actor's own executors generate on the actor's model (its training
+//    session holds a rollout engine); no weights move;
+//  - a rollout group colocated with the actor (colocate_with, another layout): the
+//    actor's executors also hold the rollout model; the weights are re-sliced in each
+//    executor (SyncWeights on the actor's ranks);
+//  - a rollout group on devices of its own (split pools): the weights go over a bridge
+//    communicator spanning both groups (BridgeInit; the actor's first rank broadcasts
+//    them in buckets, the rollout ranks re-slice them to their TP layout).
+// Steps:
+//  - start: the actor's TrainInit (warm start, reference, ppo's critic, resume) and the
+//    rollout group's RolloutInit; the bridge; the actor's weights to the rollout model,
+//    checked by digest on every rank of both groups.
+//  - each step: the rollout side generates and scores the step's prompts
+//    (RolloutGenerate; prompt g sampled with the seed the actor's DP rank training on it
+//    gives it, so every placement samples the same); the driver gathers the samples (TP
+//    rank 0 of each rollout DP rank, in DP order) and splits them over the actor's DP
+//    ranks (RlUpdate: advantages, reference and old log-probs, the updates, ppo's critic,
+//    the checkpoint); the ranks' gradient norms must agree; the new weights go to the
+//    rollout model.
+//  - metrics: reward (exact match of the sampled answers; on JSONL prompts, of the final
+//    answer after "####"), held-out accuracy (arithmetic problems only: greedy, RlEval,
+//    at the start, every rl.eval_every steps and at the end), response length, KL, clip
+//    fraction, entropy, gradient norm, the phase times as the driver saw them (generate,
+//    update, sync) and the actor's breakdown (ref, old log-prob, update), the rollout
+//    engine's own time, samples per second, the sync's bytes and GB/s; ppo adds the
+//    critic's (value loss, value clip fraction, mean value, critic gradient norm —
+//    checked across ranks like the actor's —, the KL in the reward, values and critic
+//    update times).
+//  - the end: the rollout model's weights checked against the actor's again
+//    (weights_verified).
+// With train.checkpoint.dir the actor saves every save_every steps and after the last; a
+// resumed job (TrainInit's start_step) continues from its checkpoint's step, and the
+// result's first_step says where its rewards start (1-based, as pretrain's losses).
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/spec/job_spec.h"
+#include "common/status.h"
+#include "controller/driver/driver.h"
+
+namespace tessera::controller {
+
+using json = nlohmann::json;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// Runs a and b at once (b on a thread) — or, with `in_turn` (the rollout group on the
+// actor's executors), a then b: an executor serves one operation at a time, in the order
+// the calls reach it, and two calls that each run collectives over a different group of
+// the same executors deadlock where executors take them in different orders (seen on 4
+// GPUs: the actor's TP-4 digest gather against the rollout's TP-2 one). The first error
+// wins.
+template <class A, class B>
+absl::Status Both(bool in_turn, A a, B b) {
+  if (in_turn) {
+    TESSERA_RETURN_IF_ERROR(a());
+    return b();
+  }
+  absl::Status sb;
+  std::thread t([&] { sb = b(); });
+  absl::Status sa = a();
+  t.join();
+  return !sa.ok() ? sa : sb;
+}
+
+// The actor's and ppo's critic's gradient norms agree across ranks (DP- and TP-reduced).
+absl::Status CheckAgreed(int64_t step, const std::vector<v1::RlUpdateResponse>& upd) {
+  for (size_t r = 1; r < upd.size(); ++r) {
+    const double pairs[2][2] = {{upd[0].grad_norm(), upd[r].grad_norm()},
+                                {upd[0].critic().grad_norm(), upd[r].critic().grad_norm()}};
+    for (int k = 0; k < 2; ++k) {
+      const double a = pairs[k][0], b = pairs[k][1];
+      if (std::abs(b - a) > 1e-4 * std::abs(a) + 1e-9)
+        return absl::DataLossError(absl::StrCat("step ", step, ": rank ", r, " reports ", k == 0 ? "grad_norm " : "critic grad_norm ",
+                                                b, " but rank 0 reports ", a));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> RunRl(DriverContext& ctx) {
+  const auto& spec = ctx.job.spec();
+  WorkerGroup& actor = *ctx.groups.at(spec.groups(0).name());
+  const v1::GroupSpec* rollout_spec = RolloutPool(spec);
+  const bool own_model = rollout_spec != nullptr;  // the rollout runs on a model of its own
+  WorkerGroup& rollout = own_model ? *ctx.groups.at(rollout_spec->name()) : actor;
+  const bool own_devices = own_model && rollout_spec->colocate_with().empty();
+  const bool in_turn = !own_devices;  // one set of executors serves both sides
+  const int rollout_tp = std::max(1, (own_model ? *rollout_spec : spec.groups(0)).layout().tp());
+  const bool ppo = spec.kind() == "ppo";
+  std::vector<v1::TrainInitResponse> started;
+  TESSERA_RETURN_IF_ERROR(Both(in_turn, [&] { return actor.InitAll().status(); },
+                               [&] { return own_model ? rollout.InitAll().status() : absl::OkStatus(); }));
+  TESSERA_RETURN_IF_ERROR(Both(in_turn,
+      [&]() -> absl::Status {
+        TESSERA_ASSIGN_OR_RETURN(started, actor.OneToAll(&ExecutorClient::TrainInit, v1::TrainInitRequest{}));
+        return absl::OkStatus();
+      },
+      [&] {
+        return own_model ? rollout.OneToAll(&ExecutorClient::RolloutInit, v1::RolloutInitRequest{}).status() : absl::OkStatus();
+      }));
+  TESSERA_ASSIGN_OR_RETURN(const int64_t start, AgreedStartStep(started));
+  if (own_devices)
+    TESSERA_RETURN_IF_ERROR(Both(false, [&] { return actor.OneToAll(&ExecutorClient::BridgeInit, v1::BridgeInitRequest{}).status(); },
+                                 [&] { return rollout.OneToAll(&ExecutorClient::BridgeInit, v1::BridgeInitRequest{}).status(); }));
+  // The actor's weights to the rollout model: bytes sent (the model in f32) and the wall time.
+  auto sync = [&]() -> absl::StatusOr<std::pair<int64_t, double>> {
+    const auto t = Clock::now();
+    std::vector<v1::SyncWeightsResponse> sent;
+    TESSERA_RETURN_IF_ERROR(Both(in_turn,
+        [&]() -> absl::Status {
+          TESSERA_ASSIGN_OR_RETURN(sent, actor.OneToAll(&ExecutorClient::SyncWeights, v1::SyncWeightsRequest{}));
+          return absl::OkStatus();
+        },
+        [&] {
+          return own_devices ? rollout.OneToAll(&ExecutorClient::SyncWeights, v1::SyncWeightsRequest{}).status() : absl::OkStatus();
+        }));
+    return std::make_pair(sent[0].bytes(), Since(t));
+  };
+  // Every rank of both groups digests the global weights: all must agree.
+  auto verify = [&]() -> absl::Status {
+    std::vector<v1::WeightsDigestResponse> a, p;
+    TESSERA_RETURN_IF_ERROR(Both(in_turn,
+        [&]() -> absl::Status {
+          TESSERA_ASSIGN_OR_RETURN(a, actor.OneToAll(&ExecutorClient::WeightsDigest, v1::WeightsDigestRequest{}));
+          return absl::OkStatus();
+        },
+        [&]() -> absl::Status {
+          TESSERA_ASSIGN_OR_RETURN(p, rollout.OneToAll(&ExecutorClient::WeightsDigest, v1::WeightsDigestRequest{}));
+          return absl::OkStatus();
+        }));
+    const std::string& want = a[0].digest();
+    for (size_t r = 0; r < a.size() + p.size(); ++r) {
+      const bool in_rollout = r >= a.size();
+      const std::string& got = in_rollout ? p[r - a.size()].digest() : a[r].digest();
+      if (got != want)
+        return absl::DataLossError(absl::StrCat("weight sync: ", in_rollout ? "rollout group" : "actor", " rank ",
+                                                in_rollout ? r - a.size() : r, " holds other weights than actor rank 0 (digest ",
+                                                got, " vs ", want, ")"));
+    }
+    return absl::OkStatus();
+  };
+  std::pair<int64_t, double> first_sync{0, 0};
+  if (own_model) {
+    TESSERA_ASSIGN_OR_RETURN(first_sync, sync());
+    TESSERA_RETURN_IF_ERROR(verify());
+  }
+  const int steps = spec.train().steps();
+  v1::Progress ready;
+  ready.set_total_steps(steps);
+  ready.set_step(static_cast<int32_t>(std::min<int64_t>(start, steps)));
+  const std::string resumed = start > 0 ? absl::StrCat(", resumed from the checkpoint of step ", start) : "";
+  if (own_model)
+    ready.set_message(absl::StrCat("actor '", actor.name(), "' (", actor.size(), " ranks) and rollout ",
+                                   own_devices ? "pool '" : "group '", rollout.name(), "' (", rollout.size(), " ranks",
+                                   own_devices ? "" : ", on the actor's devices", ") ready for ", ppo ? "PPO" : "GRPO",
+                                   "; weights synced (",
+                                   absl::StrFormat("%.1f MB in %.3f s", first_sync.first / 1e6, first_sync.second), ")",
+                                   resumed));
+  else
+    ready.set_message(absl::StrCat("group '", actor.name(), "': ", actor.size(), " ranks ready for ", ppo ? "PPO" : "GRPO",
+                                   resumed));
+  ctx.progress(ready);
+  HeldOutEvaluator held_out(spec, rollout, rollout_tp);  // the rollout side answers
+  TESSERA_RETURN_IF_ERROR(held_out.Start(ctx, start, steps));
+  json rewards = json::array(), grad_norms = json::array(), kls = json::array();
+  int64_t sync_bytes = first_sync.first;
+  double sync_seconds = 0;
+  Preemption preemption(ctx, !spec.train().checkpoint().dir().empty());
+  for (int64_t s = start; s < steps; ++s) {
+    if (ctx.cancelled && *ctx.cancelled) return absl::CancelledError("cancelled");
+    TESSERA_ASSIGN_OR_RETURN(const bool save, preemption.Before(s));
+    // Generate: TP rank 0 of each rollout DP rank (ranks are tp fastest) gives its samples.
+    auto t = Clock::now();
+    TESSERA_ASSIGN_OR_RETURN(std::vector<RankSamples> gen, rollout.RolloutGenerate(s));
+    std::vector<v1::TensorBatch> shards;
+    double reward = 0, length = 0, samples = 0, engine_s = 0, prefill_s = 0, decode_s = 0, decode_steps = 0, graph_steps = 0;
+    for (size_t r = 0; r < gen.size(); r += rollout_tp) {
+      const v1::RolloutStats& st = gen[r].stats;
+      const double n = static_cast<double>(st.samples());
+      // The rollout engine's own time (the slowest DP rank's) and its decode steps, of
+      // which replayed CUDA graphs: where generate_s goes, the call's wall time.
+      engine_s = std::max(engine_s, st.generate_s());
+      prefill_s = std::max(prefill_s, st.prefill_s()), decode_s = std::max(decode_s, st.decode_s());
+      decode_steps += static_cast<double>(st.decode_steps()), graph_steps += static_cast<double>(st.graph_steps());
+      reward += st.reward() * n, length += st.response_length() * n, samples += n;
+      shards.push_back(std::move(gen[r].samples));
+    }
+    if (samples > 0) reward /= samples, length /= samples;
+    TESSERA_ASSIGN_OR_RETURN(v1::TensorBatch batch, ConcatBatches(shards));
+    const double generate_s = Since(t);
+    // Update: the samples split over the actor's DP ranks (whole groups each).
+    t = Clock::now();
+    v1::RlUpdateHeader update;
+    update.set_step(s);
+    update.set_save(save);
+    TESSERA_ASSIGN_OR_RETURN(std::vector<v1::RlUpdateResponse> upd, actor.RlUpdateDpSplit(update, batch));
+    const double update_wall_s = Since(t);
+    TESSERA_RETURN_IF_ERROR(CheckAgreed(s, upd));
+    double ref_s = 0, old_s = 0, actor_s = 0, values_s = 0, critic_s = 0, checkpoint_s = -1, reward_kl = 0;  // the slowest rank
+    for (const v1::RlUpdateResponse& out : upd) {
+      ref_s = std::max(ref_s, out.ref_s()), old_s = std::max(old_s, out.old_s()), actor_s = std::max(actor_s, out.update_s());
+      values_s = std::max(values_s, out.critic().values_s()), critic_s = std::max(critic_s, out.critic().update_s());
+      if (out.has_checkpoint_seconds()) checkpoint_s = std::max(checkpoint_s, out.checkpoint_seconds());
+      reward_kl += out.critic().reward_kl() / upd.size();  // the mean over the DP ranks' response tokens
+    }
+    // Sync: the new weights to the rollout model.
+    std::pair<int64_t, double> synced{0, 0};
+    if (own_model) {
+      TESSERA_ASSIGN_OR_RETURN(synced, sync());
+    }
+    sync_bytes = synced.first, sync_seconds += synced.second;
+    const v1::RlUpdateResponse& first = upd[0];
+    rewards.push_back(reward);
+    grad_norms.push_back(first.grad_norm());
+    kls.push_back(first.kl());
+    v1::Progress p;
+    p.set_step(static_cast<int32_t>(s + 1));
+    p.set_total_steps(steps);
+    p.set_message(absl::StrFormat("step %d/%d reward %.3f kl %.4f", s + 1, steps, reward, first.kl()));
+    auto& m = *p.mutable_metrics();
+    m["reward"] = reward;  // the exact match of the sampled answers: the training accuracy
+    m["response_length"] = length;
+    m["kl"] = first.kl(), m["clip_fraction"] = first.clip_fraction();
+    m["entropy"] = first.entropy();  // predictive entropy of the response tokens
+    m["grad_norm"] = first.grad_norm(), m["loss"] = first.loss();
+    m["generate_s"] = generate_s, m["update_s"] = update_wall_s;
+    m["rollout_engine_s"] = engine_s, m["decode_steps"] = decode_steps, m["graph_steps"] = graph_steps;
+    m["prefill_s"] = prefill_s, m["decode_s"] = decode_s;
+    m["ref_s"] = ref_s, m["old_logprob_s"] = old_s, m["actor_update_s"] = actor_s;
+    if (own_model) {
+      m["sync_s"] = synced.second;
+      if (synced.second > 0) m["sync_gb_per_s"] = synced.first / synced.second / 1e9;
+    }
+    if (ppo) {
+      m["value_loss"] = first.critic().value_loss(), m["value_clip_fraction"] = first.critic().value_clip_fraction();
+      m["value"] = first.critic().value(), m["critic_grad_norm"] = first.critic().grad_norm();
+      if (spec.rl().kl_reward_coef() > 0) m["reward_kl"] = reward_kl;
+      m["values_s"] = values_s, m["critic_update_s"] = critic_s;
+    }
+    const double seconds = generate_s + update_wall_s + synced.second;
+    if (seconds > 0) m["samples_per_s"] = samples / seconds;
+    if (checkpoint_s >= 0) {
+      m["checkpoint_s"] = checkpoint_s;  // the slowest rank
+      p.set_message(absl::StrCat(p.message(), " (checkpoint saved)"));
+    }
+    TESSERA_RETURN_IF_ERROR(held_out.AfterStep(s, steps, &p));
+    ctx.progress(p);
+    TESSERA_RETURN_IF_ERROR(preemption.After(s, steps));
+  }
+  json result{{"first_step", start + 1}, {"rewards", rewards}, {"grad_norms", grad_norms}, {"kl", kls},
+              {"accuracy", held_out.curve()}};
+  if (own_model) {
+    TESSERA_RETURN_IF_ERROR(verify());
+    const int64_t done = std::max<int64_t>(0, steps - start);
+    result["weights_verified"] = true;
+    result["sync_bytes"] = sync_bytes;
+    result["sync_seconds_mean"] = done > 0 ? sync_seconds / done : 0.0;
+  }
+  return result.dump();
+}
+
+HeldOutEvaluator::HeldOutEvaluator(const v1::JobSpec& spec, WorkerGroup& group, int tp)
+    : spec_(spec), group_(group), tp_(std::max(1, tp)), on_(spec.train().data().kind() != "jsonl") {}
+
+absl::StatusOr<double> HeldOutEvaluator::Evaluate() {
+  v1::RlEvalRequest req;
+  req.set_problems(spec_.rl().eval_problems());
+  TESSERA_ASSIGN_OR_RETURN(auto res, group_.OneToAll(&ExecutorClient::RlEval, req));
+  int64_t correct = 0, problems = 0;
+  for (size_t r = 0; r < res.size(); r += tp_) correct += res[r].correct(), problems += res[r].problems();
+  if (problems != spec_.rl().eval_problems())
+    return absl::InternalError(absl::StrCat("RlEval: the ranks answered ", problems, " of ", spec_.rl().eval_problems(), " problems"));
+  return double(correct) / problems;
+}
+
+absl::Status HeldOutEvaluator::Start(DriverContext& ctx, int64_t start, int steps) {
+  if (!on_) return absl::OkStatus();
+  TESSERA_ASSIGN_OR_RETURN(double a, Evaluate());
+  curve_.push_back(json{{"step", start}, {"accuracy", a}});
+  v1::Progress p;
+  p.set_total_steps(steps);
+  p.set_message(absl::StrFormat("held-out accuracy at the start: %.3f (%d problems)", a, spec_.rl().eval_problems()));
+  (*p.mutable_metrics())["accuracy"] = a;
+  ctx.progress(p);
+  return absl::OkStatus();
+}
+
+absl::Status HeldOutEvaluator::AfterStep(int64_t s, int steps, v1::Progress* p) {
+  if (!on_ || ((s + 1) % spec_.rl().eval_every() != 0 && s + 1 != steps)) return absl::OkStatus();
+  TESSERA_ASSIGN_OR_RETURN(double a, Evaluate());
+  curve_.push_back(json{{"step", s + 1}, {"accuracy", a}});
+  (*p->mutable_metrics())["accuracy"] = a;
+  p->set_message(absl::StrCat(p->message(), absl::StrFormat(" held-out accuracy %.3f", a)));
+  return absl::OkStatus();
+}
+
+}  // namespace tessera::controller
