@@ -1,6 +1,6 @@
 // Generation throughput of the rollout engine on one GPU (bench/decode_peer.py is the
 // peer: transformers' generate, eager and with a static cache + torch.compile, in the same
-// call of scripts/gpu-decode.sh): a Llama of the given shape (random weights, fixed seed;
+// call of `scripts/gpu-bench.sh decode`): a Llama of the given shape (random weights, fixed seed;
 // Llama-3.2-1B's shape by default), `--batch` prompts of `--prompt` random tokens, greedy,
 // exactly `--new` new tokens each (no stop token), all running together.
 //

@@ -5,6 +5,9 @@
 // KL to the SFT policy) trains on fresh problems. Greedy accuracy on held-out problems
 // (another seed) is printed as one JSON line per evaluation:
 //   {"phase": "sft"|"grpo", "step": N, "accuracy": a, "reward": r, "seconds": s}
+// and last one summary line: {"phase": "summary", "sft_accuracy", "grpo_accuracy" (the last
+// evaluations), and the GRPO step's phases (generate_s, ref_s, old_s, update_s) averaged
+// over the steps after the first}.
 //
 //   grpo_arithmetic [--digits 2] [--sft-steps 300] [--grpo-steps 60] [--hidden 128]
 //                   [--layers 4] [--eval 200] [--group 8] [--prompts 16] [--lr 3e-5] [--kl 0.01]
@@ -83,12 +86,16 @@ int main(int argc, char** argv) {
   so.lr = a.count("sft-lr") ? std::strtof(a["sft-lr"].c_str(), nullptr) : 3e-3f, so.min_lr = so.lr / 10, so.warmup_steps = 20, so.total_steps = sft_steps, so.weight_decay = 0.f;
   auto sft = engine::Trainer::Create(actor->get(), be->get(), nullptr, nullptr, so);
   if (!sft.ok()) return fprintf(stderr, "%s\n", sft.status().ToString().c_str()), 1;
+  double sft_accuracy = 0, grpo_accuracy = 0;
+  double phases[4] = {0, 0, 0, 0};  // generate, ref, old, update: summed over the steps after the first
   for (int64_t s = 0; s < sft_steps; ++s) {
     auto st = (*sft)->Step({engine::MakeArithmeticBatch(train, s, get("sft-batch", 64))});
     if (!st.ok()) return fprintf(stderr, "sft: %s\n", st.status().ToString().c_str()), 1;
-    if ((s + 1) % 100 == 0 || s + 1 == sft_steps)
+    if ((s + 1) % 100 == 0 || s + 1 == sft_steps) {
+      sft_accuracy = Accuracy(**rollout, held, eval_n, max_new);
       printf("{\"phase\": \"sft\", \"step\": %lld, \"loss\": %.4f, \"accuracy\": %.3f, \"seconds\": %.1f}\n",
-             static_cast<long long>(s + 1), st->loss, Accuracy(**rollout, held, eval_n, max_new), secs());
+             static_cast<long long>(s + 1), st->loss, sft_accuracy, secs());
+    }
     fflush(stdout);
   }
   // GRPO from the SFT policy; the reference is a frozen copy of it.
@@ -121,11 +128,17 @@ int main(int argc, char** argv) {
     auto st = engine::GrpoStep(**rollout, **actor, **trainer, ref->get(), prompts, reward, o, s);
     if (!st.ok()) return fprintf(stderr, "grpo: %s\n", st.status().ToString().c_str()), 1;
     const bool eval = (s + 1) % 10 == 0 || s + 1 == grpo_steps;
+    if (eval) grpo_accuracy = Accuracy(**rollout, held, eval_n, max_new);
+    if (s > 0) phases[0] += st->generate_s, phases[1] += st->ref_s, phases[2] += st->old_s, phases[3] += st->update_s;
     printf("{\"phase\": \"grpo\", \"step\": %lld, \"reward\": %.3f, \"kl\": %.4f, \"clip\": %.3f, \"generate_s\": %.2f, "
            "\"ref_s\": %.3f, \"old_s\": %.3f, \"update_s\": %.2f%s, \"seconds\": %.1f}\n",
            static_cast<long long>(s + 1), st->reward, st->kl, st->clip_fraction, st->generate_s, st->ref_s, st->old_s, st->update_s,
-           eval ? (", \"accuracy\": " + std::to_string(Accuracy(**rollout, held, eval_n, max_new))).c_str() : "", secs());
+           eval ? (", \"accuracy\": " + std::to_string(grpo_accuracy)).c_str() : "", secs());
     fflush(stdout);
   }
+  const double n = grpo_steps > 1 ? double(grpo_steps - 1) : 1.0;
+  printf("{\"phase\": \"summary\", \"sft_accuracy\": %.3f, \"grpo_accuracy\": %.3f, \"generate_s\": %.3f, \"ref_s\": %.3f, "
+         "\"old_s\": %.3f, \"update_s\": %.3f, \"seconds\": %.1f}\n",
+         sft_accuracy, grpo_accuracy, phases[0] / n, phases[1] / n, phases[2] / n, phases[3] / n, secs());
   return 0;
 }

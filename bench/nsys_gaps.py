@@ -1,7 +1,6 @@
 #!/usr/bin/env python3
 """Where a training step's time goes on each GPU, from Nsight Systems reports exported to
-SQLite (`nsys export --type sqlite`) of bench/train_bench runs (scripts/gpu-profile.sh,
-WHAT=dp) — or from train_bench's own CUPTI traces (`--trace PREFIX`: give PREFIX, which
+SQLite (`nsys export --type sqlite`) of bench/train_bench runs — or from train_bench's own CUPTI traces (`--trace PREFIX`: give PREFIX, which
 reads PREFIX.rank*.csv, or one .csv) where the host's nsys records no CUDA work: for every
 process (one per rank and GPU), its last "timed step" range (train_bench marks each
 step), and in it:

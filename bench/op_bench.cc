@@ -1,6 +1,6 @@
 // Times Tessera's CUDA ops at LLM shapes with CUDA events (after warm-up), and prints
 // one JSON line per case: {"op", "shape", "ms", "gbps" or "tflops"}. The peer is
-// bench/torch_ops_peer.py, run in the same call by scripts/gpu-bench.sh.
+// bench/torch_ops_peer.py, run in the same call by `scripts/gpu-bench.sh kernels`.
 #include <cuda_runtime.h>
 
 #include <algorithm>

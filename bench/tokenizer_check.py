@@ -142,6 +142,9 @@ def main():
         rows.append((kind, tok.get_vocab_size(), len(inputs), ids_bad, dec_bad, chat_bad))
     os.makedirs(a.out, exist_ok=True)
     json.dump({"rows": rows, "failures": failures[:200]}, open(os.path.join(a.out, "tokenizer_check.json"), "w"), ensure_ascii=False, indent=1)
+    for r in rows:  # one JSON line per tokenizer (bench/suites.py reads them)
+        print(json.dumps({"tokenizer": r[0], "vocab": r[1], "cases": r[2], "ids_differ": r[3], "decode_differ": r[4],
+                          "chat_differ": r[5]}))
     print(f"{'tokenizer':10} {'vocab':>7} {'cases':>6} {'ids!=':>6} {'decode!=':>9} {'chat!=':>7}")
     for r in rows:
         print(f"{r[0]:10} {r[1]:7d} {r[2]:6d} {r[3]:6d} {r[4]:9d} {r[5]:7d}")

@@ -1,6 +1,6 @@
 // Training throughput of the engine on one or more GPUs of one host (bench/llama_train_peer.py
 // is the PyTorch peer — DDP / FSDP2 under torchrun —, run in the same call by
-// scripts/gpu-train.sh): a Llama of the given shape, random tokens (fixed seed), per DP
+// `scripts/gpu-bench.sh train` and `scale`): a Llama of the given shape, random tokens (fixed seed), per DP
 // rank `--micro` micro-batches per step (weak scaling), each of `--mbs` (default 1) packed
 // `--seq`-token sequences (per-document causal attention, positions from 0 in each),
 // `--tp`, `--dp`, `--zero`, `--sp`, `--pp` (with `--vpp`, `--schedule 1f1b|gpipe`) as a

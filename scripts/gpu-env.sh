@@ -1,5 +1,4 @@
-# Sourced by the scripts that run on a GPU host (gpu-check.sh, gpu-kernels.sh,
-# gpu-bench.sh): unpacks the installed tree and sets the environment they share.
+# Sourced by the scripts that run on a GPU host (gpu-tests.sh, gpu-bench.sh): unpacks the installed tree and sets the environment they share.
 # dist/ travels compressed (.carry/dist.tar.xz) to stay under the tree-size limit;
 # with GPU_ENV_KEEP_DIST=1 an already unpacked dist/ is kept.
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

@@ -7,7 +7,10 @@
 # then `tessera local` comm-check on every visible GPU (the agent's GPU discovery, NCCL
 # through the daemons). Each test program's gtest JSON lands in $OUT; one table is
 # printed last. Exit status 1 when any test failed; skips are listed by name (a test
-# that needs more GPUs than the host has skips).
+# that needs more GPUs than the host has skips). With SANITIZE=1 the CUDA op tests also
+# run under compute-sanitizer: memcheck over all of them, racecheck over the kernels with
+# shared memory (attention, RMSNorm; not the at-scale case, too slow under racecheck,
+# nor cuDNN's, not our kernel).
 set -uo pipefail
 source "$(dirname "$0")/gpu-env.sh"
 card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
@@ -27,6 +30,15 @@ timeout 300 dist/bin/tessera -o json local examples/comm-check-gpu.yaml --state-
   --set groups.0.devices="$ngpu" > "$OUT/comm_check.json" 2> "$OUT/comm_check.log"
 echo "tessera local comm-check on $ngpu GPUs: exit $?" | tee "$OUT/comm_check.rc"
 tail -5 "$OUT/comm_check.log"
+san=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+: > "$OUT/sanitizer.rc"
+if [ "${SANITIZE:-0}" = 1 ] && [ -n "$san" ]; then
+  "$san" --tool memcheck --error-exitcode 9 dist/bin/op_test --gtest_filter='*/cuda' > "$OUT/memcheck.txt" 2>&1
+  echo "memcheck $?" >> "$OUT/sanitizer.rc"
+  "$san" --tool racecheck --error-exitcode 9 dist/bin/op_test \
+    --gtest_filter='*Attention*/cuda:*RmsNorm*/cuda:-*AtScale*:*Cudnn*' > "$OUT/racecheck.txt" 2>&1
+  echo "racecheck $?" >> "$OUT/sanitizer.rc"
+fi
 python3 - "$OUT" "$card" "$ngpu" <<'PY'
 import json, os, sys
 out, card, ngpu = sys.argv[1:]
@@ -55,5 +67,9 @@ except Exception:
     ok = False
 print(f"{'tessera local comm-check':<26} {'':>6} {'ok' if ok else 'FAILED':>7}")
 failed += 0 if ok else 1
+for line in open(f"{out}/sanitizer.rc"):
+    tool, rc = line.split()
+    print(f"{'compute-sanitizer ' + tool:<26} {'':>6} {'ok' if rc == '0' else 'FAILED (exit ' + rc + ')':>7}")
+    failed += rc != "0"
 sys.exit(1 if failed else 0)
 PY

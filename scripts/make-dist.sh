@@ -3,8 +3,8 @@
 # the installed programs, GPU tests and benchmarks (dist/bin), the libraries a bare GPU
 # host lacks (scripts/bundle-runtime.sh) and OpenBLAS, which the CPU GEMM
 # loads at first use (kernels/gemm/gemm_cpu.cc), so ldd does not list it.
-# Copy the repository with .carry/ to the GPU host and run a scripts/gpu-*.sh there
-# (scripts/gpu-env.sh unpacks it).
+# Copy the repository with .carry/ to the GPU host and run scripts/gpu-tests.sh or
+# scripts/gpu-bench.sh there (scripts/gpu-env.sh unpacks it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # A build of its own with CUDA on (BUILD_DIR, default build-cuda), configured on first use.
@@ -12,16 +12,13 @@ build=${BUILD_DIR:-build-cuda}
 [ -f "$build/CMakeCache.txt" ] || cmake -S . -B "$build" -G Ninja -DTESSERA_CUDA=ON -DCMAKE_BUILD_TYPE=Release
 cmake --build "$build"
 rm -rf dist && cmake --install "$build" --prefix dist > /dev/null
-[ -f bench/variants/build.sh ] && [ "${WITH_VARIANTS:-0}" = 1 ] && bash bench/variants/build.sh dist/bin
 blas=$(readlink -f /usr/lib/x86_64-linux-gnu/libopenblas.so.0)
 mkdir -p dist/lib && cp -L "$blas" dist/lib/libopenblas.so.0
 scripts/bundle-runtime.sh dist/lib dist/bin/* dist/lib/libopenblas.so.0
-# For scripts/gpu-profile.sh, in a folder of its own (on the profilers' path only): Nsight's
-# QdstrmImporter needs elfutils' libdw, which the GPU hosts lack, and a
-# libcupti for train_bench --trace where the host has none.
+# For train_bench --trace, in a folder of its own (on the library path only when
+# tracing): a libcupti where the host has none.
 mkdir -p dist/prof-lib
-for l in /usr/lib/x86_64-linux-gnu/libdw.so.1 /usr/lib/x86_64-linux-gnu/libelf.so.1 /usr/local/cuda/lib64/libcupti.so.13 \
-         /usr/local/cuda/lib/libcupti.so.13; do
+for l in /usr/local/cuda/lib64/libcupti.so.13 /usr/local/cuda/lib/libcupti.so.13; do
   [ -e "$l" ] && cp -L "$l" dist/prof-lib/
 done
 strip dist/bin/* 2>/dev/null || true

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Runs an RL job through the daemons (`tessera local JOB.yaml`) and prints its per-step
+# metrics as JSON lines ({"step": N, "generate_s": ..., ...}), then one line with their
+# means over the steps after the first ({"summary": true, ...}) and whether the job
+# succeeded (bench/suites.py reads them). Run from the repository root with dist/ installed.
+#   bench/rl_job_rows.sh examples/grpo-split-1b-gpu.yaml
+set -uo pipefail
+job=$1
+state=$(mktemp -d)
+timeout "${JOB_TIMEOUT:-280}" dist/bin/tessera local "$job" --state-dir "$state" > "$state/job.log" 2>&1
+rc=$?
+tail -3 "$state/job.log" >&2
+python3 - "$state/job.log" "$rc" <<'PY'
+import json, re, sys
+rows = []
+for line in open(sys.argv[1], errors="replace"):
+    m = re.search(r"step (\d+)/\d+ reward", line)
+    if m:
+        r = {"step": int(m.group(1))}
+        r.update({k: float(v) for k, v in re.findall(r"(\w+)=([-\d.e+]+)", line)})
+        rows.append(r)
+for r in rows:
+    print(json.dumps(r))
+later = rows[1:] or rows
+keys = sorted({k for r in later for k in r if k != "step"})
+summary = {k: sum(r.get(k, 0.0) for r in later) / len(later) for k in keys} if later else {}
+summary.update({"summary": True, "steps": len(rows), "succeeded": sys.argv[2] == "0"})
+print(json.dumps(summary))
+PY
+exit $rc
