@@ -18,11 +18,7 @@
 // --nccl-nonblocking 1: collectives on the non-blocking init communicator (NcclOptions::
 // blocking_collectives off), for A/B against the blocking default.
 // --comm-priority high: NCCL's streams at the highest priority (NcclOptions::high_priority);
-// --early-embedding 0: the embedding's gradient reduced as any other (A/B);
-// --grad-reduce bf16: ZeRO-0's DP reduction in bf16 (OptimizerOptions::grad_reduce_bf16);
 // --recompute-swiglu 1: the SwiGLU output rebuilt by the backward, not kept (Llama::set_recompute_swiglu);
-// --group-reductions 0: a block's gradient reductions one collective at a time, not as
-//   one NCCL group (OptimizerOptions::group_reductions), for A/B;
 // --last-stage-layers N: N layers on the last virtual stage (ParallelLayout.last_stage_layers);
 // --stage-layers A,B,...|auto: every virtual stage's layers (ParallelLayout.stage_layers;
 //   auto: the balanced split, as a job's `stage_layers: auto`);
@@ -119,8 +115,7 @@ Result Decode(const std::string& text, int rank) {
 struct Layout {
   int tp = 1, dp = 1, pp = 1, vpp = 1, zero = 0, last_stage_layers = 0;
   std::vector<int> stage_layers;  // --stage-layers 3,2,2,1,...
-  bool sp = false, recompute = false, early_embedding = true, grad_reduce_bf16 = false, group_reductions = true,
-       recompute_swiglu = false;
+  bool sp = false, recompute = false, recompute_swiglu = false;
   parallel::Schedule schedule = parallel::Schedule::kOneFOneB;
 };
 
@@ -142,8 +137,7 @@ void RunRank(const model::LlamaConfig& c, int device, comm::Communicator* tp, co
   (*m)->set_recompute_swiglu(l.recompute_swiglu);
   engine::OptimizerOptions o;
   o.lr = 3e-4f, o.min_lr = 3e-5f, o.warmup_steps = 2, o.total_steps = warmup + steps, o.clip_norm = 1.f;
-  o.weight_decay = 0.1f, o.zero = l.zero, o.schedule = l.schedule, o.early_embedding = l.early_embedding;
-  o.grad_reduce_bf16 = l.grad_reduce_bf16, o.group_reductions = l.group_reductions;
+  o.weight_decay = 0.1f, o.zero = l.zero, o.schedule = l.schedule;
   auto t = engine::Trainer::Create(m->get(), be->get(), dp, tp, o, pp);
   if (!t.ok()) return fail(t.status());
   std::mt19937_64 rng(11 + dp_rank);
@@ -212,9 +206,7 @@ int main(int argc, char** argv) {
   } else if (a.count("stage-layers")) {
     for (auto part : absl::StrSplit(a["stage-layers"], ',')) l.stage_layers.push_back(std::atoi(std::string(part).c_str()));
   }
-  l.sp = get("sp", 0) != 0, l.recompute = get("recompute", 0) != 0, l.early_embedding = get("early-embedding", 1) != 0;
-  l.grad_reduce_bf16 = a.count("grad-reduce") && a["grad-reduce"] == "bf16";
-  l.group_reductions = get("group-reductions", 1) != 0;
+  l.sp = get("sp", 0) != 0, l.recompute = get("recompute", 0) != 0;
   l.recompute_swiglu = get("recompute-swiglu", 0) != 0;
   if (a.count("schedule")) {
     auto sch = parallel::ParseSchedule(a["schedule"]);
@@ -355,7 +347,7 @@ int main(int argc, char** argv) {
   printf("{\"impl\": \"tessera\", \"dtype\": \"%s\", \"tp\": %d, \"dp\": %d, \"pp\": %d, \"vpp\": %d, \"schedule\": \"%s\", "
          "\"bubble\": %.4f, \"bubble_ideal\": %.4f, \"stage_ms_busy_ms\": [%s], \"zero\": %d, \"sp\": %d, \"params\": %lld, "
          "\"seq\": %lld, \"mbs\": %lld, \"micro\": %lld, \"steps\": %lld, \"step_ms\": %.2f, \"tokens_per_s\": %.1f, \"tflops\": %.2f, "
-         "\"tflops_per_gpu\": %.2f, \"peak_gib\": %.2f, \"dp_wait_ms\": %.2f, \"dp_enqueue_ms\": %.2f, \"dp_host_ops_ms\": %.2f, \"dp_calls\": %.0f, \"early_embedding\": %d, \"comm_priority\": \"%s\", \"nccl_blocking\": %d, \"gemm_tune\": %d, \"grad_reduce\": \"%s\", \"group_reductions\": %d, \"recompute_swiglu\": %d, "
+         "\"tflops_per_gpu\": %.2f, \"peak_gib\": %.2f, \"dp_wait_ms\": %.2f, \"dp_enqueue_ms\": %.2f, \"dp_host_ops_ms\": %.2f, \"dp_calls\": %.0f, \"comm_priority\": \"%s\", \"nccl_blocking\": %d, \"gemm_tune\": %d, \"recompute_swiglu\": %d, "
          "\"last_stage_layers\": %d, \"stage_layers\": [%s], \"losses\": [",
          tessera::DTypeName(c.dtype), tp, dp, pp, l.vpp, l.schedule == parallel::Schedule::kGPipe ? "gpipe" : "1f1b", bubble,
          pp > 1 ? double(pp - 1) / (l.vpp * micro) : 0.0, stages.c_str(), zero, sp ? 1 : 0, static_cast<long long>(c.NumParams()),
@@ -363,8 +355,8 @@ int main(int argc, char** argv) {
          1e3 * secs / steps,
          tokens / secs, flops / secs / 1e12, flops / secs / 1e12 / world, peak, 1e3 * dp_wait / steps, 1e3 * dp_host / steps,
          1e3 * dp_host_op / steps, dp_calls / steps,
-         l.early_embedding ? 1 : 0, comm_high_priority ? "high" : "normal", nccl_nonblocking ? 0 : 1,
-         kernels::GemmTuning() ? 1 : 0, l.grad_reduce_bf16 ? "bf16" : "f32", l.group_reductions ? 1 : 0, l.recompute_swiglu ? 1 : 0, l.last_stage_layers, absl::StrJoin(l.stage_layers, ", ").c_str());
+         comm_high_priority ? "high" : "normal", nccl_nonblocking ? 0 : 1,
+         kernels::GemmTuning() ? 1 : 0, l.recompute_swiglu ? 1 : 0, l.last_stage_layers, absl::StrJoin(l.stage_layers, ", ").c_str());
   for (size_t i = 0; i < losses.size(); ++i) printf("%s%.4f", i ? ", " : "", losses[i]);
   printf("]}\n");
   return 0;

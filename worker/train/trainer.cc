@@ -13,9 +13,10 @@ namespace tessera::engine {
 using runtime::Tensor;
 
 namespace {
-// `issue` enqueues collectives on `c`, as one NCCL group when `group`
-// (OptimizerOptions::group_reductions): the group is ended whatever `issue` returned, and
-// the first error is returned.
+// `issue` enqueues collectives on `c`, as one NCCL group when `group` (more than one
+// collective: one launch for a block's collectives instead of one each, the small norm
+// vectors' latency folded into the large ones): the group is ended whatever `issue`
+// returned, and the first error is returned.
 absl::Status Grouped(comm::Communicator& c, bool group, const std::function<absl::Status()>& issue) {
   if (group) c.GroupStart();
   absl::Status st = issue();
@@ -54,7 +55,6 @@ struct Trainer::State {
   bool reduced = false;  // ZeRO-0/1: reduced during the backward of this step's last micro-batch
   bool tp_sharded = false;
   bool norm_elsewhere = false;  // the last pipeline stage's copy of a tied embedding
-  Tensor grad_low;  // OptimizerOptions::grad_reduce_bf16: this step's gradient, reduced in bf16 (until the update)
   // ZeRO-1 under mixed precision (the distributed optimizer): the compute copy lives in
   // lowp_padded ([shard * dp] bf16: Param::compute itself where nothing needs padding,
   // else a buffer whose head Param::compute then is); AdamW writes the rank's updated
@@ -139,7 +139,7 @@ class Trainer::Hooks : public model::ParamHooks {
   absl::Status GatherValues(int block) {
     const auto& uses = t_->model_->BlockUses(block);
     t_->dp_->SetOverlap(true);
-    absl::Status st = Grouped(*t_->dp_, t_->options_.group_reductions && uses.size() > 1, [&] {
+    absl::Status st = Grouped(*t_->dp_, uses.size() > 1, [&] {
       for (model::Param* p : uses) TESSERA_RETURN_IF_ERROR(t_->GatherForCompute(State(p)));
       return absl::OkStatus();
     });
@@ -153,7 +153,7 @@ class Trainer::Hooks : public model::ParamHooks {
       if (State(p).compute_pending) todo.push_back(&State(p));
     if (todo.empty()) return absl::OkStatus();
     t_->dp_->SetOverlap(true);
-    absl::Status st = Grouped(*t_->dp_, t_->options_.group_reductions && todo.size() > 1, [&] {
+    absl::Status st = Grouped(*t_->dp_, todo.size() > 1, [&] {
       for (Trainer::State* s : todo) TESSERA_RETURN_IF_ERROR(t_->GatherCompute(*s));
       return absl::OkStatus();
     });
@@ -192,9 +192,6 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(model::Llama* model, ru
                                                    " but the pipeline group has ", pp_size, " ranks"));
   if (options.zero < 0 || options.zero > 3)
     return absl::InvalidArgumentError(absl::StrCat("trainer: zero must be 0, 1, 2 or 3, got ", options.zero));
-  if (options.grad_reduce_bf16 && options.zero != 0)
-    return absl::InvalidArgumentError(absl::StrCat("trainer: grad_reduce_bf16 needs ZeRO-0, got zero ", options.zero,
-                                                   " (ZeRO-1/2/3 reduce f32 slices)"));
   if (!(options.lr > 0) || options.min_lr < 0 || options.min_lr > options.lr)
     return absl::InvalidArgumentError(
         absl::StrCat("trainer: need 0 <= min_lr <= lr and lr > 0, got lr ", options.lr, ", min_lr ", options.min_lr));
@@ -320,7 +317,7 @@ absl::Status Trainer::EnsureGrad(State& s) {
 }
 
 // ZeRO-2/3: adds this micro-batch's gradients of one block, reduce-scattered over DP (one
-// NCCL group, OptimizerOptions::group_reductions), into the rank's slices and frees the
+// NCCL group), into the rank's slices and frees the
 // full buffers.
 absl::Status Trainer::ReduceGrads(const std::vector<State*>& bucket) {
   for (State* s : bucket) {
@@ -328,7 +325,7 @@ absl::Status Trainer::ReduceGrads(const std::vector<State*>& bucket) {
       return absl::InternalError(absl::StrCat("trainer: no gradient buffer for ", s->param->name()));
     TESSERA_RETURN_IF_ERROR(model_->FreshenGrad(*s->param));  // one this micro-batch did not reach
   }
-  TESSERA_RETURN_IF_ERROR(Grouped(*dp_, options_.group_reductions && bucket.size() > 1, [&] {
+  TESSERA_RETURN_IF_ERROR(Grouped(*dp_, bucket.size() > 1, [&] {
     for (State* s : bucket)
       TESSERA_RETURN_IF_ERROR(
           dp_->ReduceScatter(s->grad_full.data(), s->stage.data(), s->shard, DType::kF32, comm::ReduceOp::kSum));
@@ -344,19 +341,13 @@ absl::Status Trainer::ReduceGrads(const std::vector<State*>& bucket) {
 
 // ZeRO-0/1, the reduction of a gradient in two parts. Prepare: compute-stream work only —
 // the gradient present (one this step did not reach is zeroed) and in the collective's
-// input: ZeRO-0 in place in f32, or (grad_reduce_bf16) rounded into s.grad_low, summed
-// there in bf16 (the norm and AdamW then read grad_low); ZeRO-1 copied into the padded
-// buffer. Issue: the collective — ZeRO-0 all-reduces, ZeRO-1 reduce-scatters into the
+// input: ZeRO-0 in place in f32; ZeRO-1 copied into the padded buffer. Issue: the collective — ZeRO-0 all-reduces, ZeRO-1 reduce-scatters into the
 // rank's slice. Apart so that a block's collectives go as one NCCL group after all of
 // the block's preparation (a group waits for the compute enqueued before it starts).
 absl::Status Trainer::PrepareReduce(State& s) {
   TESSERA_RETURN_IF_ERROR(model_->FreshenGrad(*s.param));
   Tensor& g = s.param->grad;
-  if (options_.zero == 0) {
-    if (!options_.grad_reduce_bf16) return absl::OkStatus();
-    TESSERA_ASSIGN_OR_RETURN(s.grad_low, backend_->Empty(g.shape(), DType::kBF16));
-    return backend_->Cast(g, s.grad_low);
-  }
+  if (options_.zero == 0) return absl::OkStatus();
   TESSERA_ASSIGN_OR_RETURN(Tensor flat, g.Reshape({s.n}));
   TESSERA_ASSIGN_OR_RETURN(Tensor head, s.padded.Slice(0, 0, s.n));
   return backend_->Axpby(1.f, flat, 0.f, head);
@@ -365,8 +356,6 @@ absl::Status Trainer::PrepareReduce(State& s) {
 absl::Status Trainer::IssueReduce(State& s) {
   if (options_.zero > 0)
     return dp_->ReduceScatter(s.padded.data(), s.grad_shard.data(), s.shard, DType::kF32, comm::ReduceOp::kSum);
-  if (s.grad_low.defined())
-    return dp_->AllReduce(s.grad_low.data(), s.grad_low.data(), s.n, DType::kBF16, comm::ReduceOp::kSum);
   Tensor& g = s.param->grad;
   return dp_->AllReduce(g.data(), g.data(), s.n, DType::kF32, comm::ReduceOp::kSum);
 }
@@ -376,19 +365,10 @@ absl::Status Trainer::AllReduceGrad(State& s) {
   return IssueReduce(s);
 }
 
-absl::Status Trainer::WidenReducedGrad(const model::Param* p) {
-  for (State& s : state_)
-    if (s.param == p && s.grad_low.defined()) {
-      TESSERA_RETURN_IF_ERROR(backend_->Cast(s.grad_low, s.param->grad));
-      s.grad_low = Tensor();  // back to the pool, stream-ordered after the cast
-    }
-  return absl::OkStatus();
-}
-
 absl::Status Trainer::ReduceEarly(const std::vector<State*>& bucket) {
   if (bucket.empty()) return absl::OkStatus();
   for (State* s : bucket) TESSERA_RETURN_IF_ERROR(PrepareReduce(*s));
-  TESSERA_RETURN_IF_ERROR(Grouped(*dp_, options_.group_reductions && bucket.size() > 1, [&] {
+  TESSERA_RETURN_IF_ERROR(Grouped(*dp_, bucket.size() > 1, [&] {
     for (State* s : bucket) TESSERA_RETURN_IF_ERROR(IssueReduce(*s));
     return absl::OkStatus();
   }));
@@ -631,7 +611,7 @@ absl::StatusOr<double> Trainer::ReduceGradsAndNorm() {
     s.reduced = false;
     if (!zero) {
       if (dp_ != nullptr && !reduced) TESSERA_RETURN_IF_ERROR(AllReduceGrad(s));
-      TESSERA_RETURN_IF_ERROR(b.SumSquares(s.grad_low.defined() ? s.grad_low : g, acc));
+      TESSERA_RETURN_IF_ERROR(b.SumSquares(g, acc));
       continue;
     }
     if (!reduced) {
@@ -667,8 +647,7 @@ absl::Status Trainer::Update(float lr, float clip_scale, bool lazy_gather) {
       TESSERA_ASSIGN_OR_RETURN(Tensor v, s.v.Reshape(params[i].value.shape()));
       // Mixed precision: AdamW writes the bf16 compute copy in the same pass.
       Tensor* lowp = params[i].compute.defined() ? &params[i].compute : nullptr;
-      TESSERA_RETURN_IF_ERROR(b.AdamW(params[i].value, s.grad_low.defined() ? s.grad_low : params[i].grad, m, v, hp, lowp));
-      s.grad_low = Tensor();  // back to the pool (stream-ordered after the update)
+      TESSERA_RETURN_IF_ERROR(b.AdamW(params[i].value, params[i].grad, m, v, hp, lowp));
       continue;
     }
     const int64_t begin = std::min<int64_t>(s.n, rank * s.shard), len = std::min<int64_t>(s.shard, s.n - begin);
@@ -767,7 +746,6 @@ absl::Status Trainer::GatherSlices(State& s, const Tensor& mine, int64_t len) {
 absl::Status Trainer::BeginStep(const std::vector<model::TokenBatch>& micro_batches) {
   model_->DropPendingLoss();  // a failed step's, if any
   for (const model::TokenBatch& mb : micro_batches) TESSERA_RETURN_IF_ERROR(model_->PrepareKernels(mb));
-  for (State& s : state_) s.grad_low = Tensor();  // a failed step's, if any
   TESSERA_RETURN_IF_ERROR(model_->ZeroGrads());
   if (options_.zero >= 2)
     for (State& s : state_) TESSERA_RETURN_IF_ERROR(backend_->Fill(s.grad_shard, 0));
@@ -792,7 +770,7 @@ absl::StatusOr<StepStats> Trainer::Step(const std::vector<model::TokenBatch>& mi
   if (stats.tokens == 0) return absl::InvalidArgumentError("trainer: the global batch has no target tokens");
   TESSERA_RETURN_IF_ERROR(BeginStep(micro_batches));
   // The last micro-batch's rows (host collectives: the device goes on with the last update).
-  if (pp_ == nullptr && options_.zero == 0 && options_.early_embedding)
+  if (pp_ == nullptr && options_.zero == 0)
     TESSERA_RETURN_IF_ERROR(PlanEmbeddingRows(micro_batches.back()));
   const float scale = 1.f / static_cast<float>(stats.tokens);
   float loss_sum = 0.f;

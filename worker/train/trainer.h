@@ -17,7 +17,11 @@
 // every stage is stage 0. ZeRO-0/1 without a pipeline use the hooks too: during the last
 // micro-batch's backward each block's gradients are all-reduced (reduce-scattered) as soon
 // as the block is done — one bucket per block, on NCCL overlapped with the backward of
-// the blocks below it (Communicator::SetOverlap), joined before the gradient norm.
+// the blocks below it (Communicator::SetOverlap), joined before the gradient norm. A
+// block's collectives (these reductions, ZeRO-1's gathers of the updated compute copies,
+// ZeRO-2/3's reduce-scatters and ZeRO-3's gathers) go to NCCL as one group. ZeRO-0 with
+// DP and no pipeline all-reduces the embedding's gradient right after the last LM head
+// backward and sends the last micro-batch's embedding rows compacted (trainer_rows.cc).
 //
 // The loss is a token mean over the global batch: every micro-batch's gradient is
 // scaled by 1 / (target tokens of the whole global batch, summed over data-parallel
@@ -49,24 +53,6 @@ struct OptimizerOptions {
   float clip_norm = 1.0f;  // <= 0: no clipping
   int zero = 0;            // ZeRO stage, 0-3 (above)
   parallel::Schedule schedule = parallel::Schedule::kOneFOneB;  // pipeline schedule (pp > 1; vpp > 1 interleaves 1F1B)
-  // ZeRO-0 with DP, no pipeline: the embedding's gradient all-reduced right after the last
-  // LM head backward and the last micro-batch's rows sent compacted (trainer_rows.cc).
-  // Off: reduced after the embedding's backward, as any parameter (for A/B measurements).
-  bool early_embedding = true;
-  // ZeRO-0 with DP: gradients reduced in bf16 (half the bytes of f32; Megatron's
-  // --grad-reduce-in-bf16, FSDP2's reduce_dtype): each gradient, accumulated in f32 over
-  // the micro-batches, is rounded to bf16, summed over DP in bf16, and the clipping norm
-  // and AdamW read that bf16 sum (the embedding's, under the early reduction, is widened
-  // back to f32 before its last micro-batch's rows are added). Off: f32 (the default).
-  // Not with ZeRO-1/2/3 (INVALID_ARGUMENT).
-  bool grad_reduce_bf16 = false;
-  // DP: a block's collectives go to NCCL as one group — one launch for the block's nine
-  // instead of nine, the small norm vectors' latency folded into the large ones: ZeRO-0/1's
-  // reduction of the last micro-batch's gradients (one bucket per block, issued as the
-  // block's backward ends) and ZeRO-1's gathers of the updated compute copies in the next
-  // forward; ZeRO-2/3's reduce-scatters every micro-batch and ZeRO-3's gathers. Off: one
-  // collective at a time (for A/B).
-  bool group_reductions = true;
 };
 
 // Learning rate at a 1-based step: linear warmup to lr, then cosine to min_lr.
@@ -214,13 +200,10 @@ class Trainer {
   absl::Status EnsureGrad(State& s);
   absl::Status ReduceGrads(const std::vector<State*>& bucket);  // ZeRO-2/3: one block's, every micro-batch
   // ZeRO-0/1: the last micro-batch's reduction of one block's gradients (a bucket), as
-  // one NCCL group (OptimizerOptions::group_reductions).
+  // one NCCL group.
   absl::Status ReduceEarly(const std::vector<State*>& bucket);
   absl::Status PrepareReduce(State& s);
   absl::Status IssueReduce(State& s);
-  // grad_reduce_bf16: p's bf16-reduced gradient widened into its f32 gradient, which the
-  // norm and AdamW then read (a no-op where p has no bf16 sum).
-  absl::Status WidenReducedGrad(const model::Param* p);
   // ZeRO-0 with DP and no pipeline (trainer_rows.cc): the embedding's gradient is
   // all-reduced as soon as the last micro-batch's LM head backward is done — under every
   // layer's backward — instead of after the embedding's backward, the last thing in the

@@ -80,12 +80,9 @@ absl::StatusOr<bool> Trainer::TakeEmbeddingRows(const Tensor& ids, const Tensor&
 }
 
 // After the join: the rows into the (already reduced) embedding gradient, each row once.
-// With grad_reduce_bf16 the reduced sum is in bf16 (State::grad_low): it is widened into
-// the f32 gradient first (which the norm and AdamW then read), so the rows add in f32.
 absl::Status Trainer::AddEmbeddingRows() {
   if (rows_ == nullptr || rows_->count == 0 || !rows_->sums.defined()) return absl::OkStatus();
   TESSERA_RETURN_IF_ERROR(model_->FreshenGrad(*rows_->embed));
-  TESSERA_RETURN_IF_ERROR(WidenReducedGrad(rows_->embed));
   return backend_->EmbeddingBackward(rows_->rows, rows_->sums, rows_->vocab_start, rows_->embed->grad);
 }
 

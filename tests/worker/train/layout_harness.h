@@ -37,10 +37,8 @@ struct Layout {
   parallel::Schedule schedule = parallel::Schedule::kOneFOneB;
   bool sp = false;  // with cp (the split pads every sequence to a multiple of 2·cp·tp)
   int64_t layers = 2;
-  bool grad_reduce_bf16 = false;  // OptimizerOptions::grad_reduce_bf16
   int last_stage_layers = 0;      // an uneven pipeline split (ParallelLayout.last_stage_layers)
   std::vector<int> stage_layers{};  // or every virtual stage's layers (ParallelLayout.stage_layers)
-  bool early_embedding = true;    // OptimizerOptions::early_embedding (set by name in tests)
   bool recompute_swiglu = false;  // Llama::set_recompute_swiglu (set by name in tests)
   int world() const { return tp * cp * dp * pp; }
 };
@@ -76,7 +74,7 @@ inline void TrainLayout(const Layout& l, const Comms& c, runtime::Backend* be, m
   (*model)->set_recompute_swiglu(l.recompute_swiglu);
   OptimizerOptions o;
   o.lr = h.lr, o.min_lr = h.min_lr, o.warmup_steps = 1, o.total_steps = 3, o.clip_norm = h.clip, o.zero = l.zero;
-  o.schedule = l.schedule, o.grad_reduce_bf16 = l.grad_reduce_bf16, o.early_embedding = l.early_embedding;
+  o.schedule = l.schedule;
   auto trainer = Trainer::Create(model->get(), be, c.dp, c.tp, o, c.pp);
   ASSERT_TRUE(trainer.ok()) << trainer.status();
   const int dps = c.dp_size, dpr = c.dp_rank;
