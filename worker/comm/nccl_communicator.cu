@@ -47,10 +47,11 @@ ncclRedOp_t ToNccl(ReduceOp op) { return op == ReduceOp::kSum ? ncclSum : op == 
 // Splits a non-blocking `parent` into a blocking child (named `name`, or unnamed when
 // null) under a deadline. The split is a collective of the parent that NCCL completes in
 // the background, and a non-blocking parent takes no new call before it completes, so
-// every rank — one passing NCCL_SPLIT_NOCOLOR too — waits for it here. (Ranks outside a
-// pipeline link used to go straight to the next split: with pp 4 the parent refused it,
-// "Attempt to use communicator before the previous operation returned ncclSuccess", and
-// the link's own ranks waited forever.) Returns the child, or null for NCCL_SPLIT_NOCOLOR.
+// every rank — one passing NCCL_SPLIT_NOCOLOR too — waits for it here: a rank outside a
+// pipeline link that went straight on to its next split would be refused by the parent
+// ("Attempt to use communicator before the previous operation returned ncclSuccess"),
+// and the link's own ranks would wait forever. Returns the child, or null for
+// NCCL_SPLIT_NOCOLOR.
 absl::StatusOr<ncclComm_t> SplitBlocking(ncclComm_t parent, int color, int key, const char* name, int64_t timeout_ms) {
   ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
   cfg.blocking = 1;

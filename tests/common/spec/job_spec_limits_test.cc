@@ -97,7 +97,7 @@ TEST(JobSpecLimits, AHandBuiltSpecMeetsTheSameRules) {
 }
 
 // The products of sizes the engine and the scheduler compute, in 64 bits and bounded:
-// what used to overflow an int (a crash in the controller), divide by zero, or spin.
+// nothing overflows an int (a crash in the controller), divides by zero, or spins.
 TEST(JobSpecLimits, SizeArithmeticIsCheckedNotOverflowed) {
   v1::JobSpec s = Parsed();
   auto* l = s.mutable_groups(0)->mutable_layout();
