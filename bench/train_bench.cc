@@ -15,9 +15,6 @@
 // 6 N per token + causal attention 6 L Hq D s^2, the formula the pretrain driver
 // reports), peak memory, the losses.
 //
-// --nccl-nonblocking 1: collectives on the non-blocking init communicator (NcclOptions::
-// blocking_collectives off), for A/B against the blocking default.
-// --comm-priority high: NCCL's streams at the highest priority (NcclOptions::high_priority);
 // --recompute-swiglu 1: the SwiGLU output rebuilt by the backward, not kept (Llama::set_recompute_swiglu);
 // --last-stage-layers N: N layers on the last virtual stage (ParallelLayout.last_stage_layers);
 // --stage-layers A,B,...|auto: every virtual stage's layers (ParallelLayout.stage_layers;
@@ -230,8 +227,6 @@ int main(int argc, char** argv) {
   }
   const std::string dir = dir_template;
   const int64_t nccl_timeout_ms = get("nccl-timeout-ms", 120000);
-  const bool comm_high_priority = a.count("comm-priority") && a["comm-priority"] == "high";
-  const bool nccl_nonblocking = a.count("nccl-nonblocking") && a["nccl-nonblocking"] == "1";
   if (a.count("gemm-tune")) kernels::SetGemmTuning(a["gemm-tune"] == "1");
   std::vector<pid_t> pids(world, -1);
   std::vector<int> pipes(world, -1);
@@ -261,8 +256,6 @@ int main(int argc, char** argv) {
       auto make = [&](const std::string& name, int rank, int size, std::unique_ptr<comm::Communicator>& out) {
         if (size == 1) return absl::OkStatus();
         comm::NcclOptions no{r, nccl_timeout_ms};
-        no.high_priority = comm_high_priority;
-        no.blocking_collectives = !nccl_nonblocking;
         auto cm = comm::MakeNcclCommunicator(name, name, rank, size, &store, no);
         if (!cm.ok()) return cm.status();
         out = std::move(*cm);
@@ -347,7 +340,7 @@ int main(int argc, char** argv) {
   printf("{\"impl\": \"tessera\", \"dtype\": \"%s\", \"tp\": %d, \"dp\": %d, \"pp\": %d, \"vpp\": %d, \"schedule\": \"%s\", "
          "\"bubble\": %.4f, \"bubble_ideal\": %.4f, \"stage_ms_busy_ms\": [%s], \"zero\": %d, \"sp\": %d, \"params\": %lld, "
          "\"seq\": %lld, \"mbs\": %lld, \"micro\": %lld, \"steps\": %lld, \"step_ms\": %.2f, \"tokens_per_s\": %.1f, \"tflops\": %.2f, "
-         "\"tflops_per_gpu\": %.2f, \"peak_gib\": %.2f, \"dp_wait_ms\": %.2f, \"dp_enqueue_ms\": %.2f, \"dp_host_ops_ms\": %.2f, \"dp_calls\": %.0f, \"comm_priority\": \"%s\", \"nccl_blocking\": %d, \"gemm_tune\": %d, \"recompute_swiglu\": %d, "
+         "\"tflops_per_gpu\": %.2f, \"peak_gib\": %.2f, \"dp_wait_ms\": %.2f, \"dp_enqueue_ms\": %.2f, \"dp_host_ops_ms\": %.2f, \"dp_calls\": %.0f, \"gemm_tune\": %d, \"recompute_swiglu\": %d, "
          "\"last_stage_layers\": %d, \"stage_layers\": [%s], \"losses\": [",
          tessera::DTypeName(c.dtype), tp, dp, pp, l.vpp, l.schedule == parallel::Schedule::kGPipe ? "gpipe" : "1f1b", bubble,
          pp > 1 ? double(pp - 1) / (l.vpp * micro) : 0.0, stages.c_str(), zero, sp ? 1 : 0, static_cast<long long>(c.NumParams()),
@@ -355,7 +348,6 @@ int main(int argc, char** argv) {
          1e3 * secs / steps,
          tokens / secs, flops / secs / 1e12, flops / secs / 1e12 / world, peak, 1e3 * dp_wait / steps, 1e3 * dp_host / steps,
          1e3 * dp_host_op / steps, dp_calls / steps,
-         comm_high_priority ? "high" : "normal", nccl_nonblocking ? 0 : 1,
          kernels::GemmTuning() ? 1 : 0, l.recompute_swiglu ? 1 : 0, l.last_stage_layers, absl::StrJoin(l.stage_layers, ", ").c_str());
   for (size_t i = 0; i < losses.size(); ++i) printf("%s%.4f", i ? ", " : "", losses[i]);
   printf("]}\n");

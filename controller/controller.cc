@@ -207,7 +207,7 @@ ExecutorConnector GrpcExecutorConnector(std::string ca_pem, bool insecure, int64
     o.ca_pem = ca_pem;
     o.insecure = insecure;
     o.tls_name_override = kExecutorTlsName;
-    o.max_message_bytes = kDataMaxMessageBytes;
+    o.max_message_bytes = kControlMaxMessageBytes;
     TESSERA_ASSIGN_OR_RETURN(auto ch, MakeChannel(o));
     // The calls wait for the connection (wait_for_ready), so an address the controller
     // cannot reach would only show as a call's deadline minutes later: the first

@@ -25,8 +25,9 @@ inline absl::Status FromGrpc(const grpc::Status& s) {
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
 }
 
-inline constexpr int kControlMaxMessageBytes = 16 << 20;   // control-plane RPCs
-inline constexpr int kDataMaxMessageBytes = 1 << 30;       // driver <-> executor batches
+// Every RPC's message limit, the driver <-> executor calls' too: their sample batches
+// stream in chunks of a few MiB (common/rpc/tensor_stream.h).
+inline constexpr int kControlMaxMessageBytes = 16 << 20;
 
 struct ChannelOptions {
   std::string address;           // host:port

@@ -22,10 +22,8 @@ using ::testing::HasSubstr;
 
 using ::tessera::testing::MemStore;
 
-// blocking: NcclOptions::blocking_collectives (the default, true: collectives on the
-// blocking communicator split from the non-blocking init one).
 template <typename F>
-void OnGpus(int64_t timeout_ms, F fn, bool blocking = true) {
+void OnGpus(int64_t timeout_ms, F fn) {
   if (static_cast<int>(VisibleGpus().size()) < 2) GTEST_SKIP() << "needs 2 GPUs";
   MemStore store;
   std::string key = RandomHex(4);
@@ -33,7 +31,6 @@ void OnGpus(int64_t timeout_ms, F fn, bool blocking = true) {
   for (int r = 0; r < 2; ++r)
     ts.emplace_back([&, r] {
       NcclOptions opts{r, timeout_ms};
-      opts.blocking_collectives = blocking;
       auto c = MakeNcclCommunicator("gpu/dp/0", key, r, 2, &store, opts);
       ASSERT_TRUE(c.ok()) << c.status();
       fn(r, **c);
@@ -42,34 +39,31 @@ void OnGpus(int64_t timeout_ms, F fn, bool blocking = true) {
 }
 
 TEST(Nccl, AllReduceAndAllGatherAreExact) {
-  for (bool blocking : {true, false}) {
-    SCOPED_TRACE(blocking ? "blocking collectives" : "non-blocking collectives");
-    OnGpus(60000, [](int r, Communicator& c) {
-      const size_t n = (1 << 20) + 3;  // odd size
-      std::vector<float> h(n);
-      for (size_t i = 0; i < n; ++i) h[i] = static_cast<float>((r * 7 + i) % 5);
-      float *in, *out;
-      ASSERT_EQ(cudaMalloc(&in, n * 4), cudaSuccess);
-      ASSERT_EQ(cudaMalloc(&out, 2 * n * 4), cudaSuccess);
-      cudaMemcpy(in, h.data(), n * 4, cudaMemcpyHostToDevice);
-      cudaMemset(out, 0xff, 2 * n * 4);
-      ASSERT_TRUE(c.AllReduce(in, out, n, DType::kF32, ReduceOp::kSum).ok());
-      ASSERT_TRUE(c.Synchronize().ok());
-      std::vector<float> got(n);
-      cudaMemcpy(got.data(), out, n * 4, cudaMemcpyDeviceToHost);
-      for (size_t i = 0; i < n; ++i) ASSERT_EQ(got[i], (i % 5) + ((7 + i) % 5)) << i;
-      ASSERT_TRUE(c.AllGather(in, out, n, DType::kF32).ok());
-      ASSERT_TRUE(c.Synchronize().ok());
-      std::vector<float> all(2 * n);
-      cudaMemcpy(all.data(), out, 2 * n * 4, cudaMemcpyDeviceToHost);
-      for (size_t i = 0; i < n; ++i) {
-        ASSERT_EQ(all[i], i % 5);
-        ASSERT_EQ(all[n + i], (7 + i) % 5);
-      }
-      cudaFree(in);
-      cudaFree(out);
-    }, blocking);
-  }
+  OnGpus(60000, [](int r, Communicator& c) {
+    const size_t n = (1 << 20) + 3;  // odd size
+    std::vector<float> h(n);
+    for (size_t i = 0; i < n; ++i) h[i] = static_cast<float>((r * 7 + i) % 5);
+    float *in, *out;
+    ASSERT_EQ(cudaMalloc(&in, n * 4), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&out, 2 * n * 4), cudaSuccess);
+    cudaMemcpy(in, h.data(), n * 4, cudaMemcpyHostToDevice);
+    cudaMemset(out, 0xff, 2 * n * 4);
+    ASSERT_TRUE(c.AllReduce(in, out, n, DType::kF32, ReduceOp::kSum).ok());
+    ASSERT_TRUE(c.Synchronize().ok());
+    std::vector<float> got(n);
+    cudaMemcpy(got.data(), out, n * 4, cudaMemcpyDeviceToHost);
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(got[i], (i % 5) + ((7 + i) % 5)) << i;
+    ASSERT_TRUE(c.AllGather(in, out, n, DType::kF32).ok());
+    ASSERT_TRUE(c.Synchronize().ok());
+    std::vector<float> all(2 * n);
+    cudaMemcpy(all.data(), out, 2 * n * 4, cudaMemcpyDeviceToHost);
+    for (size_t i = 0; i < n; ++i) {
+      ASSERT_EQ(all[i], i % 5);
+      ASSERT_EQ(all[n + i], (7 + i) % 5);
+    }
+    cudaFree(in);
+    cudaFree(out);
+  });
 }
 
 // Host values (the trainer's token counts, losses and token ids): exact, growing the

@@ -103,7 +103,6 @@ class NcclCommunicator final : public Communicator {
       : Communicator(std::move(name), rank, size), boot_(boot), comm_(comm), stream_(stream), device_(device),
         timeout_ms_(timeout_ms), trace_(trace) {}
   // The priority of the link streams made later (stream_ is made with it by the caller).
-  void set_stream_priority(int p) { stream_priority_ = p; }
   void Trace(const char* op, int peer, int tag) {
     if (trace_) fprintf(stderr, "trace %s r%d %s #%llu peer %d tag %d\n", name().c_str(), rank(), op,
                         static_cast<unsigned long long>(seq()), peer, tag);
@@ -224,7 +223,7 @@ class NcclCommunicator final : public Communicator {
           if (!in) continue;
           LinkComm link;
           link.comm = *child;
-          if (auto e = cudaStreamCreateWithPriority(&link.stream, cudaStreamNonBlocking, stream_priority_); e != cudaSuccess)
+          if (auto e = cudaStreamCreateWithFlags(&link.stream, cudaStreamNonBlocking); e != cudaSuccess)
             return CudaError(e, "cudaStreamCreate");
           links_[{src, dst, tag}] = link;
         }
@@ -456,7 +455,6 @@ class NcclCommunicator final : public Communicator {
   cudaEvent_t before_ = nullptr, after_ = nullptr;
   bool in_group_ = false;
   bool overlap_ = false;  // SetOverlap: compute waits at Join() only
-  int stream_priority_ = 0;  // of stream_ and every link's stream (NcclOptions::high_priority)
   bool links_made_ = false;
   const char* group_op_ = "none";  // the last operation enqueued on stream_
   uint64_t group_seq_ = 0;
@@ -509,25 +507,16 @@ absl::StatusOr<std::unique_ptr<Communicator>> MakeNcclCommunicator(const std::st
   // timeout, not a hang; splits (the links too) go through it for the same reason. A
   // blocking enqueue does not wait for peers; a collective stuck on the GPU is the
   // watchdog's (Synchronize), which aborts both — what PyTorch's blocking default does.
-  ncclComm_t work = comm;  // !blocking_collectives: the init communicator does everything
-  if (opts.blocking_collectives) {
-    absl::StatusOr<ncclComm_t> child = SplitBlocking(comm, 0, rank, name.c_str(), opts.timeout_ms);
-    if (!child.ok()) {
-      ncclCommAbort(comm);
-      return fail(absl::StrCat("the blocking communicator: ", child.status().message()));
-    }
-    work = *child;
+  absl::StatusOr<ncclComm_t> work = SplitBlocking(comm, 0, rank, name.c_str(), opts.timeout_ms);
+  if (!work.ok()) {
+    ncclCommAbort(comm);
+    return fail(absl::StrCat("the blocking communicator: ", work.status().message()));
   }
   cudaStream_t stream;
-  int least = 0, greatest = 0;  // CUDA: a lower number is a higher priority
-  if (opts.high_priority) cudaDeviceGetStreamPriorityRange(&least, &greatest);
-  const int priority = opts.high_priority ? greatest : 0;
-  if (auto e = cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking, priority); e != cudaSuccess)
+  if (auto e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking); e != cudaSuccess)
     return fail(absl::StrCat("cudaStreamCreate: ", cudaGetErrorString(e)));
-  auto c = std::make_unique<NcclCommunicator>(name, rank, size, comm, work, stream, opts.device, opts.timeout_ms,
-                                              opts.trace);
-  c->set_stream_priority(priority);
-  return std::unique_ptr<Communicator>(std::move(c));
+  return std::unique_ptr<Communicator>(
+      std::make_unique<NcclCommunicator>(name, rank, size, comm, *work, stream, opts.device, opts.timeout_ms, opts.trace));
 }
 
 }  // namespace tessera::comm

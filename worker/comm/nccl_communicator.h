@@ -36,16 +36,6 @@ struct NcclOptions {
   int device = 0;
   int64_t timeout_ms = 120000;
   bool trace = false;  // print every operation as it is enqueued (group, rank, op, seq, peer) to stderr
-  // The communicator's streams (the group's and each pipeline link's) at the device's
-  // highest priority: the block scheduler then places their kernels' CTAs ahead of the
-  // compute stream's waiting blocks, so a reduction overlapped with the backward is not
-  // starved of SMs (PyTorch's FSDP2 makes its collective streams high-priority too).
-  // Off by default until measured (train_bench --comm-priority high).
-  bool high_priority = false;
-  // Collectives on a blocking communicator split from the non-blocking init one (the
-  // default; MakeNcclCommunicator says why), or on the non-blocking one itself (for A/B
-  // measurements: train_bench --nccl-nonblocking).
-  bool blocking_collectives = true;
 };
 
 absl::StatusOr<std::unique_ptr<Communicator>> MakeNcclCommunicator(const std::string& name, const std::string& key,

@@ -370,6 +370,10 @@ class ExecutorServiceImpl final : public v1::ExecutorService::Service {
 
 }  // namespace
 
+std::unique_ptr<v1::ExecutorService::Service> MakeExecutorService(Executor* ex) {
+  return std::make_unique<ExecutorServiceImpl>(ex);
+}
+
 comm::Communicator* CommOf(GroupComms& gc, parallel::GroupKind k) {
   auto it = gc.comms.find(k);
   return it == gc.comms.end() ? nullptr : it->second.get();
@@ -451,7 +455,7 @@ int RunExecutor(const ExecutorOptions& opts) {
 
   EnableHealthAndReflection();
   Executor executor(cfg, &rdv, opts.listen_host);
-  ExecutorServiceImpl svc(&executor);
+  std::unique_ptr<v1::ExecutorService::Service> svc = MakeExecutorService(&executor);
   std::string listen = absl::StrCat(opts.listen_host.find(':') != std::string::npos ? "[" + opts.listen_host + "]" : opts.listen_host, ":0");
   auto creds = MakeServerCredentials({opts.insecure, {cert, key}}, listen);
   if (!creds.ok()) {
@@ -462,9 +466,9 @@ int RunExecutor(const ExecutorOptions& opts) {
   grpc::ServerBuilder b;
   ExclusivePort(b);
   b.AddListeningPort(listen, *creds, &port);
-  b.SetMaxReceiveMessageSize(kDataMaxMessageBytes);
-  b.SetMaxSendMessageSize(kDataMaxMessageBytes);
-  b.RegisterService(&svc);
+  b.SetMaxReceiveMessageSize(kControlMaxMessageBytes);
+  b.SetMaxSendMessageSize(kControlMaxMessageBytes);
+  b.RegisterService(svc.get());
   auto server = b.BuildAndStart();
   if (!server || port == 0) {
     spdlog::error("cannot listen on {}", listen);

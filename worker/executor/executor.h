@@ -14,7 +14,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "tessera/v1/executor_service.pb.h"
+#include "tessera/v1/executor_service.grpc.pb.h"
 #include "tessera/v1/node_service.pb.h"
 #include "worker/comm/communicator.h"
 #include "worker/comm/rendezvous_client.h"
@@ -89,6 +89,12 @@ class Executor {
   std::map<std::string, std::unique_ptr<RolloutPoolSession>> pools_ ABSL_GUARDED_BY(ops_mu_);
   std::unique_ptr<comm::Communicator> bridge_ ABSL_GUARDED_BY(ops_mu_);  // a rollout group's own devices: actor + rollout ranks
 };
+
+// The gRPC service over `ex` (which outlives it): every call must carry the attempt's
+// secret (UNAUTHENTICATED otherwise) and name this executor (FAILED_PRECONDITION
+// otherwise); RolloutGenerate and RlUpdate move their samples in TensorChunks
+// (common/rpc/tensor_stream.h); Shutdown ends RunExecutor's loop.
+std::unique_ptr<v1::ExecutorService::Service> MakeExecutorService(Executor* ex);
 
 // Communicators of one worker group on this executor, by parallel-group kind.
 struct GroupComms {
