@@ -13,7 +13,9 @@
 // device idle, so every timed step's update is timed and nothing before them is). Prints
 // one JSON line: tokens/s, step ms, model TFLOP/s in all and per GPU (Megatron's
 // 6 N per token + causal attention 6 L Hq D s^2, the formula the pretrain driver
-// reports), peak memory, the losses.
+// reports), peak memory, the model states each rank holds after the last step (the
+// allocator's bytes in use) beside the plan's (common/plan) and, in mixed precision with DP,
+// ZeRO's formula for them, the losses.
 //
 // --recompute-swiglu 1: the SwiGLU output rebuilt by the backward, not kept (Llama::set_recompute_swiglu);
 // --last-stage-layers N: N layers on the last virtual stage (ParallelLayout.last_stage_layers);
@@ -48,6 +50,7 @@
 #include "absl/strings/str_split.h"
 #include "bench/bench_util.h"
 #include "bench/cupti_trace.h"
+#include "common/plan/plan.h"
 #include "kernels/gemm/gemm.h"
 #include "tests/common/file_store.h"
 #include "worker/comm/nccl_communicator.h"
@@ -70,15 +73,16 @@ struct Result {
   // steps: a slow enqueue can starve the GPU where the host is not ahead.
   double dp_host_s = 0, dp_host_op_s = 0, dp_calls = 0;
   double seconds = 0, peak_gib = 0;
+  double states_gib = 0;  // held after the last step: the model states (and any caches)
 };
 
-// A rank's result through a pipe to the parent: "<code> <seconds> <peak> <dp wait> <dp host>
-// <dp host ops> <dp calls>", the
+// A rank's result through a pipe to the parent: "<code> <seconds> <peak> <states> <dp wait>
+// <dp host> <dp host ops> <dp calls>", the
 // three series (count, values), then the status message.
 std::string Encode(const Result& r) {
   std::ostringstream o;
   o.precision(17);
-  o << static_cast<int>(r.status.code()) << ' ' << r.seconds << ' ' << r.peak_gib << ' ' << r.dp_wait_s << ' '
+  o << static_cast<int>(r.status.code()) << ' ' << r.seconds << ' ' << r.peak_gib << ' ' << r.states_gib << ' ' << r.dp_wait_s << ' '
     << r.dp_host_s << ' ' << r.dp_host_op_s << ' ' << r.dp_calls;
   for (const auto* v : {&r.losses, &r.pipeline_s, &r.busy_s}) {
     o << ' ' << v->size();
@@ -92,7 +96,7 @@ Result Decode(const std::string& text, int rank) {
   Result r;
   std::istringstream in(text);
   int code = -1;
-  in >> code >> r.seconds >> r.peak_gib >> r.dp_wait_s >> r.dp_host_s >> r.dp_host_op_s >> r.dp_calls;
+  in >> code >> r.seconds >> r.peak_gib >> r.states_gib >> r.dp_wait_s >> r.dp_host_s >> r.dp_host_op_s >> r.dp_calls;
   for (auto* v : {&r.losses, &r.pipeline_s, &r.busy_s}) {
     size_t n = 0;
     in >> n;
@@ -175,6 +179,7 @@ void RunRank(const model::LlamaConfig& c, int device, comm::Communicator* tp, co
     out.dp_host_s = dp->stats().seconds - dp0.seconds - out.dp_host_op_s,
     out.dp_calls = double(dp->stats().calls - dp0.calls);
   out.peak_gib = (*be)->allocator()->stats().peak_bytes / double(1 << 30);
+  out.states_gib = (*be)->allocator()->stats().current_bytes / double(1 << 30);
 }
 
 }  // namespace
@@ -304,7 +309,7 @@ int main(int argc, char** argv) {
   }
   std::system(absl::StrCat("rm -rf ", dir).c_str());
   for (int r = 0; r < world; ++r) results[r] = Decode(text[r], r);
-  double secs = 0, peak = 0, dp_wait = 0, dp_host = 0, dp_host_op = 0, dp_calls = 0;
+  double secs = 0, peak = 0, states = 0, dp_wait = 0, dp_host = 0, dp_host_op = 0, dp_calls = 0;
   bool failed = false;
   for (int r = 0; r < world; ++r)
     if (!results[r].status.ok()) {
@@ -314,6 +319,7 @@ int main(int argc, char** argv) {
   if (failed) return 1;
   for (int r = 0; r < world; ++r) {
     secs = std::max(secs, results[r].seconds), peak = std::max(peak, results[r].peak_gib);
+    states = std::max(states, results[r].states_gib);
     dp_wait = std::max(dp_wait, results[r].dp_wait_s);
     dp_host = std::max(dp_host, results[r].dp_host_s), dp_calls = std::max(dp_calls, results[r].dp_calls);
     dp_host_op = std::max(dp_host_op, results[r].dp_host_op_s);
@@ -335,18 +341,33 @@ int main(int argc, char** argv) {
   std::string stages;
   for (int p = 0; pp > 1 && p < pp; ++p)
     absl::StrAppend(&stages, p ? ", " : "", "[", absl::StrFormat("%.2f, %.2f", stage_ms[p], busy_ms[p]), "]");
+  // The plan's model states per rank (common/plan: without the block buffers ZeRO-2/3 hold
+  // only while a block runs) and, in mixed precision, ZeRO's formula for them.
+  plan::PlanInput pin{c, parallel::Layout{tp, 1, dp, pp, l.vpp, sp, zero, l.last_stage_layers, l.stage_layers}, seq, mbs,
+                      micro * mbs * dp, l.recompute};
+  pin.recompute_swiglu = l.recompute_swiglu, pin.schedule = l.schedule;
+  double plan_states = 0, plan_total = 0, formula = 0;
+  if (auto pl = plan::PlanTraining(pin); pl.ok()) {
+    const double gib = 1 << 30, phi = double(pl->params_per_rank), n = dp;
+    plan_states = (pl->memory.states() - pl->memory.block_buffers) / gib, plan_total = pl->memory.total() / gib;
+    if (c.dtype != tessera::DType::kF32 && dp > 1)
+      formula = (zero == 0 ? 18 * phi : zero == 1 ? 6 * phi + 12 * phi / n : zero == 2 ? 2 * phi + 16 * phi / n : 18 * phi / n) / gib;
+  } else {
+    fprintf(stderr, "plan: %s\n", pl.status().ToString().c_str());
+  }
   const double tokens = double(steps) * micro * mbs * seq * dp;
   const double flops = 6.0 * double(c.NumParams()) * tokens + 6.0 * c.layers * c.heads * c.HeadDim() * double(seq) * seq * micro * mbs * dp * steps;
   printf("{\"impl\": \"tessera\", \"dtype\": \"%s\", \"tp\": %d, \"dp\": %d, \"pp\": %d, \"vpp\": %d, \"schedule\": \"%s\", "
          "\"bubble\": %.4f, \"bubble_ideal\": %.4f, \"stage_ms_busy_ms\": [%s], \"zero\": %d, \"sp\": %d, \"params\": %lld, "
          "\"seq\": %lld, \"mbs\": %lld, \"micro\": %lld, \"steps\": %lld, \"step_ms\": %.2f, \"tokens_per_s\": %.1f, \"tflops\": %.2f, "
-         "\"tflops_per_gpu\": %.2f, \"peak_gib\": %.2f, \"dp_wait_ms\": %.2f, \"dp_enqueue_ms\": %.2f, \"dp_host_ops_ms\": %.2f, \"dp_calls\": %.0f, \"gemm_tune\": %d, \"recompute_swiglu\": %d, "
+         "\"tflops_per_gpu\": %.2f, \"peak_gib\": %.2f, \"states_gib\": %.3f, \"plan_states_gib\": %.3f, \"plan_peak_gib\": %.2f, \"zero_formula_gib\": %.3f, \"dp_wait_ms\": %.2f, \"dp_enqueue_ms\": %.2f, \"dp_host_ops_ms\": %.2f, \"dp_calls\": %.0f, \"gemm_tune\": %d, \"recompute_swiglu\": %d, "
          "\"last_stage_layers\": %d, \"stage_layers\": [%s], \"losses\": [",
          tessera::DTypeName(c.dtype), tp, dp, pp, l.vpp, l.schedule == parallel::Schedule::kGPipe ? "gpipe" : "1f1b", bubble,
          pp > 1 ? double(pp - 1) / (l.vpp * micro) : 0.0, stages.c_str(), zero, sp ? 1 : 0, static_cast<long long>(c.NumParams()),
          static_cast<long long>(seq), static_cast<long long>(mbs), static_cast<long long>(micro), static_cast<long long>(steps),
          1e3 * secs / steps,
-         tokens / secs, flops / secs / 1e12, flops / secs / 1e12 / world, peak, 1e3 * dp_wait / steps, 1e3 * dp_host / steps,
+         tokens / secs, flops / secs / 1e12, flops / secs / 1e12 / world, peak, states, plan_states, plan_total, formula,
+         1e3 * dp_wait / steps, 1e3 * dp_host / steps,
          1e3 * dp_host_op / steps, dp_calls / steps,
          kernels::GemmTuning() ? 1 : 0, l.recompute_swiglu ? 1 : 0, l.last_stage_layers, absl::StrJoin(l.stage_layers, ", ").c_str());
   for (size_t i = 0; i < losses.size(); ++i) printf("%s%.4f", i ? ", " : "", losses[i]);

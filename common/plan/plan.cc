@@ -76,17 +76,21 @@ absl::StatusOr<Plan> PlanStage(const PlanInput& in, int stage) {
   RankMemory& m = p.memory;
   // Activations' bytes; bf16 adds a compute copy of every present parameter.
   const int64_t a = tessera::DTypeSize(c.dtype), copy = c.dtype == tessera::DType::kF32 ? 0 : a;
-  // ZeRO-3: the f32 slice (+ its bf16 copy, which is what gets gathered) and the gathered
-  // block and the next (f32 values, or bf16 compute copies under mixed precision).
-  // ZeRO-1 under mixed precision: the compute copy (padded where a parameter does not
-  // split evenly) the updated bf16 slices are gathered into, and its staging slice.
-  m.params = zero == 3                ? (4 + copy) * shard + a * 2 * largest_block
-             : zero == 1 && copy > 0 ? 4 * P + copy * (padded + shard)
-                                      : (4 + copy) * P;
-  m.grads = zero >= 2 ? 4 * (shard + largest_block) : 4 * P;   // the reduced slice + one block's buffer
-  // m and v; with ZeRO the staging slice (the updated slice before the all-gather / the
-  // reduce-scatter's output), ZeRO-1 also the reduced gradient slice and the padded flat buffer.
-  m.optimizer = 8 * (zero >= 1 ? shard : P) + (zero >= 1 ? 4 * shard : 0) + (zero == 1 ? 4 * shard + 4 * padded : 0);
+  // Model states (engine::Trainer). Parameters — ZeRO-3: the f32 slice (+ its bf16 copy,
+  // which is what gets gathered) and the gathered block and the next (f32 values, or bf16
+  // compute copies under mixed precision); ZeRO-1/2 under mixed precision: the f32 slice
+  // and the whole compute copy (padded where a parameter does not split evenly); else
+  // the whole values (+ their compute copies).
+  const bool sliced = zero == 3 || (zero >= 1 && copy > 0);
+  m.params = zero == 3  ? (4 + copy) * shard + a * 2 * largest_block
+             : sliced   ? 4 * shard + copy * padded
+                        : (4 + copy) * P;
+  // Gradients (f32) — ZeRO-2/3: the reduced slice and one block's buffer; ZeRO-1: the
+  // whole gradient, padded (reduce-scattered in place); else the whole gradient.
+  m.grads = zero >= 2 ? 4 * (shard + largest_block) : zero == 1 ? 4 * padded : 4 * P;
+  // AdamW's m and v: the slice with ZeRO.
+  m.optimizer = 8 * (zero >= 1 ? shard : P);
+  m.block_buffers = zero >= 2 ? 4 * largest_block + (zero == 3 ? a * 2 * largest_block : 0) : 0;
   // Activations of one micro-batch.
   const int64_t t = in.micro_batch * in.seq_len / l.cp, tl = l.sp && l.tp > 1 ? t / l.tp : t;
   const LayerBytes lb = Layer(c, l, t, tl, a, in.recompute_swiglu);
@@ -127,7 +131,8 @@ absl::StatusOr<Plan> PlanStage(const PlanInput& in, int stage) {
       case 0: p.comm.dp = g * 2 * ring(dp); break;
       // reduce-scatter + all-gather (of the bf16 compute copies under mixed precision)
       case 1: p.comm.dp = (g + (copy > 0 ? double(copy) * P : g)) * ring(dp); break;
-      case 2: p.comm.dp = (micro + 1) * g * ring(dp); break;             // a reduce-scatter per micro-batch
+      // a reduce-scatter per micro-batch, then the all-gather as ZeRO-1's
+      case 2: p.comm.dp = (micro * g + (copy > 0 ? double(copy) * P : g)) * ring(dp); break;
       default: p.comm.dp = micro * (in.recompute ? 4 : 3) * g * ring(dp);  // gather fwd + bwd (+ recompute), scatter
     }
   }

@@ -2,10 +2,13 @@
 // gradients, optimizer state and activations, and the bytes each rank sends per step —
 // from the model's shape alone, following what this engine allocates (f32 parameters,
 // gradients and AdamW moments; see worker/train/trainer.h, worker/model/llama.h):
-//   parameters  4 B x this rank's TP shard (ZeRO-3: its DP slice of it);
-//   gradients   4 B x the shard (ZeRO-2/3: only the block being reduced);
-//   optimizer   8 B x the shard (m, v; ZeRO >= 1: the DP slice) plus the ZeRO buffers
-//               (slices for the reduced gradient and the update; ZeRO-1 a full flat copy);
+//   parameters  4 B x this rank's TP shard (ZeRO-3, and ZeRO-1/2 under mixed precision:
+//               its DP slice of it) + under mixed precision 2 B x the shard for the
+//               compute copy (ZeRO-3: of the gathered blocks only);
+//   gradients   4 B x the shard (ZeRO-2/3: the DP slice and the block being reduced);
+//   optimizer   8 B x the shard (m, v; ZeRO >= 1: the DP slice).
+//               For Φ parameters over N DP ranks under mixed precision: 18Φ (ZeRO-0),
+//               6Φ + 12Φ/N (1), 2Φ + 16Φ/N (2), 18Φ/N (3), plus padding and blocks;
 //   activations what each layer's forward keeps for its backward, for one micro-batch of
 //               micro_batch x seq_len tokens (split over CP, and over TP under SP), plus
 //               the LM head's logits and the peak of one layer's backward; with
@@ -40,7 +43,11 @@ struct PlanInput {
 
 struct RankMemory {
   int64_t params = 0, grads = 0, optimizer = 0, activations = 0;
+  // Of params + grads: the buffers ZeRO-2/3 hold only while a block runs (its gradient
+  // buffer; ZeRO-3 also the gathered weights of the block and the next).
+  int64_t block_buffers = 0;
   int64_t total() const { return params + grads + optimizer + activations; }
+  int64_t states() const { return params + grads + optimizer; }  // the model states at a step's peak
 };
 
 struct CommVolume {  // bus bytes per rank per optimizer step (pp: activations and gradients sent)

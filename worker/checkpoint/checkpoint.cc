@@ -52,7 +52,9 @@ struct Plan {
   bool value = false, state = false;
   int64_t value_begin = 0, value_len = 0, state_begin = 0, state_len = 0;
 };
-Plan PlanFor(const model::ParamSpec& spec, int tp, int dp, int zero, int tp_r, int dp_r) {
+// zero: the stage (moments sliced from 1); sliced: whether the values are too
+// (engine::Trainer::values_sliced).
+Plan PlanFor(const model::ParamSpec& spec, int tp, int dp, int zero, bool sliced, int tp_r, int dp_r) {
   Plan p;
   const bool tp_sharded = tp > 1 && spec.shard_dim >= 0;
   if (!tp_sharded && tp_r != 0) return p;  // the TP ranks hold the same tensor: rank 0 writes it
@@ -61,7 +63,7 @@ Plan PlanFor(const model::ParamSpec& spec, int tp, int dp, int zero, int tp_r, i
   const int64_t n = Numel(spec.shape) / p.tp_size;
   const int64_t shard = (n + dp - 1) / dp, begin = std::min<int64_t>(n, dp_r * shard),
                 len = std::min<int64_t>(shard, n - begin);
-  if (zero == 3 && dp > 1) {
+  if (sliced && dp > 1) {
     p.value = len > 0, p.value_begin = begin, p.value_len = len;
   } else if (dp_r == 0) {
     p.value = true, p.value_len = n;
@@ -140,7 +142,7 @@ absl::Status WriteRankFile(const std::string& tmp, int rank, const Group& g) {
   };
   for (size_t i = 0; i < params.size(); ++i) {
     if (model::StageOf(params[i].name(), g.model->config(), stage) != PpRank(g)) continue;
-    const Plan plan = PlanFor(params[i].spec, tp, dp, zero, TpRank(g), DpRank(g));
+    const Plan plan = PlanFor(params[i].spec, tp, dp, zero, g.trainer->values_sliced(), TpRank(g), DpRank(g));
     if (!plan.value && !plan.state) continue;
     const std::string& name = params[i].name();
     if (plan.value)
@@ -171,7 +173,7 @@ absl::Status CommitOnRankZero(const std::string& dir, const std::string& tmp, co
     const int stage = model::StageOf(p.name, c, g.model->stage());  // a tied embedding: stage 0's
     for (int d = 0; d < dp; ++d)
       for (int t = 0; t < tp; ++t) {
-        const Plan plan = PlanFor(p, tp, dp, zero, t, d);
+        const Plan plan = PlanFor(p, tp, dp, zero, g.trainer->values_sliced(), t, d);
         if (!plan.value && !plan.state) continue;
         const int rank = WorldRank(g, t, d, stage);
         const std::string file = RankFile(rank, "safetensors");
@@ -220,7 +222,8 @@ absl::StatusOr<int64_t> LoadLocal(const std::string& path, const Group& g) {
       TESSERA_RETURN_IF_ERROR(g.model->SetGlobal(params[i], global));
       continue;
     }
-    // Only what this rank holds: under ZeRO its slice of the moments (ZeRO-3: of the value too).
+    // Only what this rank holds: under ZeRO its slice of the moments (of the value too
+    // where the trainer keeps values sliced).
     const engine::Trainer::PieceSlices sl = g.trainer->SlicesOf(i);
     engine::Trainer::Piece p;
     p.value_begin = sl.value_begin, p.state_begin = sl.state_begin;
@@ -232,6 +235,7 @@ absl::StatusOr<int64_t> LoadLocal(const std::string& path, const Group& g) {
     TESSERA_ASSIGN_OR_RETURN(p.v, read("exp_avg_sq", sl.state_begin, sl.state_len));
     TESSERA_RETURN_IF_ERROR(g.trainer->LoadPiece(i, p));
   }
+  if (g.trainer != nullptr) TESSERA_RETURN_IF_ERROR(g.trainer->GatherComputes());  // from the loaded slices
   return reader->step();
 }
 
@@ -241,7 +245,6 @@ std::string StepDirName(int64_t step) { return absl::StrFormat("step-%08d", step
 
 absl::Status SaveCheckpoint(const std::string& dir, int64_t step, const Group& g, int keep) {
   if (g.model == nullptr || g.trainer == nullptr) return absl::InvalidArgumentError("checkpoint: no model or trainer");
-  TESSERA_RETURN_IF_ERROR(g.trainer->GatherValues());  // ZeRO-1: the values the last step left as slices
   const int rank = WorldRank(g, TpRank(g), DpRank(g), PpRank(g));
   const std::string final_dir = absl::StrCat(dir, "/", StepDirName(step)), tmp = final_dir + ".tmp";
   absl::Status st;

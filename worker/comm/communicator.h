@@ -49,9 +49,12 @@ class Communicator {
   virtual const char* backend() const = 0;
 
   absl::Status AllReduce(const void* in, void* out, size_t count, DType t, ReduceOp op);
-  // `in` holds size()*recv_count elements; `out` receives this rank's reduced chunk.
+  // `in` holds size()*recv_count elements; `out` receives this rank's reduced chunk. In
+  // place when `out` is this rank's chunk of `in` (in + rank*recv_count); the other
+  // chunks of `in` are then left as they were.
   absl::Status ReduceScatter(const void* in, void* out, size_t recv_count, DType t, ReduceOp op);
-  // `out` receives size()*send_count elements, rank r's at offset r*send_count.
+  // `out` receives size()*send_count elements, rank r's at offset r*send_count. In place
+  // when `in` is this rank's part of `out` (out + rank*send_count).
   absl::Status AllGather(const void* in, void* out, size_t send_count, DType t);
   absl::Status Broadcast(void* buf, size_t count, DType t, int root);
   // Small values in host memory (a token count, a loss, token ids): `in` and `out` are

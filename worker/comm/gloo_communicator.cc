@@ -111,6 +111,13 @@ class GlooCommunicator final : public Communicator {
   absl::Status DoAllGather(const void* in, void* out, size_t send_count, DType t) override {
     return Guard([&] {
       size_t bytes = send_count * DTypeSize(t);
+      // In place (`in` is this rank's part of `out`): Gloo copies the input into the output
+      // with memcpy, which must not see the same bytes on both sides.
+      std::vector<uint8_t> own;
+      if (in == static_cast<const uint8_t*>(out) + rank() * bytes) {
+        own.assign(static_cast<const uint8_t*>(in), static_cast<const uint8_t*>(in) + bytes);
+        in = own.data();
+      }
       gloo::AllgatherOptions o(ctx_);
       o.setTimeout(timeout_);
       o.setTag(NextTag());

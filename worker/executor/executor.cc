@@ -208,7 +208,7 @@ absl::StatusOr<v1::SyncWeightsResponse> Executor::SyncWeights(const v1::SyncWeig
     return absl::FailedPreconditionError(absl::StrCat("group '", req.group(), "' has no session; call TrainInit or RolloutInit first"));
   const auto t0 = std::chrono::steady_clock::now();
   v1::SyncWeightsResponse resp;
-  if (s != nullptr) TESSERA_RETURN_IF_ERROR(s->GatherValues());  // ZeRO-1: the values, not only this rank's slices
+  if (s != nullptr) TESSERA_RETURN_IF_ERROR(s->GatherParams());  // sliced values: the whole values, not only this rank's
   if (s != nullptr && !pools_.empty() && pools_.begin()->first != req.group()) {
     // The rollout group shares this executor (colocated, another layout): every tensor
     // gathered over the actor's TP group and re-sliced into the rollout's model.
@@ -239,7 +239,7 @@ absl::StatusOr<v1::WeightsDigestResponse> Executor::WeightsDigest(const v1::Weig
   RolloutPoolSession* pool = PoolOf(req.group());
   if (s == nullptr && pool == nullptr)
     return absl::FailedPreconditionError(absl::StrCat("group '", req.group(), "' has no session; call TrainInit or RolloutInit first"));
-  if (s != nullptr) TESSERA_RETURN_IF_ERROR(s->GatherValues());  // every actor rank calls it
+  if (s != nullptr) TESSERA_RETURN_IF_ERROR(s->GatherParams());  // every actor rank calls it
   TESSERA_ASSIGN_OR_RETURN(std::string digest, executor::WeightsDigest(s != nullptr ? s->model() : pool->model()));
   v1::WeightsDigestResponse resp;
   resp.set_digest(std::move(digest));

@@ -24,6 +24,7 @@ absl::Status TrainSession::MakeRl(const v1::JobSpec& spec, int dp_rank, int dps,
   rl_ = spec.rl();
   rl_dp_rank_ = dp_rank, rl_dps_ = dps;
   TESSERA_RETURN_IF_ERROR(trainer_->ResetOptimizerState());
+  TESSERA_RETURN_IF_ERROR(trainer_->GatherParams());  // the critic and the reference copy the actor's values
   start_step_ = 0;
   if (spec.kind() == "ppo") {  // the critic: the actor's weights (after the warm start) under a fresh value head
     model::LlamaConfig cc = model_->config();

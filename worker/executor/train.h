@@ -80,8 +80,9 @@ class TrainSession {
   model::Llama& model() { return *model_; }
   runtime::Backend& backend() { return *backend_; }
   // Before reading the model's parameter values outside a step (a weight sync, a digest):
-  // ZeRO-1's values gathered (engine::Trainer::GatherValues; every DP rank calls it).
-  absl::Status GatherValues() { return trainer_->GatherValues(); }
+  // The whole values on the model where the trainer keeps slices (engine::Trainer::
+  // GatherParams; every DP rank calls it).
+  absl::Status GatherParams() { return trainer_->GatherParams(); }
 
  private:
   TrainSession() = default;

@@ -37,33 +37,36 @@ float LearningRate(const OptimizerOptions& o, int64_t step) {
 
 // Optimizer state of one parameter. ZeRO: this DP rank owns elements
 // [rank * shard, rank * shard + shard) of the flattened (local, TP-sharded) parameter,
-// padded so that every rank's shard has the same size (the padding is zero).
+// padded so that every rank's shard has the same size (the padding is zero). Every
+// buffer named [shard * dp] is padded so, and a rank's chunk of it is where its
+// collectives run in place (reduce-scatter into the chunk, all-gather from it).
 struct Trainer::State {
   model::Param* param = nullptr;
   std::vector<int64_t> shape;  // the parameter's local (TP-sharded) shape
   int64_t n = 0, shard = 0;
-  Tensor m, v;        // [shard] with ZeRO, else [n]
-  Tensor grad_shard;  // [shard] with ZeRO: this rank's slice of the reduced gradient
-  Tensor padded;      // [shard * dp], ZeRO-1: the flat gradient / the gathered parameter
-  Tensor stage;       // [shard], ZeRO-1/2: this rank's updated slice; ZeRO-2/3: a reduce-scatter's output
-  Tensor value_shard; // [shard], ZeRO-3: this rank's slice of the parameter (the only copy between steps)
-  // [shard] bf16 under mixed precision, ZeRO-3: the slice's compute copy (what is gathered);
-  // ZeRO-1: the updated slice's compute copy, gathered into lowp_padded.
-  Tensor lowp_shard;
-  Tensor grad_full;   // [shard * dp], ZeRO-2/3: the gradient buffer while a block's backward runs
+  Tensor m, v;  // [shard] with ZeRO, else [n]
+  // [shard] with ZeRO: this rank's slice of the reduced gradient — ZeRO-1: its chunk of
+  // grad_padded (reduce-scattered in place); ZeRO-2/3: a buffer the micro-batches' slices
+  // are added into.
+  Tensor grad_shard;
+  Tensor grad_padded;  // [shard * dp], ZeRO-1: the gradient (Param::grad is its head)
+  Tensor grad_full;    // [shard * dp], ZeRO-2/3: the gradient buffer while a block's backward runs
+  // [shard], with sliced values (ZeRO-3; ZeRO-1/2 under mixed precision): this rank's
+  // slice of the f32 master weights, the only f32 copy kept between steps.
+  Tensor value_shard;
+  Tensor lowp_shard;  // [shard], ZeRO-3 under mixed precision: the slice's compute copy (what is gathered)
   bool decay = true;  // weight decay (not for norms and biases: 1-D parameters)
   bool reduced = false;  // ZeRO-0/1: reduced during the backward of this step's last micro-batch
   bool tp_sharded = false;
   bool norm_elsewhere = false;  // the last pipeline stage's copy of a tied embedding
-  // ZeRO-1 under mixed precision (the distributed optimizer): the compute copy lives in
-  // lowp_padded ([shard * dp] bf16: Param::compute itself where nothing needs padding,
-  // else a buffer whose head Param::compute then is); AdamW writes the rank's updated
-  // slice into lowp_shard, all-gathered into lowp_padded — lazily after Step
+  // ZeRO-1/2 under mixed precision (the distributed optimizer): the whole compute copy
+  // lives in lowp_padded ([shard * dp] bf16: Param::compute itself where nothing needs
+  // padding, else a buffer whose head Param::compute then is); AdamW writes the rank's
+  // updated slice straight into its chunk, all-gathered in place — lazily after Step
   // (compute_pending: the next forward gathers a block at a time, the next block's
-  // ahead), at once after PolicyStep / ValueStep. The f32 value then holds only this
-  // rank's slice up to date (value_stale) until Trainer::GatherValues.
+  // ahead), at once after PolicyStep / ValueStep.
   Tensor lowp_padded;
-  bool compute_pending = false, value_stale = false;
+  bool compute_pending = false;
 };
 
 // ZeRO-2/3 through the model's block hooks. Values (ZeRO-3; their bf16 compute copies
@@ -79,7 +82,7 @@ class Trainer::Hooks : public model::ParamHooks {
   }
   absl::Status Acquire(int block, Phase phase) override {
     const bool backward = phase == Phase::kBackward;
-    if (t_->compute_pending_) {  // ZeRO-1: the last Step's update, gathered a block at a time
+    if (t_->compute_pending_) {  // ZeRO-1/2: the last Step's update, gathered a block at a time
       bool issued = false;
       TESSERA_RETURN_IF_ERROR(GatherComputes(block, &issued));
       if (issued || t_->prefetched_) TESSERA_RETURN_IF_ERROR(t_->dp_->Join());  // the block's compute waits for its weights
@@ -89,10 +92,10 @@ class Trainer::Hooks : public model::ParamHooks {
       if (!backward && next < 0) t_->compute_pending_ = false;  // the forward's last block: all gathered
     }
     if (t_->options_.zero >= 3 && !(backward && block == 0)) {
-      TESSERA_RETURN_IF_ERROR(GatherValues(block));  // no-op when prefetched
+      TESSERA_RETURN_IF_ERROR(GatherBlock(block));  // no-op when prefetched
       TESSERA_RETURN_IF_ERROR(t_->dp_->Join());      // the block's compute waits for its weights
       const int next = Next(block, phase);           // prefetch: runs under this block's compute
-      if (next >= 0 && !(backward && next == 0)) TESSERA_RETURN_IF_ERROR(GatherValues(next));
+      if (next >= 0 && !(backward && next == 0)) TESSERA_RETURN_IF_ERROR(GatherBlock(next));
     }
     if (backward)
       for (model::Param* p : t_->model_->BlockUses(block)) TESSERA_RETURN_IF_ERROR(t_->EnsureGrad(State(p)));
@@ -136,7 +139,7 @@ class Trainer::Hooks : public model::ParamHooks {
     return next >= 0 && next < t_->model_->num_blocks() ? next : -1;
   }
   Trainer::State& State(const model::Param* p) { return t_->state_[index_.at(p)]; }
-  absl::Status GatherValues(int block) {
+  absl::Status GatherBlock(int block) {
     const auto& uses = t_->model_->BlockUses(block);
     t_->dp_->SetOverlap(true);
     absl::Status st = Grouped(*t_->dp_, uses.size() > 1, [&] {
@@ -174,6 +177,7 @@ Trainer::Trainer(model::Llama* model, runtime::Backend* backend, comm::Communica
       pp_(pp != nullptr && pp->size() > 1 ? pp : nullptr),
       options_(options) {
   if (dp_ == nullptr) options_.zero = 0;  // one DP rank: nothing to shard
+  sliced_ = options_.zero == 3 || (options_.zero >= 1 && model_->config().dtype != DType::kF32);
   model_->set_defer_loss(true);  // the step's loss read once, after its last backward
 }
 Trainer::~Trainer() {
@@ -202,8 +206,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(model::Llama* model, ru
   return t;
 }
 
-// ZeRO-3 starts from the model's full values (as initialized or loaded): each rank keeps
-// its slice and frees the rest; ZeRO-2/3 free the model's gradient buffers.
+// Sliced values start from the model's full values (as initialized or loaded): each rank
+// keeps its slice and frees the rest (ZeRO-3 the compute copy too); ZeRO-1 moves the
+// gradient into a padded buffer, ZeRO-2/3 free the model's gradient buffers.
 absl::Status Trainer::Allocate() {
   runtime::Backend& b = *backend_;
   const int dp = dp_ ? dp_->size() : 1, rank = dp_ ? dp_->rank() : 0;
@@ -221,29 +226,34 @@ absl::Status Trainer::Allocate() {
     TESSERA_ASSIGN_OR_RETURN(s.v, b.Empty({s.shard}, DType::kF32));
     TESSERA_RETURN_IF_ERROR(b.Fill(s.m, 0));
     TESSERA_RETURN_IF_ERROR(b.Fill(s.v, 0));
-    if (zero > 0) {
-      TESSERA_ASSIGN_OR_RETURN(s.grad_shard, b.Empty({s.shard}, DType::kF32));
-      TESSERA_ASSIGN_OR_RETURN(s.stage, b.Empty({s.shard}, DType::kF32));
-    }
     if (zero == 1) {
-      TESSERA_ASSIGN_OR_RETURN(s.padded, b.Empty({s.shard * dp}, DType::kF32));
-      TESSERA_RETURN_IF_ERROR(b.Fill(s.padded, 0));  // the tail past n stays zero
-      if (p.compute.defined()) {  // mixed precision: the slices' bf16 copies are gathered
-        TESSERA_ASSIGN_OR_RETURN(s.lowp_shard, b.Empty({s.shard}, p.compute.dtype()));
-        TESSERA_RETURN_IF_ERROR(b.Fill(s.lowp_shard, 0));
-        if (s.shard * dp == s.n && p.compute.contiguous()) {
-          // No padding: the gather lands in the model's own compute copy.
-          TESSERA_ASSIGN_OR_RETURN(s.lowp_padded, p.compute.Reshape({s.n}));
-        } else {  // the compute copy moves into a padded buffer
-          TESSERA_ASSIGN_OR_RETURN(s.lowp_padded, b.Empty({s.shard * dp}, p.compute.dtype()));
-          TESSERA_RETURN_IF_ERROR(b.Fill(s.lowp_padded, 0));
-          TESSERA_ASSIGN_OR_RETURN(Tensor head, s.lowp_padded.Slice(0, 0, s.n));
-          TESSERA_ASSIGN_OR_RETURN(p.compute, head.Reshape(s.shape));
-          TESSERA_RETURN_IF_ERROR(model_->RefreshCompute(p));  // casts into the view (same shape: no new buffer)
-        }
+      if (s.shard * dp == s.n && p.grad.contiguous()) {
+        TESSERA_ASSIGN_OR_RETURN(s.grad_padded, p.grad.Reshape({s.n}));
+      } else {  // the gradient moves into a padded buffer whose tail stays zero
+        TESSERA_ASSIGN_OR_RETURN(s.grad_padded, b.Empty({s.shard * dp}, DType::kF32));
+        TESSERA_RETURN_IF_ERROR(b.Fill(s.grad_padded, 0));
+        TESSERA_ASSIGN_OR_RETURN(Tensor head, s.grad_padded.Slice(0, 0, s.n));
+        TESSERA_ASSIGN_OR_RETURN(p.grad, head.Reshape(s.shape));
+        TESSERA_RETURN_IF_ERROR(model_->MarkGradStale(p));
+      }
+      TESSERA_ASSIGN_OR_RETURN(s.grad_shard, s.grad_padded.Slice(0, rank * s.shard, s.shard));
+    }
+    if (zero >= 2) {
+      TESSERA_ASSIGN_OR_RETURN(s.grad_shard, b.Empty({s.shard}, DType::kF32));
+    }
+    if ((zero == 1 || zero == 2) && p.compute.defined()) {  // mixed precision: the slices' bf16 copies are gathered
+      if (s.shard * dp == s.n && p.compute.contiguous()) {
+        // No padding: the gather lands in the model's own compute copy.
+        TESSERA_ASSIGN_OR_RETURN(s.lowp_padded, p.compute.Reshape({s.n}));
+      } else {  // the compute copy moves into a padded buffer
+        TESSERA_ASSIGN_OR_RETURN(s.lowp_padded, b.Empty({s.shard * dp}, p.compute.dtype()));
+        TESSERA_RETURN_IF_ERROR(b.Fill(s.lowp_padded, 0));
+        TESSERA_ASSIGN_OR_RETURN(Tensor head, s.lowp_padded.Slice(0, 0, s.n));
+        TESSERA_ASSIGN_OR_RETURN(p.compute, head.Reshape(s.shape));
+        TESSERA_RETURN_IF_ERROR(model_->RefreshCompute(p));  // casts into the view (same shape: no new buffer)
       }
     }
-    if (zero == 3) {
+    if (sliced_) {
       TESSERA_ASSIGN_OR_RETURN(s.value_shard, b.Empty({s.shard}, DType::kF32));
       TESSERA_RETURN_IF_ERROR(b.Fill(s.value_shard, 0));
       const int64_t begin = std::min<int64_t>(s.n, rank * s.shard), len = std::min<int64_t>(s.shard, s.n - begin);
@@ -253,11 +263,13 @@ absl::Status Trainer::Allocate() {
         TESSERA_ASSIGN_OR_RETURN(Tensor dst, s.value_shard.Slice(0, 0, len));
         TESSERA_RETURN_IF_ERROR(b.Axpby(1.f, mine, 0.f, dst));
       }
+      p.value = Tensor();
+    }
+    if (zero == 3) {
       if (p.compute.defined()) {  // mixed precision
         TESSERA_ASSIGN_OR_RETURN(s.lowp_shard, b.Empty({s.shard}, p.compute.dtype()));
         TESSERA_RETURN_IF_ERROR(b.Cast(s.value_shard, s.lowp_shard));
       }
-      p.value = Tensor();
       p.compute = Tensor();
     }
     if (zero >= 2) p.grad = Tensor(), p.grad_stale = false;  // EnsureGrad gives each block its buffer
@@ -270,19 +282,20 @@ absl::Status Trainer::Allocate() {
   return absl::OkStatus();
 }
 
-// ZeRO-3: the full value of one parameter from every rank's slice (no-op when present).
+// Sliced values: the full f32 value of one parameter from every rank's slice (no-op when
+// present); ZeRO-3 also makes its compute copy (ZeRO-1/2 keep theirs whole).
 absl::Status Trainer::GatherValue(State& s) {
   if (s.param->value.defined()) return absl::OkStatus();
   TESSERA_ASSIGN_OR_RETURN(Tensor full, backend_->Empty({s.shard * dp_->size()}, DType::kF32));
   TESSERA_RETURN_IF_ERROR(dp_->AllGather(s.value_shard.data(), full.data(), s.shard, DType::kF32));
   TESSERA_ASSIGN_OR_RETURN(Tensor head, full.Slice(0, 0, s.n));
   TESSERA_ASSIGN_OR_RETURN(s.param->value, head.Reshape(s.shape));
-  return model_->RefreshCompute(*s.param);
+  return options_.zero == 3 ? model_->RefreshCompute(*s.param) : absl::OkStatus();
 }
 
 // ZeRO-3, before a block runs: what its forward and backward multiply with — under mixed
 // precision the bf16 compute copy, gathered from the bf16 slices (half the bytes of the
-// f32 values, and no cast), else the f32 value. The caller (Hooks::GatherValues) issues
+// f32 values, and no cast), else the f32 value. The caller (Hooks::GatherBlock) issues
 // a block's gathers as one group with the DP group in overlap mode and joins before the
 // compute that reads them (Hooks::Acquire), so a prefetch runs under the current
 // block's compute.
@@ -316,23 +329,26 @@ absl::Status Trainer::EnsureGrad(State& s) {
   return model_->MarkGradStale(*s.param);
 }
 
-// ZeRO-2/3: adds this micro-batch's gradients of one block, reduce-scattered over DP (one
-// NCCL group), into the rank's slices and frees the
-// full buffers.
+// ZeRO-2/3: adds this micro-batch's gradients of one block, reduce-scattered over DP in
+// place (one NCCL group), into the rank's slices and frees the full buffers.
 absl::Status Trainer::ReduceGrads(const std::vector<State*>& bucket) {
+  std::vector<Tensor> mine;  // each buffer's chunk of this rank, where its reduced slice lands
   for (State* s : bucket) {
     if (!s->grad_full.defined())
       return absl::InternalError(absl::StrCat("trainer: no gradient buffer for ", s->param->name()));
     TESSERA_RETURN_IF_ERROR(model_->FreshenGrad(*s->param));  // one this micro-batch did not reach
+    TESSERA_ASSIGN_OR_RETURN(Tensor chunk, s->grad_full.Slice(0, dp_->rank() * s->shard, s->shard));
+    mine.push_back(chunk);
   }
   TESSERA_RETURN_IF_ERROR(Grouped(*dp_, bucket.size() > 1, [&] {
-    for (State* s : bucket)
-      TESSERA_RETURN_IF_ERROR(
-          dp_->ReduceScatter(s->grad_full.data(), s->stage.data(), s->shard, DType::kF32, comm::ReduceOp::kSum));
+    for (size_t k = 0; k < bucket.size(); ++k)
+      TESSERA_RETURN_IF_ERROR(dp_->ReduceScatter(bucket[k]->grad_full.data(), mine[k].data(), bucket[k]->shard,
+                                                 DType::kF32, comm::ReduceOp::kSum));
     return absl::OkStatus();
   }));
-  for (State* s : bucket) {
-    TESSERA_RETURN_IF_ERROR(backend_->Axpby(1.f, s->stage, 1.f, s->grad_shard));
+  for (size_t k = 0; k < bucket.size(); ++k) {
+    State* s = bucket[k];
+    TESSERA_RETURN_IF_ERROR(backend_->Axpby(1.f, mine[k], 1.f, s->grad_shard));
     s->param->grad = Tensor();
     s->grad_full = Tensor();
   }
@@ -340,22 +356,15 @@ absl::Status Trainer::ReduceGrads(const std::vector<State*>& bucket) {
 }
 
 // ZeRO-0/1, the reduction of a gradient in two parts. Prepare: compute-stream work only —
-// the gradient present (one this step did not reach is zeroed) and in the collective's
-// input: ZeRO-0 in place in f32; ZeRO-1 copied into the padded buffer. Issue: the collective — ZeRO-0 all-reduces, ZeRO-1 reduce-scatters into the
-// rank's slice. Apart so that a block's collectives go as one NCCL group after all of
-// the block's preparation (a group waits for the compute enqueued before it starts).
-absl::Status Trainer::PrepareReduce(State& s) {
-  TESSERA_RETURN_IF_ERROR(model_->FreshenGrad(*s.param));
-  Tensor& g = s.param->grad;
-  if (options_.zero == 0) return absl::OkStatus();
-  TESSERA_ASSIGN_OR_RETURN(Tensor flat, g.Reshape({s.n}));
-  TESSERA_ASSIGN_OR_RETURN(Tensor head, s.padded.Slice(0, 0, s.n));
-  return backend_->Axpby(1.f, flat, 0.f, head);
-}
+// the gradient present (one this step did not reach is zeroed). Issue: the collective —
+// ZeRO-0 all-reduces in place, ZeRO-1 reduce-scatters the padded gradient into the rank's
+// chunk of it. Apart so that a block's collectives go as one NCCL group after all of the
+// block's preparation (a group waits for the compute enqueued before it starts).
+absl::Status Trainer::PrepareReduce(State& s) { return model_->FreshenGrad(*s.param); }
 
 absl::Status Trainer::IssueReduce(State& s) {
   if (options_.zero > 0)
-    return dp_->ReduceScatter(s.padded.data(), s.grad_shard.data(), s.shard, DType::kF32, comm::ReduceOp::kSum);
+    return dp_->ReduceScatter(s.grad_padded.data(), s.grad_shard.data(), s.shard, DType::kF32, comm::ReduceOp::kSum);
   Tensor& g = s.param->grad;
   return dp_->AllReduce(g.data(), g.data(), s.n, DType::kF32, comm::ReduceOp::kSum);
 }
@@ -379,10 +388,6 @@ absl::Status Trainer::ReduceEarly(const std::vector<State*>& bucket) {
 absl::StatusOr<Trainer::Piece> Trainer::ReadPiece(size_t i) {
   if (i >= state_.size()) return absl::OutOfRangeError(absl::StrCat("trainer: no parameter ", i));
   State& s = state_[i];
-  if (s.value_stale)
-    return absl::FailedPreconditionError(absl::StrCat("trainer: ", s.param->name(),
-                                                      " holds only this rank's slice of its value (ZeRO-1); every DP "
-                                                      "rank calls GatherValues first"));
   runtime::Backend& b = *backend_;
   const int rank = dp_ ? dp_->rank() : 0;
   const int64_t begin = std::min<int64_t>(s.n, rank * s.shard), len = std::min<int64_t>(s.shard, s.n - begin);
@@ -394,7 +399,7 @@ absl::StatusOr<Trainer::Piece> Trainer::ReadPiece(size_t i) {
     TESSERA_ASSIGN_OR_RETURN(Tensor head, flat.Slice(0, 0, count));
     return b.CopyToHost(head, out.data());
   };
-  if (options_.zero == 3) {
+  if (sliced_) {
     p.value_begin = begin;
     TESSERA_RETURN_IF_ERROR(read(s.value_shard, len, p.value));
   } else {
@@ -422,7 +427,7 @@ Trainer::PieceSlices Trainer::SlicesOf(size_t i) const {
   const int64_t begin = std::min<int64_t>(s.n, rank * s.shard), len = std::min<int64_t>(s.shard, s.n - begin);
   PieceSlices r;
   r.n = s.n;
-  if (options_.zero == 3) r.value_begin = begin, r.value_len = len;
+  if (sliced_) r.value_begin = begin, r.value_len = len;
   else r.value_len = s.n;
   if (options_.zero > 0) r.state_begin = begin, r.state_len = len;
   else r.state_len = s.n;
@@ -448,15 +453,23 @@ absl::Status Trainer::LoadPiece(size_t i, const Piece& p) {
     TESSERA_ASSIGN_OR_RETURN(Tensor head, flat.Slice(0, 0, static_cast<int64_t>(src.size())));
     return b.CopyFromHost(src.data(), head);
   };
-  if (options_.zero == 3) {
-    s.param->value = Tensor();
-    s.param->compute = Tensor();
+  if (sliced_) {
+    s.param->value = Tensor();  // a gathered copy, if any
+    if (options_.zero == 3) s.param->compute = Tensor();
     TESSERA_RETURN_IF_ERROR(write(p.value, s.value_shard));
     if (s.lowp_shard.defined()) TESSERA_RETURN_IF_ERROR(b.Cast(s.value_shard, s.lowp_shard));
+    if (s.lowp_padded.defined()) {  // ZeRO-1/2: this rank's chunk now, the others' by GatherComputes
+      if (!p.value.empty()) {
+        const int64_t len = static_cast<int64_t>(p.value.size());
+        TESSERA_ASSIGN_OR_RETURN(Tensor mine, s.value_shard.Slice(0, 0, len));
+        TESSERA_ASSIGN_OR_RETURN(Tensor lowp, s.lowp_padded.Slice(0, p.value_begin, len));
+        TESSERA_RETURN_IF_ERROR(b.Cast(mine, lowp));
+      }
+      s.compute_pending = compute_pending_ = true;
+    }
   } else {
     TESSERA_RETURN_IF_ERROR(write(p.value, s.param->value));
-    TESSERA_RETURN_IF_ERROR(model_->RefreshCompute(*s.param));  // ZeRO-1: into its lowp_padded view
-    s.value_stale = s.compute_pending = false;
+    TESSERA_RETURN_IF_ERROR(model_->RefreshCompute(*s.param));
   }
   TESSERA_RETURN_IF_ERROR(write(p.m, s.m));
   return write(p.v, s.v);
@@ -564,8 +577,8 @@ absl::Status Trainer::SumTiedEmbeddingGrads() {
 }
 
 absl::Status Trainer::GatherParams() {
-  TESSERA_RETURN_IF_ERROR(GatherValues());
-  if (options_.zero < 3) return absl::OkStatus();
+  TESSERA_RETURN_IF_ERROR(GatherComputes());
+  if (!sliced_) return absl::OkStatus();
   for (State& s : state_) TESSERA_RETURN_IF_ERROR(GatherValue(s));
   return absl::OkStatus();
 }
@@ -651,48 +664,52 @@ absl::Status Trainer::Update(float lr, float clip_scale, bool lazy_gather) {
       continue;
     }
     const int64_t begin = std::min<int64_t>(s.n, rank * s.shard), len = std::min<int64_t>(s.shard, s.n - begin);
-    // AdamW on this rank's slice of the parameter (p: len elements) with its gradient slice.
-    auto update_slice = [&](Tensor& p) -> absl::Status {
+    // AdamW on this rank's slice of the parameter (p: len elements) with its gradient
+    // slice; under mixed precision it also writes the slice's compute copy (`lowp`).
+    auto update_slice = [&](Tensor& p, Tensor* lowp) -> absl::Status {
       TESSERA_ASSIGN_OR_RETURN(Tensor g, s.grad_shard.Slice(0, 0, len));
       TESSERA_ASSIGN_OR_RETURN(Tensor m, s.m.Slice(0, 0, len));
       TESSERA_ASSIGN_OR_RETURN(Tensor v, s.v.Slice(0, 0, len));
-      if (!s.lowp_shard.defined()) return b.AdamW(p, g, m, v, hp);
-      TESSERA_ASSIGN_OR_RETURN(Tensor lowp, s.lowp_shard.Slice(0, 0, len));  // ZeRO-1/3, mixed precision
-      return b.AdamW(p, g, m, v, hp, &lowp);
+      return b.AdamW(p, g, m, v, hp, lowp);
     };
-    if (options_.zero == 3) {  // the slice is the parameter; gathered again when a block needs it
-      params[i].value = Tensor();
-      params[i].compute = Tensor();
+    if (sliced_) {  // the slice is the master copy
+      params[i].value = Tensor();  // a gathered copy (GatherParams), if any
+      if (options_.zero == 3) params[i].compute = Tensor();  // gathered again when a block needs it
+      // ZeRO-1/2 under mixed precision: the update's bf16 copy goes straight into this
+      // rank's chunk of the whole compute copy, gathered in place from there (half the
+      // bytes of the f32 values, and no cast).
+      if (s.lowp_padded.defined()) s.compute_pending = compute_pending_ = true;
       if (len == 0) continue;
       TESSERA_ASSIGN_OR_RETURN(Tensor p, s.value_shard.Slice(0, 0, len));
-      TESSERA_RETURN_IF_ERROR(update_slice(p));
+      Tensor lowp;
+      if (s.lowp_shard.defined()) {
+        TESSERA_ASSIGN_OR_RETURN(lowp, s.lowp_shard.Slice(0, 0, len));
+      } else if (s.lowp_padded.defined()) {
+        TESSERA_ASSIGN_OR_RETURN(lowp, s.lowp_padded.Slice(0, begin, len));
+      }
+      TESSERA_RETURN_IF_ERROR(update_slice(p, lowp.defined() ? &lowp : nullptr));
       continue;
     }
+    // ZeRO-1/2 in f32: the value is what the model computes with; its updated slices are
+    // gathered at once.
     TESSERA_ASSIGN_OR_RETURN(Tensor flat, params[i].value.Reshape({s.n}));
-    // ZeRO-1/2: update this rank's slice. ZeRO-1 under mixed precision: its bf16 copy too
-    // (lowp_shard), which is what gets gathered (half the bytes, no cast); the value's
-    // other slices are left as they are. Else the value is gathered and cast.
     TESSERA_ASSIGN_OR_RETURN(Tensor p, flat.Slice(0, begin, len));
-    if (len > 0) TESSERA_RETURN_IF_ERROR(update_slice(p));
-    if (s.lowp_padded.defined()) {
-      s.value_stale = s.compute_pending = compute_pending_ = true;
-      continue;
-    }
-    TESSERA_RETURN_IF_ERROR(GatherSlices(s, p, len));
-    TESSERA_RETURN_IF_ERROR(model_->RefreshCompute(params[i]));
+    if (len > 0) TESSERA_RETURN_IF_ERROR(update_slice(p, nullptr));
+    TESSERA_RETURN_IF_ERROR(GatherSlices(s, begin, len));
   }
-  // ZeRO-1 under mixed precision: the compute copies now, or (lazy_gather: Step, whose
-  // next forward goes through the hooks) a block at a time in the next forward.
-  if (compute_pending_ && !(lazy_gather && hooks_ != nullptr)) return GatherComputes();
+  // Mixed precision, ZeRO-1/2: the compute copies now, or (lazy_gather: Step, whose next
+  // forward goes through the hooks) a block at a time in the next forward.
+  if (compute_pending_ && !(lazy_gather && LazyComputes())) return GatherComputes();
   return absl::OkStatus();
 }
 
-// ZeRO-1 under mixed precision: the compute copy of one parameter from every rank's
-// updated slice, in whatever mode the DP group is (Hooks::Acquire: overlap, joined
-// before the compute that reads it).
+// ZeRO-1/2 under mixed precision: the compute copy of one parameter gathered in place
+// from every rank's updated chunk, in whatever mode the DP group is (Hooks::Acquire:
+// overlap, joined before the compute that reads it).
 absl::Status Trainer::GatherCompute(State& s) {
   if (!s.compute_pending) return absl::OkStatus();
-  TESSERA_RETURN_IF_ERROR(dp_->AllGather(s.lowp_shard.data(), s.lowp_padded.data(), s.shard, s.lowp_shard.dtype()));
+  TESSERA_ASSIGN_OR_RETURN(Tensor mine, s.lowp_padded.Slice(0, dp_->rank() * s.shard, s.shard));
+  TESSERA_RETURN_IF_ERROR(dp_->AllGather(mine.data(), s.lowp_padded.data(), s.shard, s.lowp_padded.dtype()));
   s.compute_pending = false;
   return absl::OkStatus();
 }
@@ -704,48 +721,33 @@ absl::Status Trainer::GatherComputes() {
   return absl::OkStatus();
 }
 
-absl::Status Trainer::GatherValues() {
-  TESSERA_RETURN_IF_ERROR(GatherComputes());
-  const int rank = dp_ ? dp_->rank() : 0;
-  for (State& s : state_) {
-    if (!s.value_stale) continue;
-    const int64_t begin = std::min<int64_t>(s.n, rank * s.shard), len = std::min<int64_t>(s.shard, s.n - begin);
-    TESSERA_ASSIGN_OR_RETURN(Tensor flat, s.param->value.Reshape({s.n}));
-    TESSERA_ASSIGN_OR_RETURN(Tensor mine, flat.Slice(0, begin, len));
-    TESSERA_RETURN_IF_ERROR(GatherSlices(s, mine, len));
-    s.value_stale = false;
-  }
-  return absl::OkStatus();
-}
-
-// ZeRO-1/2: the f32 value from every rank's slice (`mine`: this rank's, len elements of
-// it), through the staging slice and the padded buffer (ZeRO-1) or a temporary (ZeRO-2
-// keeps no full-size buffer); ZeRO-1's padding is zeroed again after (the next
-// reduce-scatter reads it).
-absl::Status Trainer::GatherSlices(State& s, const Tensor& mine, int64_t len) {
+// ZeRO-1/2 in f32: the value from every rank's updated slice (len elements at `begin`),
+// gathered in place where no padding is needed, else through a padded temporary.
+absl::Status Trainer::GatherSlices(State& s, int64_t begin, int64_t len) {
   runtime::Backend& b = *backend_;
-  if (len > 0) {
-    TESSERA_ASSIGN_OR_RETURN(Tensor st, s.stage.Slice(0, 0, len));
-    TESSERA_RETURN_IF_ERROR(b.Axpby(1.f, mine, 0.f, st));
-  }
-  Tensor gathered = s.padded;
-  if (!gathered.defined()) {
-    TESSERA_ASSIGN_OR_RETURN(gathered, b.Empty({s.shard * dp_->size()}, DType::kF32));
-  }
-  TESSERA_RETURN_IF_ERROR(dp_->AllGather(s.stage.data(), gathered.data(), s.shard, DType::kF32));
+  const int dp = dp_->size(), rank = dp_->rank();
   TESSERA_ASSIGN_OR_RETURN(Tensor flat, s.param->value.Reshape({s.n}));
-  TESSERA_ASSIGN_OR_RETURN(Tensor head, gathered.Slice(0, 0, s.n));
-  TESSERA_RETURN_IF_ERROR(b.Axpby(1.f, head, 0.f, flat));
-  if (const int64_t tail = s.padded.defined() ? s.padded.numel() - s.n : 0; tail > 0) {
-    TESSERA_ASSIGN_OR_RETURN(Tensor rest, s.padded.Slice(0, s.n, tail));
-    TESSERA_RETURN_IF_ERROR(b.Fill(rest, 0));
+  if (s.shard * dp == s.n) {
+    TESSERA_ASSIGN_OR_RETURN(Tensor mine, flat.Slice(0, rank * s.shard, s.shard));
+    return dp_->AllGather(mine.data(), flat.data(), s.shard, DType::kF32);
   }
-  return absl::OkStatus();
+  TESSERA_ASSIGN_OR_RETURN(Tensor gathered, b.Empty({s.shard * dp}, DType::kF32));
+  TESSERA_ASSIGN_OR_RETURN(Tensor chunk, gathered.Slice(0, rank * s.shard, s.shard));
+  if (len > 0) {
+    TESSERA_ASSIGN_OR_RETURN(Tensor mine, flat.Slice(0, begin, len));
+    TESSERA_ASSIGN_OR_RETURN(Tensor dst, chunk.Slice(0, 0, len));
+    TESSERA_RETURN_IF_ERROR(b.Axpby(1.f, mine, 0.f, dst));
+  }
+  TESSERA_RETURN_IF_ERROR(dp_->AllGather(chunk.data(), gathered.data(), s.shard, DType::kF32));
+  TESSERA_ASSIGN_OR_RETURN(Tensor head, gathered.Slice(0, 0, s.n));
+  return b.Axpby(1.f, head, 0.f, flat);
 }
 
 absl::Status Trainer::BeginStep(const std::vector<model::TokenBatch>& micro_batches) {
   model_->DropPendingLoss();  // a failed step's, if any
   for (const model::TokenBatch& mb : micro_batches) TESSERA_RETURN_IF_ERROR(model_->PrepareKernels(mb));
+  // Compute copies left pending by a load, or by a step where no forward gathers them.
+  if (compute_pending_ && !LazyComputes()) TESSERA_RETURN_IF_ERROR(GatherComputes());
   TESSERA_RETURN_IF_ERROR(model_->ZeroGrads());
   if (options_.zero >= 2)
     for (State& s : state_) TESSERA_RETURN_IF_ERROR(backend_->Fill(s.grad_shard, 0));

@@ -5,14 +5,20 @@
 // [rank * shard, (rank + 1) * shard) of every flattened (TP-local) parameter:
 //   0: nothing — gradients all-reduced after the last micro-batch, state replicated;
 //   1: optimizer state (the distributed optimizer) — gradients reduce-scattered after the
-//      last micro-batch, AdamW on the slice, the parameter all-gathered (under mixed
-//      precision only its bf16 compute copy, after Step by the next forward a block at a
-//      time; the f32 values on demand, GatherValues);
+//      last micro-batch, AdamW on the slice. Under mixed precision the f32 master weights
+//      are part of that state: a rank keeps only its slice of them, and AdamW writes the
+//      slice's bf16 copy into the whole compute copy, all-gathered from there (after Step
+//      by the next forward, a block at a time). In f32 the value is what the model
+//      computes with: it stays whole, its updated slices all-gathered at once.
 //   2: + gradients — each block's gradients are reduce-scattered into the slice as soon
 //      as the block's backward is done (every micro-batch) and their full buffers freed;
 //   3: + parameters (FSDP) — a block's parameters are all-gathered before its forward and
 //      its backward (the next block's one ahead) and freed after; AdamW updates the slice,
 //      which is the only copy kept between steps.
+// Bytes kept per rank between steps, for Φ parameters over N ranks under mixed precision:
+// 18Φ (0), 6Φ + 12Φ/N (1), 2Φ + 16Φ/N (2), 18Φ/N (3) — plus padding to a multiple of N
+// per parameter; ZeRO-2/3 add a block's gradient buffers (and ZeRO-3 its gathered
+// weights) while it runs (common/plan counts them).
 // ZeRO-2/3 work through the model's ParamHooks (worker/model/llama.h). With one DP rank
 // every stage is stage 0. ZeRO-0/1 without a pipeline use the hooks too: during the last
 // micro-batch's backward each block's gradients are all-reduced (reduce-scattered) as soon
@@ -131,21 +137,23 @@ class Trainer {
   absl::StatusOr<ValueStats> ValueStep(const std::vector<model::TokenBatch>& micro_batches,
                                        const std::vector<ValueTokens>& tokens, double clip);
   int64_t step() const { return step_; }
-  // ZeRO-3: gathers every parameter's value onto the model (for evaluation, checkpoints
-  // and Llama::GatherGlobal); the next Step frees them again. Other stages: nothing to do.
-  // Every rank of the DP group must call it.
+  // Sliced values (values_sliced()): gathers every parameter's f32 value onto the model
+  // (Param::value, for Llama::GatherGlobal, weight sync, digests and exports) and any
+  // compute copy still pending; the next update frees the values again. Otherwise only
+  // the pending compute copies. Every rank of the DP group must call it.
   absl::Status GatherParams();
-  // ZeRO-1 under mixed precision: after Step, each rank holds only its slice of the f32
-  // values up to date (the compute copies it trains with are gathered by the next
-  // forward); this gathers the values (and any compute copy still pending) — a no-op
-  // otherwise. Every rank of the DP group must call it before reading parameter values
-  // outside the trainer: SaveCheckpoint and GatherParams call it, the executor calls it
-  // before a weight sync or digest; ReadPiece refuses a stale value (FAILED_PRECONDITION).
-  absl::Status GatherValues();
+  // ZeRO-1/2 under mixed precision: the compute copies gathered from the ranks' updated
+  // slices where still pending (Step leaves them to the next forward, LoadPiece to the
+  // next step or this call); a no-op otherwise. Every rank of the DP group must call it
+  // before the model computes outside a step.
+  absl::Status GatherComputes();
+  // Whether a rank keeps only its slice of the f32 values between steps: ZeRO-3, and
+  // ZeRO-1/2 under mixed precision (ReadPiece / LoadPiece then take the slice).
+  bool values_sliced() const { return sliced_; }
 
   // Checkpoints (worker/checkpoint). Parameter i (the model's order) as this rank holds
   // it: `value` is elements [value_begin, value_begin + value.size()) of the flattened
-  // TP-local tensor (ZeRO-3: the rank's slice, else all of it), the AdamW moments m and v
+  // TP-local tensor (sliced values: the rank's slice, else all of it), the AdamW moments m and v
   // elements [state_begin, ...) (ZeRO >= 1: the slice, else all of it); no padding.
   struct Piece {
     int64_t value_begin = 0, state_begin = 0;
@@ -189,13 +197,15 @@ class Trainer {
   absl::StatusOr<double> ReduceGradsAndNorm();
   absl::Status AllReduceGrad(State& s);
   absl::Status Update(float lr, float clip_scale, bool lazy_gather);
-  // ZeRO-1 under mixed precision (State::lowp_padded): one parameter's compute copy
-  // gathered from the ranks' updated slices; every pending one.
+  // ZeRO-1/2 under mixed precision (State::lowp_padded): one parameter's compute copy
+  // gathered from the ranks' updated slices.
   absl::Status GatherCompute(State& s);
-  absl::Status GatherComputes();
-  // ZeRO-1/2: the f32 value from every rank's slice (`mine`, len elements: this rank's).
-  absl::Status GatherSlices(State& s, const runtime::Tensor& mine, int64_t len);
-  absl::Status GatherValue(State& s);       // ZeRO-3: the f32 value (GatherParams)
+  // Whether pending compute copies are left to the next forward (its hooks gather them a
+  // block at a time): DP without a pipeline.
+  bool LazyComputes() const { return hooks_ != nullptr && pp_ == nullptr; }
+  // ZeRO-1/2 in f32: the value from every rank's updated slice (len elements at begin).
+  absl::Status GatherSlices(State& s, int64_t begin, int64_t len);
+  absl::Status GatherValue(State& s);       // sliced values: the f32 value (GatherParams)
   absl::Status GatherForCompute(State& s);  // ZeRO-3: what a block multiplies with, prefetchable
   absl::Status EnsureGrad(State& s);
   absl::Status ReduceGrads(const std::vector<State*>& bucket);  // ZeRO-2/3: one block's, every micro-batch
@@ -237,7 +247,8 @@ class Trainer {
   std::unique_ptr<Hooks> hooks_;  // ZeRO-2/3; ZeRO-0/1 with DP and no pipeline
   bool reduce_in_backward_ = false;  // ZeRO-0/1: during the last micro-batch
   std::unique_ptr<EmbeddingRows> rows_;  // ZeRO-0: during the last micro-batch (PlanEmbeddingRows)
-  bool compute_pending_ = false;  // ZeRO-1 under mixed precision: a State::compute_pending is set
+  bool sliced_ = false;           // values_sliced()
+  bool compute_pending_ = false;  // ZeRO-1/2 under mixed precision: a State::compute_pending is set
   bool prefetched_ = false;       // Hooks::Acquire issued the next block's gathers
   int64_t step_ = 0;
 };

@@ -147,32 +147,38 @@ TEST(Checkpoint, ResumeEqualsTrainingStraight) {
   }
 }
 
-// ZeRO-1 under mixed precision keeps only each rank's slice of the f32 values up to date
-// after a step (the bf16 compute copies are gathered by the next forward): a save gathers
-// the values first, a resume sets values and compute copies whole, and the run goes on
-// bit for bit; reading a value before the gather is refused by name.
-TEST(Checkpoint, MixedPrecisionZero1ResumeEqualsTrainingStraight) {
+// ZeRO-1/2 under mixed precision keep only each rank's slice of the f32 values (the bf16
+// compute copies are whole, gathered by the next forward after a step): a save writes
+// each rank's value slice, a resume sets the slices and gathers the compute copies, and
+// the run goes on bit for bit.
+TEST(Checkpoint, MixedPrecisionZero12ResumeEqualsTrainingStraight) {
   model::LlamaConfig bf16 = Config();
   bf16.dtype = tessera::DType::kBF16;
-  const std::string dir = TempDir();
-  std::vector<std::vector<double>> straight(2), resumed(2);
-  RunLayout(1, 2, 1, 9, [&](int r, Rank& k) { straight[r] = k.Train(1, 3); }, bf16);
-  RunLayout(1, 2, 1, 9, [&](int r, Rank& k) {
-    resumed[r] = k.Train(1, 1);
-    auto early = k.trainer->ReadPiece(0);
-    EXPECT_EQ(early.status().code(), absl::StatusCode::kFailedPrecondition);
-    EXPECT_THAT(std::string(early.status().message()), HasSubstr("GatherValues"));
-    EXPECT_TRUE(SaveCheckpoint(dir, 1, k.group()).ok());
-    EXPECT_TRUE(k.trainer->ReadPiece(0).ok());  // gathered by the save
-  }, bf16);
-  auto latest = LatestCheckpoint(dir);
-  ASSERT_TRUE(latest.ok()) << latest.status();
-  RunLayout(1, 2, 1, /*other weights*/ 77, [&](int r, Rank& k) {
-    auto step = LoadCheckpoint(*latest, k.group());
-    ASSERT_TRUE(step.ok()) << step.status();
-    for (double l : k.Train(2, 3)) resumed[r].push_back(l);
-  }, bf16);
-  for (int r = 0; r < 2; ++r) EXPECT_EQ(resumed[r], straight[r]) << "rank " << r;
+  for (int zero : {1, 2}) {
+    SCOPED_TRACE(::testing::Message() << "zero " << zero);
+    const std::string dir = TempDir();
+    std::vector<std::vector<double>> straight(2), resumed(2);
+    RunLayout(1, 2, zero, 9, [&](int r, Rank& k) { straight[r] = k.Train(1, 3); }, bf16);
+    RunLayout(1, 2, zero, 9, [&](int r, Rank& k) {
+      resumed[r] = k.Train(1, 1);
+      EXPECT_TRUE(k.trainer->values_sliced());
+      const auto sl = k.trainer->SlicesOf(0);
+      auto piece = k.trainer->ReadPiece(0);
+      ASSERT_TRUE(piece.ok()) << piece.status();
+      EXPECT_EQ(piece->value_begin, r * ((sl.n + 1) / 2));  // this rank's slice, not the whole value
+      EXPECT_EQ(static_cast<int64_t>(piece->value.size()), sl.value_len);
+      EXPECT_LT(sl.value_len, sl.n);
+      EXPECT_TRUE(SaveCheckpoint(dir, 1, k.group()).ok());
+    }, bf16);
+    auto latest = LatestCheckpoint(dir);
+    ASSERT_TRUE(latest.ok()) << latest.status();
+    RunLayout(1, 2, zero, /*other weights*/ 77, [&](int r, Rank& k) {
+      auto step = LoadCheckpoint(*latest, k.group());
+      ASSERT_TRUE(step.ok()) << step.status();
+      for (double l : k.Train(2, 3)) resumed[r].push_back(l);
+    }, bf16);
+    for (int r = 0; r < 2; ++r) EXPECT_EQ(resumed[r], straight[r]) << "rank " << r;
+  }
 }
 
 TEST(Checkpoint, LoadsIntoAnotherLayout) {

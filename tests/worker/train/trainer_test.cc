@@ -150,8 +150,16 @@ TEST(TrainerTest, NoQkvBiasLayoutsEqualOneRank) {
   const Trace single_bf16 = test::RunLayout(one, bf16, gloo, cpu, gentle)[0];
   test::Tolerance tol;
   tol.loss = 1e-3, tol.norm = 1e-2, tol.weight = 5e-2;
-  for (const Layout& l : {Layout{"dp2_zero1", 1, 2, 1}, Layout{"tp2", 2, 1, 0}})
+  for (const Layout& l : {Layout{"dp2_zero1", 1, 2, 1}, Layout{"dp2_zero2", 1, 2, 2}, Layout{"dp2_zero3", 1, 2, 3},
+                          Layout{"tp2", 2, 1, 0}})
     test::ExpectSameAsOneRank(l, test::RunLayout(l, bf16, gloo, cpu, gentle), single_bf16, tol);
+  // A pipeline's ZeRO-1 gathers the compute copies after the update (no forward hooks),
+  // and its tied embedding's two copies stay one parameter.
+  const Layout pp2_zero1{"pp2_dp2_zero1_tied", 1, 2, 1, true, 1, 2, 1, parallel::Schedule::kOneFOneB, false, 4};
+  Layout one4_tied = one4;
+  one4_tied.tied = true;
+  test::ExpectSameAsOneRank(pp2_zero1, test::RunLayout(pp2_zero1, bf16, gloo, cpu, gentle),
+                            test::RunLayout(one4_tied, bf16, gloo, cpu, gentle)[0], tol);
 }
 
 // The SwiGLU output rebuilt by the backward instead of kept (Llama::set_recompute_swiglu)
