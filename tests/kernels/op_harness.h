@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 
@@ -28,8 +29,13 @@ struct Rng {
   std::mt19937_64 gen;
 };
 
+// A fresh seed per test, printed in each check's trace; TESSERA_TEST_SEED=<seed> replays
+// a failure (the first test takes that seed).
 inline uint64_t Seed() {
-  static uint64_t s = std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32);
+  static uint64_t s = [] {
+    if (const char* fixed = std::getenv("TESSERA_TEST_SEED")) return uint64_t(std::strtoull(fixed, nullptr, 10));
+    return uint64_t(std::random_device{}()) ^ (uint64_t(std::random_device{}()) << 32);
+  }();
   return s++;
 }
 

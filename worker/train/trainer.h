@@ -1,33 +1,13 @@
 // One rank's optimizer step (docs/design.md §6): gradient accumulation over micro-batches, data-
 // parallel gradient reduction, the global gradient norm across data- and tensor-parallel
 // ranks and clipping, warmup + cosine learning rate, AdamW on fp32 state. The ZeRO stage
-// decides what is sharded over the DP (x CP) group; a rank owns the same contiguous slice
-// [rank * shard, (rank + 1) * shard) of every flattened (TP-local) parameter:
-//   0: nothing — gradients all-reduced after the last micro-batch, state replicated;
-//   1: optimizer state (the distributed optimizer) — gradients reduce-scattered after the
-//      last micro-batch, AdamW on the slice. Under mixed precision the f32 master weights
-//      are part of that state: a rank keeps only its slice of them, and AdamW writes the
-//      slice's bf16 copy into the whole compute copy, all-gathered from there (after Step
-//      by the next forward, a block at a time). In f32 the value is what the model
-//      computes with: it stays whole, its updated slices all-gathered at once.
-//   2: + gradients — each block's gradients are reduce-scattered into the slice as soon
-//      as the block's backward is done (every micro-batch) and their full buffers freed;
-//   3: + parameters (FSDP) — a block's parameters are all-gathered before its forward and
-//      its backward (the next block's one ahead) and freed after; AdamW updates the slice,
-//      which is the only copy kept between steps.
+// picks how the DP (x CP) ranks share gradients, parameters and optimizer state — one
+// strategy class each (grad_sync.h): DataParallelSync (0), DistributedOptimizer (1, 2),
+// FullyShardedSync (3). With one DP rank every stage is stage 0.
 // Bytes kept per rank between steps, for Φ parameters over N ranks under mixed precision:
 // 18Φ (0), 6Φ + 12Φ/N (1), 2Φ + 16Φ/N (2), 18Φ/N (3) — plus padding to a multiple of N
 // per parameter; ZeRO-2/3 add a block's gradient buffers (and ZeRO-3 its gathered
 // weights) while it runs (common/plan counts them).
-// ZeRO-2/3 work through the model's ParamHooks (worker/model/llama.h). With one DP rank
-// every stage is stage 0. ZeRO-0/1 without a pipeline use the hooks too: during the last
-// micro-batch's backward each block's gradients are all-reduced (reduce-scattered) as soon
-// as the block is done — one bucket per block, on NCCL overlapped with the backward of
-// the blocks below it (Communicator::SetOverlap), joined before the gradient norm. A
-// block's collectives (these reductions, ZeRO-1's gathers of the updated compute copies,
-// ZeRO-2/3's reduce-scatters and ZeRO-3's gathers) go to NCCL as one group. ZeRO-0 with
-// DP and no pipeline all-reduces the embedding's gradient right after the last LM head
-// backward and sends the last micro-batch's embedding rows compacted (trainer_rows.cc).
 //
 // The loss is a token mean over the global batch: every micro-batch's gradient is
 // scaled by 1 / (target tokens of the whole global batch, summed over data-parallel
@@ -47,6 +27,7 @@
 #include "common/parallel/pipeline.h"
 #include "worker/model/llama.h"
 #include "worker/runtime/backend.h"
+#include "worker/train/grad_sync.h"
 
 namespace tessera::engine {
 
@@ -141,44 +122,33 @@ class Trainer {
   // (Param::value, for Llama::GatherGlobal, weight sync, digests and exports) and any
   // compute copy still pending; the next update frees the values again. Otherwise only
   // the pending compute copies. Every rank of the DP group must call it.
-  absl::Status GatherParams();
+  absl::Status GatherParams() { return sync_->GatherParams(); }
   // ZeRO-1/2 under mixed precision: the compute copies gathered from the ranks' updated
   // slices where still pending (Step leaves them to the next forward, LoadPiece to the
   // next step or this call); a no-op otherwise. Every rank of the DP group must call it
   // before the model computes outside a step.
-  absl::Status GatherComputes();
+  absl::Status GatherComputes() { return sync_->GatherComputes(); }
   // Whether a rank keeps only its slice of the f32 values between steps: ZeRO-3, and
   // ZeRO-1/2 under mixed precision (ReadPiece / LoadPiece then take the slice).
-  bool values_sliced() const { return sliced_; }
+  bool values_sliced() const { return sync_->values_sliced(); }
 
-  // Checkpoints (worker/checkpoint). Parameter i (the model's order) as this rank holds
-  // it: `value` is elements [value_begin, value_begin + value.size()) of the flattened
-  // TP-local tensor (sliced values: the rank's slice, else all of it), the AdamW moments m and v
-  // elements [state_begin, ...) (ZeRO >= 1: the slice, else all of it); no padding.
-  struct Piece {
-    int64_t value_begin = 0, state_begin = 0;
-    std::vector<float> value, m, v;
-  };
-  absl::StatusOr<Piece> ReadPiece(size_t i);
-  // Which elements of parameter i's flattened TP-local tensor (n of them) this rank holds:
-  // the value's and the moments' ranges, as ReadPiece returns them.
-  struct PieceSlices {
-    int64_t n = 0, value_begin = 0, value_len = 0, state_begin = 0, state_len = 0;
-  };
-  PieceSlices SlicesOf(size_t i) const;
-  // Sets parameter i's value and moments from exactly the ranges SlicesOf(i) names
-  // (INVALID_ARGUMENT naming the parameter otherwise).
-  absl::Status LoadPiece(size_t i, const Piece& p);
+  // Checkpoints (worker/checkpoint): parameter i (the model's order) as this rank holds it
+  // (ParamPiece: the value's and the moments' elements, no padding); which elements those
+  // are; and setting them from exactly those ranges (INVALID_ARGUMENT naming the
+  // parameter otherwise).
+  using Piece = ::tessera::engine::ParamPiece;
+  using PieceSlices = ::tessera::engine::PieceSlices;
+  absl::StatusOr<Piece> ReadPiece(size_t i) { return sync_->ReadPiece(i); }
+  PieceSlices SlicesOf(size_t i) const { return sync_->SlicesOf(i); }
+  absl::Status LoadPiece(size_t i, const Piece& p) { return sync_->LoadPiece(i, p); }
   void set_step(int64_t step) { step_ = step; }
   // Zeroes the AdamW moments and the step count: a fresh optimizer on the current
   // weights (an RL job's warm start from an SFT checkpoint).
   absl::Status ResetOptimizerState();
-  int zero() const { return options_.zero; }  // the effective stage (0 with one DP rank)
+  int zero() const { return sync_->zero(); }  // the effective stage (0 with one DP rank)
   runtime::Backend* backend() const { return backend_; }
 
  private:
-  struct State;
-  class Hooks;
   Trainer(model::Llama* model, runtime::Backend* backend, comm::Communicator* dp, comm::Communicator* tp,
           comm::Communicator* pp, const OptimizerOptions& options);
   absl::StatusOr<double> RunPipeline(const std::vector<model::TokenBatch>& micro_batches, float scale);
@@ -187,53 +157,15 @@ class Trainer {
   absl::Status BeginStep(const std::vector<model::TokenBatch>& micro_batches);
   absl::StatusOr<float> BeginMaskedStep(const char* who, const std::vector<model::TokenBatch>& micro_batches,
                                         const std::vector<const std::vector<double>*>& masks);
-  // lazy_gather: Step's (ZeRO-1's compute copies gathered by the next forward).
+  // The step's end: gradients reduced, their norm, clipping, the LR and the update
+  // (lazy_gather: Step's, see GradSync::FinishUpdate).
   absl::Status FinishStep(StepStats& stats, bool lazy_gather = false);
   absl::Status PipelineTimes(StepStats* stats);
   absl::Status SumTiedEmbeddingGrads();
   absl::Status AllReduceHost(comm::Communicator* c, float* values, int n);
-  absl::Status Allocate();
   absl::StatusOr<int64_t> GlobalTokens(const std::vector<model::TokenBatch>& micro_batches);
   absl::StatusOr<double> ReduceGradsAndNorm();
-  absl::Status AllReduceGrad(State& s);
   absl::Status Update(float lr, float clip_scale, bool lazy_gather);
-  // ZeRO-1/2 under mixed precision (State::lowp_padded): one parameter's compute copy
-  // gathered from the ranks' updated slices.
-  absl::Status GatherCompute(State& s);
-  // Whether pending compute copies are left to the next forward (its hooks gather them a
-  // block at a time): DP without a pipeline.
-  bool LazyComputes() const { return hooks_ != nullptr && pp_ == nullptr; }
-  // ZeRO-1/2 in f32: the value from every rank's updated slice (len elements at begin).
-  absl::Status GatherSlices(State& s, int64_t begin, int64_t len);
-  absl::Status GatherValue(State& s);       // sliced values: the f32 value (GatherParams)
-  absl::Status GatherForCompute(State& s);  // ZeRO-3: what a block multiplies with, prefetchable
-  absl::Status EnsureGrad(State& s);
-  absl::Status ReduceGrads(const std::vector<State*>& bucket);  // ZeRO-2/3: one block's, every micro-batch
-  // ZeRO-0/1: the last micro-batch's reduction of one block's gradients (a bucket), as
-  // one NCCL group.
-  absl::Status ReduceEarly(const std::vector<State*>& bucket);
-  absl::Status PrepareReduce(State& s);
-  absl::Status IssueReduce(State& s);
-  // ZeRO-0 with DP and no pipeline (trainer_rows.cc): the embedding's gradient is
-  // all-reduced as soon as the last micro-batch's LM head backward is done — under every
-  // layer's backward — instead of after the embedding's backward, the last thing in the
-  // step (1 GiB exposed for a 128k x 2048 f32 table). That micro-batch's embedding rows
-  // go round instead, compacted to the rows any DP rank's tokens touch ([rows, hidden]
-  // f32, all-reduced), and are added after the join, each row once (the same result on
-  // every rank). Plan: at the step's start (the ranks' last token ids, gathered on the
-  // host); Take: the model's embedding backward (ParamHooks); Add: after the join.
-  struct EmbeddingRows {
-    model::Param* embed = nullptr;
-    int64_t vocab_start = 0;  // this TP rank's first vocabulary row
-    int64_t count = 0;        // rows any DP rank's tokens touch in this rank's vocabulary
-    runtime::Tensor rows;  // i32 [count]: those rows' vocabulary ids, ascending
-    runtime::Tensor pos;   // i32 [tokens]: each local token's index in `rows` (-1: another TP rank's)
-    runtime::Tensor sums;  // f32 [count, hidden]: the rows' gradients, all-reduced over DP
-  };
-  model::Param* EarlyEmbedding() const;  // the embedding while rows_ is planned, else null
-  absl::Status PlanEmbeddingRows(const model::TokenBatch& last);
-  absl::StatusOr<bool> TakeEmbeddingRows(const runtime::Tensor& ids, const runtime::Tensor& dout);
-  absl::Status AddEmbeddingRows();
 
   model::Llama* model_;
   runtime::Backend* backend_;
@@ -241,15 +173,9 @@ class Trainer {
   comm::Communicator* tp_;
   comm::Communicator* pp_;  // null: one stage
   OptimizerOptions options_;
-  std::vector<State> state_;  // per parameter, in the model's order
+  std::unique_ptr<GradSync> sync_;
   std::vector<int> pipe_marks_;  // RunPipeline's timing marks: start, (before, after) per op, end
   std::array<int, 2> wait_marks_{-1, -1};  // around the join of the DP reduction (StepStats::dp_wait_s)
-  std::unique_ptr<Hooks> hooks_;  // ZeRO-2/3; ZeRO-0/1 with DP and no pipeline
-  bool reduce_in_backward_ = false;  // ZeRO-0/1: during the last micro-batch
-  std::unique_ptr<EmbeddingRows> rows_;  // ZeRO-0: during the last micro-batch (PlanEmbeddingRows)
-  bool sliced_ = false;           // values_sliced()
-  bool compute_pending_ = false;  // ZeRO-1/2 under mixed precision: a State::compute_pending is set
-  bool prefetched_ = false;       // Hooks::Acquire issued the next block's gathers
   int64_t step_ = 0;
 };
 
