@@ -64,7 +64,7 @@ struct LossSum {
   int64_t tokens = 0;
 };
 
-// Hooks of sharded data parallelism (ZeRO-2/3, worker/train/trainer.h). The model runs
+// Hooks of data parallelism (worker/train/grad_sync.h: the ZeRO strategies). The model runs
 // in blocks — 0: the embedding, 1..layers: the decoder layers, layers + 1: the final
 // norm and the LM head — and calls these around each block's forward and backward.
 class ParamHooks {
@@ -83,7 +83,7 @@ class ParamHooks {
   // The embedding's backward: true when the hook takes this micro-batch's rows itself
   // (token ids, their output gradient [tokens, hidden], this rank's vocabulary from
   // vocab_start) and the model adds nothing to the embedding's gradient — the trainer's
-  // early embedding reduction (trainer.h); false: the model adds them.
+  // early embedding reduction (grad_sync.h, DataParallelSync); false: the model adds them.
   virtual absl::StatusOr<bool> TakeEmbeddingRows(const runtime::Tensor& /*ids*/, const runtime::Tensor& /*dout*/,
                                                  int64_t /*vocab_start*/) {
     return false;

@@ -242,7 +242,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(
         Layout{"dp2", 1, 2, 0}, Layout{"dp2_zero1", 1, 2, 1}, Layout{"dp2_zero2", 1, 2, 2}, Layout{"dp2_zero3", 1, 2, 3},
         // ZeRO-0 tied: the embedding (with the LM head's share) reduced early, its rows
-        // compacted (trainer_rows.cc); with TP each rank's vocabulary shard; with CP x DP.
+        // compacted (data_parallel_sync.cc); with TP each rank's vocabulary shard; with CP x DP.
         Layout{"dp2_tied", 1, 2, 0, true}, Layout{"tp2_dp2_tied", 2, 2, 0, true}, Layout{"cp2_dp2_tied", 1, 2, 0, true, 2},
         Layout{"dp2_zero2_tied", 1, 2, 2, true}, Layout{"dp2_zero3_tied", 1, 2, 3, true},
         Layout{"tp2_dp2_zero1", 2, 2, 1}, Layout{"tp2_dp2_zero3", 2, 2, 3}, Layout{"cp2", 1, 1, 0, false, 2},
