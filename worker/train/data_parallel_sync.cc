@@ -43,10 +43,7 @@ absl::Status DataParallelSync::IssueReduce(ParamState& s) {
 absl::StatusOr<Tensor*> DataParallelSync::ReduceGrad(ParamState& s) {
   const bool reduced = s.reduced;  // during the backward (ReduceEarly)
   s.reduced = false;
-  if (dp_ != nullptr && !reduced) {
-    TESSERA_RETURN_IF_ERROR(model_->FreshenGrad(*s.param));
-    TESSERA_RETURN_IF_ERROR(IssueReduce(s));
-  }
+  if (dp_ != nullptr && !reduced) TESSERA_RETURN_IF_ERROR(IssueReduce(s));
   return &s.param->grad;
 }
 

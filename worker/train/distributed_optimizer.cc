@@ -67,10 +67,7 @@ absl::StatusOr<Tensor*> DistributedOptimizer::ReduceGrad(ParamState& s) {
   if (zero_ >= 2) return &s.grad_shard;  // reduced into the slice during the backward
   const bool reduced = s.reduced;
   s.reduced = false;
-  if (!reduced) {
-    TESSERA_RETURN_IF_ERROR(model_->FreshenGrad(*s.param));
-    TESSERA_RETURN_IF_ERROR(IssueReduce(s));
-  }
+  if (!reduced) TESSERA_RETURN_IF_ERROR(IssueReduce(s));
   return &s.grad_shard;
 }
 

@@ -99,7 +99,8 @@ class GradSync : public model::ParamHooks {
   // Where parameter s's gradient is after the backward (before ReduceGrad): the model's
   // gradient, or (ZeRO-2/3) this rank's reduced slice.
   virtual runtime::Tensor* AccumulatedGrad(ParamState& s) { return &s.param->grad; }
-  // After the backward: s's gradient reduced over DP (if the backward did not already)
+  // After the backward, with s's gradient freshened (Llama::FreshenGrad, by the caller):
+  // s's gradient reduced over DP (if the backward did not already)
   // and what this rank counts of it in the gradient norm — the whole gradient, or its
   // slice (then the squares are summed over DP: norm_over_dp()).
   virtual absl::StatusOr<runtime::Tensor*> ReduceGrad(ParamState& s) = 0;

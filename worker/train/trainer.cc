@@ -43,8 +43,6 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(model::Llama* model, ru
   if (model->stage().pp != pp_size)
     return absl::InvalidArgumentError(absl::StrCat("trainer: the model is a stage of pp ", model->stage().pp,
                                                    " but the pipeline group has ", pp_size, " ranks"));
-  if (options.zero < 0 || options.zero > 3)
-    return absl::InvalidArgumentError(absl::StrCat("trainer: zero must be 0, 1, 2 or 3, got ", options.zero));
   if (!(options.lr > 0) || options.min_lr < 0 || options.min_lr > options.lr)
     return absl::InvalidArgumentError(
         absl::StrCat("trainer: need 0 <= min_lr <= lr and lr > 0, got lr ", options.lr, ", min_lr ", options.min_lr));
@@ -52,7 +50,6 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(model::Llama* model, ru
     return absl::InvalidArgumentError("trainer: total_steps must be >= 1 and warmup_steps >= 0");
   std::unique_ptr<Trainer> t(new Trainer(model, backend, dp, tp, pp, options));
   TESSERA_ASSIGN_OR_RETURN(t->sync_, GradSync::Create(options.zero, model, backend, t->dp_, t->tp_, t->pp_));
-  t->options_.zero = t->sync_->zero();
   if (t->sync_->uses_hooks()) model->set_hooks(t->sync_.get());
   return t;
 }
