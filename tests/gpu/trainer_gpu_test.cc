@@ -176,7 +176,7 @@ INSTANTIATE_TEST_SUITE_P(
     [](const auto& info) { return std::string(info.param.name); });
 
 // A TP-2 rollout on two GPUs (a process each): sampling on the device — each rank gathers
-// the whole vocabulary's logits (Llama::GatherVocab) and draws — gives both ranks the
+// the whole vocabulary's logits (Generator::GatherVocab) and draws — gives both ranks the
 // same tokens (else their caches would part), and those are what the host sampler draws
 // from the same logits (f32; as on one GPU, at most one sequence may part at a CDF
 // boundary, the device summing in another order). Greedy, temperature 1, top-k, top-p.

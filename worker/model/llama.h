@@ -105,6 +105,10 @@ struct Param {
   const runtime::Tensor& weight() const { return compute.defined() ? compute : value; }
 };
 
+struct KvCache;
+struct DecodeView;
+class Generator;  // generation over a KV cache: worker/model/generator.h
+
 class Llama {
  public:
   // tp: the tensor-parallel group (null or size 1: no tensor parallelism); it must hold
@@ -239,52 +243,12 @@ class Llama {
   // Drops a pending sum unread (a step that failed half-way); no device work.
   void DropPendingLoss() { loss_pending_ = false; }
 
-  // Generation over a paged KV cache (the rollout engine, worker/rollout/rollout.h; source
-  // in llama_generate.cc). A model without pipeline, context or sequence parallelism; TP
-  // shards the cache's heads like the attention.
-  struct KvCache {
-    std::vector<runtime::Tensor> k, v;  // per layer [blocks, block_size, kv_heads / tp, head_dim]
-    int64_t blocks = 0, block_size = 0;
-  };
-  absl::StatusOr<KvCache> NewKvCache(int64_t blocks, int64_t block_size);
-  // Decode: the cache's block tables [B, max_blocks] and context lengths [B] (this
-  // step's token included), host i32 (kernels/paged_attention).
-  struct DecodeView {
-    runtime::Tensor tables, lens;
-  };
-  // One forward over new tokens: `batch` packs each sequence's new tokens (targets
-  // unused) with their positions in the sequence; their keys and values go to the cache
-  // at `slots` (block * block_size + offset, one per token). Without `decode` (prefill)
-  // a sequence's tokens attend to each other — the cache holds nothing of it before —;
-  // with it every sequence has one new token, which attends to its cached context.
-  // Returns the logits of each sequence's last new token over the whole vocabulary
-  // (gathered over TP), [sequences x vocab] f32 on the host.
-  absl::StatusOr<std::vector<float>> ForwardWithCache(const TokenBatch& batch, const std::vector<int32_t>& slots,
-                                                      KvCache& cache, const DecodeView* decode);
-  // The same, but the logits stay on the model's device: [sequences x vocab / tp] in the
-  // compute dtype, this rank's vocabulary shard (no TP gather). What the rollout engine
-  // samples from on a GPU without a round trip through the host.
-  absl::StatusOr<runtime::Tensor> ForwardWithCacheLocal(const TokenBatch& batch, const std::vector<int32_t>& slots,
-                                                        KvCache& cache, const DecodeView* decode);
-  // Vocabulary-parallel logits [n, vocab / tp] of every TP rank gathered into [n, vocab]
-  // on the device, in their dtype (each rank gets the same); without TP `local` itself.
-  // Every rank of the TP group calls it.
-  absl::StatusOr<runtime::Tensor> GatherVocab(const runtime::Tensor& local);
-  // The decode step over inputs already on the device (the rollout engine's CUDA graph
-  // captures it): tokens, positions, slots, lens i32 [B] and block tables i32 [B,
-  // max_blocks], all on the model's device and checked by the caller on their host
-  // copies (Backend::CheckCacheSlots, CheckPagedIndices): nothing in it reads the host or
-  // waits for the device. Logits as ForwardWithCacheLocal. FAILED_PRECONDITION for a
-  // model with parameter hooks (ZeRO-3), QKV bias or TP.
-  struct DeviceDecode {
-    runtime::Tensor tokens, positions, slots, tables, lens;
-  };
-  absl::StatusOr<runtime::Tensor> DecodeStepOnDevice(const DeviceDecode& inputs, KvCache& cache);
   bool has_param_hooks() const { return hooks_ != nullptr; }
   runtime::Backend& backend() const { return *backend_; }
   bool tensor_parallel() const { return tp_ != nullptr && tp_->size() > 1; }
 
  private:
+  friend class Generator;
   struct LayerParams;
   struct LayerActs;
   struct Inputs;
@@ -293,9 +257,6 @@ class Llama {
   Llama(const LlamaConfig& config, runtime::Backend* backend, comm::Communicator* tp, bool sequence_parallel,
         comm::Communicator* cp, StageSpec stage);
   absl::Status CheckBatch(const TokenBatch& batch) const;
-  absl::Status CheckGeneration(const KvCache& cache) const;
-  absl::StatusOr<runtime::Tensor> CacheForward(const Inputs& in, int64_t n, const std::vector<int64_t>& last, KvCache& cache,
-                                               const runtime::Tensor& slots, const DecodeView* decode);
   absl::StatusOr<runtime::Tensor> ChunkForward(int chunk, const TokenBatch& batch, Flight& f, const runtime::Tensor* input,
                                                bool backward, float grad_scale, LossSum* loss,
                                                std::vector<float>* logits_out);
@@ -319,7 +280,7 @@ class Llama {
   absl::Status GatherInto(const Param& p, const runtime::Tensor& shard, runtime::Tensor& out);
   // Every TP rank's [rows, c] block placed as columns [k·c, (k+1)·c) of `full` [rows,
   // tp·c] (same dtype): an all-gather, then a 2-D device copy per block. The column
-  // shards of a weight (GatherInto) and the vocabulary shards of logits (GatherVocab).
+  // shards of a weight (GatherInto) and the vocabulary shards of logits (Generator::GatherVocab).
   absl::Status GatherColumns(const runtime::Tensor& local, runtime::Tensor& full);
   absl::StatusOr<Inputs> Upload(const TokenBatch& batch);
   absl::Status LayerForward(const LayerParams& w, const Inputs& in, const runtime::Tensor& x, LayerActs& a,

@@ -1,10 +1,11 @@
 // Llama's internal structures, shared by its source files (llama.cc: training;
-// llama_layer.cc: a decoder layer's forward and backward; llama_generate.cc: the forward
-// over a KV cache). Not part of the model's interface.
+// llama_layer.cc: a decoder layer's forward and backward; generator.cc: the forward
+// over a KV cache: Generator). Not part of the model's interface.
 #pragma once
 
 #include <vector>
 
+#include "worker/model/generator.h"
 #include "worker/model/llama.h"
 
 namespace tessera::model {

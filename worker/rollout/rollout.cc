@@ -44,7 +44,7 @@ absl::StatusOr<std::unique_ptr<RolloutEngine>> RolloutEngine::Create(model::Llam
 
 void RolloutEngine::ReleaseCache() {
   graphs_.clear();  // they point into the cache
-  cache_.reset();
+  gen_.reset();
   free_blocks_.clear();
 }
 
@@ -74,14 +74,13 @@ absl::StatusOr<std::vector<Completion>> RolloutEngine::Generate(const std::vecto
   const int64_t bs = options_.block_size, vocab = model_->config().vocab;
   for (size_t i = 0; i < requests.size(); ++i)
     TESSERA_RETURN_IF_ERROR(CheckRequest(requests[i], i, vocab, options_.num_blocks * bs));
-  if (cache_ == nullptr) {
+  if (gen_ == nullptr) {
     // With CUDA graphs, blocks past num_blocks take the padded rows' writes (one slot per
     // row of the largest padded batch); they are never handed out.
     int64_t pad_rows = 1;
     while (pad_rows < options_.max_running) pad_rows *= 2;
     const int64_t scratch = GraphsUsable() ? (pad_rows + bs - 1) / bs : 0;
-    TESSERA_ASSIGN_OR_RETURN(model::Llama::KvCache c, model_->NewKvCache(options_.num_blocks + scratch, bs));
-    cache_ = std::make_unique<model::Llama::KvCache>(std::move(c));
+    TESSERA_ASSIGN_OR_RETURN(gen_, model::Generator::Create(model_, options_.num_blocks + scratch, bs));
     scratch_block_ = scratch > 0 ? options_.num_blocks : -1;
     free_blocks_.clear();
     for (int64_t b = options_.num_blocks - 1; b >= 0; --b) free_blocks_.push_back(static_cast<int32_t>(b));
@@ -179,7 +178,7 @@ absl::Status RolloutEngine::Decode(std::vector<Seq*>& running) {
   std::vector<int32_t> slots;
   int64_t max_blocks = 1;
   for (Seq* s : running) max_blocks = std::max<int64_t>(max_blocks, s->blocks.size());
-  model::Llama::DecodeView view;
+  model::DecodeView view;
   TESSERA_ASSIGN_OR_RETURN(view.tables, host_->Empty({n, max_blocks}, DType::kI32));
   TESSERA_ASSIGN_OR_RETURN(view.lens, host_->Empty({n}, DType::kI32));
   int32_t* tables = view.tables.data_as<int32_t>();
@@ -201,15 +200,15 @@ absl::Status RolloutEngine::Decode(std::vector<Seq*>& running) {
 }
 
 absl::Status RolloutEngine::ForwardAndSample(const std::vector<Seq*>& seqs, const model::TokenBatch& batch,
-                                             const std::vector<int32_t>& slots, const model::Llama::DecodeView* view) {
+                                             const std::vector<int32_t>& slots, const model::DecodeView* view) {
   if (device_sampling_) {  // the logits stay on the device: sampled there
-    TESSERA_ASSIGN_OR_RETURN(Tensor local, model_->ForwardWithCacheLocal(batch, slots, *cache_, view));
+    TESSERA_ASSIGN_OR_RETURN(Tensor local, gen_->ForwardLocal(batch, slots, view));
     // Under TP every rank gathers the whole vocabulary's logits on its device and samples
     // the same tokens (the same logits, seeds and kernel), so the ranks stay in step.
-    TESSERA_ASSIGN_OR_RETURN(Tensor logits, model_->GatherVocab(local));
+    TESSERA_ASSIGN_OR_RETURN(Tensor logits, gen_->GatherVocab(local));
     return SampleInto(seqs, logits, model_->backend());
   }
-  TESSERA_ASSIGN_OR_RETURN(std::vector<float> logits, model_->ForwardWithCache(batch, slots, *cache_, view));
+  TESSERA_ASSIGN_OR_RETURN(std::vector<float> logits, gen_->Forward(batch, slots, view));
   const int64_t n = static_cast<int64_t>(seqs.size()), vocab = model_->config().vocab;
   TESSERA_ASSIGN_OR_RETURN(Tensor z, host_->Empty({n, vocab}, DType::kF32));
   std::memcpy(z.data(), logits.data(), logits.size() * sizeof(float));

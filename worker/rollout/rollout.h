@@ -17,7 +17,7 @@
 // sampling distribution (softmax(logits / temperature); at temperature 0 or 1 the
 // model's own). On a GPU the logits stay on the device and are sampled there (the same
 // counter-based draw as the host's); under TP each rank first gathers the whole
-// vocabulary's logits on its device (Llama::GatherVocab) and every rank draws the same
+// vocabulary's logits on its device (Generator::GatherVocab) and every rank draws the same
 // tokens. On the CPU they are sampled by the host backend.
 // ReleaseCache() frees the cache (a colocated executor going back to training); the
 // next Generate() makes it again.
@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "worker/model/generator.h"
 #include "worker/model/llama.h"
 #include "worker/runtime/backend.h"
 
@@ -103,7 +104,7 @@ class RolloutEngine {
   absl::Status Decode(std::vector<Seq*>& running);
   // The model's forward over the cache for `seqs`, then each sequence's next token.
   absl::Status ForwardAndSample(const std::vector<Seq*>& seqs, const model::TokenBatch& batch,
-                                const std::vector<int32_t>& slots, const model::Llama::DecodeView* view);
+                                const std::vector<int32_t>& slots, const model::DecodeView* view);
   // Draws each sequence's next token from its row of `logits` (on `be`'s device: the
   // host backend, or the model's GPU) and appends it.
   absl::Status SampleInto(const std::vector<Seq*>& seqs, const runtime::Tensor& logits, runtime::Backend& be);
@@ -137,7 +138,7 @@ class RolloutEngine {
   // A GPU model samples on its device (no logits through the host; under TP from the
   // gathered vocabulary, every rank drawing the same tokens).
   bool device_sampling_ = false;
-  std::unique_ptr<model::Llama::KvCache> cache_;
+  std::unique_ptr<model::Generator> gen_;  // the model over its KV cache (null: released)
   std::vector<int32_t> free_blocks_;
   int64_t decode_steps_ = 0, prefills_ = 0;
   double prefill_s_ = 0, decode_s_ = 0;

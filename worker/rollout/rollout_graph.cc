@@ -4,7 +4,7 @@
 // tables to a power-of-two width; each (batch, width) gets static device buffers and,
 // from its second use on, a graph of the whole step — embedding, every layer with its
 // cache write and paged attention, the LM head and the sampling kernel — captured from
-// the same code the eager step runs (Llama::DecodeStepOnDevice + Backend::Sample). A step
+// the same code the eager step runs (Generator::DecodeStep + Backend::Sample). A step
 // is then: the host checks and packs its indices, three uploads, one graph launch, two
 // downloads. The first use runs eagerly on the same buffers (it also warms cuBLASLt's
 // plans, so that the capture records only kernels). A failed capture turns graphs off
@@ -28,16 +28,15 @@ int64_t Pow2AtLeast(int64_t n) {
 }  // namespace
 
 bool RolloutEngine::GraphsUsable() const {
-  return options_.cuda_graphs && device_sampling_ && !graphs_failed_ && !model_->has_param_hooks() &&
-         !model_->config().qkv_bias && !model_->tensor_parallel();  // DecodeStepOnDevice: no TP
+  return options_.cuda_graphs && device_sampling_ && !graphs_failed_ && model::Generator::DecodeOnDeviceSupported(*model_);
 }
 
 uint64_t RolloutEngine::GraphFingerprint() const {
   uint64_t h = 1469598103934665603ull;
   auto mix = [&](const void* p) { h = (h ^ reinterpret_cast<uintptr_t>(p)) * 1099511628211ull; };
   for (auto& p : model_->params()) mix(p.weight().data());
-  if (cache_ != nullptr)
-    for (size_t l = 0; l < cache_->k.size(); ++l) mix(cache_->k[l].data()), mix(cache_->v[l].data());
+  if (gen_ != nullptr)
+    for (size_t l = 0; l < gen_->cache().k.size(); ++l) mix(gen_->cache().k[l].data()), mix(gen_->cache().v[l].data());
   return h;
 }
 
@@ -45,7 +44,7 @@ absl::Status RolloutEngine::RunDecodeGraphOps(DecodeGraph& g) {
   runtime::Backend& be = model_->backend();
   const int64_t nb = g.batch;
   auto i32 = [&](int64_t at, int64_t len) { return g.i32.Slice(0, at * nb, len); };
-  model::Llama::DeviceDecode d;
+  model::DeviceDecode d;
   TESSERA_ASSIGN_OR_RETURN(d.tokens, i32(0, nb));
   TESSERA_ASSIGN_OR_RETURN(d.positions, i32(1, nb));
   TESSERA_ASSIGN_OR_RETURN(d.slots, i32(2, nb));
@@ -57,7 +56,7 @@ absl::Status RolloutEngine::RunDecodeGraphOps(DecodeGraph& g) {
   TESSERA_ASSIGN_OR_RETURN(Tensor top_p, g.f32.Slice(0, nb, nb));
   TESSERA_ASSIGN_OR_RETURN(Tensor seed, g.i64.Slice(0, 0, nb));
   TESSERA_ASSIGN_OR_RETURN(Tensor offset, g.i64.Slice(0, nb, nb));
-  TESSERA_ASSIGN_OR_RETURN(Tensor logits, model_->DecodeStepOnDevice(d, *cache_));
+  TESSERA_ASSIGN_OR_RETURN(Tensor logits, gen_->DecodeStep(d));
   return be.Sample(logits, temperature, top_k, top_p, seed, offset, g.token, g.logprob);
 }
 
@@ -99,8 +98,8 @@ absl::Status RolloutEngine::DecodeWithGraph(std::vector<Seq*>& running) {
       f32[i] = 0.f, f32[nb + i] = 1.f;
     }
   }
-  TESSERA_RETURN_IF_ERROR(runtime::Backend::CheckCacheSlots(cache_->k[0], slots, nb));
-  TESSERA_RETURN_IF_ERROR(runtime::Backend::CheckPagedIndices(cache_->k[0], tables, nb, maxb, lens));
+  TESSERA_RETURN_IF_ERROR(runtime::Backend::CheckCacheSlots(gen_->cache().k[0], slots, nb));
+  TESSERA_RETURN_IF_ERROR(runtime::Backend::CheckPagedIndices(gen_->cache().k[0], tables, nb, maxb, lens));
   TESSERA_RETURN_IF_ERROR(be.CopyFromHost(i32.data(), g.i32));
   TESSERA_RETURN_IF_ERROR(be.CopyFromHost(f32.data(), g.f32));
   TESSERA_RETURN_IF_ERROR(be.CopyFromHost(i64.data(), g.i64));

@@ -96,7 +96,9 @@ TEST(Plan, ZeroModelStatesFollowTheFormulas) {
     std::cout << "zero " << zero << ": " << got / (1 << 30) << " GiB of model states (+ " << plan->memory.block_buffers / double(1 << 30)
               << " GiB of block buffers); ZeRO's formula " << want / (1 << 30) << " GiB\n";
     EXPECT_NEAR(got, want, 0.1 * want);
-    if (zero > 0) EXPECT_LT(got, previous);
+    if (zero > 0) {
+      EXPECT_LT(got, previous);
+    }
     previous = got;
   }
 }
