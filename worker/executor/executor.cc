@@ -22,7 +22,8 @@
 #include "worker/comm/nccl_communicator.h"
 #include "worker/executor/comm_check.h"
 #include "worker/executor/generate.h"
-#include "worker/executor/train.h"
+#include "worker/executor/pretrain_session.h"
+#include "worker/executor/rl_actor_session.h"
 #include "worker/executor/cuda_buffer_space.h"
 #include "worker/executor/rollout_pool.h"
 #include "worker/rollout/weight_sync.h"
@@ -70,6 +71,24 @@ absl::StatusOr<std::shared_ptr<GroupComms>> Executor::Group(const std::string& g
 TrainSession* Executor::SessionOf(const std::string& group) {
   auto it = sessions_.find(group);
   return it == sessions_.end() ? nullptr : it->second.get();
+}
+
+absl::StatusOr<Executor::GroupSession> Executor::AnySessionOf(const std::string& group) {
+  GroupSession g{SessionOf(group), PoolOf(group)};
+  if (g.train == nullptr && g.pool == nullptr)
+    return absl::FailedPreconditionError(absl::StrCat("group '", group, "' has no session; call TrainInit or RolloutInit first"));
+  return g;
+}
+
+absl::StatusOr<RlActorSession*> Executor::RlActorOf(const std::string& group, const char* op) {
+  TrainSession* s = SessionOf(group);
+  if (s == nullptr)
+    return absl::FailedPreconditionError(absl::StrCat(op, ": group '", group, "' has no training session (not the actor, or no TrainInit yet)"));
+  auto* rl = dynamic_cast<RlActorSession*>(s);
+  if (rl == nullptr)
+    return absl::FailedPreconditionError(absl::StrCat(op, ": group '", group, "' trains a ", s->kind(),
+                                                      " job; ", op, " is an RL actor's (grpo, ppo)"));
+  return rl;
 }
 
 RolloutPoolSession* Executor::PoolOf(const std::string& group) {
@@ -145,8 +164,12 @@ absl::StatusOr<v1::TrainStepResponse> Executor::TrainStep(const v1::TrainStepReq
   TrainSession* s = SessionOf(req.group());
   if (s == nullptr)
     return absl::FailedPreconditionError(absl::StrCat("group '", req.group(), "' has no training session; call TrainInit first"));
-  if (req.save()) s->RequestSave();  // a node of the job is leaving: save after this step
-  return s->Step(req.step());
+  auto* pretrain = dynamic_cast<PretrainSession*>(s);
+  if (pretrain == nullptr)
+    return absl::FailedPreconditionError(absl::StrCat("TrainStep: group '", req.group(), "' is the actor of a ", s->kind(),
+                                                      " job, which RlUpdate trains; TrainStep is pretrain's and sft's"));
+  if (req.save()) pretrain->RequestSave();  // a node of the job is leaving: save after this step
+  return pretrain->Step(req.step());
 }
 
 absl::StatusOr<v1::RolloutInitResponse> Executor::RolloutInit(const v1::RolloutInitRequest& req) {
@@ -160,36 +183,35 @@ absl::StatusOr<v1::RolloutInitResponse> Executor::RolloutInit(const v1::RolloutI
 absl::StatusOr<v1::RolloutStats> Executor::RolloutGenerate(const v1::RolloutGenerateRequest& req, v1::TensorBatch* samples) {
   TESSERA_RETURN_IF_ERROR(Group(req.group()).status());
   std::lock_guard<std::mutex> lk(ops_mu_);
-  if (RolloutPoolSession* pool = PoolOf(req.group())) return pool->Generate(req.step(), samples);
-  if (TrainSession* s = SessionOf(req.group())) return s->RolloutGenerate(req.step(), samples);
-  return absl::FailedPreconditionError(absl::StrCat("group '", req.group(), "' has no session; call TrainInit or RolloutInit first"));
+  TESSERA_ASSIGN_OR_RETURN(GroupSession g, AnySessionOf(req.group()));
+  if (g.pool != nullptr) return g.pool->Generate(req.step(), samples);
+  TESSERA_ASSIGN_OR_RETURN(RlActorSession * actor, RlActorOf(req.group(), "RolloutGenerate"));
+  return actor->RolloutGenerate(req.step(), samples);
 }
 
 absl::StatusOr<v1::RlUpdateResponse> Executor::RlUpdate(const v1::RlUpdateHeader& req, const v1::TensorBatch& samples) {
   TESSERA_RETURN_IF_ERROR(Group(req.group()).status());
   std::lock_guard<std::mutex> lk(ops_mu_);
-  TrainSession* s = SessionOf(req.group());
-  if (s == nullptr)
-    return absl::FailedPreconditionError(absl::StrCat("RlUpdate: group '", req.group(), "' has no training session (not the actor, or no TrainInit yet)"));
-  if (req.save()) s->RequestSave();
-  return s->RlUpdate(req.step(), samples);
+  TESSERA_ASSIGN_OR_RETURN(RlActorSession * actor, RlActorOf(req.group(), "RlUpdate"));
+  if (req.save()) actor->RequestSave();
+  return actor->RlUpdate(req.step(), samples);
 }
 
 absl::StatusOr<v1::RlEvalResponse> Executor::RlEval(const v1::RlEvalRequest& req) {
   TESSERA_RETURN_IF_ERROR(Group(req.group()).status());
   std::lock_guard<std::mutex> lk(ops_mu_);
-  if (RolloutPoolSession* pool = PoolOf(req.group())) return pool->Eval(req.problems());
-  if (TrainSession* s = SessionOf(req.group())) return s->RlEval(req.problems());
-  return absl::FailedPreconditionError(absl::StrCat("group '", req.group(), "' has no session; call TrainInit or RolloutInit first"));
+  TESSERA_ASSIGN_OR_RETURN(GroupSession g, AnySessionOf(req.group()));
+  if (g.pool != nullptr) return g.pool->Eval(req.problems());
+  TESSERA_ASSIGN_OR_RETURN(RlActorSession * actor, RlActorOf(req.group(), "RlEval"));
+  return actor->RlEval(req.problems());
 }
 
 absl::StatusOr<v1::BridgeInitResponse> Executor::BridgeInit(const v1::BridgeInitRequest& req) {
   TESSERA_RETURN_IF_ERROR(Group(req.group()).status());
   std::lock_guard<std::mutex> lk(ops_mu_);
-  TrainSession* s = SessionOf(req.group());
-  RolloutPoolSession* pool = PoolOf(req.group());
-  if (s == nullptr && pool == nullptr)
-    return absl::FailedPreconditionError(absl::StrCat("group '", req.group(), "' has no session; call TrainInit or RolloutInit first"));
+  TESSERA_ASSIGN_OR_RETURN(GroupSession g, AnySessionOf(req.group()));
+  TrainSession* s = g.train;
+  RolloutPoolSession* pool = g.pool;
   TESSERA_ASSIGN_OR_RETURN(bridge_, MakeBridge(cfg_, rdv_, listen_host_));
   if (cfg_.device_type() == v1::DEVICE_TYPE_GPU)
     TESSERA_RETURN_IF_ERROR(bridge_->OrderWith(s != nullptr ? s->backend().stream() : pool->backend().stream()));
@@ -202,10 +224,9 @@ absl::StatusOr<v1::BridgeInitResponse> Executor::BridgeInit(const v1::BridgeInit
 absl::StatusOr<v1::SyncWeightsResponse> Executor::SyncWeights(const v1::SyncWeightsRequest& req) {
   TESSERA_RETURN_IF_ERROR(Group(req.group()).status());
   std::lock_guard<std::mutex> lk(ops_mu_);
-  TrainSession* s = SessionOf(req.group());
-  RolloutPoolSession* pool = PoolOf(req.group());
-  if (s == nullptr && pool == nullptr)
-    return absl::FailedPreconditionError(absl::StrCat("group '", req.group(), "' has no session; call TrainInit or RolloutInit first"));
+  TESSERA_ASSIGN_OR_RETURN(GroupSession g, AnySessionOf(req.group()));
+  TrainSession* s = g.train;
+  RolloutPoolSession* pool = g.pool;
   const auto t0 = std::chrono::steady_clock::now();
   v1::SyncWeightsResponse resp;
   if (s != nullptr) TESSERA_RETURN_IF_ERROR(s->GatherParams());  // sliced values: the whole values, not only this rank's
@@ -235,10 +256,9 @@ absl::StatusOr<v1::SyncWeightsResponse> Executor::SyncWeights(const v1::SyncWeig
 absl::StatusOr<v1::WeightsDigestResponse> Executor::WeightsDigest(const v1::WeightsDigestRequest& req) {
   TESSERA_RETURN_IF_ERROR(Group(req.group()).status());
   std::lock_guard<std::mutex> lk(ops_mu_);
-  TrainSession* s = SessionOf(req.group());
-  RolloutPoolSession* pool = PoolOf(req.group());
-  if (s == nullptr && pool == nullptr)
-    return absl::FailedPreconditionError(absl::StrCat("group '", req.group(), "' has no session; call TrainInit or RolloutInit first"));
+  TESSERA_ASSIGN_OR_RETURN(GroupSession g, AnySessionOf(req.group()));
+  TrainSession* s = g.train;
+  RolloutPoolSession* pool = g.pool;
   if (s != nullptr) TESSERA_RETURN_IF_ERROR(s->GatherParams());  // every actor rank calls it
   TESSERA_ASSIGN_OR_RETURN(std::string digest, executor::WeightsDigest(s != nullptr ? s->model() : pool->model()));
   v1::WeightsDigestResponse resp;

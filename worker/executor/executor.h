@@ -35,7 +35,8 @@ struct ExecutorOptions {
 // Returns the process exit code.
 int RunExecutor(const ExecutorOptions& opts);
 
-class TrainSession;        // train.h
+class TrainSession;        // train_session.h
+class RlActorSession;      // rl_actor_session.h
 class RolloutPoolSession;  // rollout_pool.h
 class GenerateSession;     // generate.h
 struct GroupComms;
@@ -46,8 +47,11 @@ struct GroupComms;
 // symbolic links resolved (a link under a root may lead out of it on this host), then
 // finds the request's group: NOT_FOUND when this executor hosts no rank of it,
 // FAILED_PRECONDITION before InitGroup and for operations out of order.
-// Sessions per group: TrainInit makes a TrainSession (pretrain, sft, and the actor of
-// grpo / ppo, which generates its own samples when the job has no rollout group);
+// Sessions per group: TrainInit makes the TrainSession of the job's kind (a
+// PretrainSession for pretrain and sft, which TrainStep drives; an RlActorSession for the
+// actor of grpo / ppo, which RlUpdate drives and which generates its own samples when the
+// job has no rollout group); an operation for another kind's session is
+// FAILED_PRECONDITION naming both;
 // RolloutInit a RolloutPoolSession (a rollout group); Generate a GenerateSession.
 //
 // Threading: any thread may call; InitGroup runs beside other groups' calls, and the
@@ -78,6 +82,16 @@ class Executor {
   absl::StatusOr<std::shared_ptr<GroupComms>> Group(const std::string& group);
   TrainSession* SessionOf(const std::string& group) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_mu_);
   RolloutPoolSession* PoolOf(const std::string& group) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_mu_);
+  // The group's training session or rollout pool (one of them is set); FAILED_PRECONDITION
+  // when it has neither.
+  struct GroupSession {
+    TrainSession* train;
+    RolloutPoolSession* pool;
+  };
+  absl::StatusOr<GroupSession> AnySessionOf(const std::string& group) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_mu_);
+  // The group's RL actor session; FAILED_PRECONDITION naming `op` when the group has no
+  // training session or trains another kind.
+  absl::StatusOr<RlActorSession*> RlActorOf(const std::string& group, const char* op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_mu_);
 
   const v1::ExecutorConfig cfg_;
   comm::KvStore* const rdv_;

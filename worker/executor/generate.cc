@@ -12,7 +12,7 @@
 #include "common/util.h"
 #include "worker/checkpoint/checkpoint.h"
 #include "worker/checkpoint/hf.h"
-#include "worker/executor/train.h"
+#include "worker/executor/model_spec.h"
 
 namespace tessera::executor {
 using json = nlohmann::json;

@@ -9,7 +9,7 @@
 #include "common/rpc/grpc_util.h"
 #include "common/status.h"
 #include "common/util.h"
-#include "worker/executor/train.h"
+#include "worker/executor/model_spec.h"
 
 namespace tessera::executor {
 

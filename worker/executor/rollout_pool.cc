@@ -12,7 +12,7 @@
 #include "common/status.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/nccl_communicator.h"
-#include "worker/executor/train.h"
+#include "worker/executor/model_spec.h"
 
 namespace tessera::executor {
 
@@ -67,7 +67,7 @@ absl::StatusOr<v1::RolloutStats> GenerateSamples(engine::RolloutEngine& rollout,
     r.params.stop_tokens = prompts_.stop_tokens();
     r.params.n = rl_.group_size();
     // The seed the actor's DP rank g / actor_per gives its prompt g % actor_per colocated
-    // (TrainSession::RlStep: step * 1009 + its DP rank, then engine::PromptSeed).
+    // (GenerateSamples on the actor: step * 1009 + its DP rank, then engine::PromptSeed).
     r.params.seed = engine::PromptSeed(static_cast<uint64_t>(step) * 1009 + g / actor_per, static_cast<size_t>(g % actor_per));
     requests.push_back(std::move(r));
     answers.push_back(std::move(p.answer));

@@ -38,7 +38,13 @@ TEST(Executor, OperationsOutOfOrderAreRefusedAndTheSessionCarriesOn) {
   EXPECT_FALSE(s0->has_checkpoint_seconds());  // no train.checkpoint
   step.set_step(2);  // skips step 1
   EXPECT_EQ(ex.TrainStep(step).status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(ex.RlUpdate(For<v1::RlUpdateHeader>("actor"), {}).status().code(), absl::StatusCode::kFailedPrecondition);
+  // A pretrain session has no RL operations: refused, naming the operation and the kind.
+  auto rl = ex.RlUpdate(For<v1::RlUpdateHeader>("actor"), {});
+  EXPECT_EQ(rl.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(rl.status().message()), HasSubstr("RlUpdate: group 'actor' trains a pretrain job"));
+  v1::TensorBatch none_out;
+  auto gen = ex.RolloutGenerate(For<v1::RolloutGenerateRequest>("actor"), &none_out);
+  EXPECT_THAT(std::string(gen.status().message()), HasSubstr("RolloutGenerate: group 'actor' trains a pretrain job"));
   auto cc = For<v1::CommCheckRequest>("actor");
   cc.set_group_kind("dp");
   EXPECT_THAT(std::string(ex.CommCheck(cc).status().message()), HasSubstr("iters: 0; expected at least 1"));
@@ -58,6 +64,10 @@ TEST(Executor, AnActorWithoutARolloutGroupGeneratesAndUpdates) {
   Executor ex(Config("grpo"), nullptr, "127.0.0.1");
   ASSERT_TRUE(ex.InitGroup(For<v1::InitGroupRequest>("actor")).ok());
   ASSERT_TRUE(ex.TrainInit(For<v1::TrainInitRequest>("actor")).ok());
+  // An RL actor is trained by RlUpdate, not TrainStep: refused by name, nothing changed.
+  auto wrong = ex.TrainStep(For<v1::TrainStepRequest>("actor"));
+  EXPECT_EQ(wrong.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(wrong.status().message()), HasSubstr("the actor of a grpo job, which RlUpdate trains"));
   auto gen = For<v1::RolloutGenerateRequest>("actor");
   v1::TensorBatch samples;
   auto stats = ex.RolloutGenerate(gen, &samples);

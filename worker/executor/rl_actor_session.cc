@@ -1,28 +1,39 @@
-// TrainSession's RL half (see train.h): the reference, the critic and the rollout engine
-// made at creation; the samples of a step and its update.
+#include "worker/executor/rl_actor_session.h"
+
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/rl.h"
-#include "common/status.h"
-#include "worker/checkpoint/checkpoint.h"
-#include "worker/rl/grpo.h"
-#include "worker/rl/ppo.h"
-#include "worker/rollout/weight_sync.h"
-#include "worker/executor/train.h"
 #include "common/rpc/grpc_util.h"
 #include "common/spec/job_spec.h"
-#include "worker/executor/rollout_pool.h"
+#include "common/status.h"
 #include "common/util.h"
+#include "worker/checkpoint/checkpoint.h"
+#include "worker/executor/rollout_pool.h"
+#include "worker/rollout/weight_sync.h"
 
 namespace tessera::executor {
+
+absl::StatusOr<std::unique_ptr<RlActorSession>> RlActorSession::Create(const v1::JobSpec& spec, GroupComms& comms,
+                                                                       v1::DeviceType device, int device_index) {
+  std::unique_ptr<RlActorSession> s(new RlActorSession());
+  // Here only the warm start (train.checkpoint.load, which the reference copies); the
+  // job's own checkpoints (train.checkpoint.dir) load over the actor once the reference
+  // is made (MakeRl).
+  v1::CheckpointSpec start = spec.train().checkpoint();
+  start.clear_dir();
+  engine::OptimizerOptions o;
+  TESSERA_RETURN_IF_ERROR(s->Init(spec, comms, device, device_index, start, &o));
+  TESSERA_RETURN_IF_ERROR(s->MakeRl(spec, o));
+  return s;
+}
 
 // The starting weights (after a warm start) become the frozen reference: a second model
 // of the same layout, filled by a colocated sync (a TP gather per tensor). The optimizer
 // (AdamW moments) and the step count start over for GRPO, as an RL actor's do — unless
 // the job resumes from its own checkpoint, which then loads over the actor.
-absl::Status TrainSession::MakeRl(const v1::JobSpec& spec, int dp_rank, int dps,
-                                  const engine::OptimizerOptions& actor_options) {
+absl::Status RlActorSession::MakeRl(const v1::JobSpec& spec, const engine::OptimizerOptions& actor_options) {
   rl_ = spec.rl();
-  rl_dp_rank_ = dp_rank, rl_dps_ = dps;
   TESSERA_RETURN_IF_ERROR(trainer_->ResetOptimizerState());
   TESSERA_RETURN_IF_ERROR(trainer_->GatherParams());  // the critic and the reference copy the actor's values
   start_step_ = 0;
@@ -48,7 +59,7 @@ absl::Status TrainSession::MakeRl(const v1::JobSpec& spec, int dp_rank, int dps,
   TESSERA_RETURN_IF_ERROR(prompts_.Load(spec, model_->config().vocab));
   const int64_t longest_prompt = prompts_.longest_prompt();
   engine::RolloutOptions ro;
-  const int64_t per_rank = int64_t(rl_.prompts_per_step() / dps) * rl_.group_size();
+  const int64_t per_rank = int64_t(rl_.prompts_per_step() / dps_) * rl_.group_size();
   ro.max_running = std::max<int64_t>(1, std::min<int64_t>(per_rank, 256));
   ro.block_size = 16;
   const int64_t longest = longest_prompt + rl_.max_new_tokens();  // a prompt and its completion
@@ -57,7 +68,6 @@ absl::Status TrainSession::MakeRl(const v1::JobSpec& spec, int dp_rank, int dps,
   if (RolloutPool(spec) == nullptr) {
     TESSERA_ASSIGN_OR_RETURN(rollout_, engine::RolloutEngine::Create(model_.get(), ro));
   }
-  job_name_ = spec.name();
   if (!checkpoint_.dir().empty() && checkpoint_.resume()) {
     auto latest = checkpoint::LatestCheckpoint(checkpoint_.dir());
     if (!latest.ok() && latest.status().code() != absl::StatusCode::kNotFound) return latest.status();
@@ -77,20 +87,20 @@ absl::Status TrainSession::MakeRl(const v1::JobSpec& spec, int dp_rank, int dps,
   return absl::OkStatus();
 }
 
-absl::StatusOr<v1::RolloutStats> TrainSession::RolloutGenerate(int64_t step, v1::TensorBatch* out) {
+absl::StatusOr<v1::RolloutStats> RlActorSession::RolloutGenerate(int64_t step, v1::TensorBatch* out) {
   if (rollout_ == nullptr)
     return absl::FailedPreconditionError("RolloutGenerate: the session has no rollout engine (not a grpo or ppo session, or "
                                          "the job's rollout group generates)");
-  return GenerateSamples(*rollout_, prompts_, rl_, rewards_.get(), step, rl_dp_rank_, rl_dps_, rl_dps_, out);
+  return GenerateSamples(*rollout_, prompts_, rl_, rewards_.get(), step, dp_rank_, dps_, dps_, out);
 }
 
-absl::StatusOr<v1::RlUpdateResponse> TrainSession::RlUpdate(int64_t step, const v1::TensorBatch& batch) {
+absl::StatusOr<v1::RlUpdateResponse> RlActorSession::RlUpdate(int64_t step, const v1::TensorBatch& batch) {
   if (rl_.group_size() == 0) return absl::FailedPreconditionError("RlUpdate: the session is not a grpo or ppo session");
   if (step < 0) return absl::InvalidArgumentError(absl::StrCat("RlUpdate: step ", step));
   std::vector<std::vector<int32_t>> prompts, completions;
   std::vector<double> rewards;
   TESSERA_RETURN_IF_ERROR(BatchToSamples(batch, &prompts, &completions, &rewards));
-  const int64_t want = int64_t(rl_.prompts_per_step() / rl_dps_) * rl_.group_size();
+  const int64_t want = int64_t(rl_.prompts_per_step() / dps_) * rl_.group_size();
   if (static_cast<int64_t>(prompts.size()) != want)
     return absl::InvalidArgumentError(absl::StrCat("RlUpdate: ", prompts.size(), " samples; this DP rank trains on ", want));
   const int64_t vocab = model_->config().vocab;
@@ -129,8 +139,15 @@ absl::StatusOr<v1::RlUpdateResponse> TrainSession::RlUpdate(int64_t step, const 
   return r;
 }
 
+// ppo: the critic under dir/critic, same step, before the actor's checkpoint.
+absl::Status RlActorSession::SaveCompanions(int64_t done) {
+  if (critic_ == nullptr) return absl::OkStatus();
+  return checkpoint::SaveCheckpoint(checkpoint_.dir() + "/critic", done,
+                                    {critic_.get(), critic_trainer_.get(), tp_, dp_, nullptr}, checkpoint_.keep());
+}
+
 // The rl section's sampling and actor-loss settings, shared by grpo and ppo.
-engine::SamplingParams TrainSession::Sampling() const {
+engine::SamplingParams RlActorSession::Sampling() const {
   engine::SamplingParams p;
   p.temperature = static_cast<float>(rl_.temperature());
   p.max_new_tokens = rl_.max_new_tokens();
@@ -138,7 +155,7 @@ engine::SamplingParams TrainSession::Sampling() const {
   return p;
 }
 
-rl::PolicyLossOptions TrainSession::PolicyLoss() const {
+rl::PolicyLossOptions RlActorSession::PolicyLoss() const {
   rl::PolicyLossOptions l;
   l.kl_coef = rl_.kl_coef();
   l.entropy_coef = rl_.entropy_coef();
@@ -146,7 +163,7 @@ rl::PolicyLossOptions TrainSession::PolicyLoss() const {
   return l;
 }
 
-engine::PpoOptions TrainSession::PpoOpts() const {
+engine::PpoOptions RlActorSession::PpoOpts() const {
   engine::PpoOptions o;
   o.samples_per_prompt = rl_.group_size();
   o.sampling = Sampling(), o.loss = PolicyLoss();
@@ -156,13 +173,9 @@ engine::PpoOptions TrainSession::PpoOpts() const {
   return o;
 }
 
-}  // namespace tessera::executor
-
-namespace tessera::executor {
-
-absl::StatusOr<v1::RlEvalResponse> TrainSession::RlEval(int64_t problems) {
+absl::StatusOr<v1::RlEvalResponse> RlActorSession::RlEval(int64_t problems) {
   if (rollout_ == nullptr) return absl::FailedPreconditionError("RlEval: the session has no rollout engine");
-  return HeldOutEval(*rollout_, prompts_, rl_.max_new_tokens(), problems, rl_dp_rank_, rl_dps_);
+  return HeldOutEval(*rollout_, prompts_, rl_.max_new_tokens(), problems, dp_rank_, dps_);
 }
 
 }  // namespace tessera::executor

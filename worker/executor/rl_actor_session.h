@@ -1,0 +1,62 @@
+// The training session of a grpo or ppo job's actor (train_session.h). At creation: the
+// frozen reference (the starting weights: a train.checkpoint.load warm start or the
+// initialization; made when a KL term needs it), ppo's critic (the actor's shape with a
+// value head, started from the actor's weights and a fresh head, with its own trainer
+// at rl.critic_lr), and — when the job has no rollout group — a rollout engine on the
+// actor's own model. With train.checkpoint.dir, a checkpoint after every save_every
+// steps and the last one, named by the RL step (step + 1), the critic's under dir/critic;
+// a resumed session (start_step() = N) loads the directory's latest into the actor —
+// weights, AdamW moments, the optimizer's step count (N x epochs x mini-batches) — while
+// the reference stays the warm start: steps N.. then repeat an uninterrupted run's.
+// Calls: RolloutGenerate (colocated), RlUpdate, RlEval.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "tessera/v1/executor_service.pb.h"
+#include "worker/executor/rl_prompts.h"
+#include "worker/executor/train_session.h"
+#include "worker/rl/grpo.h"
+#include "worker/rl/ppo.h"
+#include "worker/rollout/rollout.h"
+
+namespace tessera::executor {
+
+class RlActorSession final : public TrainSession {
+ public:
+  static absl::StatusOr<std::unique_ptr<RlActorSession>> Create(const v1::JobSpec& spec, GroupComms& comms,
+                                                                v1::DeviceType device, int device_index);
+  // Whether the session generates its own samples (no rollout group in the job).
+  bool has_rollout() const { return rollout_ != nullptr; }
+  // RL step `step`'s samples of this DP rank, from the session's own rollout engine
+  // (GenerateSamples, rollout_pool.h); FAILED_PRECONDITION without one.
+  absl::StatusOr<v1::RolloutStats> RolloutGenerate(int64_t step, v1::TensorBatch* out);
+  // Greedy exact-match accuracy of the current policy on this DP rank's share of
+  // held-out problems [0, problems) (engine::ArithmeticData::held_out: operand pairs
+  // that no job trains on), from the session's own rollout engine.
+  absl::StatusOr<v1::RlEvalResponse> RlEval(int64_t problems);
+  // The update of RL step `step` (advantages, reference and old log-probs, the epochs of
+  // mini-batch updates — engine::GrpoUpdate, or engine::PpoUpdate with the critic — and
+  // the checkpoint) on this DP rank's samples (rollout_pool.h has the batch's tensors).
+  // INVALID_ARGUMENT for a malformed batch or the wrong number of samples.
+  absl::StatusOr<v1::RlUpdateResponse> RlUpdate(int64_t step, const v1::TensorBatch& batch);
+
+ private:
+  RlActorSession() = default;
+  absl::Status MakeRl(const v1::JobSpec& spec, const engine::OptimizerOptions& actor_options);
+  absl::Status SaveCompanions(int64_t done) override;
+  engine::SamplingParams Sampling() const;
+  rl::PolicyLossOptions PolicyLoss() const;
+  engine::PpoOptions PpoOpts() const;
+
+  v1::RlSpec rl_;
+  std::unique_ptr<model::Llama> reference_;
+  std::unique_ptr<engine::RolloutEngine> rollout_;
+  std::unique_ptr<model::Llama> critic_;  // ppo
+  std::unique_ptr<engine::Trainer> critic_trainer_;
+  RlPrompts prompts_;
+  std::unique_ptr<RewardServiceClient> rewards_;  // rl.reward_service (null: the built-in verifier)
+};
+
+}  // namespace tessera::executor
