@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <random>
@@ -104,7 +105,9 @@ int main(int argc, char** argv) {
     std::vector<int32_t> hp(T);
     for (int64_t i = 0; i < T; ++i) hp[i] = static_cast<int32_t>(i);
     (void)b.CopyFromHost(hp.data(), pos);
-    double ms = TimeMs(b, [&] { return b.Rope(x, pos, 10000.f, y); }, kShortIters);
+    std::vector<float> inv_freq(D / 2);
+    for (int64_t i = 0; i < D / 2; ++i) inv_freq[i] = static_cast<float>(std::pow(10000.0, -2.0 * i / D));
+    double ms = TimeMs(b, [&] { return b.Rope(x, pos, inv_freq, 1.f, y); }, kShortIters);
     Line("rope", "16384x32x64 bf16", ms, "gbps", (2.0 * T * H * D * 2 + T * 4) / ms / 1e6);
   }
   if (Want("cross_entropy")) {  // Cross-entropy forward (partials of one shard = the full vocab): 4096 x 128256 bf16

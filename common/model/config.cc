@@ -1,5 +1,6 @@
 #include "common/model/config.h"
 
+#include "common/model/rope.h"
 #include "common/parallel/layout.h"
 
 #include "absl/strings/str_cat.h"
@@ -26,6 +27,21 @@ absl::Status LlamaConfig::Validate() const {
     return Bad(absl::StrCat("hidden (", hidden, ") must be a multiple of heads (", heads, ") when head_dim is not set"));
   if (HeadDim() % 2 != 0) return Bad(absl::StrCat("head_dim must be even for RoPE, got ", HeadDim()));
   if (!(rope_base > 1.f)) return Bad(absl::StrCat("rope_base must be > 1, got ", rope_base));
+  if (HeadDim() > 256) return Bad(absl::StrCat("head_dim must be at most 256, got ", HeadDim()));
+  if (rope_scaling.type != RopeScaling::Type::kDefault && rope_scaling.type != RopeScaling::Type::kYarn &&
+      !(rope_scaling.factor > 0))
+    return Bad(absl::StrCat("rope_scaling: ", RopeTypeName(rope_scaling.type), " needs a factor > 0, got ", rope_scaling.factor));
+  if (rope_scaling.type == RopeScaling::Type::kDynamic && max_positions <= 0)
+    return Bad("rope_scaling: dynamic needs max_positions (max_position_embeddings) > 0");
+  if (rope_scaling.type == RopeScaling::Type::kLlama3 &&
+      ((rope_scaling.original_max_positions <= 0 && max_positions <= 0) || !(rope_scaling.low_freq_factor > 0) ||
+       !(rope_scaling.high_freq_factor > rope_scaling.low_freq_factor)))
+    return Bad("rope_scaling: llama3 needs original_max_positions (or max_positions) > 0 and 0 < low_freq_factor < "
+               "high_freq_factor");
+  if (rope_scaling.type == RopeScaling::Type::kYarn &&
+      (rope_scaling.factor < 0 || (rope_scaling.original_max_positions <= 0 && max_positions <= 0) ||
+       (rope_scaling.factor == 0 && (rope_scaling.original_max_positions <= 0 || max_positions <= 0))))
+    return Bad("rope_scaling: yarn needs original_max_positions or max_positions > 0, and a factor or both");
   if (!(norm_eps > 0.f)) return Bad(absl::StrCat("norm_eps must be > 0, got ", norm_eps));
   if (value_head && tie_embeddings) return Bad("value_head: a critic's value head is not tied to the embedding");
   return absl::OkStatus();
@@ -58,6 +74,10 @@ std::vector<ParamSpec> LlamaParamSpecs(const LlamaConfig& c) {
       p.push_back({l + "self_attn.q_proj.bias", {q}, 0});
       p.push_back({l + "self_attn.k_proj.bias", {kv}, 0});
       p.push_back({l + "self_attn.v_proj.bias", {kv}, 0});
+    }
+    if (c.qk_norm) {  // shared by every head: replicated over TP
+      p.push_back({l + "self_attn.q_norm.weight", {d}});
+      p.push_back({l + "self_attn.k_norm.weight", {d}});
     }
     p.push_back({l + "self_attn.o_proj.weight", {c.hidden, q}, 1});
     p.push_back({l + "post_attention_layernorm.weight", {c.hidden}});

@@ -1,5 +1,6 @@
-// Llama-family model configuration (docs/design.md §6): Llama 2/3 and Qwen2 (QKV bias) shapes,
-// optional tied embeddings. Parameter names follow Hugging Face's so checkpoints map
+// Llama-family model configuration (docs/design.md §6): Llama 2/3.x, Qwen2/2.5 (QKV bias) and
+// Qwen3 (per-head q/k RMSNorm) shapes, optional tied embeddings, RoPE with the scalings
+// released configs use (common/model/rope.h). Parameter names follow Hugging Face's so checkpoints map
 // one to one (model.layers.{i}.self_attn.q_proj.weight, ...).
 #pragma once
 
@@ -12,6 +13,21 @@
 
 namespace tessera::model {
 
+// RoPE frequency scaling, as Hugging Face's rope_scaling / rope_parameters name it
+// (common/model/rope.h computes the frequencies exactly as transformers does).
+struct RopeScaling {
+  enum class Type { kDefault, kLinear, kDynamic, kYarn, kLlama3 };
+  Type type = Type::kDefault;
+  double factor = 1;                    // linear, dynamic, yarn (0: max_positions / original_max_positions), llama3
+  int64_t original_max_positions = 0;   // original_max_position_embeddings (llama3, yarn; 0: max_positions)
+  double low_freq_factor = 1, high_freq_factor = 4;  // llama3
+  double beta_fast = 32, beta_slow = 1;              // yarn
+  double attention_factor = 0;          // yarn: the cos/sin factor (0: from factor, mscale, mscale_all_dim)
+  double mscale = 0, mscale_all_dim = 0;  // yarn (0: unset)
+  bool truncate = true;                 // yarn: the correction range rounded outwards
+};
+const char* RopeTypeName(RopeScaling::Type t);
+
 struct LlamaConfig {
   int64_t vocab = 0;
   int64_t hidden = 0;
@@ -21,9 +37,14 @@ struct LlamaConfig {
   int64_t head_dim = 0;  // 0: hidden / heads
   int64_t ffn = 0;       // SwiGLU intermediate size
   float rope_base = 10000.f;
+  RopeScaling rope_scaling;
+  int64_t max_positions = 0;  // max_position_embeddings (dynamic and yarn scaling read it; 0: unset)
   float norm_eps = 1e-5f;
   bool tie_embeddings = false;
   bool qkv_bias = false;  // Qwen2
+  // Qwen3: RMSNorm over each head of q and of k (q_norm / k_norm weights [head_dim],
+  // shared by the heads) after the projections and before RoPE.
+  bool qk_norm = false;
   // A critic (PPO): the LM head is replaced by a value head, score.weight [1, hidden] —
   // one value per token from the final norm's output (Hugging Face's
   // LlamaForTokenClassification with one label), replicated over TP. Not tied.
@@ -54,7 +75,7 @@ struct ParamSpec {
 };
 
 // Every parameter of the model, in a fixed order: embedding, then per layer (input
-// norm, q/k/v (+bias), o, post-attention norm, gate, up, down), final norm, LM head
+// norm, q/k/v (+bias), q/k norm (Qwen3), o, post-attention norm, gate, up, down), final norm, LM head
 // (absent when tied).
 std::vector<ParamSpec> LlamaParamSpecs(const LlamaConfig& c);
 

@@ -1,11 +1,17 @@
-// The model shape of a Hugging Face Llama / Qwen2 directory, read from its config.json:
-// what `tessera plan`, the controller's admission check and the executors' import share.
+// The model shape of a Hugging Face Llama / Qwen2 / Qwen3 directory, read from its
+// config.json: what `tessera plan`, the controller's admission check and the executors'
+// import share.
 //
-// Supported: model_type llama and qwen2 (q/k/v bias), grouped-query attention, head_dim,
-// tied embeddings, rope_theta, rms_norm_eps; critics (LlamaConfig::value_head) as
-// *ForTokenClassification with one label. Refused with a message naming the key:
-// rope_scaling (e.g. Llama 3.1's "llama3"), attention_bias / mlp_bias on Llama (biases on
-// o_proj / the MLP), hidden activations other than silu, sliding windows.
+// Supported: model_type llama (Llama 2 / 3.x), qwen2 (Qwen2 / 2.5: q/k/v bias) and qwen3
+// (per-head q/k RMSNorm), grouped-query attention, head_dim independent of hidden / heads,
+// tied embeddings, rope_theta, rms_norm_eps, max_position_embeddings, RoPE scaling in
+// transformers 4's rope_scaling or 5's rope_parameters spelling (default, linear, dynamic,
+// yarn, llama3: common/model/rope.h); critics (LlamaConfig::value_head) as
+// *ForTokenClassification with one label. Every other key is either inert (metadata,
+// initialization, caching, token ids) or refused with UNIMPLEMENTED naming it — never
+// silently ignored: other RoPE types (longrope, ...), partial rotary factors, attention /
+// MLP biases on Llama and Qwen3, activations other than silu, sliding windows and
+// layer types other than full attention, attention dropout.
 #pragma once
 
 #include <string>

@@ -5,13 +5,13 @@
 
 namespace tessera::kernels {
 
-absl::Status RopeCpu(const void* x, const int32_t* pos, void* y, int64_t tokens, int64_t heads, int64_t dim, float base,
-                     float sign, DType t, int64_t x_row, int64_t y_row) {
+absl::Status RopeCpu(const void* x, const int32_t* pos, void* y, int64_t tokens, int64_t heads, int64_t dim,
+                     const float* inv_freq, float scale, float sign, DType t, int64_t x_row, int64_t y_row) {
   const int64_t half = dim / 2;
   for (int64_t tok = 0; tok < tokens; ++tok)
     for (int64_t i = 0; i < half; ++i) {
-      double ang = pos[tok] * std::pow(static_cast<double>(base), -2.0 * i / dim);
-      double c = std::cos(ang), s = sign * std::sin(ang);
+      const float ang = static_cast<float>(pos[tok]) * inv_freq[i];
+      const double c = scale * std::cos(static_cast<double>(ang)), s = sign * scale * std::sin(static_cast<double>(ang));
       for (int64_t h = 0; h < heads; ++h) {
         const int64_t ox = tok * x_row + h * dim, oy = tok * y_row + h * dim;
         double a = LoadElem(x, ox + i, t), b = LoadElem(x, ox + i + half, t);

@@ -1,5 +1,5 @@
-// RoPE on CUDA. Angles reach 10^4 rad at long context, where forming them in f32 would
-// lose ~1e-3: they are formed and range-reduced in double, then sin/cos run in f32.
+// RoPE on CUDA. The angle is f32(pos) * inv_freq rounded to f32 (rope.h); it reaches 10^5
+// rad at long context, so it is range-reduced in double before sin/cos run in f32.
 #include "kernels/common/cuda_elem.cuh"
 #include "kernels/rope/rope.h"
 
@@ -8,21 +8,30 @@
 
 namespace tessera::kernels {
 namespace {
-// One thread per (token, frequency): the angle pos * base^(-2i/d) is formed and reduced to
-// [-pi, pi] in double (exact enough at positions of 10^5), then sin/cos in f32 once and
-// reused for every head.
+constexpr int kMaxHalf = kRopeMaxHeadDim / 2;
+struct InvFreq {  // the host's table of frequencies (rope.h), passed by value
+  float v[kMaxHalf];
+  float scale;
+};
+
+// sin and cos of the f32 angle f32(p) * inv, reduced to [-pi, pi] in double, times scale.
+__device__ __forceinline__ void SinCos(int32_t p, float inv, float scale, float sign, float* s, float* c) {
+  constexpr double kTwoPi = 6.283185307179586476925286766559;
+  const double ang = __fmul_rn(static_cast<float>(p), inv);
+  sincosf(static_cast<float>(ang - kTwoPi * rint(ang / kTwoPi)), s, c);
+  *s *= sign * scale;
+  *c *= scale;
+}
+
+// One thread per (token, frequency): sin/cos once, reused for every head.
 template <typename T>
-__global__ void Rope(const T* x, const int32_t* pos, T* y, int64_t tokens, int64_t heads, int64_t dim, double log_base,
+__global__ void Rope(const T* x, const int32_t* pos, T* y, int64_t tokens, int64_t heads, int64_t dim, InvFreq inv,
                      float sign, int64_t x_row, int64_t y_row) {
   const int64_t half = dim / 2, total = tokens * half;
-  constexpr double kTwoPi = 6.283185307179586476925286766559;
   for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < total; k += int64_t(gridDim.x) * blockDim.x) {
     const int64_t i = k % half, tok = k / half;
-    const double ang = pos[tok] * exp(-2.0 * i / dim * log_base);
-    const float r = static_cast<float>(ang - kTwoPi * rint(ang / kTwoPi));
     float sf, cf;
-    sincosf(r, &sf, &cf);
-    sf *= sign;
+    SinCos(pos[tok], inv.v[i], inv.scale, sign, &sf, &cf);
     for (int64_t h = 0; h < heads; ++h) {
       const int64_t ox = tok * x_row + h * dim, oy = tok * y_row + h * dim;
       const float a = ToF(x[ox + i]), b = ToF(x[ox + i + half]);
@@ -34,17 +43,12 @@ __global__ void Rope(const T* x, const int32_t* pos, T* y, int64_t tokens, int64
 
 // bf16 with dim % 16 == 0: one thread per (token, 8 consecutive frequencies, group of
 // kRopeHeads heads) rotates its heads with 16-byte loads and stores of both halves. All of
-// its loads are issued before the angles are formed (pos times a host-made double table
-// of frequencies, reduced in double, sin/cos in f32), which hides under the latency.
-constexpr int kMaxHalf = 128;
-struct InvFreq {  // base^(-2i/d) in double, formed once on the host (passed by value)
-  double v[kMaxHalf];
-};
+// its loads are issued before the angles are formed (SinCos), which hides under the
+// latency.
 template <int kRopeHeads>
 __global__ void RopeBf16Vec(const __nv_bfloat16* x, const int32_t* pos, __nv_bfloat16* y, int64_t tokens, int heads,
                             int dim, InvFreq inv, float sign, int64_t x_row, int64_t y_row) {
   const int half = dim / 2, chunks = half / 8, groups = (heads + kRopeHeads - 1) / kRopeHeads;
-  constexpr double kTwoPi = 6.283185307179586476925286766559;
   for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < tokens * chunks * groups;
        k += int64_t(gridDim.x) * blockDim.x) {
     const int c = static_cast<int>(k % chunks), h0 = static_cast<int>(k / chunks % groups) * kRopeHeads;
@@ -57,14 +61,10 @@ __global__ void RopeBf16Vec(const __nv_bfloat16* x, const int32_t* pos, __nv_bfl
         a[u] = __ldcs(reinterpret_cast<const uint4*>(x + xb + int64_t(h0 + u) * dim));
         b[u] = __ldcs(reinterpret_cast<const uint4*>(x + xb + int64_t(h0 + u) * dim + half));
       }
-    const double p = pos[tok];
+    const int32_t p = pos[tok];
     float cs[8], sn[8];
 #pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      const double ang = p * inv.v[c * 8 + e];
-      sincosf(static_cast<float>(ang - kTwoPi * rint(ang / kTwoPi)), &sn[e], &cs[e]);
-      sn[e] *= sign;
-    }
+    for (int e = 0; e < 8; ++e) SinCos(p, inv.v[c * 8 + e], inv.scale, sign, &sn[e], &cs[e]);
 #pragma unroll
     for (int u = 0; u < kRopeHeads; ++u) {
       if (h0 + u >= heads) break;
@@ -98,16 +98,17 @@ __global__ void RopeBf16Vec(const __nv_bfloat16* x, const int32_t* pos, __nv_bfl
 bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 }  // namespace
 
-absl::Status RopeCuda(const void* x, const int32_t* pos, void* y, int64_t tokens, int64_t heads, int64_t dim, float base,
-                      float sign, DType t, void* stream, int64_t x_row, int64_t y_row) {
+absl::Status RopeCuda(const void* x, const int32_t* pos, void* y, int64_t tokens, int64_t heads, int64_t dim,
+                      const float* inv_freq, float scale, float sign, DType t, void* stream, int64_t x_row, int64_t y_row) {
   int64_t total = tokens * (dim / 2);
   if (total == 0) return absl::OkStatus();
+  if (dim > kRopeMaxHeadDim) return absl::InvalidArgumentError("rope: head dim above kRopeMaxHeadDim");
   auto s = static_cast<cudaStream_t>(stream);
-  double lb = std::log(static_cast<double>(base));
-  if (t == DType::kBF16 && dim % 16 == 0 && dim / 2 <= kMaxHalf && Aligned16(x) && Aligned16(y) && heads < (1 << 30) &&
+  InvFreq inv{};
+  for (int64_t i = 0; i < dim / 2; ++i) inv.v[i] = inv_freq[i];
+  inv.scale = scale;
+  if (t == DType::kBF16 && dim % 16 == 0 && Aligned16(x) && Aligned16(y) && heads < (1 << 30) &&
       x_row % 8 == 0 && y_row % 8 == 0) {  // 16-byte rows
-    InvFreq inv{};
-    for (int64_t i = 0; i < dim / 2; ++i) inv.v[i] = std::exp(-2.0 * i / dim * lb);
     constexpr int kRopeHeads = TESSERA_ROPE_HEADS, kBlock = TESSERA_ROPE_BLOCK;
     const int64_t threads = tokens * (dim / 16) * ((heads + kRopeHeads - 1) / kRopeHeads);
     RopeBf16Vec<kRopeHeads><<<GridFor(threads, kBlock), kBlock, 0, s>>>(static_cast<const __nv_bfloat16*>(x), pos,
@@ -116,11 +117,11 @@ absl::Status RopeCuda(const void* x, const int32_t* pos, void* y, int64_t tokens
     return LaunchStatus("rope");
   }
   if (t == DType::kF32)
-    Rope<<<GridFor(total, 256), 256, 0, s>>>(static_cast<const float*>(x), pos, static_cast<float*>(y), tokens, heads, dim, lb,
+    Rope<<<GridFor(total, 256), 256, 0, s>>>(static_cast<const float*>(x), pos, static_cast<float*>(y), tokens, heads, dim, inv,
                                              sign, x_row, y_row);
   else
     Rope<<<GridFor(total, 256), 256, 0, s>>>(static_cast<const __nv_bfloat16*>(x), pos, static_cast<__nv_bfloat16*>(y), tokens,
-                                             heads, dim, lb, sign, x_row, y_row);
+                                             heads, dim, inv, sign, x_row, y_row);
   return LaunchStatus("rope");
 }
 }  // namespace tessera::kernels

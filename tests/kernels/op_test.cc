@@ -375,21 +375,26 @@ TEST_P(OpTest, RopeWithExplicitPositions) {
       for (auto& p : pos) p = posd(rng.gen);
       auto xv = Quantize(rng.Normal(tokens * heads * dim), t);
       auto x = Make(*be_, {tokens, heads, dim}, t, xv), p = Ints(*be_, pos), y = Out(*be_, {tokens, heads, dim}, t);
-      ASSERT_TRUE(be_->Rope(x, p, 10000.f, y).ok());
+      // The frequencies of some rope scaling (any table) and YaRN's cos/sin factor.
+      const int64_t half = dim / 2;
+      std::vector<float> inv(half);
+      for (int64_t i = 0; i < half; ++i) inv[i] = static_cast<float>(std::pow(10000.0, -2.0 * i / dim) / (i % 3 == 1 ? 4 : 1));
+      const float scale = dim == 64 ? 1.1386294f : 1.f;
+      ASSERT_TRUE(be_->Rope(x, p, inv, scale, y).ok());
       std::vector<double> ref(xv.size());
-      int64_t half = dim / 2;
       for (int64_t tok = 0; tok < tokens; ++tok)
         for (int64_t h = 0; h < heads; ++h)
           for (int64_t i = 0; i < half; ++i) {
-            double ang = pos[tok] * std::pow(10000.0, -2.0 * i / dim);
+            const double ang = static_cast<float>(pos[tok]) * inv[i];  // the angle rounded to f32, as transformers forms it
+            const double c = scale * std::cos(ang), sn = scale * std::sin(ang);
             int64_t o = (tok * heads + h) * dim;
-            ref[o + i] = xv[o + i] * std::cos(ang) - xv[o + i + half] * std::sin(ang);
-            ref[o + i + half] = xv[o + i + half] * std::cos(ang) + xv[o + i] * std::sin(ang);
+            ref[o + i] = xv[o + i] * c - xv[o + i + half] * sn;
+            ref[o + i + half] = xv[o + i + half] * c + xv[o + i] * sn;
           }
       auto yv = Read(*be_, y);
       EXPECT_LT(RelErr(yv, ref), t == DType::kBF16 ? 1e-2 : 1e-6);
       auto back = Out(*be_, {tokens, heads, dim}, t);
-      ASSERT_TRUE(be_->Rope(y, p, 10000.f, back, /*inverse=*/true).ok());
+      ASSERT_TRUE(be_->Rope(y, p, inv, 1.f / scale, back, /*inverse=*/true).ok());
       EXPECT_LT(RelErr(Read(*be_, back), xv), t == DType::kBF16 ? 1e-2 : 1e-6);  // a rotation is undone by its inverse
     }
   }
@@ -414,12 +419,14 @@ TEST_P(OpTest, RopeOnHeadColumnsOfWiderRows) {
       auto out = Make(*be_, {tokens, total + 1, dim}, t, sentinel);  // written at heads 1..heads
       auto x = wide.Slice(1, from, heads), y = out.Slice(1, 1, heads);
       ASSERT_TRUE(x.ok() && y.ok());
-      ASSERT_TRUE(be_->Rope(*x, p, 10000.f, *y).ok());
+      std::vector<float> inv(dim / 2);
+      for (int64_t i = 0; i < dim / 2; ++i) inv[i] = static_cast<float>(std::pow(10000.0, -2.0 * i / dim));
+      ASSERT_TRUE(be_->Rope(*x, p, inv, 1.f, *y).ok());
       std::vector<float> xv(tokens * heads * dim);
       for (int64_t tok = 0; tok < tokens; ++tok)
         for (int64_t k = 0; k < heads * dim; ++k) xv[tok * heads * dim + k] = wide_v[(tok * total + from) * dim + k];
       auto xc = Make(*be_, {tokens, heads, dim}, t, xv), yc = Out(*be_, {tokens, heads, dim}, t);
-      ASSERT_TRUE(be_->Rope(xc, p, 10000.f, yc).ok());
+      ASSERT_TRUE(be_->Rope(xc, p, inv, 1.f, yc).ok());
       auto want = Read(*be_, yc), got = Read(*be_, out);
       std::vector<float> rotated(want.size());
       for (int64_t tok = 0; tok < tokens; ++tok)
@@ -437,7 +444,10 @@ TEST_P(OpTest, RopeOnHeadColumnsOfWiderRows) {
   auto cols = y.Slice(2, 0, 4);  // half of each head: not a head
   ASSERT_TRUE(cols.ok());
   auto xh = Out(*be_, {4, 4, 4}, DType::kF32);
-  EXPECT_THAT(std::string(be_->Rope(xh, p, 10000.f, *cols).message()), HasSubstr("heads must be contiguous"));
+  const std::vector<float> inv2(2, 1.f);
+  EXPECT_THAT(std::string(be_->Rope(xh, p, inv2, 1.f, *cols).message()), HasSubstr("heads must be contiguous"));
+  EXPECT_THAT(std::string(be_->Rope(xh, p, std::vector<float>(3, 1.f), 1.f, xh).message()),
+              HasSubstr("inv_freq holds 3 frequencies; head dim 4 needs 2"));
 }
 
 TEST_P(OpTest, CrossEntropyVocabParallel) {

@@ -199,7 +199,8 @@ absl::Status CommitOnRankZero(const std::string& dir, const std::string& tmp, co
                      {"model",
                       {{"vocab", c.vocab}, {"hidden", c.hidden}, {"layers", c.layers}, {"heads", c.heads},
                        {"kv_heads", c.kv_heads}, {"head_dim", c.HeadDim()}, {"ffn", c.ffn},
-                       {"tie_embeddings", c.tie_embeddings}, {"qkv_bias", c.qkv_bias}}},
+                       {"tie_embeddings", c.tie_embeddings}, {"qkv_bias", c.qkv_bias}, {"qk_norm", c.qk_norm},
+                       {"rope_type", model::RopeTypeName(c.rope_scaling.type)}}},
                      {"files", files},
                      {"tensors", tensors}};
   TESSERA_RETURN_IF_ERROR(WriteFileAtomic(tmp + "/metadata.json", meta.dump(1)));

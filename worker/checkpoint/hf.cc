@@ -60,6 +60,23 @@ absl::Status ImportHf(const std::string& dir, model::Llama& model) {
   return absl::OkStatus();
 }
 
+namespace {
+// rope_scaling as transformers 4 spells it (transformers 5 reads it too).
+json RopeScalingJson(const model::RopeScaling& s) {
+  using T = model::RopeScaling::Type;
+  json r = {{"rope_type", model::RopeTypeName(s.type)}, {"factor", s.factor}};
+  if (s.original_max_positions > 0) r["original_max_position_embeddings"] = s.original_max_positions;
+  if (s.type == T::kLlama3) r["low_freq_factor"] = s.low_freq_factor, r["high_freq_factor"] = s.high_freq_factor;
+  if (s.type == T::kYarn) {
+    r["beta_fast"] = s.beta_fast, r["beta_slow"] = s.beta_slow, r["truncate"] = s.truncate;
+    if (s.attention_factor > 0) r["attention_factor"] = s.attention_factor;
+    if (s.mscale > 0) r["mscale"] = s.mscale;
+    if (s.mscale_all_dim > 0) r["mscale_all_dim"] = s.mscale_all_dim;
+  }
+  return r;
+}
+}  // namespace
+
 absl::Status ExportHf(const std::string& dir, model::Llama& model, const std::string& dtype, bool write,
                       comm::Communicator* pp) {
   if (dtype != "BF16" && dtype != "F32")
@@ -107,9 +124,10 @@ absl::Status ExportHf(const std::string& dir, model::Llama& model, const std::st
     }
   }
   if (!write) return absl::OkStatus();
-  const std::string arch = absl::StrCat(c.qkv_bias ? "Qwen2" : "Llama", c.value_head ? "ForTokenClassification" : "ForCausalLM");
+  const char* family = c.qk_norm ? "Qwen3" : c.qkv_bias ? "Qwen2" : "Llama";
+  const std::string arch = absl::StrCat(family, c.value_head ? "ForTokenClassification" : "ForCausalLM");
   json cfg = {{"architectures", {arch}},
-              {"model_type", c.qkv_bias ? "qwen2" : "llama"},
+              {"model_type", c.qk_norm ? "qwen3" : c.qkv_bias ? "qwen2" : "llama"},
               {"vocab_size", c.vocab},
               {"hidden_size", c.hidden},
               {"intermediate_size", c.ffn},
@@ -122,8 +140,9 @@ absl::Status ExportHf(const std::string& dir, model::Llama& model, const std::st
               {"rope_theta", c.rope_base},
               {"tie_word_embeddings", c.tie_embeddings},
               {"torch_dtype", dtype == "BF16" ? "bfloat16" : "float32"},
-              {"max_position_embeddings", 4096}};
+              {"max_position_embeddings", c.max_positions > 0 ? c.max_positions : 4096}};
   if (!c.qkv_bias) cfg["attention_bias"] = false;
+  if (c.rope_scaling.type != model::RopeScaling::Type::kDefault) cfg["rope_scaling"] = RopeScalingJson(c.rope_scaling);
   if (c.value_head) cfg["id2label"] = {{"0", "LABEL_0"}}, cfg["label2id"] = {{"LABEL_0", 0}};  // one label: the value
   TESSERA_RETURN_IF_ERROR(MakeDirs(dir));
   TESSERA_RETURN_IF_ERROR(WriteSafetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}}));

@@ -99,7 +99,9 @@ absl::StatusOr<Tensor> Generator::ForwardLocal(const TokenBatch& batch, const st
 }
 
 bool Generator::DecodeOnDeviceSupported(const Llama& model) {
-  return !model.has_param_hooks() && !model.config_.qkv_bias && !model.tensor_parallel();
+  // The captured step bakes in its RoPE frequencies: none that change with the length.
+  return !model.has_param_hooks() && !model.config_.qkv_bias && !model.tensor_parallel() &&
+         !RopeDependsOnLength(model.config_);
 }
 
 absl::StatusOr<Tensor> Generator::DecodeStep(const DeviceDecode& d) {
@@ -116,6 +118,7 @@ absl::StatusOr<Tensor> Generator::DecodeStep(const DeviceDecode& d) {
     return absl::InvalidArgumentError(absl::StrCat("decode on device inputs: tables must be i32 [", n, ", max_blocks] on the device"));
   Llama::Inputs in;
   in.tokens = d.tokens, in.positions = d.positions;
+  in.rope = m.rope_;  // not length-dependent (DecodeOnDeviceSupported)
   TESSERA_ASSIGN_OR_RETURN(in.cu, m.host_->Empty({n + 1}, DType::kI32));
   for (int64_t i = 0; i <= n; ++i) in.cu.data_as<int32_t>()[i] = static_cast<int32_t>(i);
   const DecodeView view{d.tables, d.lens};

@@ -71,7 +71,7 @@ class Generator {
   // captures it), checked by the caller on their host copies (Backend::CheckCacheSlots,
   // CheckPagedIndices): nothing in it reads the host or waits for the device. Logits as
   // ForwardLocal. FAILED_PRECONDITION for a model with parameter hooks (ZeRO-3), QKV
-  // bias or TP (DecodeOnDeviceSupported).
+  // bias, TP or dynamic RoPE scaling (DecodeOnDeviceSupported).
   absl::StatusOr<runtime::Tensor> DecodeStep(const DeviceDecode& inputs);
   static bool DecodeOnDeviceSupported(const Llama& model);
 

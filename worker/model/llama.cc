@@ -62,6 +62,7 @@ Llama::Llama(const LlamaConfig& config, Backend* backend, comm::Communicator* tp
       sp_(sequence_parallel && tp_ != nullptr),
       host_(runtime::MakeCpuBackend()),
       act_(config.dtype),
+      rope_(ComputeRopeFrequencies(config, 0)),
       stage_(stage) {}
 Llama::~Llama() = default;
 
@@ -71,6 +72,9 @@ absl::StatusOr<std::unique_ptr<Llama>> Llama::Create(const LlamaConfig& config, 
   TESSERA_RETURN_IF_ERROR(config.Validate());
   TESSERA_RETURN_IF_ERROR(config.ValidateTensorParallel(tp != nullptr ? tp->size() : 1));
   if (backend == nullptr) return absl::InvalidArgumentError("model: no backend");
+  if (RopeDependsOnLength(config) && cp != nullptr && cp->size() > 1)
+    return absl::InvalidArgumentError("model: dynamic RoPE scaling takes the batch's longest sequence, which a context-"
+                                      "parallel rank does not see; run it without context parallelism");
   if (config.value_head && (sequence_parallel || stage.pp > 1 || stage.vpp > 1))
     return absl::InvalidArgumentError("model: a critic (value head) runs without sequence or pipeline parallelism yet");
   if (stage.pp < 1 || stage.vpp < 1 || stage.rank < 0 || stage.rank >= stage.pp || stage.last_layers < 0)
@@ -121,6 +125,10 @@ absl::Status Llama::Allocate() {
       w.bk = Find(l + "self_attn.k_proj.bias");
       w.bv = Find(l + "self_attn.v_proj.bias");
     }
+    if (config_.qk_norm) {
+      w.qn = Find(l + "self_attn.q_norm.weight");
+      w.kn = Find(l + "self_attn.k_norm.weight");
+    }
     w.wo = Find(l + "self_attn.o_proj.weight");
     w.norm2 = Find(l + "post_attention_layernorm.weight");
     w.wg = Find(l + "mlp.gate_proj.weight");
@@ -133,7 +141,7 @@ absl::Status Llama::Allocate() {
   for (int64_t i = 0; i < config_.layers; ++i) {
     if (!held[i]) continue;
     const LayerParams& w = layers_[i];
-    for (Param* p : {w.norm1, w.wq, w.wk, w.wv, w.bq, w.bk, w.bv, w.wo, w.norm2, w.wg, w.wu, w.wd})
+    for (Param* p : {w.norm1, w.wq, w.wk, w.wv, w.bq, w.bk, w.bv, w.qn, w.kn, w.wo, w.norm2, w.wg, w.wu, w.wd})
       if (p != nullptr) uses_[i + 1].push_back(p);
   }
   if (last) uses_.back() = {final_norm_, score_ != nullptr ? score_ : lm_head_};
@@ -305,6 +313,13 @@ absl::Status Llama::PrepareKernels(const TokenBatch& batch) {
   return absl::OkStatus();
 }
 
+RopeFrequencies Llama::RopeFor(const std::vector<int32_t>& positions) const {
+  if (!RopeDependsOnLength(config_)) return rope_;
+  int32_t longest = 0;
+  for (int32_t p : positions) longest = std::max(longest, p + 1);
+  return ComputeRopeFrequencies(config_, longest);
+}
+
 absl::StatusOr<Llama::Inputs> Llama::Upload(const TokenBatch& batch) {
   Backend& b = *backend_;
   const int64_t t = batch.size();
@@ -317,6 +332,7 @@ absl::StatusOr<Llama::Inputs> Llama::Upload(const TokenBatch& batch) {
   TESSERA_RETURN_IF_ERROR(b.CopyFromHost(batch.positions.data(), in.positions));
   TESSERA_ASSIGN_OR_RETURN(in.cu, host_->Empty({static_cast<int64_t>(batch.cu_seqlens.size())}, DType::kI32));
   std::copy(batch.cu_seqlens.begin(), batch.cu_seqlens.end(), in.cu.data_as<int32_t>());
+  in.rope = RopeFor(batch.positions);
   if (cp_ != nullptr) {
     TESSERA_ASSIGN_OR_RETURN(std::vector<int32_t> half, ContextParallelHalf(batch));
     TESSERA_ASSIGN_OR_RETURN(in.cu_half, host_->Empty({static_cast<int64_t>(half.size())}, DType::kI32));

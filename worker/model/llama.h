@@ -41,6 +41,7 @@
 #include "absl/status/statusor.h"
 #include "worker/comm/communicator.h"
 #include "common/model/config.h"
+#include "common/model/rope.h"
 #include "worker/runtime/backend.h"
 
 namespace tessera::model {
@@ -283,6 +284,8 @@ class Llama {
   // shards of a weight (GatherInto) and the vocabulary shards of logits (Generator::GatherVocab).
   absl::Status GatherColumns(const runtime::Tensor& local, runtime::Tensor& full);
   absl::StatusOr<Inputs> Upload(const TokenBatch& batch);
+  // RoPE's frequencies for a batch of these positions (dynamic scaling: from the largest).
+  RopeFrequencies RopeFor(const std::vector<int32_t>& positions) const;
   absl::Status LayerForward(const LayerParams& w, const Inputs& in, const runtime::Tensor& x, LayerActs& a,
                             runtime::Tensor& out, const CacheStep* kv = nullptr);
   absl::Status LayerBackward(LayerParams& w, const Inputs& in, const LayerActs& a, runtime::Tensor& dx);
@@ -307,6 +310,7 @@ class Llama {
   bool sp_;                 // sequence parallel (only with tp_)
   std::unique_ptr<runtime::Backend> host_;  // host tensors (cu_seqlens) of every micro-batch
   tessera::DType act_;                      // activations: config_.dtype
+  RopeFrequencies rope_;                    // RoPE's frequencies (per batch instead under dynamic scaling)
   std::vector<Param> params_;
   std::vector<LayerParams> layers_;
   Param *embed_ = nullptr, *final_norm_ = nullptr, *lm_head_ = nullptr;

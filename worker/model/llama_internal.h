@@ -35,7 +35,8 @@ inline absl::Status LinearBackward(runtime::Backend& b, const runtime::Tensor& d
 }  // namespace internal
 
 struct Llama::LayerParams {
-  Param *norm1, *wq, *wk, *wv, *bq = nullptr, *bk = nullptr, *bv = nullptr, *wo, *norm2, *wg, *wu, *wd;
+  Param *norm1, *wq, *wk, *wv, *bq = nullptr, *bk = nullptr, *bv = nullptr, *qn = nullptr, *kn = nullptr, *wo, *norm2,
+      *wg, *wu, *wd;
 };
 
 struct Llama::Inputs {
@@ -44,12 +45,14 @@ struct Llama::Inputs {
   runtime::Tensor cu_half;                     // CP: the chunk boundaries within a half, host i32
   runtime::Tensor ones;                        // [T, 1] f32, for bias broadcasts (QKV bias only)
   std::vector<float> target_logit;             // [T] on the host, after the cross-entropy
+  RopeFrequencies rope;                        // this batch's RoPE frequencies (Llama::RopeFor)
 };
 
 // What the backward of one layer needs from its forward.
 // (x_in, xn, rstd, x_mid: this rank's tokens under SP; xn_full and the rest: all tokens.)
 struct Llama::LayerActs {
   runtime::Tensor x_in, xn1, xn1_full, rstd1, q, k, v, o, lse, x_mid, xn2, xn2_full, rstd2, gate, up, act;
+  runtime::Tensor q_pre, k_pre, rstd_q, rstd_k;  // qk_norm: each head's q and k before their norm
 };
 
 // A layer's step over the KV cache (generation): its keys and values go to `slots` of

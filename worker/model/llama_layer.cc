@@ -76,10 +76,24 @@ absl::Status Llama::LayerForward(const LayerParams& w, const Inputs& in, const T
   TESSERA_RETURN_IF_ERROR(project(w.wq, w.bq, hq, q_lin));
   TESSERA_RETURN_IF_ERROR(project(w.wk, w.bk, hkv, k_lin));
   TESSERA_RETURN_IF_ERROR(project(w.wv, w.bv, hkv, a.v));
+  if (c.qk_norm) {  // Qwen3: RMSNorm over each head of q and k, before RoPE
+    auto head_norm = [&](const Param& wn, Tensor& lin, Tensor& pre, Tensor& rstd) -> absl::Status {
+      const int64_t rows = lin.dim(0) * lin.dim(1);
+      pre = lin;
+      TESSERA_ASSIGN_OR_RETURN(Tensor x2, lin.Reshape({rows, d}));
+      TESSERA_ASSIGN_OR_RETURN(Tensor y2, New(b, {rows, d}, act_));
+      TESSERA_ASSIGN_OR_RETURN(rstd, New(b, {rows}));
+      TESSERA_RETURN_IF_ERROR(b.RmsNormForward(x2, wn.weight(), c.norm_eps, y2, rstd));
+      TESSERA_ASSIGN_OR_RETURN(lin, y2.Reshape(lin.shape()));
+      return absl::OkStatus();
+    };
+    TESSERA_RETURN_IF_ERROR(head_norm(*w.qn, q_lin, a.q_pre, a.rstd_q));
+    TESSERA_RETURN_IF_ERROR(head_norm(*w.kn, k_lin, a.k_pre, a.rstd_k));
+  }
   TESSERA_ASSIGN_OR_RETURN(a.q, New(b, {t, hq, d}, act_));
   TESSERA_ASSIGN_OR_RETURN(a.k, New(b, {t, hkv, d}, act_));
-  TESSERA_RETURN_IF_ERROR(b.Rope(q_lin, in.positions, c.rope_base, a.q));
-  TESSERA_RETURN_IF_ERROR(b.Rope(k_lin, in.positions, c.rope_base, a.k));
+  TESSERA_RETURN_IF_ERROR(b.Rope(q_lin, in.positions, in.rope.inv_freq, in.rope.attention_scaling, a.q));
+  TESSERA_RETURN_IF_ERROR(b.Rope(k_lin, in.positions, in.rope.inv_freq, in.rope.attention_scaling, a.k));
   TESSERA_ASSIGN_OR_RETURN(a.o, New(b, {t, hq, d}, act_));
   TESSERA_ASSIGN_OR_RETURN(a.lse, New(b, {t, hq}));
   if (kv != nullptr)  // generation: this step's keys and values into the cache
@@ -153,8 +167,24 @@ absl::Status Llama::LayerBackward(LayerParams& w, const Inputs& in, const LayerA
   // RoPE is a rotation: its backward rotates back; then each projection's gradients.
   TESSERA_ASSIGN_OR_RETURN(Tensor dq_lin, New(b, {t, hq, d}, act_));
   TESSERA_ASSIGN_OR_RETURN(Tensor dk_lin, New(b, {t, hkv, d}, act_));
-  TESSERA_RETURN_IF_ERROR(b.Rope(dq, in.positions, c.rope_base, dq_lin, /*inverse=*/true));
-  TESSERA_RETURN_IF_ERROR(b.Rope(dk, in.positions, c.rope_base, dk_lin, /*inverse=*/true));
+  TESSERA_RETURN_IF_ERROR(b.Rope(dq, in.positions, in.rope.inv_freq, in.rope.attention_scaling, dq_lin, /*inverse=*/true));
+  TESSERA_RETURN_IF_ERROR(b.Rope(dk, in.positions, in.rope.inv_freq, in.rope.attention_scaling, dk_lin, /*inverse=*/true));
+  if (c.qk_norm) {  // through each head's RMSNorm; its weight is shared by the heads every TP rank holds a share of
+    auto head_norm_backward = [&](Param& wn, const Tensor& pre, const Tensor& rstd, Tensor& dlin) -> absl::Status {
+      const int64_t rows = pre.dim(0) * pre.dim(1);
+      TESSERA_ASSIGN_OR_RETURN(Tensor dy, dlin.Reshape({rows, d}));
+      TESSERA_ASSIGN_OR_RETURN(Tensor x2, pre.Reshape({rows, d}));
+      TESSERA_ASSIGN_OR_RETURN(Tensor dx2, New(b, {rows, d}, act_));
+      TESSERA_ASSIGN_OR_RETURN(Tensor dw, New(b, {d}));
+      TESSERA_RETURN_IF_ERROR(b.RmsNormBackward(dy, x2, wn.weight(), rstd, dx2, dw));
+      if (tp_ != nullptr) TESSERA_RETURN_IF_ERROR(AllReduce(dw));
+      TESSERA_RETURN_IF_ERROR(b.Axpby(1.f, dw, internal::GradBeta(wn), wn.grad));
+      TESSERA_ASSIGN_OR_RETURN(dlin, dx2.Reshape(pre.shape()));
+      return absl::OkStatus();
+    };
+    TESSERA_RETURN_IF_ERROR(head_norm_backward(*w.qn, a.q_pre, a.rstd_q, dq_lin));
+    TESSERA_RETURN_IF_ERROR(head_norm_backward(*w.kn, a.k_pre, a.rstd_k, dk_lin));
+  }
   TESSERA_ASSIGN_OR_RETURN(dq_lin, dq_lin.Reshape({t, hq * d}));
   TESSERA_ASSIGN_OR_RETURN(dk_lin, dk_lin.Reshape({t, hkv * d}));
   TESSERA_ASSIGN_OR_RETURN(Tensor dv_lin, dv.Reshape({t, hkv * d}));

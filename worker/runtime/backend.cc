@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/status.h"
+#include "kernels/rope/rope.h"
 
 #include "absl/strings/str_cat.h"
 
@@ -216,7 +217,8 @@ absl::Status Backend::EmbeddingBackward(const Tensor& ids, const Tensor& dout, i
   return DoEmbeddingBackward(ids, dout, vocab_start, dtable);
 }
 
-absl::Status Backend::Rope(const Tensor& x, const Tensor& positions, float base, Tensor& y, bool inverse) {
+absl::Status Backend::Rope(const Tensor& x, const Tensor& positions, absl::Span<const float> inv_freq, float scale,
+                           Tensor& y, bool inverse) {
   const char* op = "rope";
   TRY(CheckTensors(op, device(), {{"positions", &positions}}));
   if (x.rank() != 3 || !Float(x.dtype())) return Bad(op, absl::StrCat("x must be f32/bf16 [tokens, heads, dim], got ", x.ShapeString()));
@@ -229,12 +231,15 @@ absl::Status Backend::Rope(const Tensor& x, const Tensor& positions, float base,
     if (t->rank() == 3 && (t->strides()[2] != 1 || t->strides()[1] != t->dim(2) || t->strides()[0] < t->dim(1) * t->dim(2)))
       return Bad(op, absl::StrCat(name, " ", t->ShapeString(), ": each token's heads must be contiguous"));
   }
-  if (x.dim(2) % 2 != 0) return Bad(op, absl::StrCat("head dim must be even, got ", x.dim(2)));
+  if (x.dim(2) % 2 != 0 || x.dim(2) > kernels::kRopeMaxHeadDim)
+    return Bad(op, absl::StrCat("head dim must be even and at most ", kernels::kRopeMaxHeadDim, ", got ", x.dim(2)));
   TRY(SameShape(op, "x", x, "y", y));
   TRY(SameDType(op, "x", x, "y", y));
   TRY(Vec(op, "positions", positions, x.dim(0), DType::kI32));
-  if (!(base > 1)) return Bad(op, absl::StrCat("base must be > 1, got ", base));
-  return DoRope(x, positions, base, y, inverse ? -1.f : 1.f);
+  if (static_cast<int64_t>(inv_freq.size()) != x.dim(2) / 2)
+    return Bad(op, absl::StrCat("inv_freq holds ", inv_freq.size(), " frequencies; head dim ", x.dim(2), " needs ", x.dim(2) / 2));
+  if (!(scale > 0)) return Bad(op, absl::StrCat("scale must be > 0, got ", scale));
+  return DoRope(x, positions, inv_freq.data(), scale, y, inverse ? -1.f : 1.f);
 }
 
 absl::Status Backend::CrossEntropyPartials(const Tensor& logits, const Tensor& targets, int64_t vocab_start, Tensor& max,

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "kernels/attention/attention.h"
 #include "worker/runtime/tensor.h"
 
@@ -110,8 +111,11 @@ class Backend {
   // ids [n] i32; out [n, hidden] (zeros for ids outside the shard); dtable f32 [rows, hidden].
   absl::Status EmbeddingForward(const Tensor& ids, const Tensor& table, int64_t vocab_start, Tensor& out);
   absl::Status EmbeddingBackward(const Tensor& ids, const Tensor& dout, int64_t vocab_start, Tensor& dtable);
-  // RoPE on x [tokens, heads, dim] with positions [tokens] i32; inverse rotates back (the backward).
-  absl::Status Rope(const Tensor& x, const Tensor& positions, float base, Tensor& y, bool inverse = false);
+  // RoPE on x [tokens, heads, dim] with positions [tokens] i32 (kernels/rope): inv_freq,
+  // on the host, holds dim / 2 frequencies and scale multiplies cos and sin
+  // (common/model/rope.h makes both); inverse rotates back (the backward).
+  absl::Status Rope(const Tensor& x, const Tensor& positions, absl::Span<const float> inv_freq, float scale, Tensor& y,
+                    bool inverse = false);
   // Cross-entropy partials over a vocab shard (see kernels/cross_entropy): logits [n, v],
   // targets [n] i32 (global ids); max, sum, dot, tgt: f32 [n].
   absl::Status CrossEntropyPartials(const Tensor& logits, const Tensor& targets, int64_t vocab_start, Tensor& max,
@@ -211,7 +215,8 @@ class Backend {
                               const Tensor* c_in) = 0;
   virtual absl::Status DoEmbeddingForward(const Tensor& ids, const Tensor& table, int64_t vocab_start, Tensor& out) = 0;
   virtual absl::Status DoEmbeddingBackward(const Tensor& ids, const Tensor& dout, int64_t vocab_start, Tensor& dtable) = 0;
-  virtual absl::Status DoRope(const Tensor& x, const Tensor& positions, float base, Tensor& y, float sign) = 0;
+  virtual absl::Status DoRope(const Tensor& x, const Tensor& positions, const float* inv_freq, float scale, Tensor& y,
+                              float sign) = 0;
   virtual absl::Status DoCrossEntropyPartials(const Tensor& logits, const Tensor& targets, int64_t vocab_start,
                                               Tensor& max, Tensor& sum, Tensor& dot, Tensor& tgt) = 0;
   virtual absl::Status DoCrossEntropyRescale(const Tensor& max, const Tensor& global_max, Tensor& sum) = 0;

@@ -80,8 +80,9 @@ class CpuBackend final : public Backend {
     return kernels::EmbeddingBackwardCpu(ids.data_as<int32_t>(), dout.data(), dtable.data_as<float>(), ids.dim(0),
                                          dtable.dim(0), dtable.dim(1), vs, dout.dtype());
   }
-  absl::Status DoRope(const Tensor& x, const Tensor& pos, float base, Tensor& y, float sign) override {
-    return kernels::RopeCpu(x.data(), pos.data_as<int32_t>(), y.data(), x.dim(0), x.dim(1), x.dim(2), base, sign,
+  absl::Status DoRope(const Tensor& x, const Tensor& pos, const float* inv_freq, float scale, Tensor& y,
+                      float sign) override {
+    return kernels::RopeCpu(x.data(), pos.data_as<int32_t>(), y.data(), x.dim(0), x.dim(1), x.dim(2), inv_freq, scale, sign,
                             x.dtype(), x.strides()[0], y.strides()[0]);
   }
   absl::Status DoCrossEntropyPartials(const Tensor& z, const Tensor& t, int64_t vs, Tensor& mx, Tensor& sm, Tensor& dt,

@@ -45,7 +45,8 @@ absl::StatusOr<ChatTemplate> ChatTemplate::Load(const std::string& dir) {
   return t;
 }
 
-absl::StatusOr<std::string> ChatTemplate::Apply(const Json& messages, bool add_generation_prompt, const Json& tools) const {
+absl::StatusOr<std::string> ChatTemplate::Apply(const Json& messages, bool add_generation_prompt, const Json& tools,
+                                                const Json& extra) const {
   if (!messages.is_array() || messages.empty()) return absl::InvalidArgumentError("messages: expected a non-empty list of {\"role\", \"content\"}");
   for (size_t i = 0; i < messages.size(); ++i) {
     const Json& m = messages[i];
@@ -57,6 +58,14 @@ absl::StatusOr<std::string> ChatTemplate::Apply(const Json& messages, bool add_g
   if (!tools.is_null() && !tools.is_array()) return absl::InvalidArgumentError("tools: expected a list");
   Json vars = {{"messages", messages}, {"add_generation_prompt", add_generation_prompt}, {"bos_token", bos_}, {"eos_token", eos_}};
   if (!tools.is_null()) vars["tools"] = tools;
+  if (!extra.is_null()) {
+    if (!extra.is_object()) return absl::InvalidArgumentError("chat template variables: expected an object");
+    for (auto it = extra.begin(); it != extra.end(); ++it) {
+      if (vars.contains(it.key()))
+        return absl::InvalidArgumentError(absl::StrCat("chat template variables: '", it.key(), "' is set by the conversation"));
+      vars[it.key()] = it.value();
+    }
+  }
   auto out = template_.Render(vars);
   if (!out.ok()) return absl::InvalidArgumentError(absl::StrCat("chat template: ", out.status().message()));
   return out;

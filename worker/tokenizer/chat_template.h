@@ -23,10 +23,12 @@ class ChatTemplate {
 
   // The prompt text of a conversation: `messages` a list of {"role": string, "content":
   // string or null, ...} (other keys, e.g. tool_calls, go to the template as they are);
-  // `tools` a list or null. INVALID_ARGUMENT naming the message and field, or the
-  // template's own raise_exception message.
+  // `tools` a list or null; `extra` null or an object of further template variables, as
+  // apply_chat_template's keyword arguments (e.g. Qwen3's enable_thinking). INVALID_ARGUMENT
+  // naming the message and field, or the template's own raise_exception message.
   absl::StatusOr<std::string> Apply(const nlohmann::ordered_json& messages, bool add_generation_prompt,
-                                    const nlohmann::ordered_json& tools = nullptr) const;
+                                    const nlohmann::ordered_json& tools = nullptr,
+                                    const nlohmann::ordered_json& extra = nullptr) const;
   const std::string& bos_token() const { return bos_; }
   const std::string& eos_token() const { return eos_; }
 

@@ -186,15 +186,41 @@ TEST(Hf, ShardedDirectoryAndErrors) {
     std::ofstream(one + "/config.json", std::ios::trunc) << text;
     return ReadHfConfig(one).status();
   };
-  EXPECT_THAT(std::string(with("\"hidden_size\"", "\"hidden_sizes\"").message()), HasSubstr("hidden_size: is required"));
-  auto scaled = with("\"rope_theta\"", "\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 32.0}, \"rope_theta\"");
-  EXPECT_EQ(scaled.code(), absl::StatusCode::kUnimplemented);
-  EXPECT_THAT(std::string(scaled.message()), HasSubstr("rope_scaling"));
+  EXPECT_THAT(std::string(with("\"hidden_size\"", "\"initializer_range\"").message()), HasSubstr("hidden_size: is required"));
+  // RoPE scalings: read with what each needs, refused naming what is missing or unknown.
+  auto llama3 = with("\"rope_theta\"", "\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 32.0, "
+                     "\"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 8192}, \"rope_theta\"");
+  EXPECT_TRUE(llama3.ok()) << llama3;
+  EXPECT_EQ(ReadHfConfig(one)->rope_scaling.type, model::RopeScaling::Type::kLlama3);
+  EXPECT_EQ(ReadHfConfig(one)->rope_scaling.original_max_positions, 8192);
+  auto half = with("\"rope_theta\"", "\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 32.0}, \"rope_theta\"");
+  EXPECT_EQ(half.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(half.message()), HasSubstr("rope_scaling.low_freq_factor"));
+  auto yarn = with("\"rope_theta\"", "\"rope_scaling\": {\"type\": \"yarn\", \"factor\": 4.0, "
+                   "\"original_max_position_embeddings\": 32768}, \"rope_theta\"");
+  EXPECT_TRUE(yarn.ok()) << yarn;
+  EXPECT_EQ(ReadHfConfig(one)->rope_scaling.type, model::RopeScaling::Type::kYarn);
+  auto longrope = with("\"rope_theta\"", "\"rope_scaling\": {\"rope_type\": \"longrope\", \"factor\": 4.0}, \"rope_theta\"");
+  EXPECT_EQ(longrope.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(std::string(longrope.message()), HasSubstr("rope_scaling.rope_type 'longrope' is not supported"));
+  EXPECT_THAT(std::string(with("\"rope_theta\"", "\"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": 2.0, "
+                               "\"short_factor\": [1.0]}, \"rope_theta\"").message()),
+              HasSubstr("rope_scaling.short_factor is not supported"));
+  // A key the engine does not implement is refused by name, never ignored.
+  auto unknown = with("\"rope_theta\"", "\"logit_softcapping\": 30.0, \"rope_theta\"");
+  EXPECT_EQ(unknown.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(std::string(unknown.message()), HasSubstr("logit_softcapping is not supported"));
+  EXPECT_THAT(std::string(with("\"rope_theta\"", "\"layer_types\": [\"sliding_attention\"], \"rope_theta\"").message()),
+              HasSubstr("layer_types: \"sliding_attention\" is not supported"));
   EXPECT_THAT(std::string(with("\"llama\"", "\"mistral\"").message()), HasSubstr("model_type 'mistral' is not supported"));
+  // Qwen3: q/k norms; attention biases are not Qwen3's.
+  ASSERT_TRUE(with("\"llama\"", "\"qwen3\"").ok());
+  EXPECT_TRUE(ReadHfConfig(one)->qk_norm);
   EXPECT_THAT(std::string(with("\"attention_bias\": false", "\"attention_bias\": true").message()), HasSubstr("attention_bias"));
   EXPECT_THAT(std::string(with("\"silu\"", "\"gelu\"").message()), HasSubstr("hidden_act"));
   EXPECT_THAT(std::string(with("\"num_attention_heads\": 4", "\"num_attention_heads\": 3").message()), HasSubstr("config.json"));
-  EXPECT_TRUE(with("\"rope_theta\"", "\"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 1000.0}, \"x\"").ok());
+  EXPECT_TRUE(with("\"rope_theta\"", "\"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 1000.0}, "
+                   "\"initializer_range\"").ok());
   EXPECT_EQ(ReadHfConfig(one)->rope_base, 1000.f);
   EXPECT_EQ(ExportHf(one, *a, "F16", true).code(), absl::StatusCode::kInvalidArgument);
 }
