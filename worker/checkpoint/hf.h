@@ -1,16 +1,12 @@
-// Hugging Face Llama / Qwen2 model directories: config.json plus model.safetensors, or
-// shards listed by model.safetensors.index.json. Our parameter names are Hugging Face's
-// (common/model/config.h), and our RoPE rotates halves as theirs does, so weights map
-// one to one.
+// Hugging Face Llama / Qwen2 / Qwen3 model directories: config.json plus model.safetensors,
+// or shards listed by model.safetensors.index.json. Our parameter names are Hugging
+// Face's (common/model/config.h), and our RoPE rotates halves as theirs does, so weights
+// map one to one.
 //
-// The shape comes from model::ReadHfConfig (common/model/hf_config.h).
-//
-// Supported: model_type llama and qwen2 (q/k/v bias), grouped-query attention, head_dim,
-// tied embeddings, rope_theta, rms_norm_eps; critics (LlamaConfig::value_head) as
-// *ForTokenClassification with one label (score.weight), and a critic imports a causal
-// LM's directory too, keeping its own value head (PPO starts its critic so). Refused with a message naming the key:
-// rope_scaling (e.g. Llama 3.1's "llama3"), attention_bias / mlp_bias on Llama (biases on
-// o_proj / the MLP), hidden activations other than silu, sliding windows.
+// The shape comes from model::ReadHfConfig (common/model/hf_config.h), which says what is
+// supported and refuses, naming the key, what is not. Critics (LlamaConfig::value_head)
+// are *ForTokenClassification with one label (score.weight), and a critic imports a
+// causal LM's directory too, keeping its own value head (PPO starts its critic so).
 #pragma once
 
 #include <string>
@@ -27,8 +23,9 @@ namespace tessera::checkpoint {
 // the full values it finds).
 absl::Status ImportHf(const std::string& dir, model::Llama& model);
 
-// Writes config.json and model.safetensors (dtype "BF16" or "F32") into dir, from the
-// model's global weights. Every TP rank calls it (the weights are gathered over TP;
+// Writes config.json (the family's model_type and architecture, the RoPE scaling in
+// transformers 4's rope_scaling spelling, which transformers 5 reads too) and
+// model.safetensors (dtype "BF16" or "F32") into dir, from the model's global weights. Every TP rank calls it (the weights are gathered over TP;
 // under ZeRO-3 call Trainer::GatherParams first); only ranks with `write` set write.
 // A pipeline stage (pp: its pipeline group, host buffers — Gloo) sends the parameters it
 // is the first to hold to stage 0, whose ranks with `write` set write the whole model;

@@ -6,7 +6,10 @@
 // independent of hidden / heads, bf16, tied). On the CPU oracle in f32: the RoPE
 // frequencies, the logits of a 100-token sequence within 1e-4 of their scale, the
 // gradients of the mean cross-entropy, and greedy decoding token for token (through the
-// rollout engine's prefill and paged decode); Qwen3 also under TP 2.
+// rollout engine's prefill and paged decode); Qwen3 also under TP 2; and an export reads
+// back as the same family, RoPE scaling and logits.
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <thread>
@@ -25,7 +28,9 @@
 namespace tessera::checkpoint {
 namespace {
 
+// A fixture's directory (or, given a path, that path).
 std::string CaseDir(const std::string& name) {
+  if (!name.empty() && name[0] == '/') return name;
   return absl::StrCat(TESSERA_SOURCE_DIR, "/tests/worker/checkpoint/hf_models/", name);
 }
 
@@ -144,6 +149,33 @@ TEST_P(HfModels, EqualTransformers) {
     ASSERT_TRUE(got.ok()) << got.status();
     EXPECT_EQ((*got)[0].tokens, greedy);
   }
+}
+
+// Export keeps the family and the RoPE scaling: the directory written back reads as the
+// same config and gives the same logits.
+TEST_P(HfModels, ExportKeepsTheFamilyAndTheRopeScaling) {
+  const std::string name = GetParam();
+  auto be = runtime::MakeCpuBackend();
+  auto m = Import(name, be.get());
+  ASSERT_NE(m, nullptr);
+  const std::string out = absl::StrCat(::testing::TempDir(), "/hf-export-", name, "-", getpid());
+  ASSERT_TRUE(ExportHf(out, *m, "F32", true).ok());
+  auto back = model::ReadHfConfig(out);
+  ASSERT_TRUE(back.ok()) << back.status();
+  const model::LlamaConfig& a = m->config();
+  EXPECT_EQ(back->qk_norm, a.qk_norm);
+  EXPECT_EQ(back->qkv_bias, a.qkv_bias);
+  EXPECT_EQ(back->tie_embeddings, a.tie_embeddings);
+  EXPECT_EQ(back->HeadDim(), a.HeadDim());
+  EXPECT_EQ(back->max_positions, a.max_positions);
+  EXPECT_EQ(back->rope_base, a.rope_base);
+  EXPECT_EQ(back->rope_scaling.type, a.rope_scaling.type);
+  EXPECT_EQ(back->rope_scaling.factor, a.rope_scaling.factor);
+  EXPECT_EQ(back->rope_scaling.original_max_positions, a.rope_scaling.original_max_positions);
+  const std::vector<int32_t> tokens = Ints(Load(name).Get("tokens"));
+  auto again = Import(out, be.get());
+  ASSERT_NE(again, nullptr);
+  EXPECT_EQ(*again->ForwardLogits(Sequence(tokens)), *m->ForwardLogits(Sequence(tokens)));
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, HfModels,
