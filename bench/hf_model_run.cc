@@ -69,13 +69,7 @@ int main(int argc, char** argv) {
   if (auto st = checkpoint::ImportHf(dir, model); !st.ok()) return Fail(st);  // compute copies refreshed too
   const double load_s = Since(t0);
   const std::vector<int32_t> tokens = ReadIds(argv[5]);
-  model::TokenBatch b;
-  b.tokens = tokens;
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    b.targets.push_back(i + 1 < tokens.size() ? tokens[i + 1] : -1);
-    b.positions.push_back(static_cast<int32_t>(i));
-  }
-  b.cu_seqlens = {0, static_cast<int32_t>(tokens.size())};
+  const model::TokenBatch b = model::TokenBatch::NextTokenSequence(tokens);
   t0 = std::chrono::steady_clock::now();
   auto logits = model.ForwardLogits(b);
   if (!logits.ok()) return Fail(logits.status());

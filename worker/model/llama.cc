@@ -31,6 +31,18 @@ bool EndsWith(const std::string& s, const std::string& suffix) {
 }
 }  // namespace
 
+TokenBatch TokenBatch::NextTokenSequence(std::vector<int32_t> tokens) {
+  TokenBatch b;
+  b.tokens = std::move(tokens);
+  const int64_t n = b.size();
+  for (int64_t i = 0; i < n; ++i) {
+    b.targets.push_back(i + 1 < n ? b.tokens[i + 1] : -1);
+    b.positions.push_back(static_cast<int32_t>(i));
+  }
+  b.cu_seqlens = {0, static_cast<int32_t>(n)};
+  return b;
+}
+
 absl::Status TokenBatch::Validate(int64_t vocab) const {
   const int64_t t = size();
   if (t == 0) return absl::InvalidArgumentError("batch: no tokens");

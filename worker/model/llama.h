@@ -54,6 +54,9 @@ struct TokenBatch {
   std::vector<int32_t> positions;   // [T] position of each token within its sequence
   std::vector<int32_t> cu_seqlens;  // [B + 1] sequence boundaries, 0 ... T
   int64_t size() const { return static_cast<int64_t>(tokens.size()); }
+  // One sequence at positions 0..T-1, each token's target the next one (the last none):
+  // the batch of a language-modelling loss over `tokens`.
+  static TokenBatch NextTokenSequence(std::vector<int32_t> tokens);
   // INVALID_ARGUMENT naming the field: sizes disagree, ids outside [0, vocab), targets
   // outside [-1, vocab), boundaries not 0 < ... < T, negative positions.
   absl::Status Validate(int64_t vocab) const;

@@ -14,18 +14,12 @@ using runtime::Tensor;
 
 model::TokenBatch CompletionSequence(const std::vector<int32_t>& prompt, const std::vector<int32_t>& completion,
                                      std::vector<double>* mask) {
-  model::TokenBatch b;
   const int32_t p = static_cast<int32_t>(prompt.size()), n = p + static_cast<int32_t>(completion.size());
-  b.cu_seqlens = {0, n};
-  for (int32_t i = 0; i < n; ++i) {
-    b.tokens.push_back(i < p ? prompt[i] : completion[i - p]);
-    b.positions.push_back(i);
-  }
-  for (int32_t i = 0; i < n; ++i) {
-    b.targets.push_back(i + 1 < n ? b.tokens[i + 1] : -1);
-    if (mask != nullptr) mask->push_back(i + 1 >= p && i + 1 < n ? 1.0 : 0.0);
-  }
-  return b;
+  std::vector<int32_t> tokens = prompt;
+  tokens.insert(tokens.end(), completion.begin(), completion.end());
+  if (mask != nullptr)
+    for (int32_t i = 0; i < n; ++i) mask->push_back(i + 1 >= p && i + 1 < n ? 1.0 : 0.0);
+  return model::TokenBatch::NextTokenSequence(std::move(tokens));
 }
 
 RolloutEngine::RolloutEngine(model::Llama* model, const RolloutOptions& options)

@@ -52,17 +52,7 @@ Reference Load(const std::string& name) {
 
 std::vector<int32_t> Ints(const std::vector<float>& v) { return std::vector<int32_t>(v.begin(), v.end()); }
 
-// One sequence at positions 0..T-1, each token predicting the next.
-model::TokenBatch Sequence(const std::vector<int32_t>& tokens) {
-  model::TokenBatch b;
-  b.tokens = tokens;
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    b.targets.push_back(i + 1 < tokens.size() ? tokens[i + 1] : -1);
-    b.positions.push_back(static_cast<int32_t>(i));
-  }
-  b.cu_seqlens = {0, static_cast<int32_t>(tokens.size())};
-  return b;
-}
+model::TokenBatch Sequence(const std::vector<int32_t>& tokens) { return model::TokenBatch::NextTokenSequence(tokens); }
 
 double MaxAbs(const std::vector<float>& v) {
   double m = 0;
