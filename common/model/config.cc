@@ -53,7 +53,10 @@ absl::Status LlamaConfig::ValidateTensorParallel(int tp) const {
     const char* name;
     int64_t value;
   };
-  for (Field f : {Field{"heads", heads}, Field{"kv_heads", kv_heads}, Field{"ffn", ffn}, Field{"vocab", vocab}})
+  if (kv_heads % tp != 0 && tp % kv_heads != 0)
+    return Bad(absl::StrCat("kv_heads (", kv_heads, ") must be a multiple of the tensor parallel degree (", tp,
+                            ") or divide it (each KV head then replicated on tp / kv_heads ranks)"));
+  for (Field f : {Field{"heads", heads}, Field{"ffn", ffn}, Field{"vocab", vocab}})
     if (f.value % tp != 0)
       return Bad(absl::StrCat(f.name, " (", f.value, ") must be a multiple of the tensor parallel degree (", tp,
                               ")", std::string(f.name) == "vocab" ? "; pad the vocabulary" : ""));
@@ -68,12 +71,12 @@ std::vector<ParamSpec> LlamaParamSpecs(const LlamaConfig& c) {
     const std::string l = absl::StrCat("model.layers.", i, ".");
     p.push_back({l + "input_layernorm.weight", {c.hidden}});
     p.push_back({l + "self_attn.q_proj.weight", {q, c.hidden}, 0});
-    p.push_back({l + "self_attn.k_proj.weight", {kv, c.hidden}, 0});
-    p.push_back({l + "self_attn.v_proj.weight", {kv, c.hidden}, 0});
+    p.push_back({l + "self_attn.k_proj.weight", {kv, c.hidden}, 0, c.kv_heads});
+    p.push_back({l + "self_attn.v_proj.weight", {kv, c.hidden}, 0, c.kv_heads});
     if (c.qkv_bias) {
       p.push_back({l + "self_attn.q_proj.bias", {q}, 0});
-      p.push_back({l + "self_attn.k_proj.bias", {kv}, 0});
-      p.push_back({l + "self_attn.v_proj.bias", {kv}, 0});
+      p.push_back({l + "self_attn.k_proj.bias", {kv}, 0, c.kv_heads});
+      p.push_back({l + "self_attn.v_proj.bias", {kv}, 0, c.kv_heads});
     }
     if (c.qk_norm) {  // shared by every head: replicated over TP
       p.push_back({l + "self_attn.q_norm.weight", {d}});
@@ -120,6 +123,20 @@ std::pair<int64_t, int64_t> ChunkLayers(const LlamaConfig& c, const StageSpec& s
 bool StageHolds(const std::string& param, const LlamaConfig& c, const StageSpec& s) {
   if (param == "model.embed_tokens.weight" && c.tie_embeddings && s.rank == s.pp - 1) return true;
   return StageOf(param, c, s) == s.rank;
+}
+
+TpSplit TpSplitOf(const ParamSpec& s, int tp, int rank) {
+  TpSplit t;
+  if (tp <= 1) return t;
+  if (s.shard_dim < 0) {  // whole on every rank
+    t.replicas = tp, t.replica = rank;
+    return t;
+  }
+  t.dim = s.shard_dim;
+  t.parts = s.max_parts > 0 && s.max_parts < tp ? static_cast<int>(s.max_parts) : tp;
+  t.replicas = tp / t.parts;
+  t.index = rank / t.replicas, t.replica = rank % t.replicas;
+  return t;
 }
 
 std::vector<float> TpShardOf(const std::vector<float>& g, const std::vector<int64_t>& shape, int dim, int parts,

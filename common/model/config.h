@@ -60,19 +60,39 @@ struct LlamaConfig {
   // Parameter count (tied embeddings counted once).
   int64_t NumParams() const;
   // INVALID_ARGUMENT naming the numbers unless tensor parallelism of degree tp can split
-  // heads, kv heads, the MLP and the vocabulary evenly.
+  // heads, the MLP and the vocabulary evenly, and the kv heads evenly or — tp a multiple
+  // of kv_heads — replicate them (every group of tp / kv_heads ranks shares one KV head).
   absl::Status ValidateTensorParallel(int tp) const;
+  // The KV heads one rank of tensor parallelism of degree tp holds: kv_heads / tp, or 1
+  // when tp exceeds kv_heads (replicated).
+  int64_t LocalKvHeads(int tp) const { return kv_heads >= tp ? kv_heads / tp : 1; }
 };
 
 // One parameter: its Hugging Face name and (global) shape. Linear weights are [out, in].
 // shard_dim: the dimension tensor parallelism splits (Megatron: column-parallel q/k/v,
 // gate/up and their biases and the vocab-parallel embedding and LM head split dim 0;
 // row-parallel o and down split dim 1); -1: replicated (norms).
+// max_parts: the most slices it splits into (0: no limit): the KV heads for k/v weights
+// and biases, so that with more TP ranks than KV heads each head is one slice that
+// tp / kv_heads ranks hold alike (Megatron's and vLLM's KV-head replication).
 struct ParamSpec {
   std::string name;
   std::vector<int64_t> shape;
   int shard_dim = -1;
+  int64_t max_parts = 0;
 };
+
+// How tensor parallelism of degree tp lays a parameter out on TP rank `rank`: `parts`
+// distinct slices along `dim` (-1: not split), this rank holding slice `index`; each slice
+// held alike by `replicas` ranks (rank = index * replicas + replica; a parameter TP does
+// not split: dim -1, one part, tp replicas). Every TP-sharded
+// reader and writer (the model, the trainer's norm, checkpoints, weight sync) goes by it.
+struct TpSplit {
+  int dim = -1;
+  int parts = 1, index = 0;
+  int replicas = 1, replica = 0;
+};
+TpSplit TpSplitOf(const ParamSpec& s, int tp, int rank);
 
 // Every parameter of the model, in a fixed order: embedding, then per layer (input
 // norm, q/k/v (+bias), q/k norm (Qwen3), o, post-attention norm, gate, up, down), final norm, LM head

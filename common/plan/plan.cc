@@ -18,7 +18,7 @@ struct LayerBytes {
 };
 LayerBytes Layer(const model::LlamaConfig& c, const parallel::Layout& l, int64_t t, int64_t tl, int64_t a,
                  bool recompute_swiglu) {
-  const int64_t h = c.hidden, d = c.HeadDim(), hq = c.heads / l.tp, hkv = c.kv_heads / l.tp, f = c.ffn / l.tp;
+  const int64_t h = c.hidden, d = c.HeadDim(), hq = c.heads / l.tp, hkv = c.LocalKvHeads(l.tp), f = c.ffn / l.tp;
   const bool sp = l.sp && l.tp > 1;
   LayerBytes b;
   b.input = a * tl * h;
@@ -62,7 +62,7 @@ absl::StatusOr<Plan> PlanStage(const PlanInput& in, int stage) {
     if (!model::StageHolds(s.name, c, stage_spec)) continue;
     int64_t n = 1;
     for (int64_t x : s.shape) n *= x;
-    if (s.shard_dim >= 0) n /= l.tp;
+    if (s.shard_dim >= 0) n /= model::TpSplitOf(s, l.tp, 0).parts;
     p.params_per_rank += n;
     shard += CeilDiv(n, dp);
     padded += CeilDiv(n, dp) * dp;
@@ -120,7 +120,7 @@ absl::StatusOr<Plan> PlanStage(const PlanInput& in, int stage) {
     p.comm.tp = micro * (4.0 * c.layers + 4) * double(a) * t * h * per;
   }
   if (l.cp > 1) {  // K/V round the ring forward; K/V and dK/dV backward, one more hop for dK/dV
-    const double kv = double(a) * t * 2 * (c.kv_heads / l.tp) * c.HeadDim();
+    const double kv = double(a) * t * 2 * c.LocalKvHeads(l.tp) * c.HeadDim();
     p.comm.cp = micro * c.layers * (kv * (l.cp - 1) * (in.recompute ? 2 : 1) + 2 * kv * (l.cp - 1) + kv);
   }
   if (l.pp > 1)  // each chunk pass sends its output forward and its input's gradient back

@@ -48,7 +48,7 @@ int64_t Numel(const std::vector<int64_t>& shape) {
 
 // What TP rank tp_r, DP rank dp_r writes of a parameter (see the header).
 struct Plan {
-  int tp_dim = -1, tp_size = 1;
+  int tp_dim = -1, tp_size = 1, tp_index = 0;  // the TP slice written (model::TpSplitOf)
   bool value = false, state = false;
   int64_t value_begin = 0, value_len = 0, state_begin = 0, state_len = 0;
 };
@@ -56,10 +56,13 @@ struct Plan {
 // (engine::Trainer::values_sliced).
 Plan PlanFor(const model::ParamSpec& spec, int tp, int dp, int zero, bool sliced, int tp_r, int dp_r) {
   Plan p;
-  const bool tp_sharded = tp > 1 && spec.shard_dim >= 0;
-  if (!tp_sharded && tp_r != 0) return p;  // the TP ranks hold the same tensor: rank 0 writes it
-  p.tp_dim = tp_sharded ? spec.shard_dim : -1;
-  p.tp_size = tp_sharded ? tp : 1;
+  const model::TpSplit split = model::TpSplitOf(spec, tp, tp_r);
+  // TP ranks holding the same tensor (or the same replicated KV head): the first writes it.
+  if (split.replica != 0) return p;
+  const bool tp_sharded = split.dim >= 0 && split.parts > 1;
+  p.tp_dim = tp_sharded ? split.dim : -1;
+  p.tp_size = tp_sharded ? split.parts : 1;
+  p.tp_index = tp_sharded ? split.index : 0;
   const int64_t n = Numel(spec.shape) / p.tp_size;
   const int64_t shard = (n + dp - 1) / dp, begin = std::min<int64_t>(n, dp_r * shard),
                 len = std::min<int64_t>(shard, n - begin);
@@ -182,7 +185,7 @@ absl::Status CommitOnRankZero(const std::string& dir, const std::string& tmp, co
           files[file] = json::parse(side, nullptr, false);
         }
         auto shard = [&](const std::string& key, int64_t begin, int64_t len) {
-          return json{{"file", file}, {"key", key},   {"tp_dim", plan.tp_dim}, {"tp_rank", plan.tp_dim >= 0 ? t : 0},
+          return json{{"file", file}, {"key", key},   {"tp_dim", plan.tp_dim}, {"tp_rank", plan.tp_index},
                       {"tp_size", plan.tp_size}, {"begin", begin}, {"len", len}};
         };
         if (plan.value) value.push_back(shard(p.name, plan.value_begin, plan.value_len));
@@ -226,10 +229,11 @@ absl::StatusOr<int64_t> LoadLocal(const std::string& path, const Group& g) {
     // Only what this rank holds: under ZeRO its slice of the moments (of the value too
     // where the trainer keeps values sliced).
     const engine::Trainer::PieceSlices sl = g.trainer->SlicesOf(i);
+    const model::TpSplit split = g.model->SplitOf(params[i]);
     engine::Trainer::Piece p;
     p.value_begin = sl.value_begin, p.state_begin = sl.state_begin;
     auto read = [&](const char* part, int64_t begin, int64_t len) {
-      return reader->ReadTpShard(spec.name, part, spec.shape, spec.shard_dim, TpSize(g), TpRank(g), begin, len);
+      return reader->ReadTpShard(spec.name, part, spec.shape, split.dim, split.parts, split.index, begin, len);
     };
     TESSERA_ASSIGN_OR_RETURN(p.value, read("value", sl.value_begin, sl.value_len));
     TESSERA_ASSIGN_OR_RETURN(p.m, read("exp_avg", sl.state_begin, sl.state_len));

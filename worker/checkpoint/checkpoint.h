@@ -6,9 +6,12 @@
 //   D/step-00000042/metadata.json            every global tensor -> its shards, the step, the layout
 //   D/latest                                 "step-00000042": the last committed checkpoint
 // A shard is elements [begin, begin + len) of the flattened TP-local tensor of TP rank r
-// (of tp_size, split along tp_dim; tp_dim -1: not TP-sharded). Who writes what follows
+// (of tp_size, split along tp_dim; tp_dim -1: not TP-sharded) — a slice index of
+// model::TpSplitOf, so with KV heads replicated over TP, tp_size is the KV heads and r the
+// head. Who writes what follows
 // from the layout: a value is written by DP rank 0 (ZeRO-3: each DP rank its slice), the
-// moments by DP rank 0 (ZeRO >= 1: each its slice); a tensor TP ranks share, by TP rank 0;
+// moments by DP rank 0 (ZeRO >= 1: each its slice); a tensor TP ranks share (or a
+// replicated KV head), by the first TP rank holding it;
 // under PP, by the stage holding it (a tied embedding by the first stage).
 //
 // Saving is atomic: everything goes into D/step-N.tmp, fsynced; rank 0 writes the

@@ -24,7 +24,7 @@ absl::StatusOr<std::unique_ptr<Generator>> Generator::Create(Llama* model, int64
   if (m.lm_head_ == nullptr) return absl::FailedPreconditionError("generation needs an LM head; this model is a critic");
   KvCache c;
   c.blocks = blocks, c.block_size = block_size;
-  const int64_t hkv = m.config_.kv_heads / m.tp_size(), d = m.config_.HeadDim();
+  const int64_t hkv = m.config_.LocalKvHeads(m.tp_size()), d = m.config_.HeadDim();
   for (int64_t l = 0; l < m.config_.layers; ++l) {
     TESSERA_ASSIGN_OR_RETURN(Tensor k, New(*m.backend_, {blocks, block_size, hkv, d}, m.act_));
     TESSERA_ASSIGN_OR_RETURN(Tensor v, New(*m.backend_, {blocks, block_size, hkv, d}, m.act_));

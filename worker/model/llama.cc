@@ -114,7 +114,7 @@ absl::Status Llama::Allocate() {
   for (const auto& s : specs) {
     if (!StageHolds(s.name, config_, stage_)) continue;
     std::vector<int64_t> local = s.shape;
-    if (s.shard_dim >= 0) local[s.shard_dim] /= tp_size();
+    if (s.shard_dim >= 0) local[s.shard_dim] /= TpSplitOf(s, tp_size(), tp_rank()).parts;
     TESSERA_ASSIGN_OR_RETURN(Tensor value, New(*backend_, local));
     TESSERA_ASSIGN_OR_RETURN(Tensor grad, New(*backend_, local));
     params_.push_back({s, std::move(value), std::move(grad), runtime::Tensor()});
@@ -183,7 +183,8 @@ absl::Status Llama::SetGlobal(Param& p, const std::vector<float>& global) {
   if (static_cast<int64_t>(global.size()) != n)
     return absl::InvalidArgumentError(
         absl::StrCat("model: ", p.name(), " has ", n, " elements, got a value of ", global.size()));
-  const auto shard = TpShardOf(global, p.spec.shape, p.spec.shard_dim, tp_size(), tp_rank());
+  const TpSplit split = SplitOf(p);
+  const auto shard = TpShardOf(global, p.spec.shape, split.dim, split.parts, split.index);
   TESSERA_RETURN_IF_ERROR(backend_->CopyFromHost(shard.data(), p.value));
   return RefreshCompute(p);
 }
@@ -202,7 +203,7 @@ absl::Status Llama::RefreshCompute(Param& p) {
 
 absl::StatusOr<std::vector<float>> Llama::GatherGlobal(const Param& p, bool grad) {
   const Tensor& local = grad ? p.grad : p.value;
-  const int64_t n = local.numel() * (p.spec.shard_dim >= 0 ? tp_size() : 1);
+  const int64_t n = local.numel() * SplitOf(p).parts;
   if (grad && p.grad_stale) return std::vector<float>(n, 0.f);  // nothing written this step
   TESSERA_ASSIGN_OR_RETURN(Tensor whole, New(*backend_, {n}));
   TESSERA_RETURN_IF_ERROR(GatherInto(p, local, whole));
@@ -214,14 +215,27 @@ absl::StatusOr<std::vector<float>> Llama::GatherGlobal(const Param& p, bool grad
 absl::Status Llama::GatherGlobalInto(const Param& p, Tensor& out) { return GatherInto(p, p.value, out); }
 
 absl::Status Llama::GatherInto(const Param& p, const Tensor& shard, Tensor& out) {
-  const int64_t n = shard.numel(), parts = tp_size();
-  if (out.numel() != n * (p.spec.shard_dim >= 0 ? parts : 1) || out.dtype() != DType::kF32 || !out.contiguous())
+  const TpSplit split = SplitOf(p);
+  const int64_t n = shard.numel(), parts = split.parts;
+  if (out.numel() != n * parts || out.dtype() != DType::kF32 || !out.contiguous())
     return absl::InvalidArgumentError(absl::StrCat("model: ", p.name(), ": gather into ", out.ShapeString(), " ",
                                                    DTypeName(out.dtype()), "; expected f32 of the global size"));
   TESSERA_ASSIGN_OR_RETURN(Tensor flat, out.Reshape({out.numel()}));
   TESSERA_ASSIGN_OR_RETURN(Tensor local, shard.Reshape({n}));
-  if (tp_ == nullptr || p.spec.shard_dim < 0) return backend_->Copy(local, flat);
-  if (p.spec.shard_dim == 0) {  // shards are consecutive row blocks: gather in place
+  if (tp_ == nullptr || split.dim < 0 || parts == 1) return backend_->Copy(local, flat);
+  if (split.replicas > 1) {  // replicated KV heads (split along dim 0): every replica's first copy
+    TESSERA_ASSIGN_OR_RETURN(Tensor gathered, New(*backend_, {n * tp_size()}));
+    TESSERA_RETURN_IF_ERROR(backend_->Synchronize());  // the shard is written on the compute stream
+    TESSERA_RETURN_IF_ERROR(tp_->AllGather(local.data(), gathered.data(), n, DType::kF32));
+    TESSERA_RETURN_IF_ERROR(tp_->Synchronize());
+    for (int64_t k = 0; k < parts; ++k) {
+      TESSERA_ASSIGN_OR_RETURN(Tensor from, gathered.Slice(0, k * split.replicas * n, n));
+      TESSERA_ASSIGN_OR_RETURN(Tensor to, flat.Slice(0, k * n, n));
+      TESSERA_RETURN_IF_ERROR(backend_->Copy(from, to));
+    }
+    return absl::OkStatus();
+  }
+  if (split.dim == 0) {  // shards are consecutive row blocks: gather in place
     TESSERA_RETURN_IF_ERROR(backend_->Synchronize());  // the shard is written on the compute stream
     TESSERA_RETURN_IF_ERROR(tp_->AllGather(local.data(), flat.data(), n, DType::kF32));
     return tp_->Synchronize();
@@ -248,24 +262,25 @@ absl::Status Llama::GatherColumns(const Tensor& local, Tensor& full) {
 }
 
 absl::Status Llama::SetGlobalFrom(Param& p, const Tensor& global) {
-  const int64_t n = p.value.numel(), parts = tp_size();
+  const TpSplit split = SplitOf(p);
+  const int64_t n = p.value.numel(), parts = split.parts;
   int64_t total = 1;
   for (int64_t d : p.spec.shape) total *= d;
   if (global.numel() != total || global.dtype() != DType::kF32 || !global.contiguous())
     return absl::InvalidArgumentError(absl::StrCat("model: ", p.name(), " has ", total, " elements, got ",
                                                    global.ShapeString(), " ", DTypeName(global.dtype())));
   TESSERA_ASSIGN_OR_RETURN(Tensor local, p.value.Reshape({n}));
-  if (tp_ == nullptr || p.spec.shard_dim < 0 || parts == 1) {
+  if (tp_ == nullptr || split.dim < 0 || parts == 1) {
     TESSERA_ASSIGN_OR_RETURN(Tensor flat, global.Reshape({total}));
     TESSERA_RETURN_IF_ERROR(backend_->Copy(flat, local));
-  } else if (p.spec.shard_dim == 0) {
+  } else if (split.dim == 0) {
     TESSERA_ASSIGN_OR_RETURN(Tensor flat, global.Reshape({total}));
-    TESSERA_ASSIGN_OR_RETURN(Tensor mine, flat.Slice(0, tp_rank() * n, n));
+    TESSERA_ASSIGN_OR_RETURN(Tensor mine, flat.Slice(0, split.index * n, n));
     TESSERA_RETURN_IF_ERROR(backend_->Copy(mine, local));
   } else {
     const int64_t rows = p.spec.shape[0], cols = p.spec.shape[1], c = cols / parts;
     TESSERA_ASSIGN_OR_RETURN(Tensor whole, global.Reshape({rows, cols}));
-    TESSERA_ASSIGN_OR_RETURN(Tensor mine, whole.Slice(1, tp_rank() * c, c));
+    TESSERA_ASSIGN_OR_RETURN(Tensor mine, whole.Slice(1, split.index * c, c));
     TESSERA_ASSIGN_OR_RETURN(Tensor block, p.value.Reshape({rows, c}));
     TESSERA_RETURN_IF_ERROR(backend_->Copy(mine, block));
   }
@@ -318,7 +333,7 @@ absl::Status Llama::PrepareKernels(const TokenBatch& batch) {
   const int64_t len = cu[1] - cu[0], seqs = static_cast<int64_t>(cu.size()) - 1;
   for (size_t i = 1; i + 1 < cu.size(); ++i)
     if (cu[i + 1] - cu[i] != len) return absl::OkStatus();
-  const int64_t hq = config_.heads / tp_size(), hkv = config_.kv_heads / tp_size(), d = config_.HeadDim();
+  const int64_t hq = config_.heads / tp_size(), hkv = config_.LocalKvHeads(tp_size()), d = config_.HeadDim();
   TESSERA_RETURN_IF_ERROR(backend_->PrepareAttention(seqs, len, hq, hkv, d, /*causal=*/true, act_));
   // Ring attention also runs a chunk's queries against another chunk's keys, unmasked.
   if (cp_ != nullptr) TESSERA_RETURN_IF_ERROR(backend_->PrepareAttention(seqs, len, hq, hkv, d, /*causal=*/false, act_));

@@ -130,6 +130,8 @@ class Llama {
   const LlamaConfig& config() const { return config_; }
   std::vector<Param>& params() { return params_; }
   Param* Find(const std::string& name);
+  // How this TP rank holds p (TpSplitOf: its slice, and with replicated KV heads which copy).
+  TpSplit SplitOf(const Param& p) const { return TpSplitOf(p.spec, tp_ ? tp_->size() : 1, tp_ ? tp_->rank() : 0); }
 
   // Deterministic from (seed, parameter name): normal(0, stddev) weights, norms 1,
   // biases 0 — the full tensor is drawn and this rank keeps its shard, so every layout
@@ -292,6 +294,12 @@ class Llama {
   absl::Status LayerForward(const LayerParams& w, const Inputs& in, const runtime::Tensor& x, LayerActs& a,
                             runtime::Tensor& out, const CacheStep* kv = nullptr);
   absl::Status LayerBackward(LayerParams& w, const Inputs& in, const LayerActs& a, runtime::Tensor& dx);
+  // The k/v projections' backward when TP replicates the KV heads: the ranks sharing a
+  // head each hold part of its gradient (from their query heads), summed over them per
+  // micro-batch in one f32 all-reduce before it is added to the gradients; dx += the
+  // projections' share of the input gradient (dk, dv [tokens, head_dim]).
+  absl::Status ReplicatedKvBackward(LayerParams& w, const Inputs& in, const runtime::Tensor& dk,
+                                    const runtime::Tensor& dv, const runtime::Tensor& x, runtime::Tensor& dx);
   absl::StatusOr<LossSum> Run(const TokenBatch& batch, bool backward, float grad_scale,
                               std::vector<float>* logits_out = nullptr, TokenStats* stats = nullptr,
                               const LogProbGrad* logprob_grad = nullptr, std::vector<float>* values = nullptr,

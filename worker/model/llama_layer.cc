@@ -58,7 +58,7 @@ absl::Status Llama::LayerForward(const LayerParams& w, const Inputs& in, const T
   Backend& b = *backend_;
   const LlamaConfig& c = config_;
   const int64_t tl = x.dim(0), t = in.tokens.numel(), d = c.HeadDim(), hq = c.heads / tp_size(),
-                hkv = c.kv_heads / tp_size(), ffn = c.ffn / tp_size();
+                hkv = c.LocalKvHeads(tp_size()), ffn = c.ffn / tp_size();
   a.x_in = x;
   TESSERA_ASSIGN_OR_RETURN(a.xn1, New(b, {tl, c.hidden}, act_));
   TESSERA_ASSIGN_OR_RETURN(a.rstd1, New(b, {tl}));
@@ -130,7 +130,7 @@ absl::Status Llama::LayerForward(const LayerParams& w, const Inputs& in, const T
 absl::Status Llama::LayerBackward(LayerParams& w, const Inputs& in, const LayerActs& a, Tensor& dx) {
   Backend& b = *backend_;
   const LlamaConfig& c = config_;
-  const int64_t t = in.tokens.numel(), d = c.HeadDim(), hq = c.heads / tp_size(), hkv = c.kv_heads / tp_size(),
+  const int64_t t = in.tokens.numel(), d = c.HeadDim(), hq = c.heads / tp_size(), hkv = c.LocalKvHeads(tp_size()),
                 ffn = c.ffn / tp_size();
   // MLP: out = x_mid + down(swiglu(gate(xn2), up(xn2))), xn2 = norm2(x_mid).
   TESSERA_ASSIGN_OR_RETURN(Tensor dmlp, EnterTp(dx));
@@ -188,16 +188,61 @@ absl::Status Llama::LayerBackward(LayerParams& w, const Inputs& in, const LayerA
   TESSERA_ASSIGN_OR_RETURN(dq_lin, dq_lin.Reshape({t, hq * d}));
   TESSERA_ASSIGN_OR_RETURN(dk_lin, dk_lin.Reshape({t, hkv * d}));
   TESSERA_ASSIGN_OR_RETURN(Tensor dv_lin, dv.Reshape({t, hkv * d}));
+  const bool kv_replicated = SplitOf(*w.wk).replicas > 1;
   if (c.qkv_bias) {
     TESSERA_RETURN_IF_ERROR(BiasBackward(b, in.ones, dq_lin, *w.bq));
-    TESSERA_RETURN_IF_ERROR(BiasBackward(b, in.ones, dk_lin, *w.bk));
-    TESSERA_RETURN_IF_ERROR(BiasBackward(b, in.ones, dv_lin, *w.bv));
+    if (!kv_replicated) {
+      TESSERA_RETURN_IF_ERROR(BiasBackward(b, in.ones, dk_lin, *w.bk));
+      TESSERA_RETURN_IF_ERROR(BiasBackward(b, in.ones, dv_lin, *w.bv));
+    }
   }
   TESSERA_RETURN_IF_ERROR(LinearBackward(b, dq_lin, a.xn1_full, *w.wq, dxn_full, 0.f));
-  TESSERA_RETURN_IF_ERROR(LinearBackward(b, dk_lin, a.xn1_full, *w.wk, dxn_full, 1.f));
-  TESSERA_RETURN_IF_ERROR(LinearBackward(b, dv_lin, a.xn1_full, *w.wv, dxn_full, 1.f));
+  if (kv_replicated) {
+    TESSERA_RETURN_IF_ERROR(ReplicatedKvBackward(w, in, dk_lin, dv_lin, a.xn1_full, dxn_full));
+  } else {
+    TESSERA_RETURN_IF_ERROR(LinearBackward(b, dk_lin, a.xn1_full, *w.wk, dxn_full, 1.f));
+    TESSERA_RETURN_IF_ERROR(LinearBackward(b, dv_lin, a.xn1_full, *w.wv, dxn_full, 1.f));
+  }
   TESSERA_ASSIGN_OR_RETURN(dxn, LeaveTp(dxn_full));
   return NormBackward(dxn, a.x_in, *w.norm1, a.rstd1, dx, &dx);  // dx = d(x_in)
+}
+
+absl::Status Llama::ReplicatedKvBackward(LayerParams& w, const Inputs& in, const Tensor& dk, const Tensor& dv,
+                                         const Tensor& x, Tensor& dx) {
+  Backend& b = *backend_;
+  const TpSplit split = SplitOf(*w.wk);
+  struct Piece {
+    Param* p;
+    const Tensor* dy;
+    Tensor grad;  // this micro-batch's, in this rank's slot of the buffer
+  };
+  std::vector<Piece> pieces = {{w.wk, &dk, {}}, {w.wv, &dv, {}}};
+  if (w.bk != nullptr) pieces.insert(pieces.end(), {{w.bk, &dk, {}}, {w.bv, &dv, {}}});
+  int64_t m = 0;
+  for (const Piece& p : pieces) m += p.p->grad.numel();
+  TESSERA_ASSIGN_OR_RETURN(Tensor buf, New(b, {split.parts * m}));
+  TESSERA_RETURN_IF_ERROR(b.Fill(buf, 0));
+  int64_t off = split.index * m;
+  for (Piece& p : pieces) {
+    const int64_t n = p.p->grad.numel();
+    TESSERA_ASSIGN_OR_RETURN(Tensor slot, buf.Slice(0, off, n));
+    off += n;
+    if (p.p->grad.rank() == 2) {  // a weight: dW = dy^T x, and dy W's share of the input gradient
+      TESSERA_ASSIGN_OR_RETURN(p.grad, slot.Reshape(p.p->grad.shape()));
+      TESSERA_RETURN_IF_ERROR(b.Gemm(*p.dy, true, x, false, p.grad, 1.f, 0.f));
+      TESSERA_RETURN_IF_ERROR(b.Gemm(*p.dy, false, p.p->weight(), false, dx, 1.f, 1.f));
+    } else {  // a bias: the column sums of dy
+      TESSERA_ASSIGN_OR_RETURN(p.grad, slot.Reshape({1, n}));
+      TESSERA_RETURN_IF_ERROR(b.Gemm(in.ones, true, *p.dy, false, p.grad, 1.f, 0.f));
+      TESSERA_ASSIGN_OR_RETURN(p.grad, p.grad.Reshape({n}));
+    }
+  }
+  TESSERA_RETURN_IF_ERROR(AllReduce(buf));  // slot k: the sum over the ranks that share KV head k
+  for (Piece& p : pieces) {
+    TESSERA_ASSIGN_OR_RETURN(Tensor g, p.grad.Reshape(p.p->grad.shape()));
+    TESSERA_RETURN_IF_ERROR(b.Axpby(1.f, g, internal::GradBeta(*p.p), p.p->grad));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace tessera::model

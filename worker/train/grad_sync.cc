@@ -38,8 +38,12 @@ absl::Status GradSync::Allocate() {
     s.shape = p.value.shape();
     s.n = p.value.numel();
     s.decay = p.spec.shape.size() > 1;
-    s.tp_sharded = tp_ != nullptr && p.spec.shard_dim >= 0;
-    s.norm_elsewhere = pp_ != nullptr && pp_->rank() != 0 && p.name() == "model.embed_tokens.weight";
+    const model::TpSplit split = model_->SplitOf(p);
+    s.tp_sharded = tp_ != nullptr && split.dim >= 0;
+    // Counted on another rank: the last stage's copy of a tied embedding (the first
+    // stage's counts), a replicated KV head's copies but the first.
+    s.norm_elsewhere = (pp_ != nullptr && pp_->rank() != 0 && p.name() == "model.embed_tokens.weight") ||
+                       (split.dim >= 0 && split.replica != 0);
     s.shard = zero_ > 0 ? (s.n + dp - 1) / dp : s.n;
     TESSERA_ASSIGN_OR_RETURN(s.m, b.Empty({s.shard}, DType::kF32));
     TESSERA_ASSIGN_OR_RETURN(s.v, b.Empty({s.shard}, DType::kF32));

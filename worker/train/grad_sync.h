@@ -53,8 +53,8 @@ struct ParamState {
   bool compute_pending = false;  // lowp_padded's other chunks not gathered since the update
   bool decay = true;             // weight decay (not for norms and biases: 1-D parameters)
   bool reduced = false;          // ZeRO-0/1: reduced during the backward of this step's last micro-batch
-  bool tp_sharded = false;
-  bool norm_elsewhere = false;  // the last pipeline stage's copy of a tied embedding
+  bool tp_sharded = false;      // split over TP (its squares summed over TP in the norm)
+  bool norm_elsewhere = false;  // counted on another rank: a tied embedding's last-stage copy, a KV replica
 };
 
 // Parameter i (the model's order) as a rank holds it: `value` is elements

@@ -246,5 +246,28 @@ TEST(Plan, StageBalanceMovesLayersOffTheHeadsRank) {
   EXPECT_THAT(std::string(BalanceStages(in).status().message()), HasSubstr("needs a pipeline"));
 }
 
+// Qwen2.5-1.5B (12 query heads over 2 KV heads): at TP 4 each KV head is held by two
+// ranks, so the k/v projections per rank stay those of TP 2 while the rest halves; the
+// plan counts exactly that. TP 3 neither splits nor replicates 2 KV heads: refused by name.
+TEST(Plan, ReplicatedKvHeadsCountOneHeadPerRank) {
+  PlanInput in;
+  auto& c = in.config;
+  c.vocab = 151936, c.hidden = 1536, c.layers = 28, c.heads = 12, c.kv_heads = 2, c.ffn = 8960;
+  c.qkv_bias = true, c.tie_embeddings = true, c.dtype = tessera::DType::kBF16;
+  in.seq_len = 4096, in.micro_batch = 1, in.global_batch = 8;
+  for (int64_t tp : {1, 2, 4}) {
+    SCOPED_TRACE(::testing::Message() << "tp " << tp);
+    in.layout = parallel::Layout{static_cast<int>(tp), 1, 1, 1, 1, false, 0};
+    auto plan = PlanTraining(in);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    const int64_t h = c.hidden, d = 128, q = c.heads * d, kv = d * c.kv_heads / std::min<int64_t>(tp, c.kv_heads);
+    const int64_t layer = q * h / tp + q / tp + 2 * (kv * h + kv) + h * q / tp + 3 * h * c.ffn / tp + 2 * h;
+    EXPECT_EQ(plan->params_per_rank, c.vocab * h / tp + c.layers * layer + h);
+  }
+  in.layout = parallel::Layout{3, 1, 1, 1, 1, false, 0};
+  c.heads = 12, c.vocab = 151935;  // both split 3 ways: only the KV heads do not
+  EXPECT_THAT(std::string(PlanTraining(in).status().message()), HasSubstr("kv_heads"));
+}
+
 }  // namespace
 }  // namespace tessera::plan

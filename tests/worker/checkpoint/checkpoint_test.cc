@@ -203,6 +203,58 @@ TEST(Checkpoint, LoadsIntoAnotherLayout) {
   }
 }
 
+// More TP ranks than KV heads (two heads at TP 4, each on two ranks): the first rank
+// holding a head writes it (the metadata lists two slices of the k/v projections, not
+// four), and the checkpoint loads into layouts without replication and back into TP 4.
+TEST(Checkpoint, ReplicatedKvHeadsLoadIntoOtherLayouts) {
+  model::LlamaConfig c = Config();
+  c.vocab = 16;  // split 4 ways (the batches' tokens stay below 14)
+  const std::string dir = TempDir();
+  std::vector<double> saver_next;
+  RunLayout(4, 1, 0, 9, [&](int r, Rank& k) {
+    k.Train(1, 2);
+    EXPECT_TRUE(SaveCheckpoint(dir, 2, k.group()).ok());
+    auto l = k.Train(3, 3);
+    if (r == 0) saver_next = l;
+  }, c);
+  ASSERT_EQ(saver_next.size(), 1u);
+  auto reader = CheckpointReader::Open(dir + "/step-00000002");
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  const auto& shards = (*reader)->metadata()["tensors"]["model.layers.0.self_attn.k_proj.weight"]["value"];
+  ASSERT_EQ(shards.size(), 2u);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(shards[i]["tp_size"], 2);
+    EXPECT_EQ(shards[i]["tp_rank"], i);
+    EXPECT_EQ(shards[i]["file"], i == 0 ? "rank-00000.safetensors" : "rank-00002.safetensors");
+  }
+  for (auto [tp, dp, zero] : {std::tuple{1, 1, 0}, std::tuple{2, 1, 0}, std::tuple{4, 1, 0}, std::tuple{2, 2, 1}}) {
+    SCOPED_TRACE(::testing::Message() << "into tp" << tp << " dp" << dp << " zero" << zero);
+    RunLayout(tp, dp, zero, 5, [&](int, Rank& k) {
+      auto step = LoadCheckpoint(dir + "/step-00000002", k.group());
+      ASSERT_TRUE(step.ok()) << step.status();
+      auto l = k.Train(3, 3);
+      ASSERT_EQ(l.size(), 1u);
+      EXPECT_NEAR(l[0], saver_next[0], 1e-5 * saver_next[0]);
+    }, c);
+  }
+  // And one rank's checkpoint into TP 4 with replicated heads.
+  const std::string dir1 = TempDir();
+  std::vector<double> one_next;
+  RunLayout(1, 1, 0, 9, [&](int, Rank& k) {
+    k.Train(1, 2);
+    EXPECT_TRUE(SaveCheckpoint(dir1, 2, k.group()).ok());
+    one_next = k.Train(3, 3);
+  }, c);
+  ASSERT_EQ(one_next.size(), 1u);
+  RunLayout(4, 1, 0, 5, [&](int, Rank& k) {
+    auto step = LoadCheckpoint(dir1 + "/step-00000002", k.group());
+    ASSERT_TRUE(step.ok()) << step.status();
+    auto l = k.Train(3, 3);
+    ASSERT_EQ(l.size(), 1u);
+    EXPECT_NEAR(l[0], one_next[0], 1e-5 * one_next[0]);
+  }, c);
+}
+
 struct Into {
   int tp, pp, last_stage_layers;
   std::vector<int> stage_layers{};

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -173,10 +174,15 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, HfModels,
                                            "qwen2_rope_yarn", "qwen3"),
                          [](const auto& info) { return std::string(info.param); });
 
-// Qwen3 under TP 2 (Gloo threads): each rank holds half the heads and its q/k norm
-// weights whole; the logits and the norms' gradients (summed over the ranks' heads)
-// equal one rank's.
-TEST(HfModelsTp, Qwen3Tp2EqualsOneRank) {
+// Qwen3 (4 query heads, 2 KV heads) under TP 2 and TP 4 (Gloo threads): each rank holds
+// its share of the heads — at TP 4 one KV head that two ranks hold alike — and its q/k
+// norm weights whole; the logits and every parameter's gradient (the k/v projections'
+// summed over the ranks sharing a head, the norms' over all) equal one rank's; a TP 4
+// export writes each head once and re-imports to the same logits.
+class HfModelsTp : public ::testing::TestWithParam<int> {};
+
+TEST_P(HfModelsTp, Qwen3EqualsOneRank) {
+  const int tp = GetParam();
   const std::string name = "qwen3";
   const Reference ref = Load(name);
   ASSERT_NE(ref.file, nullptr);
@@ -188,22 +194,25 @@ TEST(HfModelsTp, Qwen3Tp2EqualsOneRank) {
   ASSERT_TRUE(want.ok());
   ASSERT_TRUE(one->ZeroGrads().ok());
   ASSERT_TRUE(one->ForwardBackward(Sequence(tokens), 1.f).ok());
-  const std::string qn = "model.layers.1.self_attn.q_norm.weight", kn = "model.layers.0.self_attn.k_norm.weight";
-  ASSERT_TRUE(one->FreshenGrad(*one->Find(qn)).ok() && one->FreshenGrad(*one->Find(kn)).ok());
-  const std::vector<float> gq = *one->GatherGlobal(*one->Find(qn), true), gk = *one->GatherGlobal(*one->Find(kn), true);
+  std::map<std::string, std::vector<float>> grads;
+  for (model::Param& p : one->params()) {
+    ASSERT_TRUE(one->FreshenGrad(p).ok());
+    grads[p.name()] = *one->GatherGlobal(p, true);
+  }
   const int64_t vocab = one->config().vocab, t = static_cast<int64_t>(tokens.size());
+  const std::string out = absl::StrCat(::testing::TempDir(), "/hf-export-tp", tp, "-", getpid());
   testing::MemStore store;
   std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r)
+  for (int r = 0; r < tp; ++r)
     threads.emplace_back([&, r] {
-      auto comm = comm::MakeGlooCommunicator("tp", "qwen3-tp2", r, 2, &store, {"127.0.0.1", 60000});
+      auto comm = comm::MakeGlooCommunicator("tp", absl::StrCat("qwen3-tp", tp), r, tp, &store, {"127.0.0.1", 60000});
       ASSERT_TRUE(comm.ok()) << comm.status();
       auto be = runtime::MakeCpuBackend();
       auto m = Import(name, be.get(), comm->get());
       ASSERT_NE(m, nullptr);
       auto got = m->ForwardLogits(Sequence(tokens));  // this rank's vocabulary shard
       ASSERT_TRUE(got.ok()) << got.status();
-      const int64_t shard = vocab / 2;
+      const int64_t shard = vocab / tp;
       double diff = 0;
       for (int64_t i = 0; i < t; ++i)
         for (int64_t v = 0; v < shard; ++v)
@@ -211,16 +220,34 @@ TEST(HfModelsTp, Qwen3Tp2EqualsOneRank) {
       EXPECT_LE(diff, 1e-5 * MaxAbs(*want)) << "rank " << r;
       ASSERT_TRUE(m->ZeroGrads().ok());
       ASSERT_TRUE(m->ForwardBackward(Sequence(tokens), 1.f).ok());
-      for (auto [pname, g1] : {std::pair<std::string, const std::vector<float>*>{qn, &gq}, {kn, &gk}}) {
-        model::Param& p = *m->Find(pname);
+      for (model::Param& p : m->params()) {
         ASSERT_TRUE(m->FreshenGrad(p).ok());
         auto g = m->GatherGlobal(p, true);
         ASSERT_TRUE(g.ok());
-        for (size_t i = 0; i < g1->size(); ++i) EXPECT_NEAR((*g)[i], (*g1)[i], 1e-5 * MaxAbs(*g1)) << pname << " rank " << r;
+        const std::vector<float>& g1 = grads.at(p.name());
+        const model::TpSplit split = m->SplitOf(p);
+        // This rank's own slice too (GatherGlobal shows one copy of a replicated head).
+        std::vector<float> local(p.grad.numel());
+        ASSERT_TRUE(be->CopyToHost(p.grad, local.data()).ok());
+        const auto mine = model::TpShardOf(g1, p.spec.shape, split.dim, split.parts, split.index);
+        for (size_t i = 0; i < g1.size(); ++i) ASSERT_NEAR((*g)[i], g1[i], 1e-5 * MaxAbs(g1)) << p.name() << " rank " << r;
+        for (size_t i = 0; i < mine.size(); ++i) ASSERT_NEAR(local[i], mine[i], 1e-5 * MaxAbs(g1)) << p.name() << " rank " << r;
       }
+      ASSERT_TRUE(ExportHf(out, *m, "F32", r == 0).ok());
     });
   for (auto& th : threads) th.join();
+  auto again = Import(out, be1.get());
+  ASSERT_NE(again, nullptr);
+  auto back = again->ForwardLogits(Sequence(tokens));
+  ASSERT_TRUE(back.ok());
+  double diff = 0;
+  for (size_t i = 0; i < want->size(); ++i) diff = std::max(diff, std::fabs(double((*back)[i]) - (*want)[i]));
+  EXPECT_LE(diff, 1e-5 * MaxAbs(*want));
 }
+
+INSTANTIATE_TEST_SUITE_P(Tp, HfModelsTp, ::testing::Values(2, 4), [](const auto& info) {
+  return absl::StrCat("tp", info.param);
+});
 
 }  // namespace
 }  // namespace tessera::checkpoint

@@ -184,18 +184,16 @@ TEST_F(RolloutTest, BadRequestsAreRefusedByName) {
   EXPECT_EQ((*good)[0].tokens.size(), 4u);
 }
 
-// Tensor parallelism: two ranks (threads, Gloo) hold half the heads and half the
-// vocabulary each — the cache too — and gather the logits; both sample the same tokens,
+// Tensor parallelism: `tp` ranks (threads, Gloo) hold their share of the heads and of the
+// vocabulary each — the cache too — and gather the logits; all sample the same tokens,
 // equal to one rank's, with log-probs within 1e-5.
-TEST(RolloutTp, Tp2EqualsOneRank) {
-  model::LlamaConfig c = Config();
-  c.vocab = 98;  // a multiple of tp
+void TpEqualsOneRank(const model::LlamaConfig& c, int tp) {
   auto reqs = Requests(c.vocab, /*temperature=*/1.f, /*n=*/2, 8);
   RolloutOptions o;
   o.block_size = 4, o.num_blocks = 48, o.max_running = 4;
-  auto run = [&](comm::Communicator* tp, std::vector<Completion>* out) {
+  auto run = [&](comm::Communicator* group, std::vector<Completion>* out) {
     auto be = runtime::MakeCpuBackend();
-    auto m = Llama::Create(c, be.get(), tp);
+    auto m = Llama::Create(c, be.get(), group);
     ASSERT_TRUE(m.ok()) << m.status();
     ASSERT_TRUE((*m)->InitRandom(3, 0.2f).ok());
     auto e = RolloutEngine::Create(m->get(), o);
@@ -204,27 +202,45 @@ TEST(RolloutTp, Tp2EqualsOneRank) {
     ASSERT_TRUE(got.ok()) << got.status();
     *out = std::move(*got);
   };
-  std::vector<Completion> one, ranks[2];
+  std::vector<Completion> one;
+  std::vector<std::vector<Completion>> ranks(tp);
   run(nullptr, &one);
   tessera::testing::MemStore store;
   const std::string key = RandomHex(4);
   std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r)
+  for (int r = 0; r < tp; ++r)
     threads.emplace_back([&, r] {
-      auto tp = comm::MakeGlooCommunicator("test/rollout/tp", key, r, 2, &store, {"127.0.0.1", 60000});
-      ASSERT_TRUE(tp.ok()) << tp.status();
-      run(tp->get(), &ranks[r]);
+      auto group = comm::MakeGlooCommunicator("test/rollout/tp", key, r, tp, &store, {"127.0.0.1", 60000});
+      ASSERT_TRUE(group.ok()) << group.status();
+      run(group->get(), &ranks[r]);
     });
   for (auto& t : threads) t.join();
-  for (int r = 0; r < 2; ++r) {
+  for (int r = 0; r < tp; ++r) {
     ASSERT_EQ(ranks[r].size(), one.size());
     for (size_t i = 0; i < one.size(); ++i) {
-      SCOPED_TRACE(::testing::Message() << "rank " << r << " completion " << i);
+      SCOPED_TRACE(::testing::Message() << "tp " << tp << " rank " << r << " completion " << i);
       EXPECT_EQ(ranks[r][i].tokens, one[i].tokens);
       for (size_t k = 0; k < one[i].logprobs.size() && k < ranks[r][i].logprobs.size(); ++k)
         EXPECT_NEAR(ranks[r][i].logprobs[k], one[i].logprobs[k], 1e-5);
     }
   }
+}
+
+TEST(RolloutTp, Tp2EqualsOneRank) {
+  model::LlamaConfig c = Config();
+  c.vocab = 98;  // a multiple of tp
+  TpEqualsOneRank(c, 2);
+}
+
+// More TP ranks than KV heads: each rank's cache holds the one KV head its query heads
+// use (one head on both ranks at TP 2; two heads on two ranks each at TP 4).
+TEST(RolloutTp, ReplicatedKvHeadsEqualOneRank) {
+  model::LlamaConfig c = Config();
+  c.vocab = 100;
+  c.kv_heads = 1;
+  TpEqualsOneRank(c, 2);
+  c.kv_heads = 2;
+  TpEqualsOneRank(c, 4);
 }
 
 }  // namespace

@@ -22,9 +22,9 @@ using ::testing::HasSubstr;
 using model::Llama;
 using Weights = std::map<std::string, std::vector<float>>;
 
-model::LlamaConfig Config() {
+model::LlamaConfig Config(int64_t kv_heads = 4) {
   model::LlamaConfig c = model::test::TinyConfig(64, /*tied=*/false, /*bias=*/true);
-  c.hidden = 32, c.heads = 4, c.kv_heads = 4, c.ffn = 48;  // every sharded dim splits 4 ways
+  c.hidden = 32, c.heads = 4, c.kv_heads = kv_heads, c.ffn = 48;  // every sharded dim splits 4 ways
   return c;
 }
 
@@ -53,7 +53,7 @@ std::vector<int32_t> Greedy(Llama& m) {
 
 // world ranks; actor TP = actor_tp over all of them, rollout TP groups of rollout_tp
 // consecutive ranks; both models start from different weights.
-void Colocated(int world, int actor_tp, int rollout_tp, bool same_object) {
+void Colocated(int world, int actor_tp, int rollout_tp, bool same_object, int64_t kv_heads = 4) {
   tessera::testing::MemStore store;
   const std::string key = RandomHex(4);
   std::vector<Weights> actor(world), rollout(world);
@@ -64,13 +64,13 @@ void Colocated(int world, int actor_tp, int rollout_tp, bool same_object) {
       auto atp = Gloo(store, absl::StrCat(key, "/actor"), r % actor_tp, actor_tp);
       auto rtp = Gloo(store, absl::StrCat(key, "/rollout", r / rollout_tp), r % rollout_tp, rollout_tp);
       auto be = runtime::MakeCpuBackend();
-      auto a = Llama::Create(Config(), be.get(), atp.get());
+      auto a = Llama::Create(Config(kv_heads), be.get(), atp.get());
       ASSERT_TRUE(a.ok()) << a.status();
       ASSERT_TRUE((*a)->InitRandom(1, 0.2f).ok());
       std::unique_ptr<Llama> own;
       Llama* ro = a->get();
       if (!same_object) {
-        auto m = Llama::Create(Config(), be.get(), rtp.get());
+        auto m = Llama::Create(Config(kv_heads), be.get(), rtp.get());
         ASSERT_TRUE(m.ok()) << m.status();
         ASSERT_TRUE((*m)->InitRandom(2, 0.2f).ok());  // stale weights
         own = std::move(*m);
@@ -95,6 +95,9 @@ TEST(WeightSync, ColocatedTp2To1) { Colocated(2, 2, 1, false); }
 TEST(WeightSync, ColocatedTp2To2SameModelIsNoCopy) { Colocated(2, 2, 2, true); }
 TEST(WeightSync, ColocatedTp2To2SeparateCopy) { Colocated(2, 2, 2, false); }
 TEST(WeightSync, ColocatedTp4To2) { Colocated(4, 4, 2, false); }
+// One KV head: four copies on the actor's ranks, two on each rollout group's.
+TEST(WeightSync, ColocatedTp4To2ReplicatedKvHeads) { Colocated(4, 4, 2, false, /*kv_heads=*/1); }
+TEST(WeightSync, ColocatedTp2To1ReplicatedKvHeads) { Colocated(2, 2, 1, false, /*kv_heads=*/1); }
 
 // Split pools: ranks 0-1 hold the actor (TP 2), rank 2 the rollout model (TP 1); the
 // bridge spans all three; buckets of 4 KiB, so most tensors travel in buckets of several.

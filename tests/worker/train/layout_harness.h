@@ -26,7 +26,13 @@ namespace tessera::engine::test {
 
 struct Trace {
   std::vector<double> losses, norms;
-  std::map<std::string, std::vector<float>> weights;  // what this rank holds
+  std::map<std::string, std::vector<float>> weights;  // what this rank holds (gathered over TP)
+  struct Held {
+    model::TpSplit split;
+    std::vector<int64_t> shape;  // global
+    std::vector<float> value;    // this rank's slice as it holds it
+  };
+  std::map<std::string, Held> held;  // the TP-split parameters' slices (replicated KV heads: every copy)
 };
 
 struct Layout {
@@ -121,6 +127,11 @@ inline void TrainLayout(const Layout& l, const Comms& c, runtime::Backend* be, m
         ASSERT_LE(std::abs(lowp[i] - master[i]), std::abs(master[i]) * 0x1p-8f) << p.name() << " element " << i;
     }
     out.weights[p.name()] = *(*model)->GatherGlobal(p, false);
+    const model::TpSplit split = (*model)->SplitOf(p);
+    if (split.dim < 0) continue;
+    std::vector<float> local(p.value.numel());
+    ASSERT_TRUE(be->CopyToHost(p.value, local.data()).ok());
+    out.held[p.name()] = {split, p.spec.shape, std::move(local)};
   }
 }
 
@@ -206,6 +217,14 @@ inline std::array<double, 3> ExpectSameAsOneRank(const Layout& l, const std::vec
       EXPECT_LT(d, kbias ? tol.key_bias : bias && tol.bias > 0 ? tol.bias : tol.weight) << name;
       if (!kbias && !(bias && tol.bias > 0)) worst[2] = std::max(worst[2], d);
       covered.insert(name);
+    }
+    // Each rank's slice is its part of one rank's tensor — every copy of a replicated KV
+    // head too (the gathered weights above show one copy per head).
+    for (auto& [name, h] : traces[r].held) {
+      const auto want = model::TpShardOf(one.weights.at(name), h.shape, h.split.dim, h.split.parts, h.split.index);
+      const bool bias = name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
+      EXPECT_LT(model::test::RelDiff(h.value, want), bias ? std::max(tol.key_bias, tol.bias) : tol.weight)
+          << name << " (slice " << h.split.index << " of " << h.split.parts << ", copy " << h.split.replica << ")";
     }
   }
   EXPECT_EQ(covered.size(), one.weights.size());  // the stages hold the whole model between them

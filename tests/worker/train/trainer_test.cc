@@ -162,6 +162,38 @@ TEST(TrainerTest, NoQkvBiasLayoutsEqualOneRank) {
                             test::RunLayout(one4_tied, bf16, gloo, cpu, gentle)[0], tol);
 }
 
+// More TP ranks than KV heads (Qwen2.5-7B at TP 8): each group of tp / kv_heads ranks
+// holds one KV head, the k/v gradients are summed over the group, and every layout —
+// with QKV bias and q/k norms, SP, CP, a pipeline and ZeRO — still equals one rank, each
+// copy of a head equal to it.
+TEST(TrainerTest, ReplicatedKvHeadsEqualOneRank) {
+  auto cpu = [](int) { return runtime::MakeCpuBackend(); };
+  testing::MemStore store;
+  const test::MakeComm gloo = Gloo(store);
+  for (bool qk_norm : {false, true}) {
+    SCOPED_TRACE(qk_norm ? "qk_norm" : "qkv_bias");
+    LlamaConfig c = Tiny();
+    c.vocab = 16;  // TP 4 splits it
+    c.kv_heads = 1, c.qk_norm = qk_norm, c.qkv_bias = !qk_norm;
+    const Trace one = test::RunLayout(Layout{"one", 1, 1, 0}, c, gloo, cpu)[0];
+    for (const Layout& l : {Layout{"tp2", 2, 1, 0}, Layout{"tp4", 4, 1, 0}, Layout{"tp2_dp2_zero1", 2, 2, 1},
+                            Layout{"tp2_dp2_zero3", 2, 2, 3}, Layout{"tp2_sp_cp2", 2, 1, 0, false, 2, 1, 1,
+                                                                   parallel::Schedule::kOneFOneB, true}})
+      test::ExpectSameAsOneRank(l, test::RunLayout(l, c, gloo, cpu), one, test::Tolerance{});
+    Layout one4{"one", 1, 1, 0};
+    one4.layers = 4;
+    const Layout tp2_pp2{"tp2_pp2", 2, 1, 0, false, 1, 2, 1, parallel::Schedule::kOneFOneB, false, 4};
+    test::ExpectSameAsOneRank(tp2_pp2, test::RunLayout(tp2_pp2, c, gloo, cpu), test::RunLayout(one4, c, gloo, cpu)[0],
+                              test::Tolerance{});
+  }
+  // Two KV heads at TP 4: heads 0 and 1 each on two ranks.
+  LlamaConfig c = Tiny();
+  c.vocab = 16;
+  const Trace one = test::RunLayout(Layout{"one", 1, 1, 0}, c, gloo, cpu)[0];
+  const Layout tp4{"tp4_kv2", 4, 1, 0};
+  test::ExpectSameAsOneRank(tp4, test::RunLayout(tp4, c, gloo, cpu), one, test::Tolerance{});
+}
+
 // The SwiGLU output rebuilt by the backward instead of kept (Llama::set_recompute_swiglu)
 // trains exactly as keeping it — one rank bit for bit (the rebuilt output is the
 // forward's, the same GEMMs run), tp2 (ffn sharded) and pp2 within the oracle's bound,
