@@ -272,8 +272,11 @@ static absl::Status ValidateGenerate(JobSpec& spec) {
       if (g->stop(i).empty()) return Bad(absl::StrCat("generate.stop[", i, "]"), "is empty");
   }
   if (g->max_new_tokens() == 0) g->set_max_new_tokens(64);
-  if (!g->has_temperature()) g->set_temperature(1.0);
-  if (g->top_p() == 0) g->set_top_p(1.0);
+  if (m.hf_dir().empty()) {  // with hf_dir the executors take what generation_config.json sets
+    if (!g->has_temperature()) g->set_temperature(1.0);
+    if (!g->has_top_p()) g->set_top_p(1.0);
+    if (!g->has_top_k()) g->set_top_k(0);
+  }
   if (g->n() == 0) g->set_n(1);
   if (g->max_running() == 0) g->set_max_running(64);
   return absl::OkStatus();

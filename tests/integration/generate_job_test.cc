@@ -160,7 +160,8 @@ TEST(GenerateJob, CompletesAJsonlFileAsTheEngineDoes) {
 }
 
 // A Hugging Face directory with a tokenizer.json (the Llama-3-style fixture: BPE, special
-// tokens, a chat template, generation_config.json's EOS ids): a generate job reads its
+// tokens, a chat template, generation_config.json's EOS ids and default sampling — greedy
+// here): a generate job reads its
 // prompts and conversations with that tokenizer and template and writes decoded text.
 // Every completion equals this process's own engine fed the same encodings (checked
 // independently of the job: BOS first, the chat's header tokens as single ids) and
@@ -179,7 +180,9 @@ TEST(GenerateJob, ReadsAndWritesTextWithTheModelsTokenizer) {
   ASSERT_TRUE(text.ok()) << text.status();
   const int32_t bos = *text->tokenizer->SpecialId("<|begin_of_text|>"), eot = *text->tokenizer->SpecialId("<|eot_id|>"),
                 eos = *text->tokenizer->SpecialId("<|end_of_text|>"), header = *text->tokenizer->SpecialId("<|start_header_id|>");
-  ASSERT_TRUE(WriteFileAtomic(hf + "/generation_config.json", absl::StrCat("{\"eos_token_id\": [", eos, ", ", eot, "]}")).ok());
+  // Greedy by the model's default (the job sets no sampling: generation_config.json's applies).
+  ASSERT_TRUE(WriteFileAtomic(hf + "/generation_config.json",
+                              absl::StrCat("{\"eos_token_id\": [", eos, ", ", eot, "], \"temperature\": 0}")).ok());
 
   const std::string input = c.dir() + "/chat.jsonl", output = c.dir() + "/chat-out.jsonl";
   const std::vector<json> lines = {
@@ -220,9 +223,10 @@ TEST(GenerateJob, ReadsAndWritesTextWithTheModelsTokenizer) {
   auto s = ParseJobSpecYaml(absl::StrCat(
       "name: gen-hf\nkind: generate\ncollective_timeout_s: 30\ngroups:\n  - name: rollout\n    devices: 2\n"
       "    layout: {tp: 1, dp: 2}\nmodel: {hf_dir: ", hf, "}\n"
-      "generate: {input: ", input, ", output: ", output, ", max_new_tokens: 12, temperature: 0}\n"));
+      "generate: {input: ", input, ", output: ", output, ", max_new_tokens: 12}\n"));
   ASSERT_TRUE(s.ok()) << s.status();
   ASSERT_TRUE(NormalizeAndValidateJobSpec(*s).ok());
+  EXPECT_FALSE(s->generate().has_temperature());  // left to the model's generation_config.json
   v1::Job job = RunJob(c, *s);
   ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
   auto out = ReadFile(output);

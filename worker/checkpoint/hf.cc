@@ -1,11 +1,18 @@
 #include "worker/checkpoint/hf.h"
 
+#include <dirent.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <future>
+#include <thread>
 #include <map>
 #include <memory>
 
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "common/status.h"
@@ -37,7 +44,15 @@ absl::StatusOr<std::map<std::string, std::string>> WeightFiles(const std::string
 
 absl::Status ImportHf(const std::string& dir, model::Llama& model) {
   TESSERA_ASSIGN_OR_RETURN(auto where, WeightFiles(dir));
+  // What to read: each parameter's file and tensor, checked before anything is read.
+  struct Job {
+    model::Param* p;
+    const SafetensorsReader* file;
+    std::vector<float> shard;
+    absl::Status status;
+  };
   std::map<std::string, std::unique_ptr<SafetensorsReader>> open;
+  std::vector<Job> jobs;
   for (auto& p : model.params()) {
     const std::string file = where.empty() ? "model.safetensors" : (where.count(p.name()) ? where[p.name()] : "");
     // A critic started from a causal LM (PPO's usual start): the LM's weights, and the
@@ -54,10 +69,34 @@ absl::Status ImportHf(const std::string& dir, model::Llama& model) {
     if (info->shape != p.spec.shape)
       return absl::InvalidArgumentError(absl::StrCat(r->path(), ": ", p.name(), " has shape [", absl::StrJoin(info->shape, ", "),
                                                      "], the model expects [", absl::StrJoin(p.spec.shape, ", "), "]"));
-    TESSERA_ASSIGN_OR_RETURN(std::vector<float> global, r->ReadF32(p.name()));
-    TESSERA_RETURN_IF_ERROR(model.SetGlobal(p, global));
+    jobs.push_back({&p, r.get(), {}, absl::OkStatus()});
   }
-  return absl::OkStatus();
+  // Each rank reads only its slices; threads read and convert the parameters of a window
+  // in parallel while this thread uploads them in order (host memory: one window).
+  const int threads = static_cast<int>(std::clamp<unsigned>(std::thread::hardware_concurrency(), 1, 8));
+  auto read = [&model](Job& j) {
+    const model::TpSplit split = model.SplitOf(*j.p);
+    j.shard.resize(static_cast<size_t>(j.p->value.numel()));
+    j.status = j.file->ReadF32SliceInto(j.p->name(), split.dim, split.parts, split.index, j.shard.data());
+  };
+  std::vector<std::future<void>> pending(jobs.size());
+  size_t next = 0;
+  auto launch = [&] {
+    if (next < jobs.size()) {
+      pending[next] = std::async(std::launch::async, read, std::ref(jobs[next]));
+      ++next;
+    }
+  };
+  for (int k = 0; k < threads; ++k) launch();
+  absl::Status status;
+  for (size_t i = 0; i < next; ++i) {  // `next` stops growing at an error
+    pending[i].get();
+    if (status.ok()) status = jobs[i].status;
+    if (status.ok()) status = model.SetShard(*jobs[i].p, jobs[i].shard.data());
+    jobs[i].shard = {};
+    if (status.ok()) launch();  // on an error, only what is running finishes
+  }
+  return status;
 }
 
 namespace {
@@ -78,25 +117,44 @@ json RopeScalingJson(const model::RopeScaling& s) {
 }  // namespace
 
 absl::Status ExportHf(const std::string& dir, model::Llama& model, const std::string& dtype, bool write,
-                      comm::Communicator* pp) {
+                      comm::Communicator* pp, int64_t max_shard_bytes) {
   if (dtype != "BF16" && dtype != "F32")
     return absl::InvalidArgumentError(absl::StrCat("export: dtype must be BF16 or F32, got '", dtype, "'"));
+  if (max_shard_bytes <= 0)
+    return absl::InvalidArgumentError(absl::StrCat("export: max_shard_bytes must be > 0, got ", max_shard_bytes));
   const model::LlamaConfig& c = model.config();
   const model::StageSpec& stage = model.stage();
   const int pps = pp != nullptr ? pp->size() : 1, me = pp != nullptr ? pp->rank() : 0;
   if (pps != stage.pp) return absl::InvalidArgumentError("export: the pipeline group does not match the model's stages");
   write = write && me == 0;  // stage 0 writes; the other stages send what they hold first
   const auto specs = model::LlamaParamSpecs(c);
-  std::vector<std::vector<float>> f32;
-  std::vector<std::vector<uint16_t>> bf16;
-  std::vector<TensorToWrite> tensors;
-  f32.reserve(specs.size());
-  bf16.reserve(specs.size());
-  for (const auto& spec : specs) {
+  const int elem = dtype == "BF16" ? 2 : 4;
+  // The files: consecutive tensors up to max_shard_bytes each (a larger tensor alone).
+  std::vector<int> file_of(specs.size());
+  std::vector<int64_t> file_bytes;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    int64_t bytes = elem;
+    for (int64_t d : specs[i].shape) bytes *= d;
+    if (file_bytes.empty() || file_bytes.back() + bytes > max_shard_bytes) file_bytes.push_back(0);
+    file_bytes.back() += bytes;
+    file_of[i] = static_cast<int>(file_bytes.size()) - 1;
+  }
+  const int files = static_cast<int>(file_bytes.size());
+  auto file_name = [files](int k) {
+    return files == 1 ? std::string("model.safetensors") : absl::StrFormat("model-%05d-of-%05d.safetensors", k + 1, files);
+  };
+  // One tensor at a time, in the specs' order on every rank (TP gathers and pipeline
+  // sends are collectives): host memory of the largest tensor, not of the model.
+  std::vector<float> global;
+  std::vector<uint16_t> low;
+  size_t fetched = 0;
+  auto fetch = [&](size_t i) -> absl::Status {
+    const auto& spec = specs[i];
+    fetched = i + 1;
     int owner = 0;  // the first stage holding it (a tied embedding: stage 0)
     while (owner < pps && !model::StageHolds(spec.name, c, model::StageSpec{pps, owner, stage.vpp, stage.last_layers, stage.stage_layers})) ++owner;
     if (owner == pps) return absl::InternalError(absl::StrCat("export: no stage holds ", spec.name));
-    std::vector<float> global;
+    global.clear();
     if (me == owner) {
       model::Param* p = model.Find(spec.name);
       if (p == nullptr) return absl::InternalError(absl::StrCat("export: stage ", me, " lacks ", spec.name));
@@ -112,18 +170,61 @@ absl::Status ExportHf(const std::string& dir, model::Llama& model, const std::st
         TESSERA_RETURN_IF_ERROR(pp->Send(global.data(), n, tessera::DType::kF32, 0));
       }
     }
-    if (!write) continue;
-    f32.push_back(std::move(global));
-    const auto& v = f32.back();
-    if (dtype == "BF16") {
-      bf16.emplace_back(v.size());
-      for (size_t i = 0; i < v.size(); ++i) bf16.back()[i] = tessera::FloatToBf16(v[i]);
-      tensors.push_back({spec.name, dtype, spec.shape, bf16.back().data(), v.size() * 2, {}});
-    } else {
-      tensors.push_back({spec.name, dtype, spec.shape, v.data(), v.size() * 4, {}});
+    if (write && elem == 2) {
+      low.resize(global.size());
+      for (size_t k = 0; k < global.size(); ++k) low[k] = tessera::FloatToBf16(global[k]);
     }
+    return absl::OkStatus();
+  };
+  if (!write) {
+    for (size_t i = 0; i < specs.size(); ++i) TESSERA_RETURN_IF_ERROR(fetch(i));
+    return absl::OkStatus();
   }
-  if (!write) return absl::OkStatus();
+  absl::Status status = MakeDirs(dir);
+  // An earlier export's weight files go first: a stale index would name the wrong files.
+  if (DIR* d = status.ok() ? ::opendir(dir.c_str()) : nullptr) {
+    while (dirent* e = ::readdir(d)) {
+      const std::string n = e->d_name;
+      if (n == "model.safetensors" || n == "model.safetensors.index.json" ||
+          (absl::StartsWith(n, "model-") && absl::StrContains(n, "-of-") && absl::EndsWith(n, ".safetensors")))
+        ::unlink(absl::StrCat(dir, "/", n).c_str());
+    }
+    ::closedir(d);
+  }
+  bool fetch_failed = false;
+  json weight_map = json::object();
+  for (int k = 0; k < files && status.ok(); ++k) {
+    std::vector<TensorToWrite> tensors;
+    for (size_t i = 0; i < specs.size(); ++i) {
+      if (file_of[i] != k) continue;
+      weight_map[specs[i].name] = file_name(k);
+      int64_t n = 1;
+      for (int64_t d : specs[i].shape) n *= d;
+      tensors.push_back({specs[i].name, dtype, specs[i].shape, nullptr, static_cast<size_t>(n * elem),
+                         [&, i]() -> absl::StatusOr<const void*> {
+                           if (absl::Status st = fetch(i); !st.ok()) {
+                             fetch_failed = true;
+                             return st;
+                           }
+                           return elem == 2 ? static_cast<const void*>(low.data()) : global.data();
+                         }});
+    }
+    status = WriteSafetensors(absl::StrCat(dir, "/", file_name(k)), tensors, {{"format", "pt"}});
+  }
+  if (!status.ok()) {
+    // A write that failed (the directory or the disk, not a collective): the other ranks
+    // still wait in the remaining gathers and sends; take part in them before returning.
+    if (!fetch_failed)
+      for (size_t i = fetched; i < specs.size(); ++i)
+        if (!fetch(i).ok()) break;
+    return status;
+  }
+  if (files > 1) {
+    int64_t total = 0;
+    for (int64_t b : file_bytes) total += b;
+    const json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+    TESSERA_RETURN_IF_ERROR(WriteFileAtomic(dir + "/model.safetensors.index.json", index.dump(2)));
+  }
   const char* family = c.qk_norm ? "Qwen3" : c.qkv_bias ? "Qwen2" : "Llama";
   const std::string arch = absl::StrCat(family, c.value_head ? "ForTokenClassification" : "ForCausalLM");
   json cfg = {{"architectures", {arch}},
@@ -144,8 +245,6 @@ absl::Status ExportHf(const std::string& dir, model::Llama& model, const std::st
   if (!c.qkv_bias) cfg["attention_bias"] = false;
   if (c.rope_scaling.type != model::RopeScaling::Type::kDefault) cfg["rope_scaling"] = RopeScalingJson(c.rope_scaling);
   if (c.value_head) cfg["id2label"] = {{"0", "LABEL_0"}}, cfg["label2id"] = {{"LABEL_0", 0}};  // one label: the value
-  TESSERA_RETURN_IF_ERROR(MakeDirs(dir));
-  TESSERA_RETURN_IF_ERROR(WriteSafetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}}));
   return WriteFileAtomic(dir + "/config.json", cfg.dump(2));
 }
 

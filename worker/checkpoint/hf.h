@@ -17,20 +17,26 @@
 
 namespace tessera::checkpoint {
 
-// Loads every parameter from the directory's safetensors into the model (any TP layout:
-// each rank reads the whole tensors and keeps its shard; F32, BF16 and F16 files). The
-// tensors' shapes must match the model's. Call before Trainer::Create (ZeRO-3 shards
-// the full values it finds).
+// Loads every parameter from the directory's safetensors — model.safetensors, or the
+// files model.safetensors.index.json maps — into the model (any TP layout: each rank
+// reads only its slice of each tensor, several tensors at once on threads; F32, BF16
+// and F16 files). The tensors' shapes must match the model's. Call before
+// Trainer::Create (ZeRO-3 shards the full values it finds).
 absl::Status ImportHf(const std::string& dir, model::Llama& model);
 
 // Writes config.json (the family's model_type and architecture, the RoPE scaling in
-// transformers 4's rope_scaling spelling, which transformers 5 reads too) and
-// model.safetensors (dtype "BF16" or "F32") into dir, from the model's global weights. Every TP rank calls it (the weights are gathered over TP;
-// under ZeRO-3 call Trainer::GatherParams first); only ranks with `write` set write.
-// A pipeline stage (pp: its pipeline group, host buffers — Gloo) sends the parameters it
-// is the first to hold to stage 0, whose ranks with `write` set write the whole model;
-// every stage calls it.
+// transformers 4's rope_scaling spelling, which transformers 5 reads too) and the weights
+// (dtype "BF16" or "F32") into dir, as save_pretrained lays them out: model.safetensors,
+// or above max_shard_bytes model-0000k-of-0000n.safetensors files of consecutive tensors
+// with model.safetensors.index.json; an earlier export's weight files are removed first.
+// Streamed: one tensor in host memory at a time. Every TP rank calls it (the weights are
+// gathered over TP; under ZeRO-3 call Trainer::GatherParams first); only ranks with
+// `write` set write. A pipeline stage (pp: its pipeline group, host buffers — Gloo) sends
+// the parameters it is the first to hold to stage 0, whose ranks with `write` set write
+// the whole model; every stage calls it. A failed write still takes part in the other
+// ranks' remaining gathers before returning its error.
+inline constexpr int64_t kDefaultMaxShardBytes = int64_t{5} << 30;  // 5 GiB
 absl::Status ExportHf(const std::string& dir, model::Llama& model, const std::string& dtype, bool write,
-                      comm::Communicator* pp = nullptr);
+                      comm::Communicator* pp = nullptr, int64_t max_shard_bytes = kDefaultMaxShardBytes);
 
 }  // namespace tessera::checkpoint

@@ -43,8 +43,17 @@ class SafetensorsReader {
   // Elements [offset, offset + n) of the flattened tensor into dst (INVALID_ARGUMENT when
   // the range is not inside it).
   absl::Status ReadF32RangeInto(const std::string& name, size_t offset, float* dst, size_t n) const;
+  // Slice `index` of `parts` along dim (0: a block of rows, read as one range; 1: a block
+  // of columns of a matrix, read row by row; dim < 0 or parts 1: all of it) as f32 into
+  // dst (numel / parts elements) — what one tensor-parallel rank holds, without reading
+  // the rest (INVALID_ARGUMENT when the shape does not split so).
+  absl::Status ReadF32SliceInto(const std::string& name, int dim, int parts, int index, float* dst) const;
 
  private:
+  // Elements [offset, offset + n) of t (bounds checked by the caller), converted to f32;
+  // raw: a staging buffer for 16-bit sources.
+  absl::Status ReadRange(const std::string& name, const TensorInfo& t, size_t offset, float* dst, size_t n,
+                         std::vector<uint16_t>& raw) const;
   SafetensorsReader(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
   absl::Status ParseHeader(uint64_t file_size);
   std::string path_;

@@ -99,8 +99,9 @@ absl::StatusOr<v1::GenerateResponse> GenerateSession::Run() {
     engine::GenerationRequest r;
     r.prompt = std::move(prompts[i]);
     r.params.n = g_.n(), r.params.max_new_tokens = g_.max_new_tokens();
-    r.params.temperature = static_cast<float>(g_.temperature()), r.params.top_k = g_.top_k();
-    r.params.top_p = static_cast<float>(g_.top_p());
+    r.params.temperature = static_cast<float>(g_.has_temperature() ? g_.temperature() : text_.temperature.value_or(1));
+    r.params.top_k = g_.has_top_k() ? g_.top_k() : text_.top_k.value_or(0);
+    r.params.top_p = static_cast<float>(g_.has_top_p() ? g_.top_p() : text_.top_p.value_or(1));
     r.params.seed = g_.seed() + static_cast<uint64_t>(i) * 7919u;  // by global line: any DP split draws the same
     r.params.stop_tokens = stop_ids_;
     if (static_cast<int64_t>(r.prompt.size()) > longest) longest = static_cast<int64_t>(r.prompt.size()), longest_line = i;

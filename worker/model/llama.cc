@@ -189,6 +189,11 @@ absl::Status Llama::SetGlobal(Param& p, const std::vector<float>& global) {
   return RefreshCompute(p);
 }
 
+absl::Status Llama::SetShard(Param& p, const float* shard) {
+  TESSERA_RETURN_IF_ERROR(backend_->CopyFromHost(shard, p.value));
+  return RefreshCompute(p);
+}
+
 absl::Status Llama::RefreshCompute(Param& p) {
   if (act_ == DType::kF32 || !p.value.defined()) {
     p.compute = Tensor();

@@ -139,6 +139,8 @@ class Llama {
   absl::Status InitRandom(uint64_t seed, float stddev = 0.02f);
   // Sets a parameter from its full (global) value; this rank keeps its shard.
   absl::Status SetGlobal(Param& p, const std::vector<float>& global);
+  // Sets this rank's slice of a parameter (SplitOf(p); p.value's elements, on the host).
+  absl::Status SetShard(Param& p, const float* shard);
   // The full (global) value or gradient of a parameter, gathered over the TP group
   // (every rank of the group must call it).
   absl::StatusOr<std::vector<float>> GatherGlobal(const Param& p, bool grad);

@@ -58,6 +58,21 @@ absl::StatusOr<ModelText> LoadModelText(const std::string& path) {
         if (id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() < t.tokenizer->vocab_size())
           t.eos_ids.push_back(id.get<int32_t>());
     }
+    auto number = [&](const char* key, bool integer, double lo, bool lo_open, double hi) -> absl::StatusOr<std::optional<double>> {
+      if (!j.is_object() || !j.contains(key) || j[key].is_null()) return std::optional<double>();
+      const auto& v = j[key];
+      const bool ok = integer ? v.is_number_integer() : v.is_number();
+      const double x = ok ? v.get<double>() : 0;
+      if (!ok || x < lo || (lo_open && x == lo) || x > hi)
+        return absl::InvalidArgumentError(absl::StrCat(dir, "/generation_config.json: ", key, " must be ",
+                                                       integer ? "an integer" : "a number", " in ", lo_open ? "(" : "[",
+                                                       lo, ", ", hi, "], got ", v.dump()));
+      return std::optional<double>(x);
+    };
+    TESSERA_ASSIGN_OR_RETURN(t.temperature, number("temperature", false, 0, false, 1e6));
+    TESSERA_ASSIGN_OR_RETURN(t.top_p, number("top_p", false, 0, true, 1));
+    TESSERA_ASSIGN_OR_RETURN(auto top_k, number("top_k", true, 0, false, 1e9));
+    if (top_k) t.top_k = static_cast<int32_t>(*top_k);
   }
   std::sort(t.eos_ids.begin(), t.eos_ids.end());
   t.eos_ids.erase(std::unique(t.eos_ids.begin(), t.eos_ids.end()), t.eos_ids.end());

@@ -22,6 +22,10 @@ struct ModelText {
   std::optional<int32_t> eos_id = std::nullopt;
   // Where generation stops by default: eos_id and generation_config.json's eos_token_id(s).
   std::vector<int32_t> eos_ids = {};
+  // generation_config.json's default sampling, where it sets it (do_sample is not read:
+  // the values are the defaults, as vLLM takes them).
+  std::optional<double> temperature = std::nullopt, top_p = std::nullopt;
+  std::optional<int32_t> top_k = std::nullopt;
 };
 
 // The token of each stop string (a job's `field`, e.g. "generate.stop"): each must be one
@@ -31,6 +35,8 @@ absl::StatusOr<std::vector<int32_t>> StopTokens(const Tokenizer& tokenizer, cons
 
 // `path`: "byte" (or empty) for the byte tokenizer; a tokenizer.json, or a directory
 // holding one (and, beside it, tokenizer_config.json / generation_config.json).
+// INVALID_ARGUMENT naming generation_config.json's key for a sampling value out of range
+// (temperature < 0, top_p outside (0, 1], top_k < 0).
 absl::StatusOr<ModelText> LoadModelText(const std::string& path);
 
 }  // namespace tessera::tokenizer

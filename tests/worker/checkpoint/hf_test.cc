@@ -9,9 +9,12 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include <nlohmann/json.hpp>
 #include "common/util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -25,6 +28,8 @@ namespace tessera::checkpoint {
 namespace {
 using ::testing::HasSubstr;
 using model::ReadHfConfig;
+
+bool FileExists(const std::string& path) { return ::access(path.c_str(), F_OK) == 0; }
 
 std::string TempDir() { return absl::StrCat(::testing::TempDir(), "/hf-", getpid(), "-", RandomHex(4)); }
 
@@ -134,6 +139,67 @@ TEST(Hf, PipelineExportEqualsOneRank) {
     for (auto& p : a->params())
       EXPECT_EQ(*b->GatherGlobal(*b->Find(p.name()), false), *a->GatherGlobal(p, false)) << p.name();
   }
+}
+
+// Above max_shard_bytes the export writes consecutive tensors into
+// model-0000k-of-0000n.safetensors files with an index (weight_map, total_size), as
+// save_pretrained does; TP ranks import it reading only their slices; exporting again
+// into the same directory as one file leaves no stale index; a failed write (rank 0's
+// directory is a file) is an error there while the other rank returns from the gathers.
+TEST(Hf, ShardedExportIndexAndTpImport) {
+  auto be = runtime::MakeCpuBackend();
+  auto c = model::test::TinyConfig(300, /*tied=*/false, /*bias=*/true);
+  auto a = Make(c, be.get(), 3);
+  const std::string dir = TempDir();
+  ASSERT_TRUE(ExportHf(dir, *a, "F32", true, nullptr, /*max_shard_bytes=*/8000).ok());
+  const nlohmann::json index = nlohmann::json::parse(*ReadFile(dir + "/model.safetensors.index.json"));
+  std::set<std::string> files;
+  int64_t total = 0;
+  for (const auto& [name, file] : index["weight_map"].items()) files.insert(file.get<std::string>());
+  for (const std::string& f : files) {
+    auto r = SafetensorsReader::Open(dir + "/" + f);
+    ASSERT_TRUE(r.ok()) << r.status();
+    int64_t bytes = 0;
+    for (const auto& [name, info] : (*r)->tensors()) {
+      bytes += static_cast<int64_t>(info.end - info.begin);
+      EXPECT_EQ(index["weight_map"][name], f) << name;
+    }
+    // The largest tensor (the 300 x 16 embedding, 19,200 B) has a file of its own.
+    EXPECT_TRUE(bytes <= 8000 || (*r)->tensors().size() == 1) << f << " holds " << bytes << " B";
+    total += bytes;
+  }
+  EXPECT_GT(files.size(), 3u);
+  EXPECT_EQ(*files.begin(), absl::StrFormat("model-00001-of-%05d.safetensors", files.size()));
+  EXPECT_EQ(index["weight_map"].size(), a->params().size());
+  EXPECT_EQ(index["metadata"]["total_size"], total);
+  EXPECT_FALSE(FileExists(dir + "/model.safetensors"));
+  // Two TP ranks (Gloo threads) import it: each reads its slices; gathered, the weights are a's.
+  testing::MemStore store;
+  std::vector<std::thread> threads;
+  const std::string blocked = dir + "/config.json";  // a file: no directory can be made there
+  absl::Status failed_write;
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      auto tp = comm::MakeGlooCommunicator("tp", "hf-sharded", r, 2, &store, {"127.0.0.1", 60000});
+      ASSERT_TRUE(tp.ok()) << tp.status();
+      auto m = model::Llama::Create(c, be.get(), tp->get());
+      ASSERT_TRUE(m.ok());
+      ASSERT_TRUE(ImportHf(dir, **m).ok());
+      for (auto& p : a->params()) EXPECT_EQ(*(*m)->GatherGlobal(*(*m)->Find(p.name()), false), *a->GatherGlobal(p, false)) << p.name();
+      const absl::Status st = ExportHf(blocked + "/x", **m, "BF16", r == 0, nullptr, 8000);
+      if (r == 0) failed_write = st;
+      else EXPECT_TRUE(st.ok()) << st;
+    });
+  for (auto& t : threads) t.join();
+  EXPECT_FALSE(failed_write.ok());
+  // One file again: the shards and the index of the first export are gone.
+  ASSERT_TRUE(ExportHf(dir, *a, "F32", true).ok());
+  EXPECT_TRUE(FileExists(dir + "/model.safetensors"));
+  EXPECT_FALSE(FileExists(dir + "/model.safetensors.index.json"));
+  EXPECT_FALSE(FileExists(dir + "/" + *files.begin()));
+  auto b = Make(c, be.get(), 99);
+  ASSERT_TRUE(ImportHf(dir, *b).ok());
+  for (auto& p : a->params()) EXPECT_EQ(*b->GatherGlobal(*b->Find(p.name()), false), *a->GatherGlobal(p, false));
 }
 
 TEST(Hf, ShardedDirectoryAndErrors) {

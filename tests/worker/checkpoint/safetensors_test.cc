@@ -13,6 +13,7 @@
 #include "common/util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "common/model/config.h"
 #include "common/dtype.h"
 
 namespace tessera::checkpoint {
@@ -57,6 +58,37 @@ TEST(Safetensors, RoundTripF32Bf16AndMetadata) {
   // Writing refuses a size that does not match the shape, and a repeated name.
   EXPECT_FALSE(WriteSafetensors(p, {{"a", "F32", {2, 3}, a.data(), 20}}).ok());
   EXPECT_FALSE(WriteSafetensors(p, {{"a", "F32", {1}, a.data(), 4}, {"a", "F32", {1}, a.data(), 4}}).ok());
+}
+
+// One tensor-parallel rank's slice, read alone: a block of rows, a block of columns, from
+// F32, BF16 and F16 sources (16-bit sources converted exactly).
+TEST(Safetensors, SlicesReadOnlyWhatARankHolds) {
+  const std::string p = TempPath("slices.safetensors");
+  std::vector<float> a(4 * 6);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = 0.5f * static_cast<float>(i) - 3.f;  // exact in bf16 and f16
+  std::vector<uint16_t> b(a.size()), h(a.size());
+  for (size_t i = 0; i < a.size(); ++i) b[i] = tessera::FloatToBf16(a[i]), h[i] = tessera::FloatToF16(a[i]);
+  ASSERT_TRUE(WriteSafetensors(p, {{"f32", "F32", {4, 6}, a.data(), a.size() * 4},
+                                   {"bf16", "BF16", {4, 6}, b.data(), b.size() * 2},
+                                   {"f16", "F16", {4, 6}, h.data(), h.size() * 2}})
+                  .ok());
+  auto r = SafetensorsReader::Open(p);
+  ASSERT_TRUE(r.ok()) << r.status();
+  for (const char* name : {"f32", "bf16", "f16"}) {
+    SCOPED_TRACE(name);
+    for (int dim : {0, 1})
+      for (int parts : {1, 2}) {
+        for (int index = 0; index < parts; ++index) {
+          const auto want = model::TpShardOf(a, {4, 6}, dim, parts, index);
+          std::vector<float> got(want.size());
+          ASSERT_TRUE((*r)->ReadF32SliceInto(name, dim, parts, index, got.data()).ok());
+          EXPECT_EQ(got, want) << "dim " << dim << " slice " << index << " of " << parts;
+        }
+      }
+    std::vector<float> got(24);
+    EXPECT_THAT(std::string((*r)->ReadF32SliceInto(name, 1, 4, 0, got.data()).message()),
+                HasSubstr("has no slice 0 of 4 along dim 1"));
+  }
 }
 
 TEST(Safetensors, EveryTruncationIsAnError) {

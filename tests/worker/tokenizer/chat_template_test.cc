@@ -8,6 +8,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "common/util.h"
 #include "worker/tokenizer/model_text.h"
@@ -131,6 +132,23 @@ TEST(ModelText, EosFromBothConfigs) {
   t = LoadModelText(dir + "/tokenizer.json");  // a file: its directory's configs
   ASSERT_TRUE(t.ok());
   EXPECT_EQ(t->eos_ids, (std::vector<int32_t>{std::min(eos, eot), std::max(eos, eot)}));
+  EXPECT_FALSE(t->temperature.has_value());  // no sampling keys: the job's defaults apply
+  EXPECT_FALSE(t->top_k.has_value());
+  // Default sampling as published (Qwen3's generation_config.json); a value out of range
+  // is refused naming the file and the key.
+  ASSERT_TRUE(WriteFileAtomic(dir + "/generation_config.json",
+                              "{\"do_sample\": true, \"temperature\": 0.6, \"top_k\": 20, \"top_p\": 0.95, "
+                              "\"eos_token_id\": " + std::to_string(eos) + "}").ok());
+  t = LoadModelText(dir);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->temperature, 0.6);
+  EXPECT_EQ(t->top_k, 20);
+  EXPECT_EQ(t->top_p, 0.95);
+  ASSERT_TRUE(WriteFileAtomic(dir + "/generation_config.json", "{\"top_p\": 0}").ok());
+  EXPECT_THAT(std::string(LoadModelText(dir).status().message()),
+              ::testing::HasSubstr("generation_config.json: top_p must be a number in (0, 1], got 0"));
+  ASSERT_TRUE(WriteFileAtomic(dir + "/generation_config.json", "{\"top_k\": 2.5}").ok());
+  EXPECT_THAT(std::string(LoadModelText(dir).status().message()), ::testing::HasSubstr("top_k must be an integer"));
   auto byte = LoadModelText("byte");
   ASSERT_TRUE(byte.ok());
   EXPECT_EQ(byte->tokenizer->vocab_size(), 256);
