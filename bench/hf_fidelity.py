@@ -14,8 +14,10 @@ run the same directory on the same GPU:
   down projection, the final norm, each within 1e-3 of its scale;
 - greedy decoding of N tokens after a prompt, f32: token for token (transformers:
   argmax of each step's last logits with its KV cache; ours: the rollout engine).
+Qwen2.5-7B and Qwen2.5-1.5B (2 KV heads: replicated at TP 4) run ours at tensor
+parallelism 4 (hf_model_run --tp=4: a process per GPU), transformers on one GPU.
 
-    python3 bench/hf_fidelity.py [--bin dist/bin/hf_model_run] [--tokens 128] [--greedy 128] [--models llama32_1b,qwen3_1p7b]
+    python3 bench/hf_fidelity.py [--bin dist/bin/hf_model_run] [--tokens 128] [--greedy 128] [--models llama32_1b,qwen3_1p7b,qwen25_7b,qwen25_1p5b]
 Prints one JSON line per comparison and a table last; exits non-zero on a FAIL.
 """
 import argparse
@@ -48,14 +50,27 @@ MODELS = {
                                  max_position_embeddings=40960, tie_word_embeddings=True, bos_token_id=151643,
                                  eos_token_id=151645, use_sliding_window=False,
                                  rope_parameters=dict(rope_type="default", rope_theta=1000000.0))),
+    # Qwen/Qwen2.5-7B's config.json (QKV bias, 28 heads over 4 KV heads, untied), ours at TP 4
+    "qwen25_7b": ("qwen2", dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                                num_attention_heads=28, num_key_value_heads=4, rms_norm_eps=1e-6,
+                                max_position_embeddings=131072, tie_word_embeddings=False, bos_token_id=151643,
+                                eos_token_id=151643, use_sliding_window=False,
+                                rope_parameters=dict(rope_type="default", rope_theta=1000000.0)), 4),
+    # Qwen/Qwen2.5-1.5B's config.json (12 heads over 2 KV heads, tied), ours at TP 4: each KV
+    # head on two ranks
+    "qwen25_1p5b": ("qwen2", dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                                  num_attention_heads=12, num_key_value_heads=2, rms_norm_eps=1e-6,
+                                  max_position_embeddings=131072, tie_word_embeddings=True, bos_token_id=151643,
+                                  eos_token_id=151643, use_sliding_window=False,
+                                  rope_parameters=dict(rope_type="default", rope_theta=1000000.0)), 4),
 }
 GRADS = ("model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight",
          "model.layers.0.self_attn.q_norm.weight", "model.layers.1.mlp.down_proj.weight", "model.norm.weight")
 
 
-def run_ours(binary, d, out, dtype, tokens_path, prompt_path, n):
+def run_ours(binary, d, out, dtype, tokens_path, prompt_path, n, tp=1):
     os.makedirs(out, exist_ok=True)
-    cmd = [binary, d, out, "cuda", dtype, tokens_path] + ([prompt_path, str(n)] if prompt_path else [])
+    cmd = [binary] + ([f"--tp={tp}"] if tp > 1 else []) + [d, out, "cuda", dtype, tokens_path] + ([prompt_path, str(n)] if prompt_path else [])
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)}: {r.stderr.strip()}")
@@ -79,7 +94,8 @@ def main():
         rows.append(rec)
 
     for name in a.models.split(","):
-        model_type, kw = MODELS[name]
+        model_type, kw, *rest = MODELS[name]
+        tp = rest[0] if rest else 1
         with tempfile.TemporaryDirectory() as tmp:
             torch.manual_seed(0)
             cfg = AutoConfig.for_model(model_type, **kw)
@@ -114,10 +130,10 @@ def main():
             scale = float(np.abs(want).max())
             # Ours, f32 then bf16.
             o32 = os.path.join(tmp, "f32")
-            info = run_ours(a.bin, d, o32, "f32", os.path.join(tmp, "tokens.i32"), os.path.join(tmp, "prompt.i32"), a.greedy)
+            info = run_ours(a.bin, d, o32, "f32", os.path.join(tmp, "tokens.i32"), os.path.join(tmp, "prompt.i32"), a.greedy, tp)
             ours = np.fromfile(os.path.join(o32, "logits.f32"), dtype="<f4").reshape(want.shape)
             diff = float(np.abs(ours - want).max())
-            report(name, "logits f32", diff / scale, 1e-4, diff <= 1e-4 * scale, scale=scale, load_s=info["load_s"])
+            report(name, "logits f32", diff / scale, 1e-4, diff <= 1e-4 * scale, scale=scale, load_s=info["load_s"], tp=tp)
             for n, w in want_grads.items():
                 path = os.path.join(o32, f"grad.{n}.f32")
                 got = np.fromfile(path, dtype="<f4").reshape(w.shape)
@@ -129,7 +145,7 @@ def main():
             first = next((i for i, (x, y) in enumerate(zip(got_greedy, greedy)) if x != y), None)
             report(name, f"greedy {a.greedy} tokens f32", same, a.greedy, got_greedy == greedy, first_difference=first)
             o16 = os.path.join(tmp, "bf16")
-            run_ours(a.bin, d, o16, "bf16", os.path.join(tmp, "tokens.i32"), None, 0)
+            run_ours(a.bin, d, o16, "bf16", os.path.join(tmp, "tokens.i32"), None, 0, tp)
             ours16 = np.fromfile(os.path.join(o16, "logits.f32"), dtype="<f4").reshape(want.shape)
             e_ours, e_tf = float(np.abs(ours16 - want).max()), float(np.abs(bf - want).max())
             report(name, "logits bf16 (vs f32 ref)", e_ours / scale, (2 * e_tf + 1e-3 * scale) / scale,
