@@ -28,6 +28,9 @@ inline model::LlamaConfig ConfigFromArgs(std::map<std::string, std::string>& a) 
   c.hidden = get("hidden", 2048), c.layers = get("layers", 16), c.heads = get("heads", 32);
   c.kv_heads = get("kv-heads", 8), c.ffn = get("ffn", 8192), c.vocab = get("vocab", 128256);
   c.tie_embeddings = get("tied", 1) != 0;
+  c.head_dim = get("head-dim", 0);          // 0: hidden / heads
+  c.qk_norm = get("qk-norm", 0) != 0;       // Qwen3
+  c.qkv_bias = get("qkv-bias", 0) != 0;     // Qwen2 / 2.5
   c.rope_base = 500000.f;
   c.dtype = a.count("dtype") && a["dtype"] == "f32" ? tessera::DType::kF32 : tessera::DType::kBF16;
   return c;

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""The peer of bench/decode_bench.cc: transformers' generate on the same Llama shape
+"""The peer of bench/decode_bench.cc: transformers' generate on the same Llama / Qwen2 /
+Qwen3 shape
 (random weights, bf16, SDPA), greedy, exactly --new new tokens after --prompt random
 tokens, for each batch size. Two modes:
   eager    - the default dynamic cache, no compilation;
@@ -40,14 +41,20 @@ def main():
     p.add_argument("--new", type=int, default=128)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--modes", default="eager,compiled")
+    p.add_argument("--head-dim", type=int, default=0)  # 0: hidden / heads
+    p.add_argument("--qk-norm", type=int, default=0)   # 1: Qwen3 (transformers' Qwen3ForCausalLM)
+    p.add_argument("--qkv-bias", type=int, default=0)  # 1: Qwen2 (Qwen2ForCausalLM)
+    p.add_argument("--tied", type=int, default=1)
     a = p.parse_args()
-    cfg = transformers.LlamaConfig(hidden_size=a.hidden, intermediate_size=a.ffn, num_hidden_layers=a.layers,
-                                   num_attention_heads=a.heads, num_key_value_heads=a.kv_heads, vocab_size=a.vocab,
-                                   tie_word_embeddings=True, rope_theta=500000.0,
-                                   max_position_embeddings=max(2048, a.prompt + a.new + 16))
+    family = "qwen3" if a.qk_norm else "qwen2" if a.qkv_bias else "llama"
+    cfg = transformers.AutoConfig.for_model(
+        family, hidden_size=a.hidden, intermediate_size=a.ffn, num_hidden_layers=a.layers,
+        num_attention_heads=a.heads, num_key_value_heads=a.kv_heads, vocab_size=a.vocab,
+        head_dim=a.head_dim or a.hidden // a.heads, tie_word_embeddings=bool(a.tied), rope_theta=500000.0,
+        max_position_embeddings=max(2048, a.prompt + a.new + 16))
     torch.manual_seed(0)
     with torch.device("cuda"):
-        model = transformers.LlamaForCausalLM._from_config(cfg, dtype=torch.bfloat16, attn_implementation="sdpa")
+        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation="sdpa")
     model.eval()
     gc = model.generation_config
     gc.eos_token_id = None

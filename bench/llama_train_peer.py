@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """PyTorch peer of bench/train_bench.cc: the same Llama (RMSNorm, RoPE, GQA, SwiGLU, tied
-embeddings), fp32 master weights under torch.autocast(bf16), F.scaled_dot_product_attention
+embeddings unless --tied 0; --head-dim, Qwen3's --qk-norm 1, Qwen2's --qkv-bias 1), fp32 master weights under torch.autocast(bf16), F.scaled_dot_product_attention
 with the backend forced, torch.compile (default mode), fused AdamW, gradient accumulation
 over `--micro` micro-batches of `--mbs` (default 1) `--seq`-token sequences per rank. Same FLOP formula as
 the engine (6 N per token + causal attention 6 L Hq D s^2). One JSON line per variant.
@@ -19,13 +19,14 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 
 class Block(nn.Module):
-    def __init__(s, h, heads, kv, ffn):
+    def __init__(s, h, heads, kv, ffn, d, qk_norm, bias):
         super().__init__()
-        s.heads, s.kv, s.d = heads, kv, h // heads
+        s.heads, s.kv, s.d = heads, kv, d
         s.n1, s.n2 = nn.RMSNorm(h, eps=1e-5), nn.RMSNorm(h, eps=1e-5)
-        s.q = nn.Linear(h, heads * s.d, bias=False)
-        s.k = nn.Linear(h, kv * s.d, bias=False)
-        s.v = nn.Linear(h, kv * s.d, bias=False)
+        s.q = nn.Linear(h, heads * s.d, bias=bias)
+        s.k = nn.Linear(h, kv * s.d, bias=bias)
+        s.v = nn.Linear(h, kv * s.d, bias=bias)
+        s.qn, s.kn = (nn.RMSNorm(d, eps=1e-5), nn.RMSNorm(d, eps=1e-5)) if qk_norm else (None, None)
         s.o = nn.Linear(heads * s.d, h, bias=False)
         s.g = nn.Linear(h, ffn, bias=False)
         s.u = nn.Linear(h, ffn, bias=False)
@@ -34,8 +35,11 @@ class Block(nn.Module):
     def forward(s, x, cos, sin):
         b, t, _ = x.shape
         y = s.n1(x)
-        q = s.q(y).view(b, t, s.heads, s.d).transpose(1, 2)
-        k = s.k(y).view(b, t, s.kv, s.d).transpose(1, 2)
+        q = s.q(y).view(b, t, s.heads, s.d)
+        k = s.k(y).view(b, t, s.kv, s.d)
+        if s.qn is not None:  # Qwen3: each head's RMSNorm before RoPE
+            q, k = s.qn(q), s.kn(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = s.v(y).view(b, t, s.kv, s.d).transpose(1, 2)
         q, k = rope(q, cos, sin), rope(k, cos, sin)
         a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
@@ -53,9 +57,11 @@ class Llama(nn.Module):
     def __init__(s, a):
         super().__init__()
         s.emb = nn.Embedding(a.vocab, a.hidden)
-        s.blocks = nn.ModuleList(Block(a.hidden, a.heads, a.kv_heads, a.ffn) for _ in range(a.layers))
+        d = a.head_dim or a.hidden // a.heads
+        s.blocks = nn.ModuleList(Block(a.hidden, a.heads, a.kv_heads, a.ffn, d, a.qk_norm, a.qkv_bias)
+                                 for _ in range(a.layers))
         s.norm = nn.RMSNorm(a.hidden, eps=1e-5)
-        d = a.hidden // a.heads
+        s.head = None if a.tied else nn.Linear(a.hidden, a.vocab, bias=False)
         inv = 1.0 / (500000.0 ** (torch.arange(0, d, 2).float() / d))
         f = torch.outer(torch.arange(a.seq).float(), inv)
         emb = torch.cat((f, f), dim=-1)
@@ -69,7 +75,7 @@ class Llama(nn.Module):
         x = s.emb(tokens)
         for b in s.blocks:
             x = b(x, s.cos, s.sin)
-        logits = F.linear(s.norm(x), s.emb.weight)  # tied LM head
+        logits = F.linear(s.norm(x), s.emb.weight) if s.head is None else s.head(s.norm(x))
         return F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.view(-1), ignore_index=-1)
 
 
@@ -120,7 +126,8 @@ def run(a, backend, compiled):
     torch.cuda.synchronize()
     secs = time.perf_counter() - t0
     tokens = a.steps * a.micro * a.mbs * a.seq * world
-    flops = 6.0 * n_params * tokens + 6.0 * a.layers * a.hidden * a.seq * a.seq * a.micro * a.mbs * a.steps * world
+    d = a.head_dim or a.hidden // a.heads
+    flops = 6.0 * n_params * tokens + 6.0 * a.layers * a.heads * d * a.seq * a.seq * a.micro * a.mbs * a.steps * world
     name = f"{'compile' if compiled else 'eager'}+{backend.name}" + (f" {a.parallel}x{world}" if world > 1 else "")
     return {"impl": "torch", "variant": name, "params": n_params, "tflops_per_gpu": flops / secs / 1e12 / world,
             "seq": a.seq, "mbs": a.mbs, "micro": a.micro, "steps": a.steps, "step_ms": 1e3 * secs / a.steps,
@@ -131,7 +138,8 @@ def run(a, backend, compiled):
 def main():
     p = argparse.ArgumentParser()
     for k, d in [("hidden", 2048), ("layers", 16), ("heads", 32), ("kv-heads", 8), ("ffn", 8192), ("vocab", 128256),
-                 ("seq", 4096), ("mbs", 1), ("micro", 4), ("steps", 10), ("warmup", 3)]:
+                 ("seq", 4096), ("mbs", 1), ("micro", 4), ("steps", 10), ("warmup", 3), ("head-dim", 0),
+                 ("qk-norm", 0), ("qkv-bias", 0), ("tied", 1)]:
         p.add_argument("--" + k, type=int, default=d)
     p.add_argument("--variants", default="compile+FLASH_ATTENTION,compile+CUDNN_ATTENTION")
     p.add_argument("--parallel", default="none", choices=["none", "ddp", "fsdp2"])
