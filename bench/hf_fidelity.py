@@ -83,6 +83,7 @@ def main():
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--greedy", type=int, default=128)
     ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--tp", type=int, default=0, help="ours at this TP degree instead of each model's own")
     a = ap.parse_args()
     rows, ok = [], True
 
@@ -94,8 +95,8 @@ def main():
         rows.append(rec)
 
     for name in a.models.split(","):
-        model_type, kw, *rest = MODELS[name]
-        tp = rest[0] if rest else 1
+        model_type, kw, *rest = MODELS[name]  # rest: ours' TP degree
+        tp = a.tp or (rest[0] if rest else 1)
         with tempfile.TemporaryDirectory() as tmp:
             torch.manual_seed(0)
             cfg = AutoConfig.for_model(model_type, **kw)

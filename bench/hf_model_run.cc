@@ -70,6 +70,9 @@ int RunRank(int argc, char** argv, comm::Communicator* tp) {
     if (!gpu.ok()) return Fail(gpu.status());
     backend = std::move(*gpu);
   }
+  // The TP group's collectives wait for the compute enqueued before them, and compute for them.
+  if (tp != nullptr)
+    if (auto st = tp->OrderWith(backend->stream()); !st.ok()) return Fail(st);
   auto m = model::Llama::Create(*config, backend.get(), tp);
   if (!m.ok()) return Fail(m.status());
   model::Llama& model = **m;
