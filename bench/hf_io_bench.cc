@@ -41,7 +41,8 @@ std::vector<std::string> WeightFiles(const std::string& dir) {
   std::vector<std::string> files;
   if (auto index = ReadFile(dir + "/model.safetensors.index.json"); index.ok()) {
     std::map<std::string, bool> seen;
-    for (const auto& [name, file] : nlohmann::json::parse(*index)["weight_map"].items())
+    const nlohmann::json j = nlohmann::json::parse(*index);  // alive through the loop
+    for (const auto& [name, file] : j["weight_map"].items())
       if (!seen[file.get<std::string>()]) seen[file.get<std::string>()] = true, files.push_back(dir + "/" + file.get<std::string>());
   } else {
     files.push_back(dir + "/model.safetensors");

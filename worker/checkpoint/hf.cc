@@ -48,7 +48,8 @@ absl::Status ImportHf(const std::string& dir, model::Llama& model) {
   struct Job {
     model::Param* p;
     const SafetensorsReader* file;
-    std::vector<float> shard;
+    tessera::DType dtype;           // as stored: f32 or bf16 (uploaded so, widened on the device), else f16
+    std::unique_ptr<char[]> shard;  // this rank's slice, as stored (f16: converted to f32)
     absl::Status status;
   };
   std::map<std::string, std::unique_ptr<SafetensorsReader>> open;
@@ -69,15 +70,40 @@ absl::Status ImportHf(const std::string& dir, model::Llama& model) {
     if (info->shape != p.spec.shape)
       return absl::InvalidArgumentError(absl::StrCat(r->path(), ": ", p.name(), " has shape [", absl::StrJoin(info->shape, ", "),
                                                      "], the model expects [", absl::StrJoin(p.spec.shape, ", "), "]"));
-    jobs.push_back({&p, r.get(), {}, absl::OkStatus()});
+    const tessera::DType dtype = info->dtype == "BF16" ? tessera::DType::kBF16 : info->dtype == "F32" ? tessera::DType::kF32
+                                                                                                      : tessera::DType::kF16;
+    jobs.push_back({&p, r.get(), dtype, nullptr, absl::OkStatus()});
   }
   // Each rank reads only its slices; threads read and convert the parameters of a window
   // in parallel while this thread uploads them in order (host memory: one window).
   const int threads = static_cast<int>(std::clamp<unsigned>(std::thread::hardware_concurrency(), 1, 8));
   auto read = [&model](Job& j) {
     const model::TpSplit split = model.SplitOf(*j.p);
-    j.shard.resize(static_cast<size_t>(j.p->value.numel()));
-    j.status = j.file->ReadF32SliceInto(j.p->name(), split.dim, split.parts, split.index, j.shard.data());
+    const size_t n = static_cast<size_t>(j.p->value.numel());
+    if (j.dtype == tessera::DType::kF16) {  // no f16 on the device side: widened here
+      j.shard.reset(new char[n * 4]);
+      j.status = j.file->ReadF32SliceInto(j.p->name(), split.dim, split.parts, split.index,
+                                          reinterpret_cast<float*>(j.shard.get()));
+    } else {
+      j.shard.reset(new char[n * tessera::DTypeSize(j.dtype)]);
+      j.status = j.file->ReadRawSliceInto(j.p->name(), split.dim, split.parts, split.index, j.shard.get());
+    }
+  };
+  // A bf16 slice goes up as it is stored (half the bytes of f32) and is widened into the
+  // f32 master weights on the device.
+  runtime::Backend& be = model.backend();
+  runtime::Tensor staging;
+  auto upload = [&](Job& j) -> absl::Status {
+    if (j.dtype != tessera::DType::kBF16) return model.SetShard(*j.p, reinterpret_cast<const float*>(j.shard.get()));
+    if (staging.numel() < j.p->value.numel()) {
+      staging = runtime::Tensor();
+      TESSERA_ASSIGN_OR_RETURN(staging, be.Empty({j.p->value.numel()}, tessera::DType::kBF16));
+    }
+    TESSERA_ASSIGN_OR_RETURN(runtime::Tensor part, staging.Slice(0, 0, j.p->value.numel()));
+    TESSERA_ASSIGN_OR_RETURN(runtime::Tensor src, part.Reshape(j.p->value.shape()));
+    TESSERA_RETURN_IF_ERROR(be.CopyFromHost(j.shard.get(), src));
+    TESSERA_RETURN_IF_ERROR(be.Cast(src, j.p->value));
+    return model.RefreshCompute(*j.p);
   };
   std::vector<std::future<void>> pending(jobs.size());
   size_t next = 0;
@@ -92,10 +118,11 @@ absl::Status ImportHf(const std::string& dir, model::Llama& model) {
   for (size_t i = 0; i < next; ++i) {  // `next` stops growing at an error
     pending[i].get();
     if (status.ok()) status = jobs[i].status;
-    if (status.ok()) status = model.SetShard(*jobs[i].p, jobs[i].shard.data());
-    jobs[i].shard = {};
+    if (status.ok()) status = upload(jobs[i]);
+    jobs[i].shard.reset();
     if (status.ok()) launch();  // on an error, only what is running finishes
   }
+  if (status.ok()) status = be.Synchronize();  // the staging buffer is reused: the last copy done before it goes
   return status;
 }
 

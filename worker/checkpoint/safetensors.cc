@@ -185,6 +185,31 @@ absl::Status SafetensorsReader::ReadRange(const std::string& name, const TensorI
   return absl::OkStatus();
 }
 
+absl::Status SafetensorsReader::ReadRawSliceInto(const std::string& name, int dim, int parts, int index,
+                                                 void* dst) const {
+  TESSERA_ASSIGN_OR_RETURN(const TensorInfo* t, Find(name));
+  const size_t numel = static_cast<size_t>(t->numel());
+  const int elem = t->dtype == "F32" ? 4 : t->dtype == "BF16" || t->dtype == "F16" ? 2 : 0;
+  if (elem == 0)
+    return absl::InvalidArgumentError(absl::StrCat(path_, ": tensor '", name, "' is ", t->dtype, ", expected F32, BF16 or F16"));
+  char* out = static_cast<char*>(dst);
+  const uint64_t base = data_start_ + t->begin;
+  if (dim < 0 || parts <= 1) return PreadAll(fd_, out, numel * elem, base, path_);
+  const bool ok = (dim == 0 && !t->shape.empty() && t->shape[0] % parts == 0) ||
+                  (dim == 1 && t->shape.size() == 2 && t->shape[1] % parts == 0);
+  if (!ok || index < 0 || index >= parts)
+    return absl::InvalidArgumentError(absl::StrCat(path_, ": tensor '", name, "' [", absl::StrJoin(t->shape, ", "),
+                                                   "] has no slice ", index, " of ", parts, " along dim ", dim));
+  if (dim == 0) {
+    const size_t n = numel / parts;
+    return PreadAll(fd_, out, n * elem, base + index * n * elem, path_);
+  }
+  const size_t rows = static_cast<size_t>(t->shape[0]), cols = static_cast<size_t>(t->shape[1]), c = cols / parts;
+  for (size_t r = 0; r < rows; ++r)
+    TESSERA_RETURN_IF_ERROR(PreadAll(fd_, out + r * c * elem, c * elem, base + (r * cols + index * c) * elem, path_));
+  return absl::OkStatus();
+}
+
 absl::Status SafetensorsReader::ReadF32SliceInto(const std::string& name, int dim, int parts, int index,
                                                  float* dst) const {
   TESSERA_ASSIGN_OR_RETURN(const TensorInfo* t, Find(name));

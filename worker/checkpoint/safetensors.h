@@ -48,6 +48,9 @@ class SafetensorsReader {
   // dst (numel / parts elements) — what one tensor-parallel rank holds, without reading
   // the rest (INVALID_ARGUMENT when the shape does not split so).
   absl::Status ReadF32SliceInto(const std::string& name, int dim, int parts, int index, float* dst) const;
+  // The same slice's bytes as stored (F32, BF16 or F16: numel / parts elements of the
+  // tensor's dtype into dst), without conversion.
+  absl::Status ReadRawSliceInto(const std::string& name, int dim, int parts, int index, void* dst) const;
 
  private:
   // Elements [offset, offset + n) of t (bounds checked by the caller), converted to f32;

@@ -83,6 +83,11 @@ TEST(Safetensors, SlicesReadOnlyWhatARankHolds) {
           std::vector<float> got(want.size());
           ASSERT_TRUE((*r)->ReadF32SliceInto(name, dim, parts, index, got.data()).ok());
           EXPECT_EQ(got, want) << "dim " << dim << " slice " << index << " of " << parts;
+          if (std::string(name) == "bf16") {  // as stored: the bf16 bits of the same slice
+            std::vector<uint16_t> raw(want.size());
+            ASSERT_TRUE((*r)->ReadRawSliceInto(name, dim, parts, index, raw.data()).ok());
+            for (size_t i = 0; i < raw.size(); ++i) EXPECT_EQ(tessera::Bf16ToFloat(raw[i]), want[i]);
+          }
         }
       }
     std::vector<float> got(24);
