@@ -28,20 +28,10 @@ import time
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-MODELS = {
-    # Qwen/Qwen3-1.7B's config.json
-    "qwen3_1p7b": ("qwen3", dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
-                                 num_attention_heads=16, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6,
-                                 max_position_embeddings=40960, tie_word_embeddings=True, bos_token_id=151643,
-                                 eos_token_id=151645, use_sliding_window=False,
-                                 rope_parameters=dict(rope_type="default", rope_theta=1000000.0))),
-    # Qwen/Qwen2.5-7B's config.json
-    "qwen25_7b": ("qwen2", dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
-                                num_attention_heads=28, num_key_value_heads=4, rms_norm_eps=1e-6,
-                                max_position_embeddings=131072, tie_word_embeddings=False, bos_token_id=151643,
-                                eos_token_id=151643, use_sliding_window=False,
-                                rope_parameters=dict(rope_type="default", rope_theta=1000000.0))),
-}
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hf_fidelity import MODELS as CONFIGS  # the exact configs (model_type, kwargs[, TP])
+
+MODELS = {name: CONFIGS[name][:2] for name in ("qwen3_1p7b", "qwen25_7b")}
 
 
 def weight_files(d):

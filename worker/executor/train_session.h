@@ -31,7 +31,7 @@ class TrainSession {
                                                               v1::DeviceType device, int device_index);
   virtual ~TrainSession() = default;
 
-  // The job kind this session trains ("pretrain", "sft", "grpo", "ppo").
+  // The job kind trained ("pretrain", "sft", "grpo", "ppo").
   const std::string& kind() const { return kind_; }
   // The step count of the checkpoint the session started from (0: none).
   int64_t start_step() const { return start_step_; }

@@ -181,6 +181,20 @@ TEST(Checkpoint, MixedPrecisionZero12ResumeEqualsTrainingStraight) {
   }
 }
 
+// Loads dir's step 2 into a tp x dp layout (ZeRO `zero`) of `config` and trains step 3:
+// its loss must be `want` (the saving layout's step 3).
+void ExpectStep3AfterLoad(const std::string& dir, int tp, int dp, int zero, double want,
+                          const model::LlamaConfig& config = Config()) {
+  SCOPED_TRACE(::testing::Message() << "into tp" << tp << " dp" << dp << " zero" << zero);
+  RunLayout(tp, dp, zero, 5, [&](int, Rank& k) {
+    auto step = LoadCheckpoint(dir + "/step-00000002", k.group());
+    ASSERT_TRUE(step.ok()) << step.status();
+    auto l = k.Train(3, 3);
+    ASSERT_EQ(l.size(), 1u);
+    EXPECT_NEAR(l[0], want, 1e-5 * want);
+  }, config);
+}
+
 TEST(Checkpoint, LoadsIntoAnotherLayout) {
   const std::string dir = TempDir();
   std::vector<double> saver_next;  // step 3 of the saving layout
@@ -191,16 +205,8 @@ TEST(Checkpoint, LoadsIntoAnotherLayout) {
     if (r == 0) saver_next = l;
   });
   ASSERT_EQ(saver_next.size(), 1u);
-  for (auto [tp, dp, zero] : {std::tuple{1, 1, 0}, std::tuple{1, 2, 3}, std::tuple{2, 1, 0}, std::tuple{1, 2, 2}}) {
-    SCOPED_TRACE(::testing::Message() << "into tp" << tp << " dp" << dp << " zero" << zero);
-    RunLayout(tp, dp, zero, 5, [&](int, Rank& k) {
-      auto step = LoadCheckpoint(dir + "/step-00000002", k.group());
-      ASSERT_TRUE(step.ok()) << step.status();
-      auto l = k.Train(3, 3);
-      ASSERT_EQ(l.size(), 1u);
-      EXPECT_NEAR(l[0], saver_next[0], 1e-5 * saver_next[0]);
-    });
-  }
+  for (auto [tp, dp, zero] : {std::tuple{1, 1, 0}, std::tuple{1, 2, 3}, std::tuple{2, 1, 0}, std::tuple{1, 2, 2}})
+    ExpectStep3AfterLoad(dir, tp, dp, zero, saver_next[0]);
 }
 
 // More TP ranks than KV heads (two heads at TP 4, each on two ranks): the first rank
@@ -227,16 +233,8 @@ TEST(Checkpoint, ReplicatedKvHeadsLoadIntoOtherLayouts) {
     EXPECT_EQ(shards[i]["tp_rank"], i);
     EXPECT_EQ(shards[i]["file"], i == 0 ? "rank-00000.safetensors" : "rank-00002.safetensors");
   }
-  for (auto [tp, dp, zero] : {std::tuple{1, 1, 0}, std::tuple{2, 1, 0}, std::tuple{4, 1, 0}, std::tuple{2, 2, 1}}) {
-    SCOPED_TRACE(::testing::Message() << "into tp" << tp << " dp" << dp << " zero" << zero);
-    RunLayout(tp, dp, zero, 5, [&](int, Rank& k) {
-      auto step = LoadCheckpoint(dir + "/step-00000002", k.group());
-      ASSERT_TRUE(step.ok()) << step.status();
-      auto l = k.Train(3, 3);
-      ASSERT_EQ(l.size(), 1u);
-      EXPECT_NEAR(l[0], saver_next[0], 1e-5 * saver_next[0]);
-    }, c);
-  }
+  for (auto [tp, dp, zero] : {std::tuple{1, 1, 0}, std::tuple{2, 1, 0}, std::tuple{4, 1, 0}, std::tuple{2, 2, 1}})
+    ExpectStep3AfterLoad(dir, tp, dp, zero, saver_next[0], c);
   // And one rank's checkpoint into TP 4 with replicated heads.
   const std::string dir1 = TempDir();
   std::vector<double> one_next;
@@ -246,13 +244,7 @@ TEST(Checkpoint, ReplicatedKvHeadsLoadIntoOtherLayouts) {
     one_next = k.Train(3, 3);
   }, c);
   ASSERT_EQ(one_next.size(), 1u);
-  RunLayout(4, 1, 0, 5, [&](int, Rank& k) {
-    auto step = LoadCheckpoint(dir1 + "/step-00000002", k.group());
-    ASSERT_TRUE(step.ok()) << step.status();
-    auto l = k.Train(3, 3);
-    ASSERT_EQ(l.size(), 1u);
-    EXPECT_NEAR(l[0], one_next[0], 1e-5 * one_next[0]);
-  }, c);
+  ExpectStep3AfterLoad(dir1, 4, 1, 0, one_next[0], c);
 }
 
 struct Into {
