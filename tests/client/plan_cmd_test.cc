@@ -4,7 +4,11 @@
 // balanced already.
 #include "client/plan_cmd.h"
 
+#include <filesystem>
+#include <fstream>
 #include <sstream>
+
+#include "absl/strings/str_cat.h"
 
 #include <nlohmann/json.hpp>
 
@@ -52,6 +56,48 @@ TEST(PlanCmd, PipelinesGetABalancedStageSplit) {
   std::ostringstream flat;  // no pipeline, no balance line
   EXPECT_EQ(RunPlan(Spec({"groups.0.layout.pp=1"}), 0, 0, false, flat), 0);
   EXPECT_THAT(flat.str(), Not(HasSubstr("compute per pipeline rank")));
+}
+
+// model.hf_dir: the shape comes from the directory's config.json (transformers-saved
+// fixtures). The Qwen3 fixture (4 heads over 2 KV heads, head_dim 16, q/k norm, tied) at
+// TP 4 holds one query head and one of its KV head's two copies per rank:
+//   per layer q, k, v, o 16x32 each (2048), gate and up 16x32 (1024), down 32x16 (512), two
+//   norms of 32 and the q/k norms of 16 (96): 3680; two layers 7360; the tied embedding's
+//   vocabulary split four ways 24x32 = 768, the final norm 32: 8160.
+// A model_type we do not implement fails naming the field and the type.
+TEST(PlanCmd, ReadsTheModelFromAHuggingFaceDirectory) {
+  const std::string fixtures = std::string(TESSERA_SOURCE_DIR) + "/tests/worker/checkpoint/hf_models/";
+  auto spec = ParseJobSpecYaml(absl::StrCat("name: qwen3-tp4\nkind: pretrain\ngroups:\n"
+                                            "  - {name: actor, devices: 4, device: gpu, layout: {tp: 4}}\n"
+                                            "model: {hf_dir: ", fixtures, "qwen3, seq_len: 64, global_batch: 4, micro_batch: 1}\n"
+                                            "train: {steps: 1, lr: 1.0e-4, data: {kind: arithmetic}}\n"));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  const absl::Status valid = NormalizeAndValidateJobSpec(*spec);
+  ASSERT_TRUE(valid.ok()) << valid;
+  std::ostringstream js;
+  EXPECT_EQ(RunPlan(*spec, 0, 0, true, js), 0);
+  EXPECT_EQ(nlohmann::json::parse(js.str())["plan"]["params_per_rank"], 8160) << js.str();
+  // The Llama 3.2 fixture (2 heads over 1 KV head, ffn 64) at TP 2: per layer q, k, v, o
+  // 16x32 each (2048), gate and up 32x32 (2048), down 32x32 (1024), two norms (64): 5184;
+  // two layers 10368; the tied embedding 48x32 = 1536, the final norm 32: 11936.
+  spec->mutable_model()->set_hf_dir(fixtures + "llama32_rope_llama3");
+  spec->mutable_groups(0)->mutable_layout()->set_tp(2);
+  spec->mutable_groups(0)->set_devices(2);
+  std::ostringstream llama;
+  EXPECT_EQ(RunPlan(*spec, 0, 0, true, llama), 0);
+  EXPECT_EQ(nlohmann::json::parse(llama.str())["plan"]["params_per_rank"], 11936) << llama.str();
+
+  const std::string bad = ::testing::TempDir() + "/plan-moe";
+  std::filesystem::create_directories(bad);
+  std::ofstream(bad + "/config.json") << R"({"model_type": "mixtral", "hidden_size": 32})";
+  spec->mutable_model()->set_hf_dir(bad);
+  ::testing::internal::CaptureStderr();
+  std::ostringstream none;
+  EXPECT_EQ(RunPlan(*spec, 0, 0, false, none), 1);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_THAT(err, HasSubstr("model.hf_dir"));
+  EXPECT_THAT(err, HasSubstr("model_type 'mixtral'"));
+  EXPECT_EQ(none.str(), "");
 }
 
 }  // namespace

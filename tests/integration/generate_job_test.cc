@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "common/model/hf_config.h"
 #include "common/spec/job_spec.h"
 #include "common/util.h"
 #include "tests/integration/cluster.h"
@@ -323,6 +324,110 @@ TEST(GenerateJob, SftOnConversationsThenChatWithTheExport) {
   EXPECT_EQ(right, 6) << *ReadFile(output);
   EXPECT_EQ(stopped, 6);  // at <|eot_id|>, the template's end of turn that SFT taught
 }
+
+// Each family of tests/integration/hf_dir.h (Llama 3.2's llama3 RoPE scaling, Qwen2.5's QKV
+// bias and YaRN, Qwen3's q/k norm with its one KV head replicated over the two TP ranks)
+// through real daemons at tensor parallelism 2: an sft job from the family's directory
+// learns the colour opposites and exports a directory of the same family (config.json read
+// back equal in what sets the family apart), and a generate job on that export, at TP 2,
+// writes for every conversation the tokens this process's engine (one rank) generates
+// from the export, stopping at the family's end-of-turn token.
+class FamilyJobs : public ::testing::TestWithParam<HfFamily> {};
+
+TEST_P(FamilyJobs, SftAtTp2ThenGenerateFromTheExport) {
+  const HfFamily& fam = GetParam();
+  Cluster c({.agents = 1, .cpu_slots = 2});
+  ASSERT_TRUE(c.StartController().ok());
+  ASSERT_TRUE(c.StartAgent(0).ok());
+  ASSERT_TRUE(c.WaitNodes(1, 20000).ok());
+  const std::string hf = c.dir() + "/base", tuned = c.dir() + "/tuned";
+  ASSERT_TRUE(WriteHfModelDir(hf, fam.config, 3, 0.02f, fam.tokenizer).ok());
+  const std::vector<std::pair<std::string, std::string>> pairs = {{"black", "white"}, {"white", "black"}, {"red", "green"},
+                                                                  {"green", "red"}, {"blue", "orange"}, {"orange", "blue"}};
+  auto ask = [](const std::string& colour) {
+    return json{{{"role", "user"}, {"content", "Opposite of " + colour + "?"}}};
+  };
+  const std::string data = c.dir() + "/chat-sft.jsonl", input = c.dir() + "/ask.jsonl", output = c.dir() + "/answers.jsonl";
+  {
+    std::ofstream f(data), g(input);
+    for (const auto& [a, b] : pairs) {
+      json messages = ask(a);
+      messages.push_back({{"role", "assistant"}, {"content", b}});
+      f << json{{"messages", messages}}.dump() << "\n";
+      g << json{{"messages", ask(a)}}.dump() << "\n";
+    }
+  }
+  auto sft = ParseJobSpecYaml(absl::StrCat(
+      "name: sft-", fam.name, "\nkind: sft\ncollective_timeout_s: 30\ngroups:\n  - {name: actor, devices: 2, layout: {tp: 2}}\n"
+      "model: {hf_dir: ", hf, ", seq_len: 128, global_batch: 6, micro_batch: 3}\n"
+      "train: {steps: 80, lr: 0.003, warmup_steps: 5, data: {kind: jsonl, path: ", data, "}, export_hf: ", tuned, "}\n"));
+  ASSERT_TRUE(sft.ok()) << sft.status();
+  ASSERT_TRUE(NormalizeAndValidateJobSpec(*sft).ok());
+  v1::Job job = RunJob(c, *sft);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
+  auto exported = model::ReadHfConfig(tuned);
+  ASSERT_TRUE(exported.ok()) << exported.status();
+  const model::LlamaConfig& want = fam.config;
+  EXPECT_EQ(exported->qkv_bias, want.qkv_bias);
+  EXPECT_EQ(exported->qk_norm, want.qk_norm);
+  EXPECT_EQ(exported->HeadDim(), want.HeadDim());
+  EXPECT_EQ(exported->kv_heads, want.kv_heads);
+  EXPECT_EQ(exported->tie_embeddings, want.tie_embeddings);
+  EXPECT_EQ(exported->rope_base, want.rope_base);
+  EXPECT_EQ(exported->rope_scaling.type, want.rope_scaling.type);
+  EXPECT_EQ(exported->rope_scaling.factor, want.rope_scaling.factor);
+  EXPECT_EQ(exported->rope_scaling.original_max_positions, want.rope_scaling.original_max_positions);
+
+  auto gen = ParseJobSpecYaml(absl::StrCat(
+      "name: gen-", fam.name, "\nkind: generate\ncollective_timeout_s: 30\ngroups:\n  - {name: rollout, devices: 2, layout: {tp: 2}}\n"
+      "model: {hf_dir: ", tuned, "}\ngenerate: {input: ", input, ", output: ", output, ", max_new_tokens: 8, temperature: 0}\n"));
+  ASSERT_TRUE(gen.ok()) << gen.status();
+  ASSERT_TRUE(NormalizeAndValidateJobSpec(*gen).ok());
+  job = RunJob(c, *gen);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
+
+  // This process's engine on the export, one rank, fed the chat template's encodings.
+  auto text = tokenizer::LoadModelText(tuned);
+  ASSERT_TRUE(text.ok()) << text.status();
+  ASSERT_TRUE(text->chat.has_value());
+  ASSERT_FALSE(text->eos_ids.empty());
+  auto be = runtime::MakeCpuBackend();
+  auto m = model::Llama::Create(*exported, be.get());
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_TRUE(checkpoint::ImportHf(tuned, **m).ok());
+  engine::RolloutOptions o;
+  o.num_blocks = 64;
+  auto e = engine::RolloutEngine::Create(m->get(), o);
+  ASSERT_TRUE(e.ok()) << e.status();
+  std::vector<engine::GenerationRequest> reqs;
+  for (const auto& [a, b] : pairs) {
+    auto prompt = text->chat->Apply(nlohmann::ordered_json::parse(ask(a).dump()), true);
+    ASSERT_TRUE(prompt.ok()) << prompt.status();
+    engine::GenerationRequest r;
+    r.prompt = *text->tokenizer->Encode(*prompt, false);
+    r.params.max_new_tokens = 8, r.params.temperature = 0, r.params.stop_tokens = text->eos_ids;
+    reqs.push_back(r);
+  }
+  auto reference = (*e)->Generate(reqs);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+
+  std::istringstream in(*ReadFile(output));
+  std::string line;
+  int right = 0, stopped = 0, n = 0;
+  for (; std::getline(in, line); ++n) {
+    ASSERT_LT(n, 6);
+    const json comp = json::parse(line)["completions"][0];
+    EXPECT_EQ(comp["token_ids"].get<std::vector<int32_t>>(), (*reference)[n].tokens) << "line " << n;
+    right += comp["text"] == pairs[n].second;
+    stopped += comp["finish_reason"] == "stop";
+  }
+  EXPECT_EQ(n, 6);
+  EXPECT_EQ(right, 6) << *ReadFile(output);
+  EXPECT_EQ(stopped, 6);
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, FamilyJobs, ::testing::ValuesIn(HfFamilies()),
+                         [](const ::testing::TestParamInfo<HfFamily>& i) { return i.param.name; });
 
 }  // namespace
 }  // namespace tessera::testing

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -38,6 +39,35 @@ inline model::LlamaConfig TinyTextModel(int hidden = 32, int ffn = 48) {
   model::LlamaConfig c;
   c.vocab = 640, c.hidden = hidden, c.layers = 2, c.heads = 4, c.kv_heads = 2, c.ffn = ffn;
   return c;
+}
+
+// The model families of today's RL post-training at the tiny shape, each with what sets it
+// apart: Llama 3.2 (llama3 RoPE scaling, tied embeddings), Qwen2.5 (QKV bias, YaRN, untied)
+// and Qwen3 (per-head q/k RMSNorm, head_dim apart from hidden / heads, one KV head, so
+// that tensor parallelism replicates it), with the tokenizer fixture of the family.
+struct HfFamily {
+  std::string name;
+  model::LlamaConfig config;
+  std::string tokenizer;
+};
+
+inline std::vector<HfFamily> HfFamilies() {
+  std::vector<HfFamily> out;
+  model::LlamaConfig llama = TinyTextModel(64, 128);
+  llama.tie_embeddings = true, llama.rope_base = 500000.f, llama.max_positions = 256;
+  llama.rope_scaling.type = model::RopeScaling::Type::kLlama3;
+  llama.rope_scaling.factor = 32, llama.rope_scaling.original_max_positions = 16;
+  out.push_back({"llama32", llama, "llama3"});
+  model::LlamaConfig qwen2 = TinyTextModel(64, 128);
+  qwen2.qkv_bias = true, qwen2.rope_base = 1000000.f, qwen2.norm_eps = 1e-6f, qwen2.max_positions = 256;
+  qwen2.rope_scaling.type = model::RopeScaling::Type::kYarn;
+  qwen2.rope_scaling.factor = 4, qwen2.rope_scaling.original_max_positions = 32;
+  out.push_back({"qwen25", qwen2, "qwen2"});
+  model::LlamaConfig qwen3 = TinyTextModel(64, 128);
+  qwen3.qk_norm = true, qwen3.kv_heads = 1, qwen3.head_dim = 32, qwen3.tie_embeddings = true;
+  qwen3.rope_base = 1000000.f, qwen3.norm_eps = 1e-6f;
+  out.push_back({"qwen3", qwen3, "qwen2"});
+  return out;
 }
 
 }  // namespace tessera::testing

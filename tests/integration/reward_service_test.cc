@@ -276,56 +276,88 @@ TEST(RewardService, GrpoOnJsonlPromptsWithAnswers) {
   EXPECT_THAT(job.reason(), HasSubstr(path + ":7: expected {\"prompt\": string, \"answer\": string}"));
 }
 
-// grpo on conversations through a model directory's tokenizer (the Llama-3-style fixture
-// beside a random model's weights): each prompt is the chat template's text with the
-// generation prompt — that is what the service sees, with the line's answer — and each
-// completion reaches it as decoded text without special tokens; stop strings are tokens.
-TEST(RewardService, GrpoOnConversationsThroughTheModelsTokenizer) {
-  Cluster c({.agents = 1, .cpu_slots = 2});
-  ASSERT_TRUE(Start(c));
-  Serving serving;
-  ASSERT_NE(serving.server, nullptr);
+// A grpo job on conversations from a model directory (`config` written as a Hugging Face
+// directory with the tokenizer fixture `fixture` beside it), its actor at tensor
+// parallelism `tp`, stopping at `stops` and the tokenizer's EOS: it must succeed, and the
+// service must see every prompt as the chat template's text with the generation prompt,
+// with the line's answer, and every completion as decoded text without special tokens.
+// Returns the spec it ran.
+v1::JobSpec GrpoOnConversations(Cluster& c, Serving& serving, const model::LlamaConfig& config, const std::string& fixture,
+                                int tp, const std::vector<std::string>& stops) {
   serving.rewards.set_jsonl(true);
   serving.rewards.set_graded(true);
   const std::string hf = c.dir() + "/hf";
-  ASSERT_TRUE(WriteHfModelDir(hf, TinyTextModel(), 5, 0.3f).ok());
-  auto text = tokenizer::LoadModelText(TokenizerFixture("llama3"));
-  ASSERT_TRUE(text.ok());
+  EXPECT_TRUE(WriteHfModelDir(hf, config, 5, 0.3f, fixture).ok());
+  auto text = tokenizer::LoadModelText(TokenizerFixture(fixture));
+  EXPECT_TRUE(text.ok());
+  if (!text.ok()) return {};
   std::set<std::pair<std::string, std::string>> want;
   std::string file;
   for (int i = 0; i < 4; ++i) {
     const nlohmann::json messages = {{{"role", "user"}, {"content", absl::StrCat("What is ", i, " + ", i, "?")}}};
     file += nlohmann::json{{"messages", messages}, {"answer", absl::StrCat(2 * i)}}.dump() + "\n";
     auto prompt = text->chat->Apply(nlohmann::ordered_json::parse(messages.dump()), true);
-    ASSERT_TRUE(prompt.ok());
-    want.insert({*prompt, absl::StrCat(2 * i)});
+    EXPECT_TRUE(prompt.ok());
+    if (prompt.ok()) want.insert({*prompt, absl::StrCat(2 * i)});
   }
   const std::string path = c.dir() + "/chat-prompts.jsonl";
-  ASSERT_TRUE(WriteFileAtomic(path, file).ok());
+  EXPECT_TRUE(WriteFileAtomic(path, file).ok());
   v1::JobSpec spec = GrpoSpec(serving.address);
+  spec.mutable_groups(0)->mutable_layout()->set_tp(tp);
+  spec.mutable_groups(0)->mutable_layout()->set_dp(2 / tp);
   auto* model = spec.mutable_model();
   const v1::ModelShape keep = *model;
   model->Clear();
-  model->set_hf_dir(hf), model->set_seq_len(64), model->set_global_batch(keep.global_batch()), model->set_micro_batch(keep.micro_batch());
+  model->set_hf_dir(hf), model->set_seq_len(128), model->set_global_batch(keep.global_batch()), model->set_micro_batch(keep.micro_batch());
   spec.mutable_train()->mutable_data()->set_kind("jsonl");
   spec.mutable_train()->mutable_data()->set_path(path);
   spec.mutable_rl()->set_max_new_tokens(8);
   spec.mutable_rl()->clear_stop();  // (GrpoSpec's arithmetic "\n")
-  spec.mutable_rl()->add_stop("<|end_of_text|>");
-  ASSERT_TRUE(NormalizeAndValidateJobSpec(spec).ok());
+  for (const std::string& stop : stops) spec.mutable_rl()->add_stop(stop);
+  const absl::Status valid = NormalizeAndValidateJobSpec(spec);
+  EXPECT_TRUE(valid.ok()) << valid;
   std::string progress;
   v1::Job job = RunJob(c, spec, &progress);
-  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason() << "\n" << progress;
+  EXPECT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason() << "\n" << progress;
   EXPECT_EQ(serving.rewards.seen(), want);
   EXPECT_FALSE(serving.rewards.completions().empty());
   for (const std::string& comp : serving.rewards.completions()) EXPECT_EQ(comp.find("<|"), std::string::npos) << comp;
+  return spec;
+}
+
+// grpo on conversations through a model directory's tokenizer (the Llama-3-style fixture
+// beside a random model's weights, over two DP ranks); stop strings are tokens.
+TEST(RewardService, GrpoOnConversationsThroughTheModelsTokenizer) {
+  Cluster c({.agents = 1, .cpu_slots = 2});
+  ASSERT_TRUE(Start(c));
+  Serving serving;
+  ASSERT_NE(serving.server, nullptr);
+  v1::JobSpec spec = GrpoOnConversations(c, serving, TinyTextModel(), "llama3", 1, {"<|end_of_text|>"});
+  ASSERT_FALSE(HasFailure());
   // A stop string of two tokens is refused by name.
   spec.mutable_rl()->add_stop("What is");
-  job = RunJob(c, spec, &progress);
+  std::string progress;
+  v1::Job job = RunJob(c, spec, &progress);
   EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
   EXPECT_THAT(job.reason(), HasSubstr("rl.stop[1]: 'What is' is "));
   EXPECT_THAT(job.reason(), HasSubstr("a stop string must be one token"));
 }
+
+// The same from each family's directory (tests/integration/hf_dir.h) with the actor at
+// tensor parallelism 2 — Qwen3's one KV head replicated over both ranks — and the rollout
+// on its devices, stopping at the family's EOS alone.
+class GrpoFamilies : public ::testing::TestWithParam<HfFamily> {};
+
+TEST_P(GrpoFamilies, OnConversationsAtTp2) {
+  Cluster c({.agents = 1, .cpu_slots = 2});
+  ASSERT_TRUE(Start(c));
+  Serving serving;
+  ASSERT_NE(serving.server, nullptr);
+  GrpoOnConversations(c, serving, GetParam().config, GetParam().tokenizer, 2, {});
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, GrpoFamilies, ::testing::ValuesIn(HfFamilies()),
+                         [](const ::testing::TestParamInfo<HfFamily>& i) { return i.param.name; });
 
 }  // namespace
 }  // namespace tessera::testing
