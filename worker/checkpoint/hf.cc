@@ -4,7 +4,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <future>
+#include <mutex>
 #include <thread>
 #include <map>
 #include <memory>
@@ -42,15 +44,17 @@ absl::StatusOr<std::map<std::string, std::string>> WeightFiles(const std::string
 
 }  // namespace
 
-absl::Status ImportHf(const std::string& dir, model::Llama& model) {
+absl::Status ImportHf(const std::string& dir, model::Llama& model, int64_t piece_bytes) {
+  if (piece_bytes <= 0)
+    return absl::InvalidArgumentError(absl::StrCat("import: piece_bytes must be > 0, got ", piece_bytes));
   TESSERA_ASSIGN_OR_RETURN(auto where, WeightFiles(dir));
   // What to read: each parameter's file and tensor, checked before anything is read.
   struct Job {
     model::Param* p;
     const SafetensorsReader* file;
-    tessera::DType dtype;           // as stored: f32 or bf16 (uploaded so, widened on the device), else f16
-    std::unique_ptr<char[]> shard;  // this rank's slice, as stored (f16: converted to f32)
-    absl::Status status;
+    tessera::DType dtype;  // as stored
+    model::TpSplit split;  // what this rank holds of it
+    int64_t row_elems;     // the slice as rows (SafetensorsReader::SliceRows)
   };
   std::map<std::string, std::unique_ptr<SafetensorsReader>> open;
   std::vector<Job> jobs;
@@ -70,46 +74,79 @@ absl::Status ImportHf(const std::string& dir, model::Llama& model) {
     if (info->shape != p.spec.shape)
       return absl::InvalidArgumentError(absl::StrCat(r->path(), ": ", p.name(), " has shape [", absl::StrJoin(info->shape, ", "),
                                                      "], the model expects [", absl::StrJoin(p.spec.shape, ", "), "]"));
-    const tessera::DType dtype = info->dtype == "BF16" ? tessera::DType::kBF16 : info->dtype == "F32" ? tessera::DType::kF32
-                                                                                                      : tessera::DType::kF16;
-    jobs.push_back({&p, r.get(), dtype, nullptr, absl::OkStatus()});
+    const tessera::DType dtype = info->dtype == "BF16" ? tessera::DType::kBF16
+                                 : info->dtype == "F16" ? tessera::DType::kF16
+                                                        : tessera::DType::kF32;
+    if (info->dtype != "BF16" && info->dtype != "F16" && info->dtype != "F32")
+      return absl::InvalidArgumentError(absl::StrCat(r->path(), ": ", p.name(), " is ", info->dtype, ", expected F32, BF16 or F16"));
+    const model::TpSplit split = model.SplitOf(p);
+    TESSERA_ASSIGN_OR_RETURN(const auto rows, r->SliceRows(p.name(), split.dim, split.parts));
+    if (rows.first * rows.second != p.value.numel())
+      return absl::InternalError(absl::StrCat(p.name(), ": this rank's slice has ", rows.first * rows.second,
+                                              " elements, the model holds ", p.value.numel()));
+    jobs.push_back({&p, r.get(), dtype, split, rows.second});
   }
-  // Each rank reads only its slices; threads read and convert the parameters of a window
-  // in parallel while this thread uploads them in order (host memory: one window).
-  const int threads = static_cast<int>(std::clamp<unsigned>(std::thread::hardware_concurrency(), 1, 8));
-  auto read = [&model](Job& j) {
-    const model::TpSplit split = model.SplitOf(*j.p);
-    const size_t n = static_cast<size_t>(j.p->value.numel());
-    if (j.dtype == tessera::DType::kF16) {  // no f16 on the device side: widened here
-      j.shard.reset(new char[n * 4]);
-      j.status = j.file->ReadF32SliceInto(j.p->name(), split.dim, split.parts, split.index,
-                                          reinterpret_cast<float*>(j.shard.get()));
-    } else {
-      j.shard.reset(new char[n * tessera::DTypeSize(j.dtype)]);
-      j.status = j.file->ReadRawSliceInto(j.p->name(), split.dim, split.parts, split.index, j.shard.get());
-    }
+  // The reads: consecutive rows of a slice, about piece_bytes as stored each (a row is
+  // never split). Threads read pieces into staging buffers (page-locked on a GPU) while
+  // this thread uploads them in order: as stored (a 16-bit source is half the bytes of
+  // f32), widened into the f32 values on the device. Host memory: the buffers alone.
+  struct Piece {
+    size_t job;
+    int64_t begin, end;  // rows of the slice
   };
-  // A bf16 slice goes up as it is stored (half the bytes of f32) and is widened into the
-  // f32 master weights on the device.
+  std::vector<Piece> pieces;
+  int64_t buffer_bytes = 1;
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    const int64_t rows = jobs[j].p->value.numel() / std::max<int64_t>(jobs[j].row_elems, 1);
+    const int64_t row_bytes = std::max<int64_t>(jobs[j].row_elems * tessera::DTypeSize(jobs[j].dtype), 1);
+    const int64_t per = std::max<int64_t>(piece_bytes / row_bytes, 1);
+    for (int64_t b = 0; b < rows; b += per) {
+      pieces.push_back({j, b, std::min(rows, b + per)});
+      buffer_bytes = std::max(buffer_bytes, (pieces.back().end - b) * row_bytes);
+    }
+  }
   runtime::Backend& be = model.backend();
-  runtime::Tensor staging;
-  auto upload = [&](Job& j) -> absl::Status {
-    if (j.dtype != tessera::DType::kBF16) return model.SetShard(*j.p, reinterpret_cast<const float*>(j.shard.get()));
-    if (staging.numel() < j.p->value.numel()) {
-      staging = runtime::Tensor();
-      TESSERA_ASSIGN_OR_RETURN(staging, be.Empty({j.p->value.numel()}, tessera::DType::kBF16));
-    }
-    TESSERA_ASSIGN_OR_RETURN(runtime::Tensor part, staging.Slice(0, 0, j.p->value.numel()));
-    TESSERA_ASSIGN_OR_RETURN(runtime::Tensor src, part.Reshape(j.p->value.shape()));
-    TESSERA_RETURN_IF_ERROR(be.CopyFromHost(j.shard.get(), src));
-    TESSERA_RETURN_IF_ERROR(be.Cast(src, j.p->value));
-    return model.RefreshCompute(*j.p);
+  const int threads = static_cast<int>(
+      std::min<size_t>(std::clamp<unsigned>(std::thread::hardware_concurrency(), 1, 8), std::max<size_t>(pieces.size(), 1)));
+  std::vector<runtime::Backend::HostBuffer> buffers;
+  for (int k = 0; k < threads; ++k) {
+    TESSERA_ASSIGN_OR_RETURN(auto b, be.AllocHostStaging(static_cast<size_t>(buffer_bytes)));
+    buffers.push_back(std::move(b));
+  }
+  std::vector<absl::Status> read_status(pieces.size());
+  auto read = [&](size_t i) {
+    const Piece& piece = pieces[i];
+    const Job& j = jobs[piece.job];
+    read_status[i] = j.file->ReadRawSliceRowsInto(j.p->name(), j.split.dim, j.split.parts, j.split.index, piece.begin,
+                                                  piece.end, buffers[i % threads].get());
   };
-  std::vector<std::future<void>> pending(jobs.size());
+  std::map<tessera::DType, runtime::Tensor> staging;  // per source dtype that is not the value's
+  auto upload = [&](size_t i) -> absl::Status {
+    const Piece& piece = pieces[i];
+    const Job& j = jobs[piece.job];
+    const int64_t first = piece.begin * j.row_elems, n = (piece.end - piece.begin) * j.row_elems;
+    TESSERA_ASSIGN_OR_RETURN(runtime::Tensor flat, j.p->value.Reshape({j.p->value.numel()}));
+    TESSERA_ASSIGN_OR_RETURN(runtime::Tensor dst, flat.Slice(0, first, n));
+    if (j.dtype == j.p->value.dtype()) {
+      TESSERA_RETURN_IF_ERROR(be.CopyFromHost(buffers[i % threads].get(), dst));
+    } else {
+      runtime::Tensor& stage = staging[j.dtype];
+      if (!stage.defined()) {
+        TESSERA_ASSIGN_OR_RETURN(stage, be.Empty({buffer_bytes / tessera::DTypeSize(j.dtype)}, j.dtype));
+      }
+      TESSERA_ASSIGN_OR_RETURN(runtime::Tensor src, stage.Slice(0, 0, n));
+      TESSERA_RETURN_IF_ERROR(be.CopyFromHost(buffers[i % threads].get(), src));
+      TESSERA_RETURN_IF_ERROR(be.Cast(src, dst));
+    }
+    TESSERA_RETURN_IF_ERROR(be.Synchronize());  // the buffer is read into again next
+    const bool last = i + 1 == pieces.size() || pieces[i + 1].job != piece.job;
+    return last ? model.RefreshCompute(*j.p) : absl::OkStatus();
+  };
+  std::vector<std::future<void>> pending(pieces.size());
   size_t next = 0;
   auto launch = [&] {
-    if (next < jobs.size()) {
-      pending[next] = std::async(std::launch::async, read, std::ref(jobs[next]));
+    if (next < pieces.size()) {
+      pending[next] = std::async(std::launch::async, read, next);
       ++next;
     }
   };
@@ -117,12 +154,10 @@ absl::Status ImportHf(const std::string& dir, model::Llama& model) {
   absl::Status status;
   for (size_t i = 0; i < next; ++i) {  // `next` stops growing at an error
     pending[i].get();
-    if (status.ok()) status = jobs[i].status;
-    if (status.ok()) status = upload(jobs[i]);
-    jobs[i].shard.reset();
+    if (status.ok()) status = read_status[i];
+    if (status.ok()) status = upload(i);
     if (status.ok()) launch();  // on an error, only what is running finishes
   }
-  if (status.ok()) status = be.Synchronize();  // the staging buffer is reused: the last copy done before it goes
   return status;
 }
 
@@ -171,40 +206,42 @@ absl::Status ExportHf(const std::string& dir, model::Llama& model, const std::st
     return files == 1 ? std::string("model.safetensors") : absl::StrFormat("model-%05d-of-%05d.safetensors", k + 1, files);
   };
   // One tensor at a time, in the specs' order on every rank (TP gathers and pipeline
-  // sends are collectives): host memory of the largest tensor, not of the model.
-  std::vector<float> global;
-  std::vector<uint16_t> low;
-  size_t fetched = 0;
-  auto fetch = [&](size_t i) -> absl::Status {
+  // sends are collectives), gathered and cast to the file's dtype on the device; the
+  // writing rank copies it into one of two host buffers, which a writer thread puts into
+  // the files while the next tensor is gathered. Host memory: two of the largest tensor.
+  runtime::Backend& be = model.backend();
+  auto numel_of = [&](size_t i) {
+    int64_t n = 1;
+    for (int64_t d : specs[i].shape) n *= d;
+    return n;
+  };
+  // Tensor i onto the device (owner's stage gathers over TP; stage 0 receives it), then,
+  // with `host` given, into host memory in the file's dtype.
+  auto fetch = [&](size_t i, char* host) -> absl::Status {
     const auto& spec = specs[i];
-    fetched = i + 1;
     int owner = 0;  // the first stage holding it (a tied embedding: stage 0)
     while (owner < pps && !model::StageHolds(spec.name, c, model::StageSpec{pps, owner, stage.vpp, stage.last_layers, stage.stage_layers})) ++owner;
     if (owner == pps) return absl::InternalError(absl::StrCat("export: no stage holds ", spec.name));
-    global.clear();
+    if (me != owner && me != 0) return absl::OkStatus();
+    const int64_t n = numel_of(i);
+    TESSERA_ASSIGN_OR_RETURN(runtime::Tensor whole, be.Empty({n}, tessera::DType::kF32));
     if (me == owner) {
       model::Param* p = model.Find(spec.name);
       if (p == nullptr) return absl::InternalError(absl::StrCat("export: stage ", me, " lacks ", spec.name));
-      TESSERA_ASSIGN_OR_RETURN(global, model.GatherGlobal(*p, false));  // every TP rank of the stage
+      TESSERA_RETURN_IF_ERROR(model.GatherGlobalInto(*p, whole));  // every TP rank of the stage
     }
-    if (owner != 0 && (me == owner || me == 0)) {
-      int64_t n = 1;
-      for (int64_t d : spec.shape) n *= d;
-      if (me == 0) {
-        global.resize(n);
-        TESSERA_RETURN_IF_ERROR(pp->Recv(global.data(), n, tessera::DType::kF32, owner));
-      } else {
-        TESSERA_RETURN_IF_ERROR(pp->Send(global.data(), n, tessera::DType::kF32, 0));
-      }
+    if (owner != 0) {
+      if (me == 0) TESSERA_RETURN_IF_ERROR(pp->Recv(whole.data(), n, tessera::DType::kF32, owner));
+      else TESSERA_RETURN_IF_ERROR(pp->Send(whole.data(), n, tessera::DType::kF32, 0));
     }
-    if (write && elem == 2) {
-      low.resize(global.size());
-      for (size_t k = 0; k < global.size(); ++k) low[k] = tessera::FloatToBf16(global[k]);
-    }
-    return absl::OkStatus();
+    if (me != 0 || host == nullptr) return absl::OkStatus();
+    if (elem == 4) return be.CopyToHost(whole, host);
+    TESSERA_ASSIGN_OR_RETURN(runtime::Tensor low, be.Empty({n}, tessera::DType::kBF16));
+    TESSERA_RETURN_IF_ERROR(be.Cast(whole, low));
+    return be.CopyToHost(low, host);
   };
   if (!write) {
-    for (size_t i = 0; i < specs.size(); ++i) TESSERA_RETURN_IF_ERROR(fetch(i));
+    for (size_t i = 0; i < specs.size(); ++i) TESSERA_RETURN_IF_ERROR(fetch(i, nullptr));
     return absl::OkStatus();
   }
   absl::Status status = MakeDirs(dir);
@@ -218,33 +255,69 @@ absl::Status ExportHf(const std::string& dir, model::Llama& model, const std::st
     }
     ::closedir(d);
   }
-  bool fetch_failed = false;
+  int64_t largest = 1;
+  for (size_t i = 0; i < specs.size(); ++i) largest = std::max(largest, numel_of(i) * elem);
+  std::unique_ptr<char[]> slot[2];
+  // The hand-over: tensors [0, ready) are in their slots (i in slot i % 2); the writer has
+  // asked for [0, asked), so tensor asked - 2 and those before are in the files.
+  std::mutex mu;
+  std::condition_variable cv;
+  size_t ready = 0, asked = 0;
+  bool writer_done = false;
+  absl::Status fetch_status;
   json weight_map = json::object();
-  for (int k = 0; k < files && status.ok(); ++k) {
-    std::vector<TensorToWrite> tensors;
-    for (size_t i = 0; i < specs.size(); ++i) {
-      if (file_of[i] != k) continue;
-      weight_map[specs[i].name] = file_name(k);
-      int64_t n = 1;
-      for (int64_t d : specs[i].shape) n *= d;
-      tensors.push_back({specs[i].name, dtype, specs[i].shape, nullptr, static_cast<size_t>(n * elem),
-                         [&, i]() -> absl::StatusOr<const void*> {
-                           if (absl::Status st = fetch(i); !st.ok()) {
-                             fetch_failed = true;
-                             return st;
-                           }
-                           return elem == 2 ? static_cast<const void*>(low.data()) : global.data();
-                         }});
-    }
-    status = WriteSafetensors(absl::StrCat(dir, "/", file_name(k)), tensors, {{"format", "pt"}});
+  std::vector<std::vector<TensorToWrite>> file_tensors(files);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    weight_map[specs[i].name] = file_name(file_of[i]);
+    file_tensors[file_of[i]].push_back(
+        {specs[i].name, dtype, specs[i].shape, nullptr, static_cast<size_t>(numel_of(i) * elem),
+         [&, i]() -> absl::StatusOr<const void*> {
+           std::unique_lock<std::mutex> l(mu);
+           asked = i + 1;
+           cv.notify_all();
+           cv.wait(l, [&] { return ready > i || !fetch_status.ok(); });
+           if (ready <= i) return fetch_status;
+           return static_cast<const void*>(slot[i % 2].get());
+         }});
   }
-  if (!status.ok()) {
-    // A write that failed (the directory or the disk, not a collective): the other ranks
-    // still wait in the remaining gathers and sends; take part in them before returning.
-    if (!fetch_failed)
-      for (size_t i = fetched; i < specs.size(); ++i)
-        if (!fetch(i).ok()) break;
-    return status;
+  std::thread writer;
+  writer_done = !status.ok();
+  if (status.ok()) {
+    writer = std::thread([&] {
+      absl::Status st;
+      for (int k = 0; k < files && st.ok(); ++k) st = WriteSafetensors(absl::StrCat(dir, "/", file_name(k)), file_tensors[k], {{"format", "pt"}});
+      std::lock_guard<std::mutex> l(mu);
+      status = st;
+      writer_done = true;
+      cv.notify_all();
+    });
+  }
+  // Every tensor is fetched (the other ranks wait in its collectives) even after a write
+  // failed; after a collective failed, none is.
+  for (size_t i = 0; i < specs.size(); ++i) {
+    char* host = nullptr;
+    {
+      std::unique_lock<std::mutex> l(mu);
+      cv.wait(l, [&] { return writer_done || i < 2 || asked >= i; });  // slot i % 2 written out
+      if (!writer_done && status.ok()) {
+        if (slot[i % 2] == nullptr) slot[i % 2].reset(new char[largest]);
+        host = slot[i % 2].get();
+      }
+    }
+    const absl::Status st = fetch(i, host);
+    std::lock_guard<std::mutex> l(mu);
+    if (!st.ok()) {
+      fetch_status = st;
+      cv.notify_all();
+      break;
+    }
+    ready = i + 1;
+    cv.notify_all();
+  }
+  if (writer.joinable()) writer.join();
+  if (!fetch_status.ok() || !status.ok()) {  // no half-written model stays behind
+    for (int k = 0; k < files; ++k) ::unlink(absl::StrCat(dir, "/", file_name(k)).c_str());
+    return !fetch_status.ok() ? fetch_status : status;
   }
   if (files > 1) {
     int64_t total = 0;

@@ -185,29 +185,53 @@ absl::Status SafetensorsReader::ReadRange(const std::string& name, const TensorI
   return absl::OkStatus();
 }
 
-absl::Status SafetensorsReader::ReadRawSliceInto(const std::string& name, int dim, int parts, int index,
-                                                 void* dst) const {
+absl::StatusOr<std::pair<int64_t, int64_t>> SafetensorsReader::SliceRows(const std::string& name, int dim,
+                                                                           int parts) const {
   TESSERA_ASSIGN_OR_RETURN(const TensorInfo* t, Find(name));
-  const size_t numel = static_cast<size_t>(t->numel());
-  const int elem = t->dtype == "F32" ? 4 : t->dtype == "BF16" || t->dtype == "F16" ? 2 : 0;
-  if (elem == 0)
-    return absl::InvalidArgumentError(absl::StrCat(path_, ": tensor '", name, "' is ", t->dtype, ", expected F32, BF16 or F16"));
-  char* out = static_cast<char*>(dst);
-  const uint64_t base = data_start_ + t->begin;
-  if (dim < 0 || parts <= 1) return PreadAll(fd_, out, numel * elem, base, path_);
+  const int64_t numel = t->numel();
+  if (dim < 0 || parts <= 1) {
+    const int64_t rows = t->shape.empty() ? 1 : t->shape[0];
+    return std::pair<int64_t, int64_t>{rows, rows == 0 ? 0 : numel / rows};
+  }
   const bool ok = (dim == 0 && !t->shape.empty() && t->shape[0] % parts == 0) ||
                   (dim == 1 && t->shape.size() == 2 && t->shape[1] % parts == 0);
-  if (!ok || index < 0 || index >= parts)
+  if (!ok)
     return absl::InvalidArgumentError(absl::StrCat(path_, ": tensor '", name, "' [", absl::StrJoin(t->shape, ", "),
-                                                   "] has no slice ", index, " of ", parts, " along dim ", dim));
-  if (dim == 0) {
-    const size_t n = numel / parts;
-    return PreadAll(fd_, out, n * elem, base + index * n * elem, path_);
+                                                   "] does not split into ", parts, " along dim ", dim));
+  if (dim == 0) return std::pair<int64_t, int64_t>{t->shape[0] / parts, t->shape[0] == 0 ? 0 : numel / t->shape[0]};
+  return std::pair<int64_t, int64_t>{t->shape[0], t->shape[1] / parts};
+}
+
+absl::Status SafetensorsReader::ReadRawSliceRowsInto(const std::string& name, int dim, int parts, int index,
+                                                     int64_t begin, int64_t end, void* dst) const {
+  TESSERA_ASSIGN_OR_RETURN(const TensorInfo* t, Find(name));
+  const int64_t elem = t->dtype == "F32" ? 4 : t->dtype == "BF16" || t->dtype == "F16" ? 2 : 0;
+  if (elem == 0)
+    return absl::InvalidArgumentError(absl::StrCat(path_, ": tensor '", name, "' is ", t->dtype, ", expected F32, BF16 or F16"));
+  TESSERA_ASSIGN_OR_RETURN(const auto rows, SliceRows(name, dim, parts));
+  const bool split = dim >= 0 && parts > 1;
+  if ((split && (index < 0 || index >= parts)) || begin < 0 || begin > end || end > rows.first)
+    return absl::InvalidArgumentError(absl::StrCat(path_, ": tensor '", name, "' [", absl::StrJoin(t->shape, ", "),
+                                                   "] has no rows [", begin, ", ", end, ") of slice ", index, " of ", parts,
+                                                   " along dim ", dim));
+  char* out = static_cast<char*>(dst);
+  const uint64_t base = data_start_ + t->begin;
+  const int64_t row_bytes = rows.second * elem;
+  if (!split || dim == 0) {  // one range
+    const int64_t first = (split ? index * rows.first : 0) + begin;
+    return PreadAll(fd_, out, static_cast<size_t>((end - begin) * row_bytes), base + first * row_bytes, path_);
   }
-  const size_t rows = static_cast<size_t>(t->shape[0]), cols = static_cast<size_t>(t->shape[1]), c = cols / parts;
-  for (size_t r = 0; r < rows; ++r)
-    TESSERA_RETURN_IF_ERROR(PreadAll(fd_, out + r * c * elem, c * elem, base + (r * cols + index * c) * elem, path_));
+  const int64_t cols = t->shape[1];
+  for (int64_t r = begin; r < end; ++r)
+    TESSERA_RETURN_IF_ERROR(PreadAll(fd_, out + (r - begin) * row_bytes, static_cast<size_t>(row_bytes),
+                                     base + (r * cols + index * rows.second) * elem, path_));
   return absl::OkStatus();
+}
+
+absl::Status SafetensorsReader::ReadRawSliceInto(const std::string& name, int dim, int parts, int index,
+                                                 void* dst) const {
+  TESSERA_ASSIGN_OR_RETURN(const auto rows, SliceRows(name, dim, parts));
+  return ReadRawSliceRowsInto(name, dim, parts, index, 0, rows.first, dst);
 }
 
 absl::Status SafetensorsReader::ReadF32SliceInto(const std::string& name, int dim, int parts, int index,

@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -51,6 +52,14 @@ class SafetensorsReader {
   // The same slice's bytes as stored (F32, BF16 or F16: numel / parts elements of the
   // tensor's dtype into dst), without conversion.
   absl::Status ReadRawSliceInto(const std::string& name, int dim, int parts, int index, void* dst) const;
+  // That slice seen as rows, the unit of a partial read: {rows, elements per row}. Along
+  // dim 0, the block's rows of the trailing dims; along dim 1, every row's block of
+  // columns; unsplit, the tensor's rows (a 1-D tensor's elements, a scalar's one).
+  // INVALID_ARGUMENT as for the reads when the shape does not split so.
+  absl::StatusOr<std::pair<int64_t, int64_t>> SliceRows(const std::string& name, int dim, int parts) const;
+  // Rows [begin, end) of the slice as stored, into dst ((end - begin) rows).
+  absl::Status ReadRawSliceRowsInto(const std::string& name, int dim, int parts, int index, int64_t begin, int64_t end,
+                                    void* dst) const;
 
  private:
   // Elements [offset, offset + n) of t (bounds checked by the caller), converted to f32;

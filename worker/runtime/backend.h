@@ -69,9 +69,18 @@ class Backend {
                                         const int32_t* lens);
   // INVALID_ARGUMENT unless the n slots are distinct slots of the cache.
   static absl::Status CheckCacheSlots(const Tensor& k_cache, const int32_t* slots, int64_t n);
-  // Host <-> backend copies of a whole contiguous tensor.
+  // Host <-> backend copies of a whole contiguous tensor. CopyFromHost may return before
+  // the copy is done (CUDA, from page-locked memory): the source stays untouched until
+  // Synchronize. CopyToHost returns with the bytes in place.
   virtual absl::Status CopyFromHost(const void* src, Tensor& dst) = 0;
   virtual absl::Status CopyToHost(const Tensor& src, void* dst) = 0;
+  // `bytes` of host memory for staging copies to and from this backend: page-locked on
+  // CUDA (copies from it run at the bus's speed and overlap the host's work), ordinary
+  // memory on the CPU. Allocating it is slow: keep and reuse it.
+  using HostBuffer = std::unique_ptr<char, void (*)(char*)>;
+  virtual absl::StatusOr<HostBuffer> AllocHostStaging(size_t bytes) {
+    return HostBuffer(new char[bytes], [](char* p) { delete[] p; });
+  }
   // Sets every byte of `t` (tests poison outputs with 0xff = NaN).
   virtual absl::Status Fill(Tensor& t, uint8_t byte) = 0;
   // A value that is not an integer (Fill(t, -INFINITY), Fill(t, 1.f)) does not compile:

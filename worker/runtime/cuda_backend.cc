@@ -4,6 +4,7 @@
 #include "kernels/gemm/cublaslt_loader.h"
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
@@ -177,6 +178,13 @@ class CudaBackend final : public Backend {
   absl::Status CopyToHost(const Tensor& src, void* dst) override {
     auto s = Cuda(cudaMemcpyAsync(dst, src.data(), src.nbytes(), cudaMemcpyDeviceToHost, stream_), "copy to host");
     return s.ok() ? Synchronize() : s;
+  }
+  absl::StatusOr<HostBuffer> AllocHostStaging(size_t bytes) override {
+    void* p = nullptr;
+    if (cudaHostAlloc(&p, std::max<size_t>(bytes, 1), cudaHostAllocDefault) != cudaSuccess)
+      return absl::ResourceExhaustedError(absl::StrCat("page-locked host memory of ", bytes, " bytes: ",
+                                                       cudaGetErrorString(cudaGetLastError())));
+    return HostBuffer(static_cast<char*>(p), [](char* q) { cudaFreeHost(q); });
   }
   absl::Status Fill(Tensor& t, uint8_t byte) override {
     return Cuda(cudaMemsetAsync(t.data(), byte, t.nbytes(), stream_), "memset");

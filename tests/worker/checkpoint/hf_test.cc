@@ -145,7 +145,8 @@ TEST(Hf, PipelineExportEqualsOneRank) {
 // model-0000k-of-0000n.safetensors files with an index (weight_map, total_size), as
 // save_pretrained does; TP ranks import it reading only their slices; exporting again
 // into the same directory as one file leaves no stale index; a failed write (rank 0's
-// directory is a file) is an error there while the other rank returns from the gathers.
+// directory is a file, or its second file's name a directory) is an error there, leaves
+// no weight file, and the other rank returns from the gathers.
 TEST(Hf, ShardedExportIndexAndTpImport) {
   auto be = runtime::MakeCpuBackend();
   auto c = model::test::TinyConfig(300, /*tied=*/false, /*bias=*/true);
@@ -177,7 +178,9 @@ TEST(Hf, ShardedExportIndexAndTpImport) {
   testing::MemStore store;
   std::vector<std::thread> threads;
   const std::string blocked = dir + "/config.json";  // a file: no directory can be made there
-  absl::Status failed_write;
+  const std::string broken = dir + "-broken";
+  for (int n = 2; n <= 40; ++n) ASSERT_TRUE(MakeDirs(absl::StrFormat("%s/model-00002-of-%05d.safetensors", broken, n)).ok());
+  absl::Status failed_write, failed_mid;
   for (int r = 0; r < 2; ++r)
     threads.emplace_back([&, r] {
       auto tp = comm::MakeGlooCommunicator("tp", "hf-sharded", r, 2, &store, {"127.0.0.1", 60000});
@@ -189,9 +192,19 @@ TEST(Hf, ShardedExportIndexAndTpImport) {
       const absl::Status st = ExportHf(blocked + "/x", **m, "BF16", r == 0, nullptr, 8000);
       if (r == 0) failed_write = st;
       else EXPECT_TRUE(st.ok()) << st;
+      // A write that fails at the second file (a directory has its name): the first goes too.
+      const absl::Status mid = ExportHf(broken, **m, "BF16", r == 0, nullptr, 8000);
+      if (r == 0) failed_mid = mid;
+      else EXPECT_TRUE(mid.ok()) << mid;
     });
   for (auto& t : threads) t.join();
   EXPECT_FALSE(failed_write.ok());
+  EXPECT_THAT(std::string(failed_mid.message()), HasSubstr("model-00002-of-"));
+  for (int n = 2; n <= 40; ++n) {
+    EXPECT_FALSE(FileExists(absl::StrFormat("%s/model-00001-of-%05d.safetensors", broken, n))) << n;
+    EXPECT_FALSE(FileExists(absl::StrFormat("%s/model-00003-of-%05d.safetensors", broken, n))) << n;
+  }
+  EXPECT_FALSE(FileExists(broken + "/model.safetensors.index.json"));
   // One file again: the shards and the index of the first export are gone.
   ASSERT_TRUE(ExportHf(dir, *a, "F32", true).ok());
   EXPECT_TRUE(FileExists(dir + "/model.safetensors"));
@@ -200,6 +213,71 @@ TEST(Hf, ShardedExportIndexAndTpImport) {
   auto b = Make(c, be.get(), 99);
   ASSERT_TRUE(ImportHf(dir, *b).ok());
   for (auto& p : a->params()) EXPECT_EQ(*b->GatherGlobal(*b->Find(p.name()), false), *a->GatherGlobal(p, false));
+}
+
+// Two TP ranks import F32, BF16 and F16 files (the same weights, rounded to each) whole
+// and in pieces of a few rows (a piece never splits a row: 64-byte pieces of 64-byte f32
+// rows, of 128-byte bf16 rows): every rank's slices — blocks of rows and of columns —
+// equal the source's values.
+TEST(Hf, TpImportInPiecesFromEachSourceDtype) {
+  auto be = runtime::MakeCpuBackend();
+  auto c = model::test::TinyConfig(300, /*tied=*/false, /*bias=*/true);
+  auto a = Make(c, be.get(), 5);
+  const std::string dir = TempDir();
+  ASSERT_TRUE(ExportHf(dir, *a, "F32", true).ok());
+  auto f32 = SafetensorsReader::Open(dir + "/model.safetensors");
+  ASSERT_TRUE(f32.ok()) << f32.status();
+  for (const char* dtype : {"F32", "BF16", "F16"}) {
+    SCOPED_TRACE(dtype);
+    const std::string src = absl::StrCat(dir, "-", dtype);
+    std::map<std::string, std::vector<float>> want;  // the values as the file holds them
+    std::vector<std::vector<uint16_t>> low;
+    std::vector<TensorToWrite> tensors;
+    for (const auto& [name, info] : (*f32)->tensors()) {
+      std::vector<float> v = *(*f32)->ReadF32(name);
+      const std::string d = dtype;
+      if (d == "F32") {
+        want[name] = v;
+        tensors.push_back({name, d, info.shape, want[name].data(), v.size() * 4});
+        continue;
+      }
+      low.emplace_back(v.size());
+      for (size_t i = 0; i < v.size(); ++i) {
+        low.back()[i] = d == "BF16" ? tessera::FloatToBf16(v[i]) : tessera::FloatToF16(v[i]);
+        v[i] = d == "BF16" ? tessera::Bf16ToFloat(low.back()[i]) : tessera::F16ToFloat(low.back()[i]);
+      }
+      want[name] = v;
+      tensors.push_back({name, d, info.shape, low.back().data(), v.size() * 2});
+    }
+    ASSERT_TRUE(MakeDirs(src).ok());
+    ASSERT_TRUE(WriteFileAtomic(src + "/config.json", *ReadFile(dir + "/config.json")).ok());
+    ASSERT_TRUE(WriteSafetensors(src + "/model.safetensors", tensors).ok());
+    for (int64_t piece : {kDefaultImportPieceBytes, int64_t{64}}) {
+      SCOPED_TRACE(piece);
+      testing::MemStore store;
+      std::vector<std::thread> threads;
+      for (int r = 0; r < 2; ++r)
+        threads.emplace_back([&, r] {
+          auto tp = comm::MakeGlooCommunicator("tp", "hf-pieces", r, 2, &store, {"127.0.0.1", 60000});
+          ASSERT_TRUE(tp.ok()) << tp.status();
+          auto m = model::Llama::Create(c, be.get(), tp->get());
+          ASSERT_TRUE(m.ok());
+          const absl::Status imported = ImportHf(src, **m, piece);
+          ASSERT_TRUE(imported.ok()) << imported;
+          for (auto& p : (*m)->params()) {
+            const model::TpSplit split = (*m)->SplitOf(p);
+            const auto slice = model::TpShardOf(want[p.name()], p.spec.shape, split.dim, split.parts, split.index);
+            std::vector<float> held(p.value.numel());
+            ASSERT_TRUE(be->CopyToHost(p.value, held.data()).ok());
+            EXPECT_EQ(held, slice) << p.name() << " on rank " << r;
+          }
+        });
+      for (auto& t : threads) t.join();
+    }
+  }
+  auto m = model::Llama::Create(c, be.get());
+  ASSERT_TRUE(m.ok());
+  EXPECT_THAT(std::string(ImportHf(dir, **m, 0).message()), HasSubstr("piece_bytes must be > 0"));
 }
 
 TEST(Hf, ShardedDirectoryAndErrors) {

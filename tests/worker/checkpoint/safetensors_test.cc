@@ -87,6 +87,22 @@ TEST(Safetensors, SlicesReadOnlyWhatARankHolds) {
             std::vector<uint16_t> raw(want.size());
             ASSERT_TRUE((*r)->ReadRawSliceInto(name, dim, parts, index, raw.data()).ok());
             for (size_t i = 0; i < raw.size(); ++i) EXPECT_EQ(tessera::Bf16ToFloat(raw[i]), want[i]);
+            // ... and any range of its rows (dim 0: [4 / parts, 6]; dim 1: [4, 6 / parts]).
+            auto rows = (*r)->SliceRows(name, dim, parts);
+            ASSERT_TRUE(rows.ok()) << rows.status();
+            EXPECT_EQ(rows->first, dim == 0 ? 4 / parts : 4);
+            EXPECT_EQ(rows->second, dim == 0 ? 6 : 6 / parts);
+            for (int64_t begin = 0; begin <= rows->first; ++begin)
+              for (int64_t end = begin; end <= rows->first; ++end) {
+                std::vector<uint16_t> part((end - begin) * rows->second + 1, 0xffff);
+                ASSERT_TRUE((*r)->ReadRawSliceRowsInto(name, dim, parts, index, begin, end, part.data()).ok());
+                for (int64_t i = 0; i < (end - begin) * rows->second; ++i)
+                  EXPECT_EQ(part[i], raw[begin * rows->second + i]) << "rows [" << begin << ", " << end << ")";
+                EXPECT_EQ(part.back(), 0xffff) << "wrote past rows [" << begin << ", " << end << ")";
+              }
+            std::vector<uint16_t> none(64);
+            EXPECT_THAT(std::string((*r)->ReadRawSliceRowsInto(name, dim, parts, index, 0, rows->first + 1, none.data()).message()),
+                        HasSubstr("has no rows [0, "));
           }
         }
       }
