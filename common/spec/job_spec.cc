@@ -359,7 +359,7 @@ absl::Status ParseRl(const YAML::Node& n, const std::string& path, v1::RlSpec* r
   TESSERA_RETURN_IF_ERROR(CheckKeys(n, path, {"group_size", "prompts_per_step", "max_new_tokens", "temperature", "kl_coef",
                                               "clip", "epochs", "mini_batches", "eval_every", "eval_problems", "reward_service",
                                               "reward_timeout_s", "reward_ca_cert", "stop", "entropy_coef", "gamma", "gae_lambda",
-                                              "value_clip", "critic_lr", "kl_reward_coef"}));
+                                              "value_clip", "critic_lr", "kl_reward_coef", "max_tokens_per_micro_batch"}));
   for (const auto& kv : n) {
     const std::string k = kv.first.Scalar(), p = Join(path, k);
     const YAML::Node& v = kv.second;
@@ -368,6 +368,7 @@ absl::Status ParseRl(const YAML::Node& n, const std::string& path, v1::RlSpec* r
     else if (k == "max_new_tokens") ASSIGN_INT(r->set_max_new_tokens, v, p);
     else if (k == "epochs") ASSIGN_INT(r->set_epochs, v, p);
     else if (k == "mini_batches") ASSIGN_INT(r->set_mini_batches, v, p);
+    else if (k == "max_tokens_per_micro_batch") ASSIGN_INT(r->set_max_tokens_per_micro_batch, v, p);
     else if (k == "eval_every") ASSIGN_INT(r->set_eval_every, v, p);
     else if (k == "eval_problems") ASSIGN_INT(r->set_eval_problems, v, p);
     else if (k == "reward_service" || k == "reward_ca_cert") {

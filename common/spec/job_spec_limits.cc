@@ -79,6 +79,7 @@ std::vector<FieldLimit> MakeTable() {
       {"rl.clip", 1e-6, 1, true},
       {"rl.epochs", 1, 1000, true},
       {"rl.mini_batches", 1, 1e6, true},
+      {"rl.max_tokens_per_micro_batch", 1, 1e9, true},
       {"rl.eval_every", 1, 1e6, true},
       {"rl.eval_problems", 1, 1e6, true},
       {"rl.reward_timeout_s", 0.001, 3600, true},

@@ -210,6 +210,7 @@ static absl::Status ValidateRl(JobSpec& spec) {
   if (r->clip() == 0) r->set_clip(0.2);
   if (r->epochs() == 0) r->set_epochs(1);
   if (r->mini_batches() == 0) r->set_mini_batches(1);
+  if (r->max_tokens_per_micro_batch() == 0) r->set_max_tokens_per_micro_batch(16384);
   if (r->eval_every() == 0) r->set_eval_every(10);
   if (r->eval_problems() == 0) r->set_eval_problems(200);
   if (r->reward_timeout_s() == 0) r->set_reward_timeout_s(30);

@@ -128,6 +128,7 @@ absl::StatusOr<v1::RlUpdateResponse> RlActorSession::RlUpdate(int64_t step, cons
     o.group_size = rl_.group_size();
     o.sampling = Sampling(), o.loss = PolicyLoss();
     o.epochs = rl_.epochs(), o.mini_batches = rl_.mini_batches();
+    o.max_tokens_per_micro_batch = rl_.max_tokens_per_micro_batch();
     TESSERA_ASSIGN_OR_RETURN(engine::GrpoStats st, engine::GrpoUpdate(*model_, *trainer_, reference_.get(), got, o));
     r.set_reward(st.reward), r.set_response_length(st.response_length);
     r.set_loss(st.loss), r.set_kl(st.kl), r.set_clip_fraction(st.clip_fraction), r.set_entropy(st.entropy);
@@ -170,6 +171,7 @@ engine::PpoOptions RlActorSession::PpoOpts() const {
   o.kl_reward_coef = rl_.kl_reward_coef();
   o.gamma = rl_.gamma(), o.lambda = rl_.gae_lambda(), o.value_clip = rl_.value_clip();
   o.epochs = rl_.epochs(), o.mini_batches = rl_.mini_batches();
+  o.max_tokens_per_micro_batch = rl_.max_tokens_per_micro_batch();
   return o;
 }
 

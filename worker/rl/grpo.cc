@@ -71,19 +71,20 @@ absl::StatusOr<GrpoStats> GrpoUpdate(model::Llama& actor, Trainer& trainer, mode
   TESSERA_ASSIGN_OR_RETURN(std::vector<double> adv, rl::GroupNormalizedAdvantages(rewards, ao));
   for (size_t i = 0; i < samples.size(); ++i) samples[i].advantage.assign(samples[i].batch.size(), adv[i]);
   // The reference's and the old policy's log-probs (teacher forcing), one forward per
-  // mini-batch's samples packed.
+  // micro-batch of the mini-batches.
+  TESSERA_ASSIGN_OR_RETURN(const MicroBatchPlan plan,
+                           PlanMicroBatches(&trainer, samples, o.mini_batches, o.max_tokens_per_micro_batch));
   t = Clock::now();
-  if (o.loss.kl_coef > 0) TESSERA_RETURN_IF_ERROR(FillLogProbs(*reference, samples, o.mini_batches, &RlSample::ref_logp));
+  if (o.loss.kl_coef > 0) TESSERA_RETURN_IF_ERROR(FillLogProbs(*reference, samples, plan, &RlSample::ref_logp));
   stats.ref_s = Since(t);
   t = Clock::now();
-  TESSERA_RETURN_IF_ERROR(FillLogProbs(actor, samples, o.mini_batches, &RlSample::old_logp));
+  TESSERA_RETURN_IF_ERROR(FillLogProbs(actor, samples, plan, &RlSample::old_logp));
   stats.old_s = Since(t);
-  // Update: epochs x mini-batches, each one optimizer step over one packed micro-batch.
+  // Update: epochs x mini-batches, each one optimizer step accumulated over its micro-batches.
   t = Clock::now();
   for (int e = 0; e < o.epochs; ++e)
     for (int mb = 0; mb < o.mini_batches; ++mb) {
-      const size_t begin = total * mb / o.mini_batches, end = total * (mb + 1) / o.mini_batches;
-      TESSERA_ASSIGN_OR_RETURN(Trainer::PolicyStats ps, UpdateActor(trainer, samples, begin, end, o.loss));
+      TESSERA_ASSIGN_OR_RETURN(Trainer::PolicyStats ps, UpdateActor(trainer, samples, plan[mb], o.loss));
       stats.loss = ps.loss, stats.kl = ps.kl, stats.clip_fraction = ps.clip_fraction, stats.grad_norm = ps.grad_norm;
       stats.entropy = ps.entropy;
       ++stats.optimizer_steps;

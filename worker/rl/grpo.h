@@ -27,6 +27,9 @@ struct GrpoOptions {
   rl::GroupAdvantageOptions advantages;  // group_size is filled in
   int epochs = 1;
   int mini_batches = 1;  // per epoch, each an optimizer step
+  // Tokens per micro-batch of every pass over the samples (PlanMicroBatches; 0: one
+  // micro-batch per mini-batch).
+  int64_t max_tokens_per_micro_batch = 0;
 };
 
 struct GrpoStats {

@@ -92,32 +92,33 @@ absl::StatusOr<PpoStats> PpoUpdate(model::Llama& actor, Trainer& actor_trainer, 
   PpoStats stats;
   std::vector<RlSample>& samples = got.samples;
   const std::vector<double>& rewards = got.rewards;
-  const size_t total = samples.size();
   stats.reward = got.reward, stats.response_length = got.response_length, stats.generate_s = got.generate_s;
   Clock::time_point t;
+  // The actor's and the critic's DP groups are the same ranks: one plan serves both.
+  TESSERA_ASSIGN_OR_RETURN(const MicroBatchPlan plan,
+                           PlanMicroBatches(&actor_trainer, samples, o.mini_batches, o.max_tokens_per_micro_batch));
   t = Clock::now();
   if (o.loss.kl_coef > 0 || o.kl_reward_coef > 0)
-    TESSERA_RETURN_IF_ERROR(FillLogProbs(*reference, samples, o.mini_batches, &RlSample::ref_logp));
+    TESSERA_RETURN_IF_ERROR(FillLogProbs(*reference, samples, plan, &RlSample::ref_logp));
   stats.ref_s = Since(t);
   t = Clock::now();
-  TESSERA_RETURN_IF_ERROR(FillLogProbs(actor, samples, o.mini_batches, &RlSample::old_logp));
+  TESSERA_RETURN_IF_ERROR(FillLogProbs(actor, samples, plan, &RlSample::old_logp));
   stats.old_s = Since(t);
   t = Clock::now();
-  TESSERA_RETURN_IF_ERROR(FillValues(critic, samples, o.mini_batches));
+  TESSERA_RETURN_IF_ERROR(FillValues(critic, samples, plan));
   stats.values_s = Since(t);
   TESSERA_RETURN_IF_ERROR(Advantages(samples, rewards, o, &stats.reward_kl));
   if (o.loss.kl_coef <= 0)
     for (RlSample& s : samples) s.ref_logp.clear();  // (the penalty's use only; PolicyStep wants none then)
   for (int e = 0; e < o.epochs; ++e)
     for (int mb = 0; mb < o.mini_batches; ++mb) {
-      const size_t begin = total * mb / o.mini_batches, end = total * (mb + 1) / o.mini_batches;
       t = Clock::now();
-      TESSERA_ASSIGN_OR_RETURN(Trainer::PolicyStats ps, UpdateActor(actor_trainer, samples, begin, end, o.loss));
+      TESSERA_ASSIGN_OR_RETURN(Trainer::PolicyStats ps, UpdateActor(actor_trainer, samples, plan[mb], o.loss));
       stats.loss = ps.loss, stats.kl = ps.kl, stats.clip_fraction = ps.clip_fraction, stats.grad_norm = ps.grad_norm;
       stats.entropy = ps.entropy;
       stats.update_s += Since(t);
       t = Clock::now();
-      TESSERA_ASSIGN_OR_RETURN(Trainer::ValueStats vs, UpdateCritic(critic_trainer, samples, begin, end, o.value_clip));
+      TESSERA_ASSIGN_OR_RETURN(Trainer::ValueStats vs, UpdateCritic(critic_trainer, samples, plan[mb], o.value_clip));
       stats.value_loss = vs.loss, stats.value_clip_fraction = vs.clip_fraction, stats.value = vs.value;
       stats.critic_grad_norm = vs.grad_norm;
       stats.critic_s += Since(t);

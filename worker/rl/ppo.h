@@ -31,6 +31,7 @@ struct PpoOptions {
   bool whiten_advantages = true;
   int epochs = 1;
   int mini_batches = 1;  // per epoch, each an optimizer step of the actor and one of the critic
+  int64_t max_tokens_per_micro_batch = 0;  // as GrpoOptions'
 };
 
 struct PpoStats {

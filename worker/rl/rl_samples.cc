@@ -1,7 +1,9 @@
 #include "worker/rl/rl_samples.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
@@ -63,10 +65,68 @@ absl::StatusOr<Rollouts> GenerateAndScore(RolloutEngine& rollout, const std::vec
   return out;
 }
 
-model::TokenBatch PackSamples(const std::vector<RlSample>& samples, size_t begin, size_t end) {
+namespace {
+// Samples [begin, end) into micro-batches of at most max_tokens (a longer sample alone),
+// at least `count` of them (empty ones where there are too few samples).
+std::vector<MicroBatch> Split(const std::vector<RlSample>& samples, size_t begin, size_t end, int64_t max_tokens,
+                              size_t count) {
+  std::vector<size_t> order;
+  for (size_t i = begin; i < end; ++i) order.push_back(i);
+  auto len = [&](size_t i) { return static_cast<int64_t>(samples[i].batch.size()); };
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return len(a) > len(b); });
+  int64_t tokens = 0;
+  for (size_t i : order) tokens += len(i);
+  const size_t least =
+      max_tokens > 0 ? std::min(order.size(), static_cast<size_t>((tokens + max_tokens - 1) / max_tokens)) : 1;
+  for (size_t bins = std::max<size_t>({count, least, 1});; ++bins) {
+    std::vector<MicroBatch> out(bins);
+    std::vector<int64_t> load(bins, 0);
+    bool fits = true;
+    for (size_t i : order) {
+      const size_t k = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+      if (max_tokens > 0 && load[k] > 0 && load[k] + len(i) > max_tokens) {
+        fits = false;
+        break;
+      }
+      out[k].samples.push_back(i);
+      load[k] += len(i);
+    }
+    if (!fits) continue;  // one more micro-batch (at most one per sample: always fits)
+    for (MicroBatch& m : out) std::sort(m.samples.begin(), m.samples.end());
+    return out;
+  }
+}
+}  // namespace
+
+absl::StatusOr<MicroBatchPlan> PlanMicroBatches(Trainer* trainer, const std::vector<RlSample>& samples, int mini_batches,
+                                                int64_t max_tokens) {
+  if (mini_batches < 1 || static_cast<size_t>(mini_batches) > samples.size())
+    return absl::InvalidArgumentError(absl::StrCat(mini_batches, " mini-batches of ", samples.size(), " samples"));
+  const size_t total = samples.size();
+  auto range = [&](int mb) {
+    return std::pair<size_t, size_t>{total * mb / mini_batches, total * (mb + 1) / mini_batches};
+  };
+  std::vector<int64_t> counts(mini_batches);
+  for (int mb = 0; mb < mini_batches; ++mb)
+    counts[mb] = static_cast<int64_t>(Split(samples, range(mb).first, range(mb).second, max_tokens, 1).size());
+  if (trainer != nullptr) TESSERA_RETURN_IF_ERROR(trainer->AgreeMax(counts));
+  MicroBatchPlan plan(mini_batches);
+  for (int mb = 0; mb < mini_batches; ++mb) {
+    const auto [begin, end] = range(mb);
+    plan[mb] = Split(samples, begin, end, max_tokens, static_cast<size_t>(counts[mb]));
+    size_t shortest = begin;
+    for (size_t i = begin; i < end; ++i)
+      if (samples[i].batch.size() < samples[shortest].batch.size()) shortest = i;
+    for (MicroBatch& m : plan[mb])
+      if (m.samples.empty()) m.samples = {shortest}, m.pad = true;
+  }
+  return plan;
+}
+
+model::TokenBatch PackSamples(const std::vector<RlSample>& samples, const MicroBatch& micro) {
   model::TokenBatch batch;
   batch.cu_seqlens = {0};
-  for (size_t i = begin; i < end; ++i) {
+  for (size_t i : micro.samples) {
     const model::TokenBatch& b = samples[i].batch;
     batch.tokens.insert(batch.tokens.end(), b.tokens.begin(), b.tokens.end());
     batch.targets.insert(batch.targets.end(), b.targets.begin(), b.targets.end());
@@ -77,51 +137,66 @@ model::TokenBatch PackSamples(const std::vector<RlSample>& samples, size_t begin
 }
 
 namespace {
-void Append(std::vector<double>& to, const std::vector<double>& from) { to.insert(to.end(), from.begin(), from.end()); }
+// A per-token input of a micro-batch's samples, or zeros for a pad (nothing counts).
+void Append(std::vector<double>& to, const std::vector<RlSample>& samples, const MicroBatch& micro,
+            std::vector<double> RlSample::*field) {
+  for (size_t i : micro.samples) {
+    const std::vector<double>& from = samples[i].*field;
+    if (micro.pad) to.resize(to.size() + samples[i].batch.size(), 0.0);
+    else to.insert(to.end(), from.begin(), from.end());
+  }
+}
 }  // namespace
 
-absl::StatusOr<Trainer::PolicyStats> UpdateActor(Trainer& trainer, const std::vector<RlSample>& samples, size_t begin,
-                                                 size_t end, const rl::PolicyLossOptions& loss) {
-  Trainer::PolicyTokens tokens;
-  for (size_t i = begin; i < end; ++i) {
-    const RlSample& s = samples[i];
-    Append(tokens.mask, s.mask), Append(tokens.old_logp, s.old_logp), Append(tokens.ref_logp, s.ref_logp);
-    Append(tokens.advantage, s.advantage);
+absl::StatusOr<Trainer::PolicyStats> UpdateActor(Trainer& trainer, const std::vector<RlSample>& samples,
+                                                 const std::vector<MicroBatch>& mini_batch, const rl::PolicyLossOptions& loss) {
+  std::vector<model::TokenBatch> batches;
+  std::vector<Trainer::PolicyTokens> tokens(mini_batch.size());
+  for (size_t k = 0; k < mini_batch.size(); ++k) {
+    const MicroBatch& m = mini_batch[k];
+    batches.push_back(PackSamples(samples, m));
+    Append(tokens[k].mask, samples, m, &RlSample::mask), Append(tokens[k].old_logp, samples, m, &RlSample::old_logp);
+    Append(tokens[k].advantage, samples, m, &RlSample::advantage);
+    if (loss.kl_coef > 0) Append(tokens[k].ref_logp, samples, m, &RlSample::ref_logp);
   }
-  return trainer.PolicyStep({PackSamples(samples, begin, end)}, {tokens}, loss);
+  return trainer.PolicyStep(batches, tokens, loss);
 }
 
-absl::StatusOr<Trainer::ValueStats> UpdateCritic(Trainer& trainer, const std::vector<RlSample>& samples, size_t begin,
-                                                 size_t end, double value_clip) {
-  Trainer::ValueTokens tokens;
-  for (size_t i = begin; i < end; ++i) {
-    const RlSample& s = samples[i];
-    Append(tokens.mask, s.mask), Append(tokens.old_value, s.old_value), Append(tokens.returns, s.returns);
+absl::StatusOr<Trainer::ValueStats> UpdateCritic(Trainer& trainer, const std::vector<RlSample>& samples,
+                                                 const std::vector<MicroBatch>& mini_batch, double value_clip) {
+  std::vector<model::TokenBatch> batches;
+  std::vector<Trainer::ValueTokens> tokens(mini_batch.size());
+  for (size_t k = 0; k < mini_batch.size(); ++k) {
+    const MicroBatch& m = mini_batch[k];
+    batches.push_back(PackSamples(samples, m));
+    Append(tokens[k].mask, samples, m, &RlSample::mask), Append(tokens[k].old_value, samples, m, &RlSample::old_value);
+    Append(tokens[k].returns, samples, m, &RlSample::returns);
   }
-  return trainer.ValueStep({PackSamples(samples, begin, end)}, {tokens}, value_clip);
+  return trainer.ValueStep(batches, tokens, value_clip);
 }
 
 namespace {
 template <typename Forward>
-absl::Status Fill(std::vector<RlSample>& samples, int parts, std::vector<double> RlSample::*field, Forward forward) {
-  const size_t total = samples.size();
-  for (int mb = 0; mb < parts; ++mb) {
-    const size_t begin = total * mb / parts, end = total * (mb + 1) / parts;
-    TESSERA_ASSIGN_OR_RETURN(std::vector<float> got, forward(PackSamples(samples, begin, end)));
-    size_t at = 0;
-    for (size_t i = begin; i < end; ++i) {
-      const size_t n = samples[i].batch.size();
-      (samples[i].*field).assign(got.begin() + at, got.begin() + at + n);
-      at += n;
+absl::Status Fill(std::vector<RlSample>& samples, const MicroBatchPlan& plan, std::vector<double> RlSample::*field,
+                  Forward forward) {
+  for (const std::vector<MicroBatch>& mini : plan)
+    for (const MicroBatch& m : mini) {
+      TESSERA_ASSIGN_OR_RETURN(std::vector<float> got, forward(PackSamples(samples, m)));
+      if (m.pad) continue;  // run for the group's collectives; nothing to keep
+      size_t at = 0;
+      for (size_t i : m.samples) {
+        const size_t n = samples[i].batch.size();
+        (samples[i].*field).assign(got.begin() + at, got.begin() + at + n);
+        at += n;
+      }
     }
-  }
   return absl::OkStatus();
 }
 }  // namespace
 
-absl::Status FillLogProbs(model::Llama& m, std::vector<RlSample>& samples, int parts,
+absl::Status FillLogProbs(model::Llama& m, std::vector<RlSample>& samples, const MicroBatchPlan& plan,
                           std::vector<double> RlSample::*field) {
-  return Fill(samples, parts, field, [&](const model::TokenBatch& b) -> absl::StatusOr<std::vector<float>> {
+  return Fill(samples, plan, field, [&](const model::TokenBatch& b) -> absl::StatusOr<std::vector<float>> {
     // The kernels the update's step will run (it prepares the same shapes): the old
     // policy's log-probs then equal the first epoch's, and a shape's plan is built here,
     // before the forward, never inside it.
@@ -131,8 +206,8 @@ absl::Status FillLogProbs(model::Llama& m, std::vector<RlSample>& samples, int p
   });
 }
 
-absl::Status FillValues(model::Llama& critic, std::vector<RlSample>& samples, int parts) {
-  return Fill(samples, parts, &RlSample::old_value, [&](const model::TokenBatch& b) -> absl::StatusOr<std::vector<float>> {
+absl::Status FillValues(model::Llama& critic, std::vector<RlSample>& samples, const MicroBatchPlan& plan) {
+  return Fill(samples, plan, &RlSample::old_value, [&](const model::TokenBatch& b) -> absl::StatusOr<std::vector<float>> {
     TESSERA_RETURN_IF_ERROR(critic.PrepareKernels(b));  // as FillLogProbs
     return critic.TokenValues(b);
   });

@@ -49,19 +49,36 @@ inline uint64_t PromptSeed(uint64_t seed, size_t i) { return seed * 1000003ull +
 Rollouts MakeRollouts(const std::vector<std::vector<int32_t>>& prompts, const std::vector<std::vector<int32_t>>& completions,
                       const std::vector<double>& rewards);
 
-// Samples [begin, end) packed into one micro-batch.
-model::TokenBatch PackSamples(const std::vector<RlSample>& samples, size_t begin, size_t end);
-// One optimizer step of the actor (Trainer::PolicyStep) or the critic (ValueStep) on
-// samples [begin, end), packed into one micro-batch with their per-token inputs.
-absl::StatusOr<Trainer::PolicyStats> UpdateActor(Trainer& trainer, const std::vector<RlSample>& samples, size_t begin,
-                                                 size_t end, const rl::PolicyLossOptions& loss);
-absl::StatusOr<Trainer::ValueStats> UpdateCritic(Trainer& trainer, const std::vector<RlSample>& samples, size_t begin,
-                                                 size_t end, double value_clip);
+// A step's samples split for the model's passes: `mini_batches` consecutive ranges (one
+// optimizer step each), each packed into micro-batches of at most `max_tokens` tokens
+// (0: one micro-batch per mini-batch; a longer sample goes alone), balanced by length —
+// longest first onto the least loaded, each micro-batch's samples in their order. The
+// passes accumulate over a mini-batch's micro-batches, so memory follows max_tokens, not
+// the batch. Every rank of the trainer's data-parallel group (null: this rank alone)
+// gets the same number of micro-batches per mini-batch — the group agrees on the largest,
+// as ZeRO-3 gathers parameters per micro-batch; where a rank has fewer samples than
+// that, a `pad` micro-batch repeats the mini-batch's shortest sample with nothing counted.
+struct MicroBatch {
+  std::vector<size_t> samples;
+  bool pad = false;
+};
+using MicroBatchPlan = std::vector<std::vector<MicroBatch>>;  // [mini-batch][micro-batch]
+absl::StatusOr<MicroBatchPlan> PlanMicroBatches(Trainer* trainer, const std::vector<RlSample>& samples, int mini_batches,
+                                                int64_t max_tokens);
+
+// The samples of a micro-batch packed into one batch (varlen).
+model::TokenBatch PackSamples(const std::vector<RlSample>& samples, const MicroBatch& micro);
+// One optimizer step of the actor (Trainer::PolicyStep) or the critic (ValueStep) on one
+// mini-batch, its micro-batches packed with their per-token inputs.
+absl::StatusOr<Trainer::PolicyStats> UpdateActor(Trainer& trainer, const std::vector<RlSample>& samples,
+                                                 const std::vector<MicroBatch>& mini_batch, const rl::PolicyLossOptions& loss);
+absl::StatusOr<Trainer::ValueStats> UpdateCritic(Trainer& trainer, const std::vector<RlSample>& samples,
+                                                 const std::vector<MicroBatch>& mini_batch, double value_clip);
 
 // samples[i].*field from the model's log-probs (TokenLogProbs) or, for a critic, its
-// values (TokenValues): one forward per `parts` of the samples, packed, split back.
-absl::Status FillLogProbs(model::Llama& m, std::vector<RlSample>& samples, int parts,
+// values (TokenValues): one forward per micro-batch of the plan, split back.
+absl::Status FillLogProbs(model::Llama& m, std::vector<RlSample>& samples, const MicroBatchPlan& plan,
                           std::vector<double> RlSample::*field);
-absl::Status FillValues(model::Llama& critic, std::vector<RlSample>& samples, int parts);
+absl::Status FillValues(model::Llama& critic, std::vector<RlSample>& samples, const MicroBatchPlan& plan);
 
 }  // namespace tessera::engine

@@ -53,8 +53,10 @@ absl::StatusOr<Trainer::PolicyStats> Trainer::PolicyStep(const std::vector<model
   for (size_t i = 0; i < micro_batches.size(); ++i) {
     const PolicyTokens& p = tokens[i];
     const double local = MaskSum(p.mask);
-    if (local == 0) continue;  // nothing counts: no gradient from this micro-batch
+    // A micro-batch where nothing counts still runs (its gradient is zero): the group's
+    // ranks take part in the same collectives (ZeRO-3's gathers) micro-batch by micro-batch.
     auto grad = [&](const model::Llama::TokenStats& st) -> absl::StatusOr<model::Llama::TokenGrads> {
+      if (local == 0) return model::Llama::TokenGrads{std::vector<float>(st.logprob.size(), 0.f), {}};
       rl::PolicyTokens in;
       in.logp.assign(st.logprob.begin(), st.logprob.end());
       in.old_logp = p.old_logp, in.advantage = p.advantage, in.mask = p.mask;
@@ -105,8 +107,8 @@ absl::StatusOr<Trainer::ValueStats> Trainer::ValueStep(const std::vector<model::
   for (size_t i = 0; i < micro_batches.size(); ++i) {
     const ValueTokens& v = tokens[i];
     const double local = MaskSum(v.mask);
-    if (local == 0) continue;
     auto grad = [&](const std::vector<float>& values) -> absl::StatusOr<std::vector<float>> {
+      if (local == 0) return std::vector<float>(values.size(), 0.f);  // (it runs: see PolicyStep)
       rl::ValueTokens in;
       in.value.assign(values.begin(), values.end());
       in.old_value = v.old_value, in.returns = v.returns, in.mask = v.mask;

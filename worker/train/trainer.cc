@@ -60,6 +60,11 @@ absl::Status Trainer::ResetOptimizerState() {
   return absl::OkStatus();
 }
 
+absl::Status Trainer::AgreeMax(std::vector<int64_t>& values) {
+  if (dp_ == nullptr || dp_->size() == 1 || values.empty()) return absl::OkStatus();
+  return dp_->AllReduceHost(values.data(), values.data(), values.size(), DType::kI64, comm::ReduceOp::kMax);
+}
+
 // Host values: not ordered with the compute stream (Communicator::AllReduceHost).
 absl::Status Trainer::AllReduceHost(comm::Communicator* c, float* values, int n) {
   if (c == nullptr) return absl::OkStatus();

@@ -118,6 +118,9 @@ class Trainer {
   absl::StatusOr<ValueStats> ValueStep(const std::vector<model::TokenBatch>& micro_batches,
                                        const std::vector<ValueTokens>& tokens, double clip);
   int64_t step() const { return step_; }
+  // Each entry replaced by its largest value over the data-parallel group (with CP, the
+  // DP x CP group); every rank of it must call it. RL's micro-batch counts.
+  absl::Status AgreeMax(std::vector<int64_t>& values);
   // Sliced values (values_sliced()): gathers every parameter's f32 value onto the model
   // (Param::value, for Llama::GatherGlobal, weight sync, digests and exports) and any
   // compute copy still pending; the next update frees the values again. Otherwise only
