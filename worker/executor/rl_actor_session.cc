@@ -91,7 +91,9 @@ absl::StatusOr<v1::RolloutStats> RlActorSession::RolloutGenerate(int64_t step, v
   if (rollout_ == nullptr)
     return absl::FailedPreconditionError("RolloutGenerate: the session has no rollout engine (not a grpo or ppo session, or "
                                          "the job's rollout group generates)");
-  return GenerateSamples(*rollout_, prompts_, rl_, rewards_.get(), step, dp_rank_, dps_, dps_, out);
+  auto got = GenerateSamples(*rollout_, prompts_, rl_, rewards_.get(), step, dp_rank_, dps_, dps_, out);
+  rollout_->ReleaseCache();  // the update comes next on these devices: the cache's memory goes to it
+  return got;
 }
 
 absl::StatusOr<v1::RlUpdateResponse> RlActorSession::RlUpdate(int64_t step, const v1::TensorBatch& batch) {
@@ -177,7 +179,9 @@ engine::PpoOptions RlActorSession::PpoOpts() const {
 
 absl::StatusOr<v1::RlEvalResponse> RlActorSession::RlEval(int64_t problems) {
   if (rollout_ == nullptr) return absl::FailedPreconditionError("RlEval: the session has no rollout engine");
-  return HeldOutEval(*rollout_, prompts_, rl_.max_new_tokens(), problems, dp_rank_, dps_);
+  auto got = HeldOutEval(*rollout_, prompts_, rl_.max_new_tokens(), problems, dp_rank_, dps_);
+  rollout_->ReleaseCache();  // as RolloutGenerate
+  return got;
 }
 
 }  // namespace tessera::executor

@@ -42,11 +42,15 @@ absl::StatusOr<std::unique_ptr<RolloutPoolSession>> RolloutPoolSession::Create(c
   const int64_t longest = s->prompts_.longest_prompt() + s->rl_.max_new_tokens();
   ro.num_blocks = ro.max_running * ((longest + ro.block_size - 1) / ro.block_size);
   TESSERA_ASSIGN_OR_RETURN(s->rollout_, engine::RolloutEngine::Create(s->model_.get(), ro));
+  const v1::GroupSpec* pool = RolloutPool(spec);
+  s->colocated_ = pool != nullptr && !pool->colocate_with().empty();
   return s;
 }
 
 absl::StatusOr<v1::RolloutStats> RolloutPoolSession::Generate(int64_t step, v1::TensorBatch* out) {
-  return GenerateSamples(*rollout_, prompts_, rl_, rewards_.get(), step, dp_rank_, dps_, actor_dps_, out);
+  auto got = GenerateSamples(*rollout_, prompts_, rl_, rewards_.get(), step, dp_rank_, dps_, actor_dps_, out);
+  if (colocated_) rollout_->ReleaseCache();
+  return got;
 }
 
 absl::StatusOr<v1::RolloutStats> GenerateSamples(engine::RolloutEngine& rollout, const RlPrompts& prompts_,
@@ -103,7 +107,9 @@ absl::StatusOr<v1::RolloutStats> GenerateSamples(engine::RolloutEngine& rollout,
 }
 
 absl::StatusOr<v1::RlEvalResponse> RolloutPoolSession::Eval(int64_t problems) {
-  return HeldOutEval(*rollout_, prompts_, rl_.max_new_tokens(), problems, dp_rank_, dps_);
+  auto got = HeldOutEval(*rollout_, prompts_, rl_.max_new_tokens(), problems, dp_rank_, dps_);
+  if (colocated_) rollout_->ReleaseCache();
+  return got;
 }
 
 namespace {

@@ -30,7 +30,8 @@ class RolloutPoolSession {
   static absl::StatusOr<std::unique_ptr<RolloutPoolSession>> Create(const v1::JobSpec& spec, GroupComms& comms,
                                                                     v1::DeviceType device, int device_index);
   // RL step `step`'s samples of this pool DP rank (GenerateSamples below, seeded as the
-  // actor's DP ranks would); every TP rank returns them.
+  // actor's DP ranks would); every TP rank returns them. On the actor's devices
+  // (colocate_with) the KV cache is released after it and after Eval: training runs next.
   absl::StatusOr<v1::RolloutStats> Generate(int64_t step, v1::TensorBatch* out);
   // Greedy accuracy on this pool DP rank's share of the held-out problems (HeldOutEval).
   absl::StatusOr<v1::RlEvalResponse> Eval(int64_t problems);
@@ -46,6 +47,7 @@ class RolloutPoolSession {
   std::unique_ptr<engine::RolloutEngine> rollout_;
   RlPrompts prompts_;
   std::unique_ptr<RewardServiceClient> rewards_;  // rl.reward_service (null: the built-in verifier)
+  bool colocated_ = false;  // on the actor's devices: the KV cache is released after each call
 };
 
 // One RL step's samples of DP rank `dp_rank` of `dps`: prompts [dp_rank·P/dps, (dp_rank+1)·P/dps)

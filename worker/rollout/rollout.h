@@ -87,6 +87,8 @@ class RolloutEngine {
   // empty prompt or a bad parameter is an error naming the request, before anything runs.
   absl::StatusOr<std::vector<Completion>> Generate(const std::vector<GenerationRequest>& requests);
   void ReleaseCache();
+  // Whether the KV cache is allocated (from the first Generate() until ReleaseCache()).
+  bool holds_cache() const { return gen_ != nullptr; }
   // Decode steps and prefills of the last Generate() (tests: continuous batching), and
   // how many of its decode steps replayed a CUDA graph.
   int64_t decode_steps() const { return decode_steps_; }

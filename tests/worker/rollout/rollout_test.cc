@@ -129,11 +129,20 @@ TEST_F(RolloutTest, SampledLogProbsAreTheTrainingEnginesAndBatchingChangesNothin
       }
     }
   }
-  // The samples of a request differ (different seeds), and a rerun repeats them exactly.
+  // The samples of a request differ (different seeds), and a rerun repeats them exactly —
+  // also after the cache is released (what a colocated executor does before training)
+  // and made again.
   EXPECT_NE((*all)[0].tokens, (*all)[1].tokens);
-  auto again = Engine(together)->Generate(reqs);
-  ASSERT_TRUE(again.ok());
-  for (size_t i = 0; i < all->size(); ++i) EXPECT_EQ((*again)[i].tokens, (*all)[i].tokens);
+  auto rerun = Engine(together);
+  EXPECT_FALSE(rerun->holds_cache());
+  for (int pass = 0; pass < 2; ++pass) {
+    auto again = rerun->Generate(reqs);
+    ASSERT_TRUE(again.ok());
+    EXPECT_TRUE(rerun->holds_cache());
+    for (size_t i = 0; i < all->size(); ++i) EXPECT_EQ((*again)[i].tokens, (*all)[i].tokens) << "pass " << pass;
+    rerun->ReleaseCache();
+    EXPECT_FALSE(rerun->holds_cache());
+  }
 }
 
 TEST_F(RolloutTest, StopTokensEndASampleAndFreeItsBlocks) {
