@@ -4,6 +4,7 @@
 // checkpoint library.
 #pragma once
 
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -50,6 +51,9 @@ struct HfFamily {
   model::LlamaConfig config;
   std::string tokenizer;
 };
+
+// Parameterized tests' names and messages show the family's name.
+inline void PrintTo(const HfFamily& f, std::ostream* os) { *os << f.name; }
 
 inline std::vector<HfFamily> HfFamilies() {
   std::vector<HfFamily> out;
