@@ -1,6 +1,8 @@
 #include "common/parallel/layout.h"
 
 #include <algorithm>
+#include <initializer_list>
+#include <unordered_map>
 #include <map>
 
 #include "absl/strings/str_cat.h"
@@ -101,37 +103,40 @@ absl::StatusOr<GroupKind> ParseGroupKind(const std::string& name) {
 }
 
 namespace {
-// Key identifying the group of `kind` that rank `c` belongs to: the coordinates
-// that stay fixed within the group.
-std::vector<int> GroupKey(GroupKind kind, const Coords& c) {
+// Key identifying the group of `kind` that rank `c` belongs to: the coordinates that
+// stay fixed within the group, as one number (each below `base`).
+int64_t GroupKey(GroupKind kind, const Coords& c, int64_t base) {
+  auto key = [base](std::initializer_list<int> fixed) {
+    int64_t k = 0;
+    for (int v : fixed) k = k * base + v;
+    return k;
+  };
   switch (kind) {
-    case GroupKind::kTp: return {c.cp, c.dp, c.pp};
-    case GroupKind::kCp: return {c.tp, c.dp, c.pp};
-    case GroupKind::kDp: return {c.tp, c.cp, c.pp};
-    case GroupKind::kPp: return {c.tp, c.cp, c.dp};
-    case GroupKind::kDpCp: return {c.tp, c.pp};
-    case GroupKind::kMp: return {c.cp, c.dp};
-    case GroupKind::kEmbedding: return {c.tp, c.cp, c.dp};
-    case GroupKind::kWorld: return {};
+    case GroupKind::kTp: return key({c.cp, c.dp, c.pp});
+    case GroupKind::kCp: return key({c.tp, c.dp, c.pp});
+    case GroupKind::kDp: return key({c.tp, c.cp, c.pp});
+    case GroupKind::kPp: return key({c.tp, c.cp, c.dp});
+    case GroupKind::kDpCp: return key({c.tp, c.pp});
+    case GroupKind::kMp: return key({c.cp, c.dp});
+    case GroupKind::kEmbedding: return key({c.tp, c.cp, c.dp});
+    case GroupKind::kWorld: return 0;
   }
-  return {};
+  return 0;
 }
 }  // namespace
 
 std::vector<std::vector<int>> BuildGroups(const Layout& l, GroupKind kind) {
-  std::map<std::vector<int>, std::vector<int>> by_key;
-  std::vector<std::vector<int>> order;  // keys in order of first (smallest) rank
+  // Keys hashed: linear in the world, which reaches 65536 ranks.
+  const int64_t base = static_cast<int64_t>(l.world()) + 1;
+  std::unordered_map<int64_t, size_t> slot;  // key -> its group, in order of first (smallest) rank
+  std::vector<std::vector<int>> groups;
   for (int r = 0; r < l.world(); ++r) {
     Coords c = CoordsOf(l, r);
     if (kind == GroupKind::kEmbedding && c.pp != 0 && c.pp != l.pp - 1) continue;
-    auto key = GroupKey(kind, c);
-    auto [it, inserted] = by_key.try_emplace(key);
-    if (inserted) order.push_back(key);
-    it->second.push_back(r);
+    auto [it, inserted] = slot.try_emplace(GroupKey(kind, c, base), groups.size());
+    if (inserted) groups.emplace_back();
+    groups[it->second].push_back(r);
   }
-  std::vector<std::vector<int>> groups;
-  groups.reserve(order.size());
-  for (const auto& k : order) groups.push_back(std::move(by_key[k]));
   return groups;
 }
 
