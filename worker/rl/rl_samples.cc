@@ -106,14 +106,17 @@ absl::StatusOr<MicroBatchPlan> PlanMicroBatches(Trainer* trainer, const std::vec
   auto range = [&](int mb) {
     return std::pair<size_t, size_t>{total * mb / mini_batches, total * (mb + 1) / mini_batches};
   };
-  std::vector<int64_t> counts(mini_batches);
-  for (int mb = 0; mb < mini_batches; ++mb)
-    counts[mb] = static_cast<int64_t>(Split(samples, range(mb).first, range(mb).second, max_tokens, 1).size());
-  if (trainer != nullptr) TESSERA_RETURN_IF_ERROR(trainer->AgreeMax(counts));
   MicroBatchPlan plan(mini_batches);
+  std::vector<int64_t> counts(mini_batches);
+  for (int mb = 0; mb < mini_batches; ++mb) {
+    plan[mb] = Split(samples, range(mb).first, range(mb).second, max_tokens, 1);
+    counts[mb] = static_cast<int64_t>(plan[mb].size());
+  }
+  if (trainer != nullptr) TESSERA_RETURN_IF_ERROR(trainer->AgreeMax(counts));
   for (int mb = 0; mb < mini_batches; ++mb) {
     const auto [begin, end] = range(mb);
-    plan[mb] = Split(samples, begin, end, max_tokens, static_cast<size_t>(counts[mb]));
+    if (static_cast<int64_t>(plan[mb].size()) < counts[mb])  // another rank needs more: split again
+      plan[mb] = Split(samples, begin, end, max_tokens, static_cast<size_t>(counts[mb]));
     size_t shortest = begin;
     for (size_t i = begin; i < end; ++i)
       if (samples[i].batch.size() < samples[shortest].batch.size()) shortest = i;
