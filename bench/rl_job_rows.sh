@@ -3,21 +3,28 @@
 # metrics as JSON lines ({"step": N, "generate_s": ..., ...}), then one line with their
 # means over the steps after the first ({"summary": true, ...}) and whether the job
 # succeeded (bench/suites.py reads them). Run from the repository root with dist/ installed.
+# Arguments after the job file go to `tessera local` (e.g. --set rl.prompts_per_step=16).
+# With FLOPS_PER_TOKEN (the model FLOPs of one token through a step's passes over the
+# samples: reference and old log-probs, the update), each row also has update_tflops.
 #   bench/rl_job_rows.sh examples/grpo-split-1b-gpu.yaml
 set -uo pipefail
 job=$1
+shift
 state=$(mktemp -d)
-timeout "${JOB_TIMEOUT:-280}" dist/bin/tessera local "$job" --state-dir "$state" > "$state/job.log" 2>&1
+timeout "${JOB_TIMEOUT:-280}" dist/bin/tessera local "$job" --state-dir "$state" "$@" > "$state/job.log" 2>&1
 rc=$?
 tail -3 "$state/job.log" >&2
-python3 - "$state/job.log" "$rc" <<'PY'
+python3 - "$state/job.log" "$rc" "${FLOPS_PER_TOKEN:-0}" <<'PY'
 import json, re, sys
+flops = float(sys.argv[3])
 rows = []
 for line in open(sys.argv[1], errors="replace"):
     m = re.search(r"step (\d+)/\d+ reward", line)
     if m:
         r = {"step": int(m.group(1))}
         r.update({k: float(v) for k, v in re.findall(r"(\w+)=([-\d.e+]+)", line)})
+        if flops and r.get("train_tokens_per_s"):
+            r["update_tflops"] = r["train_tokens_per_s"] * flops / 1e12
         rows.append(r)
 for r in rows:
     print(json.dumps(r))

@@ -359,7 +359,8 @@ absl::Status ParseRl(const YAML::Node& n, const std::string& path, v1::RlSpec* r
   TESSERA_RETURN_IF_ERROR(CheckKeys(n, path, {"group_size", "prompts_per_step", "max_new_tokens", "temperature", "kl_coef",
                                               "clip", "epochs", "mini_batches", "eval_every", "eval_problems", "reward_service",
                                               "reward_timeout_s", "reward_ca_cert", "stop", "entropy_coef", "gamma", "gae_lambda",
-                                              "value_clip", "critic_lr", "kl_reward_coef", "max_tokens_per_micro_batch"}));
+                                              "value_clip", "critic_lr", "kl_reward_coef", "max_tokens_per_micro_batch",
+                                              "gpu_memory_utilization"}));
   for (const auto& kv : n) {
     const std::string k = kv.first.Scalar(), p = Join(path, k);
     const YAML::Node& v = kv.second;
@@ -391,6 +392,7 @@ absl::Status ParseRl(const YAML::Node& n, const std::string& path, v1::RlSpec* r
       else if (k == "value_clip") r->set_value_clip(d);
       else if (k == "critic_lr") r->set_critic_lr(d);
       else if (k == "kl_reward_coef") r->set_kl_reward_coef(d);
+      else if (k == "gpu_memory_utilization") r->set_gpu_memory_utilization(d);
       else r->set_clip(d);
     }
   }

@@ -90,6 +90,7 @@ std::vector<FieldLimit> MakeTable() {
       {"rl.value_clip", 0, 100},
       {"rl.critic_lr", 0, 10},
       {"rl.kl_reward_coef", 0, 100},
+      {"rl.gpu_memory_utilization", 0.01, 1, true},
       {"generate.max_new_tokens", 1, 1048576, true},
       {"generate.temperature", 0, 100},
       {"generate.top_k", 0, 1e8},

@@ -211,6 +211,7 @@ static absl::Status ValidateRl(JobSpec& spec) {
   if (r->epochs() == 0) r->set_epochs(1);
   if (r->mini_batches() == 0) r->set_mini_batches(1);
   if (r->max_tokens_per_micro_batch() == 0) r->set_max_tokens_per_micro_batch(16384);
+  if (r->gpu_memory_utilization() == 0) r->set_gpu_memory_utilization(0.9);
   if (r->eval_every() == 0) r->set_eval_every(10);
   if (r->eval_problems() == 0) r->set_eval_problems(200);
   if (r->reward_timeout_s() == 0) r->set_reward_timeout_s(30);

@@ -188,6 +188,7 @@ absl::StatusOr<std::string> RunRl(DriverContext& ctx) {
     TESSERA_ASSIGN_OR_RETURN(std::vector<RankSamples> gen, rollout.RolloutGenerate(s));
     std::vector<v1::TensorBatch> shards;
     double reward = 0, length = 0, samples = 0, engine_s = 0, prefill_s = 0, decode_s = 0, decode_steps = 0, graph_steps = 0;
+    double prompt_tokens = 0, rollout_peak = 0, kv_cache = 0;  // peaks and the cache: the largest rank's
     for (size_t r = 0; r < gen.size(); r += rollout_tp) {
       const v1::RolloutStats& st = gen[r].stats;
       const double n = static_cast<double>(st.samples());
@@ -197,8 +198,12 @@ absl::StatusOr<std::string> RunRl(DriverContext& ctx) {
       prefill_s = std::max(prefill_s, st.prefill_s()), decode_s = std::max(decode_s, st.decode_s());
       decode_steps += static_cast<double>(st.decode_steps()), graph_steps += static_cast<double>(st.graph_steps());
       reward += st.reward() * n, length += st.response_length() * n, samples += n;
+      prompt_tokens += static_cast<double>(st.prompt_tokens());
+      rollout_peak = std::max(rollout_peak, static_cast<double>(st.memory_peak_bytes()));
+      kv_cache = std::max(kv_cache, static_cast<double>(st.kv_cache_bytes()));
       shards.push_back(std::move(gen[r].samples));
     }
+    const double response_tokens = length;
     if (samples > 0) reward /= samples, length /= samples;
     TESSERA_ASSIGN_OR_RETURN(v1::TensorBatch batch, ConcatBatches(shards));
     const double generate_s = Since(t);
@@ -211,7 +216,9 @@ absl::StatusOr<std::string> RunRl(DriverContext& ctx) {
     const double update_wall_s = Since(t);
     TESSERA_RETURN_IF_ERROR(CheckAgreed(s, upd));
     double ref_s = 0, old_s = 0, actor_s = 0, values_s = 0, critic_s = 0, checkpoint_s = -1, reward_kl = 0;  // the slowest rank
+    double actor_peak = 0;
     for (const v1::RlUpdateResponse& out : upd) {
+      actor_peak = std::max(actor_peak, static_cast<double>(out.memory_peak_bytes()));
       ref_s = std::max(ref_s, out.ref_s()), old_s = std::max(old_s, out.old_s()), actor_s = std::max(actor_s, out.update_s());
       values_s = std::max(values_s, out.critic().values_s()), critic_s = std::max(critic_s, out.critic().update_s());
       if (out.has_checkpoint_seconds()) checkpoint_s = std::max(checkpoint_s, out.checkpoint_seconds());
@@ -241,6 +248,13 @@ absl::StatusOr<std::string> RunRl(DriverContext& ctx) {
     m["rollout_engine_s"] = engine_s, m["decode_steps"] = decode_steps, m["graph_steps"] = graph_steps;
     m["prefill_s"] = prefill_s, m["decode_s"] = decode_s;
     m["ref_s"] = ref_s, m["old_logprob_s"] = old_s, m["actor_update_s"] = actor_s;
+    // Tokens per second of each phase's wall time: generated tokens; and every sample's
+    // prompt + response tokens through the update's passes (log-probs, updates).
+    if (generate_s > 0) m["generate_tokens_per_s"] = response_tokens / generate_s;
+    if (update_wall_s > 0) m["train_tokens_per_s"] = (prompt_tokens + response_tokens) / update_wall_s;
+    constexpr double kGiB = 1 << 30;
+    m["rollout_peak_gib"] = rollout_peak / kGiB, m["kv_cache_gib"] = kv_cache / kGiB;
+    m["actor_peak_gib"] = actor_peak / kGiB;
     if (own_model) {
       m["sync_s"] = synced.second;
       if (synced.second > 0) m["sync_gb_per_s"] = synced.first / synced.second / 1e9;

@@ -201,6 +201,57 @@ TEST(RolloutGpu, CudaGraphDecodeEqualsEager) {
   }
 }
 
+// A memory budget (gpu_memory_utilization) sizes the cache to what is free: the budget
+// set to what the device holds now plus 12 blocks gives a cache of at most 12 blocks
+// (fewer where the pool's own memory moved meanwhile), whose samples are the unbudgeted
+// cache's; a budget below what is in use is refused naming gpu_memory_utilization.
+TEST(RolloutGpu, TheCacheFitsAMemoryBudget) {
+  if (static_cast<int>(VisibleGpus().size()) < 1) GTEST_SKIP() << "no GPU";
+  auto be = runtime::MakeCudaBackend(0);
+  ASSERT_TRUE(be.ok()) << be.status();
+  auto m = RandomModel(be->get(), tessera::DType::kF32, 4);
+  ASSERT_TRUE(m.ok()) << m.status();
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 6; ++i) {
+    GenerationRequest r;
+    r.prompt = model::test::RandomBatch(512, 30 + i, {10 + 9 * i}).tokens;
+    r.params.n = 2, r.params.max_new_tokens = 40, r.params.seed = 60 + i, r.params.temperature = 0.f;
+    reqs.push_back(r);
+  }
+  RolloutOptions o;
+  o.block_size = 16, o.num_blocks = 96, o.max_running = 12;
+  auto plain = RolloutEngine::Create(m->get(), o);
+  ASSERT_TRUE(plain.ok());
+  auto want = (*plain)->Generate(reqs);
+  ASSERT_TRUE(want.ok()) << want.status();
+  EXPECT_EQ((*plain)->cache_blocks(), 96);
+  (*plain)->ReleaseCache();
+  auto memory = (*be)->MemoryInfo();
+  ASSERT_TRUE(memory.ok()) << memory.status();
+  const int64_t block = model::Generator::CacheBytesPerBlock(**m, 16);
+  o.cuda_graphs = false;  // no scratch blocks: the budget is the cache's alone
+  o.gpu_memory_utilization = double(memory->total - memory->free + 12 * block) / double(memory->total);
+  auto budgeted = RolloutEngine::Create(m->get(), o);
+  ASSERT_TRUE(budgeted.ok());
+  auto got = (*budgeted)->Generate(reqs);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_LE((*budgeted)->cache_blocks(), 12);
+  EXPECT_GE((*budgeted)->cache_blocks(), 6);  // the longest sample: 55 + 40 tokens
+  ASSERT_EQ(got->size(), want->size());
+  const auto [identical, max_abs] = Agreement(*got, *want);
+  EXPECT_GE(identical, static_cast<int>(want->size()) - 1);
+  EXPECT_LT(max_abs, 1e-4);
+  std::cout << "RESULT budgeted_cache blocks=" << (*budgeted)->cache_blocks() << " identical=" << identical << "/"
+            << want->size() << "\n";
+  o.gpu_memory_utilization = double(memory->total - memory->free) / double(memory->total) / 2;
+  auto starved = RolloutEngine::Create(m->get(), o);
+  ASSERT_TRUE(starved.ok());
+  auto refused = (*starved)->Generate(reqs);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(std::string(refused.status().message()).find("gpu_memory_utilization"), std::string::npos) << refused.status();
+}
+
 // An executor's training session and its colocated rollout pool run on two backends of
 // one GPU (two streams): SyncColocated must order them (without that, the re-slice job on
 // 4x H200 failed its digest check). Large tensors,

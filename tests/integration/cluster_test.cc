@@ -347,7 +347,8 @@ TEST(Cluster, GrpoStepsStreamTheirMetrics) {
   ASSERT_EQ(job->state(), v1::JOB_STATE_SUCCEEDED) << job->reason() << "\n" << progress.str();
   EXPECT_THAT(progress.str(), HasSubstr("step 2/2 reward"));
   for (const char* k : {"reward=", "accuracy=", "response_length=", "kl=", "clip_fraction=", "entropy=", "grad_norm=", "generate_s=",
-                        "ref_s=", "old_logprob_s=", "update_s=", "samples_per_s="})
+                        "ref_s=", "old_logprob_s=", "update_s=", "samples_per_s=", "generate_tokens_per_s=",
+                        "train_tokens_per_s=", "rollout_peak_gib=", "actor_peak_gib=", "kv_cache_gib="})
     EXPECT_THAT(progress.str(), HasSubstr(k));
   EXPECT_THAT(progress.str(), HasSubstr("held-out accuracy at the start"));
   const auto result = nlohmann::json::parse(job->result_json());

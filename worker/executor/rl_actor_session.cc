@@ -55,18 +55,13 @@ absl::Status RlActorSession::MakeRl(const v1::JobSpec& spec, const engine::Optim
   if (rl_.kl_coef() > 0 || rl_.kl_reward_coef() > 0) {
     TESSERA_ASSIGN_OR_RETURN(reference_, model::Llama::Create(model_->config(), backend_.get(), tp_));
     TESSERA_RETURN_IF_ERROR(engine::SyncColocated(*model_, *reference_));
+    TESSERA_RETURN_IF_ERROR(reference_->Freeze());  // forward only: its compute copy is all it needs
   }
   TESSERA_RETURN_IF_ERROR(prompts_.Load(spec, model_->config().vocab));
-  const int64_t longest_prompt = prompts_.longest_prompt();
-  engine::RolloutOptions ro;
-  const int64_t per_rank = int64_t(rl_.prompts_per_step() / dps_) * rl_.group_size();
-  ro.max_running = std::max<int64_t>(1, std::min<int64_t>(per_rank, 256));
-  ro.block_size = 16;
-  const int64_t longest = longest_prompt + rl_.max_new_tokens();  // a prompt and its completion
-  ro.num_blocks = ro.max_running * ((longest + ro.block_size - 1) / ro.block_size);
   // With a rollout pool of its own (split pools) the actor generates nothing.
   if (RolloutPool(spec) == nullptr) {
-    TESSERA_ASSIGN_OR_RETURN(rollout_, engine::RolloutEngine::Create(model_.get(), ro));
+    TESSERA_ASSIGN_OR_RETURN(rollout_, engine::RolloutEngine::Create(
+                                           model_.get(), RlRolloutOptions(rl_, dps_, prompts_.longest_prompt())));
   }
   if (!checkpoint_.dir().empty() && checkpoint_.resume()) {
     auto latest = checkpoint::LatestCheckpoint(checkpoint_.dir());
@@ -111,6 +106,7 @@ absl::StatusOr<v1::RlUpdateResponse> RlActorSession::RlUpdate(int64_t step, cons
       for (int32_t t : r)
         if (t < 0 || t >= vocab) return absl::InvalidArgumentError(absl::StrCat("RlUpdate: token ", t, " is outside the vocabulary"));
   engine::Rollouts got = engine::MakeRollouts(prompts, completions, rewards);
+  backend_->allocator()->ResetPeak();
   v1::RlUpdateResponse r;
   r.set_step(step);
   r.set_samples(static_cast<int64_t>(prompts.size()));
@@ -137,6 +133,7 @@ absl::StatusOr<v1::RlUpdateResponse> RlActorSession::RlUpdate(int64_t step, cons
     r.set_grad_norm(st.grad_norm);
     r.set_ref_s(st.ref_s), r.set_old_s(st.old_s), r.set_update_s(st.update_s);
   }
+  r.set_memory_peak_bytes(backend_->allocator()->stats().peak_bytes);
   TESSERA_ASSIGN_OR_RETURN(const double checkpoint_secs, SaveAfter(step + 1));
   if (checkpoint_secs >= 0) r.set_checkpoint_seconds(checkpoint_secs);
   return r;

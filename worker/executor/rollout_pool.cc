@@ -35,13 +35,8 @@ absl::StatusOr<std::unique_ptr<RolloutPoolSession>> RolloutPoolSession::Create(c
   TESSERA_RETURN_IF_ERROR(s->model_->InitRandom(spec.train().seed(), 0.02f));
   TESSERA_RETURN_IF_ERROR(s->prompts_.Load(spec, config.vocab));
   TESSERA_ASSIGN_OR_RETURN(s->rewards_, RewardServiceClient::Create(spec, tp, s->backend_.get()));
-  engine::RolloutOptions ro;
-  const int64_t per_rank = int64_t(s->rl_.prompts_per_step() / s->dps_) * s->rl_.group_size();
-  ro.max_running = std::max<int64_t>(1, std::min<int64_t>(per_rank, 256));
-  ro.block_size = 16;
-  const int64_t longest = s->prompts_.longest_prompt() + s->rl_.max_new_tokens();
-  ro.num_blocks = ro.max_running * ((longest + ro.block_size - 1) / ro.block_size);
-  TESSERA_ASSIGN_OR_RETURN(s->rollout_, engine::RolloutEngine::Create(s->model_.get(), ro));
+  TESSERA_ASSIGN_OR_RETURN(s->rollout_, engine::RolloutEngine::Create(
+                                            s->model_.get(), RlRolloutOptions(s->rl_, s->dps_, s->prompts_.longest_prompt())));
   const v1::GroupSpec* pool = RolloutPool(spec);
   s->colocated_ = pool != nullptr && !pool->colocate_with().empty();
   return s;
@@ -51,6 +46,17 @@ absl::StatusOr<v1::RolloutStats> RolloutPoolSession::Generate(int64_t step, v1::
   auto got = GenerateSamples(*rollout_, prompts_, rl_, rewards_.get(), step, dp_rank_, dps_, actor_dps_, out);
   if (colocated_) rollout_->ReleaseCache();
   return got;
+}
+
+engine::RolloutOptions RlRolloutOptions(const v1::RlSpec& rl, int dps, int64_t longest_prompt) {
+  engine::RolloutOptions ro;
+  const int64_t per_rank = int64_t(rl.prompts_per_step() / dps) * rl.group_size();
+  ro.max_running = std::max<int64_t>(1, std::min<int64_t>(per_rank, 1024));
+  ro.block_size = 16;
+  const int64_t longest = longest_prompt + rl.max_new_tokens();  // a prompt and its completion
+  ro.num_blocks = ro.max_running * ((longest + ro.block_size - 1) / ro.block_size);
+  ro.gpu_memory_utilization = rl.gpu_memory_utilization();
+  return ro;
 }
 
 absl::StatusOr<v1::RolloutStats> GenerateSamples(engine::RolloutEngine& rollout, const RlPrompts& prompts_,
@@ -103,6 +109,10 @@ absl::StatusOr<v1::RolloutStats> GenerateSamples(engine::RolloutEngine& rollout,
   st.set_generate_s(generate_s);
   st.set_prefill_s(rollout.prefill_seconds()), st.set_decode_s(rollout.decode_seconds());
   st.set_decode_steps(rollout.decode_steps()), st.set_graph_steps(rollout.graph_steps());
+  st.set_memory_peak_bytes(rollout.peak_bytes()), st.set_kv_cache_bytes(rollout.cache_bytes());
+  int64_t prompt_tokens = 0;
+  for (const auto& p : prompts) prompt_tokens += static_cast<int64_t>(p.size());
+  st.set_prompt_tokens(prompt_tokens);
   return st;
 }
 

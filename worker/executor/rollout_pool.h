@@ -50,6 +50,12 @@ class RolloutPoolSession {
   bool colocated_ = false;  // on the actor's devices: the KV cache is released after each call
 };
 
+// The rollout engine's options for an RL job's step on one of `dps` DP ranks: as many
+// samples run at once as the rank has (at most 1024) and the cache's blocks allow, the
+// cache at most every one of them at the longest prompt + rl.max_new_tokens, within
+// rl.gpu_memory_utilization of the device.
+engine::RolloutOptions RlRolloutOptions(const v1::RlSpec& rl, int dps, int64_t longest_prompt);
+
 // One RL step's samples of DP rank `dp_rank` of `dps`: prompts [dp_rank·P/dps, (dp_rank+1)·P/dps)
 // of step `step` (P = rl.prompts_per_step), rl.group_size samples each, scored by the
 // built-in verifier or `rewards` (rl.reward_service; TP rank 0 calls it). Prompt g of the

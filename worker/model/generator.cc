@@ -14,6 +14,11 @@ using internal::New;
 using runtime::Backend;
 using runtime::Tensor;
 
+int64_t Generator::CacheBytesPerBlock(const Llama& m, int64_t block_size) {
+  return 2 * m.config_.layers * block_size * m.config_.LocalKvHeads(m.tp_size()) * m.config_.HeadDim() *
+         static_cast<int64_t>(tessera::DTypeSize(m.act_));
+}
+
 absl::StatusOr<std::unique_ptr<Generator>> Generator::Create(Llama* model, int64_t blocks, int64_t block_size) {
   if (blocks < 1 || block_size < 1)
     return absl::InvalidArgumentError(absl::StrCat("kv cache: blocks (", blocks, ") and block_size (", block_size,

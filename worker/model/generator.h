@@ -45,6 +45,8 @@ class Generator {
   // INVALID_ARGUMENT for a non-positive size; FAILED_PRECONDITION for a model with
   // pipeline, context or sequence parallelism, or without an LM head (a critic).
   static absl::StatusOr<std::unique_ptr<Generator>> Create(Llama* model, int64_t blocks, int64_t block_size);
+  // Bytes of one block of this rank's cache (keys and values of every layer).
+  static int64_t CacheBytesPerBlock(const Llama& model, int64_t block_size);
 
   Llama& model() const { return *model_; }
   const KvCache& cache() const { return cache_; }

@@ -177,7 +177,24 @@ absl::Status Llama::AllReduce(Tensor& t) {
   return tp_->AllReduce(t.data(), t.data(), t.numel(), t.dtype(), comm::ReduceOp::kSum);
 }
 
+absl::Status Llama::CheckNotFrozen(const char* what) const {
+  if (!frozen_) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat("model: ", what, " on a frozen model (forward only: Freeze dropped its "
+                                                    "gradients and f32 weights)"));
+}
+
+absl::Status Llama::Freeze() {
+  for (Param& p : params_) {
+    p.grad = Tensor();
+    p.grad_stale = false;
+    if (p.compute.defined()) p.value = Tensor();
+  }
+  frozen_ = true;
+  return absl::OkStatus();
+}
+
 absl::Status Llama::SetGlobal(Param& p, const std::vector<float>& global) {
+  TESSERA_RETURN_IF_ERROR(CheckNotFrozen("setting a weight"));
   int64_t n = 1;
   for (int64_t d : p.spec.shape) n *= d;
   if (static_cast<int64_t>(global.size()) != n)
@@ -190,11 +207,13 @@ absl::Status Llama::SetGlobal(Param& p, const std::vector<float>& global) {
 }
 
 absl::Status Llama::SetShard(Param& p, const float* shard) {
+  TESSERA_RETURN_IF_ERROR(CheckNotFrozen("setting a weight"));
   TESSERA_RETURN_IF_ERROR(backend_->CopyFromHost(shard, p.value));
   return RefreshCompute(p);
 }
 
 absl::Status Llama::RefreshCompute(Param& p) {
+  TESSERA_RETURN_IF_ERROR(CheckNotFrozen("refreshing a compute copy"));
   if (act_ == DType::kF32 || !p.value.defined()) {
     p.compute = Tensor();
     return absl::OkStatus();
@@ -207,6 +226,7 @@ absl::Status Llama::RefreshCompute(Param& p) {
 
 
 absl::StatusOr<std::vector<float>> Llama::GatherGlobal(const Param& p, bool grad) {
+  TESSERA_RETURN_IF_ERROR(CheckNotFrozen("gathering a weight or gradient"));
   const Tensor& local = grad ? p.grad : p.value;
   const int64_t n = local.numel() * SplitOf(p).parts;
   if (grad && p.grad_stale) return std::vector<float>(n, 0.f);  // nothing written this step
@@ -217,7 +237,10 @@ absl::StatusOr<std::vector<float>> Llama::GatherGlobal(const Param& p, bool grad
   return out;
 }
 
-absl::Status Llama::GatherGlobalInto(const Param& p, Tensor& out) { return GatherInto(p, p.value, out); }
+absl::Status Llama::GatherGlobalInto(const Param& p, Tensor& out) {
+  TESSERA_RETURN_IF_ERROR(CheckNotFrozen("gathering a weight"));
+  return GatherInto(p, p.value, out);
+}
 
 absl::Status Llama::GatherInto(const Param& p, const Tensor& shard, Tensor& out) {
   const TpSplit split = SplitOf(p);
@@ -267,6 +290,7 @@ absl::Status Llama::GatherColumns(const Tensor& local, Tensor& full) {
 }
 
 absl::Status Llama::SetGlobalFrom(Param& p, const Tensor& global) {
+  TESSERA_RETURN_IF_ERROR(CheckNotFrozen("setting a weight"));
   const TpSplit split = SplitOf(p);
   const int64_t n = p.value.numel(), parts = split.parts;
   int64_t total = 1;
@@ -293,6 +317,7 @@ absl::Status Llama::SetGlobalFrom(Param& p, const Tensor& global) {
 }
 
 absl::Status Llama::InitRandom(uint64_t seed, float stddev) {
+  TESSERA_RETURN_IF_ERROR(CheckNotFrozen("initializing the weights"));
   for (auto& p : params_) {
     int64_t n = 1;
     for (int64_t d : p.spec.shape) n *= d;
@@ -440,20 +465,6 @@ absl::StatusOr<Llama::TokenStats> Llama::ForwardBackwardLogProbs(const TokenBatc
   return stats;
 }
 
-// One micro-batch's pass through one model chunk: what its backward needs.
-struct Llama::Flight {
-  Inputs in;
-  std::vector<LayerActs> acts;  // per layer of the chunk
-  Tensor x_last, xn, rstd, xn_full, logits;  // the head (last virtual stage)
-  std::vector<float> lse, dloss;
-  Tensor lse_t, dloss_t;  // on the device instead (Llama::DeviceLoss)
-  std::vector<float> dentropy;  // ForwardBackwardLogProbs with an entropy term: dL/dH per token
-  std::vector<float>* values = nullptr;  // a critic's: filled by the value head
-  const ValueGrad* value_grad = nullptr;  // ForwardBackwardValues: the per-token gradient
-  std::vector<float> dvalues;
-  TokenStats* stats = nullptr;  // TokenLogProbs: filled by the head
-  const LogProbGrad* logprob_grad = nullptr;  // ForwardBackwardLogProbs: the per-token gradient
-};
 
 absl::Status Llama::CheckBatch(const TokenBatch& batch) const {
   TESSERA_RETURN_IF_ERROR(batch.Validate(config_.vocab));
@@ -506,51 +517,7 @@ absl::StatusOr<Tensor> Llama::ChunkForward(int chunk, const TokenBatch& batch, F
   TESSERA_ASSIGN_OR_RETURN(f.rstd, New(b, {x.dim(0)}));
   TESSERA_RETURN_IF_ERROR(b.RmsNormForward(x, final_norm_->weight(), c.norm_eps, f.xn, f.rstd));
   TESSERA_ASSIGN_OR_RETURN(f.xn_full, EnterTp(f.xn));
-  if (score_ != nullptr) {  // a critic: values instead of logits
-    TESSERA_RETURN_IF_ERROR(ValueHeadForward(f, t));
-    if (!backward) TESSERA_RETURN_IF_ERROR(release(head_block, Phase::kForward));
-    return Tensor();
-  }
-  TESSERA_ASSIGN_OR_RETURN(f.logits, New(b, {t, vocab}, act_));
-  TESSERA_RETURN_IF_ERROR(Linear(b, f.xn_full, lm_head_->weight(), f.logits));
-  if (logits_out != nullptr) {  // f32 on the host whatever the compute dtype
-    Tensor f32 = f.logits;
-    if (f32.dtype() != DType::kF32) {
-      TESSERA_ASSIGN_OR_RETURN(f32, New(b, f.logits.shape()));
-      TESSERA_RETURN_IF_ERROR(b.Cast(f.logits, f32));
-    }
-    logits_out->resize(f32.numel());
-    TESSERA_RETURN_IF_ERROR(b.CopyToHost(f32, logits_out->data()));
-  }
-  if (backward && f.stats == nullptr && f.logprob_grad == nullptr) {  // training's cross-entropy
-    TESSERA_RETURN_IF_ERROR(DeviceLoss(f, batch, grad_scale, loss));
-    return Tensor();
-  }
-  TESSERA_ASSIGN_OR_RETURN(f.lse, CrossEntropyLse(f.logits, f.in, f.stats ? &f.stats->entropy : nullptr));
-  if (f.stats != nullptr) {
-    f.stats->logprob.assign(t, 0.f);
-    for (int64_t i = 0; i < t; ++i)
-      if (batch.targets[i] >= 0) f.stats->logprob[i] = f.in.target_logit[i] - f.lse[i];
-  }
-  std::vector<float> dlogp;  // a caller's dL/dlogprob (the loss is then its, not the cross-entropy)
-  if (f.logprob_grad != nullptr) {
-    TESSERA_ASSIGN_OR_RETURN(TokenGrads g, (*f.logprob_grad)(*f.stats));
-    dlogp = std::move(g.dlogprob);
-    if (static_cast<int64_t>(dlogp.size()) != t)
-      return absl::InvalidArgumentError(absl::StrCat("dL/dlogprob: ", dlogp.size(), " values for ", t, " tokens"));
-    if (!g.dentropy.empty() && static_cast<int64_t>(g.dentropy.size()) != t)
-      return absl::InvalidArgumentError(absl::StrCat("dL/dentropy: ", g.dentropy.size(), " values for ", t, " tokens"));
-    f.dentropy = std::move(g.dentropy);
-    for (int64_t i = 0; i < static_cast<int64_t>(f.dentropy.size()); ++i)
-      if (batch.targets[i] < 0) f.dentropy[i] = 0.f;
-  }
-  f.dloss.assign(t, 0.f);
-  for (int64_t i = 0; i < t; ++i) {
-    if (batch.targets[i] < 0) continue;
-    loss->sum += static_cast<double>(f.lse[i]) - f.in.target_logit[i];
-    ++loss->tokens;
-    f.dloss[i] = f.logprob_grad != nullptr ? -dlogp[i] : grad_scale;  // cross-entropy = -logprob
-  }
+  TESSERA_RETURN_IF_ERROR(HeadForward(f, batch, backward, grad_scale, loss, logits_out));
   if (!backward) TESSERA_RETURN_IF_ERROR(release(head_block, Phase::kForward));
   return Tensor();
 }
@@ -564,40 +531,12 @@ absl::StatusOr<Tensor> Llama::ChunkBackward(int chunk, Flight& f, const Tensor* 
     return hooks_->Release(block, Phase::kBackward);
   };
   Backend& b = *backend_;
-  const LlamaConfig& c = config_;
   const int head_block = num_blocks() - 1;
-  const int64_t t = f.in.tokens.numel(), vocab = c.vocab / tp_size(), vocab_start = tp_rank() * vocab;
+  const int64_t vocab_start = tp_rank() * (config_.vocab / tp_size());
   Tensor dx;
-  if (LastVirtualStage(chunk) && score_ != nullptr) {  // a critic: from dL/dvalue
+  if (LastVirtualStage(chunk)) {  // from the head: the loss or a critic's values, then the final norm
     TESSERA_RETURN_IF_ERROR(acquire(head_block, Phase::kBackward));
-    TESSERA_ASSIGN_OR_RETURN(dx, ValueHeadBackward(f, t));
-    TESSERA_RETURN_IF_ERROR(done(head_block));
-  } else if (LastVirtualStage(chunk)) {  // from the loss: cross-entropy, LM head, final norm
-    TESSERA_RETURN_IF_ERROR(acquire(head_block, Phase::kBackward));
-    Tensor lse_t = f.lse_t, dloss_t = f.dloss_t;
-    if (!lse_t.defined()) {  // from the host (CrossEntropyLse)
-      TESSERA_ASSIGN_OR_RETURN(lse_t, New(b, {t}));
-      TESSERA_ASSIGN_OR_RETURN(dloss_t, New(b, {t}));
-      TESSERA_RETURN_IF_ERROR(b.CopyFromHost(f.lse.data(), lse_t));
-      TESSERA_RETURN_IF_ERROR(b.CopyFromHost(f.dloss.data(), dloss_t));
-    }
-    TESSERA_ASSIGN_OR_RETURN(Tensor dlogits, New(b, {t, vocab}, act_));
-    if (f.dentropy.empty()) {
-      TESSERA_RETURN_IF_ERROR(b.CrossEntropyBackward(f.logits, f.in.targets, vocab_start, lse_t, dloss_t, dlogits));
-    } else {  // the entropy bonus: through the softmax of the whole vocabulary (H is combined over TP)
-      TESSERA_ASSIGN_OR_RETURN(Tensor dh_t, New(b, {t}));
-      TESSERA_ASSIGN_OR_RETURN(Tensor h_t, New(b, {t}));
-      TESSERA_RETURN_IF_ERROR(b.CopyFromHost(f.dentropy.data(), dh_t));
-      TESSERA_RETURN_IF_ERROR(b.CopyFromHost(f.stats->entropy.data(), h_t));
-      TESSERA_RETURN_IF_ERROR(
-          b.CrossEntropyBackward(f.logits, f.in.targets, vocab_start, lse_t, dloss_t, dlogits, &dh_t, &h_t));
-    }
-    f.logits = Tensor();
-    TESSERA_ASSIGN_OR_RETURN(Tensor dxn_full, New(b, {t, c.hidden}, act_));
-    TESSERA_RETURN_IF_ERROR(LinearBackward(b, dlogits, f.xn_full, *lm_head_, dxn_full, 0.f));
-    TESSERA_ASSIGN_OR_RETURN(Tensor dxn, LeaveTp(dxn_full));
-    TESSERA_ASSIGN_OR_RETURN(dx, New(b, f.x_last.shape(), act_));
-    TESSERA_RETURN_IF_ERROR(NormBackward(dxn, f.x_last, *final_norm_, f.rstd, dx));
+    TESSERA_ASSIGN_OR_RETURN(dx, HeadBackward(f));
     TESSERA_RETURN_IF_ERROR(done(head_block));
   } else {  // the next stage's gradient of this chunk's output (copied: the backward works in place)
     TESSERA_ASSIGN_OR_RETURN(dx, New(b, grad_output->shape(), grad_output->dtype()));
@@ -631,45 +570,6 @@ absl::StatusOr<Tensor> Llama::ChunkBackward(int chunk, Flight& f, const Tensor* 
   return Tensor();
 }
 
-// A critic's head (after the final norm): values [T] = xn · score^T, on the host in f32;
-// with a ValueGrad, dL/dvalue for the backward.
-absl::Status Llama::ValueHeadForward(Flight& f, int64_t t) {
-  Backend& b = *backend_;
-  TESSERA_ASSIGN_OR_RETURN(Tensor v, New(b, {t, 1}, act_));
-  TESSERA_RETURN_IF_ERROR(Linear(b, f.xn_full, score_->weight(), v));
-  Tensor v32 = v;
-  if (act_ != DType::kF32) {
-    TESSERA_ASSIGN_OR_RETURN(v32, New(b, {t, 1}));
-    TESSERA_RETURN_IF_ERROR(b.Cast(v, v32));
-  }
-  f.values->resize(t);
-  TESSERA_RETURN_IF_ERROR(b.CopyToHost(v32, f.values->data()));
-  if (f.value_grad == nullptr) return absl::OkStatus();
-  TESSERA_ASSIGN_OR_RETURN(f.dvalues, (*f.value_grad)(*f.values));
-  if (static_cast<int64_t>(f.dvalues.size()) != t)
-    return absl::InvalidArgumentError(absl::StrCat("dL/dvalue: ", f.dvalues.size(), " values for ", t, " tokens"));
-  return absl::OkStatus();
-}
-
-// Back through the value head and the final norm. The head is replicated over TP and
-// sees every token (no SP), so each rank's gradient of the norm's output is already the
-// whole one: nothing to reduce.
-absl::StatusOr<Tensor> Llama::ValueHeadBackward(Flight& f, int64_t t) {
-  Backend& b = *backend_;
-  TESSERA_ASSIGN_OR_RETURN(Tensor dv32, New(b, {t, 1}));
-  TESSERA_RETURN_IF_ERROR(b.CopyFromHost(f.dvalues.data(), dv32));
-  Tensor dv = dv32;
-  if (act_ != DType::kF32) {
-    TESSERA_ASSIGN_OR_RETURN(dv, New(b, {t, 1}, act_));
-    TESSERA_RETURN_IF_ERROR(b.Cast(dv32, dv));
-  }
-  TESSERA_ASSIGN_OR_RETURN(Tensor dxn, New(b, {t, config_.hidden}, act_));
-  TESSERA_RETURN_IF_ERROR(LinearBackward(b, dv, f.xn_full, *score_, dxn, 0.f));
-  TESSERA_ASSIGN_OR_RETURN(Tensor dx, New(b, f.x_last.shape(), act_));
-  TESSERA_RETURN_IF_ERROR(NormBackward(dxn, f.x_last, *final_norm_, f.rstd, dx));
-  return dx;
-}
-
 absl::StatusOr<LossSum> Llama::Run(const TokenBatch& batch, bool backward, float grad_scale, std::vector<float>* logits_out,
                                    TokenStats* stats, const LogProbGrad* logprob_grad, std::vector<float>* values,
                                    const ValueGrad* value_grad) {
@@ -680,6 +580,7 @@ absl::StatusOr<LossSum> Llama::Run(const TokenBatch& batch, bool backward, float
                                              ? "model: a critic (value head) gives values: TokenValues / ForwardBackwardValues"
                                              : "model: values need a critic (LlamaConfig::value_head)");
   TESSERA_RETURN_IF_ERROR(CheckBatch(batch));
+  if (backward) TESSERA_RETURN_IF_ERROR(CheckNotFrozen("a backward pass"));
   Flight f;
   f.stats = stats;
   f.logprob_grad = logprob_grad;
@@ -695,34 +596,10 @@ absl::StatusOr<LossSum> Llama::Run(const TokenBatch& batch, bool backward, float
   return loss;
 }
 
-absl::Status Llama::DeviceLoss(Flight& f, const TokenBatch& batch, float grad_scale, LossSum* loss) {
-  Backend& b = *backend_;
-  const int64_t t = f.logits.dim(0);
-  Tensor part[4];  // max, sum of exp, (the entropy's, unused), target logit
-  TESSERA_RETURN_IF_ERROR(CombinedPartials(f.logits, f.in, /*dot=*/false, part));
-  if (!loss_sum_.defined()) {
-    TESSERA_ASSIGN_OR_RETURN(loss_sum_, b.Empty({1}, DType::kF32));
-  }
-  if (!loss_pending_) TESSERA_RETURN_IF_ERROR(b.Fill(loss_sum_, 0));
-  TESSERA_ASSIGN_OR_RETURN(f.lse_t, New(b, {t}));
-  TESSERA_ASSIGN_OR_RETURN(f.dloss_t, New(b, {t}));
-  TESSERA_RETURN_IF_ERROR(b.CrossEntropyLoss(part[0], part[1], part[3], f.in.targets, grad_scale, f.lse_t, f.dloss_t, loss_sum_));
-  loss_pending_ = true;
-  for (int32_t target : batch.targets) loss->tokens += target >= 0 ? 1 : 0;
-  return absl::OkStatus();
-}
-
-absl::StatusOr<double> Llama::TakePendingLoss() {
-  if (!loss_pending_) return 0.0;
-  float sum = 0.f;
-  TESSERA_RETURN_IF_ERROR(backend_->CopyToHost(loss_sum_, &sum));
-  loss_pending_ = false;
-  return static_cast<double>(sum);
-}
-
 absl::StatusOr<Tensor> Llama::PipelineForward(int chunk, int64_t micro_batch, const TokenBatch& batch,
                                               const Tensor* input, float grad_scale, LossSum* loss) {
   if (chunk < 0 || chunk >= stage_.vpp) return absl::OutOfRangeError(absl::StrCat("model: no chunk ", chunk));
+  TESSERA_RETURN_IF_ERROR(CheckNotFrozen("a pipeline stage's forward and backward"));
   TESSERA_RETURN_IF_ERROR(CheckBatch(batch));
   if (FirstVirtualStage(chunk) != (input == nullptr))
     return absl::InvalidArgumentError("model: the first virtual stage takes no input, every other one does");
@@ -756,52 +633,6 @@ absl::StatusOr<Tensor> Llama::PipelineBackward(int chunk, int64_t micro_batch, c
   std::unique_ptr<Flight> f = std::move(it->second);
   flights_.erase(it);
   return ChunkBackward(chunk, *f, grad_output);
-}
-
-// This rank's cross-entropy partials of logits [T, V/tp] (max, sum of exp, sum of exp * z
-// when `dot`, target logit), combined over the TP group on the device: M = max_k max_k,
-// S = sum_k sum_k exp(max_k - M) (D likewise), z_t = sum_k tgt_k (zero off-shard).
-absl::Status Llama::CombinedPartials(const Tensor& logits, const Inputs& in, bool dot, Tensor (&part)[4]) {
-  Backend& b = *backend_;
-  const int64_t t = logits.dim(0), vocab_start = tp_rank() * (config_.vocab / tp_size());
-  for (auto& p : part) {
-    TESSERA_ASSIGN_OR_RETURN(p, New(b, {t}));
-  }
-  TESSERA_RETURN_IF_ERROR(b.CrossEntropyPartials(logits, in.targets, vocab_start, part[0], part[1], part[2], part[3]));
-  if (tp_ == nullptr) return absl::OkStatus();
-  TESSERA_ASSIGN_OR_RETURN(Tensor global_max, New(b, {t}));
-  TESSERA_RETURN_IF_ERROR(tp_->AllReduce(part[0].data(), global_max.data(), t, DType::kF32, comm::ReduceOp::kMax));
-  for (int k : {1, 2}) {
-    if (k == 2 && !dot) continue;
-    TESSERA_RETURN_IF_ERROR(b.CrossEntropyRescale(part[0], global_max, part[k]));
-    TESSERA_RETURN_IF_ERROR(AllReduce(part[k]));
-  }
-  TESSERA_RETURN_IF_ERROR(AllReduce(part[3]));
-  part[0] = global_max;
-  return absl::OkStatus();
-}
-
-// Per-token log-sum-exp over the whole vocabulary, on the host (CombinedPartials read
-// back); leaves the target logits in in.target_logit and, if asked, the entropies.
-absl::StatusOr<std::vector<float>> Llama::CrossEntropyLse(const Tensor& logits, Inputs& in,
-                                                           std::vector<float>* entropy) {
-  Backend& b = *backend_;
-  const int64_t t = logits.dim(0);
-  Tensor part[4];
-  TESSERA_RETURN_IF_ERROR(CombinedPartials(logits, in, entropy != nullptr, part));
-  if (tp_ != nullptr) TESSERA_RETURN_IF_ERROR(tp_->Synchronize());  // under the watchdog, before the host waits
-  std::vector<float> mx(t), sum(t), dot(entropy != nullptr ? t : 0), lse(t);
-  in.target_logit.assign(t, 0.f);
-  TESSERA_RETURN_IF_ERROR(b.CopyToHost(part[0], mx.data()));
-  TESSERA_RETURN_IF_ERROR(b.CopyToHost(part[1], sum.data()));
-  if (entropy != nullptr) TESSERA_RETURN_IF_ERROR(b.CopyToHost(part[2], dot.data()));
-  TESSERA_RETURN_IF_ERROR(b.CopyToHost(part[3], in.target_logit.data()));
-  for (int64_t i = 0; i < t; ++i) lse[i] = mx[i] + std::log(sum[i]);
-  if (entropy != nullptr) {  // H = lse - sum_j p_j z_j, and sum_j p_j z_j = dot / sum
-    entropy->resize(t);
-    for (int64_t i = 0; i < t; ++i) (*entropy)[i] = lse[i] - dot[i] / sum[i];
-  }
-  return lse;
 }
 
 }  // namespace tessera::model

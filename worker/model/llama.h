@@ -164,6 +164,13 @@ class Llama {
   // Marks p's gradient stale (ZeroGrads for one parameter; NaN on the CPU backend).
   absl::Status MarkGradStale(Param& p);
 
+  // For a model that only runs forward passes (RL's reference policy): drops every
+  // gradient and, under mixed precision, the f32 values, keeping the compute copies the
+  // forward multiplies with — 2Φ bytes instead of 10Φ in bf16. From then on anything that
+  // writes or reads the f32 weights or runs a backward is refused (FAILED_PRECONDITION).
+  absl::Status Freeze();
+  bool frozen() const { return frozen_; }
+
   // Blocks (see ParamHooks): the parameters a block uses, and those whose gradient is
   // complete after its backward (each parameter is owned by the lowest block using it:
   // the backward runs from the top block down; a tied embedding belongs to block 0).
@@ -181,6 +188,18 @@ class Llama {
   // gradient, once read) for the down projection's weight gradient. Bit for bit the same
   // training; [tokens, ffn / tp] less per layer kept (TrainSpec.recompute_swiglu).
   void set_recompute_swiglu(bool on) { recompute_swiglu_ = on; }
+  // The LM head's logits [tokens, vocab / tp] are made in chunks of at most this many
+  // tokens (0: the default, kHeadChunkElements / (vocab / tp) tokens, so ~512 MiB of
+  // bf16 logits): each chunk's cross-entropy partials (max, sum of exp, the entropy's
+  // dot, the target logit) are kept and its logits dropped, so the loss, log-probs and
+  // entropies of a batch never hold the whole batch's logits. Where a batch needs more
+  // than one chunk, the backward makes each chunk's logits again (one more head GEMM)
+  // and runs the cross-entropy's and the head's backward chunk by chunk, adding the
+  // weight gradient; with one chunk the forward's logits serve the backward as they are.
+  static constexpr int64_t kHeadChunkElements = int64_t{1} << 28;
+  void set_head_chunk_tokens(int64_t tokens) { head_chunk_tokens_ = tokens; }
+  // Tokens per logits chunk for a batch of t tokens (at most t).
+  int64_t HeadChunkTokens(int64_t t) const;
 
   // Pipeline parallelism: one model chunk of one micro-batch (the schedule is the
   // trainer's). The first virtual stage reads the batch's tokens (input null), others
@@ -306,14 +325,26 @@ class Llama {
                               std::vector<float>* logits_out = nullptr, TokenStats* stats = nullptr,
                               const LogProbGrad* logprob_grad = nullptr, std::vector<float>* values = nullptr,
                               const ValueGrad* value_grad = nullptr);
+  // The last virtual stage's head (llama_head.cc), after the final norm (f.xn_full): the
+  // LM head's loss or log-probs (or a critic's values), and its backward, which returns
+  // the gradient of the final norm's output.
+  absl::Status HeadForward(Flight& f, const TokenBatch& batch, bool backward, float grad_scale, LossSum* loss,
+                           std::vector<float>* logits_out);
+  absl::StatusOr<runtime::Tensor> HeadBackward(Flight& f);
   absl::Status ValueHeadForward(Flight& f, int64_t t);
   absl::StatusOr<runtime::Tensor> ValueHeadBackward(Flight& f, int64_t t);
-  // This rank's cross-entropy partials of `logits` (its vocabulary shard) combined over
-  // TP on the device: {max, sum of exp, sum of exp * z (only with `dot`), target logit}.
-  absl::Status CombinedPartials(const runtime::Tensor& logits, const Inputs& in, bool dot, runtime::Tensor (&part)[4]);
-  // Per token of `logits`: the log-sum-exp over the whole vocabulary, on the host; leaves
-  // the target logits in in.target_logit and, if asked, the entropies.
-  absl::StatusOr<std::vector<float>> CrossEntropyLse(const runtime::Tensor& logits, Inputs& in,
+  // The head's logits chunk by chunk (HeadChunkTokens), each chunk's cross-entropy
+  // partials into part[] (f32 [T] each, combined over TP: {max, sum of exp, sum of exp * z
+  // (only with `dot`), target logit}); the logits are kept in f.logits only where one
+  // chunk holds the batch (`keep`), and copied to the host into *logits_out if given.
+  absl::Status HeadPartials(Flight& f, bool dot, bool keep, std::vector<float>* logits_out, runtime::Tensor (&part)[4]);
+  // One chunk's partials (its logits [n, V/tp], targets [n]) into part[] ([n] views),
+  // combined over the TP group on the device.
+  absl::Status CombinedPartials(const runtime::Tensor& logits, const runtime::Tensor& targets, bool dot,
+                                runtime::Tensor (&part)[4]);
+  // Per token: the log-sum-exp over the whole vocabulary from its partials, on the host;
+  // leaves the target logits in in.target_logit and, if asked, the entropies.
+  absl::StatusOr<std::vector<float>> CrossEntropyLse(const runtime::Tensor (&part)[4], Inputs& in,
                                                      std::vector<float>* entropy = nullptr);
 
   LlamaConfig config_;
@@ -336,7 +367,11 @@ class Llama {
   runtime::Tensor loss_sum_;  // f32 [1]: the cross-entropy summed on the device (set_defer_loss)
   bool loss_pending_ = false;  // loss_sum_ holds a sum not yet taken (else it is zeroed before use)
   // The whole-vocabulary loss of a flight on the device: lse, dloss and the pending sum.
-  absl::Status DeviceLoss(Flight& f, const TokenBatch& batch, float grad_scale, LossSum* loss);
+  absl::Status DeviceLoss(Flight& f, const TokenBatch& batch, float grad_scale, LossSum* loss,
+                          const runtime::Tensor (&part)[4]);
+  int64_t head_chunk_tokens_ = 0;  // set_head_chunk_tokens
+  bool frozen_ = false;            // Freeze()
+  absl::Status CheckNotFrozen(const char* what) const;
   StageSpec stage_;
   std::vector<std::vector<int64_t>> chunk_layers_;  // per chunk, its layers
   std::map<std::pair<int, int64_t>, std::unique_ptr<Flight>> flights_;  // (chunk, micro-batch) in flight

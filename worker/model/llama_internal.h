@@ -1,5 +1,6 @@
 // Llama's internal structures, shared by its source files (llama.cc: training;
-// llama_layer.cc: a decoder layer's forward and backward; generator.cc: the forward
+// llama_layer.cc: a decoder layer's forward and backward; llama_head.cc: the LM head
+// and the value head; generator.cc: the forward
 // over a KV cache: Generator). Not part of the model's interface.
 #pragma once
 
@@ -53,6 +54,23 @@ struct Llama::Inputs {
 struct Llama::LayerActs {
   runtime::Tensor x_in, xn1, xn1_full, rstd1, q, k, v, o, lse, x_mid, xn2, xn2_full, rstd2, gate, up, act;
   runtime::Tensor q_pre, k_pre, rstd_q, rstd_k;  // qk_norm: each head's q and k before their norm
+};
+
+// One micro-batch's pass through one model chunk: what its backward needs.
+struct Llama::Flight {
+  Inputs in;
+  std::vector<LayerActs> acts;  // per layer of the chunk
+  runtime::Tensor x_last, xn, rstd, xn_full;  // the head (last virtual stage)
+  runtime::Tensor logits;  // the head's logits, where one chunk held them (else the backward makes them again)
+  int64_t head_rows = 0;   // tokens per logits chunk (Llama::HeadChunkTokens)
+  std::vector<float> lse, dloss;
+  runtime::Tensor lse_t, dloss_t;  // on the device instead (Llama::DeviceLoss)
+  std::vector<float> dentropy;  // ForwardBackwardLogProbs with an entropy term: dL/dH per token
+  std::vector<float>* values = nullptr;  // a critic's: filled by the value head
+  const ValueGrad* value_grad = nullptr;  // ForwardBackwardValues: the per-token gradient
+  std::vector<float> dvalues;
+  TokenStats* stats = nullptr;  // TokenLogProbs: filled by the head
+  const LogProbGrad* logprob_grad = nullptr;  // ForwardBackwardLogProbs: the per-token gradient
 };
 
 // A layer's step over the KV cache (generation): its keys and values go to `slots` of

@@ -1,11 +1,13 @@
 #include "worker/rollout/rollout.h"
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <cstring>
 #include <deque>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/status.h"
 #include "worker/rollout/rollout_seq.h"
 
@@ -68,17 +70,8 @@ absl::StatusOr<std::vector<Completion>> RolloutEngine::Generate(const std::vecto
   const int64_t bs = options_.block_size, vocab = model_->config().vocab;
   for (size_t i = 0; i < requests.size(); ++i)
     TESSERA_RETURN_IF_ERROR(CheckRequest(requests[i], i, vocab, options_.num_blocks * bs));
-  if (gen_ == nullptr) {
-    // With CUDA graphs, blocks past num_blocks take the padded rows' writes (one slot per
-    // row of the largest padded batch); they are never handed out.
-    int64_t pad_rows = 1;
-    while (pad_rows < options_.max_running) pad_rows *= 2;
-    const int64_t scratch = GraphsUsable() ? (pad_rows + bs - 1) / bs : 0;
-    TESSERA_ASSIGN_OR_RETURN(gen_, model::Generator::Create(model_, options_.num_blocks + scratch, bs));
-    scratch_block_ = scratch > 0 ? options_.num_blocks : -1;
-    free_blocks_.clear();
-    for (int64_t b = options_.num_blocks - 1; b >= 0; --b) free_blocks_.push_back(static_cast<int32_t>(b));
-  }
+  model_->backend().allocator()->ResetPeak();
+  if (gen_ == nullptr) TESSERA_RETURN_IF_ERROR(MakeCache(requests));
   if (scratch_block_ >= 0) {  // graphs bake in addresses: drop them when weights or cache moved
     const uint64_t fp = GraphFingerprint();
     if (fp != graph_fingerprint_) graphs_.clear(), graph_fingerprint_ = fp;
@@ -116,10 +109,13 @@ absl::StatusOr<std::vector<Completion>> RolloutEngine::Generate(const std::vecto
   };
   while (!waiting.empty() || !running.empty()) {
     std::vector<Seq*> admitted;
+    int64_t prefill_tokens = 0;
     while (!waiting.empty() && static_cast<int64_t>(running.size() + admitted.size()) < options_.max_running &&
-           static_cast<int64_t>(free_blocks_.size()) >= blocks_for(*waiting.front())) {
+           static_cast<int64_t>(free_blocks_.size()) >= blocks_for(*waiting.front()) &&
+           (admitted.empty() || prefill_tokens + waiting.front()->prompt_len <= options_.max_prefill_tokens)) {
       Seq* s = waiting.front();
       waiting.pop_front();
+      prefill_tokens += s->prompt_len;
       for (int64_t k = blocks_for(*s); k > 0; --k) {
         s->blocks.push_back(free_blocks_.back());
         free_blocks_.pop_back();
@@ -144,7 +140,56 @@ absl::StatusOr<std::vector<Completion>> RolloutEngine::Generate(const std::vecto
   }
   std::vector<Completion> out;
   for (auto& s : all) out.push_back(std::move(s->out));
+  peak_bytes_ = model_->backend().allocator()->stats().peak_bytes;
   return out;
+}
+
+int64_t RolloutEngine::cache_bytes() const {
+  return gen_ == nullptr ? 0 : cache_blocks_ * model::Generator::CacheBytesPerBlock(*model_, options_.block_size);
+}
+
+int64_t KvCacheBlocks(int64_t wanted, int64_t bytes_per_block, const runtime::Backend::DeviceMemory& memory,
+                      double utilization) {
+  const double budget = utilization * static_cast<double>(memory.total) - static_cast<double>(memory.total - memory.free);
+  const double fit = std::floor(std::max(0.0, budget) / static_cast<double>(std::max<int64_t>(1, bytes_per_block)));
+  return fit < static_cast<double>(wanted) ? static_cast<int64_t>(fit) : wanted;
+}
+
+absl::Status RolloutEngine::MakeCache(const std::vector<GenerationRequest>& requests) {
+  const int64_t bs = options_.block_size;
+  // With CUDA graphs, blocks past the cache's take the padded rows' writes (one slot per
+  // row of the largest padded batch); they are never handed out.
+  int64_t pad_rows = 1;
+  while (pad_rows < options_.max_running) pad_rows *= 2;
+  const int64_t scratch = GraphsUsable() ? (pad_rows + bs - 1) / bs : 0;
+  int64_t blocks = options_.num_blocks;
+  if (options_.gpu_memory_utilization > 0) {
+    auto memory = model_->backend().MemoryInfo();
+    if (!memory.ok() && memory.status().code() != absl::StatusCode::kUnimplemented) return memory.status();
+    if (memory.ok()) {
+      const int64_t bytes_per_block = model::Generator::CacheBytesPerBlock(*model_, bs);
+      const int64_t fit = KvCacheBlocks(options_.num_blocks + scratch, bytes_per_block, *memory,
+                                        options_.gpu_memory_utilization) - scratch;
+      int64_t longest = 0;
+      for (const auto& r : requests)
+        longest = std::max<int64_t>(longest, (static_cast<int64_t>(r.prompt.size()) + r.params.max_new_tokens + bs - 1) / bs);
+      constexpr double kGiB = 1 << 30;
+      if (fit < longest)
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "rollout: the KV cache fits ", std::max<int64_t>(0, fit), " blocks of ", bs, " tokens (",
+            absl::StrFormat("%.2f", std::max<int64_t>(0, fit) * bytes_per_block / kGiB), " GiB) within gpu_memory_utilization ",
+            options_.gpu_memory_utilization, " of ", absl::StrFormat("%.1f", memory->total / kGiB), " GiB with ",
+            absl::StrFormat("%.1f", (memory->total - memory->free) / kGiB), " GiB in use; the longest sequence needs ",
+            longest, " blocks (its prompt + max_new_tokens)"));
+      blocks = std::min(blocks, fit);
+    }
+  }
+  TESSERA_ASSIGN_OR_RETURN(gen_, model::Generator::Create(model_, blocks + scratch, bs));
+  cache_blocks_ = blocks;
+  scratch_block_ = scratch > 0 ? blocks : -1;
+  free_blocks_.clear();
+  for (int64_t b = blocks - 1; b >= 0; --b) free_blocks_.push_back(static_cast<int32_t>(b));
+  return absl::OkStatus();
 }
 
 absl::Status RolloutEngine::Prefill(std::vector<Seq*>& admitted) {

@@ -62,8 +62,16 @@ struct Completion {
 
 struct RolloutOptions {
   int64_t block_size = 16;
-  int64_t num_blocks = 256;  // cache capacity: num_blocks * block_size tokens
+  int64_t num_blocks = 256;  // cache capacity: num_blocks * block_size tokens (at most: below)
   int64_t max_running = 64;  // samples decoded together
+  // A prefill packs the admitted samples' prompts up to this many tokens (at least one
+  // sample's); the rest wait for the next admission, a decode step later.
+  int64_t max_prefill_tokens = 8192;
+  // Where > 0 and the device's memory is known (a GPU): the cache is made with at most
+  // the blocks that fit in this fraction of the device's memory, counting what is already
+  // allocated there (KvCacheBlocks), when Generate() makes it. A request longer than that
+  // cache is refused naming the numbers.
+  double gpu_memory_utilization = 0;
   bool sample_on_host = false;  // a GPU model's logits sampled on the host all the same (tests)
   // GPU, no TP, no parameter hooks, no QKV bias: each decode step is a CUDA graph (one per
   // padded batch size and table width, captured at its second use) — the step's inputs
@@ -78,6 +86,12 @@ struct RolloutOptions {
 model::TokenBatch CompletionSequence(const std::vector<int32_t>& prompt, const std::vector<int32_t>& completion,
                                      std::vector<double>* mask = nullptr);
 
+// The blocks of a KV cache: `wanted`, or as many of `bytes_per_block` as fit in
+// utilization x total less what the device holds already (total - free), if fewer (never
+// below 0).
+int64_t KvCacheBlocks(int64_t wanted, int64_t bytes_per_block, const runtime::Backend::DeviceMemory& memory,
+                      double utilization);
+
 class RolloutEngine {
  public:
   // The model is not owned and must outlive the engine; its weights are read as they are
@@ -87,8 +101,14 @@ class RolloutEngine {
   // empty prompt or a bad parameter is an error naming the request, before anything runs.
   absl::StatusOr<std::vector<Completion>> Generate(const std::vector<GenerationRequest>& requests);
   void ReleaseCache();
-  // Whether the KV cache is allocated (from the first Generate() until ReleaseCache()).
+  // Whether the KV cache is allocated (from the first Generate() until ReleaseCache()),
+  // and its blocks (options' num_blocks, or fewer where memory is budgeted).
   bool holds_cache() const { return gen_ != nullptr; }
+  int64_t cache_blocks() const { return cache_blocks_; }
+  int64_t cache_bytes() const;
+  // The model's device tensors at their peak during the last Generate() (its allocator's
+  // peak, reset when the call starts).
+  int64_t peak_bytes() const { return peak_bytes_; }
   // Decode steps and prefills of the last Generate() (tests: continuous batching), and
   // how many of its decode steps replayed a CUDA graph.
   int64_t decode_steps() const { return decode_steps_; }
@@ -142,7 +162,10 @@ class RolloutEngine {
   bool device_sampling_ = false;
   std::unique_ptr<model::Generator> gen_;  // the model over its KV cache (null: released)
   std::vector<int32_t> free_blocks_;
-  int64_t decode_steps_ = 0, prefills_ = 0;
+  int64_t cache_blocks_ = 0;  // blocks handed out (the cache's, scratch excluded)
+  // Makes the cache (gen_): its blocks from the options and, budgeted, the device's memory.
+  absl::Status MakeCache(const std::vector<GenerationRequest>& requests);
+  int64_t decode_steps_ = 0, prefills_ = 0, peak_bytes_ = 0;
   double prefill_s_ = 0, decode_s_ = 0;
 };
 

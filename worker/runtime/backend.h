@@ -81,6 +81,16 @@ class Backend {
   virtual absl::StatusOr<HostBuffer> AllocHostStaging(size_t bytes) {
     return HostBuffer(new char[bytes], [](char* p) { delete[] p; });
   }
+  // The device's memory, for sizing a cache to it: its total and free bytes, after the
+  // allocator's pool gave the memory it holds unused back to the device (CUDA: waits for
+  // the stream, then trims the pool). UNIMPLEMENTED on the CPU backend, whose host
+  // memory is not budgeted.
+  struct DeviceMemory {
+    int64_t total = 0, free = 0;
+  };
+  virtual absl::StatusOr<DeviceMemory> MemoryInfo() {
+    return absl::UnimplementedError("memory info: the CPU backend's host memory is not budgeted");
+  }
   // Sets every byte of `t` (tests poison outputs with 0xff = NaN).
   virtual absl::Status Fill(Tensor& t, uint8_t byte) = 0;
   // A value that is not an integer (Fill(t, -INFINITY), Fill(t, 1.f)) does not compile:

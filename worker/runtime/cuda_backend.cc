@@ -152,6 +152,16 @@ class CudaBackend final : public Backend {
     return std::unique_ptr<Graph>(new CudaGraph(exec, stream_));
   }
   absl::Status Synchronize() override { return Cuda(cudaStreamSynchronize(stream_), "synchronize"); }
+  absl::StatusOr<DeviceMemory> MemoryInfo() override {
+    cudaSetDevice(device_);
+    TESSERA_RETURN_IF_ERROR(Synchronize());
+    cudaMemPool_t pool;
+    TESSERA_RETURN_IF_ERROR(Cuda(cudaDeviceGetDefaultMemPool(&pool, device_), "cudaDeviceGetDefaultMemPool"));
+    TESSERA_RETURN_IF_ERROR(Cuda(cudaMemPoolTrimTo(pool, 0), "cudaMemPoolTrimTo"));
+    size_t free = 0, total = 0;
+    TESSERA_RETURN_IF_ERROR(Cuda(cudaMemGetInfo(&free, &total), "cudaMemGetInfo"));
+    return DeviceMemory{static_cast<int64_t>(total), static_cast<int64_t>(free)};
+  }
   // Events are kept for reuse across ClearMarks (a pipeline step records two per op).
   absl::StatusOr<int> Mark() override {
     if (used_marks_ == events_.size()) {

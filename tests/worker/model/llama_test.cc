@@ -397,3 +397,40 @@ TEST(LlamaTest, TokenLogProbsEqualLogSoftmaxOfTheLogits) {
 }
 }  // namespace
 }  // namespace tessera::model
+
+namespace tessera::model {
+namespace {
+// A frozen model (RL's reference) gives the same log-probs from its bf16 compute copies,
+// holds 2 bytes per parameter instead of 10 (f32 value and gradient dropped), and
+// refuses a backward or a weight write by name.
+TEST(LlamaTest, FreezeKeepsTheForwardAndDropsWhatOnlyTrainingNeeds) {
+  auto be = runtime::MakeCpuBackend();
+  LlamaConfig c = test::TinyConfig(64, /*tied=*/true, /*bias=*/true);
+  c.dtype = tessera::DType::kBF16;
+  auto m = Llama::Create(c, be.get());
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_TRUE((*m)->InitRandom(5, 0.3f).ok());
+  const TokenBatch batch = test::RandomBatch(64, 7, {9, 4});
+  auto before = (*m)->TokenLogProbs(batch);
+  ASSERT_TRUE(before.ok()) << before.status();
+  int64_t params = 0;
+  for (auto& p : (*m)->params()) params += p.value.numel();
+  const int64_t held = be->allocator()->stats().current_bytes;
+  ASSERT_TRUE((*m)->Freeze().ok());
+  EXPECT_TRUE((*m)->frozen());
+  EXPECT_LE(be->allocator()->stats().current_bytes, held - 8 * params);
+  auto after = (*m)->TokenLogProbs(batch);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->logprob, before->logprob);
+  EXPECT_EQ(after->entropy, before->entropy);
+  auto bwd = (*m)->ForwardBackward(batch, 1.f);
+  ASSERT_FALSE(bwd.ok());
+  EXPECT_EQ(bwd.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(bwd.status().message(), HasSubstr("frozen"));
+  EXPECT_EQ((*m)->SetGlobal((*m)->params()[0], std::vector<float>((*m)->params()[0].spec.shape[0] *
+                                                                   (*m)->params()[0].spec.shape[1])).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*m)->GatherGlobal((*m)->params()[0], false).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+}  // namespace
+}  // namespace tessera::model

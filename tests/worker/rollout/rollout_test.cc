@@ -145,6 +145,33 @@ TEST_F(RolloutTest, SampledLogProbsAreTheTrainingEnginesAndBatchingChangesNothin
   }
 }
 
+// A prefill token budget admits fewer samples per prefill (one at least, the 33-token
+// prompt alone over a budget of 20) and changes no token.
+TEST_F(RolloutTest, APrefillTokenBudgetSplitsAdmissionAndChangesNothing) {
+  const auto reqs = Requests(Config().vocab, /*temperature=*/1.f, /*n=*/3, 6);
+  RolloutOptions o;
+  o.block_size = 8, o.num_blocks = 200, o.max_running = 18;
+  auto whole = Engine(o);
+  auto all = whole->Generate(reqs);
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(whole->prefills(), 1);
+  o.max_prefill_tokens = 20;
+  auto split = Engine(o);
+  auto got = split->Generate(reqs);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_GE(split->prefills(), 10);  // 204 prompt tokens, at most 20 a prefill unless one alone is longer
+  for (size_t i = 0; i < all->size(); ++i) EXPECT_EQ((*got)[i].tokens, (*all)[i].tokens) << "sample " << i;
+}
+
+// The cache's blocks within a memory budget: utilization x total less what is in use.
+TEST(KvCacheBlocks, FitTheBudgetAndNeverExceedWhatIsWanted) {
+  const runtime::Backend::DeviceMemory gpu{100 << 20, 60 << 20};  // 100 MiB, 40 in use
+  EXPECT_EQ(KvCacheBlocks(1000, 1 << 20, gpu, 0.9), 50);   // 90 - 40 MiB of 1 MiB blocks
+  EXPECT_EQ(KvCacheBlocks(20, 1 << 20, gpu, 0.9), 20);     // no more than wanted
+  EXPECT_EQ(KvCacheBlocks(1000, 3 << 20, gpu, 0.5), 3);    // 10 MiB: three whole blocks
+  EXPECT_EQ(KvCacheBlocks(1000, 1 << 20, gpu, 0.3), 0);    // already past the budget
+}
+
 TEST_F(RolloutTest, StopTokensEndASampleAndFreeItsBlocks) {
   // Greedy from one prompt: take its 4th generated token as a stop token; the rerun stops
   // there (the stop token kept), and the cache, one request's worth, serves both in turn.
