@@ -5,6 +5,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 
 namespace tessera::rl {
 
@@ -49,6 +50,43 @@ absl::StatusOr<Gae> ComputeGae(const std::vector<double>& rewards, const std::ve
     out.returns[t] = next_adv + values[t];
     next_value = values[t];
   }
+  return out;
+}
+
+absl::StatusOr<PpoAdvantages> ComputePpoAdvantages(const std::vector<PpoResponse>& responses, const PpoAdvantageOptions& o) {
+  if (o.kl_reward_coef < 0) return absl::InvalidArgumentError(absl::StrCat("kl_reward_coef: ", o.kl_reward_coef, " < 0"));
+  PpoAdvantages out;
+  double kl_sum = 0, kl_n = 0;
+  for (size_t i = 0; i < responses.size(); ++i) {
+    const PpoResponse& r = responses[i];
+    const size_t n = r.values.size();
+    if (o.kl_reward_coef > 0 && (r.old_logp.size() != n || r.ref_logp.size() != n))
+      return absl::InvalidArgumentError(absl::StrCat("responses[", i, "]: ", r.old_logp.size(), " old and ", r.ref_logp.size(),
+                                                     " reference log-probs for ", n, " values"));
+    std::vector<double> rewards(n, 0.0);
+    if (o.kl_reward_coef > 0)
+      for (size_t t = 0; t < n; ++t) {
+        const double kl = r.old_logp[t] - r.ref_logp[t];
+        rewards[t] -= o.kl_reward_coef * kl;
+        kl_sum += kl, kl_n += 1;
+      }
+    if (n > 0) rewards.back() += r.reward;
+    TESSERA_ASSIGN_OR_RETURN(Gae g, ComputeGae(rewards, r.values, o.gamma, o.lambda));
+    out.advantages.push_back(std::move(g.advantages));
+    out.returns.push_back(std::move(g.returns));
+  }
+  out.reward_kl = kl_n > 0 ? kl_sum / kl_n : 0.0;
+  if (!o.whiten) return out;
+  double n = 0, mean = 0, sq = 0;
+  for (const auto& a : out.advantages)
+    for (double v : a) n += 1, mean += v;
+  if (n < 2) return out;
+  mean /= n;
+  for (const auto& a : out.advantages)
+    for (double v : a) sq += (v - mean) * (v - mean);
+  const double inv = 1.0 / std::sqrt(sq / (n - 1) + 1e-8);
+  for (auto& a : out.advantages)
+    for (double& v : a) v = (v - mean) * inv;
   return out;
 }
 

@@ -36,6 +36,28 @@ struct Gae {
 absl::StatusOr<Gae> ComputeGae(const std::vector<double>& rewards, const std::vector<double>& values, double gamma,
                                double lambda, double last_value = 0);
 
+// PPO's advantages and returns over a batch of responses: each response's token rewards
+// (its outcome `reward` on the last token; with kl_reward_coef > 0 minus kl_reward_coef
+// (old_logp - ref_logp) on every token: InstructGPT's k1 penalty), GAE over its tokens
+// (bootstrapped with 0 after the last), then — with `whiten` — the advantages whitened
+// over all the batch's tokens (unbiased deviation; verl's default). Per response: its
+// tokens' critic values, and with the penalty the old policy's and the reference's
+// log-probs (as many as values). reward_kl: the penalty's mean k1 over the tokens.
+struct PpoAdvantageOptions {
+  double gamma = 1.0, lambda = 0.95;
+  double kl_reward_coef = 0;
+  bool whiten = true;
+};
+struct PpoResponse {
+  double reward = 0;
+  std::vector<double> values, old_logp, ref_logp;
+};
+struct PpoAdvantages {
+  std::vector<std::vector<double>> advantages, returns;  // per response, per token
+  double reward_kl = 0;
+};
+absl::StatusOr<PpoAdvantages> ComputePpoAdvantages(const std::vector<PpoResponse>& responses, const PpoAdvantageOptions& o);
+
 // KL(policy || reference) per token from the two log-probabilities of the sampled token
 // (Schulman's estimators): k1 = logp - ref, k2 = (logp - ref)^2 / 2,
 // k3 = exp(ref - logp) - (ref - logp) - 1 (unbiased, always >= 0). KlGrad is d k / d logp.

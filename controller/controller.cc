@@ -167,6 +167,39 @@ class GrpcExecutorClient final : public ExecutorClient {
     return resp;
   }
 
+  // The header and the samples in chunks, then the statistics and the per-token tensor.
+  absl::StatusOr<v1::RlForwardStats> RlForward(const v1::RlForwardHeader& header, const v1::TensorBatch& samples,
+                                               v1::TensorBatch* out, int64_t timeout_ms) override {
+    TESSERA_ASSIGN_OR_RETURN(auto ctx, Begin(timeout_ms));
+    std::unique_ptr<grpc::ClientReaderWriter<v1::RlForwardRequest, v1::RlForwardResponse>> io = stub_->RlForward(ctx.get());
+    v1::RlForwardRequest m;
+    *m.mutable_header() = header;
+    // A failed write means the executor ended the call: Finish says why.
+    if (io->Write(m))
+      if (ForEachChunk(samples, [&](const v1::TensorChunk& c) {
+            *m.mutable_chunk() = c;
+            return io->Write(m);
+          }))
+        io->WritesDone();
+    v1::RlForwardResponse r;
+    std::optional<v1::RlForwardStats> stats;
+    BatchAssembler batch;
+    absl::Status bad;
+    while (io->Read(&r)) {
+      if (!bad.ok()) continue;  // drain: Finish wants the stream read to its end
+      if (r.has_stats() && !stats) stats = std::move(*r.mutable_stats());
+      else if (r.has_chunk() && stats) bad = batch.Add(std::move(*r.mutable_chunk()));
+      else bad = absl::InternalError("RlForward: the stream does not start with the statistics");
+    }
+    const grpc::Status st = io->Finish();
+    End(ctx.get());
+    if (!st.ok()) return FromGrpc(st);
+    if (!bad.ok()) return bad;
+    if (!stats) return absl::InternalError("RlForward: the stream ended without the statistics");
+    TESSERA_ASSIGN_OR_RETURN(*out, std::move(batch).Finish());
+    return *stats;
+  }
+
   void Cancel() override {
     std::lock_guard<std::mutex> l(mu_);
     cancelled_ = true;

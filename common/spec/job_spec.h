@@ -49,11 +49,16 @@ std::vector<std::pair<std::string, std::string>> JobPathFields(const v1::JobSpec
 // The job kinds this build can run.
 bool IsRunnableKind(absl::string_view kind);
 
-// The rollout group of a grpo / ppo job that has one: its second worker group, role
-// rollout, with a layout of its own — on devices of its own (split pools) or sharing the
-// actor's (colocate_with: verl's resharding hybrid engine). Null for jobs whose rollout
-// runs on the actor's own model (one group). (ppo: the critic stays with the actor.)
-const v1::GroupSpec* RolloutPool(const v1::JobSpec& spec);
+// A grpo / ppo job's groups beside its actor (groups[0]), by role: at most one each.
+// Null where the job has none — then the actor's own executors play the role.
+//  - rollout: generation on a model of its own layout, on devices of its own (split
+//    pools) or sharing the actor's (colocate_with: verl's resharding hybrid engine);
+//  - reference: the frozen starting policy's log-probs (for the KL terms);
+//  - critic (ppo): the value model, with its own optimizer and checkpoints.
+const v1::GroupSpec* GroupWithRole(const v1::JobSpec& spec, absl::string_view role);
+const v1::GroupSpec* RolloutPool(const v1::JobSpec& spec);  // GroupWithRole(spec, "rollout")
+// The name of the group whose devices `group` runs on: its colocate_with, or itself.
+std::string DevicesOf(const v1::JobSpec& spec, const std::string& group);
 
 // The state as the CLI, logs, metrics labels and the dashboard show it: the enum value's
 // name without its prefix ("RUNNING" for JOB_STATE_RUNNING; "UNKNOWN" outside the enum).

@@ -35,10 +35,19 @@ absl::Status CheckStops(absl::string_view field, const google::protobuf::Repeate
 
 }  // namespace
 
-const v1::GroupSpec* RolloutPool(const v1::JobSpec& spec) {
-  if ((spec.kind() != "grpo" && spec.kind() != "ppo") || spec.groups_size() != 2) return nullptr;
-  const v1::GroupSpec& g = spec.groups(1);
-  return g.role() == "rollout" ? &g : nullptr;
+const v1::GroupSpec* GroupWithRole(const v1::JobSpec& spec, absl::string_view role) {
+  if (spec.kind() != "grpo" && spec.kind() != "ppo") return nullptr;
+  for (int i = 1; i < spec.groups_size(); ++i)
+    if (spec.groups(i).role() == role) return &spec.groups(i);
+  return nullptr;
+}
+
+const v1::GroupSpec* RolloutPool(const v1::JobSpec& spec) { return GroupWithRole(spec, "rollout"); }
+
+std::string DevicesOf(const v1::JobSpec& spec, const std::string& group) {
+  for (const auto& g : spec.groups())
+    if (g.name() == group) return g.colocate_with().empty() ? g.name() : g.colocate_with();
+  return group;
 }
 
 bool IsRunnableKind(absl::string_view kind) {
@@ -64,9 +73,9 @@ static absl::Status CheckCleanAbsolute(const std::string& field, const std::stri
 // takes the loss on the answers only).
 static absl::Status ValidatePretrain(JobSpec& spec) {
   const bool rl = spec.kind() == "grpo" || spec.kind() == "ppo";
-  if (spec.groups_size() != 1 && !(rl && spec.groups_size() == 2))
+  if (spec.groups_size() != 1 && !(rl && spec.groups_size() <= 4))
     return Bad("groups", absl::StrCat("a ", spec.kind(), " job has exactly one worker group",
-                                      rl ? " (or two: the actor and a rollout pool)" : ""));
+                                      rl ? " (or up to four: the actor, then a rollout, a reference and a critic group)" : ""));
   const auto& l = spec.groups(0).layout();
   const auto& m = spec.model();
   struct Req {
@@ -140,31 +149,57 @@ static absl::Status ValidatePretrain(JobSpec& spec) {
 // layout the rollout engine runs (no pipeline, context or sequence parallelism). ppo: the
 // same, with its own defaults (one completion per prompt, GAE, value clip, critic lr);
 // its critic's fields are refused on grpo.
-// A grpo / ppo job's second group: the rollout, with a layout of its own, on devices of
-// its own (split pools) or on the actor's (colocate_with: the weights re-sliced in each
-// executor). It runs generation only — tp x dp — and takes the actor's weights after
-// every update.
-static absl::Status ValidateRolloutPool(const JobSpec& spec) {
-  if (spec.groups_size() < 2) return absl::OkStatus();
-  const v1::GroupSpec& g = spec.groups(1);
-  if (g.role() != "rollout")
-    return Bad("groups[1].role", absl::StrCat("a ", spec.kind(), " job's second group is its rollout pool: role rollout, got '", g.role(), "'"));
-  if (!g.colocate_with().empty() && g.colocate_with() != spec.groups(0).name())
-    return Bad("groups[1].colocate_with", absl::StrCat("a rollout group shares the actor's devices ('", spec.groups(0).name(),
-                                                       "') or has its own, got '", g.colocate_with(), "'"));
-  if (spec.groups(0).role() != "actor" && spec.groups(0).role() != "worker")
-    return Bad("groups[0].role", absl::StrCat("the first group of a split ", spec.kind(), " job is the actor, got '", spec.groups(0).role(), "'"));
-  const auto& l = g.layout();
-  if (l.pp() > 1 || l.cp() > 1 || l.sp() || l.zero() > 0)
-    return Bad("groups[1].layout", absl::StrCat("a rollout pool runs tp x dp (pp=", l.pp(), ", cp=", l.cp(), ", sp=",
-                                                l.sp() ? "true" : "false", ", zero=", l.zero(), ")"));
-  if (spec.groups(0).layout().zero() >= 3)
-    return Bad("groups[0].layout.zero", "3 (sharded parameters) with a rollout pool of its own is not supported yet");
-  if (g.device_type() != spec.groups(0).device_type())
-    return Bad("groups[1].device_type", "the rollout pool and the actor need the same kind of device (one bridge communicator)");
-  const int dp = std::max(1, l.dp());
-  if (spec.rl().prompts_per_step() % dp != 0)
-    return Bad("rl.prompts_per_step", absl::StrCat(spec.rl().prompts_per_step(), " prompts do not split over the rollout pool's dp=", dp, " ranks"));
+// A grpo / ppo job's groups after the actor (groups[0]), one of each role at most:
+//  - rollout: a layout of its own, on devices of its own (split pools) or on the actor's
+//    (colocate_with: the weights re-sliced in each executor). It runs generation only —
+//    tp x dp — and takes the actor's weights after every update.
+//  - reference: the frozen starting weights' log-probs, for a KL term (rl.kl_coef or, on
+//    ppo, rl.kl_reward_coef); forward only — tp x dp, no zero.
+//  - critic (ppo): the value model and its updates — tp x dp, any zero stage.
+// Each has its own devices or shares another group's (colocate_with); the prompts of a
+// step split over each group's DP ranks.
+static absl::Status ValidateRlGroups(const JobSpec& spec) {
+  const v1::GroupSpec& actor = spec.groups(0);
+  if (spec.groups_size() > 1 && actor.role() != "actor" && actor.role() != "worker")
+    return Bad("groups[0].role", absl::StrCat("the first group of a ", spec.kind(), " job is the actor, got '", actor.role(), "'"));
+  std::set<std::string> seen;
+  for (int i = 1; i < spec.groups_size(); ++i) {
+    const v1::GroupSpec& g = spec.groups(i);
+    const std::string p = absl::StrCat("groups[", i, "]");
+    const std::string& role = g.role();
+    if (role != "rollout" && role != "reference" && role != "critic")
+      return Bad(p + ".role", absl::StrCat("a ", spec.kind(), " job's groups after the actor are rollout, reference or critic, got '",
+                                           role, "'"));
+    if (!seen.insert(role).second) return Bad(p + ".role", absl::StrCat("a second ", role, " group; a job has one"));
+    const auto& l = g.layout();
+    if (l.pp() > 1 || l.cp() > 1 || l.sp())
+      return Bad(p + ".layout", absl::StrCat("a ", role, " group runs tp x dp (pp=", l.pp(), ", cp=", l.cp(), ", sp=",
+                                             l.sp() ? "true" : "false", ")"));
+    if (role != "critic" && l.zero() > 0)
+      return Bad(p + ".layout.zero", absl::StrCat(l.zero(), ": a ", role, " group has no optimizer to shard"));
+    const int dp = std::max(1, l.dp());
+    if (spec.rl().prompts_per_step() % dp != 0)
+      return Bad("rl.prompts_per_step", absl::StrCat(spec.rl().prompts_per_step(), " prompts do not split over the ", role,
+                                                     " group's dp=", dp, " ranks"));
+    if (role == "rollout") {
+      if (!g.colocate_with().empty() && g.colocate_with() != actor.name())
+        return Bad(p + ".colocate_with", absl::StrCat("a rollout group shares the actor's devices ('", actor.name(),
+                                                      "') or has its own, got '", g.colocate_with(), "'"));
+      if (actor.layout().zero() >= 3)
+        return Bad("groups[0].layout.zero", "3 (sharded parameters) with a rollout pool of its own is not supported yet");
+      if (g.device_type() != actor.device_type())
+        return Bad(p + ".device_type", "the rollout pool and the actor need the same kind of device (one bridge communicator)");
+    } else if (role == "reference") {
+      if (spec.rl().kl_coef() <= 0 && spec.rl().kl_reward_coef() <= 0)
+        return Bad(p + ".role", "a reference group needs a KL term (rl.kl_coef, or rl.kl_reward_coef on ppo) to use its log-probs");
+    } else {
+      if (spec.kind() != "ppo") return Bad(p + ".role", "a critic group is for ppo jobs (grpo has no critic)");
+      const int64_t samples = int64_t(spec.rl().prompts_per_step() / dp) * spec.rl().group_size();
+      if (spec.rl().mini_batches() > samples)
+        return Bad("rl.mini_batches", absl::StrCat(spec.rl().mini_batches(), " mini-batches of ", samples,
+                                                   " samples per DP rank of the critic group"));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -230,7 +265,7 @@ static absl::Status ValidateRl(JobSpec& spec) {
                                              kMaxRlSamples, " per step"));
   if (r->mini_batches() > samples)
     return Bad("rl.mini_batches", absl::StrCat(r->mini_batches(), " mini-batches of ", samples, " samples per DP rank"));
-  TESSERA_RETURN_IF_ERROR(ValidateRolloutPool(spec));
+  TESSERA_RETURN_IF_ERROR(ValidateRlGroups(spec));
   return absl::OkStatus();
 }
 
@@ -353,8 +388,8 @@ absl::Status NormalizeAndValidateJobSpec(JobSpec& spec) {
     if (l->balance_stages()) TESSERA_RETURN_IF_ERROR(BalanceStages(spec.model(), p + ".layout.stage_layers", l));
     parallel::Layout pl = LayoutOf(*l);
     const auto& m = spec.model();
-    // A rollout group generates: the training batch does not split over it.
-    const bool trains = g->role() != "rollout";
+    // Rollout and reference groups do not train: the training batch does not split over them.
+    const bool trains = g->role() != "rollout" && g->role() != "reference";
     parallel::ModelShape ms{m.num_layers(), m.num_heads(), m.num_kv_heads(), m.vocab_size(),
                             m.seq_len(), trains ? m.global_batch() : 0, trains ? m.micro_batch() : 0};
     auto st = parallel::ValidateLayout(pl, g->devices(), ms);

@@ -36,6 +36,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <functional>
+#include <map>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -45,6 +47,7 @@
 #include "common/spec/job_spec.h"
 #include "common/status.h"
 #include "controller/driver/driver.h"
+#include "controller/driver/rl_advantages.h"
 
 namespace tessera::controller {
 
@@ -74,6 +77,39 @@ absl::Status Both(bool in_turn, A a, B b) {
   return !sa.ok() ? sa : sb;
 }
 
+// Runs each group's call: the calls of groups on the same devices one after another, in
+// the order given (an executor serves one operation at a time, and two groups' collectives
+// in different orders on the same executors deadlock, as Both says), those of groups on
+// different devices at once. The first error in that order wins.
+using GroupCall = std::pair<const WorkerGroup*, std::function<absl::Status()>>;
+absl::Status ByDevices(const v1::JobSpec& spec, const std::vector<GroupCall>& calls) {
+  std::vector<std::string> order;
+  std::map<std::string, std::vector<const GroupCall*>> by;
+  for (const GroupCall& c : calls) {
+    if (c.first == nullptr) continue;
+    const std::string d = DevicesOf(spec, c.first->name());
+    if (!by.count(d)) order.push_back(d);
+    by[d].push_back(&c);
+  }
+  std::vector<absl::Status> got(order.size());
+  auto run = [&](size_t i) {
+    for (const GroupCall* c : by[order[i]])
+      if (got[i].ok()) got[i] = c->second();
+  };
+  std::vector<std::thread> threads;
+  for (size_t i = 1; i < order.size(); ++i) threads.emplace_back(run, i);
+  if (!order.empty()) run(0);
+  for (std::thread& t : threads) t.join();
+  for (const absl::Status& st : got) TESSERA_RETURN_IF_ERROR(st);
+  return absl::OkStatus();
+}
+
+// The slowest rank's seconds and the largest peak of a forward over a group.
+void ForwardTimes(const WorkerGroup::Forward& f, double* seconds, double* peak) {
+  for (const v1::RlForwardStats& st : f.stats)
+    *seconds = std::max(*seconds, st.seconds()), *peak = std::max(*peak, static_cast<double>(st.memory_peak_bytes()));
+}
+
 // The actor's and ppo's critic's gradient norms agree across ranks (DP- and TP-reduced).
 absl::Status CheckAgreed(int64_t step, const std::vector<v1::RlUpdateResponse>& upd) {
   for (size_t r = 1; r < upd.size(); ++r) {
@@ -101,18 +137,32 @@ absl::StatusOr<std::string> RunRl(DriverContext& ctx) {
   const bool in_turn = !own_devices;  // one set of executors serves both sides
   const int rollout_tp = std::max(1, (own_model ? *rollout_spec : spec.groups(0)).layout().tp());
   const bool ppo = spec.kind() == "ppo";
+  // A reference group (the KL terms' log-probs) and a critic group (ppo's values and
+  // value updates); without them the actor's executors hold those models.
+  const v1::GroupSpec* reference_spec = GroupWithRole(spec, "reference");
+  const v1::GroupSpec* critic_spec = GroupWithRole(spec, "critic");
+  WorkerGroup* reference = reference_spec != nullptr ? ctx.groups.at(reference_spec->name()).get() : nullptr;
+  WorkerGroup* critic = critic_spec != nullptr ? ctx.groups.at(critic_spec->name()).get() : nullptr;
   std::vector<v1::TrainInitResponse> started;
-  TESSERA_RETURN_IF_ERROR(Both(in_turn, [&] { return actor.InitAll().status(); },
-                               [&] { return own_model ? rollout.InitAll().status() : absl::OkStatus(); }));
-  TESSERA_RETURN_IF_ERROR(Both(in_turn,
-      [&]() -> absl::Status {
-        TESSERA_ASSIGN_OR_RETURN(started, actor.OneToAll(&ExecutorClient::TrainInit, v1::TrainInitRequest{}));
-        return absl::OkStatus();
-      },
-      [&] {
-        return own_model ? rollout.OneToAll(&ExecutorClient::RolloutInit, v1::RolloutInitRequest{}).status() : absl::OkStatus();
-      }));
+  TESSERA_RETURN_IF_ERROR(ByDevices(spec, {{&actor, [&] { return actor.InitAll().status(); }},
+                                           {own_model ? &rollout : nullptr, [&] { return rollout.InitAll().status(); }},
+                                           {reference, [&] { return reference->InitAll().status(); }},
+                                           {critic, [&] { return critic->InitAll().status(); }}}));
+  TESSERA_RETURN_IF_ERROR(ByDevices(spec,
+      {{&actor,
+        [&]() -> absl::Status {
+          TESSERA_ASSIGN_OR_RETURN(started, actor.OneToAll(&ExecutorClient::TrainInit, v1::TrainInitRequest{}));
+          return absl::OkStatus();
+        }},
+       {own_model ? &rollout : nullptr,
+        [&] { return rollout.OneToAll(&ExecutorClient::RolloutInit, v1::RolloutInitRequest{}).status(); }},
+       {reference, [&] { return reference->OneToAll(&ExecutorClient::TrainInit, v1::TrainInitRequest{}).status(); }}}));
   TESSERA_ASSIGN_OR_RETURN(const int64_t start, AgreedStartStep(started));
+  if (critic != nullptr) {  // from the actor's step: both go on from the same one
+    v1::TrainInitRequest init;
+    init.set_resume_step(start);
+    TESSERA_RETURN_IF_ERROR(critic->OneToAll(&ExecutorClient::TrainInit, init).status());
+  }
   if (own_devices)
     TESSERA_RETURN_IF_ERROR(Both(false, [&] { return actor.OneToAll(&ExecutorClient::BridgeInit, v1::BridgeInitRequest{}).status(); },
                                  [&] { return rollout.OneToAll(&ExecutorClient::BridgeInit, v1::BridgeInitRequest{}).status(); }));
@@ -173,6 +223,11 @@ absl::StatusOr<std::string> RunRl(DriverContext& ctx) {
   else
     ready.set_message(absl::StrCat("group '", actor.name(), "': ", actor.size(), " ranks ready for ", ppo ? "PPO" : "GRPO",
                                    resumed));
+  for (WorkerGroup* g : {reference, critic})
+    if (g != nullptr)
+      ready.set_message(absl::StrCat(ready.message(), "; ", g == reference ? "reference" : "critic", " group '", g->name(), "' (",
+                                     g->size(), " ranks", DevicesOf(spec, g->name()) == g->name() ? "" : absl::StrCat(
+                                         ", on the devices of '", DevicesOf(spec, g->name()), "'"), ")"));
   ctx.progress(ready);
   HeldOutEvaluator held_out(spec, rollout, rollout_tp);  // the rollout side answers
   TESSERA_RETURN_IF_ERROR(held_out.Start(ctx, start, steps));
@@ -207,23 +262,80 @@ absl::StatusOr<std::string> RunRl(DriverContext& ctx) {
     if (samples > 0) reward /= samples, length /= samples;
     TESSERA_ASSIGN_OR_RETURN(v1::TensorBatch batch, ConcatBatches(shards));
     const double generate_s = Since(t);
-    // Update: the samples split over the actor's DP ranks (whole groups each).
+    // Update: the samples split over each group's DP ranks (whole groups each) — the
+    // reference's log-probs, with a critic group the actor's old log-probs and the
+    // critic's values, PPO's advantages (here), then the actor's and the critic's updates.
     t = Clock::now();
+    double ref_s = 0, old_s = 0, actor_s = 0, values_s = 0, critic_s = 0, checkpoint_s = -1, reward_kl = 0;  // the slowest rank
+    double actor_peak = 0, reference_peak = 0, critic_peak = 0;
+    v1::RlForwardHeader forward;
+    forward.set_step(s);
+    if (reference != nullptr) {
+      TESSERA_ASSIGN_OR_RETURN(WorkerGroup::Forward f, reference->RlForwardDpSplit(forward, batch));
+      ForwardTimes(f, &ref_s, &reference_peak);
+      for (v1::NamedTensor& x : *f.out.mutable_tensors()) *batch.add_tensors() = std::move(x);
+    }
     v1::RlUpdateHeader update;
     update.set_step(s);
     update.set_save(save);
-    TESSERA_ASSIGN_OR_RETURN(std::vector<v1::RlUpdateResponse> upd, actor.RlUpdateDpSplit(update, batch));
+    std::vector<v1::RlUpdateResponse> upd, critic_upd;
+    if (critic != nullptr) {
+      WorkerGroup::Forward old, values;
+      TESSERA_RETURN_IF_ERROR(ByDevices(spec, {{&actor, [&]() -> absl::Status {
+                                                  TESSERA_ASSIGN_OR_RETURN(old, actor.RlForwardDpSplit(forward, batch));
+                                                  return absl::OkStatus();
+                                                }},
+                                               {critic, [&]() -> absl::Status {
+                                                  TESSERA_ASSIGN_OR_RETURN(values, critic->RlForwardDpSplit(forward, batch));
+                                                  return absl::OkStatus();
+                                                }}}));
+      ForwardTimes(old, &old_s, &actor_peak);
+      ForwardTimes(values, &values_s, &critic_peak);
+      for (WorkerGroup::Forward* f : {&old, &values})
+        for (v1::NamedTensor& x : *f->out.mutable_tensors()) *batch.add_tensors() = std::move(x);
+      TESSERA_RETURN_IF_ERROR(AddPpoAdvantages(spec.rl(), actor.layout().dp, &batch, &reward_kl));
+      auto update_actor = [&]() -> absl::Status {
+        TESSERA_ASSIGN_OR_RETURN(upd, actor.RlUpdateDpSplit(update, batch));
+        return absl::OkStatus();
+      };
+      auto update_critic = [&]() -> absl::Status {
+        TESSERA_ASSIGN_OR_RETURN(critic_upd, critic->RlUpdateDpSplit(update, batch));
+        return absl::OkStatus();
+      };
+      // A step that saves: the critic's checkpoint first (it keeps one more), so that the
+      // actor's latest always has the critic's of the same step beside it.
+      const auto& ck = spec.train().checkpoint();
+      const bool saves = !ck.dir().empty() && (save || s + 1 == steps || (ck.save_every() > 0 && (s + 1) % ck.save_every() == 0));
+      if (saves) {
+        TESSERA_RETURN_IF_ERROR(update_critic());
+        TESSERA_RETURN_IF_ERROR(update_actor());
+      } else {
+        TESSERA_RETURN_IF_ERROR(ByDevices(spec, {{&actor, update_actor}, {critic, update_critic}}));
+      }
+      TESSERA_RETURN_IF_ERROR(CheckAgreed(s, critic_upd));
+    } else {
+      TESSERA_ASSIGN_OR_RETURN(upd, actor.RlUpdateDpSplit(update, batch));
+    }
     const double update_wall_s = Since(t);
     TESSERA_RETURN_IF_ERROR(CheckAgreed(s, upd));
-    double ref_s = 0, old_s = 0, actor_s = 0, values_s = 0, critic_s = 0, checkpoint_s = -1, reward_kl = 0;  // the slowest rank
-    double actor_peak = 0;
     for (const v1::RlUpdateResponse& out : upd) {
       actor_peak = std::max(actor_peak, static_cast<double>(out.memory_peak_bytes()));
-      ref_s = std::max(ref_s, out.ref_s()), old_s = std::max(old_s, out.old_s()), actor_s = std::max(actor_s, out.update_s());
-      values_s = std::max(values_s, out.critic().values_s()), critic_s = std::max(critic_s, out.critic().update_s());
+      if (reference == nullptr) ref_s = std::max(ref_s, out.ref_s());
+      if (critic == nullptr) {
+        old_s = std::max(old_s, out.old_s());
+        values_s = std::max(values_s, out.critic().values_s()), critic_s = std::max(critic_s, out.critic().update_s());
+        reward_kl += out.critic().reward_kl() / upd.size();  // the mean over the DP ranks' response tokens
+      }
+      actor_s = std::max(actor_s, out.update_s());
       if (out.has_checkpoint_seconds()) checkpoint_s = std::max(checkpoint_s, out.checkpoint_seconds());
-      reward_kl += out.critic().reward_kl() / upd.size();  // the mean over the DP ranks' response tokens
     }
+    for (const v1::RlUpdateResponse& out : critic_upd) {
+      critic_peak = std::max(critic_peak, static_cast<double>(out.memory_peak_bytes()));
+      critic_s = std::max(critic_s, out.critic().update_s());
+      if (out.has_checkpoint_seconds()) checkpoint_s = std::max(checkpoint_s, out.checkpoint_seconds());
+    }
+    // ppo's critic statistics: the critic group's, or the actor's own critic's.
+    const v1::CriticStats& critic_stats = critic_upd.empty() ? upd[0].critic() : critic_upd[0].critic();
     // Sync: the new weights to the rollout model.
     std::pair<int64_t, double> synced{0, 0};
     if (own_model) {
@@ -255,13 +367,15 @@ absl::StatusOr<std::string> RunRl(DriverContext& ctx) {
     constexpr double kGiB = 1 << 30;
     m["rollout_peak_gib"] = rollout_peak / kGiB, m["kv_cache_gib"] = kv_cache / kGiB;
     m["actor_peak_gib"] = actor_peak / kGiB;
+    if (reference != nullptr) m["reference_peak_gib"] = reference_peak / kGiB;
+    if (critic != nullptr) m["critic_peak_gib"] = critic_peak / kGiB;
     if (own_model) {
       m["sync_s"] = synced.second;
       if (synced.second > 0) m["sync_gb_per_s"] = synced.first / synced.second / 1e9;
     }
     if (ppo) {
-      m["value_loss"] = first.critic().value_loss(), m["value_clip_fraction"] = first.critic().value_clip_fraction();
-      m["value"] = first.critic().value(), m["critic_grad_norm"] = first.critic().grad_norm();
+      m["value_loss"] = critic_stats.value_loss(), m["value_clip_fraction"] = critic_stats.value_clip_fraction();
+      m["value"] = critic_stats.value(), m["critic_grad_norm"] = critic_stats.grad_norm();
       if (spec.rl().kl_reward_coef() > 0) m["reward_kl"] = reward_kl;
       m["values_s"] = values_s, m["critic_update_s"] = critic_s;
     }

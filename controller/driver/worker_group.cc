@@ -39,6 +39,10 @@ absl::StatusOr<v1::RolloutStats> ExecutorClient::RolloutGenerate(const v1::Rollo
 absl::StatusOr<v1::RlUpdateResponse> ExecutorClient::RlUpdate(const v1::RlUpdateHeader&, const v1::TensorBatch&, int64_t) {
   return Unimplemented("RlUpdate");
 }
+absl::StatusOr<v1::RlForwardStats> ExecutorClient::RlForward(const v1::RlForwardHeader&, const v1::TensorBatch&,
+                                                             v1::TensorBatch*, int64_t) {
+  return Unimplemented("RlForward");
+}
 absl::StatusOr<v1::RlEvalResponse> ExecutorClient::RlEval(const v1::RlEvalRequest&, int64_t) { return Unimplemented("RlEval"); }
 absl::StatusOr<v1::BridgeInitResponse> ExecutorClient::BridgeInit(const v1::BridgeInitRequest&, int64_t) {
   return Unimplemented("BridgeInit");
@@ -132,6 +136,28 @@ absl::StatusOr<std::vector<v1::RlUpdateResponse>> WorkerGroup::RlUpdateDpSplit(v
       },
       "RlUpdate"));
   return out;
+}
+
+absl::StatusOr<WorkerGroup::Forward> WorkerGroup::RlForwardDpSplit(v1::RlForwardHeader header, const v1::TensorBatch& samples) {
+  header.set_group(name_);
+  TESSERA_ASSIGN_OR_RETURN(auto shards, SplitBatch(samples, layout_.dp));
+  Forward f;
+  f.stats.resize(ranks_.size());
+  std::vector<v1::TensorBatch> outs(ranks_.size());
+  TESSERA_RETURN_IF_ERROR(OnEveryRank(
+      [&](size_t r) -> absl::Status {
+        const auto c = parallel::CoordsOf(layout_, static_cast<int>(r));
+        TESSERA_ASSIGN_OR_RETURN(f.stats[r], ranks_[r]->RlForward(header, shards[c.dp], &outs[r], timeout_ms_));
+        return absl::OkStatus();
+      },
+      "RlForward"));
+  std::vector<v1::TensorBatch> by_dp(layout_.dp);
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    const auto c = parallel::CoordsOf(layout_, static_cast<int>(r));
+    if (c.tp == 0 && c.cp == 0 && c.pp == 0) by_dp[c.dp] = std::move(outs[r]);
+  }
+  TESSERA_ASSIGN_OR_RETURN(f.out, ConcatBatches(by_dp));
+  return f;
 }
 
 void WorkerGroup::CancelAll() {

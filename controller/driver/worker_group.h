@@ -39,6 +39,8 @@ class ExecutorClient {
                                                            int64_t timeout_ms);
   virtual absl::StatusOr<v1::RlUpdateResponse> RlUpdate(const v1::RlUpdateHeader& req, const v1::TensorBatch& samples,
                                                         int64_t timeout_ms);
+  virtual absl::StatusOr<v1::RlForwardStats> RlForward(const v1::RlForwardHeader& req, const v1::TensorBatch& samples,
+                                                       v1::TensorBatch* out, int64_t timeout_ms);
   virtual absl::StatusOr<v1::RlEvalResponse> RlEval(const v1::RlEvalRequest& req, int64_t timeout_ms);
   virtual absl::StatusOr<v1::BridgeInitResponse> BridgeInit(const v1::BridgeInitRequest& req, int64_t timeout_ms);
   virtual absl::StatusOr<v1::SyncWeightsResponse> SyncWeights(const v1::SyncWeightsRequest& req, int64_t timeout_ms);
@@ -83,6 +85,13 @@ class WorkerGroup {
   // DP_SPLIT RlUpdate: `samples` split along dim 0 over the DP ranks (INVALID_ARGUMENT
   // naming the tensor when a dim 0 does not divide); every rank's response.
   absl::StatusOr<std::vector<v1::RlUpdateResponse>> RlUpdateDpSplit(v1::RlUpdateHeader header, const v1::TensorBatch& samples);
+  // DP_SPLIT RlForward: every rank's statistics, and the per-token tensors of TP rank 0
+  // of each DP rank concatenated in DP order (the whole batch's, in its order).
+  struct Forward {
+    std::vector<v1::RlForwardStats> stats;
+    v1::TensorBatch out;
+  };
+  absl::StatusOr<Forward> RlForwardDpSplit(v1::RlForwardHeader header, const v1::TensorBatch& samples);
   void CancelAll();
 
  private:

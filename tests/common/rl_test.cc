@@ -12,6 +12,40 @@ namespace {
 
 using ::testing::HasSubstr;
 
+// PPO's advantages by hand: rewards [0, 1] (the outcome on the last token), values
+// [0.5, 0.25], gamma = lambda = 1: delta_1 = 1 - 0.25, A_1 = 0.75, R_1 = 1;
+// delta_0 = 0.25 - 0.5, A_0 = 0.5, R_0 = 1. With the k1 penalty 0.1 (old - ref) =
+// 0.1 [0.5, -1]: rewards [-0.05, 1.1], A_1 = 0.85, R_1 = 1.1, A_0 = -0.3 + 0.85 = 0.55,
+// R_0 = 1.05, mean k1 -0.25. Whitened: mean 0 and unbiased deviation 1 over all tokens.
+TEST(PpoAdvantages, GaeWithTheKlPenaltyAndWhitening) {
+  PpoResponse r{1.0, {0.5, 0.25}, {-1, -2}, {-1.5, -1}};
+  auto plain = ComputePpoAdvantages({r}, {.gamma = 1, .lambda = 1, .kl_reward_coef = 0, .whiten = false});
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_THAT(plain->advantages[0], ::testing::ElementsAre(::testing::DoubleNear(0.5, 1e-12), ::testing::DoubleNear(0.75, 1e-12)));
+  EXPECT_THAT(plain->returns[0], ::testing::ElementsAre(::testing::DoubleNear(1.0, 1e-12), ::testing::DoubleNear(1.0, 1e-12)));
+  EXPECT_EQ(plain->reward_kl, 0);
+  auto kl = ComputePpoAdvantages({r}, {.gamma = 1, .lambda = 1, .kl_reward_coef = 0.1, .whiten = false});
+  ASSERT_TRUE(kl.ok()) << kl.status();
+  EXPECT_THAT(kl->advantages[0], ::testing::ElementsAre(::testing::DoubleNear(0.55, 1e-12), ::testing::DoubleNear(0.85, 1e-12)));
+  EXPECT_THAT(kl->returns[0], ::testing::ElementsAre(::testing::DoubleNear(1.05, 1e-12), ::testing::DoubleNear(1.1, 1e-12)));
+  EXPECT_DOUBLE_EQ(kl->reward_kl, -0.25);
+  PpoResponse empty{0.0, {}, {}, {}}, other{0.0, {0.1}, {-1}, {-1}};
+  auto w = ComputePpoAdvantages({r, empty, other}, {.gamma = 1, .lambda = 1, .kl_reward_coef = 0.1, .whiten = true});
+  ASSERT_TRUE(w.ok()) << w.status();
+  ASSERT_EQ(w->advantages[1].size(), 0u);
+  std::vector<double> all = {w->advantages[0][0], w->advantages[0][1], w->advantages[2][0]};
+  double mean = 0, sq = 0;
+  for (double v : all) mean += v / 3;
+  for (double v : all) sq += (v - mean) * (v - mean) / 2;
+  EXPECT_NEAR(mean, 0, 1e-12);
+  EXPECT_NEAR(sq, 1, 1e-6);
+  EXPECT_GT(w->advantages[0][1], w->advantages[0][0]);  // the order kept: 0.85 > 0.55 > -0.1
+  EXPECT_NEAR(w->returns[0][1], 1.1, 1e-12);  // the returns are not whitened
+  r.ref_logp.pop_back();
+  EXPECT_THAT(std::string(ComputePpoAdvantages({r}, {.kl_reward_coef = 0.1}).status().message()),
+              HasSubstr("responses[0]: 2 old and 1 reference log-probs for 2 values"));
+}
+
 TEST(GroupAdvantages, NormalizeWithinEachGroup) {
   // Group 1: mean 0.5, unbiased std sqrt(1/3); group 2: all equal, so all 0.
   auto a = GroupNormalizedAdvantages({1, 0, 1, 0, 2, 2, 2, 2}, {.group_size = 4, .eps = 0});

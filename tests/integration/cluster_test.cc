@@ -455,9 +455,9 @@ TEST(Cluster, GrpoWithARolloutPoolOfItsOwnEqualsColocated) {
   EXPECT_EQ(nlohmann::json::parse(tp2->result_json())["weights_verified"], true);
   // Refusals name the field.
   pool->mutable_layout()->set_tp(1), pool->mutable_layout()->set_pp(2);
-  EXPECT_THAT(std::string(NormalizeAndValidateJobSpec(spec).message()), HasSubstr("groups[1].layout: a rollout pool runs tp x dp"));
+  EXPECT_THAT(std::string(NormalizeAndValidateJobSpec(spec).message()), HasSubstr("groups[1].layout: a rollout group runs tp x dp"));
   pool->mutable_layout()->set_pp(1), pool->mutable_layout()->set_dp(2);
-  pool->set_role("reference");
+  pool->set_role("worker");
   EXPECT_THAT(std::string(NormalizeAndValidateJobSpec(spec).message()), HasSubstr("groups[1].role"));
 }
 

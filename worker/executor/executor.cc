@@ -24,6 +24,7 @@
 #include "worker/executor/generate.h"
 #include "worker/executor/pretrain_session.h"
 #include "worker/executor/rl_actor_session.h"
+#include "worker/executor/rl_role_sessions.h"
 #include "worker/executor/cuda_buffer_space.h"
 #include "worker/executor/rollout_pool.h"
 #include "worker/rollout/weight_sync.h"
@@ -151,7 +152,22 @@ absl::StatusOr<v1::CommCheckResponse> Executor::CommCheck(const v1::CommCheckReq
 absl::StatusOr<v1::TrainInitResponse> Executor::TrainInit(const v1::TrainInitRequest& req) {
   TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<GroupComms> gc, Group(req.group()));
   std::lock_guard<std::mutex> lk(ops_mu_);
-  TESSERA_ASSIGN_OR_RETURN(auto session, TrainSession::Create(cfg_.spec(), *gc, cfg_.device_type(), cfg_.device_index()));
+  std::string role;
+  for (const auto& g : cfg_.spec().groups())
+    if (g.name() == req.group()) role = g.role();
+  const bool rl = cfg_.spec().kind() == "grpo" || cfg_.spec().kind() == "ppo";
+  if (req.resume_step() != 0 && !(rl && role == "critic"))
+    return absl::InvalidArgumentError(absl::StrCat("TrainInit: resume_step is a critic group's; group '", req.group(), "' is the ",
+                                                   role, " of a ", cfg_.spec().kind(), " job"));
+  std::unique_ptr<TrainSession> session;
+  if (rl && role == "reference") {
+    TESSERA_ASSIGN_OR_RETURN(session, RlReferenceSession::Create(cfg_.spec(), *gc, cfg_.device_type(), cfg_.device_index()));
+  } else if (rl && role == "critic") {
+    TESSERA_ASSIGN_OR_RETURN(session, RlCriticSession::Create(cfg_.spec(), *gc, cfg_.device_type(), cfg_.device_index(),
+                                                              req.resume_step()));
+  } else {
+    TESSERA_ASSIGN_OR_RETURN(session, TrainSession::Create(cfg_.spec(), *gc, cfg_.device_type(), cfg_.device_index()));
+  }
   v1::TrainInitResponse resp;
   resp.set_start_step(session->start_step());
   sessions_[req.group()] = std::move(session);
@@ -189,9 +205,23 @@ absl::StatusOr<v1::RolloutStats> Executor::RolloutGenerate(const v1::RolloutGene
   return actor->RolloutGenerate(req.step(), samples);
 }
 
+absl::StatusOr<v1::RlForwardStats> Executor::RlForward(const v1::RlForwardHeader& req, const v1::TensorBatch& samples,
+                                                       v1::TensorBatch* out) {
+  TESSERA_RETURN_IF_ERROR(Group(req.group()).status());
+  std::lock_guard<std::mutex> lk(ops_mu_);
+  if (auto* ref = dynamic_cast<RlReferenceSession*>(SessionOf(req.group()))) return ref->Forward(req.step(), samples, out);
+  if (auto* critic = dynamic_cast<RlCriticSession*>(SessionOf(req.group()))) return critic->Forward(req.step(), samples, out);
+  TESSERA_ASSIGN_OR_RETURN(RlActorSession * actor, RlActorOf(req.group(), "RlForward"));
+  return actor->Forward(req.step(), samples, out);
+}
+
 absl::StatusOr<v1::RlUpdateResponse> Executor::RlUpdate(const v1::RlUpdateHeader& req, const v1::TensorBatch& samples) {
   TESSERA_RETURN_IF_ERROR(Group(req.group()).status());
   std::lock_guard<std::mutex> lk(ops_mu_);
+  if (auto* critic = dynamic_cast<RlCriticSession*>(SessionOf(req.group()))) {
+    if (req.save()) critic->RequestSave();
+    return critic->Update(req.step(), samples);
+  }
   TESSERA_ASSIGN_OR_RETURN(RlActorSession * actor, RlActorOf(req.group(), "RlUpdate"));
   if (req.save()) actor->RequestSave();
   return actor->RlUpdate(req.step(), samples);
@@ -374,6 +404,34 @@ class ExecutorServiceImpl final : public v1::ExecutorService::Service {
     absl::StatusOr<v1::RlUpdateResponse> r = ex_->RlUpdate(header, *batch);
     if (!r.ok()) return ToGrpc(r.status());
     *resp = std::move(*r);
+    return grpc::Status::OK;
+  }
+
+  // The header and the samples in, then the statistics and the per-token tensor out.
+  grpc::Status RlForward(grpc::ServerContext* ctx, grpc::ServerReaderWriter<v1::RlForwardResponse, v1::RlForwardRequest>* io) override {
+    if (auto s = Auth(ctx); !s.ok()) return s;
+    v1::RlForwardRequest m;
+    if (!io->Read(&m) || !m.has_header())
+      return grpc::Status(grpc::INVALID_ARGUMENT, "RlForward: the stream must start with a header");
+    const v1::RlForwardHeader header = m.header();
+    BatchAssembler samples;
+    while (io->Read(&m)) {
+      if (!m.has_chunk()) return grpc::Status(grpc::INVALID_ARGUMENT, "RlForward: a second header on the stream");
+      if (absl::Status s = samples.Add(std::move(*m.mutable_chunk())); !s.ok()) return ToGrpc(Annotate(s, "RlForward samples"));
+    }
+    absl::StatusOr<v1::TensorBatch> batch = std::move(samples).Finish();
+    if (!batch.ok()) return ToGrpc(Annotate(batch.status(), "RlForward samples"));
+    v1::TensorBatch out;
+    absl::StatusOr<v1::RlForwardStats> st = ex_->RlForward(header, *batch, &out);
+    if (!st.ok()) return ToGrpc(st.status());
+    v1::RlForwardResponse r;
+    *r.mutable_stats() = std::move(*st);
+    bool sent = io->Write(r);
+    sent = sent && ForEachChunk(out, [&](const v1::TensorChunk& c) {
+      *r.mutable_chunk() = c;
+      return io->Write(r);
+    });
+    if (!sent) return grpc::Status(grpc::CANCELLED, "the driver closed the stream");
     return grpc::Status::OK;
   }
 

@@ -49,9 +49,10 @@ struct GroupComms;
 // FAILED_PRECONDITION before InitGroup and for operations out of order.
 // Sessions per group: TrainInit makes the TrainSession of the job's kind (a
 // PretrainSession for pretrain and sft, which TrainStep drives; an RlActorSession for the
-// actor of grpo / ppo, which RlUpdate drives and which generates its own samples when the
-// job has no rollout group); an operation for another kind's session is
-// FAILED_PRECONDITION naming both;
+// actor of grpo / ppo, which RlForward and RlUpdate drive and which generates its own
+// samples when the job has no rollout group) or of the group's role in an RL job (an
+// RlReferenceSession, RlForward's; an RlCriticSession, RlForward's and RlUpdate's); an
+// operation for another kind's session is FAILED_PRECONDITION naming both;
 // RolloutInit a RolloutPoolSession (a rollout group); Generate a GenerateSession.
 //
 // Threading: any thread may call; InitGroup runs beside other groups' calls, and the
@@ -70,6 +71,8 @@ class Executor {
   absl::StatusOr<v1::RolloutInitResponse> RolloutInit(const v1::RolloutInitRequest& req);
   // The samples go to `samples`.
   absl::StatusOr<v1::RolloutStats> RolloutGenerate(const v1::RolloutGenerateRequest& req, v1::TensorBatch* samples);
+  // The per-token tensor goes to `out`.
+  absl::StatusOr<v1::RlForwardStats> RlForward(const v1::RlForwardHeader& req, const v1::TensorBatch& samples, v1::TensorBatch* out);
   absl::StatusOr<v1::RlUpdateResponse> RlUpdate(const v1::RlUpdateHeader& req, const v1::TensorBatch& samples);
   absl::StatusOr<v1::RlEvalResponse> RlEval(const v1::RlEvalRequest& req);
   absl::StatusOr<v1::BridgeInitResponse> BridgeInit(const v1::BridgeInitRequest& req);

@@ -9,6 +9,7 @@
 #include "common/status.h"
 #include "common/util.h"
 #include "worker/checkpoint/checkpoint.h"
+#include "worker/executor/rl_batch.h"
 #include "worker/executor/rollout_pool.h"
 #include "worker/rollout/weight_sync.h"
 
@@ -37,7 +38,7 @@ absl::Status RlActorSession::MakeRl(const v1::JobSpec& spec, const engine::Optim
   TESSERA_RETURN_IF_ERROR(trainer_->ResetOptimizerState());
   TESSERA_RETURN_IF_ERROR(trainer_->GatherParams());  // the critic and the reference copy the actor's values
   start_step_ = 0;
-  if (spec.kind() == "ppo") {  // the critic: the actor's weights (after the warm start) under a fresh value head
+  if (spec.kind() == "ppo" && GroupWithRole(spec, "critic") == nullptr) {  // the critic: the actor's weights (after the warm start) under a fresh value head
     model::LlamaConfig cc = model_->config();
     cc.value_head = true, cc.tie_embeddings = false;
     TESSERA_ASSIGN_OR_RETURN(critic_, model::Llama::Create(cc, backend_.get(), tp_));
@@ -52,7 +53,8 @@ absl::Status RlActorSession::MakeRl(const v1::JobSpec& spec, const engine::Optim
     co.lr = static_cast<float>(rl_.critic_lr()), co.min_lr = std::min(co.min_lr, co.lr);
     TESSERA_ASSIGN_OR_RETURN(critic_trainer_, engine::Trainer::Create(critic_.get(), backend_.get(), dp_, tp_, co));
   }
-  if (rl_.kl_coef() > 0 || rl_.kl_reward_coef() > 0) {
+  ppo_ = spec.kind() == "ppo";
+  if ((rl_.kl_coef() > 0 || rl_.kl_reward_coef() > 0) && GroupWithRole(spec, "reference") == nullptr) {
     TESSERA_ASSIGN_OR_RETURN(reference_, model::Llama::Create(model_->config(), backend_.get(), tp_));
     TESSERA_RETURN_IF_ERROR(engine::SyncColocated(*model_, *reference_));
     TESSERA_RETURN_IF_ERROR(reference_->Freeze());  // forward only: its compute copy is all it needs
@@ -94,23 +96,30 @@ absl::StatusOr<v1::RolloutStats> RlActorSession::RolloutGenerate(int64_t step, v
 absl::StatusOr<v1::RlUpdateResponse> RlActorSession::RlUpdate(int64_t step, const v1::TensorBatch& batch) {
   if (rl_.group_size() == 0) return absl::FailedPreconditionError("RlUpdate: the session is not a grpo or ppo session");
   if (step < 0) return absl::InvalidArgumentError(absl::StrCat("RlUpdate: step ", step));
-  std::vector<std::vector<int32_t>> prompts, completions;
-  std::vector<double> rewards;
-  TESSERA_RETURN_IF_ERROR(BatchToSamples(batch, &prompts, &completions, &rewards));
   const int64_t want = int64_t(rl_.prompts_per_step() / dps_) * rl_.group_size();
-  if (static_cast<int64_t>(prompts.size()) != want)
-    return absl::InvalidArgumentError(absl::StrCat("RlUpdate: ", prompts.size(), " samples; this DP rank trains on ", want));
-  const int64_t vocab = model_->config().vocab;
-  for (const auto* rows : {&prompts, &completions})
-    for (const auto& r : *rows)
-      for (int32_t t : r)
-        if (t < 0 || t >= vocab) return absl::InvalidArgumentError(absl::StrCat("RlUpdate: token ", t, " is outside the vocabulary"));
-  engine::Rollouts got = engine::MakeRollouts(prompts, completions, rewards);
+  TESSERA_ASSIGN_OR_RETURN(engine::Rollouts got, RolloutsOfBatch(batch, want, model_->config().vocab, "RlUpdate"));
+  // What other groups and the driver made: the reference group's log-probs; with a
+  // critic group, the old log-probs and PPO's advantages.
+  TESSERA_ASSIGN_OR_RETURN(const bool has_ref, TakeTokenTensor(batch, kRefLogp, got.samples, &engine::RlSample::ref_logp));
+  if (!has_ref && reference_ == nullptr && (rl_.kl_coef() > 0 || rl_.kl_reward_coef() > 0))
+    return absl::InvalidArgumentError(absl::StrCat("RlUpdate: the samples carry no ", kRefLogp, " and the actor has no reference"));
+  const bool critic_group = ppo_ && critic_ == nullptr;
+  if (critic_group)
+    for (auto [name, field] : {std::pair{kOldLogp, &engine::RlSample::old_logp}, std::pair{kAdvantage, &engine::RlSample::advantage}}) {
+      TESSERA_ASSIGN_OR_RETURN(const bool has, TakeTokenTensor(batch, name, got.samples, field));
+      if (!has) return absl::InvalidArgumentError(absl::StrCat("RlUpdate: with a critic group the samples carry ", name));
+    }
   backend_->allocator()->ResetPeak();
   v1::RlUpdateResponse r;
   r.set_step(step);
-  r.set_samples(static_cast<int64_t>(prompts.size()));
-  if (critic_ != nullptr) {
+  r.set_samples(static_cast<int64_t>(got.samples.size()));
+  if (critic_group) {
+    TESSERA_ASSIGN_OR_RETURN(engine::PpoStats st, engine::PpoActorUpdate(*trainer_, got, PpoOpts()));
+    r.set_reward(st.reward), r.set_response_length(st.response_length);
+    r.set_loss(st.loss), r.set_kl(st.kl), r.set_clip_fraction(st.clip_fraction), r.set_entropy(st.entropy);
+    r.set_grad_norm(st.grad_norm);
+    r.set_update_s(st.update_s);
+  } else if (critic_ != nullptr) {
     TESSERA_ASSIGN_OR_RETURN(engine::PpoStats st, engine::PpoUpdate(*model_, *trainer_, *critic_, *critic_trainer_,
                                                                     reference_.get(), got, PpoOpts()));
     r.set_reward(st.reward), r.set_response_length(st.response_length);
@@ -172,6 +181,19 @@ engine::PpoOptions RlActorSession::PpoOpts() const {
   o.epochs = rl_.epochs(), o.mini_batches = rl_.mini_batches();
   o.max_tokens_per_micro_batch = rl_.max_tokens_per_micro_batch();
   return o;
+}
+
+absl::StatusOr<v1::RlForwardStats> RlActorSession::Forward(int64_t step, const v1::TensorBatch& samples, v1::TensorBatch* out) {
+  if (rl_.group_size() == 0) return absl::FailedPreconditionError("RlForward: the session is not a grpo or ppo session");
+  if (step < 0) return absl::InvalidArgumentError(absl::StrCat("RlForward: step ", step));
+  const int64_t want = int64_t(rl_.prompts_per_step() / dps_) * rl_.group_size();
+  TESSERA_ASSIGN_OR_RETURN(v1::RlForwardStats st, ForwardSamples(*model_, trainer_.get(), *backend_, rl_, want, samples, kOldLogp, out));
+  if (reference_ == nullptr) return st;
+  // The actor's own reference (no reference group): its log-probs go with the old ones.
+  TESSERA_ASSIGN_OR_RETURN(v1::RlForwardStats ref, ForwardSamples(*reference_, trainer_.get(), *backend_, rl_, want, samples, kRefLogp, out));
+  st.set_seconds(st.seconds() + ref.seconds());
+  st.set_memory_peak_bytes(std::max(st.memory_peak_bytes(), ref.memory_peak_bytes()));
+  return st;
 }
 
 absl::StatusOr<v1::RlEvalResponse> RlActorSession::RlEval(int64_t problems) {

@@ -1,8 +1,9 @@
 // The training session of a grpo or ppo job's actor (train_session.h). At creation: the
 // frozen reference (the starting weights: a train.checkpoint.load warm start or the
-// initialization; made when a KL term needs it), ppo's critic (the actor's shape with a
-// value head, started from the actor's weights and a fresh head, with its own trainer
-// at rl.critic_lr), and — when the job has no rollout group — a rollout engine on the
+// initialization; made when a KL term needs it and the job has no reference group),
+// ppo's critic (the actor's shape with a value head, started from the actor's weights
+// and a fresh head, with its own trainer at rl.critic_lr; unless the job has a critic
+// group), and — when the job has no rollout group — a rollout engine on the
 // actor's own model. With train.checkpoint.dir, a checkpoint after every save_every
 // steps and the last one, named by the RL step (step + 1), the critic's under dir/critic;
 // a resumed session (start_step() = N) loads the directory's latest into the actor —
@@ -42,7 +43,14 @@ class RlActorSession final : public TrainSession {
   // mini-batch updates — engine::GrpoUpdate, or engine::PpoUpdate with the critic — and
   // the checkpoint) on this DP rank's samples (rollout_pool.h has the batch's tensors).
   // INVALID_ARGUMENT for a malformed batch or the wrong number of samples.
+  // With the job's reference group the batch carries its ref_logp; with a critic group
+  // (ppo) also old_logp and advantage (the driver's), and the update is the actor's half
+  // (engine::PpoActorUpdate). INVALID_ARGUMENT when one of them is missing.
   absl::StatusOr<v1::RlUpdateResponse> RlUpdate(int64_t step, const v1::TensorBatch& batch);
+  // The old policy's log-probs (old_logp) of this DP rank's samples, planned as the
+  // update plans them, and the actor's own reference's (ref_logp) where it holds one:
+  // with a critic group the driver makes PPO's advantages from them.
+  absl::StatusOr<v1::RlForwardStats> Forward(int64_t step, const v1::TensorBatch& samples, v1::TensorBatch* out);
 
  private:
   RlActorSession() = default;
@@ -53,9 +61,10 @@ class RlActorSession final : public TrainSession {
   engine::PpoOptions PpoOpts() const;
 
   v1::RlSpec rl_;
-  std::unique_ptr<model::Llama> reference_;
+  bool ppo_ = false;
+  std::unique_ptr<model::Llama> reference_;  // null with a reference group, or no KL term
   std::unique_ptr<engine::RolloutEngine> rollout_;
-  std::unique_ptr<model::Llama> critic_;  // ppo
+  std::unique_ptr<model::Llama> critic_;  // ppo without a critic group
   std::unique_ptr<engine::Trainer> critic_trainer_;
   RlPrompts prompts_;
   std::unique_ptr<RewardServiceClient> rewards_;  // rl.reward_service (null: the built-in verifier)

@@ -22,7 +22,7 @@ absl::StatusOr<std::unique_ptr<TrainSession>> TrainSession::Create(const v1::Job
 }
 
 absl::Status TrainSession::Init(const v1::JobSpec& spec, GroupComms& comms, v1::DeviceType device, int device_index,
-                                const v1::CheckpointSpec& start, engine::OptimizerOptions* o) {
+                                const v1::CheckpointSpec& start, engine::OptimizerOptions* o, bool make_trainer) {
   const auto& m = spec.model();
   const auto& t = spec.train();
   kind_ = spec.kind();
@@ -56,7 +56,9 @@ absl::Status TrainSession::Init(const v1::JobSpec& spec, GroupComms& comms, v1::
   o->weight_decay = static_cast<float>(t.weight_decay()), o->clip_norm = static_cast<float>(t.clip_norm());
   o->zero = comms.layout.zero;
   TESSERA_ASSIGN_OR_RETURN(o->schedule, parallel::ParseSchedule(t.schedule()));
-  TESSERA_ASSIGN_OR_RETURN(trainer_, engine::Trainer::Create(model_.get(), backend_.get(), dp_, tp_, *o, pp_));
+  if (make_trainer) {
+    TESSERA_ASSIGN_OR_RETURN(trainer_, engine::Trainer::Create(model_.get(), backend_.get(), dp_, tp_, *o, pp_));
+  }
   checkpoint_ = t.checkpoint();
   export_hf_ = t.export_hf();
   model_shape_ = m;

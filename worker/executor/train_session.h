@@ -1,6 +1,7 @@
 // The executor side of a training worker group: one session per group on this executor,
 // of the job's kind — PretrainSession (pretrain, sft: pretrain_session.h) or
-// RlActorSession (the actor of grpo and ppo: rl_actor_session.h). What they share lives
+// RlActorSession (the actor of grpo and ppo: rl_actor_session.h) — or of its role in an
+// RL job (RlReferenceSession, RlCriticSession: rl_role_sessions.h). What they share lives
 // here: a backend on the executor's device, the Llama sharded over the group's TP
 // communicator (and its pipeline stage), the Trainer reducing over its DP x CP
 // communicator, and checkpoints (train.checkpoint: after every save_every-th and the
@@ -43,14 +44,15 @@ class TrainSession {
   // Before reading the model's parameter values outside a step (a weight sync, a
   // digest): the whole values on the model where the trainer keeps slices
   // (engine::Trainer::GatherParams; every DP rank calls it).
-  absl::Status GatherParams() { return trainer_->GatherParams(); }
+  absl::Status GatherParams() { return trainer_ != nullptr ? trainer_->GatherParams() : absl::OkStatus(); }
 
  protected:
   TrainSession() = default;
-  // The backend, the model (its weights from model.hf_dir or the seed) and the trainer;
-  // then the starting checkpoint of `start` (Resume). `o` gets the optimizer's options.
+  // The backend, the model (its weights from model.hf_dir or the seed) and — with
+  // `make_trainer` — the trainer; then the starting checkpoint of `start` (Resume; without
+  // a trainer, its weights only). `o` gets the optimizer's options.
   absl::Status Init(const v1::JobSpec& spec, GroupComms& comms, v1::DeviceType device, int device_index,
-                    const v1::CheckpointSpec& start, engine::OptimizerOptions* o);
+                    const v1::CheckpointSpec& start, engine::OptimizerOptions* o, bool make_trainer = true);
   // The directory's latest checkpoint if resuming and there is one, else `load` (a step-N
   // directory, or a checkpoint directory whose latest is taken); sets start_step().
   absl::Status Resume(const v1::CheckpointSpec& ck);
@@ -73,10 +75,10 @@ class TrainSession {
   int dp_rank_ = 0, dps_ = 1;  // this rank's data-parallel index (CP peers share it) and the DP size
   v1::CheckpointSpec checkpoint_;
   int64_t total_steps_ = 0, start_step_ = 0;
+  std::string export_hf_;       // train.export_hf
 
  private:
   bool save_requested_ = false;
-  std::string export_hf_;       // train.export_hf
   v1::ModelShape model_shape_;  // the job's model section (its tokenizer goes with an export)
   bool first_replica_ = false;  // TP rank 0 of DP x CP rank 0: writes the export
 };

@@ -18,13 +18,13 @@ double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::
 
 namespace {
 // The options against the samples a step will have.
-absl::Status CheckOptions(const GrpoOptions& o, const model::Llama* reference, size_t samples) {
+absl::Status CheckOptions(const GrpoOptions& o, const model::Llama* reference, size_t samples, bool ref_given = false) {
   if (o.group_size < 2) return absl::InvalidArgumentError(absl::StrCat("grpo: group_size ", o.group_size, "; need >= 2"));
   if (o.epochs < 1 || o.mini_batches < 1)
     return absl::InvalidArgumentError(absl::StrCat("grpo: epochs (", o.epochs, ") and mini_batches (", o.mini_batches,
                                                    ") must be >= 1"));
-  if (o.loss.kl_coef > 0 && reference == nullptr)
-    return absl::InvalidArgumentError("grpo: kl_coef > 0 needs a reference model");
+  if (o.loss.kl_coef > 0 && reference == nullptr && !ref_given)
+    return absl::InvalidArgumentError("grpo: kl_coef > 0 needs a reference model or the reference's log-probs");
   if (static_cast<size_t>(o.mini_batches) > samples)
     return absl::InvalidArgumentError(absl::StrCat("grpo: ", o.mini_batches, " mini-batches of ", samples, " samples"));
   return absl::OkStatus();
@@ -56,7 +56,11 @@ absl::StatusOr<GrpoStats> GrpoStep(RolloutEngine& rollout, model::Llama& actor, 
 absl::StatusOr<GrpoStats> GrpoUpdate(model::Llama& actor, Trainer& trainer, model::Llama* reference, Rollouts& got,
                                      const GrpoOptions& o) {
   const size_t total = got.samples.size();
-  TESSERA_RETURN_IF_ERROR(CheckOptions(o, reference, total));
+  // The reference's log-probs made elsewhere (a reference group): every sample has them.
+  const bool ref_given = total > 0 && std::all_of(got.samples.begin(), got.samples.end(), [](const RlSample& s) {
+    return !s.mask.empty() && s.ref_logp.size() == s.mask.size();
+  });
+  TESSERA_RETURN_IF_ERROR(CheckOptions(o, reference, total, ref_given));
   if (total == 0 || total % o.group_size != 0 || got.rewards.size() != total)
     return absl::InvalidArgumentError(absl::StrCat("grpo: ", total, " samples with ", got.rewards.size(),
                                                    " rewards do not make whole groups of ", o.group_size));
@@ -75,7 +79,7 @@ absl::StatusOr<GrpoStats> GrpoUpdate(model::Llama& actor, Trainer& trainer, mode
   TESSERA_ASSIGN_OR_RETURN(const MicroBatchPlan plan,
                            PlanMicroBatches(&trainer, samples, o.mini_batches, o.max_tokens_per_micro_batch));
   t = Clock::now();
-  if (o.loss.kl_coef > 0) TESSERA_RETURN_IF_ERROR(FillLogProbs(*reference, samples, plan, &RlSample::ref_logp));
+  if (o.loss.kl_coef > 0 && !ref_given) TESSERA_RETURN_IF_ERROR(FillLogProbs(*reference, samples, plan, &RlSample::ref_logp));
   stats.ref_s = Since(t);
   t = Clock::now();
   TESSERA_RETURN_IF_ERROR(FillLogProbs(actor, samples, plan, &RlSample::old_logp));

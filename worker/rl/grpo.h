@@ -55,7 +55,8 @@ absl::StatusOr<GrpoStats> GrpoStep(RolloutEngine& rollout, model::Llama& actor, 
 // The step's second half on samples generated elsewhere (a rollout pool on its own
 // devices): `rollouts` holds this rank's samples in (prompt, sample) order — whole groups
 // of group_size — with their rewards; advantages, the reference's and the old policy's
-// log-probs and the updates as GrpoStep. generate_s stays 0.
+// log-probs and the updates as GrpoStep; where every sample carries ref_logp already (a
+// reference group's), `reference` may be null and is not run. generate_s stays 0.
 struct Rollouts;
 absl::StatusOr<GrpoStats> GrpoUpdate(model::Llama& actor, Trainer& trainer, model::Llama* reference, Rollouts& rollouts,
                                      const GrpoOptions& options);

@@ -1,5 +1,6 @@
 #include "worker/rl/ppo.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 
@@ -12,14 +13,14 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-absl::Status Check(const PpoOptions& o, const model::Llama* reference, size_t prompts) {
+absl::Status Check(const PpoOptions& o, const model::Llama* reference, size_t prompts, bool ref_given = false) {
   if (o.samples_per_prompt < 1)
     return absl::InvalidArgumentError(absl::StrCat("ppo: samples_per_prompt ", o.samples_per_prompt, "; need >= 1"));
   if (o.epochs < 1 || o.mini_batches < 1)
     return absl::InvalidArgumentError(absl::StrCat("ppo: epochs (", o.epochs, ") and mini_batches (", o.mini_batches,
                                                    ") must be >= 1"));
-  if ((o.loss.kl_coef > 0 || o.kl_reward_coef > 0) && reference == nullptr)
-    return absl::InvalidArgumentError("ppo: kl_coef or kl_reward_coef > 0 needs a reference model");
+  if ((o.loss.kl_coef > 0 || o.kl_reward_coef > 0) && reference == nullptr && !ref_given)
+    return absl::InvalidArgumentError("ppo: kl_coef or kl_reward_coef > 0 needs a reference model or the reference's log-probs");
   if (o.kl_reward_coef < 0) return absl::InvalidArgumentError(absl::StrCat("ppo: kl_reward_coef ", o.kl_reward_coef, " < 0"));
   if (prompts == 0) return absl::InvalidArgumentError("ppo: no prompts");
   if (static_cast<size_t>(o.mini_batches) > prompts * o.samples_per_prompt)
@@ -28,45 +29,32 @@ absl::Status Check(const PpoOptions& o, const model::Llama* reference, size_t pr
   return absl::OkStatus();
 }
 
-// Per sample: token rewards on its response (the outcome on the last response token, the
-// KL penalty on every one), GAE over the response tokens, advantages and returns written
-// back at their positions (0 elsewhere).
+// Per sample: rl::ComputePpoAdvantages over its response tokens (the mask's positions),
+// advantages and returns written back at their positions (0 elsewhere).
 absl::Status Advantages(std::vector<RlSample>& samples, const std::vector<double>& rewards, const PpoOptions& o,
                         double* reward_kl) {
-  double kl_sum = 0, kl_n = 0;
+  std::vector<rl::PpoResponse> in(samples.size());
+  std::vector<std::vector<size_t>> at(samples.size());
+  for (size_t i = 0; i < samples.size(); ++i) {
+    const RlSample& s = samples[i];
+    for (size_t t = 0; t < s.mask.size(); ++t)
+      if (s.mask[t] > 0) at[i].push_back(t);
+    in[i].reward = rewards[i];
+    for (size_t t : at[i]) {
+      in[i].values.push_back(s.old_value[t]);
+      if (o.kl_reward_coef > 0) in[i].old_logp.push_back(s.old_logp[t]), in[i].ref_logp.push_back(s.ref_logp[t]);
+    }
+  }
+  rl::PpoAdvantageOptions ao;
+  ao.gamma = o.gamma, ao.lambda = o.lambda, ao.kl_reward_coef = o.kl_reward_coef, ao.whiten = o.whiten_advantages;
+  TESSERA_ASSIGN_OR_RETURN(rl::PpoAdvantages got, rl::ComputePpoAdvantages(in, ao));
   for (size_t i = 0; i < samples.size(); ++i) {
     RlSample& s = samples[i];
-    std::vector<size_t> at;
-    for (size_t t = 0; t < s.mask.size(); ++t)
-      if (s.mask[t] > 0) at.push_back(t);
     s.advantage.assign(s.mask.size(), 0.0);
     s.returns.assign(s.mask.size(), 0.0);
-    if (at.empty()) continue;
-    std::vector<double> r(at.size(), 0.0), v(at.size());
-    for (size_t k = 0; k < at.size(); ++k) {
-      v[k] = s.old_value[at[k]];
-      if (o.kl_reward_coef > 0) {
-        const double kl = s.old_logp[at[k]] - s.ref_logp[at[k]];
-        r[k] -= o.kl_reward_coef * kl;
-        kl_sum += kl, kl_n += 1;
-      }
-    }
-    r.back() += rewards[i];
-    TESSERA_ASSIGN_OR_RETURN(rl::Gae g, rl::ComputeGae(r, v, o.gamma, o.lambda));
-    for (size_t k = 0; k < at.size(); ++k) s.advantage[at[k]] = g.advantages[k], s.returns[at[k]] = g.returns[k];
+    for (size_t k = 0; k < at[i].size(); ++k) s.advantage[at[i][k]] = got.advantages[i][k], s.returns[at[i][k]] = got.returns[i][k];
   }
-  *reward_kl = kl_n > 0 ? kl_sum / kl_n : 0.0;
-  if (!o.whiten_advantages) return absl::OkStatus();
-  double n = 0, mean = 0, sq = 0;
-  for (const RlSample& s : samples)
-    for (size_t t = 0; t < s.mask.size(); ++t) n += s.mask[t], mean += s.mask[t] * s.advantage[t];
-  if (n < 2) return absl::OkStatus();
-  mean /= n;
-  for (const RlSample& s : samples)
-    for (size_t t = 0; t < s.mask.size(); ++t) sq += s.mask[t] * (s.advantage[t] - mean) * (s.advantage[t] - mean);
-  const double inv = 1.0 / std::sqrt(sq / (n - 1) + 1e-8);
-  for (RlSample& s : samples)
-    for (size_t t = 0; t < s.mask.size(); ++t) s.advantage[t] = s.mask[t] > 0 ? (s.advantage[t] - mean) * inv : 0.0;
+  *reward_kl = got.reward_kl;
   return absl::OkStatus();
 }
 }  // namespace
@@ -87,7 +75,11 @@ absl::StatusOr<PpoStats> PpoUpdate(model::Llama& actor, Trainer& actor_trainer, 
   if (o.samples_per_prompt < 1 || got.samples.size() % o.samples_per_prompt != 0 || got.rewards.size() != got.samples.size())
     return absl::InvalidArgumentError(absl::StrCat("ppo: ", got.samples.size(), " samples with ", got.rewards.size(),
                                                    " rewards do not make whole groups of ", o.samples_per_prompt));
-  TESSERA_RETURN_IF_ERROR(Check(o, reference, got.samples.size() / std::max(1, o.samples_per_prompt)));
+  // The reference's log-probs made elsewhere (a reference group): every sample has them.
+  const bool ref_given = !got.samples.empty() && std::all_of(got.samples.begin(), got.samples.end(), [](const RlSample& s) {
+    return !s.mask.empty() && s.ref_logp.size() == s.mask.size();
+  });
+  TESSERA_RETURN_IF_ERROR(Check(o, reference, got.samples.size() / std::max(1, o.samples_per_prompt), ref_given));
   if (!critic.config().value_head) return absl::InvalidArgumentError("ppo: the critic needs a value head");
   PpoStats stats;
   std::vector<RlSample>& samples = got.samples;
@@ -98,7 +90,7 @@ absl::StatusOr<PpoStats> PpoUpdate(model::Llama& actor, Trainer& actor_trainer, 
   TESSERA_ASSIGN_OR_RETURN(const MicroBatchPlan plan,
                            PlanMicroBatches(&actor_trainer, samples, o.mini_batches, o.max_tokens_per_micro_batch));
   t = Clock::now();
-  if (o.loss.kl_coef > 0 || o.kl_reward_coef > 0)
+  if ((o.loss.kl_coef > 0 || o.kl_reward_coef > 0) && !ref_given)
     TESSERA_RETURN_IF_ERROR(FillLogProbs(*reference, samples, plan, &RlSample::ref_logp));
   stats.ref_s = Since(t);
   t = Clock::now();
@@ -124,6 +116,63 @@ absl::StatusOr<PpoStats> PpoUpdate(model::Llama& actor, Trainer& actor_trainer, 
       stats.critic_s += Since(t);
       ++stats.optimizer_steps;
     }
+  return stats;
+}
+
+namespace {
+// Every sample carries `fields` at each of its positions.
+absl::Status CheckGiven(const std::vector<RlSample>& samples,
+                        std::initializer_list<std::pair<const char*, std::vector<double> RlSample::*>> fields) {
+  for (size_t i = 0; i < samples.size(); ++i)
+    for (auto [name, f] : fields)
+      if ((samples[i].*f).size() != samples[i].mask.size())
+        return absl::InvalidArgumentError(absl::StrCat("ppo: sample ", i, " has no ", name));
+  return absl::OkStatus();
+}
+}  // namespace
+
+absl::StatusOr<PpoStats> PpoActorUpdate(Trainer& trainer, Rollouts& got, const PpoOptions& o) {
+  if (o.epochs < 1 || o.mini_batches < 1 || got.samples.empty())
+    return absl::InvalidArgumentError(absl::StrCat("ppo: ", got.samples.size(), " samples, ", o.epochs, " epochs, ",
+                                                   o.mini_batches, " mini-batches"));
+  std::vector<RlSample>& samples = got.samples;
+  TESSERA_RETURN_IF_ERROR(CheckGiven(samples, {{"old_logp", &RlSample::old_logp}, {"advantage", &RlSample::advantage}}));
+  if (o.loss.kl_coef > 0) TESSERA_RETURN_IF_ERROR(CheckGiven(samples, {{"ref_logp", &RlSample::ref_logp}}));
+  else for (RlSample& s : samples) s.ref_logp.clear();
+  PpoStats stats;
+  stats.reward = got.reward, stats.response_length = got.response_length;
+  TESSERA_ASSIGN_OR_RETURN(const MicroBatchPlan plan, PlanMicroBatches(&trainer, samples, o.mini_batches, o.max_tokens_per_micro_batch));
+  const auto t = Clock::now();
+  for (int e = 0; e < o.epochs; ++e)
+    for (int mb = 0; mb < o.mini_batches; ++mb) {
+      TESSERA_ASSIGN_OR_RETURN(Trainer::PolicyStats ps, UpdateActor(trainer, samples, plan[mb], o.loss));
+      stats.loss = ps.loss, stats.kl = ps.kl, stats.clip_fraction = ps.clip_fraction, stats.grad_norm = ps.grad_norm;
+      stats.entropy = ps.entropy;
+      ++stats.optimizer_steps;
+    }
+  stats.update_s = Since(t);
+  return stats;
+}
+
+absl::StatusOr<PpoStats> PpoCriticUpdate(model::Llama& critic, Trainer& trainer, Rollouts& got, const PpoOptions& o) {
+  if (!critic.config().value_head) return absl::InvalidArgumentError("ppo: the critic needs a value head");
+  if (o.epochs < 1 || o.mini_batches < 1 || got.samples.empty())
+    return absl::InvalidArgumentError(absl::StrCat("ppo: ", got.samples.size(), " samples, ", o.epochs, " epochs, ",
+                                                   o.mini_batches, " mini-batches"));
+  std::vector<RlSample>& samples = got.samples;
+  TESSERA_RETURN_IF_ERROR(CheckGiven(samples, {{"old_value", &RlSample::old_value}, {"returns", &RlSample::returns}}));
+  PpoStats stats;
+  stats.reward = got.reward, stats.response_length = got.response_length;
+  TESSERA_ASSIGN_OR_RETURN(const MicroBatchPlan plan, PlanMicroBatches(&trainer, samples, o.mini_batches, o.max_tokens_per_micro_batch));
+  const auto t = Clock::now();
+  for (int e = 0; e < o.epochs; ++e)
+    for (int mb = 0; mb < o.mini_batches; ++mb) {
+      TESSERA_ASSIGN_OR_RETURN(Trainer::ValueStats vs, UpdateCritic(trainer, samples, plan[mb], o.value_clip));
+      stats.value_loss = vs.loss, stats.value_clip_fraction = vs.clip_fraction, stats.value = vs.value;
+      stats.critic_grad_norm = vs.grad_norm;
+      ++stats.optimizer_steps;
+    }
+  stats.critic_s = Since(t);
   return stats;
 }
 

@@ -53,4 +53,16 @@ struct Rollouts;
 absl::StatusOr<PpoStats> PpoUpdate(model::Llama& actor, Trainer& actor_trainer, model::Llama& critic, Trainer& critic_trainer,
                                    model::Llama* reference, Rollouts& rollouts, const PpoOptions& options);
 
+// PPO's halves where the critic is a group of its own (the driver gathers the critic's
+// values and the actor's old log-probs and makes advantages and returns with
+// rl::ComputePpoAdvantages, per actor DP rank as PpoUpdate does):
+//  - the actor's: `rollouts`' samples carry old_logp and advantage (and ref_logp for a
+//    KL loss term); epochs x mini-batches of PolicyStep. Fills the actor's fields of the
+//    stats (update_s).
+//  - the critic's: the samples carry old_value and returns; epochs x mini-batches of
+//    ValueStep. Fills value_loss, value_clip_fraction, value, critic_grad_norm, critic_s.
+// INVALID_ARGUMENT when a sample lacks one of its inputs.
+absl::StatusOr<PpoStats> PpoActorUpdate(Trainer& trainer, Rollouts& rollouts, const PpoOptions& options);
+absl::StatusOr<PpoStats> PpoCriticUpdate(model::Llama& critic, Trainer& trainer, Rollouts& rollouts, const PpoOptions& options);
+
 }  // namespace tessera::engine

@@ -195,7 +195,9 @@ TEST(JobSpec, GrpoDefaultsAndRefusals) {
     EXPECT_NE(RolloutPool(*two), nullptr);
     v1::JobSpec bad = *two;
     bad.mutable_groups(1)->mutable_layout()->set_zero(1);
-    EXPECT_THAT(std::string(NormalizeAndValidateJobSpec(bad).message()), HasSubstr("groups[1].layout: a rollout pool runs tp x dp"));
+    EXPECT_THAT(std::string(NormalizeAndValidateJobSpec(bad).message()),
+                HasSubstr("groups[1].layout.zero: 1: a rollout group has no optimizer to shard"));
+
     bad = *two;
     bad.mutable_groups(1)->set_colocate_with("elsewhere");
     EXPECT_THAT(std::string(NormalizeAndValidateJobSpec(bad).message()), HasSubstr("colocate_with"));
@@ -204,10 +206,55 @@ TEST(JobSpec, GrpoDefaultsAndRefusals) {
     EXPECT_THAT(std::string(NormalizeAndValidateJobSpec(bad).message()), HasSubstr("groups[0].layout.zero"));
     bad = *two;
     bad.mutable_rl()->set_prompts_per_step(4);  // 4 prompts over the pool's 3 DP ranks
-    EXPECT_THAT(std::string(NormalizeAndValidateJobSpec(bad).message()), HasSubstr("rollout pool's dp=3"));
+    EXPECT_THAT(std::string(NormalizeAndValidateJobSpec(bad).message()), HasSubstr("rollout group's dp=3"));
     auto pretrain = ParseJobSpecYaml(kPretrain, {});
     pretrain->add_groups()->CopyFrom(two->groups(1));
     EXPECT_THAT(std::string(NormalizeAndValidateJobSpec(*pretrain).message()), HasSubstr("exactly one worker group"));
+  }
+  // Reference and critic groups beside the actor: one of each role, each on its own
+  // devices or another group's, tp x dp; the refusals name the group's field.
+  {
+    auto ppo = ParseJobSpecYaml(kPretrain, {"kind=ppo", "rl.prompts_per_step=4", "rl.kl_reward_coef=0.05"});
+    ASSERT_TRUE(ppo.ok());
+    auto* critic = ppo->add_groups();
+    critic->set_name("critic"), critic->set_role("critic"), critic->set_devices(2);
+    critic->mutable_layout()->set_zero(1);  // the critic has an optimizer to shard
+    auto* ref = ppo->add_groups();
+    ref->set_name("ref"), ref->set_role("reference"), ref->set_devices(2), ref->set_colocate_with("critic");
+    ASSERT_TRUE(NormalizeAndValidateJobSpec(*ppo).ok()) << NormalizeAndValidateJobSpec(*ppo);
+    EXPECT_EQ(GroupWithRole(*ppo, "critic"), &ppo->groups(1));
+    EXPECT_EQ(GroupWithRole(*ppo, "reference"), &ppo->groups(2));
+    EXPECT_EQ(GroupWithRole(*ppo, "rollout"), nullptr);
+    EXPECT_EQ(DevicesOf(*ppo, "ref"), "critic");
+    EXPECT_EQ(DevicesOf(*ppo, "critic"), "critic");
+    auto refused = [](v1::JobSpec bad) { return std::string(NormalizeAndValidateJobSpec(bad).message()); };
+    v1::JobSpec bad = *ppo;
+    bad.mutable_groups(2)->set_role("critic");
+    EXPECT_THAT(refused(bad), HasSubstr("groups[2].role: a second critic group; a job has one"));
+    bad = *ppo;
+    bad.mutable_groups(2)->mutable_layout()->set_zero(1);
+    EXPECT_THAT(refused(bad), HasSubstr("groups[2].layout.zero: 1: a reference group has no optimizer to shard"));
+    bad = *ppo;
+    bad.mutable_rl()->set_kl_reward_coef(0);
+    EXPECT_THAT(refused(bad), HasSubstr("groups[2].role: a reference group needs a KL term"));
+    bad = *ppo;
+    bad.mutable_groups(1)->set_role("worker");
+    EXPECT_THAT(refused(bad), HasSubstr("groups[1].role: a ppo job's groups after the actor are rollout, reference or critic"));
+    bad = *ppo;  // the actor on one DP rank (4 samples), the critic on two (2 each)
+    bad.mutable_groups(0)->set_devices(2), bad.mutable_groups(0)->mutable_layout()->set_dp(1);
+    bad.mutable_rl()->set_mini_batches(3);
+    EXPECT_THAT(refused(bad), HasSubstr("rl.mini_batches: 3 mini-batches of 2 samples per DP rank of the critic group"));
+    bad = *ppo;
+    bad.set_kind("grpo"), bad.mutable_rl()->clear_kl_reward_coef(), bad.mutable_rl()->set_kl_coef(0.1);
+    for (auto clear : {&v1::RlSpec::clear_gamma, &v1::RlSpec::clear_gae_lambda, &v1::RlSpec::clear_value_clip,
+                       &v1::RlSpec::clear_critic_lr})
+      (bad.mutable_rl()->*clear)();  // ppo's defaults
+    bad.mutable_rl()->set_group_size(2);
+    EXPECT_THAT(refused(bad), HasSubstr("groups[1].role: a critic group is for ppo jobs"));
+    bad = *ppo;
+    bad.mutable_rl()->set_prompts_per_step(3);
+    bad.mutable_groups(0)->set_devices(2), bad.mutable_groups(0)->mutable_layout()->set_dp(1);
+    EXPECT_THAT(refused(bad), HasSubstr("rl.prompts_per_step: 3 prompts do not split over the critic group's dp=2 ranks"));
   }
   // On jsonl prompts a tokenizer.json's stop strings are checked by the executors.
   EXPECT_TRUE(check({"train.data.kind=jsonl", "train.data.path=/d.jsonl", "model.tokenizer=/d/tok", "rl.stop=<|im_end|>"}).ok());

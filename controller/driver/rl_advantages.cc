@@ -1,0 +1,100 @@
+#include "controller/driver/rl_advantages.h"
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/rl.h"
+#include "common/status.h"
+
+namespace tessera::controller {
+namespace {
+
+const v1::NamedTensor* Find(const v1::TensorBatch& b, const std::string& name) {
+  for (const auto& t : b.tensors())
+    if (t.name() == name) return &t;
+  return nullptr;
+}
+
+// Tensor `name`'s values, checked: dtype, [n] or [n, width] (width 0: any), its bytes.
+template <typename T>
+absl::StatusOr<std::vector<T>> Values(const v1::TensorBatch& b, const std::string& name, v1::DType dtype, int64_t n,
+                                      int dims, int64_t* width) {
+  const v1::NamedTensor* t = Find(b, name);
+  if (t == nullptr) return absl::InvalidArgumentError(absl::StrCat("samples: no tensor '", name, "'"));
+  const bool shaped = t->dtype() == dtype && t->shape_size() == dims && t->shape(0) == n;
+  const int64_t elems = shaped && dims == 2 ? n * t->shape(1) : n;
+  if (!shaped || t->data().size() != static_cast<size_t>(elems) * sizeof(T))
+    return absl::InvalidArgumentError(absl::StrCat("samples: tensor '", name, "' is not [", n, dims == 2 ? ", W" : "", "] ",
+                                                   v1::DType_Name(dtype)));
+  if (dims == 2) *width = t->shape(1);
+  std::vector<T> v(static_cast<size_t>(elems));
+  if (!v.empty()) std::memcpy(v.data(), t->data().data(), v.size() * sizeof(T));
+  return v;
+}
+
+v1::NamedTensor TokenTensor(const std::string& name, const std::vector<std::vector<double>>& rows, int64_t width) {
+  std::vector<float> flat(rows.size() * static_cast<size_t>(width), 0.0f);
+  for (size_t i = 0; i < rows.size(); ++i)
+    for (size_t k = 0; k < rows[i].size(); ++k) flat[i * width + k] = static_cast<float>(rows[i][k]);
+  v1::NamedTensor t;
+  t.set_name(name);
+  t.set_dtype(v1::DTYPE_F32);
+  t.add_shape(static_cast<int64_t>(rows.size()));
+  t.add_shape(width);
+  t.set_data(reinterpret_cast<const char*>(flat.data()), flat.size() * sizeof(float));
+  return t;
+}
+
+}  // namespace
+
+absl::Status AddPpoAdvantages(const v1::RlSpec& rl, int actor_dp, v1::TensorBatch* batch, double* reward_kl) {
+  const v1::NamedTensor* rw = Find(*batch, "reward");
+  if (rw == nullptr || rw->shape_size() != 1) return absl::InvalidArgumentError("samples: no tensor 'reward' [N]");
+  const int64_t n = rw->shape(0);
+  if (actor_dp < 1 || n % actor_dp != 0)
+    return absl::InvalidArgumentError(absl::StrCat("samples: ", n, " rows do not split over dp=", actor_dp));
+  int64_t width = 0, w = 0;
+  TESSERA_ASSIGN_OR_RETURN(std::vector<float> reward, Values<float>(*batch, "reward", v1::DTYPE_F32, n, 1, &w));
+  TESSERA_ASSIGN_OR_RETURN(std::vector<int32_t> len, Values<int32_t>(*batch, "completion_len", v1::DTYPE_I32, n, 1, &w));
+  TESSERA_ASSIGN_OR_RETURN(std::vector<float> value, Values<float>(*batch, "old_value", v1::DTYPE_F32, n, 2, &width));
+  const bool penalty = rl.kl_reward_coef() > 0;
+  std::vector<float> old_logp, ref_logp;
+  if (penalty) {
+    for (const char* name : {"old_logp", "ref_logp"}) {
+      TESSERA_ASSIGN_OR_RETURN(std::vector<float> v, Values<float>(*batch, name, v1::DTYPE_F32, n, 2, &w));
+      if (w != width) return absl::InvalidArgumentError(absl::StrCat("samples: tensor '", name, "' is ", w, " wide, old_value ", width));
+      (std::string(name) == "old_logp" ? old_logp : ref_logp) = std::move(v);
+    }
+  }
+  rl::PpoAdvantageOptions o;
+  o.gamma = rl.gamma(), o.lambda = rl.gae_lambda(), o.kl_reward_coef = rl.kl_reward_coef(), o.whiten = true;
+  std::vector<std::vector<double>> advantages, returns;
+  double kl = 0;
+  const int64_t per = n / actor_dp;
+  for (int d = 0; d < actor_dp; ++d) {
+    std::vector<rl::PpoResponse> in(per);
+    for (int64_t j = 0; j < per; ++j) {
+      const int64_t i = d * per + j;
+      if (len[i] < 0 || len[i] > width)
+        return absl::InvalidArgumentError(absl::StrCat("samples: completion_len[", i, "] = ", len[i], " outside [0, ", width, "]"));
+      rl::PpoResponse& r = in[j];
+      r.reward = reward[i];
+      for (int64_t k = 0; k < len[i]; ++k) {
+        r.values.push_back(value[i * width + k]);
+        if (penalty) r.old_logp.push_back(old_logp[i * width + k]), r.ref_logp.push_back(ref_logp[i * width + k]);
+      }
+    }
+    TESSERA_ASSIGN_OR_RETURN(rl::PpoAdvantages got, rl::ComputePpoAdvantages(in, o));
+    kl += got.reward_kl / actor_dp;
+    for (auto& a : got.advantages) advantages.push_back(std::move(a));
+    for (auto& r : got.returns) returns.push_back(std::move(r));
+  }
+  *batch->add_tensors() = TokenTensor("advantage", advantages, width);
+  *batch->add_tensors() = TokenTensor("returns", returns, width);
+  *reward_kl = kl;
+  return absl::OkStatus();
+}
+
+}  // namespace tessera::controller
