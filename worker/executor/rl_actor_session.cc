@@ -42,7 +42,9 @@ absl::Status RlActorSession::MakeRl(const v1::JobSpec& spec, const engine::Optim
     model::LlamaConfig cc = model_->config();
     cc.value_head = true, cc.tie_embeddings = false;
     TESSERA_ASSIGN_OR_RETURN(critic_, model::Llama::Create(cc, backend_.get(), tp_));
-    TESSERA_RETURN_IF_ERROR(critic_->InitRandom(spec.train().seed() + 1, 0.02f));
+    model::Llama* actor = model_.get();  // the value head fresh; the rest copied below
+    TESSERA_RETURN_IF_ERROR(critic_->InitRandom(spec.train().seed() + 1, 0.02f,
+                                                [actor](const model::Param& p) { return actor->Find(p.name()) == nullptr; }));
     for (model::Param& p : critic_->params()) {
       model::Param* a = model_->Find(p.name());
       if (a == nullptr) continue;  // score.weight

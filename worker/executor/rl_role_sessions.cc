@@ -54,7 +54,10 @@ absl::StatusOr<std::unique_ptr<RlCriticSession>> RlCriticSession::Create(const v
   model::LlamaConfig cc = s->model_->config();
   cc.value_head = true, cc.tie_embeddings = false;
   TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<model::Llama> critic, model::Llama::Create(cc, s->backend_.get(), s->tp_));
-  TESSERA_RETURN_IF_ERROR(critic->InitRandom(spec.train().seed() + 1, 0.02f));
+  // The value head fresh (its own seed, as the actor's own critic makes it); the rest copied.
+  model::Llama* actor = s->model_.get();
+  TESSERA_RETURN_IF_ERROR(critic->InitRandom(spec.train().seed() + 1, 0.02f,
+                                             [actor](const model::Param& p) { return actor->Find(p.name()) == nullptr; }));
   for (model::Param& p : critic->params()) {
     model::Param* a = s->model_->Find(p.name());
     if (a == nullptr) continue;  // score.weight

@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <random>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
@@ -316,22 +317,39 @@ absl::Status Llama::SetGlobalFrom(Param& p, const Tensor& global) {
   return RefreshCompute(p);
 }
 
-absl::Status Llama::InitRandom(uint64_t seed, float stddev) {
+absl::Status Llama::InitRandom(uint64_t seed, float stddev, const std::function<bool(const Param&)>& only) {
   TESSERA_RETURN_IF_ERROR(CheckNotFrozen("initializing the weights"));
-  for (auto& p : params_) {
-    int64_t n = 1;
-    for (int64_t d : p.spec.shape) n *= d;
-    std::vector<float> v(n);
-    if (EndsWith(p.name(), "norm.weight")) {
-      std::fill(v.begin(), v.end(), 1.f);
-    } else if (EndsWith(p.name(), ".bias")) {
-      std::fill(v.begin(), v.end(), 0.f);
-    } else {
-      std::mt19937_64 rng(seed ^ NameHash(p.name()));
-      std::normal_distribution<float> normal(0.f, stddev);
-      for (auto& x : v) x = normal(rng);
-    }
-    TESSERA_RETURN_IF_ERROR(SetGlobal(p, v));
+  // Each parameter's values come from its own generator (seed ^ its name's hash), so they
+  // are made on threads — a few parameters at a time, each then set on the device in
+  // order — and equal what one thread makes.
+  std::vector<Param*> todo;
+  for (auto& p : params_)
+    if (!only || only(p)) todo.push_back(&p);
+  const size_t wave = std::max<size_t>(1, std::min<size_t>(8, std::thread::hardware_concurrency()));
+  for (size_t first = 0; first < todo.size(); first += wave) {
+    const size_t last = std::min(todo.size(), first + wave);
+    std::vector<std::vector<float>> values(last - first);
+    auto make = [&](size_t i) {
+      const Param& p = *todo[i];
+      int64_t n = 1;
+      for (int64_t d : p.spec.shape) n *= d;
+      std::vector<float>& v = values[i - first];
+      v.resize(n);
+      if (EndsWith(p.name(), "norm.weight")) {
+        std::fill(v.begin(), v.end(), 1.f);
+      } else if (EndsWith(p.name(), ".bias")) {
+        std::fill(v.begin(), v.end(), 0.f);
+      } else {
+        std::mt19937_64 rng(seed ^ NameHash(p.name()));
+        std::normal_distribution<float> normal(0.f, stddev);
+        for (auto& x : v) x = normal(rng);
+      }
+    };
+    std::vector<std::thread> threads;
+    for (size_t i = first + 1; i < last; ++i) threads.emplace_back(make, i);
+    make(first);
+    for (std::thread& t : threads) t.join();
+    for (size_t i = first; i < last; ++i) TESSERA_RETURN_IF_ERROR(SetGlobal(*todo[i], values[i - first]));
   }
   return absl::OkStatus();
 }

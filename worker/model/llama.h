@@ -136,7 +136,9 @@ class Llama {
   // Deterministic from (seed, parameter name): normal(0, stddev) weights, norms 1,
   // biases 0 — the full tensor is drawn and this rank keeps its shard, so every layout
   // holds the same model.
-  absl::Status InitRandom(uint64_t seed, float stddev = 0.02f);
+  // With `only`, the parameters it accepts alone (each parameter's values depend on the
+  // seed and its name, not on which others are made).
+  absl::Status InitRandom(uint64_t seed, float stddev = 0.02f, const std::function<bool(const Param&)>& only = {});
   // Sets a parameter from its full (global) value; this rank keeps its shard.
   absl::Status SetGlobal(Param& p, const std::vector<float>& global);
   // Sets this rank's slice of a parameter (SplitOf(p); p.value's elements, on the host).
