@@ -286,4 +286,21 @@ std::vector<pid_t> RunningExecutors(Cluster& c, const std::string& id, int attem
   return pids;
 }
 
+v1::JobSpec SmallRlSpec(const std::string& kind) {
+  v1::JobSpec spec = PretrainSpec(2, 1, 0, 3);
+  spec.set_kind(kind);
+  spec.mutable_train()->mutable_data()->set_digits(1);
+  spec.mutable_rl()->set_prompts_per_step(4);
+  spec.mutable_rl()->set_eval_problems(10);
+  if (kind == "ppo") {
+    spec.mutable_rl()->set_group_size(2);
+    spec.mutable_rl()->set_kl_reward_coef(0.05);
+  } else {
+    spec.mutable_rl()->set_group_size(4);
+    spec.mutable_rl()->set_kl_coef(0.01);
+    spec.mutable_rl()->set_entropy_coef(0.05);
+  }
+  return spec;
+}
+
 }  // namespace tessera::testing

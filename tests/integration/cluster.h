@@ -98,5 +98,11 @@ std::string Submit(Cluster& c, const v1::JobSpec& spec);
 std::vector<pid_t> RunningExecutors(Cluster& c, const std::string& id, int attempt, size_t n);
 // A pretrain job of a tiny Llama on the built-in arithmetic data (CPU slots).
 v1::JobSpec PretrainSpec(int devices, int tp, int zero, int steps, bool sp = false, int cp = 1, int pp = 1);
+// An RL job of that model: 3 steps of 4 one-digit problems on an actor of dp 2, with a
+// KL term — grpo: group 4, k3 KL loss and an entropy bonus (an untrained model earns no
+// reward, so zero advantages; the bonus still gives every step a gradient that depends
+// on each sampled token, and the KL follows); ppo: 2 samples per prompt, the KL as a
+// reward penalty (the critic's values make the advantages).
+v1::JobSpec SmallRlSpec(const std::string& kind);
 
 }  // namespace tessera::testing

@@ -363,31 +363,6 @@ TEST(Cluster, GrpoStepsStreamTheirMetrics) {
   }
 }
 
-// A ppo job (actor + critic in each executor, dp 2 on CPU slots): the steps stream the
-// actor's and the critic's metrics and the job succeeds; the ranks agree on both gradient
-// norms (the driver checks).
-// The rollout-group tests' job: 3 steps of 4 one-digit problems on an actor of dp 2, with
-// a KL term — grpo: group 4, k3 KL loss and an entropy bonus (an untrained model earns no
-// reward, so zero advantages; the bonus still gives every step a gradient that depends on
-// each sampled token, and the KL follows); ppo: 2 samples per prompt, the KL as a reward
-// penalty (the critic's values make the advantages).
-v1::JobSpec RolloutGroupSpec(const std::string& kind) {
-  v1::JobSpec spec = PretrainSpec(2, 1, 0, 3);
-  spec.set_kind(kind);
-  spec.mutable_train()->mutable_data()->set_digits(1);
-  spec.mutable_rl()->set_prompts_per_step(4);
-  spec.mutable_rl()->set_eval_problems(10);
-  if (kind == "ppo") {
-    spec.mutable_rl()->set_group_size(2);
-    spec.mutable_rl()->set_kl_reward_coef(0.05);
-  } else {
-    spec.mutable_rl()->set_group_size(4);
-    spec.mutable_rl()->set_kl_coef(0.01);
-    spec.mutable_rl()->set_entropy_coef(0.05);
-  }
-  return spec;
-}
-
 // A rollout group of `devices` ranks (dp = devices) — on devices of its own, or on the
 // actor's with `colocate_with` — added to `spec` and the spec validated.
 v1::GroupSpec* AddRolloutGroup(v1::JobSpec& spec, int devices, const std::string& colocate_with = "") {
@@ -408,7 +383,7 @@ v1::GroupSpec* AddRolloutGroup(v1::JobSpec& spec, int devices, const std::string
 // pool of another TP layout (tp 2: the sync re-slices) runs and verifies too.
 TEST(Cluster, GrpoWithARolloutPoolOfItsOwnEqualsColocated) {
   auto c = Up({.agents = 1, .cpu_slots = 4});
-  v1::JobSpec spec = RolloutGroupSpec("grpo");
+  v1::JobSpec spec = SmallRlSpec("grpo");
   spec.mutable_rl()->set_eval_every(2);
   auto colocated = c->WaitState(Submit(*c, spec), v1::JOB_STATE_SUCCEEDED, 120000);
   ASSERT_TRUE(colocated.ok()) << colocated.status();
@@ -469,7 +444,7 @@ TEST(Cluster, GrpoWithARolloutPoolOfItsOwnEqualsColocated) {
 // digests find the rollout's weights equal to the actor's after the first and last sync.
 TEST(Cluster, GrpoWithARolloutGroupOnTheActorsDevicesReslicesTheWeights) {
   auto c = Up({.agents = 1, .cpu_slots = 2});
-  v1::JobSpec spec = RolloutGroupSpec("grpo");
+  v1::JobSpec spec = SmallRlSpec("grpo");
   auto own = c->WaitState(Submit(*c, spec), v1::JOB_STATE_SUCCEEDED, 120000);
   ASSERT_TRUE(own.ok()) << own.status();
   const auto a = nlohmann::json::parse(own->result_json());
@@ -508,7 +483,7 @@ TEST(Cluster, GrpoWithARolloutGroupOnTheActorsDevicesReslicesTheWeights) {
 // as the colocated job, so the same rewards, gradient norms, KLs and accuracy.
 TEST(Cluster, PpoWithARolloutPoolOfItsOwnEqualsColocated) {
   auto c = Up({.agents = 1, .cpu_slots = 4});
-  v1::JobSpec spec = RolloutGroupSpec("ppo");
+  v1::JobSpec spec = SmallRlSpec("ppo");
   ASSERT_TRUE(NormalizeAndValidateJobSpec(spec).ok()) << NormalizeAndValidateJobSpec(spec);
   auto colocated = c->WaitState(Submit(*c, spec), v1::JOB_STATE_SUCCEEDED, 120000);
   ASSERT_TRUE(colocated.ok()) << colocated.status();
@@ -541,7 +516,7 @@ TEST(Cluster, GrafanaDashboardQueriesWhatTheDaemonsExport) {
   v1::JobSpec pt = PretrainSpec(2, 1, 0, 4);
   pt.mutable_train()->mutable_checkpoint()->set_dir(c->dir() + "/ckpt");
   ASSERT_TRUE(c->WaitState(Submit(*c, pt), v1::JOB_STATE_SUCCEEDED, 120000).ok());
-  v1::JobSpec rl = RolloutGroupSpec("grpo");
+  v1::JobSpec rl = SmallRlSpec("grpo");
   rl.mutable_train()->set_steps(1);
   AddRolloutGroup(rl, 2);
   ASSERT_TRUE(c->WaitState(Submit(*c, rl), v1::JOB_STATE_SUCCEEDED, 120000).ok());

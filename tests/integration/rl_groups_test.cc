@@ -20,28 +20,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// 3 steps of 4 one-digit problems on an actor of dp 2 (two CPU slots) with a KL term —
-// grpo: 4 samples per prompt, k3 KL loss and an entropy bonus (an untrained model earns
-// no reward; the bonus gives every step a gradient that depends on every sampled token);
-// ppo: 2 samples per prompt, the KL as a reward penalty (the critic's values make the
-// advantages).
-v1::JobSpec RlSpec(const std::string& kind) {
-  v1::JobSpec spec = PretrainSpec(2, 1, 0, 3);
-  spec.set_kind(kind);
-  spec.mutable_train()->mutable_data()->set_digits(1);
-  spec.mutable_rl()->set_prompts_per_step(4);
-  spec.mutable_rl()->set_eval_problems(10);
-  if (kind == "ppo") {
-    spec.mutable_rl()->set_group_size(2);
-    spec.mutable_rl()->set_kl_reward_coef(0.05);
-  } else {
-    spec.mutable_rl()->set_group_size(4);
-    spec.mutable_rl()->set_kl_coef(0.01);
-    spec.mutable_rl()->set_entropy_coef(0.05);
-  }
-  return spec;
-}
-
 v1::GroupSpec* AddGroup(v1::JobSpec& spec, const std::string& role, int devices, int tp, const std::string& colocate_with = "") {
   auto* g = spec.add_groups();
   g->set_name(role), g->set_role(role), g->set_devices(devices), g->set_colocate_with(colocate_with);
@@ -70,7 +48,7 @@ void ExpectSameRun(const nlohmann::json& a, const nlohmann::json& b, double tol,
 // float error of another TP split.
 TEST(RlGroups, GrpoWithAReferenceGroupEqualsTheActorsOwnReference) {
   auto c = Up({.agents = 1, .cpu_slots = 4});
-  v1::JobSpec spec = RlSpec("grpo");
+  v1::JobSpec spec = SmallRlSpec("grpo");
   auto own = c->WaitState(Submit(*c, spec), v1::JOB_STATE_SUCCEEDED, 120000);
   ASSERT_TRUE(own.ok()) << own.status();
   const auto a = nlohmann::json::parse(own->result_json());
@@ -106,7 +84,7 @@ TEST(RlGroups, GrpoWithAReferenceGroupEqualsTheActorsOwnReference) {
 // agree to 1e-5). The critic's metrics stream from its group.
 TEST(RlGroups, PpoWithCriticAndReferenceGroupsEqualsTheActorsOwn) {
   auto c = Up({.agents = 1, .cpu_slots = 4});
-  v1::JobSpec spec = RlSpec("ppo");
+  v1::JobSpec spec = SmallRlSpec("ppo");
   auto own = c->WaitState(Submit(*c, spec), v1::JOB_STATE_SUCCEEDED, 120000);
   ASSERT_TRUE(own.ok()) << own.status();
   const auto a = nlohmann::json::parse(own->result_json());
@@ -130,7 +108,7 @@ TEST(RlGroups, PpoWithCriticAndReferenceGroupsEqualsTheActorsOwn) {
 // run's.
 TEST(RlGroups, PpoWithACriticGroupResumesBothAtTheSameStep) {
   auto c = Up({.agents = 1, .cpu_slots = 4});
-  v1::JobSpec spec = RlSpec("ppo");
+  v1::JobSpec spec = SmallRlSpec("ppo");
   spec.mutable_train()->set_min_lr(spec.train().lr());  // a schedule that does not depend on the job's step count
   AddGroup(spec, "critic", 2, 1);
   auto whole = c->WaitState(Submit(*c, spec), v1::JOB_STATE_SUCCEEDED, 120000);

@@ -86,13 +86,9 @@ absl::StatusOr<GrpoStats> GrpoUpdate(model::Llama& actor, Trainer& trainer, mode
   stats.old_s = Since(t);
   // Update: epochs x mini-batches, each one optimizer step accumulated over its micro-batches.
   t = Clock::now();
-  for (int e = 0; e < o.epochs; ++e)
-    for (int mb = 0; mb < o.mini_batches; ++mb) {
-      TESSERA_ASSIGN_OR_RETURN(Trainer::PolicyStats ps, UpdateActor(trainer, samples, plan[mb], o.loss));
-      stats.loss = ps.loss, stats.kl = ps.kl, stats.clip_fraction = ps.clip_fraction, stats.grad_norm = ps.grad_norm;
-      stats.entropy = ps.entropy;
-      ++stats.optimizer_steps;
-    }
+  TESSERA_ASSIGN_OR_RETURN(Trainer::PolicyStats ps, UpdateActorEpochs(trainer, samples, plan, o.epochs, o.loss, &stats.optimizer_steps));
+  stats.loss = ps.loss, stats.kl = ps.kl, stats.clip_fraction = ps.clip_fraction, stats.grad_norm = ps.grad_norm;
+  stats.entropy = ps.entropy;
   stats.update_s = Since(t);
   return stats;
 }

@@ -129,41 +129,39 @@ absl::Status CheckGiven(const std::vector<RlSample>& samples,
         return absl::InvalidArgumentError(absl::StrCat("ppo: sample ", i, " has no ", name));
   return absl::OkStatus();
 }
-}  // namespace
 
-absl::StatusOr<PpoStats> PpoActorUpdate(Trainer& trainer, Rollouts& got, const PpoOptions& o) {
+// A half's checks and its plan: samples, epochs and mini-batches, then the micro-batches.
+absl::StatusOr<MicroBatchPlan> PlanHalf(Trainer& trainer, const Rollouts& got, const PpoOptions& o) {
   if (o.epochs < 1 || o.mini_batches < 1 || got.samples.empty())
     return absl::InvalidArgumentError(absl::StrCat("ppo: ", got.samples.size(), " samples, ", o.epochs, " epochs, ",
                                                    o.mini_batches, " mini-batches"));
+  return PlanMicroBatches(&trainer, got.samples, o.mini_batches, o.max_tokens_per_micro_batch);
+}
+}  // namespace
+
+absl::StatusOr<PpoStats> PpoActorUpdate(Trainer& trainer, Rollouts& got, const PpoOptions& o) {
   std::vector<RlSample>& samples = got.samples;
   TESSERA_RETURN_IF_ERROR(CheckGiven(samples, {{"old_logp", &RlSample::old_logp}, {"advantage", &RlSample::advantage}}));
   if (o.loss.kl_coef > 0) TESSERA_RETURN_IF_ERROR(CheckGiven(samples, {{"ref_logp", &RlSample::ref_logp}}));
   else for (RlSample& s : samples) s.ref_logp.clear();
+  TESSERA_ASSIGN_OR_RETURN(const MicroBatchPlan plan, PlanHalf(trainer, got, o));
   PpoStats stats;
   stats.reward = got.reward, stats.response_length = got.response_length;
-  TESSERA_ASSIGN_OR_RETURN(const MicroBatchPlan plan, PlanMicroBatches(&trainer, samples, o.mini_batches, o.max_tokens_per_micro_batch));
   const auto t = Clock::now();
-  for (int e = 0; e < o.epochs; ++e)
-    for (int mb = 0; mb < o.mini_batches; ++mb) {
-      TESSERA_ASSIGN_OR_RETURN(Trainer::PolicyStats ps, UpdateActor(trainer, samples, plan[mb], o.loss));
-      stats.loss = ps.loss, stats.kl = ps.kl, stats.clip_fraction = ps.clip_fraction, stats.grad_norm = ps.grad_norm;
-      stats.entropy = ps.entropy;
-      ++stats.optimizer_steps;
-    }
+  TESSERA_ASSIGN_OR_RETURN(Trainer::PolicyStats ps, UpdateActorEpochs(trainer, samples, plan, o.epochs, o.loss, &stats.optimizer_steps));
+  stats.loss = ps.loss, stats.kl = ps.kl, stats.clip_fraction = ps.clip_fraction, stats.grad_norm = ps.grad_norm;
+  stats.entropy = ps.entropy;
   stats.update_s = Since(t);
   return stats;
 }
 
 absl::StatusOr<PpoStats> PpoCriticUpdate(model::Llama& critic, Trainer& trainer, Rollouts& got, const PpoOptions& o) {
   if (!critic.config().value_head) return absl::InvalidArgumentError("ppo: the critic needs a value head");
-  if (o.epochs < 1 || o.mini_batches < 1 || got.samples.empty())
-    return absl::InvalidArgumentError(absl::StrCat("ppo: ", got.samples.size(), " samples, ", o.epochs, " epochs, ",
-                                                   o.mini_batches, " mini-batches"));
   std::vector<RlSample>& samples = got.samples;
   TESSERA_RETURN_IF_ERROR(CheckGiven(samples, {{"old_value", &RlSample::old_value}, {"returns", &RlSample::returns}}));
+  TESSERA_ASSIGN_OR_RETURN(const MicroBatchPlan plan, PlanHalf(trainer, got, o));
   PpoStats stats;
   stats.reward = got.reward, stats.response_length = got.response_length;
-  TESSERA_ASSIGN_OR_RETURN(const MicroBatchPlan plan, PlanMicroBatches(&trainer, samples, o.mini_batches, o.max_tokens_per_micro_batch));
   const auto t = Clock::now();
   for (int e = 0; e < o.epochs; ++e)
     for (int mb = 0; mb < o.mini_batches; ++mb) {

@@ -197,6 +197,18 @@ absl::Status Fill(std::vector<RlSample>& samples, const MicroBatchPlan& plan, st
 }
 }  // namespace
 
+absl::StatusOr<Trainer::PolicyStats> UpdateActorEpochs(Trainer& trainer, const std::vector<RlSample>& samples,
+                                                       const MicroBatchPlan& plan, int epochs,
+                                                       const rl::PolicyLossOptions& loss, int* optimizer_steps) {
+  Trainer::PolicyStats last;
+  for (int e = 0; e < epochs; ++e)
+    for (const std::vector<MicroBatch>& mini_batch : plan) {
+      TESSERA_ASSIGN_OR_RETURN(last, UpdateActor(trainer, samples, mini_batch, loss));
+      ++*optimizer_steps;
+    }
+  return last;
+}
+
 absl::Status FillLogProbs(model::Llama& m, std::vector<RlSample>& samples, const MicroBatchPlan& plan,
                           std::vector<double> RlSample::*field) {
   return Fill(samples, plan, field, [&](const model::TokenBatch& b) -> absl::StatusOr<std::vector<float>> {

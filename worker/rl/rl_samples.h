@@ -75,6 +75,12 @@ absl::StatusOr<Trainer::PolicyStats> UpdateActor(Trainer& trainer, const std::ve
 absl::StatusOr<Trainer::ValueStats> UpdateCritic(Trainer& trainer, const std::vector<RlSample>& samples,
                                                  const std::vector<MicroBatch>& mini_batch, double value_clip);
 
+// `epochs` passes over the plan's mini-batches, one UpdateActor each: the last step's
+// statistics; *optimizer_steps counts the steps.
+absl::StatusOr<Trainer::PolicyStats> UpdateActorEpochs(Trainer& trainer, const std::vector<RlSample>& samples,
+                                                       const MicroBatchPlan& plan, int epochs,
+                                                       const rl::PolicyLossOptions& loss, int* optimizer_steps);
+
 // samples[i].*field from the model's log-probs (TokenLogProbs) or, for a critic, its
 // values (TokenValues): one forward per micro-batch of the plan, split back.
 absl::Status FillLogProbs(model::Llama& m, std::vector<RlSample>& samples, const MicroBatchPlan& plan,
