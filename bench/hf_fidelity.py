@@ -16,6 +16,10 @@ run the same directory on the same GPU:
   argmax of each step's last logits with its KV cache; ours: the rollout engine).
 Qwen2.5-7B and Qwen2.5-1.5B (2 KV heads: replicated at TP 4) run ours at tensor
 parallelism 4 (hf_model_run --tp=4: a process per GPU), transformers on one GPU.
+A reward model (qwen3_1p7b_rm: Qwen3-1.7B's config as Qwen3ForSequenceClassification with
+one label, as RL's reward groups load it): the score of each of a batch of sequences of
+different lengths (ours: the value head at the last token), f32 within 1e-4 of the
+scores' scale and bf16 within twice transformers' own bf16 error plus 1e-3.
 
     python3 bench/hf_fidelity.py [--bin dist/bin/hf_model_run] [--tokens 128] [--greedy 128] [--models llama32_1b,qwen3_1p7b,qwen25_7b,qwen25_1p5b]
 Prints one JSON line per comparison and a table last; exits non-zero on a FAIL.
@@ -64,6 +68,8 @@ MODELS = {
                                   eos_token_id=151643, use_sliding_window=False,
                                   rope_parameters=dict(rope_type="default", rope_theta=1000000.0)), 4),
 }
+# Sequence classifiers (reward models): the base model's name.
+REWARD_MODELS = {"qwen3_1p7b_rm": "qwen3_1p7b"}
 GRADS = ("model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight",
          "model.layers.0.self_attn.q_norm.weight", "model.layers.1.mlp.down_proj.weight", "model.norm.weight")
 
@@ -77,12 +83,56 @@ def run_ours(binary, d, out, dtype, tokens_path, prompt_path, n, tp=1):
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+def reward_model(a, name, report):
+    """transformers' sequence-classification score of sequences of several lengths against
+    ours (hf_model_run's values at each sequence's last token), f32 and bf16."""
+    from transformers import AutoModelForSequenceClassification
+    model_type, kw, *_ = MODELS[REWARD_MODELS[name]]
+    with tempfile.TemporaryDirectory() as tmp:
+        torch.manual_seed(0)
+        cfg = AutoConfig.for_model(model_type, num_labels=1, architectures=["Qwen3ForSequenceClassification"], **kw)
+        t0 = time.time()
+        hf = AutoModelForSequenceClassification.from_config(cfg, dtype=torch.bfloat16)
+        with torch.no_grad():  # a head of the scale a trained one has (the default init is ~0.02)
+            hf.score.weight.normal_(0, 1.0 / kw["hidden_size"] ** 0.5)
+        d = os.path.join(tmp, "model")
+        hf.save_pretrained(d)
+        del hf
+        ref = AutoModelForSequenceClassification.from_pretrained(d, dtype=torch.float32).cuda().eval()
+        g = torch.Generator().manual_seed(2)
+        lengths = (a.tokens, a.tokens // 2 + 3, 17)
+        seqs = [torch.randint(0, cfg.vocab_size, (1, n), generator=g) for n in lengths]
+        with torch.no_grad():
+            want = np.array([float(ref(s.cuda()).logits[0, 0]) for s in seqs])
+            bf_model = ref.to(torch.bfloat16)
+            bf = np.array([float(bf_model(s.cuda()).logits[0, 0]) for s in seqs])
+        del ref, bf_model
+        torch.cuda.empty_cache()
+        got = {}
+        for dtype in ("f32", "bf16"):
+            scores = []
+            for i, s in enumerate(seqs):
+                path = os.path.join(tmp, f"seq{i}.i32")
+                s.numpy().astype("<i4").tofile(path)
+                out = os.path.join(tmp, f"{dtype}-{i}")
+                run_ours(a.bin, d, out, dtype, path, None, 0)
+                scores.append(float(np.fromfile(os.path.join(out, "values.f32"), dtype="<f4")[-1]))
+            got[dtype] = np.array(scores)
+        scale = max(float(np.abs(want).max()), 1e-6)
+        e32 = float(np.abs(got["f32"] - want).max())
+        report(name, "scores f32", e32 / scale, 1e-4, e32 <= 1e-4 * scale, scale=scale, lengths=list(lengths))
+        e16, etf = float(np.abs(got["bf16"] - want).max()), float(np.abs(bf - want).max())
+        report(name, "scores bf16 (vs f32 ref)", e16 / scale, (2 * etf + 1e-3 * scale) / scale, e16 <= 2 * etf + 1e-3 * scale,
+               transformers_bf16=etf / scale)
+        print(f"# {name}: {time.time() - t0:.0f} s", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", default="dist/bin/hf_model_run")
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--greedy", type=int, default=128)
-    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--models", default=",".join(list(MODELS) + list(REWARD_MODELS)))
     ap.add_argument("--tp", type=int, default=0, help="ours at this TP degree instead of each model's own")
     a = ap.parse_args()
     rows, ok = [], True
@@ -95,6 +145,9 @@ def main():
         rows.append(rec)
 
     for name in a.models.split(","):
+        if name in REWARD_MODELS:
+            reward_model(a, name, report)
+            continue
         model_type, kw, *rest = MODELS[name]  # rest: ours' TP degree
         tp = a.tp or (rest[0] if rest else 1)
         with tempfile.TemporaryDirectory() as tmp:

@@ -8,7 +8,10 @@
 // of little-endian i32 ids. Writes into OUT: logits.f32 ([T, vocab] of the sequence at
 // positions 0..T-1), grad.NAME.f32 for the parameters of kGradNames (of the mean
 // next-token cross-entropy), greedy.i32 (GREEDY_N tokens of greedy decoding through the
-// rollout engine after the prompt); prints one JSON line of timings.
+// rollout engine after the prompt); prints one JSON line of timings. A critic's or a
+// reward model's directory (*ForTokenClassification, *ForSequenceClassification) writes
+// values.f32 instead ([T]: the value head at every position; a reward model's score is
+// the last) and nothing else.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -82,6 +85,14 @@ int RunRank(int argc, char** argv, comm::Communicator* tp) {
   const std::vector<int32_t> tokens = ReadIds(argv[5]);
   const model::TokenBatch b = model::TokenBatch::NextTokenSequence(tokens);
   t0 = std::chrono::steady_clock::now();
+  if (config->value_head) {
+    auto values = model.TokenValues(b);
+    if (!values.ok()) return Fail(values.status());
+    const double forward_s = Since(t0);
+    if (rank == 0 && !Write(out + "/values.f32", *values)) return Fail(absl::InternalError("cannot write values"));
+    if (rank == 0) printf("%s\n", nlohmann::json{{"tp", tp != nullptr ? tp->size() : 1}, {"load_s", load_s}, {"forward_s", forward_s}}.dump().c_str());
+    return 0;
+  }
   auto logits = model.ForwardLogits(b);
   if (!logits.ok()) return Fail(logits.status());
   const double forward_s = Since(t0);

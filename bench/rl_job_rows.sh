@@ -5,7 +5,8 @@
 # succeeded (bench/suites.py reads them). Run from the repository root with dist/ installed.
 # Arguments after the job file go to `tessera local` (e.g. --set rl.prompts_per_step=16).
 # With FLOPS_PER_TOKEN (the model FLOPs of one token through a step's passes over the
-# samples: reference and old log-probs, the update), each row also has update_tflops.
+# samples: reference and old log-probs, the update), each row also has update_tflops;
+# with REWARD_FLOPS_PER_TOKEN (a reward model's forward FLOPs per token), reward_tflops.
 #   bench/rl_job_rows.sh examples/grpo-split-1b-gpu.yaml
 set -uo pipefail
 job=$1
@@ -14,9 +15,9 @@ state=$(mktemp -d)
 timeout "${JOB_TIMEOUT:-280}" dist/bin/tessera local "$job" --state-dir "$state" "$@" > "$state/job.log" 2>&1
 rc=$?
 tail -3 "$state/job.log" >&2
-python3 - "$state/job.log" "$rc" "${FLOPS_PER_TOKEN:-0}" <<'PY'
+python3 - "$state/job.log" "$rc" "${FLOPS_PER_TOKEN:-0}" "${REWARD_FLOPS_PER_TOKEN:-0}" <<'PY'
 import json, re, sys
-flops = float(sys.argv[3])
+flops, reward_flops = float(sys.argv[3]), float(sys.argv[4])
 rows = []
 for line in open(sys.argv[1], errors="replace"):
     m = re.search(r"step (\d+)/\d+ reward", line)
@@ -25,6 +26,8 @@ for line in open(sys.argv[1], errors="replace"):
         r.update({k: float(v) for k, v in re.findall(r"(\w+)=([-\d.e+]+)", line)})
         if flops and r.get("train_tokens_per_s"):
             r["update_tflops"] = r["train_tokens_per_s"] * flops / 1e12
+        if reward_flops and r.get("reward_tokens_per_s"):
+            r["reward_tflops"] = r["reward_tokens_per_s"] * reward_flops / 1e12
         rows.append(r)
 for r in rows:
     print(json.dumps(r))

@@ -12,6 +12,7 @@
 #include "common/model/hf_config.h"
 #include "common/plan/plan.h"
 #include "common/plan/plan_spec.h"
+#include "common/plan/rl_plan.h"
 
 namespace tessera::client {
 namespace {
@@ -35,11 +36,66 @@ nlohmann::json ToJson(const plan::Plan& p) {
            {{"tp", p.comm.tp}, {"cp", p.comm.cp}, {"pp", p.comm.pp}, {"dp", p.comm.dp}, {"total", p.comm.total()}}}};
 }
 
+// A Hugging Face config.json's shape into `into` (a message naming `field` on failure).
+bool ReadConfig(const std::string& field, const std::string& dir, model::LlamaConfig* into) {
+  auto c = model::ReadHfConfig(dir);
+  if (!c.ok()) {
+    std::cerr << "error: " << field << ": " << c.status().message() << "\n";
+    return false;
+  }
+  *into = *c;
+  return true;
+}
+
+// grpo / ppo: each device set's models (common/plan/rl_plan.h), what they need, the KV
+// cache the generating group wants, and whether it fits `memory_bytes`.
+int RunRlPlan(const v1::JobSpec& spec, int64_t memory_bytes, bool json, std::ostream& out) {
+  model::LlamaConfig actor, reward;
+  const bool has_actor = !spec.model().hf_dir().empty(), has_reward = !spec.rl().reward_model().empty();
+  if (has_actor && !ReadConfig("model.hf_dir", spec.model().hf_dir(), &actor)) return 1;
+  if (has_reward && !ReadConfig("rl.reward_model", spec.rl().reward_model(), &reward)) return 1;
+  auto plan = plan::PlanRl(spec, has_actor ? &actor : nullptr, has_reward ? &reward : nullptr);
+  if (!plan.ok()) {
+    std::cerr << "error: " << plan.status().message() << "\n";
+    return 1;
+  }
+  bool fits = true;
+  for (const plan::RlDeviceSet& d : plan->devices) fits &= memory_bytes <= 0 || d.need() <= memory_bytes;
+  if (json) {
+    nlohmann::json j = {{"job", spec.name()}, {"fits", fits}, {"models", nlohmann::json::array()}, {"devices", nlohmann::json::array()}};
+    for (const plan::RlGroupMemory& m : plan->models)
+      j["models"].push_back({{"group", m.group}, {"model", m.model}, {"devices_of", m.device_set}, {"states_bytes", m.states},
+                             {"pass_bytes", m.pass}});
+    for (const plan::RlDeviceSet& d : plan->devices)
+      j["devices"].push_back({{"devices_of", d.name}, {"states_bytes", d.states}, {"pass_bytes", d.pass}, {"need_bytes", d.need()},
+                              {"kv_cache_wanted_bytes", d.kv_cache}, {"kv_sequence_bytes", d.kv_sequence}});
+    out << j.dump(2) << "\n";
+    return fits ? 0 : 2;
+  }
+  out << absl::StrFormat("%s (%s): %zu model%s on %zu device set%s, micro-batches of %lld tokens\n", spec.name(), spec.kind(),
+                         plan->models.size(), plan->models.size() == 1 ? "" : "s", plan->devices.size(),
+                         plan->devices.size() == 1 ? "" : "s", spec.rl().max_tokens_per_micro_batch());
+  for (const plan::RlDeviceSet& d : plan->devices) {
+    out << absl::StrFormat("  devices of '%s': %s kept + %s in the largest pass = %s%s\n", d.name, Mb(d.states), Mb(d.pass),
+                           Mb(d.need()),
+                           memory_bytes > 0 ? (d.need() <= memory_bytes ? " (fits)" : absl::StrCat(" (over ", Mb(memory_bytes), ")"))
+                                            : "");
+    out << "    " << plan::DeviceSetModels(*plan, d) << "\n";
+    if (d.kv_cache > 0)
+      out << absl::StrFormat("    KV cache: %s for every running sample at its longest (%s each); it takes what fits in "
+                             "rl.gpu_memory_utilization %.2f beside the rest\n",
+                             Mb(d.kv_cache), Mb(d.kv_sequence), spec.rl().gpu_memory_utilization());
+  }
+  if (has_reward == false && GroupWithRole(spec, "reward") != nullptr) out << "  (the reward model is not counted)\n";
+  return fits ? 0 : 2;
+}
+
 }  // namespace
 
 int RunPlan(const v1::JobSpec& spec, int devices, int64_t memory_bytes, bool json, std::ostream& out) {
+  if (spec.kind() == "grpo" || spec.kind() == "ppo") return RunRlPlan(spec, memory_bytes, json, out);
   if (spec.kind() != "pretrain" && spec.kind() != "sft") {
-    std::cerr << "error: plan covers pretrain and sft jobs, not '" << spec.kind() << "'\n";
+    std::cerr << "error: plan covers pretrain, sft, grpo and ppo jobs, not '" << spec.kind() << "'\n";
     return 1;
   }
   const auto& m = spec.model();

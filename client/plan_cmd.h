@@ -1,5 +1,7 @@
 // `tessera plan JOB.yaml`: the per-rank memory and communication of a training job's
-// layout (common/plan/plan.h), and with --devices / --memory the layouts that fit.
+// layout (common/plan/plan.h), and with --devices / --memory the layouts that fit; for
+// grpo and ppo, each device set's models, what they need and the KV cache the generating
+// group wants (common/plan/rl_plan.h), against --memory.
 #pragma once
 
 #include <cstdint>

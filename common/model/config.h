@@ -28,6 +28,10 @@ struct RopeScaling {
 };
 const char* RopeTypeName(RopeScaling::Type t);
 
+// The LM head's logits are made in chunks of this many elements of a rank's vocabulary
+// shard (worker/model/llama.h; ~512 MiB of bf16); the planner counts one chunk.
+inline constexpr int64_t kHeadChunkElements = int64_t{1} << 28;
+
 struct LlamaConfig {
   int64_t vocab = 0;
   int64_t hidden = 0;
@@ -49,6 +53,10 @@ struct LlamaConfig {
   // one value per token from the final norm's output (Hugging Face's
   // LlamaForTokenClassification with one label), replicated over TP. Not tied.
   bool value_head = false;
+  // A reward model (RL's reward group): the same value head, its score read at each
+  // sequence's last token (Hugging Face's LlamaForSequenceClassification with one label).
+  // Set together with value_head; only Hugging Face import and export read it.
+  bool sequence_score = false;
   // Compute dtype of activations and of the weights' compute copies: f32, or bf16 (mixed
   // precision: master weights, gradients and optimizer state stay f32).
   tessera::DType dtype = tessera::DType::kF32;

@@ -180,16 +180,22 @@ absl::StatusOr<LlamaConfig> ReadHfConfig(const std::string& dir) {
   c.tie_embeddings = Flag(j, "tie_word_embeddings");
   c.qkv_bias = type == "qwen2";
   c.qk_norm = type == "qwen3";
-  // A critic: a token-classification head of one label (score.weight [1, hidden]).
+  // A critic: a token-classification head of one label (score.weight [1, hidden]); a
+  // reward model: a sequence-classification head of one label (the same weight, read at
+  // the last token).
   if (j.contains("architectures") && j["architectures"].is_array())
-    for (const json& a : j["architectures"])
-      if (a.is_string() && absl::EndsWith(a.get<std::string>(), "ForTokenClassification")) c.value_head = true;
+    for (const json& a : j["architectures"]) {
+      if (!a.is_string()) continue;
+      if (absl::EndsWith(a.get<std::string>(), "ForTokenClassification")) c.value_head = true;
+      if (absl::EndsWith(a.get<std::string>(), "ForSequenceClassification")) c.value_head = c.sequence_score = true;
+    }
   if (c.value_head) {
     const int64_t labels = j.contains("id2label") && j["id2label"].is_object() ? static_cast<int64_t>(j["id2label"].size())
                                                                               : j.value("num_labels", int64_t{1});
     if (labels != 1)
-      return absl::UnimplementedError(absl::StrCat(dir, "/config.json: a token-classification model of ", labels,
-                                                   " labels; a critic has one (its value)"));
+      return absl::UnimplementedError(absl::StrCat(dir, "/config.json: a ", c.sequence_score ? "sequence" : "token",
+                                                   "-classification model of ", labels, " labels; a ",
+                                                   c.sequence_score ? "reward model has one (its score)" : "critic has one (its value)"));
     c.tie_embeddings = false;  // the embedding is not the head's
   }
   if (auto st = c.Validate(); !st.ok()) return absl::InvalidArgumentError(absl::StrCat(dir, "/config.json: ", st.message()));

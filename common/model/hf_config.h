@@ -7,7 +7,8 @@
 // tied embeddings, rope_theta, rms_norm_eps, max_position_embeddings, RoPE scaling in
 // transformers 4's rope_scaling or 5's rope_parameters spelling (default, linear, dynamic,
 // yarn, llama3: common/model/rope.h); critics (LlamaConfig::value_head) as
-// *ForTokenClassification with one label. Every other key is either inert (metadata,
+// *ForTokenClassification and reward models (also sequence_score) as
+// *ForSequenceClassification, each with one label. Every other key is either inert (metadata,
 // initialization, caching, token ids) or refused with UNIMPLEMENTED naming it — never
 // silently ignored: other RoPE types (longrope, ...), partial rotary factors, attention /
 // MLP biases on Llama and Qwen3, activations other than silu, sliding windows and

@@ -32,6 +32,19 @@ LayerBytes Layer(const model::LlamaConfig& c, const parallel::Layout& l, int64_t
 
 }  // namespace
 
+int64_t HeadLogitRows(const model::LlamaConfig& c, const parallel::Layout& l, int64_t tokens) {
+  if (c.value_head) return 0;  // one value per token
+  const int64_t v = std::max<int64_t>(1, c.vocab / std::max(1, l.tp));
+  return std::min(tokens, std::max<int64_t>(1, model::kHeadChunkElements / v));
+}
+
+int64_t ForwardPassBytes(const model::LlamaConfig& c, const parallel::Layout& l, int64_t tokens) {
+  const int64_t a = tessera::DTypeSize(c.dtype), h = c.hidden;
+  const LayerBytes lb = Layer(c, l, tokens, tokens, a, false);
+  const int64_t head = a * (2 * HeadLogitRows(c, l, tokens) * (c.vocab / std::max(1, l.tp)) + 2 * tokens * h) + 4 * 8 * tokens;
+  return std::max(lb.saved + 2 * lb.input, head + lb.input);
+}
+
 // One pipeline stage's plan (the whole model when pp = 1).
 absl::StatusOr<Plan> PlanStage(const PlanInput& in, int stage) {
   const model::LlamaConfig& c = in.config;
@@ -98,7 +111,7 @@ absl::StatusOr<Plan> PlanStage(const PlanInput& in, int stage) {
   // On top of what the layers keep, the larger of the LM head's backward (logits, their
   // gradient, the norms' tensors, the CE partials) and a layer's backward (with the
   // running gradient and the head's kept norm input).
-  const int64_t head = last ? a * (2 * t * v + 3 * tl * h + 2 * t * h) + 4 * 8 * t : 0;
+  const int64_t head = last ? a * (2 * HeadLogitRows(c, l, t) * v + 3 * tl * h + 2 * t * h) + 4 * 8 * t : 0;
   const int64_t extra = std::max(head, lb.backward + a * 2 * t * h);
   // Chunk passes whose activations are held at once: one without a pipeline; the
   // schedule's most forwards in flight with one (GPipe: all).

@@ -11,7 +11,9 @@
 //               6Φ + 12Φ/N (1), 2Φ + 16Φ/N (2), 18Φ/N (3), plus padding and blocks;
 //   activations what each layer's forward keeps for its backward, for one micro-batch of
 //               micro_batch x seq_len tokens (split over CP, and over TP under SP), plus
-//               the LM head's logits and the peak of one layer's backward; with
+//               a chunk of the LM head's logits (the engine makes them ~512 MiB at a
+//               time; a critic's head has one value per token) and the peak of one
+//               layer's backward; with
 //               recomputation one input per layer plus one layer's activations. A
 //               pipeline stage holds its layers' parameters and the activations of as
 //               many chunk passes as its schedule keeps in flight (1F1B: pp - stage;
@@ -65,6 +67,14 @@ struct Plan {
 
 // INVALID_ARGUMENT naming the rule when the layout cannot run the model (docs/design.md §3).
 absl::StatusOr<Plan> PlanTraining(const PlanInput& in);
+
+// The rows of the LM head's logits made at once for `tokens` tokens: the engine's chunk
+// (model::kHeadChunkElements elements of this rank's vocabulary) or fewer; 0 for a value
+// head.
+int64_t HeadLogitRows(const model::LlamaConfig& c, const parallel::Layout& l, int64_t tokens);
+// The peak of a forward with no backward after it over `tokens` tokens (log-probs,
+// values, scores): one layer's activations at a time, or the head's chunk of logits.
+int64_t ForwardPassBytes(const model::LlamaConfig& c, const parallel::Layout& l, int64_t tokens);
 
 // Pipeline compute balance (pp > 1): each pipeline rank's model FLOPs for one micro-batch
 // (forward and backward: a layer 6 x its matmul parameters per token plus causal

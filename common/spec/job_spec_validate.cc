@@ -73,9 +73,10 @@ static absl::Status CheckCleanAbsolute(const std::string& field, const std::stri
 // takes the loss on the answers only).
 static absl::Status ValidatePretrain(JobSpec& spec) {
   const bool rl = spec.kind() == "grpo" || spec.kind() == "ppo";
-  if (spec.groups_size() != 1 && !(rl && spec.groups_size() <= 4))
+  if (spec.groups_size() != 1 && !(rl && spec.groups_size() <= 5))
     return Bad("groups", absl::StrCat("a ", spec.kind(), " job has exactly one worker group",
-                                      rl ? " (or up to four: the actor, then a rollout, a reference and a critic group)" : ""));
+                                      rl ? " (or up to five: the actor, then a rollout, a reference, a critic and a reward group)"
+                                         : ""));
   const auto& l = spec.groups(0).layout();
   const auto& m = spec.model();
   struct Req {
@@ -167,9 +168,9 @@ static absl::Status ValidateRlGroups(const JobSpec& spec) {
     const v1::GroupSpec& g = spec.groups(i);
     const std::string p = absl::StrCat("groups[", i, "]");
     const std::string& role = g.role();
-    if (role != "rollout" && role != "reference" && role != "critic")
-      return Bad(p + ".role", absl::StrCat("a ", spec.kind(), " job's groups after the actor are rollout, reference or critic, got '",
-                                           role, "'"));
+    if (role != "rollout" && role != "reference" && role != "critic" && role != "reward")
+      return Bad(p + ".role", absl::StrCat("a ", spec.kind(), " job's groups after the actor are rollout, reference, critic or ",
+                                           "reward, got '", role, "'"));
     if (!seen.insert(role).second) return Bad(p + ".role", absl::StrCat("a second ", role, " group; a job has one"));
     const auto& l = g.layout();
     if (l.pp() > 1 || l.cp() > 1 || l.sp())
@@ -192,6 +193,9 @@ static absl::Status ValidateRlGroups(const JobSpec& spec) {
     } else if (role == "reference") {
       if (spec.rl().kl_coef() <= 0 && spec.rl().kl_reward_coef() <= 0)
         return Bad(p + ".role", "a reference group needs a KL term (rl.kl_coef, or rl.kl_reward_coef on ppo) to use its log-probs");
+    } else if (role == "reward") {
+      if (spec.rl().reward_model().empty())
+        return Bad(p + ".role", "a reward group needs rl.reward_model (the Hugging Face directory of its sequence classifier)");
     } else {
       if (spec.kind() != "ppo") return Bad(p + ".role", "a critic group is for ppo jobs (grpo has no critic)");
       const int64_t samples = int64_t(spec.rl().prompts_per_step() / dp) * spec.rl().group_size();
@@ -255,6 +259,13 @@ static absl::Status ValidateRl(JobSpec& spec) {
   if (!r->reward_ca_cert().empty()) {
     if (r->reward_service().empty()) return Bad("rl.reward_ca_cert", "needs rl.reward_service");
     TESSERA_RETURN_IF_ERROR(CheckCleanAbsolute("rl.reward_ca_cert", r->reward_ca_cert()));
+  }
+  if (!r->reward_model().empty()) {
+    TESSERA_RETURN_IF_ERROR(CheckCleanAbsolute("rl.reward_model", r->reward_model()));
+    if (!r->reward_service().empty())
+      return Bad("rl.reward_model", "and rl.reward_service both give the reward; keep one");
+    if (GroupWithRole(spec, "reward") == nullptr)
+      return Bad("rl.reward_model", "needs a group of role reward to run it (groups[i].role: reward)");
   }
   if (r->prompts_per_step() % l.dp() != 0)
     return Bad("rl.prompts_per_step", absl::StrCat(r->prompts_per_step(), " prompts do not split over dp=", l.dp(), " ranks"));
@@ -366,7 +377,7 @@ absl::Status NormalizeAndValidateJobSpec(JobSpec& spec) {
     if (g->device_type() == v1::DEVICE_TYPE_UNSPECIFIED) g->set_device_type(v1::DEVICE_TYPE_CPU);
     if (g->placement() == v1::PLACEMENT_UNSPECIFIED) g->set_placement(v1::PLACEMENT_PACK);
     if (g->role().empty()) g->set_role("worker");
-    static const std::set<std::string> kRoles = {"actor", "reference", "rollout", "critic", "worker"};
+    static const std::set<std::string> kRoles = {"actor", "reference", "rollout", "critic", "reward", "worker"};
     if (!kRoles.count(g->role()))
       return Bad(p + ".role", absl::StrCat("unknown role '", g->role(), "'; expected one of ", absl::StrJoin(kRoles, ", ")));
     auto* l = g->mutable_layout();
@@ -487,7 +498,8 @@ std::vector<std::pair<std::string, std::string>> JobPathFields(const v1::JobSpec
                              std::pair{"generate.output", spec.generate().output()},
                              std::pair{"generate.checkpoint", spec.generate().checkpoint()},
                              std::pair{"model.tokenizer", spec.model().tokenizer() == "byte" ? std::string() : spec.model().tokenizer()},
-                             std::pair{"rl.reward_ca_cert", spec.rl().reward_ca_cert()}})
+                             std::pair{"rl.reward_ca_cert", spec.rl().reward_ca_cert()},
+                             std::pair{"rl.reward_model", spec.rl().reward_model()}})
     if (!path.empty()) out.emplace_back(field, path);
   return out;
 }

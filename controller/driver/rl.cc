@@ -19,8 +19,11 @@
 //    ranks (RlUpdate: advantages, reference and old log-probs, the updates, ppo's critic,
 //    the checkpoint); the ranks' gradient norms must agree; the new weights go to the
 //    rollout model.
+//    With a reward group (rl.reward_model) its scores replace the verifier's rewards
+//    before anything uses them (RlForward on the reward group, TakeScores).
 //  - metrics: reward (exact match of the sampled answers; on JSONL prompts, of the final
-//    answer after "####"), held-out accuracy (arithmetic problems only: greedy, RlEval,
+//    answer after "####"; with a reward group its mean score, and the verifier's as
+//    rule_reward, with the reward phase's time and peak), held-out accuracy (arithmetic problems only: greedy, RlEval,
 //    at the start, every rl.eval_every steps and at the end), response length, KL, clip
 //    fraction, entropy, gradient norm, the phase times as the driver saw them (generate,
 //    update, sync) and the actor's breakdown (ref, old log-prob, update), the rollout
@@ -36,6 +39,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <thread>
@@ -125,6 +129,27 @@ absl::Status CheckAgreed(int64_t step, const std::vector<v1::RlUpdateResponse>& 
   return absl::OkStatus();
 }
 
+// A reward group's scores ([N] f32, tensor "score" of `scored`) as the samples' rewards:
+// the batch's reward tensor replaced; returns their mean.
+absl::StatusOr<double> TakeScores(const v1::TensorBatch& scored, v1::TensorBatch* batch) {
+  const v1::NamedTensor* score = nullptr;
+  v1::NamedTensor* reward = nullptr;
+  for (const v1::NamedTensor& t : scored.tensors())
+    if (t.name() == "score") score = &t;
+  for (v1::NamedTensor& t : *batch->mutable_tensors())
+    if (t.name() == "reward") reward = &t;
+  if (score == nullptr || reward == nullptr || score->dtype() != v1::DTYPE_F32 || score->shape_size() != 1 ||
+      reward->shape_size() != 1 || score->shape(0) != reward->shape(0) || score->data().size() != reward->data().size())
+    return absl::InternalError(absl::StrCat("the reward group's answer is not one f32 score per sample (",
+                                            reward == nullptr ? 0 : reward->shape(0), " samples)"));
+  reward->set_data(score->data());
+  std::vector<float> v(static_cast<size_t>(score->shape(0)));
+  if (!v.empty()) std::memcpy(v.data(), score->data().data(), v.size() * sizeof(float));
+  double mean = 0;
+  for (float x : v) mean += x / static_cast<double>(v.size());
+  return mean;
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> RunRl(DriverContext& ctx) {
@@ -141,13 +166,16 @@ absl::StatusOr<std::string> RunRl(DriverContext& ctx) {
   // value updates); without them the actor's executors hold those models.
   const v1::GroupSpec* reference_spec = GroupWithRole(spec, "reference");
   const v1::GroupSpec* critic_spec = GroupWithRole(spec, "critic");
+  const v1::GroupSpec* reward_spec = GroupWithRole(spec, "reward");  // rl.reward_model's
   WorkerGroup* reference = reference_spec != nullptr ? ctx.groups.at(reference_spec->name()).get() : nullptr;
   WorkerGroup* critic = critic_spec != nullptr ? ctx.groups.at(critic_spec->name()).get() : nullptr;
+  WorkerGroup* scorer = reward_spec != nullptr ? ctx.groups.at(reward_spec->name()).get() : nullptr;
   std::vector<v1::TrainInitResponse> started;
   TESSERA_RETURN_IF_ERROR(ByDevices(spec, {{&actor, [&] { return actor.InitAll().status(); }},
                                            {own_model ? &rollout : nullptr, [&] { return rollout.InitAll().status(); }},
                                            {reference, [&] { return reference->InitAll().status(); }},
-                                           {critic, [&] { return critic->InitAll().status(); }}}));
+                                           {critic, [&] { return critic->InitAll().status(); }},
+                                           {scorer, [&] { return scorer->InitAll().status(); }}}));
   TESSERA_RETURN_IF_ERROR(ByDevices(spec,
       {{&actor,
         [&]() -> absl::Status {
@@ -156,7 +184,8 @@ absl::StatusOr<std::string> RunRl(DriverContext& ctx) {
         }},
        {own_model ? &rollout : nullptr,
         [&] { return rollout.OneToAll(&ExecutorClient::RolloutInit, v1::RolloutInitRequest{}).status(); }},
-       {reference, [&] { return reference->OneToAll(&ExecutorClient::TrainInit, v1::TrainInitRequest{}).status(); }}}));
+       {reference, [&] { return reference->OneToAll(&ExecutorClient::TrainInit, v1::TrainInitRequest{}).status(); }},
+       {scorer, [&] { return scorer->OneToAll(&ExecutorClient::TrainInit, v1::TrainInitRequest{}).status(); }}}));
   TESSERA_ASSIGN_OR_RETURN(const int64_t start, AgreedStartStep(started));
   if (critic != nullptr) {  // from the actor's step: both go on from the same one
     v1::TrainInitRequest init;
@@ -223,9 +252,10 @@ absl::StatusOr<std::string> RunRl(DriverContext& ctx) {
   else
     ready.set_message(absl::StrCat("group '", actor.name(), "': ", actor.size(), " ranks ready for ", ppo ? "PPO" : "GRPO",
                                    resumed));
-  for (WorkerGroup* g : {reference, critic})
+  for (WorkerGroup* g : {reference, critic, scorer})
     if (g != nullptr)
-      ready.set_message(absl::StrCat(ready.message(), "; ", g == reference ? "reference" : "critic", " group '", g->name(), "' (",
+      ready.set_message(absl::StrCat(ready.message(), "; ", g == reference ? "reference" : g == critic ? "critic" : "reward",
+                                     " group '", g->name(), "' (",
                                      g->size(), " ranks", DevicesOf(spec, g->name()) == g->name() ? "" : absl::StrCat(
                                          ", on the devices of '", DevicesOf(spec, g->name()), "'"), ")"));
   ctx.progress(ready);
@@ -262,14 +292,24 @@ absl::StatusOr<std::string> RunRl(DriverContext& ctx) {
     if (samples > 0) reward /= samples, length /= samples;
     TESSERA_ASSIGN_OR_RETURN(v1::TensorBatch batch, ConcatBatches(shards));
     const double generate_s = Since(t);
+    v1::RlForwardHeader forward;
+    forward.set_step(s);
+    // Reward: a reward group's scores replace the rule verifier's rewards.
+    const double rule_reward = reward;
+    double reward_wall_s = 0, reward_s = 0, reward_peak = 0;
+    if (scorer != nullptr) {
+      t = Clock::now();
+      TESSERA_ASSIGN_OR_RETURN(WorkerGroup::Forward f, scorer->RlForwardDpSplit(forward, batch));
+      ForwardTimes(f, &reward_s, &reward_peak);
+      TESSERA_ASSIGN_OR_RETURN(reward, TakeScores(f.out, &batch));
+      reward_wall_s = Since(t);
+    }
     // Update: the samples split over each group's DP ranks (whole groups each) — the
     // reference's log-probs, with a critic group the actor's old log-probs and the
     // critic's values, PPO's advantages (here), then the actor's and the critic's updates.
     t = Clock::now();
     double ref_s = 0, old_s = 0, actor_s = 0, values_s = 0, critic_s = 0, checkpoint_s = -1, reward_kl = 0;  // the slowest rank
     double actor_peak = 0, reference_peak = 0, critic_peak = 0;
-    v1::RlForwardHeader forward;
-    forward.set_step(s);
     if (reference != nullptr) {
       TESSERA_ASSIGN_OR_RETURN(WorkerGroup::Forward f, reference->RlForwardDpSplit(forward, batch));
       ForwardTimes(f, &ref_s, &reference_peak);
@@ -351,7 +391,12 @@ absl::StatusOr<std::string> RunRl(DriverContext& ctx) {
     p.set_total_steps(steps);
     p.set_message(absl::StrFormat("step %d/%d reward %.3f kl %.4f", s + 1, steps, reward, first.kl()));
     auto& m = *p.mutable_metrics();
-    m["reward"] = reward;  // the exact match of the sampled answers: the training accuracy
+    m["reward"] = reward;  // the exact match of the sampled answers (the training accuracy), or the reward model's mean score
+    if (scorer != nullptr) {
+      m["rule_reward"] = rule_reward;  // the verifier's, beside the reward model's
+      m["reward_s"] = reward_wall_s, m["reward_model_s"] = reward_s, m["reward_peak_gib"] = reward_peak / (1 << 30);
+      if (reward_s > 0) m["reward_tokens_per_s"] = (prompt_tokens + response_tokens) / reward_s;  // the slowest rank's forward
+    }
     m["response_length"] = length;
     m["kl"] = first.kl(), m["clip_fraction"] = first.clip_fraction();
     m["entropy"] = first.entropy();  // predictive entropy of the response tokens
@@ -379,7 +424,7 @@ absl::StatusOr<std::string> RunRl(DriverContext& ctx) {
       if (spec.rl().kl_reward_coef() > 0) m["reward_kl"] = reward_kl;
       m["values_s"] = values_s, m["critic_update_s"] = critic_s;
     }
-    const double seconds = generate_s + update_wall_s + synced.second;
+    const double seconds = generate_s + reward_wall_s + update_wall_s + synced.second;
     if (seconds > 0) m["samples_per_s"] = samples / seconds;
     if (checkpoint_s >= 0) {
       m["checkpoint_s"] = checkpoint_s;  // the slowest rank

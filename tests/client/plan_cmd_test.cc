@@ -100,5 +100,44 @@ TEST(PlanCmd, ReadsTheModelFromAHuggingFaceDirectory) {
   EXPECT_EQ(none.str(), "");
 }
 
+// grpo with a reward group: each device set's models — the actor with its reference
+// beside it, the reward model (its own shape from rl.reward_model's config.json) — and the
+// KV cache of the generating group; over --memory the exit code says it does not fit.
+TEST(PlanCmd, RlJobsListEachDeviceSetsModels) {
+  const std::string dir = ::testing::TempDir() + "/plan-rm";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/config.json") << R"({"architectures": ["Qwen3ForSequenceClassification"], "model_type": "qwen3",
+    "vocab_size": 1024, "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 64, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "id2label": {"0": "LABEL_0"}})";
+  auto spec = ParseJobSpecYaml(absl::StrCat(R"(name: grpo-rm
+kind: grpo
+groups:
+  - {name: actor, devices: 1, device: gpu}
+  - {name: rm, role: reward, devices: 1, device: gpu, colocate_with: actor}
+model: {vocab_size: 1024, hidden: 256, num_layers: 4, num_heads: 8, num_kv_heads: 4, ffn: 512, seq_len: 64,
+        global_batch: 8, micro_batch: 2}
+train: {steps: 2, lr: 1.0e-5, data: {kind: arithmetic, digits: 2}}
+rl: {prompts_per_step: 4, group_size: 4, max_new_tokens: 100, kl_coef: 0.01, reward_model: )", dir, "}\n"));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ASSERT_TRUE(NormalizeAndValidateJobSpec(*spec).ok()) << NormalizeAndValidateJobSpec(*spec);
+  std::ostringstream text;
+  EXPECT_EQ(RunPlan(*spec, 0, 0, false, text), 0);
+  EXPECT_THAT(text.str(), HasSubstr("devices of 'actor'"));
+  EXPECT_THAT(text.str(), HasSubstr("actor "));
+  EXPECT_THAT(text.str(), HasSubstr("reference ('actor')"));
+  EXPECT_THAT(text.str(), HasSubstr("reward ('rm')"));
+  EXPECT_THAT(text.str(), HasSubstr("KV cache: "));
+  std::ostringstream js;
+  EXPECT_EQ(RunPlan(*spec, 0, 1 << 20, true, js), 2);  // 1 MiB: over
+  const auto j = nlohmann::json::parse(js.str());
+  EXPECT_FALSE(j["fits"].get<bool>());
+  ASSERT_EQ(j["models"].size(), 3u);
+  EXPECT_EQ(j["models"][2]["model"], "reward");
+  ASSERT_EQ(j["devices"].size(), 1u);
+  EXPECT_GT(j["devices"][0]["kv_cache_wanted_bytes"].get<int64_t>(), 0);
+  EXPECT_EQ(j["devices"][0]["need_bytes"].get<int64_t>(),
+            j["devices"][0]["states_bytes"].get<int64_t>() + j["devices"][0]["pass_bytes"].get<int64_t>());
+}
+
 }  // namespace
 }  // namespace tessera::client

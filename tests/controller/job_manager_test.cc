@@ -511,6 +511,32 @@ train: {steps: 1, lr: 1.0e-4}
   EXPECT_TRUE(jm_->Submit(*spec, "").ok());
 }
 
+// A grpo job is planned device set by device set: the actor's and its reference's states
+// and the largest pass over the devices' memory is refused naming each model's share.
+TEST_F(JobManagerTest, AnRlPlanOverTheDevicesMemoryNamesEachModel) {
+  auto link = std::make_shared<FakeLink>();
+  AddNode("n1", 2, link, 1, /*memory=*/64 << 20);
+  auto spec = ParseJobSpecYaml(R"(
+name: big-rl
+kind: grpo
+groups: [{name: actor, devices: 2}]
+model: {vocab_size: 32000, hidden: 1024, num_layers: 8, num_heads: 8, num_kv_heads: 8, ffn: 4096, seq_len: 512,
+        global_batch: 2, micro_batch: 1}
+train: {steps: 1, lr: 1.0e-4}
+rl: {kl_coef: 0.01, prompts_per_step: 2, group_size: 2}
+)");
+  ASSERT_TRUE(spec.ok());
+  ASSERT_TRUE(NormalizeAndValidateJobSpec(*spec).ok());
+  auto r = jm_->Submit(*spec, "");
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("the devices of group 'actor': `tessera plan` puts"));
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("reference ('actor')"));
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("but its CPU slots have 0.06 GiB"));
+  spec->mutable_model()->set_hidden(64), spec->mutable_model()->set_ffn(128), spec->mutable_model()->set_vocab_size(256);
+  spec->mutable_rl()->set_max_tokens_per_micro_batch(256);
+  EXPECT_TRUE(jm_->Submit(*spec, "").ok());
+}
+
 // A node declared lost whose agent speaks again (it was stalled past its lease) is asked
 // to register anew; registering, it reports the executors it still runs, and those of the
 // attempt that was written off are stopped.

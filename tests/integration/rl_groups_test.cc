@@ -2,18 +2,28 @@
 // critic group, on devices of their own or sharing another group's, give what the
 // actor's own reference and critic give — the driver runs the phases across the groups
 // (the reference's log-probs, the actor's old log-probs and the critic's values, PPO's
-// advantages, the actor's and the critic's updates) — and a job with a critic group
-// resumes the actor and the critic from the same step.
+// advantages, the actor's and the critic's updates) — a reward group's neural reward model
+// scores every sample in place of the rule verifier, a job with a critic group resumes the
+// actor and the critic from the same step, and a job with a group of every role whose
+// executor is killed (kill -9) resumes from its checkpoints at the same losses.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <signal.h>
+
+#include <chrono>
 #include <cmath>
+#include <fstream>
 #include <sstream>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/str_cat.h"
 #include "common/spec/job_spec.h"
+#include "common/util.h"
 #include "tests/integration/cluster.h"
+#include "tests/integration/hf_dir.h"
 
 namespace tessera::testing {
 namespace {
@@ -102,6 +112,58 @@ TEST(RlGroups, PpoWithCriticAndReferenceGroupsEqualsTheActorsOwn) {
     EXPECT_THAT(progress.str(), HasSubstr(k));
 }
 
+// grpo with a reward group (rl.reward_model: a sequence classifier's Hugging Face
+// directory of another shape than the actor's): its scores replace the verifier's rewards.
+// On devices of its own (dp 2) and on the actor's devices at tp 2 the first step's
+// samples get the same scores; a reward model whose score head is zero gives every sample
+// 0 — no advantage, no gradient — whatever the verifier says.
+TEST(RlGroups, GrpoWithARewardGroupScoresTheSamples) {
+  auto c = Up({.agents = 1, .cpu_slots = 4});
+  model::LlamaConfig rm = TinyTextModel(32, 48);
+  rm.value_head = rm.sequence_score = true;
+  const std::string hf = c->dir() + "/reward-model";
+  ASSERT_TRUE(WriteHfModelDir(hf, rm, 21, 0.3f).ok());
+  v1::JobSpec spec = SmallRlSpec("grpo");
+  spec.mutable_rl()->set_reward_model(hf);
+  v1::GroupSpec* reward = AddGroup(spec, "reward", 2, 1);
+  std::ostringstream progress;
+  auto own = c->client().Watch(Submit(*c, spec), progress);
+  ASSERT_TRUE(own.ok()) << own.status();
+  ASSERT_EQ(own->state(), v1::JOB_STATE_SUCCEEDED) << own->reason() << "\n" << progress.str();
+  EXPECT_THAT(progress.str(), HasSubstr("reward group 'reward' (2 ranks)"));
+  for (const char* k : {"rule_reward=", "reward_s=", "reward_model_s=", "reward_peak_gib="}) EXPECT_THAT(progress.str(), HasSubstr(k));
+  const auto a = nlohmann::json::parse(own->result_json());
+  ASSERT_EQ(a["rewards"].size(), 3u);
+  // A score, not an exact match's fraction of the step's 16 samples.
+  const double r0 = a["rewards"][0].get<double>();
+  EXPECT_NE(r0 * 16, std::round(r0 * 16)) << a.dump();
+  EXPECT_GT(a["grad_norms"][0].get<double>(), 0);
+  reward->set_colocate_with("actor");
+  reward->mutable_layout()->set_tp(2), reward->mutable_layout()->set_dp(1);
+  ASSERT_TRUE(NormalizeAndValidateJobSpec(spec).ok()) << NormalizeAndValidateJobSpec(spec);
+  auto colocated = c->WaitState(Submit(*c, spec), v1::JOB_STATE_SUCCEEDED, 120000);
+  ASSERT_TRUE(colocated.ok()) << colocated.status();
+  const auto b = nlohmann::json::parse(colocated->result_json());
+  EXPECT_NEAR(b["rewards"][0].get<double>(), r0, 1e-5 * std::abs(r0) + 1e-7);
+  // A zero score head.
+  const std::string zero = c->dir() + "/zero-reward-model";
+  auto be = runtime::MakeCpuBackend();
+  auto m = model::Llama::Create(rm, be.get());
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_TRUE((*m)->InitRandom(3, 0.3f).ok());
+  model::Param* head = (*m)->Find("score.weight");
+  ASSERT_NE(head, nullptr);
+  ASSERT_TRUE((*m)->SetGlobal(*head, std::vector<float>(rm.hidden, 0.0f)).ok());
+  ASSERT_TRUE(checkpoint::ExportHf(zero, **m, "F32", true).ok());
+  spec.mutable_rl()->set_reward_model(zero);
+  spec.mutable_rl()->set_kl_coef(0), spec.mutable_rl()->set_entropy_coef(0);
+  auto flat = c->WaitState(Submit(*c, spec), v1::JOB_STATE_SUCCEEDED, 120000);
+  ASSERT_TRUE(flat.ok()) << flat.status();
+  const auto z = nlohmann::json::parse(flat->result_json());
+  EXPECT_EQ(z["rewards"], nlohmann::json::array({0.0, 0.0, 0.0})) << z.dump();
+  EXPECT_EQ(z["grad_norms"][0].get<double>(), 0.0) << z.dump();
+}
+
 // A ppo job with a critic group and checkpoints (a constant learning rate): stopped
 // after 2 of 3 steps (a job of 2 steps on the same directory), the next job resumes the actor and the critic (its own
 // checkpoint under dir/critic) at step 2, and its last step equals the uninterrupted
@@ -132,6 +194,84 @@ TEST(RlGroups, PpoWithACriticGroupResumesBothAtTheSameStep) {
   EXPECT_EQ(b["rewards"][0], a["rewards"][2]);
   EXPECT_NEAR(b["grad_norms"][0].get<double>(), a["grad_norms"][2].get<double>(), 1e-5 * a["grad_norms"][2].get<double>());
   EXPECT_NEAR(b["kl"][0].get<double>(), a["kl"][2].get<double>(), 1e-5 * std::abs(a["kl"][2].get<double>()) + 1e-9);
+}
+
+// The pid of the executor of attempt `attempt` of job `id` that serves rank 0 of `group`
+// (-1 where none runs): the job's assignments say which executor, its command line
+// (.../attempt-N/executor-I.pb) which process.
+pid_t ExecutorOf(Cluster& c, const std::string& id, int attempt, const std::string& group) {
+  auto job = c.client().Get(id);
+  if (!job.ok()) return -1;
+  int executor = -1;
+  for (const v1::Assignment& a : job->assignments())
+    for (const v1::GroupRank& r : a.ranks())
+      if (r.group() == group && r.rank() == 0) executor = a.executor();
+  const std::string needle = absl::StrCat("/attempt-", attempt, "/executor-", executor, ".pb");
+  for (pid_t pid : Cluster::ExecutorPids(id, attempt)) {
+    std::ifstream in(absl::StrCat("/proc/", pid, "/cmdline"));
+    const std::string cmd((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (cmd.find(needle) != std::string::npos) return pid;
+  }
+  return -1;
+}
+
+// ppo with a group of every role on 4 CPU slots — the actor (dp 2) sharing its executors
+// with the reward model's group (dp 2) and a rollout group (tp 2), the critic (dp 2) with
+// the reference (tp 2) — saving every 2 steps. Killing the executor that serves the
+// critic and the reference, or the one that serves the actor, the reward model and the
+// rollout, restarts the attempt, which resumes the actor and the critic from their
+// checkpoints of the same step; the steps after it equal the uninterrupted run's.
+TEST(RlGroups, EveryGroupResumesAfterItsExecutorIsKilled) {
+  auto c = Up({.agents = 1, .cpu_slots = 4});
+  model::LlamaConfig rm = TinyTextModel(32, 48);
+  rm.value_head = rm.sequence_score = true;
+  const std::string hf = c->dir() + "/reward-model";
+  ASSERT_TRUE(WriteHfModelDir(hf, rm, 21, 0.3f).ok());
+  v1::JobSpec spec = SmallRlSpec("ppo");
+  constexpr int kSteps = 12;
+  spec.mutable_train()->set_steps(kSteps);
+  AddGroup(spec, "critic", 2, 1);
+  AddGroup(spec, "reference", 2, 2, "critic");
+  spec.mutable_rl()->set_reward_model(hf);
+  AddGroup(spec, "reward", 2, 1, "actor");
+  AddGroup(spec, "rollout", 2, 2, "actor");
+  const std::string straight_id = Submit(*c, spec);
+  ASSERT_FALSE(straight_id.empty());
+  auto straight = c->WaitState(straight_id, v1::JOB_STATE_SUCCEEDED, 180000);
+  ASSERT_TRUE(straight.ok()) << straight.status();
+  const auto a = nlohmann::json::parse(straight->result_json());
+  ASSERT_EQ(a["rewards"].size(), size_t(kSteps));
+  for (const char* victim : {"critic", "actor"}) {
+    SCOPED_TRACE(victim);
+    v1::JobSpec killed = spec;
+    const std::string dir = absl::StrCat(c->dir(), "/every-role-", victim);
+    killed.mutable_train()->mutable_checkpoint()->set_dir(dir);
+    killed.mutable_train()->mutable_checkpoint()->set_save_every(2);
+    killed.set_max_restarts(1);
+    killed.set_restart_backoff_s(0.2);
+    const std::string id = Submit(*c, killed);
+    ASSERT_FALSE(id.empty());
+    ASSERT_EQ(RunningExecutors(*c, id, 1, 4).size(), 4u);
+    for (int i = 0; i < 6000 && !ReadFile(dir + "/latest").ok(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    const pid_t pid = ExecutorOf(*c, id, 1, victim);
+    ASSERT_GT(pid, 0);
+    ASSERT_EQ(kill(pid, SIGKILL), 0);
+    auto done = c->WaitState(id, v1::JOB_STATE_SUCCEEDED, 180000);
+    ASSERT_TRUE(done.ok()) << done.status();
+    EXPECT_EQ(done->attempt(), 2) << "the kill came after the job ended: make the steps more or slower";
+    const auto b = nlohmann::json::parse(done->result_json());
+    const int first = b["first_step"].get<int>();
+    EXPECT_GT(first, 1);
+    EXPECT_EQ((first - 1) % 2, 0);
+    ASSERT_EQ(b["rewards"].size(), size_t(kSteps - first + 1));
+    for (size_t i = 0; i < b["rewards"].size(); ++i) {
+      const size_t s = first - 1 + i;
+      EXPECT_EQ(b["rewards"][i], a["rewards"][s]) << "step " << s + 1;
+      for (const char* k : {"grad_norms", "kl"})
+        EXPECT_NEAR(b[k][i].get<double>(), a[k][s].get<double>(), 1e-5 * std::abs(a[k][s].get<double>()) + 1e-9)
+            << k << " step " << s + 1;
+    }
+  }
 }
 
 }  // namespace

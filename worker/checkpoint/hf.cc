@@ -61,8 +61,8 @@ absl::Status ImportHf(const std::string& dir, model::Llama& model, int64_t piece
   for (auto& p : model.params()) {
     const std::string file = where.empty() ? "model.safetensors" : (where.count(p.name()) ? where[p.name()] : "");
     // A critic started from a causal LM (PPO's usual start): the LM's weights, and the
-    // value head as the model initialized it.
-    const bool fresh_head = p.name() == "score.weight";
+    // value head as the model initialized it. A reward model's head is its score: read.
+    const bool fresh_head = p.name() == "score.weight" && !model.config().sequence_score;
     if (file.empty() && fresh_head) continue;
     if (file.empty()) return absl::NotFoundError(absl::StrCat(dir, ": the index lists no file for ", p.name()));
     auto& r = open[file];
@@ -326,7 +326,9 @@ absl::Status ExportHf(const std::string& dir, model::Llama& model, const std::st
     TESSERA_RETURN_IF_ERROR(WriteFileAtomic(dir + "/model.safetensors.index.json", index.dump(2)));
   }
   const char* family = c.qk_norm ? "Qwen3" : c.qkv_bias ? "Qwen2" : "Llama";
-  const std::string arch = absl::StrCat(family, c.value_head ? "ForTokenClassification" : "ForCausalLM");
+  const std::string arch = absl::StrCat(family, !c.value_head      ? "ForCausalLM"
+                                                 : c.sequence_score ? "ForSequenceClassification"
+                                                                    : "ForTokenClassification");
   json cfg = {{"architectures", {arch}},
               {"model_type", c.qk_norm ? "qwen3" : c.qkv_bias ? "qwen2" : "llama"},
               {"vocab_size", c.vocab},

@@ -23,6 +23,8 @@ namespace tessera::checkpoint {
 // match the model's. Reads of about piece_bytes (consecutive rows of a slice) run on up
 // to 8 threads into the backend's staging buffers (page-locked on a GPU) while the
 // calling thread uploads them in order, as stored, and widens them on the device.
+// A critic's value head (score.weight) keeps its initialization where the directory has
+// none (a critic started from a causal LM); a reward model's (sequence_score) must be there.
 // Call before Trainer::Create (ZeRO-3 shards the full values it finds).
 inline constexpr int64_t kDefaultImportPieceBytes = int64_t{32} << 20;  // 32 MiB
 absl::Status ImportHf(const std::string& dir, model::Llama& model, int64_t piece_bytes = kDefaultImportPieceBytes);

@@ -162,6 +162,8 @@ absl::StatusOr<v1::TrainInitResponse> Executor::TrainInit(const v1::TrainInitReq
   std::unique_ptr<TrainSession> session;
   if (rl && role == "reference") {
     TESSERA_ASSIGN_OR_RETURN(session, RlReferenceSession::Create(cfg_.spec(), *gc, cfg_.device_type(), cfg_.device_index()));
+  } else if (rl && role == "reward") {
+    TESSERA_ASSIGN_OR_RETURN(session, RlRewardSession::Create(cfg_.spec(), *gc, cfg_.device_type(), cfg_.device_index()));
   } else if (rl && role == "critic") {
     TESSERA_ASSIGN_OR_RETURN(session, RlCriticSession::Create(cfg_.spec(), *gc, cfg_.device_type(), cfg_.device_index(),
                                                               req.resume_step()));
@@ -211,6 +213,7 @@ absl::StatusOr<v1::RlForwardStats> Executor::RlForward(const v1::RlForwardHeader
   std::lock_guard<std::mutex> lk(ops_mu_);
   if (auto* ref = dynamic_cast<RlReferenceSession*>(SessionOf(req.group()))) return ref->Forward(req.step(), samples, out);
   if (auto* critic = dynamic_cast<RlCriticSession*>(SessionOf(req.group()))) return critic->Forward(req.step(), samples, out);
+  if (auto* reward = dynamic_cast<RlRewardSession*>(SessionOf(req.group()))) return reward->Forward(req.step(), samples, out);
   TESSERA_ASSIGN_OR_RETURN(RlActorSession * actor, RlActorOf(req.group(), "RlForward"));
   return actor->Forward(req.step(), samples, out);
 }

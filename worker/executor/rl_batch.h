@@ -29,6 +29,8 @@ inline constexpr char kRefLogp[] = "ref_logp";
 inline constexpr char kOldValue[] = "old_value";
 inline constexpr char kAdvantage[] = "advantage";
 inline constexpr char kReturns[] = "returns";
+// A reward group's answer: one score per sample, [N] f32 (it replaces the samples' reward).
+inline constexpr char kScore[] = "score";
 
 // The samples of a batch (BatchToSamples) as engine::Rollouts, checked: `want` samples,
 // every token inside the vocabulary; INVALID_ARGUMENT naming `op` otherwise.

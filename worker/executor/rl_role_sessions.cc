@@ -1,8 +1,11 @@
 #include "worker/executor/rl_role_sessions.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "common/model/hf_config.h"
 #include "common/status.h"
 #include "worker/checkpoint/checkpoint.h"
 #include "worker/executor/rl_batch.h"
@@ -117,6 +120,59 @@ absl::StatusOr<v1::RlUpdateResponse> RlCriticSession::Update(int64_t step, const
   TESSERA_ASSIGN_OR_RETURN(const double checkpoint_secs, SaveAfter(step + 1));
   if (checkpoint_secs >= 0) r.set_checkpoint_seconds(checkpoint_secs);
   return r;
+}
+
+absl::StatusOr<std::unique_ptr<RlRewardSession>> RlRewardSession::Create(const v1::JobSpec& spec, GroupComms& comms,
+                                                                        v1::DeviceType device, int device_index) {
+  const std::string& dir = spec.rl().reward_model();
+  if (dir.empty()) return absl::InvalidArgumentError("rl.reward_model: a reward group needs the reward model's directory");
+  auto config = model::ReadHfConfig(dir);
+  if (!config.ok()) return absl::Status(config.status().code(), absl::StrCat("rl.reward_model: ", config.status().message()));
+  if (!config->sequence_score)
+    return absl::InvalidArgumentError(absl::StrCat("rl.reward_model: ", dir, "/config.json is not a sequence classifier ",
+                                                   "(architectures: *ForSequenceClassification, one label)"));
+  // The reward model's own directory, weights only: no checkpoints, no export.
+  v1::JobSpec own = spec;
+  own.mutable_model()->set_hf_dir(dir);
+  own.mutable_model()->clear_tokenizer();
+  own.mutable_train()->clear_checkpoint();
+  own.mutable_train()->clear_export_hf();
+  std::unique_ptr<RlRewardSession> s(new RlRewardSession());
+  engine::OptimizerOptions o;
+  if (absl::Status st = s->Init(own, comms, device, device_index, v1::CheckpointSpec{}, &o, /*make_trainer=*/false); !st.ok())
+    return absl::Status(st.code(), absl::StrCat("rl.reward_model: ", st.message()));
+  s->rl_ = spec.rl();
+  TESSERA_RETURN_IF_ERROR(s->model_->Freeze());
+  return s;
+}
+
+absl::StatusOr<v1::RlForwardStats> RlRewardSession::Forward(int64_t step, const v1::TensorBatch& samples, v1::TensorBatch* out) {
+  if (step < 0) return absl::InvalidArgumentError(absl::StrCat("RlForward: step ", step));
+  TESSERA_ASSIGN_OR_RETURN(engine::Rollouts got, RolloutsOfBatch(samples, SamplesPerRank(rl_, dps_), model_->config().vocab,
+                                                                 "RlForward (rl.reward_model)"));
+  int64_t tokens = 0;
+  for (const engine::RlSample& x : got.samples) tokens += x.batch.size();
+  backend_->allocator()->ResetPeak();
+  const auto t0 = std::chrono::steady_clock::now();
+  TESSERA_ASSIGN_OR_RETURN(const engine::MicroBatchPlan plan,
+                           engine::PlanMicroBatches(nullptr, got.samples, 1, rl_.max_tokens_per_micro_batch()));
+  TESSERA_ASSIGN_OR_RETURN(const std::vector<double> scores, engine::SequenceScores(*model_, got.samples, plan));
+  std::vector<float> flat(scores.size());
+  for (size_t i = 0; i < scores.size(); ++i) {
+    if (!std::isfinite(scores[i]))
+      return absl::InternalError(absl::StrCat("rl.reward_model: the score of sample ", i, " of step ", step, " is ", scores[i]));
+    flat[i] = static_cast<float>(scores[i]);
+  }
+  v1::RlForwardStats st;
+  st.set_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  st.set_tokens(tokens);
+  st.set_memory_peak_bytes(backend_->allocator()->stats().peak_bytes);
+  v1::NamedTensor& t = *out->add_tensors();
+  t.set_name(kScore);
+  t.set_dtype(v1::DTYPE_F32);
+  t.add_shape(static_cast<int64_t>(flat.size()));
+  t.set_data(reinterpret_cast<const char*>(flat.data()), flat.size() * sizeof(float));
+  return st;
 }
 
 }  // namespace tessera::executor

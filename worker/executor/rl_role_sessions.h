@@ -8,6 +8,9 @@
 //    rl.critic_lr; RlForward answers old_value, RlUpdate takes PPO's value steps on the
 //    driver's returns. With train.checkpoint.dir it saves under dir/critic (named by the
 //    RL step, as the actor's) and resumes from the step the driver names (the actor's).
+//  - RlRewardSession (role reward): a reward model — rl.reward_model's sequence
+//    classifier (its own Hugging Face directory and shape), frozen; RlForward answers each
+//    sample's score (engine::SequenceScores), which replaces the rule verifier's reward.
 // Threading: one call at a time (the executor serializes them).
 #pragma once
 
@@ -46,6 +49,18 @@ class RlCriticSession final : public TrainSession {
 
  private:
   RlCriticSession() = default;
+  v1::RlSpec rl_;
+};
+
+class RlRewardSession final : public TrainSession {
+ public:
+  static absl::StatusOr<std::unique_ptr<RlRewardSession>> Create(const v1::JobSpec& spec, GroupComms& comms,
+                                                                 v1::DeviceType device, int device_index);
+  // The score [N] f32 of this DP rank's samples of RL step `step`.
+  absl::StatusOr<v1::RlForwardStats> Forward(int64_t step, const v1::TensorBatch& samples, v1::TensorBatch* out);
+
+ private:
+  RlRewardSession() = default;
   v1::RlSpec rl_;
 };
 

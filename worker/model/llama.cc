@@ -519,7 +519,9 @@ absl::StatusOr<Tensor> Llama::ChunkForward(int chunk, const TokenBatch& batch, F
     Tensor out;
     TESSERA_RETURN_IF_ERROR(acquire(block, Phase::kForward));
     TESSERA_RETURN_IF_ERROR(LayerForward(layers_[layers[i]], f.in, x, f.acts[i], out));
-    if (recompute_ && backward) {  // keep the input only; the backward recomputes the rest
+    if (!backward) {  // a forward alone (log-probs, values, logits) keeps nothing for a backward
+      f.acts[i] = LayerActs();
+    } else if (recompute_) {  // keep the input only; the backward recomputes the rest
       f.acts[i] = LayerActs();
       f.acts[i].x_in = x;
     }

@@ -198,7 +198,7 @@ class Llama {
   // than one chunk, the backward makes each chunk's logits again (one more head GEMM)
   // and runs the cross-entropy's and the head's backward chunk by chunk, adding the
   // weight gradient; with one chunk the forward's logits serve the backward as they are.
-  static constexpr int64_t kHeadChunkElements = int64_t{1} << 28;
+  static constexpr int64_t kHeadChunkElements = model::kHeadChunkElements;  // (common/model/config.h: the planner's too)
   void set_head_chunk_tokens(int64_t tokens) { head_chunk_tokens_ = tokens; }
   // Tokens per logits chunk for a batch of t tokens (at most t).
   int64_t HeadChunkTokens(int64_t t) const;

@@ -228,4 +228,18 @@ absl::Status FillValues(model::Llama& critic, std::vector<RlSample>& samples, co
   });
 }
 
+absl::StatusOr<std::vector<double>> SequenceScores(model::Llama& reward_model, const std::vector<RlSample>& samples,
+                                                   const MicroBatchPlan& plan) {
+  std::vector<double> scores(samples.size(), 0.0);
+  for (const std::vector<MicroBatch>& mini : plan)
+    for (const MicroBatch& m : mini) {
+      const model::TokenBatch b = PackSamples(samples, m);
+      TESSERA_RETURN_IF_ERROR(reward_model.PrepareKernels(b));
+      TESSERA_ASSIGN_OR_RETURN(std::vector<float> values, reward_model.TokenValues(b));
+      if (m.pad) continue;
+      for (size_t k = 0; k < m.samples.size(); ++k) scores[m.samples[k]] = values[b.cu_seqlens[k + 1] - 1];
+    }
+  return scores;
+}
+
 }  // namespace tessera::engine

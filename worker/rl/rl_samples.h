@@ -86,5 +86,10 @@ absl::StatusOr<Trainer::PolicyStats> UpdateActorEpochs(Trainer& trainer, const s
 absl::Status FillLogProbs(model::Llama& m, std::vector<RlSample>& samples, const MicroBatchPlan& plan,
                           std::vector<double> RlSample::*field);
 absl::Status FillValues(model::Llama& critic, std::vector<RlSample>& samples, const MicroBatchPlan& plan);
+// A reward model's score of each sample (prompt + response): its value head at the
+// sample's last token, as Hugging Face's *ForSequenceClassification reads it; one forward
+// per micro-batch of the plan. In sample order.
+absl::StatusOr<std::vector<double>> SequenceScores(model::Llama& reward_model, const std::vector<RlSample>& samples,
+                                                   const MicroBatchPlan& plan);
 
 }  // namespace tessera::engine

@@ -239,7 +239,7 @@ TEST(JobSpec, GrpoDefaultsAndRefusals) {
     EXPECT_THAT(refused(bad), HasSubstr("groups[2].role: a reference group needs a KL term"));
     bad = *ppo;
     bad.mutable_groups(1)->set_role("worker");
-    EXPECT_THAT(refused(bad), HasSubstr("groups[1].role: a ppo job's groups after the actor are rollout, reference or critic"));
+    EXPECT_THAT(refused(bad), HasSubstr("groups[1].role: a ppo job's groups after the actor are rollout, reference, critic or reward"));
     bad = *ppo;  // the actor on one DP rank (4 samples), the critic on two (2 each)
     bad.mutable_groups(0)->set_devices(2), bad.mutable_groups(0)->mutable_layout()->set_dp(1);
     bad.mutable_rl()->set_mini_batches(3);
@@ -255,6 +255,33 @@ TEST(JobSpec, GrpoDefaultsAndRefusals) {
     bad.mutable_rl()->set_prompts_per_step(3);
     bad.mutable_groups(0)->set_devices(2), bad.mutable_groups(0)->mutable_layout()->set_dp(1);
     EXPECT_THAT(refused(bad), HasSubstr("rl.prompts_per_step: 3 prompts do not split over the critic group's dp=2 ranks"));
+    // A reward group runs rl.reward_model (a path, exclusive with rl.reward_service).
+    v1::JobSpec rm = *ppo;
+    auto* reward = rm.add_groups();
+    reward->set_name("rm"), reward->set_role("reward"), reward->set_devices(2), reward->set_colocate_with("critic");
+    rm.mutable_rl()->set_reward_model("/models/rm");
+    ASSERT_TRUE(NormalizeAndValidateJobSpec(rm).ok()) << NormalizeAndValidateJobSpec(rm);
+    EXPECT_EQ(GroupWithRole(rm, "reward"), &rm.groups(3));
+    EXPECT_THAT(JobPathFields(rm), ::testing::Contains(std::pair<std::string, std::string>("rl.reward_model", "/models/rm")));
+    bad = rm;
+    bad.mutable_rl()->clear_reward_model();
+    EXPECT_THAT(refused(bad), HasSubstr("groups[3].role: a reward group needs rl.reward_model"));
+    bad = rm;
+    bad.mutable_groups()->RemoveLast();
+    EXPECT_THAT(refused(bad), HasSubstr("rl.reward_model: needs a group of role reward"));
+    bad = rm;
+    bad.mutable_rl()->set_reward_service("localhost:5000");
+    EXPECT_THAT(refused(bad), HasSubstr("rl.reward_model: and rl.reward_service both give the reward"));
+    bad = rm;
+    bad.mutable_rl()->set_reward_model("models/rm");
+    EXPECT_THAT(refused(bad), HasSubstr("rl.reward_model"));
+    bad = rm;
+    bad.mutable_groups(3)->mutable_layout()->set_zero(1);
+    EXPECT_THAT(refused(bad), HasSubstr("groups[3].layout.zero: 1: a reward group has no optimizer to shard"));
+    auto yaml = ParseJobSpecYaml(kPretrain, {"kind=grpo", "rl.reward_model=rm"});
+    ASSERT_TRUE(yaml.ok()) << yaml.status();
+    ResolveRelativePaths(*yaml, "/jobs");
+    EXPECT_EQ(yaml->rl().reward_model(), "/jobs/rm");
   }
   // On jsonl prompts a tokenizer.json's stop strings are checked by the executors.
   EXPECT_TRUE(check({"train.data.kind=jsonl", "train.data.path=/d.jsonl", "model.tokenizer=/d/tok", "rl.stop=<|im_end|>"}).ok());

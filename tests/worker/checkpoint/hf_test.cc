@@ -108,6 +108,34 @@ TEST(Hf, CriticRoundTripAndStartFromACausalLm) {
   EXPECT_THAT(std::string(ImportHf(dir, *lm).message()), HasSubstr("lm_head.weight"));
 }
 
+// A reward model (sequence_score) exports as LlamaForSequenceClassification and reads back
+// as one with the same weights, its score head included; a causal LM's directory has no
+// score to give it (import refuses, naming score.weight), unlike a critic's start.
+TEST(Hf, RewardModelRoundTripNeedsItsScoreHead) {
+  auto be = runtime::MakeCpuBackend();
+  auto c = model::test::TinyConfig(300, /*tied=*/false, /*bias=*/false);
+  c.value_head = c.sequence_score = true;
+  auto rm = Make(c, be.get(), 5);
+  const std::string dir = TempDir();
+  ASSERT_TRUE(ExportHf(dir, *rm, "F32", true).ok());
+  auto read = ReadHfConfig(dir);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_TRUE(read->value_head && read->sequence_score);
+  std::ifstream cfg(dir + "/config.json");
+  const std::string text((std::istreambuf_iterator<char>(cfg)), std::istreambuf_iterator<char>());
+  EXPECT_THAT(text, HasSubstr("LlamaForSequenceClassification"));
+  auto back = Make(*read, be.get(), 77);
+  ASSERT_TRUE(ImportHf(dir, *back).ok());
+  for (auto& p : rm->params())
+    EXPECT_EQ(*back->GatherGlobal(*back->Find(p.name()), false), *rm->GatherGlobal(p, false)) << p.name();
+  auto lmc = c;
+  lmc.value_head = lmc.sequence_score = false;
+  auto lm = Make(lmc, be.get(), 8);
+  const std::string lm_dir = TempDir();
+  ASSERT_TRUE(ExportHf(lm_dir, *lm, "F32", true).ok());
+  EXPECT_THAT(std::string(ImportHf(lm_dir, *back).message()), HasSubstr("score.weight"));
+}
+
 // A pipeline exports the same directory as one rank: pp2 and pp4 (Gloo threads), tied
 // and untied; the stages send what they hold to stage 0, which writes.
 TEST(Hf, PipelineExportEqualsOneRank) {

@@ -338,6 +338,44 @@ TEST(LlamaTest, RecomputeGivesTheSameGradientsWithLessMemory) {
   std::cout << "peak above the weights: " << act_plain << " bytes plain, " << act_recompute << " with recomputation\n";
 }
 
+// A forward with no backward after it (log-probs, values) holds one layer's activations at
+// a time: its peak above the weights does not grow with the layers, and stays below a
+// training forward's of the same model.
+TEST(LlamaTest, ForwardOnlyKeepsNoLayersActivations) {
+  const TokenBatch batch = test::RandomBatch(13, 2, {40, 30, 50});
+  std::map<int64_t, int64_t> above;  // layers -> peak above the weights
+  for (int64_t layers : {2, 8}) {
+    for (bool critic : {false, true}) {
+      auto c = Tiny(false, true);
+      c.layers = layers, c.ffn = 64, c.value_head = critic;
+      auto be = runtime::MakeCpuBackend();
+      auto made = Llama::Create(c, be.get());
+      ASSERT_TRUE(made.ok()) << made.status();
+      ASSERT_TRUE((*made)->InitRandom(5, 0.3f).ok());
+      be->allocator()->ResetPeak();
+      const int64_t base = be->allocator()->stats().current_bytes;
+      if (critic) {
+        ASSERT_TRUE((*made)->TokenValues(batch).ok());
+      } else {
+        ASSERT_TRUE((*made)->TokenLogProbs(batch).ok());
+      }
+      const int64_t fwd = be->allocator()->stats().peak_bytes - base;
+      if (!critic) above[layers] = fwd;
+      be->allocator()->ResetPeak();
+      if (critic) {
+        ASSERT_TRUE((*made)->ForwardBackwardValues(batch, [](const std::vector<float>& v) {
+                          return absl::StatusOr<std::vector<float>>(std::vector<float>(v.size(), 1.f));
+                        }).ok());
+      } else {
+        ASSERT_TRUE((*made)->ForwardBackward(batch, 1.f).ok());
+      }
+      const int64_t train = be->allocator()->stats().peak_bytes - base;
+      if (layers == 8) EXPECT_LT(fwd, train / 2) << (critic ? "values" : "log-probs") << ": " << fwd << " vs " << train;
+    }
+  }
+  EXPECT_EQ(above[8], above[2]) << "a forward's peak grew with the layers";
+}
+
 }  // namespace
 }  // namespace tessera::model
 

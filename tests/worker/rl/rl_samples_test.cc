@@ -5,6 +5,8 @@
 // ranks under ZeRO-3 whose samples need different micro-batch counts agree on the
 // larger (the rank with fewer samples runs a pad micro-batch) and equal one rank holding
 // every sample — per-step losses, KL, gradient norms and the final weights within 1e-5.
+// A reward model's score of a sample is its value at the sample's last token, however
+// the samples are packed.
 #include "worker/rl/rl_samples.h"
 
 #include <algorithm>
@@ -143,6 +145,34 @@ TEST(MicroBatches, GrpoOverSeveralEqualsOnePackedMicroBatch) {
   ASSERT_EQ(one.steps.size(), 3u);
   EXPECT_GT(one.steps[2].kl, 0);
   ExpectSame(split, one);
+}
+
+// SequenceScores: each sample's score equals the value head's output at the last token
+// of that sample alone (prompt and every completion token — the one after which nothing
+// is predicted), with one packed micro-batch or several.
+TEST(SequenceScores, TheValueAtEachSamplesLastToken) {
+  auto be = runtime::MakeCpuBackend();
+  model::LlamaConfig c = model::test::TinyConfig(16, /*tied=*/false, /*bias=*/false);
+  c.value_head = c.sequence_score = true;
+  auto rm = model::Llama::Create(c, be.get());
+  ASSERT_TRUE(rm.ok()) << rm.status();
+  ASSERT_TRUE((*rm)->InitRandom(9, 0.3f).ok());
+  const std::vector<RlSample> samples = Samples({5, 0, 9, 2, 7});
+  std::vector<double> want;
+  for (const RlSample& s : samples) {
+    auto v = (*rm)->TokenValues(s.batch);
+    ASSERT_TRUE(v.ok()) << v.status();
+    want.push_back(v->back());
+  }
+  for (int64_t budget : {int64_t{0}, int64_t{8}}) {
+    auto plan = PlanMicroBatches(nullptr, samples, 1, budget);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    auto got = SequenceScores(**rm, samples, *plan);
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_EQ(got->size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR((*got)[i], want[i], 1e-5) << "budget " << budget << " sample " << i;
+  }
+  EXPECT_NE(want[0], want[2]);
 }
 
 TEST(MicroBatches, DpRanksUnderZero3AgreeOnTheCount) {
