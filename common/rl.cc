@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <optional>
+#include <string_view>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -215,13 +218,73 @@ absl::StatusOr<ValueLoss> ComputeValueLoss(const ValueTokens& in, double clip) {
   return out;
 }
 
+namespace {
+
+// The content of the last \boxed{...} whose braces close, if any.
+std::optional<std::string_view> LastBoxed(std::string_view s) {
+  for (size_t at = s.rfind("\\boxed"); at != std::string_view::npos; at = at == 0 ? std::string_view::npos : s.rfind("\\boxed", at - 1)) {
+    size_t i = at + 6;
+    while (i < s.size() && s[i] == ' ') ++i;
+    if (i >= s.size() || s[i] != '{') continue;
+    int depth = 1;
+    size_t j = i + 1;
+    for (; j < s.size() && depth > 0; ++j) depth += s[j] == '{' ? 1 : s[j] == '}' ? -1 : 0;
+    if (depth == 0) return s.substr(i + 1, j - 1 - (i + 1));
+  }
+  return std::nullopt;
+}
+
+// A math answer as it compares: without $...$ around it, spaces and thin spaces.
+std::string AnswerKey(std::string_view a) {
+  std::string s(absl::StripAsciiWhitespace(absl::string_view(a.data(), a.size())));
+  while (s.size() >= 2 && s.front() == '$' && s.back() == '$') s = s.substr(1, s.size() - 2);
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '\\' && i + 1 < s.size() && (s[i + 1] == ',' || s[i + 1] == '!' || s[i + 1] == ';' || s[i + 1] == ' ')) {
+      ++i;
+      continue;
+    }
+    if (!absl::ascii_isspace(static_cast<unsigned char>(s[i]))) out += s[i];
+  }
+  return out;
+}
+
+// The number a key spells (digits with optional thousands commas, a sign, a fraction
+// part, an exponent), if it is one.
+std::optional<double> AsNumber(const std::string& key) {
+  std::string plain;
+  for (size_t i = 0; i < key.size(); ++i) {
+    const bool between_digits = key[i] == ',' && i > 0 && i + 1 < key.size() && absl::ascii_isdigit(key[i - 1]) &&
+                                absl::ascii_isdigit(key[i + 1]);
+    if (!between_digits) plain += key[i];
+  }
+  if (plain.empty() || !(absl::ascii_isdigit(plain[0]) || plain[0] == '-' || plain[0] == '+' || plain[0] == '.')) return std::nullopt;
+  char* end = nullptr;
+  const double v = std::strtod(plain.c_str(), &end);
+  if (end != plain.c_str() + plain.size() || !std::isfinite(v)) return std::nullopt;
+  return v;
+}
+
+}  // namespace
+
 std::string FinalAnswer(std::string_view completion) {
-  if (const size_t mark = completion.rfind("####"); mark != std::string_view::npos) completion.remove_prefix(mark + 4);
+  if (const auto boxed = LastBoxed(completion)) {
+    completion = *boxed;
+  } else if (const size_t mark = completion.rfind("####"); mark != std::string_view::npos) {
+    completion.remove_prefix(mark + 4);
+  }
   return std::string(absl::StripAsciiWhitespace(absl::string_view(completion.data(), completion.size())));
 }
 
+bool SameAnswer(std::string_view a, std::string_view b) {
+  const std::string ka = AnswerKey(a), kb = AnswerKey(b);
+  if (ka == kb) return true;
+  const auto na = AsNumber(ka), nb = AsNumber(kb);
+  return na && nb && std::abs(*na - *nb) <= 1e-9 * std::max(1.0, std::abs(*nb));
+}
+
 double ExactAnswerReward(std::string_view completion, std::string_view answer) {
-  return FinalAnswer(completion) == absl::StripAsciiWhitespace(absl::string_view(answer.data(), answer.size())) ? 1.0 : 0.0;
+  return SameAnswer(FinalAnswer(completion), FinalAnswer(answer)) ? 1.0 : 0.0;
 }
 
 }  // namespace tessera::rl

@@ -109,10 +109,14 @@ struct ValueLoss {
 absl::StatusOr<ValueLoss> ComputeValueLoss(const ValueTokens& in, double clip);
 
 // Built-in rule verifier (prompts from JSONL with an "answer"): a completion's final answer
-// is the text after its last "####" (the GSM8K convention) if it has one, else the whole
-// completion, with surrounding whitespace removed; the reward is 1 when it equals the
-// reference answer (whitespace-trimmed too), else 0.
+// is the content of its last \boxed{...} (braces balanced; the MATH / DeepSeek-R1
+// convention) if it has one, else the text after its last "####" (GSM8K's), else the
+// whole completion, with surrounding whitespace removed. The reward is 1 when it equals
+// the reference answer (its own \boxed{} or "####" taken the same way) as math answers
+// compare — inside surrounding $...$, without spaces or thin spaces (\, \! \;), and
+// as numbers where both are one ("1,000" = "1000.0", "-3" = "-3.00") — else 0.
 std::string FinalAnswer(std::string_view completion);
+bool SameAnswer(std::string_view a, std::string_view b);
 double ExactAnswerReward(std::string_view completion, std::string_view answer);
 
 }  // namespace tessera::rl

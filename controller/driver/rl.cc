@@ -22,7 +22,7 @@
 //    With a reward group (rl.reward_model) its scores replace the verifier's rewards
 //    before anything uses them (RlForward on the reward group, TakeScores).
 //  - metrics: reward (exact match of the sampled answers; on JSONL prompts, of the final
-//    answer after "####"; with a reward group its mean score, and the verifier's as
+//    answer in \boxed{} or after "####"; with a reward group its mean score, and the verifier's as
 //    rule_reward, with the reward phase's time and peak), held-out accuracy (arithmetic problems only: greedy, RlEval,
 //    at the start, every rl.eval_every steps and at the end), response length, KL, clip
 //    fraction, entropy, gradient norm, the phase times as the driver saw them (generate,

@@ -270,5 +270,28 @@ TEST(Verifier, FinalAnswerAfterTheLastMarkOrTheWholeCompletion) {
   EXPECT_EQ(ExactAnswerReward("", ""), 1.0);
 }
 
+// \boxed{} before "####"; the last box whose braces close; math answers compare without
+// $...$, spaces and thin spaces, and as numbers where both are one.
+TEST(Verifier, BoxedAnswersAndMathComparison) {
+  EXPECT_EQ(FinalAnswer("so x = 3, and \\boxed{3}."), "3");
+  EXPECT_EQ(FinalAnswer("\\boxed{1} then \\boxed{\\frac{1}{2}}"), "\\frac{1}{2}");  // nested braces, the last box
+  EXPECT_EQ(FinalAnswer("\\boxed{7} #### 9"), "7");                            // a box wins over the mark
+  EXPECT_EQ(FinalAnswer("\\boxed {12}"), "12");
+  EXPECT_EQ(FinalAnswer("\\boxed{5} and \\boxed{6"), "5");                   // an unclosed box does not count
+  EXPECT_EQ(FinalAnswer("\\boxed"), "\\boxed");                              // no box: the whole completion
+  EXPECT_TRUE(SameAnswer("1,000", "1000.0"));
+  EXPECT_TRUE(SameAnswer("$-3$", "-3.00"));
+  EXPECT_TRUE(SameAnswer("x + 1", "x+1"));
+  EXPECT_TRUE(SameAnswer("10\\,000", "10000"));
+  EXPECT_FALSE(SameAnswer("72", "720"));
+  EXPECT_FALSE(SameAnswer("1,00", "100.5"));
+  EXPECT_FALSE(SameAnswer("3x", "3"));
+  EXPECT_FALSE(SameAnswer("inf", "inf2"));
+  EXPECT_EQ(ExactAnswerReward("The total is \\boxed{1,250}.", "1250"), 1.0);
+  EXPECT_EQ(ExactAnswerReward("The total is \\boxed{1,250}.", "\\boxed{1250}"), 1.0);
+  EXPECT_EQ(ExactAnswerReward("The total is \\boxed{125}.", "Natalia sold 1250 clips.\n#### 1250"), 0.0);
+  EXPECT_EQ(ExactAnswerReward("#### 1250", "Natalia sold 1250 clips.\n#### 1250"), 1.0);
+}
+
 }  // namespace
 }  // namespace tessera::rl

@@ -36,7 +36,8 @@ class RlPrompts {
   // A completion's text: decoded without special tokens (bytes for the byte tokenizer);
   // ids past the tokenizer's vocabulary have none.
   std::string CompletionText(const std::vector<int32_t>& tokens) const;
-  // The built-in verifier: an exact match (JSONL: of the final answer after "####").
+  // The built-in verifier: an exact match (JSONL: rl::ExactAnswerReward — the final
+  // answer in \boxed{} or after "####", compared as math answers).
   double Reward(const std::string& completion_text, const std::string& answer) const;
 
   bool jsonl() const { return !file_.empty(); }
