@@ -5,7 +5,10 @@
 namespace tessera::plan {
 
 PlanInput PlanInputOf(const v1::JobSpec& spec, const model::LlamaConfig* hf_config) {
-  const auto& g = spec.groups(0);
+  return PlanInputOf(spec, spec.groups(0), hf_config);
+}
+
+PlanInput PlanInputOf(const v1::JobSpec& spec, const v1::GroupSpec& g, const model::LlamaConfig* hf_config) {
   const auto& m = spec.model();
   PlanInput in;
   if (hf_config != nullptr) {

@@ -11,5 +11,7 @@
 namespace tessera::plan {
 
 PlanInput PlanInputOf(const v1::JobSpec& spec, const model::LlamaConfig* hf_config = nullptr);
+// The same for another of its groups (its layout, and its device type's precision).
+PlanInput PlanInputOf(const v1::JobSpec& spec, const v1::GroupSpec& group, const model::LlamaConfig* hf_config = nullptr);
 
 }  // namespace tessera::plan

@@ -14,17 +14,13 @@ namespace {
 
 // The spec's model (or model.hf_dir's) as the executors of `g` build it: its precision.
 model::LlamaConfig ConfigOf(const v1::JobSpec& spec, const model::LlamaConfig* hf, const v1::GroupSpec& g) {
-  v1::JobSpec one = spec;
-  *one.mutable_groups(0) = g;
-  return PlanInputOf(one, hf).config;
+  return PlanInputOf(spec, g, hf).config;
 }
 
 // A group's training plan for RL micro-batches of rl.max_tokens_per_micro_batch tokens.
 absl::StatusOr<Plan> TrainingPlan(const v1::JobSpec& spec, const model::LlamaConfig& config, const v1::GroupSpec& g,
                                   const std::string& what) {
-  v1::JobSpec one = spec;
-  *one.mutable_groups(0) = g;
-  PlanInput in = PlanInputOf(one);
+  PlanInput in = PlanInputOf(spec, g);
   in.config = config;
   in.micro_batch = 1;
   in.seq_len = std::max<int64_t>(1, spec.rl().max_tokens_per_micro_batch());

@@ -18,6 +18,15 @@ int TensorDTypeBytes(v1::DType t) {
   }
 }
 
+v1::NamedTensor F32Tensor(const std::string& name, const std::vector<int64_t>& shape, const std::vector<float>& values) {
+  v1::NamedTensor t;
+  t.set_name(name);
+  t.set_dtype(v1::DTYPE_F32);
+  for (int64_t d : shape) t.add_shape(d);
+  t.set_data(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
+  return t;
+}
+
 bool ForEachChunk(const v1::TensorBatch& batch, const std::function<bool(const v1::TensorChunk&)>& emit,
                   size_t chunk_bytes) {
   chunk_bytes = std::max<size_t>(chunk_bytes, 1);

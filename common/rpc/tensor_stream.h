@@ -1,10 +1,13 @@
 // TensorBatch on a gRPC stream: a batch goes as a sequence of TensorChunk messages
 // (proto/tessera/v1/common.proto), none larger than a few MiB, so that no message nears
-// the transport's size limit whatever the batch's size.
+// the transport's size limit whatever the batch's size. F32Tensor makes one of the f32
+// tensors the RL steps exchange (rewards, scores, per-token values).
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -14,6 +17,9 @@ namespace tessera {
 
 // Bytes per element of a tensor dtype (0 for DTYPE_UNSPECIFIED and unknown values).
 int TensorDTypeBytes(v1::DType t);
+
+// An f32 tensor `name` of `shape` holding `values` (as many as the shape has).
+v1::NamedTensor F32Tensor(const std::string& name, const std::vector<int64_t>& shape, const std::vector<float>& values);
 
 inline constexpr size_t kTensorChunkBytes = size_t{4} << 20;
 

@@ -39,7 +39,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstring>
 #include <functional>
 #include <map>
 #include <thread>
@@ -127,27 +126,6 @@ absl::Status CheckAgreed(int64_t step, const std::vector<v1::RlUpdateResponse>& 
     }
   }
   return absl::OkStatus();
-}
-
-// A reward group's scores ([N] f32, tensor "score" of `scored`) as the samples' rewards:
-// the batch's reward tensor replaced; returns their mean.
-absl::StatusOr<double> TakeScores(const v1::TensorBatch& scored, v1::TensorBatch* batch) {
-  const v1::NamedTensor* score = nullptr;
-  v1::NamedTensor* reward = nullptr;
-  for (const v1::NamedTensor& t : scored.tensors())
-    if (t.name() == "score") score = &t;
-  for (v1::NamedTensor& t : *batch->mutable_tensors())
-    if (t.name() == "reward") reward = &t;
-  if (score == nullptr || reward == nullptr || score->dtype() != v1::DTYPE_F32 || score->shape_size() != 1 ||
-      reward->shape_size() != 1 || score->shape(0) != reward->shape(0) || score->data().size() != reward->data().size())
-    return absl::InternalError(absl::StrCat("the reward group's answer is not one f32 score per sample (",
-                                            reward == nullptr ? 0 : reward->shape(0), " samples)"));
-  reward->set_data(score->data());
-  std::vector<float> v(static_cast<size_t>(score->shape(0)));
-  if (!v.empty()) std::memcpy(v.data(), score->data().data(), v.size() * sizeof(float));
-  double mean = 0;
-  for (float x : v) mean += x / static_cast<double>(v.size());
-  return mean;
 }
 
 }  // namespace

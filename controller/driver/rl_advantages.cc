@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/rl.h"
+#include "common/rpc/tensor_stream.h"
 #include "common/status.h"
 
 namespace tessera::controller {
@@ -38,13 +39,7 @@ v1::NamedTensor TokenTensor(const std::string& name, const std::vector<std::vect
   std::vector<float> flat(rows.size() * static_cast<size_t>(width), 0.0f);
   for (size_t i = 0; i < rows.size(); ++i)
     for (size_t k = 0; k < rows[i].size(); ++k) flat[i * width + k] = static_cast<float>(rows[i][k]);
-  v1::NamedTensor t;
-  t.set_name(name);
-  t.set_dtype(v1::DTYPE_F32);
-  t.add_shape(static_cast<int64_t>(rows.size()));
-  t.add_shape(width);
-  t.set_data(reinterpret_cast<const char*>(flat.data()), flat.size() * sizeof(float));
-  return t;
+  return F32Tensor(name, {static_cast<int64_t>(rows.size()), width}, flat);
 }
 
 }  // namespace
@@ -95,6 +90,18 @@ absl::Status AddPpoAdvantages(const v1::RlSpec& rl, int actor_dp, v1::TensorBatc
   *batch->add_tensors() = TokenTensor("returns", returns, width);
   *reward_kl = kl;
   return absl::OkStatus();
+}
+
+absl::StatusOr<double> TakeScores(const v1::TensorBatch& scored, v1::TensorBatch* batch) {
+  const v1::NamedTensor* rw = Find(*batch, "reward");
+  if (rw == nullptr || rw->shape_size() != 1) return absl::InvalidArgumentError("samples: no tensor 'reward' [N]");
+  int64_t w = 0;
+  TESSERA_ASSIGN_OR_RETURN(std::vector<float> score, Values<float>(scored, "score", v1::DTYPE_F32, rw->shape(0), 1, &w));
+  double mean = 0;
+  for (float x : score) mean += x / static_cast<double>(score.size());
+  for (v1::NamedTensor& t : *batch->mutable_tensors())
+    if (t.name() == "reward") t = F32Tensor("reward", {static_cast<int64_t>(score.size())}, score);
+  return mean;
 }
 
 }  // namespace tessera::controller

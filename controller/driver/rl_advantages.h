@@ -1,4 +1,5 @@
-// PPO's advantages where the critic is a group of its own (docs/design.md §8): the driver
+// What the driver makes of the groups' per-token answers (docs/design.md §8). PPO's
+// advantages where the critic is a group of its own: the driver
 // has the step's samples with the critic's values (old_value), the actor's old log-probs
 // (old_logp) and, with a KL penalty in the reward, the reference's (ref_logp) — the
 // per-token tensors of worker/executor/rl_batch.h — and makes the advantages and the
@@ -6,6 +7,7 @@
 #pragma once
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "tessera/v1/common.pb.h"
 
 namespace tessera::controller {
@@ -17,5 +19,10 @@ namespace tessera::controller {
 // `reward_kl`: the penalty's mean k1 over the shards. INVALID_ARGUMENT naming the tensor
 // when one is missing or misshapen.
 absl::Status AddPpoAdvantages(const v1::RlSpec& rl, int actor_dp, v1::TensorBatch* batch, double* reward_kl);
+
+// A reward group's scores (tensor "score" [N] f32 of `scored`, N the batch's samples) as
+// the samples' rewards: the batch's "reward" replaced; returns their mean.
+// INVALID_ARGUMENT naming the tensor when one is missing or misshapen.
+absl::StatusOr<double> TakeScores(const v1::TensorBatch& scored, v1::TensorBatch* batch);
 
 }  // namespace tessera::controller

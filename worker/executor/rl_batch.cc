@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "common/rpc/tensor_stream.h"
 #include "worker/executor/rollout_pool.h"
 
 namespace tessera::executor {
@@ -42,13 +43,7 @@ v1::NamedTensor TokenTensor(const std::string& name, const std::vector<engine::R
     for (size_t k = 0; k < at.size() && k < static_cast<size_t>(width) && at[k] < v.size(); ++k)
       flat[i * width + k] = static_cast<float>(v[at[k]]);
   }
-  v1::NamedTensor t;
-  t.set_name(name);
-  t.set_dtype(v1::DTYPE_F32);
-  t.add_shape(static_cast<int64_t>(samples.size()));
-  t.add_shape(width);
-  t.set_data(reinterpret_cast<const char*>(flat.data()), flat.size() * sizeof(float));
-  return t;
+  return F32Tensor(name, {static_cast<int64_t>(samples.size()), width}, flat);
 }
 
 absl::StatusOr<bool> TakeTokenTensor(const v1::TensorBatch& batch, const std::string& name,

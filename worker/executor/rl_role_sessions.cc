@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/model/hf_config.h"
+#include "common/rpc/tensor_stream.h"
 #include "common/status.h"
 #include "worker/checkpoint/checkpoint.h"
 #include "worker/executor/rl_batch.h"
@@ -167,11 +168,7 @@ absl::StatusOr<v1::RlForwardStats> RlRewardSession::Forward(int64_t step, const 
   st.set_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   st.set_tokens(tokens);
   st.set_memory_peak_bytes(backend_->allocator()->stats().peak_bytes);
-  v1::NamedTensor& t = *out->add_tensors();
-  t.set_name(kScore);
-  t.set_dtype(v1::DTYPE_F32);
-  t.add_shape(static_cast<int64_t>(flat.size()));
-  t.set_data(reinterpret_cast<const char*>(flat.data()), flat.size() * sizeof(float));
+  *out->add_tensors() = F32Tensor(kScore, {static_cast<int64_t>(flat.size())}, flat);
   return st;
 }
 

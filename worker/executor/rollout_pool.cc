@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/rpc/tensor_stream.h"
 #include "common/spec/job_spec.h"
 #include "common/status.h"
 #include "worker/comm/gloo_communicator.h"
@@ -177,10 +178,7 @@ v1::TensorBatch SamplesToBatch(const std::vector<std::vector<int32_t>>& prompts,
   v1::TensorBatch b;
   AddRows(&b, "prompt", prompts, prompt_width);
   AddRows(&b, "completion", completions, completion_width);
-  std::vector<float> r(rewards.begin(), rewards.end());
-  auto* t = b.add_tensors();
-  t->set_name("reward"), t->set_dtype(v1::DTYPE_F32), t->add_shape(static_cast<int64_t>(r.size()));
-  t->set_data(std::string(reinterpret_cast<const char*>(r.data()), r.size() * sizeof(float)));
+  *b.add_tensors() = F32Tensor("reward", {static_cast<int64_t>(rewards.size())}, std::vector<float>(rewards.begin(), rewards.end()));
   return b;
 }
 
