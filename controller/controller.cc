@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -19,6 +20,34 @@
 
 namespace tessera::controller {
 namespace {
+
+// An executor's answer on a stream of R: its statistics first, then a batch in chunks.
+// Take every message read (after the first error it only drains: Finish wants the
+// stream read to its end); Done, after Finish, gives the statistics and the batch.
+template <class R>
+class StatsThenBatch {
+ public:
+  using Stats = std::decay_t<decltype(std::declval<R&>().stats())>;
+  explicit StatsThenBatch(const char* op) : op_(op) {}
+  void Take(R& m) {
+    if (!bad_.ok()) return;
+    if (m.has_stats() && !stats_) stats_ = std::move(*m.mutable_stats());
+    else if (m.has_chunk() && stats_) bad_ = batch_.Add(std::move(*m.mutable_chunk()));
+    else bad_ = absl::InternalError(absl::StrCat(op_, ": the stream does not start with the statistics"));
+  }
+  absl::StatusOr<Stats> Done(v1::TensorBatch* batch) && {
+    if (!bad_.ok()) return bad_;
+    if (!stats_) return absl::InternalError(absl::StrCat(op_, ": the stream ended without the statistics"));
+    TESSERA_ASSIGN_OR_RETURN(*batch, std::move(batch_).Finish());
+    return *std::move(stats_);
+  }
+
+ private:
+  const char* op_;
+  std::optional<Stats> stats_;
+  BatchAssembler batch_;
+  absl::Status bad_;
+};
 
 constexpr char kVersion[] = "tessera 0.1.0";
 
@@ -127,23 +156,12 @@ class GrpcExecutorClient final : public ExecutorClient {
                                                    int64_t timeout_ms) override {
     TESSERA_ASSIGN_OR_RETURN(auto ctx, Begin(timeout_ms));
     std::unique_ptr<grpc::ClientReader<v1::RolloutGenerateResponse>> in = stub_->RolloutGenerate(ctx.get(), req);
-    v1::RolloutGenerateResponse m;
-    std::optional<v1::RolloutStats> stats;
-    BatchAssembler batch;
-    absl::Status bad;
-    while (in->Read(&m)) {
-      if (!bad.ok()) continue;  // drain: Finish wants the stream read to its end
-      if (m.has_stats() && !stats) stats = std::move(*m.mutable_stats());
-      else if (m.has_chunk() && stats) bad = batch.Add(std::move(*m.mutable_chunk()));
-      else bad = absl::InternalError("RolloutGenerate: the stream does not start with the statistics");
-    }
+    StatsThenBatch<v1::RolloutGenerateResponse> got("RolloutGenerate");
+    for (v1::RolloutGenerateResponse m; in->Read(&m);) got.Take(m);
     const grpc::Status st = in->Finish();
     End(ctx.get());
     if (!st.ok()) return FromGrpc(st);
-    if (!bad.ok()) return bad;
-    if (!stats) return absl::InternalError("RolloutGenerate: the stream ended without the statistics");
-    TESSERA_ASSIGN_OR_RETURN(*samples, std::move(batch).Finish());
-    return *stats;
+    return std::move(got).Done(samples);
   }
 
   // The header, then the samples in chunks.
@@ -154,13 +172,7 @@ class GrpcExecutorClient final : public ExecutorClient {
     std::unique_ptr<grpc::ClientWriter<v1::RlUpdateRequest>> out = stub_->RlUpdate(ctx.get(), &resp);
     v1::RlUpdateRequest m;
     *m.mutable_header() = header;
-    // A failed write means the executor ended the call: Finish says why.
-    if (out->Write(m))
-      if (ForEachChunk(samples, [&](const v1::TensorChunk& c) {
-            *m.mutable_chunk() = c;
-            return out->Write(m);
-          }))
-        out->WritesDone();
+    if (WriteWithChunks(*out, m, samples)) out->WritesDone();  // else the executor ended the call: Finish says why
     const grpc::Status st = out->Finish();
     End(ctx.get());
     if (!st.ok()) return FromGrpc(st);
@@ -174,30 +186,13 @@ class GrpcExecutorClient final : public ExecutorClient {
     std::unique_ptr<grpc::ClientReaderWriter<v1::RlForwardRequest, v1::RlForwardResponse>> io = stub_->RlForward(ctx.get());
     v1::RlForwardRequest m;
     *m.mutable_header() = header;
-    // A failed write means the executor ended the call: Finish says why.
-    if (io->Write(m))
-      if (ForEachChunk(samples, [&](const v1::TensorChunk& c) {
-            *m.mutable_chunk() = c;
-            return io->Write(m);
-          }))
-        io->WritesDone();
-    v1::RlForwardResponse r;
-    std::optional<v1::RlForwardStats> stats;
-    BatchAssembler batch;
-    absl::Status bad;
-    while (io->Read(&r)) {
-      if (!bad.ok()) continue;  // drain: Finish wants the stream read to its end
-      if (r.has_stats() && !stats) stats = std::move(*r.mutable_stats());
-      else if (r.has_chunk() && stats) bad = batch.Add(std::move(*r.mutable_chunk()));
-      else bad = absl::InternalError("RlForward: the stream does not start with the statistics");
-    }
+    if (WriteWithChunks(*io, m, samples)) io->WritesDone();  // else the executor ended the call: Finish says why
+    StatsThenBatch<v1::RlForwardResponse> got("RlForward");
+    for (v1::RlForwardResponse r; io->Read(&r);) got.Take(r);
     const grpc::Status st = io->Finish();
     End(ctx.get());
     if (!st.ok()) return FromGrpc(st);
-    if (!bad.ok()) return bad;
-    if (!stats) return absl::InternalError("RlForward: the stream ended without the statistics");
-    TESSERA_ASSIGN_OR_RETURN(*out, std::move(batch).Finish());
-    return *stats;
+    return std::move(got).Done(out);
   }
 
   void Cancel() override {

@@ -29,6 +29,19 @@ inline constexpr size_t kTensorChunkBytes = size_t{4} << 20;
 bool ForEachChunk(const v1::TensorBatch& batch, const std::function<bool(const v1::TensorChunk&)>& emit,
                   size_t chunk_bytes = kTensorChunkBytes);
 
+// A streamed call's messages M carry a first part (a header, or statistics) and then a
+// batch in M's `chunk` part: writes `first`, then the batch's chunks (ForEachChunk's
+// size) on `stream` (any gRPC writer of M). False once a write fails (the peer ended
+// the call; its Finish says why).
+template <class Stream, class M>
+bool WriteWithChunks(Stream& stream, M first, const v1::TensorBatch& batch) {
+  if (!stream.Write(first)) return false;
+  return ForEachChunk(batch, [&](const v1::TensorChunk& c) {
+    *first.mutable_chunk() = c;
+    return stream.Write(first);
+  });
+}
+
 // Rebuilds a batch from its chunks, in the order they came. Add refuses (INVALID_ARGUMENT,
 // naming the tensor) a first chunk without a name, a repeated name, and more data than
 // the tensor's shape holds; Finish refuses a tensor with less data than its shape holds.

@@ -308,6 +308,25 @@ absl::StatusOr<v1::GenerateResponse> Executor::Generate(const v1::GenerateReques
 
 namespace {
 
+// A driver's request stream of Req: a header first, then the samples in chunks.
+// INVALID_ARGUMENT naming `op` for any other order or a malformed batch.
+template <class Req, class Stream, class Header>
+grpc::Status ReadHeaderThenSamples(Stream& in, const char* op, Header* header, v1::TensorBatch* samples) {
+  Req m;
+  if (!in.Read(&m) || !m.has_header())
+    return grpc::Status(grpc::INVALID_ARGUMENT, absl::StrCat(op, ": the stream must start with a header"));
+  *header = m.header();
+  BatchAssembler got;
+  while (in.Read(&m)) {
+    if (!m.has_chunk()) return grpc::Status(grpc::INVALID_ARGUMENT, absl::StrCat(op, ": a second header on the stream"));
+    if (absl::Status s = got.Add(std::move(*m.mutable_chunk())); !s.ok()) return ToGrpc(Annotate(s, absl::StrCat(op, " samples")));
+  }
+  absl::StatusOr<v1::TensorBatch> batch = std::move(got).Finish();
+  if (!batch.ok()) return ToGrpc(Annotate(batch.status(), absl::StrCat(op, " samples")));
+  *samples = std::move(*batch);
+  return grpc::Status::OK;
+}
+
 // The gRPC face of an Executor: every call must carry this attempt's secret and name this
 // executor; anything else was meant for another process (logged, so that a misrouted call
 // shows on the side that got it, not only as a peer's timeout).
@@ -381,30 +400,17 @@ class ExecutorServiceImpl final : public v1::ExecutorService::Service {
     if (!st.ok()) return ToGrpc(st.status());
     v1::RolloutGenerateResponse m;
     *m.mutable_stats() = std::move(*st);
-    bool sent = out->Write(m);
-    sent = sent && ForEachChunk(samples, [&](const v1::TensorChunk& c) {
-      *m.mutable_chunk() = c;
-      return out->Write(m);
-    });
-    if (!sent) return grpc::Status(grpc::CANCELLED, "the driver closed the stream");
+    if (!WriteWithChunks(*out, m, samples)) return grpc::Status(grpc::CANCELLED, "the driver closed the stream");
     return grpc::Status::OK;
   }
 
   grpc::Status RlUpdate(grpc::ServerContext* ctx, grpc::ServerReader<v1::RlUpdateRequest>* in,
                         v1::RlUpdateResponse* resp) override {
     if (auto s = Auth(ctx); !s.ok()) return s;
-    v1::RlUpdateRequest m;
-    if (!in->Read(&m) || !m.has_header())
-      return grpc::Status(grpc::INVALID_ARGUMENT, "RlUpdate: the stream must start with a header");
-    const v1::RlUpdateHeader header = m.header();
-    BatchAssembler samples;
-    while (in->Read(&m)) {
-      if (!m.has_chunk()) return grpc::Status(grpc::INVALID_ARGUMENT, "RlUpdate: a second header on the stream");
-      if (absl::Status s = samples.Add(std::move(*m.mutable_chunk())); !s.ok()) return ToGrpc(Annotate(s, "RlUpdate samples"));
-    }
-    absl::StatusOr<v1::TensorBatch> batch = std::move(samples).Finish();
-    if (!batch.ok()) return ToGrpc(Annotate(batch.status(), "RlUpdate samples"));
-    absl::StatusOr<v1::RlUpdateResponse> r = ex_->RlUpdate(header, *batch);
+    v1::RlUpdateHeader header;
+    v1::TensorBatch batch;
+    if (grpc::Status s = ReadHeaderThenSamples<v1::RlUpdateRequest>(*in, "RlUpdate", &header, &batch); !s.ok()) return s;
+    absl::StatusOr<v1::RlUpdateResponse> r = ex_->RlUpdate(header, batch);
     if (!r.ok()) return ToGrpc(r.status());
     *resp = std::move(*r);
     return grpc::Status::OK;
@@ -413,28 +419,15 @@ class ExecutorServiceImpl final : public v1::ExecutorService::Service {
   // The header and the samples in, then the statistics and the per-token tensor out.
   grpc::Status RlForward(grpc::ServerContext* ctx, grpc::ServerReaderWriter<v1::RlForwardResponse, v1::RlForwardRequest>* io) override {
     if (auto s = Auth(ctx); !s.ok()) return s;
-    v1::RlForwardRequest m;
-    if (!io->Read(&m) || !m.has_header())
-      return grpc::Status(grpc::INVALID_ARGUMENT, "RlForward: the stream must start with a header");
-    const v1::RlForwardHeader header = m.header();
-    BatchAssembler samples;
-    while (io->Read(&m)) {
-      if (!m.has_chunk()) return grpc::Status(grpc::INVALID_ARGUMENT, "RlForward: a second header on the stream");
-      if (absl::Status s = samples.Add(std::move(*m.mutable_chunk())); !s.ok()) return ToGrpc(Annotate(s, "RlForward samples"));
-    }
-    absl::StatusOr<v1::TensorBatch> batch = std::move(samples).Finish();
-    if (!batch.ok()) return ToGrpc(Annotate(batch.status(), "RlForward samples"));
+    v1::RlForwardHeader header;
+    v1::TensorBatch batch;
+    if (grpc::Status s = ReadHeaderThenSamples<v1::RlForwardRequest>(*io, "RlForward", &header, &batch); !s.ok()) return s;
     v1::TensorBatch out;
-    absl::StatusOr<v1::RlForwardStats> st = ex_->RlForward(header, *batch, &out);
+    absl::StatusOr<v1::RlForwardStats> st = ex_->RlForward(header, batch, &out);
     if (!st.ok()) return ToGrpc(st.status());
     v1::RlForwardResponse r;
     *r.mutable_stats() = std::move(*st);
-    bool sent = io->Write(r);
-    sent = sent && ForEachChunk(out, [&](const v1::TensorChunk& c) {
-      *r.mutable_chunk() = c;
-      return io->Write(r);
-    });
-    if (!sent) return grpc::Status(grpc::CANCELLED, "the driver closed the stream");
+    if (!WriteWithChunks(*io, r, out)) return grpc::Status(grpc::CANCELLED, "the driver closed the stream");
     return grpc::Status::OK;
   }
 
