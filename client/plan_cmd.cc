@@ -65,10 +65,11 @@ int RunRlPlan(const v1::JobSpec& spec, int64_t memory_bytes, bool json, std::ost
     nlohmann::json j = {{"job", spec.name()}, {"fits", fits}, {"models", nlohmann::json::array()}, {"devices", nlohmann::json::array()}};
     for (const plan::RlGroupMemory& m : plan->models)
       j["models"].push_back({{"group", m.group}, {"model", m.model}, {"devices_of", m.device_set}, {"states_bytes", m.states},
-                             {"pass_bytes", m.pass}});
+                             {"pass_bytes", m.pass}, {"offload", m.offload}});
     for (const plan::RlDeviceSet& d : plan->devices)
-      j["devices"].push_back({{"devices_of", d.name}, {"states_bytes", d.states}, {"pass_bytes", d.pass}, {"need_bytes", d.need()},
-                              {"kv_cache_wanted_bytes", d.kv_cache}, {"kv_sequence_bytes", d.kv_sequence}});
+      j["devices"].push_back({{"devices_of", d.name}, {"states_bytes", d.states}, {"offloaded_bytes", d.offloaded},
+                              {"pass_bytes", d.pass}, {"need_bytes", d.need()}, {"kv_cache_wanted_bytes", d.kv_cache},
+                              {"kv_sequence_bytes", d.kv_sequence}, {"kv_beside_bytes", d.kv_beside}});
     out << j.dump(2) << "\n";
     return fits ? 0 : 2;
   }
@@ -76,10 +77,15 @@ int RunRlPlan(const v1::JobSpec& spec, int64_t memory_bytes, bool json, std::ost
                          plan->models.size(), plan->models.size() == 1 ? "" : "s", plan->devices.size(),
                          plan->devices.size() == 1 ? "" : "s", spec.rl().max_tokens_per_micro_batch());
   for (const plan::RlDeviceSet& d : plan->devices) {
-    out << absl::StrFormat("  devices of '%s': %s kept + %s in the largest pass = %s%s\n", d.name, Mb(d.states), Mb(d.pass),
-                           Mb(d.need()),
-                           memory_bytes > 0 ? (d.need() <= memory_bytes ? " (fits)" : absl::StrCat(" (over ", Mb(memory_bytes), ")"))
-                                            : "");
+    const std::string verdict =
+        memory_bytes > 0 ? (d.need() <= memory_bytes ? " (fits)" : absl::StrCat(" (over ", Mb(memory_bytes), ")")) : "";
+    if (d.offloaded == 0)
+      out << absl::StrFormat("  devices of '%s': %s kept + %s in the largest pass = %s%s\n", d.name, Mb(d.states), Mb(d.pass),
+                             Mb(d.need()), verdict);
+    else
+      out << absl::StrFormat("  devices of '%s': %s kept + %s in the largest turn (a group's states back from host memory, "
+                             "and its pass) = %s%s; %s offloaded to page-locked host memory per device\n",
+                             d.name, Mb(d.states), Mb(d.need() - d.states), Mb(d.need()), verdict, Mb(d.offloaded));
     out << "    " << plan::DeviceSetModels(*plan, d) << "\n";
     if (d.kv_cache > 0)
       out << absl::StrFormat("    KV cache: %s for every running sample at its longest (%s each); it takes what fits in "

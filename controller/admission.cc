@@ -10,8 +10,9 @@ namespace {
 std::string GiB(int64_t b) { return absl::StrFormat("%.2f GiB", b / 1073741824.0); }
 }  // namespace
 
-// grpo / ppo: every device set's groups (plan::PlanRl) — their states and largest pass —
-// and, on GPUs, room for one sample's KV cache within rl.gpu_memory_utilization.
+// grpo / ppo: every device set's groups (plan::PlanRl) — what stays, and the largest turn
+// of one group (its states if it offloads, its pass) — and, on GPUs, room for one
+// sample's KV cache within rl.gpu_memory_utilization beside what its group keeps there.
 absl::Status CheckRlPlanFits(const v1::JobSpec& spec, int64_t device_memory_bytes) {
   auto plan = plan::PlanRl(spec);
   if (!plan.ok()) return absl::OkStatus();  // the executors refuse what cannot be planned, by name
@@ -19,7 +20,7 @@ absl::Status CheckRlPlanFits(const v1::JobSpec& spec, int64_t device_memory_byte
   const double budget = gpu ? spec.rl().gpu_memory_utilization() * double(device_memory_bytes) : double(device_memory_bytes);
   for (const plan::RlDeviceSet& d : plan->devices) {
     const bool fits = d.need() <= device_memory_bytes;
-    const bool kv_fits = !gpu || d.kv_sequence == 0 || double(d.states + d.kv_sequence) <= budget;
+    const bool kv_fits = !gpu || d.kv_sequence == 0 || double(d.kv_beside + d.kv_sequence) <= budget;
     if (fits && kv_fits) continue;
     std::string why = absl::StrCat("the devices of group '", d.name, "': `tessera plan` puts ", GiB(d.need()),
                                    " on each (", plan::DeviceSetModels(*plan, d), ")");
@@ -31,7 +32,8 @@ absl::Status CheckRlPlanFits(const v1::JobSpec& spec, int64_t device_memory_byte
                                             spec.rl().gpu_memory_utilization(), GiB(device_memory_bytes), GiB(d.kv_sequence)));
     }
     return absl::ResourceExhaustedError(absl::StrCat(
-        why, ": give the groups devices of their own, more devices (tp, dp, ZeRO), recomputation or a smaller "
+        why, ": give the groups devices of their own, let the groups that share devices take turns (groups[].offload), "
+             "more devices (tp, dp, ZeRO), recomputation or a smaller "
              "rl.max_tokens_per_micro_batch (`tessera plan JOB.yaml` shows each group's share)"));
   }
   return absl::OkStatus();

@@ -51,7 +51,7 @@ absl::StatusOr<RlPlan> PlanRl(const v1::JobSpec& spec, const model::LlamaConfig*
   const bool kl = rl.kl_coef() > 0 || rl.kl_reward_coef() > 0, ppo = spec.kind() == "ppo";
   RlPlan out;
   auto add = [&](const v1::GroupSpec& g, const std::string& model, int64_t states, int64_t pass) {
-    out.models.push_back({g.name(), model, DevicesOf(spec, g.name()), states, pass});
+    out.models.push_back({g.name(), g.offload(), model, DevicesOf(spec, g.name()), states, pass});
   };
   // A frozen model: its compute copy (bf16; f32 where it computes in f32) and one forward.
   auto frozen = [&](const v1::GroupSpec& g, const model::LlamaConfig& c, const std::string& model) -> absl::Status {
@@ -91,13 +91,41 @@ absl::StatusOr<RlPlan> PlanRl(const v1::JobSpec& spec, const model::LlamaConfig*
     c.dtype = ConfigOf(spec, nullptr, *reward).dtype;
     TESSERA_RETURN_IF_ERROR(frozen(*reward, c, "reward"));
   }
-  // The device sets, in the order their groups come.
+  // The device sets, in the order their groups come; each group's states and largest pass.
   std::map<std::string, size_t> at;
+  struct Turn {
+    int64_t states = 0, pass = 0;
+    bool offload = false;
+  };
+  std::map<std::string, Turn> turns;  // by group
   for (const RlGroupMemory& m : out.models) {
     if (!at.count(m.device_set)) at[m.device_set] = out.devices.size(), out.devices.push_back({m.device_set});
     RlDeviceSet& d = out.devices[at[m.device_set]];
-    d.states += m.states;
+    (m.offload ? d.offloaded : d.states) += m.states;
     d.pass = std::max(d.pass, m.pass);
+    Turn& t = turns[m.group];
+    t.states += m.states, t.pass = std::max(t.pass, m.pass), t.offload = m.offload;
+  }
+  // What is on a device while `groups` run: what stays, and those of them that offload —
+  // or, when none of them does, the largest offloading group's (whose turn it last was).
+  auto resident = [&](const std::string& set, std::initializer_list<const v1::GroupSpec*> groups) {
+    int64_t n = out.devices[at[set]].states, largest = 0;
+    bool any = false;
+    for (const v1::GroupSpec* g : groups)
+      if (g != nullptr && turns[g->name()].offload) n += turns[g->name()].states, any = true;
+    for (const auto& [name, t] : turns)
+      if (t.offload && DevicesOf(spec, name) == set) largest = std::max(largest, t.states);
+    return any ? n : n + largest;
+  };
+  for (const v1::GroupSpec& g : spec.groups()) {
+    if (!turns.count(g.name())) continue;
+    const std::string set = DevicesOf(spec, g.name());
+    RlDeviceSet& d = out.devices[at[set]];
+    d.peak = std::max(d.peak, resident(set, {&g}) + turns[g.name()].pass);
+  }
+  if (rollout != nullptr && DevicesOf(spec, rollout->name()) == DevicesOf(spec, actor.name())) {  // the weight sync
+    RlDeviceSet& d = out.devices[at[DevicesOf(spec, actor.name())]];
+    d.peak = std::max(d.peak, resident(d.name, {&actor, rollout}));
   }
   // The KV cache of the generating group: every sample of its DP rank that runs at once at
   // the longest prompt + max_new_tokens (arithmetic prompts: "a+b=", 2 x digits + 2 bytes;
@@ -111,6 +139,7 @@ absl::StatusOr<RlPlan> PlanRl(const v1::JobSpec& spec, const model::LlamaConfig*
   const int64_t running = std::min<int64_t>(1024, int64_t(rl.prompts_per_step() / std::max(1, l.dp)) * rl.group_size());
   const int64_t per_token = 2 * c.layers * c.LocalKvHeads(l.tp) * c.HeadDim() * tessera::DTypeSize(c.dtype);
   RlDeviceSet& d = out.devices[at[DevicesOf(spec, gen.name())]];
+  d.kv_beside = resident(d.name, {&gen});
   d.kv_sequence = per_token * longest;
   d.kv_cache = d.kv_sequence * running;
   return out;
@@ -121,7 +150,7 @@ std::string DeviceSetModels(const RlPlan& plan, const RlDeviceSet& d) {
   for (const RlGroupMemory& m : plan.models) {
     if (m.device_set != d.name) continue;
     absl::StrAppend(&out, out.empty() ? "" : ", ", m.model, m.group != m.model ? absl::StrCat(" ('", m.group, "')") : "", " ",
-                    absl::StrFormat("%.2f GiB", m.states / 1073741824.0));
+                    absl::StrFormat("%.2f GiB", m.states / 1073741824.0), m.offload ? " offloaded" : "");
     if (m.pass > 0) absl::StrAppend(&out, absl::StrFormat(" (+%.2f GiB in its passes)", m.pass / 1073741824.0));
   }
   return out;

@@ -14,9 +14,14 @@
 //    sample of its DP rank that runs at once (at most 1024) at the longest prompt +
 //    rl.max_new_tokens — the engine then takes what fits in rl.gpu_memory_utilization of
 //    the device beside the kept states, never more.
-// Groups sharing devices keep their states at once (no offload to host memory yet); a
-// step's phases run one at a time, and the KV cache is released before the updates, so a
-// device needs its groups' states plus the largest of the cache and any one pass.
+// A step's phases run one at a time and the KV cache is released before the updates.
+// Groups sharing devices keep their states there at once, except those that offload
+// (groups[].offload): theirs wait in page-locked host memory while another offloading
+// group runs and come back for their own calls (the actor's and a colocated rollout
+// group's both for the weight sync); a group that stays runs beside whichever of them had
+// the last turn (counted as the largest). So a device needs what stays, plus for the
+// largest phase the offloading states present and the running group's pass; the cache
+// takes what is left while its group generates.
 #pragma once
 
 #include <cstdint>
@@ -31,6 +36,7 @@ namespace tessera::plan {
 
 struct RlGroupMemory {
   std::string group;   // the job's group that holds it
+  bool offload = false;  // its group's groups[].offload
   std::string model;   // "actor", "reference", "critic", "rollout", "reward"
   std::string device_set;  // DevicesOf(group)
   int64_t states = 0;      // kept between phases (weights, gradients, optimizer state)
@@ -38,12 +44,15 @@ struct RlGroupMemory {
 };
 
 struct RlDeviceSet {
-  std::string name;     // the group whose devices these are
-  int64_t states = 0;   // summed over its models
-  int64_t pass = 0;     // the largest pass
-  int64_t kv_cache = 0; // the KV cache that every running sample at its longest wants (0: no generation here)
+  std::string name;       // the group whose devices these are
+  int64_t states = 0;     // kept on each device throughout: the models of the groups that do not offload
+  int64_t offloaded = 0;  // each device's share parked in host memory between its groups' turns
+  int64_t pass = 0;       // the largest pass
+  int64_t peak = 0;       // the most on a device at once, over the phases (without the cache)
+  int64_t kv_cache = 0;   // the KV cache that every running sample at its longest wants (0: no generation here)
   int64_t kv_sequence = 0;  // one sample's KV at its longest: the least the cache must hold
-  int64_t need() const { return states + pass; }  // without the cache, which fits itself to what is left
+  int64_t kv_beside = 0;    // on the device beside the cache while its group generates
+  int64_t need() const { return peak; }  // without the cache, which fits itself to what is left
 };
 
 struct RlPlan {

@@ -273,7 +273,7 @@ absl::Status ParseTrain(const YAML::Node& n, const std::string& path, v1::TrainS
 
 absl::Status ParseGroup(const YAML::Node& n, const std::string& path, v1::GroupSpec* g) {
   TESSERA_RETURN_IF_ERROR(CheckKeys(
-      n, path, {"name", "role", "devices", "device", "placement", "colocate_with", "layout"}));
+      n, path, {"name", "role", "devices", "device", "placement", "colocate_with", "layout", "offload"}));
   for (const auto& kv : n) {
     std::string k = kv.first.Scalar(), p = Join(path, k);
     const YAML::Node& v = kv.second;
@@ -302,6 +302,9 @@ absl::Status ParseGroup(const YAML::Node& n, const std::string& path, v1::GroupS
       g->set_colocate_with(s);
     } else if (k == "layout") {
       TESSERA_RETURN_IF_ERROR(ParseLayout(v, p, g->mutable_layout()));
+    } else if (k == "offload") {
+      TESSERA_ASSIGN_OR_RETURN(bool b, AsBool(v, p));
+      g->set_offload(b);
     }
   }
   return absl::OkStatus();

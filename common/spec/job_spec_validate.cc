@@ -420,6 +420,21 @@ absl::Status NormalizeAndValidateJobSpec(JobSpec& spec) {
       return Bad(p, absl::StrCat("group '", g.name(), "' has ", g.devices(), " devices but '", target->name(),
                                  "' has ", target->devices(), "; colocated groups share the same devices"));
   }
+  // offload: groups that take turns on shared devices (an RL job's), so another group of
+  // the device set must exist for the states to make room for.
+  for (int i = 0; i < spec.groups_size(); ++i) {
+    const auto& g = spec.groups(i);
+    if (!g.offload()) continue;
+    const std::string p = absl::StrCat("groups[", i, "].offload");
+    if (spec.kind() != "grpo" && spec.kind() != "ppo")
+      return Bad(p, absl::StrCat("groups take turns on shared devices in grpo and ppo jobs; a ", spec.kind(),
+                                 " job's group has nothing to make room for"));
+    int sharing = 0;
+    for (const auto& o : spec.groups()) sharing += DevicesOf(spec, o.name()) == DevicesOf(spec, g.name()) ? 1 : 0;
+    if (sharing < 2)
+      return Bad(p, absl::StrCat("group '", g.name(), "' shares its devices with no other group (colocate_with), so "
+                                 "offloading it would only cost time"));
+  }
   if (spec.kind() == "comm-check") {
     auto* c = spec.mutable_comm_check();
     if (c->sizes_bytes_size() == 0) for (int64_t s : {4096LL, 1LL << 20, 16LL << 20}) c->add_sizes_bytes(s);

@@ -30,7 +30,8 @@
 //    engine's own time, samples per second, the sync's bytes and GB/s; ppo adds the
 //    critic's (value loss, value clip fraction, mean value, critic gradient norm —
 //    checked across ranks like the actor's —, the KL in the reward, values and critic
-//    update times).
+//    update times); with groups that take turns on shared devices (groups[].offload),
+//    what the step's turns cost (offload_s, offload_gib, offload_gb_per_s).
 //  - the end: the rollout model's weights checked against the actor's again
 //    (weights_verified).
 // With train.checkpoint.dir the actor saves every save_every steps and after the last; a
@@ -107,10 +108,31 @@ absl::Status ByDevices(const v1::JobSpec& spec, const std::vector<GroupCall>& ca
   return absl::OkStatus();
 }
 
-// The slowest rank's seconds and the largest peak of a forward over a group.
-void ForwardTimes(const WorkerGroup::Forward& f, double* seconds, double* peak) {
+// Groups taking turns on shared devices (groups[].offload): what a step's calls spent
+// parking and restoring states — per phase the slowest rank's seconds and the largest
+// rank's bytes, summed over the phases.
+struct Swaps {
+  double seconds = 0, bytes = 0;
+  template <class Rank, class StatsOf>
+  void Phase(const std::vector<Rank>& ranks, StatsOf stats_of) {
+    double s = 0, b = 0;
+    for (const Rank& r : ranks) {
+      const auto& st = stats_of(r);
+      s = std::max(s, st.swap_s()), b = std::max(b, static_cast<double>(st.swap_bytes()));
+    }
+    seconds += s, bytes += b;
+  }
+  template <class Stats>
+  void Phase(const std::vector<Stats>& ranks) {
+    Phase(ranks, [](const Stats& st) -> const Stats& { return st; });
+  }
+};
+
+// The slowest rank's seconds and the largest peak of a forward over a group; its swaps.
+void ForwardTimes(const WorkerGroup::Forward& f, double* seconds, double* peak, Swaps* swaps) {
   for (const v1::RlForwardStats& st : f.stats)
     *seconds = std::max(*seconds, st.seconds()), *peak = std::max(*peak, static_cast<double>(st.memory_peak_bytes()));
+  swaps->Phase(f.stats);
 }
 
 // The actor's and ppo's critic's gradient norms agree across ranks (DP- and TP-reduced).
@@ -140,6 +162,8 @@ absl::StatusOr<std::string> RunRl(DriverContext& ctx) {
   const bool in_turn = !own_devices;  // one set of executors serves both sides
   const int rollout_tp = std::max(1, (own_model ? *rollout_spec : spec.groups(0)).layout().tp());
   const bool ppo = spec.kind() == "ppo";
+  bool offloads = false;  // groups take turns on shared devices
+  for (const v1::GroupSpec& g : spec.groups()) offloads |= g.offload();
   // A reference group (the KL terms' log-probs) and a critic group (ppo's values and
   // value updates); without them the actor's executors hold those models.
   const v1::GroupSpec* reference_spec = GroupWithRole(spec, "reference");
@@ -173,7 +197,9 @@ absl::StatusOr<std::string> RunRl(DriverContext& ctx) {
   if (own_devices)
     TESSERA_RETURN_IF_ERROR(Both(false, [&] { return actor.OneToAll(&ExecutorClient::BridgeInit, v1::BridgeInitRequest{}).status(); },
                                  [&] { return rollout.OneToAll(&ExecutorClient::BridgeInit, v1::BridgeInitRequest{}).status(); }));
-  // The actor's weights to the rollout model: bytes sent (the model in f32) and the wall time.
+  // The actor's weights to the rollout model: bytes sent (the model in f32) and the wall
+  // time; the swaps of the actor's calls into the step's `step_swaps`.
+  Swaps step_swaps;
   auto sync = [&]() -> absl::StatusOr<std::pair<int64_t, double>> {
     const auto t = Clock::now();
     std::vector<v1::SyncWeightsResponse> sent;
@@ -185,6 +211,7 @@ absl::StatusOr<std::string> RunRl(DriverContext& ctx) {
         [&] {
           return own_devices ? rollout.OneToAll(&ExecutorClient::SyncWeights, v1::SyncWeightsRequest{}).status() : absl::OkStatus();
         }));
+    step_swaps.Phase(sent);
     return std::make_pair(sent[0].bytes(), Since(t));
   };
   // Every rank of both groups digests the global weights: all must agree.
@@ -248,7 +275,9 @@ absl::StatusOr<std::string> RunRl(DriverContext& ctx) {
     TESSERA_ASSIGN_OR_RETURN(const bool save, preemption.Before(s));
     // Generate: TP rank 0 of each rollout DP rank (ranks are tp fastest) gives its samples.
     auto t = Clock::now();
+    step_swaps = Swaps();
     TESSERA_ASSIGN_OR_RETURN(std::vector<RankSamples> gen, rollout.RolloutGenerate(s));
+    step_swaps.Phase(gen, [](const RankSamples& r) -> const v1::RolloutStats& { return r.stats; });
     std::vector<v1::TensorBatch> shards;
     double reward = 0, length = 0, samples = 0, engine_s = 0, prefill_s = 0, decode_s = 0, decode_steps = 0, graph_steps = 0;
     double prompt_tokens = 0, rollout_peak = 0, kv_cache = 0;  // peaks and the cache: the largest rank's
@@ -278,7 +307,7 @@ absl::StatusOr<std::string> RunRl(DriverContext& ctx) {
     if (scorer != nullptr) {
       t = Clock::now();
       TESSERA_ASSIGN_OR_RETURN(WorkerGroup::Forward f, scorer->RlForwardDpSplit(forward, batch));
-      ForwardTimes(f, &reward_s, &reward_peak);
+      ForwardTimes(f, &reward_s, &reward_peak, &step_swaps);
       TESSERA_ASSIGN_OR_RETURN(reward, TakeScores(f.out, &batch));
       reward_wall_s = Since(t);
     }
@@ -290,7 +319,7 @@ absl::StatusOr<std::string> RunRl(DriverContext& ctx) {
     double actor_peak = 0, reference_peak = 0, critic_peak = 0;
     if (reference != nullptr) {
       TESSERA_ASSIGN_OR_RETURN(WorkerGroup::Forward f, reference->RlForwardDpSplit(forward, batch));
-      ForwardTimes(f, &ref_s, &reference_peak);
+      ForwardTimes(f, &ref_s, &reference_peak, &step_swaps);
       for (v1::NamedTensor& x : *f.out.mutable_tensors()) *batch.add_tensors() = std::move(x);
     }
     v1::RlUpdateHeader update;
@@ -299,6 +328,9 @@ absl::StatusOr<std::string> RunRl(DriverContext& ctx) {
     std::vector<v1::RlUpdateResponse> upd, critic_upd;
     if (critic != nullptr) {
       WorkerGroup::Forward old, values;
+      // On shared devices one after another: the actor's old log-probs (its turn goes on
+      // from generating), the critic's values, then the critic's update and the actor's,
+      // whose turn goes on into the next generation — two turns of each per step.
       TESSERA_RETURN_IF_ERROR(ByDevices(spec, {{&actor, [&]() -> absl::Status {
                                                   TESSERA_ASSIGN_OR_RETURN(old, actor.RlForwardDpSplit(forward, batch));
                                                   return absl::OkStatus();
@@ -307,8 +339,8 @@ absl::StatusOr<std::string> RunRl(DriverContext& ctx) {
                                                   TESSERA_ASSIGN_OR_RETURN(values, critic->RlForwardDpSplit(forward, batch));
                                                   return absl::OkStatus();
                                                 }}}));
-      ForwardTimes(old, &old_s, &actor_peak);
-      ForwardTimes(values, &values_s, &critic_peak);
+      ForwardTimes(old, &old_s, &actor_peak, &step_swaps);
+      ForwardTimes(values, &values_s, &critic_peak, &step_swaps);
       for (WorkerGroup::Forward* f : {&old, &values})
         for (v1::NamedTensor& x : *f->out.mutable_tensors()) *batch.add_tensors() = std::move(x);
       TESSERA_RETURN_IF_ERROR(AddPpoAdvantages(spec.rl(), actor.layout().dp, &batch, &reward_kl));
@@ -328,7 +360,7 @@ absl::StatusOr<std::string> RunRl(DriverContext& ctx) {
         TESSERA_RETURN_IF_ERROR(update_critic());
         TESSERA_RETURN_IF_ERROR(update_actor());
       } else {
-        TESSERA_RETURN_IF_ERROR(ByDevices(spec, {{&actor, update_actor}, {critic, update_critic}}));
+        TESSERA_RETURN_IF_ERROR(ByDevices(spec, {{critic, update_critic}, {&actor, update_actor}}));
       }
       TESSERA_RETURN_IF_ERROR(CheckAgreed(s, critic_upd));
     } else {
@@ -336,6 +368,7 @@ absl::StatusOr<std::string> RunRl(DriverContext& ctx) {
     }
     const double update_wall_s = Since(t);
     TESSERA_RETURN_IF_ERROR(CheckAgreed(s, upd));
+    step_swaps.Phase(upd), step_swaps.Phase(critic_upd);
     for (const v1::RlUpdateResponse& out : upd) {
       actor_peak = std::max(actor_peak, static_cast<double>(out.memory_peak_bytes()));
       if (reference == nullptr) ref_s = std::max(ref_s, out.ref_s());
@@ -395,6 +428,10 @@ absl::StatusOr<std::string> RunRl(DriverContext& ctx) {
     if (own_model) {
       m["sync_s"] = synced.second;
       if (synced.second > 0) m["sync_gb_per_s"] = synced.first / synced.second / 1e9;
+    }
+    if (offloads) {  // within the phases' times above
+      m["offload_s"] = step_swaps.seconds, m["offload_gib"] = step_swaps.bytes / kGiB;
+      if (step_swaps.seconds > 0) m["offload_gb_per_s"] = step_swaps.bytes / step_swaps.seconds / 1e9;
     }
     if (ppo) {
       m["value_loss"] = critic_stats.value_loss(), m["value_clip_fraction"] = critic_stats.value_clip_fraction();

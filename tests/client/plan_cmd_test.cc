@@ -137,6 +137,20 @@ rl: {prompts_per_step: 4, group_size: 4, max_new_tokens: 100, kl_coef: 0.01, rew
   EXPECT_GT(j["devices"][0]["kv_cache_wanted_bytes"].get<int64_t>(), 0);
   EXPECT_EQ(j["devices"][0]["need_bytes"].get<int64_t>(),
             j["devices"][0]["states_bytes"].get<int64_t>() + j["devices"][0]["pass_bytes"].get<int64_t>());
+  // Both groups offloading: nothing stays, each model waits on the host in turn.
+  for (auto& g : *spec->mutable_groups()) g.set_offload(true);
+  ASSERT_TRUE(NormalizeAndValidateJobSpec(*spec).ok()) << NormalizeAndValidateJobSpec(*spec);
+  std::ostringstream turns;
+  EXPECT_EQ(RunPlan(*spec, 0, 0, false, turns), 0);
+  EXPECT_THAT(turns.str(), HasSubstr("in the largest turn"));
+  EXPECT_THAT(turns.str(), HasSubstr("offloaded to page-locked host memory per device"));
+  std::ostringstream tj;
+  EXPECT_EQ(RunPlan(*spec, 0, 0, true, tj), 0);
+  const auto t = nlohmann::json::parse(tj.str());
+  EXPECT_EQ(t["devices"][0]["states_bytes"].get<int64_t>(), 0);
+  EXPECT_EQ(t["devices"][0]["offloaded_bytes"].get<int64_t>(), j["devices"][0]["states_bytes"].get<int64_t>());
+  EXPECT_LT(t["devices"][0]["need_bytes"].get<int64_t>(), j["devices"][0]["need_bytes"].get<int64_t>());
+  EXPECT_TRUE(t["models"][0]["offload"].get<bool>());
 }
 
 }  // namespace

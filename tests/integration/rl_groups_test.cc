@@ -4,7 +4,8 @@
 // (the reference's log-probs, the actor's old log-probs and the critic's values, PPO's
 // advantages, the actor's and the critic's updates) — a reward group's neural reward model
 // scores every sample in place of the rule verifier, a job with a critic group resumes the
-// actor and the critic from the same step, and a job with a group of every role whose
+// actor and the critic from the same step, groups that take turns on shared devices
+// (offload) train as groups that stay, and a job with a group of every role whose
 // executor is killed (kill -9) resumes from its checkpoints at the same losses.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -110,6 +111,43 @@ TEST(RlGroups, PpoWithCriticAndReferenceGroupsEqualsTheActorsOwn) {
   for (const char* k : {"value_loss=", "critic_grad_norm=", "values_s=", "critic_update_s=", "reward_kl=", "critic_peak_gib=",
                         "reference_peak_gib=", "old_logprob_s="})
     EXPECT_THAT(progress.str(), HasSubstr(k));
+}
+
+// Groups that take turns on shared devices (groups[].offload): ppo with a critic, a
+// reference and a rollout group (tp 2) all on the actor's two slots. With every group
+// offloading, each call first parks the other groups' states in host memory and brings
+// its own back (the actor's and the rollout model's both for the weight sync); the run
+// equals the one where every group stays — rewards, held-out accuracy, gradient norms
+// and KL — and each step says what its turns moved. So does the run where the reference
+// stays (its calls park no one).
+TEST(RlGroups, GroupsTakingTurnsOnSharedDevicesEqualGroupsThatStay) {
+  auto c = Up({.agents = 1, .cpu_slots = 2});
+  v1::JobSpec spec = SmallRlSpec("ppo");
+  AddGroup(spec, "critic", 2, 1, "actor");
+  AddGroup(spec, "reference", 2, 1, "actor");
+  AddGroup(spec, "rollout", 2, 2, "actor");
+  auto stay = c->WaitState(Submit(*c, spec), v1::JOB_STATE_SUCCEEDED, 180000);
+  ASSERT_TRUE(stay.ok()) << stay.status();
+  const auto a = nlohmann::json::parse(stay->result_json());
+  for (v1::GroupSpec& g : *spec.mutable_groups()) g.set_offload(true);
+  ASSERT_TRUE(NormalizeAndValidateJobSpec(spec).ok()) << NormalizeAndValidateJobSpec(spec);
+  std::ostringstream progress;
+  auto turns = c->client().Watch(Submit(*c, spec), progress);
+  ASSERT_TRUE(turns.ok()) << turns.status();
+  ASSERT_EQ(turns->state(), v1::JOB_STATE_SUCCEEDED) << turns->reason() << "\n" << progress.str();
+  ExpectSameRun(a, nlohmann::json::parse(turns->result_json()), 0, "every group offloading");
+  // Every step moves every group's states out and back: the metrics say how much.
+  const std::string out = progress.str();
+  int steps = 0;
+  for (size_t at = out.find("offload_gib="); at != std::string::npos; at = out.find("offload_gib=", at + 1), ++steps)
+    EXPECT_GT(std::stod(out.substr(at + 12)), 0) << out;
+  EXPECT_EQ(steps, 3) << out;
+  EXPECT_THAT(out, HasSubstr("offload_s="));
+  // The reference staying: it runs beside whichever group had the turn, as the same run.
+  spec.mutable_groups(2)->set_offload(false);
+  auto beside = c->WaitState(Submit(*c, spec), v1::JOB_STATE_SUCCEEDED, 180000);
+  ASSERT_TRUE(beside.ok()) << beside.status();
+  ExpectSameRun(a, nlohmann::json::parse(beside->result_json()), 0, "the reference staying");
 }
 
 // grpo with a reward group (rl.reward_model: a sequence classifier's Hugging Face

@@ -6,9 +6,11 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <csignal>
+#include <functional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -28,6 +30,7 @@
 #include "worker/executor/cuda_buffer_space.h"
 #include "worker/executor/rollout_pool.h"
 #include "worker/rollout/weight_sync.h"
+#include "worker/runtime/offload.h"
 
 namespace tessera::executor {
 namespace {
@@ -97,6 +100,44 @@ RolloutPoolSession* Executor::PoolOf(const std::string& group) {
   return it == pools_.end() ? nullptr : it->second.get();
 }
 
+absl::StatusOr<Executor::Swap> Executor::TakeTurn(std::initializer_list<std::string> active) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto is_active = [&](const std::string& g) { return std::find(active.begin(), active.end(), g) != active.end(); };
+  auto offloads = [&](const std::string& g) {
+    for (const v1::GroupSpec& s : cfg_.spec().groups())
+      if (s.name() == g) return s.offload();
+    return false;
+  };
+  Swap swap;
+  // Groups that stay run beside whichever offloading group had the last turn.
+  if (std::none_of(active.begin(), active.end(), offloads)) return swap;
+  auto park = [&](const std::string& g, runtime::Backend& backend, const std::function<void(std::vector<runtime::Tensor>*)>& release) -> absl::Status {
+    if (is_active(g) || !offloads(g)) return absl::OkStatus();
+    std::unique_ptr<runtime::HostOffload>& p = parked_[g];
+    if (p == nullptr) p = std::make_unique<runtime::HostOffload>(&backend);
+    if (p->offloaded()) return absl::OkStatus();
+    std::vector<runtime::Tensor> states;
+    release(&states);
+    absl::Status st = p->Offload(states);
+    if (!st.ok()) return absl::Status(st.code(), absl::StrCat("offloading group '", g, "' to host memory: ", st.message()));
+    swap.bytes += p->bytes();
+    return absl::OkStatus();
+  };
+  for (auto& [g, s] : sessions_)
+    TESSERA_RETURN_IF_ERROR(park(g, s->backend(), [&](std::vector<runtime::Tensor>* t) { s->ReleaseForOffload(t); }));
+  for (auto& [g, s] : pools_)
+    TESSERA_RETURN_IF_ERROR(park(g, s->backend(), [&](std::vector<runtime::Tensor>* t) { s->ReleaseForOffload(t); }));
+  for (const std::string& g : active) {
+    auto it = parked_.find(g);
+    if (it == parked_.end() || !it->second->offloaded()) continue;
+    absl::Status st = it->second->Restore();
+    if (!st.ok()) return absl::Status(st.code(), absl::StrCat("group '", g, "' back from host memory: ", st.message()));
+    swap.bytes += it->second->bytes();
+  }
+  swap.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return swap;
+}
+
 absl::StatusOr<v1::InitGroupResponse> Executor::InitGroup(const v1::InitGroupRequest& req) {
   TESSERA_RETURN_IF_ERROR(CheckPaths());
   const v1::GroupSpec* g = nullptr;
@@ -159,6 +200,8 @@ absl::StatusOr<v1::TrainInitResponse> Executor::TrainInit(const v1::TrainInitReq
   if (req.resume_step() != 0 && !(rl && role == "critic"))
     return absl::InvalidArgumentError(absl::StrCat("TrainInit: resume_step is a critic group's; group '", req.group(), "' is the ",
                                                    role, " of a ", cfg_.spec().kind(), " job"));
+  TESSERA_RETURN_IF_ERROR(TakeTurn({req.group()}).status());  // the other groups make room
+  parked_.erase(req.group());  // a session made again: nothing of the old one is parked
   std::unique_ptr<TrainSession> session;
   if (rl && role == "reference") {
     TESSERA_ASSIGN_OR_RETURN(session, RlReferenceSession::Create(cfg_.spec(), *gc, cfg_.device_type(), cfg_.device_index()));
@@ -193,6 +236,8 @@ absl::StatusOr<v1::TrainStepResponse> Executor::TrainStep(const v1::TrainStepReq
 absl::StatusOr<v1::RolloutInitResponse> Executor::RolloutInit(const v1::RolloutInitRequest& req) {
   TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<GroupComms> gc, Group(req.group()));
   std::lock_guard<std::mutex> lk(ops_mu_);
+  TESSERA_RETURN_IF_ERROR(TakeTurn({req.group()}).status());
+  parked_.erase(req.group());
   TESSERA_ASSIGN_OR_RETURN(auto pool, RolloutPoolSession::Create(cfg_.spec(), *gc, cfg_.device_type(), cfg_.device_index()));
   pools_[req.group()] = std::move(pool);
   return v1::RolloutInitResponse{};
@@ -202,41 +247,64 @@ absl::StatusOr<v1::RolloutStats> Executor::RolloutGenerate(const v1::RolloutGene
   TESSERA_RETURN_IF_ERROR(Group(req.group()).status());
   std::lock_guard<std::mutex> lk(ops_mu_);
   TESSERA_ASSIGN_OR_RETURN(GroupSession g, AnySessionOf(req.group()));
-  if (g.pool != nullptr) return g.pool->Generate(req.step(), samples);
-  TESSERA_ASSIGN_OR_RETURN(RlActorSession * actor, RlActorOf(req.group(), "RolloutGenerate"));
-  return actor->RolloutGenerate(req.step(), samples);
+  RlActorSession* actor = nullptr;
+  if (g.pool == nullptr) {
+    TESSERA_ASSIGN_OR_RETURN(actor, RlActorOf(req.group(), "RolloutGenerate"));
+  }
+  TESSERA_ASSIGN_OR_RETURN(const Swap swap, TakeTurn({req.group()}));
+  TESSERA_ASSIGN_OR_RETURN(v1::RolloutStats st, g.pool != nullptr ? g.pool->Generate(req.step(), samples)
+                                                                   : actor->RolloutGenerate(req.step(), samples));
+  st.set_swap_s(swap.seconds), st.set_swap_bytes(swap.bytes);
+  return st;
 }
 
 absl::StatusOr<v1::RlForwardStats> Executor::RlForward(const v1::RlForwardHeader& req, const v1::TensorBatch& samples,
                                                        v1::TensorBatch* out) {
   TESSERA_RETURN_IF_ERROR(Group(req.group()).status());
   std::lock_guard<std::mutex> lk(ops_mu_);
-  if (auto* ref = dynamic_cast<RlReferenceSession*>(SessionOf(req.group()))) return ref->Forward(req.step(), samples, out);
-  if (auto* critic = dynamic_cast<RlCriticSession*>(SessionOf(req.group()))) return critic->Forward(req.step(), samples, out);
-  if (auto* reward = dynamic_cast<RlRewardSession*>(SessionOf(req.group()))) return reward->Forward(req.step(), samples, out);
-  TESSERA_ASSIGN_OR_RETURN(RlActorSession * actor, RlActorOf(req.group(), "RlForward"));
-  return actor->Forward(req.step(), samples, out);
+  TrainSession* s = SessionOf(req.group());
+  auto* ref = dynamic_cast<RlReferenceSession*>(s);
+  auto* critic = dynamic_cast<RlCriticSession*>(s);
+  auto* reward = dynamic_cast<RlRewardSession*>(s);
+  RlActorSession* actor = nullptr;
+  if (ref == nullptr && critic == nullptr && reward == nullptr) {
+    TESSERA_ASSIGN_OR_RETURN(actor, RlActorOf(req.group(), "RlForward"));
+  }
+  TESSERA_ASSIGN_OR_RETURN(const Swap swap, TakeTurn({req.group()}));
+  TESSERA_ASSIGN_OR_RETURN(v1::RlForwardStats st, ref != nullptr      ? ref->Forward(req.step(), samples, out)
+                                                  : critic != nullptr ? critic->Forward(req.step(), samples, out)
+                                                  : reward != nullptr ? reward->Forward(req.step(), samples, out)
+                                                                      : actor->Forward(req.step(), samples, out));
+  st.set_swap_s(swap.seconds), st.set_swap_bytes(swap.bytes);
+  return st;
 }
 
 absl::StatusOr<v1::RlUpdateResponse> Executor::RlUpdate(const v1::RlUpdateHeader& req, const v1::TensorBatch& samples) {
   TESSERA_RETURN_IF_ERROR(Group(req.group()).status());
   std::lock_guard<std::mutex> lk(ops_mu_);
-  if (auto* critic = dynamic_cast<RlCriticSession*>(SessionOf(req.group()))) {
-    if (req.save()) critic->RequestSave();
-    return critic->Update(req.step(), samples);
+  auto* critic = dynamic_cast<RlCriticSession*>(SessionOf(req.group()));
+  RlActorSession* actor = nullptr;
+  if (critic == nullptr) {
+    TESSERA_ASSIGN_OR_RETURN(actor, RlActorOf(req.group(), "RlUpdate"));
   }
-  TESSERA_ASSIGN_OR_RETURN(RlActorSession * actor, RlActorOf(req.group(), "RlUpdate"));
-  if (req.save()) actor->RequestSave();
-  return actor->RlUpdate(req.step(), samples);
+  TESSERA_ASSIGN_OR_RETURN(const Swap swap, TakeTurn({req.group()}));
+  if (req.save()) critic != nullptr ? critic->RequestSave() : actor->RequestSave();
+  TESSERA_ASSIGN_OR_RETURN(v1::RlUpdateResponse r, critic != nullptr ? critic->Update(req.step(), samples)
+                                                                     : actor->RlUpdate(req.step(), samples));
+  r.set_swap_s(swap.seconds), r.set_swap_bytes(swap.bytes);
+  return r;
 }
 
 absl::StatusOr<v1::RlEvalResponse> Executor::RlEval(const v1::RlEvalRequest& req) {
   TESSERA_RETURN_IF_ERROR(Group(req.group()).status());
   std::lock_guard<std::mutex> lk(ops_mu_);
   TESSERA_ASSIGN_OR_RETURN(GroupSession g, AnySessionOf(req.group()));
-  if (g.pool != nullptr) return g.pool->Eval(req.problems());
-  TESSERA_ASSIGN_OR_RETURN(RlActorSession * actor, RlActorOf(req.group(), "RlEval"));
-  return actor->RlEval(req.problems());
+  RlActorSession* actor = nullptr;
+  if (g.pool == nullptr) {
+    TESSERA_ASSIGN_OR_RETURN(actor, RlActorOf(req.group(), "RlEval"));
+  }
+  TESSERA_RETURN_IF_ERROR(TakeTurn({req.group()}).status());
+  return g.pool != nullptr ? g.pool->Eval(req.problems()) : actor->RlEval(req.problems());
 }
 
 absl::StatusOr<v1::BridgeInitResponse> Executor::BridgeInit(const v1::BridgeInitRequest& req) {
@@ -260,10 +328,14 @@ absl::StatusOr<v1::SyncWeightsResponse> Executor::SyncWeights(const v1::SyncWeig
   TESSERA_ASSIGN_OR_RETURN(GroupSession g, AnySessionOf(req.group()));
   TrainSession* s = g.train;
   RolloutPoolSession* pool = g.pool;
+  // The actor's weights into a colocated rollout group's model: both on the device.
+  const bool colocated = s != nullptr && !pools_.empty() && pools_.begin()->first != req.group();
+  TESSERA_ASSIGN_OR_RETURN(const Swap swap, colocated ? TakeTurn({req.group(), pools_.begin()->first}) : TakeTurn({req.group()}));
   const auto t0 = std::chrono::steady_clock::now();
   v1::SyncWeightsResponse resp;
+  resp.set_swap_s(swap.seconds), resp.set_swap_bytes(swap.bytes);
   if (s != nullptr) TESSERA_RETURN_IF_ERROR(s->GatherParams());  // sliced values: the whole values, not only this rank's
-  if (s != nullptr && !pools_.empty() && pools_.begin()->first != req.group()) {
+  if (colocated) {
     // The rollout group shares this executor (colocated, another layout): every tensor
     // gathered over the actor's TP group and re-sliced into the rollout's model.
     TESSERA_RETURN_IF_ERROR(engine::SyncColocated(s->model(), pools_.begin()->second->model()));
@@ -292,6 +364,7 @@ absl::StatusOr<v1::WeightsDigestResponse> Executor::WeightsDigest(const v1::Weig
   TESSERA_ASSIGN_OR_RETURN(GroupSession g, AnySessionOf(req.group()));
   TrainSession* s = g.train;
   RolloutPoolSession* pool = g.pool;
+  TESSERA_RETURN_IF_ERROR(TakeTurn({req.group()}).status());
   if (s != nullptr) TESSERA_RETURN_IF_ERROR(s->GatherParams());  // every actor rank calls it
   TESSERA_ASSIGN_OR_RETURN(std::string digest, executor::WeightsDigest(s != nullptr ? s->model() : pool->model()));
   v1::WeightsDigestResponse resp;

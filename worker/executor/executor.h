@@ -20,6 +20,10 @@
 #include "worker/comm/rendezvous_client.h"
 #include "common/parallel/layout.h"
 
+namespace tessera::runtime {
+class HostOffload;  // worker/runtime/offload.h
+}
+
 namespace tessera::executor {
 
 struct ExecutorOptions {
@@ -54,6 +58,13 @@ struct GroupComms;
 // RlReferenceSession, RlForward's; an RlCriticSession, RlForward's and RlUpdate's); an
 // operation for another kind's session is FAILED_PRECONDITION naming both;
 // RolloutInit a RolloutPoolSession (a rollout group); Generate a GenerateSession.
+// Groups sharing the executor's device take turns when they offload (groups[].offload):
+// before a call on an offloading group (its TrainInit or RolloutInit included), every
+// other offloading group here parks its states in host memory (runtime::HostOffload) and
+// the called group's come back — for the actor's weight sync into a colocated rollout
+// group, both groups'. A call on a group that stays moves nothing: it runs beside the
+// offloading group whose turn it was. Each RL call's response says what its turn cost
+// (swap_s, swap_bytes).
 //
 // Threading: any thread may call; InitGroup runs beside other groups' calls, and the
 // operations on sessions run one at a time (the driver calls one at a time per group).
@@ -95,6 +106,15 @@ class Executor {
   // The group's RL actor session; FAILED_PRECONDITION naming `op` when the group has no
   // training session or trains another kind.
   absl::StatusOr<RlActorSession*> RlActorOf(const std::string& group, const char* op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_mu_);
+  // The turn of the groups in `active` on this device (see above), when one of them
+  // offloads: the other offloading groups parked first (their memory is what the active
+  // ones come back into), then the active ones restored. What it moved, summed over the
+  // groups.
+  struct Swap {
+    double seconds = 0;
+    int64_t bytes = 0;
+  };
+  absl::StatusOr<Swap> TakeTurn(std::initializer_list<std::string> active) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_mu_);
 
   const v1::ExecutorConfig cfg_;
   comm::KvStore* const rdv_;
@@ -105,6 +125,8 @@ class Executor {
   std::map<std::string, std::unique_ptr<TrainSession>> sessions_ ABSL_GUARDED_BY(ops_mu_);
   std::map<std::string, std::unique_ptr<RolloutPoolSession>> pools_ ABSL_GUARDED_BY(ops_mu_);
   std::unique_ptr<comm::Communicator> bridge_ ABSL_GUARDED_BY(ops_mu_);  // a rollout group's own devices: actor + rollout ranks
+  // Per offloading group, its parked states (declared after the sessions: gone first).
+  std::map<std::string, std::unique_ptr<runtime::HostOffload>> parked_ ABSL_GUARDED_BY(ops_mu_);
 };
 
 // The gRPC service over `ex` (which outlives it): every call must carry the attempt's

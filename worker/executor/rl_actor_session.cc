@@ -185,6 +185,14 @@ engine::PpoOptions RlActorSession::PpoOpts() const {
   return o;
 }
 
+void RlActorSession::ReleaseForOffload(std::vector<runtime::Tensor>* states) {
+  if (rollout_ != nullptr) rollout_->ReleaseCache();
+  TrainSession::ReleaseForOffload(states);
+  if (reference_ != nullptr) reference_->AppendStates(states);
+  if (critic_trainer_ != nullptr) critic_trainer_->AppendStates(states);
+  else if (critic_ != nullptr) critic_->AppendStates(states);
+}
+
 absl::StatusOr<v1::RlForwardStats> RlActorSession::Forward(int64_t step, const v1::TensorBatch& samples, v1::TensorBatch* out) {
   if (rl_.group_size() == 0) return absl::FailedPreconditionError("RlForward: the session is not a grpo or ppo session");
   if (step < 0) return absl::InvalidArgumentError(absl::StrCat("RlForward: step ", step));

@@ -51,6 +51,8 @@ class RlActorSession final : public TrainSession {
   // update plans them, and the actor's own reference's (ref_logp) where it holds one:
   // with a critic group the driver makes PPO's advantages from them.
   absl::StatusOr<v1::RlForwardStats> Forward(int64_t step, const v1::TensorBatch& samples, v1::TensorBatch* out);
+  // The actor's states, its own reference's and critic's, after its rollout engine's cache.
+  void ReleaseForOffload(std::vector<runtime::Tensor>* states) override;
 
  private:
   RlActorSession() = default;

@@ -43,6 +43,11 @@ absl::StatusOr<std::unique_ptr<RolloutPoolSession>> RolloutPoolSession::Create(c
   return s;
 }
 
+void RolloutPoolSession::ReleaseForOffload(std::vector<runtime::Tensor>* states) {
+  rollout_->ReleaseCache();
+  model_->AppendStates(states);
+}
+
 absl::StatusOr<v1::RolloutStats> RolloutPoolSession::Generate(int64_t step, v1::TensorBatch* out) {
   auto got = GenerateSamples(*rollout_, prompts_, rl_, rewards_.get(), step, dp_rank_, dps_, actor_dps_, out);
   if (colocated_) rollout_->ReleaseCache();

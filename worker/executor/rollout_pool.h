@@ -37,6 +37,10 @@ class RolloutPoolSession {
   absl::StatusOr<v1::RlEvalResponse> Eval(int64_t problems);
   model::Llama& model() { return *model_; }
   runtime::Backend& backend() { return *backend_; }
+  // While another group of its devices runs (groups[].offload): the rollout model's
+  // tensors, for the executor to park in host memory (runtime::HostOffload), after the
+  // KV cache and the decode graphs that point into the model are released.
+  void ReleaseForOffload(std::vector<runtime::Tensor>* states);
 
  private:
   RolloutPoolSession() = default;

@@ -67,6 +67,11 @@ absl::Status TrainSession::Init(const v1::JobSpec& spec, GroupComms& comms, v1::
   return Resume(start);
 }
 
+void TrainSession::ReleaseForOffload(std::vector<runtime::Tensor>* states) {
+  if (trainer_ != nullptr) trainer_->AppendStates(states);
+  else model_->AppendStates(states);
+}
+
 absl::Status TrainSession::Resume(const v1::CheckpointSpec& ck) {
   std::string from;
   if (!ck.dir().empty() && ck.resume()) {

@@ -45,6 +45,12 @@ class TrainSession {
   // digest): the whole values on the model where the trainer keeps slices
   // (engine::Trainer::GatherParams; every DP rank calls it).
   absl::Status GatherParams() { return trainer_ != nullptr ? trainer_->GatherParams() : absl::OkStatus(); }
+  // While another group of its devices runs (groups[].offload): what the session keeps on
+  // its device between calls — the model's and the optimizer's states (Trainer::
+  // AppendStates), and a kind's companions (the actor's own reference and critic) — for
+  // the executor to park in host memory (runtime::HostOffload); first, whatever holds
+  // those tensors' addresses (a rollout engine's KV cache and decode graphs) is released.
+  virtual void ReleaseForOffload(std::vector<runtime::Tensor>* states);
 
  protected:
   TrainSession() = default;

@@ -79,6 +79,11 @@ Llama::Llama(const LlamaConfig& config, Backend* backend, comm::Communicator* tp
       stage_(stage) {}
 Llama::~Llama() = default;
 
+void Llama::AppendStates(std::vector<runtime::Tensor>* out) const {
+  for (const Param& p : params_)
+    for (const runtime::Tensor* t : {&p.value, &p.grad, &p.compute}) out->push_back(*t);
+}
+
 absl::StatusOr<std::unique_ptr<Llama>> Llama::Create(const LlamaConfig& config, Backend* backend,
                                                      comm::Communicator* tp, bool sequence_parallel,
                                                      comm::Communicator* cp, StageSpec stage) {

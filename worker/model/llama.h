@@ -129,6 +129,9 @@ class Llama {
 
   const LlamaConfig& config() const { return config_; }
   std::vector<Param>& params() { return params_; }
+  // The parameters' tensors (values, gradients, compute copies; undefined ones too): what
+  // the model keeps between passes, for an idle group's offload (runtime::HostOffload).
+  void AppendStates(std::vector<runtime::Tensor>* out) const;
   Param* Find(const std::string& name);
   // How this TP rank holds p (TpSplitOf: its slice, and with replicated KV heads which copy).
   TpSplit SplitOf(const Param& p) const { return TpSplitOf(p.spec, tp_ ? tp_->size() : 1, tp_ ? tp_->rank() : 0); }

@@ -63,6 +63,29 @@ Allocator* CpuAllocator() {
   return a;
 }
 
+void Storage::Detach() {
+  if (alloc_ == nullptr || data_ == nullptr) return;
+  alloc_->Free(data_, bytes_);
+  data_ = nullptr;
+}
+
+absl::Status Storage::Reattach() {
+  if (alloc_ == nullptr || data_ != nullptr) return absl::OkStatus();
+  auto p = alloc_->Allocate(bytes_);
+  if (!p.ok()) return p.status();
+  data_ = *p;
+  return absl::OkStatus();
+}
+
+Tensor Tensor::Bytes(std::shared_ptr<Storage> storage) {
+  Tensor t;
+  t.dtype_ = DType::kU8;
+  t.shape_ = {static_cast<int64_t>(storage->bytes())};
+  t.strides_ = {1};
+  t.storage_ = std::move(storage);
+  return t;
+}
+
 absl::StatusOr<Tensor> Tensor::Empty(std::vector<int64_t> shape, DType dtype, Allocator* alloc) {
   int64_t n = 1;
   for (int64_t d : shape) {

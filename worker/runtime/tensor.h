@@ -71,6 +71,13 @@ class Storage {
   void* data() const { return data_; }
   size_t bytes() const { return bytes_; }
   Device device() const { return alloc_ ? alloc_->device() : Device::Cpu(); }
+  // Offload (worker/runtime/offload.h): Detach gives the memory back to its allocator —
+  // data() is null until Reattach allocates the same size again (anywhere: every view
+  // reads its storage's data() when used, so views and aliases follow). Only for an
+  // allocator's storage; the caller keeps the bytes and orders the frees with the work.
+  void Detach();
+  absl::Status Reattach();
+  bool detached() const { return data_ == nullptr && bytes_ > 0; }
 
  private:
   void* data_;
@@ -92,6 +99,9 @@ class Tensor {
   size_t nbytes() const { return numel() * DTypeSize(dtype_); }
   Device device() const { return storage_ ? storage_->device() : Device::Cpu(); }
   bool defined() const { return storage_ != nullptr; }
+  const std::shared_ptr<Storage>& storage() const { return storage_; }
+  // The whole of a storage as bytes: u8 [bytes] (to copy or offload it).
+  static Tensor Bytes(std::shared_ptr<Storage> storage);
   bool contiguous() const;
   void* data() const { return static_cast<char*>(storage_->data()) + offset_; }
   template <typename T>

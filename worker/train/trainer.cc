@@ -54,6 +54,13 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(model::Llama* model, ru
   return t;
 }
 
+void Trainer::AppendStates(std::vector<runtime::Tensor>* out) const {
+  model_->AppendStates(out);
+  for (const ParamState& s : sync_->states())
+    for (const Tensor* t : {&s.m, &s.v, &s.grad_shard, &s.grad_padded, &s.grad_full, &s.value_shard, &s.lowp_shard, &s.lowp_padded})
+      out->push_back(*t);
+}
+
 absl::Status Trainer::ResetOptimizerState() {
   TESSERA_RETURN_IF_ERROR(sync_->ResetOptimizerState());
   step_ = 0;

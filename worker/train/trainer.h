@@ -150,6 +150,10 @@ class Trainer {
   absl::Status ResetOptimizerState();
   int zero() const { return sync_->zero(); }  // the effective stage (0 with one DP rank)
   runtime::Backend* backend() const { return backend_; }
+  // Everything the model and the optimizer keep between steps — the model's parameter
+  // tensors (Llama::AppendStates), AdamW's moments, the ZeRO stage's gradient and value
+  // buffers —: what an idle group offloads between its calls (runtime::HostOffload).
+  void AppendStates(std::vector<runtime::Tensor>* out) const;
 
  private:
   Trainer(model::Llama* model, runtime::Backend* backend, comm::Communicator* dp, comm::Communicator* tp,

@@ -3,6 +3,9 @@
 // cache of the generating group by hand.
 #include "common/plan/rl_plan.h"
 
+#include <algorithm>
+#include <map>
+
 #include "common/plan/plan.h"
 #include "common/plan/plan_spec.h"
 #include "common/spec/job_spec.h"
@@ -99,6 +102,61 @@ TEST(RlPlan, OneGroupHoldsEveryModelAndARolloutPoolTheCache) {
   EXPECT_EQ(plan->devices[2].kv_sequence, 2 * 4 * (4 / 2) * 32 * 2 * 106);  // tp 2: half the KV heads
   EXPECT_THAT(DeviceSetModels(*plan, plan->devices[2]), ::testing::HasSubstr("reward ('rm')"));
   EXPECT_NEAR(double(plan->models.back().states), 2.0 * rm.NumParams(), 0.05 * rm.NumParams());
+}
+
+// Groups that take turns (groups[].offload): what stays is the non-offloading groups'
+// states; a device needs, over the turns, what stays plus the running group's states
+// and pass — the actor's and a colocated rollout group's both for the weight sync; a
+// group that stays runs beside the largest offloading group — and the cache's group
+// keeps its states beside the cache.
+TEST(RlPlan, OffloadingGroupsCountOnlyTheirTurn) {
+  v1::JobSpec spec = Spec(kPpo, {"groups.1.colocate_with=actor", "groups.2.colocate_with=actor"});
+  auto* pool = spec.add_groups();
+  pool->set_name("gen"), pool->set_role("rollout"), pool->set_devices(2), pool->set_colocate_with("actor");
+  pool->set_device_type(v1::DEVICE_TYPE_GPU);
+  pool->mutable_layout()->set_tp(2);
+  ASSERT_TRUE(NormalizeAndValidateJobSpec(spec).ok()) << NormalizeAndValidateJobSpec(spec);
+  auto kept = PlanRl(spec);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  ASSERT_EQ(kept->devices.size(), 1u);
+  ASSERT_EQ(kept->models.size(), 4u);  // actor, reference, critic, rollout
+  std::map<std::string, RlGroupMemory> by;
+  int64_t sum = 0, largest = 0;
+  for (const RlGroupMemory& m : kept->models) by[m.model] = m, sum += m.states, largest = std::max(largest, m.pass);
+  EXPECT_EQ(kept->devices[0].need(), sum + largest);
+  EXPECT_EQ(kept->devices[0].offloaded, 0);
+  EXPECT_EQ(kept->devices[0].kv_beside, sum);
+
+  // The actor and the critic take turns; the reference and the rollout model stay.
+  for (int g : {0, 1}) spec.mutable_groups(g)->set_offload(true);
+  ASSERT_TRUE(NormalizeAndValidateJobSpec(spec).ok()) << NormalizeAndValidateJobSpec(spec);
+  auto turns = PlanRl(spec);
+  ASSERT_TRUE(turns.ok()) << turns.status();
+  const RlDeviceSet& d = turns->devices[0];
+  const int64_t stays = by["reference"].states + by["rollout"].states;
+  EXPECT_EQ(d.states, stays);
+  EXPECT_EQ(d.offloaded, by["actor"].states + by["critic"].states);
+  const int64_t actor_turn = stays + by["actor"].states + by["actor"].pass;
+  const int64_t critic_turn = stays + by["critic"].states + by["critic"].pass;
+  // The reference stays: it runs beside the actor or the critic, whichever had the turn.
+  const int64_t reference_turn = stays + std::max(by["actor"].states, by["critic"].states) + by["reference"].pass;
+  EXPECT_EQ(d.need(), std::max({actor_turn, critic_turn, reference_turn}));
+  EXPECT_LT(d.need(), kept->devices[0].need());
+  // The rollout group stays too, so it generates beside the actor (the sync's turn).
+  EXPECT_EQ(d.kv_beside, stays + by["actor"].states);
+  EXPECT_THAT(DeviceSetModels(*turns, d), ::testing::HasSubstr("critic 0."));
+  EXPECT_THAT(DeviceSetModels(*turns, d), ::testing::HasSubstr("offloaded"));
+
+  // Every group offloads: the weight sync's turn holds the actor and the rollout model.
+  for (int g = 0; g < spec.groups_size(); ++g) spec.mutable_groups(g)->set_offload(true);
+  auto all = PlanRl(spec);
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(all->devices[0].states, 0);
+  EXPECT_EQ(all->devices[0].kv_beside, by["rollout"].states);
+  EXPECT_GE(all->devices[0].need(), by["actor"].states + by["rollout"].states);
+  EXPECT_EQ(all->devices[0].need(),
+            std::max({by["actor"].states + by["actor"].pass, by["critic"].states + by["critic"].pass,
+                      by["reference"].states + by["reference"].pass, by["actor"].states + by["rollout"].states}));
 }
 
 }  // namespace

@@ -255,6 +255,23 @@ TEST(JobSpec, GrpoDefaultsAndRefusals) {
     bad.mutable_rl()->set_prompts_per_step(3);
     bad.mutable_groups(0)->set_devices(2), bad.mutable_groups(0)->mutable_layout()->set_dp(1);
     EXPECT_THAT(refused(bad), HasSubstr("rl.prompts_per_step: 3 prompts do not split over the critic group's dp=2 ranks"));
+    // offload: groups sharing devices take turns; a group alone on its devices, or a job
+    // of another kind, has nothing to make room for.
+    v1::JobSpec turns = *ppo;
+    turns.mutable_groups(1)->set_offload(true), turns.mutable_groups(2)->set_offload(true);
+    EXPECT_TRUE(NormalizeAndValidateJobSpec(turns).ok()) << NormalizeAndValidateJobSpec(turns);
+    bad = *ppo;
+    bad.mutable_groups(0)->set_offload(true);
+    EXPECT_THAT(refused(bad), HasSubstr("groups[0].offload: group 'actor' shares its devices with no other group"));
+    auto parsed = ParseJobSpecYaml(kPretrain, {"kind=ppo", "groups.0.offload=true"});
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    EXPECT_TRUE(parsed->groups(0).offload());
+    EXPECT_THAT(std::string(ParseJobSpecYaml(kPretrain, {"groups.0.offload=maybe"}).status().message()),
+                HasSubstr("groups[0].offload"));
+    auto pretrain = ParseJobSpecYaml(kPretrain, {"groups.0.offload=true"});
+    ASSERT_TRUE(pretrain.ok());
+    EXPECT_THAT(std::string(NormalizeAndValidateJobSpec(*pretrain).message()),
+                HasSubstr("groups[0].offload: groups take turns on shared devices in grpo and ppo jobs"));
     // A reward group runs rl.reward_model (a path, exclusive with rl.reward_service).
     v1::JobSpec rm = *ppo;
     auto* reward = rm.add_groups();

@@ -19,6 +19,7 @@
 #include "tests/common/mem_store.h"
 #include "tests/worker/model/model_test_util.h"
 #include "worker/comm/communicator.h"
+#include "worker/runtime/offload.h"
 #include "worker/train/trainer.h"
 #include "worker/model/context_parallel.h"
 
@@ -55,6 +56,9 @@ inline void PrintTo(const Layout& l, std::ostream* os) { *os << l.name; }
 // where bf16 rounding is not amplified by a chaotic trajectory.
 struct Hyper {
   float init_std = 0.3f, lr = 2e-2f, min_lr = 2e-3f, clip = 0.5f;
+  // Between steps, the model's and the optimizer's states leave the backend's memory and
+  // come back (runtime::HostOffload over Trainer::AppendStates), as an idle group's do.
+  bool offload = false;
   static Hyper Gentle() { return {0.02f, 2e-3f, 2e-4f, 1.f}; }
 };
 
@@ -105,6 +109,17 @@ inline void TrainLayout(const Layout& l, const Comms& c, runtime::Backend* be, m
     }
     out.losses.push_back(st->loss);
     out.norms.push_back(st->grad_norm);
+    if (h.offload) {
+      std::vector<runtime::Tensor> states;
+      (*trainer)->AppendStates(&states);
+      runtime::HostOffload parked(be);
+      ASSERT_TRUE(parked.Offload(states).ok());
+      EXPECT_GT(parked.bytes(), 0);
+      for (auto& p : (*model)->params())
+        if (p.value.defined()) EXPECT_TRUE(p.value.storage()->detached()) << p.name() << " still has its memory";
+      ASSERT_TRUE(parked.Restore().ok());
+      EXPECT_FALSE(parked.offloaded());
+    }
   }
   // What each stage keeps between steps: ZeRO-2 no gradient buffers, ZeRO-3 no values
   // either; under mixed precision ZeRO-1/2 keep only their slices of the f32 values.

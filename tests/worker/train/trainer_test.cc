@@ -269,6 +269,33 @@ TEST(TrainerTest, MixedPrecisionLayoutsEqualOneRank) {
   }
 }
 
+// An idle group's offload (runtime::HostOffload over Trainer::AppendStates) between every
+// two steps changes nothing: the same losses, gradient norms and weights, bit for bit, on
+// one rank (f32) and under mixed precision with ZeRO-1 (padded gradient and compute
+// buffers whose heads the parameters are), ZeRO-3 (sliced values, tied) and TP x ZeRO-1.
+TEST(TrainerTest, OffloadBetweenStepsChangesNothing) {
+  auto cpu = [](int) { return runtime::MakeCpuBackend(); };
+  testing::MemStore store;
+  const test::MakeComm gloo = Gloo(store);
+  LlamaConfig bf16 = Tiny();
+  bf16.dtype = tessera::DType::kBF16;
+  test::Hyper parked = test::Hyper::Gentle();
+  parked.offload = true;
+  for (auto [l, config] : {std::pair{Layout{"one", 1, 1, 0}, Tiny()}, std::pair{Layout{"dp2_zero1", 1, 2, 1}, bf16},
+                           std::pair{Layout{"dp2_zero3_tied", 1, 2, 3, true}, bf16},
+                           std::pair{Layout{"tp2_dp2_zero1", 2, 2, 1}, bf16}}) {
+    SCOPED_TRACE(l.name);
+    const std::vector<Trace> kept = test::RunLayout(l, config, gloo, cpu, test::Hyper::Gentle());
+    const std::vector<Trace> offloaded = test::RunLayout(l, config, gloo, cpu, parked);
+    ASSERT_EQ(kept.size(), offloaded.size());
+    for (size_t r = 0; r < kept.size(); ++r) {
+      EXPECT_EQ(offloaded[r].losses, kept[r].losses) << "rank " << r;
+      EXPECT_EQ(offloaded[r].norms, kept[r].norms) << "rank " << r;
+      EXPECT_EQ(offloaded[r].weights, kept[r].weights) << "rank " << r;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Layouts, TrainerLayoutTest,
     ::testing::Values(
