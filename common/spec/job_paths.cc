@@ -19,7 +19,10 @@ void ResolveRelativePaths(v1::JobSpec& spec, const std::string& base_dir) {
   }
   if (spec.has_train() && spec.train().has_data())
     spec.mutable_train()->mutable_data()->set_path(absolute(spec.train().data().path()));
-  if (spec.has_rl()) spec.mutable_rl()->set_reward_model(absolute(spec.rl().reward_model()));
+  if (spec.has_rl()) {
+    spec.mutable_rl()->set_reward_model(absolute(spec.rl().reward_model()));
+    spec.mutable_rl()->set_eval_data(absolute(spec.rl().eval_data()));
+  }
   if (spec.has_generate()) {
     auto* g = spec.mutable_generate();
     g->set_input(absolute(g->input()));

@@ -363,7 +363,7 @@ absl::Status ParseRl(const YAML::Node& n, const std::string& path, v1::RlSpec* r
                                               "clip", "epochs", "mini_batches", "eval_every", "eval_problems", "reward_service",
                                               "reward_timeout_s", "reward_ca_cert", "stop", "entropy_coef", "gamma", "gae_lambda",
                                               "value_clip", "critic_lr", "kl_reward_coef", "max_tokens_per_micro_batch",
-                                              "gpu_memory_utilization", "reward_model"}));
+                                              "gpu_memory_utilization", "reward_model", "eval_data"}));
   for (const auto& kv : n) {
     const std::string k = kv.first.Scalar(), p = Join(path, k);
     const YAML::Node& v = kv.second;
@@ -375,10 +375,11 @@ absl::Status ParseRl(const YAML::Node& n, const std::string& path, v1::RlSpec* r
     else if (k == "max_tokens_per_micro_batch") ASSIGN_INT(r->set_max_tokens_per_micro_batch, v, p);
     else if (k == "eval_every") ASSIGN_INT(r->set_eval_every, v, p);
     else if (k == "eval_problems") ASSIGN_INT(r->set_eval_problems, v, p);
-    else if (k == "reward_service" || k == "reward_ca_cert" || k == "reward_model") {
+    else if (k == "reward_service" || k == "reward_ca_cert" || k == "reward_model" || k == "eval_data") {
       TESSERA_ASSIGN_OR_RETURN(auto str, AsString(v, p));
       if (k == "reward_service") r->set_reward_service(str);
       else if (k == "reward_ca_cert") r->set_reward_ca_cert(str);
+      else if (k == "eval_data") r->set_eval_data(str);
       else r->set_reward_model(str);
     } else if (k == "reward_timeout_s") {
       TESSERA_ASSIGN_OR_RETURN(double d, AsDouble(v, p));

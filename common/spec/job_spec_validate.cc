@@ -260,6 +260,12 @@ static absl::Status ValidateRl(JobSpec& spec) {
     if (r->reward_service().empty()) return Bad("rl.reward_ca_cert", "needs rl.reward_service");
     TESSERA_RETURN_IF_ERROR(CheckCleanAbsolute("rl.reward_ca_cert", r->reward_ca_cert()));
   }
+  if (!r->eval_data().empty()) {
+    TESSERA_RETURN_IF_ERROR(CheckCleanAbsolute("rl.eval_data", r->eval_data()));
+    if (spec.train().data().kind() != "jsonl")
+      return Bad("rl.eval_data", absl::StrCat("held-out JSONL problems are for JSONL prompts (train.data.kind jsonl); the ",
+                                              spec.train().data().kind(), " problems have their own held-out set"));
+  }
   if (!r->reward_model().empty()) {
     TESSERA_RETURN_IF_ERROR(CheckCleanAbsolute("rl.reward_model", r->reward_model()));
     if (!r->reward_service().empty())
@@ -514,7 +520,8 @@ std::vector<std::pair<std::string, std::string>> JobPathFields(const v1::JobSpec
                              std::pair{"generate.checkpoint", spec.generate().checkpoint()},
                              std::pair{"model.tokenizer", spec.model().tokenizer() == "byte" ? std::string() : spec.model().tokenizer()},
                              std::pair{"rl.reward_ca_cert", spec.rl().reward_ca_cert()},
-                             std::pair{"rl.reward_model", spec.rl().reward_model()}})
+                             std::pair{"rl.reward_model", spec.rl().reward_model()},
+                             std::pair{"rl.eval_data", spec.rl().eval_data()}})
     if (!path.empty()) out.emplace_back(field, path);
   return out;
 }

@@ -101,6 +101,7 @@ class HeldOutEvaluator {
   WorkerGroup& group_;
   int tp_;
   bool on_;
+  int64_t problems_ = 0;  // answered by the last evaluation
   nlohmann::json curve_ = nlohmann::json::array();
 };
 

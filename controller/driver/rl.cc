@@ -23,8 +23,9 @@
 //    before anything uses them (RlForward on the reward group, TakeScores).
 //  - metrics: reward (exact match of the sampled answers; on JSONL prompts, of the final
 //    answer in \boxed{} or after "####"; with a reward group its mean score, and the verifier's as
-//    rule_reward, with the reward phase's time and peak), held-out accuracy (arithmetic problems only: greedy, RlEval,
-//    at the start, every rl.eval_every steps and at the end), response length, KL, clip
+//    rule_reward, with the reward phase's time and peak), held-out accuracy (the arithmetic
+//    problems', or on JSONL prompts rl.eval_data's: greedy, RlEval, at the start, every
+//    rl.eval_every steps and at the end), response length, KL, clip
 //    fraction, entropy, gradient norm, the phase times as the driver saw them (generate,
 //    update, sync) and the actor's breakdown (ref, old log-prob, update), the rollout
 //    engine's own time, samples per second, the sync's bytes and GB/s; ppo adds the
@@ -462,7 +463,8 @@ absl::StatusOr<std::string> RunRl(DriverContext& ctx) {
 }
 
 HeldOutEvaluator::HeldOutEvaluator(const v1::JobSpec& spec, WorkerGroup& group, int tp)
-    : spec_(spec), group_(group), tp_(std::max(1, tp)), on_(spec.train().data().kind() != "jsonl") {}
+    : spec_(spec), group_(group), tp_(std::max(1, tp)),
+      on_(spec.train().data().kind() != "jsonl" || !spec.rl().eval_data().empty()) {}
 
 absl::StatusOr<double> HeldOutEvaluator::Evaluate() {
   v1::RlEvalRequest req;
@@ -470,8 +472,11 @@ absl::StatusOr<double> HeldOutEvaluator::Evaluate() {
   TESSERA_ASSIGN_OR_RETURN(auto res, group_.OneToAll(&ExecutorClient::RlEval, req));
   int64_t correct = 0, problems = 0;
   for (size_t r = 0; r < res.size(); r += tp_) correct += res[r].correct(), problems += res[r].problems();
-  if (problems != spec_.rl().eval_problems())
+  // rl.eval_data may hold fewer problems than eval_problems: the ranks answer them all.
+  const bool file = !spec_.rl().eval_data().empty();
+  if (file ? problems < 1 || problems > spec_.rl().eval_problems() : problems != spec_.rl().eval_problems())
     return absl::InternalError(absl::StrCat("RlEval: the ranks answered ", problems, " of ", spec_.rl().eval_problems(), " problems"));
+  problems_ = problems;
   return double(correct) / problems;
 }
 
@@ -481,7 +486,7 @@ absl::Status HeldOutEvaluator::Start(DriverContext& ctx, int64_t start, int step
   curve_.push_back(json{{"step", start}, {"accuracy", a}});
   v1::Progress p;
   p.set_total_steps(steps);
-  p.set_message(absl::StrFormat("held-out accuracy at the start: %.3f (%d problems)", a, spec_.rl().eval_problems()));
+  p.set_message(absl::StrFormat("held-out accuracy at the start: %.3f (%d problems)", a, problems_));
   (*p.mutable_metrics())["accuracy"] = a;
   ctx.progress(p);
   return absl::OkStatus();

@@ -267,8 +267,25 @@ TEST(RewardService, GrpoOnJsonlPromptsWithAnswers) {
   const auto result = nlohmann::json::parse(job.result_json());
   ASSERT_EQ(result["rewards"].size(), 2u);
   for (const auto& r : result["rewards"]) EXPECT_TRUE(r.get<double>() >= 0 && r.get<double>() <= 1) << r;
-  EXPECT_TRUE(result["accuracy"].empty()) << "held-out evaluation is for the arithmetic problems";
+  EXPECT_TRUE(result["accuracy"].empty()) << "no rl.eval_data: no held-out evaluation";
   EXPECT_THAT(progress, ::testing::Not(HasSubstr("held-out")));
+
+  // rl.eval_data: held-out problems of the same form, all three of them (fewer than
+  // rl.eval_problems), before the first step and after the last.
+  std::string held;
+  for (int i = 10; i < 13; ++i)
+    held += nlohmann::json{{"prompt", absl::StrCat("Q", i, ": what is ", i, " + ", i, "?\n")}, {"answer", absl::StrCat(2 * i)}}.dump() + "\n";
+  ASSERT_TRUE(WriteFileAtomic(c.dir() + "/held.jsonl", held).ok());
+  spec.mutable_rl()->set_eval_data(c.dir() + "/held.jsonl");
+  ASSERT_TRUE(NormalizeAndValidateJobSpec(spec).ok());
+  job = RunJob(c, spec, &progress);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason() << "\n" << progress;
+  const auto evaluated = nlohmann::json::parse(job.result_json());
+  ASSERT_EQ(evaluated["accuracy"].size(), 2u) << evaluated.dump();
+  for (const auto& a : evaluated["accuracy"]) EXPECT_TRUE(a["accuracy"] >= 0 && a["accuracy"] <= 1) << a;
+  EXPECT_THAT(progress, HasSubstr("held-out accuracy at the start: "));
+  EXPECT_THAT(progress, HasSubstr(" (3 problems)"));
+  spec.mutable_rl()->clear_eval_data();
 
   ASSERT_TRUE(WriteFileAtomic(path, file + "{\"prompt\": \"x\"}\n").ok());
   job = RunJob(c, spec, &progress);

@@ -34,10 +34,10 @@ class RlActorSession final : public TrainSession {
   // (GenerateSamples, rollout_pool.h); FAILED_PRECONDITION without one. The KV cache is
   // released after (RolloutEngine::ReleaseCache): training runs next on these devices.
   absl::StatusOr<v1::RolloutStats> RolloutGenerate(int64_t step, v1::TensorBatch* out);
-  // Greedy exact-match accuracy of the current policy on this DP rank's share of
-  // held-out problems [0, problems) (engine::ArithmeticData::held_out: operand pairs
-  // that no job trains on), from the session's own rollout engine (its cache released
-  // after, as RolloutGenerate).
+  // Greedy accuracy of the current policy on this DP rank's share of held-out problems
+  // [0, problems) (HeldOutEval, rl_prompts.h: the arithmetic operand pairs that no job
+  // trains on, or rl.eval_data's), from the session's own rollout engine (its cache
+  // released after, as RolloutGenerate).
   absl::StatusOr<v1::RlEvalResponse> RlEval(int64_t problems);
   // The update of RL step `step` (advantages, reference and old log-probs, the epochs of
   // mini-batch updates — engine::GrpoUpdate, or engine::PpoUpdate with the critic — and

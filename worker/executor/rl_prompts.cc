@@ -32,6 +32,16 @@ absl::Status RlPrompts::Load(const v1::JobSpec& spec, int64_t model_vocab) {
       texts_.push_back(std::move(text));
     }
     stops_ = text_.eos_ids;
+    if (!rl.eval_data().empty()) {
+      TESSERA_ASSIGN_OR_RETURN(std::vector<engine::PromptAnswer> held, engine::LoadPromptAnswers(rl.eval_data()));
+      for (const engine::PromptAnswer& p : held) {
+        Prompt q;
+        TESSERA_ASSIGN_OR_RETURN(q.ids, engine::EncodePrompt(p, rl.eval_data(), text_, &q.text));
+        q.answer = p.answer;
+        longest_ = std::max<int64_t>(longest_, static_cast<int64_t>(q.ids.size()));
+        held_.push_back(std::move(q));
+      }
+    }
   }
   TESSERA_ASSIGN_OR_RETURN(std::vector<int32_t> stops,
                            tokenizer::StopTokens(*text_.tokenizer, {rl.stop().begin(), rl.stop().end()}, "rl.stop"));
@@ -137,9 +147,32 @@ absl::StatusOr<std::vector<double>> RewardServiceClient::Score(int64_t step, int
 
 absl::StatusOr<v1::RlEvalResponse> HeldOutEval(engine::RolloutEngine& rollout, const RlPrompts& prompts, int64_t max_new_tokens,
                                         int64_t problems, int dp_rank, int dps) {
-  if (prompts.jsonl()) return absl::FailedPreconditionError("RlEval: held-out problems are the built-in arithmetic ones");
   if (problems < 1 || problems > 1000000)
     return absl::InvalidArgumentError(absl::StrCat("RlEval: problems ", problems, "; expected 1..1000000"));
+  if (prompts.jsonl()) {
+    const std::vector<RlPrompts::Prompt>& held = prompts.held_out();
+    if (held.empty()) return absl::FailedPreconditionError("RlEval: a JSONL job's held-out problems come from rl.eval_data");
+    const int64_t n = std::min<int64_t>(problems, static_cast<int64_t>(held.size()));
+    const int64_t begin = n * dp_rank / dps, end = n * (dp_rank + 1) / dps;
+    std::vector<engine::GenerationRequest> requests;
+    for (int64_t i = begin; i < end; ++i) {
+      engine::GenerationRequest r;
+      r.prompt = held[i].ids;
+      r.params.temperature = 0;  // greedy
+      r.params.max_new_tokens = max_new_tokens;
+      r.params.stop_tokens = prompts.stop_tokens();
+      requests.push_back(std::move(r));
+    }
+    int64_t correct = 0;
+    if (!requests.empty()) {
+      TESSERA_ASSIGN_OR_RETURN(std::vector<engine::Completion> out, rollout.Generate(requests));
+      for (const engine::Completion& c : out)
+        correct += prompts.Reward(prompts.CompletionText(c.tokens), held[begin + c.request].answer) >= 1.0;
+    }
+    v1::RlEvalResponse r;
+    r.set_correct(correct), r.set_problems(end - begin);
+    return r;
+  }
   engine::ArithmeticData held = prompts.arithmetic();
   held.held_out = true;
   const int64_t begin = problems * dp_rank / dps, end = problems * (dp_rank + 1) / dps;

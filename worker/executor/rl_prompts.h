@@ -1,7 +1,7 @@
 // An RL job's prompts, shared by the actor's session (colocated generation) and a rollout
 // pool's (split pools): the built-in arithmetic problems, or a JSONL file's prompts /
-// conversations with answers through the model's tokenizer; the stop tokens; the
-// built-in verifier. Immutable after Load: thread-safe.
+// conversations with answers through the model's tokenizer (and rl.eval_data's held-out
+// ones); the stop tokens; the built-in verifier. Immutable after Load: thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -33,6 +33,8 @@ class RlPrompts {
   };
   // Prompt `index` of the run (global numbering; JSONL prompts cycle through the file).
   Prompt At(int64_t index) const;
+  // rl.eval_data's problems (JSONL jobs; none without it), in the file's order.
+  const std::vector<Prompt>& held_out() const { return held_; }
   // A completion's text: decoded without special tokens (bytes for the byte tokenizer);
   // ids past the tokenizer's vocabulary have none.
   std::string CompletionText(const std::vector<int32_t>& tokens) const;
@@ -41,7 +43,7 @@ class RlPrompts {
   double Reward(const std::string& completion_text, const std::string& answer) const;
 
   bool jsonl() const { return !file_.empty(); }
-  int64_t longest_prompt() const { return longest_; }
+  int64_t longest_prompt() const { return longest_; }  // held-out prompts included
   const std::vector<int32_t>& stop_tokens() const { return stops_; }
   const engine::ArithmeticData& arithmetic() const { return data_; }
 
@@ -53,6 +55,7 @@ class RlPrompts {
   tokenizer::ModelText text_;
   std::vector<int32_t> stops_;  // rl.stop (one token each), and with a tokenizer.json the EOS ids
   int64_t longest_ = 0;
+  std::vector<Prompt> held_;
 };
 
 // rl.reward_service: the rewards of one DP rank's completions from the user's service.
@@ -80,6 +83,10 @@ class RewardServiceClient {
 
 // RlEval: greedy exact-match answers to this DP rank's share of `problems` held-out
 // arithmetic problems (pairs no job trains on): correct and problems of this DP rank.
+// Greedy accuracy on this DP rank's share of held-out problems [0, problems): the
+// built-in arithmetic's (an exact match), or on JSONL prompts rl.eval_data's first
+// `problems` (all where the file has fewer), checked by the rule verifier.
+// FAILED_PRECONDITION for a JSONL job without rl.eval_data.
 absl::StatusOr<v1::RlEvalResponse> HeldOutEval(engine::RolloutEngine& rollout, const RlPrompts& prompts, int64_t max_new_tokens,
                                                int64_t problems, int dp_rank, int dps);
 

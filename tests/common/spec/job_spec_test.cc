@@ -159,6 +159,14 @@ TEST(JobSpec, GrpoDefaultsAndRefusals) {
               HasSubstr("rl.reward_ca_cert: needs rl.reward_service"));
   EXPECT_THAT(std::string(check({"train.data.careless=0.5"}).status().message()),
               HasSubstr("train.data.careless: is for sft/pretrain data"));
+  EXPECT_THAT(std::string(check({"rl.eval_data=/data/eval.jsonl"}).status().message()),
+              HasSubstr("rl.eval_data: held-out JSONL problems are for JSONL prompts"));
+  EXPECT_THAT(std::string(check({"train.data.kind=jsonl", "train.data.path=/data/p.jsonl", "rl.eval_data=eval.jsonl"})
+                              .status().message()),
+              HasSubstr("rl.eval_data"));
+  auto held = check({"train.data.kind=jsonl", "train.data.path=/data/p.jsonl", "rl.eval_data=/data/eval.jsonl"});
+  ASSERT_TRUE(held.ok()) << held.status();
+  EXPECT_EQ(held->rl().eval_data(), "/data/eval.jsonl");
   EXPECT_TRUE(check({"rl.group_size=4", "rl.kl_coef=0.05", "rl.mini_batches=4"}).ok());
   auto ent = check({"rl.entropy_coef=0.01"});
   ASSERT_TRUE(ent.ok()) << ent.status();

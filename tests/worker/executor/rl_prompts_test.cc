@@ -1,0 +1,117 @@
+// Held-out evaluation of a JSONL job (rl.eval_data, HeldOutEval): each problem answered
+// greedily and checked by the rule verifier, split over the DP ranks, at most the file's
+// problems. The expected answers are what the model itself answers greedily, so the
+// count of right ones is known: the problems given the model's own answer count, the
+// others do not.
+#include "worker/executor/rl_prompts.h"
+
+#include <cctype>
+#include <filesystem>
+#include <fstream>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "common/spec/job_spec.h"
+#include "worker/executor/model_spec.h"
+#include "worker/executor/rollout_pool.h"
+#include "worker/model/llama.h"
+
+namespace tessera::executor {
+namespace {
+
+using ::testing::HasSubstr;
+
+void WriteProblems(const std::string& path, const std::vector<std::pair<std::string, std::string>>& lines) {
+  std::ofstream f(path);
+  for (const auto& [prompt, answer] : lines) f << nlohmann::json{{"prompt", prompt}, {"answer", answer}}.dump() << "\n";
+}
+
+v1::JobSpec Spec(const std::string& train, const std::string& eval) {
+  auto spec = ParseJobSpecYaml(absl::StrCat(
+      "name: held\nkind: grpo\ngroups:\n  - {name: actor, devices: 1}\n"
+      "model: {vocab_size: 256, hidden: 32, num_layers: 2, num_heads: 4, num_kv_heads: 2, ffn: 48, seq_len: 32,\n"
+      "        global_batch: 4, micro_batch: 2}\n"
+      "train: {steps: 1, lr: 1.0e-3, seed: 5, data: {kind: jsonl, path: ", train, "}}\n"
+      "rl: {group_size: 2, prompts_per_step: 2, max_new_tokens: 1", eval.empty() ? "" : absl::StrCat(", eval_data: ", eval),
+      "}\n"));
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  const absl::Status valid = NormalizeAndValidateJobSpec(*spec);
+  EXPECT_TRUE(valid.ok()) << valid;
+  return *spec;
+}
+
+TEST(HeldOutEval, JsonlProblemsCountTheModelsRightAnswers) {
+  const std::string dir = ::testing::TempDir() + "/held-out-eval";
+  std::filesystem::create_directories(dir);
+  WriteProblems(dir + "/train.jsonl", {{"1+1=", "2"}, {"2+2=", "4"}});
+  std::vector<std::pair<std::string, std::string>> candidates;
+  for (int i = 0; i < 400; ++i) candidates.push_back({absl::StrCat("q", i, "?"), "0"});
+  WriteProblems(dir + "/candidates.jsonl", candidates);
+
+  const v1::JobSpec first = Spec(dir + "/train.jsonl", dir + "/candidates.jsonl");
+  RlPrompts prompts;
+  ASSERT_TRUE(prompts.Load(first, 256).ok());
+  ASSERT_EQ(prompts.held_out().size(), 400u);
+  auto backend = runtime::MakeCpuBackend();
+  auto config = ModelConfigFromSpec(first, v1::DEVICE_TYPE_CPU);
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto model = model::Llama::Create(*config, backend.get());
+  ASSERT_TRUE(model.ok()) << model.status();
+  ASSERT_TRUE((*model)->InitRandom(11, 1.0f).ok());
+  auto rollout = engine::RolloutEngine::Create(model->get(), RlRolloutOptions(first.rl(), 1, prompts.longest_prompt()));
+  ASSERT_TRUE(rollout.ok()) << rollout.status();
+
+  // What the model answers greedily (one byte); the problems whose answer is a letter or
+  // a digit.
+  std::vector<engine::GenerationRequest> requests;
+  for (const RlPrompts::Prompt& p : prompts.held_out()) {
+    engine::GenerationRequest r;
+    r.prompt = p.ids, r.params.temperature = 0, r.params.max_new_tokens = 1;
+    requests.push_back(r);
+  }
+  auto said = (*rollout)->Generate(requests);
+  ASSERT_TRUE(said.ok()) << said.status();
+  std::vector<std::pair<std::string, std::string>> held;
+  int right = 0;
+  for (const engine::Completion& c : *said) {
+    if (c.tokens.size() != 1 || c.tokens[0] > 127 || !std::isalnum(c.tokens[0]) || held.size() == 10) continue;
+    const std::string own(1, static_cast<char>(c.tokens[0]));
+    const bool give_right = held.size() % 2 == 0;  // every other problem expects the model's own answer
+    right += give_right;
+    held.push_back({candidates[c.request].first, give_right ? own : std::isdigit(c.tokens[0]) ? "x" : "7"});
+  }
+  ASSERT_GE(held.size(), 6u) << "too few letters or digits among the model's answers";
+  WriteProblems(dir + "/eval.jsonl", held);
+
+  const v1::JobSpec spec = Spec(dir + "/train.jsonl", dir + "/eval.jsonl");
+  RlPrompts mine;
+  ASSERT_TRUE(mine.Load(spec, 256).ok());
+  // Two DP ranks share the problems; asked for more than the file has, they answer all.
+  int64_t correct = 0, problems = 0;
+  for (int rank : {0, 1}) {
+    auto got = HeldOutEval(**rollout, mine, 1, 1000, rank, 2);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->problems(), static_cast<int64_t>(held.size()) * (rank + 1) / 2 - static_cast<int64_t>(held.size()) * rank / 2);
+    correct += got->correct(), problems += got->problems();
+  }
+  EXPECT_EQ(problems, static_cast<int64_t>(held.size()));
+  EXPECT_EQ(correct, right);
+  // The first three only: problems 0 and 2 expect the model's answers.
+  auto three = HeldOutEval(**rollout, mine, 1, 3, 0, 1);
+  ASSERT_TRUE(three.ok()) << three.status();
+  EXPECT_EQ(three->problems(), 3);
+  EXPECT_EQ(three->correct(), 2);
+
+  // A JSONL job without rl.eval_data has no held-out problems.
+  RlPrompts none;
+  ASSERT_TRUE(none.Load(Spec(dir + "/train.jsonl", ""), 256).ok());
+  auto refused = HeldOutEval(**rollout, none, 1, 10, 0, 1);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("rl.eval_data"));
+}
+
+}  // namespace
+}  // namespace tessera::executor
