@@ -26,20 +26,21 @@ for line in open(sys.argv[2], errors="replace"):
 PY
 }
 state=$(mktemp -d)
-t0=$(date +%s)
+run() {  # label, job file, time limit, then the job's arguments: its rows and a summary line
+  local label=$1 job=$2 limit=$3 t0 rc
+  shift 3
+  t0=$(date +%s)
+  timeout "$limit" dist/bin/tessera local "$job" --state-dir "$state/$label" "$@" > "$state/$label.log" 2>&1
+  rc=$?
+  tail -2 "$state/$label.log" >&2
+  rows "$label" "$state/$label.log"
+  echo "{\"job\": \"$label\", \"summary\": true, \"succeeded\": $([ $rc = 0 ] && echo true || echo false), \"seconds\": $(( $(date +%s) - t0 ))}"
+  return $rc
+}
 # shellcheck disable=SC2086
-timeout "${SFT_TIMEOUT:-240}" dist/bin/tessera local examples/math-sft-gpu.yaml --state-dir "$state/sft" "$@" ${SFT_ARGS:-} > "$state/sft.log" 2>&1
-rc=$?
-tail -2 "$state/sft.log" >&2
-rows sft "$state/sft.log"
-echo "{\"job\": \"sft\", \"summary\": true, \"succeeded\": $([ $rc = 0 ] && echo true || echo false), \"seconds\": $(( $(date +%s) - t0 ))}"
-[ $rc = 0 ] || exit $rc
-t0=$(date +%s)
+run sft examples/math-sft-gpu.yaml "${SFT_TIMEOUT:-240}" "$@" ${SFT_ARGS:-} || exit
 # shellcheck disable=SC2086
-timeout "${GRPO_TIMEOUT:-300}" dist/bin/tessera local examples/math-grpo-gpu.yaml --state-dir "$state/grpo" "$@" ${GRPO_ARGS:-} > "$state/grpo.log" 2>&1
+run grpo examples/math-grpo-gpu.yaml "${GRPO_TIMEOUT:-300}" "$@" ${GRPO_ARGS:-}
 rc=$?
-tail -2 "$state/grpo.log" >&2
-rows grpo "$state/grpo.log"
-echo "{\"job\": \"grpo\", \"summary\": true, \"succeeded\": $([ $rc = 0 ] && echo true || echo false), \"seconds\": $(( $(date +%s) - t0 ))}"
 grep -o "held-out accuracy[^=]*" "$state/grpo.log" >&2
 exit $rc
