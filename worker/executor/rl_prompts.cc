@@ -21,27 +21,14 @@ absl::Status RlPrompts::Load(const v1::JobSpec& spec, int64_t model_vocab) {
   text_.tokenizer = tokenizer::MakeByteTokenizer();
   if (t.data().kind() == "jsonl") {  // prompts through the model's tokenizer (bytes by default)
     TESSERA_ASSIGN_OR_RETURN(text_, ModelTextFromSpec(spec.model(), model_vocab));
-    const std::string& path = t.data().path();
-    TESSERA_ASSIGN_OR_RETURN(file_, engine::LoadPromptAnswers(path));
-    longest_ = 0;
-    for (const engine::PromptAnswer& p : file_) {
-      std::string text;
-      TESSERA_ASSIGN_OR_RETURN(std::vector<int32_t> ids, engine::EncodePrompt(p, path, text_, &text));
-      longest_ = std::max<int64_t>(longest_, static_cast<int64_t>(ids.size()));
-      ids_.push_back(std::move(ids));
-      texts_.push_back(std::move(text));
-    }
-    stops_ = text_.eos_ids;
+    TESSERA_ASSIGN_OR_RETURN(file_, Encode(t.data().path()));
     if (!rl.eval_data().empty()) {
-      TESSERA_ASSIGN_OR_RETURN(std::vector<engine::PromptAnswer> held, engine::LoadPromptAnswers(rl.eval_data()));
-      for (const engine::PromptAnswer& p : held) {
-        Prompt q;
-        TESSERA_ASSIGN_OR_RETURN(q.ids, engine::EncodePrompt(p, rl.eval_data(), text_, &q.text));
-        q.answer = p.answer;
-        longest_ = std::max<int64_t>(longest_, static_cast<int64_t>(q.ids.size()));
-        held_.push_back(std::move(q));
-      }
+      TESSERA_ASSIGN_OR_RETURN(held_, Encode(rl.eval_data()));
     }
+    longest_ = 0;
+    for (const std::vector<Prompt>* set : {&file_, &held_})
+      for (const Prompt& p : *set) longest_ = std::max<int64_t>(longest_, static_cast<int64_t>(p.ids.size()));
+    stops_ = text_.eos_ids;
   }
   TESSERA_ASSIGN_OR_RETURN(std::vector<int32_t> stops,
                            tokenizer::StopTokens(*text_.tokenizer, {rl.stop().begin(), rl.stop().end()}, "rl.stop"));
@@ -49,13 +36,19 @@ absl::Status RlPrompts::Load(const v1::JobSpec& spec, int64_t model_vocab) {
   return absl::OkStatus();
 }
 
-RlPrompts::Prompt RlPrompts::At(int64_t index) const {
-  Prompt p;
-  if (!file_.empty()) {
-    const size_t k = static_cast<size_t>(index % static_cast<int64_t>(file_.size()));
-    p.ids = ids_[k], p.text = texts_[k], p.answer = file_[k].answer;
-    return p;
+absl::StatusOr<std::vector<RlPrompts::Prompt>> RlPrompts::Encode(const std::string& path) {
+  TESSERA_ASSIGN_OR_RETURN(std::vector<engine::PromptAnswer> lines, engine::LoadPromptAnswers(path));
+  std::vector<Prompt> out(lines.size());
+  for (size_t i = 0; i < lines.size(); ++i) {
+    TESSERA_ASSIGN_OR_RETURN(out[i].ids, engine::EncodePrompt(lines[i], path, text_, &out[i].text));
+    out[i].answer = lines[i].answer;
   }
+  return out;
+}
+
+RlPrompts::Prompt RlPrompts::At(int64_t index) const {
+  if (!file_.empty()) return file_[static_cast<size_t>(index % static_cast<int64_t>(file_.size()))];
+  Prompt p;
   const std::string problem = engine::ArithmeticProblem(data_, index);
   const size_t eq = problem.find('=') + 1;
   p.text = problem.substr(0, eq);
@@ -149,50 +142,42 @@ absl::StatusOr<v1::RlEvalResponse> HeldOutEval(engine::RolloutEngine& rollout, c
                                         int64_t problems, int dp_rank, int dps) {
   if (problems < 1 || problems > 1000000)
     return absl::InvalidArgumentError(absl::StrCat("RlEval: problems ", problems, "; expected 1..1000000"));
-  if (prompts.jsonl()) {
-    const std::vector<RlPrompts::Prompt>& held = prompts.held_out();
-    if (held.empty()) return absl::FailedPreconditionError("RlEval: a JSONL job's held-out problems come from rl.eval_data");
-    const int64_t n = std::min<int64_t>(problems, static_cast<int64_t>(held.size()));
-    const int64_t begin = n * dp_rank / dps, end = n * (dp_rank + 1) / dps;
-    std::vector<engine::GenerationRequest> requests;
-    for (int64_t i = begin; i < end; ++i) {
-      engine::GenerationRequest r;
-      r.prompt = held[i].ids;
-      r.params.temperature = 0;  // greedy
-      r.params.max_new_tokens = max_new_tokens;
-      r.params.stop_tokens = prompts.stop_tokens();
-      requests.push_back(std::move(r));
-    }
-    int64_t correct = 0;
-    if (!requests.empty()) {
-      TESSERA_ASSIGN_OR_RETURN(std::vector<engine::Completion> out, rollout.Generate(requests));
-      for (const engine::Completion& c : out)
-        correct += prompts.Reward(prompts.CompletionText(c.tokens), held[begin + c.request].answer) >= 1.0;
-    }
-    v1::RlEvalResponse r;
-    r.set_correct(correct), r.set_problems(end - begin);
-    return r;
-  }
-  engine::ArithmeticData held = prompts.arithmetic();
-  held.held_out = true;
-  const int64_t begin = problems * dp_rank / dps, end = problems * (dp_rank + 1) / dps;
+  // This rank's problems: rl.eval_data's (at most the file's), or the arithmetic held-out
+  // split's ("a+b=" as bytes, the answer "c\n" matched exactly).
+  const bool jsonl = prompts.jsonl();
+  if (jsonl && prompts.held_out().empty())
+    return absl::FailedPreconditionError("RlEval: a JSONL job's held-out problems come from rl.eval_data");
+  const int64_t n = jsonl ? std::min<int64_t>(problems, static_cast<int64_t>(prompts.held_out().size())) : problems;
+  const int64_t begin = n * dp_rank / dps, end = n * (dp_rank + 1) / dps;
+  engine::ArithmeticData arithmetic = prompts.arithmetic();
+  arithmetic.held_out = true;
   std::vector<engine::GenerationRequest> requests;
   std::vector<std::string> answers;
   for (int64_t i = begin; i < end; ++i) {
-    const std::string p = engine::ArithmeticProblem(held, i);
-    const size_t eq = p.find('=') + 1;
     engine::GenerationRequest r;
-    r.prompt.assign(p.begin(), p.begin() + eq);
     r.params.temperature = 0;  // greedy
     r.params.max_new_tokens = max_new_tokens;
-    r.params.stop_tokens = {'\n'};
+    if (jsonl) {
+      r.prompt = prompts.held_out()[i].ids;
+      r.params.stop_tokens = prompts.stop_tokens();
+      answers.push_back(prompts.held_out()[i].answer);
+    } else {
+      const std::string p = engine::ArithmeticProblem(arithmetic, i);
+      const size_t eq = p.find('=') + 1;
+      r.prompt.assign(p.begin(), p.begin() + eq);
+      r.params.stop_tokens = {'\n'};
+      answers.push_back(p.substr(eq));
+    }
     requests.push_back(std::move(r));
-    answers.push_back(p.substr(eq));
   }
   int64_t correct = 0;
   if (!requests.empty()) {
     TESSERA_ASSIGN_OR_RETURN(std::vector<engine::Completion> out, rollout.Generate(requests));
-    for (const engine::Completion& c : out) correct += std::string(c.tokens.begin(), c.tokens.end()) == answers[c.request];
+    for (const engine::Completion& c : out) {
+      const std::string& answer = answers[c.request];
+      correct += jsonl ? prompts.Reward(prompts.CompletionText(c.tokens), answer) >= 1.0
+                       : std::string(c.tokens.begin(), c.tokens.end()) == answer;
+    }
   }
   v1::RlEvalResponse r;
   r.set_correct(correct), r.set_problems(end - begin);

@@ -49,9 +49,10 @@ class RlPrompts {
 
  private:
   engine::ArithmeticData data_;
-  std::vector<engine::PromptAnswer> file_;  // train.data.kind jsonl (empty: the arithmetic problems)
-  std::vector<std::vector<int32_t>> ids_;
-  std::vector<std::string> texts_;
+  // A JSONL file's lines through the tokenizer, INVALID_ARGUMENT naming the file and line.
+  absl::StatusOr<std::vector<Prompt>> Encode(const std::string& path);
+
+  std::vector<Prompt> file_;  // train.data.kind jsonl (empty: the arithmetic problems)
   tokenizer::ModelText text_;
   std::vector<int32_t> stops_;  // rl.stop (one token each), and with a tokenizer.json the EOS ids
   int64_t longest_ = 0;
