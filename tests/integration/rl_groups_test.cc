@@ -5,7 +5,7 @@
 // advantages, the actor's and the critic's updates) — a reward group's neural reward model
 // scores every sample in place of the rule verifier, a job with a critic group resumes the
 // actor and the critic from the same step, groups that take turns on shared devices
-// (offload) train as groups that stay, and a job with a group of every role whose
+// (offload) train as groups that stay — also from a model directory —, and a job with a group of every role whose
 // executor is killed (kill -9) resumes from its checkpoints at the same losses.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -148,6 +148,53 @@ TEST(RlGroups, GroupsTakingTurnsOnSharedDevicesEqualGroupsThatStay) {
   auto beside = c->WaitState(Submit(*c, spec), v1::JOB_STATE_SUCCEEDED, 180000);
   ASSERT_TRUE(beside.ok()) << beside.status();
   ExpectSameRun(a, nlohmann::json::parse(beside->result_json()), 0, "the reference staying");
+}
+
+// ppo as RL users start it: from a model directory (the Qwen3 family's: q/k norms, one
+// KV head; tests/integration/hf_dir.h) on conversations through its tokenizer's chat
+// template. The critic group and the reference group on the actor's devices, the actor
+// and the critic taking turns, start from the directory's weights (the critic with a
+// fresh value head) as the actor's own critic and reference do: the run equals the
+// one-group run.
+TEST(RlGroups, PpoFromAModelDirectoryWithGroupsEqualsTheActorsOwn) {
+  auto c = Up({.agents = 1, .cpu_slots = 2});
+  const HfFamily qwen3 = HfFamilies().back();
+  ASSERT_EQ(qwen3.name, "qwen3");
+  const std::string hf = c->dir() + "/hf";
+  ASSERT_TRUE(WriteHfModelDir(hf, qwen3.config, 5, 0.3f, qwen3.tokenizer).ok());
+  std::string file;
+  for (int i = 0; i < 4; ++i) {
+    const nlohmann::json messages = {{{"role", "user"}, {"content", absl::StrCat("What is ", i, " + ", i, "?")}}};
+    file += nlohmann::json{{"messages", messages}, {"answer", absl::StrCat(2 * i)}}.dump() + "\n";
+  }
+  const std::string path = c->dir() + "/chat-prompts.jsonl";
+  ASSERT_TRUE(WriteFileAtomic(path, file).ok());
+  v1::JobSpec spec = SmallRlSpec("ppo");
+  auto* model = spec.mutable_model();
+  const v1::ModelShape keep = *model;
+  model->Clear();
+  model->set_hf_dir(hf), model->set_seq_len(64), model->set_global_batch(keep.global_batch());
+  model->set_micro_batch(keep.micro_batch());
+  spec.mutable_train()->mutable_data()->Clear();
+  spec.mutable_train()->mutable_data()->set_kind("jsonl");
+  spec.mutable_train()->mutable_data()->set_path(path);
+  spec.mutable_rl()->set_max_new_tokens(12);
+  spec.mutable_rl()->clear_stop();
+  ASSERT_TRUE(NormalizeAndValidateJobSpec(spec).ok()) << NormalizeAndValidateJobSpec(spec);
+  auto own = c->WaitState(Submit(*c, spec), v1::JOB_STATE_SUCCEEDED, 180000);
+  ASSERT_TRUE(own.ok()) << own.status();
+  const auto a = nlohmann::json::parse(own->result_json());
+  for (size_t i = 0; i < 3; ++i) ASSERT_GT(a["grad_norms"][i].get<double>(), 0) << a.dump();
+  AddGroup(spec, "critic", 2, 1, "actor")->set_offload(true);
+  AddGroup(spec, "reference", 2, 1, "actor");
+  spec.mutable_groups(0)->set_offload(true);
+  ASSERT_TRUE(NormalizeAndValidateJobSpec(spec).ok()) << NormalizeAndValidateJobSpec(spec);
+  std::ostringstream progress;
+  auto groups = c->client().Watch(Submit(*c, spec), progress);
+  ASSERT_TRUE(groups.ok()) << groups.status();
+  ASSERT_EQ(groups->state(), v1::JOB_STATE_SUCCEEDED) << groups->reason() << "\n" << progress.str();
+  ExpectSameRun(a, nlohmann::json::parse(groups->result_json()), 1e-5, "critic and reference groups from hf_dir");
+  EXPECT_THAT(progress.str(), HasSubstr("value_loss="));
 }
 
 // grpo with a reward group (rl.reward_model: a sequence classifier's Hugging Face
