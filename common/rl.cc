@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <optional>
+#include <string>
 #include <string_view>
 
 #include "absl/strings/ascii.h"
@@ -69,7 +70,7 @@ absl::StatusOr<PpoAdvantages> ComputePpoAdvantages(const std::vector<PpoResponse
     std::vector<double> rewards(n, 0.0);
     if (o.kl_reward_coef > 0)
       for (size_t t = 0; t < n; ++t) {
-        const double kl = r.old_logp[t] - r.ref_logp[t];
+        const double kl = Kl(o.kl_reward, r.old_logp[t], r.ref_logp[t]);
         rewards[t] -= o.kl_reward_coef * kl;
         kl_sum += kl, kl_n += 1;
       }
@@ -99,6 +100,10 @@ double Kl(KlEstimator k, double logp, double ref_logp) {
     case KlEstimator::kK1: return d;
     case KlEstimator::kK2: return 0.5 * d * d;
     case KlEstimator::kK3: return std::exp(-d) + d - 1;  // exp(ref - logp) - (ref - logp) - 1
+    case KlEstimator::kLowVarK3: {
+      const double c = std::clamp(-d, -20.0, 20.0);  // ref - logp
+      return std::clamp(std::exp(c) - c - 1, -10.0, 10.0);
+    }
   }
   return 0;
 }
@@ -109,8 +114,173 @@ double KlGrad(KlEstimator k, double logp, double ref_logp) {
     case KlEstimator::kK1: return 1;
     case KlEstimator::kK2: return d;
     case KlEstimator::kK3: return 1 - std::exp(-d);
+    case KlEstimator::kLowVarK3:
+      if (std::abs(d) > 20 || std::exp(-d) + d - 1 > 10) return 0;  // a clamp bites: constant there
+      return 1 - std::exp(-d);
   }
   return 0;
+}
+
+namespace {
+// "seq-mean-token-sum" and "seq_mean_token_sum" alike.
+std::string Underscored(std::string_view name) {
+  std::string s(name);
+  std::replace(s.begin(), s.end(), '-', '_');
+  return s;
+}
+}  // namespace
+
+absl::StatusOr<KlEstimator> ParseKlEstimator(std::string_view name) {
+  const std::string s = Underscored(name);
+  if (s == "k1") return KlEstimator::kK1;
+  if (s == "k2") return KlEstimator::kK2;
+  if (s == "k3") return KlEstimator::kK3;
+  if (s == "low_var_kl") return KlEstimator::kLowVarK3;
+  return absl::InvalidArgumentError(absl::StrCat("'", std::string(name), "': expected k1, k2, k3 or low_var_kl"));
+}
+
+const char* KlEstimatorName(KlEstimator k) {
+  switch (k) {
+    case KlEstimator::kK1: return "k1";
+    case KlEstimator::kK2: return "k2";
+    case KlEstimator::kK3: return "k3";
+    case KlEstimator::kLowVarK3: return "low_var_kl";
+  }
+  return "?";
+}
+
+absl::StatusOr<AdvantageEstimator> ParseAdvantageEstimator(std::string_view name) {
+  const std::string s = Underscored(name);
+  if (s == "grpo") return AdvantageEstimator::kGrpo;
+  if (s == "rloo") return AdvantageEstimator::kRloo;
+  if (s == "reinforce_plus_plus") return AdvantageEstimator::kReinforcePlusPlus;
+  if (s == "gae") return AdvantageEstimator::kGae;
+  return absl::InvalidArgumentError(absl::StrCat("'", std::string(name), "': expected grpo, rloo, reinforce_plus_plus or gae"));
+}
+
+absl::StatusOr<OutcomeAdvantages> ComputeOutcomeAdvantages(const std::vector<OutcomeResponse>& responses,
+                                                           const OutcomeAdvantageOptions& o) {
+  if (o.kl_reward_coef < 0) return absl::InvalidArgumentError(absl::StrCat("kl_reward_coef: ", o.kl_reward_coef, " < 0"));
+  if (o.gamma < 0 || o.gamma > 1) return absl::InvalidArgumentError(absl::StrCat("gamma: ", o.gamma, ", expected in [0, 1]"));
+  const size_t n = responses.size();
+  // Each response's token rewards: the KL penalty on every token, the outcome on the last.
+  std::vector<std::vector<double>> token_rewards(n);
+  double kl_sum = 0, kl_n = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const OutcomeResponse& r = responses[i];
+    std::vector<double>& tr = token_rewards[i];
+    tr.assign(r.tokens, 0.0);
+    if (o.kl_reward_coef > 0) {
+      if (r.old_logp.size() != r.tokens || r.ref_logp.size() != r.tokens)
+        return absl::InvalidArgumentError(absl::StrCat("responses[", i, "]: ", r.old_logp.size(), " old and ", r.ref_logp.size(),
+                                                       " reference log-probs for ", r.tokens, " tokens"));
+      for (size_t t = 0; t < r.tokens; ++t) {
+        const double kl = Kl(o.kl_reward, r.old_logp[t], r.ref_logp[t]);
+        tr[t] -= o.kl_reward_coef * kl;
+        kl_sum += kl, kl_n += 1;
+      }
+    }
+    if (r.tokens > 0) tr.back() += r.reward;
+  }
+  OutcomeAdvantages out;
+  out.reward_kl = kl_n > 0 ? kl_sum / kl_n : 0.0;
+  out.advantages.resize(n);
+  switch (o.estimator) {
+    case AdvantageEstimator::kGae:
+      return absl::InvalidArgumentError("estimator: gae needs a critic's values (ComputePpoAdvantages)");
+    case AdvantageEstimator::kGrpo:
+    case AdvantageEstimator::kRloo: {
+      // The score of a response without tokens is its outcome alone.
+      std::vector<double> scores(n);
+      for (size_t i = 0; i < n; ++i) {
+        scores[i] = responses[i].tokens == 0 ? responses[i].reward : 0.0;
+        for (double v : token_rewards[i]) scores[i] += v;
+      }
+      std::vector<double> adv(n);
+      if (o.estimator == AdvantageEstimator::kGrpo) {
+        TESSERA_ASSIGN_OR_RETURN(adv, GroupNormalizedAdvantages(scores, {o.group_size, o.scale_by_std, o.eps}));
+      } else {
+        const int64_t g = o.group_size;
+        if (g < 2) return absl::InvalidArgumentError(absl::StrCat("group_size: ", g, ", expected at least 2 samples per prompt"));
+        if (static_cast<int64_t>(n) % g != 0)
+          return absl::InvalidArgumentError(absl::StrCat("rewards: ", n, " values do not split into groups of ", g));
+        for (size_t b = 0; b < n; b += g) {
+          double sum = 0;
+          for (size_t i = b; i < b + g; ++i) sum += scores[i];
+          for (size_t i = b; i < b + g; ++i) adv[i] = scores[i] - (sum - scores[i]) / static_cast<double>(g - 1);
+        }
+      }
+      for (size_t i = 0; i < n; ++i) out.advantages[i].assign(responses[i].tokens, adv[i]);
+      return out;
+    }
+    case AdvantageEstimator::kReinforcePlusPlus: {
+      double count = 0, mean = 0, sq = 0;
+      for (size_t i = 0; i < n; ++i) {
+        std::vector<double>& a = out.advantages[i];
+        a.assign(token_rewards[i].size(), 0.0);
+        double ret = 0;
+        for (size_t t = a.size(); t-- > 0;) a[t] = ret = token_rewards[i][t] + o.gamma * ret;
+        for (double v : a) count += 1, mean += v;
+      }
+      if (count < 2) return out;  // (as ComputePpoAdvantages: too few tokens to whiten)
+      mean /= count;
+      for (const auto& a : out.advantages)
+        for (double v : a) sq += (v - mean) * (v - mean);
+      const double inv = 1.0 / std::sqrt(sq / (count - 1) + 1e-8);
+      for (auto& a : out.advantages)
+        for (double& v : a) v = (v - mean) * inv;
+      return out;
+    }
+  }
+  return out;
+}
+
+double OverlongPenalty(int64_t length, const OverlongOptions& o) {
+  if (o.buffer <= 0 || o.factor <= 0) return 0;
+  const int64_t over = length - (o.max_length - o.buffer);
+  if (over <= 0) return 0;
+  return -o.factor * std::min<double>(1.0, static_cast<double>(over) / static_cast<double>(o.buffer));
+}
+
+absl::StatusOr<LossAggregation> ParseLossAggregation(std::string_view name) {
+  const std::string s = Underscored(name);
+  if (s == "token_mean") return LossAggregation::kTokenMean;
+  if (s == "seq_mean_token_sum") return LossAggregation::kSeqMeanTokenSum;
+  if (s == "seq_mean_token_mean") return LossAggregation::kSeqMeanTokenMean;
+  if (s == "seq_mean_token_sum_norm") return LossAggregation::kSeqMeanTokenSumNorm;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "'", std::string(name), "': expected token_mean, seq_mean_token_sum, seq_mean_token_mean or seq_mean_token_sum_norm"));
+}
+
+absl::StatusOr<LossWeights> ComputeLossWeights(const std::vector<double>& mask, const std::vector<int32_t>& cu_seqlens,
+                                               LossAggregation a, double norm_length) {
+  const int64_t n = static_cast<int64_t>(mask.size());
+  if (cu_seqlens.size() < 2 || cu_seqlens.front() != 0 || cu_seqlens.back() != n)
+    return absl::InvalidArgumentError(absl::StrCat("cu_seqlens: expected boundaries 0 ... ", n));
+  if (a == LossAggregation::kSeqMeanTokenSumNorm && !(norm_length > 0))
+    return absl::InvalidArgumentError(absl::StrCat("norm_length: ", norm_length, ", expected > 0"));
+  LossWeights out;
+  out.weight = mask;
+  for (size_t j = 0; j + 1 < cu_seqlens.size(); ++j) {
+    const int32_t b = cu_seqlens[j], e = cu_seqlens[j + 1];
+    if (b > e) return absl::InvalidArgumentError(absl::StrCat("cu_seqlens[", j, "]: ", b, " > ", e));
+    double counted = 0;
+    for (int32_t t = b; t < e; ++t) {
+      if (mask[t] < 0) return absl::InvalidArgumentError(absl::StrCat("mask: ", mask[t], ", expected >= 0"));
+      counted += mask[t];
+    }
+    if (counted == 0) continue;
+    switch (a) {
+      case LossAggregation::kTokenMean: out.units += counted; break;
+      case LossAggregation::kSeqMeanTokenSum: out.units += 1; break;
+      case LossAggregation::kSeqMeanTokenMean:
+        out.units += 1;
+        for (int32_t t = b; t < e; ++t) out.weight[t] /= counted;
+        break;
+      case LossAggregation::kSeqMeanTokenSumNorm: out.units += norm_length; break;
+    }
+  }
+  return out;
 }
 
 namespace {

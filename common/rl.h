@@ -26,6 +26,9 @@ struct GroupAdvantageOptions {
 absl::StatusOr<std::vector<double>> GroupNormalizedAdvantages(const std::vector<double>& rewards,
                                                               const GroupAdvantageOptions& o);
 
+// The KL estimators (Kl below).
+enum class KlEstimator { kK1, kK2, kK3, kLowVarK3 };
+
 // PPO: generalized advantage estimation over one response's tokens. values[t] is the
 // critic's value before token t, `last_value` the one after the last token (0 at the end
 // of a finished sequence). delta_t = r_t + gamma V_{t+1} - V_t,
@@ -38,15 +41,17 @@ absl::StatusOr<Gae> ComputeGae(const std::vector<double>& rewards, const std::ve
 
 // PPO's advantages and returns over a batch of responses: each response's token rewards
 // (its outcome `reward` on the last token; with kl_reward_coef > 0 minus kl_reward_coef
-// (old_logp - ref_logp) on every token: InstructGPT's k1 penalty), GAE over its tokens
+// x KL(old || ref) on every token, by the kl_reward estimator — k1, old_logp - ref_logp,
+// is InstructGPT's penalty), GAE over its tokens
 // (bootstrapped with 0 after the last), then — with `whiten` — the advantages whitened
 // over all the batch's tokens (unbiased deviation; verl's default). Per response: its
 // tokens' critic values, and with the penalty the old policy's and the reference's
-// log-probs (as many as values). reward_kl: the penalty's mean k1 over the tokens.
+// log-probs (as many as values). reward_kl: the penalty's mean KL over the tokens.
 struct PpoAdvantageOptions {
   double gamma = 1.0, lambda = 0.95;
   double kl_reward_coef = 0;
   bool whiten = true;
+  KlEstimator kl_reward = KlEstimator::kK1;  // the penalty's estimator (k1: InstructGPT's)
 };
 struct PpoResponse {
   double reward = 0;
@@ -60,13 +65,86 @@ absl::StatusOr<PpoAdvantages> ComputePpoAdvantages(const std::vector<PpoResponse
 
 // KL(policy || reference) per token from the two log-probabilities of the sampled token
 // (Schulman's estimators): k1 = logp - ref, k2 = (logp - ref)^2 / 2,
-// k3 = exp(ref - logp) - (ref - logp) - 1 (unbiased, always >= 0). KlGrad is d k / d logp.
-enum class KlEstimator { kK1, kK2, kK3 };
+// k3 = exp(ref - logp) - (ref - logp) - 1 (unbiased, always >= 0), and k3 made safe for
+// far-apart policies ("low_var_kl", verl's): ref - logp clamped to [-20, 20], the result to
+// [-10, 10] (no gradient where either clamp bites). KlGrad is d k / d logp.
+// ParseKlEstimator reads "k1", "k2", "k3", "low_var_kl".
 double Kl(KlEstimator k, double logp, double ref_logp);
 double KlGrad(KlEstimator k, double logp, double ref_logp);
+absl::StatusOr<KlEstimator> ParseKlEstimator(std::string_view name);
+const char* KlEstimatorName(KlEstimator k);
 
-// The actor's loss over a mini-batch's tokens (mask = 1: a response token that counts),
-// token mean: L = sum_t mask_t (pg_t + kl_coef k_t - entropy_coef H_t) / sum_t mask_t, with
+// The critic-free advantage estimators over a step's responses, each response's token
+// rewards being its outcome `reward` on the last token and, with kl_reward_coef > 0,
+// -kl_reward_coef x KL(old policy || reference) on every token (the `kl_reward`
+// estimator over old_logp and ref_logp; verl's use_kl_in_reward):
+//  - grpo: each response's score (the sum of its token rewards) normalized within its
+//    group of group_size consecutive responses, (s - mean) / (std + eps) (unbiased std),
+//    or s - mean without scale_by_std (Dr. GRPO); every token gets it;
+//  - rloo: s minus the mean of the other group_size - 1 scores (REINFORCE leave-one-out);
+//  - reinforce_plus_plus: per token the discounted return of the token rewards from there
+//    on (gamma), whitened over all the responses' tokens (REINFORCE++);
+// gae needs a critic (ComputePpoAdvantages). reward_kl: the penalty's mean KL per token.
+// ParseAdvantageEstimator reads "grpo", "rloo", "reinforce_plus_plus", "gae".
+enum class AdvantageEstimator { kGrpo, kRloo, kReinforcePlusPlus, kGae };
+absl::StatusOr<AdvantageEstimator> ParseAdvantageEstimator(std::string_view name);
+struct OutcomeAdvantageOptions {
+  AdvantageEstimator estimator = AdvantageEstimator::kGrpo;
+  int group_size = 0;  // grpo, rloo: >= 2, dividing the number of responses
+  bool scale_by_std = true;
+  double eps = 1e-6;
+  double gamma = 1.0;  // reinforce_plus_plus
+  double kl_reward_coef = 0;
+  KlEstimator kl_reward = KlEstimator::kK1;
+};
+struct OutcomeResponse {
+  double reward = 0;
+  size_t tokens = 0;                       // response tokens
+  std::vector<double> old_logp, ref_logp;  // kl_reward_coef > 0: one per token
+};
+struct OutcomeAdvantages {
+  std::vector<std::vector<double>> advantages;  // per response, per token
+  double reward_kl = 0;
+};
+absl::StatusOr<OutcomeAdvantages> ComputeOutcomeAdvantages(const std::vector<OutcomeResponse>& responses,
+                                                           const OutcomeAdvantageOptions& o);
+
+// DAPO's soft overlong punishment: 0 for a response of at most max_length - buffer
+// tokens, then falling linearly to -factor at max_length: -factor x (length - (max_length
+// - buffer)) / buffer (buffer <= 0 or factor <= 0: off). Added to the response's reward
+// before its advantage.
+struct OverlongOptions {
+  int64_t max_length = 0, buffer = 0;
+  double factor = 0;
+};
+double OverlongPenalty(int64_t length, const OverlongOptions& o);
+
+// How the actor's per-token losses l_t over a mini-batch (all DP ranks) become its loss,
+// S the mini-batch's responses, n_i response i's counted tokens (verl's loss_agg_mode):
+//  - token_mean: sum_t l_t / sum_i n_i;
+//  - seq_mean_token_sum: sum_i sum_t l_t / S;
+//  - seq_mean_token_mean: sum_i (sum_t l_t / n_i) / S;
+//  - seq_mean_token_sum_norm: sum_i sum_t l_t / (S x norm_length) (Dr. GRPO's constant
+//    normalization: norm_length the longest response, max_new_tokens).
+// LossWeights gives a packed batch's per-token weights w_t (the mask times 1 / n_i for
+// seq_mean_token_mean) and its share `units` of the denominator (sum of the mask for
+// token_mean; its responses with a counted token, times norm_length for the last), so
+// that the loss is sum_t w_t l_t / sum of units over the mini-batch's batches.
+// ParseLossAggregation reads "token_mean", "seq_mean_token_sum", "seq_mean_token_mean",
+// "seq_mean_token_sum_norm" (also with '-' for '_', as verl writes them).
+enum class LossAggregation { kTokenMean, kSeqMeanTokenSum, kSeqMeanTokenMean, kSeqMeanTokenSumNorm };
+absl::StatusOr<LossAggregation> ParseLossAggregation(std::string_view name);
+struct LossWeights {
+  std::vector<double> weight;
+  double units = 0;
+};
+// cu_seqlens: the batch's sequence boundaries (0 ... mask.size()).
+absl::StatusOr<LossWeights> ComputeLossWeights(const std::vector<double>& mask, const std::vector<int32_t>& cu_seqlens,
+                                               LossAggregation a, double norm_length);
+
+// The actor's loss over a mini-batch's tokens (mask = 1: a response token that counts;
+// other values weigh the token, see LossWeights),
+// weighted mean: L = sum_t mask_t (pg_t + kl_coef k_t - entropy_coef H_t) / sum_t mask_t, with
 // ratio_t = exp(logp_t - old_logp_t) and the clipped surrogate
 // pg_t = max(-A_t ratio_t, -A_t clip(ratio_t, 1 - clip_low, 1 + clip_high)), capped at
 // -dual_clip A_t where A_t < 0 (dual clip, off when dual_clip <= 1).
@@ -76,6 +154,9 @@ struct PolicyLossOptions {
   double kl_coef = 0;  // > 0: KL to the reference as a loss term (needs ref_logp)
   KlEstimator kl = KlEstimator::kK3;
   double entropy_coef = 0;  // > 0: entropy bonus (needs entropy)
+  // How a mini-batch's token losses aggregate (Trainer::PolicyStep applies it).
+  LossAggregation aggregation = LossAggregation::kTokenMean;
+  double norm_length = 0;  // seq_mean_token_sum_norm's constant (> 0)
 };
 struct PolicyTokens {
   std::vector<double> logp, old_logp, advantage, mask;

@@ -236,7 +236,7 @@ absl::Status ParseTrain(const YAML::Node& n, const std::string& path, v1::TrainS
         }
       }
     } else if (k == "data") {
-      TESSERA_RETURN_IF_ERROR(CheckKeys(v, p, {"kind", "digits", "path", "careless"}));
+      TESSERA_RETURN_IF_ERROR(CheckKeys(v, p, {"kind", "digits", "path", "careless", "shuffle"}));
       for (const auto& d : v) {
         const std::string dk = d.first.Scalar(), dp = Join(p, dk);
         if (dk == "kind") {
@@ -252,6 +252,9 @@ absl::Status ParseTrain(const YAML::Node& n, const std::string& path, v1::TrainS
         } else if (dk == "careless") {
           TESSERA_ASSIGN_OR_RETURN(double f, AsDouble(d.second, dp));
           t->mutable_data()->set_careless(f);
+        } else if (dk == "shuffle") {
+          TESSERA_ASSIGN_OR_RETURN(bool b, AsBool(d.second, dp));
+          t->mutable_data()->set_shuffle(b);
         }
       }
     } else {
@@ -363,7 +366,9 @@ absl::Status ParseRl(const YAML::Node& n, const std::string& path, v1::RlSpec* r
                                               "clip", "epochs", "mini_batches", "eval_every", "eval_problems", "reward_service",
                                               "reward_timeout_s", "reward_ca_cert", "stop", "entropy_coef", "gamma", "gae_lambda",
                                               "value_clip", "critic_lr", "kl_reward_coef", "max_tokens_per_micro_batch",
-                                              "gpu_memory_utilization", "reward_model", "eval_data"}));
+                                              "gpu_memory_utilization", "reward_model", "eval_data", "advantage",
+                                              "norm_adv_by_std", "kl_estimator", "kl_reward_estimator", "clip_low",
+                                              "clip_high", "dual_clip", "loss_agg", "overlong_buffer", "overlong_penalty"}));
   for (const auto& kv : n) {
     const std::string k = kv.first.Scalar(), p = Join(path, k);
     const YAML::Node& v = kv.second;
@@ -375,11 +380,20 @@ absl::Status ParseRl(const YAML::Node& n, const std::string& path, v1::RlSpec* r
     else if (k == "max_tokens_per_micro_batch") ASSIGN_INT(r->set_max_tokens_per_micro_batch, v, p);
     else if (k == "eval_every") ASSIGN_INT(r->set_eval_every, v, p);
     else if (k == "eval_problems") ASSIGN_INT(r->set_eval_problems, v, p);
-    else if (k == "reward_service" || k == "reward_ca_cert" || k == "reward_model" || k == "eval_data") {
+    else if (k == "overlong_buffer") ASSIGN_INT(r->set_overlong_buffer, v, p);
+    else if (k == "norm_adv_by_std") {
+      TESSERA_ASSIGN_OR_RETURN(bool b, AsBool(v, p));
+      r->set_norm_adv_by_std(b);
+    } else if (k == "reward_service" || k == "reward_ca_cert" || k == "reward_model" || k == "eval_data" ||
+               k == "advantage" || k == "kl_estimator" || k == "kl_reward_estimator" || k == "loss_agg") {
       TESSERA_ASSIGN_OR_RETURN(auto str, AsString(v, p));
       if (k == "reward_service") r->set_reward_service(str);
       else if (k == "reward_ca_cert") r->set_reward_ca_cert(str);
       else if (k == "eval_data") r->set_eval_data(str);
+      else if (k == "advantage") r->set_advantage(str);
+      else if (k == "kl_estimator") r->set_kl_estimator(str);
+      else if (k == "kl_reward_estimator") r->set_kl_reward_estimator(str);
+      else if (k == "loss_agg") r->set_loss_agg(str);
       else r->set_reward_model(str);
     } else if (k == "reward_timeout_s") {
       TESSERA_ASSIGN_OR_RETURN(double d, AsDouble(v, p));
@@ -399,6 +413,10 @@ absl::Status ParseRl(const YAML::Node& n, const std::string& path, v1::RlSpec* r
       else if (k == "critic_lr") r->set_critic_lr(d);
       else if (k == "kl_reward_coef") r->set_kl_reward_coef(d);
       else if (k == "gpu_memory_utilization") r->set_gpu_memory_utilization(d);
+      else if (k == "clip_low") r->set_clip_low(d);
+      else if (k == "clip_high") r->set_clip_high(d);
+      else if (k == "dual_clip") r->set_dual_clip(d);
+      else if (k == "overlong_penalty") r->set_overlong_penalty(d);
       else r->set_clip(d);
     }
   }

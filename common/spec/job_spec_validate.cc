@@ -4,12 +4,14 @@
 #include <stdlib.h>
 
 #include <set>
+#include <tuple>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/rl.h"
 #include "common/spec/job_spec.h"
 #include "common/spec/job_spec_internal.h"
 #include "common/spec/job_spec_limits.h"
@@ -132,6 +134,8 @@ static absl::Status ValidatePretrain(JobSpec& spec) {
   }
   if (t->data().careless() > 0 && t->data().kind() != "arithmetic")
     return Bad("train.data.careless", "is only for the built-in arithmetic data");
+  if (t->data().shuffle() && spec.kind() != "grpo" && spec.kind() != "ppo")
+    return Bad("train.data.shuffle", absl::StrCat("is for grpo and ppo prompts, not ", spec.kind(), " data"));
   auto* c = t->mutable_checkpoint();
   for (auto [field, path] : {std::pair{"train.checkpoint.dir", c->dir()}, std::pair{"train.checkpoint.load", c->load()},
                              std::pair{"train.export_hf", t->export_hf()}})
@@ -192,7 +196,7 @@ static absl::Status ValidateRlGroups(const JobSpec& spec) {
         return Bad(p + ".device_type", "the rollout pool and the actor need the same kind of device (one bridge communicator)");
     } else if (role == "reference") {
       if (spec.rl().kl_coef() <= 0 && spec.rl().kl_reward_coef() <= 0)
-        return Bad(p + ".role", "a reference group needs a KL term (rl.kl_coef, or rl.kl_reward_coef on ppo) to use its log-probs");
+        return Bad(p + ".role", "a reference group needs a KL term (rl.kl_coef or rl.kl_reward_coef) to use its log-probs");
     } else if (role == "reward") {
       if (spec.rl().reward_model().empty())
         return Bad(p + ".role", "a reward group needs rl.reward_model (the Hugging Face directory of its sequence classifier)");
@@ -217,6 +221,18 @@ static absl::Status ValidateRl(JobSpec& spec) {
     return Bad("train.data.careless", absl::StrCat("is for sft/pretrain data: ", kind, "'s reward always checks the true sum"));
   auto* r = spec.mutable_rl();
   const bool ppo = kind == "ppo";
+  // The advantage estimator: ppo's critic gives GAE; the critic-free ones are grpo's.
+  if (r->advantage().empty()) r->set_advantage(ppo ? "gae" : "grpo");
+  auto estimator = rl::ParseAdvantageEstimator(r->advantage());
+  if (!estimator.ok()) return Bad("rl.advantage", estimator.status().message());
+  if (ppo && *estimator != rl::AdvantageEstimator::kGae)
+    return Bad("rl.advantage", absl::StrCat("'", r->advantage(), "' on a ppo job: its critic gives GAE advantages (gae); ",
+                                            "the critic-free estimators (grpo, rloo, reinforce_plus_plus) are kind grpo's"));
+  if (!ppo && *estimator == rl::AdvantageEstimator::kGae)
+    return Bad("rl.advantage", "gae needs a critic's values: kind ppo (grpo jobs take grpo, rloo or reinforce_plus_plus)");
+  if (r->has_norm_adv_by_std() && *estimator != rl::AdvantageEstimator::kGrpo)
+    return Bad("rl.norm_adv_by_std", absl::StrCat("is for rl.advantage grpo (this job's is ", r->advantage(), ")"));
+  const bool discounted = ppo || *estimator == rl::AdvantageEstimator::kReinforcePlusPlus;  // reads rl.gamma
   if (ppo) {
     if (r->group_size() == 0) r->set_group_size(1);
     if (r->gamma() == 0) r->set_gamma(1.0);
@@ -224,11 +240,31 @@ static absl::Status ValidateRl(JobSpec& spec) {
     if (r->value_clip() == 0) r->set_value_clip(0.2);
     if (r->critic_lr() == 0) r->set_critic_lr(spec.train().lr());
   } else {
-    for (auto [name, set] : {std::pair{"gamma", r->gamma() != 0}, std::pair{"gae_lambda", r->gae_lambda() != 0},
-                             std::pair{"value_clip", r->value_clip() != 0}, std::pair{"critic_lr", r->critic_lr() != 0},
-                             std::pair{"kl_reward_coef", r->kl_reward_coef() != 0}})
+    for (auto [name, set] : {std::pair{"gae_lambda", r->gae_lambda() != 0}, std::pair{"value_clip", r->value_clip() != 0},
+                             std::pair{"critic_lr", r->critic_lr() != 0}})
       if (set) return Bad(absl::StrCat("rl.", name), "is for ppo jobs (grpo has no critic)");
+    if (r->gamma() != 0 && !discounted)
+      return Bad("rl.gamma", absl::StrCat("discounts ppo's and reinforce_plus_plus's returns; rl.advantage ", r->advantage(),
+                                          " scores whole responses"));
+    if (discounted && r->gamma() == 0) r->set_gamma(1.0);
   }
+  // KL estimators: each with its term.
+  for (auto [name, value, coef, on] :
+       {std::tuple{"kl_estimator", r->kl_estimator(), "kl_coef", r->kl_coef() > 0},
+        std::tuple{"kl_reward_estimator", r->kl_reward_estimator(), "kl_reward_coef", r->kl_reward_coef() > 0}}) {
+    if (value.empty()) continue;
+    if (auto k = rl::ParseKlEstimator(value); !k.ok()) return Bad(absl::StrCat("rl.", name), k.status().message());
+    if (!on) return Bad(absl::StrCat("rl.", name), absl::StrCat("has no effect without rl.", coef, " > 0"));
+  }
+  // The surrogate's clip range and dual clip.
+  if (r->clip_low() >= 1) return Bad("rl.clip_low", absl::StrCat(r->clip_low(), ": expected < 1 (the ratio's floor 1 - clip_low > 0)"));
+  if (r->has_dual_clip() && r->dual_clip() != 0 && r->dual_clip() <= 1)
+    return Bad("rl.dual_clip", absl::StrCat(r->dual_clip(), ": expected > 1 (the cap is dual_clip x |A|), or 0 for off"));
+  if (!r->loss_agg().empty()) {
+    if (auto a = rl::ParseLossAggregation(r->loss_agg()); !a.ok()) return Bad("rl.loss_agg", a.status().message());
+  }
+  if (r->overlong_penalty() != 0 && r->overlong_buffer() == 0)
+    return Bad("rl.overlong_penalty", "needs rl.overlong_buffer (the tokens before max_new_tokens where the penalty grows)");
   if (r->group_size() == 0) r->set_group_size(8);
   if (!ppo && r->group_size() < 2)
     return Bad("rl.group_size", absl::StrCat(r->group_size(), ": grpo needs >= 2 completions per prompt (group-normalized advantages)"));
@@ -245,6 +281,11 @@ static absl::Status ValidateRl(JobSpec& spec) {
     for (int i = 0; i < r->stop_size(); ++i)
       if (r->stop(i).empty()) return Bad(absl::StrCat("rl.stop[", i, "]"), "is empty");
   }
+  if (r->overlong_buffer() >= r->max_new_tokens())
+    return Bad("rl.overlong_buffer", absl::StrCat(r->overlong_buffer(), " tokens: expected fewer than rl.max_new_tokens (",
+                                                  r->max_new_tokens(), ")"));
+  if (spec.train().data().shuffle() && !(spec.train().data().kind() == "jsonl"))
+    return Bad("train.data.shuffle", "is for JSONL prompts (the built-in problems are drawn at random already)");
   if (r->temperature() == 0) r->set_temperature(1.0);
   if (r->clip() == 0) r->set_clip(0.2);
   if (r->epochs() == 0) r->set_epochs(1);

@@ -376,7 +376,8 @@ absl::StatusOr<std::string> RunRl(DriverContext& ctx) {
       if (critic == nullptr) {
         old_s = std::max(old_s, out.old_s());
         values_s = std::max(values_s, out.critic().values_s()), critic_s = std::max(critic_s, out.critic().update_s());
-        reward_kl += out.critic().reward_kl() / upd.size();  // the mean over the DP ranks' response tokens
+        // The mean over the DP ranks' response tokens (grpo's penalty reports beside the critic's).
+        reward_kl += (ppo ? out.critic().reward_kl() : out.reward_kl()) / upd.size();
       }
       actor_s = std::max(actor_s, out.update_s());
       if (out.has_checkpoint_seconds()) checkpoint_s = std::max(checkpoint_s, out.checkpoint_seconds());
@@ -430,6 +431,7 @@ absl::StatusOr<std::string> RunRl(DriverContext& ctx) {
       m["sync_s"] = synced.second;
       if (synced.second > 0) m["sync_gb_per_s"] = synced.first / synced.second / 1e9;
     }
+    if (spec.rl().kl_reward_coef() > 0) m["reward_kl"] = reward_kl;
     if (offloads) {  // within the phases' times above
       m["offload_s"] = step_swaps.seconds, m["offload_gib"] = step_swaps.bytes / kGiB;
       if (step_swaps.seconds > 0) m["offload_gb_per_s"] = step_swaps.bytes / step_swaps.seconds / 1e9;
@@ -437,7 +439,6 @@ absl::StatusOr<std::string> RunRl(DriverContext& ctx) {
     if (ppo) {
       m["value_loss"] = critic_stats.value_loss(), m["value_clip_fraction"] = critic_stats.value_clip_fraction();
       m["value"] = critic_stats.value(), m["critic_grad_norm"] = critic_stats.grad_norm();
-      if (spec.rl().kl_reward_coef() > 0) m["reward_kl"] = reward_kl;
       m["values_s"] = values_s, m["critic_update_s"] = critic_s;
     }
     const double seconds = generate_s + reward_wall_s + update_wall_s + synced.second;

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/rl.h"
 #include "common/rpc/tensor_stream.h"
+#include "common/spec/rl_options.h"
 #include "common/status.h"
 
 namespace tessera::controller {
@@ -65,6 +66,8 @@ absl::Status AddPpoAdvantages(const v1::RlSpec& rl, int actor_dp, v1::TensorBatc
   }
   rl::PpoAdvantageOptions o;
   o.gamma = rl.gamma(), o.lambda = rl.gae_lambda(), o.kl_reward_coef = rl.kl_reward_coef(), o.whiten = true;
+  TESSERA_ASSIGN_OR_RETURN(o.kl_reward, KlRewardEstimatorOf(rl));
+  const rl::OverlongOptions overlong = OverlongOf(rl);
   std::vector<std::vector<double>> advantages, returns;
   double kl = 0;
   const int64_t per = n / actor_dp;
@@ -75,7 +78,7 @@ absl::Status AddPpoAdvantages(const v1::RlSpec& rl, int actor_dp, v1::TensorBatc
       if (len[i] < 0 || len[i] > width)
         return absl::InvalidArgumentError(absl::StrCat("samples: completion_len[", i, "] = ", len[i], " outside [0, ", width, "]"));
       rl::PpoResponse& r = in[j];
-      r.reward = reward[i];
+      r.reward = reward[i] + rl::OverlongPenalty(len[i], overlong);
       for (int64_t k = 0; k < len[i]; ++k) {
         r.values.push_back(value[i * width + k]);
         if (penalty) r.old_logp.push_back(old_logp[i * width + k]), r.ref_logp.push_back(ref_logp[i * width + k]);

@@ -14,9 +14,10 @@ namespace tessera::controller {
 
 // Adds `advantage` and `returns` [N, W] f32 to `batch`: its rows split in `actor_dp`
 // equal shards (as the actor's DP ranks get them), each shard's responses through
-// rl::ComputePpoAdvantages (outcome reward on the last token, rl.kl_reward_coef's k1
-// penalty, GAE with rl.gamma and rl.gae_lambda, whitened over the shard's tokens).
-// `reward_kl`: the penalty's mean k1 over the shards. INVALID_ARGUMENT naming the tensor
+// rl::ComputePpoAdvantages (outcome reward on the last token with rl.overlong_buffer's
+// penalty, rl.kl_reward_coef's penalty by rl.kl_reward_estimator, GAE with rl.gamma and
+// rl.gae_lambda, whitened over the shard's tokens).
+// `reward_kl`: the penalty's mean KL over the shards. INVALID_ARGUMENT naming the tensor
 // when one is missing or misshapen.
 absl::Status AddPpoAdvantages(const v1::RlSpec& rl, int actor_dp, v1::TensorBatch* batch, double* reward_kl);
 

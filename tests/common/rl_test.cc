@@ -109,6 +109,141 @@ TEST(Kl, EstimatorsAndTheirGradients) {
   }
 }
 
+// verl's low_var_kl: k3 where the policies are close; far apart, ref - logp is clamped to
+// 20 and the value to 10, with no gradient there. The names parse, '-' for '_' too.
+TEST(Kl, LowVarianceK3ClampsFarApartPolicies) {
+  EXPECT_NEAR(Kl(KlEstimator::kLowVarK3, -1, -1.5), std::exp(-0.5) - 0.5, 1e-12);
+  EXPECT_NEAR(KlGrad(KlEstimator::kLowVarK3, -1, -1.5), 1 - std::exp(-0.5), 1e-12);
+  EXPECT_NEAR(Kl(KlEstimator::kLowVarK3, -1, -5), std::exp(-4) + 3, 1e-12);  // 3.018: inside the clamp
+  EXPECT_EQ(Kl(KlEstimator::kLowVarK3, -30, -1), 10);  // exp(29) - 30: clamped
+  EXPECT_EQ(KlGrad(KlEstimator::kLowVarK3, -30, -1), 0);
+  EXPECT_EQ(*ParseKlEstimator("low-var-kl"), KlEstimator::kLowVarK3);
+  EXPECT_EQ(*ParseKlEstimator("k2"), KlEstimator::kK2);
+  EXPECT_THAT(std::string(ParseKlEstimator("k4").status().message()), HasSubstr("'k4': expected k1, k2, k3 or low_var_kl"));
+  EXPECT_STREQ(KlEstimatorName(KlEstimator::kLowVarK3), "low_var_kl");
+}
+
+std::vector<OutcomeResponse> Outcomes(const std::vector<double>& rewards, const std::vector<size_t>& tokens) {
+  std::vector<OutcomeResponse> out;
+  for (size_t i = 0; i < rewards.size(); ++i) out.push_back({rewards[i], tokens[i], {}, {}});
+  return out;
+}
+
+// grpo's and rloo's advantages by hand, every token of a response getting its response's.
+TEST(OutcomeAdvantages, GrpoDrGrpoAndRloo) {
+  const auto in = Outcomes({1, 0, 1, 0}, {2, 1, 3, 1});
+  auto grpo = ComputeOutcomeAdvantages(in, {.estimator = AdvantageEstimator::kGrpo, .group_size = 4, .eps = 0});
+  ASSERT_TRUE(grpo.ok()) << grpo.status();
+  const double z = 0.5 / std::sqrt(1.0 / 3.0);
+  EXPECT_THAT(grpo->advantages[0], ::testing::ElementsAre(::testing::DoubleNear(z, 1e-12), ::testing::DoubleNear(z, 1e-12)));
+  EXPECT_THAT(grpo->advantages[1], ::testing::ElementsAre(::testing::DoubleNear(-z, 1e-12)));
+  EXPECT_EQ(grpo->advantages[2].size(), 3u);
+  auto dr = ComputeOutcomeAdvantages(in, {.estimator = AdvantageEstimator::kGrpo, .group_size = 4, .scale_by_std = false});
+  ASSERT_TRUE(dr.ok());
+  EXPECT_EQ(dr->advantages[2], (std::vector<double>{0.5, 0.5, 0.5}));
+  EXPECT_EQ(dr->advantages[3], (std::vector<double>{-0.5}));
+  // rloo, a group of 3: 1 - (0 + 0.5) / 2, 0 - (1 + 0.5) / 2, 0.5 - (1 + 0) / 2.
+  auto rloo = ComputeOutcomeAdvantages(Outcomes({1, 0, 0.5}, {1, 2, 1}), {.estimator = AdvantageEstimator::kRloo, .group_size = 3});
+  ASSERT_TRUE(rloo.ok()) << rloo.status();
+  EXPECT_EQ(rloo->advantages[0], (std::vector<double>{0.75}));
+  EXPECT_EQ(rloo->advantages[1], (std::vector<double>{-0.75, -0.75}));
+  EXPECT_EQ(rloo->advantages[2], (std::vector<double>{0}));
+  EXPECT_THAT(std::string(ComputeOutcomeAdvantages(Outcomes({1, 0, 0.5}, {1, 1, 1}),
+                                                   {.estimator = AdvantageEstimator::kRloo, .group_size = 2})
+                              .status()
+                              .message()),
+              HasSubstr("3 values do not split into groups of 2"));
+  EXPECT_THAT(std::string(ComputeOutcomeAdvantages(in, {.estimator = AdvantageEstimator::kGae}).status().message()),
+              HasSubstr("gae needs a critic"));
+}
+
+// The KL penalty in the reward (k1, coefficient 0.1): response 0 (reward 1) has k1 0.5 and
+// -1 on its tokens, so its score is 1 - 0.1 (0.5 - 1) = 1.05; response 1 (reward 0) has
+// k1 0: score 0. Dr. GRPO's centering: +-0.525. The mean k1 over the 3 tokens is -1/6.
+// With k2 the penalty is 0.1 (0.125 + 0.5): score 0.9375.
+TEST(OutcomeAdvantages, KlPenaltyInTheReward) {
+  std::vector<OutcomeResponse> in = {{1, 2, {-1, -2}, {-1.5, -1}}, {0, 1, {-1}, {-1}}};
+  OutcomeAdvantageOptions o{.estimator = AdvantageEstimator::kGrpo, .group_size = 2, .scale_by_std = false,
+                            .kl_reward_coef = 0.1};
+  auto a = ComputeOutcomeAdvantages(in, o);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_THAT(a->advantages[0], ::testing::ElementsAre(::testing::DoubleNear(0.525, 1e-12), ::testing::DoubleNear(0.525, 1e-12)));
+  EXPECT_THAT(a->advantages[1], ::testing::ElementsAre(::testing::DoubleNear(-0.525, 1e-12)));
+  EXPECT_NEAR(a->reward_kl, -1.0 / 6, 1e-12);
+  o.kl_reward = KlEstimator::kK2;
+  a = ComputeOutcomeAdvantages(in, o);
+  ASSERT_TRUE(a.ok());
+  EXPECT_NEAR(a->advantages[0][0], 0.9375 / 2, 1e-12);
+  in[0].ref_logp.pop_back();
+  EXPECT_THAT(std::string(ComputeOutcomeAdvantages(in, o).status().message()),
+              HasSubstr("responses[0]: 2 old and 1 reference log-probs for 2 tokens"));
+}
+
+// REINFORCE++: per-token discounted returns, whitened over all the tokens. gamma 1:
+// returns [1, 1] and [0]: mean 2/3, unbiased deviation sqrt(1/3). gamma 0.5: [0.5, 1]
+// and [0, 0]: mean 0.375, unbiased variance 0.6875 / 3.
+TEST(OutcomeAdvantages, ReinforcePlusPlusWhitensDiscountedReturns) {
+  OutcomeAdvantageOptions o{.estimator = AdvantageEstimator::kReinforcePlusPlus};
+  auto a = ComputeOutcomeAdvantages(Outcomes({1, 0}, {2, 1}), o);
+  ASSERT_TRUE(a.ok()) << a.status();
+  const double sd = std::sqrt(1.0 / 3 + 1e-8);
+  EXPECT_NEAR(a->advantages[0][0], (1 - 2.0 / 3) / sd, 1e-9);
+  EXPECT_NEAR(a->advantages[0][1], (1 - 2.0 / 3) / sd, 1e-9);
+  EXPECT_NEAR(a->advantages[1][0], (0 - 2.0 / 3) / sd, 1e-9);
+  o.gamma = 0.5;
+  a = ComputeOutcomeAdvantages(Outcomes({1, 0}, {2, 2}), o);
+  ASSERT_TRUE(a.ok());
+  const double sd2 = std::sqrt(0.6875 / 3 + 1e-8);
+  const std::vector<double> want = {(0.5 - 0.375) / sd2, (1 - 0.375) / sd2, -0.375 / sd2, -0.375 / sd2};
+  EXPECT_NEAR(a->advantages[0][0], want[0], 1e-9);
+  EXPECT_NEAR(a->advantages[0][1], want[1], 1e-9);
+  EXPECT_NEAR(a->advantages[1][0], want[2], 1e-9);
+  EXPECT_NEAR(a->advantages[1][1], want[3], 1e-9);
+}
+
+// DAPO's overlong penalty: max 100, buffer 20: nothing up to 80 tokens, -0.5 at 90, -1
+// at 100 and beyond; half the factor halves it; no buffer, no penalty.
+TEST(OutcomeAdvantages, OverlongPenalty) {
+  const OverlongOptions o{.max_length = 100, .buffer = 20, .factor = 1.0};
+  EXPECT_EQ(OverlongPenalty(80, o), 0);
+  EXPECT_EQ(OverlongPenalty(90, o), -0.5);
+  EXPECT_EQ(OverlongPenalty(100, o), -1);
+  EXPECT_EQ(OverlongPenalty(120, o), -1);
+  EXPECT_EQ(OverlongPenalty(90, {.max_length = 100, .buffer = 20, .factor = 0.5}), -0.25);
+  EXPECT_EQ(OverlongPenalty(100, {.max_length = 100, .buffer = 0, .factor = 1}), 0);
+}
+
+// The aggregations' weights and denominators on a packed batch of three sequences:
+// 2 counted tokens, 1, and none (it counts for nothing).
+TEST(LossAggregation, WeightsAndUnits) {
+  const std::vector<double> mask = {0, 1, 1, 0, 1, 0, 0};
+  const std::vector<int32_t> cu = {0, 3, 5, 7};
+  auto tm = ComputeLossWeights(mask, cu, LossAggregation::kTokenMean, 0);
+  ASSERT_TRUE(tm.ok()) << tm.status();
+  EXPECT_EQ(tm->weight, mask);
+  EXPECT_EQ(tm->units, 3);
+  auto ts = ComputeLossWeights(mask, cu, LossAggregation::kSeqMeanTokenSum, 0);
+  ASSERT_TRUE(ts.ok());
+  EXPECT_EQ(ts->weight, mask);
+  EXPECT_EQ(ts->units, 2);
+  auto mm = ComputeLossWeights(mask, cu, LossAggregation::kSeqMeanTokenMean, 0);
+  ASSERT_TRUE(mm.ok());
+  EXPECT_EQ(mm->weight, (std::vector<double>{0, 0.5, 0.5, 0, 1, 0, 0}));
+  EXPECT_EQ(mm->units, 2);
+  auto norm = ComputeLossWeights(mask, cu, LossAggregation::kSeqMeanTokenSumNorm, 4);
+  ASSERT_TRUE(norm.ok());
+  EXPECT_EQ(norm->weight, mask);
+  EXPECT_EQ(norm->units, 8);
+  EXPECT_THAT(std::string(ComputeLossWeights(mask, cu, LossAggregation::kSeqMeanTokenSumNorm, 0).status().message()),
+              HasSubstr("norm_length: 0, expected > 0"));
+  EXPECT_THAT(std::string(ComputeLossWeights(mask, {0, 3}, LossAggregation::kTokenMean, 0).status().message()),
+              HasSubstr("cu_seqlens: expected boundaries 0 ... 7"));
+  EXPECT_EQ(*ParseLossAggregation("seq-mean-token-sum-norm"), LossAggregation::kSeqMeanTokenSumNorm);
+  EXPECT_THAT(std::string(ParseLossAggregation("sum").status().message()), HasSubstr("'sum': expected token_mean"));
+  EXPECT_EQ(*ParseAdvantageEstimator("reinforce-plus-plus"), AdvantageEstimator::kReinforcePlusPlus);
+  EXPECT_THAT(std::string(ParseAdvantageEstimator("ppo").status().message()), HasSubstr("'ppo': expected grpo, rloo"));
+}
+
 // Five tokens, the last masked out:
 //   t0  A = +1, ratio 1.5: clipped at 1.2 (pg -1.2, no gradient)
 //   t1  A = +1, ratio 1.1: inside (pg -1.1, d/dlogp = -1.1)

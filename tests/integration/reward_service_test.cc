@@ -3,6 +3,9 @@
 // per DP rank with that rank's samples (prompt, completion, reference), and its rewards
 // are the step's rewards. A service that is down, or answers the wrong number of rewards,
 // fails the job with a message naming the service — within the deadline, never a hang.
+// With graded rewards the algorithm's knobs (rl.advantage, the clip range, the KL
+// estimators and the KL in the reward, the overlong penalty, the loss aggregation) train
+// otherwise than the defaults from the same samples.
 #include <gmock/gmock.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
@@ -13,6 +16,7 @@
 #include <atomic>
 #include <mutex>
 #include <set>
+#include <functional>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -171,6 +175,61 @@ TEST(RewardService, ARolloutPoolOfItsOwnScoresThroughTheService) {
   job = RunJob(c, spec, &progress);
   EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
   EXPECT_THAT(job.reason(), HasSubstr(absl::StrCat("rl.reward_service ", serving.address, ": 15 rewards for 16 samples")));
+}
+
+// The algorithm's knobs on grpo (graded rewards: the advantages have a signal): each
+// variant samples the defaults' first step (the same start) and trains otherwise — its
+// first gradient norm differs —: rloo with clip-higher, no dual clip and low_var_kl;
+// REINFORCE++ with the KL in the reward (k2) and the overlong penalty, which streams its
+// reward_kl; Dr. GRPO (no std scaling) with seq_mean_token_sum.
+TEST(RewardService, GrpoAlgorithmKnobsTrainOtherwiseFromTheSameSamples) {
+  Cluster c({.agents = 1, .cpu_slots = 2});
+  ASSERT_TRUE(Start(c));
+  Serving serving;
+  ASSERT_NE(serving.server, nullptr);
+  serving.rewards.set_graded(true);
+  v1::JobSpec base = GrpoSpec(serving.address);
+  base.mutable_rl()->set_kl_coef(0.05);
+  std::string progress;
+  const v1::Job a_job = RunJob(c, base, &progress);
+  ASSERT_EQ(a_job.state(), v1::JOB_STATE_SUCCEEDED) << a_job.reason() << "\n" << progress;
+  EXPECT_THAT(progress, ::testing::Not(HasSubstr("reward_kl=")));
+  const auto a = nlohmann::json::parse(a_job.result_json());
+  ASSERT_EQ(a["grad_norms"].size(), 2u) << a.dump();
+  ASSERT_GT(a["grad_norms"][0].get<double>(), 0) << a.dump();
+  const struct {
+    const char* name;
+    std::function<void(v1::RlSpec*)> set;
+    const char* metric;
+  } variants[] = {
+      {"rloo, clip-higher, no dual clip, low_var_kl",
+       [](v1::RlSpec* r) {
+         r->set_advantage("rloo"), r->set_clip_high(0.28), r->set_dual_clip(0), r->set_kl_estimator("low_var_kl");
+       },
+       "grad_norm="},
+      {"reinforce_plus_plus, KL in the reward (k2), overlong penalty",
+       [](v1::RlSpec* r) {
+         r->set_advantage("reinforce_plus_plus"), r->set_gamma(0.9), r->set_kl_reward_coef(0.05);
+         r->set_kl_reward_estimator("k2"), r->set_overlong_buffer(2), r->set_overlong_penalty(0.5);
+       },
+       "reward_kl="},
+      {"Dr. GRPO, seq_mean_token_sum",
+       [](v1::RlSpec* r) { r->set_norm_adv_by_std(false), r->set_loss_agg("seq_mean_token_sum"); }, "grad_norm="},
+  };
+  for (const auto& v : variants) {
+    SCOPED_TRACE(v.name);
+    v1::JobSpec spec = base;
+    v.set(spec.mutable_rl());
+    ASSERT_TRUE(NormalizeAndValidateJobSpec(spec).ok()) << NormalizeAndValidateJobSpec(spec);
+    const v1::Job job = RunJob(c, spec, &progress);
+    ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason() << "\n" << progress;
+    EXPECT_THAT(progress, HasSubstr(v.metric));
+    const auto b = nlohmann::json::parse(job.result_json());
+    ASSERT_EQ(b["grad_norms"].size(), 2u) << b.dump();
+    EXPECT_EQ(b["rewards"][0], a["rewards"][0]);  // the same first samples
+    const double ga = a["grad_norms"][0].get<double>(), gb = b["grad_norms"][0].get<double>();
+    EXPECT_GT(std::abs(gb - ga), 1e-3 * ga) << ga << " vs " << gb;
+  }
 }
 
 // grpo checkpoints (graded rewards, so that the policy moves): 8 GRPO steps straight,

@@ -1,11 +1,14 @@
 #include "worker/executor/rl_actor_session.h"
 
+#include "common/spec/rl_options.h"
+
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "common/rl.h"
 #include "common/rpc/grpc_util.h"
 #include "common/spec/job_spec.h"
+#include "common/spec/rl_options.h"
 #include "common/status.h"
 #include "common/util.h"
 #include "worker/checkpoint/checkpoint.h"
@@ -115,15 +118,16 @@ absl::StatusOr<v1::RlUpdateResponse> RlActorSession::RlUpdate(int64_t step, cons
   v1::RlUpdateResponse r;
   r.set_step(step);
   r.set_samples(static_cast<int64_t>(got.samples.size()));
+  TESSERA_ASSIGN_OR_RETURN(const engine::PpoOptions ppo_options, PpoOpts());
   if (critic_group) {
-    TESSERA_ASSIGN_OR_RETURN(engine::PpoStats st, engine::PpoActorUpdate(*trainer_, got, PpoOpts()));
+    TESSERA_ASSIGN_OR_RETURN(engine::PpoStats st, engine::PpoActorUpdate(*trainer_, got, ppo_options));
     r.set_reward(st.reward), r.set_response_length(st.response_length);
     r.set_loss(st.loss), r.set_kl(st.kl), r.set_clip_fraction(st.clip_fraction), r.set_entropy(st.entropy);
     r.set_grad_norm(st.grad_norm);
     r.set_update_s(st.update_s);
   } else if (critic_ != nullptr) {
     TESSERA_ASSIGN_OR_RETURN(engine::PpoStats st, engine::PpoUpdate(*model_, *trainer_, *critic_, *critic_trainer_,
-                                                                    reference_.get(), got, PpoOpts()));
+                                                                    reference_.get(), got, ppo_options));
     r.set_reward(st.reward), r.set_response_length(st.response_length);
     r.set_loss(st.loss), r.set_kl(st.kl), r.set_clip_fraction(st.clip_fraction), r.set_entropy(st.entropy);
     r.set_grad_norm(st.grad_norm);
@@ -135,10 +139,13 @@ absl::StatusOr<v1::RlUpdateResponse> RlActorSession::RlUpdate(int64_t step, cons
   } else {
     engine::GrpoOptions o;
     o.group_size = rl_.group_size();
-    o.sampling = Sampling(), o.loss = PolicyLoss();
+    o.sampling = Sampling(), o.loss = ppo_options.loss;
+    TESSERA_ASSIGN_OR_RETURN(o.advantages, OutcomeAdvantagesOf(rl_));
+    o.overlong = ppo_options.overlong;
     o.epochs = rl_.epochs(), o.mini_batches = rl_.mini_batches();
     o.max_tokens_per_micro_batch = rl_.max_tokens_per_micro_batch();
     TESSERA_ASSIGN_OR_RETURN(engine::GrpoStats st, engine::GrpoUpdate(*model_, *trainer_, reference_.get(), got, o));
+    r.set_reward_kl(st.reward_kl);
     r.set_reward(st.reward), r.set_response_length(st.response_length);
     r.set_loss(st.loss), r.set_kl(st.kl), r.set_clip_fraction(st.clip_fraction), r.set_entropy(st.entropy);
     r.set_grad_norm(st.grad_norm);
@@ -166,19 +173,14 @@ engine::SamplingParams RlActorSession::Sampling() const {
   return p;
 }
 
-rl::PolicyLossOptions RlActorSession::PolicyLoss() const {
-  rl::PolicyLossOptions l;
-  l.kl_coef = rl_.kl_coef();
-  l.entropy_coef = rl_.entropy_coef();
-  l.clip_low = l.clip_high = rl_.clip();
-  return l;
-}
-
-engine::PpoOptions RlActorSession::PpoOpts() const {
+absl::StatusOr<engine::PpoOptions> RlActorSession::PpoOpts() const {
   engine::PpoOptions o;
   o.samples_per_prompt = rl_.group_size();
-  o.sampling = Sampling(), o.loss = PolicyLoss();
+  o.sampling = Sampling();
+  TESSERA_ASSIGN_OR_RETURN(o.loss, PolicyLossOf(rl_));
   o.kl_reward_coef = rl_.kl_reward_coef();
+  TESSERA_ASSIGN_OR_RETURN(o.kl_reward, KlRewardEstimatorOf(rl_));
+  o.overlong = OverlongOf(rl_);
   o.gamma = rl_.gamma(), o.lambda = rl_.gae_lambda(), o.value_clip = rl_.value_clip();
   o.epochs = rl_.epochs(), o.mini_batches = rl_.mini_batches();
   o.max_tokens_per_micro_batch = rl_.max_tokens_per_micro_batch();

@@ -59,8 +59,8 @@ class RlActorSession final : public TrainSession {
   absl::Status MakeRl(const v1::JobSpec& spec, const engine::OptimizerOptions& actor_options);
   absl::Status SaveCompanions(int64_t done) override;
   engine::SamplingParams Sampling() const;
-  rl::PolicyLossOptions PolicyLoss() const;
-  engine::PpoOptions PpoOpts() const;
+  // The rl section's ppo options (common/spec/rl_options.h); grpo's share the loss's.
+  absl::StatusOr<engine::PpoOptions> PpoOpts() const;
 
   v1::RlSpec rl_;
   bool ppo_ = false;

@@ -22,6 +22,7 @@ absl::Status RlPrompts::Load(const v1::JobSpec& spec, int64_t model_vocab) {
   if (t.data().kind() == "jsonl") {  // prompts through the model's tokenizer (bytes by default)
     TESSERA_ASSIGN_OR_RETURN(text_, ModelTextFromSpec(spec.model(), model_vocab));
     TESSERA_ASSIGN_OR_RETURN(file_, Encode(t.data().path()));
+    shuffle_ = t.data().shuffle(), seed_ = t.seed(), order_pass_ = -1;
     if (!rl.eval_data().empty()) {
       TESSERA_ASSIGN_OR_RETURN(held_, Encode(rl.eval_data()));
     }
@@ -46,8 +47,34 @@ absl::StatusOr<std::vector<RlPrompts::Prompt>> RlPrompts::Encode(const std::stri
   return out;
 }
 
+namespace {
+uint64_t SplitMix(uint64_t& x) {
+  uint64_t z = (x += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+}  // namespace
+
+std::vector<uint32_t> ShuffledOrder(size_t n, uint64_t seed, int64_t pass) {
+  std::vector<uint32_t> order(n);
+  for (size_t i = 0; i < n; ++i) order[i] = static_cast<uint32_t>(i);
+  uint64_t state = seed * 0x2545f4914f6cdd1dull + static_cast<uint64_t>(pass) + 1;
+  for (size_t i = n; i > 1; --i) std::swap(order[i - 1], order[SplitMix(state) % i]);  // Fisher-Yates
+  return order;
+}
+
 RlPrompts::Prompt RlPrompts::At(int64_t index) const {
-  if (!file_.empty()) return file_[static_cast<size_t>(index % static_cast<int64_t>(file_.size()))];
+  if (!file_.empty()) {
+    const int64_t n = static_cast<int64_t>(file_.size()), pass = index / n;
+    size_t line = static_cast<size_t>(index % n);
+    if (shuffle_) {
+      std::lock_guard<std::mutex> lock(order_mu_);
+      if (order_pass_ != pass) order_ = ShuffledOrder(file_.size(), seed_, pass), order_pass_ = pass;
+      line = order_[line];
+    }
+    return file_[line];
+  }
   Prompt p;
   const std::string problem = engine::ArithmeticProblem(data_, index);
   const size_t eq = problem.find('=') + 1;

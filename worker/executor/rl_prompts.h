@@ -1,11 +1,13 @@
 // An RL job's prompts, shared by the actor's session (colocated generation) and a rollout
 // pool's (split pools): the built-in arithmetic problems, or a JSONL file's prompts /
 // conversations with answers through the model's tokenizer (and rl.eval_data's held-out
-// ones); the stop tokens; the built-in verifier. Immutable after Load: thread-safe.
+// ones); the stop tokens; the built-in verifier. Immutable after Load (a shuffled pass's
+// order is made under a lock): thread-safe.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -31,7 +33,8 @@ class RlPrompts {
     std::string text;    // what a reward service sees (a conversation: the template's text)
     std::string answer;  // what a completion must match
   };
-  // Prompt `index` of the run (global numbering; JSONL prompts cycle through the file).
+  // Prompt `index` of the run (global numbering; JSONL prompts cycle through the file,
+  // with train.data.shuffle each pass in ShuffledOrder(lines, train.seed, pass)).
   Prompt At(int64_t index) const;
   // rl.eval_data's problems (JSONL jobs; none without it), in the file's order.
   const std::vector<Prompt>& held_out() const { return held_; }
@@ -57,7 +60,16 @@ class RlPrompts {
   std::vector<int32_t> stops_;  // rl.stop (one token each), and with a tokenizer.json the EOS ids
   int64_t longest_ = 0;
   std::vector<Prompt> held_;
+  bool shuffle_ = false;
+  uint64_t seed_ = 0;
+  mutable std::mutex order_mu_;  // the current pass's order, made on first use
+  mutable int64_t order_pass_ = -1;
+  mutable std::vector<uint32_t> order_;
 };
+
+// A pass's order of n lines: a permutation of 0..n-1 from the seed and the pass (a
+// Fisher-Yates shuffle over SplitMix64), the same on every rank and after a restart.
+std::vector<uint32_t> ShuffledOrder(size_t n, uint64_t seed, int64_t pass);
 
 // rl.reward_service: the rewards of one DP rank's completions from the user's service.
 // TP rank 0 calls it (with the deadline) and broadcasts the rewards — or its failure —

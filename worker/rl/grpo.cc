@@ -23,8 +23,8 @@ absl::Status CheckOptions(const GrpoOptions& o, const model::Llama* reference, s
   if (o.epochs < 1 || o.mini_batches < 1)
     return absl::InvalidArgumentError(absl::StrCat("grpo: epochs (", o.epochs, ") and mini_batches (", o.mini_batches,
                                                    ") must be >= 1"));
-  if (o.loss.kl_coef > 0 && reference == nullptr && !ref_given)
-    return absl::InvalidArgumentError("grpo: kl_coef > 0 needs a reference model or the reference's log-probs");
+  if ((o.loss.kl_coef > 0 || o.advantages.kl_reward_coef > 0) && reference == nullptr && !ref_given)
+    return absl::InvalidArgumentError("grpo: kl_coef or kl_reward_coef > 0 needs a reference model or the reference's log-probs");
   if (static_cast<size_t>(o.mini_batches) > samples)
     return absl::InvalidArgumentError(absl::StrCat("grpo: ", o.mini_batches, " mini-batches of ", samples, " samples"));
   return absl::OkStatus();
@@ -65,25 +65,44 @@ absl::StatusOr<GrpoStats> GrpoUpdate(model::Llama& actor, Trainer& trainer, mode
     return absl::InvalidArgumentError(absl::StrCat("grpo: ", total, " samples with ", got.rewards.size(),
                                                    " rewards do not make whole groups of ", o.group_size));
   GrpoStats stats;
-  // Group-normalized advantages (the samples come ordered by prompt, sample).
   std::vector<RlSample>& samples = got.samples;
   const std::vector<double>& rewards = got.rewards;
   stats.reward = got.reward, stats.response_length = got.response_length, stats.generate_s = got.generate_s;
   Clock::time_point t;
-  rl::GroupAdvantageOptions ao = o.advantages;
-  ao.group_size = o.group_size;
-  TESSERA_ASSIGN_OR_RETURN(std::vector<double> adv, rl::GroupNormalizedAdvantages(rewards, ao));
-  for (size_t i = 0; i < samples.size(); ++i) samples[i].advantage.assign(samples[i].batch.size(), adv[i]);
   // The reference's and the old policy's log-probs (teacher forcing), one forward per
   // micro-batch of the mini-batches.
   TESSERA_ASSIGN_OR_RETURN(const MicroBatchPlan plan,
                            PlanMicroBatches(&trainer, samples, o.mini_batches, o.max_tokens_per_micro_batch));
+  const bool kl_reward = o.advantages.kl_reward_coef > 0;
   t = Clock::now();
-  if (o.loss.kl_coef > 0 && !ref_given) TESSERA_RETURN_IF_ERROR(FillLogProbs(*reference, samples, plan, &RlSample::ref_logp));
+  if ((o.loss.kl_coef > 0 || kl_reward) && !ref_given) {
+    TESSERA_RETURN_IF_ERROR(FillLogProbs(*reference, samples, plan, &RlSample::ref_logp));
+  }
   stats.ref_s = Since(t);
   t = Clock::now();
   TESSERA_RETURN_IF_ERROR(FillLogProbs(actor, samples, plan, &RlSample::old_logp));
   stats.old_s = Since(t);
+  // Advantages (the samples come ordered by prompt, sample), over each response's tokens
+  // (the mask's positions; 0 elsewhere).
+  rl::OutcomeAdvantageOptions ao = o.advantages;
+  ao.group_size = o.group_size;
+  std::vector<rl::OutcomeResponse> in(samples.size());
+  std::vector<std::vector<size_t>> at(samples.size());
+  for (size_t i = 0; i < samples.size(); ++i) {
+    const RlSample& s = samples[i];
+    for (size_t k = 0; k < s.mask.size(); ++k)
+      if (s.mask[k] > 0) at[i].push_back(k);
+    in[i].tokens = at[i].size();
+    in[i].reward = rewards[i] + rl::OverlongPenalty(static_cast<int64_t>(at[i].size()), o.overlong);
+    if (kl_reward)
+      for (size_t k : at[i]) in[i].old_logp.push_back(s.old_logp[k]), in[i].ref_logp.push_back(s.ref_logp[k]);
+  }
+  TESSERA_ASSIGN_OR_RETURN(rl::OutcomeAdvantages adv, rl::ComputeOutcomeAdvantages(in, ao));
+  stats.reward_kl = adv.reward_kl;
+  for (size_t i = 0; i < samples.size(); ++i) {
+    samples[i].advantage.assign(samples[i].mask.size(), 0.0);
+    for (size_t k = 0; k < at[i].size(); ++k) samples[i].advantage[at[i][k]] = adv.advantages[i][k];
+  }
   // Update: epochs x mini-batches, each one optimizer step accumulated over its micro-batches.
   t = Clock::now();
   TESSERA_ASSIGN_OR_RETURN(Trainer::PolicyStats ps, UpdateActorEpochs(trainer, samples, plan, o.epochs, o.loss, &stats.optimizer_steps));

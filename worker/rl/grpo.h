@@ -1,9 +1,10 @@
 // One GRPO step on one rank (docs/design.md §8), over the pieces the executor's RL session will
 // call one by one for the controller's driver: the rollout engine samples `group_size`
 // completions per prompt from the actor's current weights (colocated, same TP: no weight
-// copy), `reward` scores each, rewards become group-normalized advantages
-// (rl::GroupNormalizedAdvantages), the reference model's and the actor's (old policy,
-// recomputed by the training engine) log-probs of every completion are taken, and the
+// copy), `reward` scores each, the reference model's and the actor's (old policy,
+// recomputed by the training engine) log-probs of every completion are taken, rewards
+// (with an overlong penalty and a KL penalty where asked) become advantages
+// (rl::ComputeOutcomeAdvantages: group-normalized by default), and the
 // actor makes `epochs` passes over `mini_batches` mini-batches of the samples
 // (Trainer::PolicyStep: clipped surrogate, dual clip, KL to the reference as a loss term,
 // token mean). With data parallelism every DP rank calls it with its own prompts (whole
@@ -24,7 +25,10 @@ struct GrpoOptions {
   int group_size = 4;           // completions per prompt
   SamplingParams sampling;      // its n is group_size
   rl::PolicyLossOptions loss;   // kl_coef > 0 needs a reference model
-  rl::GroupAdvantageOptions advantages;  // group_size is filled in
+  // The estimator (grpo, rloo, reinforce_plus_plus), Dr. GRPO's scale_by_std, a KL
+  // penalty in the reward (needs the reference); group_size is filled in.
+  rl::OutcomeAdvantageOptions advantages;
+  rl::OverlongOptions overlong;  // DAPO's overlong penalty on the rewards (off by default)
   int epochs = 1;
   int mini_batches = 1;  // per epoch, each an optimizer step
   // Tokens per micro-batch of every pass over the samples (PlanMicroBatches; 0: one
@@ -33,7 +37,8 @@ struct GrpoOptions {
 };
 
 struct GrpoStats {
-  double reward = 0, response_length = 0;  // means over the samples
+  double reward = 0, response_length = 0;  // means over the samples (the reward before any penalty)
+  double reward_kl = 0;  // advantages.kl_reward_coef > 0: the penalty's mean KL per response token
   double loss = 0, kl = 0, clip_fraction = 0, entropy = 0, grad_norm = 0;  // of the last optimizer step
   int optimizer_steps = 0;
   double generate_s = 0, ref_s = 0, old_s = 0, update_s = 0;  // phase times (host clock)

@@ -39,7 +39,7 @@ absl::Status Advantages(std::vector<RlSample>& samples, const std::vector<double
     const RlSample& s = samples[i];
     for (size_t t = 0; t < s.mask.size(); ++t)
       if (s.mask[t] > 0) at[i].push_back(t);
-    in[i].reward = rewards[i];
+    in[i].reward = rewards[i] + rl::OverlongPenalty(static_cast<int64_t>(at[i].size()), o.overlong);
     for (size_t t : at[i]) {
       in[i].values.push_back(s.old_value[t]);
       if (o.kl_reward_coef > 0) in[i].old_logp.push_back(s.old_logp[t]), in[i].ref_logp.push_back(s.ref_logp[t]);
@@ -47,6 +47,7 @@ absl::Status Advantages(std::vector<RlSample>& samples, const std::vector<double
   }
   rl::PpoAdvantageOptions ao;
   ao.gamma = o.gamma, ao.lambda = o.lambda, ao.kl_reward_coef = o.kl_reward_coef, ao.whiten = o.whiten_advantages;
+  ao.kl_reward = o.kl_reward;
   TESSERA_ASSIGN_OR_RETURN(rl::PpoAdvantages got, rl::ComputePpoAdvantages(in, ao));
   for (size_t i = 0; i < samples.size(); ++i) {
     RlSample& s = samples[i];

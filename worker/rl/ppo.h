@@ -25,7 +25,9 @@ struct PpoOptions {
   int samples_per_prompt = 1;
   SamplingParams sampling;     // its n is samples_per_prompt
   rl::PolicyLossOptions loss;  // kl_coef > 0 needs a reference model
-  double kl_reward_coef = 0;   // > 0: the k1 KL to the reference as a per-token reward penalty (needs one)
+  double kl_reward_coef = 0;   // > 0: the KL to the reference as a per-token reward penalty (needs one)
+  rl::KlEstimator kl_reward = rl::KlEstimator::kK1;  // its estimator
+  rl::OverlongOptions overlong;  // DAPO's overlong penalty on the rewards (off by default)
   double gamma = 1.0, lambda = 0.95;
   double value_clip = 0.2;      // the critic's value clipping (<= 0: none)
   bool whiten_advantages = true;

@@ -19,15 +19,16 @@ double MaskSum(const std::vector<double>& mask) {
 // every DP rank — each micro-batch's token mean is scaled by its share of them — and the
 // step begun. `who` names the step in errors.
 absl::StatusOr<float> Trainer::BeginMaskedStep(const char* who, const std::vector<model::TokenBatch>& micro_batches,
-                                               const std::vector<const std::vector<double>*>& masks) {
+                                               const std::vector<const std::vector<double>*>& masks, float* units) {
   if (pp_ != nullptr) return absl::UnimplementedError(absl::StrCat("trainer: the ", who, " does not run with pipelines yet"));
-  float counted = 0;
+  float sums[2] = {0, units != nullptr ? *units : 0.f};  // the weights; the loss's denominator units
   for (const std::vector<double>* mask : masks)
-    for (double m : *mask) counted += static_cast<float>(m);
-  TESSERA_RETURN_IF_ERROR(AllReduceHost(dp_, &counted, 1));
-  if (counted <= 0) return absl::InvalidArgumentError(absl::StrCat(who, ": the mini-batch has no counted (masked) tokens"));
+    for (double m : *mask) sums[0] += static_cast<float>(m);
+  TESSERA_RETURN_IF_ERROR(AllReduceHost(dp_, sums, units != nullptr ? 2 : 1));
+  if (sums[0] <= 0) return absl::InvalidArgumentError(absl::StrCat(who, ": the mini-batch has no counted (masked) tokens"));
+  if (units != nullptr) *units = sums[1];
   TESSERA_RETURN_IF_ERROR(BeginStep(micro_batches));
-  return counted;
+  return sums[0];
 }
 
 absl::StatusOr<Trainer::PolicyStats> Trainer::PolicyStep(const std::vector<model::TokenBatch>& micro_batches,
@@ -45,29 +46,40 @@ absl::StatusOr<Trainer::PolicyStats> Trainer::PolicyStep(const std::vector<model
                                                      " tokens; old_logp, advantage, mask",
                                                      options.kl_coef > 0 ? " and ref_logp" : "", " need one value each"));
   }
+  // Each token's weight and the loss's denominator under the aggregation (token mean:
+  // the mask and the counted tokens).
+  std::vector<rl::LossWeights> weights(tokens.size());
+  float units = 0;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    auto w = rl::ComputeLossWeights(tokens[i].mask, micro_batches[i].cu_seqlens, options.aggregation, options.norm_length);
+    if (!w.ok()) return absl::InvalidArgumentError(absl::StrCat("policy step: micro-batch ", i, ": ", w.status().message()));
+    weights[i] = *std::move(w);
+    units += static_cast<float>(weights[i].units);
+  }
   std::vector<const std::vector<double>*> masks;
-  for (const PolicyTokens& p : tokens) masks.push_back(&p.mask);
-  TESSERA_ASSIGN_OR_RETURN(const float counted, BeginMaskedStep("policy step", micro_batches, masks));
-  // Sums over the counted tokens of this rank: loss, pg loss, kl, clipped tokens, entropy.
+  for (const rl::LossWeights& w : weights) masks.push_back(&w.weight);
+  TESSERA_ASSIGN_OR_RETURN(const float counted, BeginMaskedStep("policy step", micro_batches, masks, &units));
+  // Sums over the counted tokens of this rank, weighted: loss, pg loss, kl, clipped tokens, entropy.
   float sums[5] = {0, 0, 0, 0, 0};
   for (size_t i = 0; i < micro_batches.size(); ++i) {
     const PolicyTokens& p = tokens[i];
-    const double local = MaskSum(p.mask);
+    const std::vector<double>& weight = weights[i].weight;
+    const double local = MaskSum(weight);
     // A micro-batch where nothing counts still runs (its gradient is zero): the group's
     // ranks take part in the same collectives (ZeRO-3's gathers) micro-batch by micro-batch.
     auto grad = [&](const model::Llama::TokenStats& st) -> absl::StatusOr<model::Llama::TokenGrads> {
       if (local == 0) return model::Llama::TokenGrads{std::vector<float>(st.logprob.size(), 0.f), {}};
       rl::PolicyTokens in;
       in.logp.assign(st.logprob.begin(), st.logprob.end());
-      in.old_logp = p.old_logp, in.advantage = p.advantage, in.mask = p.mask;
+      in.old_logp = p.old_logp, in.advantage = p.advantage, in.mask = weight;
       if (options.kl_coef > 0) in.ref_logp = p.ref_logp;
       if (options.entropy_coef > 0) in.entropy.assign(st.entropy.begin(), st.entropy.end());
       TESSERA_ASSIGN_OR_RETURN(rl::PolicyLoss l, rl::ComputePolicyLoss(in, options));
-      const double share = local / counted;  // micro-batch token mean -> mini-batch token mean
+      const double share = local / units;  // micro-batch weighted mean -> the mini-batch's aggregation
       sums[0] += static_cast<float>(l.loss * local), sums[1] += static_cast<float>(l.pg_loss * local);
       sums[2] += static_cast<float>(l.kl * local), sums[3] += static_cast<float>(l.clip_fraction * local);
-      for (size_t t = 0; t < st.entropy.size() && t < p.mask.size(); ++t)  // reported with or without the bonus
-        sums[4] += static_cast<float>(p.mask[t] * st.entropy[t]);
+      for (size_t t = 0; t < st.entropy.size() && t < weight.size(); ++t)  // reported with or without the bonus
+        sums[4] += static_cast<float>(weight[t] * st.entropy[t]);
       model::Llama::TokenGrads g;
       g.dlogprob.resize(l.dlogp.size());
       for (size_t t = 0; t < l.dlogp.size(); ++t) g.dlogprob[t] = static_cast<float>(l.dlogp[t] * share);
@@ -79,8 +91,14 @@ absl::StatusOr<Trainer::PolicyStats> Trainer::PolicyStep(const std::vector<model
   }
   TESSERA_RETURN_IF_ERROR(AllReduceHost(dp_, sums, 5));
   PolicyStats out;
-  out.tokens = static_cast<int64_t>(std::lround(counted));
-  out.loss = sums[0] / counted, out.pg_loss = sums[1] / counted, out.kl = sums[2] / counted;
+  double local_tokens = 0;
+  for (const PolicyTokens& p : tokens) local_tokens += MaskSum(p.mask);
+  float all_tokens = static_cast<float>(local_tokens);
+  TESSERA_RETURN_IF_ERROR(AllReduceHost(dp_, &all_tokens, 1));
+  out.tokens = static_cast<int64_t>(std::lround(all_tokens));
+  // The loss as aggregated; the KL, clip fraction and entropy as weighted means (token
+  // means under token_mean and the token sums, means of the responses' means otherwise).
+  out.loss = sums[0] / units, out.pg_loss = sums[1] / units, out.kl = sums[2] / counted;
   out.clip_fraction = sums[3] / counted, out.entropy = sums[4] / counted;
   StepStats st;
   TESSERA_RETURN_IF_ERROR(FinishStep(st));

@@ -84,8 +84,10 @@ class Trainer {
   // micro-batches of a mini-batch (source: policy_step.cc). `tokens[i]` holds micro-batch
   // i's per-token inputs, aligned with its tokens (entry t: the target of token t): old
   // log-probs, advantages, the mask (1: a response token that counts) and, with a KL
-  // term, the reference's log-probs. The loss is the token mean over the mask of the
-  // whole mini-batch (all DP ranks). Gradients, clipping, LR and the update as Step.
+  // term, the reference's log-probs. The loss aggregates the whole mini-batch's (all DP
+  // ranks) token losses as options.aggregation says (rl::LossAggregation: token mean by
+  // default; the per-response modes read each micro-batch's cu_seqlens, one response per
+  // sequence). Gradients, clipping, LR and the update as Step.
   // With options.entropy_coef > 0 the entropy bonus's gradient goes through the softmax
   // (Llama::TokenGrads::dentropy). PolicyStats::entropy is the token mean of the
   // predictive entropy over the mask, with or without the bonus. Not with pipelines yet.
@@ -93,7 +95,8 @@ class Trainer {
     std::vector<double> old_logp, advantage, mask, ref_logp;
   };
   struct PolicyStats {
-    double loss = 0, pg_loss = 0, kl = 0, clip_fraction = 0, entropy = 0;  // token means
+    double loss = 0, pg_loss = 0;  // as aggregated
+    double kl = 0, clip_fraction = 0, entropy = 0;  // weighted means (token means under token_mean)
     double grad_norm = 0;
     float lr = 0;
     int64_t tokens = 0;  // counted (masked) tokens of the mini-batch, all DP ranks
@@ -162,8 +165,10 @@ class Trainer {
   // A step's start, before any collective of its own: kernels readied for these
   // micro-batches (model::Llama::PrepareKernels) and gradients zeroed.
   absl::Status BeginStep(const std::vector<model::TokenBatch>& micro_batches);
+  // With `units` (this rank's share of the loss's denominator), *units becomes the
+  // group's sum, reduced with the masks' (returned).
   absl::StatusOr<float> BeginMaskedStep(const char* who, const std::vector<model::TokenBatch>& micro_batches,
-                                        const std::vector<const std::vector<double>*>& masks);
+                                        const std::vector<const std::vector<double>*>& masks, float* units = nullptr);
   // The step's end: gradients reduced, their norm, clipping, the LR and the update
   // (lazy_gather: Step's, see GradSync::FinishUpdate).
   absl::Status FinishStep(StepStats& stats, bool lazy_gather = false);

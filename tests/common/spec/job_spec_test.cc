@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "common/spec/job_paths.h"
+#include "common/spec/rl_options.h"
 
 namespace tessera {
 namespace {
@@ -255,7 +256,7 @@ TEST(JobSpec, GrpoDefaultsAndRefusals) {
     bad = *ppo;
     bad.set_kind("grpo"), bad.mutable_rl()->clear_kl_reward_coef(), bad.mutable_rl()->set_kl_coef(0.1);
     for (auto clear : {&v1::RlSpec::clear_gamma, &v1::RlSpec::clear_gae_lambda, &v1::RlSpec::clear_value_clip,
-                       &v1::RlSpec::clear_critic_lr})
+                       &v1::RlSpec::clear_critic_lr, &v1::RlSpec::clear_advantage})
       (bad.mutable_rl()->*clear)();  // ppo's defaults
     bad.mutable_rl()->set_group_size(2);
     EXPECT_THAT(refused(bad), HasSubstr("groups[1].role: a critic group is for ppo jobs"));
@@ -343,9 +344,86 @@ TEST(JobSpec, PpoDefaultsAndRefusals) {
   EXPECT_THAT(std::string(check({"groups.0.layout.sp=true", "groups.0.layout.tp=2", "groups.0.devices=4"}).status().message()),
               HasSubstr("ppo runs generation on the actor's model"));
   auto grpo = ValidSpec(kPretrain, {"kind=grpo", "rl.gamma=0.9"});
-  EXPECT_THAT(std::string(grpo.status().message()), HasSubstr("rl.gamma: is for ppo jobs"));
+  EXPECT_THAT(std::string(grpo.status().message()), HasSubstr("rl.gamma: discounts ppo's and reinforce_plus_plus's returns"));
   EXPECT_THAT(std::string(ValidSpec(kPretrain, {"kind=grpo", "rl.group_size=1"}).status().message()),
               HasSubstr("grpo needs >= 2 completions per prompt"));
+}
+
+// The algorithm's knobs (docs/jobs.md, rl.*): defaults written into the spec, every
+// name read as common/spec/rl_options.h reads it, and each misuse refused by its field.
+TEST(JobSpec, RlAlgorithmKnobs) {
+  auto grpo = [](std::vector<std::string> ov) {
+    ov.insert(ov.begin(), "kind=grpo");
+    return ValidSpec(kPretrain, ov);
+  };
+  auto ok = grpo({});
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->rl().advantage(), "grpo");
+  auto loss = PolicyLossOf(ok->rl());
+  ASSERT_TRUE(loss.ok()) << loss.status();
+  EXPECT_EQ(loss->clip_low, 0.2);
+  EXPECT_EQ(loss->clip_high, 0.2);
+  EXPECT_EQ(loss->dual_clip, 3.0);
+  EXPECT_EQ(loss->kl, rl::KlEstimator::kK3);
+  EXPECT_EQ(loss->aggregation, rl::LossAggregation::kTokenMean);
+  EXPECT_EQ(OverlongOf(ok->rl()).factor, 0);
+  auto adv = OutcomeAdvantagesOf(ok->rl());
+  ASSERT_TRUE(adv.ok());
+  EXPECT_EQ(adv->estimator, rl::AdvantageEstimator::kGrpo);
+  EXPECT_TRUE(adv->scale_by_std);
+  EXPECT_EQ(ValidSpec(kPretrain, {"kind=ppo"})->rl().advantage(), "gae");
+
+  auto set = grpo({"rl.advantage=reinforce_plus_plus", "rl.gamma=0.99", "rl.kl_coef=0.01", "rl.kl_estimator=low_var_kl",
+                   "rl.kl_reward_coef=0.05", "rl.kl_reward_estimator=k2", "rl.clip_low=0.2", "rl.clip_high=0.28",
+                   "rl.dual_clip=0", "rl.loss_agg=seq-mean-token-sum-norm", "rl.overlong_buffer=2", "rl.max_new_tokens=6",
+                   "rl.overlong_penalty=0.5"});
+  ASSERT_TRUE(set.ok()) << set.status();
+  loss = PolicyLossOf(set->rl());
+  ASSERT_TRUE(loss.ok()) << loss.status();
+  EXPECT_EQ(loss->clip_high, 0.28);
+  EXPECT_EQ(loss->dual_clip, 0);
+  EXPECT_EQ(loss->kl, rl::KlEstimator::kLowVarK3);
+  EXPECT_EQ(loss->aggregation, rl::LossAggregation::kSeqMeanTokenSumNorm);
+  EXPECT_EQ(loss->norm_length, 6);
+  adv = OutcomeAdvantagesOf(set->rl());
+  ASSERT_TRUE(adv.ok());
+  EXPECT_EQ(adv->estimator, rl::AdvantageEstimator::kReinforcePlusPlus);
+  EXPECT_EQ(adv->gamma, 0.99);
+  EXPECT_EQ(adv->kl_reward, rl::KlEstimator::kK2);
+  EXPECT_EQ(adv->kl_reward_coef, 0.05);
+  const rl::OverlongOptions overlong = OverlongOf(set->rl());
+  EXPECT_EQ(overlong.max_length, 6);
+  EXPECT_EQ(overlong.buffer, 2);
+  EXPECT_EQ(overlong.factor, 0.5);
+  EXPECT_EQ(OverlongOf(grpo({"rl.overlong_buffer=2", "rl.max_new_tokens=6"})->rl()).factor, 1.0);
+  auto dr = grpo({"rl.norm_adv_by_std=false"});
+  ASSERT_TRUE(dr.ok()) << dr.status();
+  EXPECT_FALSE(OutcomeAdvantagesOf(dr->rl())->scale_by_std);
+  auto from_yaml = ParseJobSpecYaml(absl::StrCat(kPretrain, "rl: {advantage: rloo, loss_agg: seq_mean_token_mean, dual_clip: 2.5}\n"),
+                                    {"kind=grpo"});
+  ASSERT_TRUE(from_yaml.ok()) << from_yaml.status();
+  EXPECT_EQ(from_yaml->rl().advantage(), "rloo");
+  EXPECT_EQ(from_yaml->rl().dual_clip(), 2.5);
+
+  auto refused = [&](std::vector<std::string> ov) { return std::string(grpo(ov).status().message()); };
+  EXPECT_THAT(refused({"rl.advantage=gae"}), HasSubstr("rl.advantage: gae needs a critic's values: kind ppo"));
+  EXPECT_THAT(refused({"rl.advantage=ppo"}), HasSubstr("rl.advantage: 'ppo': expected grpo, rloo, reinforce_plus_plus or gae"));
+  EXPECT_THAT(std::string(ValidSpec(kPretrain, {"kind=ppo", "rl.advantage=rloo"}).status().message()),
+              HasSubstr("rl.advantage: 'rloo' on a ppo job: its critic gives GAE advantages"));
+  EXPECT_THAT(refused({"rl.advantage=rloo", "rl.norm_adv_by_std=false"}),
+              HasSubstr("rl.norm_adv_by_std: is for rl.advantage grpo (this job's is rloo)"));
+  EXPECT_THAT(refused({"rl.kl_estimator=k2"}), HasSubstr("rl.kl_estimator: has no effect without rl.kl_coef > 0"));
+  EXPECT_THAT(refused({"rl.kl_reward_estimator=k3"}), HasSubstr("rl.kl_reward_estimator: has no effect without rl.kl_reward_coef > 0"));
+  EXPECT_THAT(refused({"rl.kl_coef=0.1", "rl.kl_estimator=k5"}), HasSubstr("rl.kl_estimator: 'k5': expected k1, k2, k3 or low_var_kl"));
+  EXPECT_THAT(refused({"rl.loss_agg=mean"}), HasSubstr("rl.loss_agg: 'mean': expected token_mean"));
+  EXPECT_THAT(refused({"rl.dual_clip=0.5"}), HasSubstr("rl.dual_clip: 0.5: expected > 1"));
+  EXPECT_THAT(refused({"rl.clip_low=1"}), HasSubstr("rl.clip_low"));
+  EXPECT_THAT(refused({"rl.overlong_penalty=0.5"}), HasSubstr("rl.overlong_penalty: needs rl.overlong_buffer"));
+  EXPECT_THAT(refused({"rl.overlong_buffer=6", "rl.max_new_tokens=6"}),
+              HasSubstr("rl.overlong_buffer: 6 tokens: expected fewer than rl.max_new_tokens (6)"));
+  EXPECT_THAT(refused({"train.data.shuffle=true"}), HasSubstr("train.data.shuffle: is for JSONL prompts"));
+  EXPECT_THAT(std::string(ValidSpec(kPretrain, {"train.data.shuffle=true"}).status().message()),
+              HasSubstr("train.data.shuffle: is for grpo and ppo prompts, not pretrain data"));
 }
 
 TEST(JobSpec, GenerateDefaultsAndRefusals) {

@@ -5,6 +5,7 @@
 // others do not.
 #include "worker/executor/rl_prompts.h"
 
+#include <algorithm>
 #include <cctype>
 #include <filesystem>
 #include <fstream>
@@ -111,6 +112,45 @@ TEST(HeldOutEval, JsonlProblemsCountTheModelsRightAnswers) {
   auto refused = HeldOutEval(**rollout, none, 1, 10, 0, 1);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(refused.status().message()), HasSubstr("rl.eval_data"));
+}
+
+// train.data.shuffle: each pass over the file is a permutation of its lines — another
+// one each pass, the same for the same seed and pass (every rank, every restart) —, and
+// without it the prompts keep the file's order.
+TEST(RlPrompts, ShuffleGivesEachPassAnotherOrder) {
+  const std::string dir = ::testing::TempDir() + "/shuffled-prompts";
+  std::filesystem::create_directories(dir);
+  std::vector<std::pair<std::string, std::string>> lines;
+  for (int i = 0; i < 50; ++i) lines.push_back({absl::StrCat("p", i, "="), absl::StrCat(i)});
+  WriteProblems(dir + "/train.jsonl", lines);
+  v1::JobSpec spec = Spec(dir + "/train.jsonl", "");
+  RlPrompts ordered;
+  ASSERT_TRUE(ordered.Load(spec, 256).ok());
+  for (int64_t i = 0; i < 120; ++i) EXPECT_EQ(ordered.At(i).answer, absl::StrCat(i % 50));
+  spec.mutable_train()->mutable_data()->set_shuffle(true);
+  RlPrompts shuffled, again;
+  ASSERT_TRUE(shuffled.Load(spec, 256).ok());
+  ASSERT_TRUE(again.Load(spec, 256).ok());
+  std::vector<std::vector<std::string>> passes(3);
+  for (int64_t i = 149; i >= 0; --i) {  // backwards: the order does not depend on the calls before
+    passes[i / 50].insert(passes[i / 50].begin(), shuffled.At(i).answer);
+    EXPECT_EQ(again.At(i).answer, passes[i / 50].front()) << i;
+  }
+  for (auto& pass : passes) {
+    std::vector<std::string> sorted = pass;
+    std::sort(sorted.begin(), sorted.end(), [](const std::string& a, const std::string& b) { return std::stoi(a) < std::stoi(b); });
+    for (int i = 0; i < 50; ++i) EXPECT_EQ(sorted[i], absl::StrCat(i));  // every line once
+  }
+  EXPECT_NE(passes[0], passes[1]);
+  EXPECT_NE(passes[1], passes[2]);
+  EXPECT_NE(passes[0][0] + passes[0][1] + passes[0][2], "012");
+  spec.mutable_train()->set_seed(6);
+  RlPrompts other_seed;
+  ASSERT_TRUE(other_seed.Load(spec, 256).ok());
+  std::vector<std::string> first;
+  for (int64_t i = 0; i < 50; ++i) first.push_back(other_seed.At(i).answer);
+  EXPECT_NE(first, passes[0]);
+  EXPECT_EQ(ShuffledOrder(50, 5, 1), ShuffledOrder(50, 5, 1));
 }
 
 }  // namespace

@@ -330,5 +330,101 @@ TEST(PolicyStep, FollowsTheAdvantages) {
   EXPECT_EQ(r.trainer->step(), 1);
 }
 
+// The loss aggregations against the token mean, one step from the same start each. Every
+// sequence of the micro-batches counts 3 response tokens (N = 12 tokens, S = 4
+// responses): seq_mean_token_sum is N / S = 3 times the token mean — loss and gradient
+// norm —, seq_mean_token_mean equals it, seq_mean_token_sum_norm over 6 tokens is half.
+// Under DP (each rank one micro-batch) the denominators span the ranks: the same numbers.
+TEST(PolicyStep, LossAggregationsScaleTheTokenMean) {
+  auto one_step = [](rl::LossAggregation a, comm::Communicator* dp, const std::vector<int>& mine) {
+    Trainer::PolicyStats out;
+    auto be = runtime::MakeCpuBackend();
+    auto m = Llama::Create(Config(), be.get());
+    EXPECT_TRUE(m.ok() && (*m)->InitRandom(4, 0.2f).ok());
+    if (!m.ok()) return out;
+    OptimizerOptions o;
+    o.lr = 1e-2f, o.min_lr = 1e-2f, o.warmup_steps = 0, o.total_steps = 1;
+    auto t = Trainer::Create(m->get(), be.get(), dp, nullptr, o);
+    EXPECT_TRUE(t.ok()) << t.status();
+    if (!t.ok()) return out;
+    struct {
+      Llama* model;
+      Trainer* trainer;
+    } r{m->get(), t->get()};
+    const std::vector<TokenBatch> all = MicroBatches();
+    std::vector<TokenBatch> batches;
+    std::vector<Trainer::PolicyTokens> tokens;
+    for (int i : mine) {
+      batches.push_back(all[i]);
+      auto before = r.model->TokenLogProbs(all[i]);
+      EXPECT_TRUE(before.ok());
+      Trainer::PolicyTokens p;
+      p.old_logp.assign(before->logprob.begin(), before->logprob.end());
+      p.mask = ResponseMask(all[i], 3);
+      for (int32_t t = 0; t < static_cast<int32_t>(all[i].size()); ++t) p.advantage.push_back(t < all[i].cu_seqlens[1] ? 1.0 : -0.5);
+      tokens.push_back(std::move(p));
+    }
+    rl::PolicyLossOptions po;
+    po.aggregation = a, po.norm_length = 6;
+    auto s = r.trainer->PolicyStep(batches, tokens, po);
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? *s : out;
+  };
+  const Trainer::PolicyStats mean = one_step(rl::LossAggregation::kTokenMean, nullptr, {0, 1});
+  ASSERT_EQ(mean.tokens, 12);
+  ASSERT_GT(mean.grad_norm, 0);
+  const std::pair<rl::LossAggregation, double> modes[] = {{rl::LossAggregation::kSeqMeanTokenSum, 3.0},
+                                                          {rl::LossAggregation::kSeqMeanTokenMean, 1.0},
+                                                          {rl::LossAggregation::kSeqMeanTokenSumNorm, 0.5}};
+  for (auto [mode, scale] : modes) {
+    SCOPED_TRACE(static_cast<int>(mode));
+    const Trainer::PolicyStats got = one_step(mode, nullptr, {0, 1});
+    EXPECT_NEAR(got.loss, scale * mean.loss, 1e-5 * std::abs(scale * mean.loss));
+    EXPECT_NEAR(got.grad_norm, scale * mean.grad_norm, 1e-5 * scale * mean.grad_norm);
+    EXPECT_NEAR(got.clip_fraction, mean.clip_fraction, 1e-7);
+    EXPECT_EQ(got.tokens, 12);
+    Trainer::PolicyStats ranks[2];
+    OnTwoRanks(kTwoRankLayouts[0], [&](comm::Communicator*, comm::Communicator* dp, const std::vector<int>& mine, int r) {
+      ranks[r] = one_step(mode, dp, mine);
+    });
+    for (const Trainer::PolicyStats& rank : ranks) {
+      EXPECT_NEAR(rank.loss, got.loss, 1e-5 * std::abs(got.loss));
+      EXPECT_NEAR(rank.grad_norm, got.grad_norm, 1e-5 * got.grad_norm);
+      EXPECT_EQ(rank.tokens, 12);
+    }
+  }
+}
+
+// seq_mean_token_mean with responses of different lengths weighs each response's tokens
+// 1 / (S n_i): the same step as the token mean with advantages scaled by N / (S n_i) —
+// responses of 4 and 2 counted tokens (N = 6, S = 2): x0.75 and x1.5 — to the last weight.
+TEST(PolicyStep, SeqMeanTokenMeanWeighsResponsesEqually) {
+  const TokenBatch b = model::test::RandomBatch(32, 7, {10, 10});
+  Trainer::PolicyStats stats[2];
+  std::map<std::string, std::vector<float>> weights[2];
+  for (int run = 0; run < 2; ++run) {
+    OneRank r;
+    ASSERT_NE(r.trainer, nullptr);
+    auto before = r.model->TokenLogProbs(b);
+    ASSERT_TRUE(before.ok());
+    Trainer::PolicyTokens p = OnPolicy(*before, b);
+    std::fill(p.mask.begin(), p.mask.end(), 0.0);
+    for (int t : {4, 5, 6, 7, 14, 15}) p.mask[t] = 1;
+    for (int32_t t = 0; t < static_cast<int32_t>(b.size()); ++t) {
+      const double a = t < 10 ? 1.0 : -1.0;
+      p.advantage.push_back(run == 0 ? a : a * (t < 10 ? 0.75 : 1.5));
+    }
+    rl::PolicyLossOptions po;
+    if (run == 0) po.aggregation = rl::LossAggregation::kSeqMeanTokenMean;
+    auto s = r.trainer->PolicyStep({b}, {p}, po);
+    ASSERT_TRUE(s.ok()) << s.status();
+    stats[run] = *s;
+    for (auto& param : r.model->params()) weights[run][param.name()] = *r.model->GatherGlobal(param, /*grad=*/false);
+  }
+  EXPECT_NEAR(stats[0].grad_norm, stats[1].grad_norm, 1e-5 * stats[1].grad_norm);
+  EXPECT_NEAR(stats[0].loss, stats[1].loss, 1e-6);
+  for (auto& [name, w] : weights[1]) EXPECT_LT(model::test::RelDiff(weights[0].at(name), w), 1e-5) << name;
+}
+
 }  // namespace
 }  // namespace tessera::engine

@@ -1,0 +1,76 @@
+// The RL algorithm's knobs through the daemons on CPU slots: ppo with them (the KL
+// reward penalty's estimator, the overlong penalty, clip-higher, the loss aggregation)
+// trains otherwise than without, and gives the same run whether the actor's own critic
+// makes the advantages or the driver makes them for a critic group. grpo's knobs:
+// reward_service_test (graded rewards give its advantages a signal); the arithmetic:
+// tests/common/rl_test.cc.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "common/spec/job_spec.h"
+#include "tests/integration/cluster.h"
+
+namespace tessera::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+struct JobRun {
+  nlohmann::json result;
+  std::string progress;
+};
+
+JobRun RunOk(Cluster& c, const v1::JobSpec& spec) {
+  std::ostringstream progress;
+  auto job = c.client().Watch(Submit(c, spec), progress);
+  EXPECT_TRUE(job.ok()) << job.status();
+  if (!job.ok()) return {};
+  EXPECT_EQ(job->state(), v1::JOB_STATE_SUCCEEDED) << job->reason() << "\n" << progress.str();
+  return {nlohmann::json::parse(job->result_json().empty() ? "{}" : job->result_json()), progress.str()};
+}
+
+v1::JobSpec With(v1::JobSpec spec, const std::function<void(v1::RlSpec*)>& set) {
+  set(spec.mutable_rl());
+  const absl::Status st = NormalizeAndValidateJobSpec(spec);
+  EXPECT_TRUE(st.ok()) << st;
+  return spec;
+}
+
+// ppo's advantages made by the actor's own critic (PpoUpdate) and by the driver for a
+// critic group (AddPpoAdvantages) under the same knobs — k3 as the reward penalty's
+// estimator, the overlong penalty, clip-higher, seq_mean_token_sum — are the same run.
+TEST(RlAlgorithms, PpoKnobsAgreeBetweenTheActorsCriticAndACriticGroup) {
+  auto c = Up({.agents = 1, .cpu_slots = 4});
+  const v1::JobSpec spec = With(SmallRlSpec("ppo"), [](v1::RlSpec* r) {
+    r->set_kl_reward_estimator("k3"), r->set_overlong_buffer(2), r->set_clip_high(0.3);
+    r->set_loss_agg("seq_mean_token_sum");
+  });
+  const JobRun own = RunOk(*c, spec);
+  ASSERT_EQ(own.result["grad_norms"].size(), 3u) << own.result.dump();
+  const JobRun plain = RunOk(*c, SmallRlSpec("ppo"));
+  ASSERT_EQ(plain.result["grad_norms"].size(), 3u);
+  EXPECT_GT(std::abs(own.result["grad_norms"][0].get<double>() - plain.result["grad_norms"][0].get<double>()),
+            1e-4 * plain.result["grad_norms"][0].get<double>());
+  v1::JobSpec split = spec;
+  auto* g = split.add_groups();
+  g->set_name("critic"), g->set_role("critic"), g->set_devices(2);
+  g->mutable_layout()->set_tp(1), g->mutable_layout()->set_dp(2);
+  ASSERT_TRUE(NormalizeAndValidateJobSpec(split).ok()) << NormalizeAndValidateJobSpec(split);
+  const JobRun group = RunOk(*c, split);
+  ASSERT_EQ(group.result["grad_norms"].size(), 3u) << group.result.dump();
+  EXPECT_EQ(group.result["rewards"], own.result["rewards"]);
+  for (size_t i = 0; i < 3; ++i)
+    EXPECT_NEAR(group.result["grad_norms"][i].get<double>(), own.result["grad_norms"][i].get<double>(),
+                1e-5 * own.result["grad_norms"][i].get<double>())
+        << i;
+  EXPECT_THAT(group.progress, HasSubstr("reward_kl="));
+}
+
+}  // namespace
+}  // namespace tessera::testing
