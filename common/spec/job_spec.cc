@@ -368,7 +368,8 @@ absl::Status ParseRl(const YAML::Node& n, const std::string& path, v1::RlSpec* r
                                               "value_clip", "critic_lr", "kl_reward_coef", "max_tokens_per_micro_batch",
                                               "gpu_memory_utilization", "reward_model", "eval_data", "advantage",
                                               "norm_adv_by_std", "kl_estimator", "kl_reward_estimator", "clip_low",
-                                              "clip_high", "dual_clip", "loss_agg", "overlong_buffer", "overlong_penalty"}));
+                                              "clip_high", "dual_clip", "loss_agg", "overlong_buffer", "overlong_penalty",
+                                              "filter_groups", "max_gen_batches"}));
   for (const auto& kv : n) {
     const std::string k = kv.first.Scalar(), p = Join(path, k);
     const YAML::Node& v = kv.second;
@@ -381,9 +382,10 @@ absl::Status ParseRl(const YAML::Node& n, const std::string& path, v1::RlSpec* r
     else if (k == "eval_every") ASSIGN_INT(r->set_eval_every, v, p);
     else if (k == "eval_problems") ASSIGN_INT(r->set_eval_problems, v, p);
     else if (k == "overlong_buffer") ASSIGN_INT(r->set_overlong_buffer, v, p);
-    else if (k == "norm_adv_by_std") {
+    else if (k == "max_gen_batches") ASSIGN_INT(r->set_max_gen_batches, v, p);
+    else if (k == "norm_adv_by_std" || k == "filter_groups") {
       TESSERA_ASSIGN_OR_RETURN(bool b, AsBool(v, p));
-      r->set_norm_adv_by_std(b);
+      k == "filter_groups" ? r->set_filter_groups(b) : r->set_norm_adv_by_std(b);
     } else if (k == "reward_service" || k == "reward_ca_cert" || k == "reward_model" || k == "eval_data" ||
                k == "advantage" || k == "kl_estimator" || k == "kl_reward_estimator" || k == "loss_agg") {
       TESSERA_ASSIGN_OR_RETURN(auto str, AsString(v, p));

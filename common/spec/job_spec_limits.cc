@@ -96,6 +96,7 @@ std::vector<FieldLimit> MakeTable() {
       {"rl.dual_clip", 0, 100},
       {"rl.overlong_buffer", 0, 1048576},
       {"rl.overlong_penalty", 0, 100},
+      {"rl.max_gen_batches", 1, 100, true},
       {"generate.max_new_tokens", 1, 1048576, true},
       {"generate.temperature", 0, 100},
       {"generate.top_k", 0, 1e8},

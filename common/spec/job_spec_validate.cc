@@ -263,6 +263,12 @@ static absl::Status ValidateRl(JobSpec& spec) {
   if (!r->loss_agg().empty()) {
     if (auto a = rl::ParseLossAggregation(r->loss_agg()); !a.ok()) return Bad("rl.loss_agg", a.status().message());
   }
+  if (r->filter_groups()) {
+    if (ppo) return Bad("rl.filter_groups", "is for grpo jobs (it drops prompt groups whose rewards are all equal)");
+    if (r->max_gen_batches() == 0) r->set_max_gen_batches(4);
+  } else if (r->max_gen_batches() != 0) {
+    return Bad("rl.max_gen_batches", "bounds dynamic sampling's generations: set rl.filter_groups");
+  }
   if (r->overlong_penalty() != 0 && r->overlong_buffer() == 0)
     return Bad("rl.overlong_penalty", "needs rl.overlong_buffer (the tokens before max_new_tokens where the penalty grows)");
   if (r->group_size() == 0) r->set_group_size(8);

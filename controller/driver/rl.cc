@@ -15,7 +15,10 @@
 //  - each step: the rollout side generates and scores the step's prompts
 //    (RolloutGenerate; prompt g sampled with the seed the actor's DP rank training on it
 //    gives it, so every placement samples the same); the driver gathers the samples (TP
-//    rank 0 of each rollout DP rank, in DP order) and splits them over the actor's DP
+//    rank 0 of each rollout DP rank, in DP order) — with dynamic sampling
+//    (rl.filter_groups) it sets the groups whose rewards are all equal aside and asks for
+//    refills (other prompts) until the batch is full or rl.max_gen_batches generations
+//    ran (GroupFilter; gen_batches, filtered_groups, filled_groups) — and splits them over the actor's DP
 //    ranks (RlUpdate: advantages, reference and old log-probs, the updates, ppo's critic,
 //    the checkpoint); the ranks' gradient norms must agree; the new weights go to the
 //    rollout model.
@@ -275,47 +278,74 @@ absl::StatusOr<std::string> RunRl(DriverContext& ctx) {
     if (ctx.cancelled && *ctx.cancelled) return absl::CancelledError("cancelled");
     TESSERA_ASSIGN_OR_RETURN(const bool save, preemption.Before(s));
     // Generate: TP rank 0 of each rollout DP rank (ranks are tp fastest) gives its samples.
-    auto t = Clock::now();
+    // Reward: a reward group's scores replace the rule verifier's rewards. With dynamic
+    // sampling (rl.filter_groups) the groups without a signal are set aside and refills
+    // generate more, at most rl.max_gen_batches generations a step (GroupFilter).
     step_swaps = Swaps();
-    TESSERA_ASSIGN_OR_RETURN(std::vector<RankSamples> gen, rollout.RolloutGenerate(s));
-    step_swaps.Phase(gen, [](const RankSamples& r) -> const v1::RolloutStats& { return r.stats; });
-    std::vector<v1::TensorBatch> shards;
-    double reward = 0, length = 0, samples = 0, engine_s = 0, prefill_s = 0, decode_s = 0, decode_steps = 0, graph_steps = 0;
-    double prompt_tokens = 0, rollout_peak = 0, kv_cache = 0;  // peaks and the cache: the largest rank's
-    for (size_t r = 0; r < gen.size(); r += rollout_tp) {
-      const v1::RolloutStats& st = gen[r].stats;
-      const double n = static_cast<double>(st.samples());
-      // The rollout engine's own time (the slowest DP rank's) and its decode steps, of
-      // which replayed CUDA graphs: where generate_s goes, the call's wall time.
-      engine_s = std::max(engine_s, st.generate_s());
-      prefill_s = std::max(prefill_s, st.prefill_s()), decode_s = std::max(decode_s, st.decode_s());
-      decode_steps += static_cast<double>(st.decode_steps()), graph_steps += static_cast<double>(st.graph_steps());
-      reward += st.reward() * n, length += st.response_length() * n, samples += n;
-      prompt_tokens += static_cast<double>(st.prompt_tokens());
-      rollout_peak = std::max(rollout_peak, static_cast<double>(st.memory_peak_bytes()));
-      kv_cache = std::max(kv_cache, static_cast<double>(st.kv_cache_bytes()));
-      shards.push_back(std::move(gen[r].samples));
-    }
-    const double response_tokens = length;
-    if (samples > 0) reward /= samples, length /= samples;
-    TESSERA_ASSIGN_OR_RETURN(v1::TensorBatch batch, ConcatBatches(shards));
-    const double generate_s = Since(t);
+    const bool filtering = spec.rl().filter_groups();
+    GroupFilter filter(spec.rl().prompts_per_step(), spec.rl().group_size());
+    v1::TensorBatch batch;
     v1::RlForwardHeader forward;
     forward.set_step(s);
-    // Reward: a reward group's scores replace the rule verifier's rewards.
-    const double rule_reward = reward;
-    double reward_wall_s = 0, reward_s = 0, reward_peak = 0;
-    if (scorer != nullptr) {
-      t = Clock::now();
-      TESSERA_ASSIGN_OR_RETURN(WorkerGroup::Forward f, scorer->RlForwardDpSplit(forward, batch));
-      ForwardTimes(f, &reward_s, &reward_peak, &step_swaps);
-      TESSERA_ASSIGN_OR_RETURN(reward, TakeScores(f.out, &batch));
-      reward_wall_s = Since(t);
+    double reward = 0, rule_reward = 0, length = 0, samples = 0, engine_s = 0, prefill_s = 0, decode_s = 0;
+    double decode_steps = 0, graph_steps = 0, prompt_tokens = 0, response_tokens = 0, rollout_peak = 0, kv_cache = 0;
+    double generate_s = 0, reward_wall_s = 0, reward_s = 0, reward_peak = 0;
+    int gen_batches = 0;
+    for (int refill = 0;; ++refill) {
+      auto t = Clock::now();
+      TESSERA_ASSIGN_OR_RETURN(std::vector<RankSamples> gen, rollout.RolloutGenerate(s, refill));
+      step_swaps.Phase(gen, [](const RankSamples& r) -> const v1::RolloutStats& { return r.stats; });
+      ++gen_batches;
+      std::vector<v1::TensorBatch> shards;
+      double call_engine_s = 0, call_prefill_s = 0, call_decode_s = 0, call_reward = 0, call_samples = 0;
+      for (size_t r = 0; r < gen.size(); r += rollout_tp) {
+        const v1::RolloutStats& st = gen[r].stats;
+        const double n = static_cast<double>(st.samples());
+        // The rollout engine's own time (the slowest DP rank's) and its decode steps, of
+        // which replayed CUDA graphs: where generate_s goes, the call's wall time.
+        call_engine_s = std::max(call_engine_s, st.generate_s());
+        call_prefill_s = std::max(call_prefill_s, st.prefill_s()), call_decode_s = std::max(call_decode_s, st.decode_s());
+        decode_steps += static_cast<double>(st.decode_steps()), graph_steps += static_cast<double>(st.graph_steps());
+        call_reward += st.reward() * n, length += st.response_length() * n, call_samples += n;
+        prompt_tokens += static_cast<double>(st.prompt_tokens());
+        rollout_peak = std::max(rollout_peak, static_cast<double>(st.memory_peak_bytes()));
+        kv_cache = std::max(kv_cache, static_cast<double>(st.kv_cache_bytes()));
+        shards.push_back(std::move(gen[r].samples));
+      }
+      engine_s += call_engine_s, prefill_s += call_prefill_s, decode_s += call_decode_s;
+      rule_reward += call_reward, samples += call_samples;
+      TESSERA_ASSIGN_OR_RETURN(v1::TensorBatch got, ConcatBatches(shards));
+      generate_s += Since(t);
+      if (scorer != nullptr) {
+        t = Clock::now();
+        double call_reward_s = 0;
+        TESSERA_ASSIGN_OR_RETURN(WorkerGroup::Forward f, scorer->RlForwardDpSplit(forward, got));
+        ForwardTimes(f, &call_reward_s, &reward_peak, &step_swaps);
+        TESSERA_ASSIGN_OR_RETURN(const double mean, TakeScores(f.out, &got));
+        call_reward = mean * call_samples;
+        reward_s += call_reward_s, reward_wall_s += Since(t);
+      }
+      reward += call_reward;
+      if (!filtering) {
+        batch = std::move(got);
+        break;
+      }
+      TESSERA_RETURN_IF_ERROR(filter.Add(std::move(got)));
+      if (filter.full() || gen_batches >= spec.rl().max_gen_batches()) break;
+    }
+    response_tokens = length;
+    if (samples > 0) reward /= samples, rule_reward /= samples, length /= samples;
+    // The tokens the update's passes take: the batch's own (fewer than generated when
+    // dynamic sampling set groups aside).
+    double train_tokens = prompt_tokens + response_tokens;
+    if (filtering) {
+      TESSERA_ASSIGN_OR_RETURN(batch, filter.Take());
+      TESSERA_ASSIGN_OR_RETURN(train_tokens, BatchTokens(batch));
     }
     // Update: the samples split over each group's DP ranks (whole groups each) — the
     // reference's log-probs, with a critic group the actor's old log-probs and the
     // critic's values, PPO's advantages (here), then the actor's and the critic's updates.
-    t = Clock::now();
+    auto t = Clock::now();
     double ref_s = 0, old_s = 0, actor_s = 0, values_s = 0, critic_s = 0, checkpoint_s = -1, reward_kl = 0;  // the slowest rank
     double actor_peak = 0, reference_peak = 0, critic_peak = 0;
     if (reference != nullptr) {
@@ -411,6 +441,9 @@ absl::StatusOr<std::string> RunRl(DriverContext& ctx) {
       if (reward_s > 0) m["reward_tokens_per_s"] = (prompt_tokens + response_tokens) / reward_s;  // the slowest rank's forward
     }
     m["response_length"] = length;
+    if (filtering) {  // dynamic sampling: generations, groups without a signal, and those that filled the batch
+      m["gen_batches"] = gen_batches, m["filtered_groups"] = filter.dropped(), m["filled_groups"] = filter.filled();
+    }
     m["kl"] = first.kl(), m["clip_fraction"] = first.clip_fraction();
     m["entropy"] = first.entropy();  // predictive entropy of the response tokens
     m["grad_norm"] = first.grad_norm(), m["loss"] = first.loss();
@@ -421,7 +454,7 @@ absl::StatusOr<std::string> RunRl(DriverContext& ctx) {
     // Tokens per second of each phase's wall time: generated tokens; and every sample's
     // prompt + response tokens through the update's passes (log-probs, updates).
     if (generate_s > 0) m["generate_tokens_per_s"] = response_tokens / generate_s;
-    if (update_wall_s > 0) m["train_tokens_per_s"] = (prompt_tokens + response_tokens) / update_wall_s;
+    if (update_wall_s > 0) m["train_tokens_per_s"] = train_tokens / update_wall_s;
     constexpr double kGiB = 1 << 30;
     m["rollout_peak_gib"] = rollout_peak / kGiB, m["kv_cache_gib"] = kv_cache / kGiB;
     m["actor_peak_gib"] = actor_peak / kGiB;

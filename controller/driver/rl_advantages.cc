@@ -1,5 +1,6 @@
 #include "controller/driver/rl_advantages.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -105,6 +106,66 @@ absl::StatusOr<double> TakeScores(const v1::TensorBatch& scored, v1::TensorBatch
   for (v1::NamedTensor& t : *batch->mutable_tensors())
     if (t.name() == "reward") t = F32Tensor("reward", {static_cast<int64_t>(score.size())}, score);
   return mean;
+}
+
+absl::StatusOr<double> BatchTokens(const v1::TensorBatch& batch) {
+  const v1::NamedTensor* len = Find(batch, "prompt_len");
+  if (len == nullptr || len->shape_size() != 1) return absl::InvalidArgumentError("samples: no tensor 'prompt_len' [N]");
+  double tokens = 0;
+  int64_t w = 0;
+  for (const char* name : {"prompt_len", "completion_len"}) {
+    TESSERA_ASSIGN_OR_RETURN(std::vector<int32_t> v, Values<int32_t>(batch, name, v1::DTYPE_I32, len->shape(0), 1, &w));
+    for (int32_t x : v) tokens += x;
+  }
+  return tokens;
+}
+
+absl::Status GroupFilter::Add(v1::TensorBatch generated) {
+  const v1::NamedTensor* rw = Find(generated, "reward");
+  if (rw == nullptr || rw->shape_size() != 1) return absl::InvalidArgumentError("samples: no tensor 'reward' [N]");
+  const int64_t n = rw->shape(0);
+  if (group_size_ < 1 || n % group_size_ != 0)
+    return absl::InvalidArgumentError(absl::StrCat("samples: ", n, " rows are not whole groups of ", group_size_));
+  for (const v1::NamedTensor& t : generated.tensors())
+    if (t.shape_size() == 0 || t.shape(0) != n)
+      return absl::InvalidArgumentError(absl::StrCat("samples: tensor '", t.name(), "' does not have the batch's ", n, " rows"));
+  int64_t w = 0;
+  TESSERA_ASSIGN_OR_RETURN(std::vector<float> reward, Values<float>(generated, "reward", v1::DTYPE_F32, n, 1, &w));
+  const size_t b = batches_.size();
+  for (int64_t g = 0; g < n / group_size_; ++g) {
+    bool equal = true;
+    for (int64_t i = 1; i < group_size_; ++i) equal = equal && reward[g * group_size_ + i] == reward[g * group_size_];
+    (equal ? dropped_ : kept_).push_back({b, g});
+  }
+  batches_.push_back(std::move(generated));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::TensorBatch> GroupFilter::Take() {
+  if (batches_.empty()) return absl::FailedPreconditionError("dynamic sampling: nothing generated");
+  std::vector<std::pair<size_t, int64_t>> take(kept_.begin(), kept_.begin() + std::min<size_t>(kept_.size(), groups_));
+  filled_ = 0;
+  for (size_t i = 0; static_cast<int>(take.size()) < groups_ && i < dropped_.size(); ++i) take.push_back(dropped_[i]), ++filled_;
+  if (static_cast<int>(take.size()) < groups_)
+    return absl::FailedPreconditionError(absl::StrCat("dynamic sampling: ", take.size(), " groups generated, ", groups_, " needed"));
+  v1::TensorBatch out;
+  for (const v1::NamedTensor& first : batches_[0].tensors()) {
+    v1::NamedTensor* t = out.add_tensors();
+    t->set_name(first.name()), t->set_dtype(first.dtype());
+    t->add_shape(int64_t{groups_} * group_size_);
+    for (int i = 1; i < first.shape_size(); ++i) t->add_shape(first.shape(i));
+    std::string data;
+    for (auto [b, g] : take) {
+      const v1::NamedTensor* src = Find(batches_[b], first.name());
+      if (src == nullptr || src->dtype() != first.dtype() || src->shape_size() != first.shape_size() ||
+          !std::equal(src->shape().begin() + 1, src->shape().end(), first.shape().begin() + 1))
+        return absl::InvalidArgumentError(absl::StrCat("samples: tensor '", first.name(), "' differs between generations"));
+      const size_t row = src->data().size() / static_cast<size_t>(src->shape(0));
+      data.append(src->data(), static_cast<size_t>(g * group_size_) * row, static_cast<size_t>(group_size_) * row);
+    }
+    t->set_data(std::move(data));
+  }
+  return out;
 }
 
 }  // namespace tessera::controller

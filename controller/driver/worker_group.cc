@@ -109,10 +109,11 @@ absl::StatusOr<std::vector<v1::InitGroupResponse>> WorkerGroup::InitAll() {
   return OneToAll(&ExecutorClient::InitGroup, v1::InitGroupRequest{});
 }
 
-absl::StatusOr<std::vector<RankSamples>> WorkerGroup::RolloutGenerate(int64_t step) {
+absl::StatusOr<std::vector<RankSamples>> WorkerGroup::RolloutGenerate(int64_t step, int refill) {
   v1::RolloutGenerateRequest req;
   req.set_group(name_);
   req.set_step(step);
+  req.set_refill(refill);
   std::vector<RankSamples> out(ranks_.size());
   TESSERA_RETURN_IF_ERROR(OnEveryRank(
       [&](size_t r) -> absl::Status {

@@ -80,8 +80,9 @@ class WorkerGroup {
         OperationName(Req::descriptor()->name())));
     return out;
   }
-  // ONE_TO_ALL RolloutGenerate of `step`: every rank's statistics and samples.
-  absl::StatusOr<std::vector<RankSamples>> RolloutGenerate(int64_t step);
+  // ONE_TO_ALL RolloutGenerate of `step` (and dynamic sampling's `refill`): every rank's
+  // statistics and samples.
+  absl::StatusOr<std::vector<RankSamples>> RolloutGenerate(int64_t step, int refill = 0);
   // DP_SPLIT RlUpdate: `samples` split along dim 0 over the DP ranks (INVALID_ARGUMENT
   // naming the tensor when a dim 0 does not divide); every rank's response.
   absl::StatusOr<std::vector<v1::RlUpdateResponse>> RlUpdateDpSplit(v1::RlUpdateHeader header, const v1::TensorBatch& samples);

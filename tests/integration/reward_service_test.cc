@@ -38,7 +38,9 @@ using ::testing::HasSubstr;
 // Rewards 1 for a completion equal to the reference, else 0.25 (so that the job's reward
 // shows the service's numbers, not the built-in 0/1); or, with `short_by`, that many
 // rewards too few. Graded: a fixed function of the completion's bytes in [0, 1], so that
-// an untrained model's samples differ in reward and GRPO has something to learn from.
+// an untrained model's samples differ in reward and GRPO has something to learn from;
+// with `flat_even` too, a prompt whose first operand is even gets 0.5 for every sample (a
+// group without a signal, for dynamic sampling).
 class Rewards final : public v1::RewardService::Service {
  public:
   grpc::Status Score(grpc::ServerContext*, const v1::ScoreRequest* req, v1::ScoreResponse* resp) override {
@@ -51,7 +53,8 @@ class Rewards final : public v1::RewardService::Service {
       if (s.prompt().empty() || (!jsonl_ && s.prompt().back() != '=') || s.reference().empty()) bad_ = true;
       int sum = 0;
       for (unsigned char ch : s.completion()) sum += ch;
-      resp->add_rewards(graded_ ? (sum % 17) / 16.0 : s.completion() == s.reference() ? 1.0 : 0.25);
+      const bool flat = flat_even_ && !s.prompt().empty() && (s.prompt()[0] - '0') % 2 == 0;
+      resp->add_rewards(flat ? 0.5 : graded_ ? (sum % 17) / 16.0 : s.completion() == s.reference() ? 1.0 : 0.25);
     }
     for (int i = 0; i < short_by_ && resp->rewards_size() > 0; ++i) resp->mutable_rewards()->RemoveLast();
     return grpc::Status::OK;
@@ -62,13 +65,14 @@ class Rewards final : public v1::RewardService::Service {
   void set_short_by(int n) { std::lock_guard<std::mutex> l(mu_); short_by_ = n; }
   void set_graded(bool on) { std::lock_guard<std::mutex> l(mu_); graded_ = on; }
   void set_jsonl(bool on) { std::lock_guard<std::mutex> l(mu_); jsonl_ = on; }
+  void set_flat_even(bool on) { std::lock_guard<std::mutex> l(mu_); flat_even_ = on; }
   std::set<std::pair<std::string, std::string>> seen() { std::lock_guard<std::mutex> l(mu_); return seen_; }
   std::set<std::string> completions() { std::lock_guard<std::mutex> l(mu_); return completions_; }
 
  private:
   std::mutex mu_;
   int calls_ = 0, samples_ = 0, short_by_ = 0;
-  bool bad_ = false, graded_ = false, jsonl_ = false;
+  bool bad_ = false, graded_ = false, jsonl_ = false, flat_even_ = false;
   std::set<std::pair<std::string, std::string>> seen_;  // (prompt, reference) of every sample scored
   std::set<std::string> completions_;
 };
@@ -230,6 +234,43 @@ TEST(RewardService, GrpoAlgorithmKnobsTrainOtherwiseFromTheSameSamples) {
     const double ga = a["grad_norms"][0].get<double>(), gb = b["grad_norms"][0].get<double>();
     EXPECT_GT(std::abs(gb - ga), 1e-3 * ga) << ga << " vs " << gb;
   }
+}
+
+// Dynamic sampling (rl.filter_groups) on graded rewards where every prompt with an even
+// first operand gets the same reward for all its samples: those groups are set aside and
+// refills (other prompts) generate until the batch has prompts_per_step groups with a
+// signal — more than one generation a step, groups filtered, none filling. A step's
+// metric line says so; the job trains to the end.
+TEST(RewardService, DynamicSamplingRefillsGroupsWithoutASignal) {
+  Cluster c({.agents = 1, .cpu_slots = 2});
+  ASSERT_TRUE(Start(c));
+  Serving serving;
+  ASSERT_NE(serving.server, nullptr);
+  serving.rewards.set_graded(true);
+  serving.rewards.set_flat_even(true);
+  v1::JobSpec spec = GrpoSpec(serving.address);
+  spec.mutable_rl()->set_prompts_per_step(8);
+  spec.mutable_rl()->set_filter_groups(true);
+  spec.mutable_rl()->set_max_gen_batches(10);
+  ASSERT_TRUE(NormalizeAndValidateJobSpec(spec).ok()) << NormalizeAndValidateJobSpec(spec);
+  std::string progress;
+  const v1::Job job = RunJob(c, spec, &progress);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason() << "\n" << progress;
+  // Each step's line: its metrics as key=value.
+  int steps = 0;
+  std::istringstream lines(progress);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.find("gen_batches=") == std::string::npos) continue;
+    ++steps;
+    auto metric = [&](const std::string& key) {
+      const size_t at = line.find(" " + key + "=");
+      return at == std::string::npos ? -1.0 : std::stod(line.substr(at + key.size() + 2));
+    };
+    EXPECT_GE(metric("gen_batches"), 2) << line;
+    EXPECT_GE(metric("filtered_groups"), 1) << line;
+    EXPECT_EQ(metric("filled_groups"), 0) << line;
+  }
+  EXPECT_EQ(steps, 2) << progress;
 }
 
 // grpo checkpoints (graded rewards, so that the policy moves): 8 GRPO steps straight,

@@ -1,9 +1,10 @@
 // The RL algorithm's knobs through the daemons on CPU slots: ppo with them (the KL
 // reward penalty's estimator, the overlong penalty, clip-higher, the loss aggregation)
 // trains otherwise than without, and gives the same run whether the actor's own critic
-// makes the advantages or the driver makes them for a critic group. grpo's knobs:
-// reward_service_test (graded rewards give its advantages a signal); the arithmetic:
-// tests/common/rl_test.cc.
+// makes the advantages or the driver makes them for a critic group. Dynamic sampling at
+// its bound fills the batch with the step's own groups. grpo's knobs and dynamic
+// sampling with a signal: reward_service_test (graded rewards); the arithmetic:
+// tests/common/rl_test.cc and tests/controller/rl_advantages_test.cc.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -70,6 +71,37 @@ TEST(RlAlgorithms, PpoKnobsAgreeBetweenTheActorsCriticAndACriticGroup) {
                 1e-5 * own.result["grad_norms"][i].get<double>())
         << i;
   EXPECT_THAT(group.progress, HasSubstr("reward_kl="));
+}
+
+// Dynamic sampling at its bound: the tiny random policy answers nothing right, so every
+// group's rewards are all 0 — each generation's groups are set aside, the step runs
+// rl.max_gen_batches generations and fills its batch with the set-aside groups in the
+// order generated: the step's own prompts first. So the run trains exactly as without
+// dynamic sampling, and each step says what it did (3 generations, 12 groups filtered,
+// 4 filling).
+TEST(RlAlgorithms, DynamicSamplingAtItsBoundFillsWithTheStepsOwnGroups) {
+  auto c = Up({.agents = 1, .cpu_slots = 2});
+  const v1::JobSpec base = SmallRlSpec("grpo");
+  const JobRun plain = RunOk(*c, base);
+  ASSERT_EQ(plain.result["grad_norms"].size(), 3u) << plain.result.dump();
+  ASSERT_EQ(plain.result["rewards"], nlohmann::json({0.0, 0.0, 0.0})) << "a reward: the groups would not all be flat";
+  const JobRun filtered = RunOk(*c, With(base, [](v1::RlSpec* r) { r->set_filter_groups(true), r->set_max_gen_batches(3); }));
+  EXPECT_EQ(filtered.result["grad_norms"], plain.result["grad_norms"]);
+  EXPECT_EQ(filtered.result["kl"], plain.result["kl"]);
+  int steps = 0;
+  std::istringstream lines(filtered.progress);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.find(" gen_batches=") == std::string::npos) continue;
+    ++steps;
+    auto metric = [&](const std::string& key) {
+      const size_t at = line.find(" " + key + "=");
+      return at == std::string::npos ? -1.0 : std::stod(line.substr(at + key.size() + 2));
+    };
+    EXPECT_EQ(metric("gen_batches"), 3) << line;
+    EXPECT_EQ(metric("filtered_groups"), 12) << line;
+    EXPECT_EQ(metric("filled_groups"), 4) << line;
+  }
+  EXPECT_EQ(steps, 3) << filtered.progress;
 }
 
 }  // namespace

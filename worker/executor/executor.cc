@@ -252,8 +252,8 @@ absl::StatusOr<v1::RolloutStats> Executor::RolloutGenerate(const v1::RolloutGene
     TESSERA_ASSIGN_OR_RETURN(actor, RlActorOf(req.group(), "RolloutGenerate"));
   }
   TESSERA_ASSIGN_OR_RETURN(const Swap swap, TakeTurn({req.group()}));
-  TESSERA_ASSIGN_OR_RETURN(v1::RolloutStats st, g.pool != nullptr ? g.pool->Generate(req.step(), samples)
-                                                                   : actor->RolloutGenerate(req.step(), samples));
+  TESSERA_ASSIGN_OR_RETURN(v1::RolloutStats st, g.pool != nullptr ? g.pool->Generate(req.step(), req.refill(), samples)
+                                                                   : actor->RolloutGenerate(req.step(), req.refill(), samples));
   st.set_swap_s(swap.seconds), st.set_swap_bytes(swap.bytes);
   return st;
 }

@@ -89,11 +89,11 @@ absl::Status RlActorSession::MakeRl(const v1::JobSpec& spec, const engine::Optim
   return absl::OkStatus();
 }
 
-absl::StatusOr<v1::RolloutStats> RlActorSession::RolloutGenerate(int64_t step, v1::TensorBatch* out) {
+absl::StatusOr<v1::RolloutStats> RlActorSession::RolloutGenerate(int64_t step, int refill, v1::TensorBatch* out) {
   if (rollout_ == nullptr)
     return absl::FailedPreconditionError("RolloutGenerate: the session has no rollout engine (not a grpo or ppo session, or "
                                          "the job's rollout group generates)");
-  auto got = GenerateSamples(*rollout_, prompts_, rl_, rewards_.get(), step, dp_rank_, dps_, dps_, out);
+  auto got = GenerateSamples(*rollout_, prompts_, rl_, rewards_.get(), step, refill, dp_rank_, dps_, dps_, out);
   rollout_->ReleaseCache();  // the update comes next on these devices: the cache's memory goes to it
   return got;
 }

@@ -33,7 +33,7 @@ class RlActorSession final : public TrainSession {
   // RL step `step`'s samples of this DP rank, from the session's own rollout engine
   // (GenerateSamples, rollout_pool.h); FAILED_PRECONDITION without one. The KV cache is
   // released after (RolloutEngine::ReleaseCache): training runs next on these devices.
-  absl::StatusOr<v1::RolloutStats> RolloutGenerate(int64_t step, v1::TensorBatch* out);
+  absl::StatusOr<v1::RolloutStats> RolloutGenerate(int64_t step, int refill, v1::TensorBatch* out);
   // Greedy accuracy of the current policy on this DP rank's share of held-out problems
   // [0, problems) (HeldOutEval, rl_prompts.h: the arithmetic operand pairs that no job
   // trains on, or rl.eval_data's), from the session's own rollout engine (its cache

@@ -48,8 +48,8 @@ void RolloutPoolSession::ReleaseForOffload(std::vector<runtime::Tensor>* states)
   model_->AppendStates(states);
 }
 
-absl::StatusOr<v1::RolloutStats> RolloutPoolSession::Generate(int64_t step, v1::TensorBatch* out) {
-  auto got = GenerateSamples(*rollout_, prompts_, rl_, rewards_.get(), step, dp_rank_, dps_, actor_dps_, out);
+absl::StatusOr<v1::RolloutStats> RolloutPoolSession::Generate(int64_t step, int refill, v1::TensorBatch* out) {
+  auto got = GenerateSamples(*rollout_, prompts_, rl_, rewards_.get(), step, refill, dp_rank_, dps_, actor_dps_, out);
   if (colocated_) rollout_->ReleaseCache();
   return got;
 }
@@ -65,17 +65,28 @@ engine::RolloutOptions RlRolloutOptions(const v1::RlSpec& rl, int dps, int64_t l
   return ro;
 }
 
+int64_t RefillPromptIndex(const v1::RlSpec& rl, int64_t step, int refill) {
+  return (int64_t{1} << 40) + (step * std::max(rl.max_gen_batches(), 1) + refill - 1) * rl.prompts_per_step();
+}
+
 absl::StatusOr<v1::RolloutStats> GenerateSamples(engine::RolloutEngine& rollout, const RlPrompts& prompts_,
                                                  const v1::RlSpec& rl_, RewardServiceClient* rewards_, int64_t step,
-                                                 int dp_rank_, int dps_, int actor_dps_, v1::TensorBatch* out) {
+                                                 int refill, int dp_rank_, int dps_, int actor_dps_, v1::TensorBatch* out) {
   if (step < 0) return absl::InvalidArgumentError(absl::StrCat("RolloutGenerate: step ", step));
+  if (refill < 0 || (refill > 0 && (!rl_.filter_groups() || refill >= rl_.max_gen_batches())))
+    return absl::InvalidArgumentError(absl::StrCat("RolloutGenerate: refill ", refill, " of step ", step, " (rl.filter_groups ",
+                                                   rl_.filter_groups() ? "on" : "off", ", rl.max_gen_batches ",
+                                                   rl_.max_gen_batches(), ")"));
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t P = rl_.prompts_per_step(), per = P / dps_, actor_per = P / actor_dps_;
+  const int64_t first = refill == 0 ? step * P : RefillPromptIndex(rl_, step, refill);
+  // A refill's sampling seeds: another stream per refill (refill 0 keeps the step's).
+  const uint64_t salt = static_cast<uint64_t>(refill) * 0x9e3779b97f4a7c15ull;
   std::vector<engine::GenerationRequest> requests;
   std::vector<std::string> answers, texts;
   for (int64_t i = 0; i < per; ++i) {
     const int64_t g = dp_rank_ * per + i;  // the prompt's place in the step
-    RlPrompts::Prompt p = prompts_.At(step * P + g);
+    RlPrompts::Prompt p = prompts_.At(first + g);
     engine::GenerationRequest r;
     r.prompt = std::move(p.ids);
     r.params.temperature = static_cast<float>(rl_.temperature());
@@ -84,7 +95,7 @@ absl::StatusOr<v1::RolloutStats> GenerateSamples(engine::RolloutEngine& rollout,
     r.params.n = rl_.group_size();
     // The seed the actor's DP rank g / actor_per gives its prompt g % actor_per colocated
     // (GenerateSamples on the actor: step * 1009 + its DP rank, then engine::PromptSeed).
-    r.params.seed = engine::PromptSeed(static_cast<uint64_t>(step) * 1009 + g / actor_per, static_cast<size_t>(g % actor_per));
+    r.params.seed = engine::PromptSeed((static_cast<uint64_t>(step) * 1009 + g / actor_per) ^ salt, static_cast<size_t>(g % actor_per));
     requests.push_back(std::move(r));
     answers.push_back(std::move(p.answer));
     texts.push_back(std::move(p.text));

@@ -32,7 +32,7 @@ class RolloutPoolSession {
   // RL step `step`'s samples of this pool DP rank (GenerateSamples below, seeded as the
   // actor's DP ranks would); every TP rank returns them. On the actor's devices
   // (colocate_with) the KV cache is released after it and after Eval: training runs next.
-  absl::StatusOr<v1::RolloutStats> Generate(int64_t step, v1::TensorBatch* out);
+  absl::StatusOr<v1::RolloutStats> Generate(int64_t step, int refill, v1::TensorBatch* out);
   // Greedy accuracy on this pool DP rank's share of the held-out problems (HeldOutEval).
   absl::StatusOr<v1::RlEvalResponse> Eval(int64_t problems);
   model::Llama& model() { return *model_; }
@@ -61,14 +61,19 @@ class RolloutPoolSession {
 engine::RolloutOptions RlRolloutOptions(const v1::RlSpec& rl, int dps, int64_t longest_prompt);
 
 // One RL step's samples of DP rank `dp_rank` of `dps`: prompts [dp_rank·P/dps, (dp_rank+1)·P/dps)
-// of step `step` (P = rl.prompts_per_step), rl.group_size samples each, scored by the
+// of step `step` (P = rl.prompts_per_step; refill k >= 1: the step's k-th refill batch of
+// dynamic sampling, RefillPromptIndex), rl.group_size samples each, scored by the
 // built-in verifier or `rewards` (rl.reward_service; TP rank 0 calls it). Prompt g of the
 // step is sampled with the seed that the actor's DP rank training on it (of `actor_dps`)
 // gives it, so a rollout group of any DP size samples what the actor's own engine does.
 // The samples as above, rows padded to the longest prompt and rl.max_new_tokens.
 absl::StatusOr<v1::RolloutStats> GenerateSamples(engine::RolloutEngine& rollout, const RlPrompts& prompts,
                                                  const v1::RlSpec& rl, RewardServiceClient* rewards, int64_t step,
-                                                 int dp_rank, int dps, int actor_dps, v1::TensorBatch* out);
+                                                 int refill, int dp_rank, int dps, int actor_dps, v1::TensorBatch* out);
+// Where refill k >= 1 of step s takes its prompts: a stream of its own past every step's
+// (2^40 + (s·rl.max_gen_batches + k - 1)·P; JSONL files cycle), so that a step's prompts
+// depend on its step alone (a resumed job draws the same).
+int64_t RefillPromptIndex(const v1::RlSpec& rl, int64_t step, int refill);
 
 // The samples' TensorBatch of `rollouts` (prompt ids per sample given) and back.
 // Rows are padded to the given widths (at least each row's length), so that every pool

@@ -422,6 +422,13 @@ TEST(JobSpec, RlAlgorithmKnobs) {
   EXPECT_THAT(refused({"rl.overlong_buffer=6", "rl.max_new_tokens=6"}),
               HasSubstr("rl.overlong_buffer: 6 tokens: expected fewer than rl.max_new_tokens (6)"));
   EXPECT_THAT(refused({"train.data.shuffle=true"}), HasSubstr("train.data.shuffle: is for JSONL prompts"));
+  auto dynamic = grpo({"rl.filter_groups=true"});
+  ASSERT_TRUE(dynamic.ok()) << dynamic.status();
+  EXPECT_EQ(dynamic->rl().max_gen_batches(), 4);
+  EXPECT_THAT(refused({"rl.max_gen_batches=3"}), HasSubstr("rl.max_gen_batches: bounds dynamic sampling's generations"));
+  EXPECT_THAT(refused({"rl.filter_groups=true", "rl.max_gen_batches=101"}), HasSubstr("rl.max_gen_batches"));
+  EXPECT_THAT(std::string(ValidSpec(kPretrain, {"kind=ppo", "rl.filter_groups=true"}).status().message()),
+              HasSubstr("rl.filter_groups: is for grpo jobs"));
   EXPECT_THAT(std::string(ValidSpec(kPretrain, {"train.data.shuffle=true"}).status().message()),
               HasSubstr("train.data.shuffle: is for grpo and ppo prompts, not pretrain data"));
 }
