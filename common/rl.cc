@@ -235,6 +235,8 @@ absl::StatusOr<OutcomeAdvantages> ComputeOutcomeAdvantages(const std::vector<Out
   return out;
 }
 
+double TisWeight(double old_logp, double rollout_logp, double cap) { return std::min(std::exp(old_logp - rollout_logp), cap); }
+
 double OverlongPenalty(int64_t length, const OverlongOptions& o) {
   if (o.buffer <= 0 || o.factor <= 0) return 0;
   const int64_t over = length - (o.max_length - o.buffer);
@@ -296,6 +298,8 @@ absl::Status CheckTokens(const PolicyTokens& in, const PolicyLossOptions& o) {
     if (absl::Status s = same(*v, name); !s.ok()) return s;
   if (o.kl_coef > 0)
     if (absl::Status s = same(in.ref_logp, "ref_logp (kl_coef > 0)"); !s.ok()) return s;
+  if (!in.is_weight.empty())
+    if (absl::Status s = same(in.is_weight, "is_weight"); !s.ok()) return s;
   if (o.entropy_coef > 0)
     if (absl::Status s = same(in.entropy, "entropy (entropy_coef > 0)"); !s.ok()) return s;
   if (o.clip_low < 0 || o.clip_low >= 1 || o.clip_high < 0)
@@ -331,6 +335,7 @@ absl::StatusOr<PolicyLoss> ComputePolicyLoss(const PolicyTokens& in, const Polic
       clipped += m;
     }
     if (dual && a < 0 && pg > -o.dual_clip * a) pg = -o.dual_clip * a, dpg = 0;
+    if (!in.is_weight.empty()) pg *= in.is_weight[t], dpg *= in.is_weight[t];
     pg_sum += m * pg;
     out.dlogp[t] = m * dpg;
     if (o.kl_coef > 0) {

@@ -147,7 +147,8 @@ absl::StatusOr<LossWeights> ComputeLossWeights(const std::vector<double>& mask, 
 // weighted mean: L = sum_t mask_t (pg_t + kl_coef k_t - entropy_coef H_t) / sum_t mask_t, with
 // ratio_t = exp(logp_t - old_logp_t) and the clipped surrogate
 // pg_t = max(-A_t ratio_t, -A_t clip(ratio_t, 1 - clip_low, 1 + clip_high)), capped at
-// -dual_clip A_t where A_t < 0 (dual clip, off when dual_clip <= 1).
+// -dual_clip A_t where A_t < 0 (dual clip, off when dual_clip <= 1), times is_weight_t
+// where given.
 struct PolicyLossOptions {
   double clip_low = 0.2, clip_high = 0.2;
   double dual_clip = 3.0;
@@ -157,12 +158,22 @@ struct PolicyLossOptions {
   // How a mini-batch's token losses aggregate (Trainer::PolicyStep applies it).
   LossAggregation aggregation = LossAggregation::kTokenMean;
   double norm_length = 0;  // seq_mean_token_sum_norm's constant (> 0)
+  // > 0: truncated importance sampling — the surrogate of each token weighted by
+  // TisWeight(old_logp, the rollout's log-prob, tis_cap), where the samples carry the
+  // rollout engine's log-probs (Trainer::PolicyStep makes PolicyTokens::is_weight).
+  double tis_cap = 0;
 };
 struct PolicyTokens {
   std::vector<double> logp, old_logp, advantage, mask;
-  std::vector<double> ref_logp;  // empty unless kl_coef > 0
-  std::vector<double> entropy;   // empty unless entropy_coef > 0
+  std::vector<double> ref_logp;   // empty unless kl_coef > 0
+  std::vector<double> entropy;    // empty unless entropy_coef > 0
+  std::vector<double> is_weight;  // empty: 1; else a constant weight on each token's surrogate (and its gradient)
 };
+// Truncated importance sampling (the rollout engine and the trainer disagree a little on
+// the same weights, and more where the rollout's weights are a step old): the weight of a
+// token sampled with log-prob `rollout_logp` under a policy whose log-prob is `old_logp`,
+// min(exp(old_logp - rollout_logp), cap).
+double TisWeight(double old_logp, double rollout_logp, double cap);
 struct PolicyLoss {
   double loss = 0;       // the token mean above
   double pg_loss = 0;    // its policy-gradient part (token mean)

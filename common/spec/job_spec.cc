@@ -369,7 +369,7 @@ absl::Status ParseRl(const YAML::Node& n, const std::string& path, v1::RlSpec* r
                                               "gpu_memory_utilization", "reward_model", "eval_data", "advantage",
                                               "norm_adv_by_std", "kl_estimator", "kl_reward_estimator", "clip_low",
                                               "clip_high", "dual_clip", "loss_agg", "overlong_buffer", "overlong_penalty",
-                                              "filter_groups", "max_gen_batches"}));
+                                              "filter_groups", "max_gen_batches", "tis_cap", "max_staleness"}));
   for (const auto& kv : n) {
     const std::string k = kv.first.Scalar(), p = Join(path, k);
     const YAML::Node& v = kv.second;
@@ -383,6 +383,7 @@ absl::Status ParseRl(const YAML::Node& n, const std::string& path, v1::RlSpec* r
     else if (k == "eval_problems") ASSIGN_INT(r->set_eval_problems, v, p);
     else if (k == "overlong_buffer") ASSIGN_INT(r->set_overlong_buffer, v, p);
     else if (k == "max_gen_batches") ASSIGN_INT(r->set_max_gen_batches, v, p);
+    else if (k == "max_staleness") ASSIGN_INT(r->set_max_staleness, v, p);
     else if (k == "norm_adv_by_std" || k == "filter_groups") {
       TESSERA_ASSIGN_OR_RETURN(bool b, AsBool(v, p));
       k == "filter_groups" ? r->set_filter_groups(b) : r->set_norm_adv_by_std(b);
@@ -419,6 +420,7 @@ absl::Status ParseRl(const YAML::Node& n, const std::string& path, v1::RlSpec* r
       else if (k == "clip_high") r->set_clip_high(d);
       else if (k == "dual_clip") r->set_dual_clip(d);
       else if (k == "overlong_penalty") r->set_overlong_penalty(d);
+      else if (k == "tis_cap") r->set_tis_cap(d);
       else r->set_clip(d);
     }
   }

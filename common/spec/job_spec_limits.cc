@@ -97,6 +97,8 @@ std::vector<FieldLimit> MakeTable() {
       {"rl.overlong_buffer", 0, 1048576},
       {"rl.overlong_penalty", 0, 100},
       {"rl.max_gen_batches", 1, 100, true},
+      {"rl.tis_cap", 0, 1000},
+      {"rl.max_staleness", 0, 1},
       {"generate.max_new_tokens", 1, 1048576, true},
       {"generate.temperature", 0, 100},
       {"generate.top_k", 0, 1e8},

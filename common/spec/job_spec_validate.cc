@@ -293,6 +293,9 @@ static absl::Status ValidateRl(JobSpec& spec) {
   if (spec.train().data().shuffle() && !(spec.train().data().kind() == "jsonl"))
     return Bad("train.data.shuffle", "is for JSONL prompts (the built-in problems are drawn at random already)");
   if (r->temperature() == 0) r->set_temperature(1.0);
+  if (r->tis_cap() > 0 && r->temperature() != 1.0)
+    return Bad("rl.tis_cap", absl::StrCat("compares the rollout's log-probs, of the distribution sampled at rl.temperature ",
+                                          r->temperature(), ", with the trainer's at temperature 1: needs temperature 1"));
   if (r->clip() == 0) r->set_clip(0.2);
   if (r->epochs() == 0) r->set_epochs(1);
   if (r->mini_batches() == 0) r->set_mini_batches(1);
@@ -330,6 +333,12 @@ static absl::Status ValidateRl(JobSpec& spec) {
   if (r->mini_batches() > samples)
     return Bad("rl.mini_batches", absl::StrCat(r->mini_batches(), " mini-batches of ", samples, " samples per DP rank"));
   TESSERA_RETURN_IF_ERROR(ValidateRlGroups(spec));
+  if (r->max_staleness() > 0) {
+    const v1::GroupSpec* pool = RolloutPool(spec);
+    if (pool == nullptr || !pool->colocate_with().empty())
+      return Bad("rl.max_staleness", "one step off generates while the actor trains: it needs a rollout group on devices of "
+                                     "its own (groups[i].role: rollout, without colocate_with)");
+  }
   return absl::OkStatus();
 }
 

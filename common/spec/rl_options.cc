@@ -28,6 +28,7 @@ absl::StatusOr<rl::PolicyLossOptions> PolicyLossOf(const v1::RlSpec& r) {
   TESSERA_ASSIGN_OR_RETURN(l.aggregation,
                            Named<rl::LossAggregation>("loss_agg", r.loss_agg(), "token_mean", rl::ParseLossAggregation));
   l.norm_length = r.max_new_tokens();
+  l.tis_cap = r.tis_cap();
   return l;
 }
 

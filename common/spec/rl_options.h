@@ -13,7 +13,7 @@ namespace tessera {
 
 // The actor's loss: clip_low / clip_high (default clip), dual_clip (default 3, 0: off),
 // kl_coef with kl_estimator (default k3), entropy_coef, loss_agg (default token_mean;
-// seq_mean_token_sum_norm over max_new_tokens).
+// seq_mean_token_sum_norm over max_new_tokens), tis_cap.
 absl::StatusOr<rl::PolicyLossOptions> PolicyLossOf(const v1::RlSpec& r);
 // grpo jobs' advantages: the estimator (default grpo), norm_adv_by_std, kl_reward_coef
 // with kl_reward_estimator (default k1), gamma (reinforce_plus_plus; default 1).

@@ -45,6 +45,7 @@
 #include <chrono>
 #include <cmath>
 #include <functional>
+#include <future>
 #include <map>
 #include <thread>
 
@@ -274,27 +275,40 @@ absl::StatusOr<std::string> RunRl(DriverContext& ctx) {
   int64_t sync_bytes = first_sync.first;
   double sync_seconds = 0;
   Preemption preemption(ctx, !spec.train().checkpoint().dir().empty());
-  for (int64_t s = start; s < steps; ++s) {
-    if (ctx.cancelled && *ctx.cancelled) return absl::CancelledError("cancelled");
-    TESSERA_ASSIGN_OR_RETURN(const bool save, preemption.Before(s));
+  // A step's samples (RolloutGenerate on the rollout side, a reward group's scores,
+  // dynamic sampling's refills) and what it took: on the driver's thread, or — one step
+  // off (rl.max_staleness 1) — on another while the step before trains.
+  struct Generated {
+    v1::TensorBatch batch;
+    Swaps swaps;
+    double reward = 0, rule_reward = 0, length = 0, samples = 0, engine_s = 0, prefill_s = 0, decode_s = 0;
+    double decode_steps = 0, graph_steps = 0, prompt_tokens = 0, response_tokens = 0, rollout_peak = 0, kv_cache = 0;
+    double generate_s = 0, reward_wall_s = 0, reward_s = 0, reward_peak = 0, train_tokens = 0;
+    int gen_batches = 0, filtered_groups = 0, filled_groups = 0;
+  };
+  const bool filtering = spec.rl().filter_groups();
+  const bool one_step_off = spec.rl().max_staleness() > 0;
+  auto produce = [&](int64_t s) -> absl::StatusOr<Generated> {
     // Generate: TP rank 0 of each rollout DP rank (ranks are tp fastest) gives its samples.
     // Reward: a reward group's scores replace the rule verifier's rewards. With dynamic
     // sampling (rl.filter_groups) the groups without a signal are set aside and refills
     // generate more, at most rl.max_gen_batches generations a step (GroupFilter).
-    step_swaps = Swaps();
-    const bool filtering = spec.rl().filter_groups();
+    Generated out;
     GroupFilter filter(spec.rl().prompts_per_step(), spec.rl().group_size());
-    v1::TensorBatch batch;
+    v1::TensorBatch& batch = out.batch;
     v1::RlForwardHeader forward;
     forward.set_step(s);
-    double reward = 0, rule_reward = 0, length = 0, samples = 0, engine_s = 0, prefill_s = 0, decode_s = 0;
-    double decode_steps = 0, graph_steps = 0, prompt_tokens = 0, response_tokens = 0, rollout_peak = 0, kv_cache = 0;
-    double generate_s = 0, reward_wall_s = 0, reward_s = 0, reward_peak = 0;
-    int gen_batches = 0;
+    double &reward = out.reward, &rule_reward = out.rule_reward, &length = out.length, &samples = out.samples;
+    double &engine_s = out.engine_s, &prefill_s = out.prefill_s, &decode_s = out.decode_s;
+    double &decode_steps = out.decode_steps, &graph_steps = out.graph_steps, &prompt_tokens = out.prompt_tokens;
+    double &response_tokens = out.response_tokens, &rollout_peak = out.rollout_peak, &kv_cache = out.kv_cache;
+    double &generate_s = out.generate_s, &reward_wall_s = out.reward_wall_s, &reward_s = out.reward_s;
+    double &reward_peak = out.reward_peak;
+    int& gen_batches = out.gen_batches;
     for (int refill = 0;; ++refill) {
       auto t = Clock::now();
       TESSERA_ASSIGN_OR_RETURN(std::vector<RankSamples> gen, rollout.RolloutGenerate(s, refill));
-      step_swaps.Phase(gen, [](const RankSamples& r) -> const v1::RolloutStats& { return r.stats; });
+      out.swaps.Phase(gen, [](const RankSamples& r) -> const v1::RolloutStats& { return r.stats; });
       ++gen_batches;
       std::vector<v1::TensorBatch> shards;
       double call_engine_s = 0, call_prefill_s = 0, call_decode_s = 0, call_reward = 0, call_samples = 0;
@@ -320,7 +334,7 @@ absl::StatusOr<std::string> RunRl(DriverContext& ctx) {
         t = Clock::now();
         double call_reward_s = 0;
         TESSERA_ASSIGN_OR_RETURN(WorkerGroup::Forward f, scorer->RlForwardDpSplit(forward, got));
-        ForwardTimes(f, &call_reward_s, &reward_peak, &step_swaps);
+        ForwardTimes(f, &call_reward_s, &reward_peak, &out.swaps);
         TESSERA_ASSIGN_OR_RETURN(const double mean, TakeScores(f.out, &got));
         call_reward = mean * call_samples;
         reward_s += call_reward_s, reward_wall_s += Since(t);
@@ -337,11 +351,39 @@ absl::StatusOr<std::string> RunRl(DriverContext& ctx) {
     if (samples > 0) reward /= samples, rule_reward /= samples, length /= samples;
     // The tokens the update's passes take: the batch's own (fewer than generated when
     // dynamic sampling set groups aside).
-    double train_tokens = prompt_tokens + response_tokens;
+    out.train_tokens = prompt_tokens + response_tokens;
     if (filtering) {
       TESSERA_ASSIGN_OR_RETURN(batch, filter.Take());
-      TESSERA_ASSIGN_OR_RETURN(train_tokens, BatchTokens(batch));
+      TESSERA_ASSIGN_OR_RETURN(out.train_tokens, BatchTokens(batch));
+      out.filtered_groups = filter.dropped(), out.filled_groups = filter.filled();
     }
+    return out;
+  };
+  std::future<absl::StatusOr<Generated>> prefetch;  // one step off: the next step's samples
+  for (int64_t s = start; s < steps; ++s) {
+    if (ctx.cancelled && *ctx.cancelled) return absl::CancelledError("cancelled");
+    TESSERA_ASSIGN_OR_RETURN(const bool save, preemption.Before(s));
+    const auto step_start = Clock::now();
+    // The step's samples: made now, or made while the step before trained (one step off:
+    // generated with the weights of two steps before).
+    Generated g;
+    const bool prefetched = prefetch.valid();
+    if (prefetched) {
+      TESSERA_ASSIGN_OR_RETURN(g, prefetch.get());
+    } else {
+      TESSERA_ASSIGN_OR_RETURN(g, produce(s));
+    }
+    if (one_step_off && s + 1 < steps) prefetch = std::async(std::launch::async, produce, s + 1);
+    step_swaps = g.swaps;
+    v1::TensorBatch& batch = g.batch;
+    v1::RlForwardHeader forward;
+    forward.set_step(s);
+    const double reward = g.reward, rule_reward = g.rule_reward, length = g.length, samples = g.samples;
+    const double engine_s = g.engine_s, prefill_s = g.prefill_s, decode_s = g.decode_s, decode_steps = g.decode_steps;
+    const double graph_steps = g.graph_steps, prompt_tokens = g.prompt_tokens, response_tokens = g.response_tokens;
+    const double rollout_peak = g.rollout_peak, kv_cache = g.kv_cache, generate_s = g.generate_s;
+    const double reward_wall_s = g.reward_wall_s, reward_s = g.reward_s, reward_peak = g.reward_peak;
+    const double train_tokens = g.train_tokens;
     // Update: the samples split over each group's DP ranks (whole groups each) — the
     // reference's log-probs, with a critic group the actor's old log-probs and the
     // critic's values, PPO's advantages (here), then the actor's and the critic's updates.
@@ -419,6 +461,14 @@ absl::StatusOr<std::string> RunRl(DriverContext& ctx) {
     }
     // ppo's critic statistics: the critic group's, or the actor's own critic's.
     const v1::CriticStats& critic_stats = critic_upd.empty() ? upd[0].critic() : critic_upd[0].critic();
+    // One step off: the next step's generation finishes before the weights move (what the
+    // update did not hide is wait_s).
+    double wait_s = 0;
+    if (prefetch.valid()) {
+      const auto w = Clock::now();
+      prefetch.wait();
+      wait_s = Since(w);
+    }
     // Sync: the new weights to the rollout model.
     std::pair<int64_t, double> synced{0, 0};
     if (own_model) {
@@ -442,11 +492,12 @@ absl::StatusOr<std::string> RunRl(DriverContext& ctx) {
     }
     m["response_length"] = length;
     if (filtering) {  // dynamic sampling: generations, groups without a signal, and those that filled the batch
-      m["gen_batches"] = gen_batches, m["filtered_groups"] = filter.dropped(), m["filled_groups"] = filter.filled();
+      m["gen_batches"] = g.gen_batches, m["filtered_groups"] = g.filtered_groups, m["filled_groups"] = g.filled_groups;
     }
     m["kl"] = first.kl(), m["clip_fraction"] = first.clip_fraction();
     m["entropy"] = first.entropy();  // predictive entropy of the response tokens
     m["grad_norm"] = first.grad_norm(), m["loss"] = first.loss();
+    if (spec.rl().tis_cap() > 0) m["tis_weight"] = first.tis_weight();  // the mean truncated importance weight
     m["generate_s"] = generate_s, m["update_s"] = update_wall_s;
     m["rollout_engine_s"] = engine_s, m["decode_steps"] = decode_steps, m["graph_steps"] = graph_steps;
     m["prefill_s"] = prefill_s, m["decode_s"] = decode_s;
@@ -474,8 +525,11 @@ absl::StatusOr<std::string> RunRl(DriverContext& ctx) {
       m["value"] = critic_stats.value(), m["critic_grad_norm"] = critic_stats.grad_norm();
       m["values_s"] = values_s, m["critic_update_s"] = critic_s;
     }
-    const double seconds = generate_s + reward_wall_s + update_wall_s + synced.second;
+    // The step's time: its phases one after another; one step off, its wall time (the
+    // generation it used ran during the step before; the next one's during this).
+    const double seconds = one_step_off ? Since(step_start) : generate_s + reward_wall_s + update_wall_s + synced.second;
     if (seconds > 0) m["samples_per_s"] = samples / seconds;
+    if (one_step_off) m["step_s"] = seconds, m["wait_s"] = wait_s, m["staleness"] = prefetched ? 1 : 0;
     if (checkpoint_s >= 0) {
       m["checkpoint_s"] = checkpoint_s;  // the slowest rank
       p.set_message(absl::StrCat(p.message(), " (checkpoint saved)"));

@@ -276,6 +276,22 @@ TEST(PolicyLoss, ClippedSurrogateWithDualClip) {
   EXPECT_NEAR(l->dlogp[3], 4.0 / 4, 1e-12);
 }
 
+// Truncated importance weights scale each token's surrogate and its gradient: t0 (clipped,
+// -1.2) by 2, t1 (inside, -1.1) by 0.5; TisWeight caps exp(old - rollout).
+TEST(PolicyLoss, ImportanceWeightsScaleTheSurrogate) {
+  PolicyTokens in = FiveTokens();
+  in.is_weight = {2, 0.5, 1, 1, 1};
+  auto l = ComputePolicyLoss(in, {});
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_NEAR(l->pg_loss, (-2.4 - 0.55 + 0.8 + 3) / 4, 1e-12);
+  EXPECT_NEAR(l->dlogp[1], -0.55 / 4, 1e-12);
+  EXPECT_NEAR(l->clip_fraction, 0.5, 1e-12);
+  EXPECT_NEAR(TisWeight(-1, -1.5, 2), std::exp(0.5), 1e-12);
+  EXPECT_EQ(TisWeight(-1, -2, 2), 2);
+  in.is_weight.pop_back();
+  EXPECT_THAT(std::string(ComputePolicyLoss(in, {}).status().message()), HasSubstr("is_weight: 4 values for 5 tokens"));
+}
+
 TEST(PolicyLoss, KlTermAndEntropyBonus) {
   PolicyTokens in = FiveTokens();
   for (double lp : in.logp) in.ref_logp.push_back(lp - 0.5);

@@ -9,6 +9,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <map>
 #include <functional>
 #include <sstream>
 
@@ -71,6 +73,90 @@ TEST(RlAlgorithms, PpoKnobsAgreeBetweenTheActorsCriticAndACriticGroup) {
                 1e-5 * own.result["grad_norms"][i].get<double>())
         << i;
   EXPECT_THAT(group.progress, HasSubstr("reward_kl="));
+}
+
+// Truncated importance sampling: the rollout engine's log-probs travel with the samples
+// to the actor's update, aligned with the trainer's old log-probs token by token — the
+// weights' mean is 1 within float error every step (a shifted alignment would put it
+// far off) — so the run trains as without (gradient norms within 1e-3).
+TEST(RlAlgorithms, TruncatedImportanceSamplingWeighsByTheRolloutsLogProbs) {
+  auto c = Up({.agents = 1, .cpu_slots = 2});
+  const v1::JobSpec base = SmallRlSpec("grpo");
+  const JobRun plain = RunOk(*c, base);
+  ASSERT_EQ(plain.result["grad_norms"].size(), 3u) << plain.result.dump();
+  const JobRun tis = RunOk(*c, With(base, [](v1::RlSpec* r) { r->set_tis_cap(2.0); }));
+  ASSERT_EQ(tis.result["grad_norms"].size(), 3u) << tis.result.dump();
+  for (size_t i = 0; i < 3; ++i)
+    EXPECT_NEAR(tis.result["grad_norms"][i].get<double>(), plain.result["grad_norms"][i].get<double>(),
+                1e-3 * plain.result["grad_norms"][i].get<double>()) << i;
+  int steps = 0;
+  std::istringstream lines(tis.progress);
+  for (std::string line; std::getline(lines, line);) {
+    const size_t at = line.find(" tis_weight=");
+    if (at == std::string::npos) continue;
+    ++steps;
+    EXPECT_NEAR(std::stod(line.substr(at + 12)), 1.0, 1e-3) << line;
+  }
+  EXPECT_EQ(steps, 3) << tis.progress;
+  // A rollout at another temperature samples another distribution: refused by name.
+  v1::JobSpec hot = base;
+  hot.mutable_rl()->set_tis_cap(2.0), hot.mutable_rl()->set_temperature(0.7);
+  EXPECT_THAT(std::string(NormalizeAndValidateJobSpec(hot).message()), HasSubstr("rl.tis_cap: compares the rollout's log-probs"));
+}
+
+// One step off (rl.max_staleness 1) with a rollout group on devices of its own: the
+// first step generates as the synchronous run does (the same samples, the same update);
+// from the second on, each step's samples were generated while the step before trained,
+// with weights a step older than the actor's — the truncated importance weights move off
+// 1 where the synchronous run's stay at 1 — and the steps say so (staleness, wait_s).
+TEST(RlAlgorithms, OneStepOffTrainsOnSamplesAStepStale) {
+  auto c = Up({.agents = 1, .cpu_slots = 4});
+  v1::JobSpec base = With(SmallRlSpec("grpo"), [](v1::RlSpec* r) { r->set_tis_cap(5.0); });
+  auto* pool = base.add_groups();
+  pool->set_name("rollout"), pool->set_role("rollout"), pool->set_devices(2);
+  pool->mutable_layout()->set_tp(1), pool->mutable_layout()->set_dp(2);
+  ASSERT_TRUE(NormalizeAndValidateJobSpec(base).ok()) << NormalizeAndValidateJobSpec(base);
+  const JobRun sync = RunOk(*c, base);
+  const JobRun async = RunOk(*c, With(base, [](v1::RlSpec* r) { r->set_max_staleness(1); }));
+  ASSERT_EQ(sync.result["grad_norms"].size(), 3u) << sync.result.dump();
+  ASSERT_EQ(async.result["grad_norms"].size(), 3u) << async.result.dump();
+  EXPECT_EQ(async.result["rewards"][0], sync.result["rewards"][0]);
+  EXPECT_NEAR(async.result["grad_norms"][0].get<double>(), sync.result["grad_norms"][0].get<double>(),
+              1e-6 * sync.result["grad_norms"][0].get<double>());
+  auto steps_of = [](const std::string& progress) {
+    std::vector<std::map<std::string, double>> steps;
+    std::istringstream lines(progress);
+    for (std::string line; std::getline(lines, line);) {
+      if (line.find(" tis_weight=") == std::string::npos) continue;
+      std::map<std::string, double> m;
+      for (const char* key : {"tis_weight", "staleness", "wait_s", "step_s"}) {
+        const size_t at = line.find(std::string(" ") + key + "=");
+        if (at != std::string::npos) m[key] = std::stod(line.substr(at + std::strlen(key) + 2));
+      }
+      steps.push_back(m);
+    }
+    return steps;
+  };
+  const auto s = steps_of(sync.progress), a = steps_of(async.progress);
+  ASSERT_EQ(s.size(), 3u) << sync.progress;
+  ASSERT_EQ(a.size(), 3u) << async.progress;
+  for (const auto& m : s) {
+    EXPECT_NEAR(m.at("tis_weight"), 1.0, 1e-3);
+    EXPECT_EQ(m.count("staleness"), 0u);
+  }
+  EXPECT_EQ(a[0].at("staleness"), 0);
+  EXPECT_NEAR(a[0].at("tis_weight"), 1.0, 1e-3);
+  for (size_t i = 1; i < 3; ++i) {
+    EXPECT_EQ(a[i].at("staleness"), 1) << i;
+    EXPECT_GT(std::abs(a[i].at("tis_weight") - 1.0), 2e-3) << i;
+    EXPECT_GE(a[i].at("wait_s"), 0) << i;
+    EXPECT_GT(a[i].at("step_s"), 0) << i;
+  }
+  // Without a rollout group of its own there is nothing to overlap: refused by name.
+  v1::JobSpec colocated = SmallRlSpec("grpo");
+  colocated.mutable_rl()->set_max_staleness(1);
+  EXPECT_THAT(std::string(NormalizeAndValidateJobSpec(colocated).message()),
+              HasSubstr("rl.max_staleness: one step off generates while the actor trains"));
 }
 
 // Dynamic sampling at its bound: the tiny random policy answers nothing right, so every

@@ -108,6 +108,10 @@ absl::StatusOr<v1::RlUpdateResponse> RlActorSession::RlUpdate(int64_t step, cons
   TESSERA_ASSIGN_OR_RETURN(const bool has_ref, TakeTokenTensor(batch, kRefLogp, got.samples, &engine::RlSample::ref_logp));
   if (!has_ref && reference_ == nullptr && (rl_.kl_coef() > 0 || rl_.kl_reward_coef() > 0))
     return absl::InvalidArgumentError(absl::StrCat("RlUpdate: the samples carry no ", kRefLogp, " and the actor has no reference"));
+  if (rl_.tis_cap() > 0) {  // the rollout engine's log-probs, for the importance weights
+    TESSERA_ASSIGN_OR_RETURN(const bool has, TakeTokenTensor(batch, kRolloutLogp, got.samples, &engine::RlSample::rollout_logp));
+    if (!has) return absl::InvalidArgumentError(absl::StrCat("RlUpdate: rl.tis_cap needs the samples' ", kRolloutLogp));
+  }
   const bool critic_group = ppo_ && critic_ == nullptr;
   if (critic_group)
     for (auto [name, field] : {std::pair{kOldLogp, &engine::RlSample::old_logp}, std::pair{kAdvantage, &engine::RlSample::advantage}}) {
@@ -123,14 +127,14 @@ absl::StatusOr<v1::RlUpdateResponse> RlActorSession::RlUpdate(int64_t step, cons
     TESSERA_ASSIGN_OR_RETURN(engine::PpoStats st, engine::PpoActorUpdate(*trainer_, got, ppo_options));
     r.set_reward(st.reward), r.set_response_length(st.response_length);
     r.set_loss(st.loss), r.set_kl(st.kl), r.set_clip_fraction(st.clip_fraction), r.set_entropy(st.entropy);
-    r.set_grad_norm(st.grad_norm);
+    r.set_grad_norm(st.grad_norm), r.set_tis_weight(st.tis_weight);
     r.set_update_s(st.update_s);
   } else if (critic_ != nullptr) {
     TESSERA_ASSIGN_OR_RETURN(engine::PpoStats st, engine::PpoUpdate(*model_, *trainer_, *critic_, *critic_trainer_,
                                                                     reference_.get(), got, ppo_options));
     r.set_reward(st.reward), r.set_response_length(st.response_length);
     r.set_loss(st.loss), r.set_kl(st.kl), r.set_clip_fraction(st.clip_fraction), r.set_entropy(st.entropy);
-    r.set_grad_norm(st.grad_norm);
+    r.set_grad_norm(st.grad_norm), r.set_tis_weight(st.tis_weight);
     r.set_ref_s(st.ref_s), r.set_old_s(st.old_s), r.set_update_s(st.update_s);
     v1::CriticStats& c = *r.mutable_critic();
     c.set_value_loss(st.value_loss), c.set_value_clip_fraction(st.value_clip_fraction), c.set_value(st.value);
@@ -148,7 +152,7 @@ absl::StatusOr<v1::RlUpdateResponse> RlActorSession::RlUpdate(int64_t step, cons
     r.set_reward_kl(st.reward_kl);
     r.set_reward(st.reward), r.set_response_length(st.response_length);
     r.set_loss(st.loss), r.set_kl(st.kl), r.set_clip_fraction(st.clip_fraction), r.set_entropy(st.entropy);
-    r.set_grad_norm(st.grad_norm);
+    r.set_grad_norm(st.grad_norm), r.set_tis_weight(st.tis_weight);
     r.set_ref_s(st.ref_s), r.set_old_s(st.old_s), r.set_update_s(st.update_s);
   }
   r.set_memory_peak_bytes(backend_->allocator()->stats().peak_bytes);

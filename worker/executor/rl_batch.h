@@ -6,6 +6,8 @@
 //   ref_logp   the reference's (RlForward on a reference group)
 //   old_value  the critic's values (RlForward on a critic group)
 //   advantage, returns   PPO's, made by the driver (rl::ComputePpoAdvantages)
+//   rollout_logp  the rollout engine's log-probs of the sampled tokens (RolloutGenerate;
+//                 rl.tis_cap's importance weights)
 // The actor's RlUpdate takes ref_logp (and, with a critic group, old_logp and advantage)
 // instead of making them; a critic group's RlUpdate takes old_value and returns.
 #pragma once
@@ -28,6 +30,7 @@ inline constexpr char kOldLogp[] = "old_logp";
 inline constexpr char kRefLogp[] = "ref_logp";
 inline constexpr char kOldValue[] = "old_value";
 inline constexpr char kAdvantage[] = "advantage";
+inline constexpr char kRolloutLogp[] = "rollout_logp";
 inline constexpr char kReturns[] = "returns";
 // A reward group's answer: one score per sample, [N] f32 (it replaces the samples' reward).
 inline constexpr char kScore[] = "score";

@@ -14,6 +14,7 @@
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/nccl_communicator.h"
 #include "worker/executor/model_spec.h"
+#include "worker/executor/rl_batch.h"
 
 namespace tessera::executor {
 
@@ -103,6 +104,7 @@ absl::StatusOr<v1::RolloutStats> GenerateSamples(engine::RolloutEngine& rollout,
   TESSERA_ASSIGN_OR_RETURN(std::vector<engine::Completion> done, rollout.Generate(requests));
   const double generate_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::vector<std::vector<int32_t>> prompts, completions;
+  std::vector<std::vector<float>> logprobs;
   std::vector<std::string> said;  // the completions' text
   for (const engine::Completion& c : done) said.push_back(prompts_.CompletionText(c.tokens));
   std::vector<double> rewards;
@@ -117,10 +119,11 @@ absl::StatusOr<v1::RolloutStats> GenerateSamples(engine::RolloutEngine& rollout,
     if (!std::isfinite(rewards[i])) return absl::InvalidArgumentError(absl::StrCat("grpo: reward ", i, " is not finite"));
     prompts.push_back(requests[c.request].prompt);
     completions.push_back(c.tokens);
+    logprobs.push_back(c.logprobs);
     reward += rewards[i] / done.size(), length += double(c.tokens.size()) / done.size();
   }
   *out = SamplesToBatch(prompts, completions, rewards, static_cast<size_t>(prompts_.longest_prompt()),
-                        static_cast<size_t>(rl_.max_new_tokens()));
+                        static_cast<size_t>(rl_.max_new_tokens()), &logprobs);
   v1::RolloutStats st;
   st.set_reward(reward), st.set_response_length(length), st.set_samples(static_cast<int64_t>(done.size()));
   st.set_generate_s(generate_s);
@@ -190,11 +193,20 @@ absl::StatusOr<std::vector<std::vector<int32_t>>> GetRows(const v1::TensorBatch&
 
 v1::TensorBatch SamplesToBatch(const std::vector<std::vector<int32_t>>& prompts,
                                const std::vector<std::vector<int32_t>>& completions, const std::vector<double>& rewards,
-                               size_t prompt_width, size_t completion_width) {
+                               size_t prompt_width, size_t completion_width,
+                               const std::vector<std::vector<float>>* logprobs) {
   v1::TensorBatch b;
   AddRows(&b, "prompt", prompts, prompt_width);
   AddRows(&b, "completion", completions, completion_width);
   *b.add_tensors() = F32Tensor("reward", {static_cast<int64_t>(rewards.size())}, std::vector<float>(rewards.begin(), rewards.end()));
+  if (logprobs != nullptr) {
+    size_t width = completion_width;
+    for (const auto& c : completions) width = std::max(width, c.size());
+    std::vector<float> flat(logprobs->size() * width, 0.0f);
+    for (size_t i = 0; i < logprobs->size(); ++i)
+      std::copy_n((*logprobs)[i].begin(), std::min((*logprobs)[i].size(), width), flat.begin() + i * width);
+    *b.add_tensors() = F32Tensor(kRolloutLogp, {static_cast<int64_t>(logprobs->size()), static_cast<int64_t>(width)}, flat);
+  }
   return b;
 }
 

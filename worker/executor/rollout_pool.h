@@ -78,9 +78,11 @@ int64_t RefillPromptIndex(const v1::RlSpec& rl, int64_t step, int refill);
 // The samples' TensorBatch of `rollouts` (prompt ids per sample given) and back.
 // Rows are padded to the given widths (at least each row's length), so that every pool
 // rank's batch has the same shapes and the driver can concatenate them.
+// With `logprobs` (the rollout's, one per completion token), also rollout_logp [N, W] f32.
 v1::TensorBatch SamplesToBatch(const std::vector<std::vector<int32_t>>& prompts,
                                const std::vector<std::vector<int32_t>>& completions, const std::vector<double>& rewards,
-                               size_t prompt_width = 1, size_t completion_width = 1);
+                               size_t prompt_width = 1, size_t completion_width = 1,
+                               const std::vector<std::vector<float>>* logprobs = nullptr);
 // INVALID_ARGUMENT naming the tensor for a malformed batch.
 absl::Status BatchToSamples(const v1::TensorBatch& batch, std::vector<std::vector<int32_t>>* prompts,
                             std::vector<std::vector<int32_t>>* completions, std::vector<double>* rewards);

@@ -107,7 +107,7 @@ absl::StatusOr<GrpoStats> GrpoUpdate(model::Llama& actor, Trainer& trainer, mode
   t = Clock::now();
   TESSERA_ASSIGN_OR_RETURN(Trainer::PolicyStats ps, UpdateActorEpochs(trainer, samples, plan, o.epochs, o.loss, &stats.optimizer_steps));
   stats.loss = ps.loss, stats.kl = ps.kl, stats.clip_fraction = ps.clip_fraction, stats.grad_norm = ps.grad_norm;
-  stats.entropy = ps.entropy;
+  stats.entropy = ps.entropy, stats.tis_weight = ps.tis_weight;
   stats.update_s = Since(t);
   return stats;
 }

@@ -40,6 +40,7 @@ struct GrpoStats {
   double reward = 0, response_length = 0;  // means over the samples (the reward before any penalty)
   double reward_kl = 0;  // advantages.kl_reward_coef > 0: the penalty's mean KL per response token
   double loss = 0, kl = 0, clip_fraction = 0, entropy = 0, grad_norm = 0;  // of the last optimizer step
+  double tis_weight = 0;  // loss.tis_cap > 0: the last step's mean importance weight
   int optimizer_steps = 0;
   double generate_s = 0, ref_s = 0, old_s = 0, update_s = 0;  // phase times (host clock)
 };

@@ -108,7 +108,7 @@ absl::StatusOr<PpoStats> PpoUpdate(model::Llama& actor, Trainer& actor_trainer, 
       t = Clock::now();
       TESSERA_ASSIGN_OR_RETURN(Trainer::PolicyStats ps, UpdateActor(actor_trainer, samples, plan[mb], o.loss));
       stats.loss = ps.loss, stats.kl = ps.kl, stats.clip_fraction = ps.clip_fraction, stats.grad_norm = ps.grad_norm;
-      stats.entropy = ps.entropy;
+      stats.entropy = ps.entropy, stats.tis_weight = ps.tis_weight;
       stats.update_s += Since(t);
       t = Clock::now();
       TESSERA_ASSIGN_OR_RETURN(Trainer::ValueStats vs, UpdateCritic(critic_trainer, samples, plan[mb], o.value_clip));
@@ -151,7 +151,7 @@ absl::StatusOr<PpoStats> PpoActorUpdate(Trainer& trainer, Rollouts& got, const P
   const auto t = Clock::now();
   TESSERA_ASSIGN_OR_RETURN(Trainer::PolicyStats ps, UpdateActorEpochs(trainer, samples, plan, o.epochs, o.loss, &stats.optimizer_steps));
   stats.loss = ps.loss, stats.kl = ps.kl, stats.clip_fraction = ps.clip_fraction, stats.grad_norm = ps.grad_norm;
-  stats.entropy = ps.entropy;
+  stats.entropy = ps.entropy, stats.tis_weight = ps.tis_weight;
   stats.update_s = Since(t);
   return stats;
 }

@@ -39,6 +39,7 @@ struct PpoOptions {
 struct PpoStats {
   double reward = 0, response_length = 0;                                 // means over the samples
   double loss = 0, kl = 0, clip_fraction = 0, entropy = 0, grad_norm = 0;  // the actor's last step
+  double tis_weight = 0;  // loss.tis_cap > 0: its mean importance weight
   double value_loss = 0, value_clip_fraction = 0, value = 0, critic_grad_norm = 0;  // the critic's last step
   double reward_kl = 0;  // kl_reward_coef > 0: mean k1 KL (old policy vs reference) of the response tokens
   int optimizer_steps = 0;

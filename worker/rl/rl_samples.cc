@@ -11,9 +11,16 @@
 
 namespace tessera::engine {
 
-RlSample MakeRlSample(const std::vector<int32_t>& prompt, const std::vector<int32_t>& completion) {
+RlSample MakeRlSample(const std::vector<int32_t>& prompt, const std::vector<int32_t>& completion,
+                      const std::vector<float>& logprobs) {
   RlSample s;
   s.batch = CompletionSequence(prompt, completion, &s.mask);
+  if (!logprobs.empty()) {
+    s.rollout_logp.assign(s.mask.size(), 0.0);
+    size_t k = 0;
+    for (size_t t = 0; t < s.mask.size() && k < logprobs.size(); ++t)
+      if (s.mask[t] > 0) s.rollout_logp[t] = logprobs[k++];
+  }
   return s;
 }
 
@@ -58,7 +65,7 @@ absl::StatusOr<Rollouts> GenerateAndScore(RolloutEngine& rollout, const std::vec
   const size_t total = completions.size();
   for (size_t i = 0; i < total; ++i) {
     if (!std::isfinite(out.rewards[i])) return absl::InvalidArgumentError(absl::StrCat(who, ": reward ", i, " is not finite"));
-    out.samples.push_back(MakeRlSample(prompts[completions[i].request], completions[i].tokens));
+    out.samples.push_back(MakeRlSample(prompts[completions[i].request], completions[i].tokens, completions[i].logprobs));
     out.reward += out.rewards[i] / total;
     out.response_length += static_cast<double>(completions[i].tokens.size()) / total;
   }
@@ -161,6 +168,7 @@ absl::StatusOr<Trainer::PolicyStats> UpdateActor(Trainer& trainer, const std::ve
     Append(tokens[k].mask, samples, m, &RlSample::mask), Append(tokens[k].old_logp, samples, m, &RlSample::old_logp);
     Append(tokens[k].advantage, samples, m, &RlSample::advantage);
     if (loss.kl_coef > 0) Append(tokens[k].ref_logp, samples, m, &RlSample::ref_logp);
+    if (loss.tis_cap > 0) Append(tokens[k].rollout_logp, samples, m, &RlSample::rollout_logp);
   }
   return trainer.PolicyStep(batches, tokens, loss);
 }

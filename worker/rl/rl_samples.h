@@ -22,9 +22,13 @@ struct RlSample {
   // Per token: mask (1: a response token that counts), the reference's and the old
   // policy's log-probs, the advantage, the critic's value before the update, the return.
   std::vector<double> mask, ref_logp, old_logp, advantage, old_value, returns;
+  std::vector<double> rollout_logp;  // the rollout engine's log-probs of the sampled tokens (where known)
 };
 
-RlSample MakeRlSample(const std::vector<int32_t>& prompt, const std::vector<int32_t>& completion);
+// `logprobs` (the rollout's, one per completion token; may be empty) land at the
+// completion's positions of rollout_logp.
+RlSample MakeRlSample(const std::vector<int32_t>& prompt, const std::vector<int32_t>& completion,
+                      const std::vector<float>& logprobs = {});
 
 // A step's generation and rewards: `n` samples of every prompt (prompt i's seed from
 // `seed` and i), scored in one call; the samples in (prompt, sample) order with their

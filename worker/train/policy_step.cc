@@ -41,10 +41,11 @@ absl::StatusOr<Trainer::PolicyStats> Trainer::PolicyStep(const std::vector<model
     const size_t t = micro_batches[i].tokens.size();
     const PolicyTokens& p = tokens[i];
     if (p.old_logp.size() != t || p.advantage.size() != t || p.mask.size() != t ||
-        (options.kl_coef > 0 && p.ref_logp.size() != t))
+        (options.kl_coef > 0 && p.ref_logp.size() != t) || (options.tis_cap > 0 && p.rollout_logp.size() != t))
       return absl::InvalidArgumentError(absl::StrCat("policy step: micro-batch ", i, " has ", t,
                                                      " tokens; old_logp, advantage, mask",
-                                                     options.kl_coef > 0 ? " and ref_logp" : "", " need one value each"));
+                                                     options.kl_coef > 0 ? ", ref_logp" : "",
+                                                     options.tis_cap > 0 ? ", rollout_logp" : "", " need one value each"));
   }
   // Each token's weight and the loss's denominator under the aggregation (token mean:
   // the mask and the counted tokens).
@@ -59,8 +60,9 @@ absl::StatusOr<Trainer::PolicyStats> Trainer::PolicyStep(const std::vector<model
   std::vector<const std::vector<double>*> masks;
   for (const rl::LossWeights& w : weights) masks.push_back(&w.weight);
   TESSERA_ASSIGN_OR_RETURN(const float counted, BeginMaskedStep("policy step", micro_batches, masks, &units));
-  // Sums over the counted tokens of this rank, weighted: loss, pg loss, kl, clipped tokens, entropy.
-  float sums[5] = {0, 0, 0, 0, 0};
+  // Sums over the counted tokens of this rank, weighted: loss, pg loss, kl, clipped tokens,
+  // entropy; and the importance weights' sum over the counted tokens.
+  float sums[6] = {0, 0, 0, 0, 0, 0};
   for (size_t i = 0; i < micro_batches.size(); ++i) {
     const PolicyTokens& p = tokens[i];
     const std::vector<double>& weight = weights[i].weight;
@@ -74,6 +76,13 @@ absl::StatusOr<Trainer::PolicyStats> Trainer::PolicyStep(const std::vector<model
       in.old_logp = p.old_logp, in.advantage = p.advantage, in.mask = weight;
       if (options.kl_coef > 0) in.ref_logp = p.ref_logp;
       if (options.entropy_coef > 0) in.entropy.assign(st.entropy.begin(), st.entropy.end());
+      if (options.tis_cap > 0) {
+        in.is_weight.resize(p.old_logp.size());
+        for (size_t t = 0; t < in.is_weight.size(); ++t) {
+          in.is_weight[t] = rl::TisWeight(p.old_logp[t], p.rollout_logp[t], options.tis_cap);
+          if (p.mask[t] > 0) sums[5] += static_cast<float>(in.is_weight[t]);
+        }
+      }
       TESSERA_ASSIGN_OR_RETURN(rl::PolicyLoss l, rl::ComputePolicyLoss(in, options));
       const double share = local / units;  // micro-batch weighted mean -> the mini-batch's aggregation
       sums[0] += static_cast<float>(l.loss * local), sums[1] += static_cast<float>(l.pg_loss * local);
@@ -89,7 +98,7 @@ absl::StatusOr<Trainer::PolicyStats> Trainer::PolicyStep(const std::vector<model
     };
     TESSERA_RETURN_IF_ERROR(model_->ForwardBackwardLogProbs(micro_batches[i], grad).status());
   }
-  TESSERA_RETURN_IF_ERROR(AllReduceHost(dp_, sums, 5));
+  TESSERA_RETURN_IF_ERROR(AllReduceHost(dp_, sums, 6));
   PolicyStats out;
   double local_tokens = 0;
   for (const PolicyTokens& p : tokens) local_tokens += MaskSum(p.mask);
@@ -100,6 +109,7 @@ absl::StatusOr<Trainer::PolicyStats> Trainer::PolicyStep(const std::vector<model
   // means under token_mean and the token sums, means of the responses' means otherwise).
   out.loss = sums[0] / units, out.pg_loss = sums[1] / units, out.kl = sums[2] / counted;
   out.clip_fraction = sums[3] / counted, out.entropy = sums[4] / counted;
+  if (options.tis_cap > 0 && all_tokens > 0) out.tis_weight = sums[5] / all_tokens;
   StepStats st;
   TESSERA_RETURN_IF_ERROR(FinishStep(st));
   out.grad_norm = st.grad_norm, out.lr = st.lr;

@@ -91,12 +91,15 @@ class Trainer {
   // With options.entropy_coef > 0 the entropy bonus's gradient goes through the softmax
   // (Llama::TokenGrads::dentropy). PolicyStats::entropy is the token mean of the
   // predictive entropy over the mask, with or without the bonus. Not with pipelines yet.
+  // With options.tis_cap > 0, rollout_logp (the rollout engine's log-probs of the sampled
+  // tokens) gives each token its truncated importance weight (rl::TisWeight).
   struct PolicyTokens {
-    std::vector<double> old_logp, advantage, mask, ref_logp;
+    std::vector<double> old_logp, advantage, mask, ref_logp, rollout_logp;
   };
   struct PolicyStats {
     double loss = 0, pg_loss = 0;  // as aggregated
     double kl = 0, clip_fraction = 0, entropy = 0;  // weighted means (token means under token_mean)
+    double tis_weight = 0;  // options.tis_cap > 0: the importance weights' token mean
     double grad_norm = 0;
     float lr = 0;
     int64_t tokens = 0;  // counted (masked) tokens of the mini-batch, all DP ranks

@@ -422,6 +422,10 @@ TEST(JobSpec, RlAlgorithmKnobs) {
   EXPECT_THAT(refused({"rl.overlong_buffer=6", "rl.max_new_tokens=6"}),
               HasSubstr("rl.overlong_buffer: 6 tokens: expected fewer than rl.max_new_tokens (6)"));
   EXPECT_THAT(refused({"train.data.shuffle=true"}), HasSubstr("train.data.shuffle: is for JSONL prompts"));
+  EXPECT_EQ(PolicyLossOf(grpo({"rl.tis_cap=2"})->rl())->tis_cap, 2);
+  EXPECT_THAT(refused({"rl.tis_cap=2", "rl.temperature=0.7"}), HasSubstr("rl.tis_cap: compares the rollout's log-probs"));
+  EXPECT_THAT(refused({"rl.max_staleness=2"}), HasSubstr("rl.max_staleness"));
+  EXPECT_THAT(refused({"rl.max_staleness=1"}), HasSubstr("it needs a rollout group on devices of its own"));
   auto dynamic = grpo({"rl.filter_groups=true"});
   ASSERT_TRUE(dynamic.ok()) << dynamic.status();
   EXPECT_EQ(dynamic->rl().max_gen_batches(), 4);
