@@ -286,6 +286,24 @@ std::vector<pid_t> RunningExecutors(Cluster& c, const std::string& id, int attem
   return pids;
 }
 
+std::vector<std::map<std::string, double>> LinesWith(const std::string& progress, const std::string& key) {
+  std::vector<std::map<std::string, double>> out;
+  for (absl::string_view line : absl::StrSplit(progress, '\n')) {
+    if (line.find(absl::StrCat(" ", key, "=")) == absl::string_view::npos) continue;
+    std::map<std::string, double> m;
+    for (absl::string_view word : absl::StrSplit(line, ' ', absl::SkipEmpty())) {
+      const size_t eq = word.find('=');
+      if (eq == absl::string_view::npos || eq == 0) continue;
+      try {
+        m[std::string(word.substr(0, eq))] = std::stod(std::string(word.substr(eq + 1)));
+      } catch (const std::exception&) {  // not a number: not a metric
+      }
+    }
+    out.push_back(std::move(m));
+  }
+  return out;
+}
+
 v1::JobSpec SmallRlSpec(const std::string& kind) {
   v1::JobSpec spec = PretrainSpec(2, 1, 0, 3);
   spec.set_kind(kind);

@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <sys/types.h>
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -104,5 +105,8 @@ v1::JobSpec PretrainSpec(int devices, int tp, int zero, int steps, bool sp = fal
 // on each sampled token, and the KL follows); ppo: 2 samples per prompt, the KL as a
 // reward penalty (the critic's values make the advantages).
 v1::JobSpec SmallRlSpec(const std::string& kind);
+// The metrics of every progress line of a watched job that has `key` among them
+// (" key=value" pairs), in order: one map per such line (e.g. per RL step).
+std::vector<std::map<std::string, double>> LinesWith(const std::string& progress, const std::string& key);
 
 }  // namespace tessera::testing

@@ -256,21 +256,13 @@ TEST(RewardService, DynamicSamplingRefillsGroupsWithoutASignal) {
   std::string progress;
   const v1::Job job = RunJob(c, spec, &progress);
   ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason() << "\n" << progress;
-  // Each step's line: its metrics as key=value.
-  int steps = 0;
-  std::istringstream lines(progress);
-  for (std::string line; std::getline(lines, line);) {
-    if (line.find("gen_batches=") == std::string::npos) continue;
-    ++steps;
-    auto metric = [&](const std::string& key) {
-      const size_t at = line.find(" " + key + "=");
-      return at == std::string::npos ? -1.0 : std::stod(line.substr(at + key.size() + 2));
-    };
-    EXPECT_GE(metric("gen_batches"), 2) << line;
-    EXPECT_GE(metric("filtered_groups"), 1) << line;
-    EXPECT_EQ(metric("filled_groups"), 0) << line;
+  const auto steps = LinesWith(progress, "gen_batches");
+  EXPECT_EQ(steps.size(), 2u) << progress;
+  for (const auto& m : steps) {
+    EXPECT_GE(m.at("gen_batches"), 2);
+    EXPECT_GE(m.at("filtered_groups"), 1);
+    EXPECT_EQ(m.at("filled_groups"), 0);
   }
-  EXPECT_EQ(steps, 2) << progress;
 }
 
 // grpo checkpoints (graded rewards, so that the policy moves): 8 GRPO steps straight,

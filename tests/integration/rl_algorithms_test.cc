@@ -9,8 +9,6 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstring>
-#include <map>
 #include <functional>
 #include <sstream>
 
@@ -89,15 +87,9 @@ TEST(RlAlgorithms, TruncatedImportanceSamplingWeighsByTheRolloutsLogProbs) {
   for (size_t i = 0; i < 3; ++i)
     EXPECT_NEAR(tis.result["grad_norms"][i].get<double>(), plain.result["grad_norms"][i].get<double>(),
                 1e-3 * plain.result["grad_norms"][i].get<double>()) << i;
-  int steps = 0;
-  std::istringstream lines(tis.progress);
-  for (std::string line; std::getline(lines, line);) {
-    const size_t at = line.find(" tis_weight=");
-    if (at == std::string::npos) continue;
-    ++steps;
-    EXPECT_NEAR(std::stod(line.substr(at + 12)), 1.0, 1e-3) << line;
-  }
-  EXPECT_EQ(steps, 3) << tis.progress;
+  const auto steps = LinesWith(tis.progress, "tis_weight");
+  EXPECT_EQ(steps.size(), 3u) << tis.progress;
+  for (const auto& m : steps) EXPECT_NEAR(m.at("tis_weight"), 1.0, 1e-3);
   // A rollout at another temperature samples another distribution: refused by name.
   v1::JobSpec hot = base;
   hot.mutable_rl()->set_tis_cap(2.0), hot.mutable_rl()->set_temperature(0.7);
@@ -123,21 +115,7 @@ TEST(RlAlgorithms, OneStepOffTrainsOnSamplesAStepStale) {
   EXPECT_EQ(async.result["rewards"][0], sync.result["rewards"][0]);
   EXPECT_NEAR(async.result["grad_norms"][0].get<double>(), sync.result["grad_norms"][0].get<double>(),
               1e-6 * sync.result["grad_norms"][0].get<double>());
-  auto steps_of = [](const std::string& progress) {
-    std::vector<std::map<std::string, double>> steps;
-    std::istringstream lines(progress);
-    for (std::string line; std::getline(lines, line);) {
-      if (line.find(" tis_weight=") == std::string::npos) continue;
-      std::map<std::string, double> m;
-      for (const char* key : {"tis_weight", "staleness", "wait_s", "step_s"}) {
-        const size_t at = line.find(std::string(" ") + key + "=");
-        if (at != std::string::npos) m[key] = std::stod(line.substr(at + std::strlen(key) + 2));
-      }
-      steps.push_back(m);
-    }
-    return steps;
-  };
-  const auto s = steps_of(sync.progress), a = steps_of(async.progress);
+  const auto s = LinesWith(sync.progress, "tis_weight"), a = LinesWith(async.progress, "tis_weight");
   ASSERT_EQ(s.size(), 3u) << sync.progress;
   ASSERT_EQ(a.size(), 3u) << async.progress;
   for (const auto& m : s) {
@@ -174,20 +152,13 @@ TEST(RlAlgorithms, DynamicSamplingAtItsBoundFillsWithTheStepsOwnGroups) {
   const JobRun filtered = RunOk(*c, With(base, [](v1::RlSpec* r) { r->set_filter_groups(true), r->set_max_gen_batches(3); }));
   EXPECT_EQ(filtered.result["grad_norms"], plain.result["grad_norms"]);
   EXPECT_EQ(filtered.result["kl"], plain.result["kl"]);
-  int steps = 0;
-  std::istringstream lines(filtered.progress);
-  for (std::string line; std::getline(lines, line);) {
-    if (line.find(" gen_batches=") == std::string::npos) continue;
-    ++steps;
-    auto metric = [&](const std::string& key) {
-      const size_t at = line.find(" " + key + "=");
-      return at == std::string::npos ? -1.0 : std::stod(line.substr(at + key.size() + 2));
-    };
-    EXPECT_EQ(metric("gen_batches"), 3) << line;
-    EXPECT_EQ(metric("filtered_groups"), 12) << line;
-    EXPECT_EQ(metric("filled_groups"), 4) << line;
+  const auto steps = LinesWith(filtered.progress, "gen_batches");
+  EXPECT_EQ(steps.size(), 3u) << filtered.progress;
+  for (const auto& m : steps) {
+    EXPECT_EQ(m.at("gen_batches"), 3);
+    EXPECT_EQ(m.at("filtered_groups"), 12);
+    EXPECT_EQ(m.at("filled_groups"), 4);
   }
-  EXPECT_EQ(steps, 3) << filtered.progress;
 }
 
 }  // namespace
