@@ -9,17 +9,6 @@
 #include "worker/executor/rollout_pool.h"
 
 namespace tessera::executor {
-namespace {
-
-// Sample i's response positions (where its mask counts), in order.
-std::vector<size_t> ResponseAt(const engine::RlSample& s) {
-  std::vector<size_t> at;
-  for (size_t t = 0; t < s.mask.size(); ++t)
-    if (s.mask[t] > 0) at.push_back(t);
-  return at;
-}
-
-}  // namespace
 
 absl::StatusOr<engine::Rollouts> RolloutsOfBatch(const v1::TensorBatch& batch, int64_t want, int64_t vocab, const char* op) {
   std::vector<std::vector<int32_t>> prompts, completions;
@@ -38,7 +27,7 @@ v1::NamedTensor TokenTensor(const std::string& name, const std::vector<engine::R
                             std::vector<double> engine::RlSample::*field, int64_t width) {
   std::vector<float> flat(samples.size() * static_cast<size_t>(width), 0.0f);
   for (size_t i = 0; i < samples.size(); ++i) {
-    const std::vector<size_t> at = ResponseAt(samples[i]);
+    const std::vector<size_t> at = engine::ResponsePositions(samples[i]);
     const std::vector<double>& v = samples[i].*field;
     for (size_t k = 0; k < at.size() && k < static_cast<size_t>(width) && at[k] < v.size(); ++k)
       flat[i * width + k] = static_cast<float>(v[at[k]]);
@@ -61,7 +50,7 @@ absl::StatusOr<bool> TakeTokenTensor(const v1::TensorBatch& batch, const std::st
   if (!flat.empty()) std::memcpy(flat.data(), t->data().data(), flat.size() * sizeof(float));
   for (int64_t i = 0; i < n; ++i) {
     engine::RlSample& s = samples[i];
-    const std::vector<size_t> at = ResponseAt(s);
+    const std::vector<size_t> at = engine::ResponsePositions(s);
     if (static_cast<int64_t>(at.size()) > width)
       return absl::InvalidArgumentError(absl::StrCat("samples batch: ", name, " is ", width, " wide; sample ", i, " has ",
                                                      at.size(), " response tokens"));

@@ -90,8 +90,7 @@ absl::StatusOr<GrpoStats> GrpoUpdate(model::Llama& actor, Trainer& trainer, mode
   std::vector<std::vector<size_t>> at(samples.size());
   for (size_t i = 0; i < samples.size(); ++i) {
     const RlSample& s = samples[i];
-    for (size_t k = 0; k < s.mask.size(); ++k)
-      if (s.mask[k] > 0) at[i].push_back(k);
+    at[i] = ResponsePositions(s);
     in[i].tokens = at[i].size();
     in[i].reward = rewards[i] + rl::OverlongPenalty(static_cast<int64_t>(at[i].size()), o.overlong);
     if (kl_reward)

@@ -37,8 +37,7 @@ absl::Status Advantages(std::vector<RlSample>& samples, const std::vector<double
   std::vector<std::vector<size_t>> at(samples.size());
   for (size_t i = 0; i < samples.size(); ++i) {
     const RlSample& s = samples[i];
-    for (size_t t = 0; t < s.mask.size(); ++t)
-      if (s.mask[t] > 0) at[i].push_back(t);
+    at[i] = ResponsePositions(s);
     in[i].reward = rewards[i] + rl::OverlongPenalty(static_cast<int64_t>(at[i].size()), o.overlong);
     for (size_t t : at[i]) {
       in[i].values.push_back(s.old_value[t]);

@@ -11,6 +11,13 @@
 
 namespace tessera::engine {
 
+std::vector<size_t> ResponsePositions(const RlSample& s) {
+  std::vector<size_t> at;
+  for (size_t t = 0; t < s.mask.size(); ++t)
+    if (s.mask[t] > 0) at.push_back(t);
+  return at;
+}
+
 RlSample MakeRlSample(const std::vector<int32_t>& prompt, const std::vector<int32_t>& completion,
                       const std::vector<float>& logprobs) {
   RlSample s;

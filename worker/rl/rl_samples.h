@@ -25,6 +25,9 @@ struct RlSample {
   std::vector<double> rollout_logp;  // the rollout engine's log-probs of the sampled tokens (where known)
 };
 
+// The positions of a sample's response tokens (mask > 0), in order.
+std::vector<size_t> ResponsePositions(const RlSample& s);
+
 // `logprobs` (the rollout's, one per completion token; may be empty) land at the
 // completion's positions of rollout_logp.
 RlSample MakeRlSample(const std::vector<int32_t>& prompt, const std::vector<int32_t>& completion,
