@@ -19,14 +19,16 @@ double MaskSum(const std::vector<double>& mask) {
 // every DP rank — each micro-batch's token mean is scaled by its share of them — and the
 // step begun. `who` names the step in errors.
 absl::StatusOr<float> Trainer::BeginMaskedStep(const char* who, const std::vector<model::TokenBatch>& micro_batches,
-                                               const std::vector<const std::vector<double>*>& masks, float* units) {
+                                               const std::vector<const std::vector<double>*>& masks, float* also, int n_also) {
   if (pp_ != nullptr) return absl::UnimplementedError(absl::StrCat("trainer: the ", who, " does not run with pipelines yet"));
-  float sums[2] = {0, units != nullptr ? *units : 0.f};  // the weights; the loss's denominator units
+  float sums[3] = {0, 0, 0};  // the weights; then `also`'s values
+  if (n_also < 0 || n_also > 2) return absl::InternalError(absl::StrCat(who, ": ", n_also, " values to reduce beside the mask"));
+  for (int i = 0; i < n_also; ++i) sums[1 + i] = also[i];
   for (const std::vector<double>* mask : masks)
     for (double m : *mask) sums[0] += static_cast<float>(m);
-  TESSERA_RETURN_IF_ERROR(AllReduceHost(dp_, sums, units != nullptr ? 2 : 1));
+  TESSERA_RETURN_IF_ERROR(AllReduceHost(dp_, sums, 1 + n_also));
   if (sums[0] <= 0) return absl::InvalidArgumentError(absl::StrCat(who, ": the mini-batch has no counted (masked) tokens"));
-  if (units != nullptr) *units = sums[1];
+  for (int i = 0; i < n_also; ++i) also[i] = sums[1 + i];
   TESSERA_RETURN_IF_ERROR(BeginStep(micro_batches));
   return sums[0];
 }
@@ -59,7 +61,12 @@ absl::StatusOr<Trainer::PolicyStats> Trainer::PolicyStep(const std::vector<model
   }
   std::vector<const std::vector<double>*> masks;
   for (const rl::LossWeights& w : weights) masks.push_back(&w.weight);
-  TESSERA_ASSIGN_OR_RETURN(const float counted, BeginMaskedStep("policy step", micro_batches, masks, &units));
+  // Reduced with the weights: the loss's denominator and the counted tokens.
+  float also[2] = {units, 0.f};
+  for (const PolicyTokens& p : tokens) also[1] += static_cast<float>(MaskSum(p.mask));
+  TESSERA_ASSIGN_OR_RETURN(const float counted, BeginMaskedStep("policy step", micro_batches, masks, also, 2));
+  units = also[0];
+  const float all_tokens = also[1];
   // Sums over the counted tokens of this rank, weighted: loss, pg loss, kl, clipped tokens,
   // entropy; and the importance weights' sum over the counted tokens.
   float sums[6] = {0, 0, 0, 0, 0, 0};
@@ -100,10 +107,6 @@ absl::StatusOr<Trainer::PolicyStats> Trainer::PolicyStep(const std::vector<model
   }
   TESSERA_RETURN_IF_ERROR(AllReduceHost(dp_, sums, 6));
   PolicyStats out;
-  double local_tokens = 0;
-  for (const PolicyTokens& p : tokens) local_tokens += MaskSum(p.mask);
-  float all_tokens = static_cast<float>(local_tokens);
-  TESSERA_RETURN_IF_ERROR(AllReduceHost(dp_, &all_tokens, 1));
   out.tokens = static_cast<int64_t>(std::lround(all_tokens));
   // The loss as aggregated; the KL, clip fraction and entropy as weighted means (token
   // means under token_mean and the token sums, means of the responses' means otherwise).

@@ -168,10 +168,11 @@ class Trainer {
   // A step's start, before any collective of its own: kernels readied for these
   // micro-batches (model::Llama::PrepareKernels) and gradients zeroed.
   absl::Status BeginStep(const std::vector<model::TokenBatch>& micro_batches);
-  // With `units` (this rank's share of the loss's denominator), *units becomes the
-  // group's sum, reduced with the masks' (returned).
+  // `also` (at most 2 of this rank's values, e.g. its share of the loss's denominator)
+  // become the group's sums, reduced in one collective with the masks' (returned).
   absl::StatusOr<float> BeginMaskedStep(const char* who, const std::vector<model::TokenBatch>& micro_batches,
-                                        const std::vector<const std::vector<double>*>& masks, float* units = nullptr);
+                                        const std::vector<const std::vector<double>*>& masks, float* also = nullptr,
+                                        int n_also = 0);
   // The step's end: gradients reduced, their norm, clipping, the LR and the update
   // (lazy_gather: Step's, see GradSync::FinishUpdate).
   absl::Status FinishStep(StepStats& stats, bool lazy_gather = false);
