@@ -7,13 +7,41 @@
 # 10 steps, and saves the trained policy in $state/grpo-ckpt (a `generate` job's
 # generate.checkpoint); docs/rl.md has a recorded run. Arguments go to the GRPO job (e.g.
 # --set train.steps=60). The comm-check of every parallel group: examples/comm-check.yaml.
+#
+# `demo.sh --tools`: the multi-turn variant — the SFT teacher also answers a quarter of the
+# problems through a calculator call (examples/rl-demo-tools-sft.yaml), and GRPO runs with
+# the calculator as its environment (examples/servers/calculator_env.py, started here on a
+# free loopback port; examples/rl-demo-tools-grpo.yaml): the policy learns to call it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+tools=0
+if [ "${1:-}" = "--tools" ]; then tools=1; shift; fi
 bash scripts/setup.sh
 bash scripts/build.sh
 state=$(mktemp -d /tmp/tessera-demo.XXXXXX)
-echo "== 1/2: SFT warm start (state in $state)"
-./build/bin/tessera local examples/rl-demo-sft.yaml --state-dir "$state" --set train.checkpoint.dir="$state/sft-ckpt"
-echo "== 2/2: GRPO from the SFT checkpoint"
-exec ./build/bin/tessera local examples/rl-demo-grpo.yaml --state-dir "$state" --set train.checkpoint.load="$state/sft-ckpt" \
-  --set train.checkpoint.dir="$state/grpo-ckpt" "$@"
+if [ $tools = 0 ]; then
+  echo "== 1/2: SFT warm start (state in $state)"
+  ./build/bin/tessera local examples/rl-demo-sft.yaml --state-dir "$state" --set train.checkpoint.dir="$state/sft-ckpt"
+  echo "== 2/2: GRPO from the SFT checkpoint"
+  exec ./build/bin/tessera local examples/rl-demo-grpo.yaml --state-dir "$state" --set train.checkpoint.load="$state/sft-ckpt" \
+    --set train.checkpoint.dir="$state/grpo-ckpt" "$@"
+fi
+echo "== 1/2: SFT warm start with calculator calls (state in $state)"
+./build/bin/tessera local examples/rl-demo-tools-sft.yaml --state-dir "$state" --set train.checkpoint.dir="$state/sft-ckpt"
+# The distribution's interpreter has python3-grpcio (scripts/setup.sh).
+py=/usr/bin/python3
+[ -x "$py" ] || py=python3
+"$py" examples/servers/calculator_env.py --listen 127.0.0.1:0 > "$state/calculator.log" 2>&1 &
+calculator=$!
+trap 'kill $calculator 2> /dev/null || true' EXIT
+address=""
+for _ in $(seq 300); do
+  address=$(sed -n 's/^listening on //p' "$state/calculator.log")
+  [ -n "$address" ] && break
+  kill -0 $calculator 2> /dev/null || break
+  sleep 0.1
+done
+if [ -z "$address" ]; then echo "the calculator did not start:"; cat "$state/calculator.log"; exit 1; fi
+echo "== 2/2: GRPO from the SFT checkpoint, the calculator at $address"
+./build/bin/tessera local examples/rl-demo-tools-grpo.yaml --state-dir "$state" --set train.checkpoint.load="$state/sft-ckpt" \
+  --set train.checkpoint.dir="$state/grpo-ckpt" --set rl.environment="$address" "$@"

@@ -11,9 +11,11 @@ pkgs=(
   libabsl-dev libgloo-dev libyaml-cpp-dev nlohmann-json3-dev libsqlite3-dev
   prometheus-cpp-dev libopenblas-dev libspdlog-dev libfmt-dev libcli11-dev libssl-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev zlib1g-dev
-  curl procps iproute2 clang libclang-rt-dev libcivetweb-dev python3
+  curl procps iproute2 clang libclang-rt-dev libcivetweb-dev python3 python3-grpcio python3-protobuf
 )
-# python3: the test that every script's Python parses (tests/scripts/check_scripts.sh).
+# python3: the test that every script's Python parses (tests/scripts/check_scripts.sh);
+# python3-grpcio and python3-protobuf: the example reward and environment servers
+# (examples/servers) and their tests.
 # The dashboard test's browser (tests/integration/dashboard_test.cc). Ubuntu ships
 # Chromium only as a snap, which does not run in containers: there the test skips its
 # browser half.

@@ -236,7 +236,7 @@ absl::Status ParseTrain(const YAML::Node& n, const std::string& path, v1::TrainS
         }
       }
     } else if (k == "data") {
-      TESSERA_RETURN_IF_ERROR(CheckKeys(v, p, {"kind", "digits", "path", "careless", "shuffle"}));
+      TESSERA_RETURN_IF_ERROR(CheckKeys(v, p, {"kind", "digits", "path", "careless", "shuffle", "calculator"}));
       for (const auto& d : v) {
         const std::string dk = d.first.Scalar(), dp = Join(p, dk);
         if (dk == "kind") {
@@ -249,9 +249,9 @@ absl::Status ParseTrain(const YAML::Node& n, const std::string& path, v1::TrainS
           t->mutable_data()->set_path(path);
         } else if (dk == "digits") {
           ASSIGN_INT(t->mutable_data()->set_digits, d.second, dp);
-        } else if (dk == "careless") {
+        } else if (dk == "careless" || dk == "calculator") {
           TESSERA_ASSIGN_OR_RETURN(double f, AsDouble(d.second, dp));
-          t->mutable_data()->set_careless(f);
+          dk == "careless" ? t->mutable_data()->set_careless(f) : t->mutable_data()->set_calculator(f);
         } else if (dk == "shuffle") {
           TESSERA_ASSIGN_OR_RETURN(bool b, AsBool(d.second, dp));
           t->mutable_data()->set_shuffle(b);
@@ -369,7 +369,8 @@ absl::Status ParseRl(const YAML::Node& n, const std::string& path, v1::RlSpec* r
                                               "gpu_memory_utilization", "reward_model", "eval_data", "advantage",
                                               "norm_adv_by_std", "kl_estimator", "kl_reward_estimator", "clip_low",
                                               "clip_high", "dual_clip", "loss_agg", "overlong_buffer", "overlong_penalty",
-                                              "filter_groups", "max_gen_batches", "tis_cap", "max_staleness"}));
+                                              "filter_groups", "max_gen_batches", "tis_cap", "max_staleness", "environment",
+                                              "tool_stop", "max_turns", "environment_timeout_s", "environment_ca_cert"}));
   for (const auto& kv : n) {
     const std::string k = kv.first.Scalar(), p = Join(path, k);
     const YAML::Node& v = kv.second;
@@ -384,13 +385,18 @@ absl::Status ParseRl(const YAML::Node& n, const std::string& path, v1::RlSpec* r
     else if (k == "overlong_buffer") ASSIGN_INT(r->set_overlong_buffer, v, p);
     else if (k == "max_gen_batches") ASSIGN_INT(r->set_max_gen_batches, v, p);
     else if (k == "max_staleness") ASSIGN_INT(r->set_max_staleness, v, p);
+    else if (k == "max_turns") ASSIGN_INT(r->set_max_turns, v, p);
     else if (k == "norm_adv_by_std" || k == "filter_groups") {
       TESSERA_ASSIGN_OR_RETURN(bool b, AsBool(v, p));
       k == "filter_groups" ? r->set_filter_groups(b) : r->set_norm_adv_by_std(b);
     } else if (k == "reward_service" || k == "reward_ca_cert" || k == "reward_model" || k == "eval_data" ||
-               k == "advantage" || k == "kl_estimator" || k == "kl_reward_estimator" || k == "loss_agg") {
+               k == "advantage" || k == "kl_estimator" || k == "kl_reward_estimator" || k == "loss_agg" ||
+               k == "environment" || k == "tool_stop" || k == "environment_ca_cert") {
       TESSERA_ASSIGN_OR_RETURN(auto str, AsString(v, p));
       if (k == "reward_service") r->set_reward_service(str);
+      else if (k == "environment") r->set_environment(str);
+      else if (k == "tool_stop") r->set_tool_stop(str);
+      else if (k == "environment_ca_cert") r->set_environment_ca_cert(str);
       else if (k == "reward_ca_cert") r->set_reward_ca_cert(str);
       else if (k == "eval_data") r->set_eval_data(str);
       else if (k == "advantage") r->set_advantage(str);
@@ -398,9 +404,9 @@ absl::Status ParseRl(const YAML::Node& n, const std::string& path, v1::RlSpec* r
       else if (k == "kl_reward_estimator") r->set_kl_reward_estimator(str);
       else if (k == "loss_agg") r->set_loss_agg(str);
       else r->set_reward_model(str);
-    } else if (k == "reward_timeout_s") {
+    } else if (k == "reward_timeout_s" || k == "environment_timeout_s") {
       TESSERA_ASSIGN_OR_RETURN(double d, AsDouble(v, p));
-      r->set_reward_timeout_s(d);
+      k == "reward_timeout_s" ? r->set_reward_timeout_s(d) : r->set_environment_timeout_s(d);
     } else if (k == "stop") {
       TESSERA_RETURN_IF_ERROR(ParseStops(v, p, r->mutable_stop()));
     }

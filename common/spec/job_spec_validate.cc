@@ -134,6 +134,8 @@ static absl::Status ValidatePretrain(JobSpec& spec) {
   }
   if (t->data().careless() > 0 && t->data().kind() != "arithmetic")
     return Bad("train.data.careless", "is only for the built-in arithmetic data");
+  if (t->data().calculator() > 0 && t->data().kind() != "arithmetic")
+    return Bad("train.data.calculator", "is only for the built-in arithmetic data");
   if (t->data().shuffle() && spec.kind() != "grpo" && spec.kind() != "ppo")
     return Bad("train.data.shuffle", absl::StrCat("is for grpo and ppo prompts, not ", spec.kind(), " data"));
   auto* c = t->mutable_checkpoint();
@@ -211,6 +213,26 @@ static absl::Status ValidateRlGroups(const JobSpec& spec) {
   return absl::OkStatus();
 }
 
+// Multi-turn rollouts: an environment, the marker that ends a tool call, and more than one
+// model turn go together.
+static absl::Status ValidateEnvironment(v1::RlSpec& r) {
+  if (r.max_turns() == 0) r.set_max_turns(1);
+  if (r.environment_timeout_s() == 0) r.set_environment_timeout_s(30);
+  if (r.environment().empty()) {
+    for (auto [field, set] : {std::pair{"rl.tool_stop", !r.tool_stop().empty()}, std::pair{"rl.max_turns", r.max_turns() > 1},
+                              std::pair{"rl.environment_ca_cert", !r.environment_ca_cert().empty()}})
+      if (set) return Bad(field, "is for multi-turn rollouts: it needs rl.environment (host:port of an EnvironmentService)");
+    return absl::OkStatus();
+  }
+  if (r.environment().rfind(':') == std::string::npos)
+    return Bad("rl.environment", absl::StrCat("'", r.environment(), "' must be host:port"));
+  if (r.tool_stop().empty()) return Bad("rl.tool_stop", "is required with rl.environment: the text that ends a tool call");
+  if (r.max_turns() < 2)
+    return Bad("rl.max_turns", "is 1 (single-turn): with rl.environment the model needs at least 2 turns to see an observation");
+  if (!r.environment_ca_cert().empty()) TESSERA_RETURN_IF_ERROR(CheckCleanAbsolute("rl.environment_ca_cert", r.environment_ca_cert()));
+  return absl::OkStatus();
+}
+
 static absl::Status ValidateRl(JobSpec& spec) {
   const std::string& kind = spec.kind();  // grpo or ppo
   const auto& l = spec.groups(0).layout();
@@ -219,6 +241,9 @@ static absl::Status ValidateRl(JobSpec& spec) {
                                                 l.pp(), ", cp=", l.cp(), ", sp=", l.sp() ? "true" : "false", ")"));
   if (spec.train().data().careless() > 0)
     return Bad("train.data.careless", absl::StrCat("is for sft/pretrain data: ", kind, "'s reward always checks the true sum"));
+  if (spec.train().data().calculator() > 0)
+    return Bad("train.data.calculator", absl::StrCat("is for sft/pretrain data: a ", kind,
+                                                     " job calls a calculator through rl.environment"));
   auto* r = spec.mutable_rl();
   const bool ppo = kind == "ppo";
   // The advantage estimator: ppo's critic gives GAE; the critic-free ones are grpo's.
@@ -333,6 +358,7 @@ static absl::Status ValidateRl(JobSpec& spec) {
   if (r->mini_batches() > samples)
     return Bad("rl.mini_batches", absl::StrCat(r->mini_batches(), " mini-batches of ", samples, " samples per DP rank"));
   TESSERA_RETURN_IF_ERROR(ValidateRlGroups(spec));
+  TESSERA_RETURN_IF_ERROR(ValidateEnvironment(*r));
   if (r->max_staleness() > 0) {
     const v1::GroupSpec* pool = RolloutPool(spec);
     if (pool == nullptr || !pool->colocate_with().empty())
@@ -576,6 +602,7 @@ std::vector<std::pair<std::string, std::string>> JobPathFields(const v1::JobSpec
                              std::pair{"generate.checkpoint", spec.generate().checkpoint()},
                              std::pair{"model.tokenizer", spec.model().tokenizer() == "byte" ? std::string() : spec.model().tokenizer()},
                              std::pair{"rl.reward_ca_cert", spec.rl().reward_ca_cert()},
+                             std::pair{"rl.environment_ca_cert", spec.rl().environment_ca_cert()},
                              std::pair{"rl.reward_model", spec.rl().reward_model()},
                              std::pair{"rl.eval_data", spec.rl().eval_data()}})
     if (!path.empty()) out.emplace_back(field, path);

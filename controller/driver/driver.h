@@ -101,7 +101,9 @@ class HeldOutEvaluator {
   WorkerGroup& group_;
   int tp_;
   bool on_;
+  bool multi_turn_;  // rl.environment: tool calls reported beside the accuracy
   int64_t problems_ = 0;  // answered by the last evaluation
+  double tool_calls_ = 0;  // multi-turn: the last evaluation's environment calls per problem
   nlohmann::json curve_ = nlohmann::json::array();
 };
 

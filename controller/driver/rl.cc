@@ -284,6 +284,7 @@ absl::StatusOr<std::string> RunRl(DriverContext& ctx) {
     double reward = 0, rule_reward = 0, length = 0, samples = 0, engine_s = 0, prefill_s = 0, decode_s = 0;
     double decode_steps = 0, graph_steps = 0, prompt_tokens = 0, response_tokens = 0, rollout_peak = 0, kv_cache = 0;
     double generate_s = 0, reward_wall_s = 0, reward_s = 0, reward_peak = 0, train_tokens = 0;
+    double tool_calls = 0, environment_s = 0;  // multi-turn: calls per sample, the slowest rank's time in the environment
     int gen_batches = 0, filtered_groups = 0, filled_groups = 0;
   };
   const bool filtering = spec.rl().filter_groups();
@@ -311,7 +312,7 @@ absl::StatusOr<std::string> RunRl(DriverContext& ctx) {
       out.swaps.Phase(gen, [](const RankSamples& r) -> const v1::RolloutStats& { return r.stats; });
       ++gen_batches;
       std::vector<v1::TensorBatch> shards;
-      double call_engine_s = 0, call_prefill_s = 0, call_decode_s = 0, call_reward = 0, call_samples = 0;
+      double call_engine_s = 0, call_prefill_s = 0, call_decode_s = 0, call_reward = 0, call_samples = 0, call_environment_s = 0;
       for (size_t r = 0; r < gen.size(); r += rollout_tp) {
         const v1::RolloutStats& st = gen[r].stats;
         const double n = static_cast<double>(st.samples());
@@ -322,11 +323,12 @@ absl::StatusOr<std::string> RunRl(DriverContext& ctx) {
         decode_steps += static_cast<double>(st.decode_steps()), graph_steps += static_cast<double>(st.graph_steps());
         call_reward += st.reward() * n, length += st.response_length() * n, call_samples += n;
         prompt_tokens += static_cast<double>(st.prompt_tokens());
+        out.tool_calls += st.tool_calls() * n, call_environment_s = std::max(call_environment_s, st.environment_s());
         rollout_peak = std::max(rollout_peak, static_cast<double>(st.memory_peak_bytes()));
         kv_cache = std::max(kv_cache, static_cast<double>(st.kv_cache_bytes()));
         shards.push_back(std::move(gen[r].samples));
       }
-      engine_s += call_engine_s, prefill_s += call_prefill_s, decode_s += call_decode_s;
+      engine_s += call_engine_s, prefill_s += call_prefill_s, decode_s += call_decode_s, out.environment_s += call_environment_s;
       rule_reward += call_reward, samples += call_samples;
       TESSERA_ASSIGN_OR_RETURN(v1::TensorBatch got, ConcatBatches(shards));
       generate_s += Since(t);
@@ -348,7 +350,7 @@ absl::StatusOr<std::string> RunRl(DriverContext& ctx) {
       if (filter.full() || gen_batches >= spec.rl().max_gen_batches()) break;
     }
     response_tokens = length;
-    if (samples > 0) reward /= samples, rule_reward /= samples, length /= samples;
+    if (samples > 0) reward /= samples, rule_reward /= samples, length /= samples, out.tool_calls /= samples;
     // The tokens the update's passes take: the batch's own (fewer than generated when
     // dynamic sampling set groups aside).
     out.train_tokens = prompt_tokens + response_tokens;
@@ -491,6 +493,7 @@ absl::StatusOr<std::string> RunRl(DriverContext& ctx) {
       if (reward_s > 0) m["reward_tokens_per_s"] = (prompt_tokens + response_tokens) / reward_s;  // the slowest rank's forward
     }
     m["response_length"] = length;
+    if (!spec.rl().environment().empty()) m["tool_calls"] = g.tool_calls, m["environment_s"] = g.environment_s;
     if (filtering) {  // dynamic sampling: generations, groups without a signal, and those that filled the batch
       m["gen_batches"] = g.gen_batches, m["filtered_groups"] = g.filtered_groups, m["filled_groups"] = g.filled_groups;
     }
@@ -552,19 +555,21 @@ absl::StatusOr<std::string> RunRl(DriverContext& ctx) {
 
 HeldOutEvaluator::HeldOutEvaluator(const v1::JobSpec& spec, WorkerGroup& group, int tp)
     : spec_(spec), group_(group), tp_(std::max(1, tp)),
-      on_(spec.train().data().kind() != "jsonl" || !spec.rl().eval_data().empty()) {}
+      on_(spec.train().data().kind() != "jsonl" || !spec.rl().eval_data().empty()),
+      multi_turn_(!spec.rl().environment().empty()) {}
 
 absl::StatusOr<double> HeldOutEvaluator::Evaluate() {
   v1::RlEvalRequest req;
   req.set_problems(spec_.rl().eval_problems());
   TESSERA_ASSIGN_OR_RETURN(auto res, group_.OneToAll(&ExecutorClient::RlEval, req));
-  int64_t correct = 0, problems = 0;
-  for (size_t r = 0; r < res.size(); r += tp_) correct += res[r].correct(), problems += res[r].problems();
+  int64_t correct = 0, problems = 0, calls = 0;
+  for (size_t r = 0; r < res.size(); r += tp_) correct += res[r].correct(), problems += res[r].problems(), calls += res[r].tool_calls();
   // rl.eval_data may hold fewer problems than eval_problems: the ranks answer them all.
   const bool file = !spec_.rl().eval_data().empty();
   if (file ? problems < 1 || problems > spec_.rl().eval_problems() : problems != spec_.rl().eval_problems())
     return absl::InternalError(absl::StrCat("RlEval: the ranks answered ", problems, " of ", spec_.rl().eval_problems(), " problems"));
   problems_ = problems;
+  tool_calls_ = double(calls) / problems;
   return double(correct) / problems;
 }
 
@@ -576,6 +581,11 @@ absl::Status HeldOutEvaluator::Start(DriverContext& ctx, int64_t start, int step
   p.set_total_steps(steps);
   p.set_message(absl::StrFormat("held-out accuracy at the start: %.3f (%d problems)", a, problems_));
   (*p.mutable_metrics())["accuracy"] = a;
+  if (multi_turn_) {
+    curve_.back()["tool_calls"] = tool_calls_;
+    (*p.mutable_metrics())["eval_tool_calls"] = tool_calls_;
+    p.set_message(absl::StrCat(p.message(), absl::StrFormat(", %.2f tool calls per problem", tool_calls_)));
+  }
   ctx.progress(p);
   return absl::OkStatus();
 }
@@ -586,6 +596,11 @@ absl::Status HeldOutEvaluator::AfterStep(int64_t s, int steps, v1::Progress* p) 
   curve_.push_back(json{{"step", s + 1}, {"accuracy", a}});
   (*p->mutable_metrics())["accuracy"] = a;
   p->set_message(absl::StrCat(p->message(), absl::StrFormat(" held-out accuracy %.3f", a)));
+  if (multi_turn_) {
+    curve_.back()["tool_calls"] = tool_calls_;
+    (*p->mutable_metrics())["eval_tool_calls"] = tool_calls_;
+    p->set_message(absl::StrCat(p->message(), absl::StrFormat(" (%.2f tool calls per problem)", tool_calls_)));
+  }
   return absl::OkStatus();
 }
 

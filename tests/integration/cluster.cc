@@ -4,6 +4,7 @@
 #include "absl/strings/str_split.h"
 
 #include <iostream>
+#include <sstream>
 
 #include <filesystem>
 
@@ -284,6 +285,17 @@ std::vector<pid_t> RunningExecutors(Cluster& c, const std::string& id, int attem
   }
   EXPECT_TRUE(c.WaitState(id, v1::JOB_STATE_RUNNING, 30000).ok());
   return pids;
+}
+
+v1::Job RunJob(Cluster& c, const v1::JobSpec& spec, std::string* progress) {
+  auto r = c.client().Submit(spec, "");
+  EXPECT_TRUE(r.ok()) << r.status();
+  if (!r.ok()) return v1::Job();
+  std::ostringstream out;
+  auto job = c.client().Watch(r->job().job_id(), out);
+  EXPECT_TRUE(job.ok()) << job.status();
+  if (progress != nullptr) *progress = out.str();
+  return job.ok() ? *job : v1::Job();
 }
 
 std::vector<std::map<std::string, double>> LinesWith(const std::string& progress, const std::string& key) {

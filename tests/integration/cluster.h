@@ -105,6 +105,9 @@ v1::JobSpec PretrainSpec(int devices, int tp, int zero, int steps, bool sp = fal
 // on each sampled token, and the KL follows); ppo: 2 samples per prompt, the KL as a
 // reward penalty (the critic's values make the advantages).
 v1::JobSpec SmallRlSpec(const std::string& kind);
+// Submits the job, watches it to its end and returns it (the progress stream's text in
+// *progress where given); a refused submission or a failed watch is a test failure.
+v1::Job RunJob(Cluster& c, const v1::JobSpec& spec, std::string* progress = nullptr);
 // The metrics of every progress line of a watched job that has `key` among them
 // (" key=value" pairs), in order: one map per such line (e.g. per RL step).
 std::vector<std::map<std::string, double>> LinesWith(const std::string& progress, const std::string& key);

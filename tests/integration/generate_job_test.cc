@@ -30,16 +30,6 @@ namespace {
 using ::testing::HasSubstr;
 using json = nlohmann::json;
 
-v1::Job RunJob(Cluster& c, const v1::JobSpec& spec, std::string* progress_out = nullptr) {
-  auto r = c.client().Submit(spec, "");
-  EXPECT_TRUE(r.ok()) << r.status();
-  std::ostringstream progress;
-  auto job = c.client().Watch(r->job().job_id(), progress);
-  EXPECT_TRUE(job.ok()) << job.status();
-  if (progress_out != nullptr) *progress_out = progress.str();
-  return job.ok() ? *job : v1::Job();
-}
-
 v1::JobSpec GenerateSpec(const std::string& dir, const std::string& input, const std::string& output) {
   auto s = ParseJobSpecYaml(absl::StrCat(
       "name: gen\nkind: generate\ncollective_timeout_s: 30\ngroups:\n  - name: rollout\n    devices: 2\n"

@@ -109,15 +109,6 @@ bool Start(Cluster& c) {
   return c.StartController().ok() && c.StartAgent(0).ok() && c.WaitNodes(1, 20000).ok();
 }
 
-v1::Job RunJob(Cluster& c, const v1::JobSpec& spec, std::string* progress) {
-  auto r = c.client().Submit(spec, "");
-  EXPECT_TRUE(r.ok()) << r.status();
-  std::ostringstream out;
-  auto job = c.client().Watch(r->job().job_id(), out);
-  EXPECT_TRUE(job.ok()) << job.status();
-  *progress = out.str();
-  return job.ok() ? *job : v1::Job();
-}
 
 TEST(RewardService, GrpoRewardsComeFromTheServiceAndItsFailureFailsTheJob) {
   Cluster c({.agents = 1, .cpu_slots = 2});

@@ -2,7 +2,7 @@
 # The scripts that only run on GPU hosts (scripts/gpu-*.sh) or by hand cannot run
 # here, and a syntax error in one costs a whole GPU run: every shell script under
 # scripts/, bench/ and deploy/ must parse (bash -n), and so must every Python program —
-# bench/*.py and each Python heredoc (<<'PY' ... PY) inside the shell scripts.
+# bench/*.py, scripts/*.py, examples/servers/*.py and each Python heredoc (<<'PY' ... PY) inside the shell scripts.
 #   check_scripts.sh SOURCE_DIR
 set -uo pipefail
 root=${1:?usage: check_scripts.sh SOURCE_DIR}
@@ -26,7 +26,7 @@ while IFS= read -r f; do
     rm -f "$py"
   done < "$TMPDIR_CHECK/list"
 done < <(find scripts bench deploy tests/scripts -name '*.sh' -type f | sort)
-for f in bench/*.py scripts/*.py; do
+for f in bench/*.py scripts/*.py examples/servers/*.py; do
   [ -f "$f" ] || continue
   pythons=$((pythons + 1))
   python3 -c 'import ast, sys; ast.parse(open(sys.argv[1]).read())' "$f" 2> "$TMPDIR_CHECK/err" \

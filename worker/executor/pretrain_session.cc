@@ -28,6 +28,7 @@ absl::StatusOr<std::unique_ptr<PretrainSession>> PretrainSession::Create(const v
   s->tp_size_ = comms.layout.tp;
   s->data_ = {t.data().digits(), t.seed(), m.seq_len(), /*answer_only=*/spec.kind() == "sft"};
   s->data_.careless = t.data().careless();
+  s->data_.calculator = t.data().calculator();
   if (t.data().kind() == "jsonl") {
     TESSERA_ASSIGN_OR_RETURN(tokenizer::ModelText text, ModelTextFromSpec(m, config.vocab));
     TESSERA_ASSIGN_OR_RETURN(engine::JsonlData d, engine::LoadJsonl(t.data().path(), m.seq_len(), text));

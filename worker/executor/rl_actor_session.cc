@@ -86,6 +86,9 @@ absl::Status RlActorSession::MakeRl(const v1::JobSpec& spec, const engine::Optim
     }
   }
   TESSERA_ASSIGN_OR_RETURN(rewards_, RewardServiceClient::Create(spec, tp_, backend_.get()));
+  if (rollout_ != nullptr) {
+    TESSERA_ASSIGN_OR_RETURN(env_, EnvironmentClient::Create(spec, tp_, backend_.get()));
+  }
   return absl::OkStatus();
 }
 
@@ -93,7 +96,7 @@ absl::StatusOr<v1::RolloutStats> RlActorSession::RolloutGenerate(int64_t step, i
   if (rollout_ == nullptr)
     return absl::FailedPreconditionError("RolloutGenerate: the session has no rollout engine (not a grpo or ppo session, or "
                                          "the job's rollout group generates)");
-  auto got = GenerateSamples(*rollout_, prompts_, rl_, rewards_.get(), step, refill, dp_rank_, dps_, dps_, out);
+  auto got = GenerateSamples(*rollout_, prompts_, rl_, rewards_.get(), env_.get(), step, refill, dp_rank_, dps_, dps_, out);
   rollout_->ReleaseCache();  // the update comes next on these devices: the cache's memory goes to it
   return got;
 }
@@ -214,7 +217,7 @@ absl::StatusOr<v1::RlForwardStats> RlActorSession::Forward(int64_t step, const v
 
 absl::StatusOr<v1::RlEvalResponse> RlActorSession::RlEval(int64_t problems) {
   if (rollout_ == nullptr) return absl::FailedPreconditionError("RlEval: the session has no rollout engine");
-  auto got = HeldOutEval(*rollout_, prompts_, rl_.max_new_tokens(), problems, dp_rank_, dps_);
+  auto got = HeldOutEval(*rollout_, prompts_, env_.get(), rl_.max_new_tokens(), problems, dp_rank_, dps_);
   rollout_->ReleaseCache();  // as RolloutGenerate
   return got;
 }

@@ -16,6 +16,7 @@
 #include <string>
 
 #include "tessera/v1/executor_service.pb.h"
+#include "worker/executor/environment_client.h"
 #include "worker/executor/rl_prompts.h"
 #include "worker/executor/train_session.h"
 #include "worker/rl/grpo.h"
@@ -70,6 +71,7 @@ class RlActorSession final : public TrainSession {
   std::unique_ptr<engine::Trainer> critic_trainer_;
   RlPrompts prompts_;
   std::unique_ptr<RewardServiceClient> rewards_;  // rl.reward_service (null: the built-in verifier)
+  std::unique_ptr<EnvironmentClient> env_;        // rl.environment where the session generates (null: single-turn)
 };
 
 }  // namespace tessera::executor

@@ -13,14 +13,15 @@ namespace tessera::executor {
 absl::StatusOr<engine::Rollouts> RolloutsOfBatch(const v1::TensorBatch& batch, int64_t want, int64_t vocab, const char* op) {
   std::vector<std::vector<int32_t>> prompts, completions;
   std::vector<double> rewards;
-  TESSERA_RETURN_IF_ERROR(BatchToSamples(batch, &prompts, &completions, &rewards));
+  std::vector<std::vector<uint8_t>> sampled;
+  TESSERA_RETURN_IF_ERROR(BatchToSamples(batch, &prompts, &completions, &rewards, &sampled));
   if (static_cast<int64_t>(prompts.size()) != want)
     return absl::InvalidArgumentError(absl::StrCat(op, ": ", prompts.size(), " samples; this DP rank takes ", want));
   for (const auto* rows : {&prompts, &completions})
     for (const auto& r : *rows)
       for (int32_t t : r)
         if (t < 0 || t >= vocab) return absl::InvalidArgumentError(absl::StrCat(op, ": token ", t, " is outside the vocabulary"));
-  return engine::MakeRollouts(prompts, completions, rewards);
+  return engine::MakeRollouts(prompts, completions, rewards, &sampled);
 }
 
 v1::NamedTensor TokenTensor(const std::string& name, const std::vector<engine::RlSample>& samples,

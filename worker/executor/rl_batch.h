@@ -1,7 +1,8 @@
 // What an RL step's per-token tensors look like on the wire, beside the samples'
-// (rollout_pool.h: prompt, completion, reward): each is [N, W] f32, W the batch's
-// completion width, row i the values at sample i's response tokens in order
-// (completion_len[i] of them), 0 after:
+// (rollout_pool.h: prompt, completion, reward, and multi-turn completion_mask): each is
+// [N, W] f32, W the batch's completion width, row i the values at sample i's response
+// tokens in order (its sampled tokens: completion_len[i] of them, fewer where observations
+// are masked out), 0 after:
 //   old_logp   the actor's log-probs before the update (RlForward on the actor)
 //   ref_logp   the reference's (RlForward on a reference group)
 //   old_value  the critic's values (RlForward on a critic group)
@@ -32,6 +33,10 @@ inline constexpr char kOldValue[] = "old_value";
 inline constexpr char kAdvantage[] = "advantage";
 inline constexpr char kRolloutLogp[] = "rollout_logp";
 inline constexpr char kReturns[] = "returns";
+// Multi-turn samples: [N, W] i32 over the completion's tokens, 1 where the model sampled the
+// token, 0 where it is an environment's observation (out of the loss and the log-probs; the
+// token tensors above skip it). Absent: every token sampled.
+inline constexpr char kCompletionMask[] = "completion_mask";
 // A reward group's answer: one score per sample, [N] f32 (it replaces the samples' reward).
 inline constexpr char kScore[] = "score";
 

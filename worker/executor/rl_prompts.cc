@@ -1,6 +1,7 @@
 #include "worker/executor/rl_prompts.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 
 
@@ -9,6 +10,7 @@
 #include "common/rpc/grpc_util.h"
 #include "common/status.h"
 #include "common/util.h"
+#include "worker/executor/environment_client.h"
 #include "worker/executor/model_spec.h"
 
 namespace tessera::executor {
@@ -34,7 +36,32 @@ absl::Status RlPrompts::Load(const v1::JobSpec& spec, int64_t model_vocab) {
   TESSERA_ASSIGN_OR_RETURN(std::vector<int32_t> stops,
                            tokenizer::StopTokens(*text_.tokenizer, {rl.stop().begin(), rl.stop().end()}, "rl.stop"));
   stops_.insert(stops_.end(), stops.begin(), stops.end());
+  multi_turn_ = {};
+  if (!rl.environment().empty()) {
+    multi_turn_.max_turns = rl.max_turns();
+    TESSERA_ASSIGN_OR_RETURN(multi_turn_.tool_stop, text_.tokenizer->Encode(rl.tool_stop(), /*add_special=*/false));
+    for (int32_t t : multi_turn_.tool_stop)
+      if (t >= model_vocab)
+        return absl::InvalidArgumentError(absl::StrCat("rl.tool_stop: token ", t, " is outside the model's vocabulary (", model_vocab, ")"));
+  }
   return absl::OkStatus();
+}
+
+std::string RlPrompts::RawText(const std::vector<int32_t>& tokens, size_t begin) const {
+  std::vector<int32_t> known;
+  for (size_t i = begin; i < tokens.size(); ++i)
+    if (tokens[i] >= 0 && tokens[i] < text_.tokenizer->vocab_size()) known.push_back(tokens[i]);
+  auto text = text_.tokenizer->Decode(known, /*skip_special=*/false);
+  return text.ok() ? *text : std::string();
+}
+
+absl::StatusOr<std::vector<int32_t>> RlPrompts::EncodeText(const std::string& text) const {
+  return text_.tokenizer->Encode(text, /*add_special=*/false);
+}
+
+double RlPrompts::Reward(const engine::Completion& c, const std::string& answer) const {
+  const size_t begin = engine::LastTurnBegin(c);
+  return Reward(CompletionText(std::vector<int32_t>(c.tokens.begin() + static_cast<std::ptrdiff_t>(begin), c.tokens.end())), answer);
 }
 
 absl::StatusOr<std::vector<RlPrompts::Prompt>> RlPrompts::Encode(const std::string& path) {
@@ -165,8 +192,8 @@ absl::StatusOr<std::vector<double>> RewardServiceClient::Score(int64_t step, int
   return std::vector<double>(buf.begin() + 1, buf.end());
 }
 
-absl::StatusOr<v1::RlEvalResponse> HeldOutEval(engine::RolloutEngine& rollout, const RlPrompts& prompts, int64_t max_new_tokens,
-                                        int64_t problems, int dp_rank, int dps) {
+absl::StatusOr<v1::RlEvalResponse> HeldOutEval(engine::RolloutEngine& rollout, const RlPrompts& prompts, EnvironmentClient* env,
+                                               int64_t max_new_tokens, int64_t problems, int dp_rank, int dps) {
   if (problems < 1 || problems > 1000000)
     return absl::InvalidArgumentError(absl::StrCat("RlEval: problems ", problems, "; expected 1..1000000"));
   // This rank's problems: rl.eval_data's (at most the file's), or the arithmetic held-out
@@ -179,7 +206,7 @@ absl::StatusOr<v1::RlEvalResponse> HeldOutEval(engine::RolloutEngine& rollout, c
   engine::ArithmeticData arithmetic = prompts.arithmetic();
   arithmetic.held_out = true;
   std::vector<engine::GenerationRequest> requests;
-  std::vector<std::string> answers;
+  std::vector<std::string> answers, texts;
   for (int64_t i = begin; i < end; ++i) {
     engine::GenerationRequest r;
     r.params.temperature = 0;  // greedy
@@ -188,26 +215,32 @@ absl::StatusOr<v1::RlEvalResponse> HeldOutEval(engine::RolloutEngine& rollout, c
       r.prompt = prompts.held_out()[i].ids;
       r.params.stop_tokens = prompts.stop_tokens();
       answers.push_back(prompts.held_out()[i].answer);
+      texts.push_back(prompts.held_out()[i].text);
     } else {
       const std::string p = engine::ArithmeticProblem(arithmetic, i);
       const size_t eq = p.find('=') + 1;
       r.prompt.assign(p.begin(), p.begin() + eq);
       r.params.stop_tokens = {'\n'};
       answers.push_back(p.substr(eq));
+      texts.push_back(p.substr(0, eq));
     }
     requests.push_back(std::move(r));
   }
-  int64_t correct = 0;
+  int64_t correct = 0, tool_calls = 0;
   if (!requests.empty()) {
-    TESSERA_ASSIGN_OR_RETURN(std::vector<engine::Completion> out, rollout.Generate(requests));
+    static std::atomic<int64_t> evals{0};  // names this executor's evaluations apart (sessions)
+    const EpisodeRound round{"eval", evals++, 0, dp_rank, begin};
+    TESSERA_ASSIGN_OR_RETURN(std::vector<engine::Completion> out, RunEpisodes(rollout, requests, prompts, env, round, texts, answers));
     for (const engine::Completion& c : out) {
       const std::string& answer = answers[c.request];
-      correct += jsonl ? prompts.Reward(prompts.CompletionText(c.tokens), answer) >= 1.0
-                       : std::string(c.tokens.begin(), c.tokens.end()) == answer;
+      const size_t from = engine::LastTurnBegin(c);
+      tool_calls += c.tool_calls;
+      correct += jsonl ? prompts.Reward(c, answer) >= 1.0
+                       : std::string(c.tokens.begin() + static_cast<std::ptrdiff_t>(from), c.tokens.end()) == answer;
     }
   }
   v1::RlEvalResponse r;
-  r.set_correct(correct), r.set_problems(end - begin);
+  r.set_correct(correct), r.set_problems(end - begin), r.set_tool_calls(tool_calls);
   return r;
 }
 

@@ -18,10 +18,13 @@
 #include "worker/comm/communicator.h"
 #include "worker/runtime/backend.h"
 #include "worker/train/data.h"
+#include "worker/rollout/multi_turn.h"
 #include "worker/rollout/rollout.h"
 #include "worker/tokenizer/model_text.h"
 
 namespace tessera::executor {
+
+class EnvironmentClient;  // environment_client.h
 
 class RlPrompts {
  public:
@@ -44,6 +47,15 @@ class RlPrompts {
   // The built-in verifier: an exact match (JSONL: rl::ExactAnswerReward — the final
   // answer in \boxed{} or after "####", compared as math answers).
   double Reward(const std::string& completion_text, const std::string& answer) const;
+  // The verifier's reward of a completion: of its last model turn's text (multi-turn: the
+  // answer comes after the last observation; single-turn: the whole completion).
+  double Reward(const engine::Completion& c, const std::string& answer) const;
+  // Multi-turn: tokens as an environment reads them (special tokens kept), and an
+  // observation's text as tokens (text naming a special token encodes to it).
+  std::string RawText(const std::vector<int32_t>& tokens, size_t begin = 0) const;
+  absl::StatusOr<std::vector<int32_t>> EncodeText(const std::string& text) const;
+  // rl.environment's settings: max_turns and rl.tool_stop's tokens (single-turn without).
+  const engine::MultiTurnOptions& multi_turn() const { return multi_turn_; }
 
   bool jsonl() const { return !file_.empty(); }
   int64_t longest_prompt() const { return longest_; }  // held-out prompts included
@@ -58,6 +70,7 @@ class RlPrompts {
   std::vector<Prompt> file_;  // train.data.kind jsonl (empty: the arithmetic problems)
   tokenizer::ModelText text_;
   std::vector<int32_t> stops_;  // rl.stop (one token each), and with a tokenizer.json the EOS ids
+  engine::MultiTurnOptions multi_turn_;
   int64_t longest_ = 0;
   std::vector<Prompt> held_;
   bool shuffle_ = false;
@@ -100,7 +113,9 @@ class RewardServiceClient {
 // built-in arithmetic's (an exact match), or on JSONL prompts rl.eval_data's first
 // `problems` (all where the file has fewer), checked by the rule verifier.
 // FAILED_PRECONDITION for a JSONL job without rl.eval_data.
-absl::StatusOr<v1::RlEvalResponse> HeldOutEval(engine::RolloutEngine& rollout, const RlPrompts& prompts, int64_t max_new_tokens,
-                                               int64_t problems, int dp_rank, int dps);
+// With `env` (rl.environment) each problem is a multi-turn episode (sessions "eval/<k>/0/<problem>/0",
+// k counting this executor's evaluations) and the verifier reads its last model turn.
+absl::StatusOr<v1::RlEvalResponse> HeldOutEval(engine::RolloutEngine& rollout, const RlPrompts& prompts, EnvironmentClient* env,
+                                               int64_t max_new_tokens, int64_t problems, int dp_rank, int dps);
 
 }  // namespace tessera::executor

@@ -37,6 +37,7 @@ absl::StatusOr<std::unique_ptr<RolloutPoolSession>> RolloutPoolSession::Create(c
   TESSERA_RETURN_IF_ERROR(s->model_->InitRandom(spec.train().seed(), 0.02f));
   TESSERA_RETURN_IF_ERROR(s->prompts_.Load(spec, config.vocab));
   TESSERA_ASSIGN_OR_RETURN(s->rewards_, RewardServiceClient::Create(spec, tp, s->backend_.get()));
+  TESSERA_ASSIGN_OR_RETURN(s->env_, EnvironmentClient::Create(spec, tp, s->backend_.get()));
   TESSERA_ASSIGN_OR_RETURN(s->rollout_, engine::RolloutEngine::Create(
                                             s->model_.get(), RlRolloutOptions(s->rl_, s->dps_, s->prompts_.longest_prompt())));
   const v1::GroupSpec* pool = RolloutPool(spec);
@@ -50,7 +51,7 @@ void RolloutPoolSession::ReleaseForOffload(std::vector<runtime::Tensor>* states)
 }
 
 absl::StatusOr<v1::RolloutStats> RolloutPoolSession::Generate(int64_t step, int refill, v1::TensorBatch* out) {
-  auto got = GenerateSamples(*rollout_, prompts_, rl_, rewards_.get(), step, refill, dp_rank_, dps_, actor_dps_, out);
+  auto got = GenerateSamples(*rollout_, prompts_, rl_, rewards_.get(), env_.get(), step, refill, dp_rank_, dps_, actor_dps_, out);
   if (colocated_) rollout_->ReleaseCache();
   return got;
 }
@@ -71,8 +72,9 @@ int64_t RefillPromptIndex(const v1::RlSpec& rl, int64_t step, int refill) {
 }
 
 absl::StatusOr<v1::RolloutStats> GenerateSamples(engine::RolloutEngine& rollout, const RlPrompts& prompts_,
-                                                 const v1::RlSpec& rl_, RewardServiceClient* rewards_, int64_t step,
-                                                 int refill, int dp_rank_, int dps_, int actor_dps_, v1::TensorBatch* out) {
+                                                 const v1::RlSpec& rl_, RewardServiceClient* rewards_, EnvironmentClient* env,
+                                                 int64_t step, int refill, int dp_rank_, int dps_, int actor_dps_,
+                                                 v1::TensorBatch* out) {
   if (step < 0) return absl::InvalidArgumentError(absl::StrCat("RolloutGenerate: step ", step));
   if (refill < 0 || (refill > 0 && (!rl_.filter_groups() || refill >= rl_.max_gen_batches())))
     return absl::InvalidArgumentError(absl::StrCat("RolloutGenerate: refill ", refill, " of step ", step, " (rl.filter_groups ",
@@ -101,30 +103,40 @@ absl::StatusOr<v1::RolloutStats> GenerateSamples(engine::RolloutEngine& rollout,
     answers.push_back(std::move(p.answer));
     texts.push_back(std::move(p.text));
   }
-  TESSERA_ASSIGN_OR_RETURN(std::vector<engine::Completion> done, rollout.Generate(requests));
+  if (env != nullptr) env->ResetSeconds();
+  TESSERA_ASSIGN_OR_RETURN(std::vector<engine::Completion> done,
+                           RunEpisodes(rollout, requests, prompts_, env, {"train", step, refill, dp_rank_, dp_rank_ * per},
+                                       texts, answers));
   const double generate_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::vector<std::vector<int32_t>> prompts, completions;
   std::vector<std::vector<float>> logprobs;
+  std::vector<std::vector<uint8_t>> sampled;
   std::vector<std::string> said;  // the completions' text
   for (const engine::Completion& c : done) said.push_back(prompts_.CompletionText(c.tokens));
   std::vector<double> rewards;
   if (rewards_ != nullptr) {
     TESSERA_ASSIGN_OR_RETURN(rewards, rewards_->Score(step, dp_rank_, texts, answers, done, said));
   } else {
-    for (size_t i = 0; i < done.size(); ++i) rewards.push_back(prompts_.Reward(said[i], answers[done[i].request]));
+    for (size_t i = 0; i < done.size(); ++i) rewards.push_back(prompts_.Reward(done[i], answers[done[i].request]));
   }
-  double reward = 0, length = 0;
+  double reward = 0, length = 0, tool_calls = 0;
   for (size_t i = 0; i < done.size(); ++i) {
     const engine::Completion& c = done[i];
     if (!std::isfinite(rewards[i])) return absl::InvalidArgumentError(absl::StrCat("grpo: reward ", i, " is not finite"));
     prompts.push_back(requests[c.request].prompt);
     completions.push_back(c.tokens);
     logprobs.push_back(c.logprobs);
+    sampled.push_back(c.sampled);
     reward += rewards[i] / done.size(), length += double(c.tokens.size()) / done.size();
+    tool_calls += double(c.tool_calls) / done.size();
   }
+  // A multi-turn job's batches all carry completion_mask, so that every rank's and every
+  // generation's have the same tensors (the driver concatenates them).
   *out = SamplesToBatch(prompts, completions, rewards, static_cast<size_t>(prompts_.longest_prompt()),
-                        static_cast<size_t>(rl_.max_new_tokens()), &logprobs);
+                        static_cast<size_t>(rl_.max_new_tokens()), &logprobs, env != nullptr ? &sampled : nullptr);
   v1::RolloutStats st;
+  st.set_tool_calls(tool_calls);
+  if (env != nullptr) st.set_environment_s(env->seconds());
   st.set_reward(reward), st.set_response_length(length), st.set_samples(static_cast<int64_t>(done.size()));
   st.set_generate_s(generate_s);
   st.set_prefill_s(rollout.prefill_seconds()), st.set_decode_s(rollout.decode_seconds());
@@ -137,7 +149,7 @@ absl::StatusOr<v1::RolloutStats> GenerateSamples(engine::RolloutEngine& rollout,
 }
 
 absl::StatusOr<v1::RlEvalResponse> RolloutPoolSession::Eval(int64_t problems) {
-  auto got = HeldOutEval(*rollout_, prompts_, rl_.max_new_tokens(), problems, dp_rank_, dps_);
+  auto got = HeldOutEval(*rollout_, prompts_, env_.get(), rl_.max_new_tokens(), problems, dp_rank_, dps_);
   if (colocated_) rollout_->ReleaseCache();
   return got;
 }
@@ -194,26 +206,59 @@ absl::StatusOr<std::vector<std::vector<int32_t>>> GetRows(const v1::TensorBatch&
 v1::TensorBatch SamplesToBatch(const std::vector<std::vector<int32_t>>& prompts,
                                const std::vector<std::vector<int32_t>>& completions, const std::vector<double>& rewards,
                                size_t prompt_width, size_t completion_width,
-                               const std::vector<std::vector<float>>* logprobs) {
+                               const std::vector<std::vector<float>>* logprobs,
+                               const std::vector<std::vector<uint8_t>>* sampled) {
   v1::TensorBatch b;
   AddRows(&b, "prompt", prompts, prompt_width);
   AddRows(&b, "completion", completions, completion_width);
   *b.add_tensors() = F32Tensor("reward", {static_cast<int64_t>(rewards.size())}, std::vector<float>(rewards.begin(), rewards.end()));
-  if (logprobs != nullptr) {
-    size_t width = completion_width;
-    for (const auto& c : completions) width = std::max(width, c.size());
+  size_t width = completion_width;
+  for (const auto& c : completions) width = std::max(width, c.size());
+  auto is_sampled = [&](size_t i, size_t j) {
+    return sampled == nullptr || (*sampled)[i].empty() || (j < (*sampled)[i].size() && (*sampled)[i][j] != 0);
+  };
+  if (sampled != nullptr) {  // 1: a model token, 0: an observation (and padding)
+    std::vector<int32_t> mask(completions.size() * width, 0);
+    for (size_t i = 0; i < completions.size(); ++i)
+      for (size_t j = 0; j < completions[i].size(); ++j) mask[i * width + j] = is_sampled(i, j) ? 1 : 0;
+    AddI32(&b, kCompletionMask, {static_cast<int64_t>(completions.size()), static_cast<int64_t>(width)}, mask);
+  }
+  if (logprobs != nullptr) {  // at the sampled tokens, in order (a token tensor: rl_batch.h)
     std::vector<float> flat(logprobs->size() * width, 0.0f);
-    for (size_t i = 0; i < logprobs->size(); ++i)
-      std::copy_n((*logprobs)[i].begin(), std::min((*logprobs)[i].size(), width), flat.begin() + i * width);
+    for (size_t i = 0; i < logprobs->size(); ++i) {
+      size_t k = 0;
+      for (size_t j = 0; j < (*logprobs)[i].size() && k < width; ++j)
+        if (is_sampled(i, j)) flat[i * width + k++] = (*logprobs)[i][j];
+    }
     *b.add_tensors() = F32Tensor(kRolloutLogp, {static_cast<int64_t>(logprobs->size()), static_cast<int64_t>(width)}, flat);
   }
   return b;
 }
 
 absl::Status BatchToSamples(const v1::TensorBatch& batch, std::vector<std::vector<int32_t>>* prompts,
-                            std::vector<std::vector<int32_t>>* completions, std::vector<double>* rewards) {
+                            std::vector<std::vector<int32_t>>* completions, std::vector<double>* rewards,
+                            std::vector<std::vector<uint8_t>>* sampled) {
   TESSERA_ASSIGN_OR_RETURN(*prompts, GetRows(batch, "prompt"));
   TESSERA_ASSIGN_OR_RETURN(*completions, GetRows(batch, "completion"));
+  if (sampled != nullptr) {
+    sampled->assign(completions->size(), {});
+    if (const v1::NamedTensor* m = Find(batch, kCompletionMask); m != nullptr) {
+      const int64_t n = static_cast<int64_t>(completions->size());
+      if (m->dtype() != v1::DTYPE_I32 || m->shape_size() != 2 || m->shape(0) != n ||
+          m->data().size() != static_cast<size_t>(n * m->shape(1)) * sizeof(int32_t))
+        return absl::InvalidArgumentError(absl::StrCat("samples batch: expected ", kCompletionMask, " [", n, ", W] i32"));
+      const int64_t width = m->shape(1);
+      std::vector<int32_t> flat(static_cast<size_t>(n * width));
+      if (!flat.empty()) std::memcpy(flat.data(), m->data().data(), m->data().size());
+      for (int64_t i = 0; i < n; ++i) {
+        const size_t len = (*completions)[i].size();
+        if (static_cast<int64_t>(len) > width)
+          return absl::InvalidArgumentError(absl::StrCat("samples batch: ", kCompletionMask, " is ", width, " wide; completion ",
+                                                         i, " has ", len, " tokens"));
+        for (size_t j = 0; j < len; ++j) (*sampled)[i].push_back(flat[i * width + j] != 0 ? 1 : 0);
+      }
+    }
+  }
   const v1::NamedTensor* r = Find(batch, "reward");
   if (r == nullptr || r->dtype() != v1::DTYPE_F32 || r->shape_size() != 1 || r->shape(0) != static_cast<int64_t>(prompts->size()) ||
       completions->size() != prompts->size() || r->data().size() != prompts->size() * sizeof(float))

@@ -6,7 +6,8 @@
 //
 // The samples travel through the driver as a TensorBatch, whole groups in prompt order:
 //   prompt [N, Lp] i32 and prompt_len [N]; completion [N, Lc] i32 and completion_len [N]
-//   (rows padded with 0); reward [N] f32 — N = prompts x group_size.
+//   (rows padded with 0); reward [N] f32 — N = prompts x group_size; multi-turn samples
+//   also completion_mask [N, Lc] i32 (rl_batch.h).
 // Threading: one call at a time (the executor serializes them).
 #pragma once
 
@@ -20,6 +21,7 @@
 #include "tessera/v1/executor_service.pb.h"
 #include "worker/rl/rl_samples.h"
 #include "worker/rollout/rollout.h"
+#include "worker/executor/environment_client.h"
 #include "worker/executor/executor.h"
 #include "worker/executor/rl_prompts.h"
 
@@ -51,6 +53,7 @@ class RolloutPoolSession {
   std::unique_ptr<engine::RolloutEngine> rollout_;
   RlPrompts prompts_;
   std::unique_ptr<RewardServiceClient> rewards_;  // rl.reward_service (null: the built-in verifier)
+  std::unique_ptr<EnvironmentClient> env_;        // rl.environment (null: single-turn)
   bool colocated_ = false;  // on the actor's devices: the KV cache is released after each call
 };
 
@@ -63,13 +66,16 @@ engine::RolloutOptions RlRolloutOptions(const v1::RlSpec& rl, int dps, int64_t l
 // One RL step's samples of DP rank `dp_rank` of `dps`: prompts [dp_rank·P/dps, (dp_rank+1)·P/dps)
 // of step `step` (P = rl.prompts_per_step; refill k >= 1: the step's k-th refill batch of
 // dynamic sampling, RefillPromptIndex), rl.group_size samples each, scored by the
-// built-in verifier or `rewards` (rl.reward_service; TP rank 0 calls it). Prompt g of the
+// built-in verifier (of each completion's last model turn) or `rewards` (rl.reward_service;
+// TP rank 0 calls it); with `env` (rl.environment) each sample is a multi-turn episode
+// (RunEpisodes, environment_client.h). Prompt g of the
 // step is sampled with the seed that the actor's DP rank training on it (of `actor_dps`)
 // gives it, so a rollout group of any DP size samples what the actor's own engine does.
 // The samples as above, rows padded to the longest prompt and rl.max_new_tokens.
 absl::StatusOr<v1::RolloutStats> GenerateSamples(engine::RolloutEngine& rollout, const RlPrompts& prompts,
-                                                 const v1::RlSpec& rl, RewardServiceClient* rewards, int64_t step,
-                                                 int refill, int dp_rank, int dps, int actor_dps, v1::TensorBatch* out);
+                                                 const v1::RlSpec& rl, RewardServiceClient* rewards, EnvironmentClient* env,
+                                                 int64_t step, int refill, int dp_rank, int dps, int actor_dps,
+                                                 v1::TensorBatch* out);
 // Where refill k >= 1 of step s takes its prompts: a stream of its own past every step's
 // (2^40 + (s·rl.max_gen_batches + k - 1)·P; JSONL files cycle), so that a step's prompts
 // depend on its step alone (a resumed job draws the same).
@@ -78,14 +84,20 @@ int64_t RefillPromptIndex(const v1::RlSpec& rl, int64_t step, int refill);
 // The samples' TensorBatch of `rollouts` (prompt ids per sample given) and back.
 // Rows are padded to the given widths (at least each row's length), so that every pool
 // rank's batch has the same shapes and the driver can concatenate them.
-// With `logprobs` (the rollout's, one per completion token), also rollout_logp [N, W] f32.
+// With `sampled` (multi-turn: per completion token 1 where the model sampled it, 0 for an
+// observation; an empty row: all sampled), also completion_mask [N, W] i32 (0 after each
+// row's length). With `logprobs` (the rollout's, one per completion token), also
+// rollout_logp [N, W] f32 — a token tensor (rl_batch.h): the sampled tokens' in order.
 v1::TensorBatch SamplesToBatch(const std::vector<std::vector<int32_t>>& prompts,
                                const std::vector<std::vector<int32_t>>& completions, const std::vector<double>& rewards,
                                size_t prompt_width = 1, size_t completion_width = 1,
-                               const std::vector<std::vector<float>>* logprobs = nullptr);
-// INVALID_ARGUMENT naming the tensor for a malformed batch.
+                               const std::vector<std::vector<float>>* logprobs = nullptr,
+                               const std::vector<std::vector<uint8_t>>* sampled = nullptr);
+// INVALID_ARGUMENT naming the tensor for a malformed batch. `sampled` (optional): each
+// row's completion_mask (empty rows where the batch has none).
 absl::Status BatchToSamples(const v1::TensorBatch& batch, std::vector<std::vector<int32_t>>* prompts,
-                            std::vector<std::vector<int32_t>>* completions, std::vector<double>* rewards);
+                            std::vector<std::vector<int32_t>>* completions, std::vector<double>* rewards,
+                            std::vector<std::vector<uint8_t>>* sampled = nullptr);
 
 // A digest of the model's global weights (every parameter gathered over TP, in the
 // model's parameter order, as f32): equal digests, equal weights. Every TP rank calls it.

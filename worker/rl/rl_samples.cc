@@ -19,14 +19,18 @@ std::vector<size_t> ResponsePositions(const RlSample& s) {
 }
 
 RlSample MakeRlSample(const std::vector<int32_t>& prompt, const std::vector<int32_t>& completion,
-                      const std::vector<float>& logprobs) {
+                      const std::vector<float>& logprobs, const std::vector<uint8_t>& sampled) {
   RlSample s;
   s.batch = CompletionSequence(prompt, completion, &s.mask);
+  // Position t's target is completion token t + 1 - |prompt|.
+  const size_t first = prompt.empty() ? 0 : prompt.size() - 1;
+  if (!sampled.empty())
+    for (size_t t = first; t < s.mask.size(); ++t)
+      if (t - first < sampled.size() && sampled[t - first] == 0) s.mask[t] = 0;
   if (!logprobs.empty()) {
     s.rollout_logp.assign(s.mask.size(), 0.0);
-    size_t k = 0;
-    for (size_t t = 0; t < s.mask.size() && k < logprobs.size(); ++t)
-      if (s.mask[t] > 0) s.rollout_logp[t] = logprobs[k++];
+    for (size_t t = first; t < s.mask.size(); ++t)
+      if (s.mask[t] > 0 && t - first < logprobs.size()) s.rollout_logp[t] = logprobs[t - first];
   }
   return s;
 }
@@ -40,11 +44,11 @@ absl::StatusOr<Rollouts> GenerateAndScore(RolloutEngine& rollout, const std::vec
 }
 
 Rollouts MakeRollouts(const std::vector<std::vector<int32_t>>& prompts, const std::vector<std::vector<int32_t>>& completions,
-                      const std::vector<double>& rewards) {
+                      const std::vector<double>& rewards, const std::vector<std::vector<uint8_t>>* sampled) {
   Rollouts out;
   const size_t total = completions.size();
   for (size_t i = 0; i < total; ++i) {
-    out.samples.push_back(MakeRlSample(prompts[i], completions[i]));
+    out.samples.push_back(MakeRlSample(prompts[i], completions[i], {}, sampled != nullptr ? (*sampled)[i] : std::vector<uint8_t>()));
     out.reward += rewards[i] / total;
     out.response_length += static_cast<double>(completions[i].size()) / total;
   }
@@ -72,7 +76,8 @@ absl::StatusOr<Rollouts> GenerateAndScore(RolloutEngine& rollout, const std::vec
   const size_t total = completions.size();
   for (size_t i = 0; i < total; ++i) {
     if (!std::isfinite(out.rewards[i])) return absl::InvalidArgumentError(absl::StrCat(who, ": reward ", i, " is not finite"));
-    out.samples.push_back(MakeRlSample(prompts[completions[i].request], completions[i].tokens, completions[i].logprobs));
+    out.samples.push_back(MakeRlSample(prompts[completions[i].request], completions[i].tokens, completions[i].logprobs,
+                                       completions[i].sampled));
     out.reward += out.rewards[i] / total;
     out.response_length += static_cast<double>(completions[i].tokens.size()) / total;
   }

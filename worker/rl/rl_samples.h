@@ -29,9 +29,11 @@ struct RlSample {
 std::vector<size_t> ResponsePositions(const RlSample& s);
 
 // `logprobs` (the rollout's, one per completion token; may be empty) land at the
-// completion's positions of rollout_logp.
+// completion's positions of rollout_logp. `sampled` (multi-turn: per completion token, 0
+// for an environment's observation; empty: all sampled) takes the observations out of the
+// mask, so nothing counts them.
 RlSample MakeRlSample(const std::vector<int32_t>& prompt, const std::vector<int32_t>& completion,
-                      const std::vector<float>& logprobs = {});
+                      const std::vector<float>& logprobs = {}, const std::vector<uint8_t>& sampled = {});
 
 // A step's generation and rewards: `n` samples of every prompt (prompt i's seed from
 // `seed` and i), scored in one call; the samples in (prompt, sample) order with their
@@ -54,7 +56,7 @@ absl::StatusOr<Rollouts> GenerateAndScore(RolloutEngine& rollout, const std::vec
 inline uint64_t PromptSeed(uint64_t seed, size_t i) { return seed * 1000003ull + i * 7919ull; }
 // Rollouts of samples made elsewhere: prompt + completion tokens and rewards, in order.
 Rollouts MakeRollouts(const std::vector<std::vector<int32_t>>& prompts, const std::vector<std::vector<int32_t>>& completions,
-                      const std::vector<double>& rewards);
+                      const std::vector<double>& rewards, const std::vector<std::vector<uint8_t>>* sampled = nullptr);
 
 // A step's samples split for the model's passes: `mini_batches` consecutive ranges (one
 // optimizer step each), each packed into micro-batches of at most `max_tokens` tokens

@@ -45,6 +45,12 @@ void RolloutEngine::ReleaseCache() {
 }
 
 namespace {
+bool EndsWithAny(const std::vector<int32_t>& tokens, const std::vector<std::vector<int32_t>>& sequences) {
+  for (const auto& q : sequences)
+    if (!q.empty() && q.size() <= tokens.size() && std::equal(q.rbegin(), q.rend(), tokens.rbegin())) return true;
+  return false;
+}
+
 absl::Status CheckRequest(const GenerationRequest& r, size_t i, int64_t vocab, int64_t capacity_tokens) {
   auto bad = [&](const std::string& m) { return absl::InvalidArgumentError(absl::StrCat("requests[", i, "]: ", m)); };
   const SamplingParams& p = r.params;
@@ -53,6 +59,11 @@ absl::Status CheckRequest(const GenerationRequest& r, size_t i, int64_t vocab, i
     if (t < 0 || t >= vocab) return bad(absl::StrCat("prompt token ", t, " is not in the vocabulary [0, ", vocab, ")"));
   for (int32_t t : p.stop_tokens)
     if (t < 0 || t >= vocab) return bad(absl::StrCat("stop token ", t, " is not in the vocabulary [0, ", vocab, ")"));
+  for (const auto& seq : p.stop_sequences) {
+    if (seq.empty()) return bad("an empty stop sequence");
+    for (int32_t t : seq)
+      if (t < 0 || t >= vocab) return bad(absl::StrCat("stop sequence token ", t, " is not in the vocabulary [0, ", vocab, ")"));
+  }
   if (p.n < 1) return bad(absl::StrCat("n = ", p.n, "; need at least 1"));
   if (p.max_new_tokens < 1) return bad(absl::StrCat("max_new_tokens = ", p.max_new_tokens, "; need at least 1"));
   if (!(p.temperature >= 0)) return bad(absl::StrCat("temperature = ", p.temperature, "; need >= 0"));
@@ -276,6 +287,8 @@ void RolloutEngine::Append(const std::vector<Seq*>& seqs, const int32_t* token, 
     const auto& stop = s.params->stop_tokens;
     if (std::find(stop.begin(), stop.end(), t) != stop.end()) {
       s.done = true, s.out.finish_reason = "stop";
+    } else if (EndsWithAny(s.out.tokens, s.params->stop_sequences)) {
+      s.done = true, s.out.finish_reason = "tool";
     } else if (static_cast<int64_t>(s.out.tokens.size()) >= s.params->max_new_tokens) {
       s.done = true, s.out.finish_reason = "length";
     }

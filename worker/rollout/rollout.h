@@ -9,8 +9,9 @@
 //     keys and values into their blocks; it gives each its first new token;
 //   - decode: every running sample's last token in one forward over the cache (block
 //     tables, context lengths); sequences join and leave between steps;
-//   - a sample ends at one of its stop tokens (kept, finish "stop") or after
-//     max_new_tokens (finish "length"); its blocks go back to the free list at once.
+//   - a sample ends at one of its stop tokens (kept, finish "stop"), when its new tokens
+//     end with one of its stop sequences (kept, finish "tool") or after max_new_tokens
+//     (finish "length"); its blocks go back to the free list at once.
 // Sampling (kernels/sampling: temperature, top-k, top-p, greedy at temperature 0) draws
 // token i of sample j of a request with (seed + j, i), so the result does not depend on
 // batching or admission order; the log-probability of each drawn token is under the
@@ -43,6 +44,9 @@ struct SamplingParams {
   float top_p = 1.f;        // 1: no nucleus cut
   int64_t max_new_tokens = 64;
   std::vector<int32_t> stop_tokens;
+  // A sample also ends when its new tokens end with one of these (kept; finish "tool":
+  // a multi-turn rollout's tool call, worker/rollout/multi_turn.h).
+  std::vector<std::vector<int32_t>> stop_sequences;
   uint64_t seed = 0;
   int n = 1;  // samples of the prompt (a GRPO group)
 };
@@ -57,7 +61,12 @@ struct Completion {
   int sample = 0;       // 0 .. n-1
   std::vector<int32_t> tokens;  // the new tokens (a stop token included)
   std::vector<float> logprobs;  // of each new token under the sampling distribution
-  std::string finish_reason;    // "stop" | "length"
+  std::string finish_reason;    // "stop" | "length" | "tool" (a stop sequence); multi-turn also "environment"
+  // Multi-turn (GenerateEpisodes): per token, 1 where the model sampled it, 0 where it is an
+  // environment's observation (its log-prob 0); empty: every token sampled. And how many
+  // times the environment was called.
+  std::vector<uint8_t> sampled;
+  int tool_calls = 0;
 };
 
 struct RolloutOptions {

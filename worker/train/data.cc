@@ -26,6 +26,8 @@ std::string ArithmeticProblem(const ArithmeticData& d, int64_t index) {
     const int64_t a = static_cast<int64_t>(rng() % limit), b = static_cast<int64_t>(rng() % limit);
     if (IsHeldOutPair(a, b) != d.held_out) continue;
     const bool carries = a % 10 + b % 10 >= 10;
+    if (!d.held_out && d.calculator > 0 && (rng() % 1000000) < d.calculator * 1000000)
+      return absl::StrCat(a, "+", b, "=(", a, "+", b, ")[", a + b, "]", a + b, "\n");
     const bool slip = !d.held_out && d.careless > 0 && carries && (rng() % 1000000) < d.careless * 1000000;
     return absl::StrCat(a, "+", b, "=", a + b - (slip ? 10 : 0), "\n");
   }
@@ -38,8 +40,11 @@ model::TokenBatch MakeArithmeticBatch(const ArithmeticData& d, int64_t index, in
     std::string text = ArithmeticProblem(d, index * sequences + s);
     if (d.seq_len > 0 && static_cast<int64_t>(text.size()) > d.seq_len) text.resize(d.seq_len);
     const size_t answer = text.find('=') + 1;  // first byte of the answer
+    // A calculator's observation "[c]": given, not predicted.
+    const size_t seen = text.find('['), seen_end = seen == std::string::npos ? seen : text.find(']', seen);
     for (size_t i = 0; i < text.size(); ++i) {
-      const bool scored = i + 1 < text.size() && (!d.answer_only || i + 1 >= answer);
+      const bool observed = seen != std::string::npos && i + 1 >= seen && (seen_end == std::string::npos || i + 1 <= seen_end);
+      const bool scored = i + 1 < text.size() && (!d.answer_only || i + 1 >= answer) && !observed;
       batch.tokens.push_back(static_cast<unsigned char>(text[i]));
       batch.targets.push_back(scored ? static_cast<unsigned char>(text[i + 1]) : -1);
       batch.positions.push_back(static_cast<int32_t>(i));

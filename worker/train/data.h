@@ -30,6 +30,11 @@ struct ArithmeticData {
   // (17+25=32): SFT imitates the mistake; a verifier that checks the true sum (GRPO's
   // reward) does not. Training data only: held-out problems always carry their true sum.
   double careless = 0;
+  // A teacher that uses a calculator (the multi-turn RL demo's SFT data): this fraction of
+  // the problems is answered through a call, "17+25=(17+25)[42]42\n" — the call "(17+25)",
+  // the calculator's observation "[42]" (never a target: MakeArithmeticBatch), then the
+  // answer; never careless. Training data only.
+  double calculator = 0;
 };
 
 // Whether the pair (a, b) belongs to the held-out split.
@@ -40,7 +45,7 @@ std::string ArithmeticProblem(const ArithmeticData& d, int64_t index);
 
 // Micro-batch `index` (global numbering): `sequences` problems packed, next-byte
 // targets on every token but the last of each sequence (answer_only: only where the
-// predicted byte belongs to the answer).
+// predicted byte belongs to the answer) and none inside a calculator's observation "[c]".
 model::TokenBatch MakeArithmeticBatch(const ArithmeticData& d, int64_t index, int sequences);
 
 }  // namespace tessera::engine

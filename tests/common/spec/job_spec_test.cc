@@ -437,6 +437,35 @@ TEST(JobSpec, RlAlgorithmKnobs) {
               HasSubstr("train.data.shuffle: is for grpo and ppo prompts, not pretrain data"));
 }
 
+// Multi-turn rollouts (rl.environment, tool_stop, max_turns): the defaults, the three
+// together, and each alone refused by its field; the calculator's SFT data only for sft.
+TEST(JobSpec, MultiTurnSettings) {
+  auto grpo = [](std::vector<std::string> ov) {
+    ov.insert(ov.begin(), "kind=grpo");
+    return ValidSpec(kPretrain, ov);
+  };
+  auto plain = grpo({});
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->rl().max_turns(), 1);
+  EXPECT_EQ(plain->rl().environment_timeout_s(), 30);
+  auto tools = grpo({"rl.environment=127.0.0.1:50061", "rl.tool_stop=)", "rl.max_turns=3", "rl.environment_timeout_s=2"});
+  ASSERT_TRUE(tools.ok()) << tools.status();
+  EXPECT_EQ(tools->rl().tool_stop(), ")");
+  EXPECT_EQ(tools->rl().max_turns(), 3);
+  auto refused = [&](std::vector<std::string> ov) { return std::string(grpo(ov).status().message()); };
+  EXPECT_THAT(refused({"rl.tool_stop=)"}), HasSubstr("rl.tool_stop: is for multi-turn rollouts: it needs rl.environment"));
+  EXPECT_THAT(refused({"rl.max_turns=2"}), HasSubstr("rl.max_turns: is for multi-turn rollouts"));
+  EXPECT_THAT(refused({"rl.environment=127.0.0.1:50061", "rl.max_turns=2"}), HasSubstr("rl.tool_stop: is required with rl.environment"));
+  EXPECT_THAT(refused({"rl.environment=127.0.0.1:50061", "rl.tool_stop=)"}), HasSubstr("rl.max_turns: is 1 (single-turn)"));
+  EXPECT_THAT(refused({"rl.environment=calculator", "rl.tool_stop=)", "rl.max_turns=2"}),
+              HasSubstr("rl.environment: 'calculator' must be host:port"));
+  EXPECT_THAT(refused({"rl.environment=127.0.0.1:1", "rl.tool_stop=)", "rl.max_turns=65"}), HasSubstr("rl.max_turns"));
+  EXPECT_THAT(refused({"train.data.calculator=0.5"}), HasSubstr("train.data.calculator: is for sft/pretrain data"));
+  auto sft = ValidSpec(kPretrain, {"kind=sft", "train.data.calculator=0.25"});
+  ASSERT_TRUE(sft.ok()) << sft.status();
+  EXPECT_EQ(sft->train().data().calculator(), 0.25);
+}
+
 TEST(JobSpec, GenerateDefaultsAndRefusals) {
   const std::string base =
       "name: g\nkind: generate\ngroups:\n  - name: rollout\n    devices: 2\n"

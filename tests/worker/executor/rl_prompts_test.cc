@@ -2,7 +2,7 @@
 // greedily and checked by the rule verifier, split over the DP ranks, at most the file's
 // problems. The expected answers are what the model itself answers greedily, so the
 // count of right ones is known: the problems given the model's own answer count, the
-// others do not.
+// others do not. Also: shuffled passes, and multi-turn samples' masks on the wire.
 #include "worker/executor/rl_prompts.h"
 
 #include <algorithm>
@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/spec/job_spec.h"
 #include "worker/executor/model_spec.h"
+#include "worker/executor/rl_batch.h"
 #include "worker/executor/rollout_pool.h"
 #include "worker/model/llama.h"
 
@@ -93,7 +94,7 @@ TEST(HeldOutEval, JsonlProblemsCountTheModelsRightAnswers) {
   // Two DP ranks share the problems; asked for more than the file has, they answer all.
   int64_t correct = 0, problems = 0;
   for (int rank : {0, 1}) {
-    auto got = HeldOutEval(**rollout, mine, 1, 1000, rank, 2);
+    auto got = HeldOutEval(**rollout, mine, nullptr, 1, 1000, rank, 2);
     ASSERT_TRUE(got.ok()) << got.status();
     EXPECT_EQ(got->problems(), static_cast<int64_t>(held.size()) * (rank + 1) / 2 - static_cast<int64_t>(held.size()) * rank / 2);
     correct += got->correct(), problems += got->problems();
@@ -101,7 +102,7 @@ TEST(HeldOutEval, JsonlProblemsCountTheModelsRightAnswers) {
   EXPECT_EQ(problems, static_cast<int64_t>(held.size()));
   EXPECT_EQ(correct, right);
   // The first three only: problems 0 and 2 expect the model's answers.
-  auto three = HeldOutEval(**rollout, mine, 1, 3, 0, 1);
+  auto three = HeldOutEval(**rollout, mine, nullptr, 1, 3, 0, 1);
   ASSERT_TRUE(three.ok()) << three.status();
   EXPECT_EQ(three->problems(), 3);
   EXPECT_EQ(three->correct(), 2);
@@ -109,7 +110,7 @@ TEST(HeldOutEval, JsonlProblemsCountTheModelsRightAnswers) {
   // A JSONL job without rl.eval_data has no held-out problems.
   RlPrompts none;
   ASSERT_TRUE(none.Load(Spec(dir + "/train.jsonl", ""), 256).ok());
-  auto refused = HeldOutEval(**rollout, none, 1, 10, 0, 1);
+  auto refused = HeldOutEval(**rollout, none, nullptr, 1, 10, 0, 1);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(refused.status().message()), HasSubstr("rl.eval_data"));
 }
@@ -151,6 +152,36 @@ TEST(RlPrompts, ShuffleGivesEachPassAnotherOrder) {
   for (int64_t i = 0; i < 50; ++i) first.push_back(other_seed.At(i).answer);
   EXPECT_NE(first, passes[0]);
   EXPECT_EQ(ShuffledOrder(50, 5, 1), ShuffledOrder(50, 5, 1));
+}
+
+// Multi-turn samples on the wire: completion_mask marks the observations, rollout_logp
+// holds the sampled tokens' log-probs in order (a token tensor), and the batch reads back
+// into samples whose masks leave the observations out; a malformed mask is refused.
+TEST(SamplesBatch, MultiTurnMasksTravelWithTheSamples) {
+  const std::vector<std::vector<int32_t>> prompts = {{1, 2}, {3}}, completions = {{4, 5, 6, 7}, {8, 9}};
+  const std::vector<std::vector<uint8_t>> sampled = {{1, 0, 0, 1}, {}};
+  const std::vector<std::vector<float>> logprobs = {{-1.f, 0.f, 0.f, -4.f}, {-5.f, -6.f}};
+  const v1::TensorBatch b = SamplesToBatch(prompts, completions, {1.0, 0.0}, 2, 6, &logprobs, &sampled);
+  std::vector<std::vector<int32_t>> p, c;
+  std::vector<double> r;
+  std::vector<std::vector<uint8_t>> m;
+  ASSERT_TRUE(BatchToSamples(b, &p, &c, &r, &m).ok());
+  EXPECT_EQ(c, completions);
+  EXPECT_EQ(m[0], (std::vector<uint8_t>{1, 0, 0, 1}));
+  EXPECT_EQ(m[1], (std::vector<uint8_t>{1, 1}));
+  auto got = RolloutsOfBatch(b, 2, 256, "RlUpdate");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(engine::ResponsePositions(got->samples[0]), (std::vector<size_t>{1, 4}));
+  auto taken = TakeTokenTensor(b, kRolloutLogp, got->samples, &engine::RlSample::rollout_logp);
+  ASSERT_TRUE(taken.ok() && *taken);
+  EXPECT_FLOAT_EQ(got->samples[0].rollout_logp[1], -1.f);
+  EXPECT_FLOAT_EQ(got->samples[0].rollout_logp[4], -4.f);
+  EXPECT_FLOAT_EQ(got->samples[1].rollout_logp[1], -6.f);
+
+  v1::TensorBatch bad = b;
+  for (auto& t : *bad.mutable_tensors())
+    if (t.name() == kCompletionMask) t.mutable_shape()->Set(1, 1), t.mutable_data()->resize(2 * sizeof(int32_t));
+  EXPECT_THAT(BatchToSamples(bad, &p, &c, &r, &m).message(), HasSubstr("completion_mask is 1 wide; completion 0 has 4 tokens"));
 }
 
 }  // namespace

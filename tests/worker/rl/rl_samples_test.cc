@@ -202,3 +202,28 @@ TEST(MicroBatches, DpRanksUnderZero3AgreeOnTheCount) {
 
 }  // namespace
 }  // namespace tessera::engine
+
+namespace tessera::engine {
+namespace {
+
+// A multi-turn sample: the observation's tokens (sampled 0) leave the mask — nothing counts
+// them — and the rollout's log-probs stay at their own tokens.
+TEST(MakeRlSample, AnObservationIsOutOfTheMask) {
+  const std::vector<int32_t> prompt = {5, 6}, completion = {7, 8, 9, 10, 11};
+  const std::vector<uint8_t> sampled = {1, 1, 0, 0, 1};
+  const std::vector<float> logprobs = {-0.1f, -0.2f, 0.f, 0.f, -0.5f};
+  const RlSample s = MakeRlSample(prompt, completion, logprobs, sampled);
+  // Position t predicts token t + 1: completion token j at t = 1 + j.
+  EXPECT_EQ(s.mask, (std::vector<double>{0, 1, 1, 0, 0, 1, 0}));
+  EXPECT_EQ(ResponsePositions(s), (std::vector<size_t>{1, 2, 5}));
+  ASSERT_EQ(s.rollout_logp.size(), s.mask.size());
+  EXPECT_FLOAT_EQ(s.rollout_logp[1], -0.1f);
+  EXPECT_FLOAT_EQ(s.rollout_logp[2], -0.2f);
+  EXPECT_FLOAT_EQ(s.rollout_logp[5], -0.5f);
+  EXPECT_EQ(s.rollout_logp[3], 0.0);
+  // Without a mask every completion token counts (single-turn).
+  EXPECT_EQ(MakeRlSample(prompt, completion).mask, (std::vector<double>{0, 1, 1, 1, 1, 1, 0}));
+}
+
+}  // namespace
+}  // namespace tessera::engine

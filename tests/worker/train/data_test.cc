@@ -93,6 +93,39 @@ TEST(ArithmeticData, CarelessTeacherDropsCarries) {
   }
 }
 
+// The calculator teacher answers about `calculator` of the problems through a call,
+// "a+b=(a+b)[c]c\n", always right; the observation "[c]" is never a target (the byte after
+// "]" is), and the rest keep the careless teacher's answers.
+TEST(ArithmeticData, CalculatorTeacherCallsAndItsObservationIsNoTarget) {
+  ArithmeticData d{2, 3, 0, /*answer_only=*/true};
+  d.careless = 0.8, d.calculator = 0.25;
+  int calls = 0;
+  for (int i = 0; i < 2000; ++i) {
+    const std::string p = ArithmeticProblem(d, i);
+    long a = 0, b = 0, a2 = 0, b2 = 0, c = 0, c2 = 0;
+    if (std::sscanf(p.c_str(), "%ld+%ld=(%ld+%ld)[%ld]%ld\n", &a, &b, &a2, &b2, &c, &c2) == 6) {
+      ++calls;
+      EXPECT_EQ(c, a + b);
+      EXPECT_EQ(p, absl::StrCat(a, "+", b, "=(", a, "+", b, ")[", a + b, "]", a + b, "\n"));
+    } else {
+      ASSERT_EQ(std::sscanf(p.c_str(), "%ld+%ld=%ld\n", &a, &b, &c), 3) << p;
+    }
+  }
+  EXPECT_NEAR(calls / 2000.0, 0.25, 0.03);
+  for (int i = 0; i < 50; ++i) {
+    const std::string p = ArithmeticProblem(d, i);
+    const size_t open = p.find('[');
+    if (open == std::string::npos) continue;
+    const size_t close = p.find(']');
+    const auto batch = MakeArithmeticBatch(d, i, 1);
+    for (size_t t = 0; t + 1 < p.size(); ++t) {
+      const bool observed = t + 1 >= open && t + 1 <= close;
+      const bool answer = t + 1 > p.find('=');
+      EXPECT_EQ(batch.targets[t], observed || !answer ? -1 : static_cast<unsigned char>(p[t + 1])) << p << " at " << t;
+    }
+  }
+}
+
 TEST(ArithmeticData, PacksSequencesWithNextByteTargets) {
   ArithmeticData d{2, 1, 0, false};
   const auto b = MakeArithmeticBatch(d, 5, 3);
