@@ -128,8 +128,12 @@ absl::StatusOr<std::vector<engine::Completion>> RunEpisodes(engine::RolloutEngin
                                                             const std::vector<engine::GenerationRequest>& requests,
                                                             const RlPrompts& prompts, EnvironmentClient* env,
                                                             const EpisodeRound& round, const std::vector<std::string>& prompt_texts,
-                                                            const std::vector<std::string>& answers) {
-  if (env == nullptr) return rollout.Generate(requests);
+                                                            const std::vector<std::string>& answers, engine::EpisodeStats* stats) {
+  if (env == nullptr) {
+    auto done = rollout.Generate(requests);
+    if (stats != nullptr) *stats = {}, stats->Add(rollout);
+    return done;
+  }
   std::vector<std::string> sessions;  // in the order of their first call
   auto session = [&](const engine::ToolCall& c) {
     return absl::StrCat(round.phase, "/", round.step, "/", round.refill, "/", round.first_prompt + c.request, "/", c.sample);
@@ -162,7 +166,7 @@ absl::StatusOr<std::vector<engine::Completion>> RunEpisodes(engine::RolloutEngin
     return out;
   };
   TESSERA_ASSIGN_OR_RETURN(std::vector<engine::Completion> done,
-                           engine::GenerateEpisodes(rollout, requests, prompts.multi_turn(), observe));
+                           engine::GenerateEpisodes(rollout, requests, prompts.multi_turn(), observe, stats));
   TESSERA_RETURN_IF_ERROR(env->End(round.step, round.dp_rank, sessions));
   return done;
 }

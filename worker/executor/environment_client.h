@@ -65,11 +65,13 @@ struct EpisodeRound {
 
 // The completions of `requests` (engine::GenerateEpisodes with prompts.multi_turn()), each
 // tool call sent to `env` with its request's prompt text and answer; single-turn (Generate)
-// without an environment. Observations go through the job's tokenizer.
+// without an environment. Observations go through the job's tokenizer. `stats`: the
+// engine's over every round.
 absl::StatusOr<std::vector<engine::Completion>> RunEpisodes(engine::RolloutEngine& rollout,
                                                             const std::vector<engine::GenerationRequest>& requests,
                                                             const RlPrompts& prompts, EnvironmentClient* env,
                                                             const EpisodeRound& round, const std::vector<std::string>& prompt_texts,
-                                                            const std::vector<std::string>& answers);
+                                                            const std::vector<std::string>& answers,
+                                                            engine::EpisodeStats* stats = nullptr);
 
 }  // namespace tessera::executor

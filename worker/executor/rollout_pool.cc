@@ -104,9 +104,10 @@ absl::StatusOr<v1::RolloutStats> GenerateSamples(engine::RolloutEngine& rollout,
     texts.push_back(std::move(p.text));
   }
   if (env != nullptr) env->ResetSeconds();
+  engine::EpisodeStats engine_stats;  // over every round of a multi-turn generation
   TESSERA_ASSIGN_OR_RETURN(std::vector<engine::Completion> done,
                            RunEpisodes(rollout, requests, prompts_, env, {"train", step, refill, dp_rank_, dp_rank_ * per},
-                                       texts, answers));
+                                       texts, answers, &engine_stats));
   const double generate_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::vector<std::vector<int32_t>> prompts, completions;
   std::vector<std::vector<float>> logprobs;
@@ -139,9 +140,9 @@ absl::StatusOr<v1::RolloutStats> GenerateSamples(engine::RolloutEngine& rollout,
   if (env != nullptr) st.set_environment_s(env->seconds());
   st.set_reward(reward), st.set_response_length(length), st.set_samples(static_cast<int64_t>(done.size()));
   st.set_generate_s(generate_s);
-  st.set_prefill_s(rollout.prefill_seconds()), st.set_decode_s(rollout.decode_seconds());
-  st.set_decode_steps(rollout.decode_steps()), st.set_graph_steps(rollout.graph_steps());
-  st.set_memory_peak_bytes(rollout.peak_bytes()), st.set_kv_cache_bytes(rollout.cache_bytes());
+  st.set_prefill_s(engine_stats.prefill_s), st.set_decode_s(engine_stats.decode_s);
+  st.set_decode_steps(engine_stats.decode_steps), st.set_graph_steps(engine_stats.graph_steps);
+  st.set_memory_peak_bytes(engine_stats.peak_bytes), st.set_kv_cache_bytes(rollout.cache_bytes());
   int64_t prompt_tokens = 0;
   for (const auto& p : prompts) prompt_tokens += static_cast<int64_t>(p.size());
   st.set_prompt_tokens(prompt_tokens);

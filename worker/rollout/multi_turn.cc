@@ -32,14 +32,26 @@ void AppendTokens(Completion& c, const std::vector<int32_t>& tokens, const std::
 }
 }  // namespace
 
+void EpisodeStats::Add(const RolloutEngine& e) {
+  ++rounds;
+  prefill_s += e.prefill_seconds(), decode_s += e.decode_seconds();
+  prefills += e.prefills(), decode_steps += e.decode_steps(), graph_steps += e.graph_steps();
+  peak_bytes = std::max(peak_bytes, e.peak_bytes());
+}
+
 absl::StatusOr<std::vector<Completion>> GenerateEpisodes(RolloutEngine& rollout, const std::vector<GenerationRequest>& requests,
-                                                         const MultiTurnOptions& options, const ObserveFn& observe) {
+                                                         const MultiTurnOptions& options, const ObserveFn& observe,
+                                                         EpisodeStats* stats) {
+  EpisodeStats unused;
+  if (stats == nullptr) stats = &unused;
+  *stats = {};
   if (options.max_turns < 1) return absl::InvalidArgumentError(absl::StrCat("max_turns ", options.max_turns, "; need at least 1"));
   const bool tools = options.max_turns > 1 && !options.tool_stop.empty();
   std::vector<GenerationRequest> first = requests;
   if (tools)
     for (GenerationRequest& r : first) r.params.stop_sequences.push_back(options.tool_stop);
   TESSERA_ASSIGN_OR_RETURN(std::vector<Completion> out, rollout.Generate(first));
+  stats->Add(rollout);
   if (!tools) return out;
   for (int turn = 1; turn < options.max_turns; ++turn) {
     std::vector<size_t> calling;
@@ -85,6 +97,7 @@ absl::StatusOr<std::vector<Completion>> GenerateEpisodes(RolloutEngine& rollout,
     }
     if (next.empty()) continue;
     TESSERA_ASSIGN_OR_RETURN(std::vector<Completion> more, rollout.Generate(next));
+    stats->Add(rollout);
     for (const Completion& m : more) {
       Completion& c = out[going[m.request]];
       AppendTokens(c, m.tokens, &m.logprobs, m.tokens.size());

@@ -47,10 +47,20 @@ struct MultiTurnOptions {
   std::vector<int32_t> tool_stop;  // the tokens that end a tool call (empty: single-turn)
 };
 
+// The engine's statistics over every round of GenerateEpisodes (the engine's own are its
+// last Generate()'s): times and steps summed, the peak the largest.
+struct EpisodeStats {
+  int rounds = 0;  // Generate() calls
+  double prefill_s = 0, decode_s = 0;
+  int64_t prefills = 0, decode_steps = 0, graph_steps = 0, peak_bytes = 0;
+  void Add(const RolloutEngine& e);
+};
+
 // Completions ordered by (request, sample), as Generate's; with no tool calls made they
 // equal Generate's (Completion::sampled empty). Requests are checked as Generate checks them.
 absl::StatusOr<std::vector<Completion>> GenerateEpisodes(RolloutEngine& rollout, const std::vector<GenerationRequest>& requests,
-                                                         const MultiTurnOptions& options, const ObserveFn& observe);
+                                                         const MultiTurnOptions& options, const ObserveFn& observe,
+                                                         EpisodeStats* stats = nullptr);
 
 // Where a completion's last model turn starts: after its last observation token (0 for a
 // single-turn completion).

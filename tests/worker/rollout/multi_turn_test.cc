@@ -3,7 +3,7 @@
 // its first turn up to the marker, the observation (sampled 0, log-prob 0), then what
 // Generate draws from the prompt and the response so far with the turn's seed; the whole
 // response stays within max_new_tokens; max_turns, an environment's "done", its errors and
-// a wrong number of observations behave.
+// a wrong number of observations behave; the statistics sum every round.
 #include "worker/rollout/multi_turn.h"
 
 #include <gmock/gmock.h>
@@ -78,9 +78,14 @@ class MultiTurnTest : public ::testing::Test {
 TEST_F(MultiTurnTest, ACallGetsItsObservationAndTheModelGoesOn) {
   MultiTurnOptions o;
   o.max_turns = 2, o.tool_stop = {marker_};
-  auto got = GenerateEpisodes(*engine_, requests_, o, Env(3));
+  EpisodeStats stats;
+  auto got = GenerateEpisodes(*engine_, requests_, o, Env(3), &stats);
   ASSERT_TRUE(got.ok()) << got.status();
   ASSERT_EQ(got->size(), plain_.size());
+  // The statistics cover both rounds (the engine's own, only the last).
+  EXPECT_EQ(stats.rounds, 2);
+  EXPECT_GT(stats.decode_steps, engine_->decode_steps());
+  EXPECT_GT(stats.prefills, engine_->prefills());
   int calls = 0;
   for (size_t i = 0; i < got->size(); ++i) {
     const Completion& c = (*got)[i];
