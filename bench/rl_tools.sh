@@ -13,25 +13,14 @@ state=$(mktemp -d)
 # working directory; each `tessera local` has a state directory of its own).
 ckpt=$PWD/.rl-tools/sft-ckpt
 rm -rf "$ckpt"
-py=/usr/bin/python3
-"$py" -c "import grpc" 2> /dev/null || py=python3
 if ! dist/bin/tessera local examples/rl-demo-tools-sft.yaml --state-dir "$state" --set groups.0.device=gpu \
     --set train.checkpoint.dir="$ckpt" > "$state/sft.log" 2>&1; then
   tail -5 "$state/sft.log" >&2
   exit 1
 fi
 tail -2 "$state/sft.log" >&2
-"$py" examples/servers/calculator_env.py --listen 127.0.0.1:0 > "$state/calculator.log" 2>&1 &
-calculator=$!
+read -r calculator address < <(bash scripts/start-example-server.sh calculator_env.py "$state/calculator.log") || exit 1
 trap 'kill $calculator 2> /dev/null || true' EXIT
-address=""
-for _ in $(seq 300); do
-  address=$(sed -n 's/^listening on //p' "$state/calculator.log")
-  [ -n "$address" ] && break
-  kill -0 $calculator 2> /dev/null || break
-  sleep 0.1
-done
-if [ -z "$address" ]; then echo "the calculator did not start:" >&2; cat "$state/calculator.log" >&2; exit 1; fi
 common=(--set groups.0.device=gpu --set groups.0.devices=1 --set groups.0.layout.dp=1
         --set train.checkpoint.load="$ckpt" --set rl.prompts_per_step="${PROMPTS:-512}"
         --set train.steps="${STEPS:-6}" --set rl.eval_every=1000)

@@ -28,20 +28,8 @@ if [ $tools = 0 ]; then
 fi
 echo "== 1/2: SFT warm start with calculator calls (state in $state)"
 ./build/bin/tessera local examples/rl-demo-tools-sft.yaml --state-dir "$state" --set train.checkpoint.dir="$state/sft-ckpt"
-# The distribution's interpreter has python3-grpcio (scripts/setup.sh).
-py=/usr/bin/python3
-[ -x "$py" ] || py=python3
-"$py" examples/servers/calculator_env.py --listen 127.0.0.1:0 > "$state/calculator.log" 2>&1 &
-calculator=$!
+read -r calculator address < <(bash scripts/start-example-server.sh calculator_env.py "$state/calculator.log") || exit 1
 trap 'kill $calculator 2> /dev/null || true' EXIT
-address=""
-for _ in $(seq 300); do
-  address=$(sed -n 's/^listening on //p' "$state/calculator.log")
-  [ -n "$address" ] && break
-  kill -0 $calculator 2> /dev/null || break
-  sleep 0.1
-done
-if [ -z "$address" ]; then echo "the calculator did not start:"; cat "$state/calculator.log"; exit 1; fi
 echo "== 2/2: GRPO from the SFT checkpoint, the calculator at $address"
 ./build/bin/tessera local examples/rl-demo-tools-grpo.yaml --state-dir "$state" --set train.checkpoint.load="$state/sft-ckpt" \
   --set train.checkpoint.dir="$state/grpo-ckpt" --set rl.environment="$address" "$@"

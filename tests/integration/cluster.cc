@@ -287,6 +287,10 @@ std::vector<pid_t> RunningExecutors(Cluster& c, const std::string& id, int attem
   return pids;
 }
 
+bool StartOneNode(Cluster& c) {
+  return c.StartController().ok() && c.StartAgent(0).ok() && c.WaitNodes(1, 20000).ok();
+}
+
 v1::Job RunJob(Cluster& c, const v1::JobSpec& spec, std::string* progress) {
   auto r = c.client().Submit(spec, "");
   EXPECT_TRUE(r.ok()) << r.status();

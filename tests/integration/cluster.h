@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include <grpcpp/grpcpp.h>
+
 #include "absl/status/statusor.h"
 #include "client/cli.h"
 
@@ -105,6 +107,24 @@ v1::JobSpec PretrainSpec(int devices, int tp, int zero, int steps, bool sp = fal
 // on each sampled token, and the KL follows); ppo: 2 samples per prompt, the KL as a
 // reward penalty (the critic's values make the advantages).
 v1::JobSpec SmallRlSpec(const std::string& kind);
+// A service of the test's own (a generated Service subclass, e.g. a RewardService) on a
+// free loopback port, plaintext, serving until destroyed.
+template <class S>
+struct LoopbackService {
+  S service;
+  std::string address;
+  std::unique_ptr<grpc::Server> server;
+  LoopbackService() {
+    grpc::ServerBuilder b;
+    int port = 0;
+    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    b.RegisterService(&service);
+    server = b.BuildAndStart();
+    address = "127.0.0.1:" + std::to_string(port);
+  }
+};
+// The controller and one agent (the options' CPU slots), its node registered.
+bool StartOneNode(Cluster& c);
 // Submits the job, watches it to its end and returns it (the progress stream's text in
 // *progress where given); a refused submission or a failed watch is a test failure.
 v1::Job RunJob(Cluster& c, const v1::JobSpec& spec, std::string* progress = nullptr);

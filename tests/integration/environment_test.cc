@@ -70,18 +70,8 @@ class Environment final : public v1::EnvironmentService::Service {
   std::set<std::string> ended_;
 };
 
-struct Serving {
-  Environment env;
-  std::string address;
-  std::unique_ptr<grpc::Server> server;
-  Serving() {
-    grpc::ServerBuilder b;
-    int port = 0;
-    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    b.RegisterService(&env);
-    server = b.BuildAndStart();
-    address = absl::StrCat("127.0.0.1:", port);
-  }
+struct Serving : LoopbackService<Environment> {
+  Environment& env = service;
 };
 
 v1::JobSpec MultiTurnSpec(const std::string& environment) {
@@ -97,8 +87,6 @@ v1::JobSpec MultiTurnSpec(const std::string& environment) {
   EXPECT_TRUE(valid.ok()) << valid;
   return spec;
 }
-
-bool Start(Cluster& c) { return c.StartController().ok() && c.StartAgent(0).ok() && c.WaitNodes(1, 20000).ok(); }
 
 // The calls the environment saw: turns 1, 2 ... in order per session (max_turns 3: at most
 // two calls), every calling session ended, and the metrics' mean calls per sample.
@@ -124,7 +112,7 @@ void ExpectEpisodes(Environment& env, const std::string& progress, int samples) 
 
 TEST(Environment, ToolCallsGoToTheEnvironmentAndTheModelGoesOn) {
   Cluster c({.agents = 1, .cpu_slots = 2});
-  ASSERT_TRUE(Start(c));
+  ASSERT_TRUE(StartOneNode(c));
   Serving serving;
   ASSERT_NE(serving.server, nullptr);
   std::string progress;
@@ -140,7 +128,7 @@ TEST(Environment, ToolCallsGoToTheEnvironmentAndTheModelGoesOn) {
 
 TEST(Environment, ARolloutPoolWithTensorParallelismSharesTheObservations) {
   Cluster c({.agents = 1, .cpu_slots = 4});
-  ASSERT_TRUE(Start(c));
+  ASSERT_TRUE(StartOneNode(c));
   Serving serving;
   ASSERT_NE(serving.server, nullptr);
   v1::JobSpec spec = MultiTurnSpec(serving.address);
@@ -157,7 +145,7 @@ TEST(Environment, ARolloutPoolWithTensorParallelismSharesTheObservations) {
 
 TEST(Environment, ItsFailuresFailTheJobNamingIt) {
   Cluster c({.agents = 1, .cpu_slots = 2});
-  ASSERT_TRUE(Start(c));
+  ASSERT_TRUE(StartOneNode(c));
   Serving serving;
   ASSERT_NE(serving.server, nullptr);
   v1::JobSpec spec = MultiTurnSpec(serving.address);

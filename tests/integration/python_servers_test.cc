@@ -46,11 +46,9 @@ std::string StartServer(Proc& p, const std::string& script, const std::vector<st
   return "";
 }
 
-bool Start(Cluster& c) { return c.StartController().ok() && c.StartAgent(0).ok() && c.WaitNodes(1, 20000).ok(); }
-
 TEST(PythonServers, TheCalculatorEnvironmentAnswersCallsAndServesAMultiTurnJob) {
   Cluster c({.agents = 1, .cpu_slots = 2});
-  ASSERT_TRUE(Start(c));
+  ASSERT_TRUE(StartOneNode(c));
   Proc server;
   const std::string address = StartServer(server, "calculator_env.py", {"--max-calls", "2"}, c.dir() + "/calculator.log");
   ASSERT_FALSE(address.empty());
@@ -99,7 +97,7 @@ TEST(PythonServers, TheCalculatorEnvironmentAnswersCallsAndServesAMultiTurnJob) 
 
 TEST(PythonServers, TheCodeCheckerRewardsRightProgramsAndScoresAJob) {
   Cluster c({.agents = 1, .cpu_slots = 2});
-  ASSERT_TRUE(Start(c));
+  ASSERT_TRUE(StartOneNode(c));
   Proc server;
   const std::string address = StartServer(server, "code_reward.py", {"--timeout", "1"}, c.dir() + "/code.log");
   ASSERT_FALSE(address.empty());

@@ -78,18 +78,8 @@ class Rewards final : public v1::RewardService::Service {
 };
 
 // The service on a free loopback port, serving until destroyed.
-struct Serving {
-  Rewards rewards;
-  std::string address;
-  std::unique_ptr<grpc::Server> server;
-  Serving() {
-    grpc::ServerBuilder b;
-    int port = 0;
-    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    b.RegisterService(&rewards);
-    server = b.BuildAndStart();
-    address = absl::StrCat("127.0.0.1:", port);
-  }
+struct Serving : LoopbackService<Rewards> {
+  Rewards& rewards = service;
 };
 
 v1::JobSpec GrpoSpec(const std::string& service) {
@@ -105,14 +95,11 @@ v1::JobSpec GrpoSpec(const std::string& service) {
 }
 
 // The controller and one agent with two CPU slots, registered.
-bool Start(Cluster& c) {
-  return c.StartController().ok() && c.StartAgent(0).ok() && c.WaitNodes(1, 20000).ok();
-}
 
 
 TEST(RewardService, GrpoRewardsComeFromTheServiceAndItsFailureFailsTheJob) {
   Cluster c({.agents = 1, .cpu_slots = 2});
-  ASSERT_TRUE(Start(c));
+  ASSERT_TRUE(StartOneNode(c));
   Serving serving;
   Rewards& service = serving.rewards;
   const std::string& address = serving.address;
@@ -149,7 +136,7 @@ TEST(RewardService, GrpoRewardsComeFromTheServiceAndItsFailureFailsTheJob) {
 // service's; a short answer fails the job naming the service.
 TEST(RewardService, ARolloutPoolOfItsOwnScoresThroughTheService) {
   Cluster c({.agents = 1, .cpu_slots = 4});
-  ASSERT_TRUE(Start(c));
+  ASSERT_TRUE(StartOneNode(c));
   Serving serving;
   ASSERT_NE(serving.server, nullptr);
   v1::JobSpec spec = GrpoSpec(serving.address);
@@ -179,7 +166,7 @@ TEST(RewardService, ARolloutPoolOfItsOwnScoresThroughTheService) {
 // reward_kl; Dr. GRPO (no std scaling) with seq_mean_token_sum.
 TEST(RewardService, GrpoAlgorithmKnobsTrainOtherwiseFromTheSameSamples) {
   Cluster c({.agents = 1, .cpu_slots = 2});
-  ASSERT_TRUE(Start(c));
+  ASSERT_TRUE(StartOneNode(c));
   Serving serving;
   ASSERT_NE(serving.server, nullptr);
   serving.rewards.set_graded(true);
@@ -234,7 +221,7 @@ TEST(RewardService, GrpoAlgorithmKnobsTrainOtherwiseFromTheSameSamples) {
 // metric line says so; the job trains to the end.
 TEST(RewardService, DynamicSamplingRefillsGroupsWithoutASignal) {
   Cluster c({.agents = 1, .cpu_slots = 2});
-  ASSERT_TRUE(Start(c));
+  ASSERT_TRUE(StartOneNode(c));
   Serving serving;
   ASSERT_NE(serving.server, nullptr);
   serving.rewards.set_graded(true);
@@ -264,7 +251,7 @@ TEST(RewardService, DynamicSamplingRefillsGroupsWithoutASignal) {
 // reference stays the starting weights).
 TEST(RewardService, KilledGrpoResumesFromItsCheckpointExactly) {
   Cluster c({.agents = 1, .cpu_slots = 2});
-  ASSERT_TRUE(Start(c));
+  ASSERT_TRUE(StartOneNode(c));
   Serving serving;
   ASSERT_NE(serving.server, nullptr);
   serving.rewards.set_graded(true);
@@ -319,7 +306,7 @@ TEST(RewardService, KilledGrpoResumesFromItsCheckpointExactly) {
 // evaluation; a bad line fails the job naming the file and line.
 TEST(RewardService, GrpoOnJsonlPromptsWithAnswers) {
   Cluster c({.agents = 1, .cpu_slots = 2});
-  ASSERT_TRUE(Start(c));
+  ASSERT_TRUE(StartOneNode(c));
   Serving serving;
   ASSERT_NE(serving.server, nullptr);
   serving.rewards.set_jsonl(true);
@@ -429,7 +416,7 @@ v1::JobSpec GrpoOnConversations(Cluster& c, Serving& serving, const model::Llama
 // beside a random model's weights, over two DP ranks); stop strings are tokens.
 TEST(RewardService, GrpoOnConversationsThroughTheModelsTokenizer) {
   Cluster c({.agents = 1, .cpu_slots = 2});
-  ASSERT_TRUE(Start(c));
+  ASSERT_TRUE(StartOneNode(c));
   Serving serving;
   ASSERT_NE(serving.server, nullptr);
   v1::JobSpec spec = GrpoOnConversations(c, serving, TinyTextModel(), "llama3", 1, {"<|end_of_text|>"});
@@ -450,7 +437,7 @@ class GrpoFamilies : public ::testing::TestWithParam<HfFamily> {};
 
 TEST_P(GrpoFamilies, OnConversationsAtTp2) {
   Cluster c({.agents = 1, .cpu_slots = 2});
-  ASSERT_TRUE(Start(c));
+  ASSERT_TRUE(StartOneNode(c));
   Serving serving;
   ASSERT_NE(serving.server, nullptr);
   GrpoOnConversations(c, serving, GetParam().config, GetParam().tokenizer, 2, {});

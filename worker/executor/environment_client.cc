@@ -3,10 +3,10 @@
 #include <chrono>
 #include <cstring>
 
+#include <grpcpp/channel.h>
+
 #include "absl/strings/str_cat.h"
-#include "common/rpc/grpc_util.h"
 #include "common/status.h"
-#include "common/util.h"
 
 namespace tessera::executor {
 
@@ -16,18 +16,8 @@ absl::StatusOr<std::unique_ptr<EnvironmentClient>> EnvironmentClient::Create(con
   auto c = std::make_unique<EnvironmentClient>();
   c->rl_ = spec.rl(), c->job_ = spec.name(), c->tp_ = tp, c->backend_ = backend;
   if (tp == nullptr || tp->rank() == 0) {
-    ChannelOptions co;
-    co.address = c->rl_.environment();
-    co.max_message_bytes = 256 << 20;
-    if (!c->rl_.environment_ca_cert().empty()) {
-      TESSERA_ASSIGN_OR_RETURN(co.ca_pem, ReadFile(c->rl_.environment_ca_cert()));
-    } else {
-      co.insecure = true;  // refused by MakeChannel unless the address is loopback
-    }
-    auto channel = MakeChannel(co);
-    if (!channel.ok())
-      return absl::Status(channel.status().code(), absl::StrCat("rl.environment: ", channel.status().message()));
-    c->stub_ = v1::EnvironmentService::NewStub(*channel);
+    TESSERA_ASSIGN_OR_RETURN(auto channel, UserServiceChannel("rl.environment", c->rl_.environment(), c->rl_.environment_ca_cert()));
+    c->stub_ = v1::EnvironmentService::NewStub(channel);
   }
   return c;
 }

@@ -129,20 +129,25 @@ absl::StatusOr<std::unique_ptr<RewardServiceClient>> RewardServiceClient::Create
   auto c = std::make_unique<RewardServiceClient>();
   c->rl_ = spec.rl(), c->job_ = spec.name(), c->tp_ = tp, c->backend_ = backend;
   if (tp == nullptr || tp->rank() == 0) {
-    ChannelOptions co;
-    co.address = c->rl_.reward_service();
-    co.max_message_bytes = 256 << 20;
-    if (!c->rl_.reward_ca_cert().empty()) {
-      TESSERA_ASSIGN_OR_RETURN(co.ca_pem, ReadFile(c->rl_.reward_ca_cert()));
-    } else {
-      co.insecure = true;  // refused by MakeChannel unless the address is loopback
-    }
-    auto channel = MakeChannel(co);
-    if (!channel.ok())
-      return absl::Status(channel.status().code(), absl::StrCat("rl.reward_service: ", channel.status().message()));
-    c->stub_ = v1::RewardService::NewStub(*channel);
+    TESSERA_ASSIGN_OR_RETURN(auto channel, UserServiceChannel("rl.reward_service", c->rl_.reward_service(), c->rl_.reward_ca_cert()));
+    c->stub_ = v1::RewardService::NewStub(channel);
   }
   return c;
+}
+
+absl::StatusOr<std::shared_ptr<grpc::Channel>> UserServiceChannel(const std::string& field, const std::string& address,
+                                                                  const std::string& ca_cert) {
+  ChannelOptions co;
+  co.address = address;
+  co.max_message_bytes = 256 << 20;
+  if (!ca_cert.empty()) {
+    TESSERA_ASSIGN_OR_RETURN(co.ca_pem, ReadFile(ca_cert));
+  } else {
+    co.insecure = true;  // refused by MakeChannel unless the address is loopback
+  }
+  auto channel = MakeChannel(co);
+  if (!channel.ok()) return absl::Status(channel.status().code(), absl::StrCat(field, ": ", channel.status().message()));
+  return *channel;
 }
 
 absl::StatusOr<std::vector<double>> RewardServiceClient::Score(int64_t step, int dp_rank, const std::vector<std::string>& prompts,

@@ -84,6 +84,12 @@ class RlPrompts {
 // Fisher-Yates shuffle over SplitMix64), the same on every rank and after a restart.
 std::vector<uint32_t> ShuffledOrder(size_t n, uint64_t seed, int64_t pass);
 
+// A channel to a service the user runs (`field`: rl.reward_service, rl.environment): TLS
+// checked with the CA in the file `ca_cert`, or plaintext where none is given (MakeChannel
+// refuses that unless the address is loopback); errors prefixed with the field.
+absl::StatusOr<std::shared_ptr<grpc::Channel>> UserServiceChannel(const std::string& field, const std::string& address,
+                                                                  const std::string& ca_cert);
+
 // rl.reward_service: the rewards of one DP rank's completions from the user's service.
 // TP rank 0 calls it (with the deadline) and broadcasts the rewards — or its failure —
 // over TP, so TP peers never disagree. Errors name the service: a failed call, a missed
