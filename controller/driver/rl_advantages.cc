@@ -56,6 +56,17 @@ absl::Status AddPpoAdvantages(const v1::RlSpec& rl, int actor_dp, v1::TensorBatc
   TESSERA_ASSIGN_OR_RETURN(std::vector<float> reward, Values<float>(*batch, "reward", v1::DTYPE_F32, n, 1, &w));
   TESSERA_ASSIGN_OR_RETURN(std::vector<int32_t> len, Values<int32_t>(*batch, "completion_len", v1::DTYPE_I32, n, 1, &w));
   TESSERA_ASSIGN_OR_RETURN(std::vector<float> value, Values<float>(*batch, "old_value", v1::DTYPE_F32, n, 2, &width));
+  // Each row's response tokens: its completion's, or of a multi-turn sample only those the
+  // model sampled (completion_mask 1) — the token tensors hold those, in order.
+  std::vector<int32_t> tokens = len;
+  if (Find(*batch, "completion_mask") != nullptr) {
+    int64_t mw = 0;
+    TESSERA_ASSIGN_OR_RETURN(std::vector<int32_t> mask, Values<int32_t>(*batch, "completion_mask", v1::DTYPE_I32, n, 2, &mw));
+    for (int64_t i = 0; i < n; ++i) {
+      tokens[i] = 0;
+      for (int64_t k = 0; k < std::min<int64_t>(len[i], mw); ++k) tokens[i] += mask[i * mw + k] != 0;
+    }
+  }
   const bool penalty = rl.kl_reward_coef() > 0;
   std::vector<float> old_logp, ref_logp;
   if (penalty) {
@@ -80,7 +91,7 @@ absl::Status AddPpoAdvantages(const v1::RlSpec& rl, int actor_dp, v1::TensorBatc
         return absl::InvalidArgumentError(absl::StrCat("samples: completion_len[", i, "] = ", len[i], " outside [0, ", width, "]"));
       rl::PpoResponse& r = in[j];
       r.reward = reward[i] + rl::OverlongPenalty(len[i], overlong);
-      for (int64_t k = 0; k < len[i]; ++k) {
+      for (int64_t k = 0; k < tokens[i]; ++k) {
         r.values.push_back(value[i * width + k]);
         if (penalty) r.old_logp.push_back(old_logp[i * width + k]), r.ref_logp.push_back(ref_logp[i * width + k]);
       }

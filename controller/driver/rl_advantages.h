@@ -19,7 +19,8 @@ namespace tessera::controller {
 // equal shards (as the actor's DP ranks get them), each shard's responses through
 // rl::ComputePpoAdvantages (outcome reward on the last token with rl.overlong_buffer's
 // penalty, rl.kl_reward_coef's penalty by rl.kl_reward_estimator, GAE with rl.gamma and
-// rl.gae_lambda, whitened over the shard's tokens).
+// rl.gae_lambda, whitened over the shard's tokens). A multi-turn batch's responses are
+// the tokens its completion_mask marks sampled (observations are not steps of GAE).
 // `reward_kl`: the penalty's mean KL over the shards. INVALID_ARGUMENT naming the tensor
 // when one is missing or misshapen.
 absl::Status AddPpoAdvantages(const v1::RlSpec& rl, int actor_dp, v1::TensorBatch* batch, double* reward_kl);

@@ -1,7 +1,7 @@
 // The driver's dynamic sampling (GroupFilter: prompt groups whose rewards are all equal
 // set aside, the batch filled with groups that carry a signal in the order generated,
-// then with set-aside ones where the generations fall short) and BatchTokens, on
-// hand-made samples batches.
+// then with set-aside ones where the generations fall short), BatchTokens and PPO's
+// advantages of multi-turn samples, on hand-made samples batches.
 #include "controller/driver/rl_advantages.h"
 
 #include <cstring>
@@ -84,6 +84,38 @@ TEST(GroupFilter, KeepsGroupsWithASignalInOrderAndFillsWhenShort) {
   v1::TensorBatch no_reward = Samples(0, {1, 0});
   no_reward.mutable_tensors()->RemoveLast();
   EXPECT_THAT(std::string(GroupFilter(1, 2).Add(no_reward).message()), HasSubstr("no tensor 'reward'"));
+}
+
+// PPO's advantages of a multi-turn batch: a row of 5 tokens of which 2 are an observation
+// (completion_mask 0) is a response of its 3 sampled tokens — the same advantages and
+// returns as a single-turn row of those 3 tokens with the same values.
+TEST(PpoAdvantages, AMultiTurnResponseIsItsSampledTokens) {
+  v1::RlSpec rl;
+  rl.set_gamma(1.0), rl.set_gae_lambda(0.95);
+  auto batch = [](bool multi) {
+    v1::TensorBatch b;
+    const int32_t len = multi ? 5 : 3;
+    *b.add_tensors() = I32("completion_len", {2}, {len, len});
+    *b.add_tensors() = F32Tensor("reward", {2}, {1.0f, 0.0f});
+    *b.add_tensors() = F32Tensor("old_value", {2, 5}, {0.1f, 0.2f, 0.3f, 0, 0, 0.4f, 0.5f, 0.6f, 0, 0});
+    if (multi) *b.add_tensors() = I32("completion_mask", {2, 5}, {1, 0, 0, 1, 1, 1, 1, 0, 0, 1});
+    return b;
+  };
+  v1::TensorBatch multi = batch(true), single = batch(false);
+  double kl = 0;
+  ASSERT_TRUE(AddPpoAdvantages(rl, 1, &multi, &kl).ok());
+  ASSERT_TRUE(AddPpoAdvantages(rl, 1, &single, &kl).ok());
+  for (const char* name : {"advantage", "returns"}) {
+    const v1::NamedTensor *a = nullptr, *b = nullptr;
+    for (const auto& t : multi.tensors()) if (t.name() == name) a = &t;
+    for (const auto& t : single.tensors()) if (t.name() == name) b = &t;
+    ASSERT_TRUE(a != nullptr && b != nullptr) << name;
+    EXPECT_EQ(a->data(), b->data()) << name;
+    std::vector<float> v(10);
+    std::memcpy(v.data(), a->data().data(), 10 * sizeof(float));
+    EXPECT_NE(v[2], 0.0f) << name << ": the third sampled token has a value";
+    EXPECT_EQ(v[3], 0.0f) << name << ": past the row's three sampled tokens";
+  }
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 // observation goes into the response and the model continues; End names every session
 // that called; the step's metrics count the calls. With a rollout pool of tp 2, TP rank 0
 // calls and its TP peer appends the same observations (the job's weights stay verified).
+// ppo with a critic group equals ppo with the actor's own critic on multi-turn samples.
 // An environment that is down, too slow or answers the wrong number of observations fails
 // the job with a message naming it — within the deadline, never a hang.
 #include <gmock/gmock.h>
@@ -171,6 +172,38 @@ TEST(Environment, ItsFailuresFailTheJobNamingIt) {
   job = RunJob(c, spec, &progress);
   EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
   EXPECT_THAT(job.reason(), HasSubstr(absl::StrCat("rl.environment ", serving.address, ": Step failed")));
+}
+
+// ppo on multi-turn samples: with a critic group the driver makes GAE over each row's
+// sampled tokens (completion_mask), without one the actor's own critic over each sample's
+// mask — observations are steps on neither, so the two runs agree (rewards exactly,
+// gradient norms and KL to 1e-5: the advantages travel as f32).
+TEST(Environment, PpoWithACriticGroupEqualsTheActorsOwnCriticOnMultiTurnSamples) {
+  Cluster c({.agents = 1, .cpu_slots = 4});
+  ASSERT_TRUE(StartOneNode(c));
+  Serving serving;
+  ASSERT_NE(serving.server, nullptr);
+  v1::JobSpec spec = SmallRlSpec("ppo");
+  auto* rl = spec.mutable_rl();
+  rl->set_prompts_per_step(8), rl->set_max_new_tokens(48), rl->set_temperature(4.0);
+  rl->set_environment(serving.address), rl->set_tool_stop(kMarker), rl->set_max_turns(3);
+  ASSERT_TRUE(NormalizeAndValidateJobSpec(spec).ok()) << NormalizeAndValidateJobSpec(spec);
+  std::string progress;
+  const v1::Job own = RunJob(c, spec, &progress);
+  ASSERT_EQ(own.state(), v1::JOB_STATE_SUCCEEDED) << own.reason() << "\n" << progress;
+  EXPECT_GE(serving.env.calls(), 3) << "too few tool calls: the test shows little";
+  auto* critic = spec.add_groups();
+  critic->set_name("critic"), critic->set_role("critic"), critic->set_devices(2);
+  critic->mutable_layout()->set_dp(2);
+  ASSERT_TRUE(NormalizeAndValidateJobSpec(spec).ok()) << NormalizeAndValidateJobSpec(spec);
+  const v1::Job split = RunJob(c, spec, &progress);
+  ASSERT_EQ(split.state(), v1::JOB_STATE_SUCCEEDED) << split.reason() << "\n" << progress;
+  const auto a = nlohmann::json::parse(own.result_json()), b = nlohmann::json::parse(split.result_json());
+  ASSERT_EQ(a["rewards"].size(), 3u) << a.dump();
+  EXPECT_EQ(b["rewards"], a["rewards"]);
+  for (const char* k : {"grad_norms", "kl"})
+    for (size_t i = 0; i < 3; ++i)
+      EXPECT_NEAR(b[k][i].get<double>(), a[k][i].get<double>(), 1e-5 * std::abs(a[k][i].get<double>()) + 1e-9) << k << " " << i;
 }
 
 }  // namespace
