@@ -14,8 +14,15 @@
 // and the fraction of the roofline is roofline_ms / decode_ms_per_step.
 // One JSON line per batch size.
 //
+// With `--group G` (GRPO's groups): each batch size counts prompts, each sampled G times
+// at temperature 1 (requests with n = G), run with prefix sharing on and off (one JSON line
+// each, "sharing"): the prefill's time (the one-new-token run), the prompt tokens it
+// computed, and the most KV-cache blocks the samples held — a shared prompt is prefilled and
+// stored once per group.
+//
 //   decode_bench [--hidden 2048 --layers 16 --heads 32 --kv-heads 8 --ffn 8192 --vocab 128256 --tied 1]
 //                [--batch 1,64] [--prompt 128] [--new 128] [--reps 3] [--hbm-gbps 3000] [--dtype bf16] [--graphs 1]
+//                [--group G]
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -63,6 +70,46 @@ int main(int argc, char** argv) {
   if (auto s = bench::Init(**m, 11); !s.ok()) return fprintf(stderr, "%s\n", s.ToString().c_str()), 1;
 
   const int64_t hd = c.HeadDim(), elem = c.dtype == tessera::DType::kBF16 ? 2 : 4;
+  if (const int64_t group = get("group", 0); group > 0) {
+    for (int64_t prompts : batches)
+      for (bool sharing : {true, false}) {
+        engine::RolloutOptions o;
+        o.block_size = 16;
+        o.max_running = prompts * group;
+        o.prefix_sharing = sharing;
+        o.num_blocks = prompts * group * ((prompt + new_tokens + o.block_size - 1) / o.block_size);
+        auto e = engine::RolloutEngine::Create(m->get(), o);
+        if (!e.ok()) return fprintf(stderr, "%s\n", e.status().ToString().c_str()), 1;
+        std::mt19937 rng(5);
+        std::vector<engine::GenerationRequest> reqs(prompts), first(prompts);
+        for (int64_t i = 0; i < prompts; ++i) {
+          for (int64_t t = 0; t < prompt; ++t) reqs[i].prompt.push_back(static_cast<int32_t>(rng() % c.vocab));
+          reqs[i].params.temperature = 1, reqs[i].params.max_new_tokens = new_tokens;
+          reqs[i].params.n = static_cast<int>(group), reqs[i].params.seed = 100 + static_cast<uint64_t>(i);
+          first[i] = reqs[i];
+          first[i].params.max_new_tokens = 1;
+        }
+        int64_t got = 0, got1 = 0;
+        Seconds(**e, reqs, &got);  // warm-up
+        double full = 1e30, one = 1e30;
+        int64_t blocks = 0, prefill_tokens = 0;
+        for (int64_t r = 0; r < reps; ++r) {
+          full = std::min(full, Seconds(**e, reqs, &got));
+          blocks = (*e)->peak_blocks();
+          one = std::min(one, Seconds(**e, first, &got1));
+          prefill_tokens = (*e)->prefill_tokens();
+        }
+        const double block_bytes = double(o.block_size) * double(c.layers) * 2.0 * double(c.kv_heads * hd) * elem;
+        printf("{\"engine\": \"tessera\", \"group\": %lld, \"prompts\": %lld, \"samples\": %lld, \"prompt\": %lld, "
+               "\"new\": %lld, \"sharing\": %s, \"seconds\": %.4f, \"tokens_per_s\": %.1f, \"prefill_ms\": %.2f, "
+               "\"prefill_tokens\": %lld, \"peak_kv_blocks\": %lld, \"peak_kv_gib\": %.3f}\n",
+               (long long)group, (long long)prompts, (long long)(prompts * group), (long long)prompt, (long long)new_tokens,
+               sharing ? "true" : "false", full, double(got) / full, one * 1e3, (long long)prefill_tokens, (long long)blocks,
+               double(blocks) * block_bytes / double(1 << 30));
+        fflush(stdout);
+      }
+    return 0;
+  }
   for (int64_t batch : batches) {
     engine::RolloutOptions o;
     o.block_size = 16;

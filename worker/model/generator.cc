@@ -66,6 +66,35 @@ absl::Status Generator::Check() const {
   return absl::OkStatus();
 }
 
+absl::Status Generator::CopySlots(const std::vector<int32_t>& from, const std::vector<int32_t>& to) {
+  const int64_t n = static_cast<int64_t>(from.size()), slots = cache_.blocks * cache_.block_size;
+  if (to.size() != from.size()) return absl::InvalidArgumentError("kv cache: CopySlots needs as many targets as sources");
+  if (n == 0) return absl::OkStatus();
+  for (const std::vector<int32_t>* v : {&from, &to})
+    for (int32_t x : *v)
+      if (x < 0 || x >= slots) return absl::InvalidArgumentError(absl::StrCat("kv cache: slot ", x, " outside [0, ", slots, ")"));
+  TESSERA_RETURN_IF_ERROR(Backend::CheckCacheSlots(cache_.k[0], to.data(), n));  // distinct targets
+  Backend& be = model_->backend();
+  TESSERA_ASSIGN_OR_RETURN(Tensor src, be.Empty({n}, DType::kI32));
+  TESSERA_ASSIGN_OR_RETURN(Tensor dst, be.Empty({n}, DType::kI32));
+  TESSERA_RETURN_IF_ERROR(be.CopyFromHost(from.data(), src));
+  TESSERA_RETURN_IF_ERROR(be.CopyFromHost(to.data(), dst));
+  const int64_t hkv = cache_.k[0].dim(2), d = cache_.k[0].dim(3);
+  TESSERA_ASSIGN_OR_RETURN(Tensor k, be.Empty({n, hkv * d}, cache_.k[0].dtype()));
+  TESSERA_ASSIGN_OR_RETURN(Tensor v, be.Empty({n, hkv * d}, cache_.k[0].dtype()));
+  TESSERA_ASSIGN_OR_RETURN(Tensor k3, k.Reshape({n, hkv, d}));
+  TESSERA_ASSIGN_OR_RETURN(Tensor v3, v.Reshape({n, hkv, d}));
+  TrustIndices trust(be);  // checked above, uploaded once
+  for (size_t l = 0; l < cache_.k.size(); ++l) {
+    TESSERA_ASSIGN_OR_RETURN(Tensor kt, cache_.k[l].Reshape({slots, hkv * d}));
+    TESSERA_ASSIGN_OR_RETURN(Tensor vt, cache_.v[l].Reshape({slots, hkv * d}));
+    TESSERA_RETURN_IF_ERROR(be.EmbeddingForward(src, kt, 0, k));  // a gather of rows
+    TESSERA_RETURN_IF_ERROR(be.EmbeddingForward(src, vt, 0, v));
+    TESSERA_RETURN_IF_ERROR(be.KvCacheWrite(k3, v3, dst, cache_.k[l], cache_.v[l]));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Tensor> Generator::ForwardLocal(const TokenBatch& batch, const std::vector<int32_t>& slots,
                                                const DecodeView* decode) {
   Llama& m = *model_;

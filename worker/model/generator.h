@@ -65,6 +65,11 @@ class Generator {
   // samples from on a GPU without a round trip through the host.
   absl::StatusOr<runtime::Tensor> ForwardLocal(const TokenBatch& batch, const std::vector<int32_t>& slots,
                                                const DecodeView* decode);
+  // Every layer's keys and values at cache slots `to[i]` = those at `from[i]` (one gather
+  // and one cache write per layer, stream-ordered on the model's backend; `to` distinct):
+  // a sample sharing another's prompt takes its own copy of the prompt's tokens in the last,
+  // partly filled block before writing its new tokens there.
+  absl::Status CopySlots(const std::vector<int32_t>& from, const std::vector<int32_t>& to);
   // Vocabulary-parallel logits [n, vocab / tp] of every TP rank gathered into [n, vocab]
   // on the device, in their dtype (each rank gets the same); without TP `local` itself.
   // Every rank of the TP group calls it.

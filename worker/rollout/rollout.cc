@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -87,7 +88,7 @@ absl::StatusOr<std::vector<Completion>> RolloutEngine::Generate(const std::vecto
     const uint64_t fp = GraphFingerprint();
     if (fp != graph_fingerprint_) graphs_.clear(), graph_fingerprint_ = fp;
   }
-  decode_steps_ = prefills_ = graph_steps_ = 0;
+  decode_steps_ = prefills_ = graph_steps_ = prefill_tokens_ = peak_blocks_ = 0;
   prefill_s_ = decode_s_ = 0;
   auto seconds_since = [](std::chrono::steady_clock::time_point t) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
@@ -106,33 +107,46 @@ absl::StatusOr<std::vector<Completion>> RolloutEngine::Generate(const std::vecto
   for (auto& s : all) waiting.push_back(s.get());
   std::vector<Seq*> running;
   auto blocks_for = [&](const Seq& s) { return (s.prompt_len + s.params->max_new_tokens + bs - 1) / bs; };
-  auto retire = [&](std::vector<Seq*>& seqs) {  // finished samples give their blocks back
+  auto retire = [&](std::vector<Seq*>& seqs) {  // finished samples give their blocks back (a shared one with its last user)
     std::vector<Seq*> keep;
     for (Seq* s : seqs) {
       if (!s->done) {
         keep.push_back(s);
         continue;
       }
-      free_blocks_.insert(free_blocks_.end(), s->blocks.rbegin(), s->blocks.rend());
+      for (auto b = s->blocks.rbegin(); b != s->blocks.rend(); ++b)
+        if (--block_refs_[*b] == 0) free_blocks_.push_back(*b);
       s->blocks.clear();
     }
     seqs = std::move(keep);
   };
   while (!waiting.empty() || !running.empty()) {
     std::vector<Seq*> admitted;
+    std::map<int64_t, Seq*> leaders;  // this admission's sample that prefills each request's prompt
     int64_t prefill_tokens = 0;
-    while (!waiting.empty() && static_cast<int64_t>(running.size() + admitted.size()) < options_.max_running &&
-           static_cast<int64_t>(free_blocks_.size()) >= blocks_for(*waiting.front()) &&
-           (admitted.empty() || prefill_tokens + waiting.front()->prompt_len <= options_.max_prefill_tokens)) {
+    while (!waiting.empty() && static_cast<int64_t>(running.size() + admitted.size()) < options_.max_running) {
       Seq* s = waiting.front();
+      const auto led = options_.prefix_sharing ? leaders.find(s->request) : leaders.end();
+      Seq* leader = led != leaders.end() ? led->second : nullptr;
+      const int64_t shared = leader != nullptr ? s->prompt_len / bs : 0;  // the leader's full prompt blocks
+      if (static_cast<int64_t>(free_blocks_.size()) < blocks_for(*s) - shared) break;
+      if (leader == nullptr && !admitted.empty() && prefill_tokens + s->prompt_len > options_.max_prefill_tokens) break;
       waiting.pop_front();
-      prefill_tokens += s->prompt_len;
-      for (int64_t k = blocks_for(*s); k > 0; --k) {
+      if (leader != nullptr) {
+        s->leader = leader;
+        for (int64_t k = 0; k < shared; ++k) s->blocks.push_back(leader->blocks[k]), ++block_refs_[leader->blocks[k]];
+      } else {
+        prefill_tokens += s->prompt_len;
+        leaders[s->request] = s;
+      }
+      for (int64_t k = blocks_for(*s) - shared; k > 0; --k) {
         s->blocks.push_back(free_blocks_.back());
+        block_refs_[free_blocks_.back()] = 1;
         free_blocks_.pop_back();
       }
       admitted.push_back(s);
     }
+    peak_blocks_ = std::max<int64_t>(peak_blocks_, cache_blocks_ - static_cast<int64_t>(free_blocks_.size()));
     if (admitted.empty() && running.empty())  // cannot happen: every request fits an empty cache
       return absl::InternalError("rollout: nothing running and nothing admitted");
     if (!admitted.empty()) {
@@ -200,6 +214,7 @@ absl::Status RolloutEngine::MakeCache(const std::vector<GenerationRequest>& requ
   scratch_block_ = scratch > 0 ? blocks : -1;
   free_blocks_.clear();
   for (int64_t b = blocks - 1; b >= 0; --b) free_blocks_.push_back(static_cast<int32_t>(b));
+  block_refs_.assign(static_cast<size_t>(blocks), 0);
   return absl::OkStatus();
 }
 
@@ -208,7 +223,16 @@ absl::Status RolloutEngine::Prefill(std::vector<Seq*>& admitted) {
   model::TokenBatch batch;
   std::vector<int32_t> slots;
   batch.cu_seqlens = {0};
+  // The leaders' prompts (a sample sharing one reads its leader's logits row).
+  std::map<const Seq*, int64_t> row_of;
+  std::vector<int64_t> rows;
   for (Seq* s : admitted) {
+    if (s->leader != nullptr) {
+      rows.push_back(row_of.at(s->leader));
+      continue;
+    }
+    rows.push_back(static_cast<int64_t>(row_of.size()));
+    row_of[s] = rows.back();
     for (int64_t p = 0; p < s->prompt_len; ++p) {
       batch.tokens.push_back(s->tokens[p]);
       batch.positions.push_back(static_cast<int32_t>(p));
@@ -216,9 +240,20 @@ absl::Status RolloutEngine::Prefill(std::vector<Seq*>& admitted) {
       slots.push_back(s->Slot(p, bs));
     }
     batch.cu_seqlens.push_back(static_cast<int32_t>(batch.tokens.size()));
+    prefill_tokens_ += s->prompt_len;
   }
   ++prefills_;
-  return ForwardAndSample(admitted, batch, slots, nullptr);
+  const bool shared = row_of.size() < admitted.size();
+  TESSERA_RETURN_IF_ERROR(ForwardAndSample(admitted, batch, slots, nullptr, shared ? &rows : nullptr));
+  // Each sharing sample's own copy of the prompt's tokens in its partly filled last block,
+  // before any decode step writes a new token there (stream-ordered after the prefill's
+  // writes; one copy for all of them).
+  std::vector<int32_t> from, to;
+  for (Seq* s : admitted)
+    if (s->leader != nullptr)
+      for (int64_t p = s->prompt_len / bs * bs; p < s->prompt_len; ++p)
+        from.push_back(s->leader->Slot(p, bs)), to.push_back(s->Slot(p, bs));
+  return gen_->CopySlots(from, to);
 }
 
 absl::Status RolloutEngine::Decode(std::vector<Seq*>& running) {
@@ -250,18 +285,29 @@ absl::Status RolloutEngine::Decode(std::vector<Seq*>& running) {
 }
 
 absl::Status RolloutEngine::ForwardAndSample(const std::vector<Seq*>& seqs, const model::TokenBatch& batch,
-                                             const std::vector<int32_t>& slots, const model::DecodeView* view) {
+                                             const std::vector<int32_t>& slots, const model::DecodeView* view,
+                                             const std::vector<int64_t>* rows) {
+  const int64_t n = static_cast<int64_t>(seqs.size()), vocab = model_->config().vocab;
   if (device_sampling_) {  // the logits stay on the device: sampled there
     TESSERA_ASSIGN_OR_RETURN(Tensor local, gen_->ForwardLocal(batch, slots, view));
     // Under TP every rank gathers the whole vocabulary's logits on its device and samples
     // the same tokens (the same logits, seeds and kernel), so the ranks stay in step.
     TESSERA_ASSIGN_OR_RETURN(Tensor logits, gen_->GatherVocab(local));
-    return SampleInto(seqs, logits, model_->backend());
+    if (rows == nullptr) return SampleInto(seqs, logits, model_->backend());
+    runtime::Backend& be = model_->backend();  // each sample's row: one gather
+    std::vector<int32_t> index(rows->begin(), rows->end());
+    TESSERA_ASSIGN_OR_RETURN(Tensor ids, be.Empty({n}, DType::kI32));
+    TESSERA_RETURN_IF_ERROR(be.CopyFromHost(index.data(), ids));
+    TESSERA_ASSIGN_OR_RETURN(Tensor each, be.Empty({n, logits.dim(1)}, logits.dtype()));
+    TESSERA_RETURN_IF_ERROR(be.EmbeddingForward(ids, logits, 0, each));
+    return SampleInto(seqs, each, be);
   }
   TESSERA_ASSIGN_OR_RETURN(std::vector<float> logits, gen_->Forward(batch, slots, view));
-  const int64_t n = static_cast<int64_t>(seqs.size()), vocab = model_->config().vocab;
   TESSERA_ASSIGN_OR_RETURN(Tensor z, host_->Empty({n, vocab}, DType::kF32));
-  std::memcpy(z.data(), logits.data(), logits.size() * sizeof(float));
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t r = rows != nullptr ? (*rows)[i] : i;
+    std::memcpy(z.data_as<float>() + i * vocab, logits.data() + r * vocab, vocab * sizeof(float));
+  }
   return SampleInto(seqs, z, *host_);
 }
 

@@ -5,6 +5,12 @@
 //   - admission: a waiting sample joins the running batch when a batch slot is free and
 //     the cache has blocks for its prompt plus max_new_tokens (reserved up front, so a
 //     running sample never waits for memory and nothing is preempted);
+//   - prefix sharing (RolloutOptions::prefix_sharing): the samples of one request admitted
+//     together (a GRPO group) share its prompt — one of them prefills it, the others take
+//     the prompt's full blocks by reference (counted; a block goes back to the free list
+//     with its last user) and a copy of its last, partly filled block, and draw their first
+//     token from the same logits with their own seeds: the tokens are what each would have
+//     drawn alone, for the prompt's compute and memory once per group;
 //   - prefill: the admitted samples' prompts in one packed varlen forward, writing their
 //     keys and values into their blocks; it gives each its first new token;
 //   - decode: every running sample's last token in one forward over the cache (block
@@ -82,6 +88,7 @@ struct RolloutOptions {
   // cache is refused naming the numbers.
   double gpu_memory_utilization = 0;
   bool sample_on_host = false;  // a GPU model's logits sampled on the host all the same (tests)
+  bool prefix_sharing = true;   // the samples of a request admitted together share its prompt (above)
   // GPU, no TP, no parameter hooks, no QKV bias: each decode step is a CUDA graph (one per
   // padded batch size and table width, captured at its second use) — the step's inputs
   // are three uploads, its tokens two downloads, and no per-op launch cost remains.
@@ -122,6 +129,10 @@ class RolloutEngine {
   // how many of its decode steps replayed a CUDA graph.
   int64_t decode_steps() const { return decode_steps_; }
   int64_t prefills() const { return prefills_; }
+  // Prompt tokens the last Generate()'s prefills computed (a shared prompt once), and the
+  // most cache blocks its samples held at once.
+  int64_t prefill_tokens() const { return prefill_tokens_; }
+  int64_t peak_blocks() const { return peak_blocks_; }
   int64_t graph_steps() const { return graph_steps_; }
   // Host wall time of the last Generate()'s prefills and decode steps (each ends with its
   // sampled tokens on the host, so these are the device's time plus the host's launches).
@@ -134,8 +145,10 @@ class RolloutEngine {
   absl::Status Prefill(std::vector<Seq*>& admitted);
   absl::Status Decode(std::vector<Seq*>& running);
   // The model's forward over the cache for `seqs`, then each sequence's next token.
+  // `rows` (prefix sharing): the logits row of each of `seqs` (null: row i for seqs[i]).
   absl::Status ForwardAndSample(const std::vector<Seq*>& seqs, const model::TokenBatch& batch,
-                                const std::vector<int32_t>& slots, const model::DecodeView* view);
+                                const std::vector<int32_t>& slots, const model::DecodeView* view,
+                                const std::vector<int64_t>* rows = nullptr);
   // Draws each sequence's next token from its row of `logits` (on `be`'s device: the
   // host backend, or the model's GPU) and appends it.
   absl::Status SampleInto(const std::vector<Seq*>& seqs, const runtime::Tensor& logits, runtime::Backend& be);
@@ -171,10 +184,11 @@ class RolloutEngine {
   bool device_sampling_ = false;
   std::unique_ptr<model::Generator> gen_;  // the model over its KV cache (null: released)
   std::vector<int32_t> free_blocks_;
+  std::vector<int32_t> block_refs_;  // per cache block: the samples holding it (prefix sharing)
   int64_t cache_blocks_ = 0;  // blocks handed out (the cache's, scratch excluded)
   // Makes the cache (gen_): its blocks from the options and, budgeted, the device's memory.
   absl::Status MakeCache(const std::vector<GenerationRequest>& requests);
-  int64_t decode_steps_ = 0, prefills_ = 0, peak_bytes_ = 0;
+  int64_t decode_steps_ = 0, prefills_ = 0, peak_bytes_ = 0, prefill_tokens_ = 0, peak_blocks_ = 0;
   double prefill_s_ = 0, decode_s_ = 0;
 };
 

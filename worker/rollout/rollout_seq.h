@@ -14,7 +14,11 @@ struct RolloutEngine::Seq {
   const SamplingParams* params = nullptr;
   std::vector<int32_t> tokens;  // the prompt, then what was generated
   int64_t prompt_len = 0;
-  std::vector<int32_t> blocks;  // reserved for prompt + max_new_tokens
+  std::vector<int32_t> blocks;  // reserved for prompt + max_new_tokens (the first may be shared: below)
+  // Prefix sharing: the sample of the same request admitted with it whose prompt it shares
+  // (null: it prefills its own). Its first prompt_len / block_size blocks are the leader's;
+  // the partly filled one after them is a copy (Prefill).
+  Seq* leader = nullptr;
   Completion out;
   bool done = false;
   int32_t Slot(int64_t pos, int64_t block_size) const {

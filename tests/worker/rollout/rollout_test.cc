@@ -159,8 +159,50 @@ TEST_F(RolloutTest, APrefillTokenBudgetSplitsAdmissionAndChangesNothing) {
   auto split = Engine(o);
   auto got = split->Generate(reqs);
   ASSERT_TRUE(got.ok()) << got.status();
-  EXPECT_GE(split->prefills(), 10);  // 204 prompt tokens, at most 20 a prefill unless one alone is longer
+  // 68 prompt tokens (each request's prompt once: its samples share it), at most 20 a
+  // prefill unless one alone is longer: {5, 1}, {17}, {9}, {33}, {3}.
+  EXPECT_EQ(split->prefills(), 5);
+  EXPECT_EQ(split->prefill_tokens(), 68);
   for (size_t i = 0; i < all->size(); ++i) EXPECT_EQ((*got)[i].tokens, (*all)[i].tokens) << "sample " << i;
+}
+
+// Prefix sharing: a request's samples admitted together prefill its prompt once and hold
+// its full blocks once — the tokens and log-probs are those of the same requests without
+// sharing (each sample its own prompt; log-probs to 1e-5: the prefill's GEMMs see fewer
+// rows), for a third of the prefill tokens and fewer blocks.
+// Prompts of 1 to 33 tokens over blocks of 8: some end inside a block (copied per sample),
+// one on a block's edge. Under cache pressure (blocks for two groups at a time) the samples
+// that wait share among themselves when admitted.
+TEST_F(RolloutTest, SamplesOfARequestShareItsPromptAndDrawWhatTheyWouldAlone) {
+  auto reqs = Requests(Config().vocab, /*temperature=*/1.f, /*n=*/3, 12);
+  reqs[2].prompt.resize(16);  // on a block's edge
+  for (int64_t blocks : {200, 14}) {
+    SCOPED_TRACE(::testing::Message() << blocks << " blocks");
+    RolloutOptions o;
+    o.block_size = 8, o.num_blocks = blocks, o.max_running = 18;
+    o.prefix_sharing = false;
+    auto own = Engine(o);
+    auto alone = own->Generate(reqs);
+    ASSERT_TRUE(alone.ok()) << alone.status();
+    o.prefix_sharing = true;
+    auto shared = Engine(o);
+    auto got = shared->Generate(reqs);
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_EQ(got->size(), alone->size());
+    for (size_t i = 0; i < got->size(); ++i) {
+      EXPECT_EQ((*got)[i].tokens, (*alone)[i].tokens) << "sample " << i;
+      ASSERT_EQ((*got)[i].logprobs.size(), (*alone)[i].logprobs.size());
+      for (size_t k = 0; k < (*got)[i].logprobs.size(); ++k) EXPECT_NEAR((*got)[i].logprobs[k], (*alone)[i].logprobs[k], 1e-5);
+    }
+    if (blocks == 200) {
+      EXPECT_EQ(own->prefill_tokens(), 3 * shared->prefill_tokens());
+      EXPECT_LT(shared->peak_blocks(), own->peak_blocks());
+    }
+    // Every block came back: a second run finds the whole cache free and repeats the first.
+    auto again = shared->Generate(reqs);
+    ASSERT_TRUE(again.ok()) << again.status();
+    for (size_t i = 0; i < got->size(); ++i) EXPECT_EQ((*again)[i].tokens, (*got)[i].tokens);
+  }
 }
 
 // The cache's blocks within a memory budget: utilization x total less what is in use.
