@@ -182,12 +182,32 @@ class CudaBackend final : public Backend {
     return ms / 1e3;
   }
   void ClearMarks() override { used_marks_ = 0; }
+  // The backend's device is made current first: a call may come on any thread (an
+  // executor's RPC threads), and a copy on this device's stream from another device fails.
   absl::Status CopyFromHost(const void* src, Tensor& dst) override {
-    return Cuda(cudaMemcpyAsync(dst.data(), src, dst.nbytes(), cudaMemcpyHostToDevice, stream_), "copy to device");
+    cudaSetDevice(device_);
+    const cudaError_t e = cudaMemcpyAsync(dst.data(), src, dst.nbytes(), cudaMemcpyHostToDevice, stream_);
+    return e == cudaSuccess ? absl::OkStatus() : CopyFailure("copy to device", e, dst.data(), dst.nbytes());
   }
   absl::Status CopyToHost(const Tensor& src, void* dst) override {
-    auto s = Cuda(cudaMemcpyAsync(dst, src.data(), src.nbytes(), cudaMemcpyDeviceToHost, stream_), "copy to host");
-    return s.ok() ? Synchronize() : s;
+    cudaSetDevice(device_);
+    const cudaError_t e = cudaMemcpyAsync(dst, src.data(), src.nbytes(), cudaMemcpyDeviceToHost, stream_);
+    return e == cudaSuccess ? Synchronize() : CopyFailure("copy to host", e, src.data(), src.nbytes());
+  }
+  // What a failed host copy's device side was: its address, size and memory kind, and the
+  // current device against this backend's.
+  absl::Status CopyFailure(const char* what, cudaError_t e, const void* p, size_t bytes) const {
+    cudaGetLastError();
+    cudaPointerAttributes a{};
+    const bool known = cudaPointerGetAttributes(&a, p) == cudaSuccess;
+    cudaGetLastError();
+    int current = -1;
+    cudaGetDevice(&current);
+    return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(e), " (", bytes, " bytes at ",
+                                            absl::Hex(reinterpret_cast<uintptr_t>(p)), ": ",
+                                            known ? absl::StrCat("memory type ", static_cast<int>(a.type), " of device ", a.device)
+                                                  : std::string("no CUDA allocation"),
+                                            "; current device ", current, ", the backend's ", device_, ")"));
   }
   absl::StatusOr<HostBuffer> AllocHostStaging(size_t bytes) override {
     void* p = nullptr;
