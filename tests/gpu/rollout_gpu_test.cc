@@ -6,10 +6,15 @@
 //  - bf16 (head_dim 64: the flash and tensor-core paged kernels): the mean and largest
 //    absolute difference of sampled tokens' log-probs are printed for docs/perf.md and
 //    bounded loosely (mean 2e-2: bf16 logits of a random model over 512 tokens);
-//  - weight sync between two models on two streams of the GPU copies every weight.
+//  - weight sync between two models on two streams of the GPU copies every weight;
+//  - (2 GPUs) a backend's host copies and fills work from a thread with another device
+//    current, as an executor's calls arrive on any RPC thread.
+#include <cuda_runtime.h>
+
 #include <algorithm>
 #include <cmath>
 #include <iostream>
+#include <thread>
 
 #include "gtest/gtest.h"
 #include "common/status.h"
@@ -277,6 +282,32 @@ TEST(RolloutGpu, ColocatedSyncAcrossTwoStreamsCopiesEveryWeight) {
     }
     ASSERT_TRUE((*actor)->InitRandom(10 + round, 0.05f).ok());  // the next update
   }
+}
+
+TEST(RolloutGpu, HostCopiesWorkFromAThreadWithAnotherDeviceCurrent) {
+  if (static_cast<int>(VisibleGpus().size()) < 2) GTEST_SKIP() << "needs 2 GPUs";
+  auto be = runtime::MakeCudaBackend(1);
+  ASSERT_TRUE(be.ok()) << be.status();
+  auto t = (*be)->Empty({1024}, tessera::DType::kF32);
+  ASSERT_TRUE(t.ok());
+  std::vector<float> in(1024), out(1024, -1.f);
+  for (int i = 0; i < 1024; ++i) in[i] = static_cast<float>(i);
+  absl::Status up, down, fill;
+  std::vector<float> zeros(1024, -1.f);
+  std::thread other([&] {
+    cudaSetDevice(0);  // a thread that last worked on another device
+    up = (*be)->CopyFromHost(in.data(), *t);
+    down = (*be)->CopyToHost(*t, out.data());
+    cudaSetDevice(0);
+    fill = (*be)->Fill(*t, 0);
+    if (fill.ok()) fill = (*be)->CopyToHost(*t, zeros.data());
+  });
+  other.join();
+  ASSERT_TRUE(up.ok()) << up;
+  ASSERT_TRUE(down.ok()) << down;
+  ASSERT_TRUE(fill.ok()) << fill;
+  EXPECT_EQ(out, in);
+  EXPECT_EQ(zeros, std::vector<float>(1024, 0.f));
 }
 
 }  // namespace

@@ -217,12 +217,14 @@ class CudaBackend final : public Backend {
     return HostBuffer(static_cast<char*>(p), [](char* q) { cudaFreeHost(q); });
   }
   absl::Status Fill(Tensor& t, uint8_t byte) override {
+    cudaSetDevice(device_);  // as the host copies: the caller's thread may have another device current
     return Cuda(cudaMemsetAsync(t.data(), byte, t.nbytes(), stream_), "memset");
   }
 
  protected:
   absl::Status DoCopy2D(const void* src, int64_t src_pitch, void* dst, int64_t dst_pitch, int64_t row_bytes,
                         int64_t rows) override {
+    cudaSetDevice(device_);
     return Cuda(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, row_bytes, rows, cudaMemcpyDeviceToDevice, stream_),
                 "copy on the device");
   }
