@@ -98,8 +98,11 @@ TEST(RolloutGpu, EqualsTheTrainingEngine) {
             << "\n";
 }
 
-absl::StatusOr<std::unique_ptr<Llama>> RandomModel(runtime::Backend* be, tessera::DType dtype, uint64_t seed) {
-  TESSERA_ASSIGN_OR_RETURN(auto m, Llama::Create(Config(dtype), be));
+absl::StatusOr<std::unique_ptr<Llama>> RandomModel(runtime::Backend* be, tessera::DType dtype, uint64_t seed,
+                                                   bool qkv_bias = false) {
+  model::LlamaConfig c = Config(dtype);
+  c.qkv_bias = qkv_bias;
+  TESSERA_ASSIGN_OR_RETURN(auto m, Llama::Create(c, be));
   TESSERA_RETURN_IF_ERROR(m->InitRandom(seed, 0.05f));
   return m;
 }
@@ -166,13 +169,15 @@ TEST(RolloutGpu, DeviceSamplingEqualsHostSampling) {
 // Decode steps as CUDA graphs (the default on a GPU) against the eager step: the same
 // tokens and log-probs (the graph replays the eager step's kernels on the padded batch;
 // the eager path runs the unpadded one, whose GEMMs may sum in another order), and the
-// graphs are really used: every decode step after a (batch, width)'s first two.
+// graphs are really used: every decode step after a (batch, width)'s first two. Also for a
+// model with QKV bias (Qwen2's), in bf16.
 TEST(RolloutGpu, CudaGraphDecodeEqualsEager) {
   if (static_cast<int>(VisibleGpus().size()) < 1) GTEST_SKIP() << "no GPU";
   auto be = runtime::MakeCudaBackend(0);
   ASSERT_TRUE(be.ok()) << be.status();
-  for (tessera::DType dtype : {tessera::DType::kF32, tessera::DType::kBF16}) {
-    auto m = RandomModel(be->get(), dtype, 9);
+  for (auto [dtype, bias] : {std::pair{tessera::DType::kF32, false}, std::pair{tessera::DType::kBF16, false},
+                             std::pair{tessera::DType::kBF16, true}}) {
+    auto m = RandomModel(be->get(), dtype, 9, bias);
     ASSERT_TRUE(m.ok()) << m.status();
     std::vector<GenerationRequest> reqs;
     for (int i = 0; i < 5; ++i) {
@@ -200,7 +205,7 @@ TEST(RolloutGpu, CudaGraphDecodeEqualsEager) {
     const auto [identical, max_abs] = Agreement(runs[0], runs[1]);
     EXPECT_GE(identical, static_cast<int>(runs[0].size()) - 1);
     EXPECT_LT(max_abs, dtype == tessera::DType::kF32 ? 1e-4 : 5e-2);
-    std::cout << "RESULT graph_vs_eager dtype=" << tessera::DTypeName(dtype) << " identical=" << identical << "/"
+    std::cout << "RESULT graph_vs_eager dtype=" << tessera::DTypeName(dtype) << (bias ? " qkv_bias" : "") << " identical=" << identical << "/"
               << runs[0].size() << " max_abs_logprob=" << max_abs << " graph_steps=" << graph_steps << "/" << decode_steps
               << "\n";
   }

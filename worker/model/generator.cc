@@ -134,16 +134,33 @@ absl::StatusOr<Tensor> Generator::ForwardLocal(const TokenBatch& batch, const st
 
 bool Generator::DecodeOnDeviceSupported(const Llama& model) {
   // The captured step bakes in its RoPE frequencies: none that change with the length.
-  return !model.has_param_hooks() && !model.config_.qkv_bias && !model.tensor_parallel() &&
-         !RopeDependsOnLength(model.config_);
+  return !model.has_param_hooks() && !model.tensor_parallel() && !RopeDependsOnLength(model.config_);
+}
+
+absl::Status Generator::ReserveDecodeRows(int64_t rows) {
+  Llama& m = *model_;
+  if (!m.config_.qkv_bias || (ones_.defined() && ones_.dim(0) >= rows)) return absl::OkStatus();
+  if (rows < 1) return absl::InvalidArgumentError(absl::StrCat("decode rows ", rows));
+  TESSERA_ASSIGN_OR_RETURN(ones_, New(*m.backend_, {rows, 1}, m.act_));
+  if (m.act_ == DType::kBF16) {
+    const std::vector<uint16_t> one(static_cast<size_t>(rows), tessera::FloatToBf16(1.f));
+    TESSERA_RETURN_IF_ERROR(m.backend_->CopyFromHost(one.data(), ones_));
+  } else {
+    const std::vector<float> one(static_cast<size_t>(rows), 1.f);
+    TESSERA_RETURN_IF_ERROR(m.backend_->CopyFromHost(one.data(), ones_));
+  }
+  return m.backend_->Synchronize();
 }
 
 absl::StatusOr<Tensor> Generator::DecodeStep(const DeviceDecode& d) {
   Llama& m = *model_;
   TESSERA_RETURN_IF_ERROR(Check());
   if (!DecodeOnDeviceSupported(m))
-    return absl::FailedPreconditionError("decode on device inputs: a model without parameter hooks, QKV bias or TP");
+    return absl::FailedPreconditionError("decode on device inputs: a model without parameter hooks or TP");
   const int64_t n = d.tokens.numel();
+  if (m.config_.qkv_bias && (!ones_.defined() || ones_.dim(0) < n))
+    return absl::FailedPreconditionError(absl::StrCat("decode on device inputs: ", n, " rows of a QKV-bias model; ReserveDecodeRows made ",
+                                                      ones_.defined() ? ones_.dim(0) : 0));
   for (const Tensor* x : {&d.tokens, &d.positions, &d.slots, &d.lens})
     if (x->numel() != n || x->dtype() != DType::kI32 || !(x->device() == m.backend_->device()))
       return absl::InvalidArgumentError(absl::StrCat("decode on device inputs: tokens, positions, slots and lens must be i32 [",
@@ -153,6 +170,9 @@ absl::StatusOr<Tensor> Generator::DecodeStep(const DeviceDecode& d) {
   Llama::Inputs in;
   in.tokens = d.tokens, in.positions = d.positions;
   in.rope = m.rope_;  // not length-dependent (DecodeOnDeviceSupported)
+  if (m.config_.qkv_bias) {
+    TESSERA_ASSIGN_OR_RETURN(in.ones, ones_.Slice(0, 0, n));
+  }
   TESSERA_ASSIGN_OR_RETURN(in.cu, m.host_->Empty({n + 1}, DType::kI32));
   for (int64_t i = 0; i <= n; ++i) in.cu.data_as<int32_t>()[i] = static_cast<int32_t>(i);
   const DecodeView view{d.tables, d.lens};

@@ -77,10 +77,14 @@ class Generator {
   // The decode step over inputs already on the device (the rollout engine's CUDA graph
   // captures it), checked by the caller on their host copies (Backend::CheckCacheSlots,
   // CheckPagedIndices): nothing in it reads the host or waits for the device. Logits as
-  // ForwardLocal. FAILED_PRECONDITION for a model with parameter hooks (ZeRO-3), QKV
-  // bias, TP or dynamic RoPE scaling (DecodeOnDeviceSupported).
+  // ForwardLocal. FAILED_PRECONDITION for a model with parameter hooks (ZeRO-3), TP or
+  // dynamic RoPE scaling (DecodeOnDeviceSupported), and for a QKV-bias model (its bias is
+  // added through a column of ones) past the rows ReserveDecodeRows made.
   absl::StatusOr<runtime::Tensor> DecodeStep(const DeviceDecode& inputs);
   static bool DecodeOnDeviceSupported(const Llama& model);
+  // Makes what DecodeStep needs for up to `rows` sequences before any capture (a QKV-bias
+  // model's column of ones, at a fixed address); nothing for other models.
+  absl::Status ReserveDecodeRows(int64_t rows);
 
  private:
   Generator(Llama* model, KvCache cache) : model_(model), cache_(std::move(cache)) {}
@@ -93,6 +97,7 @@ class Generator {
 
   Llama* model_;
   KvCache cache_;
+  runtime::Tensor ones_;  // [rows, 1] in the compute dtype: DecodeStep's bias broadcast (ReserveDecodeRows)
 };
 
 }  // namespace tessera::model

@@ -210,6 +210,7 @@ absl::Status RolloutEngine::MakeCache(const std::vector<GenerationRequest>& requ
     }
   }
   TESSERA_ASSIGN_OR_RETURN(gen_, model::Generator::Create(model_, blocks + scratch, bs));
+  if (scratch > 0) TESSERA_RETURN_IF_ERROR(gen_->ReserveDecodeRows(pad_rows));  // before any capture
   cache_blocks_ = blocks;
   scratch_block_ = scratch > 0 ? blocks : -1;
   free_blocks_.clear();

@@ -89,7 +89,7 @@ struct RolloutOptions {
   double gpu_memory_utilization = 0;
   bool sample_on_host = false;  // a GPU model's logits sampled on the host all the same (tests)
   bool prefix_sharing = true;   // the samples of a request admitted together share its prompt (above)
-  // GPU, no TP, no parameter hooks, no QKV bias: each decode step is a CUDA graph (one per
+  // GPU, no TP, no parameter hooks: each decode step is a CUDA graph (one per
   // padded batch size and table width, captured at its second use) — the step's inputs
   // are three uploads, its tokens two downloads, and no per-op launch cost remains.
   bool cuda_graphs = true;
