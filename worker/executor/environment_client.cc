@@ -30,6 +30,19 @@ absl::Status EnvironmentClient::Failure(const char* rpc, const grpc::Status& st)
   return absl::UnavailableError(absl::StrCat("rl.environment ", rl_.environment(), ": ", rpc, " failed (", why, ")"));
 }
 
+void EnvironmentClient::SetDeadline(grpc::ClientContext& ctx) const {
+  ctx.set_deadline(std::chrono::system_clock::now() +
+                   std::chrono::milliseconds(static_cast<int64_t>(rl_.environment_timeout_s() * 1000)));
+}
+
+absl::Status EnvironmentClient::Shared(std::chrono::steady_clock::time_point t0, bool ok, std::string* bytes) {
+  TESSERA_RETURN_IF_ERROR(ShareWithTp(&ok, bytes));
+  seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (ok) return absl::OkStatus();
+  if (stub_ == nullptr) return absl::AbortedError(absl::StrCat("TP rank 0's environment call failed: ", *bytes));
+  return absl::UnavailableError(*bytes);
+}
+
 absl::Status EnvironmentClient::ShareWithTp(bool* ok, std::string* bytes) {
   if (tp_ == nullptr || tp_->size() == 1) return absl::OkStatus();
   int32_t head[2] = {*ok ? 1 : 0, static_cast<int32_t>(bytes->size())};
@@ -59,8 +72,7 @@ absl::StatusOr<std::vector<EnvironmentClient::Observation>> EnvironmentClient::S
     req.set_job(job_), req.set_step(step), req.set_dp_rank(dp_rank);
     for (const v1::EnvToolCall& c : calls) *req.add_calls() = c;
     grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() +
-                     std::chrono::milliseconds(static_cast<int64_t>(rl_.environment_timeout_s() * 1000)));
+    SetDeadline(ctx);
     v1::EnvStepResponse resp;
     const grpc::Status st = stub_->Step(&ctx, req, &resp);
     if (!st.ok()) {
@@ -73,12 +85,7 @@ absl::StatusOr<std::vector<EnvironmentClient::Observation>> EnvironmentClient::S
       resp.SerializeToString(&bytes);
     }
   }
-  TESSERA_RETURN_IF_ERROR(ShareWithTp(&ok, &bytes));
-  seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (!ok) {
-    if (stub_ == nullptr) return absl::AbortedError(absl::StrCat("TP rank 0's environment call failed: ", bytes));
-    return absl::UnavailableError(bytes);
-  }
+  TESSERA_RETURN_IF_ERROR(Shared(t0, ok, &bytes));
   v1::EnvStepResponse resp;
   if (!resp.ParseFromString(bytes)) return absl::DataLossError("rl.environment: TP rank 0's observations did not parse");
   std::vector<Observation> out(calls.size());
@@ -99,18 +106,12 @@ absl::Status EnvironmentClient::End(int64_t step, int dp_rank, const std::vector
     req.set_job(job_), req.set_step(step), req.set_dp_rank(dp_rank);
     for (const std::string& s : sessions) req.add_sessions(s);
     grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() +
-                     std::chrono::milliseconds(static_cast<int64_t>(rl_.environment_timeout_s() * 1000)));
+    SetDeadline(ctx);
     v1::EnvEndResponse resp;
     const grpc::Status st = stub_->End(&ctx, req, &resp);
     if (!st.ok()) ok = false, bytes = std::string(Failure("End", st).message());
   }
-  TESSERA_RETURN_IF_ERROR(ShareWithTp(&ok, &bytes));
-  seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (!ok) {
-    if (stub_ == nullptr) return absl::AbortedError(absl::StrCat("TP rank 0's environment call failed: ", bytes));
-    return absl::UnavailableError(bytes);
-  }
+  TESSERA_RETURN_IF_ERROR(Shared(t0, ok, &bytes));
   return absl::OkStatus();
 }
 

@@ -7,6 +7,7 @@
 // Threading: one caller at a time (the executor's call).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -43,6 +44,10 @@ class EnvironmentClient {
  private:
   // TP rank 0's `bytes` (an answer when *ok, else the error) on every TP rank.
   absl::Status ShareWithTp(bool* ok, std::string* bytes);
+  // A call's outcome on every TP rank (ShareWithTp) and its time counted since `t0`: OK, or
+  // the error — UNAVAILABLE on TP rank 0, ABORTED on its peers.
+  absl::Status Shared(std::chrono::steady_clock::time_point t0, bool ok, std::string* bytes);
+  void SetDeadline(grpc::ClientContext& ctx) const;  // rl.environment_timeout_s from now
   absl::Status Failure(const char* rpc, const grpc::Status& st) const;
 
   v1::RlSpec rl_;

@@ -70,10 +70,9 @@ absl::Status Generator::CopySlots(const std::vector<int32_t>& from, const std::v
   const int64_t n = static_cast<int64_t>(from.size()), slots = cache_.blocks * cache_.block_size;
   if (to.size() != from.size()) return absl::InvalidArgumentError("kv cache: CopySlots needs as many targets as sources");
   if (n == 0) return absl::OkStatus();
-  for (const std::vector<int32_t>* v : {&from, &to})
-    for (int32_t x : *v)
-      if (x < 0 || x >= slots) return absl::InvalidArgumentError(absl::StrCat("kv cache: slot ", x, " outside [0, ", slots, ")"));
-  TESSERA_RETURN_IF_ERROR(Backend::CheckCacheSlots(cache_.k[0], to.data(), n));  // distinct targets
+  for (int32_t x : from)
+    if (x < 0 || x >= slots) return absl::InvalidArgumentError(absl::StrCat("kv cache: slot ", x, " outside [0, ", slots, ")"));
+  TESSERA_RETURN_IF_ERROR(Backend::CheckCacheSlots(cache_.k[0], to.data(), n));  // in range and distinct
   Backend& be = model_->backend();
   TESSERA_ASSIGN_OR_RETURN(Tensor src, be.Empty({n}, DType::kI32));
   TESSERA_ASSIGN_OR_RETURN(Tensor dst, be.Empty({n}, DType::kI32));
@@ -141,14 +140,7 @@ absl::Status Generator::ReserveDecodeRows(int64_t rows) {
   Llama& m = *model_;
   if (!m.config_.qkv_bias || (ones_.defined() && ones_.dim(0) >= rows)) return absl::OkStatus();
   if (rows < 1) return absl::InvalidArgumentError(absl::StrCat("decode rows ", rows));
-  TESSERA_ASSIGN_OR_RETURN(ones_, New(*m.backend_, {rows, 1}, m.act_));
-  if (m.act_ == DType::kBF16) {
-    const std::vector<uint16_t> one(static_cast<size_t>(rows), tessera::FloatToBf16(1.f));
-    TESSERA_RETURN_IF_ERROR(m.backend_->CopyFromHost(one.data(), ones_));
-  } else {
-    const std::vector<float> one(static_cast<size_t>(rows), 1.f);
-    TESSERA_RETURN_IF_ERROR(m.backend_->CopyFromHost(one.data(), ones_));
-  }
+  TESSERA_ASSIGN_OR_RETURN(ones_, internal::Ones(*m.backend_, rows, m.act_));
   return m.backend_->Synchronize();
 }
 

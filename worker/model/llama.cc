@@ -419,14 +419,7 @@ absl::StatusOr<Llama::Inputs> Llama::Upload(const TokenBatch& batch) {
     std::copy(half.begin(), half.end(), in.cu_half.data_as<int32_t>());
   }
   if (config_.qkv_bias) {
-    TESSERA_ASSIGN_OR_RETURN(in.ones, New(b, {t, 1}, act_));
-    if (act_ == DType::kF32) {
-      const std::vector<float> ones(t, 1.f);
-      TESSERA_RETURN_IF_ERROR(b.CopyFromHost(ones.data(), in.ones));
-    } else {
-      const std::vector<uint16_t> ones(t, tessera::FloatToBf16(1.f));
-      TESSERA_RETURN_IF_ERROR(b.CopyFromHost(ones.data(), in.ones));
-    }
+    TESSERA_ASSIGN_OR_RETURN(in.ones, internal::Ones(b, t, act_));
   }
   return in;
 }

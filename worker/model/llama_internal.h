@@ -4,8 +4,11 @@
 // over a KV cache: Generator). Not part of the model's interface.
 #pragma once
 
+#include <cstdint>
 #include <vector>
 
+#include "common/dtype.h"
+#include "common/status.h"
 #include "worker/model/generator.h"
 #include "worker/model/llama.h"
 
@@ -15,6 +18,18 @@ namespace internal {
 inline absl::StatusOr<runtime::Tensor> New(runtime::Backend& b, std::vector<int64_t> shape,
                                            tessera::DType t = tessera::DType::kF32) {
   return b.Empty(std::move(shape), t);
+}
+// A column of ones [rows, 1] in `t` (f32 or bf16): the QKV bias's broadcast over rows.
+inline absl::StatusOr<runtime::Tensor> Ones(runtime::Backend& b, int64_t rows, tessera::DType t) {
+  TESSERA_ASSIGN_OR_RETURN(runtime::Tensor ones, New(b, {rows, 1}, t));
+  if (t == tessera::DType::kF32) {
+    const std::vector<float> v(static_cast<size_t>(rows), 1.f);
+    TESSERA_RETURN_IF_ERROR(b.CopyFromHost(v.data(), ones));
+  } else {
+    const std::vector<uint16_t> v(static_cast<size_t>(rows), tessera::FloatToBf16(1.f));
+    TESSERA_RETURN_IF_ERROR(b.CopyFromHost(v.data(), ones));
+  }
+  return ones;
 }
 // y [T, out] = x [T, in] W^T, W [out, in].
 inline absl::Status Linear(runtime::Backend& b, const runtime::Tensor& x, const runtime::Tensor& w, runtime::Tensor& y) {
