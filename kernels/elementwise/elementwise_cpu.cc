@@ -12,4 +12,9 @@ absl::Status AxpbyCpu(float alpha, const void* x, DType tx, float beta, void* y,
   return absl::OkStatus();
 }
 
+absl::Status SelectCpu(const int32_t* src, const int32_t* from, const int32_t* values, int32_t* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = src[i] >= 0 ? from[src[i]] : values[i];
+  return absl::OkStatus();
+}
+
 }  // namespace tessera::kernels

@@ -17,7 +17,18 @@ absl::Status Launch(float alpha, const Tx* x, float beta, void* y, DType ty, int
   else Axpby<<<GridFor(n, 256), 256, 0, s>>>(alpha, x, beta, static_cast<__nv_bfloat16*>(y), n);
   return LaunchStatus("axpby");
 }
+__global__ void Select(const int32_t* src, const int32_t* from, const int32_t* values, int32_t* out, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = src[i] >= 0 ? from[src[i]] : values[i];
+}
 }  // namespace
+
+absl::Status SelectCuda(const int32_t* src, const int32_t* from, const int32_t* values, int32_t* out, int64_t n,
+                        void* stream) {
+  if (n == 0) return absl::OkStatus();
+  Select<<<GridFor(n, 256), 256, 0, static_cast<cudaStream_t>(stream)>>>(src, from, values, out, n);
+  return LaunchStatus("select");
+}
 
 absl::Status AxpbyCuda(float alpha, const void* x, DType tx, float beta, void* y, DType ty, int64_t n, void* stream) {
   if (n == 0) return absl::OkStatus();

@@ -56,8 +56,9 @@ struct Plan {
 using Key = std::tuple<int, int64_t, int64_t, int64_t, bool, bool, int, int, size_t>;
 constexpr size_t kMaxPlans = 1024;
 constexpr int kCandidates = 8;
-// Worth timing: ~1 GFLOP and up (a 1B model's projections are 10-100x that).
-constexpr double kTuneMinFlops = 1e9;
+// Worth timing: ~1 GFLOP and up (a 1B model's projections are 10-100x that), or, for the
+// few rows of a decode step (memory-bound), a pass over 1 MiB of operands and up.
+constexpr double kTuneMinFlops = 1e9, kTuneMinBytes = 1 << 20;
 
 std::mutex g_mu;
 std::map<Key, std::unique_ptr<Plan>>& Plans() {
@@ -145,7 +146,8 @@ absl::Status GemmCuda(const void* a, bool ta, const void* b, bool tb, void* c, i
     auto it = Plans().find(key);
     if (it != Plans().end()) kept = &it->second->d, algo = it->second->algo, tuned = it->second->tuned;
   }
-  const bool tune = GemmTuning() && 2.0 * double(m) * double(n) * double(k) >= kTuneMinFlops;
+  const double bytes = double(m * k + k * n + m * n) * (t == DType::kF32 ? 4.0 : 2.0);
+  const bool tune = GemmTuning() && (2.0 * double(m) * double(n) * double(k) >= kTuneMinFlops || bytes >= kTuneMinBytes);
   if (kept != nullptr && (tuned || !tune))
     return Lt(api->Matmul(lt, kept->op, &alpha, b, kept->a, a, kept->b, &beta, c_read, kept->c, c, kept->c, &algo,
                           workspace, workspace_bytes, st),

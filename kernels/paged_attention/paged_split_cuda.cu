@@ -9,6 +9,7 @@
 #include <algorithm>
 
 #include "kernels/common/cuda_elem.cuh"
+#include "kernels/common/pdl.cuh"
 #include "kernels/common/tensor_core.cuh"
 #include "kernels/paged_attention/paged_attention.h"
 #include "kernels/paged_attention/paged_split.h"
@@ -43,6 +44,8 @@ __global__ void __launch_bounds__(kThreads) SplitKernel(Params p) {
   auto sV = [&](int st) { return tc::SwizzledTile<D>{sQ.base + kRows * D + (2 * st + 1) * kTile * D}; };
   // One cp.async group per tile slot (empty past the end), so "tile j landed" is always
   // "at most kStages - 1 newer groups pending".
+  GridDependencyWait();  // a programmatic dependent of the kernel that wrote q and the cache
+  GridDependentsLaunch();
   const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z, group = p.hq / p.hkv;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4, mi = lane / 8, mr = lane % 8;
   const int len = p.lens[b], c0 = split * p.chunk, c1 = min(len, c0 + p.chunk);
@@ -176,6 +179,8 @@ __global__ void __launch_bounds__(kThreads) SplitKernel(Params p) {
 
 // out = sum_s e^(m_s - M) O_s / sum_s e^(m_s - M) l_s; one warp per (sequence, head).
 __global__ void Merge(const float* part_o, const float* part_ml, int64_t rows, int splits, int dim, bf16* out, float* lse) {
+  GridDependencyWait();
+  GridDependentsLaunch();
   const int64_t row = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
   if (row >= rows) return;
   const int lane = threadIdx.x & 31;
@@ -222,10 +227,13 @@ absl::Status Run(const Params& base, const PagedDims& d, int sms, cudaStream_t s
     p.part_ml = part + rows * splits * D;
   }
   auto launch = [&]() -> absl::Status {
-    SplitKernel<D><<<dim3(splits, static_cast<unsigned>(d.kv_heads), static_cast<unsigned>(d.batch)), kThreads, kSmem, s>>>(p);
-    if (auto st = LaunchStatus("paged_attention(split)"); !st.ok() || splits == 1) return st;
-    Merge<<<static_cast<unsigned>((rows * 32 + 255) / 256), 256, 0, s>>>(p.part_o, p.part_ml, rows, splits, D, p.out, p.lse);
-    return LaunchStatus("paged_attention(merge)");
+    const dim3 grid(splits, static_cast<unsigned>(d.kv_heads), static_cast<unsigned>(d.batch));
+    if (auto st = Launched(LaunchDependent(SplitKernel<D>, grid, dim3(kThreads), kSmem, s, p), "paged_attention(split)");
+        !st.ok() || splits == 1)
+      return st;
+    return Launched(LaunchDependent(Merge, dim3(static_cast<unsigned>((rows * 32 + 255) / 256)), dim3(256), 0, s, p.part_o,
+                                    p.part_ml, rows, splits, D, p.out, p.lse),
+                    "paged_attention(merge)");
   };
   const absl::Status st = launch();
   if (part != nullptr) cudaFreeAsync(part, s);

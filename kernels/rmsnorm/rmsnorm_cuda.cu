@@ -316,7 +316,11 @@ absl::Status RmsNormForwardCuda(const void* x, const void* w, void* y, float* rs
                                 DType t, void* stream) {
   if (rows == 0) return absl::OkStatus();
   auto s = static_cast<cudaStream_t>(stream);
-  if (t == DType::kBF16 && cols % 256 == 0 && cols <= 32 * 8 * kWarpVec && Aligned16(x) && Aligned16(w) && Aligned16(y)) {
+  // A warp per row where there are rows to fill the GPU with blocks of 8; fewer rows (a
+  // decode step's) take a block each.
+  const bool many_rows = rows >= int64_t(kThreads / 32) * SmCount();
+  if (many_rows && t == DType::kBF16 && cols % 256 == 0 && cols <= 32 * 8 * kWarpVec && Aligned16(x) && Aligned16(w) &&
+      Aligned16(y)) {
     const unsigned blocks = static_cast<unsigned>((rows + kThreads / 32 - 1) / (kThreads / 32));
     auto xv = static_cast<const uint4*>(x);
     auto wv = static_cast<const uint4*>(w);

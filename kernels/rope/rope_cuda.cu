@@ -2,27 +2,13 @@
 // rad at long context, so it is range-reduced in double before sin/cos run in f32.
 #include "kernels/common/cuda_elem.cuh"
 #include "kernels/rope/rope.h"
+#include "kernels/rope/rope_angle.cuh"
 
 #include <cmath>
 #include <cstdint>
 
 namespace tessera::kernels {
 namespace {
-constexpr int kMaxHalf = kRopeMaxHeadDim / 2;
-struct InvFreq {  // the host's table of frequencies (rope.h), passed by value
-  float v[kMaxHalf];
-  float scale;
-};
-
-// sin and cos of the f32 angle f32(p) * inv, reduced to [-pi, pi] in double, times scale.
-__device__ __forceinline__ void SinCos(int32_t p, float inv, float scale, float sign, float* s, float* c) {
-  constexpr double kTwoPi = 6.283185307179586476925286766559;
-  const double ang = __fmul_rn(static_cast<float>(p), inv);
-  sincosf(static_cast<float>(ang - kTwoPi * rint(ang / kTwoPi)), s, c);
-  *s *= sign * scale;
-  *c *= scale;
-}
-
 // One thread per (token, frequency): sin/cos once, reused for every head.
 template <typename T>
 __global__ void Rope(const T* x, const int32_t* pos, T* y, int64_t tokens, int64_t heads, int64_t dim, InvFreq inv,

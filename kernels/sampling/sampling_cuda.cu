@@ -1,4 +1,9 @@
-// Sampling on CUDA: one block per row. Thresholds for top-k and top-p are found by
+// Sampling on CUDA. Rows without top-k or top-p (greedy, or temperature alone: what RL
+// rollouts draw) split the vocabulary over several blocks: each reduces its segment to
+// (max, argmax, sum of exp((z - max) / T)), then one block per row combines them, picks
+// the segment the draw lands in by the segments' masses and scans only that segment —
+// one read of the logits, spread over the GPU. Rows with top-k or top-p run one block
+// per row (in the combining kernel): thresholds for top-k and top-p are found by
 // bisection over the bit patterns of positive floats (31 block reductions each), so no
 // sort of the vocabulary is needed; the draw is an inverse CDF in token-id order over
 // per-thread contiguous chunks. Same semantics as the CPU reference (sampling.h); the
@@ -6,6 +11,8 @@
 // boundary can differ between the two.
 #include "kernels/common/cuda_elem.cuh"
 #include "kernels/sampling/sampling.h"
+
+#include <algorithm>
 
 namespace tessera::kernels {
 namespace {
@@ -29,8 +36,53 @@ __device__ float Bisect(float goal, F measure) {
   return __uint_as_float(lo);
 }
 
+// The inverse CDF over [b, e) in token-id order, as one block: `weight(j, &w)` says whether
+// token j is kept and its weight w; each thread sums a contiguous chunk, a prefix over the
+// threads places the chunks, and the token where the running sum passes `target(total)`
+// (the point drawn, given the kept total) is returned to every thread — or, where
+// rounding runs past the end, the last kept token.
+template <typename Weight, typename Target>
+__device__ int64_t InverseCdf(int64_t b0, int64_t e0, Weight weight, Target target_of) {
+  const int64_t chunk = (e0 - b0 + kThreads - 1) / kThreads;
+  const int64_t b = b0 + threadIdx.x * chunk, e = min(e0, b + chunk);
+  float mine = 0;
+  int64_t last = -1;
+  for (int64_t j = b; j < e; ++j) {
+    float w;
+    if (weight(j, &w)) mine += w, last = j;
+  }
+  __shared__ float prefix[kThreads + 1];
+  __shared__ int64_t lastk[kThreads];
+  __shared__ int64_t pick;
+  prefix[threadIdx.x + 1] = mine;
+  lastk[threadIdx.x] = last;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    prefix[0] = 0;
+    for (int t = 1; t <= kThreads; ++t) prefix[t] += prefix[t - 1];
+    pick = -1;
+    for (int t = kThreads - 1; t >= 0; --t)
+      if (lastk[t] >= 0) { pick = lastk[t]; break; }
+  }
+  __syncthreads();
+  const float target = target_of(prefix[kThreads]);
+  if (target >= prefix[threadIdx.x] && target < prefix[threadIdx.x + 1]) {
+    float cum = prefix[threadIdx.x];
+    for (int64_t j = b; j < e; ++j) {
+      float w;
+      if (!weight(j, &w)) continue;
+      cum += w;
+      if (cum > target) { pick = j; break; }
+    }
+  }
+  __syncthreads();
+  const int64_t got = pick;
+  __syncthreads();  // `pick` may be reused by the next call
+  return got;
+}
+
 template <typename T>
-__global__ void Sample(const T* logits, int64_t v, SampleArgs a, int32_t* token, float* logprob) {
+__device__ void Sample(const T* logits, int64_t v, SampleArgs a, int32_t* token, float* logprob) {
   const int64_t row = blockIdx.x;
   const T* z = logits + row * v;
   const float temp = a.temperature[row];
@@ -90,45 +142,123 @@ __global__ void Sample(const T* logits, int64_t v, SampleArgs a, int32_t* token,
     float t2 = Bisect(top_p * kept, mass_ge);
     thr = fmaxf(thr, t2);
   }
-  // Inverse CDF over kept tokens in id order: contiguous chunks per thread.
-  const int64_t chunk = (v + kThreads - 1) / kThreads;
-  const int64_t b = threadIdx.x * chunk, e = min(v, b + chunk);
-  float mine = 0;
-  int64_t last = -1;
-  for (int64_t j = b; j < e; ++j) {
-    float p = Prob(z, j, m, inv_t, inv_sum);
-    if (p >= thr) mine += p, last = j;
-  }
-  __shared__ float prefix[kThreads + 1];
-  __shared__ int64_t lastk[kThreads];
-  prefix[threadIdx.x + 1] = mine;
-  lastk[threadIdx.x] = last;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    prefix[0] = 0;
-    for (int t = 1; t <= kThreads; ++t) prefix[t] += prefix[t - 1];
-  }
-  __syncthreads();
-  const float target = static_cast<float>(SampleUniform(a.seed[row], a.offset[row])) * prefix[kThreads];
-  __shared__ int64_t pick;
-  if (threadIdx.x == 0) {
-    pick = -1;
-    for (int t = kThreads - 1; t >= 0; --t) if (lastk[t] >= 0) { pick = lastk[t]; break; }  // fallback: last kept
-  }
-  __syncthreads();
-  if (target >= prefix[threadIdx.x] && target < prefix[threadIdx.x + 1]) {
-    float cum = prefix[threadIdx.x];
-    for (int64_t j = b; j < e; ++j) {
-      float p = Prob(z, j, m, inv_t, inv_sum);
-      if (p < thr) continue;
-      cum += p;
-      if (cum > target) { pick = j; break; }
-    }
-  }
-  __syncthreads();
+  // Inverse CDF over the kept tokens in id order.
+  const float u = static_cast<float>(SampleUniform(a.seed[row], a.offset[row]));
+  const int64_t pick = InverseCdf(
+      0, v,
+      [&](int64_t j, float* w) {
+        *w = Prob(z, j, m, inv_t, inv_sum);
+        return *w >= thr;
+      },
+      [&](float total) { return u * total; });
   if (threadIdx.x == 0) {
     token[row] = static_cast<int32_t>(pick);
     logprob[row] = logf(Prob(z, pick, m, inv_t, inv_sum));
+  }
+}
+
+// Segmented path. Partials per (row, segment): max, sum, argmax.
+struct Partial {
+  float max, sum;
+  int32_t arg, pad;
+};
+constexpr int kSegThreads = kThreads;
+
+__device__ __forceinline__ bool Plain(const SampleArgs& a, int64_t row, int64_t v) {
+  return a.temperature[row] <= 0 || ((a.top_k[row] <= 0 || a.top_k[row] >= v) && a.top_p[row] >= 1.f);
+}
+
+// The block's (max, lowest argmax) and then its sum of exp((z - max) * inv_t) over [b, e).
+template <typename T>
+__device__ Partial SegmentStats(const T* z, int64_t b, int64_t e, float inv_t) {
+  float best = -INFINITY;
+  int64_t arg = e;
+  for (int64_t j = b + threadIdx.x; j < e; j += kSegThreads) {
+    const float x = ToF(z[j]);
+    if (x > best) best = x, arg = j;
+  }
+  __shared__ float sv[kSegThreads / 32];
+  __shared__ int64_t si[kSegThreads / 32];
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+    const int64_t oi = __shfl_xor_sync(0xffffffffu, arg, o);
+    if (ov > best || (ov == best && oi < arg)) best = ov, arg = oi;
+  }
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane == 0) sv[warp] = best, si[warp] = arg;
+  __syncthreads();
+  best = sv[0], arg = si[0];
+  for (int w = 1; w < kSegThreads / 32; ++w)
+    if (sv[w] > best || (sv[w] == best && si[w] < arg)) best = sv[w], arg = si[w];
+  float part = 0.f;
+  if (best != -INFINITY)
+    for (int64_t j = b + threadIdx.x; j < e; j += kSegThreads) part += __expf((ToF(z[j]) - best) * inv_t);
+  const float sum = BlockReduce<kSegThreads>(part, SumOp());
+  return Partial{best, sum, static_cast<int32_t>(arg), 0};
+}
+
+template <typename T>
+__global__ void SegmentKernel(const T* logits, int64_t v, int64_t seg_len, SampleArgs a, Partial* parts) {
+  const int64_t row = blockIdx.y, seg = blockIdx.x;
+  if (!Plain(a, row, v)) return;  // the row runs the one-block path
+  const float temp = a.temperature[row], inv_t = temp > 0 ? 1.f / temp : 1.f;
+  const int64_t b = seg * seg_len, e = min(v, b + seg_len);
+  const Partial p = SegmentStats(logits + row * v, b, e, inv_t);
+  if (threadIdx.x == 0) parts[row * gridDim.x + seg] = p;
+}
+
+template <typename T>
+__global__ void CombineKernel(const T* logits, int64_t v, int64_t seg_len, int segs, SampleArgs a, const Partial* parts,
+                              int32_t* token, float* logprob) {
+  const int64_t row = blockIdx.x;
+  if (!Plain(a, row, v)) return Sample<T>(logits, v, a, token, logprob);  // top-k / top-p: the one-block path
+  const T* z = logits + row * v;
+  const Partial* pr = parts + row * segs;
+  const float temp = a.temperature[row], inv_t = temp > 0 ? 1.f / temp : 1.f;
+  __shared__ float m_s, total_s, target_s;
+  __shared__ int seg_s;
+  __shared__ int64_t amax_s;
+  if (threadIdx.x == 0) {  // a few dozen segments: serially, in order
+    float m = -INFINITY;
+    int64_t amax = v;
+    for (int s = 0; s < segs; ++s)
+      if (pr[s].max > m || (pr[s].max == m && pr[s].arg < amax)) m = pr[s].max, amax = pr[s].arg;
+    float total = 0.f;
+    for (int s = 0; s < segs; ++s)
+      if (pr[s].max != -INFINITY) total += pr[s].sum * __expf((pr[s].max - m) * inv_t);
+    m_s = m, total_s = total, amax_s = amax;
+    if (temp > 0) {  // the segment the draw lands in
+      const float target = static_cast<float>(SampleUniform(a.seed[row], a.offset[row])) * total;
+      float cum = 0.f;
+      int pick = segs - 1;
+      for (int s = 0; s < segs; ++s) {
+        const float mass = pr[s].max == -INFINITY ? 0.f : pr[s].sum * __expf((pr[s].max - m) * inv_t);
+        if (cum + mass > target && mass > 0.f) { pick = s; break; }
+        cum += mass;
+      }
+      while (pick > 0 && pr[pick].max == -INFINITY) --pick;  // rounding past the end: the last segment with mass
+      seg_s = pick, target_s = target - cum;
+    }
+  }
+  __syncthreads();
+  const float m = m_s, inv_sum = 1.f / total_s;
+  if (temp <= 0) {
+    if (threadIdx.x == 0) token[row] = static_cast<int32_t>(amax_s), logprob[row] = logf(inv_sum);
+    return;
+  }
+  // Inverse CDF inside the segment, in units of exp((z - m) / T).
+  const int64_t b = int64_t(seg_s) * seg_len, e = min(v, b + seg_len);
+  const float target = target_s;
+  const int64_t pick = InverseCdf(
+      b, e,
+      [&](int64_t j, float* w) {
+        *w = __expf((ToF(z[j]) - m) * inv_t);
+        return true;
+      },
+      [&](float) { return target; });
+  if (threadIdx.x == 0) {
+    token[row] = static_cast<int32_t>(pick);
+    logprob[row] = logf(__expf((ToF(z[pick]) - m) * inv_t) * inv_sum);
   }
 }
 }  // namespace
@@ -137,8 +267,23 @@ absl::Status SampleCuda(const void* logits, int64_t n, int64_t v, DType t, const
                         float* logprob, void* stream) {
   if (n == 0) return absl::OkStatus();
   auto s = static_cast<cudaStream_t>(stream);
-  if (t == DType::kF32) Sample<<<n, kThreads, 0, s>>>(static_cast<const float*>(logits), v, a, token, logprob);
-  else Sample<<<n, kThreads, 0, s>>>(static_cast<const __nv_bfloat16*>(logits), v, a, token, logprob);
-  return LaunchStatus("sample");
+  // Segments of at least 2048 tokens, enough of them for about two blocks per multiprocessor.
+  const int64_t want = std::max<int64_t>(1, (2 * SmCount() + n - 1) / n);
+  const int64_t segs = std::max<int64_t>(1, std::min<int64_t>({want, (v + 2047) / 2048, 256}));
+  const int64_t seg_len = (v + segs - 1) / segs;
+  if (n > 65535) return absl::InvalidArgumentError("sample: more than 65535 rows");
+  Partial* parts = nullptr;
+  if (cudaMallocAsync(&parts, n * segs * sizeof(Partial), s) != cudaSuccess) return LaunchStatus("sample(alloc)");
+  auto run = [&](auto tag) -> absl::Status {
+    using T = decltype(tag);
+    const T* z = static_cast<const T*>(logits);
+    SegmentKernel<T><<<dim3(unsigned(segs), unsigned(n)), kSegThreads, 0, s>>>(z, v, seg_len, a, parts);
+    if (auto st = LaunchStatus("sample(segments)"); !st.ok()) return st;
+    CombineKernel<T><<<unsigned(n), kSegThreads, 0, s>>>(z, v, seg_len, int(segs), a, parts, token, logprob);
+    return LaunchStatus("sample(combine)");
+  };
+  const absl::Status st = t == DType::kF32 ? run(float()) : run(__nv_bfloat16());
+  cudaFreeAsync(parts, s);
+  return st;
 }
 }  // namespace tessera::kernels

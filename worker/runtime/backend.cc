@@ -477,6 +477,142 @@ absl::Status Backend::KvCacheWrite(const Tensor& k, const Tensor& v, const Tenso
   return DoKvCacheWrite(k, v, slots, kc, vc);
 }
 
+namespace {
+class HostEvent final : public Backend::Event {
+ public:
+  absl::Status Record() override { return absl::OkStatus(); }
+  absl::Status Wait() override { return absl::OkStatus(); }
+};
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Backend::Event>> Backend::NewEvent() { return std::unique_ptr<Event>(new HostEvent()); }
+
+absl::Status Backend::Select(const Tensor& src, const Tensor& from, const Tensor& values, Tensor& out) {
+  const char* op = "select";
+  TRY(CheckTensors(op, device(), {{"from", &from}, {"values", &values}, {"out", &out}}));
+  TRY(CheckIndexTensor(op, device(), "src", src));
+  const int64_t n = out.numel();
+  TRY(Vec(op, "src", src, n, DType::kI32));
+  TRY(Vec(op, "values", values, n, DType::kI32));
+  TRY(Vec(op, "out", out, n, DType::kI32));
+  if (from.rank() != 1 || from.dtype() != DType::kI32) return Bad(op, absl::StrCat("from must be i32 [m], got ", from.ShapeString()));
+  if (src.device().kind == DeviceKind::kCpu || !trust_device_indices_) {
+    TESSERA_ASSIGN_OR_RETURN(const std::vector<int32_t> hs, ReadIndices(*this, src));
+    for (int64_t i = 0; i < n; ++i)
+      if (hs[i] < -1 || hs[i] >= from.numel())
+        return Bad(op, absl::StrCat("src[", i, "] = ", hs[i], " is neither -1 nor an index of from [", from.numel(), "]"));
+  }
+  return DoSelect(src, from, values, out);
+}
+
+absl::Status Backend::DecodeLinear(const Tensor& x, const Tensor* norm, float eps, absl::Span<const LinearPart> parts,
+                                   const Tensor* residual, bool swiglu) {
+  const char* op = "decode_linear";
+  TRY(CheckTensors(op, device(), {{"x", &x}}));
+  if (x.rank() != 2 || !Float(x.dtype())) return Bad(op, absl::StrCat("x must be f32 or bf16 [rows, k], got ", x.ShapeString()));
+  const int64_t m = x.dim(0), k = x.dim(1);
+  if (!DecodeLinearSupported(m, k, x.dtype()))
+    return Bad(op, absl::StrCat("x ", x.ShapeString(), " ", DTypeName(x.dtype()), " is not a size this backend's decode linear takes"));
+  if (parts.empty() || parts.size() > 3) return Bad(op, absl::StrCat(parts.size(), " weights; 1 to 3 expected"));
+  if (swiglu && parts.size() != 2) return Bad(op, "swiglu takes two weights (gate, up)");
+  if (residual != nullptr && parts.size() != 1) return Bad(op, "a residual takes one weight");
+  kernels::DecodeLinearArgs a;
+  a.x = x.data(), a.m = m, a.k = k, a.eps = eps, a.swiglu = swiglu, a.num_parts = static_cast<int>(parts.size());
+  if (norm != nullptr) {
+    TRY(CheckTensors(op, device(), {{"norm", norm}}));
+    TRY(SameDType(op, "norm", *norm, "x", x));
+    if (norm->rank() != 1 || norm->dim(0) != k) return Bad(op, absl::StrCat("norm ", norm->ShapeString(), " must be [", k, "]"));
+    if (!(eps > 0)) return Bad(op, absl::StrCat("eps must be > 0, got ", eps));
+    a.norm = norm->data();
+  }
+  for (size_t j = 0; j < parts.size(); ++j) {
+    const LinearPart& p = parts[j];
+    const std::string w = absl::StrCat("weights[", j, "]"), b = absl::StrCat("biases[", j, "]"), y = absl::StrCat("outputs[", j, "]");
+    if (p.w == nullptr) return Bad(op, absl::StrCat(w, " is missing"));
+    TRY(CheckTensors(op, device(), {{w.c_str(), p.w}}));
+    TRY(SameDType(op, w.c_str(), *p.w, "x", x));
+    if (p.w->rank() != 2 || p.w->dim(1) != k) return Bad(op, absl::StrCat(w, " ", p.w->ShapeString(), " must be [n, ", k, "]"));
+    const int64_t n = p.w->dim(0);
+    if (swiglu && n != parts[0].w->dim(0)) return Bad(op, "swiglu's gate and up weights must have one shape");
+    if (p.bias != nullptr) {
+      TRY(CheckTensors(op, device(), {{b.c_str(), p.bias}}));
+      TRY(SameDType(op, b.c_str(), *p.bias, "x", x));
+      if (p.bias->rank() != 1 || p.bias->dim(0) != n) return Bad(op, absl::StrCat(b, " ", p.bias->ShapeString(), " must be [", n, "]"));
+    }
+    const bool needs_y = !(swiglu && j == 1);
+    if (needs_y) {
+      if (p.y == nullptr) return Bad(op, absl::StrCat(y, " is missing"));
+      TRY(CheckTensors(op, device(), {{y.c_str(), p.y}}));
+      TRY(SameDType(op, y.c_str(), *p.y, "x", x));
+      if (p.y->rank() != 2 || p.y->dim(0) != m || p.y->dim(1) != n)
+        return Bad(op, absl::StrCat(y, " ", p.y->ShapeString(), " must be [", m, ", ", n, "]"));
+    }
+    a.parts[j] = kernels::DecodeLinearPart{p.w->data(), p.bias != nullptr ? p.bias->data() : nullptr,
+                                           needs_y ? p.y->data() : nullptr, n};
+  }
+  if (residual != nullptr) {
+    TRY(CheckTensors(op, device(), {{"residual", residual}}));
+    TRY(SameShape(op, "residual", *residual, "outputs[0]", *parts[0].y));
+    TRY(SameDType(op, "residual", *residual, "x", x));
+    a.residual = residual->data();
+  }
+  return DoDecodeLinear(a, x.dtype());
+}
+
+absl::Status Backend::QkRopeCache(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& positions,
+                                  const Tensor& slots, const Tensor* q_norm, const Tensor* k_norm, float eps,
+                                  absl::Span<const float> inv_freq, float scale, Tensor& q_out, Tensor& kc, Tensor& vc,
+                                  Tensor* k_out) {
+  const char* op = "qk_rope_cache";
+  TRY(CheckTensors(op, device(), {{"q", &q}, {"k", &k}, {"v", &v}, {"positions", &positions}, {"q_out", &q_out},
+                                  {"k_cache", &kc}, {"v_cache", &vc}}));
+  TRY(CheckIndexTensor(op, device(), "slots", slots));
+  if (q.rank() != 3 || k.rank() != 3 || !Float(q.dtype()))
+    return Bad(op, absl::StrCat("q [tokens, heads, dim] and k [tokens, kv_heads, dim] must be f32/bf16, got ", q.ShapeString(),
+                                " and ", k.ShapeString()));
+  const int64_t t = q.dim(0), d = q.dim(2);
+  if (k.dim(0) != t || k.dim(2) != d) return Bad(op, absl::StrCat("k ", k.ShapeString(), " must be [", t, ", kv_heads, ", d, "]"));
+  TRY(SameShape(op, "v", v, "k", k));
+  TRY(SameShape(op, "q_out", q_out, "q", q));
+  for (auto [n, x] : {std::pair<const char*, const Tensor*>{"k", &k}, {"v", &v}, {"q_out", &q_out}, {"k_cache", &kc},
+                      {"v_cache", &vc}})
+    TRY(SameDType(op, n, *x, "q", q));
+  if (kc.rank() != 4 || kc.dim(2) != k.dim(1) || kc.dim(3) != d)
+    return Bad(op, absl::StrCat("k_cache must be [blocks, block_size, ", k.dim(1), ", ", d, "], got ", kc.ShapeString()));
+  TRY(SameShape(op, "v_cache", vc, "k_cache", kc));
+  if (d % 2 != 0 || d > kernels::kRopeMaxHeadDim || static_cast<int64_t>(inv_freq.size()) != d / 2)
+    return Bad(op, absl::StrCat("head dim ", d, " needs ", d / 2, " frequencies (got ", inv_freq.size(), ") and at most ",
+                                kernels::kRopeMaxHeadDim));
+  TRY(Vec(op, "positions", positions, t, DType::kI32));
+  TRY(Vec(op, "slots", slots, t, DType::kI32));
+  if ((q_norm == nullptr) != (k_norm == nullptr)) return Bad(op, "q_norm and k_norm go together");
+  kernels::QkRopeCacheArgs a;
+  if (q_norm != nullptr) {
+    TRY(CheckTensors(op, device(), {{"q_norm", q_norm}, {"k_norm", k_norm}}));
+    for (auto [n, x] : {std::pair<const char*, const Tensor*>{"q_norm", q_norm}, {"k_norm", k_norm}}) {
+      TRY(SameDType(op, n, *x, "q", q));
+      if (x->rank() != 1 || x->dim(0) != d) return Bad(op, absl::StrCat(n, " ", x->ShapeString(), " must be [", d, "]"));
+    }
+    if (!(eps > 0)) return Bad(op, absl::StrCat("eps must be > 0, got ", eps));
+    a.q_norm = q_norm->data(), a.k_norm = k_norm->data();
+  }
+  if (slots.device().kind == DeviceKind::kCpu || !trust_device_indices_) {
+    TESSERA_ASSIGN_OR_RETURN(const std::vector<int32_t> hs, ReadIndices(*this, slots));
+    TRY(CheckCacheSlots(kc, hs.data(), static_cast<int64_t>(hs.size())));
+  }
+  a.q = q.data(), a.k = k.data(), a.v = v.data(), a.pos = positions.data_as<int32_t>();
+  a.tokens = t, a.q_heads = q.dim(1), a.kv_heads = k.dim(1), a.head_dim = d, a.eps = eps;
+  a.inv_freq = inv_freq.data(), a.scale = scale;
+  a.q_out = q_out.data(), a.k_cache = kc.data(), a.v_cache = vc.data();
+  if (k_out != nullptr) {
+    TRY(CheckTensors(op, device(), {{"k_out", k_out}}));
+    TRY(SameShape(op, "k_out", *k_out, "k", k));
+    TRY(SameDType(op, "k_out", *k_out, "k", k));
+    a.k_out = k_out->data();
+  }
+  return DoQkRopeCache(a, q.dtype(), positions, slots);
+}
+
 absl::Status Backend::Sample(const Tensor& logits, const Tensor& temperature, const Tensor& top_k, const Tensor& top_p,
                              const Tensor& seed, const Tensor& offset, Tensor& token, Tensor& logprob) {
   const char* op = "sample";

@@ -19,6 +19,8 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "kernels/attention/attention.h"
+#include "kernels/decode/decode_linear.h"
+#include "kernels/decode/qk_rope_cache.h"
 #include "worker/runtime/tensor.h"
 
 namespace tessera::runtime {
@@ -74,6 +76,20 @@ class Backend {
   // Synchronize. CopyToHost returns with the bytes in place.
   virtual absl::Status CopyFromHost(const void* src, Tensor& dst) = 0;
   virtual absl::Status CopyToHost(const Tensor& src, void* dst) = 0;
+  // Backend -> page-locked host memory (AllocHostStaging) without waiting: the bytes are in
+  // place once the stream passes this point (an Event recorded after it). The CPU copies at
+  // once.
+  virtual absl::Status CopyToHostAsync(const Tensor& src, void* dst) { return CopyToHost(src, dst); }
+  // A point on the backend's stream that the host can wait for: Record() marks where the
+  // stream is now, Wait() returns once the stream has passed it (CUDA: an event; the CPU
+  // runs ops as they are called, so there is nothing to wait for). One thread at a time.
+  class Event {
+   public:
+    virtual ~Event() = default;
+    virtual absl::Status Record() = 0;
+    virtual absl::Status Wait() = 0;
+  };
+  virtual absl::StatusOr<std::unique_ptr<Event>> NewEvent();
   // `bytes` of host memory for staging copies to and from this backend: page-locked on
   // CUDA (copies from it run at the bus's speed and overlap the host's work), ordinary
   // memory on the CPU. Allocating it is slow: keep and reuse it.
@@ -199,6 +215,39 @@ class Backend {
   // device or the host, distinct); k_cache, v_cache [blocks, block_size, kv_heads, dim] of
   // k's dtype.
   absl::Status KvCacheWrite(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_cache, Tensor& v_cache);
+  // The linear layers of a decode step over few rows (kernels/decode/decode_linear.h), in
+  // one pass over the weights: for each part, y = op(x) @ w^T (+ bias) (+ residual), where
+  // op(x) = x, or RMSNorm(x; norm, eps) rounded to x's dtype when `norm` is given; with
+  // `swiglu` (two parts, gate and up, of one shape) parts[0].y = silu(x @ gate^T) * (x @ up^T)
+  // (parts[1].y unused). x [m, k]; w [n, k]; bias [n] or null; y and residual [m, n]
+  // (residual with one part only); all of x's dtype. Only for sizes DecodeLinearSupported
+  // takes (the same rows bound on every backend, so the CPU runs the GPU's path).
+  struct LinearPart {
+    const Tensor* w = nullptr;
+    const Tensor* bias = nullptr;
+    Tensor* y = nullptr;
+  };
+  absl::Status DecodeLinear(const Tensor& x, const Tensor* norm, float eps, absl::Span<const LinearPart> parts,
+                            const Tensor* residual, bool swiglu);
+  // CPU: f32 or bf16, rows <= kernels::kDecodeMaxRows. CUDA: kernels::DecodeLinearCudaSupported.
+  virtual bool DecodeLinearSupported(int64_t rows, int64_t k, DType t) const {
+    return (t == DType::kF32 || t == DType::kBF16) && rows >= 1 && rows <= kernels::kDecodeMaxRows;
+  }
+  // What follows the q/k/v projection of a generation step, in one pass
+  // (kernels/decode/qk_rope_cache.h): each q and k head RMS-normalized by q_norm / k_norm
+  // (both or neither) and rotated by RoPE at `positions` (as Rope: inv_freq on the host),
+  // the queries into q_out, the keys and values into the paged cache at `slots` (as
+  // KvCacheWrite; the slots are checked as it checks them) and, with k_out, the rotated keys
+  // there too (a prefill's attention). q, q_out [t, hq, d]; k, v, k_out [t, hkv, d];
+  // positions, slots i32 [t]; k_cache, v_cache [blocks, block_size, hkv, d].
+  absl::Status QkRopeCache(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& positions, const Tensor& slots,
+                           const Tensor* q_norm, const Tensor* k_norm, float eps, absl::Span<const float> inv_freq,
+                           float scale, Tensor& q_out, Tensor& k_cache, Tensor& v_cache, Tensor* k_out = nullptr);
+  // out[i] = src[i] >= 0 ? from[src[i]] : values[i], all i32 (src, values, out [n]; from
+  // [m]): a generation step's tokens, each either sampled by the step before and still on
+  // the device, or known on the host. src is checked (every entry -1 or an index of from)
+  // as index tensors are: in place on the host, else read back unless trusted.
+  absl::Status Select(const Tensor& src, const Tensor& from, const Tensor& values, Tensor& out);
   // Per-row sampling (kernels/sampling): logits [n, v]; temperature f32 [n] (0 = greedy),
   // top_k i32 [n] (0 = all), top_p f32 [n] (1 = all), seed and offset i64 [n] (used as
   // unsigned); token i32 [n], logprob f32 [n].
@@ -259,6 +308,10 @@ class Backend {
                                         Tensor& lse) = 0;
   virtual absl::Status DoKvCacheWrite(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_cache,
                                       Tensor& v_cache) = 0;
+  virtual absl::Status DoSelect(const Tensor& src, const Tensor& from, const Tensor& values, Tensor& out) = 0;
+  virtual absl::Status DoDecodeLinear(const kernels::DecodeLinearArgs& a, DType t) = 0;
+  virtual absl::Status DoQkRopeCache(const kernels::QkRopeCacheArgs& a, DType t, const Tensor& positions,
+                                     const Tensor& slots) = 0;
   virtual absl::Status DoSample(const Tensor& logits, const Tensor& temperature, const Tensor& top_k, const Tensor& top_p,
                                 const Tensor& seed, const Tensor& offset, Tensor& token, Tensor& logprob) = 0;
   virtual absl::Status DoSumSquares(const Tensor& x, Tensor& out) = 0;

@@ -141,6 +141,16 @@ class CpuBackend final : public Backend {
     return kernels::KvCacheWriteCpu(k.data(), v.data(), slots.data_as<int32_t>(), kc.data(), vc.data(), k.dim(0),
                                     k.nbytes() / std::max<int64_t>(k.dim(0), 1));
   }
+  absl::Status DoSelect(const Tensor& src, const Tensor& from, const Tensor& values, Tensor& out) override {
+    return kernels::SelectCpu(src.data_as<int32_t>(), from.data_as<int32_t>(), values.data_as<int32_t>(),
+                              out.data_as<int32_t>(), out.numel());
+  }
+  absl::Status DoDecodeLinear(const kernels::DecodeLinearArgs& a, DType t) override { return kernels::DecodeLinearCpu(a, t); }
+  absl::Status DoQkRopeCache(const kernels::QkRopeCacheArgs& a, DType t, const Tensor&, const Tensor& slots) override {
+    kernels::QkRopeCacheArgs h = a;
+    h.slots = slots.data_as<int32_t>();
+    return kernels::QkRopeCacheCpu(h, t);
+  }
   absl::Status DoAdamW(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const AdamWParams& a, Tensor* lowp) override {
     return kernels::AdamWCpu(p.data_as<float>(), g.data(), g.dtype(), m.data_as<float>(), v.data_as<float>(),
                              lowp ? lowp->data_as<uint16_t>() : nullptr, p.numel(),

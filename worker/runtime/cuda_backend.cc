@@ -92,6 +92,25 @@ class CudaGraph final : public Backend::Graph {
   cudaStream_t stream_;
 };
 
+class StreamEvent final : public Backend::Event {
+ public:
+  StreamEvent(cudaEvent_t e, cudaStream_t stream, int device) : e_(e), stream_(stream), device_(device) {}
+  ~StreamEvent() override { cudaEventDestroy(e_); }
+  absl::Status Record() override {
+    cudaSetDevice(device_);
+    return Cuda(cudaEventRecord(e_, stream_), "cudaEventRecord");
+  }
+  absl::Status Wait() override {
+    cudaSetDevice(device_);
+    return Cuda(cudaEventSynchronize(e_), "cudaEventSynchronize");
+  }
+
+ private:
+  cudaEvent_t e_;
+  cudaStream_t stream_;
+  int device_;
+};
+
 class CudaBackend final : public Backend {
  public:
   static absl::StatusOr<std::unique_ptr<Backend>> Create(int device) {
@@ -193,6 +212,17 @@ class CudaBackend final : public Backend {
     cudaSetDevice(device_);
     const cudaError_t e = cudaMemcpyAsync(dst, src.data(), src.nbytes(), cudaMemcpyDeviceToHost, stream_);
     return e == cudaSuccess ? Synchronize() : CopyFailure("copy to host", e, src.data(), src.nbytes());
+  }
+  absl::Status CopyToHostAsync(const Tensor& src, void* dst) override {
+    cudaSetDevice(device_);
+    const cudaError_t e = cudaMemcpyAsync(dst, src.data(), src.nbytes(), cudaMemcpyDeviceToHost, stream_);
+    return e == cudaSuccess ? absl::OkStatus() : CopyFailure("copy to host", e, src.data(), src.nbytes());
+  }
+  absl::StatusOr<std::unique_ptr<Event>> NewEvent() override {
+    cudaSetDevice(device_);
+    cudaEvent_t e;
+    TESSERA_RETURN_IF_ERROR(Cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate"));
+    return std::unique_ptr<Event>(new StreamEvent(e, stream_, device_));
   }
   // What a failed host copy's device side was: its address, size and memory kind, and the
   // current device against this backend's.
@@ -347,6 +377,23 @@ class CudaBackend final : public Backend {
     TESSERA_ASSIGN_OR_RETURN(Tensor ds, OnDevice(slots));
     return kernels::KvCacheWriteCuda(k.data(), v.data(), ds.data_as<int32_t>(), kc.data(), vc.data(), k.dim(0),
                                      k.nbytes() / std::max<int64_t>(k.dim(0), 1), stream_);
+  }
+  absl::Status DoSelect(const Tensor& src, const Tensor& from, const Tensor& values, Tensor& out) override {
+    TESSERA_ASSIGN_OR_RETURN(Tensor ds, OnDevice(src));
+    return kernels::SelectCuda(ds.data_as<int32_t>(), from.data_as<int32_t>(), values.data_as<int32_t>(),
+                               out.data_as<int32_t>(), out.numel(), stream_);
+  }
+  bool DecodeLinearSupported(int64_t rows, int64_t k, DType t) const override {
+    return kernels::DecodeLinearCudaSupported(rows, k, t);
+  }
+  absl::Status DoDecodeLinear(const kernels::DecodeLinearArgs& a, DType t) override {
+    return kernels::DecodeLinearCuda(a, t, stream_);
+  }
+  absl::Status DoQkRopeCache(const kernels::QkRopeCacheArgs& a, DType t, const Tensor&, const Tensor& slots) override {
+    TESSERA_ASSIGN_OR_RETURN(Tensor ds, OnDevice(slots));
+    kernels::QkRopeCacheArgs d = a;
+    d.slots = ds.data_as<int32_t>();
+    return kernels::QkRopeCacheCuda(d, t, stream_);
   }
   absl::Status DoAdamW(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const AdamWParams& a, Tensor* lowp) override {
     return kernels::AdamWCuda(p.data_as<float>(), g.data(), g.dtype(), m.data_as<float>(), v.data_as<float>(),

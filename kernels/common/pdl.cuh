@@ -1,0 +1,58 @@
+// Programmatic dependent launch (Hopper): a kernel launched with LaunchDependent may start
+// while the kernel before it on the stream is still finishing; it must call
+// GridDependencyWait() before it reads anything that kernel wrote or writes anything that
+// kernel may still read (its output buffers, say). What it does before the wait — loading
+// constants, prefetching weights into L2 — overlaps the other kernel's tail and the
+// launch. GridDependentsLaunch() lets the next such kernel be scheduled early. On a kernel
+// launched without the attribute both are no-ops; under stream capture the dependency is
+// recorded in the graph.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace tessera::kernels {
+
+__device__ __forceinline__ void GridDependencyWait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void GridDependentsLaunch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+// `bytes` (a multiple of 16) from `p` (16-byte aligned) into L2, asynchronously.
+__device__ __forceinline__ void PrefetchL2(const void* p, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#endif
+}
+
+template <typename... KArgs, typename... Args>
+cudaError_t LaunchDependent(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                            Args&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr, cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
+// The status of a LaunchDependent: its own error, else the launch's (cudaGetLastError).
+inline absl::Status Launched(cudaError_t e, const char* kernel) {
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return absl::InternalError(absl::StrCat(kernel, ": ", cudaGetErrorString(e)));
+  }
+  e = cudaGetLastError();
+  return e == cudaSuccess ? absl::OkStatus() : absl::InternalError(absl::StrCat(kernel, ": ", cudaGetErrorString(e)));
+}
+
+}  // namespace tessera::kernels

@@ -1,0 +1,48 @@
+// The linear layers of a decode step, over few rows (batch <= kDecodeMaxRows): at that
+// size a layer is a pass over its weights, and the time is how close that pass gets to
+// the memory's bandwidth and how little is spent between passes. One call computes, for
+// each of up to three weights w_j [n_j, k] (a layer's q, k and v, say),
+//   y_j [m, n_j] = op(x) @ w_j^T (+ bias_j) (+ residual),
+// op(x) = x, or RMSNorm(x; norm, eps) rounded to x's dtype — the layer's input norm
+// fused in (each row's rstd as kernels/rmsnorm computes it); `residual` [m, n] (one
+// weight): the residual stream added before the one rounding; `swiglu` (two weights of
+// one shape, gate and up): y_0 = silu(round(x @ gate^T)) * round(x @ up^T), the MLP's
+// activation, rounded as the unfused ops round.
+// CPU: the reference (f32 or bf16; double accumulation). CUDA: bf16, k % 8 == 0 and
+// m * k * 2 bytes <= kDecodeMaxXBytes: warps stream the weights with 16-byte loads, the
+// (normalized) rows of x in shared memory; launched as a programmatic dependent of the
+// kernel before it, whose tail it overlaps (its weights prefetched into L2 before it waits
+// for its input).
+#pragma once
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "common/dtype.h"
+
+namespace tessera::kernels {
+constexpr int64_t kDecodeMaxRows = 8;
+constexpr int64_t kDecodeMaxXBytes = 96 * 1024;
+
+struct DecodeLinearPart {
+  const void* w = nullptr;     // [n, k]
+  const void* bias = nullptr;  // [n] or null
+  void* y = nullptr;           // [m, n]; unused for the second part under swiglu
+  int64_t n = 0;
+};
+struct DecodeLinearArgs {
+  const void* x = nullptr;  // [m, k]
+  int64_t m = 0, k = 0;
+  const void* norm = nullptr;  // [k] or null
+  float eps = 0.f;
+  DecodeLinearPart parts[3];
+  int num_parts = 0;
+  const void* residual = nullptr;  // [m, n] (one part)
+  bool swiglu = false;             // two parts of one n
+};
+// INVALID_ARGUMENT naming what is wrong with the arguments' shapes (both backends).
+absl::Status CheckDecodeLinear(const DecodeLinearArgs& a);
+absl::Status DecodeLinearCpu(const DecodeLinearArgs& a, DType t);
+// Whether the CUDA kernel takes these sizes and dtype.
+bool DecodeLinearCudaSupported(int64_t m, int64_t k, DType t);
+absl::Status DecodeLinearCuda(const DecodeLinearArgs& a, DType t, void* stream);
+}  // namespace tessera::kernels
