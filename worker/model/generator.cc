@@ -9,7 +9,6 @@
 #include "worker/model/llama_internal.h"
 
 namespace tessera::model {
-using internal::Linear;
 using internal::New;
 using runtime::Backend;
 using runtime::Tensor;
@@ -94,41 +93,62 @@ absl::Status Generator::CopySlots(const std::vector<int32_t>& from, const std::v
   return absl::OkStatus();
 }
 
-absl::StatusOr<Tensor> Generator::ForwardLocal(const TokenBatch& batch, const std::vector<int32_t>& slots,
-                                               const DecodeView* decode) {
+absl::StatusOr<Tensor> Generator::Step(const StepRows& r) {
   Llama& m = *model_;
   TESSERA_RETURN_IF_ERROR(Check());
-  TESSERA_RETURN_IF_ERROR(m.CheckBatch(batch));
-  const int64_t t = batch.size(), n = static_cast<int64_t>(batch.cu_seqlens.size()) - 1;
-  if (static_cast<int64_t>(slots.size()) != t)
-    return absl::InvalidArgumentError(absl::StrCat("kv cache: ", slots.size(), " slots for ", t, " tokens"));
-  if (decode != nullptr && t != n)
-    return absl::InvalidArgumentError(absl::StrCat("decode: one new token per sequence, got ", t, " tokens in ", n, " sequences"));
   Backend& b = *m.backend_;
-  TESSERA_ASSIGN_OR_RETURN(Llama::Inputs in, m.Upload(batch));
-  TESSERA_ASSIGN_OR_RETURN(Tensor slot_t, m.host_->Empty({t}, DType::kI32));
-  std::copy(slots.begin(), slots.end(), slot_t.data_as<int32_t>());
-  std::vector<int64_t> last;  // each sequence's last token (prefill)
-  if (decode == nullptr && t != n)
-    for (int64_t s = 0; s < n; ++s) last.push_back(batch.cu_seqlens[s + 1] - 1);
-  if (b.device().kind == runtime::DeviceKind::kCpu)  // the ops check the host indices themselves
-    return CacheForward(in, n, last, slot_t, decode);
-  // On a device: the indices checked here once and uploaded once, not per layer.
-  TESSERA_RETURN_IF_ERROR(Backend::CheckCacheSlots(cache_.k[0], slots.data(), t));
-  DecodeView on_device;
-  if (decode != nullptr) {
-    if (decode->tables.device().kind != runtime::DeviceKind::kCpu || decode->lens.device().kind != runtime::DeviceKind::kCpu ||
-        decode->tables.rank() != 2 || decode->tables.dim(0) != n || decode->lens.numel() != n)
-      return absl::InvalidArgumentError(absl::StrCat("decode: block tables [", n, ", max_blocks] and lengths [", n,
-                                                     "] must be host i32 tensors"));
-    TESSERA_RETURN_IF_ERROR(Backend::CheckPagedIndices(cache_.k[0], decode->tables.data_as<int32_t>(), n,
-                                                       decode->tables.dim(1), decode->lens.data_as<int32_t>()));
-    TESSERA_ASSIGN_OR_RETURN(on_device.tables, Device(b, decode->tables));
-    TESSERA_ASSIGN_OR_RETURN(on_device.lens, Device(b, decode->lens));
+  const int64_t t = r.tokens.numel();
+  auto bad = [](const std::string& what) { return absl::InvalidArgumentError(absl::StrCat("generation step: ", what)); };
+  if (t < 1 || r.tokens.dtype() != DType::kI32 || !(r.tokens.device() == b.device()))
+    return bad(absl::StrCat("tokens must be i32 [T >= 1] on ", b.device().ToString()));
+  if (static_cast<int64_t>(r.positions.size()) != t || static_cast<int64_t>(r.slots.size()) != t)
+    return bad(absl::StrCat(r.positions.size(), " positions and ", r.slots.size(), " slots for ", t, " tokens"));
+  const int64_t fresh = r.cu_seqlens.empty() ? 0 : r.cu_seqlens.back(), paged = t - fresh;
+  if (!r.cu_seqlens.empty()) {
+    if (r.cu_seqlens.size() < 2 || r.cu_seqlens[0] != 0 || fresh > t)
+      return bad(absl::StrCat("cu_seqlens must run from 0 to at most ", t));
+    for (size_t i = 1; i < r.cu_seqlens.size(); ++i)
+      if (r.cu_seqlens[i] <= r.cu_seqlens[i - 1]) return bad("cu_seqlens must increase");
   }
-  TESSERA_ASSIGN_OR_RETURN(Tensor slots_d, Device(b, slot_t));
-  TrustIndices trust(b);
-  return CacheForward(in, n, last, slots_d, decode != nullptr ? &on_device : nullptr);
+  if (static_cast<int64_t>(r.lens.size()) != paged || (paged > 0 && r.max_blocks < 1) ||
+      static_cast<int64_t>(r.tables.size()) != paged * r.max_blocks)
+    return bad(absl::StrCat(paged, " rows after the fresh ones need ", paged, " lengths and [", paged,
+                            ", max_blocks] tables; got ", r.lens.size(), " and ", r.tables.size()));
+  for (int64_t row : r.logits_of)
+    if (row < 0 || row >= t) return bad(absl::StrCat("logits of row ", row, " of ", t));
+  for (int32_t p : r.positions)
+    if (p < 0) return bad(absl::StrCat("position ", p));
+  TESSERA_RETURN_IF_ERROR(Backend::CheckCacheSlots(cache_.k[0], r.slots.data(), t));
+  if (paged > 0) TESSERA_RETURN_IF_ERROR(Backend::CheckPagedIndices(cache_.k[0], r.tables.data(), paged, r.max_blocks, r.lens.data()));
+  const bool on_device = b.device().kind != runtime::DeviceKind::kCpu;
+  // Host vectors as host tensors, uploaded once when the model is on a device.
+  auto tensor = [&](const std::vector<int32_t>& v, std::vector<int64_t> shape, bool upload) -> absl::StatusOr<Tensor> {
+    TESSERA_ASSIGN_OR_RETURN(Tensor h, m.host_->Empty(std::move(shape), DType::kI32));
+    std::copy(v.begin(), v.end(), h.data_as<int32_t>());
+    return upload && on_device ? Device(b, h) : absl::StatusOr<Tensor>(h);
+  };
+  Llama::Inputs in;
+  in.tokens = r.tokens;
+  TESSERA_ASSIGN_OR_RETURN(in.positions, tensor(r.positions, {t}, true));
+  const std::vector<int32_t> no_fresh = {0};
+  const std::vector<int32_t>& cu = r.cu_seqlens.empty() ? no_fresh : r.cu_seqlens;
+  TESSERA_ASSIGN_OR_RETURN(in.cu, tensor(cu, {static_cast<int64_t>(cu.size())}, false));
+  in.rope = m.RopeFor(r.positions);
+  if (m.config_.qkv_bias) {
+    TESSERA_ASSIGN_OR_RETURN(in.ones, internal::Ones(b, t, m.act_));
+  }
+  TESSERA_ASSIGN_OR_RETURN(Tensor slots, tensor(r.slots, {t}, true));
+  DecodeView view;
+  if (paged > 0) {
+    TESSERA_ASSIGN_OR_RETURN(view.tables, tensor(r.tables, {paged, r.max_blocks}, true));
+    TESSERA_ASSIGN_OR_RETURN(view.lens, tensor(r.lens, {paged}, true));
+  }
+  std::vector<int64_t> last = r.logits_of;
+  bool every_row = static_cast<int64_t>(last.size()) == t;  // (no rows: no logits, the head skipped)
+  for (int64_t i = 0; every_row && i < t; ++i) every_row = last[i] == i;
+  if (every_row) last.clear();
+  TrustIndices trust(b);  // checked above
+  return CacheForward(in, static_cast<int64_t>(r.logits_of.size()), last, slots, paged > 0 ? &view : nullptr, fresh);
 }
 
 bool Generator::DecodeOnDeviceSupported(const Llama& model) {
@@ -169,11 +189,11 @@ absl::StatusOr<Tensor> Generator::DecodeStep(const DeviceDecode& d) {
   for (int64_t i = 0; i <= n; ++i) in.cu.data_as<int32_t>()[i] = static_cast<int32_t>(i);
   const DecodeView view{d.tables, d.lens};
   TrustIndices trust(*m.backend_);
-  return CacheForward(in, n, {}, d.slots, &view);
+  return CacheForward(in, n, {}, d.slots, &view, 0);
 }
 
 absl::StatusOr<Tensor> Generator::CacheForward(const Llama::Inputs& in, int64_t n, const std::vector<int64_t>& last,
-                                               const Tensor& slots, const DecodeView* decode) {
+                                               const Tensor& slots, const DecodeView* decode, int64_t fresh) {
   using Phase = ParamHooks::Phase;
   Llama& m = *model_;
   auto acquire = [&](int block) { return m.hooks_ ? m.hooks_->Acquire(block, Phase::kForward) : absl::OkStatus(); };
@@ -188,44 +208,32 @@ absl::StatusOr<Tensor> Generator::CacheForward(const Llama::Inputs& in, int64_t 
   TESSERA_ASSIGN_OR_RETURN(Tensor x, m.LeaveTp(emb));
   for (size_t i = 0; i < m.layers_.size(); ++i) {
     const int block = static_cast<int>(i) + 1;
-    Llama::LayerActs a;
     Tensor out;
-    const Llama::CacheStep kv{&cache_, static_cast<int64_t>(i), slots, decode};
+    const Llama::CacheStep kv{&cache_, static_cast<int64_t>(i), slots, decode, fresh};
     TESSERA_RETURN_IF_ERROR(acquire(block));
-    TESSERA_RETURN_IF_ERROR(m.LayerForward(m.layers_[i], in, x, a, out, &kv));
+    TESSERA_RETURN_IF_ERROR(m.CacheLayerForward(m.layers_[i], in, x, out, kv));
     TESSERA_RETURN_IF_ERROR(release(block));
     x = out;
   }
   Tensor lastx = x;
-  if (!last.empty()) {
-    TESSERA_ASSIGN_OR_RETURN(lastx, New(b, {n, c.hidden}, m.act_));
-    for (int64_t s = 0; s < n; ++s) {
-      TESSERA_ASSIGN_OR_RETURN(Tensor src, x.Slice(0, last[s], 1));
-      TESSERA_ASSIGN_OR_RETURN(Tensor dst, lastx.Slice(0, s, 1));
-      TESSERA_RETURN_IF_ERROR(b.Axpby(1.f, src, 0.f, dst));
+  if (!last.empty()) {  // each sequence's last token: one gather of rows
+    std::vector<int32_t> ids(last.begin(), last.end());
+    TESSERA_ASSIGN_OR_RETURN(Tensor rows, m.host_->Empty({n}, DType::kI32));
+    std::copy(ids.begin(), ids.end(), rows.data_as<int32_t>());
+    if (b.device().kind != runtime::DeviceKind::kCpu) {
+      TESSERA_ASSIGN_OR_RETURN(rows, Device(b, rows));
     }
+    TESSERA_ASSIGN_OR_RETURN(lastx, New(b, {n, c.hidden}, m.act_));
+    TESSERA_RETURN_IF_ERROR(b.EmbeddingForward(rows, x, 0, lastx));
   }
+  if (n == 0) return Tensor();  // prompt chunks that sample nothing
   const int head_block = m.num_blocks() - 1;
   TESSERA_RETURN_IF_ERROR(acquire(head_block));
-  TESSERA_ASSIGN_OR_RETURN(Tensor xn, New(b, {n, c.hidden}, m.act_));
-  TESSERA_ASSIGN_OR_RETURN(Tensor rstd, New(b, {n}));
-  TESSERA_RETURN_IF_ERROR(b.RmsNormForward(lastx, m.final_norm_->weight(), c.norm_eps, xn, rstd));
   TESSERA_ASSIGN_OR_RETURN(Tensor logits, New(b, {n, vocab}, m.act_));
-  TESSERA_RETURN_IF_ERROR(Linear(b, xn, m.lm_head_->weight(), logits));
+  const Llama::NormedPart head{m.lm_head_, nullptr, &logits};
+  TESSERA_RETURN_IF_ERROR(m.NormedLinears(lastx, *m.final_norm_, {&head, 1}, false, in));
   TESSERA_RETURN_IF_ERROR(release(head_block));
   return logits;
-}
-
-absl::StatusOr<std::vector<float>> Generator::Forward(const TokenBatch& batch, const std::vector<int32_t>& slots,
-                                                      const DecodeView* decode) {
-  TESSERA_ASSIGN_OR_RETURN(Tensor local, ForwardLocal(batch, slots, decode));
-  TESSERA_ASSIGN_OR_RETURN(Tensor logits, GatherVocab(local));
-  Backend& b = *model_->backend_;
-  TESSERA_ASSIGN_OR_RETURN(Tensor f32, New(b, logits.shape()));
-  TESSERA_RETURN_IF_ERROR(b.Cast(logits, f32));
-  std::vector<float> full(f32.numel());
-  TESSERA_RETURN_IF_ERROR(b.CopyToHost(f32, full.data()));
-  return full;
 }
 
 absl::StatusOr<Tensor> Generator::GatherVocab(const Tensor& local) {

@@ -51,20 +51,25 @@ class Generator {
   Llama& model() const { return *model_; }
   const KvCache& cache() const { return cache_; }
 
-  // One forward over new tokens: `batch` packs each sequence's new tokens (targets
-  // unused) with their positions in the sequence; their keys and values go to the cache
-  // at `slots` (block * block_size + offset, one per token). Without `decode` (prefill)
-  // a sequence's tokens attend to each other — the cache holds nothing of it before —;
-  // with it every sequence has one new token, which attends to its cached context.
-  // Returns the logits of each sequence's last new token over the whole vocabulary
-  // (gathered over TP), [sequences x vocab] f32 on the host.
-  absl::StatusOr<std::vector<float>> Forward(const TokenBatch& batch, const std::vector<int32_t>& slots,
-                                             const DecodeView* decode);
-  // The same, but the logits stay on the model's device: [sequences x vocab / tp] in the
-  // compute dtype, this rank's vocabulary shard (no TP gather). What the rollout engine
-  // samples from on a GPU without a round trip through the host.
-  absl::StatusOr<runtime::Tensor> ForwardLocal(const TokenBatch& batch, const std::vector<int32_t>& slots,
-                                               const DecodeView* decode);
+  // One generation step over the cache. Its rows are first the tokens of fresh sequences
+  // (nothing of them cached yet: `cu_seqlens` over them, from 0 to `fresh`; they attend to
+  // each other), then one row per token that attends to its sequence's cache through
+  // `tables` [rows, max_blocks] and `lens` (the context with this token) — decode steps,
+  // and prompt chunks after a sequence's first. Every row's keys and values go to the
+  // cache at its `slots` entry (block * block_size + offset) at its position. `tokens`
+  // (i32 [T]) is on the model's device; the rest is on the host and checked here.
+  // Returns the logits of the rows `logits_of` names, in that order (a row may repeat):
+  // [n, vocab / tp] in the compute dtype on the model's device, this rank's vocabulary shard
+  // (GatherVocab joins them); none named: an undefined tensor, the LM head skipped.
+  struct StepRows {
+    runtime::Tensor tokens;
+    std::vector<int32_t> positions, slots;
+    std::vector<int32_t> cu_seqlens;  // empty: no fresh rows
+    std::vector<int32_t> tables, lens;
+    int64_t max_blocks = 0;
+    std::vector<int64_t> logits_of;
+  };
+  absl::StatusOr<runtime::Tensor> Step(const StepRows& rows);
   // Every layer's keys and values at cache slots `to[i]` = those at `from[i]` (one gather
   // and one cache write per layer, stream-ordered on the model's backend; `to` distinct):
   // a sample sharing another's prompt takes its own copy of the prompt's tokens in the last,
@@ -76,8 +81,8 @@ class Generator {
   absl::StatusOr<runtime::Tensor> GatherVocab(const runtime::Tensor& local);
   // The decode step over inputs already on the device (the rollout engine's CUDA graph
   // captures it), checked by the caller on their host copies (Backend::CheckCacheSlots,
-  // CheckPagedIndices): nothing in it reads the host or waits for the device. Logits as
-  // ForwardLocal. FAILED_PRECONDITION for a model with parameter hooks (ZeRO-3), TP or
+  // CheckPagedIndices): nothing in it reads the host or waits for the device. Logits of
+  // every row, as Step's. FAILED_PRECONDITION for a model with parameter hooks (ZeRO-3), TP or
   // dynamic RoPE scaling (DecodeOnDeviceSupported), and for a QKV-bias model (its bias is
   // added through a column of ones) past the rows ReserveDecodeRows made.
   absl::StatusOr<runtime::Tensor> DecodeStep(const DeviceDecode& inputs);
@@ -89,11 +94,11 @@ class Generator {
  private:
   Generator(Llama* model, KvCache cache) : model_(model), cache_(std::move(cache)) {}
   absl::Status Check() const;
-  // Embedding, the layers over the cache, then the last token of each sequence (`last`:
-  // its index; empty: every token is one sequence's last) through the final norm and
+  // Embedding, the layers over the cache (the first `fresh` rows of Inputs::cu's
+  // sequences), then the rows `last` names (empty: every row) through the final norm and
   // the LM head.
   absl::StatusOr<runtime::Tensor> CacheForward(const Llama::Inputs& in, int64_t n, const std::vector<int64_t>& last,
-                                               const runtime::Tensor& slots, const DecodeView* decode);
+                                               const runtime::Tensor& slots, const DecodeView* decode, int64_t fresh);
 
   Llama* model_;
   KvCache cache_;

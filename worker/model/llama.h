@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "worker/comm/communicator.h"
 #include "common/model/config.h"
 #include "common/model/rope.h"
@@ -318,7 +319,21 @@ class Llama {
   // RoPE's frequencies for a batch of these positions (dynamic scaling: from the largest).
   RopeFrequencies RopeFor(const std::vector<int32_t>& positions) const;
   absl::Status LayerForward(const LayerParams& w, const Inputs& in, const runtime::Tensor& x, LayerActs& a,
-                            runtime::Tensor& out, const CacheStep* kv = nullptr);
+                            runtime::Tensor& out);
+  // A layer's forward over a KV cache (llama_cache_layer.cc: the Generator's prefill,
+  // decode and mixed steps), keeping no activations; and its pieces: the normed q/k/v or
+  // gate/up projections, fused where the backend takes the size, and a row-parallel
+  // projection with its residual.
+  struct NormedPart {
+    const Param* w;
+    const Param* bias;
+    runtime::Tensor* y;
+  };
+  absl::Status CacheLayerForward(const LayerParams& w, const Inputs& in, const runtime::Tensor& x, runtime::Tensor& out,
+                                 const CacheStep& kv);
+  absl::Status NormedLinears(const runtime::Tensor& x, const Param& norm, absl::Span<const NormedPart> parts, bool swiglu,
+                             const Inputs& in);
+  absl::StatusOr<runtime::Tensor> CacheRowParallel(const runtime::Tensor& x, const Param& w, const runtime::Tensor& residual);
   absl::Status LayerBackward(LayerParams& w, const Inputs& in, const LayerActs& a, runtime::Tensor& dx);
   // The k/v projections' backward when TP replicates the KV heads: the ranks sharing a
   // head each hold part of its gradient (from their query heads), summed over them per

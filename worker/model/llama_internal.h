@@ -31,6 +31,11 @@ inline absl::StatusOr<runtime::Tensor> Ones(runtime::Backend& b, int64_t rows, t
   }
   return ones;
 }
+// y [T, n] += bias [n] (broadcast over rows: ones [T, 1] x bias [1, n]).
+inline absl::Status AddBias(runtime::Backend& b, const runtime::Tensor& ones, const Param& bias, runtime::Tensor& y) {
+  TESSERA_ASSIGN_OR_RETURN(runtime::Tensor row, bias.weight().Reshape({1, bias.weight().numel()}));
+  return b.Gemm(ones, false, row, false, y, 1.f, 1.f);
+}
 // y [T, out] = x [T, in] W^T, W [out, in].
 inline absl::Status Linear(runtime::Backend& b, const runtime::Tensor& x, const runtime::Tensor& w, runtime::Tensor& y) {
   return b.Gemm(x, false, w, true, y);
@@ -88,13 +93,16 @@ struct Llama::Flight {
   const LogProbGrad* logprob_grad = nullptr;  // ForwardBackwardLogProbs: the per-token gradient
 };
 
-// A layer's step over the KV cache (generation): its keys and values go to `slots` of
-// layer `layer`'s cache; with `decode`, attention reads the cache instead of the batch.
+// A layer's step over the KV cache (generation): every row's keys and values go to
+// `slots` of layer `layer`'s cache; the first `fresh` rows (the sequences of Inputs::cu)
+// attend to each other, the others to the cache through `decode`'s block tables and
+// lengths (one row each).
 struct Llama::CacheStep {
   KvCache* cache;
   int64_t layer;
   runtime::Tensor slots;  // i32 [T], on the host or the device
   const DecodeView* decode;
+  int64_t fresh = 0;
 };
 
 }  // namespace tessera::model

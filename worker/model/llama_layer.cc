@@ -11,16 +11,12 @@ namespace tessera::model {
 using runtime::Backend;
 using runtime::Tensor;
 
+using internal::AddBias;
 using internal::Linear;
 using internal::LinearBackward;
 using internal::New;
 
 namespace {
-// y [T, n] += bias [n] (broadcast over rows: ones [T, 1] x bias [1, n]).
-absl::Status AddBias(Backend& b, const Tensor& ones, const Param& bias, Tensor& y) {
-  TESSERA_ASSIGN_OR_RETURN(Tensor row, bias.weight().Reshape({1, bias.weight().numel()}));
-  return b.Gemm(ones, false, row, false, y, 1.f, 1.f);
-}
 // dbias [n] += column sums of dy [T, n].
 absl::Status BiasBackward(Backend& b, const Tensor& ones, const Tensor& dy, Param& bias) {
   TESSERA_ASSIGN_OR_RETURN(Tensor row, bias.grad.Reshape({1, bias.grad.numel()}));
@@ -53,8 +49,7 @@ absl::Status Llama::NormBackward(const Tensor& dy, const Tensor& x, Param& w, co
 }
 
 // x: this rank's tokens of the residual stream (all tokens without SP).
-absl::Status Llama::LayerForward(const LayerParams& w, const Inputs& in, const Tensor& x, LayerActs& a, Tensor& out,
-                                 const CacheStep* kv) {
+absl::Status Llama::LayerForward(const LayerParams& w, const Inputs& in, const Tensor& x, LayerActs& a, Tensor& out) {
   Backend& b = *backend_;
   const LlamaConfig& c = config_;
   const int64_t tl = x.dim(0), t = in.tokens.numel(), d = c.HeadDim(), hq = c.heads / tp_size(),
@@ -96,12 +91,7 @@ absl::Status Llama::LayerForward(const LayerParams& w, const Inputs& in, const T
   TESSERA_RETURN_IF_ERROR(b.Rope(k_lin, in.positions, in.rope.inv_freq, in.rope.attention_scaling, a.k));
   TESSERA_ASSIGN_OR_RETURN(a.o, New(b, {t, hq, d}, act_));
   TESSERA_ASSIGN_OR_RETURN(a.lse, New(b, {t, hq}));
-  if (kv != nullptr)  // generation: this step's keys and values into the cache
-    TESSERA_RETURN_IF_ERROR(b.KvCacheWrite(a.k, a.v, kv->slots, kv->cache->k[kv->layer], kv->cache->v[kv->layer]));
-  if (kv != nullptr && kv->decode != nullptr) {
-    TESSERA_RETURN_IF_ERROR(b.PagedAttention(a.q, kv->cache->k[kv->layer], kv->cache->v[kv->layer], kv->decode->tables,
-                                             kv->decode->lens, a.o, a.lse));
-  } else if (cp_ != nullptr) {
+  if (cp_ != nullptr) {
     TESSERA_RETURN_IF_ERROR(RingAttentionForward(b, *cp_, a.q, a.k, a.v, in.cu_half, a.o, a.lse));
   } else {
     TESSERA_RETURN_IF_ERROR(b.AttentionForward(a.q, a.k, a.v, in.cu, /*causal=*/true, a.o, a.lse));

@@ -1,10 +1,10 @@
+// The rollout engine's requests, cache and scheduling (rollout.h); the steps themselves are
+// rollout_step.cc's and rollout_graph.cc's.
 #include "worker/rollout/rollout.h"
 
 #include <algorithm>
-#include <cmath>
 #include <chrono>
-#include <cstring>
-#include <deque>
+#include <cmath>
 #include <map>
 
 #include "absl/strings/str_cat.h"
@@ -26,16 +26,14 @@ model::TokenBatch CompletionSequence(const std::vector<int32_t>& prompt, const s
 }
 
 RolloutEngine::RolloutEngine(model::Llama* model, const RolloutOptions& options)
-    : model_(model),
-      options_(options),
-      host_(runtime::MakeCpuBackend()),
-      device_sampling_(model->backend().device().kind != runtime::DeviceKind::kCpu && !options.sample_on_host) {}
+    : model_(model), options_(options), host_(runtime::MakeCpuBackend()) {}
 
 absl::StatusOr<std::unique_ptr<RolloutEngine>> RolloutEngine::Create(model::Llama* model, const RolloutOptions& o) {
   if (model == nullptr) return absl::InvalidArgumentError("rollout: no model");
-  if (o.block_size < 1 || o.num_blocks < 1 || o.max_running < 1)
+  if (o.block_size < 1 || o.num_blocks < 1 || o.max_running < 1 || o.max_prefill_tokens < 1)
     return absl::InvalidArgumentError(absl::StrCat("rollout: block_size (", o.block_size, "), num_blocks (", o.num_blocks,
-                                                   ") and max_running (", o.max_running, ") must be positive"));
+                                                   "), max_running (", o.max_running, ") and max_prefill_tokens (",
+                                                   o.max_prefill_tokens, ") must be positive"));
   return std::unique_ptr<RolloutEngine>(new RolloutEngine(model, o));
 }
 
@@ -43,15 +41,10 @@ void RolloutEngine::ReleaseCache() {
   graphs_.clear();  // they point into the cache
   gen_.reset();
   free_blocks_.clear();
+  step_tokens_ = Tensor(), step_logprobs_ = Tensor();
 }
 
 namespace {
-bool EndsWithAny(const std::vector<int32_t>& tokens, const std::vector<std::vector<int32_t>>& sequences) {
-  for (const auto& q : sequences)
-    if (!q.empty() && q.size() <= tokens.size() && std::equal(q.rbegin(), q.rend(), tokens.rbegin())) return true;
-  return false;
-}
-
 absl::Status CheckRequest(const GenerationRequest& r, size_t i, int64_t vocab, int64_t capacity_tokens) {
   auto bad = [&](const std::string& m) { return absl::InvalidArgumentError(absl::StrCat("requests[", i, "]: ", m)); };
   const SamplingParams& p = r.params;
@@ -79,20 +72,18 @@ absl::Status CheckRequest(const GenerationRequest& r, size_t i, int64_t vocab, i
 }  // namespace
 
 absl::StatusOr<std::vector<Completion>> RolloutEngine::Generate(const std::vector<GenerationRequest>& requests) {
-  const int64_t bs = options_.block_size, vocab = model_->config().vocab;
+  const int64_t vocab = model_->config().vocab;
   for (size_t i = 0; i < requests.size(); ++i)
-    TESSERA_RETURN_IF_ERROR(CheckRequest(requests[i], i, vocab, options_.num_blocks * bs));
+    TESSERA_RETURN_IF_ERROR(CheckRequest(requests[i], i, vocab, options_.num_blocks * options_.block_size));
   model_->backend().allocator()->ResetPeak();
   if (gen_ == nullptr) TESSERA_RETURN_IF_ERROR(MakeCache(requests));
   if (scratch_block_ >= 0) {  // graphs bake in addresses: drop them when weights or cache moved
     const uint64_t fp = GraphFingerprint();
     if (fp != graph_fingerprint_) graphs_.clear(), graph_fingerprint_ = fp;
   }
-  decode_steps_ = prefills_ = graph_steps_ = prefill_tokens_ = peak_blocks_ = 0;
+  decode_steps_ = prefills_ = graph_steps_ = prefill_tokens_ = peak_blocks_ = preemptions_ = 0;
+  decode_rows_ = attended_tokens_ = 0;
   prefill_s_ = decode_s_ = 0;
-  auto seconds_since = [](std::chrono::steady_clock::time_point t) {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-  };
   std::vector<std::unique_ptr<Seq>> all;
   for (size_t i = 0; i < requests.size(); ++i)
     for (int j = 0; j < requests[i].params.n; ++j) {
@@ -106,67 +97,187 @@ absl::StatusOr<std::vector<Completion>> RolloutEngine::Generate(const std::vecto
   std::deque<Seq*> waiting;
   for (auto& s : all) waiting.push_back(s.get());
   std::vector<Seq*> running;
-  auto blocks_for = [&](const Seq& s) { return (s.prompt_len + s.params->max_new_tokens + bs - 1) / bs; };
-  auto retire = [&](std::vector<Seq*>& seqs) {  // finished samples give their blocks back (a shared one with its last user)
+  auto retire = [&] {  // finished samples give their blocks back (a shared one with its last user)
     std::vector<Seq*> keep;
-    for (Seq* s : seqs) {
-      if (!s->done) {
-        keep.push_back(s);
-        continue;
-      }
-      for (auto b = s->blocks.rbegin(); b != s->blocks.rend(); ++b)
-        if (--block_refs_[*b] == 0) free_blocks_.push_back(*b);
-      s->blocks.clear();
+    for (Seq* s : running) {
+      if (s->done) FreeBlocks(*s);
+      else keep.push_back(s);
     }
-    seqs = std::move(keep);
+    running = std::move(keep);
   };
-  while (!waiting.empty() || !running.empty()) {
-    std::vector<Seq*> admitted;
-    std::map<int64_t, Seq*> leaders;  // this admission's sample that prefills each request's prompt
-    int64_t prefill_tokens = 0;
-    while (!waiting.empty() && static_cast<int64_t>(running.size() + admitted.size()) < options_.max_running) {
-      Seq* s = waiting.front();
-      const auto led = options_.prefix_sharing ? leaders.find(s->request) : leaders.end();
-      Seq* leader = led != leaders.end() ? led->second : nullptr;
-      const int64_t shared = leader != nullptr ? s->prompt_len / bs : 0;  // the leader's full prompt blocks
-      if (static_cast<int64_t>(free_blocks_.size()) < blocks_for(*s) - shared) break;
-      if (leader == nullptr && !admitted.empty() && prefill_tokens + s->prompt_len > options_.max_prefill_tokens) break;
-      waiting.pop_front();
-      if (leader != nullptr) {
-        s->leader = leader;
-        for (int64_t k = 0; k < shared; ++k) s->blocks.push_back(leader->blocks[k]), ++block_refs_[leader->blocks[k]];
-      } else {
-        prefill_tokens += s->prompt_len;
-        leaders[s->request] = s;
+  Launched in_flight;  // the step launched last, its tokens not collected yet
+  auto collect = [&]() -> absl::Status {
+    if (!in_flight.pending) return absl::OkStatus();
+    TESSERA_RETURN_IF_ERROR(Collect(in_flight));
+    retire();
+    return absl::OkStatus();
+  };
+  // Whatever ends the loop, nothing is left running on the device with this call's samples.
+  auto fail = [&](absl::Status s) {
+    (void)model_->backend().Synchronize();
+    for (auto& q : all) FreeBlocks(*q);
+    return s;
+  };
+  while (!waiting.empty() || !running.empty() || in_flight.pending) {
+    const auto t0 = std::chrono::steady_clock::now();
+    Plan plan;
+    bool drain = false;
+    if (absl::Status s = Schedule(waiting, running, plan, &drain); !s.ok()) return fail(s);
+    if (drain || plan.empty()) {  // the step in flight's tokens first
+      if (!in_flight.pending) {
+        if (drain || !running.empty() || !waiting.empty())
+          return fail(absl::InternalError("rollout: nothing can run and nothing is in flight"));
+        break;
       }
-      for (int64_t k = blocks_for(*s) - shared; k > 0; --k) {
-        s->blocks.push_back(free_blocks_.back());
-        block_refs_[free_blocks_.back()] = 1;
-        free_blocks_.pop_back();
-      }
-      admitted.push_back(s);
+      if (absl::Status s = collect(); !s.ok()) return fail(s);
+      continue;
     }
+    Launched next;
+    if (absl::Status s = Launch(plan, next); !s.ok()) return fail(s);
+    if (absl::Status s = collect(); !s.ok()) return fail(s);
+    in_flight = std::move(next);
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    (plan.prompt_rows > 0 ? prefill_s_ : decode_s_) += dt;
     peak_blocks_ = std::max<int64_t>(peak_blocks_, cache_blocks_ - static_cast<int64_t>(free_blocks_.size()));
-    if (admitted.empty() && running.empty())  // cannot happen: every request fits an empty cache
-      return absl::InternalError("rollout: nothing running and nothing admitted");
-    if (!admitted.empty()) {
-      const auto t = std::chrono::steady_clock::now();
-      TESSERA_RETURN_IF_ERROR(Prefill(admitted));
-      prefill_s_ += seconds_since(t);
-      retire(admitted);
-      running.insert(running.end(), admitted.begin(), admitted.end());
-    }
-    if (!running.empty()) {
-      const auto t = std::chrono::steady_clock::now();
-      TESSERA_RETURN_IF_ERROR(Decode(running));
-      decode_s_ += seconds_since(t);
-      retire(running);
-    }
   }
   std::vector<Completion> out;
   for (auto& s : all) out.push_back(std::move(s->out));
   peak_bytes_ = model_->backend().allocator()->stats().peak_bytes;
   return out;
+}
+
+void RolloutEngine::FreeBlocks(Seq& s) {
+  for (auto b = s.blocks.rbegin(); b != s.blocks.rend(); ++b)
+    if (--block_refs_[*b] == 0) free_blocks_.push_back(*b);
+  s.blocks.clear();
+}
+
+bool RolloutEngine::TakeBlock(Seq& s) {
+  if (free_blocks_.empty()) return false;
+  s.blocks.push_back(free_blocks_.back());
+  block_refs_[free_blocks_.back()] = 1;
+  free_blocks_.pop_back();
+  return true;
+}
+
+// Recompute: the blocks go back, the tokens stay, and the sample is prefilled again (all of
+// its known tokens) when it is admitted next, ahead of the samples that never ran.
+void RolloutEngine::Preempt(Seq& s, std::deque<Seq*>& waiting) {
+  FreeBlocks(s);
+  s.computed = 0, s.leader = nullptr;
+  waiting.push_front(&s);
+  ++preemptions_;
+}
+
+absl::Status RolloutEngine::Schedule(std::deque<Seq*>& waiting, std::vector<Seq*>& running, Plan& plan, bool* drain) {
+  const int64_t bs = options_.block_size;
+  const int64_t watermark = std::max<int64_t>(1, cache_blocks_ / 100);
+  int64_t budget = options_.max_prefill_tokens;
+  bool in_flight = false;
+  for (Seq* s : running) in_flight = in_flight || s->inflight > 0;
+  // Blocks for positions [0, end) of s; when none is left, the latest admitted running
+  // sample is preempted (s itself, maybe: then false). Needs the step in flight collected
+  // first when it holds a token of anyone.
+  auto ensure = [&](Seq& s, int64_t end) -> absl::StatusOr<bool> {
+    while (static_cast<int64_t>(s.blocks.size()) * bs < end) {
+      if (TakeBlock(s)) continue;
+      if (in_flight) return *drain = true, false;
+      auto victim = std::max_element(running.begin(), running.end(), [](Seq* a, Seq* b) { return a->admitted < b->admitted; });
+      if (victim == running.end()) return absl::InternalError("rollout: no block and no sample to preempt");
+      Seq* v = *victim;
+      std::vector<Seq*> out = {v};  // with it, the samples waiting for its prompt
+      for (Seq* f : running)
+        if (f->leader == v && f->Known() == f->prompt_len && f->computed == 0) out.push_back(f);
+      for (Seq* q : out) {
+        running.erase(std::find(running.begin(), running.end(), q));
+        Preempt(*q, waiting);
+      }
+      if (v == &s) return false;
+    }
+    return true;
+  };
+  // 1. The running samples: the next chunk of a prompt being prefilled (rows that attend
+  // to the cache), or a decode row.
+  for (size_t i = 0; i < running.size(); ++i) {
+    Seq* s = running[i];
+    if (s->leader != nullptr && s->computed == 0) continue;  // its prompt comes with its leader's
+    const int64_t known = s->Known();
+    int64_t first = s->computed, n = 1;
+    if (s->computed < s->prefill_end) {
+      n = std::min(budget, s->prefill_end - s->computed);
+      if (n < 1) continue;
+    } else if (s->computed != known - 1 || s->inflight > 1 || s->Generated() >= s->params->max_new_tokens) {
+      continue;  // its last token is in flight
+    }
+    TESSERA_ASSIGN_OR_RETURN(const bool ok, ensure(*s, first + n));
+    if (*drain) return absl::OkStatus();
+    if (!ok) {  // s itself was preempted: running shrank
+      --i;
+      continue;
+    }
+    plan.paged.push_back({s, first, n});
+    if (first < s->prefill_end) budget -= n, plan.prompt_rows += n;
+    else ++plan.decode_rows;
+  }
+  // 2. Admission while a batch slot, the prompt budget and the cache allow: prompts of
+  // waiting samples (a preempted one: all its tokens), fresh rows.
+  std::map<int64_t, Seq*> leaders;  // this step's sample that starts each request's prompt
+  while (!waiting.empty() && static_cast<int64_t>(running.size()) < options_.max_running) {
+    Seq* s = waiting.front();
+    const int64_t known = s->Known();
+    const auto led = options_.prefix_sharing && known == s->prompt_len ? leaders.find(s->request) : leaders.end();
+    if (led != leaders.end()) {  // shares the leader's full prompt blocks; a copy of the partial one
+      Seq* l = led->second;
+      const int64_t shared = s->prompt_len / bs, own = (s->prompt_len % bs) != 0 ? 1 : 0;
+      if (static_cast<int64_t>(free_blocks_.size()) < own + watermark) break;
+      waiting.pop_front();
+      s->leader = l, s->prefill_end = s->prompt_len;
+      for (int64_t k = 0; k < shared; ++k) s->blocks.push_back(l->blocks[k]), ++block_refs_[l->blocks[k]];
+      if (own > 0) TakeBlock(*s);
+      s->admitted = admitted_++;
+      running.push_back(s);
+      continue;
+    }
+    if (budget == 0) break;  // (followers above compute nothing)
+    const int64_t need = (known + bs - 1) / bs;
+    if (static_cast<int64_t>(free_blocks_.size()) < need + watermark && !(running.empty() && plan.empty())) break;
+    if (static_cast<int64_t>(free_blocks_.size()) < need) break;  // cannot happen alone: every request fits the cache
+    waiting.pop_front();
+    for (int64_t k = 0; k < need; ++k) TakeBlock(*s);
+    s->admitted = admitted_++;
+    s->leader = nullptr, s->prefill_end = known;
+    running.push_back(s);
+    const int64_t n = std::min(budget, known);
+    plan.fresh.push_back({s, 0, n});
+    budget -= n, plan.prompt_rows += n;
+    if (known == s->prompt_len) leaders[s->request] = s;  // (its prompt in chunks, maybe: they wait for the last)
+  }
+  // 3. Row order (fresh, then paged), the samples each row's logits give, followers' copies.
+  int64_t row = 0;
+  std::map<const Seq*, int64_t> last_row;
+  auto place = [&](std::vector<Plan::Rows>& rows) {
+    for (Plan::Rows& r : rows) {
+      Seq& s = *r.seq;
+      row += r.count;
+      s.computed = r.first + r.count;
+      if (s.computed == s.Known()) {  // its last known token: it draws the next
+        plan.sampled.push_back(&s), plan.sample_of.push_back(row - 1);
+        last_row[&s] = row - 1;
+      }
+    }
+  };
+  place(plan.fresh);
+  place(plan.paged);
+  for (Seq* f : running) {  // followers whose leader computes its prompt's last token now
+    if (f->leader == nullptr || f->computed != 0) continue;
+    const auto l = last_row.find(f->leader);
+    if (l == last_row.end()) continue;
+    f->computed = f->prompt_len;
+    plan.sampled.push_back(f), plan.sample_of.push_back(l->second);
+    for (int64_t p = f->prompt_len / bs * bs; p < f->prompt_len; ++p)
+      plan.copy_from.push_back(f->leader->Slot(p, bs)), plan.copy_to.push_back(f->Slot(p, bs));
+  }
+  return absl::OkStatus();
 }
 
 int64_t RolloutEngine::cache_bytes() const {
@@ -209,171 +320,22 @@ absl::Status RolloutEngine::MakeCache(const std::vector<GenerationRequest>& requ
       blocks = std::min(blocks, fit);
     }
   }
+  runtime::Backend& be = model_->backend();
   TESSERA_ASSIGN_OR_RETURN(gen_, model::Generator::Create(model_, blocks + scratch, bs));
   if (scratch > 0) TESSERA_RETURN_IF_ERROR(gen_->ReserveDecodeRows(pad_rows));  // before any capture
+  TESSERA_ASSIGN_OR_RETURN(step_tokens_, be.Empty({pad_rows}, DType::kI32));
+  TESSERA_ASSIGN_OR_RETURN(step_logprobs_, be.Empty({pad_rows}, DType::kF32));
+  for (int i = 0; i < 2; ++i) {
+    if (host_out_[i] == nullptr || landed_[i] == nullptr) {
+      TESSERA_ASSIGN_OR_RETURN(host_out_[i], be.AllocHostStaging(static_cast<size_t>(pad_rows) * 8));
+      TESSERA_ASSIGN_OR_RETURN(landed_[i], be.NewEvent());
+    }
+  }
   cache_blocks_ = blocks;
   scratch_block_ = scratch > 0 ? blocks : -1;
   free_blocks_.clear();
   for (int64_t b = blocks - 1; b >= 0; --b) free_blocks_.push_back(static_cast<int32_t>(b));
   block_refs_.assign(static_cast<size_t>(blocks), 0);
-  return absl::OkStatus();
-}
-
-absl::Status RolloutEngine::Prefill(std::vector<Seq*>& admitted) {
-  const int64_t bs = options_.block_size;
-  model::TokenBatch batch;
-  std::vector<int32_t> slots;
-  batch.cu_seqlens = {0};
-  // The leaders' prompts (a sample sharing one reads its leader's logits row).
-  std::map<const Seq*, int64_t> row_of;
-  std::vector<int64_t> rows;
-  for (Seq* s : admitted) {
-    if (s->leader != nullptr) {
-      rows.push_back(row_of.at(s->leader));
-      continue;
-    }
-    rows.push_back(static_cast<int64_t>(row_of.size()));
-    row_of[s] = rows.back();
-    for (int64_t p = 0; p < s->prompt_len; ++p) {
-      batch.tokens.push_back(s->tokens[p]);
-      batch.positions.push_back(static_cast<int32_t>(p));
-      batch.targets.push_back(-1);
-      slots.push_back(s->Slot(p, bs));
-    }
-    batch.cu_seqlens.push_back(static_cast<int32_t>(batch.tokens.size()));
-    prefill_tokens_ += s->prompt_len;
-  }
-  ++prefills_;
-  const bool shared = row_of.size() < admitted.size();
-  TESSERA_RETURN_IF_ERROR(ForwardAndSample(admitted, batch, slots, nullptr, shared ? &rows : nullptr));
-  // Each sharing sample's own copy of the prompt's tokens in its partly filled last block,
-  // before any decode step writes a new token there (stream-ordered after the prefill's
-  // writes; one copy for all of them).
-  std::vector<int32_t> from, to;
-  for (Seq* s : admitted)
-    if (s->leader != nullptr)
-      for (int64_t p = s->prompt_len / bs * bs; p < s->prompt_len; ++p)
-        from.push_back(s->leader->Slot(p, bs)), to.push_back(s->Slot(p, bs));
-  return gen_->CopySlots(from, to);
-}
-
-absl::Status RolloutEngine::Decode(std::vector<Seq*>& running) {
-  if (scratch_block_ >= 0 && GraphsUsable()) return DecodeWithGraph(running);
-  const int64_t bs = options_.block_size, n = static_cast<int64_t>(running.size());
-  model::TokenBatch batch;
-  std::vector<int32_t> slots;
-  int64_t max_blocks = 1;
-  for (Seq* s : running) max_blocks = std::max<int64_t>(max_blocks, s->blocks.size());
-  model::DecodeView view;
-  TESSERA_ASSIGN_OR_RETURN(view.tables, host_->Empty({n, max_blocks}, DType::kI32));
-  TESSERA_ASSIGN_OR_RETURN(view.lens, host_->Empty({n}, DType::kI32));
-  int32_t* tables = view.tables.data_as<int32_t>();
-  std::fill(tables, tables + n * max_blocks, -1);
-  batch.cu_seqlens = {0};
-  for (int64_t i = 0; i < n; ++i) {
-    Seq* s = running[i];
-    const int64_t pos = static_cast<int64_t>(s->tokens.size()) - 1;  // the newest token, not yet in the cache
-    batch.tokens.push_back(s->tokens[pos]);
-    batch.positions.push_back(static_cast<int32_t>(pos));
-    batch.targets.push_back(-1);
-    batch.cu_seqlens.push_back(static_cast<int32_t>(i + 1));
-    slots.push_back(s->Slot(pos, bs));
-    std::copy(s->blocks.begin(), s->blocks.end(), tables + i * max_blocks);
-    view.lens.data_as<int32_t>()[i] = static_cast<int32_t>(pos + 1);
-  }
-  ++decode_steps_;
-  return ForwardAndSample(running, batch, slots, &view);
-}
-
-absl::Status RolloutEngine::ForwardAndSample(const std::vector<Seq*>& seqs, const model::TokenBatch& batch,
-                                             const std::vector<int32_t>& slots, const model::DecodeView* view,
-                                             const std::vector<int64_t>* rows) {
-  const int64_t n = static_cast<int64_t>(seqs.size()), vocab = model_->config().vocab;
-  if (device_sampling_) {  // the logits stay on the device: sampled there
-    TESSERA_ASSIGN_OR_RETURN(Tensor local, gen_->ForwardLocal(batch, slots, view));
-    // Under TP every rank gathers the whole vocabulary's logits on its device and samples
-    // the same tokens (the same logits, seeds and kernel), so the ranks stay in step.
-    TESSERA_ASSIGN_OR_RETURN(Tensor logits, gen_->GatherVocab(local));
-    if (rows == nullptr) return SampleInto(seqs, logits, model_->backend());
-    runtime::Backend& be = model_->backend();  // each sample's row: one gather
-    std::vector<int32_t> index(rows->begin(), rows->end());
-    TESSERA_ASSIGN_OR_RETURN(Tensor ids, be.Empty({n}, DType::kI32));
-    TESSERA_RETURN_IF_ERROR(be.CopyFromHost(index.data(), ids));
-    TESSERA_ASSIGN_OR_RETURN(Tensor each, be.Empty({n, logits.dim(1)}, logits.dtype()));
-    TESSERA_RETURN_IF_ERROR(be.EmbeddingForward(ids, logits, 0, each));
-    return SampleInto(seqs, each, be);
-  }
-  TESSERA_ASSIGN_OR_RETURN(std::vector<float> logits, gen_->Forward(batch, slots, view));
-  TESSERA_ASSIGN_OR_RETURN(Tensor z, host_->Empty({n, vocab}, DType::kF32));
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t r = rows != nullptr ? (*rows)[i] : i;
-    std::memcpy(z.data_as<float>() + i * vocab, logits.data() + r * vocab, vocab * sizeof(float));
-  }
-  return SampleInto(seqs, z, *host_);
-}
-
-void RolloutEngine::SamplingInputs(const std::vector<Seq*>& seqs, float* temperature, int32_t* top_k, float* top_p,
-                                   int64_t* seed, int64_t* offset) const {
-  for (size_t i = 0; i < seqs.size(); ++i) {
-    const Seq& s = *seqs[i];
-    temperature[i] = s.params->temperature;
-    top_k[i] = s.params->top_k;
-    top_p[i] = s.params->top_p;
-    seed[i] = static_cast<int64_t>(s.params->seed + static_cast<uint64_t>(s.sample));
-    offset[i] = static_cast<int64_t>(s.tokens.size()) - s.prompt_len;
-  }
-}
-
-void RolloutEngine::Append(const std::vector<Seq*>& seqs, const int32_t* token, const float* logprob) {
-  for (size_t i = 0; i < seqs.size(); ++i) {
-    Seq& s = *seqs[i];
-    const int32_t t = token[i];
-    s.tokens.push_back(t);
-    s.out.tokens.push_back(t);
-    s.out.logprobs.push_back(logprob[i]);
-    const auto& stop = s.params->stop_tokens;
-    if (std::find(stop.begin(), stop.end(), t) != stop.end()) {
-      s.done = true, s.out.finish_reason = "stop";
-    } else if (EndsWithAny(s.out.tokens, s.params->stop_sequences)) {
-      s.done = true, s.out.finish_reason = "tool";
-    } else if (static_cast<int64_t>(s.out.tokens.size()) >= s.params->max_new_tokens) {
-      s.done = true, s.out.finish_reason = "length";
-    }
-  }
-}
-
-absl::Status RolloutEngine::SampleInto(const std::vector<Seq*>& seqs, const Tensor& z, runtime::Backend& be) {
-  runtime::Backend& h = *host_;
-  const int64_t n = static_cast<int64_t>(seqs.size());
-  TESSERA_ASSIGN_OR_RETURN(Tensor temp, h.Empty({n}, DType::kF32));
-  TESSERA_ASSIGN_OR_RETURN(Tensor top_k, h.Empty({n}, DType::kI32));
-  TESSERA_ASSIGN_OR_RETURN(Tensor top_p, h.Empty({n}, DType::kF32));
-  TESSERA_ASSIGN_OR_RETURN(Tensor seed, h.Empty({n}, DType::kI64));
-  TESSERA_ASSIGN_OR_RETURN(Tensor offset, h.Empty({n}, DType::kI64));
-  TESSERA_ASSIGN_OR_RETURN(Tensor token, h.Empty({n}, DType::kI32));
-  TESSERA_ASSIGN_OR_RETURN(Tensor logprob, h.Empty({n}, DType::kF32));
-  SamplingInputs(seqs, temp.data_as<float>(), top_k.data_as<int32_t>(), top_p.data_as<float>(), seed.data_as<int64_t>(),
-                 offset.data_as<int64_t>());
-  if (&be == &h) {
-    TESSERA_RETURN_IF_ERROR(h.Sample(z, temp, top_k, top_p, seed, offset, token, logprob));
-  } else {  // the per-row parameters up, the tokens and log-probs down
-    auto up = [&](const Tensor& x) -> absl::StatusOr<Tensor> {
-      TESSERA_ASSIGN_OR_RETURN(Tensor d, be.Empty(x.shape(), x.dtype()));
-      TESSERA_RETURN_IF_ERROR(be.CopyFromHost(x.data(), d));
-      return d;
-    };
-    TESSERA_ASSIGN_OR_RETURN(Tensor d_temp, up(temp));
-    TESSERA_ASSIGN_OR_RETURN(Tensor d_top_k, up(top_k));
-    TESSERA_ASSIGN_OR_RETURN(Tensor d_top_p, up(top_p));
-    TESSERA_ASSIGN_OR_RETURN(Tensor d_seed, up(seed));
-    TESSERA_ASSIGN_OR_RETURN(Tensor d_offset, up(offset));
-    TESSERA_ASSIGN_OR_RETURN(Tensor d_token, be.Empty({n}, DType::kI32));
-    TESSERA_ASSIGN_OR_RETURN(Tensor d_logprob, be.Empty({n}, DType::kF32));
-    TESSERA_RETURN_IF_ERROR(be.Sample(z, d_temp, d_top_k, d_top_p, d_seed, d_offset, d_token, d_logprob));
-    TESSERA_RETURN_IF_ERROR(be.CopyToHost(d_token, token.data()));
-    TESSERA_RETURN_IF_ERROR(be.CopyToHost(d_logprob, logprob.data()));
-  }
-  Append(seqs, token.data_as<int32_t>(), logprob.data_as<float>());
   return absl::OkStatus();
 }
 

@@ -145,9 +145,10 @@ TEST_F(RolloutTest, SampledLogProbsAreTheTrainingEnginesAndBatchingChangesNothin
   }
 }
 
-// A prefill token budget admits fewer samples per prefill (one at least, the 33-token
-// prompt alone over a budget of 20) and changes no token.
-TEST_F(RolloutTest, APrefillTokenBudgetSplitsAdmissionAndChangesNothing) {
+// A step's prompt-token budget splits the prefill over steps — a prompt longer than what a
+// step has left runs in chunks, its later chunks attending to the cache — and changes no
+// token; a request's samples still share its prompt when it is chunked.
+TEST_F(RolloutTest, APrefillTokenBudgetChunksPromptsAndChangesNothing) {
   const auto reqs = Requests(Config().vocab, /*temperature=*/1.f, /*n=*/3, 6);
   RolloutOptions o;
   o.block_size = 8, o.num_blocks = 200, o.max_running = 18;
@@ -155,15 +156,21 @@ TEST_F(RolloutTest, APrefillTokenBudgetSplitsAdmissionAndChangesNothing) {
   auto all = whole->Generate(reqs);
   ASSERT_TRUE(all.ok()) << all.status();
   EXPECT_EQ(whole->prefills(), 1);
-  o.max_prefill_tokens = 20;
-  auto split = Engine(o);
-  auto got = split->Generate(reqs);
-  ASSERT_TRUE(got.ok()) << got.status();
-  // 68 prompt tokens (each request's prompt once: its samples share it), at most 20 a
-  // prefill unless one alone is longer: {5, 1}, {17}, {9}, {33}, {3}.
-  EXPECT_EQ(split->prefills(), 5);
-  EXPECT_EQ(split->prefill_tokens(), 68);
-  for (size_t i = 0; i < all->size(); ++i) EXPECT_EQ((*got)[i].tokens, (*all)[i].tokens) << "sample " << i;
+  for (int64_t budget : {20, 7, 1}) {
+    SCOPED_TRACE(::testing::Message() << "budget " << budget);
+    o.max_prefill_tokens = budget;
+    auto split = Engine(o);
+    auto got = split->Generate(reqs);
+    ASSERT_TRUE(got.ok()) << got.status();
+    // 68 prompt tokens (each request's prompt once: its samples share it), at most `budget`
+    // a step: {5, 1, 14 of 17}, {3, 9, 8 of 33}, {20 of 33}, {5, 3} at 20.
+    EXPECT_EQ(split->prefill_tokens(), 68);
+    EXPECT_EQ(split->prefills(), (68 + budget - 1) / budget);
+    for (size_t i = 0; i < all->size(); ++i) {
+      EXPECT_EQ((*got)[i].tokens, (*all)[i].tokens) << "sample " << i;
+      for (size_t k = 0; k < (*got)[i].logprobs.size(); ++k) EXPECT_NEAR((*got)[i].logprobs[k], (*all)[i].logprobs[k], 1e-5);
+    }
+  }
 }
 
 // Prefix sharing: a request's samples admitted together prefill its prompt once and hold
@@ -203,6 +210,49 @@ TEST_F(RolloutTest, SamplesOfARequestShareItsPromptAndDrawWhatTheyWouldAlone) {
     ASSERT_TRUE(again.ok()) << again.status();
     for (size_t i = 0; i < got->size(); ++i) EXPECT_EQ((*again)[i].tokens, (*got)[i].tokens);
   }
+}
+
+// Paged KV on demand: samples take blocks as they grow, so a cache that holds only a few
+// samples at their longest runs many at once, and when it runs out the latest admitted
+// sample is preempted and later prefilled again (its prompt and what it had generated).
+// Under heavy and light pressure the tokens are those of an unpressured cache (log-probs to
+// 1e-5: the recomputed keys and values come from a prefill instead of decode steps), and
+// every block comes back.
+TEST_F(RolloutTest, PreemptedSamplesRecomputeAndDrawWhatTheyWouldHave) {
+  auto reqs = Requests(Config().vocab, /*temperature=*/1.f, /*n=*/3, 20);
+  RolloutOptions o;
+  o.block_size = 4, o.num_blocks = 400, o.max_running = 18;
+  auto roomy = Engine(o);
+  auto want = roomy->Generate(reqs);
+  ASSERT_TRUE(want.ok()) << want.status();
+  EXPECT_EQ(roomy->preemptions(), 0);
+  // The longest sample (33 + 22 tokens) needs 14 blocks; 18 samples at their longest, 140.
+  for (int64_t blocks : {14, 40, 90}) {
+    SCOPED_TRACE(::testing::Message() << blocks << " blocks");
+    o.num_blocks = blocks;
+    auto tight = Engine(o);
+    for (int pass = 0; pass < 2; ++pass) {  // the second finds every block back
+      auto got = tight->Generate(reqs);
+      ASSERT_TRUE(got.ok()) << got.status();
+      EXPECT_GT(tight->preemptions(), 0);
+      EXPECT_LE(tight->peak_blocks(), blocks);
+      for (size_t i = 0; i < got->size(); ++i) {
+        EXPECT_EQ((*got)[i].tokens, (*want)[i].tokens) << "sample " << i;
+        EXPECT_EQ((*got)[i].finish_reason, (*want)[i].finish_reason);
+        ASSERT_EQ((*got)[i].logprobs.size(), (*want)[i].logprobs.size());
+        for (size_t k = 0; k < (*got)[i].logprobs.size(); ++k) EXPECT_NEAR((*got)[i].logprobs[k], (*want)[i].logprobs[k], 1e-5);
+      }
+    }
+  }
+  // Blocks reserved up front for prompt + max_new_tokens would hold 90 / 14 = 6 samples at
+  // once; on demand more run together: fewer decode steps than 18 samples 6 at a time take.
+  o.num_blocks = 90;
+  auto ninety = Engine(o);
+  ASSERT_TRUE(ninety->Generate(reqs).ok());
+  o.num_blocks = 400, o.max_running = 6;
+  auto six = Engine(o);
+  ASSERT_TRUE(six->Generate(reqs).ok());
+  EXPECT_LT(ninety->decode_steps(), six->decode_steps());
 }
 
 // The cache's blocks within a memory budget: utilization x total less what is in use.
