@@ -22,16 +22,39 @@
 //
 //   decode_bench [--hidden 2048 --layers 16 --heads 32 --kv-heads 8 --ffn 8192 --vocab 128256 --tied 1]
 //                [--batch 1,64] [--prompt 128] [--new 128] [--reps 3] [--hbm-gbps 3000] [--dtype bf16] [--graphs 1]
-//                [--group G]
+//                [--group G] [--trace PREFIX] [--gemm-tune 0|1]
+//
+// --gemm-tune 1: each GEMM shape's first call times cuBLASLt's candidates and keeps the
+// fastest (kernels::SetGemmTuning; the warm-up pays for it).
+//
+// With `--rl-prompts P` (RL's generation at scale): P prompts of random lengths in
+// [--prompt-min, --prompt-max] (64, 512), each sampled once at temperature 1 (--group G
+// times with --group) for up to --new tokens, ending early at any of --stops S stop tokens
+// (every vocab/S-th id: on a random model each step ends a sample with chance about
+// S/vocab, so lengths are mixed), at most --max-running samples decoding together, the KV
+// cache sized by --gpu-memory-utilization (0.9) of the GPU. One JSON line: generated
+// tokens, wall time, tokens/s, lengths, steps, preemptions, and the run's roofline — its
+// decode steps each reading every weight once plus the KV-cache bytes its rows attended
+// to, over --hbm-gbps, against its rows' GEMM FLOPs over --tflops (790): the larger, a
+// lower bound on the time, over the wall time.
+//
+// With `--trace PREFIX` (bench/cupti_trace.h): after the timed runs of each batch size,
+// one more whole Generate() inside a "timed step" range, and the GPU timeline so far into
+// PREFIX.b<batch>.csv — `bench/nsys_gaps.py PREFIX.b1.csv --kernels 30` then says where a
+// generation's time goes (its kernels by total time, the idle gaps between them).
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "bench/bench_util.h"
+#include "bench/cupti_trace.h"
+#include "kernels/gemm/gemm.h"
 #include "worker/rollout/rollout.h"
 
 using namespace tessera;
@@ -51,6 +74,53 @@ double Seconds(engine::RolloutEngine& e, const std::vector<engine::GenerationReq
   return s;
 }
 
+// Generation at RL scale (see the header comment).
+int RlScale(std::map<std::string, std::string>& a, model::Llama& m, const model::LlamaConfig& c, double hbm) {
+  auto get = [&](const char* k, int64_t d) { return a.count(k) ? std::atoll(a[k].c_str()) : d; };
+  const int64_t prompts = get("rl-prompts", 512), pmin = get("prompt-min", 64), pmax = get("prompt-max", 512);
+  const int64_t new_tokens = get("new", 1024), stops = get("stops", 128), group = get("group", 1);
+  engine::RolloutOptions o;
+  o.block_size = 16;
+  o.max_running = get("max-running", 512);
+  o.num_blocks = prompts * group * ((pmax + new_tokens + o.block_size - 1) / o.block_size);
+  o.gpu_memory_utilization = a.count("gpu-memory-utilization") ? std::atof(a["gpu-memory-utilization"].c_str()) : 0.9;
+  auto e = engine::RolloutEngine::Create(&m, o);
+  if (!e.ok()) return fprintf(stderr, "%s\n", e.status().ToString().c_str()), 1;
+  std::mt19937 rng(17);
+  std::vector<engine::GenerationRequest> reqs(prompts);
+  std::vector<int32_t> stop_ids;
+  for (int64_t i = 0; i < stops; ++i) stop_ids.push_back(static_cast<int32_t>(i * (c.vocab / stops) + 7));
+  for (int64_t i = 0; i < prompts; ++i) {
+    const int64_t len = pmin + static_cast<int64_t>(rng() % static_cast<uint32_t>(pmax - pmin + 1));
+    for (int64_t t = 0; t < len; ++t) reqs[i].prompt.push_back(static_cast<int32_t>(rng() % c.vocab));
+    reqs[i].params.temperature = 1, reqs[i].params.max_new_tokens = new_tokens, reqs[i].params.stop_tokens = stop_ids;
+    reqs[i].params.n = static_cast<int>(group), reqs[i].params.seed = 1000 + static_cast<uint64_t>(i);
+  }
+  int64_t tokens = 0;
+  Seconds(**e, reqs, &tokens);  // warm-up: the cache, cuBLASLt's plans, the graphs
+  const double s = Seconds(**e, reqs, &tokens);
+  const int64_t samples = prompts * group, elem = c.dtype == tessera::DType::kBF16 ? 2 : 4;
+  const double weight_bytes = double(c.NumParams()) * elem;
+  const double kv_token = double(c.layers) * 2.0 * double(c.kv_heads * c.HeadDim()) * elem;
+  const double mem_s = (double((*e)->decode_steps()) * weight_bytes + double((*e)->attended_tokens()) * kv_token) / (hbm * 1e9);
+  const double tflops = a.count("tflops") ? std::atof(a["tflops"].c_str()) : 790.0;
+  const double rows = double((*e)->decode_rows() + (*e)->prefill_tokens());
+  // Every row through the layers' GEMMs; the LM head only for the rows that sample.
+  const double layer_params = double(c.layers) * double(c.hidden * (c.heads + 2 * c.kv_heads) * c.HeadDim() +
+                                                        c.heads * c.HeadDim() * c.hidden + 3 * c.hidden * c.ffn);
+  const double head_rows = double((*e)->decode_rows() + samples);
+  const double compute_s = 2.0 * (layer_params * rows + double(c.vocab * c.hidden) * head_rows) / (tflops * 1e12);
+  printf("{\"engine\": \"tessera\", \"mode\": \"rl\", \"prompts\": %lld, \"samples\": %lld, \"max_new\": %lld, "
+         "\"generated\": %lld, \"seconds\": %.3f, \"tokens_per_s\": %.1f, \"mean_new\": %.1f, \"decode_steps\": %lld, "
+         "\"prefill_steps\": %lld, \"graph_steps\": %lld, \"preemptions\": %lld, \"cache_blocks\": %lld, "
+         "\"roofline_memory_s\": %.3f, \"roofline_compute_s\": %.3f, \"roofline_fraction\": %.3f}\n",
+         (long long)prompts, (long long)samples, (long long)new_tokens, (long long)tokens, s, double(tokens) / s,
+         double(tokens) / double(samples), (long long)(*e)->decode_steps(), (long long)(*e)->prefills(),
+         (long long)(*e)->graph_steps(), (long long)(*e)->preemptions(), (long long)(*e)->cache_blocks(), mem_s, compute_s,
+         std::max(mem_s, compute_s) / s);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -63,12 +133,20 @@ int main(int argc, char** argv) {
   for (auto s : absl::StrSplit(a.count("batch") ? a["batch"] : std::string("1,64"), ',')) batches.push_back(std::atoll(std::string(s).c_str()));
   if (new_tokens < 2) return fprintf(stderr, "--new must be >= 2\n"), 1;
 
+  std::unique_ptr<bench::CuptiTrace> trace;  // before the first CUDA call
+  if (a.count("trace")) {
+    auto started = bench::CuptiTrace::Start();
+    if (!started.ok()) return fprintf(stderr, "%s\n", started.status().ToString().c_str()), 1;
+    trace = std::move(*started);
+  }
   auto be = runtime::MakeCudaBackend(0);
   if (!be.ok()) return fprintf(stderr, "%s\n", be.status().ToString().c_str()), 1;
   auto m = model::Llama::Create(c, be->get());
   if (!m.ok()) return fprintf(stderr, "%s\n", m.status().ToString().c_str()), 1;
   if (auto s = bench::Init(**m, 11); !s.ok()) return fprintf(stderr, "%s\n", s.ToString().c_str()), 1;
 
+  if (a.count("gemm-tune")) kernels::SetGemmTuning(a["gemm-tune"] == "1");
+  if (a.count("rl-prompts")) return RlScale(a, **m, c, hbm);
   const int64_t hd = c.HeadDim(), elem = c.dtype == tessera::DType::kBF16 ? 2 : 4;
   if (const int64_t group = get("group", 0); group > 0) {
     for (int64_t prompts : batches)
@@ -134,6 +212,16 @@ int main(int argc, char** argv) {
       full = std::min(full, Seconds(**e, reqs, &got));
       graph_steps = (*e)->graph_steps();
       one = std::min(one, Seconds(**e, first, &got1));
+    }
+    if (trace != nullptr) {
+      const uint64_t begin = trace->Now();
+      int64_t traced = 0;
+      Seconds(**e, reqs, &traced);
+      trace->Range("timed step", begin, trace->Now());
+      std::string summary;
+      const std::string path = absl::StrCat(a["trace"], ".b", batch, ".csv");
+      if (auto s = trace->Write(path, &summary); !s.ok()) return fprintf(stderr, "%s\n", s.ToString().c_str()), 1;
+      fprintf(stderr, "trace %s: %s\n", path.c_str(), summary.c_str());
     }
     if (got != batch * new_tokens) return fprintf(stderr, "expected %lld tokens, got %lld\n", (long long)(batch * new_tokens), (long long)got), 1;
     const double step_ms = (full - one) * 1e3 / double(new_tokens - 1);
