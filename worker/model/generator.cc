@@ -217,9 +217,8 @@ absl::StatusOr<Tensor> Generator::CacheForward(const Llama::Inputs& in, int64_t 
   }
   Tensor lastx = x;
   if (!last.empty()) {  // each sequence's last token: one gather of rows
-    std::vector<int32_t> ids(last.begin(), last.end());
     TESSERA_ASSIGN_OR_RETURN(Tensor rows, m.host_->Empty({n}, DType::kI32));
-    std::copy(ids.begin(), ids.end(), rows.data_as<int32_t>());
+    std::transform(last.begin(), last.end(), rows.data_as<int32_t>(), [](int64_t r) { return static_cast<int32_t>(r); });
     if (b.device().kind != runtime::DeviceKind::kCpu) {
       TESSERA_ASSIGN_OR_RETURN(rows, Device(b, rows));
     }

@@ -115,8 +115,7 @@ absl::Status RolloutEngine::LaunchGraph(const Plan& plan, Launched& out) {
     if (i < n) {
       const Seq& s = *seqs[i];
       const int64_t pos = plan.paged[i].first;  // the newest token, not yet in the cache
-      const bool on_host = pos < static_cast<int64_t>(s.tokens.size());
-      values[i] = on_host ? s.tokens[pos] : 0, src[i] = on_host ? -1 : s.last_row;
+      s.TokenAt(pos, &values[i], &src[i]);
       positions[i] = static_cast<int32_t>(pos), lens[i] = static_cast<int32_t>(pos + 1);
       slots[i] = s.Slot(pos, bs);
       std::copy(s.blocks.begin(), s.blocks.end(), tables + i * maxb);

@@ -30,6 +30,12 @@ struct RolloutEngine::Seq {
   // Positions known: the host's tokens and those in flight.
   int64_t Known() const { return static_cast<int64_t>(tokens.size()) + inflight; }
   int64_t Generated() const { return Known() - prompt_len; }
+  // Where the token at `pos` is for a step's inputs (Backend::Select): its value on the
+  // host (source -1), or, sampled by the step in flight, that step's row.
+  void TokenAt(int64_t pos, int32_t* value, int32_t* source) const {
+    const bool on_host = pos < static_cast<int64_t>(tokens.size());
+    *value = on_host ? tokens[pos] : 0, *source = on_host ? -1 : last_row;
+  }
   int32_t Slot(int64_t pos, int64_t block_size) const {
     return static_cast<int32_t>(blocks[pos / block_size] * block_size + pos % block_size);
   }

@@ -45,8 +45,9 @@ absl::Status RolloutEngine::LaunchEager(const Plan& plan, Launched& out) {
   auto add = [&](const Plan::Rows& rows, bool paged) {
     const Seq& s = *rows.seq;
     for (int64_t p = rows.first; p < rows.first + rows.count; ++p) {
-      const bool on_host = p < static_cast<int64_t>(s.tokens.size());  // else: sampled by the step in flight
-      values.push_back(on_host ? s.tokens[p] : 0), src.push_back(on_host ? -1 : s.last_row);
+      int32_t value, source;
+      s.TokenAt(p, &value, &source);
+      values.push_back(value), src.push_back(source);
       r.positions.push_back(static_cast<int32_t>(p)), r.slots.push_back(s.Slot(p, bs));
       if (!paged) continue;
       r.lens.push_back(static_cast<int32_t>(p + 1));
