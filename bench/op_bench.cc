@@ -10,6 +10,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "kernels/attention/cudnn_attention.h"
 #include "worker/runtime/backend.h"
@@ -144,6 +145,136 @@ int main(int argc, char** argv) {
     Line("paged_decode", "64x4096 ctx, 32/8 heads, d128 bf16", ms, "gbps", bytes / ms / 1e6);
     ms = TimeMs(b, [&] { return b.PagedAttention(q, kc, vc, bt, cl, out, lse); }, 20, 3);
     Line("paged_decode_devtables", "same, tables on the device", ms, "gbps", bytes / ms / 1e6);
+  }
+  // The decode step's linear layers (Backend::DecodeLinear) at the ~1B Llama shape, over
+  // 16 layers of distinct weights (2 GB: the weights come from HBM, not L2), as one CUDA
+  // graph per case: each kind of layer alone, 16 of them back to back, then the 4 of a
+  // layer in their order (q|k|v with the input norm, o + residual, gate|up with the norm
+  // and SwiGLU, down + residual); GB/s of weights read. Beside them the device-to-device
+  // copy bandwidth of 1 GiB, the roofline the decode rows are measured against.
+  if (Want("decode_linear")) {
+    const int64_t H = 2048, KV = 512, F = 8192, L = 16, V = 128256;
+    {
+      const int64_t n = 1LL << 29;
+      auto src = Random(b, {n}, bf), dst = *b.Empty({n}, bf);
+      auto copy = [&] {
+        return cudaMemcpyAsync(dst.data(), src.data(), n * 2, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(b.stream())) ==
+                       cudaSuccess
+                   ? absl::OkStatus()
+                   : absl::InternalError("copy");
+      };
+      double ms = TimeMs(b, copy, 20, 3);
+      Line("copy_d2d", "1 GiB", ms, "gbps", 2.0 * n * 2 / ms / 1e6);
+    }
+    struct Layer {
+      Tensor q, k, v, o, gate, up, down, norm1, norm2;
+    };
+    // Weights of one byte pattern (0x1c1c: bf16 ~5e-22, finite through the chain): the
+    // time does not depend on the values, and 2 GB of host random numbers would be slow.
+    auto W = [&](std::vector<int64_t> shape) {
+      auto t = *b.Empty(shape, bf);
+      (void)b.Fill(t, 0x1c);
+      return t;
+    };
+    std::vector<Layer> layers;
+    for (int64_t l = 0; l < L; ++l)
+      layers.push_back({W({H, H}), W({KV, H}), W({KV, H}), W({H, H}), W({F, H}), W({F, H}), W({H, F}), Random(b, {H}, bf),
+                        Random(b, {H}, bf)});
+    auto lm = W({V, H});
+    for (int64_t m : {1, 8}) {
+      auto x = Random(b, {m, H}, bf), h = Random(b, {m, H}, bf), qo = *b.Empty({m, H}, bf), ko = *b.Empty({m, KV}, bf);
+      auto vo = *b.Empty({m, KV}, bf), act = *b.Empty({m, F}, bf), logits = *b.Empty({m, V}, bf);
+      auto qkv = [&](Layer& w) {
+        Backend::LinearPart p[3] = {{&w.q, nullptr, &qo}, {&w.k, nullptr, &ko}, {&w.v, nullptr, &vo}};
+        return b.DecodeLinear(x, &w.norm1, 1e-5f, p, nullptr, false);
+      };
+      auto o = [&](Layer& w) {
+        Backend::LinearPart p[1] = {{&w.o, nullptr, &h}};
+        return b.DecodeLinear(qo, nullptr, 0.f, p, &x, false);
+      };
+      auto gate_up = [&](Layer& w) {
+        Backend::LinearPart p[2] = {{&w.gate, nullptr, &act}, {&w.up, nullptr, nullptr}};
+        return b.DecodeLinear(h, &w.norm2, 1e-5f, p, nullptr, true);
+      };
+      auto down = [&](Layer& w) {
+        Backend::LinearPart p[1] = {{&w.down, nullptr, &x}};
+        return b.DecodeLinear(act, nullptr, 0.f, p, &h, false);
+      };
+      using Op = std::function<absl::Status(Layer&)>;
+      struct Case {
+        const char* name;
+        std::vector<Op> ops;
+        int64_t bytes_per_layer;
+      };
+      const int64_t qkv_b = (H + 2 * KV) * H * 2, o_b = H * H * 2, gu_b = 2 * F * H * 2, d_b = F * H * 2;
+      for (const Case& c : {Case{"qkv", {qkv}, qkv_b}, Case{"o", {o}, o_b}, Case{"gate_up", {gate_up}, gu_b},
+                            Case{"down", {down}, d_b}, Case{"layer", {qkv, o, gate_up, down}, qkv_b + o_b + gu_b + d_b}}) {
+        absl::Status st = b.BeginCapture();
+        for (int64_t l = 0; l < L && st.ok(); ++l)
+          for (const Op& op : c.ops)
+            if (st.ok()) st = op(layers[l]);
+        auto graph = b.EndCapture();
+        if (!st.ok() || !graph.ok()) {
+          fprintf(stderr, "decode_linear %s: %s\n", c.name, (st.ok() ? graph.status() : st).ToString().c_str());
+          continue;
+        }
+        double ms = TimeMs(b, [&] { return (*graph)->Launch(); }, 50, 5);
+        Line((std::string("decode_linear_") + c.name + "_m" + std::to_string(m)).c_str(),
+             "m" + std::to_string(m) + ", 16 layers, " + std::to_string(c.ops.size() * L) + " kernels", ms, "gbps",
+             double(c.bytes_per_layer) * L / ms / 1e6);
+      }
+      // The whole layer of a decode step over a KV cache of 256 tokens per row: q|k|v, the
+      // q/k RoPE and cache write, paged attention, o, gate|up, down (GB/s of weights and
+      // KV read). Against decode_linear_layer: what the attention's two kernels cost.
+      {
+        const int64_t ctx = 256, bs = 16, D = 64, hq = H / D, hkv = KV / D, maxb = ctx / bs;
+        auto kc = W({m * maxb * L, bs, hkv, D}), vc = W({m * maxb * L, bs, hkv, D});
+        auto q3 = *qo.Reshape({m, hq, D}), k3 = *ko.Reshape({m, hkv, D}), v3 = *vo.Reshape({m, hkv, D});
+        auto qr = *b.Empty({m, hq, D}, bf), att = *b.Empty({m, hq, D}, bf), lse = *b.Empty({m, hq}, DType::kF32);
+        auto att2 = *att.Reshape({m, H});
+        std::vector<Tensor> tables, slots;
+        auto pos = *b.Empty({m}, DType::kI32), lens = *b.Empty({m}, DType::kI32);
+        std::vector<int32_t> hp(m, int32_t(ctx - 1)), hl(m, int32_t(ctx));
+        (void)b.CopyFromHost(hp.data(), pos), (void)b.CopyFromHost(hl.data(), lens);
+        for (int64_t l = 0; l < L; ++l) {  // each layer its own blocks (as its own cache)
+          std::vector<int32_t> ht(m * maxb), hs(m);
+          for (int64_t r = 0; r < m; ++r) {
+            for (int64_t j = 0; j < maxb; ++j) ht[r * maxb + j] = int32_t((l * m + r) * maxb + j);
+            hs[r] = ht[r * maxb + maxb - 1] * int32_t(bs) + int32_t(bs - 1);
+          }
+          tables.push_back(*b.Empty({m, maxb}, DType::kI32)), slots.push_back(*b.Empty({m}, DType::kI32));
+          (void)b.CopyFromHost(ht.data(), tables.back()), (void)b.CopyFromHost(hs.data(), slots.back());
+        }
+        std::vector<float> inv_freq(D / 2);
+        for (int64_t i = 0; i < D / 2; ++i) inv_freq[i] = float(std::pow(500000.0, -2.0 * i / D));
+        b.set_trust_device_indices(true);
+        absl::Status st = b.BeginCapture();
+        for (int64_t l = 0; l < L && st.ok(); ++l) {
+          Layer& w = layers[l];
+          st = qkv(w);
+          if (st.ok()) st = b.QkRopeCache(q3, k3, v3, pos, slots[l], nullptr, nullptr, 1e-5f, inv_freq, 1.f, qr, kc, vc);
+          if (st.ok()) st = b.PagedAttention(qr, kc, vc, tables[l], lens, att, lse);
+          Backend::LinearPart po[1] = {{&w.o, nullptr, &h}};
+          if (st.ok()) st = b.DecodeLinear(att2, nullptr, 0.f, po, &x, false);
+          if (st.ok()) st = gate_up(w);
+          if (st.ok() && b.DecodeLinearSupported(m, F, bf)) st = down(w);
+        }
+        auto graph = b.EndCapture();
+        b.set_trust_device_indices(false);
+        if (!st.ok() || !graph.ok()) {
+          fprintf(stderr, "decode_layer_attention: %s\n", (st.ok() ? graph.status() : st).ToString().c_str());
+        } else {
+          const bool with_down = b.DecodeLinearSupported(m, F, bf);
+          const double bytes = double(qkv_b + o_b + gu_b + (with_down ? d_b : 0) + 2 * m * ctx * KV * 2) * L;
+          double ms = TimeMs(b, [&] { return (*graph)->Launch(); }, 50, 5);
+          Line(("decode_layer_attention_m" + std::to_string(m)).c_str(), "m" + std::to_string(m) + ", 16 layers, ctx 256" + (with_down ? "" : ", no down"), ms,
+               "gbps", bytes / ms / 1e6);
+        }
+      }
+      Backend::LinearPart p[1] = {{&lm, nullptr, &logits}};
+      double ms = TimeMs(b, [&] { return b.DecodeLinear(x, &layers[0].norm1, 1e-5f, p, nullptr, false); }, 50, 5);
+      Line(("decode_linear_lm_head_m" + std::to_string(m)).c_str(), "m" + std::to_string(m) + ", 128256x2048", ms, "gbps", double(V) * H * 2 / ms / 1e6);
+    }
   }
   // Attention: 16384 tokens packed as sequences of S (cu_seqlens), MHA, as in the peer.
   if (Want("attn")) for (auto [D, H] : {std::pair<int64_t, int64_t>{64, 32}, {128, 16}}) {

@@ -45,6 +45,22 @@ cudaError_t LaunchDependent(void (*kernel)(KArgs...), dim3 grid, dim3 block, siz
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
 }
 
+// The same, with the grid in thread-block clusters of `cluster` blocks (cluster.x must
+// divide grid.x; at most 8 blocks: the portable size).
+template <typename... KArgs, typename... Args>
+cudaError_t LaunchDependentCluster(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                                   dim3 cluster, Args&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = stream;
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  attr[1].id = cudaLaunchAttributeClusterDimension;
+  attr[1].val.clusterDim.x = cluster.x, attr[1].val.clusterDim.y = cluster.y, attr[1].val.clusterDim.z = cluster.z;
+  cfg.attrs = attr, cfg.numAttrs = 2;
+  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
 // The status of a LaunchDependent: its own error, else the launch's (cudaGetLastError).
 inline absl::Status Launched(cudaError_t e, const char* kernel) {
   if (e != cudaSuccess) {

@@ -9,8 +9,9 @@
 // one shape, gate and up): y_0 = silu(round(x @ gate^T)) * round(x @ up^T), the MLP's
 // activation, rounded as the unfused ops round.
 // CPU: the reference (f32 or bf16; double accumulation). CUDA: bf16, k % 8 == 0 and
-// m * k * 2 bytes <= kDecodeMaxXBytes: warps stream the weights with 16-byte loads, the
-// (normalized) rows of x in shared memory; launched as a programmatic dependent of the
+// (m rounded up to 1, 2, 4 or 8, plus one) * k * 2 bytes <= kDecodeMaxXBytes: warps
+// stream the weights with 16-byte loads, the (normalized) rows of x and the norm's
+// weights in shared memory; launched as a programmatic dependent of the
 // kernel before it, whose tail it overlaps (its weights prefetched into L2 before it waits
 // for its input).
 #pragma once

@@ -7,9 +7,11 @@
 // (row, x row) sum, which the epilogue rounds once (bias, residual, or silu(gate) * up) and
 // stores.
 // Launched as a programmatic dependent: before waiting for the kernel before it, each warp
-// loads its first batch of weights into registers and prefetches its next tiles into L2
-// (they are constants), so the pass over the weights starts while the previous kernel
-// drains.
+// loads its first batch of weights into registers and prefetches its next tiles into L2,
+// and the block stages the norm's weights (all constants), so the pass over the weights
+// starts while the previous kernel drains. After the wait the path to the first store is
+// one read of x from L2 (the norm's sums taken from the same read) and the epilogue's
+// bias and residual, loaded before the sums that they wait under.
 #include <algorithm>
 
 #include "kernels/common/cuda_elem.cuh"
@@ -46,54 +48,67 @@ __device__ __forceinline__ void TileAt(const Params& p, int tile, int rows_per_t
   *row0 = (tile - (j == 0 ? 0 : p.part[j - 1].tiles_end)) * rows_per_tile;
 }
 
+// The norm's weights into shared memory after x's M rows (sx + M * k / 8): constants,
+// loaded before the dependency wait.
+template <int M>
+__device__ void StageNorm(const Params& p, uint4* sx) {
+  if (p.norm == nullptr) return;
+  const int chunks = p.k / 8;
+  const uint4* nw = reinterpret_cast<const uint4*>(p.norm);
+  for (int c = threadIdx.x; c < chunks; c += kThreads) sx[M * chunks + c] = nw[c];
+}
+
 // x (RMS-normalized by p.norm when given, rounded to bf16 as kernels/rmsnorm rounds) into
-// shared memory: M rows of k / 8 chunks, zeros past p.m.
+// shared memory: M rows of k / 8 chunks, zeros past p.m. With the norm, warp r reads row r
+// once (its sum of squares and its raw copy in shared memory), then every thread scales
+// the copy in place: one read of x from L2 on the path after the wait.
 template <int M>
 __device__ void StageX(const Params& p, uint4* sx) {
   const int chunks = p.k / 8;
   __shared__ float rstd[M];
   const uint4* x = reinterpret_cast<const uint4*>(p.x);
-  if (p.norm != nullptr) {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    for (int r = warp; r < M; r += kWarps) {
-      float ss = 0.f;
-      if (r < p.m)
-        for (int c = lane; c < chunks; c += 32) {
-          const uint4 v = x[int64_t(r) * chunks + c];
-          const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const float2 f = Bf2(w[e]);
-            ss += f.x * f.x + f.y * f.y;
-          }
-        }
-      for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-      if (lane == 0) rstd[r] = rsqrtf(ss / p.k + p.eps);
+  if (p.norm == nullptr) {
+    for (int i = threadIdx.x; i < M * chunks; i += kThreads) {
+      const int r = i / chunks, c = i % chunks;
+      sx[i] = r < p.m ? x[int64_t(r) * chunks + c] : make_uint4(0, 0, 0, 0);
     }
-    __syncthreads();
+    return;
   }
-  const uint4* nw = reinterpret_cast<const uint4*>(p.norm);
-  for (int i = threadIdx.x; i < M * chunks; i += kThreads) {
-    const int r = i / chunks, c = i % chunks;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (r < p.m) {
-      v = x[int64_t(r) * chunks + c];
-      if (nw != nullptr) {
-        const uint4 g = nw[c];
-        const float rs = rstd[r];
-        const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
-        const __nv_bfloat162* wh = reinterpret_cast<const __nv_bfloat162*>(&g);
-        uint4 o;
-        __nv_bfloat162* oh = reinterpret_cast<__nv_bfloat162*>(&o);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int r = warp; r < M; r += kWarps) {
+    float ss = 0.f;
+    if (r < p.m)
+      for (int c = lane; c < chunks; c += 32) {
+        const uint4 v = x[int64_t(r) * chunks + c];
+        sx[r * chunks + c] = v;
+        const uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const float2 f = __bfloat1622float2(h[e]), gw = __bfloat1622float2(wh[e]);
-          oh[e] = __floats2bfloat162_rn(f.x * rs * gw.x, f.y * rs * gw.y);
+          const float2 f = Bf2(w[e]);
+          ss += f.x * f.x + f.y * f.y;
         }
-        v = o;
+      }
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if (lane == 0) rstd[r] = rsqrtf(ss / p.k + p.eps);
+  }
+  __syncthreads();
+  const uint4* nw = sx + M * chunks;
+  for (int i = threadIdx.x; i < M * chunks; i += kThreads) {
+    const int r = i / chunks, c = i % chunks;
+    uint4 o = make_uint4(0, 0, 0, 0);
+    if (r < p.m) {
+      const uint4 v = sx[i], g = nw[c];
+      const float rs = rstd[r];
+      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+      const __nv_bfloat162* wh = reinterpret_cast<const __nv_bfloat162*>(&g);
+      __nv_bfloat162* oh = reinterpret_cast<__nv_bfloat162*>(&o);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float2 f = __bfloat1622float2(h[e]), gw = __bfloat1622float2(wh[e]);
+        oh[e] = __floats2bfloat162_rn(f.x * rs * gw.x, f.y * rs * gw.y);
       }
     }
-    sx[i] = v;
+    sx[i] = o;
   }
 }
 
@@ -165,13 +180,26 @@ __global__ void __launch_bounds__(kThreads) DecodeGemv(const Params p) {
         if (rows > 0) PrefetchL2(reinterpret_cast<const uint4*>(p.part[j].w) + int64_t(r0) * chunks, unsigned(rows * chunks) * 16u);
       }
     }
+  StageNorm<M>(p, sx);
   GridDependencyWait();
   GridDependentsLaunch();
   StageX<M>(p, sx);
   __syncthreads();
 
+  const int idx = lane >> (5 - kLog), out_r = idx / M, out_mi = idx % M;  // the (row, x row) this lane ends with
+  const bool writer = (lane & ((1 << (5 - kLog)) - 1)) == 0;
   for (int t = first; t < total; t += stride) {
     if (t != first) start_tile(t), load(0);
+    // The epilogue's bias and residual, loaded now: their latency passes under the sums.
+    float bias = 0.f, res = 0.f;
+    if (!p.swiglu) {
+      const Part& q = p.part[part];
+      const int row = row0 + out_r;
+      if (writer && out_mi < p.m && row < q.n) {
+        if (q.bias != nullptr) bias = __bfloat162float(q.bias[row]);
+        if (p.residual != nullptr) res = __bfloat162float(p.residual[int64_t(out_mi) * q.n + row]);
+      }
+    }
     float acc[V];
 #pragma unroll
     for (int i = 0; i < V; ++i) acc[i] = 0.f;
@@ -197,8 +225,7 @@ __global__ void __launch_bounds__(kThreads) DecodeGemv(const Params p) {
       }
     }
     WarpReduceScatter<V>(acc);
-    const int idx = lane >> (5 - kLog), r = idx / M, mi = idx % M;
-    const bool writer = (lane & ((1 << (5 - kLog)) - 1)) == 0;
+    const int r = out_r, mi = out_mi;
     if (p.swiglu) {
       const float up = __shfl_down_sync(0xffffffffu, acc[0], 16);  // value idx + V / 2: the up row of this gate row
       const int row = row0 + r;
@@ -210,14 +237,14 @@ __global__ void __launch_bounds__(kThreads) DecodeGemv(const Params p) {
       const Part& q = p.part[part];
       const int row = row0 + r;
       if (writer && mi < p.m && row < q.n) {
-        float v = acc[0];
-        if (q.bias != nullptr) v += __bfloat162float(q.bias[row]);
-        if (p.residual != nullptr) v += __bfloat162float(p.residual[int64_t(mi) * q.n + row]);
-        q.y[int64_t(mi) * q.n + row] = __float2bfloat16_rn(v);
+        q.y[int64_t(mi) * q.n + row] = __float2bfloat16_rn(acc[0] + bias + res);  // (sum + bias) + residual
       }
     }
   }
 }
+
+// The rows of x a kernel instance stages (its M; zeros past m), the norm's weights after them.
+int64_t KernelRows(int64_t m) { return m <= 2 ? m : m <= 4 ? 4 : 8; }
 
 template <int M, int R, int U>
 absl::Status Launch(Params& p, cudaStream_t s) {
@@ -227,7 +254,7 @@ absl::Status Launch(Params& p, cudaStream_t s) {
     p.part[j].tiles_end = end;
   }
   const int tiles = p.part[p.parts - 1].tiles_end;
-  const size_t smem = size_t(M) * p.k * 2;
+  const size_t smem = size_t(M + (p.norm != nullptr ? 1 : 0)) * p.k * 2;  // x's rows (and the norm's weights)
   static int per_sm = 0;  // this instantiation's resident blocks per multiprocessor at the largest x
   if (per_sm == 0) {
     if (cudaFuncSetAttribute(DecodeGemv<M, R, U>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kDecodeMaxXBytes)) !=
@@ -247,14 +274,15 @@ absl::Status Launch(Params& p, cudaStream_t s) {
 
 bool DecodeLinearCudaSupported(int64_t m, int64_t k, DType t) {
   return t == DType::kBF16 && m >= 1 && m <= kDecodeMaxRows && k % 8 == 0 && k <= (int64_t(1) << 20) &&
-         m * k * 2 <= kDecodeMaxXBytes;
+         (KernelRows(m) + 1) * k * 2 <= kDecodeMaxXBytes;
 }
 
 absl::Status DecodeLinearCuda(const DecodeLinearArgs& a, DType t, void* stream) {
   if (auto s = CheckDecodeLinear(a); !s.ok()) return s;
   if (!DecodeLinearCudaSupported(a.m, a.k, t))
-    return absl::InvalidArgumentError(absl::StrCat("decode linear: CUDA takes bf16 with k % 8 == 0 and m <= ", kDecodeMaxRows,
-                                                   ", m * k * 2 <= ", kDecodeMaxXBytes, " bytes; got m ", a.m, ", k ", a.k));
+    return absl::InvalidArgumentError(absl::StrCat("decode linear: CUDA takes bf16 with k % 8 == 0, m <= ", kDecodeMaxRows,
+                                                   " and (m rounded up to 1, 2, 4 or 8, plus 1) * k * 2 <= ", kDecodeMaxXBytes,
+                                                   " bytes; got m ", a.m, ", k ", a.k));
   Params p = {};
   p.x = static_cast<const bf16*>(a.x), p.norm = static_cast<const bf16*>(a.norm);
   p.residual = static_cast<const bf16*>(a.residual);

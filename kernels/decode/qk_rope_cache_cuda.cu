@@ -30,19 +30,25 @@ struct Params {
 template <typename T, int E>
 __global__ void __launch_bounds__(kThreads) QkRopeCache(const Params<T> p) {
   constexpr int D = 32 * E;
-  GridDependencyWait();
-  GridDependentsLaunch();
   const int warp = (blockIdx.x * kThreads + threadIdx.x) / 32, lane = threadIdx.x % 32;
   const int heads = p.hq + p.hkv;
-  if (warp >= p.tokens * heads) return;
+  const bool active = warp < p.tokens * heads;
   const int tok = warp / heads, h = warp % heads;
   const bool is_q = h < p.hq;
   const int kh = h - p.hq;
+  const T* nw = is_q ? p.qn : p.kn;
+  float g[E];  // the head norm's weights: constants, read before the wait
+  if (active && nw != nullptr)
+#pragma unroll
+    for (int j = 0; j < E; ++j) g[j] = ToF(nw[lane * E + j]);
+  GridDependencyWait();
+  GridDependentsLaunch();
+  if (!active) return;
+  const int32_t pos = p.pos[tok];
   const T* src = is_q ? p.q + (int64_t(tok) * p.hq + h) * D : p.k + (int64_t(tok) * p.hkv + kh) * D;
   float x[E];
 #pragma unroll
   for (int j = 0; j < E; ++j) x[j] = ToF(src[lane * E + j]);
-  const T* nw = is_q ? p.qn : p.kn;
   if (nw != nullptr) {  // as kernels/rmsnorm: y = round(x * rstd * w)
     float ss = 0.f;
 #pragma unroll
@@ -50,9 +56,8 @@ __global__ void __launch_bounds__(kThreads) QkRopeCache(const Params<T> p) {
     for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
     const float rs = rsqrtf(ss / D + p.eps);
 #pragma unroll
-    for (int j = 0; j < E; ++j) x[j] = ToF(FromF<T>(x[j] * rs * ToF(nw[lane * E + j])));
+    for (int j = 0; j < E; ++j) x[j] = ToF(FromF<T>(x[j] * rs * g[j]));
   }
-  const int32_t pos = p.pos[tok];
   const bool second = lane >= 16;
   T y[E];
 #pragma unroll

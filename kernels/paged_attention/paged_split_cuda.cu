@@ -5,8 +5,12 @@
 // three stages, rows gathered through the block table, 16-byte chunks swizzled); each of
 // the 4 warps owns 16 tokens of a tile and keeps its own online-softmax state
 // (S = Q K^T and O += P V with mma.sync), merged across warps at the end. With several
-// splits, a second kernel merges the splits' (max, sum, O) into out and lse.
+// splits the splits' (max, sum, O) are merged into out and lse: by the first CTA of a
+// thread-block cluster that holds a (sequence, kv head)'s splits (up to 8), reading the
+// others' shared memory, or, past 8 splits, by a second kernel.
 #include <algorithm>
+
+#include <cooperative_groups.h>
 
 #include "kernels/common/cuda_elem.cuh"
 #include "kernels/common/pdl.cuh"
@@ -19,6 +23,7 @@ namespace {
 using bf16 = __nv_bfloat16;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kWarps = 4, kThreads = 32 * kWarps, kTile = 16 * kWarps, kRows = 16, kStages = 3;
+constexpr int64_t kMaxCluster = 8;  // the portable cluster size
 
 struct Params {
   const bf16 *q, *kc, *vc;
@@ -28,11 +33,40 @@ struct Params {
   float *part_o, *part_ml;  // [B, Hq, splits, D] and [B, Hq, splits, 2] when splits > 1
   int hq, hkv, block_size, max_blocks, splits, chunk;
   float scale;
+  int cluster;  // the splits of a (sequence, kv head) are one thread-block cluster, merged in shared memory
 };
 
 template <int D>
 constexpr int SmemBytes() {
   return (kRows + 2 * kStages * kTile) * D * 2;  // q tile, K and V tiles x stages (the merge reuses them)
+}
+
+// out = sum_s e^(m_s - M) O_s / sum_s e^(m_s - M) l_s: the merge of the splits, by the
+// cluster's first CTA over the others' shared memory (as Merge computes it, in split order).
+template <int D>
+__device__ void ClusterMerge(const Params& p, float* co, float* cm, float* cl) {
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();  // every split's state is in its shared memory
+  const int kvh = blockIdx.y, b = blockIdx.z, group = p.hq / p.hkv;
+  if (cluster.block_rank() == 0)
+    for (int i = threadIdx.x; i < group * D; i += kThreads) {
+      const int row = i / D, c = i % D;
+      float mx = -INFINITY;
+      for (int s = 0; s < p.splits; ++s) mx = fmaxf(mx, cluster.map_shared_rank(cm, s)[row]);
+      float sum = 0.f, acc = 0.f;
+      for (int s = 0; s < p.splits; ++s) {
+        const float ms = cluster.map_shared_rank(cm, s)[row];
+        if (ms == -INFINITY) continue;
+        const float f = __expf(ms - mx);
+        sum += cluster.map_shared_rank(cl, s)[row] * f;
+        acc += cluster.map_shared_rank(co, s)[row * D + c] * f;
+      }
+      const int64_t hrow = int64_t(b) * p.hq + kvh * group + row;
+      p.out[hrow * D + c] = __float2bfloat16_rn(acc / sum);
+      if (c == 0) p.lse[hrow] = mx + logf(sum);
+    }
+  cluster.sync();  // the others' shared memory stays until the merge has read it
 }
 
 template <int D>
@@ -140,6 +174,9 @@ __global__ void __launch_bounds__(kThreads) SplitKernel(Params p) {
   float* sm = reinterpret_cast<float*>(smem);  // [warps][16] max, [warps][16] sum, [warps][16][D] O
   float* sl = sm + kWarps * kRows;
   float* so = sl + kWarps * kRows;
+  float* co = so + kWarps * kRows * D;  // in a cluster: this CTA's [16][D] O, [16] max, [16] sum
+  float* cm = co + kRows * D;
+  float* cl = cm + kRows;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const float lsum = tc::QuadSum(l[r]);
@@ -167,6 +204,9 @@ __global__ void __launch_bounds__(kThreads) SplitKernel(Params p) {
     if (p.splits == 1) {
       p.out[hrow * D + c] = __float2bfloat16_rn(acc / sum);
       if (c == 0) p.lse[hrow] = mx * p.scale + logf(sum);
+    } else if (p.cluster) {  // the same, for the cluster's merge
+      co[row * D + c] = acc;
+      if (c == 0) cm[row] = mx == -INFINITY ? -INFINITY : mx * p.scale, cl[row] = sum;
     } else {  // unnormalized O with its max (natural-log units) and sum
       p.part_o[(hrow * p.splits + split) * D + c] = acc;
       if (c == 0) {
@@ -175,6 +215,7 @@ __global__ void __launch_bounds__(kThreads) SplitKernel(Params p) {
       }
     }
   }
+  if (p.cluster) ClusterMerge<D>(p, co, cm, cl);
 }
 
 // out = sum_s e^(m_s - M) O_s / sum_s e^(m_s - M) l_s; one warp per (sequence, head).
@@ -208,19 +249,27 @@ absl::Status Run(const Params& base, const PagedDims& d, int sms, cudaStream_t s
   const int64_t max_ctx = d.max_blocks * d.block_size;
   // Split the context only until there are two CTAs per multiprocessor, in chunks of at
   // least 256 tokens: each split costs a pipeline fill and the merge (H200, 64 x 4096
-  // tokens: 1 split 0.296 ms, 4 splits 0.321 ms, 8 splits 0.341 ms).
+  // tokens: 1 split 0.296 ms, 4 splits 0.321 ms, 8 splits 0.341 ms). Where that leaves
+  // at most 8 splits and the grid is small (few sequences: a latency-bound step), the
+  // context is split finer — down to one tile of tokens per CTA — and each (sequence, kv
+  // head)'s splits run as one thread-block cluster that merges in shared memory, with no
+  // second kernel.
   const int64_t ctas = d.batch * d.kv_heads;
   int splits = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((2 * sms + ctas - 1) / ctas, (max_ctx + 255) / 256)));
+  const int fine = static_cast<int>(std::min<int64_t>({kMaxCluster, (2 * sms + ctas - 1) / ctas, (max_ctx + kTile - 1) / kTile}));
+  p.cluster = splits <= kMaxCluster && fine >= 2 ? 1 : 0;
+  if (p.cluster) splits = fine;
   p.chunk = static_cast<int>((max_ctx + splits - 1) / splits);
   p.chunk = (p.chunk + kTile - 1) / kTile * kTile;
   splits = static_cast<int>((max_ctx + p.chunk - 1) / p.chunk);
+  if (splits < 2) p.cluster = 0;
   p.splits = splits;
   constexpr int kSmem = SmemBytes<D>();
   if (cudaFuncSetAttribute(SplitKernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem) != cudaSuccess)
     return LaunchStatus("paged_attention(smem attribute)");
   float* part = nullptr;
   const int64_t rows = d.batch * d.q_heads;
-  if (splits > 1) {
+  if (splits > 1 && !p.cluster) {
     if (cudaMallocAsync(&part, rows * splits * (D + 2) * sizeof(float), s) != cudaSuccess)
       return LaunchStatus("paged_attention(alloc)");
     p.part_o = part;
@@ -228,6 +277,9 @@ absl::Status Run(const Params& base, const PagedDims& d, int sms, cudaStream_t s
   }
   auto launch = [&]() -> absl::Status {
     const dim3 grid(splits, static_cast<unsigned>(d.kv_heads), static_cast<unsigned>(d.batch));
+    if (p.cluster)
+      return Launched(LaunchDependentCluster(SplitKernel<D>, grid, dim3(kThreads), kSmem, s, dim3(splits, 1, 1), p),
+                      "paged_attention(split, cluster)");
     if (auto st = Launched(LaunchDependent(SplitKernel<D>, grid, dim3(kThreads), kSmem, s, p), "paged_attention(split)");
         !st.ok() || splits == 1)
       return st;
@@ -250,7 +302,7 @@ absl::Status Decode(const void* q, const void* kc, const void* vc, const int32_t
   const int sms = SmCount();
   Params p{static_cast<const bf16*>(q), static_cast<const bf16*>(kc), static_cast<const bf16*>(vc), tables, lens,
            static_cast<bf16*>(out), lse, nullptr, nullptr, static_cast<int>(d.q_heads), static_cast<int>(d.kv_heads),
-           static_cast<int>(d.block_size), static_cast<int>(d.max_blocks), 1, 0, d.scale};
+           static_cast<int>(d.block_size), static_cast<int>(d.max_blocks), 1, 0, d.scale, 0};
   return d.head_dim == 64 ? Run<64>(p, d, sms, s) : Run<128>(p, d, sms, s);
 }
 

@@ -1,8 +1,9 @@
 // Sampling on CUDA. Rows without top-k or top-p (greedy, or temperature alone: what RL
 // rollouts draw) split the vocabulary over several blocks: each reduces its segment to
 // (max, argmax, sum of exp((z - max) / T)), then one block per row combines them, picks
-// the segment the draw lands in by the segments' masses and scans only that segment —
-// one read of the logits, spread over the GPU. Rows with top-k or top-p run one block
+// the segment the draw lands in by the segments' masses (one warp: each lane a run of
+// segments, placed by a scan over the lanes) and scans only that segment — one read of
+// the logits, spread over the GPU. Rows with top-k or top-p run one block
 // per row (in the combining kernel): thresholds for top-k and top-p are found by
 // bisection over the bit patterns of positive floats (31 block reductions each), so no
 // sort of the vocabulary is needed; the draw is an inverse CDF in token-id order over
@@ -51,23 +52,39 @@ __device__ int64_t InverseCdf(int64_t b0, int64_t e0, Weight weight, Target targ
     float w;
     if (weight(j, &w)) mine += w, last = j;
   }
-  __shared__ float prefix[kThreads + 1];
-  __shared__ int64_t lastk[kThreads];
+  // Where each thread's chunk starts: a scan over the warp, then over the warps' sums. A
+  // thread's chunk ends where the next one's starts (the same float), so the chunks tile
+  // [0, total) without gaps or overlaps whatever the rounding.
+  constexpr int kW = kThreads / 32;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  float inc = mine;
+  int64_t lastw = last;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const float up = __shfl_up_sync(0xffffffffu, inc, o);
+    if (lane >= o) inc += up;
+    lastw = max(lastw, static_cast<int64_t>(__shfl_xor_sync(0xffffffffu, static_cast<long long>(lastw), o)));
+  }
+  float excl = __shfl_up_sync(0xffffffffu, inc, 1);
+  if (lane == 0) excl = 0.f;
+  __shared__ float wsum[kW], wstart[kW + 1];
+  __shared__ int64_t wlast[kW];
   __shared__ int64_t pick;
-  prefix[threadIdx.x + 1] = mine;
-  lastk[threadIdx.x] = last;
+  if (lane == 31) wsum[warp] = inc;
+  if (lane == 0) wlast[warp] = lastw;
   __syncthreads();
   if (threadIdx.x == 0) {
-    prefix[0] = 0;
-    for (int t = 1; t <= kThreads; ++t) prefix[t] += prefix[t - 1];
+    wstart[0] = 0.f;
     pick = -1;
-    for (int t = kThreads - 1; t >= 0; --t)
-      if (lastk[t] >= 0) { pick = lastk[t]; break; }
+    for (int w = 0; w < kW; ++w) wstart[w + 1] = wstart[w] + wsum[w], pick = max(pick, wlast[w]);
   }
   __syncthreads();
-  const float target = target_of(prefix[kThreads]);
-  if (target >= prefix[threadIdx.x] && target < prefix[threadIdx.x + 1]) {
-    float cum = prefix[threadIdx.x];
+  const float before = wstart[warp] + excl;
+  const float next_excl = __shfl_down_sync(0xffffffffu, excl, 1);
+  const float after = lane < 31 ? wstart[warp] + next_excl : wstart[warp + 1];
+  const float target = target_of(wstart[kW]);
+  if (target >= before && target < after) {
+    float cum = before;
     for (int64_t j = b; j < e; ++j) {
       float w;
       if (!weight(j, &w)) continue;
@@ -218,26 +235,54 @@ __global__ void CombineKernel(const T* logits, int64_t v, int64_t seg_len, int s
   __shared__ float m_s, total_s, target_s;
   __shared__ int seg_s;
   __shared__ int64_t amax_s;
-  if (threadIdx.x == 0) {  // a few dozen segments: serially, in order
+  if (threadIdx.x < 32) {  // up to 256 segments over one warp: lane l takes segments [l * per, (l + 1) * per)
+    const int lane = threadIdx.x, per = (segs + 31) / 32, s0 = min(segs, lane * per), s1 = min(segs, s0 + per);
     float m = -INFINITY;
     int64_t amax = v;
-    for (int s = 0; s < segs; ++s)
+    for (int s = s0; s < s1; ++s)
       if (pr[s].max > m || (pr[s].max == m && pr[s].arg < amax)) m = pr[s].max, amax = pr[s].arg;
-    float total = 0.f;
-    for (int s = 0; s < segs; ++s)
-      if (pr[s].max != -INFINITY) total += pr[s].sum * __expf((pr[s].max - m) * inv_t);
-    m_s = m, total_s = total, amax_s = amax;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float om = __shfl_xor_sync(0xffffffffu, m, o);
+      const int64_t oa = __shfl_xor_sync(0xffffffffu, static_cast<long long>(amax), o);
+      if (om > m || (om == m && oa < amax)) m = om, amax = oa;
+    }
+    auto mass = [&](int s) { return pr[s].max == -INFINITY ? 0.f : pr[s].sum * __expf((pr[s].max - m) * inv_t); };
+    float mine = 0.f;
+    for (int s = s0; s < s1; ++s) mine += mass(s);
+    // The lanes' masses placed by a scan; a lane's range ends where the next one's starts.
+    float inc = mine;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const float up = __shfl_up_sync(0xffffffffu, inc, o);
+      if (lane >= o) inc += up;
+    }
+    float before = __shfl_up_sync(0xffffffffu, inc, 1);
+    if (lane == 0) before = 0.f;
+    const float total = __shfl_sync(0xffffffffu, inc, 31), next = __shfl_down_sync(0xffffffffu, before, 1);
+    const float after = lane < 31 ? next : total;
+    if (lane == 0) m_s = m, total_s = total, amax_s = amax;
     if (temp > 0) {  // the segment the draw lands in
       const float target = static_cast<float>(SampleUniform(a.seed[row], a.offset[row])) * total;
-      float cum = 0.f;
-      int pick = segs - 1;
-      for (int s = 0; s < segs; ++s) {
-        const float mass = pr[s].max == -INFINITY ? 0.f : pr[s].sum * __expf((pr[s].max - m) * inv_t);
-        if (cum + mass > target && mass > 0.f) { pick = s; break; }
-        cum += mass;
+      int pick = -1;
+      float cum = before;
+      if (target >= before && target < after && mine > 0.f)
+        for (int s = s0; s < s1; ++s) {
+          const float ms = mass(s);
+          if (cum + ms > target && ms > 0.f) { pick = s; break; }
+          cum += ms;
+        }
+      const unsigned found = __ballot_sync(0xffffffffu, pick >= 0);
+      if (found != 0) {
+        const int src = __ffs(found) - 1;
+        pick = __shfl_sync(0xffffffffu, pick, src), cum = __shfl_sync(0xffffffffu, cum, src);
+      } else {  // rounding past the end: the last segment with mass
+        pick = segs - 1;
+        while (pick > 0 && pr[pick].max == -INFINITY) --pick;
+        cum = 0.f;
+        for (int s = 0; s < pick; ++s) cum += mass(s);
       }
-      while (pick > 0 && pr[pick].max == -INFINITY) --pick;  // rounding past the end: the last segment with mass
-      seg_s = pick, target_s = target - cum;
+      if (lane == 0) seg_s = pick, target_s = target - cum;
     }
   }
   __syncthreads();

@@ -62,6 +62,8 @@ TEST_P(OpTest, DecodeLinearMatchesTheOpsItFuses) {
       {1, 2048, {1536, 1536}, true, false, false, true},  // gate and up: SwiGLU
       {7, 128, {33, 33}, true, false, false, true},
       {2, 1024, {5003}, true, false, false, false},  // an LM head of odd rows
+      {4, 8192, {72}, true, false, false, false},    // a long row with the norm (x and the norm's weights near the bound)
+      {5, 8192, {40}, false, false, true, false},    // a down projection at 5 rows (where the backend takes it)
   };
   for (DType t : {DType::kF32, DType::kBF16}) {
     for (const LinearCase& c : cases) {
