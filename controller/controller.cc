@@ -317,6 +317,9 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Start(const ControllerOp
   c->services_.push_back(MakeNodeService(d));
   c->services_.push_back(MakeRendezvousService(d));
   for (auto& s : c->services_) b.RegisterService(s.get());
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(MakeRpcMetricsInterceptors(c->metrics_.get()));
+  b.experimental().SetInterceptorCreators(std::move(interceptors));
   c->server_impl_ = b.BuildAndStart();
   if (!c->server_impl_ || c->port_ == 0)
     return absl::UnavailableError(absl::StrCat("cannot listen on ", opts.listen, " (--listen): is the port in use?"));

@@ -200,6 +200,7 @@ absl::Status JobManager::Transition(JobRt& rt, v1::JobState state, const std::st
   ev.set_attempt(rt.job.attempt());
   AddEvent(rt, ev);
   UpdateGauges();
+  if (metrics_ != nullptr && tessera::IsTerminal(state)) metrics_->ForgetJob(rt.job.job_id());
   return absl::OkStatus();
 }
 
@@ -890,14 +891,14 @@ void JobManager::StartDriver(JobRt& rt) {
       ctx.progress = [this, job_id, attempt](const v1::Progress& p) {
         std::lock_guard<std::mutex> l(mu_);
         auto it = jobs_.find(job_id);
-        if (it == jobs_.end() || it->second.job.attempt() != attempt) return;
+        if (it == jobs_.end() || it->second.job.attempt() != attempt || tessera::IsTerminal(it->second.job.state())) return;
         v1::JobEvent ev;
         *ev.mutable_progress() = p;
         ev.set_attempt(attempt);
         AddEvent(it->second, ev);
         if (metrics_ != nullptr && p.step() > 0) {
-          metrics_->SetJobStepMetric(job_id, "step", p.step());
-          for (const auto& [k, v] : p.metrics()) metrics_->SetJobStepMetric(job_id, k, v);
+          metrics_->SetJobMetric(job_id, "step", p.step());
+          for (const auto& [k, v] : p.metrics()) metrics_->SetJobMetric(job_id, k, v);
         }
       };
       return fn(ctx);

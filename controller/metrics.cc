@@ -1,5 +1,8 @@
 #include "controller/metrics.h"
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_replace.h"
+
 namespace tessera::controller {
 
 Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
@@ -11,21 +14,87 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
   nodes_ = &prometheus::BuildGauge().Name("tessera_nodes").Help("Nodes by state").Register(*registry_);
   lease_age_ = &prometheus::BuildGauge().Name("tessera_node_lease_age_seconds")
                     .Help("Seconds since the node's last heartbeat").Register(*registry_);
-  rpc_ = &prometheus::BuildHistogram().Name("tessera_rpc_seconds").Help("RPC latency by method").Register(*registry_);
-  job_metric_ = &prometheus::BuildGauge()
-                     .Name("tessera_job_step_metric")
-                     .Help("Latest per-step metric of a running job (step, loss, grad_norm, lr, tokens_per_s, mfu, ...)")
-                     .Register(*registry_);
+  rpc_ = &prometheus::BuildHistogram()
+              .Name("tessera_rpc_duration_seconds")
+              .Help("Controller RPC handling time by service, method and status code")
+              .Register(*registry_);
   submitted_ = &prometheus::BuildCounter().Name("tessera_jobs_submitted_total").Help("Jobs submitted")
                     .Register(*registry_).Add({});
 }
 
 void Metrics::SetJobsByState(const std::string& state, double n) { jobs_->Add({{"state", state}}).Set(n); }
 
-void Metrics::ObserveRpc(const std::string& method, double seconds) {
+void Metrics::ObserveRpc(const std::string& full_method, const std::string& code, double seconds) {
   static const prometheus::Histogram::BucketBoundaries kBuckets = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
                                                                    0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
-  rpc_->Add({{"method", method}}, kBuckets).Observe(seconds);
+  // "/tessera.v1.JobService/SubmitJob" -> service tessera.v1.JobService, method SubmitJob.
+  std::string service, method = full_method;
+  if (const size_t slash = full_method.rfind('/'); slash != std::string::npos && slash > 0) {
+    service = full_method.substr(full_method[0] == '/' ? 1 : 0, slash - (full_method[0] == '/' ? 1 : 0));
+    method = full_method.substr(slash + 1);
+  }
+  rpc_->Add({{"service", service}, {"method", method}, {"code", code}}, kBuckets).Observe(seconds);
+}
+
+std::pair<std::string, double> Metrics::JobMetricName(const std::string& key) {
+  std::string s;
+  for (char ch : key) {
+    const char c = static_cast<char>(ch >= 'A' && ch <= 'Z' ? ch - 'A' + 'a' : ch);
+    s += (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ? c : '_';
+  }
+  if (s.empty()) s = "unnamed";
+  double scale = 1;
+  if (absl::StrContains(s, "tflops")) s = absl::StrReplaceAll(s, {{"tflops", "flops"}}), scale *= 1e12;
+  auto ends = [&](const char* suffix) { return absl::EndsWith(s, suffix) || s == std::string(suffix).substr(1); };
+  auto swap_suffix = [&](size_t n, const std::string& to) { s = s.substr(0, s.size() - n) + to; };
+  if (absl::EndsWith(s, "_per_s")) {
+    swap_suffix(1, "second");
+  } else if (absl::EndsWith(s, "_ms")) {
+    swap_suffix(3, "_seconds"), scale *= 1e-3;
+  } else if (absl::EndsWith(s, "_s")) {
+    swap_suffix(2, "_seconds");
+  } else if (absl::EndsWith(s, "_gb")) {
+    swap_suffix(3, "_bytes"), scale *= 1e9;
+  } else if (absl::EndsWith(s, "_mb")) {
+    swap_suffix(3, "_bytes"), scale *= 1e6;
+  } else if (absl::EndsWith(s, "_gib")) {
+    swap_suffix(4, "_bytes"), scale *= double(1 << 30);
+  } else if (absl::EndsWith(s, "_mib")) {
+    swap_suffix(4, "_bytes"), scale *= double(1 << 20);
+  } else if (s == "mfu") {
+    s = "mfu_ratio";
+  }
+  for (const char* reserved : {"_total", "_count", "_sum", "_bucket"})
+    if (ends(reserved)) s += "_value";
+  return {"tessera_job_" + s, scale};
+}
+
+void Metrics::SetJobMetric(const std::string& job_id, const std::string& key, double v) {
+  const auto [name, scale] = JobMetricName(key);
+  std::lock_guard<std::mutex> l(mu_);
+  auto& family = job_families_[name];
+  if (family == nullptr) {
+    try {
+      family = &prometheus::BuildGauge()
+                    .Name(name)
+                    .Help("Latest per-step value of a running job's " + key + " (from its progress reports)")
+                    .Register(*registry_);
+    } catch (const std::exception&) {  // a name the registry refuses: the value is not exported
+      job_families_.erase(name);
+      return;
+    }
+  }
+  prometheus::Gauge& g = family->Add({{"job_id", job_id}});
+  g.Set(v * scale);
+  job_series_[job_id].insert({family, &g});
+}
+
+void Metrics::ForgetJob(const std::string& job_id) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = job_series_.find(job_id);
+  if (it == job_series_.end()) return;
+  for (auto& [family, gauge] : it->second) family->Remove(gauge);
+  job_series_.erase(it);
 }
 
 }  // namespace tessera::controller

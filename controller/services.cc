@@ -18,17 +18,56 @@ namespace {
 using grpc::ServerContext;
 using grpc::Status;
 
-class RpcTimer {
+const char* CodeName(grpc::StatusCode c) {
+  switch (c) {
+    case grpc::StatusCode::OK: return "OK";
+    case grpc::StatusCode::CANCELLED: return "CANCELLED";
+    case grpc::StatusCode::UNKNOWN: return "UNKNOWN";
+    case grpc::StatusCode::INVALID_ARGUMENT: return "INVALID_ARGUMENT";
+    case grpc::StatusCode::DEADLINE_EXCEEDED: return "DEADLINE_EXCEEDED";
+    case grpc::StatusCode::NOT_FOUND: return "NOT_FOUND";
+    case grpc::StatusCode::ALREADY_EXISTS: return "ALREADY_EXISTS";
+    case grpc::StatusCode::PERMISSION_DENIED: return "PERMISSION_DENIED";
+    case grpc::StatusCode::RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
+    case grpc::StatusCode::FAILED_PRECONDITION: return "FAILED_PRECONDITION";
+    case grpc::StatusCode::ABORTED: return "ABORTED";
+    case grpc::StatusCode::OUT_OF_RANGE: return "OUT_OF_RANGE";
+    case grpc::StatusCode::UNIMPLEMENTED: return "UNIMPLEMENTED";
+    case grpc::StatusCode::INTERNAL: return "INTERNAL";
+    case grpc::StatusCode::UNAVAILABLE: return "UNAVAILABLE";
+    case grpc::StatusCode::DATA_LOSS: return "DATA_LOSS";
+    case grpc::StatusCode::UNAUTHENTICATED: return "UNAUTHENTICATED";
+    default: return "UNKNOWN";
+  }
+}
+
+class RpcMetricsInterceptor final : public grpc::experimental::Interceptor {
  public:
-  RpcTimer(Metrics* m, const char* method) : m_(m), method_(method), t0_(std::chrono::steady_clock::now()) {}
-  ~RpcTimer() {
-    if (m_) m_->ObserveRpc(method_, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count());
+  RpcMetricsInterceptor(grpc::experimental::ServerRpcInfo* info, Metrics* m)
+      : method_(info->method() != nullptr ? info->method() : ""), m_(m), t0_(std::chrono::steady_clock::now()) {}
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(grpc::experimental::InterceptionHookPoints::PRE_SEND_STATUS)) {
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+      m_->ObserveRpc(method_, CodeName(methods->GetSendStatus().error_code()), s);
+    }
+    methods->Proceed();
+  }
+
+ private:
+  std::string method_;
+  Metrics* m_;
+  std::chrono::steady_clock::time_point t0_;
+};
+
+class RpcMetricsFactory final : public grpc::experimental::ServerInterceptorFactoryInterface {
+ public:
+  explicit RpcMetricsFactory(Metrics* m) : m_(m) {}
+  grpc::experimental::Interceptor* CreateServerInterceptor(grpc::experimental::ServerRpcInfo* info) override {
+    return new RpcMetricsInterceptor(info, m_);
   }
 
  private:
   Metrics* m_;
-  const char* method_;
-  std::chrono::steady_clock::time_point t0_;
 };
 
 Status Authorize(const ServiceDeps& d, ServerContext* ctx, Role need) {
@@ -41,7 +80,6 @@ class JobServiceImpl final : public v1::JobService::Service {
   explicit JobServiceImpl(ServiceDeps d) : d_(std::move(d)) {}
 
   Status SubmitJob(ServerContext* ctx, const v1::SubmitJobRequest* req, v1::SubmitJobResponse* resp) override {
-    RpcTimer t(d_.metrics, "SubmitJob");
     if (auto s = Authorize(d_, ctx, Role::kSubmit); !s.ok()) return s;
     if (req->submission_id().size() > 128)
       return Status(grpc::INVALID_ARGUMENT, "submission_id: longer than 128 characters");
@@ -56,7 +94,6 @@ class JobServiceImpl final : public v1::JobService::Service {
   }
 
   Status GetJob(ServerContext* ctx, const v1::GetJobRequest* req, v1::GetJobResponse* resp) override {
-    RpcTimer t(d_.metrics, "GetJob");
     if (auto s = Authorize(d_, ctx, Role::kRead); !s.ok()) return s;
     auto j = d_.jobs->GetJob(req->job_id());
     if (!j.ok()) return ToGrpc(j.status());
@@ -65,7 +102,6 @@ class JobServiceImpl final : public v1::JobService::Service {
   }
 
   Status ListJobs(ServerContext* ctx, const v1::ListJobsRequest* req, v1::ListJobsResponse* resp) override {
-    RpcTimer t(d_.metrics, "ListJobs");
     if (auto s = Authorize(d_, ctx, Role::kRead); !s.ok()) return s;
     std::set<v1::JobState> states;
     for (int s : req->states()) states.insert(static_cast<v1::JobState>(s));
@@ -79,7 +115,6 @@ class JobServiceImpl final : public v1::JobService::Service {
   }
 
   Status StopJob(ServerContext* ctx, const v1::StopJobRequest* req, v1::StopJobResponse* resp) override {
-    RpcTimer t(d_.metrics, "StopJob");
     if (auto s = Authorize(d_, ctx, Role::kSubmit); !s.ok()) return s;
     auto j = d_.jobs->Stop(req->job_id(), req->reason());
     if (!j.ok()) return ToGrpc(j.status());
@@ -145,7 +180,6 @@ class ClusterServiceImpl final : public v1::ClusterService::Service {
  public:
   explicit ClusterServiceImpl(ServiceDeps d) : d_(std::move(d)) {}
   Status GetClusterStatus(ServerContext* ctx, const v1::GetClusterStatusRequest*, v1::GetClusterStatusResponse* resp) override {
-    RpcTimer t(d_.metrics, "GetClusterStatus");
     if (auto s = Authorize(d_, ctx, Role::kRead); !s.ok()) return s;
     *resp = d_.jobs->ClusterStatus();
     return Status::OK;
@@ -224,7 +258,6 @@ class NodeServiceImpl final : public v1::NodeService::Service {
   }
 
   Status RegisterNode(ServerContext* ctx, const v1::RegisterNodeRequest* req, v1::RegisterNodeResponse* resp) override {
-    RpcTimer t(d_.metrics, "RegisterNode");
     if (auto s = CheckJoin(ctx); !s.ok()) return s;
     if (!IsSafeName(req->node_id()))
       return Status(grpc::INVALID_ARGUMENT, absl::StrCat("node_id: '", req->node_id().substr(0, 64),
@@ -333,6 +366,10 @@ class RendezvousServiceImpl final : public v1::RendezvousService::Service {
 std::unique_ptr<v1::JobService::Service> MakeJobService(ServiceDeps d) { return std::make_unique<JobServiceImpl>(std::move(d)); }
 std::unique_ptr<v1::ClusterService::Service> MakeClusterService(ServiceDeps d) { return std::make_unique<ClusterServiceImpl>(std::move(d)); }
 std::unique_ptr<v1::NodeService::Service> MakeNodeService(ServiceDeps d) { return std::make_unique<NodeServiceImpl>(std::move(d)); }
+std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> MakeRpcMetricsInterceptors(Metrics* m) {
+  return std::make_unique<RpcMetricsFactory>(m);
+}
+
 std::unique_ptr<v1::RendezvousService::Service> MakeRendezvousService(ServiceDeps d) { return std::make_unique<RendezvousServiceImpl>(std::move(d)); }
 
 }  // namespace tessera::controller

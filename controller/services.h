@@ -2,6 +2,8 @@
 // JobManager / Rendezvous, and pack (docs/design.md §11).
 #pragma once
 
+#include <grpcpp/support/server_interceptor.h>
+
 #include <memory>
 
 #include "common/rpc/auth.h"
@@ -33,5 +35,9 @@ std::unique_ptr<v1::JobService::Service> MakeJobService(ServiceDeps d);
 std::unique_ptr<v1::ClusterService::Service> MakeClusterService(ServiceDeps d);
 std::unique_ptr<v1::NodeService::Service> MakeNodeService(ServiceDeps d);
 std::unique_ptr<v1::RendezvousService::Service> MakeRendezvousService(ServiceDeps d);
+// Times every RPC the server handles, from its start to the status it sends, into
+// Metrics::ObserveRpc with the status's code (ServerBuilder::experimental()
+// .SetInterceptorCreators).
+std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> MakeRpcMetricsInterceptors(Metrics* m);
 
 }  // namespace tessera::controller

@@ -268,6 +268,19 @@ std::vector<std::string> LintAll(const std::vector<YAML::Node>& objs) {
       if (!Selects(o["spec"]["selector"]["matchLabels"], o["spec"]["template"]["metadata"]["labels"]))
         lint.Error(where, "spec.selector.matchLabels does not match the pod template's labels");
     }
+    // A pod that asks Prometheus to scrape it (deploy/prometheus/kubernetes.yml) names a
+    // port its containers declare and an absolute path.
+    if (const YAML::Node ann = PodSpecs(o).empty() ? YAML::Node() : o["spec"]["template"]["metadata"]["annotations"];
+        ann && ann["prometheus.io/scrape"].as<std::string>("") == "true") {
+      const std::string port = ann["prometheus.io/port"].as<std::string>("");
+      bool declared = false;
+      for (const auto& spec : PodSpecs(o))
+        for (const auto& c : spec["containers"])
+          for (const auto& p : c["ports"]) declared |= p["containerPort"].as<std::string>("") == port;
+      if (!declared) lint.Error(where, "prometheus.io/port " + port + " is not a declared container port");
+      if (!absl::StartsWith(ann["prometheus.io/path"].as<std::string>("/metrics"), "/"))
+        lint.Error(where, "prometheus.io/path must be an absolute path");
+    }
     for (const auto& spec : PodSpecs(o)) {
       std::set<std::string> volumes;
       for (const auto& v : spec["volumes"]) {
@@ -410,6 +423,40 @@ TEST(Manifests, TheLintCatchesEachMistake) {
               HasSubstr("has no pinned tag"));
   EXPECT_THAT(with("ConfigMap/tessera-config", [](YAML::Node o) { o["metadata"]["namespace"] = "default"; }),
               HasSubstr("not in the tessera namespace"));
+  EXPECT_THAT(with("DaemonSet/tessera-worker", [](YAML::Node o) {
+                o["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"] = "9999"; }),
+              HasSubstr("prometheus.io/port 9999 is not a declared container port"));
+}
+
+// The controller and the workers ask to be scraped, and the shipped Kubernetes scrape
+// configuration keeps exactly the pods that ask, by the annotations the manifests use,
+// naming the jobs by component.
+TEST(Manifests, PodsAskToBeScrapedAsTheShippedScrapeConfigReadsThem) {
+  auto objs = Build(kK8s / "overlays/single-node");
+  ASSERT_TRUE(objs.ok()) << objs.status();
+  std::set<std::string> scraped;
+  for (const auto& o : *objs)
+    if (!PodSpecs(o).empty() &&
+        o["spec"]["template"]["metadata"]["annotations"]["prometheus.io/scrape"].as<std::string>("") == "true")
+      scraped.insert(o["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"].as<std::string>(""));
+  EXPECT_EQ(scraped, (std::set<std::string>{"controller", "worker"}));
+  const YAML::Node conf = YAML::LoadFile(std::string(TESSERA_SOURCE_DIR) + "/deploy/prometheus/kubernetes.yml");
+  ASSERT_EQ(conf["scrape_configs"].size(), 1u);
+  const YAML::Node job = conf["scrape_configs"][0];
+  EXPECT_EQ(job["kubernetes_sd_configs"][0]["role"].as<std::string>(), "pod");
+  EXPECT_EQ(job["kubernetes_sd_configs"][0]["namespaces"]["names"][0].as<std::string>(), "tessera");
+  std::set<std::string> sources, jobs;
+  bool keeps = false;
+  for (const auto& r : job["relabel_configs"]) {
+    for (const auto& l : r["source_labels"]) sources.insert(l.as<std::string>());
+    if (r["action"].as<std::string>("") == "keep")
+      keeps = r["source_labels"][0].as<std::string>() == "__meta_kubernetes_pod_annotation_prometheus_io_scrape" &&
+              r["regex"].as<std::string>() == "true";
+    if (r["target_label"].as<std::string>("") == "job") jobs.insert(r["replacement"].as<std::string>());
+  }
+  EXPECT_TRUE(keeps);
+  for (const char* a : {"port", "path"}) EXPECT_TRUE(sources.count(std::string("__meta_kubernetes_pod_annotation_prometheus_io_") + a)) << a;
+  EXPECT_EQ(jobs, (std::set<std::string>{"tessera-controller", "tessera-agent"}));
 }
 
 std::string Output(const std::string& cmd) {

@@ -89,7 +89,9 @@ TEST(Cluster, CommCheckTp2Dp2Pp2OnTwoAgentsOverGloo) {
   std::string cm = HttpGet(c->controller_metrics_port(), "/metrics");
   EXPECT_THAT(cm, HasSubstr("tessera_jobs{state=\"SUCCEEDED\"} 1"));
   EXPECT_THAT(cm, HasSubstr("tessera_nodes{state=\"READY\"} 2"));
-  EXPECT_THAT(cm, HasSubstr("tessera_rpc_seconds_bucket{method=\"SubmitJob\""));
+  // RPC handling time by service, method and status code (the GetLogs above was refused).
+  EXPECT_THAT(cm, HasSubstr("tessera_rpc_duration_seconds_bucket{code=\"OK\",method=\"SubmitJob\",service=\"tessera.v1.JobService\""));
+  EXPECT_THAT(cm, HasSubstr("tessera_rpc_duration_seconds_count{code=\"INVALID_ARGUMENT\",method=\"GetLogs\""));
   EXPECT_THAT(cm, HasSubstr("tessera_node_lease_age_seconds{node=\"n0\"}"));
   EXPECT_THAT(cm, HasSubstr("tessera_executor_exits_total"));
   std::string am = HttpGet(c->agent_metrics_port(), "/metrics");
@@ -165,10 +167,10 @@ TEST(Cluster, PretrainLayoutsEqualOneRank) {
     const auto& l = spec.groups(0).layout();
     const bool overlapped = l.dp() * std::max(1, l.cp()) > 1 && l.pp() <= 1 && l.zero() <= 1;
     EXPECT_EQ(progress.str().find("dp_wait_ms=") != std::string::npos, overlapped) << progress.str();
-    // The latest step's metrics on the controller's /metrics.
+    // A finished job's series are gone from the controller's /metrics (its values while it
+    // ran: tests/integration/prometheus_test.cc).
     const std::string m = HttpGet(c->controller_metrics_port(), "/metrics");
-    EXPECT_THAT(m, HasSubstr(absl::StrCat("tessera_job_step_metric{job=\"", id, "\",metric=\"loss\"}")));
-    EXPECT_THAT(m, HasSubstr(absl::StrCat("tessera_job_step_metric{job=\"", id, "\",metric=\"step\"} 3")));
+    EXPECT_THAT(m, Not(HasSubstr(absl::StrCat("job_id=\"", id, "\""))));
     return nlohmann::json::parse(job->result_json())["losses"].get<std::vector<double>>();
   };
   const auto one = run(PretrainSpec(1, 1, 0, 3));
@@ -504,51 +506,6 @@ TEST(Cluster, PpoWithARolloutPoolOfItsOwnEqualsColocated) {
   for (const char* k : {"value_loss=", "critic_grad_norm=", "values_s=", "critic_update_s=", "reward_kl=", "sync_s=",
                         "rollout_engine_s=", "prefill_s=", "decode_s=", "graph_steps="})
     EXPECT_THAT(progress.str(), HasSubstr(k));
-}
-
-// deploy/grafana/tessera.json queries only what the daemons export: after a pretrain job
-// with a checkpoint and a grpo job with a rollout pool, every metric family the dashboard
-// names is in the controller's or the agent's /metrics, and every per-job metric it
-// selects (metric="...") is one of the jobs' series — except mfu, which needs a device
-// peak (GPUs). The dashboard is Grafana JSON: panels with Prometheus targets.
-TEST(Cluster, GrafanaDashboardQueriesWhatTheDaemonsExport) {
-  auto c = Up({.agents = 1, .cpu_slots = 4});
-  v1::JobSpec pt = PretrainSpec(2, 1, 0, 4);
-  pt.mutable_train()->mutable_checkpoint()->set_dir(c->dir() + "/ckpt");
-  ASSERT_TRUE(c->WaitState(Submit(*c, pt), v1::JOB_STATE_SUCCEEDED, 120000).ok());
-  v1::JobSpec rl = SmallRlSpec("grpo");
-  rl.mutable_train()->set_steps(1);
-  AddRolloutGroup(rl, 2);
-  ASSERT_TRUE(c->WaitState(Submit(*c, rl), v1::JOB_STATE_SUCCEEDED, 120000).ok());
-  const std::string scraped = HttpGet(c->controller_metrics_port(), "/metrics") + HttpGet(c->agent_metrics_port(), "/metrics");
-  auto text = ReadFile(std::string(TESSERA_SOURCE_DIR) + "/deploy/grafana/tessera.json");
-  ASSERT_TRUE(text.ok());
-  const auto dash = nlohmann::json::parse(*text);
-  ASSERT_TRUE(dash["panels"].is_array());
-  std::set<std::string> families, job_metrics;
-  int targets = 0;
-  for (const auto& p : dash["panels"]) {
-    if (p["type"] == "row") continue;
-    ASSERT_TRUE(p.contains("targets") && p.contains("gridPos")) << p.dump();
-    for (const auto& t : p["targets"]) {
-      const std::string expr = t["expr"];
-      ++targets;
-      static const std::regex family(R"(tessera_[a-z_]+)"), selected(R"re(metric="([a-z_]+)")re");
-      for (std::sregex_iterator it(expr.begin(), expr.end(), family), end; it != end; ++it) families.insert(it->str());
-      for (std::sregex_iterator it(expr.begin(), expr.end(), selected), end; it != end; ++it) job_metrics.insert((*it)[1]);
-    }
-  }
-  EXPECT_GE(targets, 20);
-  for (std::string f : families) {  // a histogram's series are name_bucket, _sum, _count
-    for (const char* suffix : {"_bucket", "_sum", "_count"})
-      if (absl::EndsWith(f, suffix)) f.resize(f.size() - strlen(suffix));
-    EXPECT_THAT(scraped, HasSubstr("# TYPE " + f + " ")) << "the dashboard queries " << f;
-  }
-  ASSERT_GE(job_metrics.size(), 10u);
-  for (const std::string& m : job_metrics) {
-    if (m == "mfu") continue;
-    EXPECT_THAT(scraped, HasSubstr("metric=\"" + m + "\"")) << "the dashboard selects job metric " << m;
-  }
 }
 
 TEST(Cluster, PpoStepsStreamTheCriticsMetrics) {
