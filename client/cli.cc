@@ -6,10 +6,13 @@
 #include <ctime>
 #include <iomanip>
 #include <iostream>
+#include <map>
 #include <thread>
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/rpc/grpc_util.h"
@@ -100,9 +103,10 @@ absl::StatusOr<v1::Job> Client::Get(const std::string& id) {
   return r->job();
 }
 
-absl::StatusOr<std::vector<v1::Job>> Client::List(int limit) {
+absl::StatusOr<std::vector<v1::Job>> Client::List(int limit, const std::vector<v1::JobState>& states) {
   std::vector<v1::Job> out;
   v1::ListJobsRequest req;
+  for (v1::JobState s : states) req.add_states(s);
   do {  // page by page until `limit` jobs (or all: limit <= 0)
     req.set_limit(limit > 0 ? std::min<int>(limit - static_cast<int>(out.size()), 1000) : 1000);
     auto r = Unary<v1::ListJobsResponse>(cfg_.token, req, [&](auto* c, auto& q, auto* o) { return jobs_->ListJobs(c, q, o); });
@@ -191,7 +195,9 @@ absl::StatusOr<v1::Job> Client::Watch(const std::string& id, std::ostream& out, 
           out << "  ";
         }
         out << p.message();
-        for (const auto& [k, v] : p.metrics()) out << "  " << k << "=" << absl::StrFormat("%.3g", v);
+        // In one order every line (a protobuf map iterates in no fixed order).
+        const std::map<std::string, double> metrics(p.metrics().begin(), p.metrics().end());
+        for (const auto& [k, v] : metrics) out << "  " << k << "=" << absl::StrFormat("%.3g", v);
         out << "\n";
       } else {
         out << "[" << Clock(e.time_ms()) << "] " << JobStateName(e.state()) << " (attempt " << e.attempt() << ")"
@@ -237,7 +243,45 @@ absl::Status Client::Logs(const std::string& id, int rank, int attempt, bool fol
   return FromGrpc(reader->Finish());
 }
 
-void PrintJobs(const std::vector<v1::Job>& jobs, bool json, std::ostream& out) {
+absl::StatusOr<v1::Job> Client::WaitDone(const std::string& id, int64_t timeout_ms) {
+  const int64_t start = MonoMs();
+  int64_t sleep_ms = 100;
+  while (true) {
+    auto j = Get(id);
+    if (!j.ok()) return j.status();
+    if (IsTerminal(j->state())) return j;
+    if (timeout_ms > 0 && MonoMs() - start >= timeout_ms)
+      return absl::DeadlineExceededError(absl::StrCat("job ", id, " is still ", JobStateName(j->state()), " after ",
+                                                      timeout_ms / 1000.0, " s"));
+    int64_t nap = sleep_ms;
+    if (timeout_ms > 0) nap = std::min(nap, timeout_ms - (MonoMs() - start));
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::max<int64_t>(nap, 1)));
+    sleep_ms = std::min<int64_t>(sleep_ms * 2, 2000);
+  }
+}
+
+std::string ShortDuration(int64_t ms) {
+  if (ms < 0) return "-";
+  const int64_t s = ms / 1000, m = s / 60, h = m / 60, d = h / 24;
+  if (s < 60) return absl::StrCat(s, "s");
+  if (m < 60) return s % 60 ? absl::StrCat(m, "m", s % 60, "s") : absl::StrCat(m, "m");
+  if (h < 24) return m % 60 ? absl::StrCat(h, "h", m % 60, "m") : absl::StrCat(h, "h");
+  return h % 24 ? absl::StrCat(d, "d", h % 24, "h") : absl::StrCat(d, "d");
+}
+
+absl::StatusOr<v1::JobState> ParseJobState(const std::string& name) {
+  std::string n = absl::AsciiStrToUpper(name);
+  if (!absl::StartsWith(n, "JOB_STATE_")) n = "JOB_STATE_" + n;
+  v1::JobState s;
+  if (n != "JOB_STATE_UNSPECIFIED" && v1::JobState_Parse(n, &s)) return s;
+  std::string names;
+  for (int i = v1::JobState_MIN; i <= v1::JobState_MAX; ++i)
+    if (v1::JobState_IsValid(i) && i != v1::JOB_STATE_UNSPECIFIED)
+      names += absl::StrCat(names.empty() ? "" : ", ", JobStateName(static_cast<v1::JobState>(i)));
+  return absl::InvalidArgumentError(absl::StrCat("--state: no job state '", name, "'; one of ", names));
+}
+
+void PrintJobs(const std::vector<v1::Job>& jobs, bool json, std::ostream& out, int64_t now_ms) {
   if (json) {
     nlohmann::json arr = nlohmann::json::array();
     for (const auto& j : jobs) {
@@ -248,10 +292,14 @@ void PrintJobs(const std::vector<v1::Job>& jobs, bool json, std::ostream& out) {
     out << arr.dump(2) << "\n";
     return;
   }
-  out << absl::StrFormat("%-28s %-12s %-11s %7s %8s  %s\n", "JOB", "KIND", "STATE", "ATTEMPT", "RESTARTS", "REASON");
-  for (const auto& j : jobs)
-    out << absl::StrFormat("%-28s %-12s %-11s %7d %8d  %s\n", j.job_id(), j.spec().kind(), JobStateName(j.state()),
-                           j.attempt(), j.restarts(), j.reason());
+  out << absl::StrFormat("%-28s %-12s %-11s %7s %8s %7s %8s  %s\n", "JOB", "KIND", "STATE", "ATTEMPT", "RESTARTS", "AGE",
+                         "DURATION", "REASON");
+  for (const auto& j : jobs) {
+    const int64_t end = j.finished_ms() > 0 ? j.finished_ms() : now_ms;
+    out << absl::StrFormat("%-28s %-12s %-11s %7d %8d %7s %8s  %s\n", j.job_id(), j.spec().kind(), JobStateName(j.state()),
+                           j.attempt(), j.restarts(), j.created_ms() > 0 ? ShortDuration(now_ms - j.created_ms()) : "-",
+                           j.started_ms() > 0 ? ShortDuration(end - j.started_ms()) : "-", j.reason());
+  }
 }
 
 void PrintJob(const v1::Job& j, bool json, std::ostream& out) {

@@ -1,8 +1,11 @@
 // tessera: the command-line client.
 //   tessera job submit -f JOB.yaml [--set k=v]... [--no-wait] [--submission-id ID]
-//   tessera job list | status JOB | logs JOB [--follow] [--rank R] | stop JOB
-//   tessera status
+//   tessera job list [--state S]... | status JOB | logs JOB [--follow] [--rank R]
+//   tessera job wait JOB [--timeout S] | events JOB | stop JOB [--no-wait]
+//   tessera status | node drain|undrain NODE | plan JOB.yaml
 //   tessera local JOB.yaml [--cpu-slots N] [--set k=v]...
+//   tessera completion bash|zsh | --version
+// Global options (-o json|table, --address, ...) go before or after the subcommand.
 #include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
@@ -23,6 +26,8 @@
 #include "common/spec/job_spec.h"
 #include "common/logging.h"
 #include "common/util.h"
+#include "common/version.h"
+#include "client/completion.h"
 #include "controller/controller.h"
 #include "worker/agent/agent.h"
 
@@ -176,6 +181,8 @@ int RunLocal(const std::string& file, const std::vector<std::string>& sets, int 
 int main(int argc, char** argv) {
   CLI::App app{"tessera: submit and watch jobs on a Tessera cluster"};
   app.require_subcommand(1);
+  app.fallthrough();  // the global options after a subcommand too (`tessera job list -o json`)
+  app.set_version_flag("--version", std::string(tessera::kVersion));
   std::string address, token, ca, config, output = "table", level = "warn";
   bool insecure = false;
   app.add_option("--address", address, "controller host:port (TESSERA_ADDRESS)");
@@ -197,8 +204,10 @@ int main(int argc, char** argv) {
   submit->add_option("--set", sets, "override a job-file key: dotted.key=value (repeatable)");
   submit->add_flag("--no-wait", no_wait, "print the job id and return");
   submit->add_option("--submission-id", sid, "idempotency key: resubmitting returns the same job");
-  auto* list = job->add_subcommand("list", "list jobs");
-  list->add_option("--limit", limit);
+  auto* list = job->add_subcommand("list", "list jobs (newest first)");
+  list->add_option("--limit", limit, "at most this many (0: all)");
+  std::vector<std::string> states;
+  list->add_option("--state", states, "only jobs in this state (repeatable: PENDING, RUNNING, SUCCEEDED, FAILED, ...)");
   auto* status = job->add_subcommand("status", "show one job");
   status->add_option("job", job_id)->required();
   auto* logs = job->add_subcommand("logs", "print a job's executor logs");
@@ -206,8 +215,19 @@ int main(int argc, char** argv) {
   logs->add_flag("--follow", follow, "keep printing until the job ends");
   logs->add_option("--rank", rank, "executor index (default: all)");
   logs->add_option("--attempt", attempt, "attempt (default: all)");
-  auto* stop = job->add_subcommand("stop", "stop a job");
+  auto* stop = job->add_subcommand("stop", "stop a job and wait until it has stopped");
   stop->add_option("job", job_id)->required();
+  stop->add_flag("--no-wait", no_wait, "return once the stop is asked for");
+  double timeout_s = 0;
+  stop->add_option("--timeout", timeout_s, "seconds to wait for it to stop (default: no limit)");
+  auto* wait = job->add_subcommand("wait", "wait until a job ends; exit 0 if it succeeded");
+  wait->add_option("job", job_id)->required();
+  wait->add_option("--timeout", timeout_s, "seconds to wait (default: no limit; then exit 124)");
+  auto* events = job->add_subcommand("events", "print a job's events and progress from its start, following until it ends");
+  events->add_option("job", job_id)->required();
+  auto* completion = app.add_subcommand("completion", "print a shell completion script (bash or zsh)");
+  std::string shell;
+  completion->add_option("shell", shell, "bash or zsh")->required()->check(CLI::IsMember({"bash", "zsh"}));
   auto* cluster = app.add_subcommand("status", "nodes, devices free/used, versions");
   auto* node = app.add_subcommand("node", "nodes (admin)");
   node->require_subcommand(1);
@@ -239,6 +259,10 @@ int main(int argc, char** argv) {
   tessera::InitLogging("tessera", level);
   bool json = output == "json";
 
+  if (*completion) {
+    std::cout << tessera::client::CompletionScript(app, "tessera", shell);
+    return 0;
+  }
   if (*local) return RunLocal(file, sets, cpu_slots, state_dir, json, !no_gpus);
   if (*plan) {  // relative paths as `tessera local` takes them (plan reads none but model.hf_dir)
     auto spec = LoadSpec(file, sets, std::filesystem::current_path().string());
@@ -262,10 +286,38 @@ int main(int argc, char** argv) {
     return SubmitAndWait(**c, *spec, sid, !no_wait, json);
   }
   if (*list) {
-    auto jobs = (*c)->List(limit);
+    std::vector<tessera::v1::JobState> want;
+    for (const std::string& s : states) {
+      auto st = tessera::client::ParseJobState(s);
+      if (!st.ok()) return Fail(st.status());
+      want.push_back(*st);
+    }
+    auto jobs = (*c)->List(limit, want);
     if (!jobs.ok()) return Fail(jobs.status());
-    tessera::client::PrintJobs(*jobs, json, std::cout);
+    tessera::client::PrintJobs(*jobs, json, std::cout, tessera::NowMs());
     return 0;
+  }
+  // A job's end as `job wait` and `job stop` print it: the state (and reason), or the job
+  // with -o json; exit 0 for SUCCEEDED (stop: for STOPPED too), 1 otherwise.
+  auto print_end = [&](const tessera::v1::Job& j) {
+    if (json) tessera::client::PrintJob(j, true, std::cout);
+    else std::cout << j.job_id() << " " << tessera::JobStateName(j.state()) << (j.reason().empty() ? "" : ": " + j.reason()) << "\n";
+  };
+  const int64_t timeout_ms = static_cast<int64_t>(timeout_s * 1000);
+  if (*wait) {
+    auto j = (*c)->WaitDone(job_id, timeout_ms);
+    if (!j.ok()) {
+      if (j.status().code() != absl::StatusCode::kDeadlineExceeded) return Fail(j.status());
+      std::cerr << "error: " << j.status().message() << "\n";
+      return 124;
+    }
+    print_end(*j);
+    return j->state() == tessera::v1::JOB_STATE_SUCCEEDED ? 0 : 1;
+  }
+  if (*events) {
+    auto j = (*c)->Watch(job_id, std::cout);
+    if (!j.ok()) return Fail(j.status());
+    return j->state() == tessera::v1::JOB_STATE_SUCCEEDED ? 0 : 1;
   }
   if (*status) {
     auto j = (*c)->Get(job_id);
@@ -280,8 +332,17 @@ int main(int argc, char** argv) {
   if (*stop) {
     auto j = (*c)->Stop(job_id, "");
     if (!j.ok()) return Fail(j.status());
-    std::cout << j->job_id() << " " << tessera::JobStateName(j->state()) << "\n";
-    return 0;
+    if (!no_wait && !tessera::IsTerminal(j->state())) {
+      auto done = (*c)->WaitDone(job_id, timeout_ms);
+      if (!done.ok()) {
+        if (done.status().code() != absl::StatusCode::kDeadlineExceeded) return Fail(done.status());
+        std::cerr << "error: " << done.status().message() << "\n";
+        return 124;
+      }
+      j = done;
+    }
+    print_end(*j);
+    return j->state() == tessera::v1::JOB_STATE_STOPPED || j->state() == tessera::v1::JOB_STATE_SUCCEEDED || no_wait ? 0 : 1;
   }
   if (*drain || *undrain) {
     auto n = (*c)->Drain(node_id, move_jobs, static_cast<bool>(*undrain));

@@ -15,6 +15,7 @@
 #include "common/rpc/tensor_stream.h"
 #include "common/status.h"
 #include "common/util.h"
+#include "common/version.h"
 #include "controller/services.h"
 #include "tessera/v1/executor_service.grpc.pb.h"
 
@@ -49,7 +50,6 @@ class StatsThenBatch {
   absl::Status bad_;
 };
 
-constexpr char kVersion[] = "tessera 0.1.0";
 
 constexpr const char* kSecretFiles[] = {"ca.crt", "ca.key", "join-token", "tokens"};
 

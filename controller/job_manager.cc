@@ -604,6 +604,12 @@ void JobManager::OnExecutorEvent(const std::string& node_id, const v1::ExecutorE
     std::string why = absl::StrCat("executor ", ev.executor(), " (", group_ranks, ") on node ", node_id, " ",
                                    ExitDescription(ev));
     bool failed = ev.exit_code() != 0 || ev.signal() != 0 || ev.phase() == v1::EXECUTOR_PHASE_FAILED_TO_START;
+    // The executor's own log says how it ended where that was not a clean exit (a process
+    // killed by a signal writes no last line of its own): `tessera job logs` shows it.
+    if (failed && logs_ != nullptr)
+      logs_->Append(rt.job.job_id(), rt.job.attempt(), ev.executor(), node_id,
+                    {absl::StrCat("[tessera] executor ", ev.executor(), " ", ExitDescription(ev),
+                                  ev.requested_stop() ? " (the job was stopping it)" : "")});
     if (!ev.requested_stop() && (!rt.tearing_down || failed)) {
       spdlog::warn("job {} attempt {}: {}", rt.job.job_id(), rt.job.attempt(), why);
       BeginTeardown(rt, v1::JOB_STATE_RESTARTING, why, out, /*root_cause=*/true);

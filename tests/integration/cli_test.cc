@@ -6,10 +6,17 @@
 
 #include <chrono>
 #include <filesystem>
+#include <algorithm>
 #include <regex>
 #include <thread>
 
+#include <signal.h>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/util.h"
 #include "tests/integration/cluster.h"
 
@@ -130,6 +137,106 @@ TEST(Cli, LocalStopsItsJobOnCtrlCAndNeverResumesAnother) {
     EXPECT_FALSE(std::filesystem::exists(state + "/worker/jobs/" + killed + "/attempt-2")) << "the killed job was resumed";
   }
   (void)system(("rm -rf " + dir).c_str());
+}
+
+// The CLI's everyday habits against real daemons: global options after the subcommand,
+// --version, `job wait` (exit status by the job's end, 124 past --timeout), `job events`
+// (the stream again from the start, metrics in one order), `job list --state` with AGE and
+// DURATION, `job logs` saying that an executor was killed, `job stop` waiting for the end
+// it prints, and the shell completion script completing subcommands and options.
+TEST(Cli, WaitEventsListStopLogsAndCompletionBehaveAsUsersExpect) {
+  auto c = Up({.agents = 1, .cpu_slots = 4});
+  const std::string bin = std::string(TESSERA_BIN_DIR) + "/tessera", conf = c->dir() + "/controller/admin.conf";
+  int n = 0;
+  // Runs tessera with `args` (after --config) and returns (exit status, stdout + stderr).
+  auto run = [&](std::vector<std::string> args, int timeout_ms = 120000) {
+    const std::string log = absl::StrCat(c->dir(), "/cli.", n++, ".log");
+    args.insert(args.begin(), {bin, "--config", conf});
+    Proc p;
+    EXPECT_TRUE(p.Start(args, log));
+    const int st = p.Wait(timeout_ms);
+    EXPECT_NE(st, -1) << "still running: " << Read(log);
+    return std::make_pair(st != -1 && WIFEXITED(st) ? WEXITSTATUS(st) : -1, Read(log));
+  };
+  auto [vrc, version] = run({"--version"});
+  EXPECT_EQ(vrc, 0);
+  EXPECT_THAT(version, HasSubstr("tessera 0.1.0"));
+
+  const std::string short_yaml = c->dir() + "/short.yaml", long_yaml = c->dir() + "/long.yaml";
+  ASSERT_TRUE(WriteFileAtomic(short_yaml, PretrainYaml("short", 20)).ok());
+  ASSERT_TRUE(WriteFileAtomic(long_yaml, PretrainYaml("long", 100000) + "max_restarts: 2\n").ok());  // outlives a killed executor
+  auto [src, submitted] = run({"job", "submit", "-f", short_yaml, "--no-wait"});
+  ASSERT_EQ(src, 0) << submitted;
+  const std::string done = SubmittedId(submitted);
+  ASSERT_FALSE(done.empty()) << submitted;
+  auto [wrc, waited] = run({"job", "wait", done});
+  EXPECT_EQ(wrc, 0) << waited;
+  EXPECT_THAT(waited, HasSubstr(done + " SUCCEEDED"));
+  // Re-attached after the end: every event from the start, each progress line's metrics sorted.
+  auto [erc, events] = run({"job", "events", done});
+  EXPECT_EQ(erc, 0) << events;
+  EXPECT_THAT(events, HasSubstr("RUNNING (attempt 1)"));
+  EXPECT_THAT(events, HasSubstr("SUCCEEDED (attempt 1)"));
+  int progress_lines = 0;
+  for (const std::string& line : std::vector<std::string>(absl::StrSplit(events, '\n'))) {
+    std::vector<std::string> keys;
+    static const std::regex key(R"(  ([a-z_]+)=)");
+    for (std::sregex_iterator it(line.begin(), line.end(), key), end; it != end; ++it) keys.push_back((*it)[1]);
+    if (keys.size() < 2) continue;
+    ++progress_lines;
+    EXPECT_TRUE(std::is_sorted(keys.begin(), keys.end())) << line;
+  }
+  EXPECT_GE(progress_lines, 10) << events;
+
+  auto [lrc, started] = run({"job", "submit", "-f", long_yaml, "--no-wait"});
+  ASSERT_EQ(lrc, 0) << started;
+  const std::string running = SubmittedId(started);
+  ASSERT_TRUE(c->WaitState(running, v1::JOB_STATE_RUNNING, 60000).ok());
+  auto [jrc, listed] = run({"job", "list", "--state", "running", "-o", "json"});  // -o after the subcommand
+  ASSERT_EQ(jrc, 0) << listed;
+  const auto arr = nlohmann::json::parse(listed.substr(listed.find('[')), nullptr, false);
+  ASSERT_TRUE(arr.is_array()) << listed;
+  ASSERT_EQ(arr.size(), 1u) << listed;
+  EXPECT_EQ(arr[0]["jobId"], running);
+  auto [trc, table] = run({"job", "list"});
+  EXPECT_EQ(trc, 0);
+  EXPECT_THAT(table, HasSubstr("AGE"));
+  EXPECT_THAT(table, HasSubstr("DURATION"));
+  auto [brc, bad] = run({"job", "list", "--state", "sleeping"});
+  EXPECT_EQ(brc, 2);
+  EXPECT_THAT(bad, HasSubstr("--state: no job state 'sleeping'; one of PENDING"));
+  auto [torc, timed_out] = run({"job", "wait", running, "--timeout", "0.5"});
+  EXPECT_EQ(torc, 124) << timed_out;
+  EXPECT_THAT(timed_out, HasSubstr("is still RUNNING after 0.5 s"));
+
+  // An executor killed outright: its log says so.
+  const auto pids = RunningExecutors(*c, running, 1, 2);
+  ASSERT_EQ(pids.size(), 2u);
+  ASSERT_EQ(kill(pids[1], SIGKILL), 0);
+  ASSERT_TRUE(WaitFor([&] {
+    return absl::StrContains(run({"job", "logs", running, "--attempt", "1"}).second, "was killed by signal 9");
+  }, 30000));
+  auto [krc, stopped] = run({"job", "stop", running});
+  EXPECT_EQ(krc, 0) << stopped;
+  EXPECT_THAT(stopped, HasSubstr(running + " STOPPED"));
+
+  // The completion script completes the commands it was generated from.
+  auto [crc, script] = run({"completion", "bash"});
+  ASSERT_EQ(crc, 0);
+  ASSERT_TRUE(WriteFileAtomic(c->dir() + "/completion.bash", script).ok());
+  auto complete = [&](const std::string& words, int cword) {
+    const std::string cmd = absl::StrCat("bash -c 'source ", c->dir(), "/completion.bash; COMP_WORDS=(", words,
+                                         "); COMP_CWORD=", cword, "; _tessera_complete; echo \"${COMPREPLY[*]}\"'");
+    FILE* f = popen(cmd.c_str(), "r");
+    std::string out;
+    char buf[512];
+    while (f != nullptr && fgets(buf, sizeof buf, f) != nullptr) out += buf;
+    if (f != nullptr) pclose(f);
+    return out;
+  };
+  EXPECT_EQ(complete("tessera job s", 2), "submit status stop\n");
+  EXPECT_EQ(complete("tessera job list --s", 3), "--state\n");
+  EXPECT_THAT(complete("tessera ''", 1), HasSubstr("completion"));
 }
 
 }  // namespace

@@ -20,6 +20,7 @@
 #include "common/rpc/grpc_util.h"
 #include "common/status.h"
 #include "common/util.h"
+#include "common/version.h"
 #include "worker/agent/devices.h"
 
 extern char** environ;
@@ -172,7 +173,7 @@ absl::Status Agent::RegisterOnce(v1::NodeService::Stub* stub, v1::RegisterNodeRe
   req.set_hostname(h);
   req.set_address(opts_.listen_host);
   req.set_incarnation(incarnation_);
-  req.set_version("tessera 0.1.0");
+  req.set_version(kVersion);
   for (auto& d : devices_) *req.add_devices() = d;
   for (auto& r : Running()) *req.add_running() = r;
   return FromGrpc(stub->RegisterNode(&ctx, req, resp));
