@@ -164,7 +164,7 @@ TEST(Cli, WaitEventsListStopLogsAndCompletionBehaveAsUsersExpect) {
 
   const std::string short_yaml = c->dir() + "/short.yaml", long_yaml = c->dir() + "/long.yaml";
   ASSERT_TRUE(WriteFileAtomic(short_yaml, PretrainYaml("short", 20)).ok());
-  ASSERT_TRUE(WriteFileAtomic(long_yaml, PretrainYaml("long", 100000) + "max_restarts: 2\n").ok());  // outlives a killed executor
+  ASSERT_TRUE(WriteFileAtomic(long_yaml, PretrainYaml("long", 100000)).ok());
   auto [src, submitted] = run({"job", "submit", "-f", short_yaml, "--no-wait"});
   ASSERT_EQ(src, 0) << submitted;
   const std::string done = SubmittedId(submitted);
@@ -209,16 +209,23 @@ TEST(Cli, WaitEventsListStopLogsAndCompletionBehaveAsUsersExpect) {
   EXPECT_EQ(torc, 124) << timed_out;
   EXPECT_THAT(timed_out, HasSubstr("is still RUNNING after 0.5 s"));
 
-  // An executor killed outright: its log says so.
-  const auto pids = RunningExecutors(*c, running, 1, 2);
-  ASSERT_EQ(pids.size(), 2u);
-  ASSERT_EQ(kill(pids[1], SIGKILL), 0);
-  ASSERT_TRUE(WaitFor([&] {
-    return absl::StrContains(run({"job", "logs", running, "--attempt", "1"}).second, "was killed by signal 9");
-  }, 30000));
   auto [krc, stopped] = run({"job", "stop", running});
   EXPECT_EQ(krc, 0) << stopped;
   EXPECT_THAT(stopped, HasSubstr(running + " STOPPED"));
+
+  // An executor killed outright (a job that does not restart): its log says so.
+  ASSERT_TRUE(WriteFileAtomic(long_yaml, PretrainYaml("killed", 100000)).ok());
+  auto [k2rc, k2] = run({"job", "submit", "-f", long_yaml, "--no-wait"});
+  ASSERT_EQ(k2rc, 0) << k2;
+  const std::string killed = SubmittedId(k2);
+  ASSERT_TRUE(c->WaitState(killed, v1::JOB_STATE_RUNNING, 60000).ok());
+  const auto pids = RunningExecutors(*c, killed, 1, 2);
+  ASSERT_EQ(pids.size(), 2u);
+  ASSERT_EQ(kill(pids[1], SIGKILL), 0);
+  ASSERT_TRUE(c->WaitState(killed, v1::JOB_STATE_FAILED, 60000).ok());
+  auto [grc, logs] = run({"job", "logs", killed, "--rank", "1"});
+  EXPECT_EQ(grc, 0);
+  EXPECT_THAT(logs, HasSubstr("[tessera] executor 1 was killed by signal 9"));
 
   // The completion script completes the commands it was generated from.
   auto [crc, script] = run({"completion", "bash"});
