@@ -304,13 +304,15 @@ int main(int argc, char** argv) {
     else std::cout << j.job_id() << " " << tessera::JobStateName(j.state()) << (j.reason().empty() ? "" : ": " + j.reason()) << "\n";
   };
   const int64_t timeout_ms = static_cast<int64_t>(timeout_s * 1000);
+  // The exit status of a wait that did not end the job's way: 124 past --timeout.
+  auto wait_failed = [](const absl::Status& st) {
+    if (st.code() != absl::StatusCode::kDeadlineExceeded) return Fail(st);
+    std::cerr << "error: " << st.message() << "\n";
+    return 124;
+  };
   if (*wait) {
     auto j = (*c)->WaitDone(job_id, timeout_ms);
-    if (!j.ok()) {
-      if (j.status().code() != absl::StatusCode::kDeadlineExceeded) return Fail(j.status());
-      std::cerr << "error: " << j.status().message() << "\n";
-      return 124;
-    }
+    if (!j.ok()) return wait_failed(j.status());
     print_end(*j);
     return j->state() == tessera::v1::JOB_STATE_SUCCEEDED ? 0 : 1;
   }
@@ -334,11 +336,7 @@ int main(int argc, char** argv) {
     if (!j.ok()) return Fail(j.status());
     if (!no_wait && !tessera::IsTerminal(j->state())) {
       auto done = (*c)->WaitDone(job_id, timeout_ms);
-      if (!done.ok()) {
-        if (done.status().code() != absl::StatusCode::kDeadlineExceeded) return Fail(done.status());
-        std::cerr << "error: " << done.status().message() << "\n";
-        return 124;
-      }
+      if (!done.ok()) return wait_failed(done.status());
       j = done;
     }
     print_end(*j);

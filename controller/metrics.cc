@@ -1,5 +1,7 @@
 #include "controller/metrics.h"
 
+#include <cstring>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_replace.h"
 
@@ -46,24 +48,20 @@ std::pair<std::string, double> Metrics::JobMetricName(const std::string& key) {
   double scale = 1;
   if (absl::StrContains(s, "tflops")) s = absl::StrReplaceAll(s, {{"tflops", "flops"}}), scale *= 1e12;
   auto ends = [&](const char* suffix) { return absl::EndsWith(s, suffix) || s == std::string(suffix).substr(1); };
-  auto swap_suffix = [&](size_t n, const std::string& to) { s = s.substr(0, s.size() - n) + to; };
-  if (absl::EndsWith(s, "_per_s")) {
-    swap_suffix(1, "second");
-  } else if (absl::EndsWith(s, "_ms")) {
-    swap_suffix(3, "_seconds"), scale *= 1e-3;
-  } else if (absl::EndsWith(s, "_s")) {
-    swap_suffix(2, "_seconds");
-  } else if (absl::EndsWith(s, "_gb")) {
-    swap_suffix(3, "_bytes"), scale *= 1e9;
-  } else if (absl::EndsWith(s, "_mb")) {
-    swap_suffix(3, "_bytes"), scale *= 1e6;
-  } else if (absl::EndsWith(s, "_gib")) {
-    swap_suffix(4, "_bytes"), scale *= double(1 << 30);
-  } else if (absl::EndsWith(s, "_mib")) {
-    swap_suffix(4, "_bytes"), scale *= double(1 << 20);
-  } else if (s == "mfu") {
-    s = "mfu_ratio";
-  }
+  struct Unit {
+    const char* from;
+    const char* to;
+    double scale;
+  };
+  static constexpr Unit kUnits[] = {{"_per_s", "_per_second", 1},  {"_ms", "_seconds", 1e-3}, {"_s", "_seconds", 1},
+                                    {"_gb", "_bytes", 1e9},        {"_mb", "_bytes", 1e6},    {"_gib", "_bytes", double(1 << 30)},
+                                    {"_mib", "_bytes", double(1 << 20)}};
+  for (const Unit& u : kUnits)
+    if (absl::EndsWith(s, u.from)) {
+      s = s.substr(0, s.size() - strlen(u.from)) + u.to, scale *= u.scale;
+      break;
+    }
+  if (s == "mfu") s = "mfu_ratio";
   for (const char* reserved : {"_total", "_count", "_sum", "_bucket"})
     if (ends(reserved)) s += "_value";
   return {"tessera_job_" + s, scale};
