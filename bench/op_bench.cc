@@ -225,7 +225,8 @@ int main(int argc, char** argv) {
       }
       // The whole layer of a decode step over a KV cache of 256 tokens per row: q|k|v, the
       // q/k RoPE and cache write, paged attention, o, gate|up, down (GB/s of weights and
-      // KV read). Against decode_linear_layer: what the attention's two kernels cost.
+      // KV read). Against decode_linear_layer: what the attention's two kernels cost; "fused":
+      // the q/k pass inside the attention (Backend::DecodeAttention), one kernel.
       {
         const int64_t ctx = 256, bs = 16, D = 64, hq = H / D, hkv = KV / D, maxb = ctx / bs;
         auto kc = W({m * maxb * L, bs, hkv, D}), vc = W({m * maxb * L, bs, hkv, D});
@@ -247,28 +248,32 @@ int main(int argc, char** argv) {
         }
         std::vector<float> inv_freq(D / 2);
         for (int64_t i = 0; i < D / 2; ++i) inv_freq[i] = float(std::pow(500000.0, -2.0 * i / D));
-        b.set_trust_device_indices(true);
-        absl::Status st = b.BeginCapture();
-        for (int64_t l = 0; l < L && st.ok(); ++l) {
-          Layer& w = layers[l];
-          st = qkv(w);
-          if (st.ok()) st = b.QkRopeCache(q3, k3, v3, pos, slots[l], nullptr, nullptr, 1e-5f, inv_freq, 1.f, qr, kc, vc);
-          if (st.ok()) st = b.PagedAttention(qr, kc, vc, tables[l], lens, att, lse);
-          Backend::LinearPart po[1] = {{&w.o, nullptr, &h}};
-          if (st.ok()) st = b.DecodeLinear(att2, nullptr, 0.f, po, &x, false);
-          if (st.ok()) st = gate_up(w);
-          if (st.ok() && b.DecodeLinearSupported(m, F, bf)) st = down(w);
-        }
-        auto graph = b.EndCapture();
-        b.set_trust_device_indices(false);
-        if (!st.ok() || !graph.ok()) {
-          fprintf(stderr, "decode_layer_attention: %s\n", (st.ok() ? graph.status() : st).ToString().c_str());
-        } else {
-          const bool with_down = b.DecodeLinearSupported(m, F, bf);
-          const double bytes = double(qkv_b + o_b + gu_b + (with_down ? d_b : 0) + 2 * m * ctx * KV * 2) * L;
-          double ms = TimeMs(b, [&] { return (*graph)->Launch(); }, 50, 5);
-          Line(("decode_layer_attention_m" + std::to_string(m)).c_str(), "m" + std::to_string(m) + ", 16 layers, ctx 256" + (with_down ? "" : ", no down"), ms,
-               "gbps", bytes / ms / 1e6);
+        for (bool fused : {false, true}) {  // the q/k pass before the attention, or inside it
+          b.set_trust_device_indices(true);
+          absl::Status st = b.BeginCapture();
+          for (int64_t l = 0; l < L && st.ok(); ++l) {
+            Layer& w = layers[l];
+            st = qkv(w);
+            if (st.ok() && fused)
+              st = b.DecodeAttention(q3, k3, v3, pos, slots[l], nullptr, nullptr, 1e-5f, inv_freq, 1.f, qr, kc, vc, tables[l], lens, att, lse);
+            if (st.ok() && !fused) st = b.QkRopeCache(q3, k3, v3, pos, slots[l], nullptr, nullptr, 1e-5f, inv_freq, 1.f, qr, kc, vc);
+            if (st.ok() && !fused) st = b.PagedAttention(qr, kc, vc, tables[l], lens, att, lse);
+            Backend::LinearPart po[1] = {{&w.o, nullptr, &h}};
+            if (st.ok()) st = b.DecodeLinear(att2, nullptr, 0.f, po, &x, false);
+            if (st.ok()) st = gate_up(w);
+            if (st.ok() && b.DecodeLinearSupported(m, F, bf)) st = down(w);
+          }
+          auto graph = b.EndCapture();
+          b.set_trust_device_indices(false);
+          if (!st.ok() || !graph.ok()) {
+            fprintf(stderr, "decode_layer_attention: %s\n", (st.ok() ? graph.status() : st).ToString().c_str());
+          } else {
+            const bool with_down = b.DecodeLinearSupported(m, F, bf);
+            const double bytes = double(qkv_b + o_b + gu_b + (with_down ? d_b : 0) + 2 * m * ctx * KV * 2) * L;
+            double ms = TimeMs(b, [&] { return (*graph)->Launch(); }, 50, 5);
+            Line(((fused ? "decode_layer_attention_fused_m" : "decode_layer_attention_m") + std::to_string(m)).c_str(),
+                 "m" + std::to_string(m) + ", 16 layers, ctx 256" + (with_down ? "" : ", no down"), ms, "gbps", bytes / ms / 1e6);
+          }
         }
       }
       Backend::LinearPart p[1] = {{&lm, nullptr, &logits}};

@@ -1,6 +1,5 @@
 // The fused q/k pass on CUDA (qk_rope_cache.h): one warp per (token, head) of the q heads
-// then the kv heads. Lane l holds elements [l * E, (l + 1) * E) of the head, so a RoPE pair
-// (i, i + d/2) sits in lanes l and l ^ 16; the head's norm is one warp reduction. A kv
+// then the kv heads, each normalized and rotated as kernels/rope/rope_head.cuh does it. A kv
 // head's warp also copies that head's values into the cache. Head dims that are not a
 // multiple of 32 run the three ops it fuses.
 #include <algorithm>
@@ -12,6 +11,7 @@
 #include "kernels/rmsnorm/rmsnorm.h"
 #include "kernels/rope/rope.h"
 #include "kernels/rope/rope_angle.cuh"
+#include "kernels/rope/rope_head.cuh"
 
 namespace tessera::kernels {
 namespace {
@@ -49,25 +49,8 @@ __global__ void __launch_bounds__(kThreads) QkRopeCache(const Params<T> p) {
   float x[E];
 #pragma unroll
   for (int j = 0; j < E; ++j) x[j] = ToF(src[lane * E + j]);
-  if (nw != nullptr) {  // as kernels/rmsnorm: y = round(x * rstd * w)
-    float ss = 0.f;
-#pragma unroll
-    for (int j = 0; j < E; ++j) ss += x[j] * x[j];
-    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    const float rs = rsqrtf(ss / D + p.eps);
-#pragma unroll
-    for (int j = 0; j < E; ++j) x[j] = ToF(FromF<T>(x[j] * rs * g[j]));
-  }
-  const bool second = lane >= 16;
   T y[E];
-#pragma unroll
-  for (int j = 0; j < E; ++j) {
-    const float partner = __shfl_xor_sync(0xffffffffu, x[j], 16);
-    float s, c;
-    SinCos(pos, p.inv.v[(lane & 15) * E + j], p.inv.scale, 1.f, &s, &c);
-    // First half: x_i c - x_{i+d/2} s; second half: x_{i+d/2} c + x_i s (kernels/rope).
-    y[j] = FromF<T>(second ? x[j] * c + partner * s : x[j] * c - partner * s);
-  }
+  NormRopeHead<T, E>(x, g, nw != nullptr, p.eps, pos, p.inv, y);
   if (is_q) {
     T* dst = p.q_out + (int64_t(tok) * p.hq + h) * D;
 #pragma unroll

@@ -22,6 +22,25 @@ absl::Status PagedAttentionCpu(const void* q, const void* k_cache, const void* v
 absl::Status PagedAttentionCuda(const void* q, const void* k_cache, const void* v_cache, const int32_t* block_tables,
                                 const int32_t* context_lens, void* out, float* lse, const PagedDims& d, DType t,
                                 void* stream);
+// A decode step's q/k pass (kernels/decode/qk_rope_cache.h) and this attention in one
+// kernel, for rows that are distinct sequences each attending to its cache plus its new
+// token, the context's last (slots[b] is the slot of token context_lens[b] - 1, and no
+// row's context holds another row's new slot): q, k_new, v_new the raw projections ([B, Hq,
+// D], [B, Hkv, D]); the keys and values go to the cache at slots, and out/lse equal
+// QkRopeCache then PagedAttention (the rotated queries are not stored). bf16 only, where
+// PagedAttentionRopeCudaSupported.
+struct PagedRopeArgs {
+  const void *k_new = nullptr, *v_new = nullptr;
+  const int32_t *pos = nullptr, *slots = nullptr;  // [B] on the device
+  const void *q_norm = nullptr, *k_norm = nullptr;  // [D] each, or both null
+  float eps = 0.f;
+  const float* inv_freq = nullptr;  // host, D / 2
+  float scale = 1.f;                // RoPE's attention scaling
+};
+bool PagedAttentionRopeCudaSupported(const PagedDims& d, DType t);
+absl::Status PagedAttentionRopeCuda(const void* q, const PagedRopeArgs& rope, void* k_cache, void* v_cache,
+                                    const int32_t* block_tables, const int32_t* context_lens, void* out, float* lse,
+                                    const PagedDims& d, DType t, void* stream);
 // Writes new tokens' keys and values into the paged cache (prefill and decode):
 // k_cache[slots[i]] = k[i], v_cache[slots[i]] = v[i] for i < tokens, where a slot is
 // block * block_size + offset (the cache's first two dims flattened) and a row is

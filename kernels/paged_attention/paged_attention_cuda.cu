@@ -43,6 +43,20 @@ absl::Status PagedAttentionCuda(const void* q, const void* kc, const void* vc, c
                                   static_cast<const __nv_bfloat16*>(vc), tables, lens, static_cast<__nv_bfloat16*>(out), lse, d);
   return LaunchStatus("paged_attention");
 }
+bool PagedAttentionRopeCudaSupported(const PagedDims& d, DType t) { return paged::Supported(d, t); }
+
+absl::Status PagedAttentionRopeCuda(const void* q, const PagedRopeArgs& rope, void* k_cache, void* v_cache,
+                                    const int32_t* tables, const int32_t* lens, void* out, float* lse, const PagedDims& d,
+                                    DType t, void* stream) {
+  if (!PagedAttentionRopeCudaSupported(d, t))
+    return absl::InvalidArgumentError(absl::StrCat("paged attention with rope (cuda): bf16 with head dim 64 or 128 and at most 16 "
+                                                   "query heads per kv head; got head dim ", d.head_dim));
+  if ((rope.q_norm == nullptr) != (rope.k_norm == nullptr))
+    return absl::InvalidArgumentError("paged attention with rope: q_norm and k_norm go together");
+  if (d.batch == 0) return absl::OkStatus();
+  return paged::DecodeRope(q, rope, k_cache, v_cache, tables, lens, out, lse, d, static_cast<cudaStream_t>(stream));
+}
+
 namespace {
 // One block per token; 4-byte words when rows allow (bf16/f32 rows of even length), else bytes.
 template <typename W>

@@ -11,4 +11,7 @@ namespace tessera::kernels::paged {
 bool Supported(const PagedDims& d, DType t);
 absl::Status Decode(const void* q, const void* k_cache, const void* v_cache, const int32_t* block_tables,
                     const int32_t* context_lens, void* out, float* lse, const PagedDims& d, cudaStream_t s);
+// The same with the q/k pass fused in (PagedAttentionRopeCuda).
+absl::Status DecodeRope(const void* q, const PagedRopeArgs& rope, void* k_cache, void* v_cache, const int32_t* block_tables,
+                        const int32_t* context_lens, void* out, float* lse, const PagedDims& d, cudaStream_t s);
 }  // namespace tessera::kernels::paged

@@ -8,6 +8,12 @@
 // splits the splits' (max, sum, O) are merged into out and lse: by the first CTA of a
 // thread-block cluster that holds a (sequence, kv head)'s splits (up to 8), reading the
 // others' shared memory, or, past 8 splits, by a second kernel.
+// With the q/k pass fused in (PagedAttentionRopeCuda), q is the raw projection: each CTA
+// normalizes and rotates its group's query heads into its Q tile itself (one warp per
+// head, kernels/rope/rope_head.cuh), and the CTA whose split holds a sequence's new token
+// (the context's last) rotates that token's key, writes key and value to the cache and
+// puts them into its tile in shared memory over whatever the cache slot held when the
+// tile was loaded — so no kernel before it has to write the cache.
 #include <algorithm>
 
 #include <cooperative_groups.h>
@@ -17,6 +23,7 @@
 #include "kernels/common/tensor_core.cuh"
 #include "kernels/paged_attention/paged_attention.h"
 #include "kernels/paged_attention/paged_split.h"
+#include "kernels/rope/rope_head.cuh"
 
 namespace tessera::kernels::paged {
 namespace {
@@ -34,11 +41,74 @@ struct Params {
   int hq, hkv, block_size, max_blocks, splits, chunk;
   float scale;
   int cluster;  // the splits of a (sequence, kv head) are one thread-block cluster, merged in shared memory
+  // The fused q/k pass: the new tokens' raw keys and values [B, Hkv, D], their RoPE
+  // positions and cache slots [B], the q/k norms' weights (or null).
+  const bf16 *k_new = nullptr, *v_new = nullptr, *q_norm = nullptr, *k_norm = nullptr;
+  const int32_t *pos = nullptr, *slots = nullptr;
+  float eps = 0.f;
+  InvFreq inv = {};
 };
 
 template <int D>
 constexpr int SmemBytes() {
-  return (kRows + 2 * kStages * kTile) * D * 2;  // q tile, K and V tiles x stages (the merge reuses them)
+  // q tile, K and V tiles x stages (the merge reuses them), the new token's key and value
+  return (kRows + 2 * kStages * kTile + 2) * D * 2;
+}
+
+// The fused q/k pass of one CTA (see the top): the group's query heads normalized, rotated
+// and rounded into sQ (zero rows past the group); where this split holds the new token
+// (context position `last`), its key likewise and its value into the cache and into
+// new_kv (key then value, D each). g: the lane's q and k norm weights, read before the wait.
+template <int D>
+__device__ void RopeInto(const Params& p, tc::SwizzledTile<D> sQ, bf16* new_kv, bool has_new, const float (&gq)[D / 32],
+                         const float (&gk)[D / 32]) {
+  constexpr int E = D / 32, kPerWarp = kRows / kWarps;
+  const int kvh = blockIdx.y, b = blockIdx.z, group = p.hq / p.hkv, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const bool norm = p.q_norm != nullptr, k_warp = has_new && warp == kWarps - 1;
+  const int32_t pos = p.pos[b];
+  float xq[kPerWarp][E], xk[E];
+  uint32_t vv[E / 2];
+  const int64_t kv_at = (int64_t(b) * p.hkv + kvh) * D + lane * E;
+#pragma unroll
+  for (int i = 0; i < kPerWarp; ++i) {  // every load first, then the arithmetic
+    const int r = warp + i * kWarps;
+    if (r < group)
+#pragma unroll
+      for (int j = 0; j < E; ++j) xq[i][j] = __bfloat162float(p.q[(int64_t(b) * p.hq + kvh * group + r) * D + lane * E + j]);
+  }
+  if (k_warp) {
+#pragma unroll
+    for (int j = 0; j < E; ++j) xk[j] = __bfloat162float(p.k_new[kv_at + j]);
+#pragma unroll
+    for (int j = 0; j < E / 2; ++j) vv[j] = reinterpret_cast<const uint32_t*>(p.v_new + kv_at)[j];
+  }
+#pragma unroll
+  for (int i = 0; i < kPerWarp; ++i) {
+    const int r = warp + i * kWarps;
+    bf16 y[E];
+    if (r < group) {
+      NormRopeHead<bf16, E>(xq[i], gq, norm, p.eps, pos, p.inv, y);
+    } else {
+#pragma unroll
+      for (int j = 0; j < E; ++j) y[j] = __float2bfloat16_rn(0.f);
+    }
+#pragma unroll
+    for (int j = 0; j < E; j += 2) *reinterpret_cast<__nv_bfloat162*>(sQ.At(r, lane * E + j)) = __halves2bfloat162(y[j], y[j + 1]);
+  }
+  if (!k_warp) return;
+  bf16 y[E];
+  NormRopeHead<bf16, E>(xk, gk, norm, p.eps, pos, p.inv, y);
+  const int64_t row = (int64_t(p.slots[b]) * p.hkv + kvh) * D + lane * E;
+  bf16* kc = const_cast<bf16*>(p.kc) + row;
+  bf16* vc = const_cast<bf16*>(p.vc) + row;
+#pragma unroll
+  for (int j = 0; j < E; j += 2) {
+    const __nv_bfloat162 k2 = __halves2bfloat162(y[j], y[j + 1]);
+    *reinterpret_cast<__nv_bfloat162*>(kc + j) = k2;
+    *reinterpret_cast<__nv_bfloat162*>(new_kv + lane * E + j) = k2;
+    reinterpret_cast<uint32_t*>(vc)[j / 2] = vv[j / 2];
+    reinterpret_cast<uint32_t*>(new_kv + D + lane * E)[j / 2] = vv[j / 2];
+  }
 }
 
 // out = sum_s e^(m_s - M) O_s / sum_s e^(m_s - M) l_s: the merge of the splits, by the
@@ -69,7 +139,7 @@ __device__ void ClusterMerge(const Params& p, float* co, float* cm, float* cl) {
   cluster.sync();  // the others' shared memory stays until the merge has read it
 }
 
-template <int D>
+template <int D, bool kRope>
 __global__ void __launch_bounds__(kThreads) SplitKernel(Params p) {
   constexpr int kChunks = D / 8;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -78,6 +148,11 @@ __global__ void __launch_bounds__(kThreads) SplitKernel(Params p) {
   auto sV = [&](int st) { return tc::SwizzledTile<D>{sQ.base + kRows * D + (2 * st + 1) * kTile * D}; };
   // One cp.async group per tile slot (empty past the end), so "tile j landed" is always
   // "at most kStages - 1 newer groups pending".
+  float gq[D / 32], gk[D / 32];  // the q/k norms' weights (the fused q/k pass): constants, before the wait
+  if (kRope && p.q_norm != nullptr)
+#pragma unroll
+    for (int j = 0; j < D / 32; ++j)
+      gq[j] = __bfloat162float(p.q_norm[threadIdx.x % 32 * (D / 32) + j]), gk[j] = __bfloat162float(p.k_norm[threadIdx.x % 32 * (D / 32) + j]);
   GridDependencyWait();  // a programmatic dependent of the kernel that wrote q and the cache
   GridDependentsLaunch();
   const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z, group = p.hq / p.hkv;
@@ -88,11 +163,12 @@ __global__ void __launch_bounds__(kThreads) SplitKernel(Params p) {
   const int32_t* table = p.tables + int64_t(b) * p.max_blocks;
 
   // Q rows: the group's heads, zero past the group.
-  for (int i = tid; i < kRows * kChunks; i += kThreads) {
-    const int r = i / kChunks, c = i % kChunks;
-    const bool ok = r < group;
-    tc::CpAsync16(sQ.Chunk(r, c), p.q + (int64_t(b) * p.hq + kvh * group + (ok ? r : 0)) * D + c * 8, ok);
-  }
+  if (!kRope)
+    for (int i = tid; i < kRows * kChunks; i += kThreads) {
+      const int r = i / kChunks, c = i % kChunks;
+      const bool ok = r < group;
+      tc::CpAsync16(sQ.Chunk(r, c), p.q + (int64_t(b) * p.hq + kvh * group + (ok ? r : 0)) * D + c * 8, ok);
+    }
   auto load = [&](int j) {
     if (j >= n_tiles) return tc::CpAsyncCommit();
     const int st = j % kStages, tok0 = c0 + j * kTile;
@@ -108,6 +184,10 @@ __global__ void __launch_bounds__(kThreads) SplitKernel(Params p) {
     tc::CpAsyncCommit();
   };
   for (int j = 0; j < kStages - 1; ++j) load(j);
+  // The fused q/k pass, while the first tiles load; the new token's tile and row.
+  bf16* new_kv = sQ.base + (kRows + 2 * kStages * kTile) * D;
+  const int last = len - 1, new_tile = kRope && last >= c0 && last < c1 ? (last - c0) / kTile : -1;
+  if (kRope) RopeInto<D>(p, sQ, new_kv, new_tile >= 0, gq, gk);
 
   const float sl2 = p.scale * kLog2e;
   float o[D / 8][4] = {};
@@ -118,6 +198,14 @@ __global__ void __launch_bounds__(kThreads) SplitKernel(Params p) {
     load(j + kStages - 1);  // into the stage read in iteration j - 1 (free since its last barrier)
     tc::CpAsyncWait<kStages - 1>();
     __syncthreads();
+    if (j == new_tile) {  // the new token's key and value over what its cache slot held at the load
+      const int r = (last - c0) % kTile;
+      if (tid < 2 * kChunks) {
+        const uint4 v = reinterpret_cast<const uint4*>(new_kv)[tid];
+        *reinterpret_cast<uint4*>(tid < kChunks ? sK(st).Chunk(r, tid) : sV(st).Chunk(r, tid - kChunks)) = v;
+      }
+      __syncthreads();
+    }
     if (j == 0) {
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) tc::Ldmatrix4(qf[kk], sQ.Chunk((mi & 1) * 8 + mr, kk * 2 + (mi >> 1)));
@@ -243,7 +331,7 @@ __global__ void Merge(const float* part_o, const float* part_ml, int64_t rows, i
   if (lane == 0) lse[row] = mx + logf(sum);
 }
 
-template <int D>
+template <int D, bool kRope>
 absl::Status Run(const Params& base, const PagedDims& d, int sms, cudaStream_t s) {
   Params p = base;
   const int64_t max_ctx = d.max_blocks * d.block_size;
@@ -265,7 +353,7 @@ absl::Status Run(const Params& base, const PagedDims& d, int sms, cudaStream_t s
   if (splits < 2) p.cluster = 0;
   p.splits = splits;
   constexpr int kSmem = SmemBytes<D>();
-  if (cudaFuncSetAttribute(SplitKernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem) != cudaSuccess)
+  if (cudaFuncSetAttribute(SplitKernel<D, kRope>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem) != cudaSuccess)
     return LaunchStatus("paged_attention(smem attribute)");
   float* part = nullptr;
   const int64_t rows = d.batch * d.q_heads;
@@ -278,9 +366,9 @@ absl::Status Run(const Params& base, const PagedDims& d, int sms, cudaStream_t s
   auto launch = [&]() -> absl::Status {
     const dim3 grid(splits, static_cast<unsigned>(d.kv_heads), static_cast<unsigned>(d.batch));
     if (p.cluster)
-      return Launched(LaunchDependentCluster(SplitKernel<D>, grid, dim3(kThreads), kSmem, s, dim3(splits, 1, 1), p),
+      return Launched(LaunchDependentCluster(SplitKernel<D, kRope>, grid, dim3(kThreads), kSmem, s, dim3(splits, 1, 1), p),
                       "paged_attention(split, cluster)");
-    if (auto st = Launched(LaunchDependent(SplitKernel<D>, grid, dim3(kThreads), kSmem, s, p), "paged_attention(split)");
+    if (auto st = Launched(LaunchDependent(SplitKernel<D, kRope>, grid, dim3(kThreads), kSmem, s, p), "paged_attention(split)");
         !st.ok() || splits == 1)
       return st;
     return Launched(LaunchDependent(Merge, dim3(static_cast<unsigned>((rows * 32 + 255) / 256)), dim3(256), 0, s, p.part_o,
@@ -297,13 +385,35 @@ bool Supported(const PagedDims& d, DType t) {
   return t == DType::kBF16 && (d.head_dim == 64 || d.head_dim == 128) && d.q_heads / d.kv_heads <= kRows;
 }
 
+namespace {
+Params BaseParams(const void* q, const void* kc, const void* vc, const int32_t* tables, const int32_t* lens, void* out,
+                  float* lse, const PagedDims& d) {
+  Params p;
+  p.q = static_cast<const bf16*>(q), p.kc = static_cast<const bf16*>(kc), p.vc = static_cast<const bf16*>(vc);
+  p.tables = tables, p.lens = lens, p.out = static_cast<bf16*>(out), p.lse = lse, p.part_o = p.part_ml = nullptr;
+  p.hq = int(d.q_heads), p.hkv = int(d.kv_heads), p.block_size = int(d.block_size), p.max_blocks = int(d.max_blocks);
+  p.splits = 1, p.chunk = 0, p.scale = d.scale, p.cluster = 0;
+  return p;
+}
+}  // namespace
+
 absl::Status Decode(const void* q, const void* kc, const void* vc, const int32_t* tables, const int32_t* lens, void* out,
                     float* lse, const PagedDims& d, cudaStream_t s) {
   const int sms = SmCount();
-  Params p{static_cast<const bf16*>(q), static_cast<const bf16*>(kc), static_cast<const bf16*>(vc), tables, lens,
-           static_cast<bf16*>(out), lse, nullptr, nullptr, static_cast<int>(d.q_heads), static_cast<int>(d.kv_heads),
-           static_cast<int>(d.block_size), static_cast<int>(d.max_blocks), 1, 0, d.scale, 0};
-  return d.head_dim == 64 ? Run<64>(p, d, sms, s) : Run<128>(p, d, sms, s);
+  const Params p = BaseParams(q, kc, vc, tables, lens, out, lse, d);
+  return d.head_dim == 64 ? Run<64, false>(p, d, sms, s) : Run<128, false>(p, d, sms, s);
+}
+
+absl::Status DecodeRope(const void* q, const PagedRopeArgs& r, void* kc, void* vc, const int32_t* tables, const int32_t* lens,
+                        void* out, float* lse, const PagedDims& d, cudaStream_t s) {
+  const int sms = SmCount();
+  Params p = BaseParams(q, kc, vc, tables, lens, out, lse, d);
+  p.k_new = static_cast<const bf16*>(r.k_new), p.v_new = static_cast<const bf16*>(r.v_new);
+  p.q_norm = static_cast<const bf16*>(r.q_norm), p.k_norm = static_cast<const bf16*>(r.k_norm);
+  p.pos = r.pos, p.slots = r.slots, p.eps = r.eps;
+  for (int64_t i = 0; i < d.head_dim / 2; ++i) p.inv.v[i] = r.inv_freq[i];
+  p.inv.scale = r.scale;
+  return d.head_dim == 64 ? Run<64, true>(p, d, sms, s) : Run<128, true>(p, d, sms, s);
 }
 
 }  // namespace tessera::kernels::paged

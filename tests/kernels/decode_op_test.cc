@@ -3,6 +3,8 @@
 // as the unfused norm rounds it), QkRopeCache against the ops it fuses run one after the
 // other on the same backend, and sampling over vocabularies that split into segments
 // against the softmax it draws from. Tolerances as in op_test.cc.
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "tests/kernels/op_harness.h"
 
@@ -172,6 +174,67 @@ TEST_P(OpTest, QkRopeCacheRefusesSlotsOutsideTheCache) {
   EXPECT_THAT(std::string(be_->QkRopeCache(q, k, v, p, Ints(*be_, {1, 2}), nullptr, nullptr, 0, std::vector<float>(31, 1.f), 1.f,
                                            qo, kc, vc).message()),
               HasSubstr("head dim 64 needs 32 frequencies (got 31)"));
+}
+
+// A decode step's q/k pass inside its attention equals QkRopeCache then PagedAttention on
+// the same backend: out, lse and both caches alike, bit for bit (the same roundings in the
+// same order). Shapes of the 1B Llama (head dim 64, groups of 4) and of Qwen3 (128, with the
+// q/k norm), contexts from the new token alone through tile and block edges to more splits
+// than a cluster holds, blocks shuffled.
+TEST_P(OpTest, DecodeAttentionEqualsQkRopeCacheThenPagedAttention) {
+  Rng rng(seed_);
+  struct C { std::vector<int32_t> lens; int64_t hq, hkv, dim; bool norm; };
+  const int64_t bs = 16;
+  for (DType t : {DType::kF32, DType::kBF16})
+    for (const C& c : {C{{1, 16, 17, 64, 65, 300}, 8, 2, 64, false}, C{{1000, 2, 129}, 4, 2, 128, true}, C{{257}, 32, 8, 64, false}}) {
+      const int64_t B = static_cast<int64_t>(c.lens.size()), hq = c.hq, hkv = c.hkv, d = c.dim;
+      SCOPED_TRACE(::testing::Message() << DTypeName(t) << " d=" << d << " B=" << B << " seed=" << seed_);
+      int64_t maxb = 1, blocks = 0;
+      for (int32_t l : c.lens) maxb = std::max<int64_t>(maxb, (l + bs - 1) / bs), blocks += (l + bs - 1) / bs;
+      blocks += 3;
+      std::vector<int32_t> perm(blocks), tables(B * maxb, -1), slots, pos;
+      for (int64_t i = 0; i < blocks; ++i) perm[i] = static_cast<int32_t>(i);
+      std::shuffle(perm.begin(), perm.end(), rng.gen);
+      int next = 0;
+      for (int64_t b = 0; b < B; ++b) {
+        for (int64_t i = 0; i < (c.lens[b] + bs - 1) / bs; ++i) tables[b * maxb + i] = perm[next++];
+        const int64_t last = c.lens[b] - 1;
+        slots.push_back(static_cast<int32_t>(tables[b * maxb + last / bs] * bs + last % bs));
+        pos.push_back(static_cast<int32_t>(last + 5 * b));  // RoPE positions need not be the context's
+      }
+      std::vector<float> inv(d / 2);
+      for (int64_t i = 0; i < d / 2; ++i) inv[i] = static_cast<float>(std::pow(500000.0, -2.0 * i / d));
+      auto qv = Quantize(rng.Normal(B * hq * d), t), kv = Quantize(rng.Normal(B * hkv * d), t), vv = Quantize(rng.Normal(B * hkv * d), t);
+      auto qn = Quantize(rng.Normal(d, 0.3f), t), kn = Quantize(rng.Normal(d, 0.3f), t);
+      const auto cache0 = Quantize(rng.Normal(blocks * bs * hkv * d), t), cache1 = Quantize(rng.Normal(blocks * bs * hkv * d), t);
+      auto q = Make(*be_, {B, hq, d}, t, qv), k = Make(*be_, {B, hkv, d}, t, kv), v = Make(*be_, {B, hkv, d}, t, vv);
+      auto qnw = Make(*be_, {d}, t, qn), knw = Make(*be_, {d}, t, kn);
+      auto p = Ints(*be_, pos), s = Ints(*be_, slots), cl = Ints(*be_, c.lens), bt = Ints(*be_, tables);
+      ASSERT_TRUE(bt.Reshape({B, maxb}).ok());
+      bt = *bt.Reshape({B, maxb});
+      const Tensor* qnp = c.norm ? &qnw : nullptr;
+      const Tensor* knp = c.norm ? &knw : nullptr;
+      auto kc = Make(*be_, {blocks, bs, hkv, d}, t, cache0), vc = Make(*be_, {blocks, bs, hkv, d}, t, cache1);
+      auto qo = Out(*be_, {B, hq, d}, t), out = Out(*be_, {B, hq, d}, t), lse = Out(*be_, {B, hq}, DType::kF32);
+      auto st = be_->DecodeAttention(q, k, v, p, s, qnp, knp, 1e-6f, inv, 1.25f, qo, kc, vc, bt, cl, out, lse);
+      ASSERT_TRUE(st.ok()) << st;
+      auto kc2 = Make(*be_, {blocks, bs, hkv, d}, t, cache0), vc2 = Make(*be_, {blocks, bs, hkv, d}, t, cache1);
+      auto qo2 = Out(*be_, {B, hq, d}, t), out2 = Out(*be_, {B, hq, d}, t), lse2 = Out(*be_, {B, hq}, DType::kF32);
+      ASSERT_TRUE(be_->QkRopeCache(q, k, v, p, s, qnp, knp, 1e-6f, inv, 1.25f, qo2, kc2, vc2).ok());
+      ASSERT_TRUE(be_->PagedAttention(qo2, kc2, vc2, bt, cl, out2, lse2).ok());
+      EXPECT_EQ(Read(*be_, out), Read(*be_, out2));
+      EXPECT_EQ(Read(*be_, lse), Read(*be_, lse2));
+      EXPECT_EQ(Read(*be_, kc), Read(*be_, kc2));
+      EXPECT_EQ(Read(*be_, vc), Read(*be_, vc2));
+      // A slot that is not the context's last token is refused by row, and nothing is written.
+      std::vector<int32_t> wrong = slots;
+      wrong[B - 1] = slots[B - 1] == 0 ? 1 : slots[B - 1] - 1;
+      const auto before = Read(*be_, kc);
+      EXPECT_THAT(std::string(be_->DecodeAttention(q, k, v, p, Ints(*be_, wrong), qnp, knp, 1e-6f, inv, 1.25f, qo, kc, vc, bt,
+                                                   cl, out, lse).message()),
+                  HasSubstr(absl::StrCat("slots[", B - 1, "] = ", wrong[B - 1], " is not the slot of the context's last token")));
+      EXPECT_EQ(Read(*be_, kc), before);
+    }
 }
 
 // A step's tokens: each from the step before's samples (still on the device) or from the

@@ -120,6 +120,7 @@ absl::StatusOr<Tensor> Generator::Step(const StepRows& r) {
     if (p < 0) return bad(absl::StrCat("position ", p));
   TESSERA_RETURN_IF_ERROR(Backend::CheckCacheSlots(cache_.k[0], r.slots.data(), t));
   if (paged > 0) TESSERA_RETURN_IF_ERROR(Backend::CheckPagedIndices(cache_.k[0], r.tables.data(), paged, r.max_blocks, r.lens.data()));
+  if (r.decode_only) TESSERA_RETURN_IF_ERROR(CheckDecodeOnly(r, cache_.block_size));
   const bool on_device = b.device().kind != runtime::DeviceKind::kCpu;
   // Host vectors as host tensors, uploaded once when the model is on a device.
   auto tensor = [&](const std::vector<int32_t>& v, std::vector<int64_t> shape, bool upload) -> absl::StatusOr<Tensor> {
@@ -148,7 +149,30 @@ absl::StatusOr<Tensor> Generator::Step(const StepRows& r) {
   for (int64_t i = 0; every_row && i < t; ++i) every_row = last[i] == i;
   if (every_row) last.clear();
   TrustIndices trust(b);  // checked above
-  return CacheForward(in, static_cast<int64_t>(r.logits_of.size()), last, slots, paged > 0 ? &view : nullptr, fresh);
+  return CacheForward(in, static_cast<int64_t>(r.logits_of.size()), last, slots, paged > 0 ? &view : nullptr, fresh,
+                      r.decode_only);
+}
+
+absl::Status Generator::CheckDecodeOnly(const StepRows& r, int64_t bs) {
+  auto bad = [](const std::string& what) { return absl::InvalidArgumentError(absl::StrCat("decode-only step: ", what)); };
+  if (!r.cu_seqlens.empty()) return bad("has fresh rows");
+  const int64_t t = static_cast<int64_t>(r.slots.size());
+  std::vector<std::pair<int32_t, int64_t>> fresh_blocks;  // each row's new slot's block, and the row
+  for (int64_t i = 0; i < t; ++i) {
+    const int64_t last = r.lens[i] - 1, slot = int64_t(r.tables[i * r.max_blocks + last / bs]) * bs + last % bs;
+    if (r.slots[i] != slot)
+      return bad(absl::StrCat("row ", i, "'s slot ", r.slots[i], " is not the last of its context (slot ", slot, ")"));
+    fresh_blocks.push_back({static_cast<int32_t>(r.slots[i] / bs), i});
+  }
+  std::sort(fresh_blocks.begin(), fresh_blocks.end());
+  for (int64_t i = 0; i < t; ++i)
+    for (int64_t j = 0; j <= (r.lens[i] - 1) / bs; ++j) {
+      const int32_t blk = r.tables[i * r.max_blocks + j];
+      auto it = std::lower_bound(fresh_blocks.begin(), fresh_blocks.end(), std::pair<int32_t, int64_t>{blk, 0});
+      for (; it != fresh_blocks.end() && it->first == blk; ++it)
+        if (it->second != i) return bad(absl::StrCat("row ", i, "'s context holds block ", blk, ", where row ", it->second, " writes"));
+    }
+  return absl::OkStatus();
 }
 
 bool Generator::DecodeOnDeviceSupported(const Llama& model) {
@@ -189,11 +213,12 @@ absl::StatusOr<Tensor> Generator::DecodeStep(const DeviceDecode& d) {
   for (int64_t i = 0; i <= n; ++i) in.cu.data_as<int32_t>()[i] = static_cast<int32_t>(i);
   const DecodeView view{d.tables, d.lens};
   TrustIndices trust(*m.backend_);
-  return CacheForward(in, n, {}, d.slots, &view, 0);
+  return CacheForward(in, n, {}, d.slots, &view, 0, /*decode_only=*/true);
 }
 
 absl::StatusOr<Tensor> Generator::CacheForward(const Llama::Inputs& in, int64_t n, const std::vector<int64_t>& last,
-                                               const Tensor& slots, const DecodeView* decode, int64_t fresh) {
+                                               const Tensor& slots, const DecodeView* decode, int64_t fresh,
+                                               bool decode_only) {
   using Phase = ParamHooks::Phase;
   Llama& m = *model_;
   auto acquire = [&](int block) { return m.hooks_ ? m.hooks_->Acquire(block, Phase::kForward) : absl::OkStatus(); };
@@ -209,7 +234,7 @@ absl::StatusOr<Tensor> Generator::CacheForward(const Llama::Inputs& in, int64_t 
   for (size_t i = 0; i < m.layers_.size(); ++i) {
     const int block = static_cast<int>(i) + 1;
     Tensor out;
-    const Llama::CacheStep kv{&cache_, static_cast<int64_t>(i), slots, decode, fresh};
+    const Llama::CacheStep kv{&cache_, static_cast<int64_t>(i), slots, decode, fresh, decode_only};
     TESSERA_RETURN_IF_ERROR(acquire(block));
     TESSERA_RETURN_IF_ERROR(m.CacheLayerForward(m.layers_[i], in, x, out, kv));
     TESSERA_RETURN_IF_ERROR(release(block));

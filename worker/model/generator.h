@@ -68,6 +68,11 @@ class Generator {
     std::vector<int32_t> tables, lens;
     int64_t max_blocks = 0;
     std::vector<int64_t> logits_of;
+    // No fresh rows, and every row the next token of a sequence of its own (a rollout's
+    // decode-only step): each row's key and value go to the cache within its attention.
+    // Checked: each row's slot is the last of its context, and no row's context holds
+    // another row's new slot.
+    bool decode_only = false;
   };
   absl::StatusOr<runtime::Tensor> Step(const StepRows& rows);
   // Every layer's keys and values at cache slots `to[i]` = those at `from[i]` (one gather
@@ -98,7 +103,9 @@ class Generator {
   // sequences), then the rows `last` names (empty: every row) through the final norm and
   // the LM head.
   absl::StatusOr<runtime::Tensor> CacheForward(const Llama::Inputs& in, int64_t n, const std::vector<int64_t>& last,
-                                               const runtime::Tensor& slots, const DecodeView* decode, int64_t fresh);
+                                               const runtime::Tensor& slots, const DecodeView* decode, int64_t fresh,
+                                               bool decode_only);
+  static absl::Status CheckDecodeOnly(const StepRows& r, int64_t block_size);
 
   Llama* model_;
   KvCache cache_;

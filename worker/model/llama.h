@@ -331,6 +331,8 @@ class Llama {
   };
   absl::Status CacheLayerForward(const LayerParams& w, const Inputs& in, const runtime::Tensor& x, runtime::Tensor& out,
                                  const CacheStep& kv);
+  absl::Status CacheLayerTail(const LayerParams& w, const Inputs& in, const runtime::Tensor& x, const runtime::Tensor& o,
+                              runtime::Tensor& out);
   absl::Status NormedLinears(const runtime::Tensor& x, const Param& norm, absl::Span<const NormedPart> parts, bool swiglu,
                              const Inputs& in);
   absl::StatusOr<runtime::Tensor> CacheRowParallel(const runtime::Tensor& x, const Param& w, const runtime::Tensor& residual);

@@ -2,7 +2,8 @@
 // first the tokens of fresh sequences (prefill: nothing of them is cached yet; they
 // attend to each other, varlen) and then rows that attend to the cache through block
 // tables (decode steps, and prompt chunks after the first). Every row's keys and values
-// go to the cache in the pass that rotates them (Backend::QkRopeCache). Few rows (a decode
+// go to the cache in the pass that rotates them (Backend::QkRopeCache), or, in a decode-only
+// step, within the attention (Backend::DecodeAttention). Few rows (a decode
 // step of a small batch) take the fused decode linears (Backend::DecodeLinear): the input
 // norm inside the q/k/v and gate/up passes, SwiGLU and the residual in their epilogues.
 // No activations are kept.
@@ -66,7 +67,7 @@ absl::Status Llama::CacheLayerForward(const LayerParams& w, const Inputs& in, co
   Backend& b = *backend_;
   const LlamaConfig& c = config_;
   const int64_t t = x.dim(0), fresh = kv.fresh, d = c.HeadDim(), hq = c.heads / tp_size(),
-                hkv = c.LocalKvHeads(tp_size()), ffn = c.ffn / tp_size();
+                hkv = c.LocalKvHeads(tp_size());
   if (fresh < 0 || fresh > t || (fresh < t && kv.decode == nullptr))
     return absl::InvalidArgumentError(absl::StrCat("kv cache step: ", fresh, " fresh rows of ", t, ", the rest need block tables"));
   TESSERA_ASSIGN_OR_RETURN(Tensor q_lin, New(b, {t, hq * d}, act_));
@@ -84,11 +85,17 @@ absl::Status Llama::CacheLayerForward(const LayerParams& w, const Inputs& in, co
   }
   Tensor& kc = kv.cache->k[kv.layer];
   Tensor& vc = kv.cache->v[kv.layer];
-  TESSERA_RETURN_IF_ERROR(b.QkRopeCache(q3, k3, v, in.positions, kv.slots, c.qk_norm ? &w.qn->weight() : nullptr,
-                                        c.qk_norm ? &w.kn->weight() : nullptr, c.norm_eps, in.rope.inv_freq,
-                                        in.rope.attention_scaling, q, kc, vc, fresh > 0 ? &k : nullptr));
+  const Tensor* qn = c.qk_norm ? &w.qn->weight() : nullptr;
+  const Tensor* kn = c.qk_norm ? &w.kn->weight() : nullptr;
   TESSERA_ASSIGN_OR_RETURN(Tensor o, New(b, {t, hq, d}, act_));
   TESSERA_ASSIGN_OR_RETURN(Tensor lse, New(b, {t, hq}));
+  if (kv.decode_only && fresh == 0) {
+    TESSERA_RETURN_IF_ERROR(b.DecodeAttention(q3, k3, v, in.positions, kv.slots, qn, kn, c.norm_eps, in.rope.inv_freq,
+                                              in.rope.attention_scaling, q, kc, vc, kv.decode->tables, kv.decode->lens, o, lse));
+    return CacheLayerTail(w, in, x, o, out);
+  }
+  TESSERA_RETURN_IF_ERROR(b.QkRopeCache(q3, k3, v, in.positions, kv.slots, qn, kn, c.norm_eps, in.rope.inv_freq,
+                                        in.rope.attention_scaling, q, kc, vc, fresh > 0 ? &k : nullptr));
   auto rows = [](const Tensor& x, int64_t at, int64_t n) { return x.Slice(0, at, n); };
   if (fresh > 0) {
     TESSERA_ASSIGN_OR_RETURN(Tensor qf, rows(q, 0, fresh));
@@ -104,7 +111,14 @@ absl::Status Llama::CacheLayerForward(const LayerParams& w, const Inputs& in, co
     TESSERA_ASSIGN_OR_RETURN(Tensor lp, rows(lse, fresh, t - fresh));
     TESSERA_RETURN_IF_ERROR(b.PagedAttention(qp, kc, vc, kv.decode->tables, kv.decode->lens, op, lp));
   }
-  TESSERA_ASSIGN_OR_RETURN(Tensor o2, o.Reshape({t, hq * d}));
+  return CacheLayerTail(w, in, x, o, out);
+}
+
+// The layer after its attention: o + residual, the MLP with its norm, down + residual.
+absl::Status Llama::CacheLayerTail(const LayerParams& w, const Inputs& in, const Tensor& x, const Tensor& o, Tensor& out) {
+  Backend& b = *backend_;
+  const int64_t t = x.dim(0), ffn = config_.ffn / tp_size();
+  TESSERA_ASSIGN_OR_RETURN(Tensor o2, o.Reshape({t, o.dim(1) * o.dim(2)}));
   TESSERA_ASSIGN_OR_RETURN(Tensor x_mid, CacheRowParallel(o2, *w.wo, x));
   TESSERA_ASSIGN_OR_RETURN(Tensor act, New(b, {t, ffn}, act_));
   const NormedPart mlp[2] = {{w.wg, nullptr, &act}, {w.wu, nullptr, nullptr}};

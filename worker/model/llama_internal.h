@@ -96,13 +96,16 @@ struct Llama::Flight {
 // A layer's step over the KV cache (generation): every row's keys and values go to
 // `slots` of layer `layer`'s cache; the first `fresh` rows (the sequences of Inputs::cu)
 // attend to each other, the others to the cache through `decode`'s block tables and
-// lengths (one row each).
+// lengths (one row each). `decode_only`: no fresh rows, and every row is the next token of
+// a sequence of its own (no row's context holds another row's new slot), so its key and
+// value can go to the cache within its attention (Backend::DecodeAttention).
 struct Llama::CacheStep {
   KvCache* cache;
   int64_t layer;
   runtime::Tensor slots;  // i32 [T], on the host or the device
   const DecodeView* decode;
   int64_t fresh = 0;
+  bool decode_only = false;
 };
 
 }  // namespace tessera::model

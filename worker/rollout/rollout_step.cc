@@ -73,6 +73,9 @@ absl::Status RolloutEngine::LaunchEager(const Plan& plan, Launched& out) {
     r.tokens = host_values;
   }
   r.logits_of = plan.sample_of;
+  // One row per sample, each its next token: the keys and values go in with the attention.
+  r.decode_only = plan.fresh.empty() && plan.prompt_rows == 0 &&
+                  std::all_of(plan.paged.begin(), plan.paged.end(), [](const Plan::Rows& x) { return x.count == 1; });
   TESSERA_ASSIGN_OR_RETURN(Tensor local, gen_->Step(r));
   if (!plan.sampled.empty()) {
     // Under TP every rank gathers the whole vocabulary's logits on its device and samples

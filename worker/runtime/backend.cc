@@ -402,6 +402,12 @@ absl::Status Backend::AttentionMerge(Tensor& out, Tensor& lse, const Tensor& out
 
 absl::Status Backend::PagedAttention(const Tensor& q, const Tensor& kc, const Tensor& vc, const Tensor& tables,
                                      const Tensor& lens, Tensor& out, Tensor& lse) {
+  TRY(CheckPagedAttention(q, kc, vc, tables, lens, out, lse));
+  return DoPagedAttention(q, kc, vc, tables, lens, out, lse);
+}
+
+absl::Status Backend::CheckPagedAttention(const Tensor& q, const Tensor& kc, const Tensor& vc, const Tensor& tables,
+                                          const Tensor& lens, const Tensor& out, const Tensor& lse) {
   const char* op = "paged_attention";
   TRY(CheckTensors(op, device(), {{"q", &q}, {"k_cache", &kc}, {"v_cache", &vc}, {"out", &out}, {"lse", &lse}}));
   TRY(CheckIndexTensor(op, device(), "block_tables", tables));
@@ -428,7 +434,7 @@ absl::Status Backend::PagedAttention(const Tensor& q, const Tensor& kc, const Te
     TESSERA_ASSIGN_OR_RETURN(const std::vector<int32_t> hl, ReadIndices(*this, lens));
     TRY(CheckPagedIndices(kc, ht.data(), B, tables.dim(1), hl.data()));
   }
-  return DoPagedAttention(q, kc, vc, tables, lens, out, lse);
+  return absl::OkStatus();
 }
 
 absl::Status Backend::CheckPagedIndices(const Tensor& kc, const int32_t* ht, int64_t B, int64_t maxb, const int32_t* hl) {
@@ -563,6 +569,40 @@ absl::Status Backend::QkRopeCache(const Tensor& q, const Tensor& k, const Tensor
                                   const Tensor& slots, const Tensor* q_norm, const Tensor* k_norm, float eps,
                                   absl::Span<const float> inv_freq, float scale, Tensor& q_out, Tensor& kc, Tensor& vc,
                                   Tensor* k_out) {
+  TESSERA_ASSIGN_OR_RETURN(const kernels::QkRopeCacheArgs a,
+                           QkRopeCacheArgsOf(q, k, v, positions, slots, q_norm, k_norm, eps, inv_freq, scale, q_out, kc, vc, k_out));
+  return DoQkRopeCache(a, q.dtype(), positions, slots);
+}
+
+absl::Status Backend::DecodeAttention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& positions,
+                                      const Tensor& slots, const Tensor* q_norm, const Tensor* k_norm, float eps,
+                                      absl::Span<const float> inv_freq, float scale, Tensor& q_out, Tensor& kc, Tensor& vc,
+                                      const Tensor& tables, const Tensor& lens, Tensor& out, Tensor& lse) {
+  TESSERA_ASSIGN_OR_RETURN(const kernels::QkRopeCacheArgs a,
+                           QkRopeCacheArgsOf(q, k, v, positions, slots, q_norm, k_norm, eps, inv_freq, scale, q_out, kc, vc, nullptr));
+  TRY(CheckPagedAttention(q_out, kc, vc, tables, lens, out, lse));
+  const bool on_host = slots.device().kind == DeviceKind::kCpu && tables.device().kind == DeviceKind::kCpu &&
+                       lens.device().kind == DeviceKind::kCpu;
+  if (on_host || !trust_device_indices_) {  // each row's new token is the last of its context
+    TESSERA_ASSIGN_OR_RETURN(const std::vector<int32_t> hs, ReadIndices(*this, slots));
+    TESSERA_ASSIGN_OR_RETURN(const std::vector<int32_t> ht, ReadIndices(*this, tables));
+    TESSERA_ASSIGN_OR_RETURN(const std::vector<int32_t> hl, ReadIndices(*this, lens));
+    const int64_t bs = kc.dim(1), maxb = tables.dim(1);
+    for (size_t i = 0; i < hs.size(); ++i) {
+      const int64_t last = hl[i] - 1, slot = int64_t(ht[i * maxb + last / bs]) * bs + last % bs;
+      if (hs[i] != slot)
+        return Bad("decode_attention", absl::StrCat("slots[", i, "] = ", hs[i], " is not the slot of the context's last token (",
+                                                    "position ", last, " of row ", i, ": slot ", slot, ")"));
+    }
+  }
+  return DoDecodeAttention(a, q.dtype(), positions, slots, q_out, kc, vc, tables, lens, out, lse);
+}
+
+absl::StatusOr<kernels::QkRopeCacheArgs> Backend::QkRopeCacheArgsOf(const Tensor& q, const Tensor& k, const Tensor& v,
+                                                                    const Tensor& positions, const Tensor& slots,
+                                                                    const Tensor* q_norm, const Tensor* k_norm, float eps,
+                                                                    absl::Span<const float> inv_freq, float scale,
+                                                                    Tensor& q_out, Tensor& kc, Tensor& vc, Tensor* k_out) {
   const char* op = "qk_rope_cache";
   TRY(CheckTensors(op, device(), {{"q", &q}, {"k", &k}, {"v", &v}, {"positions", &positions}, {"q_out", &q_out},
                                   {"k_cache", &kc}, {"v_cache", &vc}}));
@@ -610,7 +650,7 @@ absl::Status Backend::QkRopeCache(const Tensor& q, const Tensor& k, const Tensor
     TRY(SameDType(op, "k_out", *k_out, "k", k));
     a.k_out = k_out->data();
   }
-  return DoQkRopeCache(a, q.dtype(), positions, slots);
+  return a;
 }
 
 absl::Status Backend::Sample(const Tensor& logits, const Tensor& temperature, const Tensor& top_k, const Tensor& top_p,

@@ -243,6 +243,19 @@ class Backend {
   absl::Status QkRopeCache(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& positions, const Tensor& slots,
                            const Tensor* q_norm, const Tensor* k_norm, float eps, absl::Span<const float> inv_freq,
                            float scale, Tensor& q_out, Tensor& k_cache, Tensor& v_cache, Tensor* k_out = nullptr);
+  // A decode step's QkRopeCache and PagedAttention in one (CUDA: one kernel, the q/k pass
+  // inside the attention), for rows that are distinct sequences each attending to its cache
+  // and its new token, the last of its context: slots[i] must be the slot of token
+  // context_lens[i] - 1 (checked with the indices, as those ops check theirs), and no row's
+  // context may hold another row's new slot (the caller's: a rollout's decode-only step).
+  // Arguments as those two ops take them (q, k, v the raw projections; block_tables and
+  // context_lens as PagedAttention's); q_out is scratch for a backend that runs the two
+  // ops: its contents afterwards are unspecified. out and lse, and the cache, equal those
+  // of QkRopeCache then PagedAttention.
+  absl::Status DecodeAttention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& positions, const Tensor& slots,
+                               const Tensor* q_norm, const Tensor* k_norm, float eps, absl::Span<const float> inv_freq,
+                               float scale, Tensor& q_out, Tensor& k_cache, Tensor& v_cache, const Tensor& block_tables,
+                               const Tensor& context_lens, Tensor& out, Tensor& lse);
   // out[i] = src[i] >= 0 ? from[src[i]] : values[i], all i32 (src, values, out [n]; from
   // [m]): a generation step's tokens, each either sampled by the step before and still on
   // the device, or known on the host. src is checked (every entry -1 or an index of from)
@@ -263,6 +276,16 @@ class Backend {
   // given (bf16, same shape) it receives the updated params.
   absl::Status AdamW(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& p,
                      Tensor* param_lowp = nullptr);
+
+ private:
+  // The checks of QkRopeCache (the kernel's arguments) and of PagedAttention.
+  absl::StatusOr<kernels::QkRopeCacheArgs> QkRopeCacheArgsOf(const Tensor& q, const Tensor& k, const Tensor& v,
+                                                             const Tensor& positions, const Tensor& slots, const Tensor* q_norm,
+                                                             const Tensor* k_norm, float eps, absl::Span<const float> inv_freq,
+                                                             float scale, Tensor& q_out, Tensor& k_cache, Tensor& v_cache,
+                                                             Tensor* k_out);
+  absl::Status CheckPagedAttention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& block_tables,
+                                   const Tensor& context_lens, const Tensor& out, const Tensor& lse);
 
  protected:
   kernels::AttentionEngine attention_engine_ = kernels::AttentionEngine::kAuto;
@@ -312,6 +335,13 @@ class Backend {
   virtual absl::Status DoDecodeLinear(const kernels::DecodeLinearArgs& a, DType t) = 0;
   virtual absl::Status DoQkRopeCache(const kernels::QkRopeCacheArgs& a, DType t, const Tensor& positions,
                                      const Tensor& slots) = 0;
+  // Default: the two ops, QkRopeCache's output into q_out.
+  virtual absl::Status DoDecodeAttention(const kernels::QkRopeCacheArgs& a, DType t, const Tensor& positions, const Tensor& slots,
+                                         const Tensor& q_out, const Tensor& k_cache, const Tensor& v_cache,
+                                         const Tensor& block_tables, const Tensor& context_lens, Tensor& out, Tensor& lse) {
+    if (auto st = DoQkRopeCache(a, t, positions, slots); !st.ok()) return st;
+    return DoPagedAttention(q_out, k_cache, v_cache, block_tables, context_lens, out, lse);
+  }
   virtual absl::Status DoSample(const Tensor& logits, const Tensor& temperature, const Tensor& top_k, const Tensor& top_p,
                                 const Tensor& seed, const Tensor& offset, Tensor& token, Tensor& logprob) = 0;
   virtual absl::Status DoSumSquares(const Tensor& x, Tensor& out) = 0;

@@ -395,6 +395,22 @@ class CudaBackend final : public Backend {
     d.slots = ds.data_as<int32_t>();
     return kernels::QkRopeCacheCuda(d, t, stream_);
   }
+  absl::Status DoDecodeAttention(const kernels::QkRopeCacheArgs& a, DType t, const Tensor& positions, const Tensor& slots,
+                                 const Tensor& q_out, const Tensor& kc, const Tensor& vc, const Tensor& bt, const Tensor& cl,
+                                 Tensor& out, Tensor& lse) override {
+    const kernels::PagedDims d{a.tokens, a.q_heads, a.kv_heads, a.head_dim, kc.dim(1), bt.dim(1),
+                               static_cast<float>(1.0 / std::sqrt(double(a.head_dim)))};
+    if (!kernels::PagedAttentionRopeCudaSupported(d, t))
+      return Backend::DoDecodeAttention(a, t, positions, slots, q_out, kc, vc, bt, cl, out, lse);
+    TESSERA_ASSIGN_OR_RETURN(Tensor ds, OnDevice(slots));
+    TESSERA_ASSIGN_OR_RETURN(Tensor dbt, OnDevice(bt));
+    TESSERA_ASSIGN_OR_RETURN(Tensor dcl, OnDevice(cl));
+    kernels::PagedRopeArgs r;
+    r.k_new = a.k, r.v_new = a.v, r.pos = a.pos, r.slots = ds.data_as<int32_t>();
+    r.q_norm = a.q_norm, r.k_norm = a.k_norm, r.eps = a.eps, r.inv_freq = a.inv_freq, r.scale = a.scale;
+    return kernels::PagedAttentionRopeCuda(a.q, r, a.k_cache, a.v_cache, dbt.data_as<int32_t>(), dcl.data_as<int32_t>(),
+                                           out.data(), lse.data_as<float>(), d, t, stream_);
+  }
   absl::Status DoAdamW(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const AdamWParams& a, Tensor* lowp) override {
     return kernels::AdamWCuda(p.data_as<float>(), g.data(), g.dtype(), m.data_as<float>(), v.data_as<float>(),
                               lowp ? lowp->data_as<uint16_t>() : nullptr, p.numel(),

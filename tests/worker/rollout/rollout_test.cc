@@ -9,6 +9,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <thread>
 
 #include "common/util.h"
@@ -284,6 +285,45 @@ TEST_F(RolloutTest, StopTokensEndASampleAndFreeItsBlocks) {
     EXPECT_EQ(c.finish_reason, "stop");
     EXPECT_EQ(c.tokens, std::vector<int32_t>(t.begin(), t.begin() + first + 1));
   }
+}
+
+// A decode-only generation step (each row's key and value go to the cache within its
+// attention) gives the logits of the same rows as an ordinary step, and refuses rows that
+// are not each the next token of a sequence of its own.
+TEST_F(RolloutTest, ADecodeOnlyStepEqualsAPlainOneAndRefusesDependentRows) {
+  auto gen = model::Generator::Create(model_.get(), /*blocks=*/8, /*block_size=*/4);
+  ASSERT_TRUE(gen.ok()) << gen.status();
+  auto tokens = [&](std::vector<int32_t> v) {
+    auto t = *be_->Empty({static_cast<int64_t>(v.size())}, DType::kI32);
+    std::copy(v.begin(), v.end(), t.data_as<int32_t>());
+    return t;
+  };
+  // Two sequences of 5 and 3 prompt tokens: blocks {0, 1} and {2}.
+  model::Generator::StepRows pre;
+  pre.tokens = tokens({5, 6, 7, 8, 9, 10, 11, 12});
+  pre.positions = {0, 1, 2, 3, 4, 0, 1, 2};
+  pre.slots = {0, 1, 2, 3, 4, 8, 9, 10};
+  pre.cu_seqlens = {0, 5, 8};
+  ASSERT_TRUE((*gen)->Step(pre).status().ok());
+  model::Generator::StepRows step;
+  step.tokens = tokens({13, 14});
+  step.positions = {5, 3}, step.slots = {5, 11}, step.lens = {6, 4}, step.max_blocks = 2;
+  step.tables = {0, 1, 2, -1};
+  step.logits_of = {0, 1};
+  auto plain = (*gen)->Step(step);  // writes the same slots again: equal keys and values
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  const std::vector<float> want(plain->data_as<float>(), plain->data_as<float>() + plain->numel());
+  step.decode_only = true;
+  auto fused = (*gen)->Step(step);
+  ASSERT_TRUE(fused.ok()) << fused.status();
+  EXPECT_EQ(std::vector<float>(fused->data_as<float>(), fused->data_as<float>() + fused->numel()), want);
+  auto refused = [&](model::Generator::StepRows r) { return std::string((*gen)->Step(r).status().message()); };
+  model::Generator::StepRows wrong_slot = step;
+  wrong_slot.slots = {6, 11};
+  EXPECT_THAT(refused(wrong_slot), HasSubstr("decode-only step: row 0's slot 6 is not the last of its context (slot 5)"));
+  model::Generator::StepRows chunk = step;  // two tokens of the first sequence
+  chunk.positions = {5, 6}, chunk.slots = {5, 6}, chunk.lens = {6, 7}, chunk.tables = {0, 1, 0, 1};
+  EXPECT_THAT(refused(chunk), HasSubstr("decode-only step: row 0's context holds block 1, where row 1 writes"));
 }
 
 TEST_F(RolloutTest, BadRequestsAreRefusedByName) {
