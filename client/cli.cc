@@ -174,7 +174,7 @@ absl::StatusOr<v1::Job> Client::Watch(const std::string& id, std::ostream& out, 
         out << "[" << Clock(NowMs()) << "] reconnected to the controller\n";
         lost_since = 0, backoff_ms = 250;
       }
-      if (r.epoch() != epoch) seq = 0;  // the controller restarted: its events are numbered anew
+      if (r.epoch() != epoch) seq = 0;  // another state database: its events are numbered anew
       epoch = r.epoch();
       const auto& e = r.event();
       seq = e.seq();

@@ -88,7 +88,10 @@ struct Dashboard::Impl : public CivetHandler {
       }
       std::string body = "{\"events\":[";
       for (size_t i = 0; i < events->size(); ++i) absl::StrAppend(&body, i ? "," : "", ToJson((*events)[i]));
-      Reply(conn, 200, "application/json", absl::StrCat(body, "],\"done\":", done ? "true" : "false", "}"));
+      // more: a full page; the rest from its last seq.
+      const bool more = static_cast<int64_t>(events->size()) == JobManager::kEventsPerPage;
+      Reply(conn, 200, "application/json",
+            absl::StrCat(body, "],\"done\":", done ? "true" : "false", ",\"more\":", more ? "true" : "false", "}"));
     } else if (parts.size() == 3 && parts[0] == "jobs" && parts[2] == "logs") {
       int rank = 0;
       if (!absl::SimpleAtoi(Query(conn, "rank"), &rank) || rank < 0) {

@@ -5,7 +5,9 @@
 //   GET /                              the page (controller/dashboard_page.cc)
 //   GET /api/cluster                   GetClusterStatus, as JSON
 //   GET /api/jobs                      the last 200 jobs
-//   GET /api/jobs/<id>/events?from=N   the job's events after seq N (states, progress)
+//   GET /api/jobs/<id>/events?from=N   the job's events after seq N (states, progress), a
+//                                      page of at most JobManager::kEventsPerPage; "more"
+//                                      when the page is full (ask again from its last seq)
 //   GET /api/jobs/<id>/logs?rank=R     the last 200 lines of rank R's latest attempt
 // The API takes the same bearer tokens as the gRPC API (any role: it only reads) and
 // answers 401 without one; the page asks for a token and keeps it in the tab's

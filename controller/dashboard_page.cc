@@ -74,14 +74,17 @@ function chart(name, pts) {
 <polyline points="${line}"/></svg></div>`;
 }
 async function refreshJob(job) {
-  const ev = await api(`jobs/${encodeURIComponent(job.jobId)}/events?from=${lastSeq}`);
-  for (const e of ev.events) {
-    lastSeq = Math.max(lastSeq, +e.seq);
-    const p = e.progress;
-    if (p && p.metrics && Object.keys(p.metrics).length) {
-      lastEvent = p;
-      for (const [k, v] of Object.entries(p.metrics)) (series[k] = series[k] || []).push([+p.step, +v]);
+  for (let more = true; more;) {  // the job's whole history, a page at a time
+    const ev = await api(`jobs/${encodeURIComponent(job.jobId)}/events?from=${lastSeq}`);
+    for (const e of ev.events) {
+      lastSeq = Math.max(lastSeq, +e.seq);
+      const p = e.progress;
+      if (p && p.metrics && Object.keys(p.metrics).length) {
+        lastEvent = p;
+        for (const [k, v] of Object.entries(p.metrics)) (series[k] = series[k] || []).push([+p.step, +v]);
+      }
     }
+    more = ev.more && ev.events.length > 0;
   }
   $("jobtitle").textContent = `Job ${job.jobId} · ${job.spec.name} · ${job.spec.kind}`;
   $("progress").innerHTML = `<span class="st ${st(job.state)}">${st(job.state)}</span> ` +

@@ -35,7 +35,7 @@ std::string ExitDescription(const v1::ExecutorEvent& ev) {
 JobManager::JobManager(JobManagerConfig cfg, Store* store, Rendezvous* rdv, LogStore* logs, Metrics* metrics,
                        DriverFactory drivers, ExecutorConnector connect)
     : cfg_(std::move(cfg)), store_(store), rdv_(rdv), logs_(logs), metrics_(metrics),
-      drivers_(std::move(drivers)), connect_(std::move(connect)), epoch_(RandomHex(8)), started_mono_(MonoMs()) {}
+      drivers_(std::move(drivers)), connect_(std::move(connect)), epoch_(store->id()), started_mono_(MonoMs()) {}
 
 JobManager::~JobManager() { Shutdown(); }
 
@@ -49,6 +49,9 @@ absl::Status JobManager::Recover() {
     JobRt rt;
     rt.job = j;
     const std::string id = j.job_id();
+    TESSERA_ASSIGN_OR_RETURN(const int64_t last_seq, store_->LastEventSeq(id));
+    rt.next_seq = last_seq + 1;  // the numbering goes on; older events are read from the store
+    const v1::JobState stored_state = j.state();
     job_counter_++;
     if (!j.submission_id().empty()) by_submission_[j.submission_id()] = id;
     // `tessera local`: a job an earlier run left unfinished (killed, Ctrl-C before it
@@ -106,11 +109,13 @@ absl::Status JobManager::Recover() {
         TESSERA_RETURN_IF_ERROR(store_->PutJob(rt.job));
       }
     }
-    v1::JobEvent ev;
-    ev.set_state(rt.job.state());
-    ev.set_reason(rt.job.reason());
-    ev.set_attempt(rt.job.attempt());
-    AddEvent(rt, ev);
+    if (rt.job.state() != stored_state || last_seq == 0) {  // a change made here (or a store without events)
+      v1::JobEvent ev;
+      ev.set_state(rt.job.state());
+      ev.set_reason(rt.job.reason());
+      ev.set_attempt(rt.job.attempt());
+      AddEvent(rt, ev);
+    }
     job_order_.push_back(id);
     jobs_.emplace(id, std::move(rt));
   }
@@ -174,8 +179,12 @@ void JobManager::AddEvent(JobRt& rt, const v1::JobEvent& ev) {
   v1::JobEvent e = ev;
   e.set_seq(rt.next_seq++);
   e.set_time_ms(NowMs());
+  if (absl::Status st = store_->PutEvent(rt.job.job_id(), e); !st.ok())
+    spdlog::error("job {}: event {} kept in memory only: {}", rt.job.job_id(), e.seq(), std::string(st.message()));
   rt.events.push_back(std::move(e));
-  if (rt.events.size() > 10000) rt.events.erase(rt.events.begin(), rt.events.begin() + 1000);
+  // The newest events stay in memory for the watchers that follow the job; the store
+  // has every one (WaitEvents reads older ones from it).
+  if (rt.events.size() > kEventsInMemory) rt.events.erase(rt.events.begin(), rt.events.begin() + kEventsInMemory / 10);
   cv_.notify_all();
 }
 
@@ -342,9 +351,25 @@ absl::StatusOr<std::vector<v1::JobEvent>> JobManager::WaitEvents(const std::stri
   while (true) {
     auto it = jobs_.find(job_id);
     if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job '", job_id, "' not found"));
+    const JobRt& rt = it->second;
+    const int64_t first_in_memory = rt.events.empty() ? rt.next_seq : rt.events.front().seq();
+    if (from_seq + 1 < first_in_memory) {  // older than memory holds: a page from the store
+      const bool terminal = tessera::IsTerminal(rt.job.state());
+      const int64_t last = rt.next_seq - 1;
+      l.unlock();
+      TESSERA_ASSIGN_OR_RETURN(std::vector<v1::JobEvent> page, store_->LoadEvents(job_id, from_seq, kEventsPerPage));
+      if (!page.empty()) {
+        *done = terminal && page.back().seq() >= last;
+        return page;
+      }
+      from_seq = first_in_memory - 1;  // none stored (writes that failed): what memory holds
+      l.lock();
+      continue;
+    }
     std::vector<v1::JobEvent> out;
-    for (const auto& e : it->second.events) if (e.seq() > from_seq) out.push_back(e);
-    *done = tessera::IsTerminal(it->second.job.state());
+    for (const auto& e : rt.events)
+      if (e.seq() > from_seq && static_cast<int64_t>(out.size()) < kEventsPerPage) out.push_back(e);
+    *done = tessera::IsTerminal(rt.job.state()) && (out.empty() || out.back().seq() == rt.next_seq - 1);
     if (!out.empty() || *done) return out;
     if (stopping_) return absl::UnavailableError("the controller is shutting down; watch again once it is back");
     if (cv_.wait_until(l, deadline) == std::cv_status::timeout) return out;

@@ -88,12 +88,16 @@ class JobManager {
   };
   absl::StatusOr<JobPage> ListJobs(const std::set<v1::JobState>& states, int limit, const std::string& page_token = "");
   absl::StatusOr<v1::Job> Stop(const std::string& job_id, const std::string& reason);
-  // Events with seq > from_seq; waits up to timeout_ms for one. `done` is set when
-  // the job is terminal and all its events were returned.
+  // Events with seq > from_seq, in order, at most kEventsPerPage of them (the caller asks
+  // again from the last one for more); waits up to timeout_ms for one. `done` is set when
+  // the job is terminal and its last event was returned. Every event of a job is kept (in
+  // the store; the newest kEventsInMemory also in memory), across controller restarts.
+  static constexpr int64_t kEventsPerPage = 5000, kEventsInMemory = 10000;
   absl::StatusOr<std::vector<v1::JobEvent>> WaitEvents(const std::string& job_id, int64_t from_seq,
                                                        int64_t timeout_ms, bool* done);
   bool IsTerminal(const std::string& job_id);
-  // This start's id: event sequence numbers count from 1 at every start (WatchJob).
+  // The id of the numbering of events (WatchJob): the state database's, so a job's seqs
+  // go on across controller restarts; another state directory numbers anew.
   const std::string& epoch() const { return epoch_; }
 
   // --- ClusterService ---

@@ -103,8 +103,7 @@ class JobServiceImpl final : public v1::JobService::Service {
   Status WatchJob(ServerContext* ctx, const v1::WatchJobRequest* req,
                   grpc::ServerWriter<v1::WatchJobResponse>* w) override {
     if (auto s = Authorize(d_, ctx, Role::kRead); !s.ok()) return s;
-    // A caller resuming a stream of an earlier controller start starts over: sequence
-    // numbers are per start.
+    // A caller resuming a stream numbered by another state database starts over.
     int64_t seq = req->epoch().empty() || req->epoch() == d_.jobs->epoch() ? req->from_seq() : 0;
     while (!ctx->IsCancelled()) {
       bool done = false;

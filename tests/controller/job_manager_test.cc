@@ -72,6 +72,13 @@ class JobManagerTest : public ::testing::Test {
     auto drivers = [this](const std::string&) -> absl::StatusOr<DriverFn> {
       return DriverFn([this](DriverContext& ctx) -> absl::StatusOr<std::string> {
         driver_runs_++;
+        for (int i = 1; i <= progress_steps_; ++i) {
+          v1::Progress p;
+          p.set_step(i);
+          p.set_total_steps(progress_steps_);
+          (*p.mutable_metrics())["loss"] = 1.0 / i;
+          ctx.progress(p);
+        }
         while (block_driver_ && !*ctx.cancelled) std::this_thread::sleep_for(std::chrono::milliseconds(2));
         if (*ctx.cancelled) return absl::CancelledError("cancelled");
         if (!driver_error_.empty()) return absl::InternalError(driver_error_);
@@ -167,6 +174,7 @@ class JobManagerTest : public ::testing::Test {
   bool stop_unfinished_ = false;
   std::atomic<int> driver_runs_{0};
   std::atomic<bool> block_driver_{false};
+  int progress_steps_ = 0;  // progress events the driver reports before it ends
   std::string driver_error_;
 };
 
@@ -360,6 +368,63 @@ TEST_F(JobManagerTest, RecoversJobsAfterRestartWithoutLaunchingTwice) {
   ExitAll(cfgs2, "n1", true);
   ASSERT_TRUE(WaitFor([&] { return State(id) == v1::JOB_STATE_SUCCEEDED; }));
   EXPECT_EQ(jm_->GetJob(id)->restarts(), 0);  // a controller restart is not the job's fault
+}
+
+// Every event of a long run is kept, past what memory holds, and across a controller
+// restart: WaitEvents pages through them from the first, in order, their numbering and
+// epoch the same after the restart, and recovering a finished job adds no event to it.
+TEST_F(JobManagerTest, EveryEventOfALongRunSurvivesARestart) {
+  progress_steps_ = static_cast<int>(JobManager::kEventsInMemory + 2000);
+  auto link = std::make_shared<FakeLink>();
+  AddNode("n1", 1, link);
+  std::string id = jm_->Submit(Spec(1, 0), "")->first.job_id();
+  auto cfgs = StartAll(*link, 1);
+  WaitStop(*link);
+  ExitAll(cfgs, "n1", true);
+  ASSERT_TRUE(WaitFor([&] { return State(id) == v1::JOB_STATE_SUCCEEDED; }));
+  auto all = [&] {
+    std::vector<v1::JobEvent> out;
+    bool done = false;
+    for (int64_t from = 0; !done;) {
+      auto page = jm_->WaitEvents(id, from, 0, &done);
+      EXPECT_TRUE(page.ok()) << page.status();
+      if (!page.ok() || page->empty()) break;
+      EXPECT_LE(static_cast<int64_t>(page->size()), JobManager::kEventsPerPage);
+      out.insert(out.end(), page->begin(), page->end());
+      from = page->back().seq();
+    }
+    EXPECT_TRUE(done);
+    return out;
+  };
+  auto check = [&](const std::vector<v1::JobEvent>& evs) {
+    int steps = 0;
+    for (size_t i = 0; i < evs.size(); ++i) {
+      EXPECT_EQ(evs[i].seq(), static_cast<int64_t>(i) + 1);
+      if (evs[i].has_progress()) EXPECT_EQ(evs[i].progress().step(), ++steps);
+    }
+    EXPECT_EQ(steps, progress_steps_);
+    ASSERT_FALSE(evs.empty());
+    EXPECT_EQ(evs.front().state(), v1::JOB_STATE_PENDING);
+    EXPECT_EQ(evs.back().state(), v1::JOB_STATE_SUCCEEDED);
+  };
+  const std::vector<v1::JobEvent> before = all();
+  check(before);
+  const std::string epoch = jm_->epoch();
+  jm_.reset();  // the controller stops; another starts on the same state directory
+  Open();
+  EXPECT_EQ(jm_->epoch(), epoch);
+  const std::vector<v1::JobEvent> after = all();
+  check(after);
+  ASSERT_EQ(after.size(), before.size());
+  EXPECT_EQ(after.back().SerializeAsString(), before.back().SerializeAsString());
+  // A watcher that had seen everything is done at once; one from the middle gets the rest.
+  bool done = false;
+  auto rest = jm_->WaitEvents(id, after.back().seq(), 0, &done);
+  EXPECT_TRUE(rest.ok() && rest->empty() && done);
+  rest = jm_->WaitEvents(id, after.size() - 3, 0, &done);
+  ASSERT_TRUE(rest.ok());
+  EXPECT_EQ(rest->size(), 3u);
+  EXPECT_TRUE(done);
 }
 
 // A submission id names one request: retried with the same spec it returns the job; with

@@ -47,5 +47,45 @@ TEST(Store, SurvivesReopen) {
   system(("rm -rf " + dir).c_str());
 }
 
+// Events are kept per job in order, read in pages after a seq, and survive a reopen with
+// the database's id.
+TEST(Store, KeepsEventsAndItsIdAcrossReopen) {
+  std::string dir = "/tmp/tessera-store-test-" + RandomHex(4);
+  ASSERT_TRUE(MakeDirs(dir).ok());
+  std::string path = dir + "/state.db", id;
+  {
+    auto s = Store::Open(path);
+    ASSERT_TRUE(s.ok()) << s.status();
+    id = (*s)->id();
+    EXPECT_EQ(id.size(), 16u);
+    for (int64_t i = 1; i <= 7; ++i) {
+      v1::JobEvent e;
+      e.set_seq(i);
+      e.mutable_progress()->set_step(10 * i);
+      ASSERT_TRUE((*s)->PutEvent("a", e).ok());
+      if (i <= 2) ASSERT_TRUE((*s)->PutEvent("b", e).ok());
+    }
+    v1::JobEvent again;
+    again.set_seq(3);
+    EXPECT_FALSE((*s)->PutEvent("a", again).ok());  // a seq is written once
+  }
+  auto s = Store::Open(path);
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ((*s)->id(), id);
+  EXPECT_EQ(*(*s)->LastEventSeq("a"), 7);
+  EXPECT_EQ(*(*s)->LastEventSeq("b"), 2);
+  EXPECT_EQ(*(*s)->LastEventSeq("none"), 0);
+  auto page = (*s)->LoadEvents("a", 2, 3);
+  ASSERT_TRUE(page.ok());
+  ASSERT_EQ(page->size(), 3u);
+  EXPECT_EQ((*page)[0].seq(), 3);
+  EXPECT_EQ((*page)[2].progress().step(), 50);
+  EXPECT_EQ((*s)->LoadEvents("a", 7, 10)->size(), 0u);
+  auto other = Store::Open(dir + "/other.db");
+  ASSERT_TRUE(other.ok());
+  EXPECT_NE((*other)->id(), id);
+  system(("rm -rf " + dir).c_str());
+}
+
 }  // namespace
 }  // namespace tessera::controller

@@ -710,6 +710,20 @@ TEST(Cluster, ControllerRestartMidJobLosesNothingAndLaunchesNothingTwice) {
     }
   EXPECT_EQ(configs, 4);
   EXPECT_EQ(c->client().List(100)->size(), 1u);
+  // The job's events before the kill are still there, in order, with the new start's.
+  std::ostringstream events;
+  ASSERT_TRUE(c->client().Watch(id, events).ok());
+  const std::string text = events.str();
+  const size_t first = text.find("RUNNING (attempt 1)"), restarting = text.find("RESTARTING (attempt 1)"),
+               second = text.find("RUNNING (attempt 2)"), done = text.find("SUCCEEDED (attempt 2)");
+  EXPECT_NE(text.find("PENDING (attempt"), std::string::npos) << text;
+  ASSERT_NE(first, std::string::npos) << text;
+  ASSERT_NE(restarting, std::string::npos) << text;
+  ASSERT_NE(second, std::string::npos) << text;
+  ASSERT_NE(done, std::string::npos) << text;
+  EXPECT_LT(first, restarting);
+  EXPECT_LT(restarting, second);
+  EXPECT_LT(second, done);
 }
 
 TEST(Cluster, BadInputIsRejectedAndDisturbsNothing) {
