@@ -74,6 +74,13 @@ struct Dashboard::Impl : public CivetHandler {
       if (list.ok())
         for (size_t i = 0; i < list->jobs.size(); ++i) absl::StrAppend(&body, i ? "," : "", ToJson(list->jobs[i]));
       Reply(conn, 200, "application/json", body + "]}");
+    } else if (parts.size() == 2 && parts[0] == "jobs") {
+      auto job = jobs->GetJob(parts[1]);
+      if (!job.ok()) {
+        Reply(conn, 404, "application/json", nlohmann::json{{"error", std::string(job.status().message())}}.dump());
+        return true;
+      }
+      Reply(conn, 200, "application/json", ToJson(*job));
     } else if (parts.size() == 3 && parts[0] == "jobs" && parts[2] == "events") {
       int64_t from = 0;
       if (!Query(conn, "from").empty() && !absl::SimpleAtoi(Query(conn, "from"), &from)) {

@@ -4,7 +4,8 @@
 // refreshed every 2 s from a small JSON API on the same port:
 //   GET /                              the page (controller/dashboard_page.cc)
 //   GET /api/cluster                   GetClusterStatus, as JSON
-//   GET /api/jobs                      the last 200 jobs
+//   GET /api/jobs                      the last 200 jobs (summaries)
+//   GET /api/jobs/<id>                 one job whole (its spec, reason and result)
 //   GET /api/jobs/<id>/events?from=N   the job's events after seq N (states, progress), a
 //                                      page of at most JobManager::kEventsPerPage; "more"
 //                                      when the page is full (ask again from its last seq)
