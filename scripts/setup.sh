@@ -12,11 +12,13 @@ pkgs=(
   prometheus-cpp-dev libopenblas-dev libspdlog-dev libfmt-dev libcli11-dev libssl-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev zlib1g-dev
   curl procps iproute2 clang libclang-rt-dev libcivetweb-dev python3 python3-grpcio python3-protobuf
-  prometheus
+  prometheus debootstrap
 )
 # prometheus: the metrics test scrapes the daemons with a real Prometheus
 # (tests/integration/prometheus_test.cc; on a host with systemd the package also starts
 # a Prometheus service of its own on :9090).
+# debootstrap: the images' runtime stages checked in minimal Debian roots
+# (scripts/check-runtime-image.sh, tests/scripts/runtime_image_test.sh).
 # python3: the test that every script's Python parses (tests/scripts/check_scripts.sh);
 # python3-grpcio and python3-protobuf: the example reward and environment servers
 # (examples/servers) and their tests.

@@ -559,9 +559,14 @@ absl::Status NormalizeAndValidateJobSpec(JobSpec& spec) {
       return Bad("model.tokenizer", absl::StrCat("is for generate jobs and jsonl data; the built-in ", spec.kind(),
                                                  " data is byte tokens"));
   }
-  static const std::set<std::string> kEnvAllowed = {"NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_ALGO", "NCCL_PROTO",
-                                                    "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS", "NCCL_BUFFSIZE",
-                                                    "OMP_NUM_THREADS"};
+  // NCCL's tuning and its network's choice (interfaces, HCAs, GPUDirect, transports), not
+  // what loads code or reads files (NCCL_NET_PLUGIN, NCCL_TOPO_FILE); OpenMP's threads.
+  static const std::set<std::string> kEnvAllowed = {
+      "NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_ALGO", "NCCL_PROTO", "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS",
+      "NCCL_BUFFSIZE", "NCCL_SOCKET_IFNAME", "NCCL_SOCKET_FAMILY", "NCCL_SOCKET_NTHREADS", "NCCL_NSOCKS_PERTHREAD",
+      "NCCL_IB_HCA", "NCCL_IB_DISABLE", "NCCL_IB_GID_INDEX", "NCCL_IB_TC", "NCCL_IB_SL", "NCCL_IB_TIMEOUT",
+      "NCCL_IB_RETRY_CNT", "NCCL_IB_QPS_PER_CONNECTION", "NCCL_NET", "NCCL_NET_GDR_LEVEL", "NCCL_NET_GDR_READ",
+      "NCCL_CROSS_NIC", "NCCL_P2P_DISABLE", "NCCL_P2P_LEVEL", "NCCL_SHM_DISABLE", "OMP_NUM_THREADS"};
   for (const auto& [k, v] : spec.env())
     if (!kEnvAllowed.count(k))
       return Bad(absl::StrCat("env.", k), absl::StrCat("not an allowed variable; allowed: ", absl::StrJoin(kEnvAllowed, ", ")));

@@ -459,6 +459,114 @@ TEST(Manifests, PodsAskToBeScrapedAsTheShippedScrapeConfigReadsThem) {
   EXPECT_EQ(jobs, (std::set<std::string>{"tessera-controller", "tessera-agent"}));
 }
 
+// What keeps a pod from the "restricted" Pod Security Standard (v1.30's checks of the
+// fields these manifests use): host namespaces, privileged containers, capabilities
+// beyond NET_BIND_SERVICE or not dropping ALL, host paths, host ports, privilege
+// escalation, running as root, and no RuntimeDefault/Localhost seccomp profile.
+std::string SeccompType(const YAML::Node& security_context, const std::string& otherwise) {
+  if (!security_context || !security_context["seccompProfile"] || !security_context["seccompProfile"]["type"]) return otherwise;
+  return security_context["seccompProfile"]["type"].as<std::string>();
+}
+std::vector<std::string> RestrictedViolations(const YAML::Node& o) {
+  std::vector<std::string> out;
+  for (const auto& spec : PodSpecs(o)) {
+    const auto& psc = spec["securityContext"];
+    for (const char* host : {"hostNetwork", "hostPID", "hostIPC"})
+      if (spec[host].as<bool>(false)) out.push_back(host);
+    if (spec["volumes"])
+      for (const auto& v : spec["volumes"])
+        for (const auto& kv : v)
+        if (const std::string type = kv.first.as<std::string>();
+            type != "name" && !std::set<std::string>{"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral",
+                                                     "persistentVolumeClaim", "projected", "secret"}.count(type) &&
+            !kv.second.IsNull())
+          out.push_back(absl::StrCat("volume ", v["name"].as<std::string>(), ": ", type));
+    const bool pod_nonroot = psc["runAsNonRoot"].as<bool>(false);
+    const std::string pod_seccomp = SeccompType(psc, "");
+    for (const char* key : {"containers", "initContainers"}) {
+      if (!spec[key]) continue;
+      for (const auto& c : spec[key]) {
+        const std::string name = c["name"].as<std::string>();
+        const auto& sc = c["securityContext"];
+        if (sc["privileged"].as<bool>(false)) out.push_back(name + ": privileged");
+        if (sc["allowPrivilegeEscalation"].as<bool>(true)) out.push_back(name + ": allowPrivilegeEscalation not false");
+        if (!(sc["runAsNonRoot"].as<bool>(pod_nonroot))) out.push_back(name + ": may run as root");
+        if (sc["runAsUser"].as<int>(psc["runAsUser"].as<int>(-1)) == 0) out.push_back(name + ": runAsUser 0");
+        const std::string seccomp = SeccompType(sc, pod_seccomp);
+        if (seccomp != "RuntimeDefault" && seccomp != "Localhost") out.push_back(name + ": no RuntimeDefault seccomp profile");
+        bool drops_all = false;
+        const YAML::Node caps = sc ? sc["capabilities"] : YAML::Node();
+        if (caps && caps["drop"])
+          for (const auto& d : caps["drop"]) drops_all |= d.as<std::string>() == "ALL";
+        if (!drops_all) out.push_back(name + ": does not drop ALL capabilities");
+        if (caps && caps["add"])
+          for (const auto& a : caps["add"])
+            if (a.as<std::string>() != "NET_BIND_SERVICE") out.push_back(name + ": adds " + a.as<std::string>());
+        if (c["ports"])
+          for (const auto& p : c["ports"])
+            if (p["hostPort"]) out.push_back(name + ": hostPort");
+      }
+    }
+  }
+  return out;
+}
+
+// Every pod meets the restricted Pod Security level where its role allows, and the
+// namespace enforces what the pods meet: all of them on one node; on several, all but the
+// workers, which need the host network and IPC_LOCK (RDMA), and the namespace enforces
+// "privileged" while it warns and audits against restricted.
+TEST(Manifests, PodsMeetTheRestrictedPodSecurityLevelWhereTheRoleAllows) {
+  for (const auto& overlay : kOverlays) {
+    auto objs = Build(kK8s / "overlays" / overlay);
+    ASSERT_TRUE(objs.ok()) << objs.status();
+    std::map<std::string, std::string> ns_labels;
+    for (const auto& o : *objs) {
+      if (KeyOf(o) == "Namespace/tessera")
+        for (const auto& kv : o["metadata"]["labels"]) ns_labels[kv.first.as<std::string>()] = kv.second.as<std::string>();
+      if (PodSpecs(o).empty()) continue;
+      const std::string v = absl::StrJoin(RestrictedViolations(o), "; ");
+      if (overlay == "multi-node" && KeyOf(o) == "DaemonSet/tessera-worker")
+        EXPECT_EQ(v, "hostNetwork; worker: adds IPC_LOCK") << overlay;
+      else
+        EXPECT_EQ(v, "") << overlay << " " << KeyOf(o);
+    }
+    EXPECT_EQ(ns_labels["pod-security.kubernetes.io/enforce"], overlay == "multi-node" ? "privileged" : "restricted") << overlay;
+    EXPECT_EQ(ns_labels["pod-security.kubernetes.io/warn"], "restricted") << overlay;
+    EXPECT_EQ(ns_labels["pod-security.kubernetes.io/audit"], "restricted") << overlay;
+  }
+  // The check is not a rubber stamp.
+  auto objs = Build(kK8s / "overlays/single-node");
+  ASSERT_TRUE(objs.ok());
+  for (auto& o : *objs) {
+    if (KeyOf(o) != "Deployment/tessera-controller") continue;
+    YAML::Node bad = YAML::Clone(o);
+    bad["spec"]["template"]["spec"]["securityContext"].remove("seccompProfile");
+    bad["spec"]["template"]["spec"]["containers"][0]["securityContext"]["capabilities"]["add"].push_back("SYS_ADMIN");
+    YAML::Node host;
+    host["name"] = "h";
+    host["hostPath"]["path"] = "/srv";
+    bad["spec"]["template"]["spec"]["volumes"].push_back(host);
+    EXPECT_EQ(absl::StrJoin(RestrictedViolations(bad), "; "),
+              "volume h: hostPath; controller: no RuntimeDefault seccomp profile; controller: adds SYS_ADMIN");
+  }
+}
+
+// A worker's liveness is its agent's, not the controller's: the probe asks for the
+// agent's "liveness" health service (SERVING while the agent runs), the readiness probe
+// for the server as a whole (SERVING while registered with the controller).
+TEST(Manifests, WorkerLivenessDoesNotDependOnTheController) {
+  for (const auto& overlay : kOverlays) {
+    auto objs = Build(kK8s / "overlays" / overlay);
+    ASSERT_TRUE(objs.ok()) << objs.status();
+    for (const auto& o : *objs) {
+      if (KeyOf(o) != "DaemonSet/tessera-worker") continue;
+      const auto& c = o["spec"]["template"]["spec"]["containers"][0];
+      EXPECT_EQ(c["livenessProbe"]["grpc"]["service"].as<std::string>(""), "liveness") << overlay;
+      EXPECT_EQ(c["readinessProbe"]["grpc"]["service"].as<std::string>(""), "") << overlay;
+    }
+  }
+}
+
 std::string Output(const std::string& cmd) {
   std::string out;
   FILE* p = popen(cmd.c_str(), "r");
@@ -499,8 +607,16 @@ TEST(Manifests, ContainerImagesAreRuntimeOnlyAndUnprivileged) {
   }
   ASSERT_TRUE(stages.count("build") && stages.count("controller") && stages.count("worker"));
   EXPECT_THAT(stages["build"], HasSubstr("scripts/setup.sh"));
+  // The packages are installed in a layer of their own, before the sources come in (a
+  // source change does not install them again).
+  const std::string& b = stages["build"];
+  ASSERT_NE(b.find("RUN bash scripts/setup.sh\n"), std::string::npos) << b;
+  EXPECT_LT(b.find("COPY scripts/setup.sh"), b.find("RUN bash scripts/setup.sh\n"));
+  EXPECT_LT(b.find("RUN bash scripts/setup.sh\n"), b.find("COPY . ."));
   for (const char* s : {"controller", "worker"}) {
     const std::string& t = stages[s];
+    // Every image carries the CLI beside its daemon, and the runtime check runs it in each.
+    EXPECT_THAT(t, ::testing::ContainsRegex("COPY --from=build /out/bin/tessera /out/bin/tessera-")) << s;
     for (const char* banned : {"setup.sh", "build-essential", "g++", "gcc", "clang", "cmake", "ninja", "-dev "})
       EXPECT_THAT(t, ::testing::Not(HasSubstr(banned))) << s;
     EXPECT_THAT(t, HasSubstr("USER 10001:10001")) << s;

@@ -689,12 +689,40 @@ TEST(Cluster, KilledAgentLosesItsNodeAfterTheLease) {
   EXPECT_THAT(j->reason(), ::testing::AnyOf(HasSubstr("node n1"), HasSubstr("executor")));
 }
 
+// A plaintext health check of `service` at addr ("" the server as a whole).
+grpc::health::v1::HealthCheckResponse::ServingStatus Health(const std::string& addr, const std::string& service) {
+  ChannelOptions o;
+  o.address = addr;
+  o.insecure = true;
+  auto ch = MakeChannel(o);
+  auto stub = grpc::health::v1::Health::NewStub(*ch);
+  grpc::ClientContext ctx;
+  PrepareContext(ctx, "", 5000);
+  grpc::health::v1::HealthCheckRequest req;
+  req.set_service(service);
+  grpc::health::v1::HealthCheckResponse resp;
+  return stub->Check(&ctx, req, &resp).ok() ? resp.status() : grpc::health::v1::HealthCheckResponse::UNKNOWN;
+}
+
 TEST(Cluster, ControllerRestartMidJobLosesNothingAndLaunchesNothingTwice) {
   auto c = Up({.agents = 2, .cpu_slots = 2, .lease_s = 4});
   std::string id = Submit(*c, CommCheckSpec(4, 2, 1, 0, 10));
   RunningExecutors(*c, id, 1, 4);
+  const std::string agent = absl::StrCat("127.0.0.1:", c->agent_health_port());
+  using HS = grpc::health::v1::HealthCheckResponse;
+  EXPECT_EQ(Health(agent, ""), HS::SERVING);
+  EXPECT_EQ(Health(agent, "liveness"), HS::SERVING);
   c->controller().Kill(SIGKILL);
   c->controller().Wait(2000);
+  // Without its controller the agent is not ready, but alive (its probe must not get it,
+  // and its executors, restarted).
+  bool unready = false;
+  for (int i = 0; i < 200 && !unready; ++i) {
+    unready = Health(agent, "") == HS::NOT_SERVING;
+    if (!unready) std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  EXPECT_TRUE(unready);
+  EXPECT_EQ(Health(agent, "liveness"), HS::SERVING);
   ASSERT_TRUE(c->StartController().ok());
   auto j = c->WaitState(id, v1::JOB_STATE_SUCCEEDED, 90000);
   ASSERT_TRUE(j.ok()) << j.status();

@@ -95,6 +95,7 @@ absl::Status Agent::Start() {
   if (!opts_.health_listen.empty()) {
     int port = 0;
     TESSERA_ASSIGN_OR_RETURN(health_, StartHealthServer(opts_.health_listen, &port));
+    health_->GetHealthCheckService()->SetServingStatus(kAgentLivenessService, true);
     endpoints["health"] = WithPort(opts_.health_listen, port);
   }
   if (!endpoints.empty()) {
@@ -112,7 +113,7 @@ void Agent::SetRegistered(bool r) {
   registered_ = r;
   if (registered_gauge_) registered_gauge_->Set(r ? 1 : 0);
   if (r && registrations_) registrations_->Increment();
-  if (health_) health_->GetHealthCheckService()->SetServingStatus(r);
+  if (health_) health_->GetHealthCheckService()->SetServingStatus("", r);  // readiness; liveness stays
 }
 
 void Agent::Shutdown() {

@@ -33,6 +33,10 @@
 
 namespace tessera::agent {
 
+// The agent's liveness on its health server (AgentOptions::health_listen; Kubernetes'
+// livenessProbe asks for it by name).
+inline constexpr char kAgentLivenessService[] = "liveness";
+
 struct AgentOptions {
   std::string controller;       // host:port
   std::string ca_cert_path;     // controller CA (TLS)
@@ -44,7 +48,11 @@ struct AgentOptions {
   std::string executor_binary;  // default: tessera-worker next to this binary
   std::string listen_host = "127.0.0.1";  // address executors listen on and peers dial
   bool insecure = false;        // loopback plaintext
-  std::string health_listen;    // grpc.health.v1 only, plaintext (StartHealthServer); SERVING once registered
+  // grpc.health.v1 only, plaintext (StartHealthServer): the server ("", readiness) SERVING
+  // while registered with the controller; the service kAgentLivenessService SERVING while the
+  // agent runs, whether or not the controller is up (liveness: a controller outage must
+  // not get every agent, and its executors, restarted).
+  std::string health_listen;
   std::string metrics_listen;   // Prometheus /metrics (host:port)
   // Added to this machine's wall clock wherever the agent reads it (incarnations,
   // heartbeat times): for tests of clock skew; 0 in production.

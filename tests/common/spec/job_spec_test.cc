@@ -100,6 +100,12 @@ TEST(JobSpec, BadInputNamesTheField) {
     EXPECT_THAT(std::string(st.message()), HasSubstr(c.want));
   }
   EXPECT_TRUE(ParseAndValidate(kGood, {"model.num_layers=3", "groups.0.layout.last_stage_layers=1"}).ok());
+  // A multi-node job names NCCL's interfaces and HCAs; what would load code stays out.
+  EXPECT_TRUE(ParseAndValidate(kGood, {"env.NCCL_SOCKET_IFNAME=ens1f0", "env.NCCL_IB_HCA=mlx5_0,mlx5_1", "env.NCCL_NET=Socket",
+                                       "env.NCCL_P2P_DISABLE=1", "env.NCCL_SHM_DISABLE=1"})
+                  .ok());
+  EXPECT_THAT(std::string(ParseAndValidate(kGood, {"env.NCCL_NET_PLUGIN=/tmp/x.so"}).message()),
+              HasSubstr("env.NCCL_NET_PLUGIN: not an allowed variable"));
   EXPECT_TRUE(ParseAndValidate(kGood, {"model.num_layers=3", "groups.0.layout.stage_layers=[3, 0]"}).ok());
   EXPECT_THAT(std::string(ParseAndValidate("name: [unclosed").message()), HasSubstr("not valid YAML"));
   EXPECT_THAT(std::string(ParseAndValidate("- a list").message()), HasSubstr("expected a mapping"));
