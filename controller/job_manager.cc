@@ -328,6 +328,13 @@ absl::StatusOr<v1::Job> JobManager::Stop(const std::string& job_id, const std::s
     if (tessera::IsTerminal(rt.job.state())) return rt.job;
     if (rt.job.state() == v1::JOB_STATE_PENDING || (rt.job.state() == v1::JOB_STATE_RESTARTING && !rt.tearing_down)) {
       TESSERA_RETURN_IF_ERROR(Transition(rt, v1::JOB_STATE_STOPPED, why));
+    } else if (rt.tearing_down && rt.after_teardown == v1::JOB_STATE_RESTARTING) {
+      // The attempt is already going down for a restart: what follows it is the stop.
+      rt.after_teardown = v1::JOB_STATE_STOPPED;
+      rt.after_reason = why;
+      rt.teardown_root_cause_known = true;
+      spdlog::info("job {} attempt {}: {} while its attempt tears down for a restart; STOPPED once its executors are gone",
+                   job_id, rt.job.attempt(), why);
     } else {
       BeginTeardown(rt, v1::JOB_STATE_STOPPED, why, out, /*root_cause=*/true);
     }

@@ -247,6 +247,35 @@ TEST_F(JobManagerTest, ExecutorCrashRestartsWholeAttempt) {
   EXPECT_EQ(jm_->GetJob(id)->restarts(), 1);
 }
 
+// A stop that comes while an attempt tears down for a restart (an executor was killed,
+// the others are still exiting) is not lost: the job ends STOPPED once they are gone, and
+// no next attempt starts.
+TEST_F(JobManagerTest, AStopDuringARestartsTeardownStopsTheJob) {
+  auto link = std::make_shared<FakeLink>();
+  AddNode("n1", 2, link);
+  block_driver_ = true;
+  std::string id = jm_->Submit(Spec(2, 3), "")->first.job_id();
+  auto cfgs = StartAll(*link, 2);
+  ASSERT_TRUE(WaitFor([&] { return State(id) == v1::JOB_STATE_RUNNING; }));
+  v1::ExecutorEvent ev;
+  ev.set_job_id(id);
+  ev.set_attempt(1);
+  ev.set_executor(1);
+  ev.set_phase(v1::EXECUTOR_PHASE_EXITED);
+  ev.set_signal(9);
+  jm_->OnExecutorEvent("n1", ev);
+  ASSERT_TRUE(WaitFor([&] { return State(id) == v1::JOB_STATE_RESTARTING; }));
+  auto stopped = jm_->Stop(id, "");
+  ASSERT_TRUE(stopped.ok()) << stopped.status();
+  cfgs.erase(cfgs.begin() + 1);
+  ExitAll(cfgs, "n1", true);
+  ASSERT_TRUE(WaitFor([&] { return State(id) == v1::JOB_STATE_STOPPED; }));
+  EXPECT_EQ(jm_->GetJob(id)->reason(), "stopped by user");
+  EXPECT_EQ(jm_->GetJob(id)->attempt(), 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  for (auto& m : link->Take()) EXPECT_FALSE(m.has_start());
+}
+
 TEST_F(JobManagerTest, NoRestartsLeftFailsWithRankAndNode) {
   auto link = std::make_shared<FakeLink>();
   AddNode("n1", 2, link);
