@@ -771,6 +771,16 @@ TEST(Tensor, SlicesAndAccounting) {
     EXPECT_THAT(std::string(t->Slice(1, 5, 2).status().message()), HasSubstr("[5, 7) out of range for dim 1 of shape [4, 6]"));
     EXPECT_THAT(std::string(t->Reshape({5, 5}).status().message()), HasSubstr("[4, 6] has 24 elements, [5, 5] has 25"));
     EXPECT_FALSE(cols->Reshape({4}).ok());
+    // Buffers of other dtypes inside one allocation: aligned, inside, of a contiguous one.
+    auto ints = t->View(DType::kI64, {2, 3}, 40);
+    ASSERT_TRUE(ints.ok()) << ints.status();
+    EXPECT_EQ(ints->dtype(), DType::kI64);
+    EXPECT_EQ(ints->strides()[0], 3);
+    EXPECT_EQ(static_cast<char*>(ints->data()) - static_cast<char*>(t->data()), 40);
+    EXPECT_THAT(std::string(t->View(DType::kI64, {2}, 4).status().message()), HasSubstr("[2] i64 at byte 4 does not fit aligned in 96"));
+    EXPECT_FALSE(t->View(DType::kF32, {25}, 0).ok());
+    EXPECT_FALSE(t->View(DType::kF32, {2}, 92).ok());
+    EXPECT_THAT(std::string(cols->View(DType::kF32, {2}, 0).status().message()), HasSubstr("not contiguous"));
   }
   EXPECT_EQ(alloc->stats().current_bytes, before);
   EXPECT_GE(alloc->stats().peak_bytes, 96);

@@ -41,7 +41,7 @@ void RolloutEngine::ReleaseCache() {
   graphs_.clear();  // they point into the cache
   gen_.reset();
   free_blocks_.clear();
-  step_tokens_ = Tensor(), step_logprobs_ = Tensor();
+  step_tokens_ = Tensor(), step_logprobs_ = Tensor(), step_out_ = Tensor();
 }
 
 namespace {
@@ -323,8 +323,10 @@ absl::Status RolloutEngine::MakeCache(const std::vector<GenerationRequest>& requ
   runtime::Backend& be = model_->backend();
   TESSERA_ASSIGN_OR_RETURN(gen_, model::Generator::Create(model_, blocks + scratch, bs));
   if (scratch > 0) TESSERA_RETURN_IF_ERROR(gen_->ReserveDecodeRows(pad_rows));  // before any capture
-  TESSERA_ASSIGN_OR_RETURN(step_tokens_, be.Empty({pad_rows}, DType::kI32));
-  TESSERA_ASSIGN_OR_RETURN(step_logprobs_, be.Empty({pad_rows}, DType::kF32));
+  // The step's tokens and their log-probs in one buffer: one download a step.
+  TESSERA_ASSIGN_OR_RETURN(step_out_, be.Empty({pad_rows * 8}, DType::kU8));
+  TESSERA_ASSIGN_OR_RETURN(step_tokens_, step_out_.View(DType::kI32, {pad_rows}, 0));
+  TESSERA_ASSIGN_OR_RETURN(step_logprobs_, step_out_.View(DType::kF32, {pad_rows}, static_cast<size_t>(pad_rows) * 4));
   for (int i = 0; i < 2; ++i) {
     if (host_out_[i] == nullptr || landed_[i] == nullptr) {
       TESSERA_ASSIGN_OR_RETURN(host_out_[i], be.AllocHostStaging(static_cast<size_t>(pad_rows) * 8));

@@ -190,7 +190,9 @@ class RolloutEngine {
   // tokens.
   struct DecodeGraph {
     int64_t batch = 0, max_blocks = 0;
-    runtime::Tensor i32, f32, i64, tokens;
+    runtime::Tensor inputs;          // one buffer, one upload a step: i64, then f32, then i32
+    runtime::Tensor i32, f32, i64;   // views of inputs
+    runtime::Tensor tokens;
     std::unique_ptr<runtime::Backend::Graph> graph;
     int uses = 0;
   };
@@ -217,7 +219,8 @@ class RolloutEngine {
   // running batch), and their two landing places on the host (page-locked) with an event
   // each, used by alternate steps; the graphs' inputs are staged in page-locked memory the
   // same way.
-  runtime::Tensor step_tokens_, step_logprobs_;
+  runtime::Tensor step_tokens_, step_logprobs_;  // views of step_out_: tokens, then log-probs
+  runtime::Tensor step_out_;
   runtime::Backend::HostBuffer host_out_[2] = {{nullptr, nullptr}, {nullptr, nullptr}};
   runtime::Backend::HostBuffer stage_[2] = {{nullptr, nullptr}, {nullptr, nullptr}};
   size_t stage_bytes_ = 0;

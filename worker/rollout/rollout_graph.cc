@@ -6,8 +6,8 @@
 // step before, or from the host), embedding, every layer with its cache write and paged
 // attention, the LM head and the sampling kernel — captured from the same code the eager
 // step runs (Backend::Select, Generator::DecodeStep, Backend::Sample). A step is then: the
-// host packs its inputs into page-locked memory, three uploads, one graph launch, and the
-// tokens' download (rollout_step.cc). The first use runs eagerly on the same buffers (it
+// host packs its inputs into page-locked memory, one upload, one graph launch, and the
+// tokens' and log-probs' one download (rollout_step.cc). The first use runs eagerly on the same buffers (it
 // also warms cuBLASLt's plans, so that the capture records only kernels). A failed capture
 // turns graphs off for the engine (logged once) and the step runs eagerly.
 #include <spdlog/spdlog.h>
@@ -84,15 +84,17 @@ absl::Status RolloutEngine::LaunchGraph(const Plan& plan, Launched& out) {
   DecodeGraph& g = graphs_[{nb, maxb}];
   if (!g.i32.defined()) {
     g.batch = nb, g.max_blocks = maxb;
-    TESSERA_ASSIGN_OR_RETURN(g.i32, be.Empty({6 * nb + nb * maxb}, DType::kI32));
-    TESSERA_ASSIGN_OR_RETURN(g.f32, be.Empty({2 * nb}, DType::kF32));
-    TESSERA_ASSIGN_OR_RETURN(g.i64, be.Empty({2 * nb}, DType::kI64));
+    const int64_t n32 = 6 * nb + nb * maxb;
+    TESSERA_ASSIGN_OR_RETURN(g.inputs, be.Empty({2 * nb * 8 + 2 * nb * 4 + n32 * 4}, DType::kU8));
+    TESSERA_ASSIGN_OR_RETURN(g.i64, g.inputs.View(DType::kI64, {2 * nb}, 0));
+    TESSERA_ASSIGN_OR_RETURN(g.f32, g.inputs.View(DType::kF32, {2 * nb}, static_cast<size_t>(nb) * 16));
+    TESSERA_ASSIGN_OR_RETURN(g.i32, g.inputs.View(DType::kI32, {n32}, static_cast<size_t>(nb) * 24));
     TESSERA_ASSIGN_OR_RETURN(g.tokens, be.Empty({nb}, DType::kI32));
   }
   // The step's inputs, packed into this step's page-locked staging buffer: real rows, then
   // padded rows (token 0 at position 0, greedy, a scratch slot each, one scratch block in
   // the table).
-  const size_t i32_bytes = g.i32.nbytes(), f32_bytes = g.f32.nbytes(), bytes = i32_bytes + f32_bytes + g.i64.nbytes();
+  const size_t i64_bytes = g.i64.nbytes(), f32_bytes = g.f32.nbytes(), bytes = g.inputs.nbytes();
   const int slot = next_slot_;
   if (stage_[slot] == nullptr || stage_bytes_ < bytes) {  // larger: nothing may still read the old ones
     TESSERA_RETURN_IF_ERROR(be.Synchronize());
@@ -102,9 +104,9 @@ absl::Status RolloutEngine::LaunchGraph(const Plan& plan, Launched& out) {
     stage_bytes_ = 2 * bytes;
   }
   char* stage = stage_[slot].get();
-  int32_t* i32 = reinterpret_cast<int32_t*>(stage);
-  float* f32 = reinterpret_cast<float*>(stage + i32_bytes);
-  int64_t* i64 = reinterpret_cast<int64_t*>(stage + i32_bytes + f32_bytes);
+  int64_t* i64 = reinterpret_cast<int64_t*>(stage);  // the layout of g.inputs
+  float* f32 = reinterpret_cast<float*>(stage + i64_bytes);
+  int32_t* i32 = reinterpret_cast<int32_t*>(stage + i64_bytes + f32_bytes);
   std::fill(i32, i32 + 6 * nb + nb * maxb, -1);
   int32_t *values = i32, *src = values + nb, *positions = src + nb, *slots = positions + nb, *lens = slots + nb,
           *top_k = lens + nb, *tables = top_k + nb;
@@ -129,9 +131,7 @@ absl::Status RolloutEngine::LaunchGraph(const Plan& plan, Launched& out) {
   }
   TESSERA_RETURN_IF_ERROR(runtime::Backend::CheckCacheSlots(gen_->cache().k[0], slots, nb));
   TESSERA_RETURN_IF_ERROR(runtime::Backend::CheckPagedIndices(gen_->cache().k[0], tables, nb, maxb, lens));
-  TESSERA_RETURN_IF_ERROR(be.CopyFromHost(i32, g.i32));
-  TESSERA_RETURN_IF_ERROR(be.CopyFromHost(f32, g.f32));
-  TESSERA_RETURN_IF_ERROR(be.CopyFromHost(i64, g.i64));
+  TESSERA_RETURN_IF_ERROR(be.CopyFromHost(stage, g.inputs));
   if (g.graph == nullptr && g.uses >= 1) {  // second use: capture (the ops are recorded, not run)
     TESSERA_RETURN_IF_ERROR(be.BeginCapture());
     const absl::Status ran = RunDecodeGraphOps(g);

@@ -145,6 +145,23 @@ absl::StatusOr<Tensor> Tensor::Reshape(std::vector<int64_t> shape) const {
   return t;
 }
 
+absl::StatusOr<Tensor> Tensor::View(DType dtype, std::vector<int64_t> shape, size_t offset) const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  const size_t es = DTypeSize(dtype);
+  if (!contiguous()) return absl::InvalidArgumentError(absl::StrCat("view: tensor ", ShapeString(), " is not contiguous"));
+  if (n < 0 || offset % es != 0 || (offset_ + offset) % es != 0 || offset + n * es > nbytes())
+    return absl::InvalidArgumentError(absl::StrCat("view: ", runtime::ShapeString(shape), " ", DTypeName(dtype), " at byte ",
+                                                   offset, " does not fit aligned in ", nbytes(), " bytes"));
+  Tensor t = *this;
+  t.offset_ += offset;
+  t.dtype_ = dtype;
+  t.shape_ = std::move(shape);
+  t.strides_.assign(t.shape_.size(), 1);
+  for (int i = static_cast<int>(t.shape_.size()) - 2; i >= 0; --i) t.strides_[i] = t.strides_[i + 1] * t.shape_[i + 1];
+  return t;
+}
+
 std::string Tensor::ShapeString() const { return runtime::ShapeString(shape_); }
 
 }  // namespace tessera::runtime

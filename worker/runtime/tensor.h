@@ -111,6 +111,10 @@ class Tensor {
   absl::StatusOr<Tensor> Slice(int dim, int64_t start, int64_t len) const;
   // Same storage, new shape (contiguous tensors only; numel must match).
   absl::StatusOr<Tensor> Reshape(std::vector<int64_t> shape) const;
+  // A contiguous view of `shape` in `dtype` at byte `offset` of this contiguous tensor's
+  // bytes (several buffers in one allocation, moved by one copy); the offset a multiple of
+  // the dtype's size and the view inside this tensor, else INVALID_ARGUMENT.
+  absl::StatusOr<Tensor> View(DType dtype, std::vector<int64_t> shape, size_t offset) const;
   std::string ShapeString() const;
 
  private:
