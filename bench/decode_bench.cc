@@ -82,6 +82,7 @@ int RlScale(std::map<std::string, std::string>& a, model::Llama& m, const model:
   engine::RolloutOptions o;
   o.block_size = 16;
   o.max_running = get("max-running", 512);
+  o.cuda_graphs = get("graphs", 1) != 0;
   o.num_blocks = prompts * group * ((pmax + new_tokens + o.block_size - 1) / o.block_size);
   o.gpu_memory_utilization = a.count("gpu-memory-utilization") ? std::atof(a["gpu-memory-utilization"].c_str()) : 0.9;
   auto e = engine::RolloutEngine::Create(&m, o);
@@ -155,6 +156,7 @@ int main(int argc, char** argv) {
         o.block_size = 16;
         o.max_running = prompts * group;
         o.prefix_sharing = sharing;
+        o.cuda_graphs = get("graphs", 1) != 0;
         o.num_blocks = prompts * group * ((prompt + new_tokens + o.block_size - 1) / o.block_size);
         auto e = engine::RolloutEngine::Create(m->get(), o);
         if (!e.ok()) return fprintf(stderr, "%s\n", e.status().ToString().c_str()), 1;
