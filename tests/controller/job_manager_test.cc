@@ -165,6 +165,19 @@ class JobManagerTest : public ::testing::Test {
     }
   }
 
+  // Executor `executor` of the job's attempt exited on its own: killed by `signal`, or
+  // with `exit_code` (signal 0).
+  void ExecutorDied(const std::string& id, int attempt, int executor, int signal, int exit_code = 0) {
+    v1::ExecutorEvent ev;
+    ev.set_job_id(id);
+    ev.set_attempt(attempt);
+    ev.set_executor(executor);
+    ev.set_phase(v1::EXECUTOR_PHASE_EXITED);
+    if (signal != 0) ev.set_signal(signal);
+    else ev.set_exit_code(exit_code);
+    jm_->OnExecutorEvent("n1", ev);
+  }
+
   std::string dir_;
   std::unique_ptr<Store> store_;
   Rendezvous rdv_;
@@ -221,14 +234,7 @@ TEST_F(JobManagerTest, ExecutorCrashRestartsWholeAttempt) {
   std::string secret = cfgs[0].secret();
   EXPECT_TRUE(jm_->CheckScope(id, 1, secret).ok());
   EXPECT_EQ(jm_->CheckScope(id, 1, "wrong").code(), absl::StatusCode::kPermissionDenied);
-  // kill -9 of executor 2
-  v1::ExecutorEvent ev;
-  ev.set_job_id(id);
-  ev.set_attempt(1);
-  ev.set_executor(2);
-  ev.set_phase(v1::EXECUTOR_PHASE_EXITED);
-  ev.set_signal(9);
-  jm_->OnExecutorEvent("n1", ev);
+  ExecutorDied(id, 1, 2, /*signal=*/9);  // kill -9 of executor 2
   ASSERT_TRUE(WaitFor([&] { return State(id) == v1::JOB_STATE_RESTARTING; }));
   EXPECT_THAT(jm_->GetJob(id)->reason(), HasSubstr("executor 2 (w rank 2) on node n1 was killed by signal 9"));
   // The stale attempt is refused from now on.
@@ -257,13 +263,7 @@ TEST_F(JobManagerTest, AStopDuringARestartsTeardownStopsTheJob) {
   std::string id = jm_->Submit(Spec(2, 3), "")->first.job_id();
   auto cfgs = StartAll(*link, 2);
   ASSERT_TRUE(WaitFor([&] { return State(id) == v1::JOB_STATE_RUNNING; }));
-  v1::ExecutorEvent ev;
-  ev.set_job_id(id);
-  ev.set_attempt(1);
-  ev.set_executor(1);
-  ev.set_phase(v1::EXECUTOR_PHASE_EXITED);
-  ev.set_signal(9);
-  jm_->OnExecutorEvent("n1", ev);
+  ExecutorDied(id, 1, 1, /*signal=*/9);
   ASSERT_TRUE(WaitFor([&] { return State(id) == v1::JOB_STATE_RESTARTING; }));
   auto stopped = jm_->Stop(id, "");
   ASSERT_TRUE(stopped.ok()) << stopped.status();
@@ -283,13 +283,7 @@ TEST_F(JobManagerTest, NoRestartsLeftFailsWithRankAndNode) {
   std::string id = jm_->Submit(Spec(2, 0), "")->first.job_id();
   auto cfgs = StartAll(*link, 2);
   ASSERT_TRUE(WaitFor([&] { return State(id) == v1::JOB_STATE_RUNNING; }));
-  v1::ExecutorEvent ev;
-  ev.set_job_id(id);
-  ev.set_attempt(1);
-  ev.set_executor(1);
-  ev.set_phase(v1::EXECUTOR_PHASE_EXITED);
-  ev.set_exit_code(3);
-  jm_->OnExecutorEvent("n1", ev);
+  ExecutorDied(id, 1, 1, /*signal=*/0, /*exit_code=*/3);
   ExitAll({cfgs[0]}, "n1", true);
   ASSERT_TRUE(WaitFor([&] { return State(id) == v1::JOB_STATE_FAILED; }));
   EXPECT_THAT(jm_->GetJob(id)->reason(), HasSubstr("executor 1 (w rank 1) on node n1 exited with code 3"));

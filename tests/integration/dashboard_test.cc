@@ -29,6 +29,14 @@ nlohmann::json Body(const std::string& response) {
   return nlohmann::json::parse(at == std::string::npos ? "" : response.substr(at + 4), nullptr, false);
 }
 
+// Headless Chromium's flags for a page of this test's cluster: its own profile directory
+// (`profile`), 6 s of virtual time for the page's script and refreshes.
+std::string ChromiumFlags(const std::string& profile, const std::string& window = "1400,900") {
+  return absl::StrCat(" --headless --no-sandbox --disable-gpu --disable-quic --no-first-run --disable-background-networking",
+                      " --disable-component-update --disable-sync --disable-dev-shm-usage --user-data-dir=", profile,
+                      " --window-size=", window, " --virtual-time-budget=6000 ");
+}
+
 std::string Chromium() {
   for (const char* p : {"/usr/bin/chromium", "/usr/bin/chromium-browser"})
     if (access(p, X_OK) == 0) return p;
@@ -85,10 +93,7 @@ TEST(Dashboard, ShowsARunningJobsCurvesAndLogs) {
     std::cout << "[ SKIPPED ] the browser half: no /usr/bin/chromium here (scripts/setup.sh installs it on Debian)\n";
   } else {
     const std::string url = absl::StrCat("http://127.0.0.1:", port, "/#token=", c->read_token());
-    const std::string flags = absl::StrCat(
-        " --headless --no-sandbox --disable-gpu --disable-quic --no-first-run --disable-background-networking",
-        " --disable-component-update --disable-sync --disable-dev-shm-usage --user-data-dir=", c->dir(), "/chromium",
-        " --window-size=1400,900 --virtual-time-budget=6000 ");
+    const std::string flags = ChromiumFlags(c->dir() + "/chromium");
     const std::string dom_file = c->dir() + "/dom.html", shot = std::string(TESSERA_BUILD_DIR) + "/dashboard.png";
     int rc = system((chromium + flags + "--dump-dom '" + url + "' > " + dom_file + " 2> " + c->dir() + "/chromium.log").c_str());
     ASSERT_EQ(WEXITSTATUS(rc), 0) << ReadFile(c->dir() + "/chromium.log").value_or("");
@@ -114,10 +119,7 @@ TEST(Dashboard, ShowsARunningJobsCurvesAndLogs) {
 
 // The DOM of the page at `url` after its script ran (6 s of virtual time), headless.
 std::string Dom(const std::string& chromium, Cluster& c, const std::string& url, const std::string& tag) {
-  const std::string flags = absl::StrCat(
-      " --headless --no-sandbox --disable-gpu --disable-quic --no-first-run --disable-background-networking",
-      " --disable-component-update --disable-sync --disable-dev-shm-usage --user-data-dir=", c.dir(), "/chromium-", tag,
-      " --window-size=1400,900 --virtual-time-budget=6000 ");
+  const std::string flags = ChromiumFlags(c.dir() + "/chromium-" + tag);
   const std::string out = c.dir() + "/dom-" + tag + ".html", log = c.dir() + "/chromium-" + tag + ".log";
   const int rc = system((chromium + flags + "--dump-dom '" + url + "' > " + out + " 2> " + log).c_str());
   EXPECT_EQ(WEXITSTATUS(rc), 0) << ReadFile(log).value_or("");
@@ -201,8 +203,7 @@ TEST(Dashboard, KeepsAttemptsApartComparesRunsShowsReasonsAndResultsAndSaysWhenT
   {  // and its picture (build/dashboard-runs.png)
     const std::string shot = std::string(TESSERA_BUILD_DIR) + "/dashboard-runs.png";
     unlink(shot.c_str());
-    const int rc = system((chromium + " --headless --no-sandbox --disable-gpu --no-first-run --disable-dev-shm-usage --user-data-dir=" +
-                           c->dir() + "/chromium-shot --window-size=1400,1000 --virtual-time-budget=6000 --screenshot=" + shot + " '" +
+    const int rc = system((chromium + ChromiumFlags(c->dir() + "/chromium-shot", "1400,1000") + "--screenshot=" + shot + " '" +
                            base + "&job=" + restarted + "&compare=" + failed + "&smooth=0.6&hover=1' > /dev/null 2>&1").c_str());
     EXPECT_EQ(WEXITSTATUS(rc), 0);
     struct stat sb {};
