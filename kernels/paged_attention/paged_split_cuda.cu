@@ -13,7 +13,8 @@
 // head, kernels/rope/rope_head.cuh), and the CTA whose split holds a sequence's new token
 // (the context's last) rotates that token's key, writes key and value to the cache and
 // puts them into its tile in shared memory over whatever the cache slot held when the
-// tile was loaded — so no kernel before it has to write the cache.
+// tile was loaded — so no kernel before it has to write the cache, and its first tiles
+// load before it waits for the kernel that wrote q (programmatic dependent launch).
 #include <algorithm>
 
 #include <cooperative_groups.h>
@@ -153,8 +154,11 @@ __global__ void __launch_bounds__(kThreads) SplitKernel(Params p) {
 #pragma unroll
     for (int j = 0; j < D / 32; ++j)
       gq[j] = __bfloat162float(p.q_norm[threadIdx.x % 32 * (D / 32) + j]), gk[j] = __bfloat162float(p.k_norm[threadIdx.x % 32 * (D / 32) + j]);
-  GridDependencyWait();  // a programmatic dependent of the kernel that wrote q and the cache
-  GridDependentsLaunch();
+  // A programmatic dependent of the kernel that wrote q (and, without the q/k pass, the
+  // cache). With the q/k pass nothing before this kernel writes the cache rows it reads —
+  // the new token's row is put into the tile from its own key and value — and the tables
+  // and lengths come from the step's upload, so the first tiles load before the wait.
+  if (!kRope) GridDependencyWait(), GridDependentsLaunch();
   const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z, group = p.hq / p.hkv;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4, mi = lane / 8, mr = lane % 8;
   const int len = p.lens[b], c0 = split * p.chunk, c1 = min(len, c0 + p.chunk);
@@ -184,6 +188,7 @@ __global__ void __launch_bounds__(kThreads) SplitKernel(Params p) {
     tc::CpAsyncCommit();
   };
   for (int j = 0; j < kStages - 1; ++j) load(j);
+  if (kRope) GridDependencyWait(), GridDependentsLaunch();
   // The fused q/k pass, while the first tiles load; the new token's tile and row.
   bf16* new_kv = sQ.base + (kRows + 2 * kStages * kTile) * D;
   const int last = len - 1, new_tile = kRope && last >= c0 && last < c1 ? (last - c0) / kTile : -1;
