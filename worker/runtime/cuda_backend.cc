@@ -14,6 +14,7 @@
 
 #include <cmath>
 #include "kernels/cast/cast.h"
+#include "kernels/common/cuda_arch.h"
 #include "kernels/cross_entropy/cross_entropy.h"
 #include "kernels/elementwise/elementwise.h"
 #include "kernels/embedding/embedding.h"
@@ -118,6 +119,17 @@ class CudaBackend final : public Backend {
     if (cudaGetDeviceCount(&n) != cudaSuccess || device >= n) {
       cudaGetLastError();
       return absl::UnavailableError(absl::StrCat("no CUDA device ", device, " (", n, " visible)"));
+    }
+    int major = 0, minor = 0;
+    if (auto s = Cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute"); !s.ok())
+      return s;
+    if (auto s = Cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device), "cudaDeviceGetAttribute"); !s.ok())
+      return s;
+    // A GPU the kernels were not built for is refused here, by name, not at a job's first kernel.
+    if (!kernels::CheckComputeCapability(kernels::BuiltCudaArchitectures(), device, "", major, minor).ok()) {
+      cudaDeviceProp prop{};
+      cudaGetDeviceProperties(&prop, device);
+      return kernels::CheckComputeCapability(kernels::BuiltCudaArchitectures(), device, prop.name, major, minor);
     }
     auto b = std::unique_ptr<CudaBackend>(new CudaBackend());
     b->device_ = device;

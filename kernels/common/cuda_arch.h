@@ -1,0 +1,25 @@
+// Which GPUs this build's CUDA kernels run on. The build compiles them for the
+// architectures CMake's CMAKE_CUDA_ARCHITECTURES lists (TESSERA_CUDA_ARCHS below, "90a":
+// Hopper), and a CUDA backend checks its device against that list before it uses it, so a
+// GPU the kernels were not built for is refused with its name and compute capability at
+// start — not with "no kernel image is available" at the first kernel of a job.
+// Plain C++ (no CUDA headers): the check is testable without a GPU.
+#pragma once
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+
+namespace tessera::kernels {
+
+// The architectures the build compiled its kernels for (CMake's list, ';'-separated);
+// empty in a build without CUDA.
+absl::string_view BuiltCudaArchitectures();
+
+// OK when a device of compute capability major.minor runs kernels built for `archs`
+// (',' or ';'-separated, in CMake's forms: "90a" and "90a-real" run on 9.0 only —
+// arch-specific features carry to no other GPU; "100f" on 10.x from 10.0; "86-real"
+// (SASS) on 8.6 and later 8.x; "80-virtual" (PTX, compiled by the driver) on 8.0 and
+// every later GPU; "80" is both). Otherwise FAILED_PRECONDITION naming the device, its
+// capability and the architectures the build has.
+absl::Status CheckComputeCapability(absl::string_view archs, int device, absl::string_view name, int major, int minor);
+
+}  // namespace tessera::kernels
