@@ -19,7 +19,8 @@ absl::string_view BuiltCudaArchitectures();
 // arch-specific features carry to no other GPU; "100f" on 10.x from 10.0; "86-real"
 // (SASS) on 8.6 and later 8.x; "80-virtual" (PTX, compiled by the driver) on 8.0 and
 // every later GPU; "80" is both). Otherwise FAILED_PRECONDITION naming the device, its
-// capability and the architectures the build has.
+// capability and the architectures the build has. A list it cannot read ("native", "all",
+// or empty) refuses nothing: the driver decides.
 absl::Status CheckComputeCapability(absl::string_view archs, int device, absl::string_view name, int major, int minor);
 
 }  // namespace tessera::kernels

@@ -41,7 +41,12 @@ TEST(CudaArch, TheRefusalNamesTheDeviceItsCapabilityAndTheBuild) {
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(s.message()), HasSubstr("CUDA device 3 (NVIDIA A100-SXM4-80GB) is compute capability 8.0"));
   EXPECT_THAT(std::string(s.message()), HasSubstr("kernels are for sm_90a"));
-  EXPECT_THAT(std::string(CheckComputeCapability("", 0, "GPU", 9, 0).message()), HasSubstr("no GPU architecture"));
+}
+
+TEST(CudaArch, AListItCannotReadRefusesNothing) {
+  EXPECT_TRUE(Runs("", 8, 0));
+  EXPECT_TRUE(Runs("native", 8, 0));
+  EXPECT_TRUE(Runs("90a,all-major", 7, 0));
 }
 
 }  // namespace
