@@ -226,7 +226,8 @@ int main(int argc, char** argv) {
       // The whole layer of a decode step over a KV cache of 256 tokens per row: q|k|v, the
       // q/k RoPE and cache write, paged attention, o, gate|up, down (GB/s of weights and
       // KV read). Against decode_linear_layer: what the attention's two kernels cost; "fused":
-      // the q/k pass inside the attention (Backend::DecodeAttention), one kernel.
+      // the q/k pass inside the attention (Backend::DecodeAttention), one kernel; "fused_alloc":
+      // that layer with its temporaries allocated inside the capture, as the model does.
       {
         const int64_t ctx = 256, bs = 16, D = 64, hq = H / D, hkv = KV / D, maxb = ctx / bs;
         auto kc = W({m * maxb * L, bs, hkv, D}), vc = W({m * maxb * L, bs, hkv, D});
@@ -273,6 +274,46 @@ int main(int argc, char** argv) {
             double ms = TimeMs(b, [&] { return (*graph)->Launch(); }, 50, 5);
             Line(((fused ? "decode_layer_attention_fused_m" : "decode_layer_attention_m") + std::to_string(m)).c_str(),
                  "m" + std::to_string(m) + ", 16 layers, ctx 256" + (with_down ? "" : ", no down"), ms, "gbps", bytes / ms / 1e6);
+          }
+        }
+        // The fused layer again with its temporaries made inside the capture, as the model's
+        // decode step makes them (each a stream-ordered allocation, freed after the layer):
+        // against the row above, what the graph's allocation and free nodes between the
+        // kernels cost.
+        if (b.DecodeLinearSupported(m, F, bf)) {
+          b.set_trust_device_indices(true);
+          absl::Status st = b.BeginCapture();
+          Tensor xin = x;
+          for (int64_t l = 0; l < L && st.ok(); ++l) {
+            Layer& w = layers[l];
+            auto qo_l = *b.Empty({m, H}, bf), ko_l = *b.Empty({m, KV}, bf), vo_l = *b.Empty({m, KV}, bf);
+            Backend::LinearPart pq[3] = {{&w.q, nullptr, &qo_l}, {&w.k, nullptr, &ko_l}, {&w.v, nullptr, &vo_l}};
+            st = b.DecodeLinear(xin, &w.norm1, 1e-5f, pq, nullptr, false);
+            auto qr_l = *b.Empty({m, hq, D}, bf), att_l = *b.Empty({m, hq, D}, bf), lse_l = *b.Empty({m, hq}, DType::kF32);
+            if (st.ok())
+              st = b.DecodeAttention(*qo_l.Reshape({m, hq, D}), *ko_l.Reshape({m, hkv, D}), *vo_l.Reshape({m, hkv, D}), pos, slots[l],
+                                     nullptr, nullptr, 1e-5f, inv_freq, 1.f, qr_l, kc, vc, tables[l], lens, att_l, lse_l);
+            auto h_l = *b.Empty({m, H}, bf);
+            Backend::LinearPart po[1] = {{&w.o, nullptr, &h_l}};
+            if (st.ok()) st = b.DecodeLinear(*att_l.Reshape({m, H}), nullptr, 0.f, po, &xin, false);
+            auto act_l = *b.Empty({m, F}, bf);
+            Backend::LinearPart pg[2] = {{&w.gate, nullptr, &act_l}, {&w.up, nullptr, nullptr}};
+            if (st.ok()) st = b.DecodeLinear(h_l, &w.norm2, 1e-5f, pg, nullptr, true);
+            auto x_l = *b.Empty({m, H}, bf);
+            Backend::LinearPart pd[1] = {{&w.down, nullptr, &x_l}};
+            if (st.ok()) st = b.DecodeLinear(act_l, nullptr, 0.f, pd, &h_l, false);
+            xin = x_l;
+          }
+          xin = Tensor();
+          auto graph = b.EndCapture();
+          b.set_trust_device_indices(false);
+          if (!st.ok() || !graph.ok()) {
+            fprintf(stderr, "decode_layer_attention_fused_alloc: %s\n", (st.ok() ? graph.status() : st).ToString().c_str());
+          } else {
+            const double bytes = double(qkv_b + o_b + gu_b + d_b + 2 * m * ctx * KV * 2) * L;
+            double ms = TimeMs(b, [&] { return (*graph)->Launch(); }, 50, 5);
+            Line(("decode_layer_attention_fused_alloc_m" + std::to_string(m)).c_str(),
+                 "m" + std::to_string(m) + ", 16 layers, ctx 256, temporaries made in the capture", ms, "gbps", bytes / ms / 1e6);
           }
         }
       }
