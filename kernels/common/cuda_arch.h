@@ -10,7 +10,7 @@
 
 namespace tessera::kernels {
 
-// The architectures the build compiled its kernels for (CMake's list, ';'-separated);
+// The architectures the build compiled its kernels for (CMake's list, ','-separated);
 // empty in a build without CUDA.
 absl::string_view BuiltCudaArchitectures();
 

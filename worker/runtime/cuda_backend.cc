@@ -120,17 +120,10 @@ class CudaBackend final : public Backend {
       cudaGetLastError();
       return absl::UnavailableError(absl::StrCat("no CUDA device ", device, " (", n, " visible)"));
     }
-    int major = 0, minor = 0;
-    if (auto s = Cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute"); !s.ok())
-      return s;
-    if (auto s = Cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device), "cudaDeviceGetAttribute"); !s.ok())
-      return s;
     // A GPU the kernels were not built for is refused here, by name, not at a job's first kernel.
-    if (!kernels::CheckComputeCapability(kernels::BuiltCudaArchitectures(), device, "", major, minor).ok()) {
-      cudaDeviceProp prop{};
-      cudaGetDeviceProperties(&prop, device);
-      return kernels::CheckComputeCapability(kernels::BuiltCudaArchitectures(), device, prop.name, major, minor);
-    }
+    cudaDeviceProp prop{};
+    if (auto s = Cuda(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties"); !s.ok()) return s;
+    TESSERA_RETURN_IF_ERROR(kernels::CheckComputeCapability(kernels::BuiltCudaArchitectures(), device, prop.name, prop.major, prop.minor));
     auto b = std::unique_ptr<CudaBackend>(new CudaBackend());
     b->device_ = device;
     if (auto s = Cuda(cudaSetDevice(device), "cudaSetDevice"); !s.ok()) return s;
