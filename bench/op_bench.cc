@@ -61,6 +61,13 @@ void Line(const char* op, const std::string& shape, double ms, const char* unit,
   fflush(stdout);
 }
 
+// ", graph: K kernels, P programmatic edges, M memory nodes" for a row's detail.
+std::string GraphShape(const Backend::Graph& g) {
+  const Backend::Graph::Shape s = g.shape();
+  return ", graph: " + std::to_string(s.kernels) + " kernels, " + std::to_string(s.programmatic_edges) + " programmatic edges, " +
+         std::to_string(s.memory_nodes) + " memory nodes";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -227,7 +234,8 @@ int main(int argc, char** argv) {
       // q/k RoPE and cache write, paged attention, o, gate|up, down (GB/s of weights and
       // KV read). Against decode_linear_layer: what the attention's two kernels cost; "fused":
       // the q/k pass inside the attention (Backend::DecodeAttention), one kernel; "fused_alloc":
-      // that layer with its temporaries allocated inside the capture, as the model does.
+      // that layer with its temporaries allocated inside the capture, as the model does. Each
+      // row's detail gives its graph's kernels, programmatic edges and memory nodes.
       {
         const int64_t ctx = 256, bs = 16, D = 64, hq = H / D, hkv = KV / D, maxb = ctx / bs;
         auto kc = W({m * maxb * L, bs, hkv, D}), vc = W({m * maxb * L, bs, hkv, D});
@@ -273,13 +281,14 @@ int main(int argc, char** argv) {
             const double bytes = double(qkv_b + o_b + gu_b + (with_down ? d_b : 0) + 2 * m * ctx * KV * 2) * L;
             double ms = TimeMs(b, [&] { return (*graph)->Launch(); }, 50, 5);
             Line(((fused ? "decode_layer_attention_fused_m" : "decode_layer_attention_m") + std::to_string(m)).c_str(),
-                 "m" + std::to_string(m) + ", 16 layers, ctx 256" + (with_down ? "" : ", no down"), ms, "gbps", bytes / ms / 1e6);
+                 "m" + std::to_string(m) + ", 16 layers, ctx 256" + (with_down ? "" : ", no down") + GraphShape(**graph), ms, "gbps",
+                 bytes / ms / 1e6);
           }
         }
         // The fused layer again with its temporaries made inside the capture, as the model's
-        // decode step makes them (each a stream-ordered allocation, freed after the layer):
-        // against the row above, what the graph's allocation and free nodes between the
-        // kernels cost.
+        // decode step makes them (from the backend's capture arena, freed after the layer):
+        // against the row above, what making them costs — nothing, when the graph keeps the
+        // preallocated row's programmatic edges (the row's detail counts them).
         if (b.DecodeLinearSupported(m, F, bf)) {
           b.set_trust_device_indices(true);
           absl::Status st = b.BeginCapture();
@@ -313,7 +322,8 @@ int main(int argc, char** argv) {
             const double bytes = double(qkv_b + o_b + gu_b + d_b + 2 * m * ctx * KV * 2) * L;
             double ms = TimeMs(b, [&] { return (*graph)->Launch(); }, 50, 5);
             Line(("decode_layer_attention_fused_alloc_m" + std::to_string(m)).c_str(),
-                 "m" + std::to_string(m) + ", 16 layers, ctx 256, temporaries made in the capture", ms, "gbps", bytes / ms / 1e6);
+                 "m" + std::to_string(m) + ", 16 layers, ctx 256, temporaries made in the capture" + GraphShape(**graph), ms, "gbps",
+                 bytes / ms / 1e6);
           }
         }
       }

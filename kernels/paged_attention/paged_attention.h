@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "common/dtype.h"
+#include "kernels/common/scratch.h"
 
 namespace tessera::kernels {
 struct PagedDims {
@@ -19,9 +20,11 @@ struct PagedDims {
 };
 absl::Status PagedAttentionCpu(const void* q, const void* k_cache, const void* v_cache, const int32_t* block_tables,
                                const int32_t* context_lens, void* out, float* lse, const PagedDims& d, DType t);
+// `scratch` (kernels/common/scratch.h; null: the stream's pool) holds the splits' partial
+// results where a second kernel merges them.
 absl::Status PagedAttentionCuda(const void* q, const void* k_cache, const void* v_cache, const int32_t* block_tables,
                                 const int32_t* context_lens, void* out, float* lse, const PagedDims& d, DType t,
-                                void* stream);
+                                void* stream, DeviceScratch* scratch = nullptr);
 // A decode step's q/k pass (kernels/decode/qk_rope_cache.h) and this attention in one
 // kernel, for rows that are distinct sequences each attending to its cache plus its new
 // token, the context's last (slots[b] is the slot of token context_lens[b] - 1, and no
@@ -40,7 +43,7 @@ struct PagedRopeArgs {
 bool PagedAttentionRopeCudaSupported(const PagedDims& d, DType t);
 absl::Status PagedAttentionRopeCuda(const void* q, const PagedRopeArgs& rope, void* k_cache, void* v_cache,
                                     const int32_t* block_tables, const int32_t* context_lens, void* out, float* lse,
-                                    const PagedDims& d, DType t, void* stream);
+                                    const PagedDims& d, DType t, void* stream, DeviceScratch* scratch = nullptr);
 // Writes new tokens' keys and values into the paged cache (prefill and decode):
 // k_cache[slots[i]] = k[i], v_cache[slots[i]] = v[i] for i < tokens, where a slot is
 // block * block_size + offset (the cache's first two dims flattened) and a row is

@@ -29,11 +29,11 @@ __global__ void Decode(const T* q, const T* kc, const T* vc, const int32_t* tabl
 }  // namespace
 
 absl::Status PagedAttentionCuda(const void* q, const void* kc, const void* vc, const int32_t* tables, const int32_t* lens,
-                                void* out, float* lse, const PagedDims& d, DType t, void* stream) {
+                                void* out, float* lse, const PagedDims& d, DType t, void* stream, DeviceScratch* scratch) {
   if (d.batch == 0) return absl::OkStatus();
   if (d.head_dim > 32 * kMaxPerLane) return absl::UnimplementedError("paged attention (cuda): head_dim > 256");
   auto s = static_cast<cudaStream_t>(stream);
-  if (paged::Supported(d, t)) return paged::Decode(q, kc, vc, tables, lens, out, lse, d, s);
+  if (paged::Supported(d, t)) return paged::Decode(q, kc, vc, tables, lens, out, lse, d, s, scratch);
   unsigned blocks = static_cast<unsigned>((d.batch * d.q_heads * 32 + 255) / 256);
   if (t == DType::kF32)
     Decode<<<blocks, 256, 0, s>>>(static_cast<const float*>(q), static_cast<const float*>(kc), static_cast<const float*>(vc),
@@ -47,14 +47,14 @@ bool PagedAttentionRopeCudaSupported(const PagedDims& d, DType t) { return paged
 
 absl::Status PagedAttentionRopeCuda(const void* q, const PagedRopeArgs& rope, void* k_cache, void* v_cache,
                                     const int32_t* tables, const int32_t* lens, void* out, float* lse, const PagedDims& d,
-                                    DType t, void* stream) {
+                                    DType t, void* stream, DeviceScratch* scratch) {
   if (!PagedAttentionRopeCudaSupported(d, t))
     return absl::InvalidArgumentError(absl::StrCat("paged attention with rope (cuda): bf16 with head dim 64 or 128 and at most 16 "
                                                    "query heads per kv head; got head dim ", d.head_dim));
   if ((rope.q_norm == nullptr) != (rope.k_norm == nullptr))
     return absl::InvalidArgumentError("paged attention with rope: q_norm and k_norm go together");
   if (d.batch == 0) return absl::OkStatus();
-  return paged::DecodeRope(q, rope, k_cache, v_cache, tables, lens, out, lse, d, static_cast<cudaStream_t>(stream));
+  return paged::DecodeRope(q, rope, k_cache, v_cache, tables, lens, out, lse, d, static_cast<cudaStream_t>(stream), scratch);
 }
 
 namespace {

@@ -10,8 +10,10 @@ namespace tessera::kernels::paged {
 // bf16, head_dim 64 or 128, at most 16 query heads per kv head.
 bool Supported(const PagedDims& d, DType t);
 absl::Status Decode(const void* q, const void* k_cache, const void* v_cache, const int32_t* block_tables,
-                    const int32_t* context_lens, void* out, float* lse, const PagedDims& d, cudaStream_t s);
+                    const int32_t* context_lens, void* out, float* lse, const PagedDims& d, cudaStream_t s,
+                    DeviceScratch* scratch);
 // The same with the q/k pass fused in (PagedAttentionRopeCuda).
 absl::Status DecodeRope(const void* q, const PagedRopeArgs& rope, void* k_cache, void* v_cache, const int32_t* block_tables,
-                        const int32_t* context_lens, void* out, float* lse, const PagedDims& d, cudaStream_t s);
+                        const int32_t* context_lens, void* out, float* lse, const PagedDims& d, cudaStream_t s,
+                        DeviceScratch* scratch);
 }  // namespace tessera::kernels::paged

@@ -19,8 +19,10 @@
 
 #include <cooperative_groups.h>
 
+#include "absl/strings/str_cat.h"
 #include "kernels/common/cuda_elem.cuh"
 #include "kernels/common/pdl.cuh"
+#include "kernels/common/scratch.cuh"
 #include "kernels/common/tensor_core.cuh"
 #include "kernels/paged_attention/paged_attention.h"
 #include "kernels/paged_attention/paged_split.h"
@@ -337,7 +339,7 @@ __global__ void Merge(const float* part_o, const float* part_ml, int64_t rows, i
 }
 
 template <int D, bool kRope>
-absl::Status Run(const Params& base, const PagedDims& d, int sms, cudaStream_t s) {
+absl::Status Run(const Params& base, const PagedDims& d, int sms, cudaStream_t s, DeviceScratch* scratch) {
   Params p = base;
   const int64_t max_ctx = d.max_blocks * d.block_size;
   // Split the context only until there are two CTAs per multiprocessor, in chunks of at
@@ -360,13 +362,16 @@ absl::Status Run(const Params& base, const PagedDims& d, int sms, cudaStream_t s
   constexpr int kSmem = SmemBytes<D>();
   if (cudaFuncSetAttribute(SplitKernel<D, kRope>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem) != cudaSuccess)
     return LaunchStatus("paged_attention(smem attribute)");
-  float* part = nullptr;
   const int64_t rows = d.batch * d.q_heads;
-  if (splits > 1 && !p.cluster) {
-    if (cudaMallocAsync(&part, rows * splits * (D + 2) * sizeof(float), s) != cudaSuccess)
-      return LaunchStatus("paged_attention(alloc)");
-    p.part_o = part;
-    p.part_ml = part + rows * splits * D;
+  const bool merged_apart = splits > 1 && !p.cluster;
+  ScratchBlock part(scratch, merged_apart ? size_t(rows * splits * (D + 2)) * sizeof(float) : 0, s);
+  if (merged_apart) {
+    if (part.get() == nullptr) {
+      cudaGetLastError();
+      return absl::ResourceExhaustedError(absl::StrCat("paged attention: no device memory for ", rows * splits, " split partials"));
+    }
+    p.part_o = static_cast<float*>(part.get());
+    p.part_ml = p.part_o + rows * splits * D;
   }
   auto launch = [&]() -> absl::Status {
     const dim3 grid(splits, static_cast<unsigned>(d.kv_heads), static_cast<unsigned>(d.batch));
@@ -380,9 +385,7 @@ absl::Status Run(const Params& base, const PagedDims& d, int sms, cudaStream_t s
                                     p.part_ml, rows, splits, D, p.out, p.lse),
                     "paged_attention(merge)");
   };
-  const absl::Status st = launch();
-  if (part != nullptr) cudaFreeAsync(part, s);
-  return st;
+  return launch();
 }
 }  // namespace
 
@@ -403,14 +406,14 @@ Params BaseParams(const void* q, const void* kc, const void* vc, const int32_t* 
 }  // namespace
 
 absl::Status Decode(const void* q, const void* kc, const void* vc, const int32_t* tables, const int32_t* lens, void* out,
-                    float* lse, const PagedDims& d, cudaStream_t s) {
+                    float* lse, const PagedDims& d, cudaStream_t s, DeviceScratch* scratch) {
   const int sms = SmCount();
   const Params p = BaseParams(q, kc, vc, tables, lens, out, lse, d);
-  return d.head_dim == 64 ? Run<64, false>(p, d, sms, s) : Run<128, false>(p, d, sms, s);
+  return d.head_dim == 64 ? Run<64, false>(p, d, sms, s, scratch) : Run<128, false>(p, d, sms, s, scratch);
 }
 
 absl::Status DecodeRope(const void* q, const PagedRopeArgs& r, void* kc, void* vc, const int32_t* tables, const int32_t* lens,
-                        void* out, float* lse, const PagedDims& d, cudaStream_t s) {
+                        void* out, float* lse, const PagedDims& d, cudaStream_t s, DeviceScratch* scratch) {
   const int sms = SmCount();
   Params p = BaseParams(q, kc, vc, tables, lens, out, lse, d);
   p.k_new = static_cast<const bf16*>(r.k_new), p.v_new = static_cast<const bf16*>(r.v_new);
@@ -418,7 +421,7 @@ absl::Status DecodeRope(const void* q, const PagedRopeArgs& r, void* kc, void* v
   p.pos = r.pos, p.slots = r.slots, p.eps = r.eps;
   for (int64_t i = 0; i < d.head_dim / 2; ++i) p.inv.v[i] = r.inv_freq[i];
   p.inv.scale = r.scale;
-  return d.head_dim == 64 ? Run<64, true>(p, d, sms, s) : Run<128, true>(p, d, sms, s);
+  return d.head_dim == 64 ? Run<64, true>(p, d, sms, s, scratch) : Run<128, true>(p, d, sms, s, scratch);
 }
 
 }  // namespace tessera::kernels::paged

@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "common/dtype.h"
+#include "kernels/common/scratch.h"
 
 namespace tessera::kernels {
 
@@ -36,6 +37,7 @@ struct SampleArgs {
 
 absl::Status SampleCpu(const void* logits, int64_t n, int64_t v, DType t, const SampleArgs& a, int32_t* token,
                        float* logprob);
+// `scratch` (kernels/common/scratch.h; null: the stream's pool) holds the per-segment partials.
 absl::Status SampleCuda(const void* logits, int64_t n, int64_t v, DType t, const SampleArgs& a, int32_t* token,
-                        float* logprob, void* stream);
+                        float* logprob, void* stream, DeviceScratch* scratch = nullptr);
 }  // namespace tessera::kernels

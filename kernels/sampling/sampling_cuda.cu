@@ -10,7 +10,9 @@
 // per-thread contiguous chunks. Same semantics as the CPU reference (sampling.h); the
 // CPU computes probabilities in double, so draws that land within rounding of a CDF
 // boundary can differ between the two.
+#include "absl/strings/str_cat.h"
 #include "kernels/common/cuda_elem.cuh"
+#include "kernels/common/scratch.cuh"
 #include "kernels/sampling/sampling.h"
 
 #include <algorithm>
@@ -309,7 +311,7 @@ __global__ void CombineKernel(const T* logits, int64_t v, int64_t seg_len, int s
 }  // namespace
 
 absl::Status SampleCuda(const void* logits, int64_t n, int64_t v, DType t, const SampleArgs& a, int32_t* token,
-                        float* logprob, void* stream) {
+                        float* logprob, void* stream, DeviceScratch* scratch) {
   if (n == 0) return absl::OkStatus();
   auto s = static_cast<cudaStream_t>(stream);
   // Segments of at least 2048 tokens, enough of them for about two blocks per multiprocessor.
@@ -317,8 +319,12 @@ absl::Status SampleCuda(const void* logits, int64_t n, int64_t v, DType t, const
   const int64_t segs = std::max<int64_t>(1, std::min<int64_t>({want, (v + 2047) / 2048, 256}));
   const int64_t seg_len = (v + segs - 1) / segs;
   if (n > 65535) return absl::InvalidArgumentError("sample: more than 65535 rows");
-  Partial* parts = nullptr;
-  if (cudaMallocAsync(&parts, n * segs * sizeof(Partial), s) != cudaSuccess) return LaunchStatus("sample(alloc)");
+  ScratchBlock block(scratch, size_t(n * segs) * sizeof(Partial), s);
+  Partial* parts = static_cast<Partial*>(block.get());
+  if (parts == nullptr) {
+    cudaGetLastError();
+    return absl::ResourceExhaustedError(absl::StrCat("sample: no device memory for ", n * segs, " segment partials"));
+  }
   auto run = [&](auto tag) -> absl::Status {
     using T = decltype(tag);
     const T* z = static_cast<const T*>(logits);
@@ -327,8 +333,6 @@ absl::Status SampleCuda(const void* logits, int64_t n, int64_t v, DType t, const
     CombineKernel<T><<<unsigned(n), kSegThreads, 0, s>>>(z, v, seg_len, int(segs), a, parts, token, logprob);
     return LaunchStatus("sample(combine)");
   };
-  const absl::Status st = t == DType::kF32 ? run(float()) : run(__nv_bfloat16());
-  cudaFreeAsync(parts, s);
-  return st;
+  return t == DType::kF32 ? run(float()) : run(__nv_bfloat16());
 }
 }  // namespace tessera::kernels

@@ -169,8 +169,10 @@ TEST(RolloutGpu, DeviceSamplingEqualsHostSampling) {
 // Decode steps as CUDA graphs (the default on a GPU) against the eager step: the same
 // tokens and log-probs (the graph replays the eager step's kernels on the padded batch;
 // the eager path runs the unpadded one, whose GEMMs may sum in another order), and the
-// graphs are really used: every decode step after a (batch, width)'s first two. Also for a
-// model with QKV bias (Qwen2's), in bf16.
+// graphs are really used: every decode step after a (batch, width)'s first two. A graph
+// has no allocation or free nodes (the step's temporaries come from the capture arena),
+// and in bf16 its kernels are joined by programmatic edges. Also for a model with QKV bias
+// (Qwen2's), in bf16.
 TEST(RolloutGpu, CudaGraphDecodeEqualsEager) {
   if (static_cast<int>(VisibleGpus().size()) < 1) GTEST_SKIP() << "no GPU";
   auto be = runtime::MakeCudaBackend(0);
@@ -189,6 +191,7 @@ TEST(RolloutGpu, CudaGraphDecodeEqualsEager) {
     }
     std::vector<std::vector<Completion>> runs;
     int64_t graph_steps = 0, decode_steps = 0;
+    runtime::Backend::Graph::Shape shape;
     for (bool graphs : {true, false}) {
       RolloutOptions o;
       o.block_size = 16, o.num_blocks = 64, o.max_running = 6, o.cuda_graphs = graphs;  // 10 samples through 6 slots
@@ -196,18 +199,22 @@ TEST(RolloutGpu, CudaGraphDecodeEqualsEager) {
       ASSERT_TRUE(e.ok());
       auto got = (*e)->Generate(reqs);
       ASSERT_TRUE(got.ok()) << got.status();
-      if (graphs) graph_steps = (*e)->graph_steps(), decode_steps = (*e)->decode_steps();
+      if (graphs) graph_steps = (*e)->graph_steps(), decode_steps = (*e)->decode_steps(), shape = (*e)->last_graph_shape();
       else EXPECT_EQ((*e)->graph_steps(), 0);
       runs.push_back(*got);
     }
     EXPECT_GT(graph_steps, decode_steps / 2) << "decode steps that replayed a graph";
+    const int layers = static_cast<int>((*m)->config().layers);
+    EXPECT_GT(shape.kernels, 3 * layers);
+    EXPECT_EQ(shape.memory_nodes, 0);
+    if (dtype == tessera::DType::kBF16) EXPECT_GE(shape.programmatic_edges, 3 * layers);
     ASSERT_EQ(runs[0].size(), runs[1].size());
     const auto [identical, max_abs] = Agreement(runs[0], runs[1]);
     EXPECT_GE(identical, static_cast<int>(runs[0].size()) - 1);
     EXPECT_LT(max_abs, dtype == tessera::DType::kF32 ? 1e-4 : 5e-2);
     std::cout << "RESULT graph_vs_eager dtype=" << tessera::DTypeName(dtype) << (bias ? " qkv_bias" : "") << " identical=" << identical << "/"
               << runs[0].size() << " max_abs_logprob=" << max_abs << " graph_steps=" << graph_steps << "/" << decode_steps
-              << "\n";
+              << " graph_kernels=" << shape.kernels << " programmatic_edges=" << shape.programmatic_edges << "\n";
   }
 }
 

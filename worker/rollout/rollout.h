@@ -151,6 +151,8 @@ class RolloutEngine {
   int64_t prefill_tokens() const { return prefill_tokens_; }
   int64_t peak_blocks() const { return peak_blocks_; }
   int64_t graph_steps() const { return graph_steps_; }
+  // The nodes and edges of the decode graph captured last (all zero before the first).
+  runtime::Backend::Graph::Shape last_graph_shape() const { return last_graph_shape_; }
   // Host wall time of the last Generate(), split between the steps with prompt rows and
   // the decode-only ones (the host's scheduling, launches and waits for tokens).
   double prefill_seconds() const { return prefill_s_; }
@@ -208,6 +210,7 @@ class RolloutEngine {
   bool graphs_failed_ = false;  // a capture failed: eager decode from then on
   int64_t scratch_block_ = -1;  // first of the blocks padded graph rows write to (never handed out)
   int64_t graph_steps_ = 0;
+  runtime::Backend::Graph::Shape last_graph_shape_;
   std::unique_ptr<runtime::Backend> host_;  // sampling (sample_on_host) and host index tensors
   std::unique_ptr<model::Generator> gen_;   // the model over its KV cache (null: released)
   std::vector<int32_t> free_blocks_;

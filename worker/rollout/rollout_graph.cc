@@ -138,6 +138,7 @@ absl::Status RolloutEngine::LaunchGraph(const Plan& plan, Launched& out) {
     auto graph = be.EndCapture();
     if (ran.ok() && graph.ok()) {
       g.graph = std::move(*graph);
+      last_graph_shape_ = g.graph->shape();
     } else {
       graphs_failed_ = true;
       spdlog::warn("rollout: decode runs without CUDA graphs: {}", (!ran.ok() ? ran : graph.status()).ToString());

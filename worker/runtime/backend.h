@@ -46,13 +46,24 @@ class Backend {
   virtual void* stream() const { return nullptr; }
   // CUDA graphs (the rollout engine's decode step). BeginCapture starts recording this
   // backend's stream: the ops until EndCapture are recorded, not run (their temporaries
-  // become the graph's own allocations). EndCapture returns the instantiated graph, or an
-  // error (and no graph; the stream leaves capture mode) when something in between could
-  // not be captured — the caller then runs without. UNIMPLEMENTED on the CPU.
+  // come from the backend's capture arena, worker/runtime/capture_arena.h, which the graph
+  // keeps: a tensor made during the capture stays valid after it, and its address is what
+  // every launch of the graph uses; a block freed during one capture may serve the next
+  // capture's temporaries, since a backend's graphs run on its one stream, never at once).
+  // EndCapture returns the instantiated graph, or an error (and no graph; the stream leaves
+  // capture mode) when something in between could not be captured — the caller then runs
+  // without. UNIMPLEMENTED on the CPU.
   class Graph {
    public:
+    // What a capture recorded: memory nodes are allocations and frees (the CUDA backend
+    // serves a capture's temporaries from an arena, so it records none); a programmatic
+    // edge lets a kernel start while the kernel before it finishes (kernels/common/pdl.cuh).
+    struct Shape {
+      int nodes = 0, kernels = 0, memory_nodes = 0, edges = 0, programmatic_edges = 0;
+    };
     virtual ~Graph() = default;
     virtual absl::Status Launch() = 0;  // on the backend's stream
+    virtual Shape shape() const { return {}; }
   };
   virtual absl::Status BeginCapture() { return absl::UnimplementedError("graph capture needs a CUDA backend"); }
   virtual absl::StatusOr<std::unique_ptr<Graph>> EndCapture() {

@@ -1,11 +1,14 @@
 // The CUDA backend: stream-ordered allocations from the device's memory pool
-// (cudaMallocAsync) with accounting and a peak report, one stream per backend, and
+// (cudaMallocAsync; a graph capture's from the backend's capture arena) with accounting
+// and a peak report, one stream per backend, and
 // the CUDA kernels of kernels/<op>/*.cu (cuBLASLt for GEMM).
 #include "kernels/gemm/cublaslt_loader.h"
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <memory>
 #include <mutex>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
@@ -26,6 +29,7 @@
 #include "kernels/rmsnorm/rmsnorm.h"
 #include "kernels/swiglu/swiglu.h"
 #include "worker/runtime/backend.h"
+#include "worker/runtime/capture_arena.h"
 
 namespace tessera::runtime {
 namespace {
@@ -35,12 +39,27 @@ absl::Status Cuda(cudaError_t e, const char* what) {
   return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(e)));
 }
 
+// Stream-ordered blocks of the device's pool; while a capture runs, blocks of the
+// backend's capture arena instead (worker/runtime/capture_arena.h: no memory nodes in the
+// graph, so its kernels keep their programmatic edges). An arena block freed after the
+// capture goes back to the arena, whenever that is.
 class PoolAllocator final : public Allocator {
  public:
   PoolAllocator(int device, cudaStream_t stream) : device_(device), stream_(stream) {}
   absl::StatusOr<void*> Allocate(size_t bytes) override {
     void* p = nullptr;
     cudaSetDevice(device_);
+    if (std::shared_ptr<CaptureArena> arena = Capturing()) {
+      absl::StatusOr<void*> a = arena->Allocate(bytes);
+      if (!a.ok()) {
+        auto st = account_.stats();
+        return absl::ResourceExhaustedError(absl::StrCat("cuda:", device_, ": cannot allocate ", bytes,
+                                                         " bytes for a graph capture (", a.status().message(),
+                                                         "); in use ", st.current_bytes, ", peak ", st.peak_bytes));
+      }
+      account_.Add(bytes);
+      return *a;
+    }
     cudaError_t e = cudaMallocAsync(&p, std::max<size_t>(bytes, 1), stream_);
     if (e != cudaSuccess) {
       cudaGetLastError();
@@ -53,17 +72,70 @@ class PoolAllocator final : public Allocator {
     return p;
   }
   void Free(void* p, size_t bytes) override {
-    cudaFreeAsync(p, stream_);
     account_.Sub(bytes);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (arena_ != nullptr && arena_->Free(p)) return;
+    }
+    cudaFreeAsync(p, stream_);
   }
   Device device() const override { return Device::Cuda(device_); }
   MemoryStats stats() const override { return account_.stats(); }
   void ResetPeak() override { account_.ResetPeak(); }
 
+  // The arena the capture that starts now takes its blocks from (made at the first capture).
+  std::shared_ptr<CaptureArena> BeginCapture() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (arena_ == nullptr) {
+      const int device = device_;
+      arena_ = std::make_shared<CaptureArena>(
+          [device](size_t n) -> absl::StatusOr<void*> {
+            void* p = nullptr;
+            cudaSetDevice(device);
+            const cudaError_t e = cudaMalloc(&p, n);
+            if (e != cudaSuccess) {
+              cudaGetLastError();
+              return absl::ResourceExhaustedError(absl::StrCat("cudaMalloc of a ", n, "-byte chunk: ", cudaGetErrorString(e)));
+            }
+            return p;
+          },
+          [](void* p) { cudaFree(p); });
+    }
+    capturing_ = true;
+    return arena_;
+  }
+  void EndCapture() {
+    std::lock_guard<std::mutex> lock(mu_);
+    capturing_ = false;
+  }
+
  private:
+  std::shared_ptr<CaptureArena> Capturing() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return capturing_ ? arena_ : nullptr;
+  }
+
   int device_;
   cudaStream_t stream_;
   MemoryAccount account_;
+  std::mutex mu_;
+  bool capturing_ = false;
+  std::shared_ptr<CaptureArena> arena_;
+};
+
+// A kernel's scratch (kernels/common/scratch.h) from the backend's allocator: under graph
+// capture, arena blocks instead of allocation nodes between the kernels.
+class AllocatorScratch final : public kernels::DeviceScratch {
+ public:
+  explicit AllocatorScratch(Allocator* a) : a_(a) {}
+  void* Get(size_t bytes) override {
+    absl::StatusOr<void*> p = a_->Allocate(bytes);
+    return p.ok() ? *p : nullptr;
+  }
+  void Put(void* p, size_t bytes) override { a_->Free(p, bytes); }
+
+ private:
+  Allocator* a_;
 };
 
 // uniform_len is known only from host cu_seqlens (already validated by Backend).
@@ -82,16 +154,45 @@ kernels::AttentionDims AttnDims(const Tensor& q, const Tensor& k, const Tensor& 
   return d;
 }
 
+// An instantiated graph, with the arena whose blocks its kernels address.
 class CudaGraph final : public Backend::Graph {
  public:
-  CudaGraph(cudaGraphExec_t exec, cudaStream_t stream) : exec_(exec), stream_(stream) {}
+  CudaGraph(cudaGraphExec_t exec, cudaStream_t stream, std::shared_ptr<CaptureArena> arena, Shape shape)
+      : exec_(exec), stream_(stream), arena_(std::move(arena)), shape_(shape) {}
   ~CudaGraph() override { cudaGraphExecDestroy(exec_); }
   absl::Status Launch() override { return Cuda(cudaGraphLaunch(exec_, stream_), "cudaGraphLaunch"); }
+  Shape shape() const override { return shape_; }
 
  private:
   cudaGraphExec_t exec_;
   cudaStream_t stream_;
+  std::shared_ptr<CaptureArena> arena_;
+  Shape shape_;
 };
+
+// The nodes and edges of a captured graph, by kind.
+absl::StatusOr<Backend::Graph::Shape> ShapeOf(cudaGraph_t graph) {
+  Backend::Graph::Shape shape;
+  size_t n = 0;
+  TESSERA_RETURN_IF_ERROR(Cuda(cudaGraphGetNodes(graph, nullptr, &n), "cudaGraphGetNodes"));
+  std::vector<cudaGraphNode_t> nodes(n);
+  TESSERA_RETURN_IF_ERROR(Cuda(cudaGraphGetNodes(graph, nodes.data(), &n), "cudaGraphGetNodes"));
+  shape.nodes = static_cast<int>(n);
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType type;
+    TESSERA_RETURN_IF_ERROR(Cuda(cudaGraphNodeGetType(node, &type), "cudaGraphNodeGetType"));
+    shape.kernels += type == cudaGraphNodeTypeKernel;
+    shape.memory_nodes += type == cudaGraphNodeTypeMemAlloc || type == cudaGraphNodeTypeMemFree;
+  }
+  size_t e = 0;
+  TESSERA_RETURN_IF_ERROR(Cuda(cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &e), "cudaGraphGetEdges"));
+  std::vector<cudaGraphNode_t> from(e), to(e);
+  std::vector<cudaGraphEdgeData> data(e);
+  TESSERA_RETURN_IF_ERROR(Cuda(cudaGraphGetEdges(graph, from.data(), to.data(), data.data(), &e), "cudaGraphGetEdges"));
+  shape.edges = static_cast<int>(e);
+  for (size_t i = 0; i < e; ++i) shape.programmatic_edges += data[i].type == cudaGraphDependencyTypeProgrammatic;
+  return shape;
+}
 
 class StreamEvent final : public Backend::Event {
  public:
@@ -134,6 +235,7 @@ class CudaBackend final : public Backend {
     uint64_t threshold = UINT64_MAX;
     cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold);
     b->alloc_ = std::make_unique<PoolAllocator>(device, b->stream_);
+    b->scratch_ = std::make_unique<AllocatorScratch>(b->alloc_.get());
     auto api = kernels::GetCublasLt();
     if (!api.ok()) return api.status();
     if ((*api)->Create(reinterpret_cast<cublasLtHandle_t*>(&b->lt_)) != CUBLAS_STATUS_SUCCESS)
@@ -154,11 +256,16 @@ class CudaBackend final : public Backend {
   void* stream() const override { return stream_; }
   absl::Status BeginCapture() override {
     cudaSetDevice(device_);
-    // Relaxed: a first-use library call (e.g. a lazy cudaMalloc) elsewhere does not
-    // invalidate the capture; the ops themselves are all stream-ordered.
-    return Cuda(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed), "cudaStreamBeginCapture");
+    capture_arena_ = alloc_->BeginCapture();
+    // Relaxed: a first-use library call (e.g. a lazy cudaMalloc, or a new arena chunk)
+    // does not invalidate the capture; the ops themselves are all stream-ordered.
+    const absl::Status s = Cuda(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed), "cudaStreamBeginCapture");
+    if (!s.ok()) alloc_->EndCapture(), capture_arena_.reset();
+    return s;
   }
   absl::StatusOr<std::unique_ptr<Graph>> EndCapture() override {
+    alloc_->EndCapture();
+    std::shared_ptr<CaptureArena> arena = std::move(capture_arena_);
     cudaGraph_t graph = nullptr;
     const cudaError_t e = cudaStreamEndCapture(stream_, &graph);
     if (e != cudaSuccess || graph == nullptr) {
@@ -166,14 +273,16 @@ class CudaBackend final : public Backend {
       if (graph != nullptr) cudaGraphDestroy(graph);
       return absl::InternalError(absl::StrCat("cuda graph capture failed: ", cudaGetErrorString(e)));
     }
+    absl::StatusOr<Graph::Shape> shape = ShapeOf(graph);
     cudaGraphExec_t exec = nullptr;
-    const cudaError_t ie = cudaGraphInstantiate(&exec, graph, 0);
+    const cudaError_t ie = shape.ok() ? cudaGraphInstantiate(&exec, graph, 0) : cudaSuccess;
     cudaGraphDestroy(graph);
+    if (!shape.ok()) return shape.status();
     if (ie != cudaSuccess) {
       cudaGetLastError();
       return absl::InternalError(absl::StrCat("cudaGraphInstantiate: ", cudaGetErrorString(ie)));
     }
-    return std::unique_ptr<Graph>(new CudaGraph(exec, stream_));
+    return std::unique_ptr<Graph>(new CudaGraph(exec, stream_, std::move(arena), *shape));
   }
   absl::Status Synchronize() override { return Cuda(cudaStreamSynchronize(stream_), "synchronize"); }
   absl::StatusOr<DeviceMemory> MemoryInfo() override {
@@ -369,14 +478,16 @@ class CudaBackend final : public Backend {
                         const Tensor& offset, Tensor& token, Tensor& logprob) override {
     kernels::SampleArgs a{temp.data_as<float>(), k.data_as<int32_t>(), p.data_as<float>(), seed.data_as<uint64_t>(),
                           offset.data_as<uint64_t>()};
-    return kernels::SampleCuda(z.data(), z.dim(0), z.dim(1), z.dtype(), a, token.data_as<int32_t>(), logprob.data_as<float>(), stream_);
+    return kernels::SampleCuda(z.data(), z.dim(0), z.dim(1), z.dtype(), a, token.data_as<int32_t>(), logprob.data_as<float>(), stream_,
+                               scratch_.get());
   }
   absl::Status DoPagedAttention(const Tensor& q, const Tensor& kc, const Tensor& vc, const Tensor& bt, const Tensor& cl,
                                 Tensor& out, Tensor& lse) override {
     TESSERA_ASSIGN_OR_RETURN(Tensor dbt, OnDevice(bt));
     TESSERA_ASSIGN_OR_RETURN(Tensor dcl, OnDevice(cl));
     return kernels::PagedAttentionCuda(q.data(), kc.data(), vc.data(), dbt.data_as<int32_t>(), dcl.data_as<int32_t>(), out.data(),
-                                      lse.data_as<float>(), kernels::PagedDims{q.dim(0), q.dim(1), kc.dim(2), q.dim(2), kc.dim(1), bt.dim(1), static_cast<float>(1.0 / std::sqrt(double(q.dim(2))))}, q.dtype(), stream_);
+                                      lse.data_as<float>(), kernels::PagedDims{q.dim(0), q.dim(1), kc.dim(2), q.dim(2), kc.dim(1), bt.dim(1), static_cast<float>(1.0 / std::sqrt(double(q.dim(2))))}, q.dtype(), stream_,
+                                      scratch_.get());
   }
   absl::Status DoKvCacheWrite(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& kc, Tensor& vc) override {
     TESSERA_ASSIGN_OR_RETURN(Tensor ds, OnDevice(slots));
@@ -414,7 +525,7 @@ class CudaBackend final : public Backend {
     r.k_new = a.k, r.v_new = a.v, r.pos = a.pos, r.slots = ds.data_as<int32_t>();
     r.q_norm = a.q_norm, r.k_norm = a.k_norm, r.eps = a.eps, r.inv_freq = a.inv_freq, r.scale = a.scale;
     return kernels::PagedAttentionRopeCuda(a.q, r, a.k_cache, a.v_cache, dbt.data_as<int32_t>(), dcl.data_as<int32_t>(),
-                                           out.data(), lse.data_as<float>(), d, t, stream_);
+                                           out.data(), lse.data_as<float>(), d, t, stream_, scratch_.get());
   }
   absl::Status DoAdamW(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const AdamWParams& a, Tensor* lowp) override {
     return kernels::AdamWCuda(p.data_as<float>(), g.data(), g.dtype(), m.data_as<float>(), v.data_as<float>(),
@@ -427,6 +538,8 @@ class CudaBackend final : public Backend {
   int device_ = 0;
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<PoolAllocator> alloc_;
+  std::unique_ptr<AllocatorScratch> scratch_;  // over alloc_
+  std::shared_ptr<CaptureArena> capture_arena_;  // while a capture runs
   void* lt_ = nullptr;
   void* workspace_ = nullptr;
   std::vector<cudaEvent_t> events_;  // timing marks; the first used_marks_ are recorded
