@@ -6,7 +6,8 @@
 //   Causal masks are aligned at each sequence's start (query i sees keys j <= i).
 // Backward: dq, dk, dv (same shapes/dtypes as q, k, v) from dout, out and lse.
 // CPU: double accumulation (the oracle). CUDA: bf16 with head_dim 64/128 runs the flash
-// kernels (tensor cores, see flash_cuda.h) — the forward over sequences of one length up
+// kernels on Hopper (tensor cores, see flash_cuda.h; other GPUs the generic kernels) —
+// the forward over sequences of one length up
 // to kCudnnMaxAutoSeq runs cuDNN's fused attention instead (cudnn_attention.h; measured
 // faster there, see AttentionEngine); other dtypes/head dims run generic one-warp-
 // per-row kernels (correct, not fast). The CUDA backward needs scratch of

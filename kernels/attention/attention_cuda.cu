@@ -198,7 +198,7 @@ namespace {
 enum class CudnnRoute { kNo, kForced, kTry };
 absl::Status RouteToCudnn(const AttentionDims& d, DType t, CudnnRoute* route) {
   *route = CudnnRoute::kNo;
-  const bool served = flash::Supported(d, t);  // bf16, head_dim 64 / 128: cuDNN's shapes too
+  const bool served = flash::ShapeServed(d, t);  // bf16, head_dim 64 / 128: cuDNN's shapes too
   if (d.engine == AttentionEngine::kCudnn) {
     if (!served) return absl::InvalidArgumentError("attention (cuda): the cuDNN engine serves bf16 with head_dim 64 or 128 only");
     if (d.uniform_len == 0)

@@ -340,6 +340,7 @@ template <int D, bool kCausal>
 __global__ void __launch_bounds__(kThreads, 1)
     BwdKernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
               const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo, BwdParams p) {
+#if TESSERA_SM90A
   constexpr int kBr = kBrOf<D>;
   extern __shared__ unsigned char smem_raw[];
   const BwdShared<D> sm = BwdShared<D>::Make(smem_raw);
@@ -364,6 +365,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   tma::RegAlloc<240>();
   ConsumeBwd<D, kCausal>(sm, p, w, wgi);
+#else
+  __trap();  // Hopper only: launched where HopperPaths()
+#endif
 }
 
 // lse2 and dvec of one kBr-query slot of one head: lse * log2(e) and

@@ -16,13 +16,17 @@
 
 #include "absl/status/status.h"
 #include "kernels/attention/attention.h"
+#include "kernels/common/cuda_elem.cuh"
 
 namespace tessera::kernels::flash {
 
-// True when the flash kernels serve this case (else the generic kernels do).
-inline bool Supported(const AttentionDims& d, DType t) {
+// The shapes the flash kernels (and cuDNN's) are written for.
+inline bool ShapeServed(const AttentionDims& d, DType t) {
   return t == DType::kBF16 && (d.head_dim == 64 || d.head_dim == 128);
 }
+// True when the flash kernels serve this case on the current device: those shapes, on a
+// GPU that takes Hopper's kernels (else the generic kernels do).
+inline bool Supported(const AttentionDims& d, DType t) { return ShapeServed(d, t) && HopperPaths(); }
 
 // Upper bound on the tiles of `tile`-token blocks over all sequences.
 inline int64_t TileCapacity(const AttentionDims& d, int tile) { return (d.tokens + tile - 1) / tile + d.batch; }

@@ -316,6 +316,7 @@ template <int D, bool kCausal, int C>
 __global__ void __launch_bounds__(kThreadsOf<C>, C == 1 ? 2 : 1)
     FwdKernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
               const __grid_constant__ CUtensorMap tv, FwdParams p) {
+#if TESSERA_SM90A
   extern __shared__ unsigned char smem_raw[];
   const FwdShared<D, C> sm = FwdShared<D, C>::Make(smem_raw);
   const int tid = threadIdx.x, wgi = tid / 128 - 1, warp = (tid / 32) % 4, lane = tid % 32;
@@ -336,6 +337,9 @@ __global__ void __launch_bounds__(kThreadsOf<C>, C == 1 ? 2 : 1)
     if (it.h < 0) return;
     ConsumeItem<D, kCausal, C>(sm, p, it, kv, wgi, warp, lane);
   }
+#else
+  __trap();  // Hopper only: launched where HopperPaths()
+#endif
 }
 
 PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {

@@ -61,7 +61,17 @@ absl::Status CheckComputeCapability(absl::string_view archs, int device, absl::s
   if (listed.empty()) return absl::OkStatus();  // nothing to check against
   return absl::FailedPreconditionError(absl::StrCat(
       "CUDA device ", device, " (", name, ") is compute capability ", major, ".", minor, "; this build's kernels are for ",
-      absl::StrJoin(listed, ", "), " (CMAKE_CUDA_ARCHITECTURES ", archs, "), which it cannot run"));
+      absl::StrJoin(listed, ", "), " (TESSERA_CUDA_ARCHITECTURES ", archs,
+      "), which it cannot run; build with its architecture in -DTESSERA_CUDA_ARCHITECTURES"));
+}
+
+bool HopperKernels(absl::string_view archs, int major, int minor) {
+  if (major != 9 || minor != 0) return false;
+  for (absl::string_view e : absl::StrSplit(archs, absl::ByAnyChar(",;"), absl::SkipWhitespace())) {
+    Arch a;
+    if (Parse(e, &a) && a.cc == 90 && a.suffix == 'a') return true;
+  }
+  return false;
 }
 
 }  // namespace tessera::kernels

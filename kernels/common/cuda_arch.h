@@ -1,8 +1,11 @@
 // Which GPUs this build's CUDA kernels run on. The build compiles them for the
-// architectures CMake's CMAKE_CUDA_ARCHITECTURES lists (TESSERA_CUDA_ARCHS below, "90a":
-// Hopper), and a CUDA backend checks its device against that list before it uses it, so a
-// GPU the kernels were not built for is refused with its name and compute capability at
-// start — not with "no kernel image is available" at the first kernel of a job.
+// architectures CMake's TESSERA_CUDA_ARCHITECTURES lists (TESSERA_CUDA_ARCHS below;
+// "80-real;90a-real" by default: Ampere/Ada and Hopper), and a CUDA backend checks its
+// device against that list before it uses it, so a GPU the kernels were not built for is
+// refused with its name and compute capability at start — not with "no kernel image is
+// available" at the first kernel of a job. Hopper's own kernels (wgmma, TMA, thread-block
+// clusters, programmatic dependent launch) exist only in a 90a pass; on any other GPU, or
+// a build without 90a, their callers take the portable kernels (HopperKernels).
 // Plain C++ (no CUDA headers): the check is testable without a GPU.
 #pragma once
 #include "absl/status/status.h"
@@ -22,5 +25,9 @@ absl::string_view BuiltCudaArchitectures();
 // capability and the architectures the build has. A list it cannot read ("native", "all",
 // or empty) refuses nothing: the driver decides.
 absl::Status CheckComputeCapability(absl::string_view archs, int device, absl::string_view name, int major, int minor);
+
+// Whether Hopper's own kernels run on a device of compute capability major.minor with a
+// build for `archs`: a 9.0 GPU and a 90a entry in the list (a list it cannot read: no).
+bool HopperKernels(absl::string_view archs, int major, int minor);
 
 }  // namespace tessera::kernels

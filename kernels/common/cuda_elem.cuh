@@ -8,6 +8,16 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/common/cuda_arch.h"
+
+// Device code of Hopper's own kernels (wgmma, TMA and mbarriers, clusters, setmaxnreg)
+// compiles in the 90a pass only; elsewhere such a kernel's body is a trap, and its
+// launcher is not called there (HopperPaths below). The host pass sees the real body.
+#if !defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define TESSERA_SM90A 1
+#else
+#define TESSERA_SM90A 0
+#endif
 
 namespace tessera::kernels {
 
@@ -66,6 +76,22 @@ inline int SmCount() {
   cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
   if (dev < 16) cache[dev].store(n, std::memory_order_relaxed);
   return n;
+}
+
+// Whether the current device takes Hopper's own kernels: a 9.0 GPU and a build with a 90a
+// pass (HopperKernels in cuda_arch.h). Every other GPU runs the portable kernels, launched
+// without programmatic dependence or clusters. Looked up once per device.
+inline bool HopperPaths() {
+  static std::atomic<int> cache[16] = {};  // 0 unknown, 1 no, 2 yes
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return false;
+  if (dev < 16 && cache[dev].load(std::memory_order_relaxed) != 0) return cache[dev].load(std::memory_order_relaxed) == 2;
+  int major = 0, minor = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  const bool yes = HopperKernels(BuiltCudaArchitectures(), major, minor);
+  if (dev < 16) cache[dev].store(yes ? 2 : 1, std::memory_order_relaxed);
+  return yes;
 }
 
 inline unsigned GridFor(int64_t n, int threads) {

@@ -5,7 +5,8 @@
 // constants, prefetching weights into L2 — overlaps the other kernel's tail and the
 // launch. GridDependentsLaunch() lets the next such kernel be scheduled early. On a kernel
 // launched without the attribute both are no-ops; under stream capture the dependency is
-// recorded in the graph.
+// recorded in the graph. Where HopperPaths() is false (another GPU, or a build without a
+// 90a pass) LaunchDependent is a plain launch.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -13,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/common/cuda_elem.cuh"
 
 namespace tessera::kernels {
 
@@ -41,15 +43,17 @@ cudaError_t LaunchDependent(void (*kernel)(KArgs...), dim3 grid, dim3 block, siz
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr, cfg.numAttrs = 1;
+  cfg.attrs = attr, cfg.numAttrs = HopperPaths() ? 1 : 0;  // elsewhere a plain launch
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
 }
 
 // The same, with the grid in thread-block clusters of `cluster` blocks (cluster.x must
-// divide grid.x; at most 8 blocks: the portable size).
+// divide grid.x; at most 8 blocks: the portable size). Hopper only (cudaErrorNotSupported
+// where !HopperPaths(): the kernel's cluster code exists in the 90a pass alone).
 template <typename... KArgs, typename... Args>
 cudaError_t LaunchDependentCluster(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                                    dim3 cluster, Args&&... args) {
+  if (!HopperPaths()) return cudaErrorNotSupported;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = stream;
   cudaLaunchAttribute attr[2];

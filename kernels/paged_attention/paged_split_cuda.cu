@@ -16,6 +16,7 @@
 // tile was loaded — so no kernel before it has to write the cache, and its first tiles
 // load before it waits for the kernel that wrote q (programmatic dependent launch).
 #include <algorithm>
+#include <atomic>
 
 #include <cooperative_groups.h>
 
@@ -118,6 +119,7 @@ __device__ void RopeInto(const Params& p, tc::SwizzledTile<D> sQ, bf16* new_kv, 
 // cluster's first CTA over the others' shared memory (as Merge computes it, in split order).
 template <int D>
 __device__ void ClusterMerge(const Params& p, float* co, float* cm, float* cl) {
+#if TESSERA_SM90A
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
   cluster.sync();  // every split's state is in its shared memory
@@ -140,6 +142,9 @@ __device__ void ClusterMerge(const Params& p, float* co, float* cm, float* cl) {
       if (c == 0) p.lse[hrow] = mx + logf(sum);
     }
   cluster.sync();  // the others' shared memory stays until the merge has read it
+#else
+  __trap();  // clusters: Hopper only, launched where HopperPaths()
+#endif
 }
 
 template <int D, bool kRope>
@@ -352,7 +357,7 @@ absl::Status Run(const Params& base, const PagedDims& d, int sms, cudaStream_t s
   const int64_t ctas = d.batch * d.kv_heads;
   int splits = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((2 * sms + ctas - 1) / ctas, (max_ctx + 255) / 256)));
   const int fine = static_cast<int>(std::min<int64_t>({kMaxCluster, (2 * sms + ctas - 1) / ctas, (max_ctx + kTile - 1) / kTile}));
-  p.cluster = splits <= kMaxCluster && fine >= 2 ? 1 : 0;
+  p.cluster = HopperPaths() && splits <= kMaxCluster && fine >= 2 ? 1 : 0;
   if (p.cluster) splits = fine;
   p.chunk = static_cast<int>((max_ctx + splits - 1) / splits);
   p.chunk = (p.chunk + kTile - 1) / kTile * kTile;
@@ -389,8 +394,22 @@ absl::Status Run(const Params& base, const PagedDims& d, int sms, cudaStream_t s
 }
 }  // namespace
 
+// The shared memory a block may opt into on the current device (head dim 128 wants 101
+// KB: more than Ada's and Ampere's consumer parts allow).
+static int OptinSmem() {
+  static std::atomic<int> cache[16] = {};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 0;
+  if (dev < 16 && cache[dev].load(std::memory_order_relaxed) > 0) return cache[dev].load(std::memory_order_relaxed);
+  int n = 0;
+  cudaDeviceGetAttribute(&n, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+  if (dev < 16 && n > 0) cache[dev].store(n, std::memory_order_relaxed);
+  return n;
+}
+
 bool Supported(const PagedDims& d, DType t) {
-  return t == DType::kBF16 && (d.head_dim == 64 || d.head_dim == 128) && d.q_heads / d.kv_heads <= kRows;
+  if (t != DType::kBF16 || (d.head_dim != 64 && d.head_dim != 128) || d.q_heads / d.kv_heads > kRows) return false;
+  return (d.head_dim == 64 ? SmemBytes<64>() : SmemBytes<128>()) <= OptinSmem();
 }
 
 namespace {

@@ -5,6 +5,7 @@
 // others accumulate dw with atomics.
 #include "common/status.h"
 #include "kernels/common/cuda_elem.cuh"
+#include "kernels/common/pdl.cuh"
 #include "kernels/common/wgmma.cuh"
 #include "kernels/rmsnorm/rmsnorm.h"
 
@@ -181,6 +182,7 @@ __global__ void __launch_bounds__(kBwdWarps * 32) BackwardWarpRowBf16(const uint
                                                                       const float* rstd, uint4* dx, float* partial,
                                                                       int64_t rows, int64_t cols, int rows_per_cta,
                                                                       const uint4* add) {
+#if TESSERA_SM90A
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x / 32, nvec = static_cast<int>(cols / 8);
   const uint32_t row_bytes = static_cast<uint32_t>(cols * 2);
@@ -201,7 +203,7 @@ __global__ void __launch_bounds__(kBwdWarps * 32) BackwardWarpRowBf16(const uint
   };
   // Launched as a dependent (PDL), the start above overlaps the previous kernel's tail;
   // nothing global is read or written before the previous grid is complete.
-  asm volatile("griddepcontrol.wait;" ::: "memory");
+  GridDependencyWait();
   if (lane == 0) {
     for (int b = 0; b < kBwdBufs; ++b) tma::BarInit(bars + b, 1);
     tma::FenceBarrierInit();
@@ -275,7 +277,7 @@ __global__ void __launch_bounds__(kBwdWarps * 32) BackwardWarpRowBf16(const uint
     }
   }
   __syncthreads();
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  GridDependentsLaunch();
   const float* all = reinterpret_cast<const float*>(smem_raw + size_t(kBwdWarps) * kBwdBufs * 2 * row_bytes);
   for (int c = threadIdx.x; c < cols; c += kBwdWarps * 32) {
     float sum = 0.f;
@@ -283,6 +285,9 @@ __global__ void __launch_bounds__(kBwdWarps * 32) BackwardWarpRowBf16(const uint
     for (int k = 0; k < kBwdWarps; ++k) sum += all[k * cols + c];
     partial[blockIdx.x * cols + c] = sum;
   }
+#else
+  __trap();  // bulk copies and mbarriers: Hopper only, launched where HopperPaths()
+#endif
 }
 
 // dw[c] = sum over the CTAs' partials: a CTA per kReduceCols columns, 32 rows of threads
@@ -290,7 +295,7 @@ __global__ void __launch_bounds__(kBwdWarps * 32) BackwardWarpRowBf16(const uint
 // combined in shared memory in a fixed order.
 __global__ void __launch_bounds__(32 * kReduceCols) DwReduce(const float* partial, int blocks, int64_t cols, float* dw) {
   __shared__ float acc[32][kReduceCols + 1];
-  asm volatile("griddepcontrol.wait;" ::: "memory");  // launched early (PDL): the partials are complete after this
+  GridDependencyWait();  // launched early (PDL): the partials are complete after this
   const int tx = threadIdx.x % kReduceCols, ty = threadIdx.x / kReduceCols;
   const int64_t c = blockIdx.x * int64_t(kReduceCols) + tx;
   float s = 0.f;
@@ -347,7 +352,7 @@ absl::Status RmsNormBackwardCuda(const void* dy, const void* x, const void* w, c
                                  int64_t rows, int64_t cols, DType t, void* stream, const void* add) {
   auto s = static_cast<cudaStream_t>(stream);
   using bf = __nv_bfloat16;
-  if (rows > 0 && t == DType::kBF16 && cols % 256 == 0 && cols <= 32 * 8 * kBwdVec && Aligned16(dy) && Aligned16(x) &&
+  if (rows > 0 && HopperPaths() && t == DType::kBF16 && cols % 256 == 0 && cols <= 32 * 8 * kBwdVec && Aligned16(dy) && Aligned16(x) &&
       Aligned16(w) && Aligned16(dx) && Aligned16(add)) {
     // As many CTAs as fit on the device at once (by shared memory), each owning a run of
     // rows; DwReduce writes every dw column, so dw needs no memset here.

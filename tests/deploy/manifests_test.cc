@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -28,6 +29,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/common/cuda_arch.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 
@@ -629,6 +631,26 @@ TEST(Manifests, ContainerImagesAreRuntimeOnlyAndUnprivileged) {
   EXPECT_THAT(pkgs, HasSubstr("libgrpc++1.51"));
   EXPECT_THAT(pkgs, HasSubstr("libopenblas0"));
   EXPECT_THAT(pkgs, ::testing::Not(HasSubstr("-dev")));
+}
+
+// The worker image's kernels serve more than one GPU generation: the build stage passes
+// the Dockerfile's CUDA_ARCHITECTURES to CMake, and that list runs on Ampere (A100 8.0,
+// A10 8.6), Ada (L40S 8.9) and Hopper (9.0, with Hopper's own kernels).
+TEST(Manifests, TheWorkerImageCarriesKernelsForSeveralGpuGenerations) {
+  std::ifstream in(std::string(TESSERA_SOURCE_DIR) + "/deploy/docker/Dockerfile");
+  std::string line, archs, text;
+  while (std::getline(in, line)) {
+    text += line + "\n";
+    if (absl::StartsWith(line, "ARG CUDA_ARCHITECTURES=")) {
+      archs = line.substr(line.find('=') + 1);
+      archs.erase(std::remove(archs.begin(), archs.end(), '"'), archs.end());
+    }
+  }
+  ASSERT_FALSE(archs.empty()) << "no ARG CUDA_ARCHITECTURES=... in the Dockerfile";
+  EXPECT_THAT(text, HasSubstr("-DTESSERA_CUDA_ARCHITECTURES=\"${CUDA_ARCHITECTURES}\""));
+  for (auto [major, minor] : {std::pair{8, 0}, {8, 6}, {8, 9}, {9, 0}})
+    EXPECT_TRUE(kernels::CheckComputeCapability(archs, 0, "gpu", major, minor).ok()) << archs << " on " << major << "." << minor;
+  EXPECT_TRUE(kernels::HopperKernels(archs, 9, 0)) << archs;
 }
 
 }  // namespace

@@ -41,6 +41,19 @@ TEST(CudaArch, TheRefusalNamesTheDeviceItsCapabilityAndTheBuild) {
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(s.message()), HasSubstr("CUDA device 3 (NVIDIA A100-SXM4-80GB) is compute capability 8.0"));
   EXPECT_THAT(std::string(s.message()), HasSubstr("kernels are for sm_90a"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("-DTESSERA_CUDA_ARCHITECTURES"));
+}
+
+TEST(CudaArch, HopperKernelsNeedA90GpuAndA90aPass) {
+  EXPECT_TRUE(HopperKernels("80-real;90a-real", 9, 0));
+  EXPECT_TRUE(HopperKernels("90a", 9, 0));
+  EXPECT_TRUE(HopperKernels("90a-virtual", 9, 0));
+  EXPECT_FALSE(HopperKernels("80-real;90a-real", 8, 0));   // Ampere: the portable kernels
+  EXPECT_FALSE(HopperKernels("80-real;90a-real", 8, 9));   // Ada
+  EXPECT_FALSE(HopperKernels("80-real;90a-real", 10, 0));  // Blackwell has none of 90a's
+  EXPECT_FALSE(HopperKernels("80-virtual", 9, 0));         // a Hopper GPU, no 90a pass
+  EXPECT_FALSE(HopperKernels("90-real", 9, 0));
+  EXPECT_FALSE(HopperKernels("native", 9, 0));
 }
 
 TEST(CudaArch, AListItCannotReadRefusesNothing) {
