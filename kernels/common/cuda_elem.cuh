@@ -65,33 +65,53 @@ inline absl::Status LaunchStatus(const char* kernel) {
   return absl::InternalError(absl::StrCat(kernel, ": ", cudaGetErrorString(e)));
 }
 
+// compute(device) for the current device, remembered in `cache` per device (the first 16;
+// a value is kept once it is > 0); `fallback` when there is no current device.
+template <typename F>
+inline int OncePerDevice(std::atomic<int> (&cache)[16], int fallback, F compute) {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return fallback;
+  if (dev < 16) {
+    const int v = cache[dev].load(std::memory_order_relaxed);
+    if (v > 0) return v;
+  }
+  const int v = compute(dev);
+  if (dev < 16 && v > 0) cache[dev].store(v, std::memory_order_relaxed);
+  return v;
+}
+
 // Multiprocessors of the current device (persistent and split-work launches size their
 // grids with it); looked up once per device.
 inline int SmCount() {
   static std::atomic<int> cache[16] = {};
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return 132;
-  if (dev < 16 && cache[dev].load(std::memory_order_relaxed) > 0) return cache[dev].load(std::memory_order_relaxed);
-  int n = 132;
-  cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
-  if (dev < 16) cache[dev].store(n, std::memory_order_relaxed);
-  return n;
+  return OncePerDevice(cache, 132, [](int dev) {
+    int n = 132;
+    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+    return n;
+  });
+}
+
+// The shared memory a block may opt into on the current device; looked up once per device.
+inline int OptinSharedMemory() {
+  static std::atomic<int> cache[16] = {};
+  return OncePerDevice(cache, 0, [](int dev) {
+    int n = 0;
+    cudaDeviceGetAttribute(&n, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    return n;
+  });
 }
 
 // Whether the current device takes Hopper's own kernels: a 9.0 GPU and a build with a 90a
 // pass (HopperKernels in cuda_arch.h). Every other GPU runs the portable kernels, launched
 // without programmatic dependence or clusters. Looked up once per device.
 inline bool HopperPaths() {
-  static std::atomic<int> cache[16] = {};  // 0 unknown, 1 no, 2 yes
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return false;
-  if (dev < 16 && cache[dev].load(std::memory_order_relaxed) != 0) return cache[dev].load(std::memory_order_relaxed) == 2;
-  int major = 0, minor = 0;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-  const bool yes = HopperKernels(BuiltCudaArchitectures(), major, minor);
-  if (dev < 16) cache[dev].store(yes ? 2 : 1, std::memory_order_relaxed);
-  return yes;
+  static std::atomic<int> cache[16] = {};  // 1 no, 2 yes
+  return OncePerDevice(cache, 1, [](int dev) {
+           int major = 0, minor = 0;
+           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+           cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+           return HopperKernels(BuiltCudaArchitectures(), major, minor) ? 2 : 1;
+         }) == 2;
 }
 
 inline unsigned GridFor(int64_t n, int threads) {

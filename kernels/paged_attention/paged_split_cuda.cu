@@ -16,7 +16,6 @@
 // tile was loaded — so no kernel before it has to write the cache, and its first tiles
 // load before it waits for the kernel that wrote q (programmatic dependent launch).
 #include <algorithm>
-#include <atomic>
 
 #include <cooperative_groups.h>
 
@@ -394,22 +393,11 @@ absl::Status Run(const Params& base, const PagedDims& d, int sms, cudaStream_t s
 }
 }  // namespace
 
-// The shared memory a block may opt into on the current device (head dim 128 wants 101
-// KB: more than Ada's and Ampere's consumer parts allow).
-static int OptinSmem() {
-  static std::atomic<int> cache[16] = {};
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return 0;
-  if (dev < 16 && cache[dev].load(std::memory_order_relaxed) > 0) return cache[dev].load(std::memory_order_relaxed);
-  int n = 0;
-  cudaDeviceGetAttribute(&n, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-  if (dev < 16 && n > 0) cache[dev].store(n, std::memory_order_relaxed);
-  return n;
-}
-
+// Where the GPU lets a block have the shared memory (head dim 128 wants 101 KB: more than
+// Ada's and Ampere's consumer parts allow).
 bool Supported(const PagedDims& d, DType t) {
   if (t != DType::kBF16 || (d.head_dim != 64 && d.head_dim != 128) || d.q_heads / d.kv_heads > kRows) return false;
-  return (d.head_dim == 64 ? SmemBytes<64>() : SmemBytes<128>()) <= OptinSmem();
+  return (d.head_dim == 64 ? SmemBytes<64>() : SmemBytes<128>()) <= OptinSharedMemory();
 }
 
 namespace {
