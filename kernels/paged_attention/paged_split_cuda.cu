@@ -5,9 +5,9 @@
 // three stages, rows gathered through the block table, 16-byte chunks swizzled); each of
 // the 4 warps owns 16 tokens of a tile and keeps its own online-softmax state
 // (S = Q K^T and O += P V with mma.sync), merged across warps at the end. With several
-// splits the splits' (max, sum, O) are merged into out and lse: by the first CTA of a
-// thread-block cluster that holds a (sequence, kv head)'s splits (up to 8), reading the
-// others' shared memory, or, past 8 splits, by a second kernel.
+// splits the splits' (max, sum, O) are merged into out and lse: by the CTAs of a
+// thread-block cluster that holds a (sequence, kv head)'s splits (up to 8), reading each
+// other's shared memory, or, past 8 splits, by a second kernel.
 // With the q/k pass fused in (PagedAttentionRopeCuda), q is the raw projection: each CTA
 // normalizes and rotates its group's query heads into its Q tile itself (one warp per
 // head, kernels/rope/rope_head.cuh), and the CTA whose split holds a sequence's new token
@@ -58,30 +58,45 @@ constexpr int SmemBytes() {
   return (kRows + 2 * kStages * kTile + 2) * D * 2;
 }
 
+// A lane's E consecutive bf16 elements (4 or 8 bytes, aligned: E = D / 32) as f32.
+template <int E>
+__device__ __forceinline__ void LoadLane(const bf16* src, float (&x)[E]) {
+  static_assert(E == 2 || E == 4, "head dim 64 or 128");
+  uint32_t w[E / 2];
+  if constexpr (E == 2) {
+    w[0] = *reinterpret_cast<const uint32_t*>(src);
+  } else {
+    const uint2 v = *reinterpret_cast<const uint2*>(src);
+    w[0] = v.x, w[1] = v.y;
+  }
+#pragma unroll
+  for (int j = 0; j < E / 2; ++j) {
+    const __nv_bfloat162 h = *reinterpret_cast<const __nv_bfloat162*>(&w[j]);
+    x[2 * j] = __low2float(h), x[2 * j + 1] = __high2float(h);
+  }
+}
+
 // The fused q/k pass of one CTA (see the top): the group's query heads normalized, rotated
 // and rounded into sQ (zero rows past the group); where this split holds the new token
 // (context position `last`), its key likewise and its value into the cache and into
-// new_kv (key then value, D each). g: the lane's q and k norm weights, read before the wait.
+// new_kv (key then value, D each). g: the lane's q and k norm weights; ang: the lane's
+// RoPE angles at the new token's position; slot: its cache slot — all formed before the wait.
 template <int D>
 __device__ void RopeInto(const Params& p, tc::SwizzledTile<D> sQ, bf16* new_kv, bool has_new, const float (&gq)[D / 32],
-                         const float (&gk)[D / 32]) {
+                         const float (&gk)[D / 32], const LaneAngles<D / 32>& ang, int32_t slot) {
   constexpr int E = D / 32, kPerWarp = kRows / kWarps;
   const int kvh = blockIdx.y, b = blockIdx.z, group = p.hq / p.hkv, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const bool norm = p.q_norm != nullptr, k_warp = has_new && warp == kWarps - 1;
-  const int32_t pos = p.pos[b];
   float xq[kPerWarp][E], xk[E];
   uint32_t vv[E / 2];
   const int64_t kv_at = (int64_t(b) * p.hkv + kvh) * D + lane * E;
 #pragma unroll
   for (int i = 0; i < kPerWarp; ++i) {  // every load first, then the arithmetic
     const int r = warp + i * kWarps;
-    if (r < group)
-#pragma unroll
-      for (int j = 0; j < E; ++j) xq[i][j] = __bfloat162float(p.q[(int64_t(b) * p.hq + kvh * group + r) * D + lane * E + j]);
+    if (r < group) LoadLane<E>(p.q + (int64_t(b) * p.hq + kvh * group + r) * D + lane * E, xq[i]);
   }
   if (k_warp) {
-#pragma unroll
-    for (int j = 0; j < E; ++j) xk[j] = __bfloat162float(p.k_new[kv_at + j]);
+    LoadLane<E>(p.k_new + kv_at, xk);
 #pragma unroll
     for (int j = 0; j < E / 2; ++j) vv[j] = reinterpret_cast<const uint32_t*>(p.v_new + kv_at)[j];
   }
@@ -90,7 +105,7 @@ __device__ void RopeInto(const Params& p, tc::SwizzledTile<D> sQ, bf16* new_kv, 
     const int r = warp + i * kWarps;
     bf16 y[E];
     if (r < group) {
-      NormRopeHead<bf16, E>(xq[i], gq, norm, p.eps, pos, p.inv, y);
+      NormRopeHead<bf16, E>(xq[i], gq, norm, p.eps, ang, y);
     } else {
 #pragma unroll
       for (int j = 0; j < E; ++j) y[j] = __float2bfloat16_rn(0.f);
@@ -100,8 +115,8 @@ __device__ void RopeInto(const Params& p, tc::SwizzledTile<D> sQ, bf16* new_kv, 
   }
   if (!k_warp) return;
   bf16 y[E];
-  NormRopeHead<bf16, E>(xk, gk, norm, p.eps, pos, p.inv, y);
-  const int64_t row = (int64_t(p.slots[b]) * p.hkv + kvh) * D + lane * E;
+  NormRopeHead<bf16, E>(xk, gk, norm, p.eps, ang, y);
+  const int64_t row = (int64_t(slot) * p.hkv + kvh) * D + lane * E;
   bf16* kc = const_cast<bf16*>(p.kc) + row;
   bf16* vc = const_cast<bf16*>(p.vc) + row;
 #pragma unroll
@@ -114,32 +129,42 @@ __device__ void RopeInto(const Params& p, tc::SwizzledTile<D> sQ, bf16* new_kv, 
   }
 }
 
-// out = sum_s e^(m_s - M) O_s / sum_s e^(m_s - M) l_s: the merge of the splits, by the
-// cluster's first CTA over the others' shared memory (as Merge computes it, in split order).
+// out = sum_s e^(m_s - M) O_s / sum_s e^(m_s - M) l_s: the merge of the splits over the
+// cluster's shared memory (as Merge computes it, in split order), its outputs spread over
+// every CTA of the cluster, each thread's reads of all splits issued together.
 template <int D>
 __device__ void ClusterMerge(const Params& p, float* co, float* cm, float* cl) {
 #if TESSERA_SM90A
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
   cluster.sync();  // every split's state is in its shared memory
-  const int kvh = blockIdx.y, b = blockIdx.z, group = p.hq / p.hkv;
-  if (cluster.block_rank() == 0)
-    for (int i = threadIdx.x; i < group * D; i += kThreads) {
-      const int row = i / D, c = i % D;
-      float mx = -INFINITY;
-      for (int s = 0; s < p.splits; ++s) mx = fmaxf(mx, cluster.map_shared_rank(cm, s)[row]);
-      float sum = 0.f, acc = 0.f;
-      for (int s = 0; s < p.splits; ++s) {
-        const float ms = cluster.map_shared_rank(cm, s)[row];
-        if (ms == -INFINITY) continue;
-        const float f = __expf(ms - mx);
-        sum += cluster.map_shared_rank(cl, s)[row] * f;
-        acc += cluster.map_shared_rank(co, s)[row * D + c] * f;
+  const int kvh = blockIdx.y, b = blockIdx.z, group = p.hq / p.hkv, splits = p.splits;
+  for (int i = int(cluster.block_rank()) * kThreads + threadIdx.x; i < group * D; i += splits * kThreads) {
+    const int row = i / D, c = i % D;
+    float ms[kMaxCluster], ls[kMaxCluster], os[kMaxCluster];
+#pragma unroll
+    for (int s = 0; s < kMaxCluster; ++s)
+      if (s < splits) {
+        ms[s] = cluster.map_shared_rank(cm, s)[row];
+        ls[s] = cluster.map_shared_rank(cl, s)[row];
+        os[s] = cluster.map_shared_rank(co, s)[row * D + c];
       }
-      const int64_t hrow = int64_t(b) * p.hq + kvh * group + row;
-      p.out[hrow * D + c] = __float2bfloat16_rn(acc / sum);
-      if (c == 0) p.lse[hrow] = mx + logf(sum);
-    }
+    float mx = -INFINITY;
+#pragma unroll
+    for (int s = 0; s < kMaxCluster; ++s)
+      if (s < splits) mx = fmaxf(mx, ms[s]);
+    float sum = 0.f, acc = 0.f;
+#pragma unroll
+    for (int s = 0; s < kMaxCluster; ++s)
+      if (s < splits && ms[s] != -INFINITY) {
+        const float f = __expf(ms[s] - mx);
+        sum += ls[s] * f;
+        acc += os[s] * f;
+      }
+    const int64_t hrow = int64_t(b) * p.hq + kvh * group + row;
+    p.out[hrow * D + c] = __float2bfloat16_rn(acc / sum);
+    if (c == 0) p.lse[hrow] = mx + logf(sum);
+  }
   cluster.sync();  // the others' shared memory stays until the merge has read it
 #else
   __trap();  // clusters: Hopper only, launched where HopperPaths()
@@ -162,10 +187,12 @@ __global__ void __launch_bounds__(kThreads) SplitKernel(Params p) {
       gq[j] = __bfloat162float(p.q_norm[threadIdx.x % 32 * (D / 32) + j]), gk[j] = __bfloat162float(p.k_norm[threadIdx.x % 32 * (D / 32) + j]);
   // A programmatic dependent of the kernel that wrote q (and, without the q/k pass, the
   // cache). With the q/k pass nothing before this kernel writes the cache rows it reads —
-  // the new token's row is put into the tile from its own key and value — and the tables
-  // and lengths come from the step's upload, so the first tiles load before the wait.
+  // the new token's row is put into the tile from its own key and value — and the tables,
+  // lengths, positions and slots come from the step's upload, so the first tiles load
+  // before the wait.
   if (!kRope) GridDependencyWait(), GridDependentsLaunch();
   const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z, group = p.hq / p.hkv;
+  const int32_t pos = kRope ? p.pos[b] : 0, slot = kRope ? p.slots[b] : 0;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4, mi = lane / 8, mr = lane % 8;
   const int len = p.lens[b], c0 = split * p.chunk, c1 = min(len, c0 + p.chunk);
   const int n_tiles = c1 > c0 ? (c1 - c0 + kTile - 1) / kTile : 0;
@@ -194,11 +221,15 @@ __global__ void __launch_bounds__(kThreads) SplitKernel(Params p) {
     tc::CpAsyncCommit();
   };
   for (int j = 0; j < kStages - 1; ++j) load(j);
+  // The new token's RoPE angles (its position is the step's upload), while the tiles load
+  // and before the wait: the same for all the CTA's heads and the key.
+  LaneAngles<D / 32> ang;
+  if (kRope) ang = RopeLaneAngles<D / 32>(pos, p.inv);
   if (kRope) GridDependencyWait(), GridDependentsLaunch();
   // The fused q/k pass, while the first tiles load; the new token's tile and row.
   bf16* new_kv = sQ.base + (kRows + 2 * kStages * kTile) * D;
   const int last = len - 1, new_tile = kRope && last >= c0 && last < c1 ? (last - c0) / kTile : -1;
-  if (kRope) RopeInto<D>(p, sQ, new_kv, new_tile >= 0, gq, gk);
+  if (kRope) RopeInto<D>(p, sQ, new_kv, new_tile >= 0, gq, gk, ang, slot);
 
   const float sl2 = p.scale * kLog2e;
   float o[D / 8][4] = {};

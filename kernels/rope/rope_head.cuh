@@ -12,10 +12,27 @@
 
 namespace tessera::kernels {
 
-// x: the lane's raw elements (f32 values of T); g: the lane's norm weights (norm only).
+// The sines and cosines of the lane's E RoPE angles at position pos: the same for every
+// head of a token, so a kernel that rotates several heads of one token (or reads pos
+// before its inputs are ready) forms them once.
+template <int E>
+struct LaneAngles {
+  float s[E], c[E];
+};
+template <int E>
+__device__ __forceinline__ LaneAngles<E> RopeLaneAngles(int32_t pos, const InvFreq& inv) {
+  const int lane = threadIdx.x % 32;
+  LaneAngles<E> a;
+#pragma unroll
+  for (int j = 0; j < E; ++j) SinCos(pos, inv.v[(lane & 15) * E + j], inv.scale, 1.f, &a.s[j], &a.c[j]);
+  return a;
+}
+
+// x: the lane's raw elements (f32 values of T); g: the lane's norm weights (norm only);
+// a: the lane's angles (RopeLaneAngles) at the token's position.
 template <typename T, int E>
-__device__ __forceinline__ void NormRopeHead(float (&x)[E], const float (&g)[E], bool norm, float eps, int32_t pos,
-                                             const InvFreq& inv, T (&y)[E]) {
+__device__ __forceinline__ void NormRopeHead(float (&x)[E], const float (&g)[E], bool norm, float eps, const LaneAngles<E>& a,
+                                             T (&y)[E]) {
   constexpr int D = 32 * E;
   const int lane = threadIdx.x % 32;
   if (norm) {  // as kernels/rmsnorm: y = round(x * rstd * w)
@@ -31,11 +48,14 @@ __device__ __forceinline__ void NormRopeHead(float (&x)[E], const float (&g)[E],
 #pragma unroll
   for (int j = 0; j < E; ++j) {
     const float partner = __shfl_xor_sync(0xffffffffu, x[j], 16);
-    float s, c;
-    SinCos(pos, inv.v[(lane & 15) * E + j], inv.scale, 1.f, &s, &c);
     // First half: x_i c - x_{i+d/2} s; second half: x_{i+d/2} c + x_i s (kernels/rope).
-    y[j] = FromF<T>(second ? x[j] * c + partner * s : x[j] * c - partner * s);
+    y[j] = FromF<T>(second ? x[j] * a.c[j] + partner * a.s[j] : x[j] * a.c[j] - partner * a.s[j]);
   }
+}
+template <typename T, int E>
+__device__ __forceinline__ void NormRopeHead(float (&x)[E], const float (&g)[E], bool norm, float eps, int32_t pos,
+                                             const InvFreq& inv, T (&y)[E]) {
+  NormRopeHead<T, E>(x, g, norm, eps, RopeLaneAngles<E>(pos, inv), y);
 }
 
 }  // namespace tessera::kernels
