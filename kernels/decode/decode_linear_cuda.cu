@@ -5,7 +5,8 @@
 // shared memory (normalized there once per block when the layer's norm is fused in) and
 // accumulate in f32; one reduce-scatter over the warp's shuffles leaves each lane one
 // (row, x row) sum, which the epilogue rounds once (bias, residual, or silu(gate) * up) and
-// stores.
+// stores. Where rows are long and tiles few (a down projection), two warps of a block share
+// each tile's chunks and meet in shared memory.
 // Launched as a programmatic dependent: before waiting for the kernel before it, each warp
 // loads its first batch of weights into registers and prefetches its next tiles into L2,
 // and the block stages the norm's weights (all constants), so the pass over the weights
@@ -138,7 +139,7 @@ __device__ __forceinline__ void WarpReduceScatter(float (&v)[V]) {
 
 // U chunks per lane and row in flight at once: a batch of R * U 16-byte loads is issued,
 // then used. The warp's first batch is issued before the dependency wait.
-template <int M, int R, int U>
+template <int M, int R, int U, int KS>
 __global__ void __launch_bounds__(kThreads) DecodeGemv(const Params p) {
   extern __shared__ __align__(16) unsigned char smem[];
   uint4* sx = reinterpret_cast<uint4*>(smem);
@@ -146,7 +147,13 @@ __global__ void __launch_bounds__(kThreads) DecodeGemv(const Params p) {
   static_assert(V >= 1 && V <= 32 && (V & (V - 1)) == 0, "R * M: a power of two up to 32");
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, chunks = p.k / 8;
   const int rows_per_tile = p.swiglu ? R / 2 : R;
-  const int total = p.part[p.parts - 1].tiles_end, first = blockIdx.x * kWarps + warp, stride = gridDim.x * kWarps;
+  // A block takes kWarps / KS tiles at a time; warp w the tile w / KS and the share
+  // w % KS of its chunks [c_begin, c_end).
+  constexpr int ks = KS;
+  const int per_block = kWarps / ks, kp = warp % ks;
+  const int share = (chunks + ks - 1) / ks, c_begin = min(chunks, kp * share), c_end = min(chunks, c_begin + share);
+  const int total = p.part[p.parts - 1].tiles_end, first = blockIdx.x * per_block + warp / ks, stride = gridDim.x * per_block;
+  __shared__ float partial[KS > 1 ? kWarps : 1][32];  // the other shares' sums
   const uint4* w[R];
   bool ok[R];
   int part = 0, row0 = 0;
@@ -165,13 +172,13 @@ __global__ void __launch_bounds__(kThreads) DecodeGemv(const Params p) {
     for (int u = 0; u < U; ++u) {
       const int c = c0 + lane + 32 * u;
 #pragma unroll
-      for (int r = 0; r < R; ++r) wv[u][r] = ok[r] && c < chunks ? __ldcs(w[r] + c) : make_uint4(0, 0, 0, 0);
+      for (int r = 0; r < R; ++r) wv[u][r] = ok[r] && c < c_end ? __ldcs(w[r] + c) : make_uint4(0, 0, 0, 0);
     }
   };
   // The weights are constants: the first batch into registers, and further tiles into
   // L2, before waiting for the kernel that writes x.
-  if (first < total) start_tile(first), load(0);
-  if (lane == 0)
+  if (first < total) start_tile(first), load(c_begin);
+  if (lane == 0 && kp == 0)
     for (int t = first + stride; t < p.prefetch_tiles; t += stride) {
       int tp, r0;
       TileAt(p, t, rows_per_tile, &tp, &r0);
@@ -188,14 +195,18 @@ __global__ void __launch_bounds__(kThreads) DecodeGemv(const Params p) {
 
   const int idx = lane >> (5 - kLog), out_r = idx / M, out_mi = idx % M;  // the (row, x row) this lane ends with
   const bool writer = (lane & ((1 << (5 - kLog)) - 1)) == 0;
-  for (int t = first; t < total; t += stride) {
-    if (t != first) start_tile(t), load(0);
+  // Every warp of a block runs the same iterations (the shares meet in shared memory).
+  for (int t0 = first - warp / ks; t0 < total; t0 += stride) {
+    const int t = t0 + warp / ks;
+    const bool active = t < total;
+    if (ks == 1 && !active) break;
+    if (t != first && active) start_tile(t), load(c_begin);
     // The epilogue's bias and residual, loaded now: their latency passes under the sums.
     float bias = 0.f, res = 0.f;
     if (!p.swiglu) {
       const Part& q = p.part[part];
       const int row = row0 + out_r;
-      if (writer && out_mi < p.m && row < q.n) {
+      if (active && writer && kp == 0 && out_mi < p.m && row < q.n) {
         if (q.bias != nullptr) bias = __bfloat162float(q.bias[row]);
         if (p.residual != nullptr) res = __bfloat162float(p.residual[int64_t(out_mi) * q.n + row]);
       }
@@ -203,12 +214,12 @@ __global__ void __launch_bounds__(kThreads) DecodeGemv(const Params p) {
     float acc[V];
 #pragma unroll
     for (int i = 0; i < V; ++i) acc[i] = 0.f;
-    for (int c0 = 0; c0 < chunks; c0 += 32 * U) {
-      if (c0 > 0) load(c0);
+    for (int c0 = c_begin; active && c0 < c_end; c0 += 32 * U) {
+      if (c0 > c_begin) load(c0);
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int c = c0 + lane + 32 * u;
-        if (c >= chunks) break;
+        if (c >= c_end) break;
 #pragma unroll
         for (int mi = 0; mi < M; ++mi) {
           const uint4 xv = sx[mi * chunks + c];
@@ -225,6 +236,14 @@ __global__ void __launch_bounds__(kThreads) DecodeGemv(const Params p) {
       }
     }
     WarpReduceScatter<V>(acc);
+    if constexpr (KS > 1) {  // the tile's first warp adds the other shares' sums, in share order
+      partial[warp][lane] = acc[0];
+      __syncthreads();
+      if (kp == 0)
+        for (int j = 1; j < ks; ++j) acc[0] += partial[warp + j][lane];
+      __syncthreads();  // partial is rewritten next iteration
+      if (kp != 0 || !active) continue;
+    }
     const int r = out_r, mi = out_mi;
     if (p.swiglu) {
       const float up = __shfl_down_sync(0xffffffffu, acc[0], 16);  // value idx + V / 2: the up row of this gate row
@@ -246,6 +265,36 @@ __global__ void __launch_bounds__(kThreads) DecodeGemv(const Params p) {
 // The rows of x a kernel instance stages (its M; zeros past m), the norm's weights after them.
 int64_t KernelRows(int64_t m) { return m <= 2 ? m : m <= 4 ? 4 : 8; }
 
+// An instantiation's resident blocks per multiprocessor at the largest x (0: the
+// shared-memory attribute was refused).
+template <int M, int R, int U, int KS>
+int BlocksPerSm() {
+  static const int per_sm = [] {
+    if (cudaFuncSetAttribute(DecodeGemv<M, R, U, KS>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kDecodeMaxXBytes)) !=
+        cudaSuccess)
+      return 0;
+    int n = 0;
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, DecodeGemv<M, R, U, KS>, kThreads, 0) == cudaSuccess && n >= 1 ? n : 1;
+  }();
+  return per_sm;
+}
+
+// Blocks of an instantiation that fit at once beside this x (all resident: no second wave).
+template <int M, int R, int U, int KS>
+int Fit(size_t smem) {
+  return std::max(1, std::min(BlocksPerSm<M, R, U, KS>(), int((227 * 1024) / std::max<size_t>(smem + 1024, 1))));
+}
+
+template <int M, int R, int U, int KS>
+absl::Status LaunchKs(Params& p, int tiles, size_t smem, cudaStream_t s) {
+  if (BlocksPerSm<M, R, U, KS>() == 0) return LaunchStatus("decode linear (shared memory)");
+  const int per_block = kWarps / KS;
+  const int blocks = std::max(1, std::min((tiles + per_block - 1) / per_block, SmCount() * Fit<M, R, U, KS>(smem)));
+  const int64_t tile_bytes = int64_t(R) * p.k * 2;
+  p.prefetch_tiles = int(std::min<int64_t>(tiles, kPrefetchBytes / tile_bytes));
+  return Launched(LaunchDependent(DecodeGemv<M, R, U, KS>, dim3(blocks), dim3(kThreads), smem, s, p), "decode linear");
+}
+
 template <int M, int R, int U>
 absl::Status Launch(Params& p, cudaStream_t s) {
   const int rows_per_tile = p.swiglu ? R / 2 : R;
@@ -255,20 +304,13 @@ absl::Status Launch(Params& p, cudaStream_t s) {
   }
   const int tiles = p.part[p.parts - 1].tiles_end;
   const size_t smem = size_t(M + (p.norm != nullptr ? 1 : 0)) * p.k * 2;  // x's rows (and the norm's weights)
-  static int per_sm = 0;  // this instantiation's resident blocks per multiprocessor at the largest x
-  if (per_sm == 0) {
-    if (cudaFuncSetAttribute(DecodeGemv<M, R, U>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kDecodeMaxXBytes)) !=
-        cudaSuccess)
-      return LaunchStatus("decode linear (shared memory)");
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, DecodeGemv<M, R, U>, kThreads, 0) != cudaSuccess || per_sm < 1)
-      per_sm = 1;
-  }
-  // Blocks that fit at once beside this x (all resident: no second wave).
-  const int fit = std::max(1, std::min(per_sm, int((227 * 1024) / std::max<size_t>(smem + 1024, 1))));
-  const int blocks = std::max(1, std::min((tiles + kWarps - 1) / kWarps, SmCount() * fit));
-  const int64_t tile_bytes = int64_t(R) * p.k * 2;
-  p.prefetch_tiles = int(std::min<int64_t>(tiles, kPrefetchBytes / tile_bytes));
-  return Launched(LaunchDependent(DecodeGemv<M, R, U>, dim3(blocks), dim3(kThreads), smem, s, p), "decode linear");
+  // Long rows over few tiles (a down projection): two warps share each tile's chunks, so
+  // each makes half the passes of U chunks — every pass a memory round trip — where the
+  // warps that takes are all resident at once.
+  const int batches = (p.k / 8 + 32 * U - 1) / (32 * U);
+  if (BlocksPerSm<M, R, U, 2>() > 0 && batches >= 2 && int64_t(tiles) * 2 <= int64_t(SmCount()) * Fit<M, R, U, 2>(smem) * kWarps)
+    return LaunchKs<M, R, U, 2>(p, tiles, smem, s);
+  return LaunchKs<M, R, U, 1>(p, tiles, smem, s);
 }
 }  // namespace
 

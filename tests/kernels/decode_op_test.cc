@@ -66,6 +66,8 @@ TEST_P(OpTest, DecodeLinearMatchesTheOpsItFuses) {
       {2, 1024, {5003}, true, false, false, false},  // an LM head of odd rows
       {4, 8192, {72}, true, false, false, false},    // a long row with the norm (x and the norm's weights near the bound)
       {5, 8192, {40}, false, false, true, false},    // a down projection at 5 rows (where the backend takes it)
+      {1, 8192, {2048}, false, false, true, false},  // a down projection at 1 row: each row's chunks shared by warps
+      {2, 6000, {64, 64}, true, false, false, true},  // SwiGLU over shares of a row that are not whole batches
   };
   for (DType t : {DType::kF32, DType::kBF16}) {
     for (const LinearCase& c : cases) {
