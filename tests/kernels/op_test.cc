@@ -251,6 +251,47 @@ TEST_P(OpTest, Gemm) {
   }
 }
 
+// Independent GEMMs in one Gemms call (CUDA: at once, on side streams with their own
+// workspaces) compute what each computes alone, bit for bit — two, three (a layer's q, k
+// and v), and four (more than the side streams: one after another); a call that is not
+// independent of another, or not a GEMM, is refused by its index before anything runs.
+TEST_P(OpTest, GemmsEqualEachGemmAlone) {
+  Rng rng(seed_);
+  for (DType t : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(::testing::Message() << DTypeName(t) << " seed=" << seed_);
+    const int64_t m = 24, k = 96;
+    auto x = Make(*be_, {m, k}, t, Quantize(rng.Normal(m * k), t));
+    const std::vector<int64_t> ns = {64, 16, 16, 40};
+    std::vector<Tensor> w, alone, together;
+    for (int64_t n : ns) {
+      w.push_back(Make(*be_, {n, k}, t, Quantize(rng.Normal(n * k), t)));
+      alone.push_back(Out(*be_, {m, n}, t));
+      ASSERT_TRUE(be_->Gemm(x, false, w.back(), true, alone.back()).ok());
+    }
+    for (size_t count : {size_t(2), size_t(3), size_t(4)}) {
+      std::vector<Backend::GemmCall> calls;
+      together.clear();
+      for (size_t i = 0; i < count; ++i) together.push_back(Out(*be_, {m, ns[i]}, t));
+      for (size_t i = 0; i < count; ++i) calls.push_back({&x, false, &w[i], true, &together[i]});
+      ASSERT_TRUE(be_->Gemms(calls).ok()) << count;
+      for (size_t i = 0; i < count; ++i) EXPECT_EQ(Read(*be_, together[i]), Read(*be_, alone[i])) << count << " calls, #" << i;
+    }
+    // c of one call is the a of another (two rows of one tensor): refused, nothing written.
+    auto both = Make(*be_, {2 * m, k}, t, Quantize(rng.Normal(2 * m * k), t));
+    auto top = *both.Slice(0, 0, m), bottom = *both.Slice(0, m, m);
+    auto sq = Make(*be_, {k, k}, t, Quantize(rng.Normal(k * k), t));
+    const auto before = Read(*be_, both);
+    const Backend::GemmCall dependent[2] = {{&top, false, &sq, false, &bottom}, {&bottom, false, &sq, false, &top}};
+    EXPECT_THAT(std::string(be_->Gemms(dependent).message()), HasSubstr("gemms[0]: c overlaps gemms[1]'s a"));
+    EXPECT_EQ(Read(*be_, both), before);
+    auto wrong = Out(*be_, {m, 5}, t);
+    const Backend::GemmCall bad_shape[2] = {{&x, false, &w[0], true, &together[0]}, {&x, false, &w[1], true, &wrong}};
+    EXPECT_THAT(std::string(be_->Gemms(bad_shape).message()), HasSubstr("gemms[1]"));
+    const Backend::GemmCall missing[1] = {{&x, false, nullptr, true, &together[0]}};
+    EXPECT_THAT(std::string(be_->Gemms(missing).message()), HasSubstr("gemms[0]: a, b and c must be given"));
+  }
+}
+
 // TESSERA_GEMM_TUNE: a shape's first call times cuBLASLt's candidates into a scratch
 // output; the call's C (beta 1: a gradient accumulating) must get the product once, and
 // the kept plan's next call once more.

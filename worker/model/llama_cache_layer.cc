@@ -14,7 +14,6 @@
 
 namespace tessera::model {
 using internal::AddBias;
-using internal::Linear;
 using internal::New;
 using runtime::Backend;
 using runtime::Tensor;
@@ -22,7 +21,8 @@ using runtime::Tensor;
 
 // parts = {w, bias, y}; y_j = RMSNorm(x) w_j^T (+ bias_j), or with swiglu (gate, up) y_0 =
 // silu(gate) * up: one fused pass where the backend takes the size, else the norm, the
-// GEMMs (and their biases through in.ones) and SwiGLU one after the other.
+// parts' GEMMs (one Backend::Gemms call: at once on CUDA), their biases through in.ones,
+// and SwiGLU.
 absl::Status Llama::NormedLinears(const Tensor& x, const Param& norm, absl::Span<const NormedPart> parts, bool swiglu,
                                   const Inputs& in) {
   Backend& b = *backend_;
@@ -35,17 +35,19 @@ absl::Status Llama::NormedLinears(const Tensor& x, const Param& norm, absl::Span
   TESSERA_ASSIGN_OR_RETURN(Tensor xn, New(b, {t, x.dim(1)}, act_));
   TESSERA_ASSIGN_OR_RETURN(Tensor rstd, New(b, {t}));
   TESSERA_RETURN_IF_ERROR(b.RmsNormForward(x, norm.weight(), config_.norm_eps, xn, rstd));
+  // The parts' GEMMs are independent: one Gemms call (at once where the backend can).
   if (swiglu) {
     TESSERA_ASSIGN_OR_RETURN(Tensor gate, New(b, parts[0].y->shape(), act_));
     TESSERA_ASSIGN_OR_RETURN(Tensor up, New(b, parts[0].y->shape(), act_));
-    TESSERA_RETURN_IF_ERROR(Linear(b, xn, parts[0].w->weight(), gate));
-    TESSERA_RETURN_IF_ERROR(Linear(b, xn, parts[1].w->weight(), up));
+    const Backend::GemmCall g[2] = {{&xn, false, &parts[0].w->weight(), true, &gate}, {&xn, false, &parts[1].w->weight(), true, &up}};
+    TESSERA_RETURN_IF_ERROR(b.Gemms(g));
     return b.SwiGluForward(gate, up, *parts[0].y);
   }
-  for (const NormedPart& p : parts) {
-    TESSERA_RETURN_IF_ERROR(Linear(b, xn, p.w->weight(), *p.y));
+  std::vector<Backend::GemmCall> g;
+  for (const NormedPart& p : parts) g.push_back({&xn, false, &p.w->weight(), true, p.y});
+  TESSERA_RETURN_IF_ERROR(b.Gemms(g));
+  for (const NormedPart& p : parts)
     if (p.bias != nullptr) TESSERA_RETURN_IF_ERROR(AddBias(b, in.ones, *p.bias, *p.y));
-  }
   return absl::OkStatus();
 }
 

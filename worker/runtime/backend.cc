@@ -144,10 +144,10 @@ absl::Status Backend::SwiGluBackward(const Tensor& dy, const Tensor& gate, const
   return DoSwiGluBackward(dy, gate, up, dgate, dup, y);
 }
 
-absl::Status Backend::Gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c, float alpha, float beta,
-                           const Tensor* c_in) {
-  const char* op = "gemm";
-  TRY(CheckTensors(op, device(), {{"a", &a}, {"b", &b}, {"c", &c}}));
+namespace {
+absl::Status CheckGemm(const char* op, Device device, const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& c,
+                       const Tensor* c_in) {
+  TRY(CheckTensors(op, device, {{"a", &a}, {"b", &b}, {"c", &c}}));
   if (a.rank() != 2 || b.rank() != 2 || c.rank() != 2)
     return Bad(op, absl::StrCat("a ", a.ShapeString(), ", b ", b.ShapeString(), ", c ", c.ShapeString(), " must be 2-D"));
   TRY(SameDType(op, "a", a, "b", b));
@@ -159,11 +159,55 @@ absl::Status Backend::Gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, T
     return Bad(op, absl::StrCat("inner dimensions differ: op(a) is [", m, ", ", k, "], op(b) is [", kb, ", ", n, "]"));
   if (c.dim(0) != m || c.dim(1) != n) return Bad(op, absl::StrCat("c is ", c.ShapeString(), ", expected [", m, ", ", n, "]"));
   if (c_in != nullptr) {
-    TRY(CheckTensors(op, device(), {{"c_in", c_in}}));
+    TRY(CheckTensors(op, device, {{"c_in", c_in}}));
     TRY(SameShape(op, "c_in", *c_in, "c", c));
     TRY(SameDType(op, "c_in", *c_in, "c", c));
   }
+  return absl::OkStatus();
+}
+
+// The bytes a tensor's elements span (a view's first to its last element).
+std::pair<const char*, const char*> Extent(const Tensor& t) {
+  const char* p = static_cast<const char*>(t.data());
+  int64_t last = 0;
+  for (int d = 0; d < t.rank(); ++d) last += (t.dim(d) - 1) * t.strides()[d];
+  return {p, p + (last + 1) * DTypeSize(t.dtype())};
+}
+bool Overlap(const Tensor& x, const Tensor& y) {
+  if (x.numel() == 0 || y.numel() == 0) return false;
+  const auto [x0, x1] = Extent(x);
+  const auto [y0, y1] = Extent(y);
+  return x0 < y1 && y0 < x1;
+}
+}  // namespace
+
+absl::Status Backend::Gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c, float alpha, float beta,
+                           const Tensor* c_in) {
+  TRY(CheckGemm("gemm", device(), a, ta, b, tb, c, c_in));
   return DoGemm(a, ta, b, tb, c, alpha, beta, c_in);
+}
+
+absl::Status Backend::Gemms(absl::Span<const GemmCall> calls) {
+  for (size_t i = 0; i < calls.size(); ++i) {
+    const std::string op = absl::StrCat("gemms[", i, "]");
+    const GemmCall& g = calls[i];
+    if (g.a == nullptr || g.b == nullptr || g.c == nullptr) return Bad(op.c_str(), "a, b and c must be given");
+    TRY(CheckGemm(op.c_str(), device(), *g.a, g.ta, *g.b, g.tb, *g.c, nullptr));
+    for (size_t j = 0; j < calls.size(); ++j) {
+      if (j == i) continue;
+      const GemmCall& h = calls[j];
+      if (h.a == nullptr || h.b == nullptr || h.c == nullptr) continue;  // refused in its own turn
+      if (Overlap(*g.c, *h.a) || Overlap(*g.c, *h.b) || (j < i && Overlap(*g.c, *h.c)))
+        return Bad(op.c_str(), absl::StrCat("c overlaps gemms[", j, "]'s ", Overlap(*g.c, *h.a) ? "a" : Overlap(*g.c, *h.b) ? "b" : "c",
+                                            ": the calls must be independent"));
+    }
+  }
+  return DoGemms(calls);
+}
+
+absl::Status Backend::DoGemms(absl::Span<const GemmCall> calls) {
+  for (const GemmCall& g : calls) TRY(DoGemm(*g.a, g.ta, *g.b, g.tb, *g.c, 1.f, 0.f, nullptr));
+  return absl::OkStatus();
 }
 
 absl::Status Backend::AdamW(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& p,

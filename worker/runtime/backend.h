@@ -153,6 +153,20 @@ class Backend {
   // only written): c = alpha * op(a) @ op(b) + beta * c_in — a residual added in the GEMM.
   absl::Status Gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c, float alpha = 1.f, float beta = 0.f,
                     const Tensor* c_in = nullptr);
+  // Independent GEMMs c = op(a) @ op(b), each as Gemm computes it alone: no call's c
+  // overlaps another call's a, b or c. One after another, or at once where the backend
+  // can — CUDA: up to three of at most 128 rows, on side streams forked from its stream and
+  // joined back, each with a cuBLASLt workspace of its own (a decode step's q, k and v
+  // projections, which alone leave most of the GPU idle). Every call is checked before any
+  // runs.
+  struct GemmCall {
+    const Tensor* a = nullptr;
+    bool ta = false;
+    const Tensor* b = nullptr;
+    bool tb = false;
+    Tensor* c = nullptr;
+  };
+  absl::Status Gemms(absl::Span<const GemmCall> calls);
   // Vocab-parallel embedding: table [rows, hidden] holds ids [vocab_start, vocab_start+rows);
   // ids [n] i32; out [n, hidden] (zeros for ids outside the shard); dtable f32 [rows, hidden].
   absl::Status EmbeddingForward(const Tensor& ids, const Tensor& table, int64_t vocab_start, Tensor& out);
@@ -315,6 +329,8 @@ class Backend {
                                         Tensor& dup, Tensor* y) = 0;
   virtual absl::Status DoGemm(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c, float alpha, float beta,
                               const Tensor* c_in) = 0;
+  // Checked calls; the default runs them one after another.
+  virtual absl::Status DoGemms(absl::Span<const GemmCall> calls);
   virtual absl::Status DoEmbeddingForward(const Tensor& ids, const Tensor& table, int64_t vocab_start, Tensor& out) = 0;
   virtual absl::Status DoEmbeddingBackward(const Tensor& ids, const Tensor& dout, int64_t vocab_start, Tensor& dtable) = 0;
   virtual absl::Status DoRope(const Tensor& x, const Tensor& positions, const float* inv_freq, float scale, Tensor& y,

@@ -246,6 +246,13 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_);
     for (cudaEvent_t e : events_) cudaEventDestroy(e);
+    for (size_t i = 0; i < sides_made_; ++i) {
+      cudaStreamSynchronize(sides_[i].stream);
+      cudaFree(sides_[i].workspace);
+      cudaEventDestroy(sides_[i].done);
+      cudaStreamDestroy(sides_[i].stream);
+    }
+    if (fork_) cudaEventDestroy(fork_);
     if (workspace_) cudaFree(workspace_);
     if (lt_) (*kernels::GetCublasLt())->Destroy(static_cast<cublasLtHandle_t>(lt_));  // loaded: lt_ exists
     alloc_.reset();
@@ -399,6 +406,49 @@ class CudaBackend final : public Backend {
     return kernels::GemmCuda(a.data(), ta, b.data(), tb, c.data(), m, n, k, alpha, beta, a.dtype(), c.dtype(), lt_, workspace_,
                              kWorkspace, stream_, c_in != nullptr ? c_in->data() : nullptr);
   }
+  // The first call on the backend's stream, the others each on a side stream of its own
+  // (made at the first such call, with its own workspace: the same plans as alone), forked
+  // after the work before and joined before the work after — also under a capture, where
+  // the fork and the join become the graph's edges. Only GEMMs of few rows (a decode step's
+  // batch) run at once: larger ones fill the GPU alone (H200, a 1B Llama's decode step:
+  // 64 rows 1.487 -> 1.406 ms with q/k/v and gate/up at once, 256 rows 2.333 -> 2.359).
+  absl::Status DoGemms(absl::Span<const GemmCall> calls) override {
+    if (calls.size() < 2 || calls.size() > 1 + kSides || calls[0].c->dim(0) > kConcurrentRows) return Backend::DoGemms(calls);
+    cudaSetDevice(device_);
+    while (sides_made_ + 1 < calls.size()) {
+      Side sd;
+      absl::Status made = Cuda(cudaStreamCreateWithFlags(&sd.stream, cudaStreamNonBlocking), "cudaStreamCreate(side)");
+      if (made.ok()) made = Cuda(cudaEventCreateWithFlags(&sd.done, cudaEventDisableTiming), "cudaEventCreate(side)");
+      if (made.ok()) made = Cuda(cudaMalloc(&sd.workspace, kWorkspace), "cudaMalloc(side workspace)");
+      if (!made.ok()) {
+        if (sd.done != nullptr) cudaEventDestroy(sd.done);
+        if (sd.stream != nullptr) cudaStreamDestroy(sd.stream);
+        return made;
+      }
+      sides_[sides_made_++] = sd;
+    }
+    if (fork_ == nullptr)
+      TESSERA_RETURN_IF_ERROR(Cuda(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming), "cudaEventCreate(fork)"));
+    TESSERA_RETURN_IF_ERROR(Cuda(cudaEventRecord(fork_, stream_), "cudaEventRecord(fork)"));
+    size_t forked = 0;  // side streams that wait for the fork: each is joined back, whatever fails
+    absl::Status st = absl::OkStatus();
+    for (; forked + 1 < calls.size() && st.ok(); ++forked)
+      st = Cuda(cudaStreamWaitEvent(sides_[forked].stream, fork_, 0), "cudaStreamWaitEvent(fork)");
+    for (size_t i = 0; i < calls.size() && st.ok(); ++i) {
+      const GemmCall& g = calls[i];
+      const int64_t m = g.c->dim(0), n = g.c->dim(1), k = g.ta ? g.a->dim(0) : g.a->dim(1);
+      cudaStream_t on = i == 0 ? stream_ : sides_[i - 1].stream;
+      void* ws = i == 0 ? workspace_ : sides_[i - 1].workspace;
+      st = kernels::GemmCuda(g.a->data(), g.ta, g.b->data(), g.tb, g.c->data(), m, n, k, 1.f, 0.f, g.a->dtype(), g.c->dtype(),
+                             lt_, ws, kWorkspace, on, nullptr);
+    }
+    for (size_t i = 0; i < forked; ++i) {
+      absl::Status j = Cuda(cudaEventRecord(sides_[i].done, sides_[i].stream), "cudaEventRecord(join)");
+      if (j.ok()) j = Cuda(cudaStreamWaitEvent(stream_, sides_[i].done, 0), "cudaStreamWaitEvent(join)");
+      if (st.ok()) st = j;
+    }
+    return st;
+  }
   absl::Status DoEmbeddingForward(const Tensor& ids, const Tensor& table, int64_t vs, Tensor& out) override {
     return kernels::EmbeddingForwardCuda(ids.data_as<int32_t>(), table.data(), out.data(), ids.dim(0), table.dim(0),
                                         table.dim(1), vs, table.dtype(), stream_);
@@ -542,6 +592,16 @@ class CudaBackend final : public Backend {
   std::shared_ptr<CaptureArena> capture_arena_;  // while a capture runs
   void* lt_ = nullptr;
   void* workspace_ = nullptr;
+  struct Side {  // a side stream of DoGemms
+    cudaStream_t stream = nullptr;
+    cudaEvent_t done = nullptr;
+    void* workspace = nullptr;
+  };
+  static constexpr size_t kSides = 2;
+  static constexpr int64_t kConcurrentRows = 128;
+  Side sides_[kSides];
+  size_t sides_made_ = 0;
+  cudaEvent_t fork_ = nullptr;
   std::vector<cudaEvent_t> events_;  // timing marks; the first used_marks_ are recorded
   size_t used_marks_ = 0;
 };
