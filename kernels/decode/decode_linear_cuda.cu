@@ -151,7 +151,8 @@ __global__ void __launch_bounds__(kThreads) DecodeGemv(const Params p) {
   // w % KS of its chunks [c_begin, c_end).
   constexpr int ks = KS;
   const int per_block = kWarps / ks, kp = warp % ks;
-  const int share = (chunks + ks - 1) / ks, c_begin = min(chunks, kp * share), c_end = min(chunks, c_begin + share);
+  const int share = (chunks + ks - 1) / ks, c_begin = KS == 1 ? 0 : min(chunks, kp * share),
+            c_end = KS == 1 ? chunks : min(chunks, c_begin + share);
   const int total = p.part[p.parts - 1].tiles_end, first = blockIdx.x * per_block + warp / ks, stride = gridDim.x * per_block;
   __shared__ float partial[KS > 1 ? kWarps : 1][32];  // the other shares' sums
   const uint4* w[R];
