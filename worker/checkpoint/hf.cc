@@ -132,7 +132,7 @@ absl::Status ImportHf(const std::string& dir, model::Llama& model, int64_t piece
     } else {
       runtime::Tensor& stage = staging[j.dtype];
       if (!stage.defined()) {
-        TESSERA_ASSIGN_OR_RETURN(stage, be.Empty({buffer_bytes / tessera::DTypeSize(j.dtype)}, j.dtype));
+        TESSERA_ASSIGN_OR_RETURN(stage, be.Empty({static_cast<int64_t>(buffer_bytes / tessera::DTypeSize(j.dtype))}, j.dtype));
       }
       TESSERA_ASSIGN_OR_RETURN(runtime::Tensor src, stage.Slice(0, 0, n));
       TESSERA_RETURN_IF_ERROR(be.CopyFromHost(buffers[i % threads].get(), src));

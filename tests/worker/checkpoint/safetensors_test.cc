@@ -40,7 +40,7 @@ TEST(Safetensors, RoundTripF32Bf16AndMetadata) {
   const std::string p = TempPath("ok.safetensors");
   std::vector<float> a = {1.f, -2.5f, 3.25f, 0.f, 1e-3f, 7.f};
   std::vector<uint16_t> b = {tessera::FloatToBf16(1.5f), tessera::FloatToBf16(-0.25f)};
-  ASSERT_TRUE(WriteSafetensors(p, {{"a", "F32", {2, 3}, a.data(), a.size() * 4}, {"b", "BF16", {2}, b.data(), 4}},
+  ASSERT_TRUE(WriteSafetensors(p, {{"a", "F32", {2, 3}, a.data(), a.size() * 4, {}}, {"b", "BF16", {2}, b.data(), 4, {}}},
                                {{"format", "pt"}})
                   .ok());
   auto r = SafetensorsReader::Open(p);
@@ -56,8 +56,8 @@ TEST(Safetensors, RoundTripF32Bf16AndMetadata) {
   for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(raw[i]);
   EXPECT_EQ(n % 8, 0u);
   // Writing refuses a size that does not match the shape, and a repeated name.
-  EXPECT_FALSE(WriteSafetensors(p, {{"a", "F32", {2, 3}, a.data(), 20}}).ok());
-  EXPECT_FALSE(WriteSafetensors(p, {{"a", "F32", {1}, a.data(), 4}, {"a", "F32", {1}, a.data(), 4}}).ok());
+  EXPECT_FALSE(WriteSafetensors(p, {{"a", "F32", {2, 3}, a.data(), 20, {}}}).ok());
+  EXPECT_FALSE(WriteSafetensors(p, {{"a", "F32", {1}, a.data(), 4, {}}, {"a", "F32", {1}, a.data(), 4, {}}}).ok());
 }
 
 // One tensor-parallel rank's slice, read alone: a block of rows, a block of columns, from
@@ -68,9 +68,9 @@ TEST(Safetensors, SlicesReadOnlyWhatARankHolds) {
   for (size_t i = 0; i < a.size(); ++i) a[i] = 0.5f * static_cast<float>(i) - 3.f;  // exact in bf16 and f16
   std::vector<uint16_t> b(a.size()), h(a.size());
   for (size_t i = 0; i < a.size(); ++i) b[i] = tessera::FloatToBf16(a[i]), h[i] = tessera::FloatToF16(a[i]);
-  ASSERT_TRUE(WriteSafetensors(p, {{"f32", "F32", {4, 6}, a.data(), a.size() * 4},
-                                   {"bf16", "BF16", {4, 6}, b.data(), b.size() * 2},
-                                   {"f16", "F16", {4, 6}, h.data(), h.size() * 2}})
+  ASSERT_TRUE(WriteSafetensors(p, {{"f32", "F32", {4, 6}, a.data(), a.size() * 4, {}},
+                                   {"bf16", "BF16", {4, 6}, b.data(), b.size() * 2, {}},
+                                   {"f16", "F16", {4, 6}, h.data(), h.size() * 2, {}}})
                   .ok());
   auto r = SafetensorsReader::Open(p);
   ASSERT_TRUE(r.ok()) << r.status();
@@ -115,7 +115,7 @@ TEST(Safetensors, SlicesReadOnlyWhatARankHolds) {
 TEST(Safetensors, EveryTruncationIsAnError) {
   const std::string p = TempPath("full.safetensors"), q = TempPath("cut.safetensors");
   std::vector<float> a(37, 1.f);
-  ASSERT_TRUE(WriteSafetensors(p, {{"a", "F32", {37}, a.data(), a.size() * 4}}).ok());
+  ASSERT_TRUE(WriteSafetensors(p, {{"a", "F32", {37}, a.data(), a.size() * 4, {}}}).ok());
   const std::string raw = Raw(p);
   for (size_t cut = 0; cut < raw.size(); ++cut) {
     Put(q, raw.substr(0, cut));

@@ -59,7 +59,9 @@ TEST(MicroBatches, WithinTheBudgetBalancedByLength) {
             load += static_cast<int64_t>(samples[i].batch.size());
             longest = std::max<int64_t>(longest, samples[i].batch.size());
           }
-          if (budget > 0 && m.samples.size() > 1) EXPECT_LE(load, budget);
+          if (budget > 0 && m.samples.size() > 1) {
+            EXPECT_LE(load, budget);
+          }
           least = std::min(least, load), most = std::max(most, load), tokens += load;
           EXPECT_EQ(PackSamples(samples, m).size(), static_cast<size_t>(load));
         }
@@ -67,8 +69,11 @@ TEST(MicroBatches, WithinTheBudgetBalancedByLength) {
         std::vector<size_t> want;
         for (size_t i = begin; i < end; ++i) want.push_back(i);
         EXPECT_EQ(seen, want);
-        if (budget == 0) EXPECT_EQ((*plan)[mb].size(), 1u);
-        if (budget > 0) EXPECT_GE(static_cast<int64_t>((*plan)[mb].size()) * budget, tokens);
+        if (budget == 0) {
+          EXPECT_EQ((*plan)[mb].size(), 1u);
+        } else {
+          EXPECT_GE(static_cast<int64_t>((*plan)[mb].size()) * budget, tokens);
+        }
         EXPECT_LE(most - least, longest);  // longest first onto the least loaded
       }
     }

@@ -151,7 +151,9 @@ TEST_F(MultiTurnTest, TurnsAreBoundedAndTheEnvironmentCanEndAnEpisode) {
   for (const Completion& c : *got) {
     EXPECT_LE(c.tool_calls, 3);  // at most max_turns - 1 observations
     most = std::max(most, c.tool_calls);
-    if (c.tool_calls == 3) EXPECT_NE(c.finish_reason, "environment");
+    if (c.tool_calls == 3) {
+      EXPECT_NE(c.finish_reason, "environment");
+    }
   }
   EXPECT_GE(most, 2) << "no sample called twice: the test shows little";
   for (const ToolCall& t : seen_) EXPECT_LE(t.turn, 3);

@@ -115,8 +115,11 @@ inline void TrainLayout(const Layout& l, const Comms& c, runtime::Backend* be, m
       runtime::HostOffload parked(be);
       ASSERT_TRUE(parked.Offload(states).ok());
       EXPECT_GT(parked.bytes(), 0);
-      for (auto& p : (*model)->params())
-        if (p.value.defined()) EXPECT_TRUE(p.value.storage()->detached()) << p.name() << " still has its memory";
+      for (auto& p : (*model)->params()) {
+        if (p.value.defined()) {
+          EXPECT_TRUE(p.value.storage()->detached()) << p.name() << " still has its memory";
+        }
+      }
       ASSERT_TRUE(parked.Restore().ok());
       EXPECT_FALSE(parked.offloaded());
     }
