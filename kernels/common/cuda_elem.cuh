@@ -80,26 +80,22 @@ inline int OncePerDevice(std::atomic<int> (&cache)[16], int fallback, F compute)
   return v;
 }
 
+// A device attribute of the current device, looked up once per device (the fallback
+// where the lookup fails).
+template <cudaDeviceAttr kAttr, int kFallback>
+inline int CachedDeviceAttribute() {
+  static std::atomic<int> cache[16] = {};
+  return OncePerDevice(cache, kFallback, [](int dev) {
+    int n = kFallback;
+    cudaDeviceGetAttribute(&n, kAttr, dev);
+    return n;
+  });
+}
 // Multiprocessors of the current device (persistent and split-work launches size their
-// grids with it); looked up once per device.
-inline int SmCount() {
-  static std::atomic<int> cache[16] = {};
-  return OncePerDevice(cache, 132, [](int dev) {
-    int n = 132;
-    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
-    return n;
-  });
-}
-
-// The shared memory a block may opt into on the current device; looked up once per device.
-inline int OptinSharedMemory() {
-  static std::atomic<int> cache[16] = {};
-  return OncePerDevice(cache, 0, [](int dev) {
-    int n = 0;
-    cudaDeviceGetAttribute(&n, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-    return n;
-  });
-}
+// grids with it).
+inline int SmCount() { return CachedDeviceAttribute<cudaDevAttrMultiProcessorCount, 132>(); }
+// The shared memory a block may opt into on the current device.
+inline int OptinSharedMemory() { return CachedDeviceAttribute<cudaDevAttrMaxSharedMemoryPerBlockOptin, 0>(); }
 
 // Whether the current device takes Hopper's own kernels: a 9.0 GPU and a build with a 90a
 // pass (HopperKernels in cuda_arch.h). Every other GPU runs the portable kernels, launched

@@ -43,9 +43,10 @@ absl::Status Llama::NormedLinears(const Tensor& x, const Param& norm, absl::Span
     TESSERA_RETURN_IF_ERROR(b.Gemms(g));
     return b.SwiGluForward(gate, up, *parts[0].y);
   }
-  std::vector<Backend::GemmCall> g;
-  for (const NormedPart& p : parts) g.push_back({&xn, false, &p.w->weight(), true, p.y});
-  TESSERA_RETURN_IF_ERROR(b.Gemms(g));
+  Backend::GemmCall g[3];  // q, k, v at most: no allocation per layer
+  if (parts.size() > 3) return absl::InvalidArgumentError(absl::StrCat("normed linears: ", parts.size(), " parts, at most 3"));
+  for (size_t i = 0; i < parts.size(); ++i) g[i] = {&xn, false, &parts[i].w->weight(), true, parts[i].y};
+  TESSERA_RETURN_IF_ERROR(b.Gemms({g, parts.size()}));
   for (const NormedPart& p : parts)
     if (p.bias != nullptr) TESSERA_RETURN_IF_ERROR(AddBias(b, in.ones, *p.bias, *p.y));
   return absl::OkStatus();

@@ -402,9 +402,14 @@ class CudaBackend final : public Backend {
   }
   absl::Status DoGemm(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c, float alpha, float beta,
                       const Tensor* c_in) override {
-    int64_t m = c.dim(0), n = c.dim(1), k = ta ? a.dim(0) : a.dim(1);
-    return kernels::GemmCuda(a.data(), ta, b.data(), tb, c.data(), m, n, k, alpha, beta, a.dtype(), c.dtype(), lt_, workspace_,
-                             kWorkspace, stream_, c_in != nullptr ? c_in->data() : nullptr);
+    return RunGemm(a, ta, b, tb, c, alpha, beta, c_in, stream_, workspace_);
+  }
+  // One checked GEMM on `on` with workspace `ws` (kWorkspace bytes).
+  absl::Status RunGemm(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c, float alpha, float beta,
+                       const Tensor* c_in, cudaStream_t on, void* ws) {
+    const int64_t m = c.dim(0), n = c.dim(1), k = ta ? a.dim(0) : a.dim(1);
+    return kernels::GemmCuda(a.data(), ta, b.data(), tb, c.data(), m, n, k, alpha, beta, a.dtype(), c.dtype(), lt_, ws,
+                             kWorkspace, on, c_in != nullptr ? c_in->data() : nullptr);
   }
   // The first call on the backend's stream, the others each on a side stream of its own
   // (made at the first such call, with its own workspace: the same plans as alone), forked
@@ -436,11 +441,8 @@ class CudaBackend final : public Backend {
       st = Cuda(cudaStreamWaitEvent(sides_[forked].stream, fork_, 0), "cudaStreamWaitEvent(fork)");
     for (size_t i = 0; i < calls.size() && st.ok(); ++i) {
       const GemmCall& g = calls[i];
-      const int64_t m = g.c->dim(0), n = g.c->dim(1), k = g.ta ? g.a->dim(0) : g.a->dim(1);
-      cudaStream_t on = i == 0 ? stream_ : sides_[i - 1].stream;
-      void* ws = i == 0 ? workspace_ : sides_[i - 1].workspace;
-      st = kernels::GemmCuda(g.a->data(), g.ta, g.b->data(), g.tb, g.c->data(), m, n, k, 1.f, 0.f, g.a->dtype(), g.c->dtype(),
-                             lt_, ws, kWorkspace, on, nullptr);
+      st = RunGemm(*g.a, g.ta, *g.b, g.tb, *g.c, 1.f, 0.f, nullptr, i == 0 ? stream_ : sides_[i - 1].stream,
+                   i == 0 ? workspace_ : sides_[i - 1].workspace);
     }
     for (size_t i = 0; i < forked; ++i) {
       absl::Status j = Cuda(cudaEventRecord(sides_[i].done, sides_[i].stream), "cudaEventRecord(join)");
