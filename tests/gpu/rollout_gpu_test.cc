@@ -286,6 +286,34 @@ TEST(RolloutGpu, TheCacheFitsAMemoryBudget) {
   EXPECT_NE(std::string(refused.status().message()).find("gpu_memory_utilization"), std::string::npos) << refused.status();
 }
 
+// What a budget sizes the cache against already holds the backend's own buffers: GEMMs
+// run at once on side streams (whose workspaces are made the first time the memory is
+// asked for) take none of the memory left after it.
+TEST(RolloutGpu, TheMemoryABudgetSeesHoldsTheBackendsOwnBuffers) {
+  if (static_cast<int>(VisibleGpus().size()) < 1) GTEST_SKIP() << "no GPU";
+  auto be = runtime::MakeCudaBackend(0);
+  ASSERT_TRUE(be.ok()) << be.status();
+  runtime::Backend& b = **be;
+  auto x = b.Empty({12, 256}, tessera::DType::kBF16);
+  ASSERT_TRUE(x.ok());
+  std::vector<runtime::Tensor> w, y;
+  for (int i = 0; i < 3; ++i) {
+    w.push_back(*b.Empty({256, 256}, tessera::DType::kBF16));
+    y.push_back(*b.Empty({12, 256}, tessera::DType::kBF16));
+    ASSERT_TRUE(b.Fill(w.back(), 0).ok());
+  }
+  ASSERT_TRUE(b.Fill(*x, 0).ok());
+  ASSERT_TRUE(b.Gemm(*x, false, w[0], true, y[0]).ok());  // the GEMM library's own state, made once
+  auto before = b.MemoryInfo();
+  ASSERT_TRUE(before.ok()) << before.status();
+  const runtime::Backend::GemmCall calls[3] = {{&*x, false, &w[0], true, &y[0]}, {&*x, false, &w[1], true, &y[1]},
+                                               {&*x, false, &w[2], true, &y[2]}};
+  ASSERT_TRUE(b.Gemms(calls).ok());
+  auto after = b.MemoryInfo();
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_GE(after->free, before->free - (8 << 20)) << "GEMMs at once took " << (before->free - after->free) << " bytes";
+}
+
 // An executor's training session and its colocated rollout pool run on two backends of
 // one GPU (two streams): SyncColocated must order them (without that, the re-slice job on
 // 4x H200 failed its digest check). Large tensors,

@@ -109,8 +109,9 @@ class Backend {
     return HostBuffer(new char[bytes], [](char* p) { delete[] p; });
   }
   // The device's memory, for sizing a cache to it: its total and free bytes, after the
-  // allocator's pool gave the memory it holds unused back to the device (CUDA: waits for
-  // the stream, then trims the pool). UNIMPLEMENTED on the CPU backend, whose host
+  // allocator's pool gave the memory it holds unused back to the device and the backend
+  // made the buffers it keeps for its own work (CUDA: the side streams' GEMM workspaces;
+  // then waits for the stream and trims the pool). UNIMPLEMENTED on the CPU backend, whose host
   // memory is not budgeted.
   struct DeviceMemory {
     int64_t total = 0, free = 0;

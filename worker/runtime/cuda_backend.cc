@@ -292,8 +292,11 @@ class CudaBackend final : public Backend {
     return std::unique_ptr<Graph>(new CudaGraph(exec, stream_, std::move(arena), *shape));
   }
   absl::Status Synchronize() override { return Cuda(cudaStreamSynchronize(stream_), "synchronize"); }
+  // The side streams' workspaces are made first: what a cache is then sized to stays free
+  // of the backend's own buffers.
   absl::StatusOr<DeviceMemory> MemoryInfo() override {
     cudaSetDevice(device_);
+    TESSERA_RETURN_IF_ERROR(MakeSides(kSides));
     TESSERA_RETURN_IF_ERROR(Synchronize());
     cudaMemPool_t pool;
     TESSERA_RETURN_IF_ERROR(Cuda(cudaDeviceGetDefaultMemPool(&pool, device_), "cudaDeviceGetDefaultMemPool"));
@@ -420,18 +423,7 @@ class CudaBackend final : public Backend {
   absl::Status DoGemms(absl::Span<const GemmCall> calls) override {
     if (calls.size() < 2 || calls.size() > 1 + kSides || calls[0].c->dim(0) > kConcurrentRows) return Backend::DoGemms(calls);
     cudaSetDevice(device_);
-    while (sides_made_ + 1 < calls.size()) {
-      Side sd;
-      absl::Status made = Cuda(cudaStreamCreateWithFlags(&sd.stream, cudaStreamNonBlocking), "cudaStreamCreate(side)");
-      if (made.ok()) made = Cuda(cudaEventCreateWithFlags(&sd.done, cudaEventDisableTiming), "cudaEventCreate(side)");
-      if (made.ok()) made = Cuda(cudaMalloc(&sd.workspace, kWorkspace), "cudaMalloc(side workspace)");
-      if (!made.ok()) {
-        if (sd.done != nullptr) cudaEventDestroy(sd.done);
-        if (sd.stream != nullptr) cudaStreamDestroy(sd.stream);
-        return made;
-      }
-      sides_[sides_made_++] = sd;
-    }
+    TESSERA_RETURN_IF_ERROR(MakeSides(calls.size() - 1));
     if (fork_ == nullptr)
       TESSERA_RETURN_IF_ERROR(Cuda(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming), "cudaEventCreate(fork)"));
     TESSERA_RETURN_IF_ERROR(Cuda(cudaEventRecord(fork_, stream_), "cudaEventRecord(fork)"));
@@ -450,6 +442,22 @@ class CudaBackend final : public Backend {
       if (st.ok()) st = j;
     }
     return st;
+  }
+  // Side streams of DoGemms up to n, each with its own event and workspace.
+  absl::Status MakeSides(size_t n) {
+    while (sides_made_ < n) {
+      Side sd;
+      absl::Status made = Cuda(cudaStreamCreateWithFlags(&sd.stream, cudaStreamNonBlocking), "cudaStreamCreate(side)");
+      if (made.ok()) made = Cuda(cudaEventCreateWithFlags(&sd.done, cudaEventDisableTiming), "cudaEventCreate(side)");
+      if (made.ok()) made = Cuda(cudaMalloc(&sd.workspace, kWorkspace), "cudaMalloc(side workspace)");
+      if (!made.ok()) {
+        if (sd.done != nullptr) cudaEventDestroy(sd.done);
+        if (sd.stream != nullptr) cudaStreamDestroy(sd.stream);
+        return made;
+      }
+      sides_[sides_made_++] = sd;
+    }
+    return absl::OkStatus();
   }
   absl::Status DoEmbeddingForward(const Tensor& ids, const Tensor& table, int64_t vs, Tensor& out) override {
     return kernels::EmbeddingForwardCuda(ids.data_as<int32_t>(), table.data(), out.data(), ids.dim(0), table.dim(0),
