@@ -188,7 +188,7 @@ int main(int argc, char** argv) {
       layers.push_back({W({H, H}), W({KV, H}), W({KV, H}), W({H, H}), W({F, H}), W({F, H}), W({H, F}), Random(b, {H}, bf),
                         Random(b, {H}, bf)});
     auto lm = W({V, H});
-    for (int64_t m : {1, 8}) {
+    for (int64_t m : {1, 4}) {
       auto x = Random(b, {m, H}, bf), h = Random(b, {m, H}, bf), qo = *b.Empty({m, H}, bf), ko = *b.Empty({m, KV}, bf);
       auto vo = *b.Empty({m, KV}, bf), act = *b.Empty({m, F}, bf), logits = *b.Empty({m, V}, bf);
       auto qkv = [&](Layer& w) {

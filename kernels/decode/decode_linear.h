@@ -8,12 +8,14 @@
 // weight): the residual stream added before the one rounding; `swiglu` (two weights of
 // one shape, gate and up): y_0 = silu(round(x @ gate^T)) * round(x @ up^T), the MLP's
 // activation, rounded as the unfused ops round.
-// CPU: the reference (f32 or bf16; double accumulation). CUDA: bf16, k % 8 == 0 and
-// (m rounded up to 1, 2, 4 or 8, plus one) * k * 2 bytes <= kDecodeMaxXBytes: warps
-// stream the weights with 16-byte loads, the (normalized) rows of x and the norm's
+// CPU: the reference (f32 or bf16; double accumulation). CUDA: bf16, m <= kDecodeCudaMaxRows,
+// k % 8 == 0 and (m rounded up to 1, 2 or 4, plus one) * k * 2 bytes <= kDecodeMaxXBytes:
+// warps stream the weights with 16-byte loads, the (normalized) rows of x and the norm's
 // weights in shared memory; launched as a programmatic dependent of the
 // kernel before it, whose tail it overlaps (its weights prefetched into L2 before it waits
-// for its input).
+// for its input). Past 4 rows the CUDA-core dot products are bound by arithmetic: there
+// cuBLASLt's GEMMs are faster (H200, a 1B Llama's decode step at 5 to 8 rows: 1.37 ms with
+// this kernel, 1.22 ms with the GEMMs), so the CUDA backend does not take those sizes.
 #pragma once
 #include <cstdint>
 
@@ -21,7 +23,8 @@
 #include "common/dtype.h"
 
 namespace tessera::kernels {
-constexpr int64_t kDecodeMaxRows = 8;
+constexpr int64_t kDecodeMaxRows = 8;      // the CPU reference
+constexpr int64_t kDecodeCudaMaxRows = 4;  // the CUDA kernel
 constexpr int64_t kDecodeMaxXBytes = 96 * 1024;
 
 struct DecodeLinearPart {

@@ -264,7 +264,7 @@ __global__ void __launch_bounds__(kThreads) DecodeGemv(const Params p) {
 }
 
 // The rows of x a kernel instance stages (its M; zeros past m), the norm's weights after them.
-int64_t KernelRows(int64_t m) { return m <= 2 ? m : m <= 4 ? 4 : 8; }
+int64_t KernelRows(int64_t m) { return m <= 2 ? m : 4; }
 
 // An instantiation's resident blocks per multiprocessor at the largest x (0: the
 // shared-memory attribute was refused).
@@ -316,15 +316,15 @@ absl::Status Launch(Params& p, cudaStream_t s) {
 }  // namespace
 
 bool DecodeLinearCudaSupported(int64_t m, int64_t k, DType t) {
-  return t == DType::kBF16 && m >= 1 && m <= kDecodeMaxRows && k % 8 == 0 && k <= (int64_t(1) << 20) &&
+  return t == DType::kBF16 && m >= 1 && m <= kDecodeCudaMaxRows && k % 8 == 0 && k <= (int64_t(1) << 20) &&
          (KernelRows(m) + 1) * k * 2 <= kDecodeMaxXBytes;
 }
 
 absl::Status DecodeLinearCuda(const DecodeLinearArgs& a, DType t, void* stream) {
   if (auto s = CheckDecodeLinear(a); !s.ok()) return s;
   if (!DecodeLinearCudaSupported(a.m, a.k, t))
-    return absl::InvalidArgumentError(absl::StrCat("decode linear: CUDA takes bf16 with k % 8 == 0, m <= ", kDecodeMaxRows,
-                                                   " and (m rounded up to 1, 2, 4 or 8, plus 1) * k * 2 <= ", kDecodeMaxXBytes,
+    return absl::InvalidArgumentError(absl::StrCat("decode linear: CUDA takes bf16 with k % 8 == 0, m <= ", kDecodeCudaMaxRows,
+                                                   " and (m rounded up to 1, 2 or 4, plus 1) * k * 2 <= ", kDecodeMaxXBytes,
                                                    " bytes; got m ", a.m, ", k ", a.k));
   Params p = {};
   p.x = static_cast<const bf16*>(a.x), p.norm = static_cast<const bf16*>(a.norm);
@@ -336,11 +336,10 @@ absl::Status DecodeLinearCuda(const DecodeLinearArgs& a, DType t, void* stream) 
   }
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   // Tiles of two rows (swiglu: a gate row and its up row); a lane keeps 8 chunks per row in
-  // flight (4 from four rows of x up).
+  // flight (4 at four rows of x).
   if (a.m == 1) return Launch<1, 2, 8>(p, s);
   if (a.m == 2) return Launch<2, 2, 8>(p, s);
-  if (a.m <= 4) return Launch<4, 2, 4>(p, s);
-  return Launch<8, 2, 4>(p, s);
+  return Launch<4, 2, 4>(p, s);
 }
 
 }  // namespace tessera::kernels

@@ -266,7 +266,7 @@ TEST(Hf, TpImportInPiecesFromEachSourceDtype) {
       const std::string d = dtype;
       if (d == "F32") {
         want[name] = v;
-        tensors.push_back({name, d, info.shape, want[name].data(), v.size() * 4});
+        tensors.push_back({name, d, info.shape, want[name].data(), v.size() * 4, {}});
         continue;
       }
       low.emplace_back(v.size());
@@ -275,7 +275,7 @@ TEST(Hf, TpImportInPiecesFromEachSourceDtype) {
         v[i] = d == "BF16" ? tessera::Bf16ToFloat(low.back()[i]) : tessera::F16ToFloat(low.back()[i]);
       }
       want[name] = v;
-      tensors.push_back({name, d, info.shape, low.back().data(), v.size() * 2});
+      tensors.push_back({name, d, info.shape, low.back().data(), v.size() * 2, {}});
     }
     ASSERT_TRUE(MakeDirs(src).ok());
     ASSERT_TRUE(WriteFileAtomic(src + "/config.json", *ReadFile(dir + "/config.json")).ok());

@@ -370,7 +370,9 @@ TEST(LlamaTest, ForwardOnlyKeepsNoLayersActivations) {
         ASSERT_TRUE((*made)->ForwardBackward(batch, 1.f).ok());
       }
       const int64_t train = be->allocator()->stats().peak_bytes - base;
-      if (layers == 8) EXPECT_LT(fwd, train / 2) << (critic ? "values" : "log-probs") << ": " << fwd << " vs " << train;
+      if (layers == 8) {
+        EXPECT_LT(fwd, train / 2) << (critic ? "values" : "log-probs") << ": " << fwd << " vs " << train;
+      }
     }
   }
   EXPECT_EQ(above[8], above[2]) << "a forward's peak grew with the layers";
