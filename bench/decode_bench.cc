@@ -22,7 +22,7 @@
 //
 //   decode_bench [--hidden 2048 --layers 16 --heads 32 --kv-heads 8 --ffn 8192 --vocab 128256 --tied 1]
 //                [--batch 1,64] [--prompt 128] [--new 128] [--reps 3] [--hbm-gbps 3000] [--dtype bf16] [--graphs 1]
-//                [--group G] [--trace PREFIX] [--gemm-tune 0|1]
+//                [--group G] [--trace PREFIX] [--phases PREFIX] [--gemm-tune 0|1]
 //
 // --gemm-tune 1: each GEMM shape's first call times cuBLASLt's candidates and keeps the
 // fastest (kernels::SetGemmTuning; the warm-up pays for it).
@@ -42,6 +42,14 @@
 // one more whole Generate() inside a "timed step" range, and the GPU timeline so far into
 // PREFIX.b<batch>.csv — `bench/nsys_gaps.py PREFIX.b1.csv --kernels 30` then says where a
 // generation's time goes (its kernels by total time, the idle gaps between them).
+//
+// With `--phases PREFIX` (a build configured with -DTESSERA_KERNEL_PHASES=ON:
+// kernels/common/phase_probe.h): after the timed runs of each batch size, one more whole
+// Generate() with every decode-linear and paged-attention CTA's phases recorded, into
+// PREFIX.b<batch>.txt — `bench/decode_phases.py PREFIX.b1.txt` then says, kernel by kernel,
+// when its CTAs start, wait and end against the end of the kernel before it.
+#include <cuda_runtime.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -54,6 +62,7 @@
 #include "absl/strings/str_split.h"
 #include "bench/bench_util.h"
 #include "bench/cupti_trace.h"
+#include "kernels/common/phase_probe.h"
 #include "kernels/gemm/gemm.h"
 #include "worker/rollout/rollout.h"
 
@@ -133,6 +142,8 @@ int main(int argc, char** argv) {
   std::vector<int64_t> batches;
   for (auto s : absl::StrSplit(a.count("batch") ? a["batch"] : std::string("1,64"), ',')) batches.push_back(std::atoll(std::string(s).c_str()));
   if (new_tokens < 2) return fprintf(stderr, "--new must be >= 2\n"), 1;
+  if (a.count("phases") && !kernels::PhasesRecorded())
+    return fprintf(stderr, "--phases: this build records none (configure with -DTESSERA_KERNEL_PHASES=ON)\n"), 1;
 
   std::unique_ptr<bench::CuptiTrace> trace;  // before the first CUDA call
   if (a.count("trace")) {
@@ -214,6 +225,16 @@ int main(int argc, char** argv) {
       full = std::min(full, Seconds(**e, reqs, &got));
       graph_steps = (*e)->graph_steps();
       one = std::min(one, Seconds(**e, first, &got1));
+    }
+    if (a.count("phases")) {
+      int64_t recorded = 0;
+      cudaDeviceSynchronize();
+      kernels::ResetPhases();
+      Seconds(**e, reqs, &recorded);
+      cudaDeviceSynchronize();
+      const std::string path = absl::StrCat(a["phases"], ".b", batch, ".txt");
+      if (auto s = kernels::DumpPhases(path); !s.ok()) return fprintf(stderr, "%s\n", s.ToString().c_str()), 1;
+      fprintf(stderr, "phases %s\n", path.c_str());
     }
     if (trace != nullptr) {
       const uint64_t begin = trace->Now();

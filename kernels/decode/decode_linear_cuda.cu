@@ -17,7 +17,10 @@
 
 #include "kernels/common/cuda_elem.cuh"
 #include "kernels/common/pdl.cuh"
+#include "kernels/common/phase_probe.cuh"
 #include "kernels/decode/decode_linear.h"
+
+PHASE_PROBE_TU(decode_linear)
 
 namespace tessera::kernels {
 namespace {
@@ -143,6 +146,8 @@ template <int M, int R, int U, int KS>
 __global__ void __launch_bounds__(kThreads) DecodeGemv(const Params p) {
   extern __shared__ __align__(16) unsigned char smem[];
   uint4* sx = reinterpret_cast<uint4*>(smem);
+  PHASE_DECL
+  PHASE(0);
   constexpr int V = R * M, kLog = V == 1 ? 0 : V == 2 ? 1 : V == 4 ? 2 : V == 8 ? 3 : V == 16 ? 4 : 5;
   static_assert(V >= 1 && V <= 32 && (V & (V - 1)) == 0, "R * M: a power of two up to 32");
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, chunks = p.k / 8;
@@ -189,10 +194,13 @@ __global__ void __launch_bounds__(kThreads) DecodeGemv(const Params p) {
       }
     }
   StageNorm<M>(p, sx);
+  PHASE(1);
   GridDependencyWait();
   GridDependentsLaunch();
+  PHASE(2);
   StageX<M>(p, sx);
   __syncthreads();
+  PHASE(3);
 
   const int idx = lane >> (5 - kLog), out_r = idx / M, out_mi = idx % M;  // the (row, x row) this lane ends with
   const bool writer = (lane & ((1 << (5 - kLog)) - 1)) == 0;
@@ -261,6 +269,7 @@ __global__ void __launch_bounds__(kThreads) DecodeGemv(const Params p) {
       }
     }
   }
+  PHASE_END(10 * M + KS + (p.swiglu ? 5 : 0) + (p.norm != nullptr ? 100 : 0) + (p.residual != nullptr ? 200 : 0));
 }
 
 // The rows of x a kernel instance stages (its M; zeros past m), the norm's weights after them.

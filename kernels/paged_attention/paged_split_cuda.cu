@@ -22,11 +22,14 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/common/cuda_elem.cuh"
 #include "kernels/common/pdl.cuh"
+#include "kernels/common/phase_probe.cuh"
 #include "kernels/common/scratch.cuh"
 #include "kernels/common/tensor_core.cuh"
 #include "kernels/paged_attention/paged_attention.h"
 #include "kernels/paged_attention/paged_split.h"
 #include "kernels/rope/rope_head.cuh"
+
+PHASE_PROBE_TU(paged_split)
 
 namespace tessera::kernels::paged {
 namespace {
@@ -175,6 +178,8 @@ template <int D, bool kRope>
 __global__ void __launch_bounds__(kThreads) SplitKernel(Params p) {
   constexpr int kChunks = D / 8;
   extern __shared__ __align__(128) unsigned char smem[];
+  PHASE_DECL
+  PHASE(0);
   const tc::SwizzledTile<D> sQ{reinterpret_cast<bf16*>(smem)};
   auto sK = [&](int st) { return tc::SwizzledTile<D>{sQ.base + kRows * D + 2 * st * kTile * D}; };
   auto sV = [&](int st) { return tc::SwizzledTile<D>{sQ.base + kRows * D + (2 * st + 1) * kTile * D}; };
@@ -225,11 +230,14 @@ __global__ void __launch_bounds__(kThreads) SplitKernel(Params p) {
   // and before the wait: the same for all the CTA's heads and the key.
   LaneAngles<D / 32> ang;
   if (kRope) ang = RopeLaneAngles<D / 32>(pos, p.inv);
+  PHASE(1);
   if (kRope) GridDependencyWait(), GridDependentsLaunch();
+  PHASE(2);
   // The fused q/k pass, while the first tiles load; the new token's tile and row.
   bf16* new_kv = sQ.base + (kRows + 2 * kStages * kTile) * D;
   const int last = len - 1, new_tile = kRope && last >= c0 && last < c1 ? (last - c0) / kTile : -1;
   if (kRope) RopeInto<D>(p, sQ, new_kv, new_tile >= 0, gq, gk, ang, slot);
+  PHASE(3);
 
   const float sl2 = p.scale * kLog2e;
   float o[D / 8][4] = {};
@@ -297,6 +305,7 @@ __global__ void __launch_bounds__(kThreads) SplitKernel(Params p) {
     }
     __syncthreads();  // stage st is reloaded next iteration
   }
+  PHASE(4);
   // Merge the 4 warps' states (rows g, g + 8 = heads) through shared memory, which the
   // tiles no longer use (nothing may still be in flight when no tile was loaded).
   tc::CpAsyncWait<0>();
@@ -345,7 +354,9 @@ __global__ void __launch_bounds__(kThreads) SplitKernel(Params p) {
       }
     }
   }
+  PHASE(5);
   if (p.cluster) ClusterMerge<D>(p, co, cm, cl);
+  PHASE_END(100 + D);
 }
 
 // out = sum_s e^(m_s - M) O_s / sum_s e^(m_s - M) l_s; one warp per (sequence, head).
