@@ -13,7 +13,7 @@ python3 "$check" "$root" || { echo "FAIL: the source tree breaks the layering"; 
 
 # expect_refused FILE INCLUDE: a tree holding only FILE with that include must fail.
 expect_refused() {
-  local file=$1 inc=$2 dir="$tmp/t$RANDOM"
+  local file=$1 inc=$2 dir; dir=$(mktemp -d "$tmp/t.XXXXXX")
   mkdir -p "$dir/$(dirname "$file")"
   printf '#include "%s"\n' "$inc" > "$dir/$file"
   if out=$(python3 "$check" "$dir" 2>&1); then
@@ -23,7 +23,7 @@ expect_refused() {
   fi
 }
 expect_accepted() {
-  local file=$1 inc=$2 dir="$tmp/t$RANDOM"
+  local file=$1 inc=$2 dir; dir=$(mktemp -d "$tmp/t.XXXXXX")
   mkdir -p "$dir/$(dirname "$file")"
   printf '#include "%s"\n' "$inc" > "$dir/$file"
   python3 "$check" "$dir" > /dev/null 2>&1 || { echo "FAIL: $file including $inc was refused"; bad=1; }
