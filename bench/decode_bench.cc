@@ -228,7 +228,6 @@ int main(int argc, char** argv) {
     }
     if (a.count("phases")) {
       int64_t recorded = 0;
-      cudaDeviceSynchronize();
       kernels::ResetPhases();
       Seconds(**e, reqs, &recorded);
       cudaDeviceSynchronize();

@@ -1,20 +1,15 @@
 // The device side of kernels/common/phase_probe.h: PHASE_DECL at a kernel's start,
 // PHASE(i) at its points (thread 0 stamps), PHASE_END(id) at its end (thread 0 appends the
 // record), and PHASE_PROBE_TU(name) once in each instrumented file (its buffer: one per
-// file, as device variables are without relocatable device code). All empty unless the
-// build defines TESSERA_KERNEL_PHASES.
+// file, as device variables are without relocatable device code; phase_probe.cc lists
+// them). All empty unless the build defines TESSERA_KERNEL_PHASES.
 #pragma once
 #ifdef TESSERA_KERNEL_PHASES
 #include <cuda_runtime.h>
 
-#include <cstdio>
+#include "kernels/common/phase_probe.h"
 
 namespace tessera::kernels::phase_probe {
-struct Record {
-  unsigned long long t[8];
-  int id, block, grid, pad;
-};
-constexpr unsigned kCapacity = 1u << 19;
 __device__ __forceinline__ unsigned long long Now() {
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -40,30 +35,18 @@ __device__ __forceinline__ unsigned long long Now() {
       }                                                                                        \
     }                                                                                          \
   } while (0)
-// The file's buffer and its host functions (phase_probe.cc calls them).
+// The file's buffer and where it lies (phase_probe.cc reads and empties it).
 #define PHASE_PROBE_TU(NAME)                                                                              \
   namespace {                                                                                             \
   __device__ ::tessera::kernels::phase_probe::Record g_phase_records[::tessera::kernels::phase_probe::kCapacity]; \
   __device__ unsigned g_phase_count;                                                                      \
   }                                                                                                       \
   namespace tessera::kernels::phase_probe {                                                               \
-  void Reset_##NAME() {                                                                                   \
-    const unsigned z = 0;                                                                                 \
-    cudaMemcpyToSymbol(g_phase_count, &z, sizeof(z));                                                     \
-  }                                                                                                       \
-  bool Dump_##NAME(FILE* f) {                                                                             \
-    unsigned n = 0;                                                                                       \
-    if (cudaMemcpyFromSymbol(&n, g_phase_count, sizeof(n)) != cudaSuccess) return false;                  \
-    n = n < kCapacity ? n : kCapacity;                                                                    \
-    Record* h = new Record[n > 0 ? n : 1];                                                                \
-    const bool ok = n == 0 || cudaMemcpyFromSymbol(h, g_phase_records, sizeof(Record) * n) == cudaSuccess; \
-    for (unsigned i = 0; ok && i < n; ++i) {                                                              \
-      fprintf(f, "%d %d %d", h[i].id, h[i].block, h[i].grid);                                             \
-      for (int j = 0; j < 8; ++j) fprintf(f, " %llu", h[i].t[j]);                                         \
-      fprintf(f, "\n");                                                                                   \
-    }                                                                                                     \
-    delete[] h;                                                                                           \
-    return ok;                                                                                            \
+  Buffer Buffer_##NAME() {                                                                                \
+    Buffer b;                                                                                             \
+    cudaGetSymbolAddress(reinterpret_cast<void**>(&b.records), g_phase_records);                          \
+    cudaGetSymbolAddress(reinterpret_cast<void**>(&b.count), g_phase_count);                              \
+    return b;                                                                                             \
   }                                                                                                       \
   }
 #else

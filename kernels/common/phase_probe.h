@@ -26,4 +26,16 @@ bool PhasesRecorded();
 void ResetPhases();
 // The records so far, one line each ("id block grid t0 ... t7"), into `path`.
 absl::Status DumpPhases(const std::string& path);
+
+namespace phase_probe {
+struct Record {  // one CTA's (kernels/common/phase_probe.cuh)
+  unsigned long long t[8];
+  int id, block, grid, pad;
+};
+constexpr unsigned kCapacity = 1u << 19;  // records per instrumented file
+struct Buffer {                           // an instrumented file's, on the device
+  Record* records = nullptr;
+  unsigned* count = nullptr;
+};
+}  // namespace phase_probe
 }  // namespace tessera::kernels
