@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kernels/attention/cudnn_attention.h"
+#include "common/status.h"
 #include "worker/runtime/backend.h"
 
 using namespace tessera::runtime;
@@ -157,7 +158,9 @@ int main(int argc, char** argv) {
   // 16 layers of distinct weights (2 GB: the weights come from HBM, not L2), as one CUDA
   // graph per case: each kind of layer alone, 16 of them back to back, then the 4 of a
   // layer in their order (q|k|v with the input norm, o + residual, gate|up with the norm
-  // and SwiGLU, down + residual); GB/s of weights read. Beside them the device-to-device
+  // and SwiGLU, down + residual); GB/s of weights read. Past 4 rows (16 and 64: a decode
+  // batch the fused linears do not take) the same layer as the model runs it there, RMSNorm,
+  // cuBLASLt GEMMs and SwiGLU (the "_cublaslt" rows). Beside them the device-to-device
   // copy bandwidth of 1 GiB, the roofline the decode rows are measured against.
   if (Want("decode_linear")) {
     const int64_t H = 2048, KV = 512, F = 8192, L = 16, V = 128256;
@@ -188,7 +191,7 @@ int main(int argc, char** argv) {
       layers.push_back({W({H, H}), W({KV, H}), W({KV, H}), W({H, H}), W({F, H}), W({F, H}), W({H, F}), Random(b, {H}, bf),
                         Random(b, {H}, bf)});
     auto lm = W({V, H});
-    for (int64_t m : {1, 4}) {
+    for (int64_t m : {1, 4, 16, 64}) {
       auto x = Random(b, {m, H}, bf), h = Random(b, {m, H}, bf), qo = *b.Empty({m, H}, bf), ko = *b.Empty({m, KV}, bf);
       auto vo = *b.Empty({m, KV}, bf), act = *b.Empty({m, F}, bf), logits = *b.Empty({m, V}, bf);
       auto qkv = [&](Layer& w) {
@@ -207,6 +210,23 @@ int main(int argc, char** argv) {
         Backend::LinearPart p[1] = {{&w.down, nullptr, &x}};
         return b.DecodeLinear(act, nullptr, 0.f, p, &h, false);
       };
+      // The peer: the same layer unfused, as the model runs it where DecodeLinear does not
+      // take the size — RMSNorm, cuBLASLt GEMMs (q, k, v and gate, up at once; the residual
+      // in the epilogue), SwiGLU.
+      auto xn = *b.Empty({m, H}, bf), rstd = *b.Empty({m}, DType::kF32), g = *b.Empty({m, F}, bf), u = *b.Empty({m, F}, bf);
+      auto qkv_g = [&](Layer& w) -> absl::Status {
+        TESSERA_RETURN_IF_ERROR(b.RmsNormForward(x, w.norm1, 1e-5f, xn, rstd));
+        const Backend::GemmCall c[3] = {{&xn, false, &w.q, true, &qo}, {&xn, false, &w.k, true, &ko}, {&xn, false, &w.v, true, &vo}};
+        return b.Gemms(c);
+      };
+      auto o_g = [&](Layer& w) { return b.Gemm(qo, false, w.o, true, h, 1.f, 1.f, &x); };
+      auto gate_up_g = [&](Layer& w) -> absl::Status {
+        TESSERA_RETURN_IF_ERROR(b.RmsNormForward(h, w.norm2, 1e-5f, xn, rstd));
+        const Backend::GemmCall c[2] = {{&xn, false, &w.gate, true, &g}, {&xn, false, &w.up, true, &u}};
+        TESSERA_RETURN_IF_ERROR(b.Gemms(c));
+        return b.SwiGluForward(g, u, act);
+      };
+      auto down_g = [&](Layer& w) { return b.Gemm(act, false, w.down, true, x, 1.f, 1.f, &h); };
       using Op = std::function<absl::Status(Layer&)>;
       struct Case {
         const char* name;
@@ -214,8 +234,16 @@ int main(int argc, char** argv) {
         int64_t bytes_per_layer;
       };
       const int64_t qkv_b = (H + 2 * KV) * H * 2, o_b = H * H * 2, gu_b = 2 * F * H * 2, d_b = F * H * 2;
-      for (const Case& c : {Case{"qkv", {qkv}, qkv_b}, Case{"o", {o}, o_b}, Case{"gate_up", {gate_up}, gu_b},
-                            Case{"down", {down}, d_b}, Case{"layer", {qkv, o, gate_up, down}, qkv_b + o_b + gu_b + d_b}}) {
+      std::vector<Case> cases;
+      if (b.DecodeLinearSupported(m, H, bf) && b.DecodeLinearSupported(m, F, bf))
+        cases = {Case{"qkv", {qkv}, qkv_b}, Case{"o", {o}, o_b}, Case{"gate_up", {gate_up}, gu_b}, Case{"down", {down}, d_b},
+                 Case{"layer", {qkv, o, gate_up, down}, qkv_b + o_b + gu_b + d_b}};
+      if (m > 4)
+        for (const Case& c : {Case{"qkv_cublaslt", {qkv_g}, qkv_b}, Case{"o_cublaslt", {o_g}, o_b},
+                              Case{"gate_up_cublaslt", {gate_up_g}, gu_b}, Case{"down_cublaslt", {down_g}, d_b},
+                              Case{"layer_cublaslt", {qkv_g, o_g, gate_up_g, down_g}, qkv_b + o_b + gu_b + d_b}})
+          cases.push_back(c);
+      for (const Case& c : cases) {
         absl::Status st = b.BeginCapture();
         for (int64_t l = 0; l < L && st.ok(); ++l)
           for (const Op& op : c.ops)
@@ -227,9 +255,10 @@ int main(int argc, char** argv) {
         }
         double ms = TimeMs(b, [&] { return (*graph)->Launch(); }, 50, 5);
         Line((std::string("decode_linear_") + c.name + "_m" + std::to_string(m)).c_str(),
-             "m" + std::to_string(m) + ", 16 layers, " + std::to_string(c.ops.size() * L) + " kernels", ms, "gbps",
+             "m" + std::to_string(m) + ", 16 layers, " + std::to_string(c.ops.size() * L) + " calls", ms, "gbps",
              double(c.bytes_per_layer) * L / ms / 1e6);
       }
+      if (!b.DecodeLinearSupported(m, H, bf)) continue;  // the rows below are of the fused linears
       // The whole layer of a decode step over a KV cache of 256 tokens per row: q|k|v, the
       // q/k RoPE and cache write, paged attention, o, gate|up, down (GB/s of weights and
       // KV read). Against decode_linear_layer: what the attention's two kernels cost; "fused":
