@@ -235,10 +235,11 @@ int main(int argc, char** argv) {
       };
       const int64_t qkv_b = (H + 2 * KV) * H * 2, o_b = H * H * 2, gu_b = 2 * F * H * 2, d_b = F * H * 2;
       std::vector<Case> cases;
-      if (b.DecodeLinearSupported(m, H, bf) && b.DecodeLinearSupported(m, F, bf))
+      const bool fused = b.DecodeLinearSupported(m, H, bf) && b.DecodeLinearSupported(m, F, bf);
+      if (fused)
         cases = {Case{"qkv", {qkv}, qkv_b}, Case{"o", {o}, o_b}, Case{"gate_up", {gate_up}, gu_b}, Case{"down", {down}, d_b},
                  Case{"layer", {qkv, o, gate_up, down}, qkv_b + o_b + gu_b + d_b}};
-      if (m > 4)
+      else  // the model's path at this size
         for (const Case& c : {Case{"qkv_cublaslt", {qkv_g}, qkv_b}, Case{"o_cublaslt", {o_g}, o_b},
                               Case{"gate_up_cublaslt", {gate_up_g}, gu_b}, Case{"down_cublaslt", {down_g}, d_b},
                               Case{"layer_cublaslt", {qkv_g, o_g, gate_up_g, down_g}, qkv_b + o_b + gu_b + d_b}})
@@ -258,7 +259,7 @@ int main(int argc, char** argv) {
              "m" + std::to_string(m) + ", 16 layers, " + std::to_string(c.ops.size() * L) + " calls", ms, "gbps",
              double(c.bytes_per_layer) * L / ms / 1e6);
       }
-      if (!b.DecodeLinearSupported(m, H, bf)) continue;  // the rows below are of the fused linears
+      if (!fused) continue;  // the rows below are of the fused linears
       // The whole layer of a decode step over a KV cache of 256 tokens per row: q|k|v, the
       // q/k RoPE and cache write, paged attention, o, gate|up, down (GB/s of weights and
       // KV read). Against decode_linear_layer: what the attention's two kernels cost; "fused":
