@@ -234,16 +234,13 @@ int main(int argc, char** argv) {
         int64_t bytes_per_layer;
       };
       const int64_t qkv_b = (H + 2 * KV) * H * 2, o_b = H * H * 2, gu_b = 2 * F * H * 2, d_b = F * H * 2;
-      std::vector<Case> cases;
       const bool fused = b.DecodeLinearSupported(m, H, bf) && b.DecodeLinearSupported(m, F, bf);
-      if (fused)
-        cases = {Case{"qkv", {qkv}, qkv_b}, Case{"o", {o}, o_b}, Case{"gate_up", {gate_up}, gu_b}, Case{"down", {down}, d_b},
-                 Case{"layer", {qkv, o, gate_up, down}, qkv_b + o_b + gu_b + d_b}};
-      else  // the model's path at this size
-        for (const Case& c : {Case{"qkv_cublaslt", {qkv_g}, qkv_b}, Case{"o_cublaslt", {o_g}, o_b},
-                              Case{"gate_up_cublaslt", {gate_up_g}, gu_b}, Case{"down_cublaslt", {down_g}, d_b},
-                              Case{"layer_cublaslt", {qkv_g, o_g, gate_up_g, down_g}, qkv_b + o_b + gu_b + d_b}})
-          cases.push_back(c);
+      const std::vector<Case> cases =
+          fused ? std::vector<Case>{{"qkv", {qkv}, qkv_b}, {"o", {o}, o_b}, {"gate_up", {gate_up}, gu_b}, {"down", {down}, d_b},
+                                    {"layer", {qkv, o, gate_up, down}, qkv_b + o_b + gu_b + d_b}}
+                : std::vector<Case>{{"qkv_cublaslt", {qkv_g}, qkv_b}, {"o_cublaslt", {o_g}, o_b},  // the model's path at this size
+                                    {"gate_up_cublaslt", {gate_up_g}, gu_b}, {"down_cublaslt", {down_g}, d_b},
+                                    {"layer_cublaslt", {qkv_g, o_g, gate_up_g, down_g}, qkv_b + o_b + gu_b + d_b}};
       for (const Case& c : cases) {
         absl::Status st = b.BeginCapture();
         for (int64_t l = 0; l < L && st.ok(); ++l)
