@@ -562,12 +562,18 @@ TEST_P(OpTest, PagedDecodeAttention) {
   // The second shape has a long context (CUDA: split across CTAs and merged), d = 128 and
   // a GQA group of 8; the first, short ones of every length class around a block.
   struct C { std::vector<int32_t> lens; int64_t hq, hkv, dim, blocks, maxb; };
+  // Then GQA groups of 2 (Qwen3's shape) and 16 (the CUDA kernel's heads as rows, not
+  // columns), and a batch of 136 short sequences at head dim 128 (on an H200 more than 4
+  // waves of CTAs at two a multiprocessor: the two-stage instance).
+  std::vector<int32_t> wide(136);
+  for (size_t i = 0; i < wide.size(); ++i) wide[i] = static_cast<int32_t>(1 + (i * 37) % 100);
   for (DType t : {DType::kF32, DType::kBF16})
   // Few sequences split their context (the CUDA kernel: the splits of a kv head in one
   // cluster, some of them empty where a sequence is short); the last case's context has
   // more splits than a cluster holds (a second kernel merges them).
   for (const C& c : {C{{1, 16, 17, 100, 128}, 8, 2, 64, 40, 8}, C{{1000, 300, 1}, 16, 2, 128, 90, 64},
-                     C{{3000, 40}, 8, 1, 64, 200, 192}}) {
+                     C{{3000, 40}, 8, 1, 64, 200, 192}, C{{1, 33, 190}, 16, 8, 128, 40, 16}, C{{70, 5}, 16, 1, 64, 10, 8},
+                     C{wide, 16, 8, 128, 960, 7}}) {
     const int64_t B = static_cast<int64_t>(c.lens.size()), hq = c.hq, hkv = c.hkv, dim = c.dim, bs = 16,
                   blocks = c.blocks, maxb = c.maxb;
     const std::vector<int32_t>& lens = c.lens;
