@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kernels/attention/cudnn_attention.h"
+#include "kernels/decode/decode_linear.h"
 #include "common/status.h"
 #include "worker/runtime/backend.h"
 
@@ -158,9 +159,9 @@ int main(int argc, char** argv) {
   // 16 layers of distinct weights (2 GB: the weights come from HBM, not L2), as one CUDA
   // graph per case: each kind of layer alone, 16 of them back to back, then the 4 of a
   // layer in their order (q|k|v with the input norm, o + residual, gate|up with the norm
-  // and SwiGLU, down + residual); GB/s of weights read. Past 4 rows (16 and 64: a decode
-  // batch the fused linears do not take) the same layer as the model runs it there, RMSNorm,
-  // cuBLASLt GEMMs and SwiGLU (the "_cublaslt" rows). Beside them the device-to-device
+  // and SwiGLU, down + residual); GB/s of weights read. Past 4 rows (16, 64 and 128: the
+  // tensor-core decode GEMM on Hopper) beside them the same layer as RMSNorm, cuBLASLt GEMMs
+  // and SwiGLU (the "_cublaslt" rows: the model's path where DecodeLinear does not take the size). Beside them the device-to-device
   // copy bandwidth of 1 GiB, the roofline the decode rows are measured against.
   if (Want("decode_linear")) {
     const int64_t H = 2048, KV = 512, F = 8192, L = 16, V = 128256;
@@ -191,7 +192,7 @@ int main(int argc, char** argv) {
       layers.push_back({W({H, H}), W({KV, H}), W({KV, H}), W({H, H}), W({F, H}), W({F, H}), W({H, F}), Random(b, {H}, bf),
                         Random(b, {H}, bf)});
     auto lm = W({V, H});
-    for (int64_t m : {1, 4, 16, 64}) {
+    for (int64_t m : {1, 4, 16, 64, 128}) {
       auto x = Random(b, {m, H}, bf), h = Random(b, {m, H}, bf), qo = *b.Empty({m, H}, bf), ko = *b.Empty({m, KV}, bf);
       auto vo = *b.Empty({m, KV}, bf), act = *b.Empty({m, F}, bf), logits = *b.Empty({m, V}, bf);
       auto qkv = [&](Layer& w) {
@@ -235,12 +236,16 @@ int main(int argc, char** argv) {
       };
       const int64_t qkv_b = (H + 2 * KV) * H * 2, o_b = H * H * 2, gu_b = 2 * F * H * 2, d_b = F * H * 2;
       const bool fused = b.DecodeLinearSupported(m, H, bf) && b.DecodeLinearSupported(m, F, bf);
-      const std::vector<Case> cases =
-          fused ? std::vector<Case>{{"qkv", {qkv}, qkv_b}, {"o", {o}, o_b}, {"gate_up", {gate_up}, gu_b}, {"down", {down}, d_b},
-                                    {"layer", {qkv, o, gate_up, down}, qkv_b + o_b + gu_b + d_b}}
-                : std::vector<Case>{{"qkv_cublaslt", {qkv_g}, qkv_b}, {"o_cublaslt", {o_g}, o_b},  // the model's path at this size
-                                    {"gate_up_cublaslt", {gate_up_g}, gu_b}, {"down_cublaslt", {down_g}, d_b},
-                                    {"layer_cublaslt", {qkv_g, o_g, gate_up_g, down_g}, qkv_b + o_b + gu_b + d_b}};
+      std::vector<Case> cases;
+      if (fused)
+        cases = {{"qkv", {qkv}, qkv_b}, {"o", {o}, o_b}, {"gate_up", {gate_up}, gu_b}, {"down", {down}, d_b},
+                 {"layer", {qkv, o, gate_up, down}, qkv_b + o_b + gu_b + d_b}};
+      if (!fused || m > tessera::kernels::kDecodeCudaMaxRows)  // the model's path where DecodeLinear does not take the size; beside the
+                                                       // tensor-core kernel, its peer
+        for (Case c : std::vector<Case>{{"qkv_cublaslt", {qkv_g}, qkv_b}, {"o_cublaslt", {o_g}, o_b},
+                                        {"gate_up_cublaslt", {gate_up_g}, gu_b}, {"down_cublaslt", {down_g}, d_b},
+                                        {"layer_cublaslt", {qkv_g, o_g, gate_up_g, down_g}, qkv_b + o_b + gu_b + d_b}})
+          cases.push_back(c);
       for (const Case& c : cases) {
         absl::Status st = b.BeginCapture();
         for (int64_t l = 0; l < L && st.ok(); ++l)

@@ -1,6 +1,6 @@
 // Hopper warpgroup MMA (wgmma, sm_90a) building blocks: shared-memory matrix descriptors
 // for the 128-byte swizzle, the fences and the bf16 -> f32 instruction shapes the
-// attention kernels use. Generated operand lists are spelled out (64 accumulators).
+// attention kernels and the decode GEMM use. Generated operand lists are spelled out (up to 64 accumulators).
 //
 // Shared-memory tiles (Sw128Tile) hold a [rows][cols] bf16 matrix as cols/64 column
 // blocks of [rows][64]; each 128-byte row of a block has its 16-byte chunks XOR-ed with
@@ -81,6 +81,16 @@ __device__ __forceinline__ void FenceRegs(float (&d)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
+// d (64 x 32, f32) {+}= A (64 x 16, smem) * B (16 x 32, smem); kTransA/kTransB: 0 = K-major, 1 = M/N-major
+template <int kTransA = 0, int kTransB = 0>
+__device__ __forceinline__ void WgmmaSS_m64n32(float (&d)[16], uint64_t a_desc, uint64_t b_desc, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, %19, %20;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(a_desc), "l"(b_desc), "r"(accumulate), "n"(kTransA), "n"(kTransB));
+}
+
 // d (64 x 64, f32) {+}= A (64 x 16, smem) * B (16 x 64, smem); kTransA/kTransB: 0 = K-major, 1 = M/N-major
 template <int kTransA = 0, int kTransB = 0>
 __device__ __forceinline__ void WgmmaSS_m64n64(float (&d)[32], uint64_t a_desc, uint64_t b_desc, int accumulate) {
@@ -144,6 +154,15 @@ __device__ __forceinline__ void Wait(uint64_t* bar, int parity) {
       "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
       "@!done bra WAIT;\n}\n" ::"r"(tc::SmemAddr(bar)),
       "r"(parity)
+      : "memory");
+}
+// One box of a 2-D tensor map (c0 the inner coordinate) into shared memory; completion
+// counted on `bar` in bytes.
+__device__ __forceinline__ void Load2d(void* smem, const void* tensor_map, uint64_t* bar, int c0, int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+          tc::SmemAddr(smem)),
+      "l"(tensor_map), "r"(c0), "r"(c1), "r"(tc::SmemAddr(bar))
       : "memory");
 }
 // One box of a 3-D tensor map into shared memory; completion counted on `bar` in bytes.

@@ -15,16 +15,21 @@
 // kernel before it, whose tail it overlaps (its weights prefetched into L2 before it waits
 // for its input). Past 4 rows the CUDA-core dot products are bound by arithmetic: there
 // cuBLASLt's GEMMs are faster (H200, a 1B Llama's decode step at 5 to 8 rows: 1.37 ms with
-// this kernel, 1.22 ms with the GEMMs), so the CUDA backend does not take those sizes.
+// this kernel, 1.22 ms with the GEMMs). From 5 to kDecodeGemmMaxRows rows on Hopper the
+// same call runs the tensor-core decode GEMM (decode_gemm_cuda.cu: the weights streamed
+// by TMA, K split over a cluster where tiles are few, the same epilogues; the norm a
+// small kernel before it, x normalized into `scratch`); elsewhere those sizes are not taken.
 #pragma once
 #include <cstdint>
 
 #include "absl/status/status.h"
 #include "common/dtype.h"
+#include "kernels/common/scratch.h"
 
 namespace tessera::kernels {
 constexpr int64_t kDecodeMaxRows = 8;      // the CPU reference
-constexpr int64_t kDecodeCudaMaxRows = 4;  // the CUDA kernel
+constexpr int64_t kDecodeCudaMaxRows = 4;  // the CUDA-core kernel
+constexpr int64_t kDecodeGemmMaxRows = 128;  // the tensor-core kernel (Hopper)
 constexpr int64_t kDecodeMaxXBytes = 96 * 1024;
 
 struct DecodeLinearPart {
@@ -46,7 +51,10 @@ struct DecodeLinearArgs {
 // INVALID_ARGUMENT naming what is wrong with the arguments' shapes (both backends).
 absl::Status CheckDecodeLinear(const DecodeLinearArgs& a);
 absl::Status DecodeLinearCpu(const DecodeLinearArgs& a, DType t);
-// Whether the CUDA kernel takes these sizes and dtype.
+// Whether the CUDA kernels take these sizes and dtype (on the current device).
 bool DecodeLinearCudaSupported(int64_t m, int64_t k, DType t);
-absl::Status DecodeLinearCuda(const DecodeLinearArgs& a, DType t, void* stream);
+absl::Status DecodeLinearCuda(const DecodeLinearArgs& a, DType t, void* stream, DeviceScratch* scratch = nullptr);
+// The tensor-core kernel alone (kDecodeCudaMaxRows < m <= kDecodeGemmMaxRows, Hopper).
+bool DecodeGemmCudaSupported(int64_t m, int64_t k, DType t);
+absl::Status DecodeGemmCuda(const DecodeLinearArgs& a, DType t, void* stream, DeviceScratch* scratch);
 }  // namespace tessera::kernels

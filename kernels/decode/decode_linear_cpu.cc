@@ -20,6 +20,7 @@ absl::Status CheckDecodeLinear(const DecodeLinearArgs& a) {
   if (a.residual != nullptr && a.num_parts != 1) return bad("a residual takes one weight");
   if (a.swiglu && (a.num_parts != 2 || a.parts[0].n != a.parts[1].n || a.residual != nullptr))
     return bad("swiglu takes two weights of one shape (gate, up) and no residual");
+  if (a.swiglu && (a.parts[0].bias != nullptr || a.parts[1].bias != nullptr)) return bad("swiglu's gate and up take no bias");
   return absl::OkStatus();
 }
 

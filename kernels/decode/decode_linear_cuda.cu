@@ -325,12 +325,14 @@ absl::Status Launch(Params& p, cudaStream_t s) {
 }  // namespace
 
 bool DecodeLinearCudaSupported(int64_t m, int64_t k, DType t) {
+  if (m > kDecodeCudaMaxRows) return DecodeGemmCudaSupported(m, k, t);
   return t == DType::kBF16 && m >= 1 && m <= kDecodeCudaMaxRows && k % 8 == 0 && k <= (int64_t(1) << 20) &&
          (KernelRows(m) + 1) * k * 2 <= kDecodeMaxXBytes;
 }
 
-absl::Status DecodeLinearCuda(const DecodeLinearArgs& a, DType t, void* stream) {
+absl::Status DecodeLinearCuda(const DecodeLinearArgs& a, DType t, void* stream, DeviceScratch* scratch) {
   if (auto s = CheckDecodeLinear(a); !s.ok()) return s;
+  if (a.m > kDecodeCudaMaxRows && DecodeGemmCudaSupported(a.m, a.k, t)) return DecodeGemmCuda(a, t, stream, scratch);
   if (!DecodeLinearCudaSupported(a.m, a.k, t))
     return absl::InvalidArgumentError(absl::StrCat("decode linear: CUDA takes bf16 with k % 8 == 0, m <= ", kDecodeCudaMaxRows,
                                                    " and (m rounded up to 1, 2 or 4, plus 1) * k * 2 <= ", kDecodeMaxXBytes,

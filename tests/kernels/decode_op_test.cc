@@ -68,6 +68,16 @@ TEST_P(OpTest, DecodeLinearMatchesTheOpsItFuses) {
       {5, 8192, {40}, false, false, true, false},    // a down projection at 5 rows (where the backend takes it)
       {1, 8192, {2048}, false, false, true, false},  // a down projection at 1 row: each row's chunks shared by warps
       {2, 6000, {64, 64}, true, false, false, true},  // SwiGLU over shares of a row that are not whole batches
+      // Past 4 rows (the tensor-core kernel on Hopper): each width of x's tile, K split over
+      // a cluster or not, K and n not multiples of the tiles.
+      {5, 2048, {512, 128, 128}, true, true, false, false},
+      {16, 520, {300}, false, false, true, false},
+      {33, 2048, {2048}, false, false, true, false},
+      {64, 2048, {2048, 512, 512}, true, true, false, false},
+      {64, 2048, {1536, 1536}, true, false, false, true},
+      {100, 1024, {704, 704}, true, false, false, true},
+      {128, 8192, {256}, false, false, true, false},
+      {77, 264, {96, 40, 40}, true, false, false, false},
   };
   for (DType t : {DType::kF32, DType::kBF16}) {
     for (const LinearCase& c : cases) {
@@ -112,7 +122,12 @@ TEST_P(OpTest, DecodeLinearNamesWhatIsWrong) {
   EXPECT_THAT(std::string(be_->DecodeLinear(x, &nw, 1e-5f, {&ok, 1}, nullptr, false).message()), HasSubstr("norm [32] must be [64]"));
   EXPECT_THAT(std::string(be_->DecodeLinear(x, nullptr, 0, {&ok, 1}, nullptr, true).message()),
               HasSubstr("swiglu takes two weights"));
-  auto big = Out(*be_, {kernels::kDecodeMaxRows + 1, 64}, t), ybig = Out(*be_, {kernels::kDecodeMaxRows + 1, 16}, t);
+  auto bias = Out(*be_, {16}, t);
+  const Backend::LinearPart gate{&w, &bias, &y}, up{&w, nullptr, nullptr}, gate_up[2] = {gate, up};
+  EXPECT_THAT(std::string(be_->DecodeLinear(x, nullptr, 0, gate_up, nullptr, true).message()),
+              HasSubstr("biases[0]: swiglu's gate and up take no bias"));
+  const int64_t past = std::max(kernels::kDecodeMaxRows, kernels::kDecodeGemmMaxRows) + 1;  // past every backend's rows
+  auto big = Out(*be_, {past, 64}, t), ybig = Out(*be_, {past, 16}, t);
   const Backend::LinearPart many{&w, nullptr, &ybig};
   EXPECT_THAT(std::string(be_->DecodeLinear(big, nullptr, 0, {&many, 1}, nullptr, false).message()),
               HasSubstr("is not a size this backend's decode linear takes"));

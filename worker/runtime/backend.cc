@@ -585,6 +585,7 @@ absl::Status Backend::DecodeLinear(const Tensor& x, const Tensor* norm, float ep
     const int64_t n = p.w->dim(0);
     if (swiglu && n != parts[0].w->dim(0)) return Bad(op, "swiglu's gate and up weights must have one shape");
     if (p.bias != nullptr) {
+      if (swiglu) return Bad(op, absl::StrCat(b, ": swiglu's gate and up take no bias"));
       TRY(CheckTensors(op, device(), {{b.c_str(), p.bias}}));
       TRY(SameDType(op, b.c_str(), *p.bias, "x", x));
       if (p.bias->rank() != 1 || p.bias->dim(0) != n) return Bad(op, absl::StrCat(b, " ", p.bias->ShapeString(), " must be [", n, "]"));

@@ -563,7 +563,7 @@ class CudaBackend final : public Backend {
     return kernels::DecodeLinearCudaSupported(rows, k, t);
   }
   absl::Status DoDecodeLinear(const kernels::DecodeLinearArgs& a, DType t) override {
-    return kernels::DecodeLinearCuda(a, t, stream_);
+    return kernels::DecodeLinearCuda(a, t, stream_, scratch_.get());
   }
   absl::Status DoQkRopeCache(const kernels::QkRopeCacheArgs& a, DType t, const Tensor&, const Tensor& slots) override {
     TESSERA_ASSIGN_OR_RETURN(Tensor ds, OnDevice(slots));
