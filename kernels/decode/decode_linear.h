@@ -15,10 +15,12 @@
 // kernel before it, whose tail it overlaps (its weights prefetched into L2 before it waits
 // for its input). Past 4 rows the CUDA-core dot products are bound by arithmetic: there
 // cuBLASLt's GEMMs are faster (H200, a 1B Llama's decode step at 5 to 8 rows: 1.37 ms with
-// this kernel, 1.22 ms with the GEMMs). From 5 to kDecodeGemmMaxRows rows on Hopper the
-// same call runs the tensor-core decode GEMM (decode_gemm_cuda.cu: the weights streamed
-// by TMA, K split over a cluster where tiles are few, the same epilogues; the norm a
-// small kernel before it, x normalized into `scratch`); elsewhere those sizes are not taken.
+// this kernel, 1.22 ms with the GEMMs), so the CUDA backend does not take those sizes,
+// unless TESSERA_DECODE_GEMM=1: then from 5 to kDecodeGemmMaxRows rows on Hopper the same
+// call runs the tensor-core decode GEMM (decode_gemm_cuda.cu: the weights streamed by TMA,
+// K split over a cluster where tiles are few, the same epilogues; the norm a small kernel
+// before it, x normalized into `scratch`), which is correct but so far slower than
+// cuBLASLt's GEMMs at those rows (docs/perf.md).
 #pragma once
 #include <cstdint>
 
@@ -51,10 +53,12 @@ struct DecodeLinearArgs {
 // INVALID_ARGUMENT naming what is wrong with the arguments' shapes (both backends).
 absl::Status CheckDecodeLinear(const DecodeLinearArgs& a);
 absl::Status DecodeLinearCpu(const DecodeLinearArgs& a, DType t);
-// Whether the CUDA kernels take these sizes and dtype (on the current device).
+// Whether the CUDA kernels take these sizes and dtype (on the current device; past 4 rows
+// only with TESSERA_DECODE_GEMM=1).
 bool DecodeLinearCudaSupported(int64_t m, int64_t k, DType t);
 absl::Status DecodeLinearCuda(const DecodeLinearArgs& a, DType t, void* stream, DeviceScratch* scratch = nullptr);
-// The tensor-core kernel alone (kDecodeCudaMaxRows < m <= kDecodeGemmMaxRows, Hopper).
+// The tensor-core kernel alone (kDecodeCudaMaxRows < m <= kDecodeGemmMaxRows, Hopper,
+// TESSERA_DECODE_GEMM=1).
 bool DecodeGemmCudaSupported(int64_t m, int64_t k, DType t);
 absl::Status DecodeGemmCuda(const DecodeLinearArgs& a, DType t, void* stream, DeviceScratch* scratch);
 }  // namespace tessera::kernels

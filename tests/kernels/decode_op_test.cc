@@ -4,12 +4,17 @@
 // other on the same backend, and sampling over vocabularies that split into segments
 // against the softmax it draws from. Tolerances as in op_test.cc.
 #include <algorithm>
+#include <cstdlib>
 
 #include "absl/strings/str_cat.h"
 #include "tests/kernels/op_harness.h"
 
 namespace tessera::runtime::test {
 namespace {
+
+// The tensor-core decode GEMM (kernels/decode/decode_gemm_cuda.cu, 5 to 128 rows on Hopper)
+// is opt-in; these tests run it wherever the GPU takes it (set before any call reads it).
+const int kDecodeGemmOn = setenv("TESSERA_DECODE_GEMM", "1", /*overwrite=*/0);
 
 struct LinearCase {
   int64_t m, k;
