@@ -24,6 +24,7 @@
 #include "common/status.h"
 #include "kernels/attention/flash_cuda.h"
 #include "kernels/common/cuda_elem.cuh"
+#include "kernels/common/tensor_map.h"
 #include "kernels/common/wgmma.cuh"
 
 // Outside the 90a pass the kernels' bodies are traps: their helpers go unused there.
@@ -345,18 +346,6 @@ __global__ void __launch_bounds__(kThreadsOf<C>, C == 1 ? 2 : 1)
 #else
   __trap();  // Hopper only: launched where HopperPaths()
 #endif
-}
-
-PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess)
-      f = nullptr;
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-  }();
-  return fn;
 }
 
 template <int D, bool kCausal, int C>

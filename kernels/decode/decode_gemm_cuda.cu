@@ -27,13 +27,13 @@
 #include <cstdlib>
 #include <string_view>
 #include <cooperative_groups.h>
-#include <cudaTypedefs.h>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "kernels/common/cuda_elem.cuh"
 #include "kernels/common/pdl.cuh"
 #include "kernels/common/scratch.cuh"
+#include "kernels/common/tensor_map.h"
 #include "kernels/common/wgmma.cuh"
 #include "kernels/decode/decode_linear.h"
 
@@ -345,22 +345,10 @@ __global__ void __launch_bounds__(256) NormRows(const bf16* x, const bf16* norm,
   }
 }
 
-PFN_cuTensorMapEncodeTiled_v12000 Encoder() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess)
-      f = nullptr;
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-  }();
-  return fn;
-}
-
 // A [rows, k] bf16 matrix for TMA in 128-byte-swizzled boxes of 64 columns x box_rows rows;
 // reads past either bound are zeros.
 absl::Status MatrixMap(CUtensorMap* map, const void* base, int64_t rows, int64_t k, int box_rows, const char* name) {
-  auto encode = Encoder();
+  auto encode = TensorMapEncoder();
   if (encode == nullptr) return absl::InternalError("decode gemm: the driver has no cuTensorMapEncodeTiled");
   const cuuint64_t dims[2] = {cuuint64_t(k), cuuint64_t(rows)};
   const cuuint64_t strides[1] = {cuuint64_t(k * 2)};
