@@ -159,10 +159,11 @@ int main(int argc, char** argv) {
   // 16 layers of distinct weights (2 GB: the weights come from HBM, not L2), as one CUDA
   // graph per case: each kind of layer alone, 16 of them back to back, then the 4 of a
   // layer in their order (q|k|v with the input norm, o + residual, gate|up with the norm
-  // and SwiGLU, down + residual); GB/s of weights read. Past 4 rows (16, 64 and 128: the
-  // tensor-core decode GEMM on Hopper) beside them the same layer as RMSNorm, cuBLASLt GEMMs
-  // and SwiGLU (the "_cublaslt" rows: the model's path where DecodeLinear does not take the size). Beside them the device-to-device
-  // copy bandwidth of 1 GiB, the roofline the decode rows are measured against.
+  // and SwiGLU, down + residual); GB/s of weights read. Past 4 rows (16, 64 and 128) the
+  // same layer as RMSNorm, cuBLASLt GEMMs and SwiGLU (the "_cublaslt" rows: the model's path
+  // there), beside the fused rows where DecodeLinear takes the size (with
+  // TESSERA_DECODE_GEMM=1, the tensor-core decode GEMM on Hopper). Beside them the
+  // device-to-device copy bandwidth of 1 GiB, the roofline the decode rows are measured against.
   if (Want("decode_linear")) {
     const int64_t H = 2048, KV = 512, F = 8192, L = 16, V = 128256;
     {
@@ -240,8 +241,7 @@ int main(int argc, char** argv) {
       if (fused)
         cases = {{"qkv", {qkv}, qkv_b}, {"o", {o}, o_b}, {"gate_up", {gate_up}, gu_b}, {"down", {down}, d_b},
                  {"layer", {qkv, o, gate_up, down}, qkv_b + o_b + gu_b + d_b}};
-      if (!fused || m > tessera::kernels::kDecodeCudaMaxRows)  // the model's path where DecodeLinear does not take the size; beside the
-                                                       // tensor-core kernel, its peer
+      if (!fused || m > tessera::kernels::kDecodeCudaMaxRows)  // the default path past 4 rows
         for (Case c : std::vector<Case>{{"qkv_cublaslt", {qkv_g}, qkv_b}, {"o_cublaslt", {o_g}, o_b},
                                         {"gate_up_cublaslt", {gate_up_g}, gu_b}, {"down_cublaslt", {down_g}, d_b},
                                         {"layer_cublaslt", {qkv_g, o_g, gate_up_g, down_g}, qkv_b + o_b + gu_b + d_b}})

@@ -390,7 +390,7 @@ bool DecodeGemmCudaSupported(int64_t m, int64_t k, DType t) {
 absl::Status DecodeGemmCuda(const DecodeLinearArgs& a, DType t, void* stream, DeviceScratch* scratch) {
   if (!DecodeGemmCudaSupported(a.m, a.k, t))
     return absl::InvalidArgumentError(absl::StrCat("decode gemm: takes bf16 with k % 8 == 0 and ", kDecodeCudaMaxRows, " < m <= ",
-                                                   kDecodeGemmMaxRows, " on Hopper; got m ", a.m, ", k ", a.k));
+                                                   kDecodeGemmMaxRows, " on Hopper with TESSERA_DECODE_GEMM=1; got m ", a.m, ", k ", a.k));
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   const int nb = a.m <= 32 ? 32 : a.m <= 64 ? 64 : 128;
   ScratchBlock xn(scratch, a.norm != nullptr ? size_t(a.m * a.k) * 2 : 0, s);

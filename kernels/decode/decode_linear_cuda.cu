@@ -332,7 +332,7 @@ bool DecodeLinearCudaSupported(int64_t m, int64_t k, DType t) {
 
 absl::Status DecodeLinearCuda(const DecodeLinearArgs& a, DType t, void* stream, DeviceScratch* scratch) {
   if (auto s = CheckDecodeLinear(a); !s.ok()) return s;
-  if (a.m > kDecodeCudaMaxRows && DecodeGemmCudaSupported(a.m, a.k, t)) return DecodeGemmCuda(a, t, stream, scratch);
+  if (a.m > kDecodeCudaMaxRows) return DecodeGemmCuda(a, t, stream, scratch);  // it says what it does not take
   if (!DecodeLinearCudaSupported(a.m, a.k, t))
     return absl::InvalidArgumentError(absl::StrCat("decode linear: CUDA takes bf16 with k % 8 == 0, m <= ", kDecodeCudaMaxRows,
                                                    " and (m rounded up to 1, 2 or 4, plus 1) * k * 2 <= ", kDecodeMaxXBytes,
