@@ -32,6 +32,15 @@ absl::Status PagedAttentionCuda(const void* q, const void* k_cache, const void* 
 // D], [B, Hkv, D]); the keys and values go to the cache at slots, and out/lse equal
 // QkRopeCache then PagedAttention (the rotated queries are not stored). bf16 only, where
 // PagedAttentionRopeCudaSupported.
+// `warm`: up to kMaxL2Warm byte ranges of constant buffers (the weights the next kernels
+// read) that the kernel prefetches into L2 once the kernel before it has ended: a decode
+// step's attention leaves the memory bus mostly idle, so the next projections' first bytes
+// arrive meanwhile. A hint: it changes no result.
+constexpr int kMaxL2Warm = 4;
+struct L2Range {
+  const void* p = nullptr;  // 16-byte aligned
+  int64_t bytes = 0;        // a multiple of 16 (rounded down)
+};
 struct PagedRopeArgs {
   const void *k_new = nullptr, *v_new = nullptr;
   const int32_t *pos = nullptr, *slots = nullptr;  // [B] on the device
@@ -39,6 +48,7 @@ struct PagedRopeArgs {
   float eps = 0.f;
   const float* inv_freq = nullptr;  // host, D / 2
   float scale = 1.f;                // RoPE's attention scaling
+  L2Range warm[kMaxL2Warm] = {};
 };
 bool PagedAttentionRopeCudaSupported(const PagedDims& d, DType t);
 absl::Status PagedAttentionRopeCuda(const void* q, const PagedRopeArgs& rope, void* k_cache, void* v_cache,

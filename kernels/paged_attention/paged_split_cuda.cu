@@ -16,7 +16,9 @@
 // (the context's last) rotates that token's key, writes key and value to the cache and
 // puts them into its tile in shared memory over whatever the cache slot held when the
 // tile was loaded — so no kernel before it has to write the cache, and its first tiles
-// load before it waits for the kernel that wrote q (programmatic dependent launch).
+// load before it waits for the kernel that wrote q (programmatic dependent launch). After
+// that wait its threads also prefetch the ranges of PagedRopeArgs::warm into L2 (in 16 KB
+// pieces spread over the grid), while the bus is otherwise idle.
 #include <algorithm>
 
 #include <cooperative_groups.h>
@@ -61,7 +63,28 @@ struct Params {
   const int32_t *pos = nullptr, *slots = nullptr;
   float eps = 0.f;
   InvFreq inv = {};
+  // Ranges to prefetch into L2 after the wait: their starts, and their ends counted in
+  // 16 KB pieces over all the ranges before them.
+  const char* warm[kMaxL2Warm] = {};
+  int64_t warm_bytes[kMaxL2Warm] = {};
+  int warm_end[kMaxL2Warm] = {};
 };
+constexpr int64_t kWarmPiece = 16 << 10;
+
+// This thread's share of the warm ranges (piece i of all of them for i = its index in the
+// grid, stepping by the grid's threads), prefetched into L2.
+__device__ void WarmL2(const Params& p) {
+  const int total = p.warm_end[kMaxL2Warm - 1];
+  if (total == 0) return;
+  const int64_t cta = (int64_t(blockIdx.z) * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+  const int64_t step = int64_t(gridDim.x) * gridDim.y * gridDim.z * kThreads;
+  int r = 0;
+  for (int64_t i = cta * kThreads + threadIdx.x; i < total; i += step) {
+    while (i >= p.warm_end[r]) ++r;
+    const int64_t at = (i - (r == 0 ? 0 : p.warm_end[r - 1])) * kWarmPiece;
+    PrefetchL2(p.warm[r] + at, unsigned(min(kWarmPiece, p.warm_bytes[r] - at)));
+  }
+}
 
 template <int D, int S>
 __host__ __device__ constexpr int SmemBytes() {
@@ -244,7 +267,7 @@ __global__ void __launch_bounds__(kThreads, MinCtas<D, kStages>()) SplitKernel(P
   LaneAngles<D / 32> ang;
   if (kRope) ang = RopeLaneAngles<D / 32>(pos, p.inv);
   PHASE(1);
-  if (kRope) GridDependencyWait(), GridDependentsLaunch();
+  if (kRope) GridDependencyWait(), GridDependentsLaunch(), WarmL2(p);
   PHASE(2);
   // The fused q/k pass, while the first tiles load; the new token's tile and row.
   bf16* new_kv = sQ.base + (kRows + 2 * kStages * kTile) * D;
@@ -583,6 +606,11 @@ absl::Status DecodeRope(const void* q, const PagedRopeArgs& r, void* kc, void* v
   p.pos = r.pos, p.slots = r.slots, p.eps = r.eps;
   for (int64_t i = 0; i < d.head_dim / 2; ++i) p.inv.v[i] = r.inv_freq[i];
   p.inv.scale = r.scale;
+  for (int i = 0, end = 0; i < kMaxL2Warm; ++i) {
+    const int64_t bytes = r.warm[i].p != nullptr ? std::max<int64_t>(0, r.warm[i].bytes) / 16 * 16 : 0;
+    p.warm[i] = static_cast<const char*>(r.warm[i].p), p.warm_bytes[i] = bytes;
+    p.warm_end[i] = end += int((bytes + kWarmPiece - 1) / kWarmPiece);
+  }
   return d.head_dim == 64 ? Run<64, true>(p, d, sms, s, scratch) : Run<128, true>(p, d, sms, s, scratch);
 }
 

@@ -238,7 +238,11 @@ TEST_P(OpTest, DecodeAttentionEqualsQkRopeCacheThenPagedAttention) {
       const Tensor* knp = c.norm ? &knw : nullptr;
       auto kc = Make(*be_, {blocks, bs, hkv, d}, t, cache0), vc = Make(*be_, {blocks, bs, hkv, d}, t, cache1);
       auto qo = Out(*be_, {B, hq, d}, t), out = Out(*be_, {B, hq, d}, t), lse = Out(*be_, {B, hq}, DType::kF32);
-      auto st = be_->DecodeAttention(q, k, v, p, s, qnp, knp, 1e-6f, inv, 1.25f, qo, kc, vc, bt, cl, out, lse);
+      // With weights to warm into L2 meanwhile (a hint: the same results): one over several
+      // of the kernel's pieces, one not a multiple of 16 bytes, one empty.
+      auto w1 = Make(*be_, {300 * 1024}, t, Quantize(rng.Normal(300 * 1024), t)), w2 = Make(*be_, {999}, t, Quantize(rng.Normal(999), t));
+      const Backend::Warm warm[3] = {{&w1, int64_t(w1.nbytes())}, {&w2, 1001}, {&w1, 0}};
+      auto st = be_->DecodeAttention(q, k, v, p, s, qnp, knp, 1e-6f, inv, 1.25f, qo, kc, vc, bt, cl, out, lse, warm);
       ASSERT_TRUE(st.ok()) << st;
       auto kc2 = Make(*be_, {blocks, bs, hkv, d}, t, cache0), vc2 = Make(*be_, {blocks, bs, hkv, d}, t, cache1);
       auto qo2 = Out(*be_, {B, hq, d}, t), out2 = Out(*be_, {B, hq, d}, t), lse2 = Out(*be_, {B, hq}, DType::kF32);
@@ -255,6 +259,17 @@ TEST_P(OpTest, DecodeAttentionEqualsQkRopeCacheThenPagedAttention) {
       EXPECT_THAT(std::string(be_->DecodeAttention(q, k, v, p, Ints(*be_, wrong), qnp, knp, 1e-6f, inv, 1.25f, qo, kc, vc, bt,
                                                    cl, out, lse).message()),
                   HasSubstr(absl::StrCat("slots[", B - 1, "] = ", wrong[B - 1], " is not the slot of the context's last token")));
+      EXPECT_EQ(Read(*be_, kc), before);
+      // A range past its tensor, one without a tensor, and too many ranges, each refused by name.
+      auto attend = [&](absl::Span<const Backend::Warm> w) {
+        return std::string(be_->DecodeAttention(q, k, v, p, s, qnp, knp, 1e-6f, inv, 1.25f, qo, kc, vc, bt, cl, out, lse, w).message());
+      };
+      const Backend::Warm past[2] = {{&w1, 16}, {&w2, int64_t(w2.nbytes()) + 16}};
+      EXPECT_THAT(attend(past), HasSubstr(absl::StrCat("warm[1]: ", w2.nbytes() + 16, " bytes, expected 0 to the tensor's ", w2.nbytes())));
+      const Backend::Warm none[1] = {{nullptr, 16}};
+      EXPECT_THAT(attend(none), HasSubstr("warm[0] names no tensor"));
+      const Backend::Warm many[5] = {{&w1, 16}, {&w1, 16}, {&w1, 16}, {&w1, 16}, {&w1, 16}};
+      EXPECT_THAT(attend(many), HasSubstr("warm: 5 ranges, at most 4"));
       EXPECT_EQ(Read(*be_, kc), before);
     }
 }

@@ -7,6 +7,8 @@
 // step of a small batch) take the fused decode linears (Backend::DecodeLinear): the input
 // norm inside the q/k/v and gate/up passes, SwiGLU and the residual in their epilogues.
 // No activations are kept.
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "worker/model/llama.h"
@@ -93,8 +95,25 @@ absl::Status Llama::CacheLayerForward(const LayerParams& w, const Inputs& in, co
   TESSERA_ASSIGN_OR_RETURN(Tensor o, New(b, {t, hq, d}, act_));
   TESSERA_ASSIGN_OR_RETURN(Tensor lse, New(b, {t, hq}));
   if (kv.decode_only && fresh == 0) {
+    // While the attention runs (latency, not bytes) the next weights come into L2: o's,
+    // then the first rows of gate and up alike (the order the MLP's pass reads them).
+    Backend::Warm warm[3];
+    int64_t budget = b.DecodeWarmBytes();
+    size_t n_warm = 0;
+    auto add = [&](const Tensor& t, int64_t bytes) {
+      const int64_t row = int64_t(t.nbytes()) / std::max<int64_t>(t.dim(0), 1);
+      bytes = std::min<int64_t>(bytes, int64_t(t.nbytes())) / row * row;
+      if (bytes > 0) warm[n_warm++] = {&t, bytes}, budget -= bytes;
+    };
+    if (budget > 0) {
+      add(w.wo->weight(), budget);
+      const int64_t half = budget / 2;
+      add(w.wg->weight(), half);
+      add(w.wu->weight(), half);
+    }
     TESSERA_RETURN_IF_ERROR(b.DecodeAttention(q3, k3, v, in.positions, kv.slots, qn, kn, c.norm_eps, in.rope.inv_freq,
-                                              in.rope.attention_scaling, q, kc, vc, kv.decode->tables, kv.decode->lens, o, lse));
+                                              in.rope.attention_scaling, q, kc, vc, kv.decode->tables, kv.decode->lens, o, lse,
+                                              {warm, n_warm}));
     return CacheLayerTail(w, in, x, o, out);
   }
   TESSERA_RETURN_IF_ERROR(b.QkRopeCache(q3, k3, v, in.positions, kv.slots, qn, kn, c.norm_eps, in.rope.inv_freq,

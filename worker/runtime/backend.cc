@@ -622,10 +622,23 @@ absl::Status Backend::QkRopeCache(const Tensor& q, const Tensor& k, const Tensor
 absl::Status Backend::DecodeAttention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& positions,
                                       const Tensor& slots, const Tensor* q_norm, const Tensor* k_norm, float eps,
                                       absl::Span<const float> inv_freq, float scale, Tensor& q_out, Tensor& kc, Tensor& vc,
-                                      const Tensor& tables, const Tensor& lens, Tensor& out, Tensor& lse) {
+                                      const Tensor& tables, const Tensor& lens, Tensor& out, Tensor& lse,
+                                      absl::Span<const Warm> warm) {
   TESSERA_ASSIGN_OR_RETURN(const kernels::QkRopeCacheArgs a,
                            QkRopeCacheArgsOf(q, k, v, positions, slots, q_norm, k_norm, eps, inv_freq, scale, q_out, kc, vc, nullptr));
   TRY(CheckPagedAttention(q_out, kc, vc, tables, lens, out, lse));
+  if (warm.size() > size_t(kernels::kMaxL2Warm))
+    return Bad("decode_attention", absl::StrCat("warm: ", warm.size(), " ranges, at most ", kernels::kMaxL2Warm));
+  kernels::L2Range ranges[kernels::kMaxL2Warm];
+  for (size_t i = 0; i < warm.size(); ++i) {
+    const std::string name = absl::StrCat("warm[", i, "]");
+    if (warm[i].t == nullptr) return Bad("decode_attention", absl::StrCat(name, " names no tensor"));
+    TRY(CheckTensors("decode_attention", device(), {{name.c_str(), warm[i].t}}));
+    if (warm[i].bytes < 0 || warm[i].bytes > int64_t(warm[i].t->nbytes()))
+      return Bad("decode_attention", absl::StrCat(name, ": ", warm[i].bytes, " bytes, expected 0 to the tensor's ",
+                                                  warm[i].t->nbytes()));
+    ranges[i] = {warm[i].t->data(), warm[i].bytes};
+  }
   const bool on_host = slots.device().kind == DeviceKind::kCpu && tables.device().kind == DeviceKind::kCpu &&
                        lens.device().kind == DeviceKind::kCpu;
   if (on_host || !trust_device_indices_) {  // each row's new token is the last of its context
@@ -640,7 +653,7 @@ absl::Status Backend::DecodeAttention(const Tensor& q, const Tensor& k, const Te
                                                     "position ", last, " of row ", i, ": slot ", slot, ")"));
     }
   }
-  return DoDecodeAttention(a, q.dtype(), positions, slots, q_out, kc, vc, tables, lens, out, lse);
+  return DoDecodeAttention(a, q.dtype(), positions, slots, q_out, kc, vc, tables, lens, out, lse, {ranges, warm.size()});
 }
 
 absl::StatusOr<kernels::QkRopeCacheArgs> Backend::QkRopeCacheArgsOf(const Tensor& q, const Tensor& k, const Tensor& v,

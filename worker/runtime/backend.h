@@ -21,6 +21,7 @@
 #include "kernels/attention/attention.h"
 #include "kernels/decode/decode_linear.h"
 #include "kernels/decode/qk_rope_cache.h"
+#include "kernels/paged_attention/paged_attention.h"
 #include "worker/runtime/tensor.h"
 
 namespace tessera::runtime {
@@ -277,11 +278,23 @@ class Backend {
   // Arguments as those two ops take them (q, k, v the raw projections; block_tables and
   // context_lens as PagedAttention's); q_out is scratch for a backend that runs the two
   // ops: its contents afterwards are unspecified. out and lse, and the cache, equal those
-  // of QkRopeCache then PagedAttention.
+  // of QkRopeCache then PagedAttention. `warm`: the leading bytes of up to
+  // kernels::kMaxL2Warm tensors on this device that the kernels after this one read (the
+  // next projections' weights) and that nothing writes until then; the CUDA kernel
+  // prefetches them into L2 while it runs (kernels/paged_attention), the CPU ignores them.
+  // A hint that changes no result; each range is checked (bytes from 0 to the tensor's).
+  struct Warm {
+    const Tensor* t = nullptr;
+    int64_t bytes = 0;
+  };
   absl::Status DecodeAttention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& positions, const Tensor& slots,
                                const Tensor* q_norm, const Tensor* k_norm, float eps, absl::Span<const float> inv_freq,
                                float scale, Tensor& q_out, Tensor& k_cache, Tensor& v_cache, const Tensor& block_tables,
-                               const Tensor& context_lens, Tensor& out, Tensor& lse);
+                               const Tensor& context_lens, Tensor& out, Tensor& lse, absl::Span<const Warm> warm = {});
+  // How many bytes of the next kernels' weights a decode step's attention should warm
+  // into L2 (DecodeAttention's `warm`): a share of the device's L2 (CUDA), 0 where there is
+  // nothing to warm (CPU). TESSERA_DECODE_L2_WARM_PCT sets the share (percent of L2).
+  virtual int64_t DecodeWarmBytes() const { return 0; }
   // out[i] = src[i] >= 0 ? from[src[i]] : values[i], all i32 (src, values, out [n]; from
   // [m]): a generation step's tokens, each either sampled by the step before and still on
   // the device, or known on the host. src is checked (every entry -1 or an index of from)
@@ -366,7 +379,9 @@ class Backend {
   // Default: the two ops, QkRopeCache's output into q_out.
   virtual absl::Status DoDecodeAttention(const kernels::QkRopeCacheArgs& a, DType t, const Tensor& positions, const Tensor& slots,
                                          const Tensor& q_out, const Tensor& k_cache, const Tensor& v_cache,
-                                         const Tensor& block_tables, const Tensor& context_lens, Tensor& out, Tensor& lse) {
+                                         const Tensor& block_tables, const Tensor& context_lens, Tensor& out, Tensor& lse,
+                                         absl::Span<const kernels::L2Range> warm) {
+    (void)warm;  // a hint for a fused kernel
     if (auto st = DoQkRopeCache(a, t, positions, slots); !st.ok()) return st;
     return DoPagedAttention(q_out, k_cache, v_cache, block_tables, context_lens, out, lse);
   }

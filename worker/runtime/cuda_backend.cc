@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -559,6 +560,19 @@ class CudaBackend final : public Backend {
     return kernels::SelectCuda(ds.data_as<int32_t>(), from.data_as<int32_t>(), values.data_as<int32_t>(),
                                out.data_as<int32_t>(), out.numel(), stream_);
   }
+  // A share of L2 (TESSERA_DECODE_L2_WARM_PCT percent, default kDecodeWarmPct; 0 turns
+  // the warming off), found once.
+  int64_t DecodeWarmBytes() const override {
+    std::call_once(warm_once_, [this] {
+      int l2 = 0;
+      if (cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device_) != cudaSuccess) (void)cudaGetLastError(), l2 = 0;
+      int64_t pct = kDecodeWarmPct;
+      if (const char* e = std::getenv("TESSERA_DECODE_L2_WARM_PCT"); e != nullptr && *e != '\0')
+        pct = std::clamp<int64_t>(std::strtol(e, nullptr, 10), 0, 100);
+      warm_bytes_ = int64_t(l2) * pct / 100;
+    });
+    return warm_bytes_;
+  }
   bool DecodeLinearSupported(int64_t rows, int64_t k, DType t) const override {
     return kernels::DecodeLinearCudaSupported(rows, k, t);
   }
@@ -573,17 +587,18 @@ class CudaBackend final : public Backend {
   }
   absl::Status DoDecodeAttention(const kernels::QkRopeCacheArgs& a, DType t, const Tensor& positions, const Tensor& slots,
                                  const Tensor& q_out, const Tensor& kc, const Tensor& vc, const Tensor& bt, const Tensor& cl,
-                                 Tensor& out, Tensor& lse) override {
+                                 Tensor& out, Tensor& lse, absl::Span<const kernels::L2Range> warm) override {
     const kernels::PagedDims d{a.tokens, a.q_heads, a.kv_heads, a.head_dim, kc.dim(1), bt.dim(1),
                                static_cast<float>(1.0 / std::sqrt(double(a.head_dim)))};
     if (!kernels::PagedAttentionRopeCudaSupported(d, t))
-      return Backend::DoDecodeAttention(a, t, positions, slots, q_out, kc, vc, bt, cl, out, lse);
+      return Backend::DoDecodeAttention(a, t, positions, slots, q_out, kc, vc, bt, cl, out, lse, warm);
     TESSERA_ASSIGN_OR_RETURN(Tensor ds, OnDevice(slots));
     TESSERA_ASSIGN_OR_RETURN(Tensor dbt, OnDevice(bt));
     TESSERA_ASSIGN_OR_RETURN(Tensor dcl, OnDevice(cl));
     kernels::PagedRopeArgs r;
     r.k_new = a.k, r.v_new = a.v, r.pos = a.pos, r.slots = ds.data_as<int32_t>();
     r.q_norm = a.q_norm, r.k_norm = a.k_norm, r.eps = a.eps, r.inv_freq = a.inv_freq, r.scale = a.scale;
+    for (size_t i = 0; i < warm.size() && i < size_t(kernels::kMaxL2Warm); ++i) r.warm[i] = warm[i];
     return kernels::PagedAttentionRopeCuda(a.q, r, a.k_cache, a.v_cache, dbt.data_as<int32_t>(), dcl.data_as<int32_t>(),
                                            out.data(), lse.data_as<float>(), d, t, stream_, scratch_.get());
   }
@@ -595,7 +610,10 @@ class CudaBackend final : public Backend {
 
  private:
   static constexpr size_t kWorkspace = 32 << 20;
+  static constexpr int64_t kDecodeWarmPct = 40;
   int device_ = 0;
+  mutable std::once_flag warm_once_;
+  mutable int64_t warm_bytes_ = 0;
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<PoolAllocator> alloc_;
   std::unique_ptr<AllocatorScratch> scratch_;  // over alloc_
