@@ -293,7 +293,8 @@ class Backend {
                                const Tensor& context_lens, Tensor& out, Tensor& lse, absl::Span<const Warm> warm = {});
   // How many bytes of the next kernels' weights a decode step's attention should warm
   // into L2 (DecodeAttention's `warm`): a share of the device's L2 (CUDA), 0 where there is
-  // nothing to warm (CPU). TESSERA_DECODE_L2_WARM_PCT sets the share (percent of L2).
+  // nothing to warm (CPU). TESSERA_DECODE_L2_WARM_PCT sets the share (percent of L2; 0,
+  // no warming, by default: it has not yet been timed against running without it).
   virtual int64_t DecodeWarmBytes() const { return 0; }
   // out[i] = src[i] >= 0 ? from[src[i]] : values[i], all i32 (src, values, out [n]; from
   // [m]): a generation step's tokens, each either sampled by the step before and still on

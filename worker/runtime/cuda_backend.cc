@@ -560,8 +560,8 @@ class CudaBackend final : public Backend {
     return kernels::SelectCuda(ds.data_as<int32_t>(), from.data_as<int32_t>(), values.data_as<int32_t>(),
                                out.data_as<int32_t>(), out.numel(), stream_);
   }
-  // A share of L2 (TESSERA_DECODE_L2_WARM_PCT percent, default kDecodeWarmPct; 0 turns
-  // the warming off), found once.
+  // A share of L2 (TESSERA_DECODE_L2_WARM_PCT percent, default kDecodeWarmPct: 0, the
+  // warming off until it is measured to pay), found once.
   int64_t DecodeWarmBytes() const override {
     std::call_once(warm_once_, [this] {
       int l2 = 0;
@@ -610,7 +610,7 @@ class CudaBackend final : public Backend {
 
  private:
   static constexpr size_t kWorkspace = 32 << 20;
-  static constexpr int64_t kDecodeWarmPct = 40;
+  static constexpr int64_t kDecodeWarmPct = 0;
   int device_ = 0;
   mutable std::once_flag warm_once_;
   mutable int64_t warm_bytes_ = 0;
