@@ -20,7 +20,7 @@ A suite is data (bench/suites/<name>.json):
                             reference {run, where, metric} (e.g. the measured device copy).
             for_each        a key: one row per distinct value of it in the Tessera run.
 Usage (on the GPU host, dist/ unpacked — scripts/gpu-bench.sh does that):
-  python3 bench/suites.py [--out DIR] SUITE...      (SUITE: kernels, train, scale, decode, decode_gemm, decode_warm, rl, rl_long, rl_math, rl_math_ppo, rl_async, rl_reward, rl_offload, rl_tools, prefix, rl_math4, rl_math4_ppo, rollout_rl, tokenizers, qwen3, qwen25_7b)
+  python3 bench/suites.py [--out DIR] SUITE...      (SUITE: kernels, train, scale, decode, decode_gemm, decode_ab, rl, rl_long, rl_math, rl_math_ppo, rl_async, rl_reward, rl_offload, rl_tools, prefix, rl_math4, rl_math4_ppo, rollout_rl, tokenizers, qwen3, qwen25_7b)
   python3 bench/suites.py --check                   (every suite's rows name runs it has; runs nothing)
 Every run's stdout and stderr land in DIR; the tables go to stdout and DIR/<suite>.md.
 """

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The benchmark suites on a GPU host, over the installed tree (dist/, from
 # scripts/make-dist.sh on a CUDA build), each against its peer in the same call:
-#   bash scripts/gpu-bench.sh SUITE...       # kernels train scale decode decode_gemm decode_warm rl rl_long rl_math rl_math_ppo rl_async rl_reward rl_offload rl_tools prefix rl_math4 rl_math4_ppo rollout_rl tokenizers qwen3 qwen25_7b
+#   bash scripts/gpu-bench.sh SUITE...       # kernels train scale decode decode_gemm decode_ab rl rl_long rl_math rl_math_ppo rl_async rl_reward rl_offload rl_tools prefix rl_math4 rl_math4_ppo rollout_rl tokenizers qwen3 qwen25_7b
 # A suite is data (bench/suites/SUITE.json: its commands and how its table's rows pair
 # Tessera's records with the peer's); bench/suites.py runs it and prints one table per
 # suite last (benchmark, unit, Tessera, peer, ratio, fraction of the hardware limit).
