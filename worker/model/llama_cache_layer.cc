@@ -100,9 +100,8 @@ absl::Status Llama::CacheLayerForward(const LayerParams& w, const Inputs& in, co
     Backend::Warm warm[3];
     int64_t budget = b.DecodeWarmBytes();
     size_t n_warm = 0;
-    auto add = [&](const Tensor& t, int64_t bytes) {
-      const int64_t row = int64_t(t.nbytes()) / std::max<int64_t>(t.dim(0), 1);
-      bytes = std::min<int64_t>(bytes, int64_t(t.nbytes())) / row * row;
+    auto add = [&](const Tensor& t, int64_t bytes) {  // the leading bytes are the first rows
+      bytes = std::min<int64_t>(bytes, int64_t(t.nbytes()));
       if (bytes > 0) warm[n_warm++] = {&t, bytes}, budget -= bytes;
     };
     if (budget > 0) {
